@@ -1,0 +1,47 @@
+# slipstream — `make run` and `make test` work on a fresh Debian machine (root, or sudo).
+PRESET ?= cpu_quick
+ARGS ?=
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+# Debian packages the build and tests need; `make deps` installs only the missing ones.
+DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
+  libtbb-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
+  nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libzstd-dev \
+  python3 python3-numpy tmux
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deps build run test bench format clean
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+	  | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing $$missing"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "make deps: all Debian packages present"; fi
+	@python3 -c 'import safetensors' 2>/dev/null || python3 -m pip install -q safetensors 2>/dev/null \
+	  || echo "make deps: python safetensors unavailable; the checkpoint interop test will skip"
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	$(BUILD_DIR)/bin/slipstream run --preset $(PRESET) $(ARGS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+bench: build
+	$(BUILD_DIR)/bin/slipstream-bench-e2e $(ARGS)
+
+format:
+	git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,73 @@
+#include "engine/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "engine/graph.h"
+#include "engine/safetensors.h"
+#include "engine/state_io.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream {
+
+void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch, const std::string& dir) {
+  fs::path tmp = dir + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  std::map<std::string, Tensor> weights, state;
+  std::map<std::string, std::string> meta;
+  for (size_t k = 0; k < graph.stages.size(); ++k) {
+    const std::string& name = graph.stages[k].name;
+    for (Parameter* p : graph.instances[k]->parameters()) weights[name + "." + p->name] = p->value.clone();
+    StateWriter w(state, meta, name);
+    graph.instances[k]->save(w);
+  }
+  meta["run.step"] = std::to_string(run.step);
+  meta["run.next_batch"] = std::to_string(next_batch);
+  meta["run.seed"] = std::to_string(run.seed);
+  meta["run.precision"] = run.precision == Precision::bf16 ? "bf16" : "fp32";
+  write_safetensors((tmp / "model.safetensors").string(), weights,
+                    {{"format", "pt"}, {"step", std::to_string(run.step)}});
+  write_safetensors((tmp / "state.safetensors").string(), state, meta);
+  std::ofstream(tmp / "DONE") << run.step << "\n";
+  fs::remove_all(dir);
+  fs::rename(tmp, dir);
+}
+
+CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir) {
+  std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  std::string state_path = (fs::path(dir) / "state.safetensors").string();
+  SafetensorsFile model = read_safetensors(model_path);
+  SafetensorsFile state = read_safetensors(state_path);
+  for (size_t k = 0; k < graph.stages.size(); ++k) {
+    const std::string& name = graph.stages[k].name;
+    StateReader weights(model.tensors, model.metadata, name, model_path);
+    for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
+    StateReader r(state.tensors, state.metadata, name, state_path);
+    graph.instances[k]->load(r);
+  }
+  StateReader run(state.tensors, state.metadata, "run", state_path);
+  CheckpointInfo info;
+  info.dir = dir;
+  info.step = static_cast<uint64_t>(run.integer("step"));
+  info.next_batch = static_cast<uint64_t>(run.integer("next_batch"));
+  return info;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  fs::path root = fs::path(run_dir) / "checkpoints";
+  std::optional<std::string> best;
+  uint64_t best_step = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::string name = e.path().filename().string();
+    if (!name.starts_with("step-") || name.ends_with(".tmp") || !fs::exists(e.path() / "DONE")) continue;
+    uint64_t step = std::strtoull(name.c_str() + 5, nullptr, 10);
+    if (!best || step >= best_step) best = e.path().string(), best_step = step;
+  }
+  return best;
+}
+
+}  // namespace slipstream

@@ -1,0 +1,356 @@
+#include "engine/config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "engine/text_match.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream {
+
+namespace {
+
+std::string join_issues(const std::vector<ConfigIssue>& issues) {
+  std::string s;
+  for (size_t i = 0; i < issues.size(); ++i) s += (i ? "\n" : "") + issues[i].str();
+  return s;
+}
+
+SourceMark mark_of(const YAML::Node& n, const std::string& file) {
+  YAML::Mark m = n.Mark();
+  if (m.line < 0) return {file, 0, 0};
+  return {file, m.line + 1, m.column + 1};
+}
+
+[[noreturn]] void fail(SourceMark mark, std::string message) {
+  throw ConfigError({{std::move(mark), std::move(message)}});
+}
+
+YAML::Node load_yaml(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail({path}, "cannot read file");
+  try {
+    return YAML::Load(in);
+  } catch (const YAML::ParserException& e) {
+    fail({path, e.mark.line + 1, e.mark.column + 1}, "YAML syntax error: " + e.msg);
+  }
+}
+
+// Rejects keys outside `allowed`, pointing at the key and suggesting the closest.
+void check_keys(const YAML::Node& map, const std::vector<std::string>& allowed,
+                const std::string& file, const std::string& where) {
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    std::string key = it->first.as<std::string>();
+    bool ok = false;
+    for (const auto& a : allowed) ok = ok || a == key;
+    if (!ok)
+      fail(mark_of(it->first, file),
+           where + "unknown key '" + key + "'" + did_you_mean(key, allowed));
+  }
+}
+
+std::string scalar(const YAML::Node& n, const std::string& file, const std::string& what) {
+  if (!n.IsScalar()) fail(mark_of(n, file), what + " must be a string");
+  return n.as<std::string>();
+}
+
+bool has_yaml_suffix(const std::string& s) {
+  return s.ends_with(".yaml") || s.ends_with(".yml");
+}
+
+// Finds a file named relative to `base_dir`, its parent, or the working directory.
+std::optional<std::string> find_relative(const std::string& name, const fs::path& base_dir) {
+  fs::path p(name);
+  if (p.is_absolute()) return fs::exists(p) ? std::optional(p.string()) : std::nullopt;
+  for (const fs::path& dir : {base_dir, base_dir.parent_path(), fs::current_path()}) {
+    fs::path c = dir / p;
+    if (fs::exists(c)) return c.lexically_normal().string();
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> available_presets() {
+  std::set<std::string> names;
+  for (const auto& dir : preset_search_dirs()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (has_yaml_suffix(e.path().filename().string())) names.insert(e.path().stem().string());
+  }
+  return {names.begin(), names.end()};
+}
+
+std::string find_preset(const std::string& name_or_path, const SourceMark& mark,
+                        const fs::path& relative_to) {
+  if (has_yaml_suffix(name_or_path) || name_or_path.find('/') != std::string::npos) {
+    if (auto p = find_relative(name_or_path, relative_to)) return *p;
+    fail(mark, "no such preset or graph file '" + name_or_path + "'");
+  }
+  if (!relative_to.empty()) {
+    fs::path sibling = relative_to / (name_or_path + ".yaml");
+    if (fs::exists(sibling)) return sibling.string();
+  }
+  for (const auto& dir : preset_search_dirs()) {
+    fs::path p = fs::path(dir) / (name_or_path + ".yaml");
+    if (fs::exists(p)) return p.string();
+  }
+  auto names = available_presets();
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  fail(mark, "unknown preset '" + name_or_path + "'" + did_you_mean(name_or_path, names) +
+                 " (available: " + (list.empty() ? "none found" : list) + ")");
+}
+
+struct PresetLayers {
+  std::optional<ConfigValue> graph;
+  std::string description;
+  std::vector<std::pair<std::string, ConfigValue>> run;  // in order of application
+  std::vector<std::pair<std::string, ConfigValue>> set;
+};
+
+void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
+                       PresetLayers& out) {
+  for (const auto& c : chain)
+    if (c == path) {
+      std::string cycle;
+      for (const auto& x : chain) cycle += x + " -> ";
+      fail({path}, "preset extends itself: " + cycle + path);
+    }
+  chain.push_back(path);
+  YAML::Node root = load_yaml(path);
+  if (!root.IsMap()) fail(mark_of(root, path), "a preset must be a mapping of keys");
+  check_keys(root, {"extends", "graph", "run", "set", "description"}, path, "preset: ");
+  if (auto ext = root["extends"]) {
+    std::string base = scalar(ext, path, "extends");
+    std::string base_path = find_preset(base, mark_of(ext, path), fs::path(path).parent_path());
+    load_preset_chain(base_path, chain, out);
+  }
+  if (auto g = root["graph"]) out.graph = ConfigValue{g, mark_of(g, path)};
+  if (auto d = root["description"]) out.description = scalar(d, path, "description");
+  for (const char* section : {"run", "set"}) {
+    YAML::Node n = root[section];
+    if (!n) continue;
+    if (!n.IsMap()) fail(mark_of(n, path), std::string(section) + " must be a mapping");
+    auto& dst = std::string(section) == "run" ? out.run : out.set;
+    for (auto it = n.begin(); it != n.end(); ++it)
+      dst.emplace_back(it->first.as<std::string>(), ConfigValue{it->second, mark_of(it->first, path)});
+  }
+}
+
+std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file) {
+  std::vector<InputRef> refs;
+  auto split = [&](const std::string& text, InputRef& r) {
+    auto dot = text.find('.');
+    r.stage = text.substr(0, dot);
+    if (dot != std::string::npos) r.port = text.substr(dot + 1);
+  };
+  if (n.IsSequence()) {
+    for (const auto& e : n) {
+      InputRef r;
+      r.mark = mark_of(e, file);
+      split(scalar(e, file, "an input"), r);
+      refs.push_back(r);
+    }
+  } else if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      InputRef r;
+      r.mark = mark_of(it->second, file);
+      r.as_port = it->first.as<std::string>();
+      split(scalar(it->second, file, "an input"), r);
+      refs.push_back(r);
+    }
+  } else if (n.IsScalar()) {
+    InputRef r;
+    r.mark = mark_of(n, file);
+    split(n.as<std::string>(), r);
+    refs.push_back(r);
+  } else {
+    fail(mark_of(n, file), "inputs must be a list of stage names or a map port: stage.port");
+  }
+  return refs;
+}
+
+void load_graph_file(const std::string& path, Config& c) {
+  YAML::Node root = load_yaml(path);
+  if (!root.IsMap()) fail(mark_of(root, path), "a graph file must be a mapping of keys");
+  check_keys(root, {"description", "plugins", "stages", "run"}, path, "graph: ");
+  c.graph_file = path;
+  if (auto d = root["description"]) c.description = scalar(d, path, "description");
+  fs::path dir = fs::path(path).parent_path();
+  if (auto pl = root["plugins"]) {
+    if (!pl.IsSequence()) fail(mark_of(pl, path), "plugins must be a list of .so paths");
+    for (const auto& p : pl) {
+      std::string name = scalar(p, path, "a plugin");
+      auto found = find_relative(name, dir);
+      if (!found) fail(mark_of(p, path), "plugin '" + name + "' not found");
+      c.plugins.emplace_back(*found, mark_of(p, path));
+    }
+  }
+  YAML::Node stages = root["stages"];
+  if (!stages || !stages.IsSequence() || stages.size() == 0)
+    fail(mark_of(stages ? stages : root, path), "graph: 'stages' must be a non-empty list");
+  std::vector<ConfigIssue> issues;
+  std::set<std::string> seen;
+  for (const auto& s : stages) {
+    if (!s.IsMap()) fail(mark_of(s, path), "each stage must be a mapping with name and kind");
+    check_keys(s, {"name", "kind", "inputs", "params", "concurrency"}, path, "stage: ");
+    StageConfig sc;
+    sc.mark = mark_of(s, path);
+    if (!s["name"]) fail(sc.mark, "stage without a 'name'");
+    if (!s["kind"]) fail(sc.mark, "stage without a 'kind'");
+    sc.name = scalar(s["name"], path, "name");
+    sc.kind = scalar(s["kind"], path, "kind");
+    sc.kind_mark = mark_of(s["kind"], path);
+    if (sc.name.empty() || sc.name.find_first_of(". =") != std::string::npos)
+      issues.push_back({mark_of(s["name"], path),
+                        "stage name '" + sc.name + "' must be non-empty without '.', '=' or spaces"});
+    if (!seen.insert(sc.name).second)
+      issues.push_back({mark_of(s["name"], path), "duplicate stage name '" + sc.name + "'"});
+    if (auto in = s["inputs"]) {
+      sc.inputs = parse_inputs(in, path);
+      sc.inputs_mark = mark_of(in, path);
+    } else {
+      sc.inputs_mark = sc.mark;
+    }
+    if (auto p = s["params"]) {
+      if (!p.IsMap()) fail(mark_of(p, path), "params must be a mapping");
+      for (auto it = p.begin(); it != p.end(); ++it)
+        sc.params[it->first.as<std::string>()] = {it->second, mark_of(it->first, path)};
+    }
+    if (auto cc = s["concurrency"]) sc.concurrency = ConfigValue{cc, mark_of(cc, path)};
+    c.stages.push_back(std::move(sc));
+  }
+  if (!issues.empty()) throw ConfigError(issues);
+  if (auto r = root["run"]) {
+    if (!r.IsMap()) fail(mark_of(r, path), "run must be a mapping");
+    for (auto it = r.begin(); it != r.end(); ++it)
+      c.run[it->first.as<std::string>()] = {it->second, mark_of(it->first, path)};
+  }
+}
+
+// Applies one "stage.param" (or "run.key") assignment.
+void apply_set(Config& c, const std::string& key, ConfigValue value) {
+  auto dot = key.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == key.size())
+    fail(value.mark, "override '" + key + "' must look like stage.param or run.key");
+  std::string stage = key.substr(0, dot), param = key.substr(dot + 1);
+  if (stage == "run") {
+    c.run[param] = std::move(value);
+    return;
+  }
+  for (auto& s : c.stages)
+    if (s.name == stage) {
+      s.params[param] = std::move(value);
+      return;
+    }
+  std::vector<std::string> names{"run"};
+  for (const auto& s : c.stages) names.push_back(s.name);
+  fail(value.mark, "override '" + key + "': no stage named '" + stage + "'" +
+                       did_you_mean(stage, names));
+}
+
+}  // namespace
+
+ConfigError::ConfigError(std::vector<ConfigIssue> issues)
+    : std::runtime_error(join_issues(issues)), issues_(std::move(issues)) {}
+
+std::vector<std::string> preset_search_dirs() {
+  std::vector<std::string> dirs;
+  if (const char* home = std::getenv("SLIPSTREAM_HOME")) dirs.push_back(std::string(home) + "/presets");
+  dirs.push_back((fs::current_path() / "presets").string());
+#ifdef SLIPSTREAM_SOURCE_DIR_DEFAULT
+  dirs.push_back(std::string(SLIPSTREAM_SOURCE_DIR_DEFAULT) + "/presets");
+#endif
+  return dirs;
+}
+
+Config load_config(const std::string& preset_or_file, const std::vector<std::string>& overrides) {
+  Config c;
+  std::string path = find_preset(preset_or_file, {"<command line>"}, {});
+  YAML::Node root = load_yaml(path);
+  if (root.IsMap() && !root["stages"] && !root["graph"] && !root["extends"]) {
+    // Neither a graph file nor a preset: point at the key that was probably meant.
+    check_keys(root, {"stages", "plugins", "run", "description", "graph", "extends", "set"}, path,
+               "top level: ");
+  }
+  if (root.IsMap() && root["stages"]) {
+    c.preset = fs::path(path).stem().string();
+    load_graph_file(path, c);
+  } else {
+    PresetLayers layers;
+    std::vector<std::string> chain;
+    load_preset_chain(path, chain, layers);
+    c.preset = fs::path(path).stem().string();
+    c.preset_file = path;
+    if (!layers.graph) fail({path}, "preset names no graph (add `graph: configs/NAME.yaml`)");
+    std::string g = scalar(layers.graph->node, layers.graph->mark.file, "graph");
+    auto found = find_relative(g, fs::path(layers.graph->mark.file).parent_path());
+    if (!found) fail(layers.graph->mark, "graph file '" + g + "' not found");
+    load_graph_file(*found, c);
+    if (!layers.description.empty()) c.description = layers.description;
+    for (auto& [k, v] : layers.run) c.run[k] = v;
+    for (auto& [k, v] : layers.set) apply_set(c, k, v);
+  }
+  for (size_t i = 0; i < overrides.size(); ++i) {
+    const std::string& o = overrides[i];
+    SourceMark mark{"--set " + o};
+    auto eq = o.find('=');
+    if (eq == std::string::npos) fail(mark, "expected --set stage.param=value");
+    YAML::Node value;
+    try {
+      value = YAML::Load(o.substr(eq + 1));
+    } catch (const YAML::ParserException&) {
+      value = YAML::Node(o.substr(eq + 1));  // not YAML: take it as a plain string
+    }
+    apply_set(c, o.substr(0, eq), ConfigValue{value, mark});
+  }
+  return c;
+}
+
+std::string resolved_config_yaml(const Config& c, const std::map<std::string, Params>& stage_params,
+                                 const Params& run_params) {
+  std::ostringstream os;
+  os << "# Resolved configuration: preset '" << c.preset << "'";
+  if (!c.preset_file.empty()) os << " (" << c.preset_file << ")";
+  os << ", graph " << c.graph_file << ".\n# Repeat this run: slipstream run --config THIS_FILE\n";
+  if (!c.description.empty()) os << "description: " << param_value_str(c.description) << "\n";
+  if (!c.plugins.empty()) {
+    os << "plugins:\n";
+    for (const auto& [p, m] : c.plugins) os << "  - " << param_value_str(p) << "\n";
+  }
+  os << "run:\n";
+  for (const auto& [k, e] : run_params.entries()) os << "  " << k << ": " << param_value_str(e.value) << "\n";
+  os << "stages:\n";
+  for (const auto& s : c.stages) {
+    os << "  - name: " << s.name << "\n    kind: " << s.kind << "\n";
+    if (!s.inputs.empty()) {
+      os << "    inputs: {";
+      bool mapped = false;
+      for (const auto& r : s.inputs) mapped = mapped || !r.as_port.empty();
+      if (!mapped) {
+        os.seekp(-1, std::ios_base::cur);
+        os << "[";
+      }
+      for (size_t i = 0; i < s.inputs.size(); ++i) {
+        const auto& r = s.inputs[i];
+        os << (i ? ", " : "");
+        if (mapped) os << (r.as_port.empty() ? r.port : r.as_port) << ": ";
+        os << r.stage << (r.port.empty() ? "" : "." + r.port);
+      }
+      os << (mapped ? "}\n" : "]\n");
+    }
+    if (s.concurrency) os << "    concurrency: " << s.concurrency->node.as<std::string>() << "\n";
+    auto it = stage_params.find(s.name);
+    if (it != stage_params.end() && !it->second.entries().empty()) {
+      os << "    params:\n";
+      for (const auto& [k, e] : it->second.entries())
+        os << "      " << k << ": " << param_value_str(e.value) << "\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace slipstream

@@ -1,0 +1,36 @@
+// Internal: the CUDA side of the runtime, callable from plain C++ (no CUDA headers here).
+// Defined in engine/cuda/*, which only CUDA builds compile: callers guard with
+// `#if SLIPSTREAM_HAS_CUDA`.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "engine/device.h"
+#include "engine/memory_pool.h"
+
+namespace slipstream::cuda_rt {
+
+// Uncached; probe_cuda() caches it.
+CudaProbe probe();
+CudaLibraryVersions library_versions();
+// The CUDA runtime version this binary was built against (e.g. 13000).
+int build_runtime_version();
+
+// Page-locked host memory; nullptr on failure (the caller reports it).
+void* host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* ptr);
+
+std::unique_ptr<MemoryPool> make_device_pool(int index);
+
+// Synchronous copies and fills; errors throw std::runtime_error naming the CUDA call.
+void copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+          size_t bytes);
+void zero(void* dst, const Device& device, size_t bytes);
+
+// Launches a kernel that writes known values and checks them on the host (engine/cuda/
+// probe_kernel.cu). Returns "" on success, else what went wrong.
+std::string run_probe_kernel(int index);
+
+}  // namespace slipstream::cuda_rt

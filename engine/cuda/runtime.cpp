@@ -1,0 +1,165 @@
+// Probing the CUDA runtime and driver, library versions, pinned memory and synchronous copies.
+#include <cublas_api.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <stdexcept>
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
+
+namespace slipstream::cuda_rt {
+
+namespace {
+std::string version_str(int v) {  // 13000 -> "13.0"
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// Whether the driver library itself can be loaded: tells "not installed" from "broken".
+std::string driver_library_problem() {
+  void* h = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = ::dlerror();
+    return e ? e : "dlopen failed";
+  }
+  ::dlclose(h);
+  return "";
+}
+}  // namespace
+
+int build_runtime_version() {
+  return CUDART_VERSION;
+}
+
+CudaProbe probe() {
+  CudaProbe p;
+  p.built_with_cuda = true;
+  cudaDriverGetVersion(&p.driver_version);  // 0 without a driver; never fails otherwise
+  cudaRuntimeGetVersion(&p.runtime_version);
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error so later calls are not confused
+    const std::string says = std::string(" (CUDA runtime says: ") + cudaGetErrorString(err) + ")";
+    switch (err) {
+      case cudaErrorInsufficientDriver:
+        if (p.driver_version == 0) {
+          std::string problem = driver_library_problem();
+          p.reason = problem.find("No such file") != std::string::npos || problem.empty()
+                         ? "no NVIDIA driver: libcuda.so.1 not found" + says
+                         : "NVIDIA driver library libcuda.so.1 cannot be loaded: " + problem + says;
+        } else {
+          p.reason = "NVIDIA driver too old: it supports CUDA " + version_str(p.driver_version) +
+                     ", this build needs CUDA " + version_str(CUDART_VERSION) + says;
+        }
+        break;
+      case cudaErrorNoDevice:
+        p.reason =
+            "no CUDA device: the driver is installed but sees no GPU (check nvidia-smi "
+            "and CUDA_VISIBLE_DEVICES)" +
+            says;
+        break;
+      case cudaErrorInitializationError:
+        p.reason =
+            "CUDA initialisation failed (driver and kernel module out of step, or the "
+            "GPU is in a bad state; check nvidia-smi)" +
+            says;
+        break;
+      case cudaErrorSystemDriverMismatch:
+      case cudaErrorCompatNotSupportedOnDevice:
+        p.reason =
+            "NVIDIA driver and kernel module versions do not match (reboot after a driver "
+            "upgrade?)" +
+            says;
+        break;
+      case cudaErrorDevicesUnavailable:
+        p.reason = "CUDA devices are busy or unavailable (exclusive-process mode?)" + says;
+        break;
+      default:
+        p.reason = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + says;
+    }
+    return p;
+  }
+  if (count == 0) {
+    p.reason = "no CUDA device: the driver reports 0 GPUs (check CUDA_VISIBLE_DEVICES)";
+    return p;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    err = cudaGetDeviceProperties(&prop, i);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      p.reason =
+          "cudaGetDeviceProperties(" + std::to_string(i) + ") failed: " + cudaGetErrorString(err);
+      p.devices.clear();
+      return p;
+    }
+    CudaDeviceInfo d;
+    d.index = i;
+    d.name = prop.name;
+    d.cc_major = prop.major;
+    d.cc_minor = prop.minor;
+    d.total_memory = prop.totalGlobalMem;
+    d.multiprocessors = prop.multiProcessorCount;
+    p.devices.push_back(std::move(d));
+  }
+  p.available = true;
+  return p;
+}
+
+CudaLibraryVersions library_versions() {
+  CudaLibraryVersions v;
+  int major = 0, minor = 0, patch = 0;
+  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+    v.cublas = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  // cuDNN 9 encodes major*10000 + minor*100 + patch.
+  size_t dnn = cudnnGetVersion();
+  v.cudnn = std::to_string(dnn / 10000) + "." + std::to_string((dnn % 10000) / 100) + "." +
+            std::to_string(dnn % 100);
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess)  // NCCL >= 2.9: major*10000 + minor*100 + patch
+    v.nccl = std::to_string(nccl / 10000) + "." + std::to_string((nccl % 10000) / 100) + "." +
+             std::to_string(nccl % 100);
+  return v;
+}
+
+void* host_alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  // Portable: page-locked for every device's context, not only the current one.
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return p;
+}
+
+void host_free_pinned(void* ptr) {
+  if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();  // at exit the runtime may be gone
+}
+
+void copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+          size_t bytes) {
+  const std::string what =
+      src_device.str() + " to " + dst_device.str() + ", " + format_bytes(bytes);
+  if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
+    check(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes), "cudaMemcpyPeer",
+          what);
+    return;
+  }
+  cudaMemcpyKind kind = dst_device.is_cuda() ? (src_device.is_cuda() ? cudaMemcpyDeviceToDevice
+                                                                     : cudaMemcpyHostToDevice)
+                                             : cudaMemcpyDeviceToHost;
+  DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
+  check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy", what);
+}
+
+void zero(void* dst, const Device& device, size_t bytes) {
+  DeviceGuard guard(device.index);
+  check(cudaMemset(dst, 0, bytes), "cudaMemset", device.str() + ", " + format_bytes(bytes));
+}
+
+}  // namespace slipstream::cuda_rt

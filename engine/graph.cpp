@@ -1,0 +1,711 @@
+#include "engine/graph.h"
+
+#include <charconv>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "engine/registry.h"
+#include "engine/text_match.h"
+
+namespace slipstream {
+
+const StageSchema& run_schema() {
+  static const StageSchema schema = [] {
+    StageSchema s("run");
+    s.doc("Run-wide settings: the `run:` section of a preset or graph file, or --set run.KEY=V.")
+        .param("name", std::string(), "run name; default: the preset name")
+        .param("device", std::string("auto"), "auto | cpu | cuda | cuda:N")
+        .param("precision", std::string("fp32"), "fp32, or bf16 (FP32 master weights, bf16 GEMMs)")
+        .choices({"fp32", "bf16"})
+        .param("seed", int64_t{1}, "seed of every random choice (same seed, same run)")
+        .range(0, std::nullopt)
+        .param("epochs", int64_t{1}, "passes over the training data")
+        .range(1, std::nullopt)
+        .param("steps", int64_t{0}, "stop after this many steps (0: when the data ends)")
+        .range(0, std::nullopt)
+        .param("max_in_flight", int64_t{4}, "batches between the source and the last stage")
+        .range(1, 1024)
+        .param("threads", int64_t{0}, "TBB worker threads (0: one per core)")
+        .range(0, 4096)
+        .param("log_every", int64_t{50}, "steps between progress lines and metrics.jsonl rows")
+        .range(1, std::nullopt)
+        .param("validate_every", int64_t{0}, "steps between validation passes (0: never)")
+        .range(0, std::nullopt)
+        .param("validate_batches", int64_t{20}, "batches per validation pass")
+        .range(1, std::nullopt)
+        .param("early_stop_patience", int64_t{0},
+               "stop after this many validations without improvement (0: never)")
+        .range(0, std::nullopt)
+        .param("runs_dir", std::string("runs"), "where run directories are created")
+        .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
+        .range(10, 60000);
+    return s;
+  }();
+  return schema;
+}
+
+namespace {
+
+std::string who(const StageConfig& s) { return "stage '" + s.name + "' (" + s.kind + "): "; }
+
+bool parse_int(const std::string& text, int64_t& out) {
+  const char* b = text.data();
+  const char* e = b + text.size();
+  if (b != e && *b == '+') ++b;
+  auto r = std::from_chars(b, e, out);
+  return r.ec == std::errc() && r.ptr == e;
+}
+bool parse_double(const std::string& text, double& out) {
+  const char* b = text.data();
+  const char* e = b + text.size();
+  if (b != e && *b == '+') ++b;
+  auto r = std::from_chars(b, e, out);
+  return r.ec == std::errc() && r.ptr == e;
+}
+
+// Converts a YAML value to the parameter's type, or explains why not.
+std::optional<ParamValue> convert(const YAML::Node& n, ParamType t, std::string& why) {
+  auto scalar_text = [&](const YAML::Node& x) { return x.IsScalar() ? x.Scalar() : std::string(); };
+  auto one = [&](const YAML::Node& x, ParamType et, ParamValue& out) -> bool {
+    if (!x.IsScalar()) {
+      why = "expects " + std::string(param_type_name(et)) + ", got a " +
+            (x.IsSequence() ? "list" : x.IsMap() ? "mapping" : "null");
+      return false;
+    }
+    std::string s = x.Scalar();
+    switch (et) {
+      case ParamType::boolean:
+        if (s == "true" || s == "false") {
+          out = (s == "true");
+          return true;
+        }
+        break;
+      case ParamType::integer: {
+        int64_t v;
+        if (parse_int(s, v)) {
+          out = v;
+          return true;
+        }
+        break;
+      }
+      case ParamType::number: {
+        double v;
+        if (parse_double(s, v)) {
+          out = v;
+          return true;
+        }
+        break;
+      }
+      default:
+        out = s;
+        return true;
+    }
+    why = "expects " + std::string(param_type_name(et)) + ", got '" + s + "'";
+    return false;
+  };
+  switch (t) {
+    case ParamType::boolean:
+    case ParamType::integer:
+    case ParamType::number:
+    case ParamType::string: {
+      ParamValue v;
+      if (one(n, t, v)) return v;
+      return std::nullopt;
+    }
+    default: {
+      ParamType et = t == ParamType::string_list    ? ParamType::string
+                     : t == ParamType::integer_list ? ParamType::integer
+                                                    : ParamType::number;
+      std::vector<YAML::Node> elems;
+      if (n.IsSequence())
+        for (const auto& e : n) elems.push_back(e);
+      else if (n.IsScalar() && !scalar_text(n).empty())
+        elems.push_back(n);  // a single value stands for a one-element list
+      std::vector<std::string> ss;
+      std::vector<int64_t> is;
+      std::vector<double> ds;
+      for (const auto& e : elems) {
+        ParamValue v;
+        if (!one(e, et, v)) return std::nullopt;
+        if (et == ParamType::string) ss.push_back(std::get<std::string>(v));
+        if (et == ParamType::integer) is.push_back(std::get<int64_t>(v));
+        if (et == ParamType::number) ds.push_back(std::get<double>(v));
+      }
+      if (t == ParamType::string_list) return ss;
+      if (t == ParamType::integer_list) return is;
+      return ds;
+    }
+  }
+}
+
+// Range and choice checks; returns the problem or "".
+std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
+  std::vector<double> nums;
+  if (auto* i = std::get_if<int64_t>(&v)) nums.push_back(static_cast<double>(*i));
+  if (auto* d = std::get_if<double>(&v)) nums.push_back(*d);
+  if (auto* il = std::get_if<std::vector<int64_t>>(&v)) nums.assign(il->begin(), il->end());
+  if (auto* dl = std::get_if<std::vector<double>>(&v)) nums = *dl;
+  for (double x : nums) {
+    if (std::isnan(x) || (spec.min && x < *spec.min) || (spec.max && x > *spec.max)) {
+      std::string lo = spec.min ? param_value_str(ParamValue(*spec.min)) : "-inf";
+      std::string hi = spec.max ? param_value_str(ParamValue(*spec.max)) : "inf";
+      return "parameter '" + spec.name + "' = " + param_value_str(v) + " is out of range [" + lo +
+             ", " + hi + "]";
+    }
+  }
+  if (!spec.choices.empty()) {
+    std::vector<std::string> vals;
+    if (auto* s = std::get_if<std::string>(&v)) vals.push_back(*s);
+    if (auto* sl = std::get_if<std::vector<std::string>>(&v)) vals = *sl;
+    for (const auto& s : vals) {
+      bool ok = false;
+      for (const auto& c : spec.choices) ok = ok || c == s;
+      if (!ok) {
+        std::string list;
+        for (const auto& c : spec.choices) list += (list.empty() ? "" : ", ") + c;
+        return "parameter '" + spec.name + "' = '" + s + "' is not one of {" + list + "}" +
+               did_you_mean(s, spec.choices);
+      }
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+// Validates and resolves a set of raw values against a schema's params.
+Params resolve_params(const StageSchema& schema, const std::map<std::string, ConfigValue>& raw,
+                      const std::string& prefix, const SourceMark& owner_mark,
+                      std::vector<ConfigIssue>& issues) {
+  Params out;
+  std::vector<std::string> names;
+  for (const auto& p : schema.params()) names.push_back(p.name);
+  for (const auto& [key, cv] : raw) {
+    const ParamSpec* spec = schema.find_param(key);
+    if (!spec) {
+      issues.push_back({cv.mark, prefix + "unknown parameter '" + key + "'" + did_you_mean(key, names)});
+      continue;
+    }
+    std::string why;
+    auto v = convert(cv.node, spec->type, why);
+    if (!v) {
+      issues.push_back({cv.mark, prefix + "parameter '" + key + "' " + why});
+      continue;
+    }
+    std::string bad = check_constraints(*spec, *v);
+    if (!bad.empty()) {
+      issues.push_back({cv.mark, prefix + bad});
+      continue;
+    }
+    out.set(key, *v, cv.mark);
+  }
+  for (const auto& spec : schema.params()) {
+    if (out.has(spec.name)) continue;
+    if (spec.required) {
+      issues.push_back({owner_mark, prefix + "missing required parameter '" + spec.name + "' (" +
+                                        std::string(param_type_name(spec.type)) + ": " + spec.doc + ")"});
+      continue;
+    }
+    out.set(spec.name, spec.default_value, {"<default>"});
+  }
+  return out;
+}
+
+namespace {
+
+std::string port_desc(const PortSpec& p) {
+  return std::string(p.dtype ? dtype_name(*p.dtype) : "any") + ", " +
+         (p.rank < 0 ? "any rank" : "rank " + std::to_string(p.rank));
+}
+
+}  // namespace
+
+GraphPlan plan_graph(Config config) {
+  std::vector<ConfigIssue> issues;
+  for (const auto& [path, mark] : config.plugins) {
+    try {
+      StageRegistry::load_plugin(path);
+    } catch (const std::exception& e) {
+      issues.push_back({mark, e.what()});
+    }
+  }
+  GraphPlan plan;
+  plan.run = resolve_params(run_schema(), config.run, "run: ", {config.graph_file}, issues);
+
+  // Kinds and parameters, in file order.
+  const auto& cs = config.stages;
+  std::vector<const StageSchema*> schemas(cs.size(), nullptr);
+  std::vector<Params> params(cs.size());
+  std::vector<int> concurrency(cs.size(), 1);
+  std::vector<std::string> kinds;
+  for (const auto* s : StageRegistry::all()) kinds.push_back(s->kind());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    schemas[i] = StageRegistry::find(cs[i].kind);
+    if (!schemas[i]) {
+      issues.push_back({cs[i].kind_mark, "stage '" + cs[i].name + "': unknown kind '" + cs[i].kind +
+                                             "'" + did_you_mean(cs[i].kind, kinds) +
+                                             " (see `slipstream stages`)"});
+      continue;
+    }
+    params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues);
+    concurrency[i] = schemas[i]->default_concurrency();
+    if (cs[i].concurrency) {
+      int64_t n = -1;
+      const auto& node = cs[i].concurrency->node;
+      if (!node.IsScalar() || !parse_int(node.Scalar(), n) || n < 0 || n > 1024)
+        issues.push_back({cs[i].concurrency->mark, who(cs[i]) + "concurrency must be an int in [0, 1024]"});
+      else
+        concurrency[i] = static_cast<int>(n);
+    }
+  }
+
+  // Edges: inputs must name existing stages; then a topological order that keeps file order
+  // among independent stages.
+  std::map<std::string, size_t> by_name;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < cs.size(); ++i) by_name[cs[i].name] = i, names.push_back(cs[i].name);
+  std::vector<std::vector<size_t>> preds(cs.size());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    for (const auto& r : cs[i].inputs) {
+      auto it = by_name.find(r.stage);
+      if (it == by_name.end()) {
+        issues.push_back({r.mark, who(cs[i]) + "input '" + r.stage + "' is not a stage of this graph" +
+                                      did_you_mean(r.stage, names)});
+        continue;
+      }
+      if (it->second == i) {
+        issues.push_back({r.mark, who(cs[i]) + "takes its own output as input (cycle)"});
+        continue;
+      }
+      preds[i].push_back(it->second);
+    }
+  }
+  if (!issues.empty()) throw ConfigError(issues);
+
+  std::vector<int> indegree(cs.size(), 0);
+  std::vector<std::vector<size_t>> succs(cs.size());
+  for (size_t i = 0; i < cs.size(); ++i)
+    for (size_t p : std::set<size_t>(preds[i].begin(), preds[i].end())) indegree[i]++, succs[p].push_back(i);
+  std::vector<size_t> order;
+  std::set<size_t> ready;
+  for (size_t i = 0; i < cs.size(); ++i)
+    if (indegree[i] == 0) ready.insert(i);
+  while (!ready.empty()) {
+    size_t i = *ready.begin();
+    ready.erase(ready.begin());
+    order.push_back(i);
+    for (size_t s : succs[i])
+      if (--indegree[s] == 0) ready.insert(s);
+  }
+  if (order.size() != cs.size()) {
+    // Name one cycle: walk predecessors among the stages left over.
+    std::set<size_t> left;
+    for (size_t i = 0; i < cs.size(); ++i)
+      if (indegree[i] > 0) left.insert(i);
+    size_t start = *left.begin(), cur = start;
+    std::vector<size_t> path;
+    std::set<size_t> seen;
+    while (!seen.count(cur)) {
+      seen.insert(cur);
+      path.push_back(cur);
+      for (size_t p : preds[cur])
+        if (left.count(p)) {
+          cur = p;
+          break;
+        }
+    }
+    // path walks against the data flow (each entry feeds the one before); the cycle starts
+    // where the walk came back, and is printed in data-flow order.
+    std::vector<size_t> loop(std::find(path.begin(), path.end(), cur), path.end());
+    std::string cycle;
+    for (auto it = loop.rbegin(); it != loop.rend(); ++it) cycle += cs[*it].name + " -> ";
+    cycle += cs[loop.back()].name;
+    throw ConfigError({{cs[cur].inputs_mark, who(cs[cur]) + "inputs form a cycle: " + cycle}});
+  }
+
+  std::vector<int> pos(cs.size());
+  for (size_t k = 0; k < order.size(); ++k) pos[order[k]] = static_cast<int>(k);
+  plan.stages.resize(cs.size());
+  for (size_t k = 0; k < order.size(); ++k) {
+    size_t i = order[k];
+    auto& ps = plan.stages[k];
+    ps.name = cs[i].name;
+    ps.schema = schemas[i];
+    ps.params = std::move(params[i]);
+    ps.mark = cs[i].mark;
+    ps.concurrency = concurrency[i];
+    for (size_t p : preds[i]) {
+      int pp = pos[p];
+      if (std::find(ps.upstream.begin(), ps.upstream.end(), pp) == ps.upstream.end())
+        ps.upstream.push_back(pp);
+    }
+    for (size_t o = 0; o < ps.schema->outputs().size(); ++o) {
+      ps.output_slots.push_back(static_cast<int>(plan.slots.size()));
+      plan.slots.emplace_back(ps.name + "." + ps.schema->outputs()[o].name);
+      ps.output_grad_slots.push_back(static_cast<int>(plan.slots.size()));
+      plan.slots.emplace_back("grad:" + ps.name + "." + ps.schema->outputs()[o].name);
+    }
+  }
+
+  // Port bindings: explicit `port: stage.out`, else by name, else the single output of a single
+  // upstream feeding a single-input stage.
+  for (size_t k = 0; k < order.size(); ++k) {
+    const StageConfig& c = cs[order[k]];
+    auto& ps = plan.stages[k];
+    const auto& ins = ps.schema->inputs();
+    ps.inputs.assign(ins.size(), {});
+    struct Candidate {
+      int stage;
+      int port;
+      SourceMark mark;
+    };
+    std::vector<Candidate> cands;
+    auto bind = [&](size_t port_idx, int st, int op, const SourceMark& mark) {
+      const PortSpec& want = ins[port_idx];
+      const PortSpec& have = plan.stages[st].schema->outputs()[op];
+      if ((want.dtype && have.dtype && *want.dtype != *have.dtype) ||
+          (want.rank >= 0 && have.rank >= 0 && want.rank != have.rank)) {
+        issues.push_back({mark, who(c) + "input '" + want.name + "' expects " + port_desc(want) + " but " +
+                                    plan.stages[st].name + "." + have.name + " is " + port_desc(have)});
+      }
+      ps.inputs[port_idx] = {st, op, plan.stages[st].output_slots[op], plan.stages[st].output_grad_slots[op]};
+    };
+    for (const auto& r : c.inputs) {
+      int st = pos[by_name[r.stage]];
+      const auto& outs = plan.stages[st].schema->outputs();
+      std::vector<std::string> out_names;
+      for (const auto& o : outs) out_names.push_back(o.name);
+      if (!r.port.empty()) {
+        auto* op = plan.stages[st].schema->find_output(r.port);
+        if (!op) {
+          issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port + "'" +
+                                        did_you_mean(r.port, out_names)});
+          continue;
+        }
+        int opi = static_cast<int>(op - outs.data());
+        if (!r.as_port.empty()) {
+          auto* ip = ps.schema->find_input(r.as_port);
+          if (!ip) {
+            std::vector<std::string> in_names;
+            for (const auto& x : ins) in_names.push_back(x.name);
+            issues.push_back({r.mark, who(c) + "has no input port '" + r.as_port + "'" +
+                                          did_you_mean(r.as_port, in_names)});
+            continue;
+          }
+          bind(static_cast<size_t>(ip - ins.data()), st, opi, r.mark);
+        } else {
+          cands.push_back({st, opi, r.mark});
+        }
+      } else if (plan.stages[st].schema->is_passthrough()) {
+        // Bind through: the candidates are the tensors the passthrough stage carries.
+        for (int slot : plan.stages[st].passthrough_slots)
+          for (int s2 = 0; s2 < static_cast<int>(plan.stages.size()); ++s2)
+            for (size_t o = 0; o < plan.stages[s2].output_slots.size(); ++o)
+              if (plan.stages[s2].output_slots[o] == slot) cands.push_back({s2, static_cast<int>(o), r.mark});
+      } else {
+        for (size_t o = 0; o < outs.size(); ++o) cands.push_back({st, static_cast<int>(o), r.mark});
+      }
+    }
+    if (ps.schema->is_passthrough()) {
+      for (const auto& cd : cands) ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
+      continue;
+    }
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (ps.inputs[i].producer >= 0) continue;
+      std::vector<const Candidate*> match;
+      for (const auto& cd : cands)
+        if (plan.stages[cd.stage].schema->outputs()[cd.port].name == ins[i].name) match.push_back(&cd);
+      if (match.size() > 1) {
+        issues.push_back({c.inputs_mark, who(c) + "input '" + ins[i].name + "' is ambiguous: " +
+                                             plan.stages[match[0]->stage].name + " and " +
+                                             plan.stages[match[1]->stage].name +
+                                             " both output it; write inputs: {" + ins[i].name +
+                                             ": stage.port}"});
+        continue;
+      }
+      if (match.size() == 1) bind(i, match[0]->stage, match[0]->port, match[0]->mark);
+      else if (ins.size() == 1 && cands.size() == 1) bind(i, cands[0].stage, cands[0].port, cands[0].mark);
+    }
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
+      std::string avail;
+      for (const auto& cd : cands)
+        avail += (avail.empty() ? "" : ", ") + plan.stages[cd.stage].name + "." +
+                 plan.stages[cd.stage].schema->outputs()[cd.port].name;
+      issues.push_back({c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
+                                           ") has no producer" +
+                                           (avail.empty() ? std::string(": the stage has no inputs")
+                                                          : " among its inputs (available: " + avail + ")")});
+    }
+  }
+
+  // Roles: one source first; rebatchers right after it; the trainable section from the first
+  // differentiable/loss/update stage on; update stages after a loss.
+  int n = static_cast<int>(plan.stages.size());
+  int sources = 0;
+  for (int k = 0; k < n; ++k) {
+    auto& ps = plan.stages[k];
+    StageRole role = ps.schema->stage_role();
+    const StageConfig& c = cs[order[k]];
+    if (role == StageRole::source) {
+      if (++sources > 1)
+        issues.push_back({c.mark, who(c) + "a graph has one source; this is the second"});
+      else if (k != 0 || !ps.upstream.empty())
+        issues.push_back({c.mark, who(c) + "a source takes no inputs"});
+    } else if (role == StageRole::rebatch) {
+      bool ok = ps.upstream.size() == 1 && ps.upstream[0] == k - 1 && k - 1 < plan.head_end;
+      if (!ok)
+        issues.push_back({c.inputs_mark, who(c) + "a rebatch stage must take exactly the source (or the "
+                                                  "rebatch stage right after it) as input"});
+    } else if (ps.upstream.empty()) {
+      issues.push_back({c.mark, who(c) + "has no inputs; only a source may"});
+    }
+    if (role == StageRole::source || role == StageRole::rebatch)
+      plan.head_end = k + 1;
+  }
+  if (sources == 0) issues.push_back({{config.graph_file}, "graph has no source stage"});
+  plan.section_begin = n;
+  for (int k = plan.head_end; k < n; ++k) {
+    const auto* s = plan.stages[k].schema;
+    if (s->is_differentiable() || s->stage_role() == StageRole::update) {
+      plan.section_begin = k;
+      break;
+    }
+  }
+  for (int k = 0; k < n; ++k) {
+    auto& ps = plan.stages[k];
+    ps.in_section = k >= plan.section_begin;
+    for (int u : ps.upstream)
+      if (plan.stages[u].schema->stage_role() == StageRole::loss || plan.stages[u].after_loss)
+        ps.after_loss = true;
+    if (ps.schema->stage_role() == StageRole::update && !ps.after_loss) {
+      bool has_loss = false;
+      for (const auto& s : plan.stages) has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
+      if (has_loss)
+        issues.push_back({cs[order[k]].inputs_mark,
+                          who(cs[order[k]]) + "an update stage must come after the loss stage"});
+    }
+    if (ps.after_loss && ps.schema->is_trainable())
+      issues.push_back({cs[order[k]].mark, who(cs[order[k]]) + "a trainable stage cannot follow the loss"});
+  }
+  if (!issues.empty()) throw ConfigError(issues);
+  plan.config = std::move(config);
+  return plan;
+}
+
+// ---- Graph ----
+
+Graph::Graph(GraphPlan plan, RunState& run) : plan_(std::move(plan)) {
+  for (size_t k = 0; k < plan_.stages.size(); ++k) {
+    auto& ps = plan_.stages[k];
+    stages_.push_back(StageRegistry::create(ps.schema->kind()));
+    auto ctx = std::make_unique<StageContext>();
+    ctx->name_ = ps.name;
+    ctx->schema_ = ps.schema;
+    ctx->params_ = ps.params;
+    ctx->run_ = &run;
+    ctx->concurrency_ = ps.concurrency;
+    ctx->index_ = static_cast<int>(k);
+    ctx->plan_ = &plan_;
+    for (const auto& b : ps.inputs) ctx->input_slots_.push_back(b.slot);
+    ctx->output_slots_ = ps.output_slots;
+    contexts_.push_back(std::move(ctx));
+  }
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    plan_.instances.push_back(stages_[k].get());
+    plan_.contexts.push_back(contexts_[k].get());
+  }
+}
+
+Graph::~Graph() = default;
+
+void Graph::setup() {
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    try {
+      stages_[k]->setup(*contexts_[k]);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" + plan_.stages[k].schema->kind() +
+                               "): setup failed: " + e.what());
+    }
+    for (size_t o = 0; o < plan_.stages[k].output_slots.size(); ++o) {
+      const auto& slot = plan_.slots[plan_.stages[k].output_slots[o]];
+      if (!slot.declared)
+        throw std::logic_error("stage '" + plan_.stages[k].name + "' did not declare output '" +
+                               plan_.stages[k].schema->outputs()[o].name + "' in setup()");
+    }
+  }
+}
+
+int Graph::find(std::string_view name) const {
+  for (size_t k = 0; k < plan_.stages.size(); ++k)
+    if (plan_.stages[k].name == name) return static_cast<int>(k);
+  return -1;
+}
+
+Batch Graph::new_batch() const {
+  Batch b;
+  b.slots.resize(plan_.slots.size());
+  return b;
+}
+
+// ---- StageContext ----
+
+namespace {
+template <class Ports>
+int port_index(const Ports& ports, std::string_view port, const std::string& stage, const char* what) {
+  for (size_t i = 0; i < ports.size(); ++i)
+    if (ports[i].name == port) return static_cast<int>(i);
+  throw std::logic_error("stage '" + stage + "' has no " + what + " port '" + std::string(port) + "'");
+}
+}  // namespace
+
+int StageContext::slot_of_input(std::string_view port) const {
+  return input_slots_[port_index(schema_->inputs(), port, name_, "input")];
+}
+int StageContext::slot_of_output(std::string_view port) const {
+  return output_slots_[port_index(schema_->outputs(), port, name_, "output")];
+}
+int StageContext::grad_slot_of_input(std::string_view port) const {
+  return plan_->stages[index_].inputs[port_index(schema_->inputs(), port, name_, "input")].grad_slot;
+}
+int StageContext::grad_slot_of_output(std::string_view port) const {
+  return plan_->stages[index_].output_grad_slots[port_index(schema_->outputs(), port, name_, "output")];
+}
+
+bool StageContext::input_connected(std::string_view port) const { return slot_of_input(port) >= 0; }
+
+const Shape& StageContext::input_shape(std::string_view port) const {
+  int s = slot_of_input(port);
+  if (s < 0) throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) + "' is not connected");
+  return plan_->slots[s].shape;
+}
+DType StageContext::input_dtype(std::string_view port) const {
+  int s = slot_of_input(port);
+  if (s < 0) throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) + "' is not connected");
+  return plan_->slots[s].dtype;
+}
+void StageContext::declare_output(std::string_view port, const Shape& shape, DType dtype) {
+  auto& slot = plan_->slots[slot_of_output(port)];
+  slot.shape = shape;
+  slot.dtype = dtype;
+  slot.declared = true;
+}
+const Shape& StageContext::output_shape(std::string_view port) const {
+  return plan_->slots[slot_of_output(port)].shape;
+}
+const Params* StageContext::stage_params(std::string_view stage_name) const {
+  for (const auto& s : plan_->stages)
+    if (s.name == stage_name) return &s.params;
+  return nullptr;
+}
+
+const Tensor& StageContext::input(const Batch& b, std::string_view port) const {
+  int s = slot_of_input(port);
+  if (s < 0 || !b.slots[s].defined())
+    throw std::runtime_error("stage '" + name_ + "': input '" + std::string(port) + "' is empty in batch " +
+                             std::to_string(b.index));
+  return b.slots[s];
+}
+bool StageContext::has_input(const Batch& b, std::string_view port) const {
+  int s = slot_of_input(port);
+  return s >= 0 && b.slots[s].defined();
+}
+void StageContext::set_output(Batch& b, std::string_view port, Tensor t) const {
+  b.slots[slot_of_output(port)] = std::move(t);
+}
+const Tensor& StageContext::output(const Batch& b, std::string_view port) const {
+  return b.slots[slot_of_output(port)];
+}
+const Tensor& StageContext::output_grad(const Batch& b, std::string_view port) const {
+  return b.slots[grad_slot_of_output(port)];
+}
+void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const {
+  int s = grad_slot_of_input(port);
+  if (s < 0) return;
+  Tensor& dst = b.slots[s];
+  if (!dst.defined()) {
+    dst = grad;
+    return;
+  }
+  // Two consumers of one tensor: their gradients add. Copy first so we never write into a
+  // buffer the first consumer still owns.
+  if (dst.dtype() != DType::f32 || grad.dtype() != DType::f32 || !(dst.shape() == grad.shape()) ||
+      !dst.device().is_cpu())
+    throw std::runtime_error("stage '" + name_ + "': cannot add gradients for input '" + std::string(port) +
+                             "': " + dst.describe() + " vs " + grad.describe());
+  Tensor sum = dst.clone();
+  float* d = sum.data<float>();
+  const float* g = grad.data<float>();
+  for (int64_t i = 0; i < sum.numel(); ++i) d[i] += g[i];
+  dst = sum;
+}
+void StageContext::metric(std::string_view name, double value) const {
+  if (run_->metric_sink) run_->metric_sink(name, value);
+}
+
+std::vector<Tensor*> StageContext::passthrough_tensors(Batch& b) const {
+  std::vector<Tensor*> out;
+  for (int slot : plan_->stages[index_].passthrough_slots)
+    if (b.slots[slot].defined()) out.push_back(&b.slots[slot]);
+  return out;
+}
+
+std::vector<std::pair<std::string, Stage*>> StageContext::upstream_stages() const {
+  std::vector<std::pair<std::string, Stage*>> out;
+  std::set<int> seen;
+  std::deque<int> queue(plan_->stages[index_].upstream.begin(), plan_->stages[index_].upstream.end());
+  while (!queue.empty()) {
+    int u = queue.front();
+    queue.pop_front();
+    if (!seen.insert(u).second) continue;
+    out.emplace_back(plan_->stages[u].name, plan_->instances[u]);
+    for (int uu : plan_->stages[u].upstream) queue.push_back(uu);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, Parameter*>> StageContext::upstream_parameters() const {
+  std::vector<std::pair<std::string, Parameter*>> out;
+  auto ups = upstream_stages();
+  // Graph order (not nearest-first) so names come out in a stable, readable order.
+  std::sort(ups.begin(), ups.end(), [&](const auto& a, const auto& b) {
+    int ia = 0, ib = 0;
+    for (size_t k = 0; k < plan_->stages.size(); ++k) {
+      if (plan_->stages[k].name == a.first) ia = static_cast<int>(k);
+      if (plan_->stages[k].name == b.first) ib = static_cast<int>(k);
+    }
+    return ia < ib;
+  });
+  for (auto& [name, stage] : ups)
+    for (Parameter* p : stage->parameters()) out.emplace_back(name + "." + p->name, p);
+  return out;
+}
+
+uint64_t StageContext::seed() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the run seed
+  for (char c : name_) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  uint64_t z = h ^ (run_->seed + 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// ---- Stage defaults ----
+
+bool Stage::produce(Batch&, StageContext& ctx) {
+  throw std::logic_error("stage '" + ctx.name() + "' is a source but does not implement produce()");
+}
+void Stage::seek(uint64_t next_index, StageContext& ctx) {
+  // Rebatchers without state between batches need nothing; a source must position itself.
+  if (next_index == 0 || ctx.schema().stage_role() != StageRole::source) return;
+  throw std::runtime_error("stage '" + ctx.name() + "' cannot resume from batch " + std::to_string(next_index));
+}
+bool Stage::rebatch(Batch&, const std::function<bool(Batch&)>&, StageContext& ctx) {
+  throw std::logic_error("stage '" + ctx.name() + "' is a rebatch stage but does not implement rebatch()");
+}
+
+}  // namespace slipstream

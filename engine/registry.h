@@ -1,0 +1,35 @@
+// The registry of stage kinds. Built-in stages register from static initialisers; plugins are
+// shared objects that do the same when loaded.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/schema.h"
+#include "engine/stage.h"
+#include "engine/state_io.h"
+
+namespace slipstream {
+
+class StageRegistry {
+ public:
+  // Registers a kind; a second registration of the same kind throws (e.g. two plugins).
+  static bool add(StageSchema schema);
+  static const StageSchema* find(std::string_view kind);
+  static std::vector<const StageSchema*> all();  // sorted by family, then kind
+  static std::unique_ptr<Stage> create(std::string_view kind);
+  // Loads a plugin .so (RTLD_NOW | RTLD_LOCAL); its static initialisers register its kinds.
+  // Loading the same path twice is a no-op. Throws std::runtime_error with dlerror() text.
+  static void load_plugin(const std::string& path);
+};
+
+}  // namespace slipstream
+
+#define SLIPSTREAM_REGISTER_STAGE(Class)                                                    \
+  [[maybe_unused]] static const bool slipstream_stage_registered_##Class =                 \
+      ::slipstream::StageRegistry::add([] {                                                \
+        ::slipstream::StageSchema s = Class::schema();                                     \
+        s.factory = []() -> ::slipstream::Stage* { return new Class(); };                  \
+        return s;                                                                          \
+      }())

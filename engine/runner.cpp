@@ -1,0 +1,715 @@
+#include "engine/runner.h"
+
+#include <tbb/flow_graph.h>
+#include <tbb/global_control.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/checkpoint.h"
+#include "engine/memory_pool.h"
+#include "engine/registry.h"
+#include "engine/stats_record.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream {
+
+namespace {
+
+std::atomic<bool> g_sigint{false};
+extern "C" void on_sigint(int) { g_sigint.store(true); }
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+uint64_t unix_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+struct LiveCounters {
+  std::atomic<uint64_t> items_in{0}, items_out{0}, busy_ns{0}, blocked_ns{0};
+  std::atomic<uint64_t> enqueued{0}, started{0};
+  std::atomic<uint32_t> max_queue{0};
+  // Publisher's previous sample, for the *_recent rates.
+  uint64_t prev_items = 0, prev_busy = 0, prev_blocked = 0;
+};
+
+struct Msg {
+  uint64_t order = 0;  // 0, 1, 2, ... in source order: what sequencers sort by
+  std::shared_ptr<Batch> batch;
+};
+
+void copy_name(char* dst, size_t n, const std::string& src) {
+  size_t len = std::min(n - 1, src.size());
+  std::memcpy(dst, src.data(), len);
+  dst[len] = '\0';
+}
+
+std::string timestamp() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+void raise_interrupt_for_testing() { g_sigint.store(true); }
+
+StageError::StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what)
+    : std::runtime_error("stage '" + stage + "' (" + kind + "), batch " + std::to_string(batch) + ": " + what),
+      stage_(std::move(stage)),
+      batch_(batch) {}
+
+struct Runner::Impl {
+  RunOptions opt;
+  RunState run;
+  std::unique_ptr<Graph> graph;
+  std::vector<std::unique_ptr<LiveCounters>> counters;
+  std::ostream* log = &std::cout;
+  bool tty = false;
+
+  // Flow control.
+  std::atomic<int64_t> in_flight{0};
+  std::atomic<uint64_t> max_in_flight_seen{0};
+  std::vector<uint64_t> head_next;  // next batch index per head stage
+  uint64_t head_order = 0;
+  uint64_t head_last_return_ns = 0;
+
+  // Metrics: the training interval's sums, and a validation pass's sums.
+  std::mutex metrics_mu;
+  std::map<std::string, std::pair<double, uint64_t>> interval, validation;
+  bool in_validation = false;
+  std::map<std::string, double> last_train, last_validation;
+  std::ofstream metrics_file;
+  uint64_t interval_start_ns = 0, interval_samples = 0, interval_steps = 0;
+  uint64_t interval_section_wait_ns = 0;
+  uint64_t last_section_end_ns = 0;
+
+  // Validation copies of the data stages (same kinds and params, split = validation).
+  std::vector<std::unique_ptr<Stage>> eval_stages;
+  std::vector<std::unique_ptr<StageContext>> eval_contexts;
+  double best_validation = INFINITY;
+  int64_t validations_without_improvement = 0;
+  bool early_stopped = false;
+
+  // Stats publishing.
+  std::unique_ptr<stats::RecordWriter> record;
+  std::thread publisher;
+  std::mutex pub_mu;
+  std::condition_variable pub_cv;
+  bool pub_stop = false;
+  uint64_t start_ns = 0, start_unix = 0;
+  std::atomic<uint64_t> samples{0};
+  std::atomic<double> last_loss{NAN};
+  double steps_rate = 0, samples_rate = 0;
+  uint64_t prev_pub_ns = 0, prev_pub_step = 0, prev_pub_samples = 0;
+  uint64_t steps_this_process = 0;
+
+  GraphPlan& plan() { return graph->plan(); }
+  size_t n() const { return graph->size(); }
+
+  // ---- stage calls with timing and error context ----
+  template <class Fn>
+  void timed(size_t k, uint64_t batch_index, Fn&& fn) {
+    uint64_t t0 = now_ns();
+    try {
+      fn();
+    } catch (const StageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      const auto& ps = plan().stages[k];
+      throw StageError(ps.name, ps.schema->kind(), batch_index, e.what());
+    }
+    counters[k]->busy_ns += now_ns() - t0;
+  }
+
+  // Pulls one batch out of head stage k (source or rebatcher), recursively.
+  bool pull(std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs, std::vector<uint64_t>& next,
+            size_t k, Batch& out, bool count) {
+    if (out.slots.size() != plan().slots.size()) out.slots.resize(plan().slots.size());
+    out.index = next[k];
+    bool ok = false;
+    uint64_t t0 = now_ns(), nested = 0;
+    try {
+      if (plan().stages[k].schema->stage_role() == StageRole::source) {
+        ok = stages[k]->produce(out, *ctxs[k]);
+      } else {
+        std::function<bool(Batch&)> up = [&](Batch& in) {
+          uint64_t u0 = now_ns();
+          bool r = pull(stages, ctxs, next, k - 1, in, count);
+          nested += now_ns() - u0;
+          return r;
+        };
+        ok = stages[k]->rebatch(out, up, *ctxs[k]);
+      }
+    } catch (const StageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      const auto& ps = plan().stages[k];
+      throw StageError(ps.name, ps.schema->kind(), out.index, e.what());
+    }
+    if (ok) next[k]++;
+    if (count) {
+      counters[k]->busy_ns += now_ns() - t0 - nested;
+      counters[k]->items_in++;
+      if (ok) counters[k]->items_out++;
+    }
+    return ok;
+  }
+
+  void metric(std::string_view name, double value) {
+    std::lock_guard lock(metrics_mu);
+    auto& m = in_validation ? validation : interval;
+    auto& e = m[std::string(name)];
+    e.first += value;
+    e.second++;
+    if (!in_validation && name == "loss") last_loss.store(value);
+  }
+
+  // ---- the trainable section for one batch ----
+  void section(Batch& b) {
+    size_t begin = plan().section_begin;
+    bool has_loss = false;
+    for (size_t k = begin; k < n(); ++k) {
+      const auto& ps = plan().stages[k];
+      if (ps.after_loss) continue;
+      has_loss = has_loss || ps.schema->stage_role() == StageRole::loss;
+      timed(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+    }
+    if (has_loss && run.training) {
+      for (size_t k = n(); k-- > begin;) {
+        const auto& ps = plan().stages[k];
+        if (ps.after_loss || !ps.schema->is_differentiable()) continue;
+        timed(k, b.index, [&] { graph->stage(k).backward(b, graph->context(k)); });
+      }
+    }
+    for (size_t k = begin; k < n(); ++k)
+      if (plan().stages[k].after_loss)
+        timed(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+  }
+
+  void ensure_eval_copies() {
+    if (!eval_stages.empty()) return;
+    for (int k = 0; k < plan().section_begin; ++k) {
+      eval_stages.push_back(StageRegistry::create(plan().stages[k].schema->kind()));
+      auto ctx = std::make_unique<StageContext>(graph->context(k));
+      ctx->split_ = StageContext::Split::validation;
+      eval_contexts.push_back(std::move(ctx));
+    }
+    for (size_t k = 0; k < eval_stages.size(); ++k) eval_stages[k]->setup(*eval_contexts[k]);
+  }
+
+  std::map<std::string, double> validate() {
+    ensure_eval_copies();
+    std::vector<Stage*> st;
+    std::vector<StageContext*> cx;
+    for (size_t k = 0; k < eval_stages.size(); ++k) st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
+    size_t head_end = static_cast<size_t>(plan().head_end);
+    std::vector<uint64_t> next(head_end, 0);
+    for (size_t k = 0; k < head_end; ++k) st[k]->seek(0, *cx[k]);
+    for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
+    {
+      std::lock_guard lock(metrics_mu);
+      validation.clear();
+      in_validation = true;
+    }
+    run.training = false;
+    int64_t batches = plan().run.integer("validate_batches");
+    try {
+      for (int64_t i = 0; i < batches; ++i) {
+        Batch b = graph->new_batch();
+        if (!pull(st, cx, next, head_end - 1, b, false)) break;
+        for (size_t k = head_end; k < eval_stages.size(); ++k) st[k]->forward(b, *cx[k]);
+        for (size_t k = plan().section_begin; k < n(); ++k)
+          if (!plan().stages[k].after_loss) graph->stage(k).forward(b, graph->context(k));
+      }
+    } catch (...) {
+      run.training = true;
+      in_validation = false;
+      throw;
+    }
+    run.training = true;
+    std::map<std::string, double> avg;
+    {
+      std::lock_guard lock(metrics_mu);
+      in_validation = false;
+      for (auto& [k, v] : validation) avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+    }
+    for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_end(avg, graph->context(k));
+    return avg;
+  }
+
+  void log_line(const std::string& s) {
+    if (tty) *log << "\r\033[K";
+    *log << s << "\n" << std::flush;
+  }
+
+  void write_metrics_row(const char* split, const std::map<std::string, double>& values, double sps,
+                         double wait_pct) {
+    if (!metrics_file.is_open()) return;
+    nlohmann::json row;
+    row["step"] = run.step;
+    row["split"] = split;
+    row["time"] = static_cast<double>(unix_ns()) * 1e-9;
+    for (const auto& [k, v] : values) row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+    if (sps >= 0) row["samples_per_s"] = sps;
+    if (wait_pct >= 0) row["data_wait_pct"] = wait_pct;
+    metrics_file << row.dump() << "\n" << std::flush;
+  }
+
+  static std::string format_metrics(const std::map<std::string, double>& m, size_t max_items) {
+    std::string s;
+    size_t shown = 0;
+    auto add = [&](const std::string& k, double v) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " %s %.4g", k.c_str(), v);
+      s += buf;
+      ++shown;
+    };
+    if (m.count("loss")) add("loss", m.at("loss"));
+    for (const auto& [k, v] : m)
+      if (k != "loss" && shown < max_items && k.find('/') == std::string::npos) add(k, v);
+    return s;
+  }
+
+  // After each step: metrics interval, progress line, validation, early stopping, step limit.
+  void after_step(const Batch& b, uint64_t section_start_ns) {
+    run.step++;
+    steps_this_process++;
+    samples += b.samples;
+    interval_samples += b.samples;
+    interval_steps++;
+    if (last_section_end_ns) interval_section_wait_ns += section_start_ns - last_section_end_ns;
+    last_section_end_ns = now_ns();
+    int64_t log_every = plan().run.integer("log_every");
+    int64_t steps_limit = plan().run.integer("steps");
+    bool last = steps_limit > 0 && run.step >= static_cast<uint64_t>(steps_limit);
+    if (run.step % static_cast<uint64_t>(log_every) == 0 || last) {
+      std::map<std::string, double> avg;
+      {
+        std::lock_guard lock(metrics_mu);
+        for (auto& [k, v] : interval) avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+        interval.clear();
+      }
+      double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
+      double sps = secs > 0 ? static_cast<double>(interval_samples) / secs : 0;
+      double wait = secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
+      last_train = avg;
+      write_metrics_row("train", avg, sps, wait);
+      char head[128];
+      std::snprintf(head, sizeof head, "step %llu", static_cast<unsigned long long>(run.step));
+      std::string line = head;
+      if (run.total_steps) line += "/" + std::to_string(run.total_steps);
+      char tail[96];
+      std::snprintf(tail, sizeof tail, " | %.1f samples/s | data wait %.0f%%", sps, wait);
+      log_line(line + " |" + format_metrics(avg, 6) + tail);
+      interval_start_ns = now_ns();
+      interval_samples = interval_steps = interval_section_wait_ns = 0;
+    } else if (tty) {
+      *log << "\r\033[Kstep " << run.step;
+      if (run.total_steps) *log << "/" << run.total_steps;
+      double l = last_loss.load();
+      if (std::isfinite(l)) *log << "  loss " << l;
+      *log << std::flush;
+    }
+    int64_t every = plan().run.integer("validate_every");
+    if (every > 0 && run.step % static_cast<uint64_t>(every) == 0) {
+      auto v = validate();
+      last_validation = v;
+      write_metrics_row("validation", v, -1, -1);
+      log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+      int64_t patience = plan().run.integer("early_stop_patience");
+      auto it = v.find("loss");
+      if (it != v.end()) {
+        if (it->second < best_validation) {
+          best_validation = it->second;
+          validations_without_improvement = 0;
+        } else if (patience > 0 && ++validations_without_improvement >= patience) {
+          log_line("early stop: validation loss has not improved for " + std::to_string(patience) + " validations");
+          early_stopped = true;
+          run.stop_requested = true;
+        }
+      }
+    }
+    if (last) run.stop_requested = true;
+  }
+
+  // ---- stats record ----
+  void publish(stats::RunState state) {
+    if (!record) return;
+    uint64_t t = now_ns();
+    double dt = prev_pub_ns ? static_cast<double>(t - prev_pub_ns) * 1e-9 : 0;
+    if (dt > 0) {
+      double sr = static_cast<double>(run.step - prev_pub_step) / dt;
+      double xr = static_cast<double>(samples.load() - prev_pub_samples) / dt;
+      steps_rate = steps_rate == 0 ? sr : 0.7 * steps_rate + 0.3 * sr;
+      samples_rate = samples_rate == 0 ? xr : 0.7 * samples_rate + 0.3 * xr;
+    }
+    prev_pub_step = run.step;
+    prev_pub_samples = samples.load();
+    double elapsed = static_cast<double>(t - start_ns);
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    record->update([&](stats::RunRecord& r) {
+      r.state = state;
+      r.update_unix_ns = unix_ns();
+      r.step = run.step;
+      r.total_steps = run.total_steps;
+      r.samples = samples.load();
+      r.loss = last_loss.load();
+      r.steps_per_s = steps_rate;
+      r.samples_per_s = samples_rate;
+      r.eta_s = (run.total_steps && steps_rate > 0)
+                    ? static_cast<double>(run.total_steps - std::min(run.total_steps, run.step)) / steps_rate
+                    : -1;
+      r.num_stages = static_cast<uint32_t>(std::min<size_t>(n(), stats::kMaxStages));
+      for (size_t k = 0; k < r.num_stages; ++k) {
+        auto& c = *counters[k];
+        auto& s = r.stages[k];
+        const auto& ps = plan().stages[k];
+        int slots = ps.concurrency == 0 ? hw : ps.concurrency;
+        uint64_t busy = c.busy_ns.load(), blocked = c.blocked_ns.load(), items = c.items_out.load();
+        s.items_in = c.items_in.load();
+        s.items_out = items;
+        s.busy_ns = busy;
+        s.blocked_output_ns = blocked;
+        double capacity = elapsed * slots;
+        s.wait_input_ns = static_cast<uint64_t>(std::max(0.0, capacity - static_cast<double>(busy + blocked)));
+        uint64_t q = c.enqueued.load() - std::min(c.enqueued.load(), c.started.load());
+        s.queue_depth = static_cast<uint32_t>(q);
+        s.queue_capacity = static_cast<uint32_t>(plan().run.integer("max_in_flight"));
+        s.concurrency = static_cast<uint32_t>(slots);
+        s.flags = (ps.schema->stage_role() == StageRole::source ? stats::kStageSource : 0) |
+                  (ps.schema->is_trainable() ? stats::kStageTrainable : 0) |
+                  (ps.schema->stage_role() == StageRole::loss ? stats::kStageLoss : 0) |
+                  (run.device.is_cuda() && ps.in_section ? stats::kStageDevice : 0);
+        if (dt > 0) {
+          double window = dt * 1e9 * slots;
+          double db = static_cast<double>(busy - c.prev_busy), dbl = static_cast<double>(blocked - c.prev_blocked);
+          uint64_t di = items - c.prev_items;
+          s.items_per_s_recent = static_cast<double>(di) / dt;
+          s.busy_frac_recent = std::min(1.0, db / window);
+          s.blocked_output_frac_recent = std::min(1.0, dbl / window);
+          s.wait_input_frac_recent = std::max(0.0, 1.0 - s.busy_frac_recent - s.blocked_output_frac_recent);
+          s.mean_latency_ms_recent = di ? db * 1e-6 / static_cast<double>(di) : s.mean_latency_ms_recent;
+        }
+        c.prev_busy = busy;
+        c.prev_blocked = blocked;
+        c.prev_items = items;
+      }
+      auto pools = Pools::all();
+      r.num_pools = static_cast<uint32_t>(std::min<size_t>(pools.size(), stats::kMaxPools));
+      for (size_t i = 0; i < r.num_pools; ++i) {
+        PoolStats ps = pools[i]->stats();
+        auto& p = r.pools[i];
+        copy_name(p.name, sizeof p.name, pools[i]->name());
+        p.in_use_bytes = ps.in_use_bytes;
+        p.reserved_bytes = ps.reserved_bytes;
+        p.peak_bytes = ps.peak_bytes;
+        p.allocations = ps.allocations;
+        p.failures = ps.failures;
+      }
+    });
+    prev_pub_ns = t;
+  }
+
+  void start_publisher() {
+    if (opt.publish_stats) {
+      try {
+        record = std::make_unique<stats::RecordWriter>();
+      } catch (const std::exception& e) {
+        log_line(std::string("warning: no stats record for slipstream-smi: ") + e.what());
+      }
+    }
+    if (record) {
+      record->update([&](stats::RunRecord& r) {
+        copy_name(r.run_name, sizeof r.run_name, plan().run.string("name"));
+        copy_name(r.preset, sizeof r.preset, plan().config.preset);
+        copy_name(r.device, sizeof r.device, run.device.str());
+        copy_name(r.run_dir, sizeof r.run_dir, run.run_dir);
+        r.start_unix_ns = start_unix;
+        r.loss = NAN;
+        r.eta_s = -1;
+        for (size_t k = 0; k < std::min<size_t>(n(), stats::kMaxStages); ++k) {
+          copy_name(r.stages[k].name, sizeof r.stages[k].name, plan().stages[k].name);
+          copy_name(r.stages[k].kind, sizeof r.stages[k].kind, plan().stages[k].schema->kind());
+        }
+      });
+    }
+    auto interval = std::chrono::milliseconds(plan().run.integer("stats_interval_ms"));
+    publisher = std::thread([this, interval] {
+      std::unique_lock lock(pub_mu);
+      while (!pub_cv.wait_for(lock, interval, [this] { return pub_stop; })) {
+        if (opt.handle_sigint && g_sigint.exchange(false)) {
+          run.interrupted = true;
+          run.stop_requested = true;
+        }
+        publish(stats::RunState::running);
+      }
+    });
+  }
+
+  void stop_publisher(stats::RunState final_state) {
+    {
+      std::lock_guard lock(pub_mu);
+      pub_stop = true;
+    }
+    pub_cv.notify_all();
+    if (publisher.joinable()) publisher.join();
+    publish(final_state);
+  }
+
+  void make_run_dir() {
+    std::string name = plan().run.string("name");
+    if (name.empty()) {
+      name = plan().config.preset;
+      plan().run.set("name", name, {"<preset>"});
+    }
+    if (!opt.resume_dir.empty()) {
+      run.run_dir = opt.resume_dir;
+    } else if (opt.create_run_dir) {
+      fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
+      fs::path dir = base;
+      for (int i = 2; fs::exists(dir); ++i) dir = base.string() + "-" + std::to_string(i);
+      fs::create_directories(dir);
+      run.run_dir = dir.string();
+      std::map<std::string, Params> sp;
+      for (const auto& s : plan().stages) sp[s.name] = s.params;
+      std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan().config, sp, plan().run);
+    }
+    if (!run.run_dir.empty())
+      metrics_file.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::app);
+  }
+
+  RunResult execute();
+};
+
+Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl>()) {
+  auto& I = *impl_;
+  I.opt = std::move(options);
+  if (I.opt.log) I.log = I.opt.log;
+  I.tty = I.log == &std::cout && isatty(STDOUT_FILENO);
+  const Params& rp = plan.run;
+  DeviceChoice dc = choose_device(rp.string("device"));
+  I.run.device = dc.device;
+  I.run.precision = rp.string("precision") == "bf16" ? Precision::bf16 : Precision::fp32;
+  I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
+  I.run.epochs = rp.integer("epochs");
+  I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
+  I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
+  if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
+  *I.log << "device: " << dc.reason << "\n";
+  I.graph = std::make_unique<Graph>(std::move(plan), I.run);
+  for (size_t k = 0; k < I.graph->size(); ++k) I.counters.push_back(std::make_unique<LiveCounters>());
+}
+
+Runner::~Runner() = default;
+Graph& Runner::graph() { return *impl_->graph; }
+RunState& Runner::state() { return impl_->run; }
+uint64_t Runner::max_in_flight_seen() const { return impl_->max_in_flight_seen.load(); }
+void Runner::request_stop(bool as_interrupt) {
+  if (as_interrupt) impl_->run.interrupted = true;
+  impl_->run.stop_requested = true;
+}
+
+Runner::Counters Runner::counters(size_t stage) const {
+  const auto& c = *impl_->counters.at(stage);
+  Counters out;
+  out.items_in = c.items_in.load();
+  out.items_out = c.items_out.load();
+  out.busy_ns = c.busy_ns.load();
+  out.blocked_output_ns = c.blocked_ns.load();
+  uint64_t e = c.enqueued.load(), s = c.started.load();
+  out.queue_depth = static_cast<uint32_t>(e - std::min(e, s));
+  out.max_queue_depth = c.max_queue.load();
+  return out;
+}
+
+RunResult Runner::run() { return impl_->execute(); }
+
+RunResult Runner::Impl::execute() {
+  RunResult result;
+  std::optional<tbb::global_control> threads;
+  if (int64_t t = plan().run.integer("threads"); t > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
+  make_run_dir();
+  result.run_dir = run.run_dir;
+  graph->setup();
+
+  size_t head_end = static_cast<size_t>(plan().head_end);
+  head_next.assign(head_end, 0);
+  if (!opt.resume_dir.empty()) {
+    auto ckpt = latest_checkpoint(opt.resume_dir);
+    if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
+    CheckpointInfo info = load_checkpoint(graph->plan(), *ckpt);
+    run.step = info.step;
+    uint64_t idx = info.next_batch;
+    for (size_t k = head_end; k-- > 0;) {
+      head_next[k] = idx;
+      graph->stage(k).seek(idx, graph->context(k));
+      idx = graph->stage(k).upstream_seek_index(idx);
+    }
+    log_line("resumed from " + *ckpt + " at step " + std::to_string(run.step));
+  }
+
+  void (*previous_handler)(int) = SIG_DFL;
+  if (opt.handle_sigint) {
+    g_sigint = false;
+    previous_handler = std::signal(SIGINT, on_sigint);
+  }
+  start_ns = now_ns();
+  start_unix = unix_ns();
+  interval_start_ns = start_ns;
+  start_publisher();
+
+  std::vector<Stage*> stages;
+  std::vector<StageContext*> ctxs;
+  for (size_t k = 0; k < n(); ++k) stages.push_back(&graph->stage(k)), ctxs.push_back(&graph->context(k));
+
+  tbb::flow::graph g;
+  const size_t max_in_flight = static_cast<size_t>(plan().run.integer("max_in_flight"));
+  size_t first_after_head = head_end < n() ? head_end : n();
+  tbb::flow::input_node<Msg> source(g, [&](tbb::flow_control& fc) -> Msg {
+    uint64_t t = now_ns();
+    if (head_last_return_ns) counters[head_end - 1]->blocked_ns += t - head_last_return_ns;
+    if (run.stop_requested || (opt.handle_sigint && g_sigint.load())) {
+      fc.stop();
+      return {};
+    }
+    auto b = std::make_shared<Batch>();
+    if (!pull(stages, ctxs, head_next, head_end - 1, *b, true)) {
+      fc.stop();
+      return {};
+    }
+    if (first_after_head < n()) counters[first_after_head]->enqueued++;
+    head_last_return_ns = now_ns();
+    return Msg{head_order++, std::move(b)};
+  });
+  tbb::flow::limiter_node<Msg> limiter(g, max_in_flight);
+  tbb::flow::make_edge(source, limiter);
+  // Counts batches the limiter admitted (the source may hold one more, produced and waiting).
+  tbb::flow::function_node<Msg, Msg> admit(g, tbb::flow::unlimited, [&](Msg m) -> Msg {
+    uint64_t now_in_flight = static_cast<uint64_t>(++in_flight);
+    uint64_t seen = max_in_flight_seen.load();
+    while (now_in_flight > seen && !max_in_flight_seen.compare_exchange_weak(seen, now_in_flight)) {
+    }
+    return m;
+  });
+  tbb::flow::make_edge(limiter, admit);
+
+  // Keep nodes alive for the graph's lifetime.
+  std::vector<std::unique_ptr<tbb::flow::graph_node>> nodes;
+  tbb::flow::sender<Msg>* prev = &admit;
+  auto note_queue = [&](size_t k) {
+    auto& c = *counters[k];
+    c.started++;
+    c.items_in++;
+    uint32_t q = static_cast<uint32_t>(c.enqueued.load() - std::min(c.enqueued.load(), c.started.load()) + 1);
+    uint32_t m = c.max_queue.load();
+    while (q > m && !c.max_queue.compare_exchange_weak(m, q)) {
+    }
+  };
+  for (size_t k = head_end; k < static_cast<size_t>(plan().section_begin); ++k) {
+    int conc = plan().stages[k].concurrency;
+    size_t limit = conc == 0 ? static_cast<size_t>(tbb::flow::unlimited) : static_cast<size_t>(conc);
+    auto node = std::make_unique<tbb::flow::function_node<Msg, Msg>>(g, limit, [&, k](Msg m) -> Msg {
+      note_queue(k);
+      timed(k, m.batch->index, [&] { stages[k]->forward(*m.batch, *ctxs[k]); });
+      counters[k]->items_out++;
+      if (k + 1 < n()) counters[k + 1]->enqueued++;
+      return m;
+    });
+    tbb::flow::make_edge(*prev, *node);
+    prev = node.get();
+    nodes.push_back(std::move(node));
+    if (conc != 1) {
+      auto seq = std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
+      tbb::flow::make_edge(*prev, *seq);
+      prev = seq.get();
+      nodes.push_back(std::move(seq));
+    }
+  }
+  // The section: serial, in source order.
+  auto order_guard = std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
+  tbb::flow::make_edge(*prev, *order_guard);
+  size_t sb = static_cast<size_t>(plan().section_begin);
+  tbb::flow::function_node<Msg, tbb::flow::continue_msg> section_node(
+      g, tbb::flow::serial, [&](Msg m) -> tbb::flow::continue_msg {
+        if (sb < n()) note_queue(sb);
+        uint64_t t0 = now_ns();
+        // A stop lets the step in progress finish; batches still queued behind it do not train.
+        if (!run.stop_requested) {
+          section(*m.batch);
+          for (size_t k = sb; k < n(); ++k) counters[k]->items_out++;
+          after_step(*m.batch, t0);
+        }
+        --in_flight;
+        m.batch.reset();  // release tensors before the limiter admits another batch
+        return {};
+      });
+  tbb::flow::make_edge(*order_guard, section_node);
+  tbb::flow::make_edge(section_node, limiter.decrementer());
+
+  uint64_t t_start = now_ns();
+  std::exception_ptr failure;
+  try {
+    source.activate();
+    g.wait_for_all();
+  } catch (...) {
+    failure = std::current_exception();
+    g.cancel();
+    try {
+      g.wait_for_all();
+    } catch (...) {
+    }
+  }
+  if (opt.handle_sigint && g_sigint.exchange(false)) run.interrupted = true;
+  if (tty) *log << "\n";
+
+  if (!failure) {
+    for (size_t k = 0; k < n(); ++k) {
+      try {
+        stages[k]->finish(*ctxs[k]);
+      } catch (const std::exception& e) {
+        const auto& ps = plan().stages[k];
+        failure = std::make_exception_ptr(StageError(ps.name, ps.schema->kind(), run.step, e.what()));
+        break;
+      }
+    }
+  }
+  stop_publisher(failure ? stats::RunState::failed : stats::RunState::done);
+  record.reset();  // the run is over: its record goes away (slipstream-smi shows live runs)
+  if (opt.handle_sigint) std::signal(SIGINT, previous_handler);
+  if (failure) std::rethrow_exception(failure);
+
+  result.steps = steps_this_process;
+  result.final_step = run.step;
+  result.samples = samples.load();
+  result.interrupted = run.interrupted.load();
+  result.early_stopped = early_stopped;
+  result.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
+  result.last_train_metrics = last_train;
+  result.last_validation_metrics = last_validation;
+  return result;
+}
+
+}  // namespace slipstream

@@ -1,0 +1,87 @@
+// Runs a validated graph on a oneTBB flow graph:
+//
+//   input_node(source + rebatchers, pulled) -> limiter_node(max_in_flight)
+//     -> function_node per data transform (concurrency N, + sequencer_node when N != 1)
+//     -> sequencer -> function_node(trainable section, serial) -> end -> limiter decrement
+//
+// The limiter is the backpressure: at most max_in_flight batches exist between the source and
+// the end, so a slow consumer makes the source wait instead of memory growing. Sequencers
+// restore source order after parallel stages, so the same seed gives the same batches in the
+// same order. The trainable section runs forward (stage order), backward (reverse order, up
+// from the loss), then the update stages, for one batch at a time: the forward pass of batch
+// k+1 starts only after the update of batch k was issued.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/graph.h"
+
+namespace slipstream {
+
+struct RunOptions {
+  std::string resume_dir;        // continue this run directory from its latest checkpoint
+  bool create_run_dir = true;    // runs/<name>-<time>/ with config.yaml and metrics.jsonl
+  bool handle_sigint = true;     // SIGINT: finish the step, let stages save, exit 130
+  bool publish_stats = true;     // the /dev/shm record read by slipstream-smi
+  std::ostream* log = nullptr;   // progress lines (default std::cout)
+};
+
+struct RunResult {
+  uint64_t steps = 0;             // batches through the trainable section (this process)
+  uint64_t final_step = 0;        // including resumed steps
+  uint64_t samples = 0;
+  bool interrupted = false;       // stopped by SIGINT
+  bool early_stopped = false;
+  double seconds = 0;
+  std::string run_dir;
+  std::map<std::string, double> last_train_metrics;
+  std::map<std::string, double> last_validation_metrics;
+};
+
+// Thrown for a failure inside a stage; names the stage, its kind and the batch.
+class StageError : public std::runtime_error {
+ public:
+  StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what);
+  const std::string& stage() const { return stage_; }
+  uint64_t batch() const { return batch_; }
+
+ private:
+  std::string stage_;
+  uint64_t batch_;
+};
+
+class Runner {
+ public:
+  Runner(GraphPlan plan, RunOptions options = {});
+  ~Runner();
+  // Sets up every stage, runs until the source ends, run.steps is reached, early stopping or
+  // SIGINT, then calls finish() on every stage. Throws StageError on the first stage failure.
+  RunResult run();
+
+  Graph& graph();
+  RunState& state();
+  // Live counters of one stage (tests and the stats record).
+  struct Counters {
+    uint64_t items_in = 0, items_out = 0, busy_ns = 0, wait_input_ns = 0, blocked_output_ns = 0;
+    uint32_t queue_depth = 0, max_queue_depth = 0;
+  };
+  Counters counters(size_t stage) const;
+  // Largest number of batches that were between the source and the end at once.
+  uint64_t max_in_flight_seen() const;
+
+  // Asks the run to stop as SIGINT would (finish the step in progress, then finish()).
+  void request_stop(bool as_interrupt);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The interrupt flag set by the SIGINT handler (exposed for tests).
+void raise_interrupt_for_testing();
+
+}  // namespace slipstream

@@ -1,0 +1,27 @@
+// Reading and writing the safetensors format (https://huggingface.co/docs/safetensors): an 8-byte
+// little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__":
+// {str: str}}, then the raw little-endian tensor bytes. PyTorch and numpy read these files.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace slipstream {
+
+struct SafetensorsFile {
+  std::map<std::string, Tensor> tensors;  // host tensors, owned
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes atomically: a temporary file in the same directory, fsync, rename, fsync of the
+// directory. Tensors must be on the host. Throws std::runtime_error naming the path.
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// Validates the header (offsets in bounds, non-overlapping, sizes match shapes and dtypes) and
+// throws std::runtime_error naming the path and what is wrong.
+SafetensorsFile read_safetensors(const std::string& path);
+
+}  // namespace slipstream

@@ -1,0 +1,109 @@
+// A stage kind's schema: its ports, parameters and traits. The one description validates YAML,
+// prints `slipstream stages KIND`, documents the kind and registers it (see registry.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/dtype.h"
+
+namespace slipstream {
+
+enum class ParamType { boolean, integer, number, string, string_list, integer_list, number_list };
+std::string_view param_type_name(ParamType t);
+
+using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>,
+                                std::vector<int64_t>, std::vector<double>>;
+std::string param_value_str(const ParamValue& v);  // YAML flow form: 3, 0.5, "a", [a, b]
+
+struct ParamSpec {
+  std::string name;
+  ParamType type = ParamType::integer;
+  ParamValue default_value;
+  bool required = false;  // no default: the graph or preset must set it
+  std::string doc;
+  std::optional<double> min, max;  // for numbers, and for every element of numeric lists
+  std::vector<std::string> choices;
+};
+
+struct PortSpec {
+  std::string name;
+  std::optional<DType> dtype;  // nullopt: any
+  int rank = -1;               // -1: any
+  std::string doc;
+  bool optional = false;
+};
+
+// How the runner drives a stage:
+//   source     produces batches (the head of the graph);
+//   rebatch    pulls from the source before it and emits a different number of batches
+//              (batching, shuffling); runs inside the head, pulled on demand;
+//   transform  one batch in, the same batch out (concurrency > 1 allowed when stateless);
+//   loss       a transform that starts the backward pass;
+//   update     runs once per batch after the backward pass (allreduce, optimizer, checkpoint).
+enum class StageRole { source, rebatch, transform, loss, update };
+std::string_view stage_role_name(StageRole r);
+
+class Stage;
+using StageFactory = Stage* (*)();
+
+class StageSchema {
+ public:
+  explicit StageSchema(std::string kind) : kind_(std::move(kind)) {}
+
+  StageSchema& doc(std::string text);
+  StageSchema& family(std::string name);
+  StageSchema& role(StageRole r);
+  // Stages with weights; they also implement backward() and parameters().
+  StageSchema& trainable();
+  // Stateless stages on the gradient path that implement backward() without weights.
+  StageSchema& differentiable();
+  // Stages without ports of their own that act on every tensor of the batch (prefetch,
+  // batcher): consumers bind through them to the tensors of the stages before.
+  StageSchema& passthrough();
+  // Worker slots for a transform before the trainable section; 0 = as many as TBB has.
+  StageSchema& concurrency(int n);
+  StageSchema& input(std::string name, std::optional<DType> dtype, int rank, std::string doc);
+  StageSchema& optional_input(std::string name, std::optional<DType> dtype, int rank,
+                              std::string doc);
+  StageSchema& output(std::string name, std::optional<DType> dtype, int rank, std::string doc);
+  // The type follows the default's C++ type (int → integer, double → number, ...).
+  StageSchema& param(std::string name, ParamValue default_value, std::string doc);
+  StageSchema& required_param(std::string name, ParamType type, std::string doc);
+  // Constraints on the most recently declared parameter.
+  StageSchema& range(std::optional<double> min, std::optional<double> max);
+  StageSchema& choices(std::vector<std::string> allowed);
+
+  const std::string& kind() const { return kind_; }
+  const std::string& doc_text() const { return doc_; }
+  const std::string& family_name() const { return family_; }
+  StageRole stage_role() const { return role_; }
+  bool is_trainable() const { return trainable_; }
+  bool is_differentiable() const { return trainable_ || differentiable_ || role_ == StageRole::loss; }
+  int default_concurrency() const { return concurrency_; }
+  bool is_passthrough() const { return passthrough_; }
+  const std::vector<PortSpec>& inputs() const { return inputs_; }
+  const std::vector<PortSpec>& outputs() const { return outputs_; }
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const ParamSpec* find_param(std::string_view name) const;
+  const PortSpec* find_input(std::string_view name) const;
+  const PortSpec* find_output(std::string_view name) const;
+
+  // Human-readable documentation (used by `slipstream stages KIND`).
+  std::string help() const;
+
+  StageFactory factory = nullptr;  // set by registration
+
+ private:
+  std::string kind_, doc_, family_;
+  StageRole role_ = StageRole::transform;
+  bool trainable_ = false, differentiable_ = false, passthrough_ = false;
+  int concurrency_ = 1;
+  std::vector<PortSpec> inputs_, outputs_;
+  std::vector<ParamSpec> params_;
+};
+
+}  // namespace slipstream

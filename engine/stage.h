@@ -1,0 +1,193 @@
+// The stage contract: what a stage implements and what the runner gives it.
+//
+//   class MyStage : public slipstream::Stage {
+//    public:
+//     static slipstream::StageSchema schema();     // ports, params, traits
+//     void setup(slipstream::StageContext& ctx) override;
+//     void forward(slipstream::Batch& b, slipstream::StageContext& ctx) override;
+//   };
+//   SLIPSTREAM_REGISTER_STAGE(MyStage);
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/params.h"
+#include "engine/schema.h"
+#include "engine/tensor.h"
+
+namespace slipstream {
+
+// One unit flowing through the graph. Tensors live in slots that the graph assigns to each
+// (stage, output port) and to the gradient of each; stages reach them through StageContext.
+struct Batch {
+  uint64_t index = 0;    // position in the source's stream, consecutive from 0 (resume point)
+  uint64_t epoch = 0;
+  uint64_t samples = 0;  // examples in the batch, for throughput
+  std::vector<Tensor> slots;
+};
+
+// A trainable weight: FP32 master value and gradient; under bf16 precision the optimizer also
+// keeps `low_precision`, the bf16 copy that feeds the GEMMs.
+struct Parameter {
+  std::string name;  // local to the stage, e.g. "layers.0.mixer.in_proj.weight"
+  Tensor value;
+  Tensor grad;
+  Tensor low_precision;
+  bool weight_decay = true;  // false for norms, biases, A_log, D, ...
+};
+
+enum class Precision { fp32, bf16 };
+
+// Run-wide state every stage can read; owned by the runner.
+struct RunState {
+  Device device;
+  Precision precision = Precision::fp32;
+  uint64_t seed = 1;
+  bool training = true;        // false during validation passes
+  uint64_t step = 0;           // batches completed by the trainable section
+  uint64_t total_steps = 0;    // 0 when unknown
+  int64_t epochs = 1;
+  std::string run_dir;         // empty for runs that write nothing (tests, `stage run`)
+  std::atomic<bool> stop_requested{false};
+  std::atomic<bool> interrupted{false};  // SIGINT
+  // Receives StageContext::metric() calls (set by the runner; thread-safe).
+  std::function<void(std::string_view, double)> metric_sink;
+};
+
+class StateWriter;
+class StateReader;
+class StageContext;
+struct GraphPlan;
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+
+  // After validation; input shapes (ctx.input_shape) and the device are known. Allocate weights
+  // and workspaces here, and declare output shapes for the stages downstream.
+  virtual void setup(StageContext& ctx) { (void)ctx; }
+
+  // role source: fill `out` with the next batch; false when the stream has ended.
+  virtual bool produce(Batch& out, StageContext& ctx);
+  // role source: continue from batch `next_index` (resume); the default refuses.
+  virtual void seek(uint64_t next_index, StageContext& ctx);
+  // role rebatch: fill `out`, pulling as many upstream batches as needed with `pull_upstream`.
+  virtual bool rebatch(Batch& out, const std::function<bool(Batch&)>& pull_upstream,
+                       StageContext& ctx);
+
+  // transform / loss / update: read inputs from the batch, add outputs.
+  virtual void forward(Batch& batch, StageContext& ctx) {
+    (void)batch;
+    (void)ctx;
+  }
+  // Differentiable stages: read the gradients of the outputs, write those of the inputs and
+  // accumulate into parameters' gradients. A loss stage's backward seeds the pass.
+  virtual void backward(Batch& batch, StageContext& ctx) {
+    (void)batch;
+    (void)ctx;
+  }
+  // Trainable stages: stable pointers to the stage's weights.
+  virtual std::vector<Parameter*> parameters() { return {}; }
+
+  // Stateful stages: everything needed for a bit-exact resume.
+  virtual void save(StateWriter& w) const { (void)w; }
+  virtual void load(StateReader& r) { (void)r; }
+
+  // Once, after the last batch (or after a stop request, once in-flight batches finished).
+  virtual void finish(StageContext& ctx) { (void)ctx; }
+
+  // Around each validation pass (e.g. an optimizer swaps in its EMA weights, a checkpoint stage
+  // keeps the best). `metrics` holds the pass's averages ("loss", ...).
+  virtual void validation_begin(StageContext& ctx) { (void)ctx; }
+  virtual void validation_end(const std::map<std::string, double>& metrics, StageContext& ctx) {
+    (void)metrics;
+    (void)ctx;
+  }
+  // role rebatch: the upstream batch index to seek to so that this stage's next output is
+  // batch `next_index` (resume). Default: one upstream batch per output batch.
+  virtual uint64_t upstream_seek_index(uint64_t next_index) const { return next_index; }
+};
+
+// What the runner gives a stage: its identity and parameters, its ports' slots, the run state,
+// and the stages upstream of it (for reducers and optimizers).
+class StageContext {
+ public:
+  const std::string& name() const { return name_; }
+  const StageSchema& schema() const { return *schema_; }
+  const Params& params() const { return params_; }
+  RunState& run() const { return *run_; }
+  const Device& device() const { return run_->device; }
+  int concurrency() const { return concurrency_; }
+
+  // ---- setup time ----
+  // Shape/dtype the upstream stage declared for the tensor bound to this input port.
+  bool input_connected(std::string_view port) const;
+  const Shape& input_shape(std::string_view port) const;
+  DType input_dtype(std::string_view port) const;
+  void declare_output(std::string_view port, const Shape& shape, DType dtype);
+  const Shape& output_shape(std::string_view port) const;
+  // Parameter of another stage in the graph (e.g. the batch size of the batcher upstream).
+  const Params* stage_params(std::string_view stage_name) const;
+
+  // ---- per batch ----
+  const Tensor& input(const Batch& b, std::string_view port) const;
+  bool has_input(const Batch& b, std::string_view port) const;
+  void set_output(Batch& b, std::string_view port, Tensor t) const;
+  const Tensor& output(const Batch& b, std::string_view port) const;
+  // Passthrough stages: every tensor slot they act on (the outputs of the stages before).
+  std::vector<Tensor*> passthrough_tensors(Batch& b) const;
+  // Gradient of the loss with respect to this stage's output (undefined when nothing
+  // downstream produced one).
+  const Tensor& output_grad(const Batch& b, std::string_view port) const;
+  // Sets (or, when another consumer already set one, adds to) the gradient of an input.
+  void add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const;
+  // Records a scalar for this step's metrics ("loss", "acc/buttons", ...): the runner prefixes
+  // nothing; names should be unique across stages.
+  void metric(std::string_view name, double value) const;
+
+  // Stages upstream of this one in the graph, nearest first; for allreduce/optimizers/checkpoints.
+  std::vector<std::pair<std::string, Stage*>> upstream_stages() const;
+  // Every trainable parameter upstream, with names prefixed "<stage>.".
+  std::vector<std::pair<std::string, Parameter*>> upstream_parameters() const;
+
+  // The whole validated graph (e.g. for a checkpoint stage that saves every stage).
+  GraphPlan& graph_plan() const { return *plan_; }
+
+  // Deterministic per-stage seed derived from the run seed and the stage name.
+  uint64_t seed() const;
+  // Which data a source serves: the runner builds a second copy of the data stages with
+  // `validation` for validation passes.
+  enum class Split { train, validation };
+  Split split() const { return split_; }
+
+ private:
+  friend struct GraphPlan;
+  friend class Graph;
+  friend class Runner;
+  friend class StageHarness;
+  int slot_of_input(std::string_view port) const;
+  int slot_of_output(std::string_view port) const;
+  int grad_slot_of_input(std::string_view port) const;
+  int grad_slot_of_output(std::string_view port) const;
+
+  std::string name_;
+  const StageSchema* schema_ = nullptr;
+  Params params_;
+  RunState* run_ = nullptr;
+  int concurrency_ = 1;
+  Split split_ = Split::train;
+  int index_ = 0;          // position in the graph's topological order
+  GraphPlan* plan_ = nullptr;
+  std::vector<int> input_slots_;   // per schema input port; -1 when unconnected
+  std::vector<int> output_slots_;  // per schema output port
+};
+
+}  // namespace slipstream

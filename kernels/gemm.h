@@ -1,0 +1,42 @@
+// Dense matrix products on row-major matrices, and the linear layer built on them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace slipstream::kernels {
+
+// C (M, N) = alpha * op(A) * op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K) with
+// leading dimension lda, or (K, M) when trans_a. op(B) is (K, N): B is (K, N), or (N, K) when
+// trans_b. With beta == 0, C is not read (NaNs in it do not propagate). BLAS (OpenBLAS).
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
+          int ldb, T beta, T* C, int ldc);
+
+// gemm with bf16 operands (uint16_t storage, e.g. the optimizer's bf16 weight shadow and bf16
+// activations) and fp32 accumulation and output. The operands are widened to fp32 into the
+// caller's workspace (exact: every bf16 is an fp32) and multiplied by sgemm, so the result is
+// exactly sgemm of the rounded operands. Workspace: gemm_bf16_workspace_elems floats (op(A) and
+// op(B) stored densely, M*K + K*N).
+size_t gemm_bf16_workspace_elems(int M, int N, int K);
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
+               float* workspace);
+
+// Linear layer, PyTorch layout: y (M, Out) = x (M, In) * W^T + b, W (Out, In), b (Out) or null.
+template <class T>
+void linear_forward(const T* x, const T* W, const T* b, T* y, int M, int In, int Out);
+
+// Backward of linear_forward given dy (M, Out).
+//   dx (M, In)   overwritten (=); may be null when not needed.
+//   dW (Out, In) accumulated (+=); may be null.
+//   db (Out)     accumulated (+=); may be null.
+template <class T>
+void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, T* db, int M, int In,
+                     int Out);
+
+// db (N) += sum over rows of dy (M, N) (bias gradients). Parallel over column blocks.
+template <class T>
+void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
+
+}  // namespace slipstream::kernels

@@ -1,0 +1,100 @@
+// GEMMs go to OpenBLAS; its own threads parallelise them. Bias sums are column-blocked so
+// each TBB task owns its outputs (no atomics, deterministic).
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "kernels/bf16.h"
+#include "kernels/parallel.h"
+
+namespace slipstream::kernels {
+
+template <>
+void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                 int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <>
+void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
+                  int lda, const double* B, int ldb, double beta, double* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+size_t gemm_bf16_workspace_elems(int M, int N, int K) {
+  return static_cast<size_t>(M) * K + static_cast<size_t>(K) * N;
+}
+
+// Widen a (rows, cols) bf16 block with leading dimension ld into a dense fp32 block.
+static void widen(const uint16_t* src, int ld, int rows, int cols, float* dst) {
+  parallel_blocks(rows, cols, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) bf16_to_fp32_scalar(src + r * ld, dst + r * cols, cols);
+  });
+}
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
+               float* workspace) {
+  float* a32 = workspace;
+  float* b32 = workspace + static_cast<size_t>(M) * K;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  widen(A, lda, a_rows, a_cols, a32);
+  widen(B, ldb, b_rows, b_cols, b32);
+  gemm<float>(trans_a, trans_b, M, N, K, alpha, a32, a_cols, b32, b_cols, beta, C, ldc);
+}
+
+template <class T>
+void linear_forward(const T* x, const T* W, const T* b, T* y, int M, int In, int Out) {
+  T beta = 0;
+  if (b) {
+    // Seed every row with the bias and let the GEMM accumulate onto it.
+    parallel_blocks(M, Out, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) std::copy(b, b + Out, y + r * Out);
+    });
+    beta = 1;
+  }
+  gemm<T>(false, true, M, Out, In, T(1), x, In, W, In, beta, y, Out);
+}
+
+template <class T>
+void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, T* db, int M, int In,
+                     int Out) {
+  if (dx) gemm<T>(false, false, M, In, Out, T(1), dy, Out, W, In, T(0), dx, In);
+  if (dW) gemm<T>(true, false, Out, In, M, T(1), dy, Out, x, In, T(1), dW, In);
+  if (db) column_sum_accumulate(dy, db, M, Out);
+}
+
+template <class T>
+void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N) {
+  constexpr size_t kCols = 64;  // a few cache lines per task, no false sharing
+  parallel_blocks((N + kCols - 1) / kCols, M * kCols, [&](size_t c0, size_t c1) {
+    const size_t j0 = c0 * kCols, j1 = std::min(N, c1 * kCols);
+    T acc[kCols * 16];  // up to 16 column blocks per task are summed in registers/L1
+    for (size_t jb = j0; jb < j1; jb += kCols * 16) {
+      const size_t je = std::min(j1, jb + kCols * 16), w = je - jb;
+      std::fill(acc, acc + w, T(0));
+      for (size_t i = 0; i < M; ++i) {
+        const T* row = dy + i * N + jb;
+        for (size_t j = 0; j < w; ++j) acc[j] += row[j];
+      }
+      for (size_t j = 0; j < w; ++j) db[jb + j] += acc[j];
+    }
+  });
+}
+
+#define INSTANTIATE(T)                                                                       \
+  template void linear_forward<T>(const T*, const T*, const T*, T*, int, int, int);          \
+  template void linear_backward<T>(const T*, const T*, const T*, T*, T*, T*, int, int, int); \
+  template void column_sum_accumulate<T>(const T*, T*, size_t, size_t);
+INSTANTIATE(float)
+INSTANTIATE(double)
+#undef INSTANTIATE
+
+}  // namespace slipstream::kernels

@@ -1,0 +1,154 @@
+// The input projections of all steps are one GEMM; the recurrence does one (B, H) x (H, 3H)
+// GEMM per step plus a gate pass parallel over the batch. The backward collects the gate-input
+// gradients of every step so the weight gradients and dx are again single large GEMMs.
+#include "kernels/gru.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/gemm.h"
+#include "kernels/parallel.h"
+
+namespace slipstream::kernels {
+
+size_t gru_saved_elems(int B, int L, int H) {
+  return size_t(B) * L * 4 * H;
+}
+size_t gru_forward_workspace_elems(int B, int L, int H) {
+  return size_t(B) * L * 3 * H + size_t(B) * 3 * H;
+}
+size_t gru_backward_workspace_elems(int B, int L, int H) {
+  return 2 * size_t(B) * L * 3 * H + size_t(B) * L * H + 2 * size_t(B) * H;
+}
+
+namespace {
+template <class T>
+T sigm(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+}  // namespace
+
+template <class T>
+void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* b_ih,
+                 const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H) {
+  const int G = 3 * H;
+  T* gi = workspace;                      // (B, L, 3H)
+  T* gh = workspace + size_t(B) * L * G;  // (B, 3H)
+  linear_forward(x, w_ih, b_ih, gi, B * L, In, G);
+  for (int t = 0; t < L; ++t) {
+    // gh = h_{t-1} W_hh^T + b_hh
+    const T* hp = t == 0 ? h0 : y + size_t(t - 1) * H;
+    const int ldh = t == 0 ? H : L * H;
+    for (int b = 0; b < B; ++b) {
+      T* row = gh + size_t(b) * G;
+      if (b_hh) {
+        std::copy(b_hh, b_hh + G, row);
+      } else {
+        std::fill(row, row + G, T(0));
+      }
+    }
+    if (hp) gemm<T>(false, true, B, G, H, T(1), hp, ldh, w_hh, H, T(1), gh, G);
+    parallel_blocks(B, 8 * H, [&](size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        const T* gib = gi + (b * L + t) * G;
+        const T* ghb = gh + b * G;
+        const T* hpb = hp ? hp + b * ldh : nullptr;
+        T* yb = y + (b * L + t) * H;
+        T* sb = saved ? saved + (b * L + t) * 4 * H : nullptr;
+        for (int j = 0; j < H; ++j) {
+          const T r = sigm(gib[j] + ghb[j]);
+          const T z = sigm(gib[H + j] + ghb[H + j]);
+          const T hn = ghb[2 * H + j];
+          const T n = std::tanh(gib[2 * H + j] + r * hn);
+          const T h = hpb ? hpb[j] : T(0);
+          yb[j] = (T(1) - z) * n + z * h;
+          if (sb) {
+            sb[j] = r;
+            sb[H + j] = z;
+            sb[2 * H + j] = n;
+            sb[3 * H + j] = hn;
+          }
+        }
+      }
+    });
+  }
+}
+
+template <class T>
+void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* y, const T* saved,
+                  const T* dy, const T* dh_last, T* dx, T* dh0, T* dw_ih, T* dw_hh, T* db_ih,
+                  T* db_hh, T* workspace, int B, int L, int In, int H) {
+  const int G = 3 * H;
+  T* dgi = workspace;                    // (B, L, 3H)
+  T* dgh = dgi + size_t(B) * L * G;      // (B, L, 3H)
+  T* hprev = dgh + size_t(B) * L * G;    // (B, L, H)
+  T* carry = hprev + size_t(B) * L * H;  // (B, H): dL/dh_t from later steps
+  T* next = carry + size_t(B) * H;       // (B, H)
+  if (dh_last) {
+    std::copy(dh_last, dh_last + size_t(B) * H, carry);
+  } else {
+    std::fill(carry, carry + size_t(B) * H, T(0));
+  }
+  // hprev[b, t] = h_{t-1}: the states the recurrent weights multiplied.
+  parallel_blocks(B, size_t(L) * H, [&](size_t b0, size_t b1) {
+    for (size_t b = b0; b < b1; ++b) {
+      T* hb = hprev + b * L * H;
+      if (h0) {
+        std::copy(h0 + b * H, h0 + (b + 1) * H, hb);
+      } else {
+        std::fill(hb, hb + H, T(0));
+      }
+      std::copy(y + b * L * H, y + b * L * H + size_t(L - 1) * H, hb + H);
+    }
+  });
+  for (int t = L - 1; t >= 0; --t) {
+    parallel_blocks(B, 16 * H, [&](size_t b0, size_t b1) {
+      for (size_t b = b0; b < b1; ++b) {
+        const size_t row = b * L + t;
+        const T* sb = saved + row * 4 * H;
+        const T* hp = hprev + row * H;
+        const T* g = dy + row * H;
+        const T* c = carry + b * H;
+        T* nb = next + b * H;
+        T* dgib = dgi + row * G;
+        T* dghb = dgh + row * G;
+        for (int j = 0; j < H; ++j) {
+          const T r = sb[j], z = sb[H + j], n = sb[2 * H + j], hn = sb[3 * H + j];
+          const T dh = g[j] + c[j];
+          const T dn = dh * (T(1) - z);
+          const T dz = dh * (hp[j] - n);
+          const T dan = dn * (T(1) - n * n);
+          const T dr = dan * hn;
+          const T dar = dr * r * (T(1) - r);
+          const T daz = dz * z * (T(1) - z);
+          dgib[j] = dar;
+          dgib[H + j] = daz;
+          dgib[2 * H + j] = dan;
+          dghb[j] = dar;
+          dghb[H + j] = daz;
+          dghb[2 * H + j] = dan * r;
+          nb[j] = dh * z;
+        }
+      }
+    });
+    // dh_{t-1} = dh * z + dgh_t W_hh
+    gemm<T>(false, false, B, H, G, T(1), dgh + size_t(t) * G, L * G, w_hh, H, T(1), next, H);
+    std::swap(carry, next);
+  }
+  if (dh0) std::copy(carry, carry + size_t(B) * H, dh0);
+  linear_backward(x, w_ih, dgi, dx, dw_ih, db_ih, B * L, In, G);
+  linear_backward(hprev, w_hh, dgh, static_cast<T*>(nullptr), dw_hh, db_hh, B * L, H, G);
+}
+
+#define INSTANTIATE(T)                                                                             \
+  template void gru_forward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, \
+                               T*, int, int, int, int);                                            \
+  template void gru_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*,        \
+                                const T*, const T*, T*, T*, T*, T*, T*, T*, T*, int, int, int,     \
+                                int);
+INSTANTIATE(float)
+INSTANTIATE(double)
+#undef INSTANTIATE
+
+}  // namespace slipstream::kernels

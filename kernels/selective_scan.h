@@ -1,0 +1,54 @@
+// Mamba-1 selective scan, the semantics of mamba-ssm's selective_scan_ref (real A and
+// variable, ungrouped B and C):
+//   dt        = delta + delta_bias;  dt = softplus(dt) if delta_softplus (threshold 20)
+//   h_t[d, n] = exp(dt[t, d] A[d, n]) h_{t-1}[d, n] + dt[t, d] B[t, n] u[t, d],   h_{-1} = 0
+//   y[t, d]   = sum_n C[t, n] h_t[d, n] + Dskip[d] u[t, d]
+//   out       = y * silu(z)   when z is given, else y
+// Layout: u, delta, z, out (B, L, D) — mamba-ssm uses (B, D, L); A (D, N); Bm, Cm (B, L, N);
+// Dskip, delta_bias (D). Dskip, z and delta_bias may be null. N <= kScanMaxState.
+//
+// Parallel over (batch, blocks of kScanChannelBlock channels). The forward keeps nothing for
+// the backward: the backward recomputes the states of one block at a time into caller
+// workspace (it costs one more scan; mamba-ssm's CUDA kernel does the same), so training
+// memory does not grow with L * D * N. Results do not depend on the thread count.
+#pragma once
+
+#include <cstddef>
+
+namespace slipstream::kernels {
+
+inline constexpr int kScanMaxState = 256;
+inline constexpr int kScanChannelBlock = 16;
+// Fixed number of scratch slots of the backward (independent of the machine, so workspace
+// sizes are too); work items are split statically over them.
+inline constexpr int kScanSlots = 64;
+
+// last_state (B, D, N), the final h, may be null.
+template <class T>
+void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                            const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
+                            T* out, T* last_state, int B, int L, int D, int N);
+
+// Elements of T: min(kScanSlots, items) * (2 L kScanChannelBlock N + 2 L kScanChannelBlock)
+// for recomputed states, + B D N + 2 B D for per-batch dA/dD/ddelta_bias partials,
+// + 2 nblk B L N for per-block dB/dC partials, where nblk = ceil(D / kScanChannelBlock) and
+// items = B nblk. (B=256, L=60, D=256, N=16: about 11.1M elements.)
+size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N);
+
+// Gradients given dout (B, L, D):
+//   du, ddelta, dz (B, L, D) and dBm, dCm (B, L, N) overwritten (=); dz ignored when z is null.
+//   dA (D, N), dDskip (D), ddelta_bias (D) accumulated (+=); each may be null when the
+//   matching input is (dDskip, ddelta_bias) or when unwanted.
+template <class T>
+void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                             const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
+                             const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dDskip,
+                             T* dz, T* ddelta_bias, T* workspace, int B, int L, int D, int N);
+
+// Vector exp used by the scan (exposed for its accuracy test): out[i] = exp(x[i]).
+// AVX-512 polynomial (max error a few ulp) when the CPU has AVX-512F, else std::exp.
+void scan_exp(const float* x, float* out, size_t n);
+// softplus (threshold 20) of the scan's dt, vectorised the same way (exposed for its test).
+void scan_softplus(const float* x, float* out, size_t n);
+
+}  // namespace slipstream::kernels

@@ -1,0 +1,188 @@
+// bc_loss: behaviour-cloning loss over the six controller heads, at every window position
+// (causal seq2seq), averaged over the positions the mask marks valid:
+//   loss = Σ_h w_h · mean_valid(loss_h),  buttons: BCE summed over the 8 buttons,
+//          sticks and shoulder: softmax cross-entropy; both with label smoothing.
+// Windows the embedding mirrored (`mirrored`) get their x-stick labels mirrored (c -> 16 - c).
+// Validation passes also report the "repeat the previous input" baseline on the same positions,
+// its probabilities measured on the training positions seen so far (saved with the stage).
+// Metric names and definitions: docs/melee_features.md.
+#include "engine/registry.h"
+#include "engine/state_io.h"
+#include "stages/melee/model_math.h"
+
+namespace slipstream {
+namespace {
+using namespace melee;
+}  // namespace
+
+class BcLossStage : public Stage {
+ public:
+  static StageSchema schema() {
+    StageSchema s("bc_loss");
+    s.family("melee")
+        .doc("Behaviour-cloning loss of the controller heads; reports the repeat-last-input baseline in validation.")
+        .role(StageRole::loss);
+    for (int h = 0; h < kHeads; ++h)
+      s.input(kHeadNames[h], DType::f32, 3, "(B, W, " + std::to_string(head_width(h)) + ") logits");
+    s.input("target_buttons", DType::f32, 3, "(B, W, 8) 0/1 labels")
+        .input("target_sticks", DType::i32, 3, "(B, W, 5) class labels: main x/y, c x/y (0..16), shoulder (0..4)")
+        .input("mask", DType::f32, 2, "(B, W) 1 where the position is real data")
+        .input("prev_controller", DType::f32, 3, "(B, W, 13) the previous input (for the baseline)")
+        .optional_input("mirrored", DType::u8, 1, "(B) windows the embedding mirrored left-right")
+        .output("loss", DType::f32, 1, "(1) the batch's loss")
+        .param("label_smoothing", 0.0, "label smoothing of every head (BCE: y(1-e)+e/2)")
+        .range(0, 0.5)
+        .param("head_weights", std::vector<double>{1, 1, 1, 1, 1, 1},
+               "weights of buttons, main_x, main_y, c_x, c_y, shoulder")
+        .range(0, std::nullopt)
+        .param("baseline_prior", 0.9, "baseline P(input repeats) used before any training position was seen")
+        .range(0, 1);
+    return s;
+  }
+
+  void setup(StageContext& ctx) override {
+    if (!ctx.device().is_cpu())
+      throw std::runtime_error("bc_loss '" + ctx.name() + "': only the CPU path exists (device " +
+                               ctx.device().str() + "); run with device: cpu");
+    eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
+    prior_ = ctx.params().number("baseline_prior");
+    auto hw = ctx.params().numbers("head_weights");
+    if (hw.size() != kHeads)
+      throw std::runtime_error("bc_loss '" + ctx.name() + "': head_weights (" +
+                               ctx.params().mark("head_weights").str() + ") has " + std::to_string(hw.size()) +
+                               " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder");
+    for (int h = 0; h < kHeads; ++h) head_weights_[h] = static_cast<float>(hw[static_cast<size_t>(h)]);
+    const Shape& ms = ctx.input_shape("mask");
+    for (int h = 0; h < kHeads; ++h) {
+      const Shape& s = ctx.input_shape(kHeadNames[h]);
+      if (s.rank() != 3 || (s[2] >= 0 && s[2] != head_width(h)))
+        throw std::runtime_error("bc_loss '" + ctx.name() + "': input '" + kHeadNames[h] + "' is " + s.str() +
+                                 ", expected [B, W, " + std::to_string(head_width(h)) + "]");
+      const std::string n = kHeadNames[h];
+      names_.loss[h] = "loss/" + n;
+      names_.nll[h] = "nll/" + n;
+      names_.acc[h] = "acc/" + n;
+      names_.base_loss[h] = "baseline/loss/" + n;
+      names_.base_acc[h] = "baseline/acc/" + n;
+    }
+    ctx.declare_output("loss", Shape{1}, DType::f32);
+    loss_ = Tensor::zeros(Shape{1}, DType::f32, Device::cpu(), "bc_loss loss");
+    if (ms.rank() == 2 && ms[0] > 0 && ms[1] > 0) reserve(ms[0] * ms[1]);
+  }
+
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& mask = ctx.input(b, "mask");
+    const Tensor& tb = ctx.input(b, "target_buttons");
+    const Tensor& ts = ctx.input(b, "target_sticks");
+    const Tensor& prev = ctx.input(b, "prev_controller");
+    const int64_t B = mask.dim(0), W = mask.dim(1);
+    const size_t M = static_cast<size_t>(B * W);
+    check(ctx, b, tb, B, W, kButtons, "target_buttons");
+    check(ctx, b, ts, B, W, kStickHeads, "target_sticks");
+    check(ctx, b, prev, B, W, kControllerFeatures, "prev_controller");
+    const float* logits[kHeads];
+    for (int h = 0; h < kHeads; ++h) {
+      const Tensor& t = ctx.input(b, kHeadNames[h]);
+      check(ctx, b, t, B, W, head_width(h), kHeadNames[h]);
+      logits[h] = t.data<float>();
+    }
+    const uint8_t* mirrored = nullptr;
+    if (ctx.has_input(b, "mirrored")) {
+      const Tensor& m = ctx.input(b, "mirrored");
+      if (m.numel() != B)
+        throw std::runtime_error("bc_loss '" + ctx.name() + "': mirrored is " + m.describe() + " for " +
+                                 std::to_string(B) + " windows (batch " + std::to_string(b.index) + ")");
+      mirrored = m.data<uint8_t>();
+    }
+    reserve(static_cast<int64_t>(M));
+    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
+    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(), mirrored, s);
+    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(), head_weights_, eps_, s);
+    weight_sum_ = r.weight_sum;
+    loss_.data<float>()[0] = static_cast<float>(r.total);
+    ctx.set_output(b, "loss", loss_);
+
+    const bool training = ctx.run().training;
+    if (training) count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(), mask.data<float>(), counts_);
+    if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
+    ctx.metric("loss", r.total);
+    ctx.metric("nll", r.total_nll);
+    for (int h = 0; h < kHeads; ++h) {
+      ctx.metric(names_.loss[h], r.loss[h]);
+      ctx.metric(names_.nll[h], r.nll[h]);
+      ctx.metric(names_.acc[h], r.acc[h]);
+    }
+    if (!training) {
+      double p[kRepeatItems];
+      for (int k = 0; k < kRepeatItems; ++k) p[k] = counts_.p(k, prior_);
+      const BaselineResult base = baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                                                          mask.data<float>(), head_weights_, p);
+      ctx.metric("baseline/loss", base.total);
+      for (int h = 0; h < kHeads; ++h) {
+        ctx.metric(names_.base_loss[h], base.loss[h]);
+        ctx.metric(names_.base_acc[h], base.acc[h]);
+      }
+    }
+  }
+
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor& mask = ctx.input(b, "mask");
+    const int64_t B = mask.dim(0), W = mask.dim(1);
+    const size_t M = static_cast<size_t>(B * W);
+    const float* logits[kHeads];
+    float* dlogits[kHeads];
+    for (int h = 0; h < kHeads; ++h) {
+      logits[h] = ctx.input(b, kHeadNames[h]).data<float>();
+      dlogits[h] = dlogits_[h].data<float>();
+    }
+    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
+    bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(), mask.data<float>(),
+                            head_weights_, eps_, weight_sum_, s, dlogits);
+    for (int h = 0; h < kHeads; ++h)
+      ctx.add_input_grad(b, kHeadNames[h], dlogits_[h].slice_rows(0, static_cast<int64_t>(M)).reshape(Shape{B, W, head_width(h)}));
+  }
+
+  // The baseline's counts: a resumed run reports the same baseline as an uninterrupted one.
+  void save(StateWriter& w) const override {
+    w.number("repeat.total", counts_.total);
+    for (int k = 0; k < kRepeatItems; ++k) w.number("repeat.same." + std::to_string(k), counts_.same[k]);
+  }
+  void load(StateReader& r) override {
+    counts_ = RepeatCounts{};
+    if (!r.has("repeat.total")) return;
+    counts_.total = r.number("repeat.total");
+    for (int k = 0; k < kRepeatItems; ++k) counts_.same[k] = r.number("repeat.same." + std::to_string(k));
+  }
+
+ private:
+  void check(const StageContext& ctx, const Batch& b, const Tensor& t, int64_t B, int64_t W, int64_t C,
+             const char* port) const {
+    if (t.rank() != 3 || t.dim(0) != B || t.dim(1) != W || t.dim(2) != C || !t.device().is_cpu())
+      throw std::runtime_error("bc_loss '" + ctx.name() + "': " + port + " is " + t.describe() + ", expected [" +
+                               std::to_string(B) + ", " + std::to_string(W) + ", " + std::to_string(C) +
+                               "] on cpu (batch " + std::to_string(b.index) + ")");
+  }
+
+  void reserve(int64_t M) {
+    if (M <= rows_cap_) return;
+    rows_cap_ = M;
+    targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
+    button_weights_ = Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
+    for (int h = 0; h < kHeads; ++h)
+      dlogits_[h] = Tensor::empty(Shape{M, head_width(h)}, DType::f32, Device::cpu(), "bc_loss dlogits");
+  }
+
+  float eps_ = 0;
+  double prior_ = 0.9;
+  float head_weights_[kHeads] = {1, 1, 1, 1, 1, 1};
+  struct {
+    std::string loss[kHeads], nll[kHeads], acc[kHeads], base_loss[kHeads], base_acc[kHeads];
+  } names_;
+  RepeatCounts counts_;
+  double weight_sum_ = 0;
+  Tensor loss_, targets_, button_weights_, dlogits_[kHeads];
+  int64_t rows_cap_ = 0;
+};
+SLIPSTREAM_REGISTER_STAGE(BcLossStage);
+
+}  // namespace slipstream

@@ -1,0 +1,336 @@
+// The math of the Melee model stages (melee_embedding, controller_heads, bc_loss) as plain
+// functions on raw row-major pointers, templated on T (float for the stages, double for the
+// finite-difference checks in tests/melee_model). The stages add ports, buffers, RNG and bf16.
+// Layouts and conventions: docs/melee_features.md. Backward: table/weight gradients accumulate
+// (+=), input gradients are overwritten (=), as in kernels/.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/activations.h"
+#include "kernels/gemm.h"
+#include "kernels/losses.h"
+#include "kernels/parallel.h"
+#include "stages/melee/batch_layout.h"
+
+namespace slipstream::melee {
+
+// ---------------------------------------------------------------- embedding
+
+// Columns of one position of the embedding output:
+//   per slot s (player, opponent, Nana): [numeric × kNumericScale (18) | action (A) | character (C)]
+//   then stage (S), then prev_controller (13), then zero padding up to a multiple of 8.
+struct EmbedLayout {
+  int action_dim = 32, character_dim = 8, stage_dim = 4;
+  int slot_width() const { return kNumericFeatures + action_dim + character_dim; }
+  int slot_offset(int s) const { return s * slot_width(); }
+  int action_offset(int s) const { return slot_offset(s) + kNumericFeatures; }
+  int character_offset(int s) const { return action_offset(s) + action_dim; }
+  int stage_offset() const { return kSlots * slot_width(); }
+  int controller_offset() const { return stage_offset() + stage_dim; }
+  int raw_width() const { return controller_offset() + kControllerFeatures; }
+  int width() const { return (raw_width() + 7) / 8 * 8; }  // tensor-core friendly
+};
+
+// Features a left-right mirror negates: facing, x position and the x speeds.
+inline constexpr bool mirrors_numeric(int f) {
+  return f == kFacing || f == kX || f == kSpeedAirX || f == kSpeedAttackX || f == kSpeedGroundX;
+}
+// prev_controller: main stick x and c-stick x.
+inline constexpr bool mirrors_controller(int c) { return c == kButtons + kMainX || c == kButtons + kCX; }
+inline constexpr bool mirrors_head(int stick_head) { return stick_head == kMainX || stick_head == kCX; }
+// stick_class(-v) == 16 - stick_class(v) exactly (round-half-even is symmetric about 8).
+inline constexpr int mirror_stick_class(int c) { return kStickClasses - 1 - c; }
+
+// A slot's embeddings are used (and trained) only where the slot exists (Nana is absent for
+// most characters; row 0 of the tables must not stand in for "nobody").
+template <class T>
+inline bool slot_exists(const T* slot_numeric) {
+  return slot_numeric[kExists] > T(0.5);
+}
+
+// out (rows, width) from the loader's tensors for `rows` = B·W positions. mirrored (B) may be
+// null (no window mirrored); window = W maps a row to its window. ids must be in range.
+template <class T>
+void embed_forward(const EmbedLayout& L, size_t rows, size_t window, const T* numeric,
+                   const int32_t* action, const int32_t* character, const int32_t* stage,
+                   const T* prev_controller, const uint8_t* mirrored, const T* action_table,
+                   const T* character_table, const T* stage_table, T* out) {
+  const size_t E = static_cast<size_t>(L.width());
+  kernels::parallel_blocks(rows, E, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      T* o = out + r * E;
+      const bool m = mirrored && mirrored[r / window];
+      for (int s = 0; s < kSlots; ++s) {
+        const size_t rs = r * kSlots + static_cast<size_t>(s);
+        const T* num = numeric + rs * kNumericFeatures;
+        T* os = o + L.slot_offset(s);
+        for (int f = 0; f < kNumericFeatures; ++f) {
+          T v = num[f] * static_cast<T>(kNumericScale[f]);
+          os[f] = (m && mirrors_numeric(f)) ? -v : v;
+        }
+        T* oa = o + L.action_offset(s);
+        T* oc = o + L.character_offset(s);
+        if (slot_exists(num)) {
+          std::copy_n(action_table + static_cast<size_t>(action[rs]) * L.action_dim, L.action_dim, oa);
+          std::copy_n(character_table + static_cast<size_t>(character[rs]) * L.character_dim,
+                      L.character_dim, oc);
+        } else {
+          std::fill_n(oa, L.action_dim, T(0));
+          std::fill_n(oc, L.character_dim, T(0));
+        }
+      }
+      std::copy_n(stage_table + static_cast<size_t>(stage[r]) * L.stage_dim, L.stage_dim,
+                  o + L.stage_offset());
+      T* oc = o + L.controller_offset();
+      const T* pc = prev_controller + r * kControllerFeatures;
+      for (int c = 0; c < kControllerFeatures; ++c) oc[c] = (m && mirrors_controller(c)) ? -pc[c] : pc[c];
+      std::fill(o + L.raw_width(), o + E, T(0));
+    }
+  });
+}
+
+// Table gradients (+=) from dout (rows, width). Serial: repeated ids would race, and the work
+// (rows × ~124 adds) is small next to the model.
+template <class T>
+void embed_backward(const EmbedLayout& L, size_t rows, const T* numeric, const int32_t* action,
+                    const int32_t* character, const int32_t* stage, const T* dout, T* daction_table,
+                    T* dcharacter_table, T* dstage_table) {
+  const size_t E = static_cast<size_t>(L.width());
+  for (size_t r = 0; r < rows; ++r) {
+    const T* g = dout + r * E;
+    for (int s = 0; s < kSlots; ++s) {
+      const size_t rs = r * kSlots + static_cast<size_t>(s);
+      if (!slot_exists(numeric + rs * kNumericFeatures)) continue;
+      T* da = daction_table + static_cast<size_t>(action[rs]) * L.action_dim;
+      const T* ga = g + L.action_offset(s);
+      for (int k = 0; k < L.action_dim; ++k) da[k] += ga[k];
+      T* dc = dcharacter_table + static_cast<size_t>(character[rs]) * L.character_dim;
+      const T* gc = g + L.character_offset(s);
+      for (int k = 0; k < L.character_dim; ++k) dc[k] += gc[k];
+    }
+    T* ds = dstage_table + static_cast<size_t>(stage[r]) * L.stage_dim;
+    const T* gs = g + L.stage_offset();
+    for (int k = 0; k < L.stage_dim; ++k) ds[k] += gs[k];
+  }
+}
+
+// ---------------------------------------------------------------- controller heads
+
+// The six heads' logits are computed as one fused (M, 81) product; each head's rows of the fused
+// weight are contiguous, so the per-head parameters are views of one buffer.
+inline constexpr int kHeads = 6;  // buttons, then the kStickHeads in StickHead order
+inline constexpr const char* kHeadNames[kHeads] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
+inline constexpr int head_width(int h) { return h == 0 ? kButtons : head_classes(h - 1); }
+inline constexpr int head_offset(int h) { return h == 0 ? 0 : head_offset(h - 1) + head_width(h - 1); }
+inline constexpr int kHeadsWidth = head_offset(kHeads);  // 81
+
+// x (M, H) -> logits (M, 81). hidden > 0: pre = x Whᵀ + bh, act = silu(pre) (both (M, hidden),
+// kept for the backward), logits = act Woᵀ + bo; hidden == 0: logits = x Woᵀ + bo.
+template <class T>
+void heads_forward(const T* x, int M, int H, int hidden, const T* Wh, const T* bh, T* pre, T* act,
+                   const T* Wo, const T* bo, T* logits) {
+  if (hidden > 0) {
+    kernels::linear_forward(x, Wh, bh, pre, M, H, hidden);
+    kernels::silu_forward(pre, act, static_cast<size_t>(M) * hidden);
+    kernels::linear_forward(act, Wo, bo, logits, M, hidden, kHeadsWidth);
+  } else {
+    kernels::linear_forward(x, Wo, bo, logits, M, H, kHeadsWidth);
+  }
+}
+
+// dlogits (M, 81) -> dx (=, may be null), dWo/dbo/dWh/dbh (+=). dact: (M, hidden) scratch.
+template <class T>
+void heads_backward(const T* x, int M, int H, int hidden, const T* Wh, const T* pre, const T* act,
+                    const T* Wo, const T* dlogits, T* dx, T* dWh, T* dbh, T* dWo, T* dbo, T* dact) {
+  if (hidden > 0) {
+    kernels::linear_backward(act, Wo, dlogits, dact, dWo, dbo, M, hidden, kHeadsWidth);
+    kernels::silu_backward(pre, dact, dact, static_cast<size_t>(M) * hidden);
+    kernels::linear_backward(x, Wh, dact, dx, dWh, dbh, M, H, hidden);
+  } else {
+    kernels::linear_backward(x, Wo, dlogits, dx, dWo, dbo, M, H, kHeadsWidth);
+  }
+}
+
+// ---------------------------------------------------------------- loss
+
+struct BcLossResult {
+  double weight_sum = 0;  // Σ mask: the positions the means run over
+  double total = 0;       // Σ_h w_h · loss_h (smoothed: what is optimised)
+  double total_nll = 0;   // the same without label smoothing
+  double loss[kHeads] = {}, nll[kHeads] = {}, acc[kHeads] = {};
+};
+
+// Scratch for bc_loss_forward/backward, sized for M positions by the caller:
+//   targets (kStickHeads · M) i32: per stick head, the class (x heads mirrored), -1 where masked;
+//   button_weights (M · kButtons): the mask repeated per button.
+template <class T>
+struct BcLossScratch {
+  int32_t* targets;
+  T* button_weights;
+};
+
+// Fills the scratch from the labels; throws on a class out of range at a valid position.
+template <class T>
+void bc_loss_prepare(size_t M, size_t window, const int32_t* target_sticks, const T* mask,
+                     const uint8_t* mirrored, BcLossScratch<T> s) {
+  for (size_t i = 0; i < M; ++i) {
+    const bool valid = mask[i] > T(0);
+    const bool m = mirrored && mirrored[i / window];
+    for (int h = 0; h < kStickHeads; ++h) {
+      int32_t c = target_sticks[i * kStickHeads + static_cast<size_t>(h)];
+      if (valid && (c < 0 || c >= head_classes(h)))
+        throw std::runtime_error("target_sticks: class " + std::to_string(c) + " of head " +
+                                 kHeadNames[h + 1] + " at position " + std::to_string(i) +
+                                 " is outside [0, " + std::to_string(head_classes(h)) + ")");
+      if (m && mirrors_head(h)) c = mirror_stick_class(c);
+      s.targets[static_cast<size_t>(h) * M + i] = valid ? c : -1;
+    }
+    std::fill_n(s.button_weights + i * kButtons, kButtons, valid ? mask[i] : T(0));
+  }
+}
+
+// Loss = Σ_h w_h · (Σ_i mask_i · loss_hi) / Σ_i mask_i, loss_hi = BCE summed over the 8 buttons
+// (head 0) or softmax cross-entropy (stick heads), both with label smoothing eps. acc/buttons
+// is the per-button mean accuracy. Call bc_loss_prepare first.
+template <class T>
+BcLossResult bc_loss_forward(size_t M, const T* const logits[kHeads], const T* target_buttons,
+                             const T* mask, const T* head_weights, T eps, BcLossScratch<T> s) {
+  BcLossResult r;
+  for (int h = 0; h < kHeads; ++h) {
+    kernels::LossStats st, raw;
+    if (h == 0) {
+      st = kernels::bce_with_logits_forward<T>(logits[0], target_buttons, s.button_weights, nullptr,
+                                               M * kButtons, eps);
+      raw = eps == T(0) ? st
+                        : kernels::bce_with_logits_forward<T>(logits[0], target_buttons, s.button_weights,
+                                                              nullptr, M * kButtons, T(0));
+      r.weight_sum = st.weight_sum / kButtons;
+      r.acc[0] = st.accuracy();
+    } else {
+      const int32_t* tg = s.targets + static_cast<size_t>(h - 1) * M;
+      const size_t K = static_cast<size_t>(head_width(h));
+      st = kernels::softmax_cross_entropy_forward<T>(logits[h], tg, mask, nullptr, nullptr, M, K, eps);
+      raw = eps == T(0) ? st
+                        : kernels::softmax_cross_entropy_forward<T>(logits[h], tg, mask, nullptr,
+                                                                    nullptr, M, K, T(0));
+      r.acc[h] = st.accuracy();
+    }
+    r.loss[h] = st.loss_sum;
+    r.nll[h] = raw.loss_sum;
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    r.loss[h] = r.weight_sum > 0 ? r.loss[h] / r.weight_sum : 0.0;
+    r.nll[h] = r.weight_sum > 0 ? r.nll[h] / r.weight_sum : 0.0;
+    r.total += static_cast<double>(head_weights[h]) * r.loss[h];
+    r.total_nll += static_cast<double>(head_weights[h]) * r.nll[h];
+  }
+  return r;
+}
+
+// dlogits[h] (M, width_h) = d total / d logits[h], overwritten.
+template <class T>
+void bc_loss_backward(size_t M, const T* const logits[kHeads], const T* target_buttons,
+                      const T* mask, const T* head_weights, T eps, double weight_sum, BcLossScratch<T> s,
+                      T* const dlogits[kHeads]) {
+  for (int h = 0; h < kHeads; ++h) {
+    const T scale = weight_sum > 0 ? static_cast<T>(static_cast<double>(head_weights[h]) / weight_sum) : T(0);
+    if (h == 0)
+      kernels::bce_with_logits_backward<T>(logits[0], target_buttons, s.button_weights, dlogits[0],
+                                           M * kButtons, eps, scale);
+    else
+      kernels::softmax_cross_entropy_backward<T>(logits[h], s.targets + static_cast<size_t>(h - 1) * M,
+                                                 mask, dlogits[h], M, static_cast<size_t>(head_width(h)),
+                                                 eps, scale);
+  }
+}
+
+// ---------------------------------------------------------------- "repeat the last input" baseline
+
+// The previous input's class per head element: 8 buttons (0/1), then the 5 stick heads.
+inline constexpr int kRepeatItems = kButtons + kStickHeads;
+
+template <class T>
+inline int prev_class(const T* prev_controller_row, int item) {
+  if (item < kButtons) return prev_controller_row[item] > T(0.5) ? 1 : 0;
+  const int h = item - kButtons;
+  const float v = static_cast<float>(prev_controller_row[kButtons + h]);
+  return h == kShoulder ? shoulder_class(v) : stick_class(v);
+}
+template <class T>
+inline int label_class(const T* target_buttons_row, const int32_t* target_sticks_row, int item) {
+  if (item < kButtons) return target_buttons_row[item] > T(0.5) ? 1 : 0;
+  return target_sticks_row[item - kButtons];
+}
+
+// How often the label repeats the previous input, over training positions (mask-weighted).
+// Mirroring flips label and previous input alike, so raw (unmirrored) tensors are compared.
+struct RepeatCounts {
+  double total = 0;
+  double same[kRepeatItems] = {};
+  double p(int item, double prior) const { return total > 0 ? same[item] / total : prior; }
+};
+
+template <class T>
+void count_repeats(size_t M, const T* prev_controller, const T* target_buttons,
+                   const int32_t* target_sticks, const T* mask, RepeatCounts& c) {
+  for (size_t i = 0; i < M; ++i) {
+    const double w = static_cast<double>(mask[i]);
+    if (!(w > 0)) continue;
+    c.total += w;
+    const T* pc = prev_controller + i * kControllerFeatures;
+    for (int k = 0; k < kRepeatItems; ++k)
+      if (label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads, k) == prev_class(pc, k))
+        c.same[k] += w;
+  }
+}
+
+// The baseline as a distribution: P(previous input) = p, the rest spread evenly over the other
+// classes (for a button: Bernoulli with P(previous state) = p_button). No label smoothing.
+struct BaselineResult {
+  double weight_sum = 0, total = 0;
+  double loss[kHeads] = {}, acc[kHeads] = {};
+};
+
+inline constexpr double kBaselinePClamp = 1e-6;  // keeps the NLL finite when p reaches 0 or 1
+
+template <class T>
+BaselineResult baseline_forward(size_t M, const T* prev_controller, const T* target_buttons,
+                                const int32_t* target_sticks, const T* mask, const T* head_weights,
+                                const double p[kRepeatItems]) {
+  double nll_same[kRepeatItems], nll_other[kRepeatItems];
+  for (int k = 0; k < kRepeatItems; ++k) {
+    const double q = std::clamp(p[k], kBaselinePClamp, 1.0 - kBaselinePClamp);
+    const int K = k < kButtons ? 2 : head_classes(k - kButtons);
+    nll_same[k] = -std::log(q);
+    nll_other[k] = -std::log((1.0 - q) / (K - 1));
+  }
+  BaselineResult r;
+  double loss[kHeads] = {}, correct[kHeads] = {};
+  for (size_t i = 0; i < M; ++i) {
+    const double w = static_cast<double>(mask[i]);
+    if (!(w > 0)) continue;
+    r.weight_sum += w;
+    const T* pc = prev_controller + i * kControllerFeatures;
+    for (int k = 0; k < kRepeatItems; ++k) {
+      const bool same = label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads, k) ==
+                        prev_class(pc, k);
+      const int h = k < kButtons ? 0 : k - kButtons + 1;
+      loss[h] += w * (same ? nll_same[k] : nll_other[k]);
+      correct[h] += same ? w : 0.0;
+    }
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    r.loss[h] = r.weight_sum > 0 ? loss[h] / r.weight_sum : 0.0;
+    r.acc[h] = r.weight_sum > 0 ? correct[h] / (r.weight_sum * (h == 0 ? kButtons : 1)) : 0.0;
+    r.total += static_cast<double>(head_weights[h]) * r.loss[h];
+  }
+  return r;
+}
+
+}  // namespace slipstream::melee

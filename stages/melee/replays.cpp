@@ -1,0 +1,723 @@
+// slippi_replays: see replays.h and docs/loader.md.
+#include "stages/melee/replays.h"
+
+#include <glob.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <sstream>
+#include <variant>
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include "engine/registry.h"
+#include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/parser.h"
+#include "stages/melee/slp/synth.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream::melee {
+
+namespace {
+
+enum Reason { kNotFound, kUnreadable, kPlayers, kStage, kNoFrames, kShort, kCharacters, kReasons };
+constexpr size_t kExamples = 3;  // file names shown per reason
+
+struct Filters {
+  RollbackMode rollback = RollbackMode::last;
+  bool one_vs_one = true;
+  std::vector<int64_t> stages, characters;
+  int64_t min_frames = 0, min_rows = 0;
+  std::string perspectives;
+
+  std::string key() const {
+    std::ostringstream k;
+    k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|'
+      << min_rows << '|' << perspectives << "|s";
+    for (auto s : stages) k << ',' << s;
+    k << "|c";
+    for (auto c : characters) k << ',' << c;
+    return k.str();
+  }
+};
+
+std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+struct ReplayDataset {
+  std::vector<GameFeatures> games;            // sorted by identity
+  std::vector<std::vector<uint8_t>> players;  // per game: players whose perspective is used
+  struct Skip {
+    size_t count = 0;
+    std::vector<std::string> examples;
+  };
+  std::array<Skip, kReasons> skips;
+  std::array<std::string, kReasons> reason_text;
+  size_t files = 0, corpus_games = 0, damaged = 0;
+  std::vector<std::string> damaged_examples;
+  size_t bytes = 0, frames = 0;
+  double seconds = 0;
+  int threads = 1;
+};
+
+namespace {
+
+// ---- inputs ----
+
+struct Inputs {
+  std::vector<fs::path> files;    // .slp files, in the order found
+  std::vector<fs::path> corpora;  // corpus directories
+  std::vector<std::string> missing;
+};
+
+bool is_corpus(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / "manifest.json", ec);
+}
+
+Inputs resolve_inputs(const std::vector<std::string>& paths) {
+  Inputs in;
+  for (const std::string& p : paths) {
+    std::vector<fs::path> expanded;
+    const bool pattern = p.find_first_of("*?[") != std::string::npos;
+    if (pattern) {
+      glob_t g{};
+      if (glob(p.c_str(), 0, nullptr, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; ++i) expanded.emplace_back(g.gl_pathv[i]);
+      globfree(&g);
+      if (expanded.empty()) in.missing.push_back(p);
+    } else {
+      expanded.emplace_back(p);
+    }
+    for (const fs::path& e : expanded) {
+      std::error_code ec;
+      if (fs::is_directory(e, ec)) {
+        if (is_corpus(e)) {
+          in.corpora.push_back(e);
+        } else {
+          const fs::path dirs[] = {e};
+          auto found = slp::find_replays(dirs);
+          in.files.insert(in.files.end(), found.begin(), found.end());
+        }
+      } else if (fs::is_regular_file(e, ec)) {
+        // A glob may sweep in READMEs; a file named explicitly is taken as a replay.
+        if (!pattern || e.extension() == ".slp") in.files.push_back(e);
+      } else if (!pattern) {
+        in.missing.push_back(p);
+      }
+    }
+  }
+  return in;
+}
+
+// Cache key: what was read (paths, sizes, times) and how it was filtered.
+std::string dataset_key(const Inputs& in, const Filters& f) {
+  std::ostringstream k;
+  auto stamp = [&](const fs::path& p) {
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    const auto time = fs::last_write_time(p, ec);
+    k << fs::absolute(p, ec).lexically_normal().string() << ':' << size << ':'
+      << time.time_since_epoch().count() << '\n';
+  };
+  for (const auto& p : in.files) stamp(p);
+  for (const auto& c : in.corpora) stamp(c / "manifest.json");
+  for (const auto& m : in.missing) k << "missing:" << m << '\n';
+  k << f.key();
+  return k.str();
+}
+
+// ---- decoding and filtering one game ----
+
+struct Outcome {
+  std::optional<GameFeatures> game;
+  std::vector<uint8_t> players;
+  int reason = -1;
+  std::string detail;  // the name shown in the report
+  bool damaged = false;
+};
+
+Outcome process_view(const slp::GameView& g, const Filters& f, std::string name) {
+  Outcome o;
+  o.detail = std::move(name);
+  o.damaged = g.info.partial;
+  const auto& start = g.info.start;
+  const size_t np = start.players.size();
+  if (f.one_vs_one ? np != 2 : np < 2) {
+    o.reason = kPlayers;
+    o.detail += " (" + std::to_string(np) + " players)";
+    return o;
+  }
+  if (!f.stages.empty() &&
+      std::find(f.stages.begin(), f.stages.end(), int64_t{start.stage}) == f.stages.end()) {
+    o.reason = kStage;
+    o.detail += " (stage " + std::to_string(start.stage) + ")";
+    return o;
+  }
+  GameFeatures feat = extract_features(g, f.rollback);
+  if (feat.players.size() != np) {
+    o.reason = kNoFrames;
+    return o;
+  }
+  if (static_cast<int64_t>(feat.rows) < f.min_rows) {
+    o.reason = kShort;
+    o.detail += " (" + std::to_string(feat.rows) + " frames)";
+    return o;
+  }
+  for (size_t i = 0; i < np; ++i) {
+    if (f.perspectives == "first" && i != 0) continue;
+    if (f.perspectives == "second" && i != 1) continue;
+    const int64_t ch = feat.players[i].character;
+    if (!f.characters.empty() &&
+        std::find(f.characters.begin(), f.characters.end(), ch) == f.characters.end())
+      continue;
+    o.players.push_back(static_cast<uint8_t>(i));
+  }
+  if (o.players.empty()) {
+    o.reason = kCharacters;
+    return o;
+  }
+  o.game = std::move(feat);
+  return o;
+}
+
+Outcome process_file(const fs::path& path, const Filters& f) {
+  try {
+    slp::ParseOptions opt;
+    opt.rollbacks = f.rollback == RollbackMode::last ? slp::Rollbacks::kLastCopy
+                                                     : slp::Rollbacks::kKeepAll;
+    opt.items = false;
+    const slp::Game game = slp::parse_slp_file(path, opt);
+    return process_view(slp::view_of(game), f, path.string());
+  } catch (const slp::ParseError& e) {
+    Outcome o;
+    o.reason = kUnreadable;
+    o.detail = path.string() + " (offset " + std::to_string(e.offset()) + ": " + e.message() + ")";
+    return o;
+  } catch (const std::exception& e) {
+    Outcome o;
+    o.reason = kUnreadable;
+    o.detail = path.string() + " (" + e.what() + ")";
+    return o;
+  }
+}
+
+std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
+                                            tbb::task_arena& arena) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ds = std::make_shared<ReplayDataset>();
+  ds->reason_text = {
+      "not found",
+      "unreadable",
+      f.one_vs_one ? "not 1v1 (one_vs_one: true keeps 2-player games)"
+                   : "fewer than 2 players",
+      "stage not in stages=" + list_str(f.stages),
+      "a player without frames",
+      "shorter than min_frames=" + std::to_string(f.min_frames) +
+          (f.min_rows > f.min_frames ? " or one window (" + std::to_string(f.min_rows) + " rows)"
+                                     : ""),
+      "no perspective left by characters=" + list_str(f.characters) +
+          " / perspectives=" + f.perspectives,
+  };
+  for (const auto& m : in.missing) {
+    auto& s = ds->skips[kNotFound];
+    if (s.count++ < kExamples) s.examples.push_back(m);
+  }
+
+  // Open corpora first (a memory map each); their games join the work list after the files.
+  std::vector<slp::Corpus> corpora;
+  struct Item {
+    int corpus = -1;  // -1: the file
+    size_t index = 0;
+  };
+  std::vector<Item> items;
+  for (size_t i = 0; i < in.files.size(); ++i) items.push_back({-1, i});
+  for (const auto& dir : in.corpora) {
+    try {
+      corpora.push_back(slp::Corpus::open(dir));
+      for (size_t g = 0; g < corpora.back().size(); ++g)
+        items.push_back({static_cast<int>(corpora.size() - 1), g});
+      ds->corpus_games += corpora.back().size();
+    } catch (const std::exception& e) {
+      auto& s = ds->skips[kUnreadable];
+      if (s.count++ < kExamples) s.examples.push_back(dir.string() + " (" + e.what() + ")");
+    }
+  }
+  ds->files = in.files.size();
+
+  std::vector<Outcome> out(items.size());
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size(), 1), [&](const auto& r) {
+      for (size_t i = r.begin(); i != r.end(); ++i) {
+        const Item& it = items[i];
+        if (it.corpus < 0) {
+          out[i] = process_file(in.files[it.index], f);
+        } else {
+          const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
+          const slp::GameView v = c.game(it.index);
+          out[i] = process_view(v, f, (c.dir() / fs::path(v.info.source).filename()).string());
+        }
+      }
+    });
+  });
+
+  std::vector<size_t> kept;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Outcome& o = out[i];
+    if (o.damaged && ds->damaged++ < kExamples) ds->damaged_examples.push_back(o.detail);
+    if (o.reason >= 0) {
+      auto& s = ds->skips[static_cast<size_t>(o.reason)];
+      if (s.count++ < kExamples) s.examples.push_back(o.detail);
+    } else {
+      kept.push_back(i);
+    }
+  }
+  // Identity order: independent of path spelling, argument order and parse-vs-corpus.
+  std::stable_sort(kept.begin(), kept.end(), [&](size_t a, size_t b) {
+    return out[a].game->identity < out[b].game->identity;
+  });
+  for (size_t i : kept) {
+    ds->bytes += out[i].game->bytes();
+    ds->frames += out[i].game->rows;
+    ds->games.push_back(std::move(*out[i].game));
+    ds->players.push_back(std::move(out[i].players));
+  }
+  ds->threads = arena.max_concurrency();
+  ds->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return ds;
+}
+
+// Training and validation copies load the same inputs: the second reuses the first's games.
+std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
+                                                    tbb::task_arena& arena, bool& fresh) {
+  static std::mutex mu;
+  static std::map<std::string, std::weak_ptr<const ReplayDataset>> cache;
+  const std::string key = dataset_key(in, f);
+  std::lock_guard lock(mu);
+  if (auto it = cache.find(key); it != cache.end())
+    if (auto ds = it->second.lock()) {
+      fresh = false;
+      return ds;
+    }
+  std::shared_ptr<const ReplayDataset> ds = load_dataset(in, f, arena);
+  cache[key] = ds;
+  fresh = true;
+  return ds;
+}
+
+// ---- synthetic fallback ----
+
+size_t count_slp(const fs::path& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".slp") ++n;
+  return n;
+}
+
+// Returns the directory holding `games` synthetic games for `seed`, writing them when absent.
+fs::path synthetic_games(const fs::path& root, uint64_t seed, int64_t games, bool& generated) {
+  const fs::path dir = root / (std::to_string(seed) + "-" + std::to_string(games));
+  generated = false;
+  if (fs::is_directory(dir) && count_slp(dir) == static_cast<size_t>(games)) return dir;
+  // Write aside and rename, so a concurrent loader never reads a half-written set.
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  slp::write_synthetic_games(tmp, static_cast<int>(games), seed, slp::SynthOptions{}.frames);
+  std::error_code ec;
+  if (fs::is_directory(dir)) fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp, ec);  // another process won the race; its set is identical
+  generated = true;
+  return dir;
+}
+
+std::string paths_str(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
+  return s + "]";
+}
+
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+}  // namespace
+
+ReplaysStage::ReplaysStage() = default;
+ReplaysStage::~ReplaysStage() = default;
+
+StageSchema ReplaysStage::schema() {
+  using S = std::vector<std::string>;
+  using I = std::vector<int64_t>;
+  return StageSchema("slippi_replays")
+      .family("melee")
+      .doc("Slippi replays (or a corpus cache) -> deterministic, resumable batches of training "
+           "windows (stages/melee/batch_layout.h).")
+      .role(StageRole::source)
+      .output("numeric", DType::f32, 4, "(B, W, slots, features) raw post-frame values")
+      .output("action", DType::i32, 3, "(B, W, slots) action state, clamped")
+      .output("character", DType::i32, 3, "(B, W, slots) internal character id")
+      .output("stage", DType::i32, 2, "(B, W) stage id")
+      .output("prev_controller", DType::f32, 3, "(B, W, 13) the player's controller at t + D")
+      .output("target_buttons", DType::f32, 3, "(B, W, 8) buttons at t + D + 1")
+      .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
+      .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
+      .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
+      .param("batch_size", int64_t{256}, "windows per batch (an epoch's last partial batch is dropped)")
+      .range(1, std::nullopt)
+      .param("window", int64_t{60}, "frames per window")
+      .range(1, std::nullopt)
+      .param("stride", int64_t{5}, "frames between window starts")
+      .range(1, std::nullopt)
+      .param("delay", int64_t{0}, "frame delay D: features see the controller of t + D, labels t + D + 1")
+      .range(0, 600)
+      .param("min_frames", int64_t{300}, "skip games with fewer frames")
+      .range(0, std::nullopt)
+      .param("characters", I{}, "internal character ids whose perspective is kept (empty: all)")
+      .range(0, 255)
+      .param("stages", I{}, "stage ids to keep (empty: all)")
+      .range(0, 65535)
+      .param("one_vs_one", true, "only games with exactly 2 players (Nana is not a player)")
+      .param("validation_fraction", 0.1, "fraction of whole games held out, by seed and game identity")
+      .range(0, 1)
+      .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
+      .param("perspectives", std::string("both"), "both: every player's view; first/second: one port's")
+      .choices({"both", "first", "second"})
+      .param("rollback", std::string("last"), "last: the last copy of each frame; all: as recorded")
+      .choices({"last", "all"})
+      .param("threads", int64_t{0}, "decode/assembly threads (0: TBB default)")
+      .range(0, 1024)
+      .param("synthetic", int64_t{0}, "games to generate when paths hold no replays (0: error)")
+      .range(0, 1000000)
+      .param("synthetic_dir", std::string("data/synth"),
+             "where synthetic games are cached (<dir>/<seed>-<n>)");
+}
+
+void ReplaysStage::setup(StageContext& ctx) {
+  const Params& p = ctx.params();
+  validation_ = ctx.split() == StageContext::Split::validation;
+  batch_ = p.integer("batch_size");
+  window_ = p.integer("window");
+  delay_ = p.integer("delay");
+  shuffle_ = p.boolean("shuffle");
+  epochs_ = std::max<int64_t>(1, ctx.run().epochs);
+  seed_ = ctx.seed();
+  const int64_t threads = p.integer("threads");
+  arena_ = std::make_unique<tbb::task_arena>(threads > 0 ? static_cast<int>(threads)
+                                                         : tbb::task_arena::automatic);
+  const std::string who = "slippi_replays '" + ctx.name() + "'";
+
+  Filters f;
+  f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
+  f.one_vs_one = p.boolean("one_vs_one");
+  f.stages = p.integers("stages");
+  f.characters = p.integers("characters");
+  f.min_frames = p.integer("min_frames");
+  f.min_rows = std::max(f.min_frames, window_ + delay_ + 1);
+  f.perspectives = p.string("perspectives");
+
+  const std::vector<std::string>& paths = p.strings("paths");
+  Inputs in = resolve_inputs(paths);
+  std::ostringstream rep;
+  if (in.files.empty() && in.corpora.empty()) {
+    const int64_t n = p.integer("synthetic");
+    if (n <= 0)
+      throw std::runtime_error(who + ": no replays in paths " + paths_str(paths) +
+                               (in.missing.empty() ? "" : " (not found: " + paths_str(in.missing) + ")") +
+                               "; set paths, or synthetic: N to train on N generated games");
+    bool generated = false;
+    const fs::path dir = synthetic_games(p.string("synthetic_dir"), ctx.run().seed, n, generated);
+    synthetic_dir_used_ = dir.string();
+    rep << who << ": no replays in paths " << paths_str(paths) << "; using " << n
+        << " synthetic games in " << dir.string() << (generated ? " (generated)" : " (cached)")
+        << "\n";
+    in = resolve_inputs({dir.string()});
+  }
+
+  bool fresh = false;
+  data_ = cached_dataset(in, f, *arena_, fresh);
+  const ReplayDataset& ds = *data_;
+
+  // Split: whole games, by a draw from (seed, identity); never leave a side empty by chance
+  // when there are games enough for both.
+  const double frac = p.number("validation_fraction");
+  const size_t ng = ds.games.size();
+  std::vector<char> is_val(ng, 0);
+  std::vector<double> draw(ng);
+  for (size_t g = 0; g < ng; ++g) {
+    draw[g] = split_draw(seed_, ds.games[g].identity);
+    is_val[g] = draw[g] < frac;
+  }
+  const size_t nval = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
+  if (ng >= 2 && frac > 0 && nval == 0)
+    is_val[static_cast<size_t>(std::min_element(draw.begin(), draw.end()) - draw.begin())] = 1;
+  if (ng >= 2 && frac < 1 && nval == ng)
+    is_val[static_cast<size_t>(std::max_element(draw.begin(), draw.end()) - draw.begin())] = 0;
+
+  // Both splits' windows (the report shows both; the stage keeps its own).
+  std::array<std::vector<Perspective>, 2> persp;
+  std::array<std::vector<uint32_t>, 2> games_of;
+  for (size_t g = 0; g < ng; ++g) {
+    const int s = is_val[g] ? 1 : 0;
+    games_of[s].push_back(static_cast<uint32_t>(g));
+    const auto& players = ds.games[g].players;
+    for (uint8_t pl : ds.players[g])
+      persp[s].push_back({static_cast<uint32_t>(g), pl,
+                          static_cast<uint8_t>((pl + 1) % players.size())});
+  }
+  std::array<size_t, 2> nwin{};
+  for (int s = 0; s < 2; ++s)
+    nwin[s] = build_windows(ds.games, persp[s], static_cast<int>(window_),
+                            static_cast<int>(p.integer("stride")), static_cast<int>(delay_))
+                  .size();
+  const int mine = validation_ ? 1 : 0;
+  perspectives_ = std::move(persp[mine]);
+  split_games_ = std::move(games_of[mine]);
+  windows_ = build_windows(ds.games, perspectives_, static_cast<int>(window_),
+                           static_cast<int>(p.integer("stride")), static_cast<int>(delay_));
+
+  const uint64_t B = static_cast<uint64_t>(batch_);
+  if (validation_) {
+    batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
+    total_batches_ = batches_per_epoch_;
+  } else {
+    batches_per_epoch_ = windows_.size() / B;
+    total_batches_ = batches_per_epoch_ * static_cast<uint64_t>(epochs_);
+  }
+
+  // The report: once per loaded dataset (the validation copy reuses the training copy's).
+  size_t skipped = 0;
+  for (const auto& s : ds.skips) skipped += s.count;
+  rep << who << ": " << ds.files << " files" << (ds.corpus_games ? " + " : "")
+      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "") << " -> "
+      << ng << " games, " << ds.frames << " frames, " << (ds.bytes >> 20) << " MiB of features in "
+      << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; "
+      << skipped << " skipped\n";
+  for (size_t r = 0; r < kReasons; ++r) {
+    const auto& s = ds.skips[r];
+    if (!s.count) continue;
+    rep << "  skipped " << s.count << ' ' << ds.reason_text[r] << ": ";
+    for (size_t i = 0; i < s.examples.size(); ++i) rep << (i ? ", " : "") << s.examples[i];
+    rep << (s.count > s.examples.size() ? ", ..." : "") << "\n";
+  }
+  if (ds.damaged) {
+    rep << "  note: " << ds.damaged << " damaged (rows before the damage used): ";
+    for (size_t i = 0; i < ds.damaged_examples.size(); ++i)
+      rep << (i ? ", " : "") << ds.damaged_examples[i];
+    rep << (ds.damaged > ds.damaged_examples.size() ? ", ..." : "") << "\n";
+  }
+  rep << "  train: " << games_of[0].size() << " games, " << nwin[0] << " windows ("
+      << nwin[0] / B << " batches of " << B << " per epoch); validation: " << games_of[1].size()
+      << " games, " << nwin[1] << " windows\n";
+  report_ = rep.str();
+  if (fresh || !synthetic_dir_used_.empty()) std::cerr << report_ << std::flush;
+
+  if (!validation_) {
+    if (windows_.empty()) {
+      std::ostringstream e;
+      e << who << ": no training windows: " << ds.files << " files";
+      if (ds.corpus_games) e << " + " << ds.corpus_games << " corpus games";
+      for (size_t r = 0; r < kReasons; ++r)
+        if (ds.skips[r].count) e << ", " << ds.skips[r].count << ' ' << ds.reason_text[r];
+      e << ", " << ng << " games kept (" << games_of[1].size()
+        << " of them in validation, validation_fraction=" << frac << ")";
+      throw std::runtime_error(e.str());
+    }
+    if (batches_per_epoch_ == 0)
+      throw std::runtime_error(who + ": only " + std::to_string(windows_.size()) +
+                               " training windows, fewer than batch_size=" + std::to_string(B) +
+                               "; lower batch_size or stride, or add replays");
+    if (ctx.run().total_steps == 0) ctx.run().total_steps = total_batches_;
+  }
+
+  uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));
+  fp = mix64(fp ^ B ^ (static_cast<uint64_t>(p.integer("stride")) << 20));
+  for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
+  fingerprint_ = hex64(fp);
+
+  const int64_t W = window_;
+  const auto b = static_cast<int64_t>(B);
+  ctx.declare_output("numeric", Shape{b, W, kSlots, kNumericFeatures}, DType::f32);
+  ctx.declare_output("action", Shape{b, W, kSlots}, DType::i32);
+  ctx.declare_output("character", Shape{b, W, kSlots}, DType::i32);
+  ctx.declare_output("stage", Shape{b, W}, DType::i32);
+  ctx.declare_output("prev_controller", Shape{b, W, kControllerFeatures}, DType::f32);
+  ctx.declare_output("target_buttons", Shape{b, W, kButtons}, DType::f32);
+  ctx.declare_output("target_sticks", Shape{b, W, kStickHeads}, DType::i32);
+  ctx.declare_output("mask", Shape{b, W}, DType::f32);
+  perm_.clear();
+  perm_epoch_ = -1;
+}
+
+const GameFeatures& ReplaysStage::game_of(const WindowRef& w) const {
+  return data_->games[perspectives_[w.perspective].game];
+}
+
+void ReplaysStage::seek(uint64_t next_index, StageContext& ctx) {
+  (void)ctx;
+  next_ = next_index;
+}
+
+bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
+  const uint64_t k = out.index;
+  next_ = k + 1;
+  if (k >= total_batches_) return false;
+  const uint64_t B = static_cast<uint64_t>(batch_);
+  const uint64_t epoch = validation_ ? 0 : k / batches_per_epoch_;
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  if (!validation_ && shuffle_ && perm_epoch_ != static_cast<int64_t>(epoch)) {
+    perm_ = epoch_permutation(windows_.size(), seed_, epoch);
+    perm_epoch_ = static_cast<int64_t>(epoch);
+  }
+  std::vector<const WindowRef*> rows(B, nullptr);
+  uint64_t real = 0;
+  for (uint64_t r = 0; r < B; ++r) {
+    const uint64_t pos = j * B + r;
+    if (pos >= windows_.size()) break;  // validation's last batch: padding
+    rows[r] = &windows_[!validation_ && shuffle_ ? perm_[pos] : pos];
+    ++real;
+  }
+
+  const int64_t b = static_cast<int64_t>(B), W = window_;
+  Tensor numeric = Tensor::empty(Shape{b, W, kSlots, kNumericFeatures}, DType::f32,
+                                 Device::cpu(), "slippi_replays numeric");
+  Tensor action = Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays action");
+  Tensor character =
+      Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays character");
+  Tensor stage = Tensor::empty(Shape{b, W}, DType::i32, Device::cpu(), "slippi_replays stage");
+  Tensor prev = Tensor::empty(Shape{b, W, kControllerFeatures}, DType::f32, Device::cpu(),
+                              "slippi_replays prev_controller");
+  Tensor tb = Tensor::empty(Shape{b, W, kButtons}, DType::f32, Device::cpu(),
+                            "slippi_replays target_buttons");
+  Tensor ts = Tensor::empty(Shape{b, W, kStickHeads}, DType::i32, Device::cpu(),
+                            "slippi_replays target_sticks");
+  Tensor mask = Tensor::empty(Shape{b, W}, DType::f32, Device::cpu(), "slippi_replays mask");
+  BatchView view;
+  view.window = static_cast<int>(W);
+  view.numeric = numeric.data<float>();
+  view.action = action.data<int32_t>();
+  view.character = character.data<int32_t>();
+  view.stage = stage.data<int32_t>();
+  view.prev_controller = prev.data<float>();
+  view.target_buttons = tb.data<float>();
+  view.target_sticks = ts.data<int32_t>();
+  view.mask = mask.data<float>();
+  fill(rows, view);
+
+  ctx.set_output(out, "numeric", numeric);
+  ctx.set_output(out, "action", action);
+  ctx.set_output(out, "character", character);
+  ctx.set_output(out, "stage", stage);
+  ctx.set_output(out, "prev_controller", prev);
+  ctx.set_output(out, "target_buttons", tb);
+  ctx.set_output(out, "target_sticks", ts);
+  ctx.set_output(out, "mask", mask);
+  out.epoch = epoch;
+  out.samples = real;
+  return true;
+}
+
+void ReplaysStage::fill(const std::vector<const WindowRef*>& rows, const BatchView& view) const {
+  const int delay = static_cast<int>(delay_);
+  arena_->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, rows.size(), 8), [&](const auto& r) {
+      for (size_t i = r.begin(); i != r.end(); ++i) {
+        if (!rows[i]) {
+          zero_window(view, static_cast<int64_t>(i));
+          continue;
+        }
+        const WindowRef& w = *rows[i];
+        fill_window(game_of(w), perspectives_[w.perspective], w.start, delay, view,
+                    static_cast<int64_t>(i));
+      }
+    });
+  });
+}
+
+ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const {
+  if (batch >= total_batches_ || row < 0 || row >= batch_)
+    throw std::out_of_range("slippi_replays: no batch " + std::to_string(batch) + " row " +
+                            std::to_string(row));
+  const uint64_t B = static_cast<uint64_t>(batch_);
+  const uint64_t epoch = validation_ ? 0 : batch / batches_per_epoch_;
+  const uint64_t j = validation_ ? batch : batch % batches_per_epoch_;
+  const uint64_t pos = j * B + static_cast<uint64_t>(row);
+  WindowInfo info;
+  if (pos >= windows_.size()) {
+    info.padding = true;
+    return info;
+  }
+  size_t idx = pos;
+  if (!validation_ && shuffle_) {
+    if (perm_epoch_ != static_cast<int64_t>(epoch)) {
+      perm_ = epoch_permutation(windows_.size(), seed_, epoch);
+      perm_epoch_ = static_cast<int64_t>(epoch);
+    }
+    idx = perm_[pos];
+  }
+  const WindowRef& w = windows_[idx];
+  const Perspective& p = perspectives_[w.perspective];
+  const GameFeatures& g = data_->games[p.game];
+  info.source = g.source;
+  info.player_port = g.players[p.player].port;
+  info.opponent_port = g.players[p.opponent].port;
+  info.has_follower = g.players[p.player].follower.has_value();
+  info.start = w.start;
+  info.recorded_row = g.recorded_row[w.start];
+  return info;
+}
+
+std::vector<std::string> ReplaysStage::sources() const {
+  std::vector<std::string> out;
+  for (uint32_t g : split_games_) out.push_back(data_->games[g].source);
+  return out;
+}
+
+std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
+  static const char* kNames[kReasons] = {"not found",  "unreadable", "players",   "stage",
+                                         "no frames", "too short",  "characters"};
+  std::vector<std::pair<std::string, size_t>> out;
+  for (size_t r = 0; r < kReasons; ++r)
+    if (data_->skips[r].count) out.emplace_back(kNames[r], data_->skips[r].count);
+  return out;
+}
+
+void ReplaysStage::save(StateWriter& w) const {
+  // The position is the runner's batch index; the fingerprint detects a changed data set.
+  w.text("fingerprint", fingerprint_);
+  w.integer("windows", static_cast<int64_t>(windows_.size()));
+}
+
+void ReplaysStage::load(StateReader& r) {
+  if (r.has("fingerprint") && r.text("fingerprint") != fingerprint_)
+    std::cerr << "slippi_replays: warning: the replays, split or window settings differ from the "
+                 "checkpoint's (windows: "
+              << (r.has("windows") ? std::to_string(r.integer("windows")) : "?") << " then, "
+              << windows_.size() << " now); batches after the resume point will not match the "
+                 "original run\n";
+}
+
+}  // namespace slipstream::melee
+
+namespace slipstream::melee {
+using SlippiReplaysStage = ReplaysStage;
+SLIPSTREAM_REGISTER_STAGE(SlippiReplaysStage);
+}  // namespace slipstream::melee

@@ -1,0 +1,84 @@
+// slippi_replays: the Melee replay loader (role source). Turns .slp files, folders, globs or
+// corpus directories into batches of training windows laid out as in batch_layout.h.
+//
+// Batch k (global across epochs) is a pure function of (stage seed, split, k): at setup the
+// loader decodes every game once (TBB threads) into compact feature arrays kept in memory and
+// indexes every window of its split; epoch e = k / batches_per_epoch reads positions
+// [j*B, (j+1)*B) of a permutation drawn from (seed, e). See docs/loader.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include "engine/stage.h"
+#include "stages/melee/window_index.h"
+
+namespace slipstream::melee {
+
+// Games after loading and filtering, shared by the training and validation copies of the stage
+// (both load the same inputs; the second finds the first's in a process-wide cache).
+struct ReplayDataset;
+
+class ReplaysStage : public Stage {
+ public:
+  ReplaysStage();
+  ~ReplaysStage() override;
+  static StageSchema schema();
+
+  void setup(StageContext& ctx) override;
+  bool produce(Batch& out, StageContext& ctx) override;
+  void seek(uint64_t next_index, StageContext& ctx) override;
+  void save(StateWriter& w) const override;
+  void load(StateReader& r) override;
+
+  // ---- introspection (tests, benchmarks, tools) ----
+  struct WindowInfo {
+    std::string source;       // file (or corpus source) of the game
+    int player_port = 0;      // 0-based port shown in slot 0
+    int opponent_port = 0;    // slot 1
+    bool has_follower = false;  // slot 2 holds the player's Nana
+    uint32_t start = 0;       // first kept row of the window (index into GameFeatures rows)
+    uint32_t recorded_row = 0;  // the same row in the recorded stream (rollbacks included)
+    bool padding = false;     // a padded row (validation's last batch)
+  };
+  // Which window fills row `row` of batch `batch` (throws std::out_of_range past the end).
+  WindowInfo window(uint64_t batch, int64_t row) const;
+  uint64_t windows() const { return windows_.size(); }
+  uint64_t batches_per_epoch() const { return batches_per_epoch_; }
+  uint64_t total_batches() const { return total_batches_; }
+  // Games of this stage's split, as their sources, in index order.
+  std::vector<std::string> sources() const;
+  // Files skipped (or games left out) per reason, e.g. {"unreadable", 1}.
+  std::vector<std::pair<std::string, size_t>> skipped() const;
+  // The setup report (what was loaded, skipped, split), as printed.
+  const std::string& report() const { return report_; }
+  // Where the synthetic fallback wrote its games ("" when it was not used).
+  const std::string& synthetic_dir() const { return synthetic_dir_used_; }
+
+ private:
+  const GameFeatures& game_of(const WindowRef& w) const;
+  void fill(const std::vector<const WindowRef*>& rows, const BatchView& view) const;
+
+  std::shared_ptr<const ReplayDataset> data_;
+  std::vector<Perspective> perspectives_;
+  std::vector<WindowRef> windows_;
+  std::vector<uint32_t> split_games_;  // indexes into the dataset's games
+  bool validation_ = false;
+  bool shuffle_ = true;
+  int64_t batch_ = 256, window_ = 60, delay_ = 0;
+  int64_t epochs_ = 1;
+  uint64_t seed_ = 0;
+  uint64_t batches_per_epoch_ = 0, total_batches_ = 0;
+  uint64_t next_ = 0;
+  // The current epoch's order (recomputed when a batch of another epoch is asked for).
+  mutable std::vector<uint32_t> perm_;
+  mutable int64_t perm_epoch_ = -1;
+  std::unique_ptr<tbb::task_arena> arena_;
+  std::string report_, synthetic_dir_used_, fingerprint_;
+};
+
+}  // namespace slipstream::melee

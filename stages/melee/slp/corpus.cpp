@@ -1,0 +1,482 @@
+#include "stages/melee/slp/corpus.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "stages/melee/slp/game_json.h"
+#include "stages/melee/slp/inspect.h"
+
+namespace slipstream::slp {
+namespace {
+
+constexpr const char* kFormatName = "slipstream-slp-corpus";
+constexpr const char* kManifestName = "manifest.json";
+constexpr const char* kColumnsName = "columns.bin";
+constexpr size_t kAlign = 64;
+
+enum class Group { kFrame, kTrack, kItem };
+const char* group_name(Group g) { return g == Group::kFrame ? "frame" : g == Group::kTrack ? "track" : "item"; }
+
+template <class T>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<T, uint8_t>) return "u8";
+  if constexpr (std::is_same_v<T, int8_t>) return "i8";
+  if constexpr (std::is_same_v<T, uint16_t>) return "u16";
+  if constexpr (std::is_same_v<T, uint32_t>) return "u32";
+  if constexpr (std::is_same_v<T, int32_t>) return "i32";
+  if constexpr (std::is_same_v<T, float>) return "f32";
+}
+
+// Which presence bit governs a column; `member == nullptr` means always present.
+struct Presence {
+  uint64_t FieldPresence::*member = nullptr;
+  uint8_t bit = 0;
+  bool in(const FieldPresence& f) const { return !member || ((f.*member >> bit) & 1); }
+};
+
+// Visitors over one group's columns in catalog order, as fn(name, column, presence).
+template <class FramesX, class F>
+void visit_frame_group(FramesX& f, F&& fn) {
+  fn(std::string("frame"), f.frame, Presence{});
+  std::remove_cvref_t<decltype(f.start)>::visit(f.start, [&](FieldDesc d, auto& col) {
+    fn(std::string("start.") + d.name, col, Presence{&FieldPresence::frame_start, d.index});
+  });
+  std::remove_cvref_t<decltype(f.bookend)>::visit(f.bookend, [&](FieldDesc d, auto& col) {
+    fn(std::string("bookend.") + d.name, col, Presence{&FieldPresence::frame_bookend, d.index});
+  });
+}
+template <class Character, class F>
+void visit_track_group(Character& ch, F&& fn) {
+  fn(std::string("present"), ch.present, Presence{});
+  std::remove_cvref_t<decltype(ch.pre)>::visit(ch.pre, [&](FieldDesc d, auto& col) {
+    fn(std::string("pre.") + d.name, col, Presence{&FieldPresence::pre, d.index});
+  });
+  std::remove_cvref_t<decltype(ch.post)>::visit(ch.post, [&](FieldDesc d, auto& col) {
+    fn(std::string("post.") + d.name, col, Presence{&FieldPresence::post, d.index});
+  });
+}
+template <class Items, class F>
+void visit_item_group(Items& items, F&& fn) {
+  fn(std::string("row"), items.row, Presence{});
+  std::remove_cvref_t<decltype(items.fields)>::visit(items.fields, [&](FieldDesc d, auto& col) {
+    fn(std::string(d.name), col, Presence{&FieldPresence::item, d.index});
+  });
+}
+
+struct ColumnSpec {
+  std::string name;
+  Group group;
+  std::string dtype;
+  size_t elem_size;
+};
+
+const std::vector<ColumnSpec>& catalog() {
+  static const std::vector<ColumnSpec> specs = [] {
+    std::vector<ColumnSpec> out;
+    Frames proto;
+    auto add = [&](Group g) {
+      return [&out, g](const std::string& name, auto& col, Presence) {
+        using T = typename std::remove_cvref_t<decltype(col)>::value_type;
+        out.push_back({name, g, dtype_name<T>(), sizeof(T)});
+      };
+    };
+    visit_frame_group(proto, add(Group::kFrame));
+    CharacterFrames ch;
+    visit_track_group(ch, add(Group::kTrack));
+    visit_item_group(proto.items, add(Group::kItem));
+    return out;
+  }();
+  return specs;
+}
+
+constexpr size_t kTrackColumns = 1 + detail::kPreFieldCount + detail::kPostFieldCount;
+
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct FileCloser {
+  void operator()(FILE* f) const {
+    if (f) std::fclose(f);
+  }
+};
+using File = std::unique_ptr<FILE, FileCloser>;
+
+File open_file(const std::filesystem::path& p, const char* mode) {
+  File f(std::fopen(p.c_str(), mode));
+  if (!f) throw CorpusError("cannot open " + p.string() + ": " + std::strerror(errno));
+  return f;
+}
+
+void write_all(FILE* f, const void* data, size_t n, const std::filesystem::path& p) {
+  if (n && std::fwrite(data, 1, n, f) != n) throw CorpusError("cannot write " + p.string());
+}
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+uint64_t content_hash(std::span<const uint8_t> bytes) {
+  // 8 bytes per step, multiply-xorshift mixing; plenty to notice a changed replay.
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes.size();
+  size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes.data() + i, 8);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  uint64_t tail = 0;
+  if (i < bytes.size()) std::memcpy(&tail, bytes.data() + i, bytes.size() - i);
+  h = (h ^ tail) * 0x94D049BB133111EBull;
+  return h ^ (h >> 29);
+}
+
+std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem::path> inputs) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& in : inputs) {
+    if (std::filesystem::is_directory(in)) {
+      std::vector<std::filesystem::path> found;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(in))
+        if (e.is_regular_file() && e.path().extension() == ".slp") found.push_back(e.path());
+      std::sort(found.begin(), found.end());
+      out.insert(out.end(), found.begin(), found.end());
+    } else {
+      out.push_back(in);
+    }
+  }
+  return out;
+}
+
+CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
+                               const std::filesystem::path& out_dir, const CorpusOptions& options) {
+  namespace fs = std::filesystem;
+  const auto& specs = catalog();
+  fs::create_directories(out_dir);
+  const fs::path tmp_dir = out_dir / ".build";
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  std::vector<File> tmp;
+  std::vector<fs::path> tmp_paths;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    tmp_paths.push_back(tmp_dir / (std::to_string(i) + ".col"));
+    tmp.push_back(open_file(tmp_paths.back(), "wb"));
+  }
+
+  CorpusBuildReport report;
+  nlohmann::json sources = nlohmann::json::array(), skipped = nlohmann::json::array(),
+                 games = nlohmann::json::array();
+  size_t frame_rows = 0, track_rows = 0, item_rows = 0;
+  std::vector<uint8_t> zeros;
+  ParseOptions parse_options;
+  parse_options.rollbacks = options.rollbacks;
+  parse_options.items = options.items;
+
+  for (const fs::path& path : find_replays(inputs)) {
+    Game game;
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = read_file_bytes(path);
+      report.input_bytes += bytes.size();
+      game = parse_slp(bytes, path.string(), parse_options);
+    } catch (const std::exception& e) {
+      skipped.push_back({{"path", path.string()}, {"reason", e.what()}});
+      ++report.skipped;
+      continue;
+    }
+    std::error_code ec;
+    const auto mtime = fs::last_write_time(path, ec);
+    sources.push_back({{"path", path.string()},
+                       {"size", bytes.size()},
+                       {"mtime", ec ? 0 : static_cast<int64_t>(mtime.time_since_epoch().count())},
+                       {"hash", "mix64:" + hex64(content_hash(bytes))}});
+
+    const Frames& f = game.frames;
+    const size_t n = f.size();
+    size_t k = 0;
+    auto append = [&](size_t rows) {
+      return [&, rows](const std::string&, const auto& col, Presence) {
+        using T = typename std::remove_cvref_t<decltype(col)>::value_type;
+        if (col.size() == rows) {
+          write_all(tmp[k].get(), col.data(), rows * sizeof(T), tmp_paths[k]);
+        } else {  // absent field: zeros keep the tracks aligned
+          zeros.assign(rows * sizeof(T), 0);
+          write_all(tmp[k].get(), zeros.data(), zeros.size(), tmp_paths[k]);
+        }
+        ++k;
+      };
+    };
+    visit_frame_group(f, append(n));
+    const size_t track_begin = k;
+    nlohmann::json tracks = nlohmann::json::array();
+    auto add_track = [&](const CharacterFrames& ch, uint8_t port, bool follower) {
+      k = track_begin;
+      visit_track_group(ch, append(n));
+      tracks.push_back({{"port", port}, {"follower", follower}, {"offset", track_rows}});
+      track_rows += n;
+    };
+    for (const PortFrames& pf : f.ports) {
+      add_track(pf.leader, pf.port, false);
+      if (pf.follower) add_track(*pf.follower, pf.port, true);
+    }
+    k = track_begin + kTrackColumns;
+    visit_item_group(f.items, append(f.items.size()));
+
+    games.push_back({{"source", sources.size() - 1},
+                     {"frames", n},
+                     {"frame_offset", frame_rows},
+                     {"items", f.items.size()},
+                     {"item_offset", item_rows},
+                     {"tracks", tracks},
+                     {"info", to_json(game.info)}});
+    frame_rows += n;
+    item_rows += f.items.size();
+    ++report.games;
+    report.frames += n;
+  }
+  for (auto& t : tmp) {
+    if (std::fflush(t.get()) != 0) throw CorpusError("cannot write the corpus build files");
+    t.reset();
+  }
+
+  // Assemble columns.bin: each column at a 64-byte boundary, raw or zstd-compressed.
+  const fs::path columns_path = out_dir / kColumnsName;
+  const fs::path columns_tmp = out_dir / (std::string(kColumnsName) + ".tmp");
+  File out = open_file(columns_tmp, "wb");
+  nlohmann::json columns = nlohmann::json::array();
+  size_t offset = 0;
+  std::vector<uint8_t> data, packed;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ColumnSpec& spec = specs[i];
+    data.resize(fs::file_size(tmp_paths[i]));
+    File in = open_file(tmp_paths[i], "rb");
+    if (!data.empty() && std::fread(data.data(), 1, data.size(), in.get()) != data.size())
+      throw CorpusError("cannot read " + tmp_paths[i].string());
+    const uint8_t* stored = data.data();
+    size_t stored_size = data.size();
+    if (options.zstd && !data.empty()) {
+      packed.resize(ZSTD_compressBound(data.size()));
+      const size_t r = ZSTD_compress(packed.data(), packed.size(), data.data(), data.size(), options.zstd_level);
+      if (ZSTD_isError(r)) throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(r));
+      stored = packed.data();
+      stored_size = r;
+    }
+    const size_t aligned = align_up(offset);
+    zeros.assign(aligned - offset, 0);
+    write_all(out.get(), zeros.data(), zeros.size(), columns_tmp);
+    write_all(out.get(), stored, stored_size, columns_tmp);
+    const size_t rows = spec.group == Group::kFrame ? frame_rows : spec.group == Group::kTrack ? track_rows : item_rows;
+    columns.push_back({{"name", spec.name},
+                       {"group", group_name(spec.group)},
+                       {"dtype", spec.dtype},
+                       {"rows", rows},
+                       {"offset", aligned},
+                       {"bytes", data.size()},
+                       {"stored_bytes", stored_size},
+                       {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
+    offset = aligned + stored_size;
+  }
+  if (std::fflush(out.get()) != 0) throw CorpusError("cannot write " + columns_tmp.string());
+  out.reset();
+  report.output_bytes = offset;
+
+  const nlohmann::json manifest = {
+      {"format", kFormatName},
+      {"format_version", kCorpusFormatVersion},
+      {"rollbacks", options.rollbacks == Rollbacks::kLastCopy ? "last_copy" : "keep_all"},
+      {"items", options.items},
+      {"compression", options.zstd ? "zstd" : "none"},
+      {"frame_rows", frame_rows},
+      {"track_rows", track_rows},
+      {"item_rows", item_rows},
+      {"sources", sources},
+      {"skipped", skipped},
+      {"games", games},
+      {"columns", columns}};
+  const fs::path manifest_tmp = out_dir / (std::string(kManifestName) + ".tmp");
+  {
+    std::ofstream m(manifest_tmp);
+    m << dump_json(manifest, 1) << "\n";
+    if (!m) throw CorpusError("cannot write " + manifest_tmp.string());
+  }
+  fs::rename(columns_tmp, columns_path);
+  fs::rename(manifest_tmp, out_dir / kManifestName);
+  fs::remove_all(tmp_dir);
+  return report;
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+struct Corpus::State {
+  std::filesystem::path dir;
+  void* map = nullptr;
+  size_t map_size = 0;
+  std::vector<const uint8_t*> base;  // per catalog column
+  std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> owned;
+  struct Track {
+    uint8_t port;
+    bool follower;
+    size_t offset;
+  };
+  struct GameEntry {
+    GameInfo info;
+    size_t frames, frame_offset, items, item_offset;
+    std::vector<Track> tracks;
+  };
+  std::vector<GameEntry> games;
+  size_t frame_rows = 0;
+
+  ~State() {
+    if (map) munmap(map, map_size);
+  }
+};
+
+Corpus::Corpus(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Corpus::Corpus(Corpus&&) noexcept = default;
+Corpus& Corpus::operator=(Corpus&&) noexcept = default;
+Corpus::~Corpus() = default;
+
+size_t Corpus::size() const { return state_->games.size(); }
+size_t Corpus::total_frames() const { return state_->frame_rows; }
+const std::filesystem::path& Corpus::dir() const { return state_->dir; }
+
+Corpus Corpus::open(const std::filesystem::path& dir) {
+  auto st = std::make_unique<State>();
+  st->dir = dir;
+  const auto manifest_path = dir / kManifestName;
+  nlohmann::json m;
+  {
+    std::ifstream in(manifest_path);
+    if (!in) throw CorpusError("no corpus at " + dir.string() + " (missing " + kManifestName + ")");
+    m = nlohmann::json::parse(in, nullptr, false);
+    if (m.is_discarded() || !m.is_object()) throw CorpusError(manifest_path.string() + " is not valid JSON");
+  }
+  if (m.value("format", std::string()) != kFormatName)
+    throw CorpusError(manifest_path.string() + " is not a slipstream slp corpus manifest");
+  const int version = m.value("format_version", -1);
+  if (version != kCorpusFormatVersion)
+    throw CorpusError("corpus " + dir.string() + " has format version " + std::to_string(version) +
+                      " but this build reads version " + std::to_string(kCorpusFormatVersion) +
+                      ": rebuild it with `slipstream corpus build`");
+  try {
+    const auto& specs = catalog();
+    const auto& columns = m.at("columns");
+    if (columns.size() != specs.size())
+      throw CorpusError("corpus " + dir.string() + " has a different column set: rebuild it with `slipstream corpus build`");
+    const size_t rows_of[3] = {m.at("frame_rows"), m.at("track_rows"), m.at("item_rows")};
+    st->frame_rows = rows_of[0];
+
+    const auto columns_path = dir / kColumnsName;
+    const int fd = ::open(columns_path.c_str(), O_RDONLY);
+    if (fd < 0) throw CorpusError("cannot open " + columns_path.string() + ": " + std::strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+      ::close(fd);
+      throw CorpusError("cannot stat " + columns_path.string());
+    }
+    st->map_size = static_cast<size_t>(sb.st_size);
+    if (st->map_size > 0) {
+      st->map = mmap(nullptr, st->map_size, PROT_READ, MAP_SHARED, fd, 0);
+      if (st->map == MAP_FAILED) {
+        st->map = nullptr;
+        ::close(fd);
+        throw CorpusError("cannot map " + columns_path.string());
+      }
+    }
+    ::close(fd);
+    const auto* bytes = static_cast<const uint8_t*>(st->map);
+
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const auto& c = columns[i];
+      const ColumnSpec& spec = specs[i];
+      if (c.at("name") != spec.name || c.at("dtype") != spec.dtype || c.at("group") != group_name(spec.group))
+        throw CorpusError("corpus " + dir.string() + " column " + std::to_string(i) +
+                          " differs from this build's layout: rebuild it with `slipstream corpus build`");
+      const size_t offset = c.at("offset"), stored = c.at("stored_bytes"), size = c.at("bytes");
+      const size_t rows = c.at("rows");
+      if (rows != rows_of[static_cast<int>(spec.group)] || size != rows * spec.elem_size ||
+          offset % kAlign != 0 || offset > st->map_size || stored > st->map_size - offset)
+        throw CorpusError("corpus " + dir.string() + " column '" + spec.name + "' is inconsistent with columns.bin");
+      if (c.at("compression") == "zstd") {
+        const size_t alloc = align_up(std::max<size_t>(size, 1));
+        st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)), &std::free);
+        if (!st->owned.back()) throw std::bad_alloc();
+        const size_t r = ZSTD_decompress(st->owned.back().get(), size, bytes + offset, stored);
+        if (ZSTD_isError(r) || r != size)
+          throw CorpusError("corpus " + dir.string() + " column '" + spec.name + "' does not decompress");
+        st->base.push_back(st->owned.back().get());
+      } else {
+        if (stored != size) throw CorpusError("corpus column '" + spec.name + "' has a wrong size");
+        st->base.push_back(bytes ? bytes + offset : nullptr);
+      }
+    }
+
+    for (const auto& g : m.at("games")) {
+      State::GameEntry e;
+      e.info = game_info_from_json(g.at("info"));
+      e.frames = g.at("frames");
+      e.frame_offset = g.at("frame_offset");
+      e.items = g.at("items");
+      e.item_offset = g.at("item_offset");
+      if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset || e.item_offset > rows_of[2] ||
+          e.items > rows_of[2] - e.item_offset)
+        throw CorpusError("corpus " + dir.string() + " has a game outside its columns");
+      for (const auto& t : g.at("tracks")) {
+        State::Track tr{t.at("port"), t.at("follower"), t.at("offset")};
+        if (tr.offset > rows_of[1] || e.frames > rows_of[1] - tr.offset)
+          throw CorpusError("corpus " + dir.string() + " has a track outside its columns");
+        e.tracks.push_back(tr);
+      }
+      st->games.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CorpusError(manifest_path.string() + " is malformed: " + e.what());
+  }
+  return Corpus(std::move(st));
+}
+
+GameView Corpus::game(size_t index) const {
+  const State& st = *state_;
+  const State::GameEntry& g = st.games.at(index);
+  GameView v;
+  v.info = g.info;
+  size_t k = 0;
+  auto bind = [&](size_t offset, size_t rows) {
+    return [&, offset, rows](const std::string&, auto& view, Presence presence) {
+      using T = typename std::remove_cvref_t<decltype(view)>::value_type;
+      const auto* base = reinterpret_cast<const T*>(st.base[k++]);
+      view = presence.in(g.info.fields) && base ? View<T>(base + offset, rows) : View<T>();
+    };
+  };
+  visit_frame_group(v.frames, bind(g.frame_offset, g.frames));
+  const size_t track_begin = k;
+  for (const State::Track& t : g.tracks) {
+    if (v.frames.ports.empty() || v.frames.ports.back().port != t.port) {
+      v.frames.ports.emplace_back();
+      v.frames.ports.back().port = t.port;
+    }
+    auto& pf = v.frames.ports.back();
+    CharacterFramesT<View>& ch = t.follower ? pf.follower.emplace() : pf.leader;
+    k = track_begin;
+    visit_track_group(ch, bind(t.offset, g.frames));
+  }
+  k = track_begin + kTrackColumns;
+  visit_item_group(v.frames.items, bind(g.item_offset, g.items));
+  return v;
+}
+
+}  // namespace slipstream::slp

@@ -1,0 +1,82 @@
+// Corpus cache: many parsed games as frame-aligned columns in one directory, memory-mappable.
+//
+//   manifest.json  format version, options, source files (size, mtime, hash), skipped files with
+//                  reasons, per game: GameInfo, frame/item counts and offsets, its tracks
+//                  (one per port leader/follower), and the column directory
+//   columns.bin    each column at a 64-byte-aligned offset: fixed-width little-endian values,
+//                  all games back to back; optionally each column zstd-compressed on its own
+//
+// Three column groups: frame columns (one value per row of every game), track columns (one
+// value per row of every track: "present", "pre.*", "post.*") and item columns. See
+// docs/slp_format.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "stages/melee/slp/game.h"
+#include "stages/melee/slp/parser.h"
+
+namespace slipstream::slp {
+
+inline constexpr int kCorpusFormatVersion = 1;
+
+struct CorpusError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct CorpusOptions {
+  Rollbacks rollbacks = Rollbacks::kLastCopy;  // training sees what the game finally showed
+  bool items = true;
+  bool zstd = false;
+  int zstd_level = 3;
+};
+
+struct CorpusBuildReport {
+  size_t games = 0;
+  size_t skipped = 0;
+  size_t frames = 0;
+  uint64_t input_bytes = 0;
+  uint64_t output_bytes = 0;  // columns.bin
+};
+
+// Expands directories (recursively, *.slp, sorted) and keeps files as given.
+std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem::path> inputs);
+
+// Parses `inputs` (files or directories) and writes the corpus into `out_dir`, replacing one
+// that is there. Unreadable files are listed as skipped, not fatal.
+CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
+                               const std::filesystem::path& out_dir, const CorpusOptions& options = {});
+
+// A 64-bit content hash (the manifest records it to detect changed sources).
+uint64_t content_hash(std::span<const uint8_t> bytes);
+
+class Corpus {
+ public:
+  // Maps the corpus; throws CorpusError on a missing or malformed corpus or another format
+  // version (the message says to rebuild).
+  static Corpus open(const std::filesystem::path& dir);
+
+  Corpus(Corpus&&) noexcept;
+  Corpus& operator=(Corpus&&) noexcept;
+  ~Corpus();
+
+  size_t size() const;  // games
+  // Views into the mapping; valid while the Corpus lives. Absent fields give empty columns,
+  // as in a parsed Game.
+  GameView game(size_t index) const;
+  size_t total_frames() const;
+  const std::filesystem::path& dir() const;
+
+ private:
+  struct State;
+  explicit Corpus(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace slipstream::slp

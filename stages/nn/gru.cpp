@@ -1,0 +1,85 @@
+// gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
+// sequence from a zero initial state. The math is GruModel<float> (gru_model.h). Under bf16
+// precision the GRU still computes in FP32: the GRU kernel has no bf16 GEMM path yet, so the
+// stage keeps no bf16 shadow (the optimizer then writes none).
+#include "engine/registry.h"
+#include "stages/nn/gru_model.h"
+#include "stages/nn/model_stage_util.h"
+#include "stages/nn/param_store.h"
+
+namespace slipstream {
+namespace {
+
+class GruStage : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("gru")
+        .family("nn")
+        .doc("Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state); causal "
+             "sequence to sequence.")
+        .trainable()
+        .input("x", DType::f32, 3, "(B, W, Din) input sequence")
+        .output("y", DType::f32, 3, "(B, W, hidden) the last layer's state at every step")
+        .param("hidden", int64_t{128}, "hidden size H")
+        .range(1, 65536)
+        .param("layers", int64_t{1}, "stacked GRU layers")
+        .range(1, 256);
+  }
+
+  void setup(StageContext& ctx) override {
+    const Shape& in = ctx.input_shape("x");
+    if (in.rank() != 3 || in[2] <= 0)
+      throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " + in.str());
+    nn::GruConfig c;
+    c.din = static_cast<int>(in[2]);
+    c.hidden = static_cast<int>(ctx.params().integer("hidden"));
+    c.layers = static_cast<int>(ctx.params().integer("layers"));
+    model_ = std::make_unique<nn::GruModel<float>>(c);
+    store_.allocate(model_->layout().params, false);
+    nn::gru_init(c, model_->layout(), store_.values(), ctx.seed());
+    want_dx_ = nn::input_grad_wanted(ctx, 0);
+    ctx.declare_output("y", {in[0], in[1], c.hidden}, DType::f32);
+    if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
+  }
+
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& x = ctx.input(b, "x");
+    nn::check_sequence(ctx, x, model_->config().din);
+    if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
+    model_->forward(x.data<float>(), store_.values(), y_.data<float>());
+    x_ = x;
+    ctx.set_output(b, "y", y_);
+  }
+
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor& dy = ctx.output_grad(b, "y");
+    if (!dy.defined()) return;
+    if (!(dy.shape() == y_.shape()) || dy.dtype() != DType::f32)
+      throw std::runtime_error("stage '" + ctx.name() + "': gradient of y is " + dy.describe() +
+                               ", expected " + y_.describe());
+    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.grads(),
+                     want_dx_ ? dx_.data<float>() : nullptr);
+    if (want_dx_) ctx.add_input_grad(b, "x", dx_);
+  }
+
+  std::vector<Parameter*> parameters() override { return store_.pointers(); }
+
+ private:
+  void resize(int64_t B, int64_t W) {
+    const auto& c = model_->config();
+    model_->resize(static_cast<int>(B), static_cast<int>(W));
+    B_ = B, W_ = W;
+    y_ = Tensor::empty({B, W, c.hidden}, DType::f32, Device::cpu(), "gru output");
+    dx_ = Tensor::empty({B, W, c.din}, DType::f32, Device::cpu(), "gru input gradient");
+  }
+
+  std::unique_ptr<nn::GruModel<float>> model_;
+  nn::ParamStore store_;
+  Tensor x_, y_, dx_;
+  int64_t B_ = 0, W_ = 0;
+  bool want_dx_ = true;
+};
+SLIPSTREAM_REGISTER_STAGE(GruStage);
+
+}  // namespace
+}  // namespace slipstream

@@ -1,0 +1,32 @@
+// Small helpers shared by the model stages (mamba, gru).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "engine/graph.h"
+#include "engine/stage.h"
+
+namespace slipstream::nn {
+
+// Whether anything upstream wants the gradient of input `port`: false when its producer is not
+// differentiable (a data stage), which saves the input-gradient GEMM of the first layer. True
+// when the producer is unknown (a stage run alone by StageHarness).
+inline bool input_grad_wanted(StageContext& ctx, size_t port_index) {
+  const GraphPlan& plan = ctx.graph_plan();
+  for (const auto& s : plan.stages) {
+    if (s.name != ctx.name()) continue;
+    if (port_index >= s.inputs.size() || s.inputs[port_index].producer < 0) return true;
+    return plan.stages[static_cast<size_t>(s.inputs[port_index].producer)].schema->is_differentiable();
+  }
+  return true;
+}
+
+// The (B, W, D) shape of a sequence input, checked.
+inline void check_sequence(const StageContext& ctx, const Tensor& x, int64_t d) {
+  if (x.dtype() != DType::f32 || x.rank() != 3 || x.dim(2) != d || !x.device().is_cpu())
+    throw std::runtime_error("stage '" + ctx.name() + "': input x must be f32 (B, W, " +
+                             std::to_string(d) + ") on the CPU, got " + x.describe());
+}
+
+}  // namespace slipstream::nn

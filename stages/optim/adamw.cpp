@@ -1,0 +1,111 @@
+// adamw: the optimizer stage. Updates every trainable parameter upstream once per batch (or once
+// per `accumulate` batches), after the backward pass; writes the bf16 shadow under bf16
+// precision; keeps an EMA of the weights for validation. The work is AdamWOptimizer's.
+#include <cmath>
+
+#include "engine/registry.h"
+#include "stages/optim/adamw_optimizer.h"
+
+namespace slipstream {
+namespace {
+
+class AdamWStage : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("adamw")
+        .family("optim")
+        .doc("AdamW (decoupled weight decay) on every upstream parameter, with global-norm "
+             "clipping, LR schedules, gradient accumulation and an EMA of the weights.")
+        .role(StageRole::update)
+        .param("lr", 1e-4, "peak learning rate")
+        .range(0, std::nullopt)
+        .param("beta1", 0.9, "first-moment decay")
+        .range(0, 1)
+        .param("beta2", 0.999, "second-moment decay")
+        .range(0, 1)
+        .param("eps", 1e-8, "added to the denominator")
+        .range(0, std::nullopt)
+        .param("weight_decay", 0.01, "decoupled decay; never on norms, biases, A_log, D")
+        .range(0, std::nullopt)
+        .param("clip", 1.0, "max global gradient norm (0: no clipping)")
+        .range(0, std::nullopt)
+        .param("schedule", std::string("constant"), "learning-rate schedule")
+        .choices({"constant", "linear_warmup", "cosine", "cosine_restarts"})
+        .param("warmup", int64_t{0}, "linear warmup steps (optimizer steps)")
+        .range(0, std::nullopt)
+        .param("min_lr", 0.0, "floor of the cosine schedules")
+        .range(0, std::nullopt)
+        .param("restart_period", int64_t{1000}, "cosine_restarts: steps of the first period")
+        .range(1, std::nullopt)
+        .param("restart_mult", 1.0, "cosine_restarts: each period this many times the previous")
+        .range(1, std::nullopt)
+        .param("total_steps", int64_t{0},
+               "optimizer steps for the cosine schedule (0: run.steps / accumulate)")
+        .range(0, std::nullopt)
+        .param("accumulate", int64_t{1}, "micro-batches summed per update (gradients averaged)")
+        .range(1, 1 << 20)
+        .param("ema", 0.0, "EMA decay of the weights, e.g. 0.999 (0: off); validation uses it")
+        .range(0, 1);
+  }
+
+  void setup(StageContext& ctx) override {
+    const Params& p = ctx.params();
+    optim::AdamWConfig c;
+    c.beta1 = p.number("beta1");
+    c.beta2 = p.number("beta2");
+    c.eps = p.number("eps");
+    c.weight_decay = p.number("weight_decay");
+    c.clip = p.number("clip");
+    c.accumulate = p.integer("accumulate");
+    c.ema = p.number("ema");
+    c.schedule.kind = optim::LrSchedule::parse(p.string("schedule"));
+    c.schedule.lr = p.number("lr");
+    c.schedule.min_lr = p.number("min_lr");
+    c.schedule.warmup = p.integer("warmup");
+    c.schedule.restart_period = p.integer("restart_period");
+    c.schedule.restart_mult = p.number("restart_mult");
+    c.schedule.total = p.integer("total_steps");
+    if (c.schedule.total == 0)
+      c.schedule.total = static_cast<int64_t>(ctx.run().total_steps) / c.accumulate;
+    if (c.schedule.kind == optim::LrSchedule::Kind::cosine && c.schedule.total <= 0)
+      throw std::runtime_error("schedule 'cosine' needs the number of steps: set " + ctx.name() +
+                               ".total_steps or run.steps (" + p.mark("schedule").str() + ")");
+    if (c.ema >= 1) throw std::runtime_error("ema must be below 1 (" + p.mark("ema").str() + ")");
+    auto params = ctx.upstream_parameters();
+    if (params.empty())
+      throw std::runtime_error("no trainable parameters upstream: list the loss stage (or the "
+                               "allreduce after it) as this stage's input");
+    opt_.attach(std::move(params), c);
+    opt_.refresh_shadows();
+  }
+
+  void forward(Batch& b, StageContext& ctx) override {
+    (void)b;
+    if (!ctx.run().training) return;
+    const auto rep = opt_.micro_step();
+    if (!rep.stepped) return;
+    ctx.metric("lr", rep.lr);
+    ctx.metric("grad_norm", rep.grad_norm);
+    if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
+  }
+
+  void validation_begin(StageContext& ctx) override {
+    (void)ctx;
+    if (!opt_.ema_swapped()) opt_.swap_ema();
+  }
+  void validation_end(const std::map<std::string, double>& metrics, StageContext& ctx) override {
+    (void)metrics;
+    (void)ctx;
+    if (opt_.ema_swapped()) opt_.swap_ema();
+  }
+
+  void save(StateWriter& w) const override { opt_.save(w); }
+  void load(StateReader& r) override { opt_.load(r); }
+
+ private:
+  optim::AdamWOptimizer opt_;
+};
+SLIPSTREAM_REGISTER_STAGE(AdamWStage);
+
+}  // namespace
+}  // namespace slipstream

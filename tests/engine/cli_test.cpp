@@ -1,0 +1,84 @@
+// The `slipstream` command: exit codes and messages of validate/stages/new-stage/devices.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include "tests/engine/temp_dir.h"
+
+using slipstream::testing::TempDir;
+
+namespace {
+
+struct Output {
+  int status = -1;
+  std::string text;  // stdout + stderr
+};
+
+Output run_cli(const std::string& args) {
+  std::string cmd = std::string(SLIPSTREAM_CLI) + " " + args + " 2>&1";
+  Output out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
+  int st = pclose(p);
+  out.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+}  // namespace
+
+TEST(Cli, ValidateReportsFileLineColumnAndExit2) {
+  TempDir d;
+  std::string f = d.write("bad.yaml", "stages:\n  - {name: h2d, kind: prefetsh}\n");
+  Output o = run_cli("validate " + f);
+  EXPECT_EQ(o.status, 2);
+  EXPECT_NE(o.text.find(f + ":2:23: stage 'h2d': unknown kind 'prefetsh'; did you mean 'prefetch'?"),
+            std::string::npos)
+      << o.text;
+}
+
+TEST(Cli, StagesListsAndDescribesKinds) {
+  Output all = run_cli("stages");
+  EXPECT_EQ(all.status, 0);
+  EXPECT_NE(all.text.find("prefetch"), std::string::npos);
+  EXPECT_NE(all.text.find("checkpoint"), std::string::npos);
+  Output one = run_cli("stages checkpoint");
+  EXPECT_EQ(one.status, 0);
+  EXPECT_NE(one.text.find("every: int = 1000"), std::string::npos) << one.text;
+  Output typo = run_cli("stages chekpoint");
+  EXPECT_EQ(typo.status, 2);
+  EXPECT_NE(typo.text.find("did you mean 'checkpoint'?"), std::string::npos);
+  Output run = run_cli("stages run");
+  EXPECT_NE(run.text.find("precision"), std::string::npos);
+}
+
+TEST(Cli, NewStageWritesCompilingSkeleton) {
+  TempDir d;
+  std::filesystem::create_directories(d.path() + "/stages");
+  std::filesystem::create_directories(d.path() + "/tests");
+  Output o = run_cli("new-stage my_scale --family custom --root " + d.path());
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::string src = d.path() + "/stages/custom/my_scale.cpp";
+  std::string test = d.path() + "/tests/stages/my_scale_test.cpp";
+  ASSERT_TRUE(std::filesystem::exists(src));
+  ASSERT_TRUE(std::filesystem::exists(test));
+  // The skeleton compiles against the engine headers.
+  std::string cxx = "c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I" + std::string(SLIPSTREAM_SOURCE_DIR);
+  EXPECT_EQ(std::system((cxx + " " + src).c_str()), 0);
+  EXPECT_EQ(std::system((cxx + " " + test).c_str()), 0);
+  // Refuses to overwrite, and rejects bad names.
+  EXPECT_EQ(run_cli("new-stage my_scale --family custom --root " + d.path()).status, 1);
+  EXPECT_EQ(run_cli("new-stage My-Scale --root " + d.path()).status, 2);
+}
+
+TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
+  Output dev = run_cli("devices");
+  EXPECT_EQ(dev.status, 0);
+  EXPECT_NE(dev.text.find("cpu:"), std::string::npos) << dev.text;
+  Output doc = run_cli("doctor --device cpu");
+  EXPECT_EQ(doc.status, 0) << doc.text;
+}

@@ -1,0 +1,217 @@
+// Every class of configuration error is reported as FILE:LINE:COL before anything runs.
+#include <gtest/gtest.h>
+
+#include "engine/graph.h"
+#include "tests/engine/temp_dir.h"
+
+using namespace slipstream;
+using slipstream::testing::TempDir;
+
+namespace {
+
+const char* kGood = R"(stages:
+  - name: src
+    kind: test_counter
+    params: {count: 6, batch: 4}
+  - name: work
+    kind: test_sleep
+    inputs: [src]
+  - name: rec
+    kind: test_recorder
+    inputs: [work]
+)";
+
+// Plans `text` (written as g.yaml) with overrides; returns the error text, or "" when valid.
+std::string plan_error(const TempDir& d, const std::string& text, std::vector<std::string> sets = {}) {
+  std::string path = d.write("g.yaml", text);
+  try {
+    plan_graph(load_config(path, sets));
+    return "";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    if (msg.starts_with(d.path() + "/")) msg.erase(0, d.path().size() + 1);  // readable asserts
+    return msg;
+  }
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  auto p = s.find(from);
+  EXPECT_NE(p, std::string::npos) << from;
+  return s.replace(p, from.size(), to);
+}
+
+}  // namespace
+
+TEST(Config, ValidGraphPlans) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, kGood), "");
+  GraphPlan plan = plan_graph(load_config(d.write("g.yaml", kGood)));
+  ASSERT_EQ(plan.stages.size(), 3u);
+  EXPECT_EQ(plan.stages[0].name, "src");
+  EXPECT_EQ(plan.stages[2].inputs[0].producer, 1);
+  EXPECT_EQ(plan.head_end, 1);
+  EXPECT_EQ(plan.section_begin, 2);
+  EXPECT_EQ(plan.stages[0].params.integer("count"), 6);
+  EXPECT_EQ(plan.stages[1].params.integer("sleep_us"), 0);  // default filled in
+}
+
+TEST(Config, UnknownKindSuggestsClosest) {
+  TempDir d;
+  std::string e = plan_error(d, replace(kGood, "kind: test_sleep", "kind: test_sleeep"));
+  EXPECT_EQ(e.substr(0, e.find(" (see")),
+            "g.yaml:6:11: stage 'work': unknown kind 'test_sleeep'; did you mean 'test_sleep'?");
+}
+
+TEST(Config, UnknownParameterSuggestsClosest) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "{count: 6, batch: 4}", "{count: 6, bacth: 4}")),
+            "g.yaml:4:24: stage 'src' (test_counter): unknown parameter 'bacth'; did you mean 'batch'?");
+}
+
+TEST(Config, MistypedParameter) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "count: 6", "count: six")),
+            "g.yaml:4:14: stage 'src' (test_counter): parameter 'count' expects int, got 'six'");
+  EXPECT_EQ(plan_error(d, replace(kGood, "count: 6", "count: 6.5")),
+            "g.yaml:4:14: stage 'src' (test_counter): parameter 'count' expects int, got '6.5'");
+}
+
+TEST(Config, ValueOutOfRange) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "batch: 4", "batch: 0")),
+            "g.yaml:4:24: stage 'src' (test_counter): parameter 'batch' = 0 is out of range [1.0, 1e+06]");
+}
+
+TEST(Config, MissingInputStage) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "inputs: [work]", "inputs: [wrok]")),
+            "g.yaml:10:14: stage 'rec' (test_recorder): input 'wrok' is not a stage of this graph; did you "
+            "mean 'work'?");
+}
+
+TEST(Config, CyclicInputs) {
+  TempDir d;
+  std::string g = replace(kGood, "    inputs: [src]", "    inputs: [src, rec]");
+  std::string e = plan_error(d, g);
+  EXPECT_NE(e.find("inputs form a cycle"), std::string::npos) << e;
+  EXPECT_NE(e.find("rec -> work -> rec"), std::string::npos) << e;
+  EXPECT_EQ(e.substr(0, 11), "g.yaml:7:13") << e;
+}
+
+TEST(Config, PortDtypeMismatch) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: sink, kind: test_f32_sink, inputs: [src.x], params: {level: 1}}
+)"),
+            "g.yaml:3:48: stage 'sink' (test_f32_sink): input 'y' expects f32, rank 1 but src.x is i32, rank 1");
+}
+
+TEST(Config, MissingRequiredParameterAndProducer) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: sink, kind: test_f32_sink, inputs: [src, src], params: {level: 1}}
+)"),
+            "g.yaml:3:38: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer among its "
+            "inputs (available: src.x, src.x)");
+  std::string e = plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: sink, kind: test_f32_sink, inputs: {y: src.x}}
+)");
+  EXPECT_NE(e.find("g.yaml:3:5: stage 'sink' (test_f32_sink): missing required parameter 'level' (int: any int)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Config, YamlSyntaxError) {
+  TempDir d;
+  std::string e = plan_error(d, "stages:\n  - {name: src, kind: [unclosed\n");
+  EXPECT_EQ(e.substr(0, 14), "g.yaml:3:1: YA") << e;
+}
+
+TEST(Config, UnknownTopLevelAndStageKeys) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, std::string("stagse: []\n")),
+            "g.yaml:1:1: top level: unknown key 'stagse'; did you mean 'stages'?");
+  EXPECT_EQ(plan_error(d, replace(kGood, "    params:", "    parmas:")),
+            "g.yaml:4:5: stage: unknown key 'parmas'; did you mean 'params'?");
+}
+
+TEST(Config, DuplicateStageName) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "name: rec", "name: work")),
+            "g.yaml:8:11: duplicate stage name 'work'");
+}
+
+TEST(Config, RunSectionValidated) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {precison: bf16}\n"),
+            "g.yaml:11:7: run: unknown parameter 'precison'; did you mean 'precision'?");
+  EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {precision: fp16}\n"),
+            "g.yaml:11:7: run: parameter 'precision' = 'fp16' is not one of {fp32, bf16}; did you mean "
+            "'fp32'?");
+}
+
+TEST(Config, CommandLineOverrides) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, kGood, {"src.count=7"}), "");
+  GraphPlan p = plan_graph(load_config(d.write("g.yaml", kGood), {"src.count=7", "run.seed=9"}));
+  EXPECT_EQ(p.stages[0].params.integer("count"), 7);
+  EXPECT_EQ(p.stages[0].params.mark("count").file, "--set src.count=7");
+  EXPECT_EQ(p.run.integer("seed"), 9);
+  EXPECT_EQ(plan_error(d, kGood, {"srcc.count=7"}),
+            "--set srcc.count=7: override 'srcc.count': no stage named 'srcc'; did you mean 'src'?");
+  EXPECT_EQ(plan_error(d, kGood, {"src.cuont=7"}),
+            "--set src.cuont=7: stage 'src' (test_counter): unknown parameter 'cuont'; did you mean 'count'?");
+  EXPECT_EQ(plan_error(d, kGood, {"src.count"}), "--set src.count: expected --set stage.param=value");
+}
+
+TEST(Config, PresetExtendsAndSet) {
+  TempDir d;
+  d.write("configs/g.yaml", kGood);
+  d.write("presets/base.yaml", "graph: ../configs/g.yaml\nrun: {seed: 3, epochs: 2}\nset: {src.batch: 8}\n");
+  std::string child = d.write("presets/child.yaml", "extends: base\nrun: {seed: 5}\nset: {src.count: 9}\n");
+  GraphPlan p = plan_graph(load_config(child, {"src.count=11"}));
+  EXPECT_EQ(p.run.integer("seed"), 5);
+  EXPECT_EQ(p.run.integer("epochs"), 2);
+  EXPECT_EQ(p.stages[0].params.integer("batch"), 8);
+  EXPECT_EQ(p.stages[0].params.integer("count"), 11);
+  EXPECT_EQ(p.config.preset, "child");
+  // A typo in a preset's set: points into the preset file.
+  std::string bad = d.write("presets/bad.yaml", "extends: base\nset: {src.cout: 9}\n");
+  try {
+    plan_graph(load_config(bad));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), bad + ":2:7: stage 'src' (test_counter): unknown parameter 'cout'; did you "
+                                           "mean 'count'?");
+  }
+  std::string loop = d.write("presets/loop.yaml", "extends: loop\n");
+  EXPECT_THROW(load_config(loop), ConfigError);
+}
+
+TEST(Config, RoleOrderingChecked) {
+  TempDir d;
+  std::string e = plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: w, kind: test_sleep, inputs: [src]}
+  - {name: b, kind: batcher, inputs: [w]}
+  - {name: rec, kind: test_recorder, inputs: [b]}
+)");
+  EXPECT_NE(e.find("g.yaml:4:38: stage 'b' (batcher): a rebatch stage must take exactly the source"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Config, ResolvedConfigRoundTrips) {
+  TempDir d;
+  GraphPlan p = plan_graph(load_config(d.write("g.yaml", kGood), {"src.count=5"}));
+  std::map<std::string, Params> sp;
+  for (const auto& s : p.stages) sp[s.name] = s.params;
+  std::string text = resolved_config_yaml(p.config, sp, p.run);
+  GraphPlan again = plan_graph(load_config(d.write("resolved.yaml", text)));
+  EXPECT_EQ(again.stages[0].params.integer("count"), 5);
+  EXPECT_EQ(again.stages.size(), 3u);
+  EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
+}

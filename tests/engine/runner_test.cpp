@@ -1,0 +1,240 @@
+// The runner on the flow graph: wiring, order, backpressure, failures, SIGINT, resume,
+// validation passes, plugins and the stats record.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "engine/checkpoint.h"
+#include "engine/runner.h"
+#include "engine/stats_record.h"
+#include "tests/engine/temp_dir.h"
+#include "tests/engine/test_stages.h"
+
+using namespace slipstream;
+using slipstream::testing::recorded;
+using slipstream::testing::TempDir;
+
+namespace {
+
+void reset_recorded() {
+  std::lock_guard lock(recorded().mu);
+  recorded().values.clear();
+  recorded().indices.clear();
+  recorded().finished = 0;
+  recorded().validation_passes = 0;
+}
+
+RunOptions quiet_options() {
+  static std::ostringstream sink;
+  RunOptions o;
+  o.create_run_dir = false;
+  o.publish_stats = false;
+  o.log = &sink;
+  return o;
+}
+
+GraphPlan plan_text(const TempDir& d, const std::string& text, std::vector<std::string> sets = {}) {
+  return plan_graph(load_config(d.write("g.yaml", text), sets));
+}
+
+const char* kChain = R"(stages:
+  - {name: src, kind: test_counter, params: {count: 20, batch: 4}}
+  - {name: work, kind: test_sleep, inputs: [src]}
+  - {name: rec, kind: test_recorder, inputs: [work]}
+)";
+
+std::vector<int32_t> expected_values(int n, int batch) {
+  std::vector<int32_t> v;
+  for (int k = 0; k < n; ++k) v.push_back(k * batch);
+  return v;
+}
+
+}  // namespace
+
+TEST(Runner, RunsChainInOrder) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain), quiet_options());
+  RunResult res = r.run();
+  EXPECT_EQ(res.steps, 20u);
+  EXPECT_EQ(res.samples, 80u);
+  EXPECT_EQ(recorded().values, expected_values(20, 4));
+  EXPECT_EQ(recorded().finished.load(), 1);
+  EXPECT_EQ(r.counters(0).items_out, 20u);
+  EXPECT_EQ(r.counters(1).items_out, 20u);
+  EXPECT_EQ(r.counters(2).items_out, 20u);
+  EXPECT_FALSE(res.interrupted);
+}
+
+TEST(Runner, ParallelStageKeepsSourceOrder) {
+  reset_recorded();
+  TempDir d;
+  std::string g = kChain;
+  g.replace(g.find("inputs: [src]}"), 14, "inputs: [src], concurrency: 4, params: {jitter_us: 3000}}");
+  Runner r(plan_text(d, g, {"run.max_in_flight=8"}), quiet_options());
+  r.run();
+  EXPECT_EQ(recorded().values, expected_values(20, 4));
+  for (size_t i = 0; i < recorded().indices.size(); ++i) EXPECT_EQ(recorded().indices[i], i);
+}
+
+TEST(Runner, BackpressureBoundsBatchesInFlight) {
+  reset_recorded();
+  TempDir d;
+  std::string g = kChain;
+  g.replace(g.find("kind: test_recorder, inputs: [work]}"), 36,
+            "kind: test_recorder, inputs: [work], params: {sleep_us: 4000}}");
+  Runner r(plan_text(d, g, {"run.max_in_flight=3"}), quiet_options());
+  r.run();
+  EXPECT_LE(r.max_in_flight_seen(), 3u);
+  EXPECT_GE(r.max_in_flight_seen(), 2u);  // the source did run ahead
+  // The fast source spent its time blocked on the full pipeline, not working.
+  auto src = r.counters(0);
+  EXPECT_GT(src.blocked_output_ns, 20u * 1000 * 1000);
+  EXPECT_LE(r.counters(2).max_queue_depth, 3u);
+}
+
+TEST(Runner, StageFailureCancelsAndNamesStageAndBatch) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain, {"rec.fail_at=5"}), quiet_options());
+  try {
+    r.run();
+    FAIL() << "expected a StageError";
+  } catch (const StageError& e) {
+    EXPECT_EQ(std::string(e.what()), "stage 'rec' (test_recorder), batch 5: injected failure");
+    EXPECT_EQ(e.stage(), "rec");
+    EXPECT_EQ(e.batch(), 5u);
+  }
+  EXPECT_EQ(recorded().values.size(), 5u);
+  EXPECT_EQ(recorded().finished.load(), 0);  // no finish() after a failure
+}
+
+TEST(Runner, SigintFinishesTheStepAndStops) {
+  reset_recorded();
+  TempDir d;
+  RunOptions o = quiet_options();
+  o.handle_sigint = true;
+  Runner r(plan_text(d, kChain, {"rec.stop_at=3", "run.max_in_flight=2"}), o);
+  RunResult res = r.run();
+  EXPECT_TRUE(res.interrupted);
+  EXPECT_GE(recorded().values.size(), 4u);  // batch 3 itself finished
+  EXPECT_LT(recorded().values.size(), 20u);
+  EXPECT_EQ(recorded().finished.load(), 1);
+  EXPECT_EQ(recorded().values, expected_values(static_cast<int>(recorded().values.size()), 4));
+}
+
+TEST(Runner, StepLimitStops) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain, {"run.steps=7"}), quiet_options());
+  RunResult res = r.run();
+  EXPECT_EQ(res.final_step, 7u);
+  // In-flight batches past the limit may not start a step.
+  EXPECT_EQ(recorded().values.size(), 7u);
+}
+
+TEST(Runner, ValidationAndEarlyStopping) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain, {"run.validate_every=3", "run.early_stop_patience=1", "run.validate_batches=2"}),
+           quiet_options());
+  RunResult res = r.run();
+  EXPECT_TRUE(res.early_stopped);
+  EXPECT_EQ(recorded().validation_passes.load(), 2);
+  EXPECT_EQ(res.final_step, 6u);
+  EXPECT_DOUBLE_EQ(res.last_validation_metrics.at("loss"), 1.0);
+}
+
+TEST(Runner, ResumeIsExact) {
+  TempDir d;
+  const std::string g = std::string(R"(stages:
+  - {name: src, kind: test_counter, params: {count: 10, batch: 3}}
+  - {name: acc, kind: test_accumulator, inputs: [src.x]}
+  - {name: ckpt, kind: checkpoint, inputs: [acc], params: {every: 4}}
+run: {runs_dir: )") + d.path() + "/runs}\n";
+  // acc's input port is `y`; bind src.x to it explicitly.
+  std::string graph = g;
+  graph.replace(graph.find("inputs: [src.x]"), 15, "inputs: {y: src.x}");
+  auto weights = [](Runner& r) {
+    return r.graph().stage(1).parameters()[0]->value.clone();
+  };
+  RunOptions o = quiet_options();
+  o.create_run_dir = true;
+
+  Runner straight(plan_text(d, graph), o);
+  RunResult a = straight.run();
+  ASSERT_EQ(a.final_step, 10u);
+  Tensor wa = weights(straight);
+
+  Runner first(plan_text(d, graph, {"run.steps=6"}), o);
+  RunResult b1 = first.run();
+  ASSERT_EQ(b1.final_step, 6u);
+  auto ckpt = latest_checkpoint(b1.run_dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_NE(ckpt->find("step-6"), std::string::npos);
+
+  RunOptions ro = o;
+  ro.resume_dir = b1.run_dir;
+  Runner second(plan_text(d, graph), ro);
+  RunResult b2 = second.run();
+  EXPECT_EQ(b2.final_step, 10u);
+  EXPECT_EQ(b2.steps, 4u);
+  Tensor wb = weights(second);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(wa.data<float>()[i], wb.data<float>()[i]) << i;
+}
+
+TEST(Runner, PluginStageLoadsFromGraphFile) {
+  reset_recorded();
+  TempDir d;
+  std::string g = std::string("plugins: [") + SLIPSTREAM_TEST_PLUGIN + R"(]
+stages:
+  - {name: src, kind: test_counter, params: {count: 3, batch: 2}}
+  - {name: scale, kind: plugin_scale, inputs: [src], params: {factor: 3}}
+  - {name: rec, kind: test_recorder, inputs: [scale]}
+)";
+  Runner r(plan_text(d, g), quiet_options());
+  r.run();
+  EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
+  // Loading the same plugin again is a no-op, not a duplicate registration.
+  EXPECT_NO_THROW(plan_text(d, g));
+  TempDir d2;
+  std::string bad = "plugins: [/nonexistent/libnope.so]\n" + std::string(kChain);
+  try {
+    plan_text(d2, bad);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin '/nonexistent/libnope.so' not found"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Runner, PublishesStatsRecordWhileRunning) {
+  reset_recorded();
+  TempDir d;
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
+  std::string g = kChain;
+  g.replace(g.find("kind: test_recorder, inputs: [work]}"), 36,
+            "kind: test_recorder, inputs: [work], params: {sleep_us: 30000}}");
+  RunOptions o = quiet_options();
+  o.publish_stats = true;
+  Runner r(plan_text(d, g, {"run.stats_interval_ms=20", "run.name=statstest"}), o);
+  std::optional<stats::RunRecord> seen;
+  std::thread watcher([&] {
+    for (int i = 0; i < 200 && !seen; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      for (auto& f : stats::find_records(d.path()))
+        if (f.result.record && f.result.record->step >= 3) seen = f.result.record;
+    }
+  });
+  r.run();
+  watcher.join();
+  unsetenv("SLIPSTREAM_STATS_DIR");
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_STREQ(seen->run_name, "statstest");
+  EXPECT_EQ(seen->num_stages, 3u);
+  EXPECT_STREQ(seen->stages[2].name, "rec");
+  EXPECT_STREQ(seen->stages[2].kind, "test_recorder");
+  EXPECT_GT(seen->stages[2].busy_ns, 0u);
+  EXPECT_EQ(seen->pid, getpid());
+  EXPECT_TRUE(stats::find_records(d.path()).empty());  // removed when the run ends
+}

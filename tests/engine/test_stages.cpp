@@ -1,0 +1,187 @@
+#include "tests/engine/test_stages.h"
+
+#include <chrono>
+#include <csignal>
+#include <random>
+#include <thread>
+
+#include "engine/registry.h"
+
+namespace slipstream::testing {
+
+Recorded& recorded() {
+  static Recorded r;
+  return r;
+}
+
+// Emits `count` batches; batch k holds x[i] = k * batch + i (deterministic from the index, so
+// resuming at k reproduces the rest).
+class TestCounter : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_counter")
+        .family("test")
+        .doc("Counting source for tests.")
+        .role(StageRole::source)
+        .output("x", DType::i32, 1, "k * batch + i")
+        .param("count", int64_t{10}, "batches per epoch")
+        .range(0, 1e9)
+        .param("batch", int64_t{4}, "elements per batch")
+        .range(1, 1e6);
+  }
+  void setup(StageContext& ctx) override {
+    count_ = ctx.params().integer("count");
+    if (ctx.split() == StageContext::Split::validation) count_ = std::max<int64_t>(1, count_ / 5);
+    batch_ = ctx.params().integer("batch");
+    ctx.declare_output("x", {batch_}, DType::i32);
+  }
+  bool produce(Batch& out, StageContext& ctx) override {
+    if (static_cast<int64_t>(out.index) >= count_ * ctx.run().epochs) return false;
+    Tensor x = Tensor::empty({batch_}, DType::i32);
+    for (int64_t i = 0; i < batch_; ++i) x.data<int32_t>()[i] = static_cast<int32_t>(out.index * batch_ + i);
+    out.samples = static_cast<uint64_t>(batch_);
+    out.epoch = out.index / static_cast<uint64_t>(count_);
+    ctx.set_output(out, "x", x);
+    return true;
+  }
+  void seek(uint64_t, StageContext&) override {}
+
+ private:
+  int64_t count_ = 0, batch_ = 0;
+};
+SLIPSTREAM_REGISTER_STAGE(TestCounter);
+
+// Copies x to y after sleeping; random jitter makes parallel completions arrive out of order.
+class TestSleep : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_sleep")
+        .family("test")
+        .doc("Sleeps, then copies x to y.")
+        .input("x", DType::i32, 1, "in")
+        .output("y", DType::i32, 1, "copy of x")
+        .param("sleep_us", int64_t{0}, "base sleep")
+        .range(0, 1e7)
+        .param("jitter_us", int64_t{0}, "random extra sleep")
+        .range(0, 1e7);
+  }
+  void setup(StageContext& ctx) override {
+    sleep_ = ctx.params().integer("sleep_us");
+    jitter_ = ctx.params().integer("jitter_us");
+    ctx.declare_output("y", ctx.input_shape("x"), DType::i32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    std::mt19937 rng(static_cast<uint32_t>(b.index * 7919));
+    int64_t us = sleep_ + (jitter_ ? static_cast<int64_t>(rng() % static_cast<uint32_t>(jitter_)) : 0);
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    ctx.set_output(b, "y", ctx.input(b, "x").clone());
+  }
+
+ private:
+  int64_t sleep_ = 0, jitter_ = 0;
+};
+SLIPSTREAM_REGISTER_STAGE(TestSleep);
+
+// Differentiable (so it forms the trainable section): records the order of batches, slowly.
+class TestRecorder : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_recorder")
+        .family("test")
+        .doc("Records batches in arrival order.")
+        .differentiable()
+        .input("y", DType::i32, 1, "values")
+        .param("sleep_us", int64_t{0}, "time per batch")
+        .range(0, 1e7)
+        .param("fail_at", int64_t{-1}, "throw on this batch index")
+        .param("stop_at", int64_t{-1}, "request a stop (as SIGINT) on this batch index");
+  }
+  void setup(StageContext& ctx) override {
+    sleep_ = ctx.params().integer("sleep_us");
+    fail_at_ = ctx.params().integer("fail_at");
+    stop_at_ = ctx.params().integer("stop_at");
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    if (!ctx.run().training) {
+      ctx.metric("loss", 1.0);  // constant: the second validation does not improve
+      return;
+    }
+    if (static_cast<int64_t>(b.index) == fail_at_) throw std::runtime_error("injected failure");
+    if (static_cast<int64_t>(b.index) == stop_at_) std::raise(SIGINT);  // the real signal path
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_));
+    std::lock_guard lock(recorded().mu);
+    recorded().values.push_back(ctx.input(b, "y").data<int32_t>()[0]);
+    recorded().indices.push_back(b.index);
+    ctx.metric("loss", static_cast<double>(b.index));
+  }
+  void validation_end(const std::map<std::string, double>&, StageContext&) override {
+    recorded().validation_passes++;
+  }
+  void finish(StageContext&) override { recorded().finished++; }
+
+ private:
+  int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1;
+};
+SLIPSTREAM_REGISTER_STAGE(TestRecorder);
+
+}  // namespace slipstream::testing
+
+
+namespace slipstream::testing {
+
+// A trainable stage whose weight moves by a deterministic function of the data, and whose
+// optimizer-like state (a counter) is saved: resume must reproduce it exactly.
+class TestAccumulator : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_accumulator")
+        .family("test")
+        .doc("Weight w += mean(x) * 0.001 + w * 1e-3 each step.")
+        .trainable()
+        .input("y", DType::i32, 1, "values");
+  }
+  void setup(StageContext&) override {
+    w_.name = "w";
+    w_.value = Tensor::zeros({3}, DType::f32);
+    w_.grad = Tensor::zeros({3}, DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    if (!ctx.run().training) return;
+    const Tensor& y = ctx.input(b, "y");
+    double mean = 0;
+    for (int32_t v : y.span<int32_t>()) mean += v;
+    mean /= static_cast<double>(y.numel());
+    float* w = w_.value.data<float>();
+    for (int i = 0; i < 3; ++i) w[i] += static_cast<float>(mean * 0.001 * (i + 1)) + w[i] * 1e-3f;
+    steps_++;
+  }
+  std::vector<Parameter*> parameters() override { return {&w_}; }
+  void save(StateWriter& wr) const override { wr.integer("steps", steps_); }
+  void load(StateReader& r) override { steps_ = r.integer("steps"); }
+  int64_t steps() const { return steps_; }
+
+ private:
+  Parameter w_;
+  int64_t steps_ = 0;
+};
+SLIPSTREAM_REGISTER_STAGE(TestAccumulator);
+
+}  // namespace slipstream::testing
+
+namespace slipstream::testing {
+
+// Wants f32 and a required parameter: for the dtype-mismatch and required-parameter checks.
+class TestF32Sink : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_f32_sink")
+        .family("test")
+        .doc("Consumes an f32 vector.")
+        .differentiable()
+        .input("y", DType::f32, 1, "values")
+        .required_param("level", ParamType::integer, "any int");
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(TestF32Sink);
+
+}  // namespace slipstream::testing

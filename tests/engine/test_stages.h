@@ -1,0 +1,20 @@
+// Stage kinds used only by the engine's tests (registered in the test binary).
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace slipstream::testing {
+
+// What the recorder saw, in order: the first element of `x` of each batch.
+struct Recorded {
+  std::mutex mu;
+  std::vector<int32_t> values;
+  std::vector<uint64_t> indices;
+  std::atomic<int> finished{0};
+  std::atomic<int> validation_passes{0};
+};
+Recorded& recorded();
+
+}  // namespace slipstream::testing

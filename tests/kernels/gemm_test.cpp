@@ -1,0 +1,129 @@
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include "kernels/bf16.h"
+#include "tests/kernels/gradcheck.h"
+
+namespace slipstream::kernels {
+namespace {
+using test::cast;
+using test::rand_vec;
+
+// Naive C = alpha op(A) op(B) + beta C in double.
+void ref_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const std::vector<double>& A,
+              int lda, const std::vector<double>& B, int ldb, double beta, std::vector<double>& C,
+              int ldc) {
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double s = 0;
+      for (int k = 0; k < K; ++k)
+        s += (ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = alpha * s + beta * C[i * ldc + j];
+    }
+}
+
+TEST(Gemm, AllTransposesWithLeadingDims) {
+  std::mt19937_64 rng(1);
+  const int M = 7, N = 5, K = 9, pad = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      auto A = rand_vec(size_t(ta ? K : M) * lda, rng);
+      auto B = rand_vec(size_t(tb ? N : K) * ldb, rng);
+      auto C = rand_vec(size_t(M) * ldc, rng);
+      auto ref = C;
+      ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, ref, ldc);
+      auto Cd = C;
+      gemm<double>(ta, tb, M, N, K, 0.7, A.data(), lda, B.data(), ldb, 0.3, Cd.data(), ldc);
+      EXPECT_LT(test::rel_diff(ref, Cd), 1e-14);
+      auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
+      gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
+      EXPECT_LT(test::rel_diff(ref, Cf), 1e-5);
+    }
+}
+
+TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
+  std::mt19937_64 rng(2);
+  const int M = 33, N = 17, K = 40, pad = 2;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad;
+      auto A = cast<float>(rand_vec(size_t(ta ? K : M) * lda, rng));
+      auto B = cast<float>(rand_vec(size_t(tb ? N : K) * ldb, rng));
+      std::vector<uint16_t> Ah(A.size()), Bh(B.size());
+      fp32_to_bf16(A.data(), Ah.data(), A.size());
+      fp32_to_bf16(B.data(), Bh.data(), B.size());
+      std::vector<float> Ar(A.size()), Br(B.size());
+      bf16_to_fp32(Ah.data(), Ar.data(), A.size());
+      bf16_to_fp32(Bh.data(), Br.data(), B.size());
+      std::vector<float> ref(size_t(M) * N, 1.0f), got(size_t(M) * N, 1.0f);
+      gemm<float>(ta, tb, M, N, K, 1.5f, Ar.data(), lda, Br.data(), ldb, 0.5f, ref.data(), N);
+      std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
+      gemm_bf16(ta, tb, M, N, K, 1.5f, Ah.data(), lda, Bh.data(), ldb, 0.5f, got.data(), N,
+                ws.data());
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], got[i], 1e-5f * K) << i;
+    }
+}
+
+struct LinearCase {
+  int M = 6, In = 5, Out = 4;
+  std::vector<double> x, W, b, w;
+};
+
+TEST(Linear, GradCheckAndAccumulation) {
+  std::mt19937_64 rng(3);
+  LinearCase c;
+  c.x = rand_vec(c.M * c.In, rng);
+  c.W = rand_vec(c.Out * c.In, rng);
+  c.b = rand_vec(c.Out, rng);
+  c.w = rand_vec(c.M * c.Out, rng);
+  auto loss = [&] {
+    std::vector<double> y(c.M * c.Out);
+    linear_forward(c.x.data(), c.W.data(), c.b.data(), y.data(), c.M, c.In, c.Out);
+    return test::dot(c.w, y);
+  };
+  std::vector<double> dx(c.x.size(), 7.0), dW(c.W.size(), 0.0), db(c.b.size(), 0.0);
+  linear_backward(c.x.data(), c.W.data(), c.w.data(), dx.data(), dW.data(), db.data(), c.M, c.In,
+                  c.Out);
+  test::check_gradient("x", loss, c.x, dx);
+  test::check_gradient("W", loss, c.W, dW);
+  test::check_gradient("b", loss, c.b, db);
+  // Second call: dx overwritten, dW and db accumulate.
+  auto dx1 = dx, dW1 = dW, db1 = db;
+  linear_backward(c.x.data(), c.W.data(), c.w.data(), dx.data(), dW.data(), db.data(), c.M, c.In,
+                  c.Out);
+  EXPECT_EQ(dx, dx1);
+  EXPECT_DOUBLED(dW, dW1);
+  EXPECT_DOUBLED(db, db1);
+  // Float agrees with double.
+  auto xf = cast<float>(c.x), Wf = cast<float>(c.W), bf = cast<float>(c.b);
+  std::vector<float> yf(c.M * c.Out);
+  std::vector<double> yd(c.M * c.Out);
+  linear_forward(xf.data(), Wf.data(), bf.data(), yf.data(), c.M, c.In, c.Out);
+  linear_forward(c.x.data(), c.W.data(), c.b.data(), yd.data(), c.M, c.In, c.Out);
+  EXPECT_LT(test::rel_diff(yd, yf), 1e-5);
+}
+
+TEST(Linear, NoBiasAndLargeColumnSum) {
+  std::mt19937_64 rng(4);
+  const int M = 300, In = 3, Out = 1500;  // several column blocks, parallel
+  auto x = rand_vec(M * In, rng), W = rand_vec(Out * In, rng), dy = rand_vec(M * Out, rng);
+  std::vector<double> y(M * Out), db(Out, 1.0);
+  linear_forward(x.data(), W.data(), static_cast<const double*>(nullptr), y.data(), M, In, Out);
+  for (int i = 0; i < M; i += 37)
+    for (int o = 0; o < Out; o += 101) {
+      double s = 0;
+      for (int k = 0; k < In; ++k) s += x[i * In + k] * W[o * In + k];
+      EXPECT_NEAR(y[i * Out + o], s, 1e-12);
+    }
+  column_sum_accumulate(dy.data(), db.data(), M, Out);
+  for (int o = 0; o < Out; ++o) {
+    double s = 1.0;
+    for (int i = 0; i < M; ++i) s += dy[i * Out + o];
+    ASSERT_NEAR(db[o], s, 1e-10);
+  }
+}
+
+}  // namespace
+}  // namespace slipstream::kernels

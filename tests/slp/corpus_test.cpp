@@ -1,0 +1,126 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/synth.h"
+#include "stages/melee/slp/writer.h"
+#include "tests/slp/replay_files.h"
+
+namespace slipstream::slp {
+namespace {
+
+using testing::expect_same_columns;
+
+std::filesystem::path temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("slp_corpus_test_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+void expect_corpus_equals_parse(const std::filesystem::path& dir, const std::vector<std::filesystem::path>& files,
+                                const CorpusOptions& options) {
+  const Corpus corpus = Corpus::open(dir);
+  ASSERT_EQ(corpus.size(), files.size());
+  ParseOptions po;
+  po.rollbacks = options.rollbacks;
+  po.items = options.items;
+  size_t frames = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    SCOPED_TRACE(files[i].string());
+    const Game parsed = parse_slp_file(files[i], po);
+    const GameView from_corpus = corpus.game(i);
+    EXPECT_EQ(from_corpus.info, parsed.info);
+    expect_same_columns(from_corpus, view_of(parsed), files[i].string());
+    if (i == 0 && !from_corpus.frames.frame.empty()) {
+      // Each column starts 64-byte aligned; the first game starts at the column start.
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(from_corpus.frames.frame.data()) % 64, 0u);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(from_corpus.frames.ports[0].leader.post.x.data()) % 64, 0u);
+    }
+    frames += parsed.frames.size();
+  }
+  EXPECT_EQ(corpus.total_frames(), frames);
+}
+
+TEST(SlpCorpus, ReadEqualsParseForAllRealReplays) {
+  SLP_REQUIRE_REPLAYS();
+  const auto files = testing::all_replays();
+  for (const bool zstd : {false, true}) {
+    SCOPED_TRACE(zstd ? "zstd" : "raw");
+    const auto dir = temp_dir(zstd ? "zstd" : "raw");
+    CorpusOptions options;
+    options.zstd = zstd;
+    const std::vector<std::filesystem::path> inputs = {testing::replay_dir()};
+    const CorpusBuildReport r = build_corpus(inputs, dir, options);
+    EXPECT_EQ(r.games, files.size());  // corrupt.slp is partial, still readable
+    EXPECT_EQ(r.skipped, 0u);
+    expect_corpus_equals_parse(dir, files, options);
+    std::filesystem::remove_all(dir);
+  }
+}
+
+TEST(SlpCorpus, KeepAllRollbacksAndSkippedFiles) {
+  SLP_REQUIRE_REPLAYS();
+  const auto src = temp_dir("src");
+  std::filesystem::create_directories(src);
+  std::filesystem::copy_file(testing::replay("peppi/ics2.slp"), src / "a.slp");
+  std::filesystem::copy_file(testing::replay("slippi-js/rollbackFrameTest.slp"), src / "b.slp");
+  std::ofstream(src / "c.slp") << "not a replay";
+  const auto dir = temp_dir("keepall");
+  CorpusOptions options;
+  options.rollbacks = Rollbacks::kKeepAll;
+  const std::vector<std::filesystem::path> inputs = {src};
+  const CorpusBuildReport r = build_corpus(inputs, dir, options);
+  EXPECT_EQ(r.games, 2u);
+  EXPECT_EQ(r.skipped, 1u);
+  expect_corpus_equals_parse(dir, {src / "a.slp", src / "b.slp"}, options);
+  EXPECT_EQ(Corpus::open(dir).game(0).frames.size(), 9530u);
+
+  std::ifstream in(dir / "manifest.json");
+  const auto manifest = nlohmann::json::parse(in);
+  ASSERT_EQ(manifest.at("skipped").size(), 1u);
+  EXPECT_NE(manifest["skipped"][0]["reason"].get<std::string>().find("byte offset 0"), std::string::npos);
+  EXPECT_EQ(manifest["sources"][0]["size"], std::filesystem::file_size(src / "a.slp"));
+  EXPECT_EQ(manifest["sources"][0]["hash"].get<std::string>().rfind("mix64:", 0), 0u);
+  for (const auto& c : manifest["columns"]) EXPECT_EQ(c["offset"].get<size_t>() % 64, 0u);
+  std::filesystem::remove_all(src);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SlpCorpus, SyntheticGames) {
+  const auto src = temp_dir("synth_src");
+  const auto paths = write_synthetic_games(src, 4, 3, 800);
+  const auto dir = temp_dir("synth");
+  CorpusOptions options;
+  options.zstd = true;
+  const std::vector<std::filesystem::path> inputs = {src};
+  build_corpus(inputs, dir, options);
+  expect_corpus_equals_parse(dir, paths, options);
+  std::filesystem::remove_all(src);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(SlpCorpus, FormatVersionMismatchSaysRebuild) {
+  const auto src = temp_dir("ver_src");
+  write_synthetic_games(src, 1, 1, 200);
+  const auto dir = temp_dir("ver");
+  const std::vector<std::filesystem::path> inputs = {src};
+  build_corpus(inputs, dir);
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(dir / "manifest.json"));
+  manifest["format_version"] = kCorpusFormatVersion + 1;
+  std::ofstream(dir / "manifest.json") << manifest.dump();
+  try {
+    Corpus::open(dir);
+    FAIL() << "opened a corpus of another format version";
+  } catch (const CorpusError& e) {
+    EXPECT_NE(std::string(e.what()).find("rebuild"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Corpus::open(dir / "missing"), CorpusError);
+  std::filesystem::remove_all(src);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace slipstream::slp

@@ -1,0 +1,21 @@
+// The engine's own subcommands of `slipstream`.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace slipstream::cli {
+
+void add_core_commands(CLI::App& app);
+// Exit status the chosen subcommand asked for (set by its callback).
+int exit_code();
+void set_exit_code(int code);
+
+// Exit statuses shared by the commands.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitConfig = 2;  // invalid graph, preset or override
+inline constexpr int kExitInterrupted = 130;
+
+}  // namespace slipstream::cli

@@ -1,0 +1,204 @@
+// `slipstream new-stage NAME` (a compiling skeleton stage and its test) and
+// `slipstream stage run KIND` (one stage alone on stored tensors).
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+
+#include "engine/safetensors.h"
+#include "engine/stage_harness.h"
+#include "tools/slipstream/commands.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream::cli {
+
+namespace {
+
+std::string camel(const std::string& snake) {
+  std::string out;
+  bool up = true;
+  for (char c : snake) {
+    if (c == '_') {
+      up = true;
+      continue;
+    }
+    out += up ? static_cast<char>(std::toupper(static_cast<unsigned char>(c))) : c;
+    up = false;
+  }
+  return out;
+}
+
+std::string fill(std::string text, const std::string& kind, const std::string& cls, const std::string& family) {
+  text = std::regex_replace(text, std::regex("@KIND@"), kind);
+  text = std::regex_replace(text, std::regex("@CLASS@"), cls);
+  return std::regex_replace(text, std::regex("@FAMILY@"), family);
+}
+
+constexpr const char* kStageTemplate = R"(// @KIND@: TODO one line on what this stage computes.
+#include "engine/registry.h"
+
+namespace slipstream {
+
+class @CLASS@ : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("@KIND@")
+        .family("@FAMILY@")
+        .doc("Multiplies its input by `scale`. Replace with what the stage does.")
+        .differentiable()
+        .input("x", DType::f32, -1, "input tensor")
+        .output("y", DType::f32, -1, "x * scale")
+        .param("scale", 1.0, "factor applied to every element")
+        .range(-1e6, 1e6);
+  }
+
+  void setup(StageContext& ctx) override {
+    scale_ = static_cast<float>(ctx.params().number("scale"));
+    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+  }
+
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& x = ctx.input(b, "x");
+    Tensor y = Tensor::empty(x.shape(), DType::f32, x.device(), "@KIND@.y");
+    const float* xp = x.data<float>();
+    float* yp = y.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) yp[i] = xp[i] * scale_;
+    ctx.set_output(b, "y", y);
+  }
+
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor& dy = ctx.output_grad(b, "y");
+    if (!dy.defined()) return;
+    Tensor dx = Tensor::empty(dy.shape(), DType::f32, dy.device(), "@KIND@.dx");
+    const float* g = dy.data<float>();
+    float* d = dx.data<float>();
+    for (int64_t i = 0; i < dy.numel(); ++i) d[i] = g[i] * scale_;
+    ctx.add_input_grad(b, "x", dx);
+  }
+
+ private:
+  float scale_ = 1.0f;
+};
+SLIPSTREAM_REGISTER_STAGE(@CLASS@);
+
+}  // namespace slipstream
+)";
+
+constexpr const char* kTestTemplate = R"(#include <gtest/gtest.h>
+
+#include "engine/stage_harness.h"
+
+using namespace slipstream;
+
+TEST(@CLASS@, ForwardAndBackward) {
+  StageHarness h("@KIND@", {"scale=2.5"});
+  Tensor x = Tensor::empty({2, 3}, DType::f32);
+  for (int i = 0; i < 6; ++i) x.data<float>()[i] = 0.5f * static_cast<float>(i) - 1.0f;
+  h.setup({{"x", x}});
+  auto out = h.forward({{"x", x}});
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(out["y"].data<float>()[i], 2.5f * x.data<float>()[i]);
+  Tensor dy = Tensor::empty({2, 3}, DType::f32);
+  for (int i = 0; i < 6; ++i) dy.data<float>()[i] = 1.0f + static_cast<float>(i);
+  auto grads = h.backward({{"y", dy}});
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(grads["grad.x"].data<float>()[i], 2.5f * dy.data<float>()[i]);
+}
+)";
+
+int new_stage(const std::string& kind, const std::string& family, const std::string& root) {
+  if (!std::regex_match(kind, std::regex("[a-z][a-z0-9_]*"))) {
+    std::cerr << "new-stage: NAME must be snake_case (a-z, 0-9, _), got '" << kind << "'\n";
+    return kExitConfig;
+  }
+  if (!std::regex_match(family, std::regex("[a-z][a-z0-9_]*"))) {
+    std::cerr << "new-stage: --family must be snake_case, got '" << family << "'\n";
+    return kExitConfig;
+  }
+  fs::path src = fs::path(root) / "stages" / family / (kind + ".cpp");
+  fs::path test = fs::path(root) / "tests" / "stages" / (kind + "_test.cpp");
+  if (!fs::exists(fs::path(root) / "stages") || !fs::exists(fs::path(root) / "tests")) {
+    std::cerr << "new-stage: " << root << " is not a slipstream source tree (no stages/ and tests/)\n";
+    return kExitFailure;
+  }
+  for (const auto& p : {src, test})
+    if (fs::exists(p)) {
+      std::cerr << "new-stage: " << p.string() << " exists; not overwriting\n";
+      return kExitFailure;
+    }
+  fs::create_directories(src.parent_path());
+  fs::create_directories(test.parent_path());
+  std::string cls = camel(kind) + "Stage";
+  std::ofstream(src) << fill(kStageTemplate, kind, cls, family);
+  std::ofstream(test) << fill(kTestTemplate, kind, cls, family);
+  std::cout << "wrote " << src.string() << "\nwrote " << test.string()
+            << "\nnext: `make build` picks both up; `slipstream stages " << kind << "` shows the schema;\n"
+            << "      use it in a graph with `kind: " << kind << "`.\n";
+  return kExitOk;
+}
+
+struct StageRunArgs {
+  std::string kind, inputs, weights, grads, out, name = "stage", precision = "fp32";
+  std::vector<std::string> sets;
+};
+
+int stage_run(const StageRunArgs& a) {
+  try {
+    StageHarness h(a.kind, a.sets, a.name, a.precision == "bf16" ? Precision::bf16 : Precision::fp32);
+    auto inputs = read_safetensors(a.inputs).tensors;
+    h.setup(inputs);
+    if (!a.weights.empty()) h.load_weights(read_safetensors(a.weights).tensors);
+    std::map<std::string, Tensor> out = h.forward(inputs);
+    bool is_loss = h.context().schema().stage_role() == StageRole::loss;
+    if (!a.grads.empty() || is_loss) {
+      std::map<std::string, Tensor> dout;
+      if (!a.grads.empty()) dout = read_safetensors(a.grads).tensors;
+      for (auto& [k, v] : h.backward(dout)) out[k] = v;
+    }
+    for (auto& [k, v] : h.weights()) out["weight." + k] = v;
+    std::map<std::string, std::string> meta{{"kind", a.kind}};
+    for (const auto& [k, v] : h.metrics()) meta["metric." + k] = std::to_string(v);
+    write_safetensors(a.out, out, meta);
+    std::cout << "wrote " << a.out << ":";
+    for (const auto& [k, v] : out) std::cout << " " << k << v.shape().str();
+    std::cout << "\n";
+    return kExitOk;
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::cerr << "stage run: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+
+void add_authoring_commands(CLI::App& app) {
+  auto kind = std::make_shared<std::string>();
+  auto family = std::make_shared<std::string>("custom");
+  auto root = std::make_shared<std::string>(".");
+  auto* ns = app.add_subcommand("new-stage", "Write a compiling skeleton stage and its test");
+  ns->add_option("name", *kind, "snake_case kind name")->required();
+  ns->add_option("--family", *family, "stage family folder under stages/");
+  ns->add_option("--root", *root, "source tree root");
+  ns->callback([kind, family, root] { set_exit_code(new_stage(*kind, *family, *root)); });
+
+  auto a = std::make_shared<StageRunArgs>();
+  auto* stage = app.add_subcommand("stage", "Work with one stage alone");
+  stage->require_subcommand(1);
+  auto* run = stage->add_subcommand("run", "Run one stage on stored tensors (forward; backward with --grad)");
+  run->add_option("kind", a->kind, "stage kind")->required();
+  run->add_option("--inputs", a->inputs, "safetensors file: one tensor per input port")->required();
+  run->add_option("--weights", a->weights, "safetensors file of parameters (else initialised from the seed)");
+  run->add_option("--grad", a->grads, "safetensors file: gradient per output port (runs backward)");
+  run->add_option("--out", a->out, "where to write outputs, gradients (grad.*) and weights (weight.*)")
+      ->required();
+  run->add_option("--set", a->sets, "param=value (repeatable)");
+  run->add_option("--name", a->name, "stage name (weight names may carry it as a prefix)");
+  run->add_option("--precision", a->precision, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  run->callback([a] { set_exit_code(stage_run(*a)); });
+}
+
+}  // namespace slipstream::cli

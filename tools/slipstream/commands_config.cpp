@@ -1,0 +1,80 @@
+// `slipstream validate` and `slipstream stages`.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "engine/graph.h"
+#include "engine/registry.h"
+#include "engine/text_match.h"
+#include "tools/slipstream/commands.h"
+
+namespace slipstream::cli {
+
+namespace {
+int g_exit = kExitOk;
+}
+int exit_code() { return g_exit; }
+void set_exit_code(int code) { g_exit = code; }
+
+void add_run_commands(CLI::App& app);
+void add_authoring_commands(CLI::App& app);
+
+static void add_validate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("validate", "Check a preset or graph file without running it");
+  auto target = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("preset_or_file", *target, "preset name or YAML file")->required();
+  cmd->add_option("--set", *sets, "override stage.param=value (repeatable)");
+  cmd->callback([target, sets] {
+    try {
+      GraphPlan plan = plan_graph(load_config(*target, *sets));
+      std::cout << plan.config.graph_file << ": OK, " << plan.stages.size() << " stages:";
+      for (const auto& s : plan.stages) std::cout << " " << s.name;
+      std::cout << "\n";
+    } catch (const ConfigError& e) {
+      std::cerr << e.what() << "\n";
+      set_exit_code(kExitConfig);
+    }
+  });
+}
+
+static void add_stages(CLI::App& app) {
+  auto* cmd = app.add_subcommand("stages", "List stage kinds, or print one kind's schema");
+  auto kind = std::make_shared<std::string>();
+  cmd->add_option("kind", *kind, "a stage kind (or 'run' for the run section)");
+  cmd->callback([kind] {
+    if (kind->empty()) {
+      std::string family = "\x01";
+      for (const auto* s : StageRegistry::all()) {
+        std::string f = s->family_name().empty() ? "core" : s->family_name();
+        if (f != family) std::cout << (family == "\x01" ? "" : "\n") << f << ":\n", family = f;
+        std::string doc = s->doc_text().substr(0, s->doc_text().find('.') + 1);
+        std::printf("  %-20s %s\n", s->kind().c_str(), doc.c_str());
+      }
+      std::cout << "\n`slipstream stages KIND` prints a kind's ports and parameters.\n";
+      return;
+    }
+    if (*kind == "run") {
+      std::cout << run_schema().help();
+      return;
+    }
+    const StageSchema* s = StageRegistry::find(*kind);
+    if (!s) {
+      std::vector<std::string> kinds;
+      for (const auto* k : StageRegistry::all()) kinds.push_back(k->kind());
+      std::cerr << "unknown stage kind '" << *kind << "'" << did_you_mean(*kind, kinds) << "\n";
+      set_exit_code(kExitConfig);
+      return;
+    }
+    std::cout << s->help();
+  });
+}
+
+void add_core_commands(CLI::App& app) {
+  add_run_commands(app);
+  add_validate(app);
+  add_stages(app);
+  add_authoring_commands(app);
+}
+
+}  // namespace slipstream::cli

@@ -1,0 +1,85 @@
+// `slipstream run`, `slipstream devices`, `slipstream doctor`.
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <iostream>
+
+#include "engine/diagnostics.h"
+#include "engine/graph.h"
+#include "engine/runner.h"
+#include "tools/slipstream/commands.h"
+
+namespace slipstream::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string preset;
+  std::string config;
+  std::string resume;
+  std::string device;
+  std::vector<std::string> sets;
+};
+
+int run_command(const RunArgs& a) {
+  std::string target = !a.config.empty() ? a.config : a.preset;
+  std::vector<std::string> sets = a.sets;
+  if (!a.resume.empty()) {
+    // A resumed run repeats the configuration it was started with.
+    auto cfg = std::filesystem::path(a.resume) / "config.yaml";
+    if (!std::filesystem::exists(cfg)) {
+      std::cerr << a.resume << ": not a run directory (no config.yaml)\n";
+      return kExitFailure;
+    }
+    if (target.empty()) target = cfg.string();
+  }
+  if (target.empty()) target = "cpu_quick";
+  if (!a.device.empty()) sets.push_back("run.device=" + a.device);
+  GraphPlan plan;
+  try {
+    plan = plan_graph(load_config(target, sets));
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitConfig;
+  }
+  try {
+    RunOptions opt;
+    opt.resume_dir = a.resume;
+    Runner runner(std::move(plan), opt);
+    RunResult r = runner.run();
+    std::cout << (r.interrupted ? "interrupted" : r.early_stopped ? "stopped early" : "done") << ": "
+              << r.final_step << " steps, " << r.samples << " samples in " << r.seconds << " s";
+    if (!r.run_dir.empty()) std::cout << " -> " << r.run_dir;
+    std::cout << "\n";
+    return r.interrupted ? kExitInterrupted : kExitOk;
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+
+void add_run_commands(CLI::App& app) {
+  auto a = std::make_shared<RunArgs>();
+  auto* run = app.add_subcommand("run", "Run a graph from a preset (default cpu_quick) or a graph file");
+  run->add_option("--preset,-p", a->preset, "preset name (presets/NAME.yaml) or path");
+  run->add_option("--config,-c", a->config, "a graph file, e.g. a run directory's config.yaml");
+  run->add_option("--resume", a->resume, "continue RUN_DIR from its latest checkpoint");
+  run->add_option("--device", a->device, "auto | cpu | cuda | cuda:N (same as --set run.device=...)");
+  run->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value (repeatable)");
+  run->callback([a] { set_exit_code(run_command(*a)); });
+
+  app.add_subcommand("devices", "Show the CPU, CUDA devices, driver and library versions")->callback([] {
+    std::cout << devices_report();
+  });
+  auto dev = std::make_shared<std::string>("auto");
+  auto* doctor = app.add_subcommand("doctor", "Check each link between slipstream and the GPU, with fixes");
+  doctor->add_option("--device", *dev, "the device a run would use");
+  doctor->callback([dev] { set_exit_code(run_doctor(std::cout, *dev)); });
+}
+
+}  // namespace slipstream::cli

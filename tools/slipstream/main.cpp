@@ -1,0 +1,23 @@
+// `slipstream`: run graphs, validate them, inspect stage kinds and devices. Subcommands that
+// belong to a stage family (replay inspection, synthetic data, ...) register themselves through
+// engine/command_registry.h.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "engine/command_registry.h"
+#include "tools/slipstream/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"slipstream: data-flow pipelines for batched sequence-model training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("slipstream ") + SLIPSTREAM_VERSION);
+  slipstream::cli::add_core_commands(app);
+  for (const auto& cmd : slipstream::registered_commands()) cmd.setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return slipstream::cli::exit_code();
+}

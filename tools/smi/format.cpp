@@ -1,0 +1,151 @@
+#include "format.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace slipstream::smi {
+
+std::string csv_escape(std::string_view field) {
+  bool quote = !field.empty() && (field.front() == ' ' || field.back() == ' ');
+  for (char c : field) {
+    if (c == ',' || c == '"' || c == '\n' || c == '\r') quote = true;
+  }
+  if (!quote) return std::string(field);
+  std::string out = "\"";
+  for (char c : field) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + '"';
+}
+
+std::string csv_join(const std::vector<std::string>& fields) {
+  std::string out;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    if (i) out += ", ";
+    out += csv_escape(fields[i]);
+  }
+  return out;
+}
+
+std::string render_value(const FieldValue& v, bool units) {
+  if (!v.text) return std::string(kNotAvailable);
+  if (!units || v.unit.empty()) return *v.text;
+  return *v.text + " " + v.unit;
+}
+
+std::string header_cell(std::string_view name, std::string_view unit) {
+  std::string out(name);
+  if (!unit.empty()) out += " [" + std::string(unit) + "]";
+  return out;
+}
+
+std::optional<std::string> fixed(double v, int decimals) {
+  if (!std::isfinite(v)) return std::nullopt;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return std::string(buf);
+}
+
+std::string fixed_or_na(double v, int decimals, std::string_view suffix) {
+  auto s = fixed(v, decimals);
+  return s ? *s + std::string(suffix) : std::string(kNotAvailable);
+}
+
+uint64_t to_mib(uint64_t bytes) { return bytes / (1024 * 1024); }
+
+std::string human_bytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024.0;
+  size_t unit = 0;
+  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, v < 10.0 ? "%.2f %s" : "%.1f %s", v, kUnits[unit]);
+  return buf;
+}
+
+std::string compact_rate(double per_s) {
+  if (!std::isfinite(per_s) || per_s < 0) return std::string(kNotAvailable);
+  char buf[32];
+  if (per_s < 100.0)
+    std::snprintf(buf, sizeof buf, "%.2f", per_s);
+  else if (per_s < 100000.0)
+    std::snprintf(buf, sizeof buf, "%.1f", per_s);
+  else if (per_s < 1e8)
+    std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fM", per_s / 1e6);
+  return buf;
+}
+
+std::string latency_text(double ms) {
+  if (!std::isfinite(ms) || ms < 0) return std::string(kNotAvailable);
+  char buf[32];
+  if (ms < 1.0)
+    std::snprintf(buf, sizeof buf, "%.3fms", ms);
+  else if (ms < 100.0)
+    std::snprintf(buf, sizeof buf, "%.2fms", ms);
+  else if (ms < 1000.0)
+    std::snprintf(buf, sizeof buf, "%.1fms", ms);
+  else
+    std::snprintf(buf, sizeof buf, "%.2fs", ms / 1000.0);
+  return buf;
+}
+
+std::string duration_text(double seconds) {
+  // 100 years: beyond that the estimate is meaningless and the integer cast could overflow.
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 3.2e9)
+    return std::string(kNotAvailable);
+  auto total = static_cast<uint64_t>(std::llround(seconds));
+  uint64_t days = total / 86400, h = total / 3600 % 24, m = total / 60 % 60, s = total % 60;
+  char buf[48];
+  if (days)
+    std::snprintf(buf, sizeof buf, "%llud %02llu:%02llu:%02llu", static_cast<unsigned long long>(days),
+                  static_cast<unsigned long long>(h), static_cast<unsigned long long>(m),
+                  static_cast<unsigned long long>(s));
+  else
+    std::snprintf(buf, sizeof buf, "%llu:%02llu:%02llu", static_cast<unsigned long long>(h),
+                  static_cast<unsigned long long>(m), static_cast<unsigned long long>(s));
+  return buf;
+}
+
+std::string percent_text(double fraction) { return fixed_or_na(fraction * 100.0, 1, "%"); }
+
+std::string pstate_name(int pstate) { return cat("P", std::to_string(pstate)); }
+
+std::string fit(std::string_view s, size_t width) {
+  if (s.size() <= width) return std::string(s);
+  if (width <= 3) return std::string(s.substr(0, width));
+  return std::string(s.substr(0, width - 3)) + "...";
+}
+
+std::string pad_right(std::string_view s, size_t width) {
+  std::string out = fit(s, width);
+  out.append(width - out.size(), ' ');
+  return out;
+}
+
+std::string pad_left(std::string_view s, size_t width) {
+  std::string out = fit(s, width);
+  return std::string(width - out.size(), ' ') + out;
+}
+
+std::vector<std::string> wrap(std::string_view text, size_t width) {
+  std::vector<std::string> lines;
+  if (width == 0) return lines;
+  while (text.size() > width) {
+    size_t cut = text.rfind(' ', width);
+    if (cut == std::string_view::npos || cut == 0) cut = width;
+    lines.emplace_back(text.substr(0, cut));
+    text.remove_prefix(cut);
+    while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  }
+  if (!text.empty() || lines.empty()) lines.emplace_back(text);
+  return lines;
+}
+
+}  // namespace slipstream::smi

@@ -1,0 +1,48 @@
+#include "snapshot.h"
+
+#include <cmath>
+
+namespace slipstream::smi {
+
+Snapshot take_snapshot(const Nvml* nvml, const std::vector<unsigned>& gpu_select,
+                       const std::string& stats_dir) {
+  Snapshot snap;
+  snap.taken = std::chrono::system_clock::now();
+  snap.stats_dir = stats_dir;
+  if (nvml) snap.gpu = nvml->query(gpu_select);
+  for (auto& found : stats::find_records(stats_dir)) {
+    if (found.result.record)
+      snap.runs.push_back(*found.result.record);
+    else
+      snap.errors.push_back({found.path, found.result.error});
+  }
+  return snap;
+}
+
+int bottleneck_stage(const stats::RunRecord& run) {
+  int best = -1;
+  double best_busy = 0.0;
+  for (uint32_t i = 0; i < run.num_stages && i < static_cast<uint32_t>(stats::kMaxStages); ++i) {
+    const auto& s = run.stages[i];
+    // NaN compares false both ways: a stage without a reading never wins.
+    if (!(s.blocked_output_frac_recent < kBlockedOutputLimit)) continue;
+    if (s.busy_frac_recent > best_busy) {
+      best = static_cast<int>(i);
+      best_busy = s.busy_frac_recent;
+    }
+  }
+  return best;
+}
+
+const char* state_name(stats::RunState state) {
+  switch (state) {
+    case stats::RunState::starting: return "starting";
+    case stats::RunState::running: return "running";
+    case stats::RunState::finishing: return "finishing";
+    case stats::RunState::done: return "done";
+    case stats::RunState::failed: return "failed";
+  }
+  return "unknown";
+}
+
+}  // namespace slipstream::smi
