@@ -22,7 +22,7 @@ deps:
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "make deps: all Debian packages present"; fi
-	@python3 -c 'import safetensors' 2>/dev/null || python3 -m pip install -q safetensors 2>/dev/null \
+	@python3 -c 'import safetensors, numpy' 2>/dev/null || python3 -m pip install -q safetensors numpy 2>/dev/null \
 	  || echo "make deps: python safetensors unavailable; the checkpoint interop test will skip"
 
 $(BUILD_DIR)/build.ninja:
@@ -31,14 +31,18 @@ $(BUILD_DIR)/build.ninja:
 build: deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# Real replays beside the checkout when present; otherwise the loader generates synthetic ones.
+REPLAYS ?= $(if $(wildcard ../shared/replays),../shared/replays,)
+
 run: build
-	$(BUILD_DIR)/bin/slipstream run --preset $(PRESET) $(ARGS)
+	$(BUILD_DIR)/bin/slipstream run --preset $(PRESET) $(if $(REPLAYS),--set 'replays.paths=[$(REPLAYS)]') $(ARGS)
 
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE slow
 
+# Google Benchmark binaries (bench/*): each prints its table; pass e.g. ARGS=--benchmark_format=json.
 bench: build
-	$(BUILD_DIR)/bin/slipstream-bench-e2e $(ARGS)
+	@for b in $(BUILD_DIR)/bin/bench_*; do echo "== $$b"; $$b $(ARGS) || exit 1; done
 
 format:
 	git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i

@@ -27,6 +27,12 @@ if(NOT SLIPSTREAM_CUDA STREQUAL "OFF")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
+    # CMake < 3.26 does not know nvcc's C++20 flag and refuses CMAKE_CUDA_STANDARD 20 ("requires
+    # the language dialect CUDA20"); nvcc >= 12 accepts -std=c++20.
+    if(CMAKE_VERSION VERSION_LESS 3.26)
+      set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+      set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)

@@ -22,7 +22,9 @@
 namespace slipstream::stats {
 namespace {
 
-std::string errno_text(int err) { return std::strerror(err); }
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
 
 uint64_t unix_now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -38,7 +40,9 @@ struct FdCloser {
   }
 };
 
-bool nul_terminated(const char* s, size_t n) { return std::memchr(s, '\0', n) != nullptr; }
+bool nul_terminated(const char* s, size_t n) {
+  return std::memchr(s, '\0', n) != nullptr;
+}
 
 // pread that retries EINTR and short reads; false on EOF before n bytes or an error.
 bool pread_all(int fd, void* buf, size_t n, off_t off) {
@@ -90,7 +94,7 @@ ReadResult read_record_fd(int fd, const std::string& path) {
     out.error = path + ": " + what;
     return out;
   };
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) return fail("cannot stat: " + errno_text(errno));
   if (!S_ISREG(st.st_mode)) return fail("not a regular file");
   const auto size = static_cast<uint64_t>(st.st_size);
@@ -234,7 +238,8 @@ RecordWriter::RecordWriter(const std::string& dir) {
 
 RecordWriter::~RecordWriter() {
   if (record_) {
-    ::unlink(path_.c_str());
+    // A forked child inherits the writer; only the process the record names removes the file.
+    if (record_->pid == static_cast<int32_t>(::getpid())) ::unlink(path_.c_str());
     ::munmap(record_, sizeof(RunRecord));
   }
   if (fd_ >= 0) ::close(fd_);
@@ -272,7 +277,8 @@ std::vector<FoundRecord> find_records(const std::string& dir_in) {
     uint32_t uid = 0;
     int pid = 0;
     // Other users' records are skipped by name, before any open.
-    if (parse_record_name(e->d_name, uid, pid) && uid == me) candidates.emplace_back(pid, e->d_name);
+    if (parse_record_name(e->d_name, uid, pid) && uid == me)
+      candidates.emplace_back(pid, e->d_name);
   }
   ::closedir(d);
   std::sort(candidates.begin(), candidates.end());
@@ -282,13 +288,15 @@ std::vector<FoundRecord> find_records(const std::string& dir_in) {
     int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) continue;  // vanished (run ended) or a symlink: not a record of ours
     FdCloser closer{fd};
-    struct stat st{};
+    struct stat st {};
     // Named like ours but owned by someone else (planted in a shared dir): never read it.
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != me) continue;
-    if (::kill(pid, 0) != 0 && errno == ESRCH) {
-      // The writer is gone without cleaning up (crash, SIGKILL). Remove the file, but only if
-      // the name still refers to the file we checked, not a new run that reused the pid.
-      struct stat now{};
+    // ESRCH: no such process. EPERM: the pid now belongs to another user, so it is not the
+    // run (ours always accept our signals). Either way the writer is gone without cleaning up
+    // (crash, SIGKILL). Remove the file, but only if the name still refers to the file we
+    // checked, not a new run that reused the pid.
+    if (::kill(pid, 0) != 0 && (errno == ESRCH || errno == EPERM)) {
+      struct stat now {};
       if (::lstat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev)
         ::unlink(path.c_str());
       continue;

@@ -12,8 +12,8 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace slipstream::stats {
@@ -63,7 +63,7 @@ struct RunRecord {
   uint32_t magic;
   uint32_t layout_version;
   uint32_t record_size;  // sizeof(RunRecord) as written
-  uint32_t sequence;  // seqlock; accessed through std::atomic_ref
+  uint32_t sequence;     // seqlock; accessed through std::atomic_ref
   int32_t pid;
   uint32_t uid;
   RunState state;
@@ -79,10 +79,10 @@ struct RunRecord {
   uint64_t step;
   uint64_t total_steps;  // 0 when unknown
   uint64_t samples;
-  double loss;            // latest training loss (NaN before the first)
-  double steps_per_s;     // recent
-  double samples_per_s;   // recent
-  double eta_s;           // seconds to total_steps at the recent rate; negative when unknown
+  double loss;           // latest training loss (NaN before the first)
+  double steps_per_s;    // recent
+  double samples_per_s;  // recent
+  double eta_s;          // seconds to total_steps at the recent rate; negative when unknown
   StageCounters stages[kMaxStages];
   PoolCounters pools[kMaxPools];
 };
@@ -98,7 +98,8 @@ class RecordWriter {
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
 
-  // Runs fn(record) between the seqlock's odd and even marks.
+  // Runs fn(record) between the seqlock's odd and even marks. One writer: call it from one
+  // thread at a time.
   template <class Fn>
   void update(Fn&& fn) {
     begin_write();

@@ -150,12 +150,14 @@ struct Outcome {
   int reason = -1;
   std::string detail;  // the name shown in the report
   bool damaged = false;
+  std::string damage;  // the parser's note on a damaged file (with the byte offset)
 };
 
 Outcome process_view(const slp::GameView& g, const Filters& f, std::string name) {
   Outcome o;
   o.detail = std::move(name);
   o.damaged = g.info.partial;
+  if (o.damaged) o.damage = o.detail + " (" + g.info.error + ")";
   const auto& start = g.info.start;
   const size_t np = start.players.size();
   if (f.one_vs_one ? np != 2 : np < 2) {
@@ -279,7 +281,7 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
   std::vector<size_t> kept;
   for (size_t i = 0; i < out.size(); ++i) {
     Outcome& o = out[i];
-    if (o.damaged && ds->damaged++ < kExamples) ds->damaged_examples.push_back(o.detail);
+    if (o.damaged && ds->damaged++ < kExamples) ds->damaged_examples.push_back(o.damage);
     if (o.reason >= 0) {
       auto& s = ds->skips[static_cast<size_t>(o.reason)];
       if (s.count++ < kExamples) s.examples.push_back(o.detail);
@@ -413,7 +415,7 @@ StageSchema ReplaysStage::schema() {
 
 void ReplaysStage::setup(StageContext& ctx) {
   const Params& p = ctx.params();
-  validation_ = ctx.split() == StageContext::Split::validation;
+  validation_ = forced_split_.value_or(ctx.split()) == StageContext::Split::validation;
   batch_ = p.integer("batch_size");
   window_ = p.integer("window");
   delay_ = p.integer("delay");
@@ -679,7 +681,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
   info.source = g.source;
   info.player_port = g.players[p.player].port;
   info.opponent_port = g.players[p.opponent].port;
-  info.has_follower = g.players[p.player].follower.has_value();
+  info.has_follower = g.players[p.player].has_follower;
   info.start = w.start;
   info.recorded_row = g.recorded_row[w.start];
   return info;
@@ -699,6 +701,8 @@ std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
     if (data_->skips[r].count) out.emplace_back(kNames[r], data_->skips[r].count);
   return out;
 }
+
+size_t ReplaysStage::damaged() const { return data_->damaged; }
 
 void ReplaysStage::save(StateWriter& w) const {
   // The position is the runner's batch index; the fingerprint detects a changed data set.

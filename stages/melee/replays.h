@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,10 +55,14 @@ class ReplaysStage : public Stage {
   std::vector<std::string> sources() const;
   // Files skipped (or games left out) per reason, e.g. {"unreadable", 1}.
   std::vector<std::pair<std::string, size_t>> skipped() const;
+  // Damaged files whose rows before the damage were used.
+  size_t damaged() const;
   // The setup report (what was loaded, skipped, split), as printed.
   const std::string& report() const { return report_; }
   // Where the synthetic fallback wrote its games ("" when it was not used).
   const std::string& synthetic_dir() const { return synthetic_dir_used_; }
+  // Serve this split whatever the context says (tests drive the stage without a runner).
+  void force_split(StageContext::Split s) { forced_split_ = s; }
 
  private:
   const GameFeatures& game_of(const WindowRef& w) const;
@@ -67,6 +72,7 @@ class ReplaysStage : public Stage {
   std::vector<Perspective> perspectives_;
   std::vector<WindowRef> windows_;
   std::vector<uint32_t> split_games_;  // indexes into the dataset's games
+  std::optional<StageContext::Split> forced_split_;
   bool validation_ = false;
   bool shuffle_ = true;
   int64_t batch_ = 256, window_ = 60, delay_ = 0;

@@ -34,8 +34,8 @@ TrackFeatures extract_track(const slp::CharacterFramesT<slp::View>& ch,
     float* f = &t.numeric[i * kNumericFeatures];
     f[kPercent] = get(p.percent, r);
     f[kFacing] = get(p.facing, r);
-    f[kX] = get(p.x, r);
-    f[kY] = get(p.y, r);
+    f[kPosX] = get(p.x, r);
+    f[kPosY] = get(p.y, r);
     f[kShield] = get(p.shield, r);
     f[kJumpsLeft] = get(p.jumps_remaining, r);
     // Before 2.0 the airborne flag is absent: unknown reads as 0, like every absent field.
@@ -100,7 +100,7 @@ size_t track_bytes(const TrackFeatures& t) {
 size_t GameFeatures::bytes() const {
   size_t b = frame.size() * sizeof(int32_t) + recorded_row.size() * sizeof(uint32_t);
   for (const auto& p : players) {
-    b += track_bytes(p.leader) + (p.follower ? track_bytes(*p.follower) : 0);
+    b += track_bytes(p.leader) + track_bytes(p.follower);
     b += p.controller.buttons.size() + p.controller.analog.size() * sizeof(float);
   }
   return b;
@@ -135,7 +135,10 @@ GameFeatures extract_features(const slp::GameView& game, RollbackMode mode) {
     p.character = first_character(pf->leader);
     if (p.character == slp::kNoCharacter) continue;  // no Post-Frame at all
     p.leader = extract_track(pf->leader, g.recorded_row);
-    if (pf->follower) p.follower = extract_track(*pf->follower, g.recorded_row);
+    if (pf->follower) {
+      p.has_follower = true;
+      p.follower = extract_track(*pf->follower, g.recorded_row);
+    }
     p.controller = extract_controller(pf->leader, g.recorded_row);
     g.players.push_back(std::move(p));
   }
@@ -198,7 +201,7 @@ void fill_window(const GameFeatures& g, const Perspective& p, uint32_t start, in
   const PlayerFeatures& me = g.players[p.player];
   const PlayerFeatures& op = g.players[p.opponent];
   const TrackFeatures* slots[kSlots] = {&me.leader, &op.leader,
-                                        me.follower ? &*me.follower : nullptr};
+                                        me.has_follower ? &me.follower : nullptr};
   for (int w = 0; w < W; ++w) {
     const size_t t = static_cast<size_t>(start) + static_cast<size_t>(w);
     const int64_t pos = row * W + w;

@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,7 +19,7 @@ namespace slipstream::melee {
 inline constexpr uint8_t kFlags2Invulnerable = 0x04;  // "has intangibility or invincibility"
 inline constexpr uint8_t kFlags4Hitstun = 0x02;       // "is in hitstun" (misc AS = frames left)
 
-// Processed-button bits (SPEC.md, Physical Buttons) in label order (Button enum).
+// Processed-button bits (SPEC.md, Physical Buttons) in label order (kA..kDUp).
 inline constexpr uint32_t kButtonMask[kButtons] = {0x0100, 0x0200, 0x0400, 0x0800,
                                                    0x0010, 0x0040, 0x0020, 0x0008};
 inline constexpr int kAnalogInputs = 5;  // main x, main y, c x, c y, shoulder
@@ -30,14 +29,14 @@ enum class RollbackMode { last, all };
 // Post-frame state of one character (a port's leader or its follower) over the game's kept rows.
 // Rows where the character sent no Post-Frame event are zeros (exists = 0).
 struct TrackFeatures {
-  std::vector<float> numeric;      // rows * kNumericFeatures, NumericFeature order
+  std::vector<float> numeric;      // rows * kNumericFeatures, kPercent..kExists order
   std::vector<int16_t> action;     // clamped to [0, kActionStates)
   std::vector<uint8_t> character;  // internal id, clamped to [0, kCharacters)
 };
 
 // A player's controller (Pre-Frame, processed) over the kept rows.
 struct ControllerTrack {
-  std::vector<uint8_t> buttons;  // bit b set = Button b pressed
+  std::vector<uint8_t> buttons;  // bit b set = button b (kA..kDUp) pressed
   std::vector<float> analog;     // rows * kAnalogInputs: sticks in [-1, 1], shoulder in [0, 1]
 };
 
@@ -45,7 +44,8 @@ struct PlayerFeatures {
   uint8_t port = 0;                      // 0-based
   uint8_t character = slp::kNoCharacter;  // internal id at the leader's first Post-Frame
   TrackFeatures leader;
-  std::optional<TrackFeatures> follower;  // Ice Climbers' Nana
+  bool has_follower = false;  // Ice Climbers' Nana
+  TrackFeatures follower;     // empty unless has_follower
   ControllerTrack controller;
 };
 

@@ -113,7 +113,7 @@ TEST(Config, MissingRequiredParameterAndProducer) {
   - {name: src, kind: test_counter}
   - {name: sink, kind: test_f32_sink, inputs: [src, src], params: {level: 1}}
 )"),
-            "g.yaml:3:38: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer among its "
+            "g.yaml:3:47: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer among its "
             "inputs (available: src.x, src.x)");
   std::string e = plan_error(d, R"(stages:
   - {name: src, kind: test_counter}

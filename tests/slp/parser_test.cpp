@@ -443,6 +443,20 @@ TEST(SlpParser, CorruptFileIsFlaggedWithOffset) {
   }
 }
 
+TEST(SlpParser, ParseIntoReusesAGame) {
+  SLP_REQUIRE_REPLAYS();
+  Game reused;
+  for (const char* name : {"peppi/ics2.slp", "peppi/v0.1.slp", "slippi-js/doubles.slp", "peppi/v3.18.slp",
+                           "slippi-js/BTTDK.slp"}) {
+    SCOPED_TRACE(name);
+    const auto bytes = read_file_bytes(replay(name));
+    parse_slp_into(reused, bytes, name);
+    const Game fresh = parse_slp(bytes, name);
+    EXPECT_EQ(reused.info, fresh.info);
+    testing::expect_same_columns(view_of(reused), view_of(fresh), name);
+  }
+}
+
 TEST(SlpParser, MultiCharacterGames) {
   SLP_REQUIRE_REPLAYS();
   const Game doubles = parse("slippi-js/doubles.slp");

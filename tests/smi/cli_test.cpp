@@ -55,8 +55,8 @@ Result run_smi(const std::vector<std::string>& args, const std::map<std::string,
   Result r;
   int status = 0;
   const bool looping = stop_after.count() > 0;
-  auto deadline = std::chrono::steady_clock::now() +
-                  (looping ? stop_after : std::chrono::milliseconds(30000));
+  auto deadline =
+      std::chrono::steady_clock::now() + (looping ? stop_after : std::chrono::milliseconds(30000));
   while (::waitpid(child, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::kill(child, looping ? SIGTERM : SIGKILL);
@@ -182,8 +182,14 @@ TEST_F(SmiCli, TableShowsCountersAndBottleneck) {
   const std::string& t = r.out;
   EXPECT_NE(t.find("| SLIPSTREAM-SMI "), std::string::npos) << t;
   EXPECT_NE(t.find("Driver Version: N/A"), std::string::npos);
-  EXPECT_NE(line_with(t, "No NVIDIA GPU found: ").rfind("No NVIDIA GPU found: " + kNoNvml + " not loadable (" + kNoNvml + ": cannot open shared object file", 0), std::string::npos) << t;
-  expect_in_order(line_with(t, "resnet-small  "), {pid(), "resnet-small", "running", "12.50", "1600.0"});
+  EXPECT_NE(line_with(t, "No NVIDIA GPU found: ")
+                .rfind("No NVIDIA GPU found: " + kNoNvml + " not loadable (" + kNoNvml +
+                           ": cannot open shared object file",
+                       0),
+            std::string::npos)
+      << t;
+  expect_in_order(line_with(t, "resnet-small  "),
+                  {pid(), "resnet-small", "running", "12.50", "1600.0"});
   expect_in_order(line_with(t, "cifar10"), {"cifar10", "cpu", "1200 / 5000", "0.4321", "0:05:04"});
   expect_in_order(line_with(t, " read "),
                   {"read", "source", "99.0%", "1600.0", "0.080ms", "0.0%", "90.0%", "8/8"});
@@ -193,7 +199,8 @@ TEST_F(SmiCli, TableShowsCountersAndBottleneck) {
   expect_in_order(line_with(t, " train "),
                   {"train", "train", "60.0%", "12.50", "48.00ms", "38.0%", "0.0%", "1/2"});
   EXPECT_EQ(line_with(t, "<- bottleneck"), decode);
-  expect_in_order(line_with(t, " host "), {"host", "1.50 GiB", "2.00 GiB", "1.75 GiB", "1000", "0"});
+  expect_in_order(line_with(t, " host "),
+                  {"host", "1.50 GiB", "2.00 GiB", "1.75 GiB", "1000", "0"});
   for (const auto& l : lines_of(t)) {
     if (!l.empty() && (l[0] == '|' || l[0] == '+')) {
       EXPECT_EQ(l.size(), 110u) << l;
@@ -244,9 +251,15 @@ TEST_F(SmiCli, QueryStageCsvMarksBottleneck) {
   EXPECT_EQ(r.out,
             "pid, run, name, kind, busy [%], items_per_s [items/s], latency_ms [ms], wait_input "
             "[%], blocked_output [%], queue_depth, queue_capacity, bottleneck\n" +
-                pid() + ", resnet-small, read, source, 99.0 %, 1600.0 items/s, 0.080 ms, 0.0 %, 90.0 %, 8, 8, No\n" +
-                pid() + ", resnet-small, decode, map, 95.0 %, 1600.0 items/s, 2.400 ms, 1.0 %, 2.0 %, 3, 8, Yes\n" +
-                pid() + ", resnet-small, train, train, 60.0 %, 12.5 items/s, 48.000 ms, 38.0 %, 0.0 %, 1, 2, No\n");
+                pid() +
+                ", resnet-small, read, source, 99.0 %, 1600.0 items/s, 0.080 ms, 0.0 %, 90.0 %, 8, "
+                "8, No\n" +
+                pid() +
+                ", resnet-small, decode, map, 95.0 %, 1600.0 items/s, 2.400 ms, 1.0 %, 2.0 %, 3, "
+                "8, Yes\n" +
+                pid() +
+                ", resnet-small, train, train, 60.0 %, 12.5 items/s, 48.000 ms, 38.0 %, 0.0 %, 1, "
+                "2, No\n");
   r = run_smi({"--query-stage=name,bottleneck", "--format=csv,noheader,nounits"}, env_);
   EXPECT_EQ(r.out, "read, No\ndecode, Yes\ntrain, No\n");
 }
@@ -385,8 +398,10 @@ TEST_F(SmiCli, FakeNvmlGpuTableAndQuery) {
   const std::string& t = r.out;
   EXPECT_NE(t.find("Driver Version: 550.54.15"), std::string::npos) << t;
   EXPECT_NE(t.find("CUDA Version: 12.4"), std::string::npos);
-  expect_in_order(line_with(t, "Fake GPU Alpha"), {"0", "Fake GPU Alpha", "00000000:18:00.0", "87%", "12%"});
-  expect_in_order(line_with(t, "40%   30C"), {"40%", "30C", "P0", "71W /  700W", "1024MiB /  81559MiB", "1980MHz", "2619MHz"});
+  expect_in_order(line_with(t, "Fake GPU Alpha"),
+                  {"0", "Fake GPU Alpha", "00000000:18:00.0", "87%", "12%"});
+  expect_in_order(line_with(t, "40%   30C"),
+                  {"40%", "30C", "P0", "71W /  700W", "1024MiB /  81559MiB", "1980MHz", "2619MHz"});
   expect_in_order(line_with(t, "Fake GPU Beta"), {"1", "Fake GPU Beta", "00000000:2A:00.0", "5%"});
   expect_in_order(line_with(t, "350W"), {"N/A", "31C", "P0", "350W /  700W"});
 
@@ -395,11 +410,14 @@ TEST_F(SmiCli, FakeNvmlGpuTableAndQuery) {
                "--format=csv"},
               env);
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(r.out,
-            "index, name, temperature.gpu, power.draw [W], power.limit [W], memory.used [MiB], "
-            "memory.total [MiB], utilization.gpu [%], clocks.sm [MHz], driver_version, fan.speed [%]\n"
-            "0, Fake GPU Alpha, 30, 71.23 W, 700.00 W, 1024 MiB, 81559 MiB, 87 %, 1980 MHz, 550.54.15, 40 %\n"
-            "1, Fake GPU Beta, 31, 350.00 W, 700.00 W, 1024 MiB, 81559 MiB, 5 %, 1980 MHz, 550.54.15, [N/A]\n");
+  EXPECT_EQ(
+      r.out,
+      "index, name, temperature.gpu, power.draw [W], power.limit [W], memory.used [MiB], "
+      "memory.total [MiB], utilization.gpu [%], clocks.sm [MHz], driver_version, fan.speed [%]\n"
+      "0, Fake GPU Alpha, 30, 71.23 W, 700.00 W, 1024 MiB, 81559 MiB, 87 %, 1980 MHz, 550.54.15, "
+      "40 %\n"
+      "1, Fake GPU Beta, 31, 350.00 W, 700.00 W, 1024 MiB, 81559 MiB, 5 %, 1980 MHz, 550.54.15, "
+      "[N/A]\n");
 
   r = run_smi({"-i", "1", "--query-gpu=index,name", "--format=csv,noheader"}, env);
   EXPECT_EQ(r.out, "1, Fake GPU Beta\n");
@@ -439,7 +457,8 @@ TEST_F(SmiCli, DmonLines) {
   EXPECT_EQ(f[4], "87");
   EXPECT_EQ(f[6], "2619");
   EXPECT_EQ(f[7], "1755");
-  expect_in_order(lines[4], {"-", pid(), "1200", "12.50", "1600.0", "0.4321", "304", "decode", "95.0", "1600.0"});
+  expect_in_order(lines[4], {"-", pid(), "1200", "12.50", "1600.0", "0.4321", "304", "decode",
+                             "95.0", "1600.0"});
   EXPECT_EQ(lines[4], lines[7]);
 
   // Only our groups, no NVML at all: run lines only, with the pid column first.
@@ -458,9 +477,9 @@ TEST_F(SmiCli, DmonLines) {
 TEST_F(SmiCli, HelpQueryListsFields) {
   Result r = run_smi({"--help-query"}, env_);
   EXPECT_EQ(r.status, 0);
-  for (const char* f : {"--query-gpu=", "--query-run=", "--query-stage=", "memory.used [MiB]",
-                        "clocks.sm [MHz]", "steps_per_s [steps/s]", "run_dir", "blocked_output [%]",
-                        "bottleneck"})
+  for (const char* f :
+       {"--query-gpu=", "--query-run=", "--query-stage=", "memory.used [MiB]", "clocks.sm [MHz]",
+        "steps_per_s [steps/s]", "run_dir", "blocked_output [%]", "bottleneck"})
     EXPECT_NE(r.out.find(f), std::string::npos) << f;
   r = run_smi({"--version"}, env_);
   EXPECT_EQ(r.status, 0);
@@ -491,7 +510,8 @@ class TmuxSession {
  public:
   TmuxSession() {
     static int sessions = 0;  // a fresh server per session: kill-server is asynchronous
-    socket_ = "slipstream-smi-test-" + std::to_string(::getpid()) + "-" + std::to_string(++sessions);
+    socket_ =
+        "slipstream-smi-test-" + std::to_string(::getpid()) + "-" + std::to_string(++sessions);
   }
   ~TmuxSession() { shell("tmux -L " + socket_ + " kill-server >/dev/null 2>&1"); }
   static bool available() { return shell("command -v tmux >/dev/null 2>&1") == 0; }

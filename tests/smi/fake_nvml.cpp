@@ -50,7 +50,9 @@ nvmlReturn_t nvmlShutdown() {
   initialised = false;
   return kSuccess;
 }
-const char* nvmlErrorString(nvmlReturn_t rc) { return rc == 0 ? "Success" : "Fake NVML error"; }
+const char* nvmlErrorString(nvmlReturn_t rc) {
+  return rc == 0 ? "Success" : "Fake NVML error";
+}
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int* count) {
   if (!initialised) return 1;  // NVML_ERROR_UNINITIALIZED
   *count = 2;
@@ -127,9 +129,15 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(void* dev, nvmlUtilization_t* u) {
 }
 nvmlReturn_t nvmlDeviceGetClockInfo(void*, int type, unsigned int* mhz) {
   switch (type) {
-    case 0: *mhz = 1755; return kSuccess;  // graphics
-    case 1: *mhz = 1980; return kSuccess;  // SM
-    case 2: *mhz = 2619; return kSuccess;  // memory
+    case 0:
+      *mhz = 1755;
+      return kSuccess;  // graphics
+    case 1:
+      *mhz = 1980;
+      return kSuccess;  // SM
+    case 2:
+      *mhz = 2619;
+      return kSuccess;  // memory
   }
   return kInvalidArgument;
 }

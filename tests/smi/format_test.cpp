@@ -146,16 +146,16 @@ TEST(SmiFields, RequiredFieldsExist) {
     }
     return false;
   };
-  for (const char* n : {"index", "name", "temperature.gpu", "power.draw", "power.limit",
-                        "memory.used", "memory.total", "utilization.gpu", "clocks.sm",
-                        "driver_version"})
+  for (const char* n :
+       {"index", "name", "temperature.gpu", "power.draw", "power.limit", "memory.used",
+        "memory.total", "utilization.gpu", "clocks.sm", "driver_version"})
     EXPECT_TRUE(has(QueryGroup::gpu, n)) << n;
   for (const char* n : {"pid", "name", "preset", "device", "step", "total_steps", "steps_per_s",
                         "samples_per_s", "loss", "eta", "state", "run_dir"})
     EXPECT_TRUE(has(QueryGroup::run, n)) << n;
-  for (const char* n : {"pid", "run", "name", "kind", "busy", "items_per_s", "latency_ms",
-                        "wait_input", "blocked_output", "queue_depth", "queue_capacity",
-                        "bottleneck"})
+  for (const char* n :
+       {"pid", "run", "name", "kind", "busy", "items_per_s", "latency_ms", "wait_input",
+        "blocked_output", "queue_depth", "queue_capacity", "bottleneck"})
     EXPECT_TRUE(has(QueryGroup::stage, n)) << n;
   std::string help = help_query_text();
   for (QueryGroup g : {QueryGroup::gpu, QueryGroup::run, QueryGroup::stage}) {
@@ -203,8 +203,8 @@ TEST(SmiFields, GpuValuesMissingPrintNotAvailable) {
   g.memory_used_bytes = 2048ull << 20;
   g.power_mw = 71234;
   snap.gpu.gpus.push_back(g);
-  auto f = resolve_fields(QueryGroup::gpu,
-                          "index,name,memory.used,memory.total,power.draw,fan.speed,driver_version");
+  auto f = resolve_fields(
+      QueryGroup::gpu, "index,name,memory.used,memory.total,power.draw,fan.speed,driver_version");
   EXPECT_EQ(render_query(QueryGroup::gpu, f, snap, {false, true}),
             "3, Some GPU, 2048 MiB, [N/A], 71.23 W, [N/A], [N/A]\n");
 }
@@ -254,8 +254,9 @@ void expect_box_lines_full_width(const std::string& table) {
 TEST(SmiTable, NoGpuNoRuns) {
   Snapshot snap;
   snap.stats_dir = "/dev/shm";
-  snap.gpu.unavailable_reason = "libnvidia-ml.so.1 not loadable (libnvidia-ml.so.1: cannot open "
-                                "shared object file: No such file or directory)";
+  snap.gpu.unavailable_reason =
+      "libnvidia-ml.so.1 not loadable (libnvidia-ml.so.1: cannot open "
+      "shared object file: No such file or directory)";
   std::string t = render_table(snap, "9.9.9");
   EXPECT_NE(t.find("SLIPSTREAM-SMI 9.9.9"), std::string::npos);
   EXPECT_NE(t.find("Driver Version: N/A"), std::string::npos);
@@ -298,8 +299,9 @@ TEST(SmiTable, RunsGpusPoolsAndErrorsKeepWidth) {
   r.eta_s = 304;
   r.total_steps = 5000;
   snap.runs.push_back(r);
-  snap.errors.push_back({"/tmp/x", "/tmp/x: stats record layout version 2, this slipstream-smi "
-                                   "reads version 1; use the slipstream-smi of the same build"});
+  snap.errors.push_back({"/tmp/x",
+                         "/tmp/x: stats record layout version 2, this slipstream-smi "
+                         "reads version 1; use the slipstream-smi of the same build"});
   std::string t = render_table(snap, "0.1.0");
   expect_box_lines_full_width(t);
   EXPECT_NE(t.find("CUDA Version: 12.4"), std::string::npos);

@@ -1,12 +1,14 @@
 // The stats record: writer file handling, the seqlock, and the reader's validation.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -24,7 +26,9 @@ using smi_test::TempDir;
 using smi_test::write_file;
 using smi_test::write_record;
 
-uint32_t my_uid() { return static_cast<uint32_t>(::geteuid()); }
+uint32_t my_uid() {
+  return static_cast<uint32_t>(::geteuid());
+}
 
 TEST(StatsRecord, RecordPathAndDefaultDir) {
   EXPECT_EQ(record_path("/dev/shm", 1000, 42), "/dev/shm/slipstream-1000-42.stats");
@@ -99,7 +103,7 @@ TEST(StatsRecord, FileMode0600WhateverTheUmask) {
     mode_t old = ::umask(mask);
     {
       RecordWriter w(dir.path());
-      struct stat st{};
+      struct stat st {};
       ASSERT_EQ(::stat(w.path().c_str(), &st), 0);
       EXPECT_EQ(st.st_mode & 07777, 0600u) << "umask " << std::oct << mask;
       EXPECT_EQ(st.st_size, static_cast<off_t>(sizeof(RunRecord)));
@@ -119,6 +123,20 @@ TEST(StatsRecord, DestructorRemovesFileAndLeavesNoTemp) {
     EXPECT_FALSE(smi_test::file_exists(path + ".tmp"));
   }
   EXPECT_FALSE(smi_test::file_exists(path));
+}
+
+TEST(StatsRecord, ForkedChildDoesNotRemoveParentsRecord) {
+  TempDir dir;
+  auto w = std::make_unique<RecordWriter>(dir.path());
+  pid_t child = ::fork();
+  if (child == 0) {
+    w.reset();  // the child's copy of the writer goes out of scope
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(smi_test::file_exists(w->path()));
+  EXPECT_TRUE(read_record(w->path()).record);
 }
 
 TEST(StatsRecord, WriterReplacesStaleFileOfSamePid) {
@@ -292,8 +310,7 @@ TEST(StatsRecord, CountsOutOfRange) {
   write_record(path, r);
   ReadResult got = read_record(path);
   EXPECT_FALSE(got.record);
-  EXPECT_NE(got.error.find("num_stages 65 exceeds the maximum 64"), std::string::npos)
-      << got.error;
+  EXPECT_NE(got.error.find("num_stages 65 exceeds the maximum 64"), std::string::npos) << got.error;
 
   r.num_stages = 0xFFFFFFFFu;
   write_record(path, r);

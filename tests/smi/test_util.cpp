@@ -63,7 +63,7 @@ std::string read_file(const std::string& path) {
 }
 
 bool file_exists(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::lstat(path.c_str(), &st) == 0;
 }
 

@@ -1,6 +1,7 @@
 // `slipstream validate` and `slipstream stages`.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <iostream>
 
 #include "engine/graph.h"
@@ -48,7 +49,8 @@ static void add_stages(CLI::App& app) {
       for (const auto* s : StageRegistry::all()) {
         std::string f = s->family_name().empty() ? "core" : s->family_name();
         if (f != family) std::cout << (family == "\x01" ? "" : "\n") << f << ":\n", family = f;
-        std::string doc = s->doc_text().substr(0, s->doc_text().find('.') + 1);
+        const std::string& full = s->doc_text();
+        std::string doc = full.substr(0, std::min(full.find(". "), full.size()));  // first sentence
         std::printf("  %-20s %s\n", s->kind().c_str(), doc.c_str());
       }
       std::cout << "\n`slipstream stages KIND` prints a kind's ports and parameters.\n";

@@ -8,8 +8,12 @@ namespace {
 
 using Opt = std::optional<std::string>;
 
-FieldValue text(std::string s) { return {std::move(s), {}}; }
-FieldValue with_unit(Opt s, std::string unit) { return {std::move(s), std::move(unit)}; }
+FieldValue text(std::string s) {
+  return {std::move(s), {}};
+}
+FieldValue with_unit(Opt s, std::string unit) {
+  return {std::move(s), std::move(unit)};
+}
 template <class T>
 Opt num(const std::optional<T>& v) {
   return v ? Opt(std::to_string(*v)) : std::nullopt;
@@ -20,28 +24,42 @@ Opt mw_to_w(const std::optional<unsigned>& mw) {
 Opt mib(const std::optional<uint64_t>& bytes) {
   return bytes ? Opt(std::to_string(to_mib(*bytes))) : std::nullopt;
 }
-Opt percent(double fraction) { return fixed(fraction * 100.0, 1); }
+Opt percent(double fraction) {
+  return fixed(fraction * 100.0, 1);
+}
 Opt pstate_text(const std::optional<int>& p) {
   return p ? Opt(pstate_name(*p)) : std::nullopt;
 }
-Opt unless_empty(const std::string& s) { return s.empty() ? std::nullopt : Opt(s); }
+Opt unless_empty(const std::string& s) {
+  return s.empty() ? std::nullopt : Opt(s);
+}
 
-const stats::StageCounters& stage_of(const RowContext& c) { return c.run->stages[c.stage]; }
+const stats::StageCounters& stage_of(const RowContext& c) {
+  return c.run->stages[c.stage];
+}
 
 std::vector<FieldDef> gpu_fields() {
   return {
       {"index", "", "Zero-based index of the GPU, as NVML enumerates it (the -i ID).",
        [](const RowContext& c) { return text(std::to_string(c.gpu->index)); }},
       {"name", "", "Product name of the GPU.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.gpu->name), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.gpu->name), {}};
+       }},
       {"pci.bus_id", "", "PCI bus id as domain:bus:device.function.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.gpu->bus_id), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.gpu->bus_id), {}};
+       }},
       {"temperature.gpu", "", "Core GPU temperature in degrees C.",
-       [](const RowContext& c) { return FieldValue{num(c.gpu->temperature_c), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{num(c.gpu->temperature_c), {}};
+       }},
       {"fan.speed", "%", "Fan speed as a percent of its maximum.",
        [](const RowContext& c) { return with_unit(num(c.gpu->fan_percent), "%"); }},
       {"pstate", "", "Performance state, P0 (maximum) to P15 (minimum).",
-       [](const RowContext& c) { return FieldValue{pstate_text(c.gpu->pstate), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{pstate_text(c.gpu->pstate), {}};
+       }},
       {"power.draw", "W", "Power drawn by the whole board, in watts.",
        [](const RowContext& c) { return with_unit(mw_to_w(c.gpu->power_mw), "W"); }},
       {"power.limit", "W", "Power limit the driver enforces, in watts.",
@@ -61,7 +79,9 @@ std::vector<FieldDef> gpu_fields() {
       {"clocks.mem", "MHz", "Current memory clock.",
        [](const RowContext& c) { return with_unit(num(c.gpu->clock_memory_mhz), "MHz"); }},
       {"driver_version", "", "Version of the installed NVIDIA driver.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.report->driver_version), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.report->driver_version), {}};
+       }},
   };
 }
 
@@ -70,18 +90,25 @@ std::vector<FieldDef> run_fields() {
       {"pid", "", "Process id of the running pipeline.",
        [](const RowContext& c) { return text(std::to_string(c.run->pid)); }},
       {"name", "", "Run name.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.run->run_name), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.run->run_name), {}};
+       }},
       {"preset", "", "Preset the run was started from.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.run->preset), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.run->preset), {}};
+       }},
       {"device", "", "Device the run trains on (cpu, cuda:0, ...).",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.run->device), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.run->device), {}};
+       }},
       {"state", "", "starting, running, finishing, done or failed.",
        [](const RowContext& c) { return text(state_name(c.run->state)); }},
       {"step", "", "Training steps completed.",
        [](const RowContext& c) { return text(std::to_string(c.run->step)); }},
       {"total_steps", "", "Steps the run will take; [N/A] when unknown.",
        [](const RowContext& c) {
-         return FieldValue{c.run->total_steps ? Opt(std::to_string(c.run->total_steps)) : std::nullopt, {}};
+         return FieldValue{
+             c.run->total_steps ? Opt(std::to_string(c.run->total_steps)) : std::nullopt, {}};
        }},
       {"samples", "", "Training samples consumed.",
        [](const RowContext& c) { return text(std::to_string(c.run->samples)); }},
@@ -110,7 +137,9 @@ std::vector<FieldDef> run_fields() {
                           "s");
        }},
       {"run_dir", "", "Directory the run writes its outputs to.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.run->run_dir), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.run->run_dir), {}};
+       }},
   };
 }
 
@@ -119,13 +148,19 @@ std::vector<FieldDef> stage_fields() {
       {"pid", "", "Process id of the run the stage belongs to.",
        [](const RowContext& c) { return text(std::to_string(c.run->pid)); }},
       {"run", "", "Name of the run the stage belongs to.",
-       [](const RowContext& c) { return FieldValue{unless_empty(c.run->run_name), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(c.run->run_name), {}};
+       }},
       {"index", "", "Position of the stage in the run's graph, from 0.",
        [](const RowContext& c) { return text(std::to_string(c.stage)); }},
       {"name", "", "Stage name from the graph.",
-       [](const RowContext& c) { return FieldValue{unless_empty(stage_of(c).name), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(stage_of(c).name), {}};
+       }},
       {"kind", "", "Stage kind.",
-       [](const RowContext& c) { return FieldValue{unless_empty(stage_of(c).kind), {}}; }},
+       [](const RowContext& c) {
+         return FieldValue{unless_empty(stage_of(c).kind), {}};
+       }},
       {"concurrency", "", "Worker slots (1 = serial).",
        [](const RowContext& c) { return text(std::to_string(stage_of(c).concurrency)); }},
       {"items_in", "", "Items started since the run began.",
@@ -163,20 +198,25 @@ std::vector<FieldDef> stage_fields() {
 
 const char* group_name(QueryGroup group) {
   switch (group) {
-    case QueryGroup::gpu: return "gpu";
-    case QueryGroup::run: return "run";
-    case QueryGroup::stage: return "stage";
+    case QueryGroup::gpu:
+      return "gpu";
+    case QueryGroup::run:
+      return "run";
+    case QueryGroup::stage:
+      return "stage";
   }
   return "?";
 }
 
 const std::vector<FieldDef>& query_fields(QueryGroup group) {
-  static const std::vector<FieldDef> gpu = gpu_fields(), run = run_fields(),
-                                     stage = stage_fields();
+  static const std::vector<FieldDef> gpu = gpu_fields(), run = run_fields(), stage = stage_fields();
   switch (group) {
-    case QueryGroup::gpu: return gpu;
-    case QueryGroup::run: return run;
-    case QueryGroup::stage: return stage;
+    case QueryGroup::gpu:
+      return gpu;
+    case QueryGroup::run:
+      return run;
+    case QueryGroup::stage:
+      return stage;
   }
   return gpu;
 }
@@ -204,8 +244,7 @@ std::vector<const FieldDef*> resolve_fields(QueryGroup group, std::string_view l
       std::string valid;
       for (const auto& f : all) valid += (valid.empty() ? "" : ", ") + f.name;
       throw UsageError("unknown field \"" + std::string(name) + "\" in --query-" +
-                       group_name(group) + "; valid fields: " + valid +
-                       " (see --help-query)");
+                       group_name(group) + "; valid fields: " + valid + " (see --help-query)");
     }
     out.push_back(match);
   }

@@ -52,7 +52,9 @@ std::string fixed_or_na(double v, int decimals, std::string_view suffix) {
   return s ? *s + std::string(suffix) : std::string(kNotAvailable);
 }
 
-uint64_t to_mib(uint64_t bytes) { return bytes / (1024 * 1024); }
+uint64_t to_mib(uint64_t bytes) {
+  return bytes / (1024 * 1024);
+}
 
 std::string human_bytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -98,24 +100,27 @@ std::string latency_text(double ms) {
 
 std::string duration_text(double seconds) {
   // 100 years: beyond that the estimate is meaningless and the integer cast could overflow.
-  if (!std::isfinite(seconds) || seconds < 0 || seconds > 3.2e9)
-    return std::string(kNotAvailable);
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 3.2e9) return std::string(kNotAvailable);
   auto total = static_cast<uint64_t>(std::llround(seconds));
   uint64_t days = total / 86400, h = total / 3600 % 24, m = total / 60 % 60, s = total % 60;
   char buf[48];
   if (days)
-    std::snprintf(buf, sizeof buf, "%llud %02llu:%02llu:%02llu", static_cast<unsigned long long>(days),
-                  static_cast<unsigned long long>(h), static_cast<unsigned long long>(m),
-                  static_cast<unsigned long long>(s));
+    std::snprintf(buf, sizeof buf, "%llud %02llu:%02llu:%02llu",
+                  static_cast<unsigned long long>(days), static_cast<unsigned long long>(h),
+                  static_cast<unsigned long long>(m), static_cast<unsigned long long>(s));
   else
     std::snprintf(buf, sizeof buf, "%llu:%02llu:%02llu", static_cast<unsigned long long>(h),
                   static_cast<unsigned long long>(m), static_cast<unsigned long long>(s));
   return buf;
 }
 
-std::string percent_text(double fraction) { return fixed_or_na(fraction * 100.0, 1, "%"); }
+std::string percent_text(double fraction) {
+  return fixed_or_na(fraction * 100.0, 1, "%");
+}
 
-std::string pstate_name(int pstate) { return cat("P", std::to_string(pstate)); }
+std::string pstate_name(int pstate) {
+  return cat("P", std::to_string(pstate));
+}
 
 std::string fit(std::string_view s, size_t width) {
   if (s.size() <= width) return std::string(s);

@@ -101,11 +101,10 @@ struct ErrorReporter {
 
 int run(int argc, char** argv) {
   Options o;
-  CLI::App app{
-      "slipstream-smi " SLIPSTREAM_VERSION
-      ": GPUs and running slipstream pipelines, in the manner of nvidia-smi.\n"
-      "Reads the pipelines' stats records from $SLIPSTREAM_STATS_DIR (default /dev/shm).",
-      "slipstream-smi"};
+  CLI::App app{"slipstream-smi " SLIPSTREAM_VERSION
+               ": GPUs and running slipstream pipelines, in the manner of nvidia-smi.\n"
+               "Reads the pipelines' stats records from $SLIPSTREAM_STATS_DIR (default /dev/shm).",
+               "slipstream-smi"};
   app.set_version_flag("--version", "slipstream-smi " SLIPSTREAM_VERSION);
   app.add_option("-l,--loop", o.loop_s, "Reprint every SEC seconds (5 when SEC is left out)")
       ->check(CLI::PositiveNumber);
@@ -119,7 +118,8 @@ int run(int argc, char** argv) {
   app.add_option("-f,--filename", o.output_file, "Write the output to FILE instead of stdout");
   app.add_option("--stats-dir", o.stats_dir,
                  "Directory of the stats records (default $SLIPSTREAM_STATS_DIR or /dev/shm)");
-  app.add_flag("--json", o.json, "Print the whole snapshot as JSON (one object per line when looping)");
+  app.add_flag("--json", o.json,
+               "Print the whole snapshot as JSON (one object per line when looping)");
   app.add_flag("--help-query", o.help_query, "List every query field with a description");
 
   auto* dmon = app.add_subcommand(
@@ -156,7 +156,8 @@ int run(int argc, char** argv) {
     const bool is_dmon = dmon->parsed();
 
     int queries = !o.query_gpu.empty() + !o.query_run.empty() + !o.query_stage.empty();
-    if (queries > 1) throw UsageError("give one of --query-gpu, --query-run, --query-stage at a time");
+    if (queries > 1)
+      throw UsageError("give one of --query-gpu, --query-run, --query-stage at a time");
     if (queries && o.json) throw UsageError("--json and --query-* are separate outputs; pick one");
     if (!o.format.empty() && !queries) throw UsageError("--format applies to --query-* only");
     QueryGroup group = !o.query_gpu.empty()   ? QueryGroup::gpu
@@ -174,8 +175,7 @@ int run(int argc, char** argv) {
     if (is_dmon) groups = parse_dmon_groups(o.dmon_groups);
 
     // Runs and stages need no GPU readings: skip loading NVML for them.
-    const bool needs_gpu =
-        is_dmon ? groups.any_gpu() : !queries || group == QueryGroup::gpu;
+    const bool needs_gpu = is_dmon ? groups.any_gpu() : !queries || group == QueryGroup::gpu;
     std::unique_ptr<Nvml> nvml;
     if (needs_gpu) {
       nvml = std::make_unique<Nvml>();

@@ -34,7 +34,8 @@ struct nvmlMemory_v2_t {
   unsigned long long free;
   unsigned long long used;
 };
-constexpr unsigned int nvmlMemory_v2 = static_cast<unsigned int>(sizeof(nvmlMemory_v2_t) | 2u << 24);
+constexpr unsigned int nvmlMemory_v2 =
+    static_cast<unsigned int>(sizeof(nvmlMemory_v2_t) | 2u << 24);
 struct nvmlUtilization_t {
   unsigned int gpu;
   unsigned int memory;
@@ -185,12 +186,13 @@ GpuReport Nvml::query(const std::vector<unsigned>& select) const {
     if (char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
         a.DeviceGetName && a.DeviceGetName(dev, name, sizeof name) == NVML_SUCCESS)
       g.name = name;
-    if (nvmlPciInfo_t pci{}; a.DeviceGetPciInfo_v3 && a.DeviceGetPciInfo_v3(dev, &pci) == NVML_SUCCESS)
+    if (nvmlPciInfo_t pci{};
+        a.DeviceGetPciInfo_v3 && a.DeviceGetPciInfo_v3(dev, &pci) == NVML_SUCCESS)
       g.bus_id.assign(pci.busId, strnlen(pci.busId, sizeof pci.busId));
     get(a.DeviceGetTemperature, g.temperature_c, NVML_TEMPERATURE_GPU);
     get(a.DeviceGetFanSpeed, g.fan_percent);
-    if (int p = 0; a.DeviceGetPerformanceState && a.DeviceGetPerformanceState(dev, &p) == NVML_SUCCESS &&
-                   p >= 0 && p <= 15)
+    if (int p = 0; a.DeviceGetPerformanceState &&
+                   a.DeviceGetPerformanceState(dev, &p) == NVML_SUCCESS && p >= 0 && p <= 15)
       g.pstate = p;
     get(a.DeviceGetPowerUsage, g.power_mw);
     get(a.DeviceGetEnforcedPowerLimit, g.power_limit_mw);

@@ -36,11 +36,16 @@ int bottleneck_stage(const stats::RunRecord& run) {
 
 const char* state_name(stats::RunState state) {
   switch (state) {
-    case stats::RunState::starting: return "starting";
-    case stats::RunState::running: return "running";
-    case stats::RunState::finishing: return "finishing";
-    case stats::RunState::done: return "done";
-    case stats::RunState::failed: return "failed";
+    case stats::RunState::starting:
+      return "starting";
+    case stats::RunState::running:
+      return "running";
+    case stats::RunState::finishing:
+      return "finishing";
+    case stats::RunState::done:
+      return "done";
+    case stats::RunState::failed:
+      return "failed";
   }
   return "unknown";
 }

@@ -27,7 +27,9 @@ std::string cell_rule(char fill = '-', char edge = '+', char join = '+') {
   return edge + std::string(kCell1 + 2, fill) + join + std::string(kCell2 + 2, fill) + join +
          std::string(kCell3 + 2, fill) + edge + "\n";
 }
-std::string row(std::string_view text) { return cat("| ", pad_right(text, kInner), " |\n"); }
+std::string row(std::string_view text) {
+  return cat("| ", pad_right(text, kInner), " |\n");
+}
 std::string rows_wrapped(std::string_view text) {
   std::string out;
   for (const auto& l : wrap(text, kInner)) out += row(l);
@@ -38,7 +40,9 @@ std::string cells(std::string_view a, std::string_view b, std::string_view c) {
              " |\n");
 }
 
-std::string or_na(const std::string& s) { return s.empty() ? "N/A" : s; }
+std::string or_na(const std::string& s) {
+  return s.empty() ? "N/A" : s;
+}
 template <class T>
 std::string opt_text(const std::optional<T>& v, std::string_view suffix) {
   return v ? std::to_string(*v) + std::string(suffix) : std::string("N/A");
@@ -67,11 +71,11 @@ std::string gpu_section(const Snapshot& snap) {
   if (snap.gpu.gpus.empty()) return out + row("No GPU matches the -i selection") + rule();
   for (const auto& g : snap.gpu.gpus) {
     const auto& gp = g;
-    std::string power = pad_left(gp.power_mw ? std::to_string((*gp.power_mw + 500) / 1000) + "W" : "N/A", 5) +
-                        " / " +
-                        pad_left(gp.power_limit_mw ? std::to_string((*gp.power_limit_mw + 500) / 1000) + "W"
-                                                   : "N/A",
-                                 5);
+    std::string power =
+        pad_left(gp.power_mw ? std::to_string((*gp.power_mw + 500) / 1000) + "W" : "N/A", 5) +
+        " / " +
+        pad_left(
+            gp.power_limit_mw ? std::to_string((*gp.power_limit_mw + 500) / 1000) + "W" : "N/A", 5);
     std::string line2 = pad_left(opt_text(gp.fan_percent, "%"), 3) + "  " +
                         pad_left(opt_text(gp.temperature_c, "C"), 4) + "    " +
                         pad_right(gp.pstate ? pstate_name(*gp.pstate) : std::string("N/A"), 3);
@@ -79,9 +83,11 @@ std::string gpu_section(const Snapshot& snap) {
     std::string memory =
         (gp.memory_used_bytes ? std::to_string(to_mib(*gp.memory_used_bytes)) + "MiB" : "N/A") +
         " / " +
-        pad_left(gp.memory_total_bytes ? std::to_string(to_mib(*gp.memory_total_bytes)) + "MiB" : "N/A",
-                 9);
-    out += cells(pad_left(std::to_string(g.index), 3) + "  " + fit(g.name.empty() ? "N/A" : g.name, kCell1 - 5),
+        pad_left(
+            gp.memory_total_bytes ? std::to_string(to_mib(*gp.memory_total_bytes)) + "MiB" : "N/A",
+            9);
+    out += cells(pad_left(std::to_string(g.index), 3) + "  " +
+                     fit(g.name.empty() ? "N/A" : g.name, kCell1 - 5),
                  pad_left(or_na(g.bus_id), kCell2),
                  pad_left(opt_text(g.utilization_gpu_percent, "%"), kSub1) +
                      pad_left(opt_text(g.utilization_memory_percent, "%"), kSub2));
@@ -139,9 +145,9 @@ std::string stage_line(std::string_view name, std::string_view kind, std::string
                        std::string_view blocked, std::string_view queue, std::string_view mark) {
   std::string l = " ";
   for (const std::string& cell :
-       {pad_right(name, kName), pad_right(kind, kKind), pad_left(busy, kBusy), pad_left(rate, kRate),
-        pad_left(latency, kLat), pad_left(wait, kPct), pad_left(blocked, kPct),
-        pad_left(queue, kQueue)}) {
+       {pad_right(name, kName), pad_right(kind, kKind), pad_left(busy, kBusy),
+        pad_left(rate, kRate), pad_left(latency, kLat), pad_left(wait, kPct),
+        pad_left(blocked, kPct), pad_left(queue, kQueue)}) {
     l += cell;
     l += ' ';
   }
@@ -160,8 +166,8 @@ std::string pct_or_na(double f) {
 std::string run_detail(const RunRecord& r) {
   std::string out = cat("\n", rule());
   out += row(cat("Stages of ", std::to_string(r.pid), " ", r.run_name, ":"));
-  out += row(stage_line("Stage", "Kind", "Busy", "Items/s", "Latency", "Wait-In", "Blocked",
-                        "Queue", ""));
+  out += row(
+      stage_line("Stage", "Kind", "Busy", "Items/s", "Latency", "Wait-In", "Blocked", "Queue", ""));
   out += rule('=', '|');
   if (r.num_stages == 0) out += row(" (no stages published yet)");
   const int bottleneck = bottleneck_stage(r);
@@ -171,11 +177,11 @@ std::string run_detail(const RunRecord& r) {
     std::string latency = latency_text(s.mean_latency_ms_recent);
     std::string queue = std::to_string(s.queue_depth) + "/" +
                         (s.queue_capacity ? std::to_string(s.queue_capacity) : std::string("-"));
-    out += row(stage_line(s.name, s.kind, pct_or_na(s.busy_frac_recent),
-                          rate == kNotAvailable ? "N/A" : rate,
-                          latency == kNotAvailable ? "N/A" : latency, pct_or_na(s.wait_input_frac_recent),
-                          pct_or_na(s.blocked_output_frac_recent), queue,
-                          static_cast<int>(i) == bottleneck ? kBottleneckMark : ""));
+    out += row(
+        stage_line(s.name, s.kind, pct_or_na(s.busy_frac_recent),
+                   rate == kNotAvailable ? "N/A" : rate, latency == kNotAvailable ? "N/A" : latency,
+                   pct_or_na(s.wait_input_frac_recent), pct_or_na(s.blocked_output_frac_recent),
+                   queue, static_cast<int>(i) == bottleneck ? kBottleneckMark : ""));
   }
   if (r.num_pools > 0) {
     out += rule('-', '|');
@@ -184,17 +190,18 @@ std::string run_detail(const RunRecord& r) {
                    pad_left("Failures", 10)));
     for (uint32_t i = 0; i < r.num_pools; ++i) {
       const auto& p = r.pools[i];
-      out += row(cat(" ", pad_right(p.name, kName), " ", pad_left(human_bytes(p.in_use_bytes), 12),
-                     pad_left(human_bytes(p.reserved_bytes), 12),
-                     pad_left(human_bytes(p.peak_bytes), 12),
-                     pad_left(std::to_string(p.allocations), 12),
-                     pad_left(std::to_string(p.failures), 10)));
+      out += row(cat(
+          " ", pad_right(p.name, kName), " ", pad_left(human_bytes(p.in_use_bytes), 12),
+          pad_left(human_bytes(p.reserved_bytes), 12), pad_left(human_bytes(p.peak_bytes), 12),
+          pad_left(std::to_string(p.allocations), 12), pad_left(std::to_string(p.failures), 10)));
     }
   }
   return out + rule();
 }
 
-nlohmann::json num_or_null(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); }
+nlohmann::json num_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
 template <class T>
 nlohmann::json opt_json(const std::optional<T>& v) {
   return v ? nlohmann::json(*v) : nlohmann::json();
@@ -375,12 +382,24 @@ DmonGroups parse_dmon_groups(std::string_view letters) {
   DmonGroups g;
   for (char c : letters) {
     switch (c) {
-      case 'p': g.power = true; break;
-      case 'u': g.utilization = true; break;
-      case 'm': g.memory = true; break;
-      case 'c': g.clocks = true; break;
-      case 'r': g.run_rate = true; break;
-      case 's': g.stages = true; break;
+      case 'p':
+        g.power = true;
+        break;
+      case 'u':
+        g.utilization = true;
+        break;
+      case 'm':
+        g.memory = true;
+        break;
+      case 'c':
+        g.clocks = true;
+        break;
+      case 'r':
+        g.run_rate = true;
+        break;
+      case 's':
+        g.stages = true;
+        break;
       default:
         throw UsageError(std::string("unknown dmon group '") + c +
                          "' in -s; valid: p (power/temp), u (utilisation), m (memory), c (clocks), "
@@ -410,15 +429,24 @@ std::string dmon_lines(const DmonGroups& groups, const Snapshot& snap) {
     for (const auto& g : snap.gpu.gpus) {
       std::vector<std::string> v;
       for (const auto& c : cols) {
-        if (c.name == "gpu") v.push_back(std::to_string(g.index));
-        else if (c.name == "pwr") v.push_back(g.power_mw ? std::to_string((*g.power_mw + 500) / 1000) : dash);
-        else if (c.name == "gtemp") v.push_back(u(g.temperature_c));
-        else if (c.name == "sm") v.push_back(u(g.utilization_gpu_percent));
-        else if (c.name == "mem") v.push_back(u(g.utilization_memory_percent));
-        else if (c.name == "fb") v.push_back(g.memory_used_bytes ? std::to_string(to_mib(*g.memory_used_bytes)) : dash);
-        else if (c.name == "mclk") v.push_back(u(g.clock_memory_mhz));
-        else if (c.name == "pclk") v.push_back(u(g.clock_graphics_mhz));
-        else v.push_back(dash);
+        if (c.name == "gpu")
+          v.push_back(std::to_string(g.index));
+        else if (c.name == "pwr")
+          v.push_back(g.power_mw ? std::to_string((*g.power_mw + 500) / 1000) : dash);
+        else if (c.name == "gtemp")
+          v.push_back(u(g.temperature_c));
+        else if (c.name == "sm")
+          v.push_back(u(g.utilization_gpu_percent));
+        else if (c.name == "mem")
+          v.push_back(u(g.utilization_memory_percent));
+        else if (c.name == "fb")
+          v.push_back(g.memory_used_bytes ? std::to_string(to_mib(*g.memory_used_bytes)) : dash);
+        else if (c.name == "mclk")
+          v.push_back(u(g.clock_memory_mhz));
+        else if (c.name == "pclk")
+          v.push_back(u(g.clock_graphics_mhz));
+        else
+          v.push_back(dash);
       }
       out += dmon_join(cols, v, "  ");
     }
@@ -429,16 +457,26 @@ std::string dmon_lines(const DmonGroups& groups, const Snapshot& snap) {
       std::vector<std::string> v;
       for (const auto& c : cols) {
         auto na = [&](const std::string& s) { return s == kNotAvailable ? dash : s; };
-        if (c.name == "pid") v.push_back(std::to_string(r.pid));
-        else if (c.name == "step") v.push_back(std::to_string(r.step));
-        else if (c.name == "stp/s") v.push_back(na(compact_rate(r.steps_per_s)));
-        else if (c.name == "smp/s") v.push_back(na(compact_rate(r.samples_per_s)));
-        else if (c.name == "loss") v.push_back(std::isfinite(r.loss) ? loss_text(r.loss) : dash);
-        else if (c.name == "eta") v.push_back(r.eta_s >= 0 ? fixed_or_na(r.eta_s, 0) : dash);
-        else if (c.name == "bneck") v.push_back(b >= 0 ? std::string(r.stages[b].name) : dash);
-        else if (c.name == "busy") v.push_back(b >= 0 ? fixed_or_na(r.stages[b].busy_frac_recent * 100, 1) : dash);
-        else if (c.name == "it/s") v.push_back(b >= 0 ? na(compact_rate(r.stages[b].items_per_s_recent)) : dash);
-        else v.push_back(dash);
+        if (c.name == "pid")
+          v.push_back(std::to_string(r.pid));
+        else if (c.name == "step")
+          v.push_back(std::to_string(r.step));
+        else if (c.name == "stp/s")
+          v.push_back(na(compact_rate(r.steps_per_s)));
+        else if (c.name == "smp/s")
+          v.push_back(na(compact_rate(r.samples_per_s)));
+        else if (c.name == "loss")
+          v.push_back(std::isfinite(r.loss) ? loss_text(r.loss) : dash);
+        else if (c.name == "eta")
+          v.push_back(r.eta_s >= 0 ? fixed_or_na(r.eta_s, 0) : dash);
+        else if (c.name == "bneck")
+          v.push_back(b >= 0 ? std::string(r.stages[b].name) : dash);
+        else if (c.name == "busy")
+          v.push_back(b >= 0 ? fixed_or_na(r.stages[b].busy_frac_recent * 100, 1) : dash);
+        else if (c.name == "it/s")
+          v.push_back(b >= 0 ? na(compact_rate(r.stages[b].items_per_s_recent)) : dash);
+        else
+          v.push_back(dash);
       }
       out += dmon_join(cols, v, "  ");
     }

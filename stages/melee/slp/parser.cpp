@@ -61,10 +61,7 @@ void resize_character(CharacterFrames& ch, size_t n) {
 template <class Columns>
 void clear_absent(Columns& cols, uint64_t presence) {
   Columns::visit(cols, [presence](FieldDesc d, auto& col) {
-    if (!((presence >> d.index) & 1)) {
-      col.clear();
-      col.shrink_to_fit();
-    }
+    if (!((presence >> d.index) & 1)) col.clear();
   });
 }
 
@@ -72,6 +69,8 @@ class StreamParser {
  public:
   StreamParser(std::string_view source, const ParseOptions& options, Game& game)
       : source_(source), options_(options), game_(game), info_(game.info) {
+    recycle_columns();
+    info_ = GameInfo{};
     info_.source = std::string(source);
   }
 
@@ -306,12 +305,29 @@ class StreamParser {
   }
 
   CharacterFrames& slot(uint8_t port, bool follower) {
-    auto& s = slots_[port * 2 + (follower ? 1 : 0)];
+    const size_t i = port * 2 + (follower ? 1 : 0);
+    auto& s = slots_[i];
     if (!s) {
-      s = std::make_unique<CharacterFrames>();
+      s = spare_[i] ? std::move(spare_[i]) : std::make_unique<CharacterFrames>();
+      resize_character(*s, 0);
       resize_character(*s, capacity_);
     }
     return *s;
+  }
+
+  // Keeps the buffers of the game being overwritten: parsing file after file into one Game then
+  // allocates (and page-faults) nothing once the buffers are large enough.
+  void recycle_columns() {
+    Frames& f = frames();
+    for (auto& pf : f.ports) {
+      spare_[pf.port * 2] = std::make_unique<CharacterFrames>(std::move(pf.leader));
+      if (pf.follower) spare_[pf.port * 2 + 1] = std::make_unique<CharacterFrames>(std::move(*pf.follower));
+    }
+    f.ports.clear();
+    f.frame.clear();
+    resize_all(f.start, 0);
+    resize_all(f.bookend, 0);
+    visit_item_columns(f.items, [](const std::string&, auto& col) { col.clear(); });
   }
 
   // Frame events whose frame number differs from the current row's open a new row; so do
@@ -669,7 +685,8 @@ class StreamParser {
   std::array<uint8_t, 128> item_scratch_{};
   std::array<uint8_t, 128> start_scratch_{};
   std::array<uint8_t, 128> bookend_scratch_{};
-  std::array<std::unique_ptr<CharacterFrames>, 8> slots_;
+  std::array<std::unique_ptr<CharacterFrames>, 8> slots_;  // port * 2 + follower
+  std::array<std::unique_ptr<CharacterFrames>, 8> spare_;
   size_t n_rows_ = 0;
   size_t capacity_ = 0;
   int32_t cur_frame_ = 0;
@@ -678,10 +695,15 @@ class StreamParser {
 
 }  // namespace
 
+void parse_slp_into(Game& game, std::span<const uint8_t> bytes, std::string_view source,
+                    const ParseOptions& options) {
+  StreamParser parser(source, options, game);
+  parser.parse(bytes);
+}
+
 Game parse_slp(std::span<const uint8_t> bytes, std::string_view source, const ParseOptions& options) {
   Game game;
-  auto parser = std::make_unique<StreamParser>(source, options, game);
-  parser->parse(bytes);
+  parse_slp_into(game, bytes, source, options);
   return game;
 }
 

@@ -1,0 +1,415 @@
+// slippi_replays: window/label alignment against the raw parsed columns, perspectives, split,
+// determinism, resume, epochs, skipped files, corpus input, synthetic fallback, Nana's slot.
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <tuple>
+
+#include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/parser.h"
+#include "stages/melee/slp/writer.h"
+#include "tests/melee_data/loader_fixture.h"
+
+namespace slipstream::melee::testing {
+namespace {
+
+std::string paths_of(const fs::path& p) { return "paths=[\"" + p.string() + "\"]"; }
+
+// Element helpers over the (B, W, ...) tensors.
+float num(const Tensors& t, int64_t b, int64_t w, int slot, int f) {
+  const Tensor& x = t.at("numeric");
+  return x.data<float>()[((b * x.dim(1) + w) * kSlots + slot) * kNumericFeatures + f];
+}
+int32_t at3(const Tensors& t, const char* port, int64_t b, int64_t w, int k) {
+  const Tensor& x = t.at(port);
+  return x.data<int32_t>()[(b * x.dim(1) + w) * x.dim(2) + k];
+}
+float f3(const Tensors& t, const char* port, int64_t b, int64_t w, int k) {
+  const Tensor& x = t.at(port);
+  return x.data<float>()[(b * x.dim(1) + w) * x.dim(2) + k];
+}
+
+// Checks rows of batch `k` against the parsed replay (every recorded row, rollbacks included).
+void expect_aligned(Loader& L, uint64_t k, const Tensors& t, int64_t delay, int rows_to_check) {
+  std::map<std::string, slp::Game> parsed;
+  const int64_t W = t.at("mask").dim(1);
+  for (int row = 0; row < rows_to_check; ++row) {
+    const auto info = L.stage().window(k, row);
+    SCOPED_TRACE(info.source + " port " + std::to_string(info.player_port) + " start " +
+                 std::to_string(info.start));
+    if (!parsed.count(info.source)) parsed.emplace(info.source, slp::parse_slp_file(info.source));
+    const slp::Game& g = parsed.at(info.source);
+    const std::vector<uint32_t> kept = slp::last_copy_rows(g.frames.frame);
+    const auto& me = g.frames.port(static_cast<uint8_t>(info.player_port))->leader;
+    const auto& op = g.frames.port(static_cast<uint8_t>(info.opponent_port))->leader;
+    EXPECT_EQ(kept[info.start], info.recorded_row);
+    for (int64_t i = 0; i < W; i += 7) {
+      const size_t r = kept[info.start + i];               // features: post-frame of t_i
+      const size_t c = kept[info.start + i + delay];       // prev_controller: t_i + D
+      const size_t l = kept[info.start + i + delay + 1];   // label: t_i + D + 1
+      ASSERT_LT(g.frames.frame[r], g.frames.frame[l]);
+      EXPECT_EQ(num(t, row, i, 0, kPercent), me.post.percent[r]);
+      EXPECT_EQ(num(t, row, i, 0, kPosX), me.post.x[r]);
+      EXPECT_EQ(num(t, row, i, 0, kPosY), me.post.y[r]);
+      EXPECT_EQ(num(t, row, i, 0, kFacing), me.post.facing[r]);
+      EXPECT_EQ(num(t, row, i, 0, kStocks), me.post.stocks[r]);
+      EXPECT_EQ(num(t, row, i, 0, kExists), 1.0f);
+      EXPECT_EQ(num(t, row, i, 1, kPosX), op.post.x[r]);
+      EXPECT_EQ(num(t, row, i, 1, kPercent), op.post.percent[r]);
+      if (!me.post.airborne.empty())
+        EXPECT_EQ(num(t, row, i, 0, kOnGround), me.post.airborne[r] ? 0.0f : 1.0f);
+      EXPECT_EQ(at3(t, "action", row, i, 0), std::min<int>(me.post.action_state[r], kActionStates - 1));
+      EXPECT_EQ(at3(t, "character", row, i, 1), std::min<int>(op.post.character[r], kCharacters - 1));
+      // prev_controller = the player's pre-frame input of t_i + D.
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kA), (me.pre.buttons[c] & 0x0100) ? 1.0f : 0.0f);
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kZ), (me.pre.buttons[c] & 0x0010) ? 1.0f : 0.0f);
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 0), me.pre.joystick_x[c]);
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 3), me.pre.cstick_y[c]);
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 4),
+                std::max(me.pre.trigger_physical_l[c], me.pre.trigger_physical_r[c]));
+      // Targets = the input of t_i + D + 1.
+      EXPECT_EQ(f3(t, "target_buttons", row, i, kA), (me.pre.buttons[l] & 0x0100) ? 1.0f : 0.0f);
+      EXPECT_EQ(f3(t, "target_buttons", row, i, kB), (me.pre.buttons[l] & 0x0200) ? 1.0f : 0.0f);
+      EXPECT_EQ(f3(t, "target_buttons", row, i, kL), (me.pre.buttons[l] & 0x0040) ? 1.0f : 0.0f);
+      EXPECT_EQ(at3(t, "target_sticks", row, i, kMainX), stick_class(me.pre.joystick_x[l]));
+      EXPECT_EQ(at3(t, "target_sticks", row, i, kMainY), stick_class(me.pre.joystick_y[l]));
+      EXPECT_EQ(at3(t, "target_sticks", row, i, kCX), stick_class(me.pre.cstick_x[l]));
+      EXPECT_EQ(at3(t, "target_sticks", row, i, kShoulder),
+                shoulder_class(std::max(me.pre.trigger_physical_l[l], me.pre.trigger_physical_r[l])));
+      EXPECT_EQ(f3(t, "mask", row, i, 0), 1.0f);
+    }
+  }
+}
+
+class Alignment : public ::testing::TestWithParam<int> {};
+
+TEST_P(Alignment, SyntheticWindowsMatchRawColumns) {
+  const int D = GetParam();
+  Loader L({paths_of(synth_dir()), "batch_size=16", "window=30", "stride=7",
+            "delay=" + std::to_string(D), "validation_fraction=0"});
+  Batch meta;
+  const Tensors t = L.batch(3, &meta);
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(meta.samples, 16u);
+  EXPECT_EQ(t.at("numeric").shape(), (Shape{16, 30, kSlots, kNumericFeatures}));
+  EXPECT_EQ(t.at("action").shape(), (Shape{16, 30, kSlots}));
+  EXPECT_EQ(t.at("stage").shape(), (Shape{16, 30}));
+  EXPECT_EQ(t.at("prev_controller").shape(), (Shape{16, 30, kControllerFeatures}));
+  EXPECT_EQ(t.at("target_buttons").shape(), (Shape{16, 30, kButtons}));
+  EXPECT_EQ(t.at("target_sticks").shape(), (Shape{16, 30, kStickHeads}));
+  EXPECT_EQ(t.at("target_sticks").dtype(), DType::i32);
+  expect_aligned(L, 3, t, D, 16);
+}
+
+TEST_P(Alignment, RealReplaysWithRollbacksMatchRawColumns) {
+  LOADER_REQUIRE_REPLAYS();
+  const int D = GetParam();
+  Loader L({paths_of(replay_dir()), "batch_size=32", "delay=" + std::to_string(D),
+            "validation_fraction=0"});
+  for (uint64_t k : {0ull, 5ull, L.stage().batches_per_epoch() - 1}) {
+    const Tensors t = L.batch(k);
+    ASSERT_FALSE(t.empty());
+    expect_aligned(L, k, t, D, 8);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Delay, Alignment, ::testing::Values(0, 2));
+
+TEST(Loader, ValuesInRange) {
+  Loader L({paths_of(synth_dir()), "batch_size=64"});
+  const Tensors t = L.batch(0);
+  for (int32_t a : t.at("action").span<int32_t>()) ASSERT_TRUE(a >= 0 && a < kActionStates);
+  for (int32_t c : t.at("character").span<int32_t>()) ASSERT_TRUE(c >= 0 && c < kCharacters);
+  for (int32_t s : t.at("stage").span<int32_t>()) ASSERT_TRUE(s >= 0 && s < kStages);
+  const auto sticks = t.at("target_sticks").span<int32_t>();
+  for (size_t i = 0; i < sticks.size(); ++i)
+    ASSERT_TRUE(sticks[i] >= 0 && sticks[i] < head_classes(static_cast<int>(i % kStickHeads)));
+  for (float m : t.at("mask").span<float>()) ASSERT_EQ(m, 1.0f);
+  std::set<int> heads_vary;
+  for (size_t i = kStickHeads; i < sticks.size(); ++i)
+    if (sticks[i] != sticks[i % kStickHeads]) heads_vary.insert(static_cast<int>(i % kStickHeads));
+  EXPECT_EQ(heads_vary.size(), static_cast<size_t>(kStickHeads)) << "every head should vary";
+}
+
+TEST(Loader, PerspectiveSwapsPlayerAndOpponent) {
+  Loader L({paths_of(synth_dir()), "batch_size=8", "shuffle=false", "validation_fraction=0"});
+  // Unshuffled, one game's perspectives follow each other: find the same start seen from both.
+  std::map<std::tuple<std::string, uint32_t>, std::pair<uint64_t, int>> first_seen;
+  bool found = false;
+  for (uint64_t k = 0; k < L.stage().batches_per_epoch() && !found; ++k)
+    for (int r = 0; r < 8 && !found; ++r) {
+      const auto w = L.stage().window(k, r);
+      auto key = std::make_tuple(w.source, w.start);
+      auto it = first_seen.find(key);
+      if (it == first_seen.end()) {
+        first_seen[key] = {k, r};
+        continue;
+      }
+      const auto w0 = L.stage().window(it->second.first, it->second.second);
+      EXPECT_EQ(w0.player_port, w.opponent_port);
+      EXPECT_EQ(w0.opponent_port, w.player_port);
+      const Tensors a = L.batch(it->second.first), b = L.batch(k);
+      for (int64_t i = 0; i < 60; ++i)
+        for (int f = 0; f < kNumericFeatures; ++f) {
+          ASSERT_EQ(num(a, it->second.second, i, 0, f), num(b, r, i, 1, f));
+          ASSERT_EQ(num(a, it->second.second, i, 1, f), num(b, r, i, 0, f));
+        }
+      found = true;
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST(Loader, SplitIsDisjointAndCoversAllGames) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=16", "validation_fraction=0.3"};
+  Loader train(o), val(o, 1, 1, true);
+  auto a = train.stage().sources(), b = val.stage().sources();
+  EXPECT_FALSE(a.empty());
+  EXPECT_FALSE(b.empty());
+  std::set<std::string> sa(a.begin(), a.end()), sb(b.begin(), b.end());
+  for (const auto& s : sb) EXPECT_FALSE(sa.count(s)) << s << " is in both splits";
+  EXPECT_EQ(sa.size() + sb.size(), 8u);
+  // Stable: the same seed splits the same way.
+  Loader again(o);
+  EXPECT_EQ(again.stage().sources(), a);
+}
+
+TEST(Loader, DeterministicForASeedAndDifferentAcrossSeeds) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=32", "validation_fraction=0"};
+  Loader a(o, 7), b(o, 7), c(o, 8);
+  bool any_different = false;
+  for (uint64_t k = 0; k < 3; ++k) {
+    const Tensors ta = a.batch(k), tb = b.batch(k), tc = c.batch(k);
+    EXPECT_TRUE(same_batch(ta, tb)) << "batch " << k;
+    any_different |= !same_batch(ta, tc);
+  }
+  EXPECT_TRUE(any_different);
+}
+
+TEST(Loader, SeekResumesAtAnyBatch) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=64", "validation_fraction=0"};
+  Loader fresh(o, 3, 2);
+  const uint64_t bpe = fresh.stage().batches_per_epoch();
+  ASSERT_GE(bpe, 3u);
+  std::vector<Tensors> all;
+  for (uint64_t k = 0; k < 2 * bpe; ++k) all.push_back(fresh.batch(k));
+  for (uint64_t k : {1ull, bpe - 1, bpe, bpe + 2}) {
+    Loader resumed(o, 3, 2);
+    resumed.stage().seek(k, resumed.ctx());
+    Batch meta;
+    EXPECT_TRUE(same_batch(resumed.batch(k, &meta), all[k])) << "batch " << k;
+    EXPECT_EQ(meta.epoch, k / bpe);
+    EXPECT_TRUE(same_batch(resumed.batch(k + 1), k + 1 < all.size() ? all[k + 1] : Tensors{}));
+  }
+}
+
+TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=50", "validation_fraction=0"};
+  Loader L(o, 1, 2);
+  const uint64_t bpe = L.stage().batches_per_epoch();
+  EXPECT_EQ(bpe, L.stage().windows() / 50);
+  EXPECT_EQ(L.run().total_steps, 2 * bpe);
+  std::array<std::vector<std::tuple<std::string, int, uint32_t>>, 2> seen;
+  for (uint64_t k = 0; k < 2 * bpe; ++k)
+    for (int r = 0; r < 50; ++r) {
+      const auto w = L.stage().window(k, r);
+      seen[k / bpe].emplace_back(w.source, w.player_port, w.start);
+    }
+  for (auto& s : seen) {
+    std::set<std::tuple<std::string, int, uint32_t>> u(s.begin(), s.end());
+    EXPECT_EQ(u.size(), s.size()) << "a window repeats within an epoch";
+  }
+  EXPECT_NE(seen[0], seen[1]) << "epochs should be shuffled differently";
+  EXPECT_TRUE(L.batch(2 * bpe).empty());
+  EXPECT_TRUE(L.batch(2 * bpe + 5).empty());
+}
+
+TEST(Loader, ValidationIsOnePassWithAPaddedLastBatch) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=100", "validation_fraction=0.3"};
+  Loader V(o, 1, 5, true);
+  const uint64_t n = V.stage().windows(), batches = (n + 99) / 100;
+  ASSERT_GT(n % 100, 0u) << "pick sizes so the last batch is partial";
+  EXPECT_EQ(V.stage().total_batches(), batches);
+  Batch meta;
+  const Tensors last = V.batch(batches - 1, &meta);
+  ASSERT_FALSE(last.empty());
+  EXPECT_EQ(meta.samples, n % 100);
+  const auto mask = last.at("mask").span<float>();
+  const int64_t W = last.at("mask").dim(1);
+  for (int64_t r = 0; r < 100; ++r)
+    EXPECT_EQ(mask[static_cast<size_t>(r * W)], r < static_cast<int64_t>(n % 100) ? 1.0f : 0.0f);
+  EXPECT_TRUE(V.batch(batches).empty());
+  // The runner seeks to 0 before each pass: the pass repeats exactly.
+  const Tensors first = V.batch(0);
+  V.stage().seek(0, V.ctx());
+  EXPECT_TRUE(same_batch(V.batch(0), first));
+}
+
+TEST(Loader, UnreadableFilesAreCountedNotFatal) {
+  TempDir dir("skip");
+  const auto games = slp::write_synthetic_games(dir.path() / "ok", 3, 5, 900);
+  {
+    std::ofstream(dir.path() / "garbage.slp") << "this is not a replay";
+  }
+  Loader L({paths_of(dir.path()), "batch_size=16", "min_frames=100", "validation_fraction=0"});
+  const auto skipped = L.stage().skipped();
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0], (std::pair<std::string, size_t>{"unreadable", 1}));
+  EXPECT_NE(L.stage().report().find("garbage.slp (offset"), std::string::npos) << L.stage().report();
+  EXPECT_EQ(L.stage().sources().size(), 3u);
+}
+
+TEST(Loader, RealCorpusFolderReportsSkipsAndDamage) {
+  LOADER_REQUIRE_REPLAYS();
+  Loader L({paths_of(replay_dir()), "batch_size=64"});
+  const std::string& rep = L.stage().report();
+  EXPECT_NE(rep.find("corrupt.slp"), std::string::npos) << rep;  // damaged: counted, not fatal
+  EXPECT_GE(L.stage().damaged(), 1u);
+  std::map<std::string, size_t> skipped(L.stage().skipped().begin(), L.stage().skipped().end());
+  EXPECT_GT(skipped["players"], 0u) << rep;  // doubles, FFA, home-run contest
+  EXPECT_GT(L.stage().windows(), 1000u);
+}
+
+TEST(Loader, NoWindowsIsAClearError) {
+  try {
+    Loader L({paths_of(synth_dir()), "min_frames=100000"});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no training windows"), std::string::npos) << m;
+    EXPECT_NE(m.find("8 shorter than min_frames=100000"), std::string::npos) << m;
+  }
+  EXPECT_THROW(Loader({paths_of(synth_dir()), "stages=[63]"}), std::exception);
+  EXPECT_THROW(Loader({"paths=[\"/no/such/dir\"]"}), std::exception);  // and synthetic: 0
+}
+
+TEST(Loader, CharacterFilterKeepsOnlyThatPerspective) {
+  Loader all({paths_of(synth_dir()), "batch_size=16", "validation_fraction=0", "shuffle=false"});
+  const int ch = at3(all.batch(0), "character", 0, 0, 0);
+  Loader L({paths_of(synth_dir()), "batch_size=16", "validation_fraction=0",
+            "characters=[" + std::to_string(ch) + "]"});
+  for (uint64_t k = 0; k < std::min<uint64_t>(5, L.stage().batches_per_epoch()); ++k) {
+    const Tensors t = L.batch(k);
+    for (int64_t r = 0; r < 16; ++r) ASSERT_EQ(at3(t, "character", r, 0, 0), ch);
+  }
+}
+
+TEST(Loader, CorpusGivesTheSameBatchesAsParsing) {
+  TempDir corpus("corpus");
+  const fs::path inputs[] = {synth_dir()};
+  const auto report = slp::build_corpus(inputs, corpus.path());
+  ASSERT_EQ(report.games, 8u);
+  const std::vector<std::string> common = {"batch_size=32", "validation_fraction=0.2", "delay=1"};
+  auto with = [&](const fs::path& p) {
+    auto o = common;
+    o.push_back(paths_of(p));
+    return o;
+  };
+  Loader direct(with(synth_dir()), 9, 2), cached(with(corpus.path()), 9, 2);
+  ASSERT_EQ(direct.stage().windows(), cached.stage().windows());
+  ASSERT_EQ(direct.stage().batches_per_epoch(), cached.stage().batches_per_epoch());
+  for (uint64_t k : {0ull, 1ull, direct.stage().batches_per_epoch() + 1})
+    EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k))) << "batch " << k;
+  Loader vd(with(synth_dir()), 9, 1, true), vc(with(corpus.path()), 9, 1, true);
+  EXPECT_TRUE(same_batch(vd.batch(0), vc.batch(0)));
+}
+
+TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
+  LOADER_REQUIRE_REPLAYS();
+  TempDir corpus("realcorpus");
+  const fs::path inputs[] = {replay_dir() / "peppi"};
+  slp::CorpusOptions opt;
+  opt.zstd = true;
+  slp::build_corpus(inputs, corpus.path(), opt);
+  Loader direct({paths_of(replay_dir() / "peppi"), "batch_size=32", "min_frames=100"}, 4);
+  Loader cached({paths_of(corpus.path()), "batch_size=32", "min_frames=100"}, 4);
+  ASSERT_EQ(direct.stage().windows(), cached.stage().windows());
+  for (uint64_t k : {0ull, 3ull}) EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k)));
+}
+
+TEST(Loader, SyntheticFallbackWhenNoPaths) {
+  TempDir cache("fallback");
+  Loader L({"synthetic=4", "synthetic_dir=\"" + cache.str() + "\"", "batch_size=16"}, 11);
+  const fs::path dir = L.stage().synthetic_dir();
+  EXPECT_EQ(dir, cache.path() / "11-4");
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.path().extension() == ".slp";
+  EXPECT_EQ(files, 4u);
+  EXPECT_NE(L.stage().report().find("synthetic"), std::string::npos);
+  EXPECT_FALSE(L.batch(0).empty());
+  // A second loader reuses the cached games.
+  const auto t0 = fs::last_write_time(dir / "synth_00000.slp");
+  Loader again({"synthetic=4", "synthetic_dir=\"" + cache.str() + "\"", "batch_size=16"}, 11);
+  EXPECT_EQ(fs::last_write_time(dir / "synth_00000.slp"), t0);
+  EXPECT_TRUE(same_batch(L.batch(1), again.batch(1)));
+}
+
+// A synthetic game whose port 0 has a follower (a copy of the leader, shifted): slot 2 holds it
+// in port 0's perspective only.
+TEST(Loader, NanaIsSlotTwoForThePlayersPerspective) {
+  TempDir dir("nana");
+  slp::SynthOptions so;
+  so.seed = 3;
+  so.frames = 800;
+  slp::Game g = slp::synthesize_game(so);
+  auto& p0 = g.frames.ports[0];
+  p0.follower = p0.leader;
+  for (auto& x : p0.follower->post.x) x += 1000.0f;
+  for (auto& c : p0.follower->post.character) c = 11;  // Nana
+  slp::write_slp_file(g, dir.path() / "ics.slp");
+  Loader L({paths_of(dir.path()), "batch_size=4", "min_frames=100", "validation_fraction=0",
+            "shuffle=false"});
+  const slp::Game parsed = slp::parse_slp_file(dir.path() / "ics.slp");
+  const auto& nana = *parsed.frames.ports[0].follower;
+  int checked[2] = {0, 0};
+  for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
+    const Tensors t = L.batch(k);
+    for (int r = 0; r < 4; ++r) {
+      const auto w = L.stage().window(k, r);
+      const int who = w.player_port == 0 ? 0 : 1;
+      if (checked[who]++ > 3) continue;
+      EXPECT_EQ(w.has_follower, who == 0);
+      for (int64_t i = 0; i < 60; i += 11) {
+        const size_t row = w.start + static_cast<size_t>(i);  // no rollbacks in synthetic games
+        if (who == 0) {
+          EXPECT_EQ(num(t, r, i, 2, kExists), 1.0f);
+          EXPECT_EQ(num(t, r, i, 2, kPosX), nana.post.x[row]);
+          EXPECT_EQ(at3(t, "character", r, i, 2), 11);
+        } else {
+          for (int f = 0; f < kNumericFeatures; ++f) EXPECT_EQ(num(t, r, i, 2, f), 0.0f);
+          EXPECT_EQ(num(t, r, i, 1, kPosX), parsed.frames.ports[0].leader.post.x[row]);
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked[0], 0);
+  EXPECT_GT(checked[1], 0);
+}
+
+TEST(Loader, RealIceClimbersFillSlotTwo) {
+  LOADER_REQUIRE_REPLAYS();
+  Loader L({paths_of(replay_dir() / "peppi" / "ics2.slp"), "batch_size=16", "validation_fraction=0"});
+  bool saw_nana = false, saw_without = false;
+  for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
+    const Tensors t = L.batch(k);
+    for (int r = 0; r < 16; ++r) {
+      const auto w = L.stage().window(k, r);
+      const float e = num(t, r, 0, 2, kExists);
+      if (w.has_follower) saw_nana |= e == 1.0f && at3(t, "character", r, 0, 2) == 11;
+      else EXPECT_EQ(e, 0.0f);
+      saw_without |= !w.has_follower;
+    }
+  }
+  EXPECT_TRUE(saw_nana);
+  EXPECT_TRUE(saw_without);
+}
+
+TEST(Loader, SharedDatasetBetweenTrainAndValidationCopies) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=16"};
+  Loader train(o);
+  Loader val(o, 1, 1, true);  // finds the training copy's games: no second report
+  EXPECT_EQ(train.stage().windows() > 0, true);
+  EXPECT_EQ(val.stage().sources().size() + train.stage().sources().size(), 8u);
+}
+
+}  // namespace
+}  // namespace slipstream::melee::testing

@@ -1,0 +1,366 @@
+// The Mamba model: forward against a slow sequential reference, float64 finite-difference
+// gradients of every parameter and the input, and the stage (names, shapes, init, bf16).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "engine/stage_harness.h"
+#include "kernels/bf16.h"
+#include "stages/nn/mamba_model.h"
+#include "tests/kernels/gradcheck.h"
+
+namespace slipstream::nn {
+namespace {
+
+using kernels::test::check_gradient;
+using kernels::test::rand_vec;
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) { return x * sigmoid(x); }
+double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+
+// Straight from the definition: one position at a time, one channel's state at a time.
+std::vector<double> reference_forward(const MambaConfig& c, const MambaLayout& lay,
+                                      const std::vector<double>& w, const std::vector<double>& x,
+                                      int B, int L) {
+  const int dm = c.d_model, di = c.d_inner(), N = c.d_state, R = c.rank(), K = c.d_conv;
+  const int P = R + 2 * N;
+  auto W = [&](size_t off, int r, int col, int cols) { return w[off + size_t(r) * cols + col]; };
+  auto rmsnorm = [&](const std::vector<double>& v, size_t woff) {
+    double ss = 0;
+    for (double e : v) ss += e * e;
+    const double r = 1.0 / std::sqrt(ss / double(v.size()) + c.eps);
+    std::vector<double> o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = v[i] * r * w[woff + i];
+    return o;
+  };
+  std::vector<double> y(size_t(B) * L * dm);
+  for (int b = 0; b < B; ++b) {
+    // Per layer: conv history of x (the last K positions) and the SSM state.
+    std::vector<std::vector<std::vector<double>>> hist(c.layers);
+    std::vector<std::vector<double>> state(c.layers, std::vector<double>(size_t(di) * N, 0.0));
+    for (int t = 0; t < L; ++t) {
+      std::vector<double> h(dm);
+      const double* xt = &x[(size_t(b) * L + t) * c.din];
+      for (int o = 0; o < dm; ++o) {
+        if (c.has_input_proj()) {
+          double s = w[lay.input_proj_b + o];
+          for (int i = 0; i < c.din; ++i) s += W(lay.input_proj_w, o, i, c.din) * xt[i];
+          h[o] = s;
+        } else {
+          h[o] = xt[o];
+        }
+      }
+      for (int l = 0; l < c.layers; ++l) {
+        const auto& Lw = lay.layers[l];
+        auto xn = rmsnorm(h, Lw.norm);
+        std::vector<double> xz(2 * di, 0.0);
+        for (int o = 0; o < 2 * di; ++o)
+          for (int i = 0; i < dm; ++i) xz[o] += W(Lw.in_proj, o, i, dm) * xn[i];
+        hist[l].push_back(std::vector<double>(xz.begin(), xz.begin() + di));
+        std::vector<double> u(di);
+        for (int ch = 0; ch < di; ++ch) {
+          double s = w[Lw.conv_b + ch];
+          for (int k = 0; k < K; ++k) {
+            const int tt = t - (K - 1) + k;
+            if (tt >= 0) s += w[Lw.conv_w + size_t(ch) * K + k] * hist[l][tt][ch];
+          }
+          u[ch] = silu(s);
+        }
+        std::vector<double> dbc(P, 0.0);
+        for (int o = 0; o < P; ++o)
+          for (int i = 0; i < di; ++i) dbc[o] += W(Lw.x_proj, o, i, di) * u[i];
+        std::vector<double> out(di);
+        for (int ch = 0; ch < di; ++ch) {
+          double d = w[Lw.dt_b + ch];
+          for (int r = 0; r < R; ++r) d += W(Lw.dt_w, ch, r, R) * dbc[r];
+          const double dt = softplus(d);
+          double yc = w[Lw.D + ch] * u[ch];
+          for (int n = 0; n < N; ++n) {
+            const double A = -std::exp(w[Lw.A_log + size_t(ch) * N + n]);
+            double& s = state[l][size_t(ch) * N + n];
+            s = std::exp(dt * A) * s + dt * dbc[R + n] * u[ch];
+            yc += dbc[R + N + n] * s;
+          }
+          out[ch] = yc * silu(xz[di + ch]);
+        }
+        for (int o = 0; o < dm; ++o)
+          for (int i = 0; i < di; ++i) h[o] += W(Lw.out_proj, o, i, di) * out[i];
+      }
+      auto yt = rmsnorm(h, lay.norm_f);
+      std::copy(yt.begin(), yt.end(), y.begin() + (size_t(b) * L + t) * dm);
+    }
+  }
+  return y;
+}
+
+MambaConfig small_config(int din) {
+  MambaConfig c;
+  c.din = din;
+  c.d_model = 8;
+  c.d_state = 16;
+  c.d_conv = 4;
+  c.expand = 2;
+  c.layers = 2;
+  return c;
+}
+
+// Random weights around the real initialisation (so no parameter is exactly 0 or 1).
+std::vector<double> random_weights(const MambaConfig& c, const MambaLayout& lay, uint64_t seed) {
+  std::vector<double> w(lay.params.total());
+  mamba_init(c, lay, w.data(), seed);
+  std::mt19937_64 rng(seed);
+  auto noise = rand_vec(w.size(), rng, 0.05, 0.2);
+  for (size_t i = 0; i < w.size(); ++i) w[i] += noise[i];
+  return w;
+}
+
+class MambaModelTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(MambaModelTest, ForwardMatchesSequentialReference) {
+  const MambaConfig c = small_config(GetParam());
+  MambaModel<double> m(c);
+  const int B = 2, L = 64;
+  m.resize(B, L, false);
+  auto w = random_weights(c, m.layout(), 3);
+  std::mt19937_64 rng(4);
+  auto x = rand_vec(size_t(B) * L * c.din, rng);
+  std::vector<double> y(size_t(B) * L * c.d_model);
+  m.forward(x.data(), w.data(), nullptr, y.data());
+  auto ref = reference_forward(c, m.layout(), w, x, B, L);
+  EXPECT_LT(kernels::test::rel_diff(ref, y), 1e-12);
+}
+
+TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
+  const MambaConfig c = small_config(GetParam());
+  MambaModel<double> m(c);
+  const int B = 2, L = 64;
+  m.resize(B, L, false);
+  auto w = random_weights(c, m.layout(), 5);
+  std::mt19937_64 rng(6);
+  auto x = rand_vec(size_t(B) * L * c.din, rng);
+  auto dy = rand_vec(size_t(B) * L * c.d_model, rng);
+  std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
+  auto loss = [&] {
+    m.forward(x.data(), w.data(), nullptr, y.data());
+    return kernels::test::dot(dy, y);
+  };
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
+  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
+  for (const auto& s : m.layout().params.slots()) {
+    std::vector<double> ws(w.begin() + long(s.offset), w.begin() + long(s.offset + s.numel));
+    std::vector<double> gs(g.begin() + long(s.offset), g.begin() + long(s.offset + s.numel));
+    // Perturb through a view that writes back into w.
+    auto loss_s = [&] {
+      std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
+      return loss();
+    };
+    check_gradient(s.name, loss_s, ws, gs, 1e-6, 1e-6, 64);
+    std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
+  }
+  // Parameter gradients accumulate; the input gradient is overwritten.
+  std::vector<double> g2 = g, dx2(x.size());
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g2.data(), dx2.data());
+  EXPECT_DOUBLED(g2, g);
+  EXPECT_EQ(dx2, dx);
+}
+
+INSTANTIATE_TEST_SUITE_P(InputProj, MambaModelTest, ::testing::Values(5, 8),
+                         [](const auto& info) { return info.param == 8 ? "NoInputProj" : "InputProj"; });
+
+TEST(MambaModel, FloatMatchesDouble) {
+  const MambaConfig c = small_config(6);
+  MambaModel<double> md(c);
+  MambaModel<float> mf(c);
+  const int B = 3, L = 40;
+  md.resize(B, L, false);
+  mf.resize(B, L, false);
+  auto w = random_weights(c, md.layout(), 7);
+  std::mt19937_64 rng(8);
+  auto x = rand_vec(size_t(B) * L * c.din, rng);
+  auto dy = rand_vec(size_t(B) * L * c.d_model, rng);
+  std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
+  md.forward(x.data(), w.data(), nullptr, y.data());
+  md.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
+  auto wf = kernels::test::cast<float>(w), xf = kernels::test::cast<float>(x);
+  auto dyf = kernels::test::cast<float>(dy);
+  std::vector<float> yf(y.size()), gf(g.size(), 0.0f), dxf(x.size());
+  mf.forward(xf.data(), wf.data(), nullptr, yf.data());
+  mf.backward(xf.data(), dyf.data(), wf.data(), nullptr, gf.data(), dxf.data());
+  EXPECT_LT(kernels::test::rel_diff(y, yf), 2e-5);
+  EXPECT_LT(kernels::test::rel_diff(g, gf), 2e-4);
+  EXPECT_LT(kernels::test::rel_diff(dx, dxf), 2e-4);
+}
+
+TEST(MambaModel, InitFollowsMambaSsm) {
+  MambaConfig c = small_config(8);
+  c.d_model = 32;  // dt_rank = 2
+  MambaLayout lay(c);
+  std::vector<float> w(lay.params.total());
+  mamba_init(c, lay, w.data(), 11);
+  const int di = c.d_inner(), N = c.d_state;
+  for (const auto& L : lay.layers) {
+    for (int d = 0; d < di; ++d) {
+      for (int n = 0; n < N; ++n) EXPECT_FLOAT_EQ(w[L.A_log + size_t(d) * N + n], std::log(float(n + 1)));
+      EXPECT_EQ(w[L.D + d], 1.0f);
+      const double dt = softplus(w[L.dt_b + d]);
+      EXPECT_GE(dt, 0.001 * 0.999);
+      EXPECT_LE(dt, 0.1 * 1.001);
+    }
+    const double bound = 1.0 / std::sqrt(double(c.rank()));
+    for (int i = 0; i < di * c.rank(); ++i) EXPECT_LE(std::abs(w[L.dt_w + i]), bound);
+    EXPECT_EQ(w[L.norm], 1.0f);
+  }
+  std::vector<float> w2(w.size()), w3(w.size());
+  mamba_init(c, lay, w2.data(), 11);
+  mamba_init(c, lay, w3.data(), 12);
+  EXPECT_EQ(w, w2);
+  EXPECT_NE(w, w3);
+}
+
+Tensor random_tensor(const Shape& s, uint64_t seed) {
+  Tensor t = Tensor::empty(s, DType::f32);
+  std::mt19937_64 rng(seed);
+  auto v = rand_vec(size_t(t.numel()), rng);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(v[size_t(i)]);
+  return t;
+}
+
+TEST(MambaStage, ParameterNamesAndShapesAreMambaSsms) {
+  StageHarness h("mamba", {"d_model=32", "layers=2", "d_state=16"}, "core");
+  h.setup({{"x", Tensor::zeros({2, 8, 20}, DType::f32)}});
+  std::map<std::string, std::pair<Shape, bool>> got;
+  for (Parameter* p : h.stage().parameters()) got[p->name] = {p->value.shape(), p->weight_decay};
+  const std::map<std::string, std::pair<Shape, bool>> want = {
+      {"input_proj.weight", {{32, 20}, true}},
+      {"input_proj.bias", {{32}, false}},
+      {"layers.0.norm.weight", {{32}, false}},
+      {"layers.0.mixer.in_proj.weight", {{128, 32}, true}},
+      {"layers.0.mixer.conv1d.weight", {{64, 1, 4}, true}},
+      {"layers.0.mixer.conv1d.bias", {{64}, false}},
+      {"layers.0.mixer.x_proj.weight", {{2 + 32, 64}, true}},
+      {"layers.0.mixer.dt_proj.weight", {{64, 2}, true}},
+      {"layers.0.mixer.dt_proj.bias", {{64}, false}},
+      {"layers.0.mixer.A_log", {{64, 16}, false}},
+      {"layers.0.mixer.D", {{64}, false}},
+      {"layers.0.mixer.out_proj.weight", {{32, 64}, true}},
+      {"layers.1.norm.weight", {{32}, false}},
+      {"layers.1.mixer.in_proj.weight", {{128, 32}, true}},
+      {"layers.1.mixer.conv1d.weight", {{64, 1, 4}, true}},
+      {"layers.1.mixer.conv1d.bias", {{64}, false}},
+      {"layers.1.mixer.x_proj.weight", {{34, 64}, true}},
+      {"layers.1.mixer.dt_proj.weight", {{64, 2}, true}},
+      {"layers.1.mixer.dt_proj.bias", {{64}, false}},
+      {"layers.1.mixer.A_log", {{64, 16}, false}},
+      {"layers.1.mixer.D", {{64}, false}},
+      {"layers.1.mixer.out_proj.weight", {{32, 64}, true}},
+      {"norm_f.weight", {{32}, false}},
+  };
+  EXPECT_EQ(got, want);
+  // Din == d_model: no input projection.
+  StageHarness h2("mamba", {"d_model=20", "layers=1"}, "core");
+  h2.setup({{"x", Tensor::zeros({2, 8, 20}, DType::f32)}});
+  for (Parameter* p : h2.stage().parameters()) EXPECT_EQ(p->name.find("input_proj"), std::string::npos);
+}
+
+TEST(MambaStage, SameSeedSameWeights) {
+  auto weights = [](uint64_t seed) {
+    StageHarness h("mamba", {"d_model=16", "layers=1"}, "core", Precision::fp32, seed);
+    h.setup({{"x", Tensor::zeros({1, 4, 8}, DType::f32)}});
+    std::vector<float> all;
+    for (auto& [name, t] : h.weights()) all.insert(all.end(), t.data<float>(), t.data<float>() + t.numel());
+    return all;
+  };
+  EXPECT_EQ(weights(1), weights(1));
+  EXPECT_NE(weights(1), weights(2));
+}
+
+// The stage runs MambaModel<float> on its flat buffers: the same numbers as the model alone.
+TEST(MambaStage, ForwardBackwardMatchModel) {
+  const int B = 2, W = 24, Din = 6;
+  StageHarness h("mamba", {"d_model=8", "layers=2"}, "core");
+  Tensor x = random_tensor({B, W, Din}, 21);
+  h.setup({{"x", x}});
+  MambaModel<double> md(small_config(Din));
+  md.resize(B, W, false);
+  std::vector<double> w(md.layout().params.total());
+  for (Parameter* p : h.stage().parameters()) {
+    size_t off = 0;
+    for (const auto& s : md.layout().params.slots())
+      if (s.name == p->name) off = s.offset;
+    for (int64_t i = 0; i < p->value.numel(); ++i) w[off + size_t(i)] = p->value.data<float>()[i];
+  }
+  std::vector<double> xd(x.data<float>(), x.data<float>() + x.numel()), y(size_t(B) * W * 8);
+  md.forward(xd.data(), w.data(), nullptr, y.data());
+  auto out = h.forward({{"x", x}});
+  EXPECT_LT(kernels::test::rel_diff(y, std::vector<float>(out["y"].data<float>(),
+                                                          out["y"].data<float>() + out["y"].numel())),
+            1e-5);
+  Tensor dy = random_tensor({B, W, 8}, 22);
+  auto grads = h.backward({{"y", dy}});
+  std::vector<double> dyd(dy.data<float>(), dy.data<float>() + dy.numel()), g(w.size(), 0.0),
+      dx(xd.size());
+  md.backward(xd.data(), dyd.data(), w.data(), nullptr, g.data(), dx.data());
+  const Tensor& gx = grads["grad.x"];
+  EXPECT_LT(kernels::test::rel_diff(dx, std::vector<float>(gx.data<float>(), gx.data<float>() + gx.numel())), 1e-4);
+  const Tensor& gA = grads["grad.layers.1.mixer.A_log"];
+  const size_t off = md.layout().layers[1].A_log;
+  std::vector<double> ref(g.begin() + long(off), g.begin() + long(off) + gA.numel());
+  EXPECT_LT(kernels::test::rel_diff(ref, std::vector<float>(gA.data<float>(), gA.data<float>() + gA.numel())), 1e-4);
+}
+
+// bf16: GEMMs on rounded operands, FP32 elsewhere; close to fp32 at bf16 precision.
+TEST(MambaStage, Bf16IsCloseToFp32) {
+  const int B = 4, W = 32, Din = 16;
+  Tensor x = random_tensor({B, W, Din}, 31), dy = random_tensor({B, W, 32}, 32);
+  auto run = [&](Precision prec) {
+    StageHarness h("mamba", {"d_model=32", "layers=2"}, "core", prec, 9);
+    h.setup({{"x", x}});
+    auto out = h.forward({{"x", x}});
+    Tensor y = out["y"].clone();
+    auto g = h.backward({{"y", dy}});
+    return std::make_pair(y, g);
+  };
+  auto [y32, g32] = run(Precision::fp32);
+  auto [y16, g16] = run(Precision::bf16);
+  auto rel = [](const Tensor& a, const Tensor& b) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      d = std::max(d, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+      m = std::max(m, double(std::abs(a.data<float>()[i])));
+    }
+    return d / m;
+  };
+  EXPECT_LT(rel(y32, y16), 3e-2);
+  EXPECT_GT(rel(y32, y16), 0.0);  // the bf16 path did run
+  EXPECT_LT(rel(g32["grad.x"], g16["grad.x"]), 5e-2);
+  EXPECT_LT(rel(g32["grad.layers.0.mixer.in_proj.weight"], g16["grad.layers.0.mixer.in_proj.weight"]), 5e-2);
+  // The shadow is the rounding of the master weights.
+  StageHarness h("mamba", {"d_model=32", "layers=1"}, "core", Precision::bf16);
+  h.setup({{"x", x}});
+  for (Parameter* p : h.stage().parameters()) {
+    ASSERT_TRUE(p->low_precision.defined()) << p->name;
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      ASSERT_EQ(p->low_precision.data<uint16_t>()[i], kernels::fp32_to_bf16(p->value.data<float>()[i]));
+  }
+}
+
+TEST(MambaStage, NewBatchShapeReallocates) {
+  StageHarness h("mamba", {"d_model=8", "layers=1"}, "core");
+  h.setup({{"x", Tensor::zeros({2, 8, 8}, DType::f32)}});
+  auto a = h.forward({{"x", random_tensor({2, 8, 8}, 1)}});
+  EXPECT_EQ(a["y"].shape(), (Shape{2, 8, 8}));
+  auto b = h.forward({{"x", random_tensor({3, 5, 8}, 2)}});
+  EXPECT_EQ(b["y"].shape(), (Shape{3, 5, 8}));
+  auto g = h.backward({{"y", random_tensor({3, 5, 8}, 3)}});
+  EXPECT_EQ(g["grad.x"].shape(), (Shape{3, 5, 8}));
+}
+
+}  // namespace
+}  // namespace slipstream::nn
