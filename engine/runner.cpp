@@ -289,6 +289,17 @@ struct Runner::Impl {
     if (m.count("loss")) add("loss", m.at("loss"));
     for (const auto& [k, v] : m)
       if (k != "loss" && shown < max_items && k.find('/') == std::string::npos) add(k, v);
+    // Per-head accuracies ("acc/<head>") shown as their mean and minimum.
+    double sum = 0, lo = INFINITY;
+    int heads = 0;
+    for (const auto& [k, v] : m)
+      if (k.starts_with("acc/")) sum += v, lo = std::min(lo, v), ++heads;
+    if (heads) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " acc %.3f (min %.3f)", sum / heads, lo);
+      s += buf;
+    }
+    if (m.count("baseline/loss")) add("baseline", m.at("baseline/loss"));
     return s;
   }
 

@@ -21,9 +21,12 @@ void check(bool ok) {
 
 void check_consistent(const Game& g) {
   const size_t n = g.frames.size();
-  visit_frame_columns(g.frames, [&](const std::string&, const auto& col) { check(col.empty() || col.size() == n); });
+  visit_frame_columns(g.frames, [&](const std::string&, const auto& col) {
+    check(col.empty() || col.size() == n);
+  });
   for (const auto& r : g.frames.items.row) check(r < n);
-  for (size_t i = 1; i < g.frames.items.size(); ++i) check(g.frames.items.row[i - 1] <= g.frames.items.row[i]);
+  for (size_t i = 1; i < g.frames.items.size(); ++i)
+    check(g.frames.items.row[i - 1] <= g.frames.items.row[i]);
 }
 
 void exercise(const Game& g) {

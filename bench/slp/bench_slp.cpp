@@ -53,8 +53,8 @@ const Files& files() {
 
 void report(benchmark::State& state, size_t bytes, size_t frames) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
-  state.counters["frames/s"] =
-      benchmark::Counter(static_cast<double>(state.iterations() * frames), benchmark::Counter::kIsRate);
+  state.counters["frames/s"] = benchmark::Counter(static_cast<double>(state.iterations() * frames),
+                                                  benchmark::Counter::kIsRate);
 }
 
 void BM_ParseOneThread(benchmark::State& state) {
@@ -130,8 +130,9 @@ BENCHMARK(BM_ParseThreads)
 // Opening a corpus and reading every column value of every game (bytes = column bytes).
 void BM_CorpusRead(benchmark::State& state) {
   const bool zstd = state.range(0) != 0;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("bench_slp_corpus_" + std::string(zstd ? "zstd" : "raw") + "_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("bench_slp_corpus_" + std::string(zstd ? "zstd" : "raw") + "_" + std::to_string(::getpid()));
   const std::vector<std::filesystem::path> inputs = {replay_dir()};
   CorpusOptions options;
   options.zstd = zstd;

@@ -20,8 +20,9 @@ class AllreduceStage : public Stage {
         .family("dist")
         .doc("Averages all upstream gradients over the ranks of a multi-process run.")
         .role(StageRole::update)
-        .param("backend", std::string("auto"),
-               "auto (mpi when started by mpirun/srun with >1 ranks, else none) | none | mpi | nccl")
+        .param(
+            "backend", std::string("auto"),
+            "auto (mpi when started by mpirun/srun with >1 ranks, else none) | none | mpi | nccl")
         .choices({"auto", "none", "mpi", "nccl"})
         .param("bucket_mb", 25.0, "size of one reduction message, MiB")
         .range(0.001, 4096);
@@ -44,7 +45,8 @@ class AllreduceStage : public Stage {
     world_ = dist::mpi_world_size();
     std::vector<Parameter*> params;
     for (auto& [name, p] : ctx.upstream_parameters()) params.push_back(p);
-    const auto bucket = static_cast<size_t>(std::ceil(ctx.params().number("bucket_mb") * 1048576.0 / 4.0));
+    const auto bucket =
+        static_cast<size_t>(std::ceil(ctx.params().number("bucket_mb") * 1048576.0 / 4.0));
     buckets_ = dist::GradBuckets(params, bucket);
     buffer_.assign(std::min(bucket, std::max<size_t>(1, buckets_.total())), 0.0f);
   }

@@ -27,7 +27,8 @@ template <class F>
 void GradBuckets::pieces(size_t i, F&& f) const {
   const size_t lo = i * bucket_, hi = lo + size(i);
   // First parameter whose range ends after lo.
-  size_t k = static_cast<size_t>(std::upper_bound(begin_.begin(), begin_.end(), lo) - begin_.begin());
+  size_t k =
+      static_cast<size_t>(std::upper_bound(begin_.begin(), begin_.end(), lo) - begin_.begin());
   k = k == 0 ? 0 : k - 1;
   for (; k < grads_.size() && begin_[k] < hi; ++k) {
     const size_t a = std::max(lo, begin_[k]), e = std::min(hi, begin_[k] + numel_[k]);

@@ -13,7 +13,8 @@ void check(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw std::runtime_error(std::string(what) + " failed: " + std::string(msg, static_cast<size_t>(len)));
+  throw std::runtime_error(std::string(what) +
+                           " failed: " + std::string(msg, static_cast<size_t>(len)));
 }
 
 void finalize_at_exit() {

@@ -20,12 +20,15 @@ class BcLossStage : public Stage {
   static StageSchema schema() {
     StageSchema s("bc_loss");
     s.family("melee")
-        .doc("Behaviour-cloning loss of the controller heads; reports the repeat-last-input baseline in validation.")
+        .doc(
+            "Behaviour-cloning loss of the controller heads; reports the repeat-last-input "
+            "baseline in validation.")
         .role(StageRole::loss);
     for (int h = 0; h < kHeads; ++h)
       s.input(kHeadNames[h], DType::f32, 3, "(B, W, " + std::to_string(head_width(h)) + ") logits");
     s.input("target_buttons", DType::f32, 3, "(B, W, 8) 0/1 labels")
-        .input("target_sticks", DType::i32, 3, "(B, W, 5) class labels: main x/y, c x/y (0..16), shoulder (0..4)")
+        .input("target_sticks", DType::i32, 3,
+               "(B, W, 5) class labels: main x/y, c x/y (0..16), shoulder (0..4)")
         .input("mask", DType::f32, 2, "(B, W) 1 where the position is real data")
         .input("prev_controller", DType::f32, 3, "(B, W, 13) the previous input (for the baseline)")
         .optional_input("mirrored", DType::u8, 1, "(B) windows the embedding mirrored left-right")
@@ -35,7 +38,8 @@ class BcLossStage : public Stage {
         .param("head_weights", std::vector<double>{1, 1, 1, 1, 1, 1},
                "weights of buttons, main_x, main_y, c_x, c_y, shoulder")
         .range(0, std::nullopt)
-        .param("baseline_prior", 0.9, "baseline P(input repeats) used before any training position was seen")
+        .param("baseline_prior", 0.9,
+               "baseline P(input repeats) used before any training position was seen")
         .range(0, 1);
     return s;
   }
@@ -49,15 +53,18 @@ class BcLossStage : public Stage {
     auto hw = ctx.params().numbers("head_weights");
     if (hw.size() != kHeads)
       throw std::runtime_error("bc_loss '" + ctx.name() + "': head_weights (" +
-                               ctx.params().mark("head_weights").str() + ") has " + std::to_string(hw.size()) +
+                               ctx.params().mark("head_weights").str() + ") has " +
+                               std::to_string(hw.size()) +
                                " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder");
-    for (int h = 0; h < kHeads; ++h) head_weights_[h] = static_cast<float>(hw[static_cast<size_t>(h)]);
+    for (int h = 0; h < kHeads; ++h)
+      head_weights_[h] = static_cast<float>(hw[static_cast<size_t>(h)]);
     const Shape& ms = ctx.input_shape("mask");
     for (int h = 0; h < kHeads; ++h) {
       const Shape& s = ctx.input_shape(kHeadNames[h]);
       if (s.rank() != 3 || (s[2] >= 0 && s[2] != head_width(h)))
-        throw std::runtime_error("bc_loss '" + ctx.name() + "': input '" + kHeadNames[h] + "' is " + s.str() +
-                                 ", expected [B, W, " + std::to_string(head_width(h)) + "]");
+        throw std::runtime_error("bc_loss '" + ctx.name() + "': input '" + kHeadNames[h] + "' is " +
+                                 s.str() + ", expected [B, W, " + std::to_string(head_width(h)) +
+                                 "]");
       const std::string n = kHeadNames[h];
       names_.loss[h] = "loss/" + n;
       names_.nll[h] = "nll/" + n;
@@ -90,20 +97,25 @@ class BcLossStage : public Stage {
     if (ctx.has_input(b, "mirrored")) {
       const Tensor& m = ctx.input(b, "mirrored");
       if (m.numel() != B)
-        throw std::runtime_error("bc_loss '" + ctx.name() + "': mirrored is " + m.describe() + " for " +
-                                 std::to_string(B) + " windows (batch " + std::to_string(b.index) + ")");
+        throw std::runtime_error("bc_loss '" + ctx.name() + "': mirrored is " + m.describe() +
+                                 " for " + std::to_string(B) + " windows (batch " +
+                                 std::to_string(b.index) + ")");
       mirrored = m.data<uint8_t>();
     }
     reserve(static_cast<int64_t>(M));
     const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(), mirrored, s);
-    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(), head_weights_, eps_, s);
+    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
+                           mirrored, s);
+    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(),
+                                                  head_weights_, eps_, s);
     weight_sum_ = r.weight_sum;
     loss_.data<float>()[0] = static_cast<float>(r.total);
     ctx.set_output(b, "loss", loss_);
 
     const bool training = ctx.run().training;
-    if (training) count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(), mask.data<float>(), counts_);
+    if (training)
+      count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                           mask.data<float>(), counts_);
     if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
     ctx.metric("loss", r.total);
     ctx.metric("nll", r.total_nll);
@@ -115,8 +127,9 @@ class BcLossStage : public Stage {
     if (!training) {
       double p[kRepeatItems];
       for (int k = 0; k < kRepeatItems; ++k) p[k] = counts_.p(k, prior_);
-      const BaselineResult base = baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                                                          mask.data<float>(), head_weights_, p);
+      const BaselineResult base =
+          baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                                  mask.data<float>(), head_weights_, p);
       ctx.metric("baseline/loss", base.total);
       for (int h = 0; h < kHeads; ++h) {
         ctx.metric(names_.base_loss[h], base.loss[h]);
@@ -136,40 +149,47 @@ class BcLossStage : public Stage {
       dlogits[h] = dlogits_[h].data<float>();
     }
     const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-    bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(), mask.data<float>(),
-                            head_weights_, eps_, weight_sum_, s, dlogits);
+    bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(),
+                            mask.data<float>(), head_weights_, eps_, weight_sum_, s, dlogits);
     for (int h = 0; h < kHeads; ++h)
-      ctx.add_input_grad(b, kHeadNames[h], dlogits_[h].slice_rows(0, static_cast<int64_t>(M)).reshape(Shape{B, W, head_width(h)}));
+      ctx.add_input_grad(
+          b, kHeadNames[h],
+          dlogits_[h].slice_rows(0, static_cast<int64_t>(M)).reshape(Shape{B, W, head_width(h)}));
   }
 
   // The baseline's counts: a resumed run reports the same baseline as an uninterrupted one.
   void save(StateWriter& w) const override {
     w.number("repeat.total", counts_.total);
-    for (int k = 0; k < kRepeatItems; ++k) w.number("repeat.same." + std::to_string(k), counts_.same[k]);
+    for (int k = 0; k < kRepeatItems; ++k)
+      w.number("repeat.same." + std::to_string(k), counts_.same[k]);
   }
   void load(StateReader& r) override {
     counts_ = RepeatCounts{};
     if (!r.has("repeat.total")) return;
     counts_.total = r.number("repeat.total");
-    for (int k = 0; k < kRepeatItems; ++k) counts_.same[k] = r.number("repeat.same." + std::to_string(k));
+    for (int k = 0; k < kRepeatItems; ++k)
+      counts_.same[k] = r.number("repeat.same." + std::to_string(k));
   }
 
  private:
-  void check(const StageContext& ctx, const Batch& b, const Tensor& t, int64_t B, int64_t W, int64_t C,
-             const char* port) const {
+  void check(const StageContext& ctx, const Batch& b, const Tensor& t, int64_t B, int64_t W,
+             int64_t C, const char* port) const {
     if (t.rank() != 3 || t.dim(0) != B || t.dim(1) != W || t.dim(2) != C || !t.device().is_cpu())
-      throw std::runtime_error("bc_loss '" + ctx.name() + "': " + port + " is " + t.describe() + ", expected [" +
-                               std::to_string(B) + ", " + std::to_string(W) + ", " + std::to_string(C) +
-                               "] on cpu (batch " + std::to_string(b.index) + ")");
+      throw std::runtime_error("bc_loss '" + ctx.name() + "': " + port + " is " + t.describe() +
+                               ", expected [" + std::to_string(B) + ", " + std::to_string(W) +
+                               ", " + std::to_string(C) + "] on cpu (batch " +
+                               std::to_string(b.index) + ")");
   }
 
   void reserve(int64_t M) {
     if (M <= rows_cap_) return;
     rows_cap_ = M;
     targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
-    button_weights_ = Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
+    button_weights_ =
+        Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
     for (int h = 0; h < kHeads; ++h)
-      dlogits_[h] = Tensor::empty(Shape{M, head_width(h)}, DType::f32, Device::cpu(), "bc_loss dlogits");
+      dlogits_[h] =
+          Tensor::empty(Shape{M, head_width(h)}, DType::f32, Device::cpu(), "bc_loss dlogits");
   }
 
   float eps_ = 0;

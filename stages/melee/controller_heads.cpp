@@ -23,12 +23,15 @@ class ControllerHeadsStage : public Stage {
   static StageSchema schema() {
     StageSchema s("controller_heads");
     s.family("melee")
-        .doc("Features x (B, W, H) -> controller logits: buttons (8), main_x/main_y/c_x/c_y (17), shoulder (5).")
+        .doc(
+            "Features x (B, W, H) -> controller logits: buttons (8), main_x/main_y/c_x/c_y (17), "
+            "shoulder (5).")
         .trainable()
         .input("x", DType::f32, 3, "(B, W, H) per-frame features");
     for (int h = 0; h < kHeads; ++h)
       s.output(kHeadNames[h], DType::f32, 3,
-               "(B, W, " + std::to_string(head_width(h)) + ") logits" + (h == 0 ? " (one per button)" : ""));
+               "(B, W, " + std::to_string(head_width(h)) + ") logits" +
+                   (h == 0 ? " (one per button)" : ""));
     s.param("hidden", int64_t{0}, "width of a shared SiLU hidden layer before the heads (0: none)")
         .range(0, 65536);
     return s;
@@ -36,13 +39,14 @@ class ControllerHeadsStage : public Stage {
 
   void setup(StageContext& ctx) override {
     if (!ctx.device().is_cpu())
-      throw std::runtime_error("controller_heads '" + ctx.name() + "': only the CPU path exists (device " +
-                               ctx.device().str() + "); run with device: cpu");
+      throw std::runtime_error("controller_heads '" + ctx.name() +
+                               "': only the CPU path exists (device " + ctx.device().str() +
+                               "); run with device: cpu");
     const Shape& xs = ctx.input_shape("x");
     H_ = static_cast<int>(xs[2]);
     if (H_ <= 0)
-      throw std::runtime_error("controller_heads '" + ctx.name() + "': the width of x must be known at setup, got " +
-                               xs.str());
+      throw std::runtime_error("controller_heads '" + ctx.name() +
+                               "': the width of x must be known at setup, got " + xs.str());
     hidden_ = static_cast<int>(ctx.params().integer("hidden"));
     bf16_ = ctx.run().precision == Precision::bf16;
     In_ = hidden_ > 0 ? hidden_ : H_;
@@ -65,10 +69,13 @@ class ControllerHeadsStage : public Stage {
       init(hidden_w_.value, H_);
       init(hidden_b_.value, H_);
     }
-    Wo_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(), "controller_heads weight");
+    Wo_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(),
+                        "controller_heads weight");
     bo_ = Tensor::empty(Shape{kHeadsWidth}, DType::f32, Device::cpu(), "controller_heads bias");
-    dWo_ = Tensor::zeros(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(), "controller_heads weight grad");
-    dbo_ = Tensor::zeros(Shape{kHeadsWidth}, DType::f32, Device::cpu(), "controller_heads bias grad");
+    dWo_ = Tensor::zeros(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(),
+                         "controller_heads weight grad");
+    dbo_ =
+        Tensor::zeros(Shape{kHeadsWidth}, DType::f32, Device::cpu(), "controller_heads bias grad");
     init(Wo_, In_);
     init(bo_, In_);
     for (int h = 0; h < kHeads; ++h) {
@@ -84,9 +91,11 @@ class ControllerHeadsStage : public Stage {
       b.weight_decay = false;
     }
     if (bf16_) {
-      Wo16_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::bf16, Device::cpu(), "controller_heads bf16 weight");
+      Wo16_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::bf16, Device::cpu(),
+                            "controller_heads bf16 weight");
       if (hidden_ > 0)
-        Wh16_ = Tensor::empty(Shape{hidden_, H_}, DType::bf16, Device::cpu(), "controller_heads bf16 hidden");
+        Wh16_ = Tensor::empty(Shape{hidden_, H_}, DType::bf16, Device::cpu(),
+                              "controller_heads bf16 hidden");
     }
     if (xs[0] > 0 && xs[1] > 0) reserve(xs[0] * xs[1]);
   }
@@ -94,8 +103,9 @@ class ControllerHeadsStage : public Stage {
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     if (x.rank() != 3 || x.dim(2) != H_ || !x.device().is_cpu())
-      throw std::runtime_error("controller_heads '" + ctx.name() + "': x is " + x.describe() + ", expected width " +
-                               std::to_string(H_) + " on cpu (batch " + std::to_string(b.index) + ")");
+      throw std::runtime_error("controller_heads '" + ctx.name() + "': x is " + x.describe() +
+                               ", expected width " + std::to_string(H_) + " on cpu (batch " +
+                               std::to_string(b.index) + ")");
     const int64_t B = x.dim(0), W = x.dim(1);
     const int M = static_cast<int>(B * W);
     reserve(M);
@@ -103,9 +113,10 @@ class ControllerHeadsStage : public Stage {
     float* pre = hidden_ > 0 ? pre_.data<float>() : nullptr;
     float* act = hidden_ > 0 ? act_.data<float>() : nullptr;
     if (!bf16_) {
-      heads_forward<float>(x.data<float>(), M, H_, hidden_, hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
-                           hidden_ > 0 ? hidden_b_.value.data<float>() : nullptr, pre, act, Wo_.data<float>(),
-                           bo_.data<float>(), logits);
+      heads_forward<float>(x.data<float>(), M, H_, hidden_,
+                           hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
+                           hidden_ > 0 ? hidden_b_.value.data<float>() : nullptr, pre, act,
+                           Wo_.data<float>(), bo_.data<float>(), logits);
     } else {
       refresh_bf16_weights();
       uint16_t* x16 = x16_.data<uint16_t>();
@@ -118,12 +129,15 @@ class ControllerHeadsStage : public Stage {
         kernels::fp32_to_bf16(act, act16_.data<uint16_t>(), static_cast<size_t>(M) * hidden_);
         in16 = act16_.data<uint16_t>();
       }
-      mm(false, true, M, kHeadsWidth, In_, in16, In_, Wo16_.data<uint16_t>(), In_, 0.0f, logits, kHeadsWidth);
+      mm(false, true, M, kHeadsWidth, In_, in16, In_, Wo16_.data<uint16_t>(), In_, 0.0f, logits,
+         kHeadsWidth);
       add_bias(logits, bo_.data<float>(), M, kHeadsWidth);
     }
     for (int h = 0; h < kHeads; ++h) {
-      kernels::copy_cols(logits + head_offset(h), kHeadsWidth, out_[h].data<float>(), head_width(h), M, head_width(h));
-      ctx.set_output(b, kHeadNames[h], out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
+      kernels::copy_cols(logits + head_offset(h), kHeadsWidth, out_[h].data<float>(), head_width(h),
+                         M, head_width(h));
+      ctx.set_output(b, kHeadNames[h],
+                     out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
     }
   }
 
@@ -137,41 +151,50 @@ class ControllerHeadsStage : public Stage {
       const Tensor& g = ctx.output_grad(b, kHeadNames[h]);
       if (g.defined()) {
         if (g.numel() != static_cast<int64_t>(M) * head_width(h))
-          throw std::runtime_error("controller_heads '" + ctx.name() + "': gradient of " + kHeadNames[h] + " is " +
-                                   g.describe() + " (batch " + std::to_string(b.index) + ")");
-        kernels::copy_cols(g.data<float>(), head_width(h), dl + head_offset(h), kHeadsWidth, M, head_width(h));
+          throw std::runtime_error("controller_heads '" + ctx.name() + "': gradient of " +
+                                   kHeadNames[h] + " is " + g.describe() + " (batch " +
+                                   std::to_string(b.index) + ")");
+        kernels::copy_cols(g.data<float>(), head_width(h), dl + head_offset(h), kHeadsWidth, M,
+                           head_width(h));
         any = true;
       } else {
-        for (int i = 0; i < M; ++i) std::fill_n(dl + static_cast<size_t>(i) * kHeadsWidth + head_offset(h), head_width(h), 0.0f);
+        for (int i = 0; i < M; ++i)
+          std::fill_n(dl + static_cast<size_t>(i) * kHeadsWidth + head_offset(h), head_width(h),
+                      0.0f);
       }
     }
     if (!any) return;
     float* dx = dx_.data<float>();
     float* dact = hidden_ > 0 ? dact_.data<float>() : nullptr;
     if (!bf16_) {
-      heads_backward<float>(x.data<float>(), M, H_, hidden_, hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
-                            hidden_ > 0 ? pre_.data<float>() : nullptr, hidden_ > 0 ? act_.data<float>() : nullptr,
-                            Wo_.data<float>(), dl, dx, hidden_ > 0 ? hidden_w_.grad.data<float>() : nullptr,
-                            hidden_ > 0 ? hidden_b_.grad.data<float>() : nullptr, dWo_.data<float>(),
-                            dbo_.data<float>(), dact);
+      heads_backward<float>(
+          x.data<float>(), M, H_, hidden_, hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
+          hidden_ > 0 ? pre_.data<float>() : nullptr, hidden_ > 0 ? act_.data<float>() : nullptr,
+          Wo_.data<float>(), dl, dx, hidden_ > 0 ? hidden_w_.grad.data<float>() : nullptr,
+          hidden_ > 0 ? hidden_b_.grad.data<float>() : nullptr, dWo_.data<float>(),
+          dbo_.data<float>(), dact);
     } else {
       // Same operands as the forward: bf16 copies of x / act, of the weights and of dy.
       uint16_t* dl16 = dl16_.data<uint16_t>();
       kernels::fp32_to_bf16(dl, dl16, static_cast<size_t>(M) * kHeadsWidth);
       const uint16_t* in16 = hidden_ > 0 ? act16_.data<uint16_t>() : x16_.data<uint16_t>();
-      mm(true, false, kHeadsWidth, In_, M, dl16, kHeadsWidth, in16, In_, 1.0f, dWo_.data<float>(), In_);
+      mm(true, false, kHeadsWidth, In_, M, dl16, kHeadsWidth, in16, In_, 1.0f, dWo_.data<float>(),
+         In_);
       kernels::column_sum_accumulate(dl, dbo_.data<float>(), static_cast<size_t>(M), kHeadsWidth);
       if (hidden_ > 0) {
-        mm(false, false, M, hidden_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_, 0.0f, dact, hidden_);
+        mm(false, false, M, hidden_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_,
+           0.0f, dact, hidden_);
         kernels::silu_backward(pre_.data<float>(), dact, dact, static_cast<size_t>(M) * hidden_);
         uint16_t* da16 = dact16_.data<uint16_t>();
         kernels::fp32_to_bf16(dact, da16, static_cast<size_t>(M) * hidden_);
         mm(true, false, hidden_, H_, M, da16, hidden_, x16_.data<uint16_t>(), H_, 1.0f,
            hidden_w_.grad.data<float>(), H_);
-        kernels::column_sum_accumulate(dact, hidden_b_.grad.data<float>(), static_cast<size_t>(M), hidden_);
+        kernels::column_sum_accumulate(dact, hidden_b_.grad.data<float>(), static_cast<size_t>(M),
+                                       hidden_);
         mm(false, false, M, H_, hidden_, da16, hidden_, Wh16_.data<uint16_t>(), H_, 0.0f, dx, H_);
       } else {
-        mm(false, false, M, H_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_, 0.0f, dx, H_);
+        mm(false, false, M, H_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_, 0.0f,
+           dx, H_);
       }
     }
     ctx.add_input_grad(b, "x", dx_.slice_rows(0, M).reshape(Shape{B, W, H_}));
@@ -194,8 +217,8 @@ class ControllerHeadsStage : public Stage {
     return p;
   }
 
-  void mm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B, int ldb,
-          float beta, float* C, int ldc) {
+  void mm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
+          int ldb, float beta, float* C, int ldc) {
     kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, ws_.data<float>());
   }
   static void add_bias(float* y, const float* b, int M, int N) {
@@ -245,7 +268,9 @@ class ControllerHeadsStage : public Stage {
       }
       const int m = static_cast<int>(M);
       size_t ws = 0;
-      auto need = [&](int a, int b, int c) { ws = std::max(ws, kernels::gemm_bf16_workspace_elems(a, b, c)); };
+      auto need = [&](int a, int b, int c) {
+        ws = std::max(ws, kernels::gemm_bf16_workspace_elems(a, b, c));
+      };
       need(m, kHeadsWidth, In_);
       need(kHeadsWidth, In_, m);
       need(m, In_, kHeadsWidth);
@@ -254,7 +279,8 @@ class ControllerHeadsStage : public Stage {
         need(hidden_, H_, m);
         need(m, H_, hidden_);
       }
-      ws_ = Tensor::empty(Shape{static_cast<int64_t>(ws)}, DType::f32, Device::cpu(), "controller_heads bf16 workspace");
+      ws_ = Tensor::empty(Shape{static_cast<int64_t>(ws)}, DType::f32, Device::cpu(),
+                          "controller_heads bf16 workspace");
     }
   }
 

@@ -25,7 +25,9 @@ uint64_t mix64(uint64_t z) {  // splitmix64 finaliser
 
 // Counter-based, so any element's draw depends only on (key, index): deterministic for a batch
 // whatever the thread count, and exact on resume.
-double uniform01(uint64_t key, uint64_t i) { return static_cast<double>(mix64(key + i) >> 11) * 0x1p-53; }
+double uniform01(uint64_t key, uint64_t i) {
+  return static_cast<double>(mix64(key + i) >> 11) * 0x1p-53;
+}
 double gaussian(uint64_t key, uint64_t i) {
   const double u1 = 1.0 - uniform01(key, 2 * i);  // (0, 1]
   const double u2 = uniform01(key, 2 * i + 1);
@@ -36,9 +38,9 @@ void check_ids(const Tensor& t, int32_t limit, const char* port, const std::stri
   const int32_t* p = t.data<int32_t>();
   for (int64_t i = 0; i < t.numel(); ++i)
     if (p[i] < 0 || p[i] >= limit)
-      throw std::runtime_error("melee_embedding '" + stage + "': " + port + " id " + std::to_string(p[i]) +
-                               " at element " + std::to_string(i) + " is outside [0, " + std::to_string(limit) +
-                               ")");
+      throw std::runtime_error("melee_embedding '" + stage + "': " + port + " id " +
+                               std::to_string(p[i]) + " at element " + std::to_string(i) +
+                               " is outside [0, " + std::to_string(limit) + ")");
 }
 
 }  // namespace
@@ -48,7 +50,9 @@ class MeleeEmbeddingStage : public Stage {
   static StageSchema schema() {
     return StageSchema("melee_embedding")
         .family("melee")
-        .doc("Melee game state (stages/melee/batch_layout.h) -> per-frame features x (B, W, E), E % 8 == 0.")
+        .doc(
+            "Melee game state (stages/melee/batch_layout.h) -> per-frame features x (B, W, E), E % "
+            "8 == 0.")
         .trainable()
         .input("numeric", DType::f32, 4, "(B, W, 3, 18) raw numeric features per slot")
         .input("action", DType::i32, 3, "(B, W, 3) action state ids")
@@ -56,7 +60,8 @@ class MeleeEmbeddingStage : public Stage {
         .input("stage", DType::i32, 2, "(B, W) stage id")
         .input("prev_controller", DType::f32, 3, "(B, W, 13) the player's last controller input")
         .output("x", DType::f32, 3, "(B, W, E) features, zero-padded to a multiple of 8")
-        .output("mirrored", DType::u8, 1, "(B) 1 where the window was mirrored left-right (for bc_loss)")
+        .output("mirrored", DType::u8, 1,
+                "(B) 1 where the window was mirrored left-right (for bc_loss)")
         .param("action_dim", int64_t{32}, "width of the action-state embedding (399 rows)")
         .range(1, 4096)
         .param("character_dim", int64_t{8}, "width of the character embedding (33 rows)")
@@ -66,14 +71,16 @@ class MeleeEmbeddingStage : public Stage {
         .param("init_scale", 0.1, "tables start as normal(0, 1) * init_scale")
         .range(0, std::nullopt)
         .param("mirror", false, "training only: mirror each window left-right with probability 0.5")
-        .param("noise", 0.0, "training only: std of Gaussian noise on the normalised numeric features")
+        .param("noise", 0.0,
+               "training only: std of Gaussian noise on the normalised numeric features")
         .range(0, std::nullopt);
   }
 
   void setup(StageContext& ctx) override {
     if (!ctx.device().is_cpu())
-      throw std::runtime_error("melee_embedding '" + ctx.name() + "': only the CPU path exists (device " +
-                               ctx.device().str() + "); run with device: cpu");
+      throw std::runtime_error("melee_embedding '" + ctx.name() +
+                               "': only the CPU path exists (device " + ctx.device().str() +
+                               "); run with device: cpu");
     const Params& p = ctx.params();
     layout_.action_dim = static_cast<int>(p.integer("action_dim"));
     layout_.character_dim = static_cast<int>(p.integer("character_dim"));
@@ -97,7 +104,8 @@ class MeleeEmbeddingStage : public Stage {
     std::mt19937_64 rng(ctx.seed());
     const double scale = p.number("init_scale");
     make_table(action_, "action_table.weight", kActionStates, layout_.action_dim, scale, rng);
-    make_table(character_, "character_table.weight", kCharacters, layout_.character_dim, scale, rng);
+    make_table(character_, "character_table.weight", kCharacters, layout_.character_dim, scale,
+               rng);
     make_table(stage_, "stage_table.weight", kStages, layout_.stage_dim, scale, rng);
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }
@@ -109,12 +117,14 @@ class MeleeEmbeddingStage : public Stage {
     const Tensor& stage = ctx.input(b, "stage");
     const Tensor& prev = ctx.input(b, "prev_controller");
     const int64_t B = numeric.dim(0), W = numeric.dim(1);
-    if (!numeric.device().is_cpu() || numeric.dim(2) != kSlots || numeric.dim(3) != kNumericFeatures ||
-        action.numel() != B * W * kSlots || character.numel() != B * W * kSlots || stage.numel() != B * W ||
+    if (!numeric.device().is_cpu() || numeric.dim(2) != kSlots ||
+        numeric.dim(3) != kNumericFeatures || action.numel() != B * W * kSlots ||
+        character.numel() != B * W * kSlots || stage.numel() != B * W ||
         prev.numel() != B * W * kControllerFeatures)
-      throw std::runtime_error("melee_embedding '" + ctx.name() + "': inconsistent inputs in batch " +
-                               std::to_string(b.index) + ": numeric " + numeric.describe() + ", action " +
-                               action.describe() + ", character " + character.describe() + ", stage " +
+      throw std::runtime_error("melee_embedding '" + ctx.name() +
+                               "': inconsistent inputs in batch " + std::to_string(b.index) +
+                               ": numeric " + numeric.describe() + ", action " + action.describe() +
+                               ", character " + character.describe() + ", stage " +
                                stage.describe() + ", prev_controller " + prev.describe());
     check_ids(action, kActionStates, "action", ctx.name());
     check_ids(character, kCharacters, "character", ctx.name());
@@ -125,15 +135,18 @@ class MeleeEmbeddingStage : public Stage {
     const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
     uint8_t* m = mirrored_.data<uint8_t>();
     for (int64_t w = 0; w < B; ++w)
-      m[w] = (training && mirror_) ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63) : 0;
+      m[w] = (training && mirror_)
+                 ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63)
+                 : 0;
 
     const size_t rows = static_cast<size_t>(B * W);
     float* out = x_.data<float>();
-    embed_forward<float>(layout_, rows, static_cast<size_t>(W), numeric.data<float>(), action.data<int32_t>(),
-                         character.data<int32_t>(), stage.data<int32_t>(), prev.data<float>(), m,
-                         action_.value.data<float>(), character_.value.data<float>(),
-                         stage_.value.data<float>(), out);
-    if (training && noise_ > 0) add_noise(numeric.data<float>(), rows, mix64(key ^ 0x6E6F697365ull), out);
+    embed_forward<float>(layout_, rows, static_cast<size_t>(W), numeric.data<float>(),
+                         action.data<int32_t>(), character.data<int32_t>(), stage.data<int32_t>(),
+                         prev.data<float>(), m, action_.value.data<float>(),
+                         character_.value.data<float>(), stage_.value.data<float>(), out);
+    if (training && noise_ > 0)
+      add_noise(numeric.data<float>(), rows, mix64(key ^ 0x6E6F697365ull), out);
 
     ctx.set_output(b, "x", x_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
     ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
@@ -147,10 +160,11 @@ class MeleeEmbeddingStage : public Stage {
     if (g.numel() != static_cast<int64_t>(rows) * layout_.width())
       throw std::runtime_error("melee_embedding '" + ctx.name() + "': gradient " + g.describe() +
                                " does not match x of batch " + std::to_string(b.index));
-    embed_backward<float>(layout_, rows, numeric.data<float>(), ctx.input(b, "action").data<int32_t>(),
-                          ctx.input(b, "character").data<int32_t>(), ctx.input(b, "stage").data<int32_t>(),
-                          g.data<float>(), action_.grad.data<float>(), character_.grad.data<float>(),
-                          stage_.grad.data<float>());
+    embed_backward<float>(
+        layout_, rows, numeric.data<float>(), ctx.input(b, "action").data<int32_t>(),
+        ctx.input(b, "character").data<int32_t>(), ctx.input(b, "stage").data<int32_t>(),
+        g.data<float>(), action_.grad.data<float>(), character_.grad.data<float>(),
+        stage_.grad.data<float>());
   }
 
   std::vector<Parameter*> parameters() override { return {&action_, &character_, &stage_}; }
@@ -167,13 +181,15 @@ class MeleeEmbeddingStage : public Stage {
     }
     if (!ok) {
       std::string w = "[";
-      for (int64_t d : want) w += (w.size() > 1 ? ", " : "") + (d < 0 ? std::string("*") : std::to_string(d));
-      throw std::runtime_error("melee_embedding '" + ctx.name() + "': input '" + port + "' is " + s.str() +
-                               ", expected " + w + "] (stages/melee/batch_layout.h)");
+      for (int64_t d : want)
+        w += (w.size() > 1 ? ", " : "") + (d < 0 ? std::string("*") : std::to_string(d));
+      throw std::runtime_error("melee_embedding '" + ctx.name() + "': input '" + port + "' is " +
+                               s.str() + ", expected " + w + "] (stages/melee/batch_layout.h)");
     }
   }
 
-  static void make_table(Parameter& p, const char* name, int rows, int dim, double scale, std::mt19937_64& rng) {
+  static void make_table(Parameter& p, const char* name, int rows, int dim, double scale,
+                         std::mt19937_64& rng) {
     p.name = name;
     p.value = Tensor::empty(Shape{rows, dim}, DType::f32, Device::cpu(), name);
     p.grad = Tensor::zeros(Shape{rows, dim}, DType::f32, Device::cpu(), name);
@@ -186,11 +202,13 @@ class MeleeEmbeddingStage : public Stage {
   void reserve(int64_t B, int64_t W) {
     if (B * W > rows_cap_) {
       rows_cap_ = B * W;
-      x_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::f32, Device::cpu(), "melee_embedding x");
+      x_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::f32, Device::cpu(),
+                         "melee_embedding x");
     }
     if (B > windows_cap_) {
       windows_cap_ = B;
-      mirrored_ = Tensor::zeros(Shape{windows_cap_}, DType::u8, Device::cpu(), "melee_embedding mirrored");
+      mirrored_ =
+          Tensor::zeros(Shape{windows_cap_}, DType::u8, Device::cpu(), "melee_embedding mirrored");
     }
   }
 
@@ -205,7 +223,8 @@ class MeleeEmbeddingStage : public Stage {
           if (!slot_exists(numeric + rs * kNumericFeatures)) continue;
           float* o = out + r * E + layout_.slot_offset(s);
           for (int f = 0; f < kNumericFeatures; ++f)
-            o[f] += sd * static_cast<float>(gaussian(key, rs * kNumericFeatures + static_cast<size_t>(f)));
+            o[f] += sd * static_cast<float>(
+                             gaussian(key, rs * kNumericFeatures + static_cast<size_t>(f)));
         }
     });
   }

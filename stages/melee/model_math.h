@@ -23,8 +23,8 @@ namespace slipstream::melee {
 // ---------------------------------------------------------------- embedding
 
 // Columns of one position of the embedding output:
-//   per slot s (player, opponent, Nana): [numeric × kNumericScale (18) | action (A) | character (C)]
-//   then stage (S), then prev_controller (13), then zero padding up to a multiple of 8.
+//   per slot s (player, opponent, Nana): [numeric × kNumericScale (18) | action (A) | character
+//   (C)] then stage (S), then prev_controller (13), then zero padding up to a multiple of 8.
 struct EmbedLayout {
   int action_dim = 32, character_dim = 8, stage_dim = 4;
   int slot_width() const { return kNumericFeatures + action_dim + character_dim; }
@@ -42,10 +42,16 @@ inline constexpr bool mirrors_numeric(int f) {
   return f == kFacing || f == kX || f == kSpeedAirX || f == kSpeedAttackX || f == kSpeedGroundX;
 }
 // prev_controller: main stick x and c-stick x.
-inline constexpr bool mirrors_controller(int c) { return c == kButtons + kMainX || c == kButtons + kCX; }
-inline constexpr bool mirrors_head(int stick_head) { return stick_head == kMainX || stick_head == kCX; }
+inline constexpr bool mirrors_controller(int c) {
+  return c == kButtons + kMainX || c == kButtons + kCX;
+}
+inline constexpr bool mirrors_head(int stick_head) {
+  return stick_head == kMainX || stick_head == kCX;
+}
 // stick_class(-v) == 16 - stick_class(v) exactly (round-half-even is symmetric about 8).
-inline constexpr int mirror_stick_class(int c) { return kStickClasses - 1 - c; }
+inline constexpr int mirror_stick_class(int c) {
+  return kStickClasses - 1 - c;
+}
 
 // A slot's embeddings are used (and trained) only where the slot exists (Nana is absent for
 // most characters; row 0 of the tables must not stand in for "nobody").
@@ -77,7 +83,8 @@ void embed_forward(const EmbedLayout& L, size_t rows, size_t window, const T* nu
         T* oa = o + L.action_offset(s);
         T* oc = o + L.character_offset(s);
         if (slot_exists(num)) {
-          std::copy_n(action_table + static_cast<size_t>(action[rs]) * L.action_dim, L.action_dim, oa);
+          std::copy_n(action_table + static_cast<size_t>(action[rs]) * L.action_dim, L.action_dim,
+                      oa);
           std::copy_n(character_table + static_cast<size_t>(character[rs]) * L.character_dim,
                       L.character_dim, oc);
         } else {
@@ -89,7 +96,8 @@ void embed_forward(const EmbedLayout& L, size_t rows, size_t window, const T* nu
                   o + L.stage_offset());
       T* oc = o + L.controller_offset();
       const T* pc = prev_controller + r * kControllerFeatures;
-      for (int c = 0; c < kControllerFeatures; ++c) oc[c] = (m && mirrors_controller(c)) ? -pc[c] : pc[c];
+      for (int c = 0; c < kControllerFeatures; ++c)
+        oc[c] = (m && mirrors_controller(c)) ? -pc[c] : pc[c];
       std::fill(o + L.raw_width(), o + E, T(0));
     }
   });
@@ -125,9 +133,14 @@ void embed_backward(const EmbedLayout& L, size_t rows, const T* numeric, const i
 // The six heads' logits are computed as one fused (M, 81) product; each head's rows of the fused
 // weight are contiguous, so the per-head parameters are views of one buffer.
 inline constexpr int kHeads = 6;  // buttons, then the kStickHeads in StickHead order
-inline constexpr const char* kHeadNames[kHeads] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
-inline constexpr int head_width(int h) { return h == 0 ? kButtons : head_classes(h - 1); }
-inline constexpr int head_offset(int h) { return h == 0 ? 0 : head_offset(h - 1) + head_width(h - 1); }
+inline constexpr const char* kHeadNames[kHeads] = {"buttons", "main_x", "main_y",
+                                                   "c_x",     "c_y",    "shoulder"};
+inline constexpr int head_width(int h) {
+  return h == 0 ? kButtons : head_classes(h - 1);
+}
+inline constexpr int head_offset(int h) {
+  return h == 0 ? 0 : head_offset(h - 1) + head_width(h - 1);
+}
 inline constexpr int kHeadsWidth = head_offset(kHeads);  // 81
 
 // x (M, H) -> logits (M, 81). hidden > 0: pre = x Whᵀ + bh, act = silu(pre) (both (M, hidden),
@@ -207,15 +220,17 @@ BcLossResult bc_loss_forward(size_t M, const T* const logits[kHeads], const T* t
     if (h == 0) {
       st = kernels::bce_with_logits_forward<T>(logits[0], target_buttons, s.button_weights, nullptr,
                                                M * kButtons, eps);
-      raw = eps == T(0) ? st
-                        : kernels::bce_with_logits_forward<T>(logits[0], target_buttons, s.button_weights,
-                                                              nullptr, M * kButtons, T(0));
+      raw = eps == T(0)
+                ? st
+                : kernels::bce_with_logits_forward<T>(logits[0], target_buttons, s.button_weights,
+                                                      nullptr, M * kButtons, T(0));
       r.weight_sum = st.weight_sum / kButtons;
       r.acc[0] = st.accuracy();
     } else {
       const int32_t* tg = s.targets + static_cast<size_t>(h - 1) * M;
       const size_t K = static_cast<size_t>(head_width(h));
-      st = kernels::softmax_cross_entropy_forward<T>(logits[h], tg, mask, nullptr, nullptr, M, K, eps);
+      st = kernels::softmax_cross_entropy_forward<T>(logits[h], tg, mask, nullptr, nullptr, M, K,
+                                                     eps);
       raw = eps == T(0) ? st
                         : kernels::softmax_cross_entropy_forward<T>(logits[h], tg, mask, nullptr,
                                                                     nullptr, M, K, T(0));
@@ -236,17 +251,18 @@ BcLossResult bc_loss_forward(size_t M, const T* const logits[kHeads], const T* t
 // dlogits[h] (M, width_h) = d total / d logits[h], overwritten.
 template <class T>
 void bc_loss_backward(size_t M, const T* const logits[kHeads], const T* target_buttons,
-                      const T* mask, const T* head_weights, T eps, double weight_sum, BcLossScratch<T> s,
-                      T* const dlogits[kHeads]) {
+                      const T* mask, const T* head_weights, T eps, double weight_sum,
+                      BcLossScratch<T> s, T* const dlogits[kHeads]) {
   for (int h = 0; h < kHeads; ++h) {
-    const T scale = weight_sum > 0 ? static_cast<T>(static_cast<double>(head_weights[h]) / weight_sum) : T(0);
+    const T scale =
+        weight_sum > 0 ? static_cast<T>(static_cast<double>(head_weights[h]) / weight_sum) : T(0);
     if (h == 0)
       kernels::bce_with_logits_backward<T>(logits[0], target_buttons, s.button_weights, dlogits[0],
                                            M * kButtons, eps, scale);
     else
-      kernels::softmax_cross_entropy_backward<T>(logits[h], s.targets + static_cast<size_t>(h - 1) * M,
-                                                 mask, dlogits[h], M, static_cast<size_t>(head_width(h)),
-                                                 eps, scale);
+      kernels::softmax_cross_entropy_backward<T>(
+          logits[h], s.targets + static_cast<size_t>(h - 1) * M, mask, dlogits[h], M,
+          static_cast<size_t>(head_width(h)), eps, scale);
   }
 }
 
@@ -285,7 +301,8 @@ void count_repeats(size_t M, const T* prev_controller, const T* target_buttons,
     c.total += w;
     const T* pc = prev_controller + i * kControllerFeatures;
     for (int k = 0; k < kRepeatItems; ++k)
-      if (label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads, k) == prev_class(pc, k))
+      if (label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads, k) ==
+          prev_class(pc, k))
         c.same[k] += w;
   }
 }
@@ -318,8 +335,8 @@ BaselineResult baseline_forward(size_t M, const T* prev_controller, const T* tar
     r.weight_sum += w;
     const T* pc = prev_controller + i * kControllerFeatures;
     for (int k = 0; k < kRepeatItems; ++k) {
-      const bool same = label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads, k) ==
-                        prev_class(pc, k);
+      const bool same = label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads,
+                                    k) == prev_class(pc, k);
       const int h = k < kButtons ? 0 : k - kButtons + 1;
       loss[h] += w * (same ? nll_same[k] : nll_other[k]);
       correct[h] += same ? w : 0.0;

@@ -59,7 +59,8 @@ void setup_replay(CLI::App& parent) {
   auto dump_args = std::make_shared<DumpArgs>();
   CLI::App* dump = replay->add_subcommand("dump", "Print every field of one recorded frame");
   dump->add_option("file", dump_args->file, "Replay file")->required();
-  dump->add_option("--frame-index", dump_args->frame_index, "Row as recorded (0 = first, rollbacks included)")
+  dump->add_option("--frame-index", dump_args->frame_index,
+                   "Row as recorded (0 = first, rollbacks included)")
       ->required();
   dump->add_option("--port", dump_args->port, "Only this port (1-4)")->check(CLI::Range(1, 4));
   dump->add_flag("--json", dump_args->json, "Print JSON");
@@ -83,10 +84,13 @@ void setup_synth(CLI::App& parent) {
   };
   auto args = std::make_shared<SynthArgs>();
   CLI::App* synth = parent.add_subcommand("synth", "Write synthetic two-player .slp games");
-  synth->add_option("--games", args->games, "Number of games")->required()->check(CLI::PositiveNumber);
+  synth->add_option("--games", args->games, "Number of games")
+      ->required()
+      ->check(CLI::PositiveNumber);
   synth->add_option("--out", args->out, "Output directory")->required();
   synth->add_option("--seed", args->seed, "Seed (games are deterministic from it)");
-  synth->add_option("--frames", args->frames, "Frames per game at most")->check(CLI::PositiveNumber);
+  synth->add_option("--frames", args->frames, "Frames per game at most")
+      ->check(CLI::PositiveNumber);
   synth->callback([args] {
     try {
       const auto paths = write_synthetic_games(args->out, args->games, args->seed, args->frames);
@@ -110,7 +114,8 @@ void setup_corpus(CLI::App& parent) {
   CLI::App* build = corpus->add_subcommand("build", "Parse replays into a corpus directory");
   build->add_option("--out", args->out, "Corpus directory")->required();
   build->add_flag("--zstd", args->zstd, "Compress each column with zstd");
-  build->add_flag("--keep-rollbacks", args->keep_rollbacks, "Keep every recorded copy of rolled-back frames");
+  build->add_flag("--keep-rollbacks", args->keep_rollbacks,
+                  "Keep every recorded copy of rolled-back frames");
   build->add_option("paths", args->paths, "Replay files or directories")->required();
   build->callback([args] {
     try {
@@ -119,9 +124,9 @@ void setup_corpus(CLI::App& parent) {
       options.zstd = args->zstd;
       options.rollbacks = args->keep_rollbacks ? Rollbacks::kKeepAll : Rollbacks::kLastCopy;
       const CorpusBuildReport r = build_corpus(inputs, args->out, options);
-      std::cout << "corpus " << args->out << ": " << r.games << " games, " << r.frames << " frames, "
-                << r.skipped << " skipped, " << r.input_bytes << " bytes in, " << r.output_bytes
-                << " bytes of columns\n";
+      std::cout << "corpus " << args->out << ": " << r.games << " games, " << r.frames
+                << " frames, " << r.skipped << " skipped, " << r.input_bytes << " bytes in, "
+                << r.output_bytes << " bytes of columns\n";
     } catch (const std::exception& e) {
       fail(e.what());
     }

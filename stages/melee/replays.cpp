@@ -42,8 +42,8 @@ struct Filters {
 
   std::string key() const {
     std::ostringstream k;
-    k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|'
-      << min_rows << '|' << perspectives << "|s";
+    k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
+      << '|' << perspectives << "|s";
     for (auto s : stages) k << ',' << s;
     k << "|c";
     for (auto c : characters) k << ',' << c;
@@ -201,8 +201,8 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
 Outcome process_file(const fs::path& path, const Filters& f) {
   try {
     slp::ParseOptions opt;
-    opt.rollbacks = f.rollback == RollbackMode::last ? slp::Rollbacks::kLastCopy
-                                                     : slp::Rollbacks::kKeepAll;
+    opt.rollbacks =
+        f.rollback == RollbackMode::last ? slp::Rollbacks::kLastCopy : slp::Rollbacks::kKeepAll;
     opt.items = false;
     const slp::Game game = slp::parse_slp_file(path, opt);
     return process_view(slp::view_of(game), f, path.string());
@@ -226,8 +226,7 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
   ds->reason_text = {
       "not found",
       "unreadable",
-      f.one_vs_one ? "not 1v1 (one_vs_one: true keeps 2-player games)"
-                   : "fewer than 2 players",
+      f.one_vs_one ? "not 1v1 (one_vs_one: true keeps 2-player games)" : "fewer than 2 players",
       "stage not in stages=" + list_str(f.stages),
       "a player without frames",
       "shorter than min_frames=" + std::to_string(f.min_frames) +
@@ -371,8 +370,9 @@ StageSchema ReplaysStage::schema() {
   using I = std::vector<int64_t>;
   return StageSchema("slippi_replays")
       .family("melee")
-      .doc("Slippi replays (or a corpus cache) -> deterministic, resumable batches of training "
-           "windows (stages/melee/batch_layout.h).")
+      .doc(
+          "Slippi replays (or a corpus cache) -> deterministic, resumable batches of training "
+          "windows (stages/melee/batch_layout.h).")
       .role(StageRole::source)
       .output("numeric", DType::f32, 4, "(B, W, slots, features) raw post-frame values")
       .output("action", DType::i32, 3, "(B, W, slots) action state, clamped")
@@ -383,13 +383,15 @@ StageSchema ReplaysStage::schema() {
       .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
       .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
-      .param("batch_size", int64_t{256}, "windows per batch (an epoch's last partial batch is dropped)")
+      .param("batch_size", int64_t{256},
+             "windows per batch (an epoch's last partial batch is dropped)")
       .range(1, std::nullopt)
       .param("window", int64_t{60}, "frames per window")
       .range(1, std::nullopt)
       .param("stride", int64_t{5}, "frames between window starts")
       .range(1, std::nullopt)
-      .param("delay", int64_t{0}, "frame delay D: features see the controller of t + D, labels t + D + 1")
+      .param("delay", int64_t{0},
+             "frame delay D: features see the controller of t + D, labels t + D + 1")
       .range(0, 600)
       .param("min_frames", int64_t{300}, "skip games with fewer frames")
       .range(0, std::nullopt)
@@ -398,10 +400,12 @@ StageSchema ReplaysStage::schema() {
       .param("stages", I{}, "stage ids to keep (empty: all)")
       .range(0, 65535)
       .param("one_vs_one", true, "only games with exactly 2 players (Nana is not a player)")
-      .param("validation_fraction", 0.1, "fraction of whole games held out, by seed and game identity")
+      .param("validation_fraction", 0.1,
+             "fraction of whole games held out, by seed and game identity")
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
-      .param("perspectives", std::string("both"), "both: every player's view; first/second: one port's")
+      .param("perspectives", std::string("both"),
+             "both: every player's view; first/second: one port's")
       .choices({"both", "first", "second"})
       .param("rollback", std::string("last"), "last: the last copy of each frame; all: as recorded")
       .choices({"last", "all"})
@@ -442,9 +446,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   if (in.files.empty() && in.corpora.empty()) {
     const int64_t n = p.integer("synthetic");
     if (n <= 0)
-      throw std::runtime_error(who + ": no replays in paths " + paths_str(paths) +
-                               (in.missing.empty() ? "" : " (not found: " + paths_str(in.missing) + ")") +
-                               "; set paths, or synthetic: N to train on N generated games");
+      throw std::runtime_error(
+          who + ": no replays in paths " + paths_str(paths) +
+          (in.missing.empty() ? "" : " (not found: " + paths_str(in.missing) + ")") +
+          "; set paths, or synthetic: N to train on N generated games");
     bool generated = false;
     const fs::path dir = synthetic_games(p.string("synthetic_dir"), ctx.run().seed, n, generated);
     synthetic_dir_used_ = dir.string();
@@ -482,14 +487,15 @@ void ReplaysStage::setup(StageContext& ctx) {
     games_of[s].push_back(static_cast<uint32_t>(g));
     const auto& players = ds.games[g].players;
     for (uint8_t pl : ds.players[g])
-      persp[s].push_back({static_cast<uint32_t>(g), pl,
-                          static_cast<uint8_t>((pl + 1) % players.size())});
+      persp[s].push_back(
+          {static_cast<uint32_t>(g), pl, static_cast<uint8_t>((pl + 1) % players.size())});
   }
   std::array<size_t, 2> nwin{};
   for (int s = 0; s < 2; ++s)
     nwin[s] = build_windows(ds.games, persp[s], static_cast<int>(window_),
                             static_cast<int>(p.integer("stride")), static_cast<int>(delay_))
                   .size();
+  const std::array<size_t, 2> ngames = {games_of[0].size(), games_of[1].size()};
   const int mine = validation_ ? 1 : 0;
   perspectives_ = std::move(persp[mine]);
   split_games_ = std::move(games_of[mine]);
@@ -509,10 +515,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   size_t skipped = 0;
   for (const auto& s : ds.skips) skipped += s.count;
   rep << who << ": " << ds.files << " files" << (ds.corpus_games ? " + " : "")
-      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "") << " -> "
-      << ng << " games, " << ds.frames << " frames, " << (ds.bytes >> 20) << " MiB of features in "
-      << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; "
-      << skipped << " skipped\n";
+      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "") << " -> " << ng
+      << " games, " << ds.frames << " frames, " << (ds.bytes >> 20) << " MiB of features in "
+      << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; " << skipped
+      << " skipped\n";
   for (size_t r = 0; r < kReasons; ++r) {
     const auto& s = ds.skips[r];
     if (!s.count) continue;
@@ -526,11 +532,11 @@ void ReplaysStage::setup(StageContext& ctx) {
       rep << (i ? ", " : "") << ds.damaged_examples[i];
     rep << (ds.damaged > ds.damaged_examples.size() ? ", ..." : "") << "\n";
   }
-  rep << "  train: " << games_of[0].size() << " games, " << nwin[0] << " windows ("
-      << nwin[0] / B << " batches of " << B << " per epoch); validation: " << games_of[1].size()
-      << " games, " << nwin[1] << " windows\n";
+  rep << "  train: " << ngames[0] << " games, " << nwin[0] << " windows (" << nwin[0] / B
+      << " batches of " << B << " per epoch); validation: " << ngames[1] << " games, " << nwin[1]
+      << " windows\n";
   report_ = rep.str();
-  if (fresh || !synthetic_dir_used_.empty()) std::cerr << report_ << std::flush;
+  if (fresh) std::cerr << report_ << std::flush;
 
   if (!validation_) {
     if (windows_.empty()) {
@@ -539,7 +545,7 @@ void ReplaysStage::setup(StageContext& ctx) {
       if (ds.corpus_games) e << " + " << ds.corpus_games << " corpus games";
       for (size_t r = 0; r < kReasons; ++r)
         if (ds.skips[r].count) e << ", " << ds.skips[r].count << ' ' << ds.reason_text[r];
-      e << ", " << ng << " games kept (" << games_of[1].size()
+      e << ", " << ng << " games kept (" << ngames[1]
         << " of them in validation, validation_fraction=" << frac << ")";
       throw std::runtime_error(e.str());
     }
@@ -578,14 +584,18 @@ void ReplaysStage::seek(uint64_t next_index, StageContext& ctx) {
   next_ = next_index;
 }
 
+// Validation passes read one fixed shuffled order (the same every pass), so a pass of a few
+// batches samples every validation game instead of the first game's opening frames.
+constexpr uint64_t kValidationOrder = uint64_t{1} << 40;
+
 bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   const uint64_t k = out.index;
   next_ = k + 1;
   if (k >= total_batches_) return false;
   const uint64_t B = static_cast<uint64_t>(batch_);
-  const uint64_t epoch = validation_ ? 0 : k / batches_per_epoch_;
+  const uint64_t epoch = validation_ ? kValidationOrder : k / batches_per_epoch_;
   const uint64_t j = validation_ ? k : k % batches_per_epoch_;
-  if (!validation_ && shuffle_ && perm_epoch_ != static_cast<int64_t>(epoch)) {
+  if (shuffle_ && perm_epoch_ != static_cast<int64_t>(epoch)) {
     perm_ = epoch_permutation(windows_.size(), seed_, epoch);
     perm_epoch_ = static_cast<int64_t>(epoch);
   }
@@ -594,14 +604,15 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   for (uint64_t r = 0; r < B; ++r) {
     const uint64_t pos = j * B + r;
     if (pos >= windows_.size()) break;  // validation's last batch: padding
-    rows[r] = &windows_[!validation_ && shuffle_ ? perm_[pos] : pos];
+    rows[r] = &windows_[shuffle_ ? perm_[pos] : pos];
     ++real;
   }
 
   const int64_t b = static_cast<int64_t>(B), W = window_;
-  Tensor numeric = Tensor::empty(Shape{b, W, kSlots, kNumericFeatures}, DType::f32,
-                                 Device::cpu(), "slippi_replays numeric");
-  Tensor action = Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays action");
+  Tensor numeric = Tensor::empty(Shape{b, W, kSlots, kNumericFeatures}, DType::f32, Device::cpu(),
+                                 "slippi_replays numeric");
+  Tensor action =
+      Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays action");
   Tensor character =
       Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays character");
   Tensor stage = Tensor::empty(Shape{b, W}, DType::i32, Device::cpu(), "slippi_replays stage");
@@ -659,7 +670,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
     throw std::out_of_range("slippi_replays: no batch " + std::to_string(batch) + " row " +
                             std::to_string(row));
   const uint64_t B = static_cast<uint64_t>(batch_);
-  const uint64_t epoch = validation_ ? 0 : batch / batches_per_epoch_;
+  const uint64_t epoch = validation_ ? kValidationOrder : batch / batches_per_epoch_;
   const uint64_t j = validation_ ? batch : batch % batches_per_epoch_;
   const uint64_t pos = j * B + static_cast<uint64_t>(row);
   WindowInfo info;
@@ -668,7 +679,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
     return info;
   }
   size_t idx = pos;
-  if (!validation_ && shuffle_) {
+  if (shuffle_) {
     if (perm_epoch_ != static_cast<int64_t>(epoch)) {
       perm_ = epoch_permutation(windows_.size(), seed_, epoch);
       perm_epoch_ = static_cast<int64_t>(epoch);
@@ -694,7 +705,7 @@ std::vector<std::string> ReplaysStage::sources() const {
 }
 
 std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
-  static const char* kNames[kReasons] = {"not found",  "unreadable", "players",   "stage",
+  static const char* kNames[kReasons] = {"not found", "unreadable", "players",   "stage",
                                          "no frames", "too short",  "characters"};
   std::vector<std::pair<std::string, size_t>> out;
   for (size_t r = 0; r < kReasons; ++r)
@@ -702,7 +713,9 @@ std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
   return out;
 }
 
-size_t ReplaysStage::damaged() const { return data_->damaged; }
+size_t ReplaysStage::damaged() const {
+  return data_->damaged;
+}
 
 void ReplaysStage::save(StateWriter& w) const {
   // The position is the runner's batch index; the fingerprint detects a changed data set.
@@ -715,7 +728,8 @@ void ReplaysStage::load(StateReader& r) {
     std::cerr << "slippi_replays: warning: the replays, split or window settings differ from the "
                  "checkpoint's (windows: "
               << (r.has("windows") ? std::to_string(r.integer("windows")) : "?") << " then, "
-              << windows_.size() << " now); batches after the resume point will not match the "
+              << windows_.size()
+              << " now); batches after the resume point will not match the "
                  "original run\n";
 }
 

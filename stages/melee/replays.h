@@ -38,13 +38,13 @@ class ReplaysStage : public Stage {
 
   // ---- introspection (tests, benchmarks, tools) ----
   struct WindowInfo {
-    std::string source;       // file (or corpus source) of the game
-    int player_port = 0;      // 0-based port shown in slot 0
-    int opponent_port = 0;    // slot 1
+    std::string source;         // file (or corpus source) of the game
+    int player_port = 0;        // 0-based port shown in slot 0
+    int opponent_port = 0;      // slot 1
     bool has_follower = false;  // slot 2 holds the player's Nana
-    uint32_t start = 0;       // first kept row of the window (index into GameFeatures rows)
-    uint32_t recorded_row = 0;  // the same row in the recorded stream (rollbacks included)
-    bool padding = false;     // a padded row (validation's last batch)
+    uint32_t start = 0;         // first kept row of the window (index into GameFeatures rows)
+    uint32_t recorded_row = 0;  // the same row in the game as decoded (parse or corpus)
+    bool padding = false;       // a padded row (validation's last batch)
   };
   // Which window fills row `row` of batch `batch` (throws std::out_of_range past the end).
   WindowInfo window(uint64_t batch, int64_t row) const;

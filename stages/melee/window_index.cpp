@@ -78,8 +78,9 @@ ControllerTrack extract_controller(const slp::CharacterFramesT<slp::View>& ch,
     a[1] = std::clamp(get(p.joystick_y, r), -1.0f, 1.0f);
     a[2] = std::clamp(get(p.cstick_x, r), -1.0f, 1.0f);
     a[3] = std::clamp(get(p.cstick_y, r), -1.0f, 1.0f);
-    a[4] = std::clamp(std::max(get(p.trigger_physical_l, r), get(p.trigger_physical_r, r)), 0.0f,
-                      1.0f);
+    // The processed trigger is the game's max(L, R) analog value; the physical L/R fields
+    // hold garbage (e.g. 3.8e22) in files before 1.x, so they are not used.
+    a[4] = std::clamp(get(p.trigger, r), 0.0f, 1.0f);
   }
   return c;
 }
@@ -91,8 +92,7 @@ uint8_t first_character(const slp::CharacterFramesT<slp::View>& ch) {
 }
 
 size_t track_bytes(const TrackFeatures& t) {
-  return t.numeric.size() * sizeof(float) + t.action.size() * sizeof(int16_t) +
-         t.character.size();
+  return t.numeric.size() * sizeof(float) + t.action.size() * sizeof(int16_t) + t.character.size();
 }
 
 }  // namespace

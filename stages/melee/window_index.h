@@ -41,7 +41,7 @@ struct ControllerTrack {
 };
 
 struct PlayerFeatures {
-  uint8_t port = 0;                      // 0-based
+  uint8_t port = 0;                       // 0-based
   uint8_t character = slp::kNoCharacter;  // internal id at the leader's first Post-Frame
   TrackFeatures leader;
   bool has_follower = false;  // Ice Climbers' Nana
@@ -50,12 +50,12 @@ struct PlayerFeatures {
 };
 
 struct GameFeatures {
-  std::string source;     // file path (or the source recorded in the corpus)
-  uint64_t identity = 0;  // stable across parse/corpus and path spellings, see game_identity
-  int32_t stage = 0;      // clamped to [0, kStages)
-  uint32_t rows = 0;      // kept rows (frames after rollback handling)
-  std::vector<int32_t> frame;           // frame number of each kept row
-  std::vector<uint32_t> recorded_row;   // index of each kept row in the recorded stream
+  std::string source;          // file path (or the source recorded in the corpus)
+  uint64_t identity = 0;       // stable across parse/corpus and path spellings, see game_identity
+  int32_t stage = 0;           // clamped to [0, kStages)
+  uint32_t rows = 0;           // kept rows (frames after rollback handling)
+  std::vector<int32_t> frame;  // frame number of each kept row
+  std::vector<uint32_t> recorded_row;   // index of each kept row in the decoded game's rows
   std::vector<PlayerFeatures> players;  // Game Start players with frames, sorted by port
   size_t bytes() const;
 };

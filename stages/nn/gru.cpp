@@ -15,8 +15,9 @@ class GruStage : public Stage {
   static StageSchema schema() {
     return StageSchema("gru")
         .family("nn")
-        .doc("Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state); causal "
-             "sequence to sequence.")
+        .doc(
+            "Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state); causal "
+            "sequence to sequence.")
         .trainable()
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
         .output("y", DType::f32, 3, "(B, W, hidden) the last layer's state at every step")
@@ -29,7 +30,8 @@ class GruStage : public Stage {
   void setup(StageContext& ctx) override {
     const Shape& in = ctx.input_shape("x");
     if (in.rank() != 3 || in[2] <= 0)
-      throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " + in.str());
+      throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " +
+                               in.str());
     nn::GruConfig c;
     c.din = static_cast<int>(in[2]);
     c.hidden = static_cast<int>(ctx.params().integer("hidden"));

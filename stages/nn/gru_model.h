@@ -87,8 +87,8 @@ class GruModel {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       T* out = layer_out(k);
       kernels::gru_forward(in, static_cast<const T*>(nullptr), w + Lw.w_ih, w + Lw.w_hh,
-                           w + Lw.b_ih, w + Lw.b_hh, out, layer_saved(k), fws_.data(), B_, L_, Lw.in,
-                           c_.hidden);
+                           w + Lw.b_ih, w + Lw.b_hh, out, layer_saved(k), fws_.data(), B_, L_,
+                           Lw.in, c_.hidden);
       in = out;
     }
     std::memcpy(y, layer_out(c_.layers - 1), elems() * sizeof(T));

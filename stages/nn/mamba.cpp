@@ -16,12 +16,14 @@ class MambaStage : public Stage {
   static StageSchema schema() {
     return StageSchema("mamba")
         .family("nn")
-        .doc("Mamba-1 blocks (RMSNorm, selective-scan mixer, residual) and a final RMSNorm; "
-             "mamba-ssm's parameter names; causal sequence to sequence.")
+        .doc(
+            "Mamba-1 blocks (RMSNorm, selective-scan mixer, residual) and a final RMSNorm; "
+            "mamba-ssm's parameter names; causal sequence to sequence.")
         .trainable()
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")
-        .param("d_model", int64_t{128}, "model width (an input_proj maps Din to it when they differ)")
+        .param("d_model", int64_t{128},
+               "model width (an input_proj maps Din to it when they differ)")
         .range(1, 65536)
         .param("d_state", int64_t{16}, "SSM state size per channel")
         .range(1, kernels::kScanMaxState)
@@ -41,7 +43,8 @@ class MambaStage : public Stage {
     const Params& p = ctx.params();
     const Shape& in = ctx.input_shape("x");
     if (in.rank() != 3 || in[2] <= 0)
-      throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " + in.str());
+      throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " +
+                               in.str());
     nn::MambaConfig c;
     c.din = static_cast<int>(in[2]);
     c.d_model = static_cast<int>(p.integer("d_model"));

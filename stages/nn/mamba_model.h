@@ -182,7 +182,7 @@ class MambaModel {
     ddbc_.assign(M * P, T(0));
     dA_.assign(di * N, T(0));
     scan_ws_.assign(kernels::selective_scan_backward_workspace_elems(B, L, static_cast<int>(di),
-                                                                      static_cast<int>(N)),
+                                                                     static_cast<int>(N)),
                     T(0));
     if (bf16) {
       const size_t din = static_cast<size_t>(c_.din);
@@ -239,8 +239,7 @@ class MambaModel {
       const uint16_t* ub = round(a.u, a.u_bf, Ms * di_(), wb);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
-      mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta,
-         di);
+      mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
       kernels::copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
       kernels::copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       const T* A_log = w + Lw.A_log;
@@ -302,12 +301,12 @@ class MambaModel {
       kernels::copy_cols(dz_.data(), di_(), dxz_.data() + di, 2 * di_(), Ms, di_());
       // in_proj, then the block's RMSNorm; its input gradient joins the residual stream.
       const uint16_t* dxzb = round(dxz_.data(), dyb, Ms * 2 * di_(), wb);
-      mm(false, false, M, dm, 2 * di, dxz_.data(), dxzb, 2 * di, w + Lw.in_proj,
-         bf(wb, Lw.in_proj), dm, T(0), dxn_.data(), dm);
+      mm(false, false, M, dm, 2 * di, dxz_.data(), dxzb, 2 * di, w + Lw.in_proj, bf(wb, Lw.in_proj),
+         dm, T(0), dxn_.data(), dm);
       mm(true, false, 2 * di, dm, M, dxz_.data(), dxzb, 2 * di, a.xn, a.xn_bf, dm, T(1),
          g + Lw.in_proj, dm);
-      kernels::rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_.data(), dxn_.data(), g + Lw.norm,
-                                Ms, dm_());
+      kernels::rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_.data(), dxn_.data(), g + Lw.norm, Ms,
+                                dm_());
       kernels::add_inplace(dh, dxn_.data(), Ms * dm_());
     }
     if (c_.has_input_proj()) {
@@ -332,13 +331,15 @@ class MambaModel {
   };
   Act act(int l) {
     const size_t M = static_cast<size_t>(B_) * static_cast<size_t>(L_), k = static_cast<size_t>(l);
-    auto at = [&](std::vector<uint16_t>& v, size_t per) { return v.empty() ? nullptr : v.data() + k * per; };
-    return {h_.data() + k * M * dm_(),     rstd_.data() + k * M,          xn_.data() + k * M * dm_(),
-            xc_.data() + k * M * di_(),    z_.data() + k * M * di_(),     conv_.data() + k * M * di_(),
-            u_.data() + k * M * di_(),     dbc_.data() + k * M * P_(),    delta_.data() + k * M * di_(),
-            Bm_.data() + k * M * N_(),     Cm_.data() + k * M * N_(),     ys_.data() + k * M * di_(),
-            A_.data() + k * di_() * N_(),  at(xn_bf_, M * dm_()),         at(u_bf_, M * di_()),
-            at(dbc_bf_, M * P_()),         at(ys_bf_, M * di_())};
+    auto at = [&](std::vector<uint16_t>& v, size_t per) {
+      return v.empty() ? nullptr : v.data() + k * per;
+    };
+    return {h_.data() + k * M * dm_(),    rstd_.data() + k * M,       xn_.data() + k * M * dm_(),
+            xc_.data() + k * M * di_(),   z_.data() + k * M * di_(),  conv_.data() + k * M * di_(),
+            u_.data() + k * M * di_(),    dbc_.data() + k * M * P_(), delta_.data() + k * M * di_(),
+            Bm_.data() + k * M * N_(),    Cm_.data() + k * M * N_(),  ys_.data() + k * M * di_(),
+            A_.data() + k * di_() * N_(), at(xn_bf_, M * dm_()),      at(u_bf_, M * di_()),
+            at(dbc_bf_, M * P_()),        at(ys_bf_, M * di_())};
   }
 
   size_t dm_() const { return static_cast<size_t>(c_.d_model); }

@@ -17,7 +17,8 @@ inline bool input_grad_wanted(StageContext& ctx, size_t port_index) {
   for (const auto& s : plan.stages) {
     if (s.name != ctx.name()) continue;
     if (port_index >= s.inputs.size() || s.inputs[port_index].producer < 0) return true;
-    return plan.stages[static_cast<size_t>(s.inputs[port_index].producer)].schema->is_differentiable();
+    return plan.stages[static_cast<size_t>(s.inputs[port_index].producer)]
+        .schema->is_differentiable();
   }
   return true;
 }

@@ -8,7 +8,8 @@ void ParamStore::allocate(const ParamLayout& layout, bool bf16_shadow) {
   const int64_t n = static_cast<int64_t>(layout.total());
   values_ = Tensor::zeros({n}, DType::f32, Device::cpu(), "model weights");
   grads_ = Tensor::zeros({n}, DType::f32, Device::cpu(), "model weight gradients");
-  shadow_ = bf16_shadow ? Tensor::zeros({n}, DType::bf16, Device::cpu(), "bf16 weight copy") : Tensor();
+  shadow_ =
+      bf16_shadow ? Tensor::zeros({n}, DType::bf16, Device::cpu(), "bf16 weight copy") : Tensor();
   params_.clear();
   params_.reserve(layout.slots().size());
   for (const auto& s : layout.slots()) {

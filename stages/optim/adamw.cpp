@@ -14,8 +14,9 @@ class AdamWStage : public Stage {
   static StageSchema schema() {
     return StageSchema("adamw")
         .family("optim")
-        .doc("AdamW (decoupled weight decay) on every upstream parameter, with global-norm "
-             "clipping, LR schedules, gradient accumulation and an EMA of the weights.")
+        .doc(
+            "AdamW (decoupled weight decay) on every upstream parameter, with global-norm "
+            "clipping, LR schedules, gradient accumulation and an EMA of the weights.")
         .role(StageRole::update)
         .param("lr", 1e-4, "peak learning rate")
         .range(0, std::nullopt)
@@ -73,8 +74,9 @@ class AdamWStage : public Stage {
     if (c.ema >= 1) throw std::runtime_error("ema must be below 1 (" + p.mark("ema").str() + ")");
     auto params = ctx.upstream_parameters();
     if (params.empty())
-      throw std::runtime_error("no trainable parameters upstream: list the loss stage (or the "
-                               "allreduce after it) as this stage's input");
+      throw std::runtime_error(
+          "no trainable parameters upstream: list the loss stage (or the "
+          "allreduce after it) as this stage's input");
     opt_.attach(std::move(params), c);
     opt_.refresh_shadows();
   }

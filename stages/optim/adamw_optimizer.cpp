@@ -12,8 +12,12 @@ namespace slipstream::optim {
 
 namespace {
 
-float* f32(const Tensor& t) { return t.data<float>(); }
-size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
+float* f32(const Tensor& t) {
+  return t.data<float>();
+}
+size_t count(const Tensor& t) {
+  return static_cast<size_t>(t.numel());
+}
 
 uint16_t* shadow(const Parameter& p) {
   return p.low_precision.defined() ? p.low_precision.data<uint16_t>() : nullptr;
@@ -35,13 +39,15 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
   for (auto& [name, p] : params) {
     for (const Tensor* t : {&p->value, &p->grad})
       if (!t->defined() || t->dtype() != DType::f32 || !t->device().is_cpu())
-        throw std::runtime_error("adamw: parameter '" + name + "' needs f32 CPU value and grad, got " +
+        throw std::runtime_error("adamw: parameter '" + name +
+                                 "' needs f32 CPU value and grad, got " +
                                  (t->defined() ? t->describe() : std::string("none")));
     if (!(p->value.shape() == p->grad.shape()))
       throw std::runtime_error("adamw: parameter '" + name + "': value and grad shapes differ");
     if (p->low_precision.defined() &&
         (p->low_precision.dtype() != DType::bf16 || p->low_precision.numel() != p->value.numel()))
-      throw std::runtime_error("adamw: parameter '" + name + "': low_precision must be bf16 of the same size");
+      throw std::runtime_error("adamw: parameter '" + name +
+                               "': low_precision must be bf16 of the same size");
     Slot s;
     s.name = name;
     s.p = p;
@@ -129,11 +135,15 @@ void AdamWOptimizer::load(StateReader& r) {
     r.tensor_into("m." + s.name, s.m);
     r.tensor_into("v." + s.name, s.v);
     if (s.ema.defined()) {
-      if (r.has("ema." + s.name)) r.tensor_into("ema." + s.name, s.ema);
-      else s.ema.copy_from(s.p->value);  // resumed from a run without EMA: start it here
+      if (r.has("ema." + s.name))
+        r.tensor_into("ema." + s.name, s.ema);
+      else
+        s.ema.copy_from(s.p->value);  // resumed from a run without EMA: start it here
     }
-    if (micro_ > 0) r.tensor_into("grad." + s.name, s.p->grad);
-    else s.p->grad.zero_();
+    if (micro_ > 0)
+      r.tensor_into("grad." + s.name, s.p->grad);
+    else
+      s.p->grad.zero_();
   }
   ema_swapped_ = false;
   refresh_shadows();

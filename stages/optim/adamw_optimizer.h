@@ -27,10 +27,10 @@ class AdamWOptimizer {
  public:
   // What one call to micro_step did.
   struct Report {
-    bool stepped = false;   // an update happened (every `accumulate` micro-batches)
-    bool finite = true;     // false: a NaN/inf gradient; the update was skipped
+    bool stepped = false;  // an update happened (every `accumulate` micro-batches)
+    bool finite = true;    // false: a NaN/inf gradient; the update was skipped
     double lr = 0;
-    double grad_norm = 0;   // of the averaged gradient, before clipping
+    double grad_norm = 0;  // of the averaged gradient, before clipping
   };
 
   // Parameters are named (the names key the saved state). Allocates moments and EMA copies.

@@ -29,10 +29,12 @@ double LrSchedule::at(int64_t step) const {
     case Kind::cosine: {
       const int64_t span = total - warmup;
       if (span <= 0) return min_lr;
-      return cosine(std::min(static_cast<double>(s), static_cast<double>(span)), static_cast<double>(span));
+      return cosine(std::min(static_cast<double>(s), static_cast<double>(span)),
+                    static_cast<double>(span));
     }
     case Kind::cosine_restarts: {
-      double t = static_cast<double>(s), period = static_cast<double>(std::max<int64_t>(1, restart_period));
+      double t = static_cast<double>(s),
+             period = static_cast<double>(std::max<int64_t>(1, restart_period));
       if (restart_mult == 1.0) return cosine(std::fmod(t, period), period);
       while (t >= period) t -= period, period *= restart_mult;  // periods grow geometrically
       return cosine(t, period);

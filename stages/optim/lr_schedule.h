@@ -18,7 +18,7 @@ struct LrSchedule {
   double lr = 1e-4;
   double min_lr = 0;
   int64_t warmup = 0;
-  int64_t total = 0;           // optimizer steps; cosine needs it
+  int64_t total = 0;  // optimizer steps; cosine needs it
   int64_t restart_period = 1000;
   double restart_mult = 1.0;
 

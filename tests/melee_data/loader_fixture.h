@@ -20,11 +20,13 @@ namespace slipstream::melee::testing {
 
 namespace fs = std::filesystem;
 
-inline fs::path replay_dir() { return fs::path(SLIPSTREAM_SOURCE_DIR) / ".." / "shared" / "replays"; }
+inline fs::path replay_dir() {
+  return fs::path(SLIPSTREAM_SOURCE_DIR) / ".." / "shared" / "replays";
+}
 
-#define LOADER_REQUIRE_REPLAYS()                                                              \
-  do {                                                                                        \
-    if (!fs::is_directory(::slipstream::melee::testing::replay_dir()))                        \
+#define LOADER_REQUIRE_REPLAYS()                                                                  \
+  do {                                                                                            \
+    if (!fs::is_directory(::slipstream::melee::testing::replay_dir()))                            \
       GTEST_SKIP() << "real replays not found at " << ::slipstream::melee::testing::replay_dir(); \
   } while (0)
 
@@ -33,9 +35,9 @@ class TempDir {
  public:
   explicit TempDir(const std::string& tag) {
     static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("slipstream_melee_data_" + tag + "_" + std::to_string(::getpid()) + "_" +
-             std::to_string(counter++));
+    path_ =
+        fs::temp_directory_path() / ("slipstream_melee_data_" + tag + "_" +
+                                     std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -63,7 +65,7 @@ inline const fs::path& synth_dir() {
 
 using Tensors = std::map<std::string, Tensor>;
 
-inline const char* kPorts[] = {"numeric",        "action",         "character",     "stage",
+inline const char* kPorts[] = {"numeric",         "action",         "character",     "stage",
                                "prev_controller", "target_buttons", "target_sticks", "mask"};
 
 class Loader {

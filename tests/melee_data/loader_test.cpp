@@ -13,7 +13,9 @@
 namespace slipstream::melee::testing {
 namespace {
 
-std::string paths_of(const fs::path& p) { return "paths=[\"" + p.string() + "\"]"; }
+std::string paths_of(const fs::path& p) {
+  return "paths=[\"" + p.string() + "\"]";
+}
 
 // Element helpers over the (B, W, ...) tensors.
 float num(const Tensors& t, int64_t b, int64_t w, int slot, int f) {
@@ -42,11 +44,10 @@ void expect_aligned(Loader& L, uint64_t k, const Tensors& t, int64_t delay, int 
     const std::vector<uint32_t> kept = slp::last_copy_rows(g.frames.frame);
     const auto& me = g.frames.port(static_cast<uint8_t>(info.player_port))->leader;
     const auto& op = g.frames.port(static_cast<uint8_t>(info.opponent_port))->leader;
-    EXPECT_EQ(kept[info.start], info.recorded_row);
     for (int64_t i = 0; i < W; i += 7) {
-      const size_t r = kept[info.start + i];               // features: post-frame of t_i
-      const size_t c = kept[info.start + i + delay];       // prev_controller: t_i + D
-      const size_t l = kept[info.start + i + delay + 1];   // label: t_i + D + 1
+      const size_t r = kept[info.start + i];              // features: post-frame of t_i
+      const size_t c = kept[info.start + i + delay];      // prev_controller: t_i + D
+      const size_t l = kept[info.start + i + delay + 1];  // label: t_i + D + 1
       ASSERT_LT(g.frames.frame[r], g.frames.frame[l]);
       EXPECT_EQ(num(t, row, i, 0, kPercent), me.post.percent[r]);
       EXPECT_EQ(num(t, row, i, 0, kPosX), me.post.x[r]);
@@ -56,17 +57,19 @@ void expect_aligned(Loader& L, uint64_t k, const Tensors& t, int64_t delay, int 
       EXPECT_EQ(num(t, row, i, 0, kExists), 1.0f);
       EXPECT_EQ(num(t, row, i, 1, kPosX), op.post.x[r]);
       EXPECT_EQ(num(t, row, i, 1, kPercent), op.post.percent[r]);
-      if (!me.post.airborne.empty())
+      if (!me.post.airborne.empty()) {
         EXPECT_EQ(num(t, row, i, 0, kOnGround), me.post.airborne[r] ? 0.0f : 1.0f);
-      EXPECT_EQ(at3(t, "action", row, i, 0), std::min<int>(me.post.action_state[r], kActionStates - 1));
-      EXPECT_EQ(at3(t, "character", row, i, 1), std::min<int>(op.post.character[r], kCharacters - 1));
+      }
+      EXPECT_EQ(at3(t, "action", row, i, 0),
+                std::min<int>(me.post.action_state[r], kActionStates - 1));
+      EXPECT_EQ(at3(t, "character", row, i, 1),
+                std::min<int>(op.post.character[r], kCharacters - 1));
       // prev_controller = the player's pre-frame input of t_i + D.
       EXPECT_EQ(f3(t, "prev_controller", row, i, kA), (me.pre.buttons[c] & 0x0100) ? 1.0f : 0.0f);
       EXPECT_EQ(f3(t, "prev_controller", row, i, kZ), (me.pre.buttons[c] & 0x0010) ? 1.0f : 0.0f);
       EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 0), me.pre.joystick_x[c]);
       EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 3), me.pre.cstick_y[c]);
-      EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 4),
-                std::max(me.pre.trigger_physical_l[c], me.pre.trigger_physical_r[c]));
+      EXPECT_EQ(f3(t, "prev_controller", row, i, kButtons + 4), me.pre.trigger[c]);
       // Targets = the input of t_i + D + 1.
       EXPECT_EQ(f3(t, "target_buttons", row, i, kA), (me.pre.buttons[l] & 0x0100) ? 1.0f : 0.0f);
       EXPECT_EQ(f3(t, "target_buttons", row, i, kB), (me.pre.buttons[l] & 0x0200) ? 1.0f : 0.0f);
@@ -74,8 +77,7 @@ void expect_aligned(Loader& L, uint64_t k, const Tensors& t, int64_t delay, int 
       EXPECT_EQ(at3(t, "target_sticks", row, i, kMainX), stick_class(me.pre.joystick_x[l]));
       EXPECT_EQ(at3(t, "target_sticks", row, i, kMainY), stick_class(me.pre.joystick_y[l]));
       EXPECT_EQ(at3(t, "target_sticks", row, i, kCX), stick_class(me.pre.cstick_x[l]));
-      EXPECT_EQ(at3(t, "target_sticks", row, i, kShoulder),
-                shoulder_class(std::max(me.pre.trigger_physical_l[l], me.pre.trigger_physical_r[l])));
+      EXPECT_EQ(at3(t, "target_sticks", row, i, kShoulder), shoulder_class(me.pre.trigger[l]));
       EXPECT_EQ(f3(t, "mask", row, i, 0), 1.0f);
     }
   }
@@ -106,7 +108,7 @@ TEST_P(Alignment, RealReplaysWithRollbacksMatchRawColumns) {
   const int D = GetParam();
   Loader L({paths_of(replay_dir()), "batch_size=32", "delay=" + std::to_string(D),
             "validation_fraction=0"});
-  for (uint64_t k : {0ull, 5ull, L.stage().batches_per_epoch() - 1}) {
+  for (uint64_t k : std::vector<uint64_t>{0, 5, L.stage().batches_per_epoch() - 1}) {
     const Tensors t = L.batch(k);
     ASSERT_FALSE(t.empty());
     expect_aligned(L, k, t, D, 8);
@@ -160,7 +162,8 @@ TEST(Loader, PerspectiveSwapsPlayerAndOpponent) {
 }
 
 TEST(Loader, SplitIsDisjointAndCoversAllGames) {
-  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=16", "validation_fraction=0.3"};
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=16",
+                                      "validation_fraction=0.3"};
   Loader train(o), val(o, 1, 1, true);
   auto a = train.stage().sources(), b = val.stage().sources();
   EXPECT_FALSE(a.empty());
@@ -174,7 +177,8 @@ TEST(Loader, SplitIsDisjointAndCoversAllGames) {
 }
 
 TEST(Loader, DeterministicForASeedAndDifferentAcrossSeeds) {
-  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=32", "validation_fraction=0"};
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=32",
+                                      "validation_fraction=0"};
   Loader a(o, 7), b(o, 7), c(o, 8);
   bool any_different = false;
   for (uint64_t k = 0; k < 3; ++k) {
@@ -186,13 +190,14 @@ TEST(Loader, DeterministicForASeedAndDifferentAcrossSeeds) {
 }
 
 TEST(Loader, SeekResumesAtAnyBatch) {
-  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=64", "validation_fraction=0"};
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=64",
+                                      "validation_fraction=0"};
   Loader fresh(o, 3, 2);
   const uint64_t bpe = fresh.stage().batches_per_epoch();
   ASSERT_GE(bpe, 3u);
   std::vector<Tensors> all;
   for (uint64_t k = 0; k < 2 * bpe; ++k) all.push_back(fresh.batch(k));
-  for (uint64_t k : {1ull, bpe - 1, bpe, bpe + 2}) {
+  for (uint64_t k : std::vector<uint64_t>{1, bpe - 1, bpe, bpe + 2}) {
     Loader resumed(o, 3, 2);
     resumed.stage().seek(k, resumed.ctx());
     Batch meta;
@@ -203,7 +208,8 @@ TEST(Loader, SeekResumesAtAnyBatch) {
 }
 
 TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
-  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=50", "validation_fraction=0"};
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=50",
+                                      "validation_fraction=0"};
   Loader L(o, 1, 2);
   const uint64_t bpe = L.stage().batches_per_epoch();
   EXPECT_EQ(bpe, L.stage().windows() / 50);
@@ -224,7 +230,8 @@ TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
 }
 
 TEST(Loader, ValidationIsOnePassWithAPaddedLastBatch) {
-  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=100", "validation_fraction=0.3"};
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=100",
+                                      "validation_fraction=0.3"};
   Loader V(o, 1, 5, true);
   const uint64_t n = V.stage().windows(), batches = (n + 99) / 100;
   ASSERT_GT(n % 100, 0u) << "pick sizes so the last batch is partial";
@@ -247,14 +254,13 @@ TEST(Loader, ValidationIsOnePassWithAPaddedLastBatch) {
 TEST(Loader, UnreadableFilesAreCountedNotFatal) {
   TempDir dir("skip");
   const auto games = slp::write_synthetic_games(dir.path() / "ok", 3, 5, 900);
-  {
-    std::ofstream(dir.path() / "garbage.slp") << "this is not a replay";
-  }
+  { std::ofstream(dir.path() / "garbage.slp") << "this is not a replay"; }
   Loader L({paths_of(dir.path()), "batch_size=16", "min_frames=100", "validation_fraction=0"});
   const auto skipped = L.stage().skipped();
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0], (std::pair<std::string, size_t>{"unreadable", 1}));
-  EXPECT_NE(L.stage().report().find("garbage.slp (offset"), std::string::npos) << L.stage().report();
+  EXPECT_NE(L.stage().report().find("garbage.slp (offset"), std::string::npos)
+      << L.stage().report();
   EXPECT_EQ(L.stage().sources().size(), 3u);
 }
 
@@ -264,7 +270,8 @@ TEST(Loader, RealCorpusFolderReportsSkipsAndDamage) {
   const std::string& rep = L.stage().report();
   EXPECT_NE(rep.find("corrupt.slp"), std::string::npos) << rep;  // damaged: counted, not fatal
   EXPECT_GE(L.stage().damaged(), 1u);
-  std::map<std::string, size_t> skipped(L.stage().skipped().begin(), L.stage().skipped().end());
+  const auto list = L.stage().skipped();
+  std::map<std::string, size_t> skipped(list.begin(), list.end());
   EXPECT_GT(skipped["players"], 0u) << rep;  // doubles, FFA, home-run contest
   EXPECT_GT(L.stage().windows(), 1000u);
 }
@@ -307,7 +314,7 @@ TEST(Loader, CorpusGivesTheSameBatchesAsParsing) {
   Loader direct(with(synth_dir()), 9, 2), cached(with(corpus.path()), 9, 2);
   ASSERT_EQ(direct.stage().windows(), cached.stage().windows());
   ASSERT_EQ(direct.stage().batches_per_epoch(), cached.stage().batches_per_epoch());
-  for (uint64_t k : {0ull, 1ull, direct.stage().batches_per_epoch() + 1})
+  for (uint64_t k : std::vector<uint64_t>{0, 1, direct.stage().batches_per_epoch() + 1})
     EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k))) << "batch " << k;
   Loader vd(with(synth_dir()), 9, 1, true), vc(with(corpus.path()), 9, 1, true);
   EXPECT_TRUE(same_batch(vd.batch(0), vc.batch(0)));
@@ -323,7 +330,8 @@ TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
   Loader direct({paths_of(replay_dir() / "peppi"), "batch_size=32", "min_frames=100"}, 4);
   Loader cached({paths_of(corpus.path()), "batch_size=32", "min_frames=100"}, 4);
   ASSERT_EQ(direct.stage().windows(), cached.stage().windows());
-  for (uint64_t k : {0ull, 3ull}) EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k)));
+  for (uint64_t k : std::vector<uint64_t>{0, 3})
+    EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k)));
 }
 
 TEST(Loader, SyntheticFallbackWhenNoPaths) {
@@ -387,15 +395,19 @@ TEST(Loader, NanaIsSlotTwoForThePlayersPerspective) {
 
 TEST(Loader, RealIceClimbersFillSlotTwo) {
   LOADER_REQUIRE_REPLAYS();
-  Loader L({paths_of(replay_dir() / "peppi" / "ics2.slp"), "batch_size=16", "validation_fraction=0"});
+  Loader L(
+      {paths_of(replay_dir() / "peppi" / "ics2.slp"), "batch_size=16", "validation_fraction=0"});
   bool saw_nana = false, saw_without = false;
   for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
     const Tensors t = L.batch(k);
     for (int r = 0; r < 16; ++r) {
       const auto w = L.stage().window(k, r);
       const float e = num(t, r, 0, 2, kExists);
-      if (w.has_follower) saw_nana |= e == 1.0f && at3(t, "character", r, 0, 2) == 11;
-      else EXPECT_EQ(e, 0.0f);
+      if (w.has_follower) {
+        saw_nana |= e == 1.0f && at3(t, "character", r, 0, 2) == 11;
+      } else {
+        EXPECT_EQ(e, 0.0f);
+      }
       saw_without |= !w.has_follower;
     }
   }

@@ -19,9 +19,15 @@ namespace {
 using kernels::test::check_gradient;
 using kernels::test::rand_vec;
 
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-double silu(double x) { return x * sigmoid(x); }
-double softplus(double x) { return x > 20 ? x : std::log1p(std::exp(x)); }
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+double silu(double x) {
+  return x * sigmoid(x);
+}
+double softplus(double x) {
+  return x > 20 ? x : std::log1p(std::exp(x));
+}
 
 // Straight from the definition: one position at a time, one channel's state at a time.
 std::vector<double> reference_forward(const MambaConfig& c, const MambaLayout& lay,
@@ -171,8 +177,9 @@ TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
   EXPECT_EQ(dx2, dx);
 }
 
-INSTANTIATE_TEST_SUITE_P(InputProj, MambaModelTest, ::testing::Values(5, 8),
-                         [](const auto& info) { return info.param == 8 ? "NoInputProj" : "InputProj"; });
+INSTANTIATE_TEST_SUITE_P(InputProj, MambaModelTest, ::testing::Values(5, 8), [](const auto& info) {
+  return info.param == 8 ? "NoInputProj" : "InputProj";
+});
 
 TEST(MambaModel, FloatMatchesDouble) {
   const MambaConfig c = small_config(6);
@@ -207,7 +214,8 @@ TEST(MambaModel, InitFollowsMambaSsm) {
   const int di = c.d_inner(), N = c.d_state;
   for (const auto& L : lay.layers) {
     for (int d = 0; d < di; ++d) {
-      for (int n = 0; n < N; ++n) EXPECT_FLOAT_EQ(w[L.A_log + size_t(d) * N + n], std::log(float(n + 1)));
+      for (int n = 0; n < N; ++n)
+        EXPECT_FLOAT_EQ(w[L.A_log + size_t(d) * N + n], std::log(float(n + 1)));
       EXPECT_EQ(w[L.D + d], 1.0f);
       const double dt = softplus(w[L.dt_b + d]);
       EXPECT_GE(dt, 0.001 * 0.999);
@@ -266,7 +274,8 @@ TEST(MambaStage, ParameterNamesAndShapesAreMambaSsms) {
   // Din == d_model: no input projection.
   StageHarness h2("mamba", {"d_model=20", "layers=1"}, "core");
   h2.setup({{"x", Tensor::zeros({2, 8, 20}, DType::f32)}});
-  for (Parameter* p : h2.stage().parameters()) EXPECT_EQ(p->name.find("input_proj"), std::string::npos);
+  for (Parameter* p : h2.stage().parameters())
+    EXPECT_EQ(p->name.find("input_proj"), std::string::npos);
 }
 
 TEST(MambaStage, SameSeedSameWeights) {
@@ -274,7 +283,8 @@ TEST(MambaStage, SameSeedSameWeights) {
     StageHarness h("mamba", {"d_model=16", "layers=1"}, "core", Precision::fp32, seed);
     h.setup({{"x", Tensor::zeros({1, 4, 8}, DType::f32)}});
     std::vector<float> all;
-    for (auto& [name, t] : h.weights()) all.insert(all.end(), t.data<float>(), t.data<float>() + t.numel());
+    for (auto& [name, t] : h.weights())
+      all.insert(all.end(), t.data<float>(), t.data<float>() + t.numel());
     return all;
   };
   EXPECT_EQ(weights(1), weights(1));
@@ -299,20 +309,25 @@ TEST(MambaStage, ForwardBackwardMatchModel) {
   std::vector<double> xd(x.data<float>(), x.data<float>() + x.numel()), y(size_t(B) * W * 8);
   md.forward(xd.data(), w.data(), nullptr, y.data());
   auto out = h.forward({{"x", x}});
-  EXPECT_LT(kernels::test::rel_diff(y, std::vector<float>(out["y"].data<float>(),
-                                                          out["y"].data<float>() + out["y"].numel())),
-            1e-5);
+  EXPECT_LT(
+      kernels::test::rel_diff(
+          y, std::vector<float>(out["y"].data<float>(), out["y"].data<float>() + out["y"].numel())),
+      1e-5);
   Tensor dy = random_tensor({B, W, 8}, 22);
   auto grads = h.backward({{"y", dy}});
   std::vector<double> dyd(dy.data<float>(), dy.data<float>() + dy.numel()), g(w.size(), 0.0),
       dx(xd.size());
   md.backward(xd.data(), dyd.data(), w.data(), nullptr, g.data(), dx.data());
   const Tensor& gx = grads["grad.x"];
-  EXPECT_LT(kernels::test::rel_diff(dx, std::vector<float>(gx.data<float>(), gx.data<float>() + gx.numel())), 1e-4);
+  EXPECT_LT(kernels::test::rel_diff(
+                dx, std::vector<float>(gx.data<float>(), gx.data<float>() + gx.numel())),
+            1e-4);
   const Tensor& gA = grads["grad.layers.1.mixer.A_log"];
   const size_t off = md.layout().layers[1].A_log;
   std::vector<double> ref(g.begin() + long(off), g.begin() + long(off) + gA.numel());
-  EXPECT_LT(kernels::test::rel_diff(ref, std::vector<float>(gA.data<float>(), gA.data<float>() + gA.numel())), 1e-4);
+  EXPECT_LT(kernels::test::rel_diff(
+                ref, std::vector<float>(gA.data<float>(), gA.data<float>() + gA.numel())),
+            1e-4);
 }
 
 // bf16: GEMMs on rounded operands, FP32 elsewhere; close to fp32 at bf16 precision.
@@ -340,14 +355,17 @@ TEST(MambaStage, Bf16IsCloseToFp32) {
   EXPECT_LT(rel(y32, y16), 3e-2);
   EXPECT_GT(rel(y32, y16), 0.0);  // the bf16 path did run
   EXPECT_LT(rel(g32["grad.x"], g16["grad.x"]), 5e-2);
-  EXPECT_LT(rel(g32["grad.layers.0.mixer.in_proj.weight"], g16["grad.layers.0.mixer.in_proj.weight"]), 5e-2);
+  EXPECT_LT(
+      rel(g32["grad.layers.0.mixer.in_proj.weight"], g16["grad.layers.0.mixer.in_proj.weight"]),
+      5e-2);
   // The shadow is the rounding of the master weights.
   StageHarness h("mamba", {"d_model=32", "layers=1"}, "core", Precision::bf16);
   h.setup({{"x", x}});
   for (Parameter* p : h.stage().parameters()) {
     ASSERT_TRUE(p->low_precision.defined()) << p->name;
     for (int64_t i = 0; i < p->value.numel(); ++i)
-      ASSERT_EQ(p->low_precision.data<uint16_t>()[i], kernels::fp32_to_bf16(p->value.data<float>()[i]));
+      ASSERT_EQ(p->low_precision.data<uint16_t>()[i],
+                kernels::fp32_to_bf16(p->value.data<float>()[i]));
   }
 }
 

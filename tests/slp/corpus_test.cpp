@@ -15,12 +15,14 @@ namespace {
 using testing::expect_same_columns;
 
 std::filesystem::path temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("slp_corpus_test_" + name + "_" + std::to_string(::getpid()));
+  auto dir = std::filesystem::temp_directory_path() /
+             ("slp_corpus_test_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir;
 }
 
-void expect_corpus_equals_parse(const std::filesystem::path& dir, const std::vector<std::filesystem::path>& files,
+void expect_corpus_equals_parse(const std::filesystem::path& dir,
+                                const std::vector<std::filesystem::path>& files,
                                 const CorpusOptions& options) {
   const Corpus corpus = Corpus::open(dir);
   ASSERT_EQ(corpus.size(), files.size());
@@ -37,7 +39,8 @@ void expect_corpus_equals_parse(const std::filesystem::path& dir, const std::vec
     if (i == 0 && !from_corpus.frames.frame.empty()) {
       // Each column starts 64-byte aligned; the first game starts at the column start.
       EXPECT_EQ(reinterpret_cast<uintptr_t>(from_corpus.frames.frame.data()) % 64, 0u);
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(from_corpus.frames.ports[0].leader.post.x.data()) % 64, 0u);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(from_corpus.frames.ports[0].leader.post.x.data()) % 64,
+                0u);
     }
     frames += parsed.frames.size();
   }
@@ -81,7 +84,8 @@ TEST(SlpCorpus, KeepAllRollbacksAndSkippedFiles) {
   std::ifstream in(dir / "manifest.json");
   const auto manifest = nlohmann::json::parse(in);
   ASSERT_EQ(manifest.at("skipped").size(), 1u);
-  EXPECT_NE(manifest["skipped"][0]["reason"].get<std::string>().find("byte offset 0"), std::string::npos);
+  EXPECT_NE(manifest["skipped"][0]["reason"].get<std::string>().find("byte offset 0"),
+            std::string::npos);
   EXPECT_EQ(manifest["sources"][0]["size"], std::filesystem::file_size(src / "a.slp"));
   EXPECT_EQ(manifest["sources"][0]["hash"].get<std::string>().rfind("mix64:", 0), 0u);
   for (const auto& c : manifest["columns"]) EXPECT_EQ(c["offset"].get<size_t>() % 64, 0u);

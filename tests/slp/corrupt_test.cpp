@@ -75,8 +75,9 @@ TEST(SlpCorrupt, TruncatedRealFilesAtManyOffsets) {
     const auto bytes = read_file_bytes(path);
     std::vector<size_t> cuts;
     for (size_t i = 0; i < 64 && i < bytes.size(); ++i) cuts.push_back(i);  // container header
-    for (size_t i = 1; i < 48; ++i) cuts.push_back(bytes.size() * i / 48);   // spread out
-    for (size_t i = 1; i < 16 && i < bytes.size(); ++i) cuts.push_back(bytes.size() - i);  // metadata
+    for (size_t i = 1; i < 48; ++i) cuts.push_back(bytes.size() * i / 48);  // spread out
+    for (size_t i = 1; i < 16 && i < bytes.size(); ++i)
+      cuts.push_back(bytes.size() - i);  // metadata
     for (const size_t cut : cuts) parse_checked(std::span<const uint8_t>(bytes.data(), cut));
   }
 }
@@ -102,8 +103,8 @@ TEST(SlpCorrupt, FlippedBytesNeverCrash) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     return state >> 33;
   };
-  for (const char* name : {"peppi/v3.18.slp", "peppi/ics.slp", "peppi/v0.1.slp", "slippi-js/BTTDK.slp",
-                           "peppi/v3.12.slp", "slippi-js/geckoCodes.slp"}) {
+  for (const char* name : {"peppi/v3.18.slp", "peppi/ics.slp", "peppi/v0.1.slp",
+                           "slippi-js/BTTDK.slp", "peppi/v3.12.slp", "slippi-js/geckoCodes.slp"}) {
     SCOPED_TRACE(name);
     const auto original = read_file_bytes(replay(name));
     for (int trial = 0; trial < 60; ++trial) {
@@ -173,7 +174,8 @@ TEST(SlpCorrupt, UnknownCommandMidStreamGivesPartialGameWithOffset) {
   bytes[at] = 0x99;
   const Game g = parse_slp(bytes, "game.slp");
   EXPECT_TRUE(g.info.partial);
-  EXPECT_NE(g.info.error.find("byte offset " + std::to_string(at)), std::string::npos) << g.info.error;
+  EXPECT_NE(g.info.error.find("byte offset " + std::to_string(at)), std::string::npos)
+      << g.info.error;
   EXPECT_EQ(g.frames.size(), 1000u);
   EXPECT_TRUE(g.info.metadata.present);  // raw length is known, so metadata is still read
   ParseOptions strict;
@@ -190,7 +192,8 @@ TEST(SlpCorrupt, NotASlpFile) {
   const std::vector<uint8_t> empty;
   EXPECT_THROW(parse_slp(empty), ParseError);
   const std::string text = "hello, this is not a replay";
-  EXPECT_THROW(parse_slp(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())), ParseError);
+  EXPECT_THROW(parse_slp(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size())),
+               ParseError);
 }
 
 TEST(SlpCorrupt, RawLongerThanTheFile) {
@@ -213,7 +216,8 @@ std::vector<uint8_t> with_metadata(const std::vector<uint8_t>& body) {
 
 TEST(SlpCorrupt, HostileMetadata) {
   // A count far beyond the file.
-  std::vector<uint8_t> huge = {'[', '$', 'Z', '#', 'L', 0x7F, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
+  std::vector<uint8_t> huge = {'[',  '$',  'Z',  '#',  'L',  0x7F, 0xFF,
+                               0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF};
   Game g = parse_slp(with_metadata(huge));
   EXPECT_TRUE(g.info.partial);
   EXPECT_EQ(g.frames.size(), 2u);
@@ -238,7 +242,8 @@ TEST(SlpCorrupt, BadPlayerIndex) {
   bytes[pre + 5] = 9;
   const Game g = parse_slp(bytes);
   EXPECT_TRUE(g.info.partial);
-  EXPECT_NE(g.info.error.find("byte offset " + std::to_string(pre + 5)), std::string::npos) << g.info.error;
+  EXPECT_NE(g.info.error.find("byte offset " + std::to_string(pre + 5)), std::string::npos)
+      << g.info.error;
 }
 
 }  // namespace

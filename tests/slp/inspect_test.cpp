@@ -79,7 +79,8 @@ TEST(SlpInspect, DumpFrame) {
   EXPECT_EQ(all["frame"], -123);
   EXPECT_THROW(replay_dump_json(g, g.frames.size()), std::out_of_range);
   EXPECT_THROW(replay_dump_json(g, 0, 4), std::out_of_range);
-  EXPECT_NE(replay_dump_text(j).find("post.x: 57.292168"), std::string::npos) << replay_dump_text(j);
+  EXPECT_NE(replay_dump_text(j).find("post.x: 57.292168"), std::string::npos)
+      << replay_dump_text(j);
 }
 
 TEST(SlpInspect, DumpItemsAndFollower) {

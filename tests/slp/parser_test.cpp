@@ -130,7 +130,7 @@ TEST(SlpParser, FieldPresenceFollowsPayloadSizes) {
   SLP_REQUIRE_REPLAYS();
   const Game v01 = parse("peppi/v0.1.slp");
   const auto& a = v01.frames.ports[0].leader;
-  EXPECT_TRUE(a.post.state_age.empty());  // 0.2
+  EXPECT_TRUE(a.post.state_age.empty());      // 0.2
   EXPECT_TRUE(a.pre.raw_joystick_x.empty());  // 1.2
   EXPECT_TRUE(a.pre.percent.empty());         // 1.4
   EXPECT_FALSE(a.post.stocks.empty());
@@ -169,8 +169,10 @@ TEST(SlpParser, IceClimbersFollower) {
   const auto& nana = *g.frames.ports[0].follower;
   EXPECT_EQ(nana.present[0], kHasPre | kHasPost);
   EXPECT_EQ(nana.post.character[0], 11);
-  EXPECT_EQ(g.info.metadata.players[0].characters, (std::vector<std::pair<uint32_t, uint32_t>>{{10, 344}, {11, 344}}));
-  EXPECT_EQ(g.info.metadata.players[1].characters, (std::vector<std::pair<uint32_t, uint32_t>>{{15, 344}}));
+  EXPECT_EQ(g.info.metadata.players[0].characters,
+            (std::vector<std::pair<uint32_t, uint32_t>>{{10, 344}, {11, 344}}));
+  EXPECT_EQ(g.info.metadata.players[1].characters,
+            (std::vector<std::pair<uint32_t, uint32_t>>{{15, 344}}));
 
   // Nana can die while Popo lives: rows without her events are flagged, not shifted.
   const Game g2 = parse("peppi/ics2.slp");
@@ -191,12 +193,14 @@ TEST(SlpParser, RollbacksKeptAsRecordedOrLastCopy) {
   const Game last = parse("peppi/ics2.slp", Rollbacks::kLastCopy);
   const FrameCounts c = count_frames(all.frames.frame);
   EXPECT_EQ(last.frames.size(), c.unique_frames);
-  for (size_t i = 1; i < last.frames.size(); ++i) ASSERT_EQ(last.frames.frame[i], last.frames.frame[i - 1] + 1);
+  for (size_t i = 1; i < last.frames.size(); ++i)
+    ASSERT_EQ(last.frames.frame[i], last.frames.frame[i - 1] + 1);
   // Frame 351 is kept from its second (final) copy, row 475.
   const size_t r = 351 + 123;
   ASSERT_EQ(last.frames.frame[r], 351);
   EXPECT_EQ(last.frames.ports[0].leader.post.x[r], all.frames.ports[0].leader.post.x[475]);
-  EXPECT_EQ(last.frames.ports[0].leader.pre.buttons[r], all.frames.ports[0].leader.pre.buttons[475]);
+  EXPECT_EQ(last.frames.ports[0].leader.pre.buttons[r],
+            all.frames.ports[0].leader.pre.buttons[475]);
   EXPECT_EQ(last.frames.start.random_seed[r], all.frames.start.random_seed[475]);
   for (const auto& row : last.frames.items.row) ASSERT_LT(row, last.frames.size());
   EXPECT_LE(last.frames.items.size(), all.frames.items.size());
@@ -219,7 +223,8 @@ TEST(SlpParser, GameEndPlacements) {
   EXPECT_EQ(g.info.end->method, 2);
   EXPECT_EQ(g.info.end->lras_initiator, -1);
   EXPECT_EQ(g.info.end->placements, (std::array<int8_t, 4>{1, -1, 0, -1}));
-  const Game teams = parse("slippi-js/placementsTest/teams_time_p3_redVSp1p2_blueVSp4_green_winner_blue.slp");
+  const Game teams =
+      parse("slippi-js/placementsTest/teams_time_p3_redVSp1p2_blueVSp4_green_winner_blue.slp");
   EXPECT_EQ(teams.info.end->method, 1);  // TIME!
   EXPECT_EQ(teams.frames.ports.size(), 4u);
   EXPECT_TRUE(teams.info.start.is_teams);
@@ -236,7 +241,7 @@ TEST(SlpParser, NetplayGameStartFields) {
   EXPECT_EQ(s.is_frozen_ps, false);
   EXPECT_EQ(s.minor_scene, 2);
   EXPECT_EQ(s.major_scene, 8);
-  EXPECT_EQ(s.language, 1);  // English
+  EXPECT_EQ(s.language, 1);         // English
   EXPECT_TRUE(s.match_id.empty());  // 3.14
   ASSERT_EQ(s.players.size(), 2u);
   EXPECT_EQ(s.players[0].display_name, "xxxxxx");
@@ -340,12 +345,19 @@ std::vector<std::pair<uint32_t, uint16_t>> button_seq(const Game& g) {
 TEST(SlpParser, ButtonsMatchPeppi) {
   SLP_REQUIRE_REPLAYS();
   using Seq = std::vector<std::pair<uint32_t, uint16_t>>;
-  EXPECT_EQ(button_seq(parse("peppi/buttons_abxy.slp")), (Seq{{256, 256}, {512, 512}, {1024, 1024}, {2048, 2048}}));
-  EXPECT_EQ(button_seq(parse("peppi/buttons_lrzs.slp")),
-            (Seq{{2147483648u, 0}, {2147483712u, 64}, {2147483648u, 0}, {2147483680u, 32}, {2147483920u, 16}, {4096, 4096}}));
+  EXPECT_EQ(button_seq(parse("peppi/buttons_abxy.slp")),
+            (Seq{{256, 256}, {512, 512}, {1024, 1024}, {2048, 2048}}));
+  EXPECT_EQ(button_seq(parse("peppi/buttons_lrzs.slp")), (Seq{{2147483648u, 0},
+                                                              {2147483712u, 64},
+                                                              {2147483648u, 0},
+                                                              {2147483680u, 32},
+                                                              {2147483920u, 16},
+                                                              {4096, 4096}}));
   EXPECT_EQ(button_seq(parse("peppi/dpad_udlr.slp")), (Seq{{8, 8}, {4, 4}, {1, 1}, {2, 2}}));
-  EXPECT_EQ(button_seq(parse("peppi/cstick_udlr.slp")), (Seq{{1048576, 0}, {2097152, 0}, {4194304, 0}, {8388608, 0}}));
-  EXPECT_EQ(button_seq(parse("peppi/joystick_udlr.slp")), (Seq{{65536, 0}, {131072, 0}, {262144, 0}, {524288, 0}}));
+  EXPECT_EQ(button_seq(parse("peppi/cstick_udlr.slp")),
+            (Seq{{1048576, 0}, {2097152, 0}, {4194304, 0}, {8388608, 0}}));
+  EXPECT_EQ(button_seq(parse("peppi/joystick_udlr.slp")),
+            (Seq{{65536, 0}, {131072, 0}, {262144, 0}, {524288, 0}}));
 }
 
 // peppi items(): Peach turnips at frame indexes 121, 275, 503 of items.slp.
@@ -446,8 +458,8 @@ TEST(SlpParser, CorruptFileIsFlaggedWithOffset) {
 TEST(SlpParser, ParseIntoReusesAGame) {
   SLP_REQUIRE_REPLAYS();
   Game reused;
-  for (const char* name : {"peppi/ics2.slp", "peppi/v0.1.slp", "slippi-js/doubles.slp", "peppi/v3.18.slp",
-                           "slippi-js/BTTDK.slp"}) {
+  for (const char* name : {"peppi/ics2.slp", "peppi/v0.1.slp", "slippi-js/doubles.slp",
+                           "peppi/v3.18.slp", "slippi-js/BTTDK.slp"}) {
     SCOPED_TRACE(name);
     const auto bytes = read_file_bytes(replay(name));
     parse_slp_into(reused, bytes, name);

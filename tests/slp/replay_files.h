@@ -18,7 +18,9 @@ inline std::filesystem::path replay_dir() {
   return std::filesystem::path(SLIPSTREAM_SOURCE_DIR) / ".." / "shared" / "replays";
 }
 
-inline std::filesystem::path replay(const std::string& relative) { return replay_dir() / relative; }
+inline std::filesystem::path replay(const std::string& relative) {
+  return replay_dir() / relative;
+}
 
 inline std::vector<std::filesystem::path> all_replays() {
   std::vector<std::filesystem::path> out;
@@ -29,9 +31,9 @@ inline std::vector<std::filesystem::path> all_replays() {
   return out;
 }
 
-#define SLP_REQUIRE_REPLAYS()                                                                  \
-  do {                                                                                         \
-    if (!std::filesystem::is_directory(::slipstream::slp::testing::replay_dir()))              \
+#define SLP_REQUIRE_REPLAYS()                                                                   \
+  do {                                                                                          \
+    if (!std::filesystem::is_directory(::slipstream::slp::testing::replay_dir()))               \
       GTEST_SKIP() << "real replays not found at " << ::slipstream::slp::testing::replay_dir(); \
   } while (0)
 
@@ -43,7 +45,8 @@ inline std::vector<std::pair<std::string, std::vector<uint8_t>>> column_bytes(co
     out.emplace_back(name, std::vector<uint8_t>(p, p + col.size_bytes()));
   };
   visit_frame_columns(g.frames, add);
-  visit_item_columns(g.frames.items, [&](const std::string& n, const auto& col) { add("items." + n, col); });
+  visit_item_columns(g.frames.items,
+                     [&](const std::string& n, const auto& col) { add("items." + n, col); });
   return out;
 }
 

@@ -81,14 +81,22 @@ TEST(SlpSynth, InputsAreAFunctionOfVisibleState) {
   size_t repeats = 0;
   for (size_t i = 1; i < g.frames.size(); ++i) {
     if (g.frames.frame[i] < -39) continue;
-    const std::vector<float> state = {a.post.x[i - 1], a.post.y[i - 1], b.post.x[i - 1], b.post.y[i - 1],
-                                      a.post.percent[i - 1], b.post.percent[i - 1],
-                                      float(a.post.action_state[i - 1]), float(b.post.action_state[i - 1]),
-                                      float(a.post.jumps_remaining[i - 1]), a.post.self_y_speed[i - 1],
-                                      float(a.post.stocks[i - 1]), a.post.misc_as[i - 1],
+    const std::vector<float> state = {a.post.x[i - 1],
+                                      a.post.y[i - 1],
+                                      b.post.x[i - 1],
+                                      b.post.y[i - 1],
+                                      a.post.percent[i - 1],
+                                      b.post.percent[i - 1],
+                                      float(a.post.action_state[i - 1]),
+                                      float(b.post.action_state[i - 1]),
+                                      float(a.post.jumps_remaining[i - 1]),
+                                      a.post.self_y_speed[i - 1],
+                                      float(a.post.stocks[i - 1]),
+                                      a.post.misc_as[i - 1],
                                       float(a.post.airborne[i - 1])};
-    const std::vector<float> inputs = {a.pre.joystick_x[i], a.pre.joystick_y[i], a.pre.cstick_x[i],
-                                       a.pre.cstick_y[i], a.pre.trigger[i], float(a.pre.buttons_physical[i])};
+    const std::vector<float> inputs = {a.pre.joystick_x[i], a.pre.joystick_y[i],
+                                       a.pre.cstick_x[i],   a.pre.cstick_y[i],
+                                       a.pre.trigger[i],    float(a.pre.buttons_physical[i])};
     auto [it, inserted] = seen.emplace(state, inputs);
     if (!inserted) {
       ++repeats;

@@ -315,8 +315,9 @@ TEST_F(SmiCli, Json) {
 
 TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {
   const uint32_t uid = static_cast<uint32_t>(::geteuid());
-  const int parent = ::getppid();  // alive, ours: its record is read, not removed as stale
-  const std::string garbage = stats::record_path(dir_.path(), uid, parent);
+  LiveChild live;  // alive and ours: its record is read, not removed as stale
+  const int live_pid = live.pid();
+  const std::string garbage = stats::record_path(dir_.path(), uid, live_pid);
   std::vector<unsigned char> bytes(sizeof(stats::RunRecord), 0xAB);
   write_file(garbage, bytes.data(), bytes.size());
 
@@ -330,7 +331,7 @@ TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {
       << r.out;
   EXPECT_NE(r.out.find("<- bottleneck"), std::string::npos);  // the good run still shows
 
-  stats::RunRecord valid = make_record(parent);
+  stats::RunRecord valid = make_record(live_pid);
   write_file(garbage, &valid, 100);  // truncated
   r = run_smi({"--query-run=pid,name", "--format=csv,noheader"}, env_);
   EXPECT_EQ(r.status, 3);
@@ -338,7 +339,7 @@ TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {
   EXPECT_NE(r.err.find("slipstream-smi: error: " + garbage + ": truncated"), std::string::npos)
       << r.err;
 
-  stats::RunRecord v2 = make_record(parent);
+  stats::RunRecord v2 = make_record(live_pid);
   v2.layout_version = 2;
   write_record(garbage, v2);
   r = run_smi({"--json"}, env_);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <string_view>
 
 #include <gtest/gtest.h>
 
@@ -15,10 +16,12 @@
 namespace slipstream::smi {
 namespace {
 
+// Copies s into a fixed char array, cut to fit and NUL-terminated.
 template <size_t N>
-void set_text(char (&dst)[N], const char* s) {
-  std::strncpy(dst, s, N - 1);
-  dst[N - 1] = '\0';
+void set_text(char (&dst)[N], std::string_view s) {
+  size_t n = std::min(s.size(), N - 1);
+  s.copy(dst, n);
+  dst[n] = '\0';
 }
 
 stats::RunRecord sample_run() {

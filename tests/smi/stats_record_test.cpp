@@ -20,6 +20,7 @@
 namespace slipstream::stats {
 namespace {
 
+using smi_test::LiveChild;
 using smi_test::make_record;
 using smi_test::set_text;
 using smi_test::TempDir;
@@ -371,9 +372,10 @@ TEST(StatsRecord, FindRecordsReturnsLiveOwnRecords) {
   TempDir dir;
   RecordWriter w(dir.path());
   w.update([](RunRecord& r) { set_text(r.run_name, "mine"); });
-  // A live process of ours other than this one: the parent (the test runner).
-  const int parent = ::getppid();
-  write_record(record_path(dir.path(), my_uid(), parent), make_record(parent));
+  // A live process of ours other than this one.
+  LiveChild live;
+  const int live_pid = live.pid();
+  write_record(record_path(dir.path(), my_uid(), live_pid), make_record(live_pid));
   auto found = find_records(dir.path());
   ASSERT_EQ(found.size(), 2u);
   for (const auto& f : found) ASSERT_TRUE(f.result.record) << f.result.error;
@@ -393,8 +395,9 @@ TEST(StatsRecord, FindRecordsRemovesStaleRecord) {
 
 TEST(StatsRecord, FindRecordsReportsMalformedRecordOfLivePid) {
   TempDir dir;
-  const int parent = ::getppid();
-  std::string path = record_path(dir.path(), my_uid(), parent);
+  LiveChild live;
+  const int live_pid = live.pid();
+  std::string path = record_path(dir.path(), my_uid(), live_pid);
   write_file(path, "garbage", 7);
   auto found = find_records(dir.path());
   ASSERT_EQ(found.size(), 1u);
@@ -406,8 +409,9 @@ TEST(StatsRecord, FindRecordsReportsMalformedRecordOfLivePid) {
 
 TEST(StatsRecord, FindRecordsRejectsPidMismatch) {
   TempDir dir;
-  const int parent = ::getppid();
-  write_record(record_path(dir.path(), my_uid(), parent), make_record(parent + 1));
+  LiveChild live;
+  const int live_pid = live.pid();
+  write_record(record_path(dir.path(), my_uid(), live_pid), make_record(live_pid + 1));
   auto found = find_records(dir.path());
   ASSERT_EQ(found.size(), 1u);
   EXPECT_NE(found[0].result.error.find("names pid"), std::string::npos);
@@ -415,17 +419,18 @@ TEST(StatsRecord, FindRecordsRejectsPidMismatch) {
 
 TEST(StatsRecord, FindRecordsSkipsOtherNamesUsersAndLinks) {
   TempDir dir;
-  const int parent = ::getppid();
-  const std::string other_user = record_path(dir.path(), my_uid() + 1, parent);
-  write_record(other_user, make_record(parent));
+  LiveChild live;
+  const int live_pid = live.pid();
+  const std::string other_user = record_path(dir.path(), my_uid() + 1, live_pid);
+  write_record(other_user, make_record(live_pid));
   write_record(dir.path() + "/slipstream-" + std::to_string(my_uid()) + "-12x.stats",
-               make_record(parent));
-  write_record(record_path(dir.path(), my_uid(), parent) + ".tmp", make_record(parent));
-  write_record(dir.path() + "/unrelated.stats", make_record(parent));
+               make_record(live_pid));
+  write_record(record_path(dir.path(), my_uid(), live_pid) + ".tmp", make_record(live_pid));
+  write_record(dir.path() + "/unrelated.stats", make_record(live_pid));
   // A symlink named as our record is refused (O_NOFOLLOW), not followed.
-  write_record(dir.path() + "/target", make_record(parent));
+  write_record(dir.path() + "/target", make_record(live_pid));
   ASSERT_EQ(::symlink((dir.path() + "/target").c_str(),
-                      record_path(dir.path(), my_uid(), parent).c_str()),
+                      record_path(dir.path(), my_uid(), live_pid).c_str()),
             0);
   EXPECT_TRUE(find_records(dir.path()).empty());
   EXPECT_TRUE(smi_test::file_exists(other_user));  // never touched
@@ -434,9 +439,10 @@ TEST(StatsRecord, FindRecordsSkipsOtherNamesUsersAndLinks) {
 TEST(StatsRecord, FindRecordsSkipsFileOwnedBySomeoneElse) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another user";
   TempDir dir;
-  const int parent = ::getppid();
-  std::string path = record_path(dir.path(), my_uid(), parent);
-  write_record(path, make_record(parent));
+  LiveChild live;
+  const int live_pid = live.pid();
+  std::string path = record_path(dir.path(), my_uid(), live_pid);
+  write_record(path, make_record(live_pid));
   ASSERT_EQ(::chown(path.c_str(), 4242, 4242), 0);
   EXPECT_TRUE(find_records(dir.path()).empty());
 }

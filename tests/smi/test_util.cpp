@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -73,6 +74,18 @@ int dead_pid() {
   int status = 0;
   ::waitpid(child, &status, 0);
   return static_cast<int>(child);
+}
+
+LiveChild::LiveChild() {
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    for (;;) ::pause();
+  }
+}
+
+LiveChild::~LiveChild() {
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
 }
 
 }  // namespace slipstream::smi_test

@@ -29,6 +29,20 @@ std::string read_file(const std::string& path);
 bool file_exists(const std::string& path);
 // The pid of a child that has exited and been reaped: no process has it (until reuse).
 int dead_pid();
+// A child process of ours that lives (paused) until destruction: a pid that is surely alive
+// and surely ours, for records that must not be taken as stale.
+class LiveChild {
+ public:
+  LiveChild();
+  ~LiveChild();
+  LiveChild(const LiveChild&) = delete;
+  LiveChild& operator=(const LiveChild&) = delete;
+  int pid() const { return pid_; }
+
+ private:
+  int pid_;
+};
+
 // Copies s into a fixed char array, NUL-terminated.
 template <size_t N>
 void set_text(char (&dst)[N], const std::string& s) {

@@ -19,6 +19,7 @@ void set_exit_code(int code) { g_exit = code; }
 
 void add_run_commands(CLI::App& app);
 void add_authoring_commands(CLI::App& app);
+void add_plot_commands(CLI::App& app);
 
 static void add_validate(CLI::App& app) {
   auto* cmd = app.add_subcommand("validate", "Check a preset or graph file without running it");
@@ -77,6 +78,7 @@ void add_core_commands(CLI::App& app) {
   add_validate(app);
   add_stages(app);
   add_authoring_commands(app);
+  add_plot_commands(app);
 }
 
 }  // namespace slipstream::cli

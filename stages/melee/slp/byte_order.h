@@ -8,7 +8,8 @@
 
 namespace slipstream::slp {
 
-static_assert(std::endian::native == std::endian::little, "the slp library assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "the slp library assumes a little-endian host");
 
 namespace detail {
 template <size_t N>

@@ -27,7 +27,9 @@ constexpr const char* kColumnsName = "columns.bin";
 constexpr size_t kAlign = 64;
 
 enum class Group { kFrame, kTrack, kItem };
-const char* group_name(Group g) { return g == Group::kFrame ? "frame" : g == Group::kTrack ? "track" : "item"; }
+const char* group_name(Group g) {
+  return g == Group::kFrame ? "frame" : g == Group::kTrack ? "track" : "item";
+}
 
 template <class T>
 const char* dtype_name() {
@@ -103,7 +105,9 @@ const std::vector<ColumnSpec>& catalog() {
 
 constexpr size_t kTrackColumns = 1 + detail::kPreFieldCount + detail::kPostFieldCount;
 
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+size_t align_up(size_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 struct FileCloser {
   void operator()(FILE* f) const {
@@ -270,7 +274,8 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     size_t stored_size = data.size();
     if (options.zstd && !data.empty()) {
       packed.resize(ZSTD_compressBound(data.size()));
-      const size_t r = ZSTD_compress(packed.data(), packed.size(), data.data(), data.size(), options.zstd_level);
+      const size_t r =
+          ZSTD_compress(packed.data(), packed.size(), data.data(), data.size(), options.zstd_level);
       if (ZSTD_isError(r)) throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(r));
       stored = packed.data();
       stored_size = r;
@@ -279,7 +284,9 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     zeros.assign(aligned - offset, 0);
     write_all(out.get(), zeros.data(), zeros.size(), columns_tmp);
     write_all(out.get(), stored, stored_size, columns_tmp);
-    const size_t rows = spec.group == Group::kFrame ? frame_rows : spec.group == Group::kTrack ? track_rows : item_rows;
+    const size_t rows = spec.group == Group::kFrame   ? frame_rows
+                        : spec.group == Group::kTrack ? track_rows
+                                                      : item_rows;
     columns.push_back({{"name", spec.name},
                        {"group", group_name(spec.group)},
                        {"dtype", spec.dtype},
@@ -350,9 +357,15 @@ Corpus::Corpus(Corpus&&) noexcept = default;
 Corpus& Corpus::operator=(Corpus&&) noexcept = default;
 Corpus::~Corpus() = default;
 
-size_t Corpus::size() const { return state_->games.size(); }
-size_t Corpus::total_frames() const { return state_->frame_rows; }
-const std::filesystem::path& Corpus::dir() const { return state_->dir; }
+size_t Corpus::size() const {
+  return state_->games.size();
+}
+size_t Corpus::total_frames() const {
+  return state_->frame_rows;
+}
+const std::filesystem::path& Corpus::dir() const {
+  return state_->dir;
+}
 
 Corpus Corpus::open(const std::filesystem::path& dir) {
   auto st = std::make_unique<State>();
@@ -363,7 +376,8 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
     std::ifstream in(manifest_path);
     if (!in) throw CorpusError("no corpus at " + dir.string() + " (missing " + kManifestName + ")");
     m = nlohmann::json::parse(in, nullptr, false);
-    if (m.is_discarded() || !m.is_object()) throw CorpusError(manifest_path.string() + " is not valid JSON");
+    if (m.is_discarded() || !m.is_object())
+      throw CorpusError(manifest_path.string() + " is not valid JSON");
   }
   if (m.value("format", std::string()) != kFormatName)
     throw CorpusError(manifest_path.string() + " is not a slipstream slp corpus manifest");
@@ -376,13 +390,15 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
     const auto& specs = catalog();
     const auto& columns = m.at("columns");
     if (columns.size() != specs.size())
-      throw CorpusError("corpus " + dir.string() + " has a different column set: rebuild it with `slipstream corpus build`");
+      throw CorpusError("corpus " + dir.string() +
+                        " has a different column set: rebuild it with `slipstream corpus build`");
     const size_t rows_of[3] = {m.at("frame_rows"), m.at("track_rows"), m.at("item_rows")};
     st->frame_rows = rows_of[0];
 
     const auto columns_path = dir / kColumnsName;
     const int fd = ::open(columns_path.c_str(), O_RDONLY);
-    if (fd < 0) throw CorpusError("cannot open " + columns_path.string() + ": " + std::strerror(errno));
+    if (fd < 0)
+      throw CorpusError("cannot open " + columns_path.string() + ": " + std::strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
       ::close(fd);
@@ -403,21 +419,26 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
     for (size_t i = 0; i < specs.size(); ++i) {
       const auto& c = columns[i];
       const ColumnSpec& spec = specs[i];
-      if (c.at("name") != spec.name || c.at("dtype") != spec.dtype || c.at("group") != group_name(spec.group))
-        throw CorpusError("corpus " + dir.string() + " column " + std::to_string(i) +
-                          " differs from this build's layout: rebuild it with `slipstream corpus build`");
+      if (c.at("name") != spec.name || c.at("dtype") != spec.dtype ||
+          c.at("group") != group_name(spec.group))
+        throw CorpusError(
+            "corpus " + dir.string() + " column " + std::to_string(i) +
+            " differs from this build's layout: rebuild it with `slipstream corpus build`");
       const size_t offset = c.at("offset"), stored = c.at("stored_bytes"), size = c.at("bytes");
       const size_t rows = c.at("rows");
       if (rows != rows_of[static_cast<int>(spec.group)] || size != rows * spec.elem_size ||
           offset % kAlign != 0 || offset > st->map_size || stored > st->map_size - offset)
-        throw CorpusError("corpus " + dir.string() + " column '" + spec.name + "' is inconsistent with columns.bin");
+        throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                          "' is inconsistent with columns.bin");
       if (c.at("compression") == "zstd") {
         const size_t alloc = align_up(std::max<size_t>(size, 1));
-        st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)), &std::free);
+        st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)),
+                               &std::free);
         if (!st->owned.back()) throw std::bad_alloc();
         const size_t r = ZSTD_decompress(st->owned.back().get(), size, bytes + offset, stored);
         if (ZSTD_isError(r) || r != size)
-          throw CorpusError("corpus " + dir.string() + " column '" + spec.name + "' does not decompress");
+          throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                            "' does not decompress");
         st->base.push_back(st->owned.back().get());
       } else {
         if (stored != size) throw CorpusError("corpus column '" + spec.name + "' has a wrong size");
@@ -432,8 +453,8 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
       e.frame_offset = g.at("frame_offset");
       e.items = g.at("items");
       e.item_offset = g.at("item_offset");
-      if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset || e.item_offset > rows_of[2] ||
-          e.items > rows_of[2] - e.item_offset)
+      if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset ||
+          e.item_offset > rows_of[2] || e.items > rows_of[2] - e.item_offset)
         throw CorpusError("corpus " + dir.string() + " has a game outside its columns");
       for (const auto& t : g.at("tracks")) {
         State::Track tr{t.at("port"), t.at("follower"), t.at("offset")};

@@ -51,7 +51,8 @@ std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem:
 // Parses `inputs` (files or directories) and writes the corpus into `out_dir`, replacing one
 // that is there. Unreadable files are listed as skipped, not fatal.
 CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
-                               const std::filesystem::path& out_dir, const CorpusOptions& options = {});
+                               const std::filesystem::path& out_dir,
+                               const CorpusOptions& options = {});
 
 // A 64-bit content hash (the manifest records it to detect changed sources).
 uint64_t content_hash(std::span<const uint8_t> bytes);

@@ -17,7 +17,8 @@ template <class Columns, class Views>
 void view_columns(const Columns& cols, Views& views) {
   // Both instantiations visit fields in the same table order.
   std::vector<std::pair<const void*, size_t>> spans;
-  Columns::visit(cols, [&](FieldDesc, const auto& col) { spans.emplace_back(col.data(), col.size()); });
+  Columns::visit(cols,
+                 [&](FieldDesc, const auto& col) { spans.emplace_back(col.data(), col.size()); });
   size_t i = 0;
   Views::visit(views, [&](FieldDesc, auto& view) {
     using T = typename std::remove_cvref_t<decltype(view)>::element_type;
@@ -92,17 +93,28 @@ FrameCounts count_frames(std::span<const int32_t> frames) {
 namespace event {
 const char* name(uint8_t command) {
   switch (command) {
-    case kMessageSplitter: return "Message Splitter";
-    case kEventPayloads: return "Event Payloads";
-    case kGameStart: return "Game Start";
-    case kPreFrame: return "Pre-Frame Update";
-    case kPostFrame: return "Post-Frame Update";
-    case kGameEnd: return "Game End";
-    case kFrameStart: return "Frame Start";
-    case kItem: return "Item Update";
-    case kFrameBookend: return "Frame Bookend";
-    case kGeckoList: return "Gecko List";
-    default: return "event";
+    case kMessageSplitter:
+      return "Message Splitter";
+    case kEventPayloads:
+      return "Event Payloads";
+    case kGameStart:
+      return "Game Start";
+    case kPreFrame:
+      return "Pre-Frame Update";
+    case kPostFrame:
+      return "Post-Frame Update";
+    case kGameEnd:
+      return "Game End";
+    case kFrameStart:
+      return "Frame Start";
+    case kItem:
+      return "Item Update";
+    case kFrameBookend:
+      return "Frame Bookend";
+    case kGeckoList:
+      return "Gecko List";
+    default:
+      return "event";
   }
 }
 }  // namespace event

@@ -45,16 +45,16 @@ inline constexpr int kFrameBookendFieldCount = 0 SLP_FRAME_BOOKEND_FIELDS(SLP_CO
 #define SLP_DECLARE_COLUMN(name, type, offset) C<type> name;
 #define SLP_VISIT_COLUMN(name, type, offset) \
   f(FieldDesc{#name, offset, static_cast<uint8_t>(index++)}, self.name);
-#define SLP_COLUMN_STRUCT(Struct, TABLE)    \
-  template <template <class> class C>       \
-  struct Struct {                           \
-    TABLE(SLP_DECLARE_COLUMN)               \
-    template <class Self, class F>          \
-    static void visit(Self& self, F&& f) {  \
-      int index = 0;                        \
-      TABLE(SLP_VISIT_COLUMN)               \
-      (void)index;                          \
-    }                                       \
+#define SLP_COLUMN_STRUCT(Struct, TABLE)   \
+  template <template <class> class C>      \
+  struct Struct {                          \
+    TABLE(SLP_DECLARE_COLUMN)              \
+    template <class Self, class F>         \
+    static void visit(Self& self, F&& f) { \
+      int index = 0;                       \
+      TABLE(SLP_VISIT_COLUMN)              \
+      (void)index;                         \
+    }                                      \
   };
 
 SLP_COLUMN_STRUCT(PreFrameT, SLP_PRE_FRAME_FIELDS)
@@ -157,13 +157,13 @@ struct Player {
   float offense_ratio = 0;
   float defense_ratio = 0;
   float model_scale = 0;
-  uint32_t dashback_fix = 0;     // 1.0
-  uint32_t shield_drop_fix = 0;  // 1.0
-  std::string nametag;           // 1.3, Shift JIS folded to ASCII where possible
-  std::string display_name;      // 3.9
-  std::string connect_code;      // 3.9
-  std::string slippi_uid;        // 3.11
-  uint8_t internal_character = kNoCharacter;           // first Post-Frame of the leader
+  uint32_t dashback_fix = 0;                  // 1.0
+  uint32_t shield_drop_fix = 0;               // 1.0
+  std::string nametag;                        // 1.3, Shift JIS folded to ASCII where possible
+  std::string display_name;                   // 3.9
+  std::string connect_code;                   // 3.9
+  std::string slippi_uid;                     // 3.11
+  uint8_t internal_character = kNoCharacter;  // first Post-Frame of the leader
   uint8_t follower_internal_character = kNoCharacter;  // first Post-Frame of the follower
   bool operator==(const Player&) const = default;
 };
@@ -193,8 +193,8 @@ struct GameStart {
 };
 
 struct GameEnd {
-  uint8_t method = 0;                       // 0.1: 0 unresolved, 3 resolved; 2.0: 1 TIME, 2 GAME, 7 NC
-  std::optional<int8_t> lras_initiator;     // 2.0, -1 when nobody
+  uint8_t method = 0;                    // 0.1: 0 unresolved, 3 resolved; 2.0: 1 TIME, 2 GAME, 7 NC
+  std::optional<int8_t> lras_initiator;  // 2.0, -1 when nobody
   std::optional<std::array<int8_t, 4>> placements;  // 3.13, per port, -1 when absent
   bool operator==(const GameEnd&) const = default;
 };
@@ -284,13 +284,11 @@ void visit_frame_columns_impl(Frames& frames, F&& f) {
       frames.bookend, [&](FieldDesc d, auto& col) { f(std::string("bookend.") + d.name, col); });
   for (auto& pf : frames.ports) {
     const std::string base = "p" + std::to_string(pf.port);
-    visit_character_columns(pf.leader, [&](const std::string& n, auto& col) {
-      f(base + ".leader." + n, col);
-    });
+    visit_character_columns(
+        pf.leader, [&](const std::string& n, auto& col) { f(base + ".leader." + n, col); });
     if (pf.follower)
-      visit_character_columns(*pf.follower, [&](const std::string& n, auto& col) {
-        f(base + ".follower." + n, col);
-      });
+      visit_character_columns(
+          *pf.follower, [&](const std::string& n, auto& col) { f(base + ".follower." + n, col); });
   }
 }
 }  // namespace detail

@@ -122,9 +122,12 @@ nlohmann::json to_json(const GameInfo& info) {
   for (const MetadataPlayer& p : m.players)
     meta_players.push_back(
         {{"port", p.port}, {"netplay", p.netplay}, {"code", p.code}, {"characters", p.characters}});
-  nlohmann::json metadata = {{"present", m.present},       {"start_at", m.start_at},
-                             {"last_frame", opt(m.last_frame)}, {"played_on", m.played_on},
-                             {"console_nick", m.console_nick},  {"players", meta_players}};
+  nlohmann::json metadata = {{"present", m.present},
+                             {"start_at", m.start_at},
+                             {"last_frame", opt(m.last_frame)},
+                             {"played_on", m.played_on},
+                             {"console_nick", m.console_nick},
+                             {"players", meta_players}};
   const FieldPresence& f = info.fields;
   return {{"source", info.source},
           {"start", start},
@@ -132,7 +135,10 @@ nlohmann::json to_json(const GameInfo& info) {
           {"game_end_events", info.game_end_events},
           {"metadata", metadata},
           {"fields",
-           {{"pre", f.pre}, {"post", f.post}, {"item", f.item}, {"frame_start", f.frame_start},
+           {{"pre", f.pre},
+            {"post", f.post},
+            {"item", f.item},
+            {"frame_start", f.frame_start},
             {"frame_bookend", f.frame_bookend}}},
           {"payload_sizes", info.payload_sizes},
           {"gecko_codes_bytes", info.gecko_codes_bytes},
@@ -192,7 +198,8 @@ GameInfo game_info_from_json(const nlohmann::json& j) {
     info.metadata.players.push_back(std::move(mp));
   }
   const auto& f = j.at("fields");
-  info.fields = {f.at("pre"), f.at("post"), f.at("item"), f.at("frame_start"), f.at("frame_bookend")};
+  info.fields = {f.at("pre"), f.at("post"), f.at("item"), f.at("frame_start"),
+                 f.at("frame_bookend")};
   info.payload_sizes = j.at("payload_sizes").get<std::vector<std::pair<uint8_t, uint16_t>>>();
   info.gecko_codes_bytes = j.at("gecko_codes_bytes");
   info.skipped_events = j.at("skipped_events");

@@ -63,14 +63,15 @@ nlohmann::json replay_info_json(const Game& game) {
   j["stage"] = s.stage;
   nlohmann::json players = nlohmann::json::array();
   for (const Player& p : s.players) {
-    players.push_back({{"port", p.port + 1},
-                       {"character", p.internal_character == kNoCharacter ? nlohmann::json(nullptr)
-                                                                          : nlohmann::json(p.internal_character)},
-                       {"follower", p.follower_internal_character == kNoCharacter
-                                        ? nlohmann::json(nullptr)
-                                        : nlohmann::json(p.follower_internal_character)},
-                       {"external_character", p.character},
-                       {"type", p.type}});
+    players.push_back(
+        {{"port", p.port + 1},
+         {"character", p.internal_character == kNoCharacter ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(p.internal_character)},
+         {"follower", p.follower_internal_character == kNoCharacter
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json(p.follower_internal_character)},
+         {"external_character", p.character},
+         {"type", p.type}});
     if (!p.display_name.empty()) players.back()["display_name"] = p.display_name;
     if (!p.connect_code.empty()) players.back()["connect_code"] = p.connect_code;
   }
@@ -79,8 +80,10 @@ nlohmann::json replay_info_json(const Game& game) {
   j["frames"] = counts.frames;
   j["unique_frames"] = counts.unique_frames;
   j["rollback_frames"] = counts.rollback_frames;
-  j["first_frame"] = game.frames.frame.empty() ? nlohmann::json(nullptr) : nlohmann::json(game.frames.frame.front());
-  j["last_frame"] = game.frames.frame.empty() ? nlohmann::json(nullptr) : nlohmann::json(game.frames.frame.back());
+  j["first_frame"] = game.frames.frame.empty() ? nlohmann::json(nullptr)
+                                               : nlohmann::json(game.frames.frame.front());
+  j["last_frame"] = game.frames.frame.empty() ? nlohmann::json(nullptr)
+                                              : nlohmann::json(game.frames.frame.back());
   j["end_method"] = info.end ? nlohmann::json(info.end->method) : nlohmann::json(nullptr);
   if (info.end && info.end->placements) {
     nlohmann::json placements = nlohmann::json::object();
@@ -129,7 +132,9 @@ nlohmann::json replay_info_json(const std::filesystem::path& path) {
   }
 }
 
-bool replay_info_has_error(const nlohmann::json& info) { return info.contains("error"); }
+bool replay_info_has_error(const nlohmann::json& info) {
+  return info.contains("error");
+}
 
 std::string replay_info_text(const nlohmann::json& info) {
   std::ostringstream out;
@@ -156,8 +161,9 @@ std::string replay_info_text(const nlohmann::json& info) {
 nlohmann::json replay_dump_json(const Game& game, size_t frame_index, std::optional<int> port) {
   const Frames& f = game.frames;
   if (frame_index >= f.size())
-    throw std::out_of_range("frame index " + std::to_string(frame_index) + " out of range (the game has " +
-                            std::to_string(f.size()) + " recorded frames)");
+    throw std::out_of_range("frame index " + std::to_string(frame_index) +
+                            " out of range (the game has " + std::to_string(f.size()) +
+                            " recorded frames)");
   nlohmann::json j;
   j["file"] = game.info.source;
   j["frame_index"] = frame_index;
@@ -172,7 +178,8 @@ nlohmann::json replay_dump_json(const Game& game, size_t frame_index, std::optio
     if (pf.follower) pj["follower"] = character_json(*pf.follower, frame_index);
     ports.push_back(pj);
   }
-  if (port && ports.empty()) throw std::out_of_range("port " + std::to_string(*port) + " is not in the game");
+  if (port && ports.empty())
+    throw std::out_of_range("port " + std::to_string(*port) + " is not in the game");
   if (port) {
     for (auto it = ports[0].begin(); it != ports[0].end(); ++it) j[it.key()] = it.value();
   } else {

@@ -23,7 +23,8 @@ bool replay_info_has_error(const nlohmann::json& info);
 
 // Every field of the frame at row `frame_index`, for all ports or one (1-based). Throws
 // std::out_of_range when the row or port does not exist.
-nlohmann::json replay_dump_json(const Game& game, size_t frame_index, std::optional<int> port = std::nullopt);
+nlohmann::json replay_dump_json(const Game& game, size_t frame_index,
+                                std::optional<int> port = std::nullopt);
 std::string replay_dump_text(const nlohmann::json& dump);
 
 // JSON text that never throws on invalid UTF-8 from untrusted files (bad bytes become U+FFFD).

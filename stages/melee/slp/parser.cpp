@@ -33,12 +33,12 @@ std::string hex_byte(uint8_t b) {
 // `payload` bytes long.
 #define SLP_PRESENCE_BIT(name, type, offset) \
   mask |= (offset + sizeof(type) <= 1 + size_t(payload) ? 1ull : 0ull) << bit++;
-#define SLP_PRESENCE_FN(fn, TABLE)   \
-  uint64_t fn(size_t payload) {      \
-    uint64_t mask = 0;               \
-    int bit = 0;                     \
-    TABLE(SLP_PRESENCE_BIT)          \
-    return mask;                     \
+#define SLP_PRESENCE_FN(fn, TABLE) \
+  uint64_t fn(size_t payload) {    \
+    uint64_t mask = 0;             \
+    int bit = 0;                   \
+    TABLE(SLP_PRESENCE_BIT)        \
+    return mask;                   \
   }
 SLP_PRESENCE_FN(pre_presence, SLP_PRE_FRAME_FIELDS)
 SLP_PRESENCE_FN(post_presence, SLP_POST_FRAME_FIELDS)
@@ -91,7 +91,8 @@ class StreamParser {
       std::string key;
       try {
         const int64_t n = read_ubjson_length(bytes, pos);
-        if (static_cast<uint64_t>(n) > bytes.size() - pos) throw UbjsonError(pos, "key runs past the end");
+        if (static_cast<uint64_t>(n) > bytes.size() - pos)
+          throw UbjsonError(pos, "key runs past the end");
         key.assign(reinterpret_cast<const char*>(bytes.data() + pos), static_cast<size_t>(n));
         pos += static_cast<size_t>(n);
       } catch (const UbjsonError& e) {
@@ -169,7 +170,8 @@ class StreamParser {
     }
     const size_t consumed = parse_events(raw_begin, raw_end);
     if (truncated && info_.error.empty())
-      record_error(b.size(), "'raw' declares " + std::to_string(length) + " bytes but the file ends after " +
+      record_error(b.size(), "'raw' declares " + std::to_string(length) +
+                                 " bytes but the file ends after " +
                                  std::to_string(b.size() - raw_begin));
     // Past a truncated or severed raw element there is no reliable place to resume.
     if (truncated || (info_.severed && !info_.error.empty())) stopped_ = true;
@@ -255,20 +257,38 @@ class StreamParser {
       }
       const size_t n = 1 + size_t(size_[cmd]);
       if (end - p < n) {
-        fail(p, "truncated " + std::string(event::name(cmd)) + " event: needs " + std::to_string(n) +
-                    " bytes, " + std::to_string(end - p) + " left");
+        fail(p, "truncated " + std::string(event::name(cmd)) + " event: needs " +
+                    std::to_string(n) + " bytes, " + std::to_string(end - p) + " left");
       }
       const uint8_t* e = base + p;
       switch (cmd) {
-        case event::kPreFrame: on_pre(e, p); break;
-        case event::kPostFrame: on_post(e, p); break;
-        case event::kFrameStart: on_frame_start(e, p); break;
-        case event::kFrameBookend: on_bookend(e, p); break;
-        case event::kItem: on_item(e, p); break;
-        case event::kGameStart: on_game_start(e, n, p); break;
-        case event::kGameEnd: on_game_end(e, n, p); break;
-        case event::kMessageSplitter: on_splitter(e, p); break;
-        default: ++info_.skipped_events; break;
+        case event::kPreFrame:
+          on_pre(e, p);
+          break;
+        case event::kPostFrame:
+          on_post(e, p);
+          break;
+        case event::kFrameStart:
+          on_frame_start(e, p);
+          break;
+        case event::kFrameBookend:
+          on_bookend(e, p);
+          break;
+        case event::kItem:
+          on_item(e, p);
+          break;
+        case event::kGameStart:
+          on_game_start(e, n, p);
+          break;
+        case event::kGameEnd:
+          on_game_end(e, n, p);
+          break;
+        case event::kMessageSplitter:
+          on_splitter(e, p);
+          break;
+        default:
+          ++info_.skipped_events;
+          break;
       }
       p += n;
     }
@@ -321,7 +341,8 @@ class StreamParser {
     Frames& f = frames();
     for (auto& pf : f.ports) {
       spare_[pf.port * 2] = std::make_unique<CharacterFrames>(std::move(pf.leader));
-      if (pf.follower) spare_[pf.port * 2 + 1] = std::make_unique<CharacterFrames>(std::move(*pf.follower));
+      if (pf.follower)
+        spare_[pf.port * 2 + 1] = std::make_unique<CharacterFrames>(std::move(*pf.follower));
     }
     f.ports.clear();
     f.frame.clear();
@@ -340,7 +361,8 @@ class StreamParser {
   CharacterFrames& character_for(const uint8_t* e, size_t at, uint8_t has_bit, size_t& row) {
     const int32_t frame = load_be<int32_t>(e + event::kFrameNumberOffset);
     const uint8_t port = e[event::kPlayerIndexOffset];
-    if (port > 3) fail(at + event::kPlayerIndexOffset, "player index " + std::to_string(port) + " is not 0-3");
+    if (port > 3)
+      fail(at + event::kPlayerIndexOffset, "player index " + std::to_string(port) + " is not 0-3");
     CharacterFrames& ch = slot(port, e[event::kIsFollowerOffset] != 0);
     row = row_for(frame);
     if (ch.present[row] & has_bit) {
@@ -416,7 +438,8 @@ class StreamParser {
     if (n > event::kGameEndLras) end.lras_initiator = static_cast<int8_t>(e[event::kGameEndLras]);
     if (n >= event::kGameEndPlacements + 4) {
       std::array<int8_t, 4> placements;
-      for (int i = 0; i < 4; ++i) placements[i] = static_cast<int8_t>(e[event::kGameEndPlacements + i]);
+      for (int i = 0; i < 4; ++i)
+        placements[i] = static_cast<int8_t>(e[event::kGameEndPlacements + i]);
       end.placements = placements;
     }
     info_.end = end;
@@ -519,7 +542,8 @@ class StreamParser {
     per_row = std::max<size_t>(per_row, 16);
     const size_t left = bytes_.size() - std::min(bytes_.size(), stream_pos);
     // Bounded so a hostile table cannot make us allocate far more than the file can fill.
-    const size_t estimate = std::min<size_t>(left / per_row + left / per_row / 32 + 64, size_t(1) << 22);
+    const size_t estimate =
+        std::min<size_t>(left / per_row + left / per_row / 32 + 64, size_t(1) << 22);
     grow(estimate);
   }
 
@@ -550,8 +574,10 @@ class StreamParser {
       MetadataPlayer p;
       p.port = static_cast<uint8_t>(key[0] - '0');
       if (auto names = it->find("names"); names != it->end() && names->is_object()) {
-        if (auto v = names->find("netplay"); v != names->end() && v->is_string()) p.netplay = v->get<std::string>();
-        if (auto v = names->find("code"); v != names->end() && v->is_string()) p.code = v->get<std::string>();
+        if (auto v = names->find("netplay"); v != names->end() && v->is_string())
+          p.netplay = v->get<std::string>();
+        if (auto v = names->find("code"); v != names->end() && v->is_string())
+          p.code = v->get<std::string>();
       }
       if (auto chars = it->find("characters"); chars != it->end() && chars->is_object()) {
         for (auto c = chars->begin(); c != chars->end(); ++c) {
@@ -666,7 +692,9 @@ class StreamParser {
     for (auto& r : f.items.row) r = static_cast<uint32_t>(new_row[r]);
   }
 
-  Frames& frames() { return game_.frames; }
+  Frames& frames() {
+    return game_.frames;
+  }
 
   std::string_view source_;
   const ParseOptions& options_;
@@ -701,7 +729,8 @@ void parse_slp_into(Game& game, std::span<const uint8_t> bytes, std::string_view
   parser.parse(bytes);
 }
 
-Game parse_slp(std::span<const uint8_t> bytes, std::string_view source, const ParseOptions& options) {
+Game parse_slp(std::span<const uint8_t> bytes, std::string_view source,
+               const ParseOptions& options) {
   Game game;
   parse_slp_into(game, bytes, source, options);
   return game;

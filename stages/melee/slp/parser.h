@@ -49,8 +49,8 @@ Game parse_slp_file(const std::filesystem::path& path, const ParseOptions& optio
 // Parses into `game`, reusing its column buffers (a loader parsing file after file into one
 // Game allocates nothing once they are large enough). After a ParseError `game` holds no
 // meaningful data.
-void parse_slp_into(Game& game, std::span<const uint8_t> bytes, std::string_view source = "<memory>",
-                    const ParseOptions& options = {});
+void parse_slp_into(Game& game, std::span<const uint8_t> bytes,
+                    std::string_view source = "<memory>", const ParseOptions& options = {});
 
 // Reads a whole file; throws ParseError (offset 0) when it cannot be opened or read.
 std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);

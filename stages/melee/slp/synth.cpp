@@ -80,17 +80,23 @@ constexpr float kBlastX = 220, kBlastTop = 190, kBlastBottom = -110;
 struct CharacterPick {
   uint8_t external, internal;
 };
-constexpr CharacterPick kCharacters[] = {{2, 1},  {20, 22}, {9, 18}, {19, 7},  {15, 15},
-                                         {0, 2},  {12, 9},  {16, 13}, {13, 12}, {25, 25}};
+constexpr CharacterPick kCharacters[] = {{2, 1}, {20, 22}, {9, 18},  {19, 7},  {15, 15},
+                                         {0, 2}, {12, 9},  {16, 13}, {13, 12}, {25, 25}};
 constexpr uint16_t kStages[] = {2, 3, 8, 28, 31, 32};
 
-float clampf(float v, float lo, float hi) { return std::min(hi, std::max(lo, v)); }
-float sign(float v) { return v < 0 ? -1.0f : 1.0f; }
+float clampf(float v, float lo, float hi) {
+  return std::min(hi, std::max(lo, v));
+}
+float sign(float v) {
+  return v < 0 ? -1.0f : 1.0f;
+}
 
 }  // namespace
 
 // "+ 0.0f" turns -0 into 0, so the grid has exactly 17 values.
-float bucket_stick_axis(float v) { return std::round(clampf(v, -1, 1) * 8) / 8 + 0.0f; }
+float bucket_stick_axis(float v) {
+  return std::round(clampf(v, -1, 1) * 8) / 8 + 0.0f;
+}
 
 namespace {
 
@@ -125,7 +131,8 @@ Inputs decide(const Fighter& me, const Fighter& them) {
   }
   const bool chase = me.y < them.y - me.jump_height;
   const bool recover = me.y < -5;
-  const bool jump_in = dist > me.reach * 1.5f && dist < me.reach * 3 && static_cast<int>(them.percent) % 4 == 1;
+  const bool jump_in =
+      dist > me.reach * 1.5f && dist < me.reach * 3 && static_cast<int>(them.percent) % 4 == 1;
   if ((chase || recover || jump_in) && me.jumps > 0 && me.vy <= 0)
     in.physical |= me.facing > 0 ? kX : kY;
   if (recover && me.jumps == 0) in.cstick_y = 1;  // up-smash-ish recovery flail
@@ -219,12 +226,15 @@ void step(Fighter& me, Fighter& them, const Inputs& in, uint16_t& instance_count
       them.hitlag = me.hitlag = std::floor(damage / 3 + 3);
       them.last_hit_by = static_cast<uint8_t>(me_port);
       them.instance_hit_by = me.instance;
-      me.last_attack = static_cast<uint8_t>(me.action == kAttackS4 ? 10 : me.action == kSpecial ? 18 : 2);
+      me.last_attack = static_cast<uint8_t>(me.action == kAttackS4  ? 10
+                                            : me.action == kSpecial ? 18
+                                                                    : 2);
       me.combo = static_cast<uint8_t>(std::min(255, me.combo + 1));
       set_action(them, kDamageFly, instance_counter);
     }
   }
-  if (me.attacking() && me.state_age > 20) set_action(me, me.airborne ? kFall : kWait, instance_counter);
+  if (me.attacking() && me.state_age > 20)
+    set_action(me, me.airborne ? kFall : kWait, instance_counter);
   // Gravity and ground.
   if (me.airborne) me.vy = std::max(me.fastfall ? -3.0f : -2.2f, me.vy - 0.13f);
   me.x += me.vx;
@@ -232,8 +242,10 @@ void step(Fighter& me, Fighter& them, const Inputs& in, uint16_t& instance_count
   const bool over_stage = std::fabs(me.x) <= kStageHalfWidth;
   const bool over_platform = std::fabs(me.x) <= kPlatformHalfWidth;
   float ground = -1e9f;
-  if (over_platform && me.y - me.vy >= kPlatformY && me.y <= kPlatformY) ground = kPlatformY;
-  else if (over_stage && me.y - me.vy >= 0 && me.y <= 0) ground = 0;
+  if (over_platform && me.y - me.vy >= kPlatformY && me.y <= kPlatformY)
+    ground = kPlatformY;
+  else if (over_stage && me.y - me.vy >= 0 && me.y <= 0)
+    ground = 0;
   if (me.airborne && me.vy <= 0 && ground > -1e8f) {
     me.y = ground;
     me.vy = 0;
@@ -245,10 +257,14 @@ void step(Fighter& me, Fighter& them, const Inputs& in, uint16_t& instance_count
     me.airborne = true;
     set_action(me, kFall, instance_counter);
   }
-  if (!me.airborne && me.action == kLanding && me.state_age > 4) set_action(me, kWait, instance_counter);
-  if (!me.airborne && me.action == kWait && std::fabs(me.vx) > 0.5f) set_action(me, kDash, instance_counter);
-  if (!me.airborne && me.action == kDash && std::fabs(me.vx) <= 0.5f) set_action(me, kWait, instance_counter);
-  if (me.action == kDamageFly && me.hitstun <= 0) set_action(me, me.airborne ? kFall : kWait, instance_counter);
+  if (!me.airborne && me.action == kLanding && me.state_age > 4)
+    set_action(me, kWait, instance_counter);
+  if (!me.airborne && me.action == kWait && std::fabs(me.vx) > 0.5f)
+    set_action(me, kDash, instance_counter);
+  if (!me.airborne && me.action == kDash && std::fabs(me.vx) <= 0.5f)
+    set_action(me, kWait, instance_counter);
+  if (me.action == kDamageFly && me.hitstun <= 0)
+    set_action(me, me.airborne ? kFall : kWait, instance_counter);
   if (me.action == kGuard && in.trigger == 0) set_action(me, kWait, instance_counter);
   // Blast zones.
   if (std::fabs(me.x) > kBlastX || me.y > kBlastTop || me.y < kBlastBottom) {
@@ -262,7 +278,8 @@ void step(Fighter& me, Fighter& them, const Inputs& in, uint16_t& instance_count
   }
 }
 
-void record_pre(CharacterFrames& ch, size_t row, const Fighter& f, const Inputs& in, uint32_t seed) {
+void record_pre(CharacterFrames& ch, size_t row, const Fighter& f, const Inputs& in,
+                uint32_t seed) {
   ch.present[row] |= kHasPre;
   auto& p = ch.pre;
   p.random_seed[row] = seed;
@@ -350,7 +367,8 @@ Game synthesize_game(const SynthOptions& options) {
   s.major_scene = 8;
   s.language = 1;
   char match_id[64];
-  std::snprintf(match_id, sizeof match_id, "mode.synthetic-%016llx", static_cast<unsigned long long>(options.seed));
+  std::snprintf(match_id, sizeof match_id, "mode.synthetic-%016llx",
+                static_cast<unsigned long long>(options.seed));
   s.match_id = match_id;
   s.game_number = 1;
 
@@ -430,7 +448,8 @@ Game synthesize_game(const SynthOptions& options) {
     for (int i = 0; i < 2; ++i) {
       Projectile& shot = shots[i];
       if (!shot.live && (in[i].physical & kB)) {
-        shot = {true, fighters[i].x, fighters[i].y + 8, fighters[i].facing * 2.5f, 0, next_spawn++, static_cast<int8_t>(i)};
+        shot = {true, fighters[i].x, fighters[i].y + 8,     fighters[i].facing * 2.5f,
+                0,    next_spawn++,  static_cast<int8_t>(i)};
       }
       if (!shot.live) continue;
       shot.x += shot.vx;
@@ -475,8 +494,9 @@ Game synthesize_game(const SynthOptions& options) {
   end.lras_initiator = -1;
   if (winner < 0) {
     end.method = 1;  // TIME
-    winner = fighters[0].stocks != fighters[1].stocks ? (fighters[0].stocks > fighters[1].stocks ? 0 : 1)
-                                                      : (fighters[0].percent <= fighters[1].percent ? 0 : 1);
+    winner = fighters[0].stocks != fighters[1].stocks
+                 ? (fighters[0].stocks > fighters[1].stocks ? 0 : 1)
+                 : (fighters[0].percent <= fighters[1].percent ? 0 : 1);
   } else {
     end.method = 2;  // GAME
   }
@@ -488,7 +508,8 @@ Game synthesize_game(const SynthOptions& options) {
   Metadata& m = info.metadata;
   m.present = true;
   char start_at[32];
-  std::snprintf(start_at, sizeof start_at, "2024-01-01T%02d:%02d:%02dZ", static_cast<int>(options.seed / 3600 % 24),
+  std::snprintf(start_at, sizeof start_at, "2024-01-01T%02d:%02d:%02dZ",
+                static_cast<int>(options.seed / 3600 % 24),
                 static_cast<int>(options.seed / 60 % 60), static_cast<int>(options.seed % 60));
   m.start_at = start_at;
   m.last_frame = fr.frame.empty() ? -124 : fr.frame.back();
@@ -510,8 +531,8 @@ Game synthesize_game(const SynthOptions& options) {
   return game;
 }
 
-std::vector<std::filesystem::path> write_synthetic_games(const std::filesystem::path& dir, int games,
-                                                         uint64_t seed, int frames) {
+std::vector<std::filesystem::path> write_synthetic_games(const std::filesystem::path& dir,
+                                                         int games, uint64_t seed, int frames) {
   std::filesystem::create_directories(dir);
   std::vector<std::filesystem::path> paths;
   for (int i = 0; i < games; ++i) {

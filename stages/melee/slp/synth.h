@@ -14,7 +14,8 @@ namespace slipstream::slp {
 
 struct SynthOptions {
   uint64_t seed = 1;
-  int frames = 3600;  // rows from frame -123; the game may end earlier when a player runs out of stocks
+  int frames =
+      3600;  // rows from frame -123; the game may end earlier when a player runs out of stocks
 };
 
 // A 3.18.0 game, ready for write_slp.
@@ -22,8 +23,8 @@ Game synthesize_game(const SynthOptions& options);
 
 // Writes `games` files synth_00000.slp ... into `dir` (created if needed); game i uses a seed
 // derived from (seed, i). Returns the paths.
-std::vector<std::filesystem::path> write_synthetic_games(const std::filesystem::path& dir, int games,
-                                                         uint64_t seed, int frames);
+std::vector<std::filesystem::path> write_synthetic_games(const std::filesystem::path& dir,
+                                                         int games, uint64_t seed, int frames);
 
 // The 17 values an analog stick axis is bucketed to: k/8 for k in -8..8.
 float bucket_stick_axis(float v);

@@ -46,32 +46,43 @@ class Reader {
 
   int64_t integer(uint8_t marker) {
     switch (marker) {
-      case 'i': return static_cast<int8_t>(*take(1));
-      case 'U': return *take(1);
-      case 'I': return load_be<int16_t>(take(2));
-      case 'l': return load_be<int32_t>(take(4));
-      case 'L': return load_be<int64_t>(take(8));
-      default: fail("expected a UBJSON integer marker");
+      case 'i':
+        return static_cast<int8_t>(*take(1));
+      case 'U':
+        return *take(1);
+      case 'I':
+        return load_be<int16_t>(take(2));
+      case 'l':
+        return load_be<int32_t>(take(4));
+      case 'L':
+        return load_be<int64_t>(take(8));
+      default:
+        fail("expected a UBJSON integer marker");
     }
   }
 
   std::string string_body() {
     const int64_t n = length();
-    if (static_cast<uint64_t>(n) > data_.size() - pos_) fail("UBJSON string runs past the end of the file");
+    if (static_cast<uint64_t>(n) > data_.size() - pos_)
+      fail("UBJSON string runs past the end of the file");
     const uint8_t* p = take(static_cast<size_t>(n));
     return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
   }
 
   nlohmann::json typed(uint8_t marker, int depth) {
     switch (marker) {
-      case 'Z': return nullptr;
-      case 'T': return true;
-      case 'F': return false;
+      case 'Z':
+        return nullptr;
+      case 'T':
+        return true;
+      case 'F':
+        return false;
       case 'i':
       case 'U':
       case 'I':
       case 'l':
-      case 'L': return integer(marker);
+      case 'L':
+        return integer(marker);
       case 'd': {
         const float f = load_be<float>(take(4));
         return std::isfinite(f) ? nlohmann::json(f) : nlohmann::json(nullptr);
@@ -80,12 +91,17 @@ class Reader {
         const double d = load_be<double>(take(8));
         return std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr);
       }
-      case 'C': return std::string(1, static_cast<char>(byte()));
+      case 'C':
+        return std::string(1, static_cast<char>(byte()));
       case 'S':
-      case 'H': return string_body();
-      case '[': return container(false, depth);
-      case '{': return container(true, depth);
-      default: fail("unknown UBJSON marker 0x" + hex(marker));
+      case 'H':
+        return string_body();
+      case '[':
+        return container(false, depth);
+      case '{':
+        return container(true, depth);
+      default:
+        fail("unknown UBJSON marker 0x" + hex(marker));
     }
   }
 
@@ -131,7 +147,8 @@ class Reader {
   }
 
   uint8_t peek() const {
-    if (pos_ >= data_.size()) throw UbjsonError(pos_, "UBJSON container runs past the end of the file");
+    if (pos_ >= data_.size())
+      throw UbjsonError(pos_, "UBJSON container runs past the end of the file");
     return data_[pos_];
   }
 
@@ -187,9 +204,15 @@ void write_ubjson_key(const std::string& key, std::vector<uint8_t>& out) {
 
 void write_ubjson(const nlohmann::json& value, std::vector<uint8_t>& out) {
   switch (value.type()) {
-    case nlohmann::json::value_t::null: out.push_back('Z'); break;
-    case nlohmann::json::value_t::boolean: out.push_back(value.get<bool>() ? 'T' : 'F'); break;
-    case nlohmann::json::value_t::number_integer: write_integer(value.get<int64_t>(), out); break;
+    case nlohmann::json::value_t::null:
+      out.push_back('Z');
+      break;
+    case nlohmann::json::value_t::boolean:
+      out.push_back(value.get<bool>() ? 'T' : 'F');
+      break;
+    case nlohmann::json::value_t::number_integer:
+      write_integer(value.get<int64_t>(), out);
+      break;
     case nlohmann::json::value_t::number_unsigned: {
       const uint64_t u = value.get<uint64_t>();
       write_integer(u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
@@ -223,7 +246,9 @@ void write_ubjson(const nlohmann::json& value, std::vector<uint8_t>& out) {
       }
       out.push_back('}');
       break;
-    default: out.push_back('Z'); break;
+    default:
+      out.push_back('Z');
+      break;
   }
 }
 

@@ -14,7 +14,8 @@
 namespace slipstream::slp {
 
 struct UbjsonError : std::runtime_error {
-  UbjsonError(size_t offset_, const std::string& what) : std::runtime_error(what), offset(offset_) {}
+  UbjsonError(size_t offset_, const std::string& what)
+      : std::runtime_error(what), offset(offset_) {}
   size_t offset;  // into the span given to the reader
 };
 

@@ -63,7 +63,8 @@ void write_game_start(EventWriter& w, const GameStart& s) {
   put_text(e, gs::kMatchId, gs::kMatchIdSize, encode_shift_jis_ascii(s.match_id, false, false));
   store_be(e + gs::kGameNumber, s.game_number);
   store_be(e + gs::kTiebreakerNumber, s.tiebreaker_number);
-  for (uint8_t port = 0; port < 4; ++port) e[gs::kPlayerBlock + gs::kPlayerStride * port + gs::kType] = 3;
+  for (uint8_t port = 0; port < 4; ++port)
+    e[gs::kPlayerBlock + gs::kPlayerStride * port + gs::kType] = 3;
   for (const Player& p : s.players) {
     if (p.port > 3) continue;
     const size_t b = gs::kPlayerBlock + gs::kPlayerStride * p.port;
@@ -127,7 +128,8 @@ nlohmann::json metadata_json(const Metadata& m) {
       nlohmann::json chars = nlohmann::json::object();
       for (const auto& [id, frames] : p.characters) chars[std::to_string(id)] = frames;
       pj["characters"] = chars;
-      if (!p.netplay.empty() || !p.code.empty()) pj["names"] = {{"netplay", p.netplay}, {"code", p.code}};
+      if (!p.netplay.empty() || !p.code.empty())
+        pj["names"] = {{"netplay", p.netplay}, {"code", p.code}};
       players[std::to_string(p.port)] = pj;
     }
     j["players"] = players;
@@ -198,7 +200,8 @@ std::vector<uint8_t> write_slp(const Game& game) {
     e[event::kGameEndLras] = static_cast<uint8_t>(end.lras_initiator.value_or(-1));
     const std::array<int8_t, 4> none{-1, -1, -1, -1};
     const auto& placements = end.placements.value_or(none);
-    for (int i = 0; i < 4; ++i) e[event::kGameEndPlacements + i] = static_cast<uint8_t>(placements[i]);
+    for (int i = 0; i < 4; ++i)
+      e[event::kGameEndPlacements + i] = static_cast<uint8_t>(placements[i]);
   }
 
   std::vector<uint8_t> out;
@@ -206,7 +209,8 @@ std::vector<uint8_t> write_slp(const Game& game) {
   out.push_back('{');
   write_ubjson_key("raw", out);
   out.insert(out.end(), {'[', '$', 'U', '#', 'l', 0, 0, 0, 0});
-  if (raw.size() > 0x7FFFFFFF) throw std::runtime_error("write_slp: game too large for a .slp file");
+  if (raw.size() > 0x7FFFFFFF)
+    throw std::runtime_error("write_slp: game too large for a .slp file");
   store_be(out.data() + out.size() - 4, static_cast<int32_t>(raw.size()));
   out.insert(out.end(), raw.begin(), raw.end());
   write_ubjson_key("metadata", out);

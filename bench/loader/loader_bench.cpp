@@ -1,0 +1,117 @@
+// slippi_replays throughput: windows/s out of produce() (batch 256, window 60) and setup time
+// (decode + feature extraction), over the shared real replays and a synthetic set, on 1 and 2
+// threads. Run: build/bin/bench_loader [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engine/stage_harness.h"
+#include "stages/melee/replays.h"
+#include "stages/melee/slp/synth.h"
+
+namespace fs = std::filesystem;
+using namespace slipstream;
+
+namespace {
+
+fs::path real_dir() {
+  return fs::path(SLIPSTREAM_SOURCE_DIR) / ".." / "shared" / "replays";
+}
+
+// 64 synthetic games of 3600 frames, written once per process.
+const fs::path& synth_dir() {
+  static const fs::path dir = [] {
+    fs::path d =
+        fs::temp_directory_path() / ("slipstream_bench_loader_" + std::to_string(::getpid()));
+    slp::write_synthetic_games(d, 64, 1, 3600);
+    return d;
+  }();
+  return dir;
+}
+
+struct Cleanup {
+  ~Cleanup() {
+    std::error_code ec;
+    fs::remove_all(
+        fs::temp_directory_path() / ("slipstream_bench_loader_" + std::to_string(::getpid())), ec);
+  }
+} cleanup;
+
+fs::path set_dir(int which) {
+  return which == 0 ? real_dir() : synth_dir();
+}
+
+std::unique_ptr<StageHarness> make_loader(const fs::path& dir, int threads) {
+  auto h = std::make_unique<StageHarness>(
+      "slippi_replays",
+      std::vector<std::string>{"paths=[\"" + dir.string() + "\"]", "batch_size=256", "window=60",
+                               "threads=" + std::to_string(threads)},
+      "replays");
+  h->run().epochs = 1000;  // never run out while timing
+  h->setup({});
+  return h;
+}
+
+// arg 0: set (0 real, 1 synthetic); arg 1: threads.
+void BM_Setup(benchmark::State& state) {
+  const fs::path dir = set_dir(static_cast<int>(state.range(0)));
+  if (!fs::is_directory(dir)) {
+    state.SkipWithError("replays not found");
+    return;
+  }
+  std::FILE* quiet = std::freopen("/dev/null", "w", stderr);
+  (void)quiet;
+  uint64_t frames = 0;
+  for (auto _ : state) {
+    auto h = make_loader(dir, static_cast<int>(state.range(1)));
+    benchmark::DoNotOptimize(h.get());
+    frames = dynamic_cast<melee::ReplaysStage&>(h->stage()).windows();
+  }
+  state.counters["windows"] = static_cast<double>(frames);
+}
+
+void BM_Produce(benchmark::State& state) {
+  const fs::path dir = set_dir(static_cast<int>(state.range(0)));
+  if (!fs::is_directory(dir)) {
+    state.SkipWithError("replays not found");
+    return;
+  }
+  auto h = make_loader(dir, static_cast<int>(state.range(1)));
+  auto& stage = dynamic_cast<melee::ReplaysStage&>(h->stage());
+  const uint64_t total = stage.total_batches();
+  uint64_t k = 0;
+  for (auto _ : state) {
+    Batch b;
+    b.slots.resize(64);
+    b.index = k++ % total;
+    if (!stage.produce(b, h->context())) state.SkipWithError("stream ended");
+    benchmark::DoNotOptimize(b.slots.data());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 256);  // windows
+  state.counters["frames/s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 256 * 60, benchmark::Counter::kIsRate);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Setup)
+    ->ArgNames({"synthetic", "threads"})
+    ->Args({0, 1})
+    ->Args({0, 2})
+    ->Args({1, 1})
+    ->Args({1, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Produce)
+    ->ArgNames({"synthetic", "threads"})
+    ->Args({0, 1})
+    ->Args({0, 2})
+    ->Args({1, 1})
+    ->Args({1, 2})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+BENCHMARK_MAIN();

@@ -1,0 +1,16 @@
+// Two MPI ranks average their gradients through the allreduce stage's MPI path. Needs mpirun;
+// skipped (not passed) without it.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+TEST(AllreduceMpi, TwoRanksAverageGradients) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not found";
+  const std::string worker = std::string(SLIPSTREAM_BINARY_DIR) + "/bin/allreduce_mpi_worker";
+  ASSERT_TRUE(std::filesystem::exists(worker)) << worker;
+  // --allow-run-as-root: containers run tests as root; --oversubscribe: fewer cores than ranks.
+  const std::string cmd = "mpirun --allow-run-as-root --oversubscribe -np 2 " + worker + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}

@@ -1,0 +1,157 @@
+// The GRU model: forward against a plain loop of PyTorch's nn.GRU equations, float64
+// finite-difference gradients, and the stage's names, shapes and initialisation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "engine/stage_harness.h"
+#include "stages/nn/gru_model.h"
+#include "tests/kernels/gradcheck.h"
+
+namespace slipstream::nn {
+namespace {
+
+using kernels::test::check_gradient;
+using kernels::test::rand_vec;
+
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+// torch.nn.GRU, layer by layer, step by step.
+std::vector<double> reference_forward(const GruConfig& c, const GruLayout& lay,
+                                      const std::vector<double>& w, const std::vector<double>& x,
+                                      int B, int L) {
+  const int H = c.hidden;
+  std::vector<double> in = x;
+  int In = c.din;
+  for (const auto& Lw : lay.layers) {
+    std::vector<double> out(size_t(B) * L * H);
+    for (int b = 0; b < B; ++b) {
+      std::vector<double> h(H, 0.0);
+      for (int t = 0; t < L; ++t) {
+        const double* xt = &in[(size_t(b) * L + t) * In];
+        std::vector<double> gi(3 * H), gh(3 * H);
+        for (int o = 0; o < 3 * H; ++o) {
+          gi[o] = w[Lw.b_ih + o];
+          for (int i = 0; i < In; ++i) gi[o] += w[Lw.w_ih + size_t(o) * In + i] * xt[i];
+          gh[o] = w[Lw.b_hh + o];
+          for (int i = 0; i < H; ++i) gh[o] += w[Lw.w_hh + size_t(o) * H + i] * h[i];
+        }
+        std::vector<double> hn(H);
+        for (int j = 0; j < H; ++j) {
+          const double r = sigmoid(gi[j] + gh[j]);
+          const double z = sigmoid(gi[H + j] + gh[H + j]);
+          const double n = std::tanh(gi[2 * H + j] + r * gh[2 * H + j]);
+          hn[j] = (1 - z) * n + z * h[j];
+        }
+        h = hn;
+        std::copy(h.begin(), h.end(), out.begin() + long((size_t(b) * L + t) * H));
+      }
+    }
+    in = out;
+    In = H;
+  }
+  return in;
+}
+
+TEST(GruModel, ForwardMatchesTorchEquations) {
+  GruConfig c{5, 7, 2};
+  GruModel<double> m(c);
+  const int B = 3, L = 20;
+  m.resize(B, L);
+  std::vector<double> w(m.layout().params.total());
+  gru_init(c, m.layout(), w.data(), 3);
+  std::mt19937_64 rng(1);
+  auto x = rand_vec(size_t(B) * L * c.din, rng);
+  std::vector<double> y(size_t(B) * L * c.hidden);
+  m.forward(x.data(), w.data(), y.data());
+  EXPECT_LT(kernels::test::rel_diff(reference_forward(c, m.layout(), w, x, B, L), y), 1e-13);
+}
+
+TEST(GruModel, GradientsMatchFiniteDifferences) {
+  GruConfig c{4, 6, 3};
+  GruModel<double> m(c);
+  const int B = 2, L = 64;
+  m.resize(B, L);
+  std::mt19937_64 rng(2);
+  auto w = rand_vec(m.layout().params.total(), rng, 0.05, 0.5);
+  auto x = rand_vec(size_t(B) * L * c.din, rng);
+  auto dy = rand_vec(size_t(B) * L * c.hidden, rng);
+  std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
+  auto loss = [&] {
+    m.forward(x.data(), w.data(), y.data());
+    return kernels::test::dot(dy, y);
+  };
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), g.data(), dx.data());
+  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 128);
+  for (const auto& s : m.layout().params.slots()) {
+    std::vector<double> ws(w.begin() + long(s.offset), w.begin() + long(s.offset + s.numel));
+    std::vector<double> gs(g.begin() + long(s.offset), g.begin() + long(s.offset + s.numel));
+    auto loss_s = [&] {
+      std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
+      return loss();
+    };
+    check_gradient(s.name, loss_s, ws, gs, 1e-6, 1e-6, 64);
+    std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
+  }
+  std::vector<double> g2 = g;
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), g2.data(), nullptr);  // dx not wanted
+  EXPECT_DOUBLED(g2, g);
+}
+
+TEST(GruStage, NamesShapesAndTorchInit) {
+  StageHarness h("gru", {"hidden=16", "layers=2"}, "core");
+  h.setup({{"x", Tensor::zeros({2, 5, 9}, DType::f32)}});
+  std::map<std::string, std::pair<Shape, bool>> got;
+  for (Parameter* p : h.stage().parameters()) {
+    got[p->name] = {p->value.shape(), p->weight_decay};
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      ASSERT_LE(std::abs(p->value.data<float>()[i]), 0.25f);
+    EXPECT_FALSE(p->low_precision.defined());
+  }
+  const std::map<std::string, std::pair<Shape, bool>> want = {
+      {"weight_ih_l0", {{48, 9}, true}},  {"weight_hh_l0", {{48, 16}, true}},
+      {"bias_ih_l0", {{48}, false}},      {"bias_hh_l0", {{48}, false}},
+      {"weight_ih_l1", {{48, 16}, true}}, {"weight_hh_l1", {{48, 16}, true}},
+      {"bias_ih_l1", {{48}, false}},      {"bias_hh_l1", {{48}, false}},
+  };
+  EXPECT_EQ(got, want);
+}
+
+TEST(GruStage, ForwardBackwardThroughStage) {
+  StageHarness h("gru", {"hidden=8", "layers=2"}, "core");
+  Tensor x = Tensor::empty({2, 10, 3}, DType::f32);
+  std::mt19937_64 rng(5);
+  auto xv = rand_vec(size_t(x.numel()), rng);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = float(xv[size_t(i)]);
+  h.setup({{"x", x}});
+  auto out = h.forward({{"x", x}});
+  ASSERT_EQ(out["y"].shape(), (Shape{2, 10, 8}));
+  GruConfig c{3, 8, 2};
+  GruModel<double> m(c);
+  m.resize(2, 10);
+  std::vector<double> w(m.layout().params.total());
+  for (Parameter* p : h.stage().parameters())
+    for (const auto& s : m.layout().params.slots())
+      if (s.name == p->name)
+        for (int64_t i = 0; i < p->value.numel(); ++i)
+          w[s.offset + size_t(i)] = p->value.data<float>()[i];
+  std::vector<double> y(size_t(out["y"].numel()));
+  m.forward(xv.data(), w.data(), y.data());
+  EXPECT_LT(kernels::test::rel_diff(
+                y, std::vector<float>(out["y"].data<float>(), out["y"].data<float>() + y.size())),
+            1e-5);
+  Tensor dy = Tensor::zeros({2, 10, 8}, DType::f32);
+  dy.data<float>()[5] = 1.0f;
+  auto g = h.backward({{"y", dy}});
+  EXPECT_TRUE(g.count("grad.x"));
+  EXPECT_TRUE(g.count("grad.weight_hh_l1"));
+}
+
+}  // namespace
+}  // namespace slipstream::nn

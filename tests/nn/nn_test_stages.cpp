@@ -1,0 +1,126 @@
+#include "tests/nn/nn_test_stages.h"
+
+#include <cmath>
+
+#include "engine/registry.h"
+#include "stages/nn/param_layout.h"
+
+namespace slipstream::nn_test {
+
+namespace {
+// Reserved up front so recording a loss never allocates (the zero-allocation test).
+std::vector<double>& loss_log() {
+  static std::vector<double> v = [] {
+    std::vector<double> r;
+    r.reserve(1 << 16);
+    return r;
+  }();
+  return v;
+}
+}  // namespace
+
+void reset_losses() {
+  loss_log().clear();
+}
+const std::vector<double>& losses() {
+  return loss_log();
+}
+
+// x: random values fixed by the batch index; target[t, j] = tanh of the causal running mean of
+// x[:, j % din] over the last 4 positions (a task a causal sequence model can learn).
+class SequenceSource : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("nn_test_source")
+        .family("test")
+        .doc("Synthetic causal regression batches for the nn tests.")
+        .role(StageRole::source)
+        .output("x", DType::f32, 3, "(B, W, din)")
+        .output("target", DType::f32, 3, "(B, W, dout)")
+        .param("batch", int64_t{4}, "B")
+        .param("window", int64_t{16}, "W")
+        .param("din", int64_t{6}, "input width")
+        .param("dout", int64_t{12}, "target width")
+        .param("count", int64_t{100000}, "batches per epoch")
+        .param("reuse", false, "fill the same two tensors every batch (zero-allocation test)");
+  }
+  void setup(StageContext& ctx) override {
+    const Params& p = ctx.params();
+    B_ = p.integer("batch"), W_ = p.integer("window"), din_ = p.integer("din"),
+    dout_ = p.integer("dout");
+    count_ = p.integer("count");
+    reuse_ = p.boolean("reuse");
+    ctx.declare_output("x", {B_, W_, din_}, DType::f32);
+    ctx.declare_output("target", {B_, W_, dout_}, DType::f32);
+    x_ = Tensor::empty({B_, W_, din_}, DType::f32);
+    t_ = Tensor::empty({B_, W_, dout_}, DType::f32);
+  }
+  bool produce(Batch& out, StageContext& ctx) override {
+    if (static_cast<int64_t>(out.index) >= count_) return false;
+    if (!reuse_) {
+      x_ = Tensor::empty({B_, W_, din_}, DType::f32);
+      t_ = Tensor::empty({B_, W_, dout_}, DType::f32);
+    }
+    nn::InitRng rng(out.index * 7919 + 17);
+    float* x = x_.data<float>();
+    float* t = t_.data<float>();
+    for (int64_t i = 0; i < x_.numel(); ++i) x[i] = static_cast<float>(rng.uniform(-1, 1));
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t w = 0; w < W_; ++w)
+        for (int64_t j = 0; j < dout_; ++j) {
+          double s = 0;
+          for (int64_t k = std::max<int64_t>(0, w - 3); k <= w; ++k)
+            s += x[(b * W_ + k) * din_ + j % din_];
+          t[(b * W_ + w) * dout_ + j] =
+              static_cast<float>(std::tanh(s * (j < dout_ / 2 ? 1.0 : -0.5)));
+        }
+    out.samples = static_cast<uint64_t>(B_);
+    ctx.set_output(out, "x", x_);
+    ctx.set_output(out, "target", t_);
+    return true;
+  }
+  void seek(uint64_t, StageContext&) override {}  // batches depend on their index only
+
+ private:
+  int64_t B_ = 0, W_ = 0, din_ = 0, dout_ = 0, count_ = 0;
+  bool reuse_ = false;
+  Tensor x_, t_;
+};
+SLIPSTREAM_REGISTER_STAGE(SequenceSource);
+
+class MseLoss : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("nn_test_mse")
+        .family("test")
+        .doc("mean((y - target)^2) for the nn tests.")
+        .role(StageRole::loss)
+        .input("y", DType::f32, 3, "prediction")
+        .input("target", DType::f32, 3, "target");
+  }
+  void setup(StageContext& ctx) override {
+    grad_ = Tensor::empty(ctx.input_shape("y"), DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& y = ctx.input(b, "y");
+    const Tensor& t = ctx.input(b, "target");
+    if (!(y.shape() == t.shape()) || !(y.shape() == grad_.shape()))
+      throw std::runtime_error("nn_test_mse: y " + y.describe() + " vs target " + t.describe());
+    const int64_t n = y.numel();
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = double(y.data<float>()[i]) - double(t.data<float>()[i]);
+      s += d * d;
+      grad_.data<float>()[i] = static_cast<float>(2.0 * d / double(n));
+    }
+    ctx.metric("loss", s / double(n));
+    if (ctx.run().training) loss_log().push_back(s / double(n));
+  }
+  void backward(Batch& b, StageContext& ctx) override { ctx.add_input_grad(b, "y", grad_); }
+
+ private:
+  Tensor grad_;
+};
+SLIPSTREAM_REGISTER_STAGE(MseLoss);
+
+}  // namespace slipstream::nn_test
