@@ -10,6 +10,7 @@ import argparse
 import pathlib
 import sys
 import time
+from importlib.metadata import version
 
 try:
     import peppi_py
@@ -43,7 +44,7 @@ def main():
         best = min(best, time.perf_counter() - t0)
         best_cpu = min(best_cpu, time.process_time() - c0)
 
-    print(f"peppi-py {getattr(peppi_py, '__version__', '?')}: {len(ok)} files ({len(failed)} rejected), "
+    print(f"peppi-py {version('peppi-py')}: {len(ok)} files ({len(failed)} rejected), "
           f"{total_bytes / 1e6:.1f} MB, {frames} frames")
     for p, e in failed:
         print(f"  rejected {p.name}: {e}")

@@ -6,28 +6,15 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "tests/engine/temp_dir.h"
+#include "tests/support/cli_output.h"
+#include "tests/support/temp_dir.h"
 
 using slipstream::testing::TempDir;
 
 namespace {
 
-struct Output {
-  int status = -1;
-  std::string text;  // stdout + stderr
-};
-
-Output run_cli(const std::string& args) {
-  std::string cmd = std::string(SLIPSTREAM_CLI) + " " + args + " 2>&1";
-  Output out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
-  int st = pclose(p);
-  out.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
+using Output = slipstream::testing::CliOutput;
+Output run_cli(const std::string& args) { return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args); }
 
 }  // namespace
 

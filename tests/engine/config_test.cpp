@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/graph.h"
-#include "tests/engine/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace slipstream;
 using slipstream::testing::TempDir;

@@ -8,7 +8,7 @@
 #include "engine/checkpoint.h"
 #include "engine/runner.h"
 #include "engine/stats_record.h"
-#include "tests/engine/temp_dir.h"
+#include "tests/support/temp_dir.h"
 #include "tests/engine/test_stages.h"
 
 using namespace slipstream;

@@ -10,7 +10,7 @@
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "stages/dist/mpi_reduce.h"
-#include "tests/engine/temp_dir.h"
+#include "tests/support/temp_dir.h"
 #include "tests/nn/alloc_counter.h"
 #include "tests/nn/nn_test_stages.h"
 

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "tests/engine/temp_dir.h"
+#include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
 
 using namespace slipstream;

@@ -8,13 +8,15 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
-#include "tests/engine/temp_dir.h"
+#include "tests/support/cli_output.h"
+#include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
 
 using namespace slipstream;
@@ -69,21 +71,8 @@ void resume_is_exact(const std::string& precision) {
   expect_bit_equal(wa, all_weights(second));
 }
 
-struct Output {
-  int status = -1;
-  std::string text;
-};
-Output run_cli(const std::string& args) {
-  std::string cmd = std::string(SLIPSTREAM_CLI) + " " + args + " 2>&1";
-  Output out;
-  FILE* p = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.text.append(buf.data(), n);
-  int st = pclose(p);
-  out.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
-}
+using Output = slipstream::testing::CliOutput;
+Output run_cli(const std::string& args) { return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args); }
 
 }  // namespace
 
@@ -130,7 +119,7 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   TempDir d;
   std::string args = "run --config " + source_path("configs/train_bc.yaml");
   for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
-  args += " --set run.steps=100000 --set ckpt.every=0";
+  args += " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=0";
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {

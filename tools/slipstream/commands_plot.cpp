@@ -46,16 +46,19 @@ void run_plot(const PlotArgs& a) {
   if (!png && !ends_with(out.string(), ".svg"))
     throw PlotError("--out " + out.string() + ": the file name must end in .svg or .png");
 
+  std::vector<std::string> wanted;
+  for (const auto& m : a.metrics)
+    if (!m.empty()) wanted.push_back(m);  // "--metrics loss," leaves an empty entry
   MetricsLog log = load_metrics(metrics);
   if (log.skipped > 0)
     std::cerr << metrics.string() << ": skipped " << log.skipped << " malformed line"
               << (log.skipped == 1 ? "" : "s") << "\n";
-  for (const auto& m : unmatched_metrics(log, a.metrics))
+  for (const auto& m : unmatched_metrics(log, wanted))
     std::cerr << "warning: no data for metric '" << m << "'\n";
   fs::path abs = fs::absolute(dir).lexically_normal();  // "." names the current directory
   if (abs.filename().empty()) abs = abs.parent_path();
   std::string title = abs.filename().empty() ? abs.string() : abs.filename().string();
-  Chart chart = build_chart(log, a.metrics, title);
+  Chart chart = build_chart(log, wanted, title);
 
   int width = 960, height = default_height(chart.panels.size());
   if (!a.size.empty()) {
