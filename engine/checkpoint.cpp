@@ -12,7 +12,8 @@ namespace fs = std::filesystem;
 
 namespace slipstream {
 
-void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch, const std::string& dir) {
+void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
+                     const std::string& dir) {
   fs::path tmp = dir + ".tmp";
   fs::remove_all(tmp);
   fs::create_directories(tmp);
@@ -20,7 +21,8 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   std::map<std::string, std::string> meta;
   for (size_t k = 0; k < graph.stages.size(); ++k) {
     const std::string& name = graph.stages[k].name;
-    for (Parameter* p : graph.instances[k]->parameters()) weights[name + "." + p->name] = p->value.clone();
+    for (Parameter* p : graph.instances[k]->parameters())
+      weights[name + "." + p->name] = p->value.clone();
     StateWriter w(state, meta, name);
     graph.instances[k]->save(w);
   }
@@ -63,7 +65,8 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     std::string name = e.path().filename().string();
-    if (!name.starts_with("step-") || name.ends_with(".tmp") || !fs::exists(e.path() / "DONE")) continue;
+    if (!name.starts_with("step-") || name.ends_with(".tmp") || !fs::exists(e.path() / "DONE"))
+      continue;
     uint64_t step = std::strtoull(name.c_str() + 5, nullptr, 10);
     if (!best || step >= best_step) best = e.path().string(), best_step = step;
   }

@@ -23,7 +23,8 @@ struct CheckpointInfo {
 
 // Writes a checkpoint of every stage of `graph` into `dir` (created; replaced if present).
 // `next_batch` is the index of the first batch not yet trained on.
-void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch, const std::string& dir);
+void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
+                     const std::string& dir);
 // Loads parameters and stage state from `dir`; returns the position to resume from.
 CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir);
 // The newest complete checkpoint under `run_dir/checkpoints/`, if any.

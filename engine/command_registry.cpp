@@ -11,6 +11,8 @@ void register_command(std::string name, CommandSetup setup) {
   commands().push_back({std::move(name), std::move(setup)});
 }
 
-const std::vector<RegisteredCommand>& registered_commands() { return commands(); }
+const std::vector<RegisteredCommand>& registered_commands() {
+  return commands();
+}
 
 }  // namespace slipstream

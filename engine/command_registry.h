@@ -26,6 +26,6 @@ const std::vector<RegisteredCommand>& registered_commands();
 
 }  // namespace slipstream
 
-#define SLIPSTREAM_REGISTER_COMMAND(ident, name, setup_fn)                      \
+#define SLIPSTREAM_REGISTER_COMMAND(ident, name, setup_fn)                     \
   [[maybe_unused]] static const bool slipstream_command_##ident##_registered = \
       (::slipstream::register_command(name, setup_fn), true)

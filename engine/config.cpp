@@ -136,7 +136,8 @@ void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
     if (!n.IsMap()) fail(mark_of(n, path), std::string(section) + " must be a mapping");
     auto& dst = std::string(section) == "run" ? out.run : out.set;
     for (auto it = n.begin(); it != n.end(); ++it)
-      dst.emplace_back(it->first.as<std::string>(), ConfigValue{it->second, mark_of(it->first, path)});
+      dst.emplace_back(it->first.as<std::string>(),
+                       ConfigValue{it->second, mark_of(it->first, path)});
   }
 }
 
@@ -205,8 +206,9 @@ void load_graph_file(const std::string& path, Config& c) {
     sc.kind = scalar(s["kind"], path, "kind");
     sc.kind_mark = mark_of(s["kind"], path);
     if (sc.name.empty() || sc.name.find_first_of(". =") != std::string::npos)
-      issues.push_back({mark_of(s["name"], path),
-                        "stage name '" + sc.name + "' must be non-empty without '.', '=' or spaces"});
+      issues.push_back(
+          {mark_of(s["name"], path),
+           "stage name '" + sc.name + "' must be non-empty without '.', '=' or spaces"});
     if (!seen.insert(sc.name).second)
       issues.push_back({mark_of(s["name"], path), "duplicate stage name '" + sc.name + "'"});
     if (auto in = s["inputs"]) {
@@ -248,8 +250,8 @@ void apply_set(Config& c, const std::string& key, ConfigValue value) {
     }
   std::vector<std::string> names{"run"};
   for (const auto& s : c.stages) names.push_back(s.name);
-  fail(value.mark, "override '" + key + "': no stage named '" + stage + "'" +
-                       did_you_mean(stage, names));
+  fail(value.mark,
+       "override '" + key + "': no stage named '" + stage + "'" + did_you_mean(stage, names));
 }
 
 }  // namespace
@@ -259,7 +261,8 @@ ConfigError::ConfigError(std::vector<ConfigIssue> issues)
 
 std::vector<std::string> preset_search_dirs() {
   std::vector<std::string> dirs;
-  if (const char* home = std::getenv("SLIPSTREAM_HOME")) dirs.push_back(std::string(home) + "/presets");
+  if (const char* home = std::getenv("SLIPSTREAM_HOME"))
+    dirs.push_back(std::string(home) + "/presets");
   dirs.push_back((fs::current_path() / "presets").string());
 #ifdef SLIPSTREAM_SOURCE_DIR_DEFAULT
   dirs.push_back(std::string(SLIPSTREAM_SOURCE_DIR_DEFAULT) + "/presets");
@@ -322,7 +325,8 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
     for (const auto& [p, m] : c.plugins) os << "  - " << param_value_str(p) << "\n";
   }
   os << "run:\n";
-  for (const auto& [k, e] : run_params.entries()) os << "  " << k << ": " << param_value_str(e.value) << "\n";
+  for (const auto& [k, e] : run_params.entries())
+    os << "  " << k << ": " << param_value_str(e.value) << "\n";
   os << "stages:\n";
   for (const auto& s : c.stages) {
     os << "  - name: " << s.name << "\n    kind: " << s.kind << "\n";

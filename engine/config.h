@@ -81,7 +81,8 @@ std::vector<std::string> preset_search_dirs();
 // applies `extends:` chains, `set:` entries and the command-line `overrides` ("a.b=value").
 // Throws ConfigError for YAML syntax errors, unknown top-level keys, missing files, bad
 // override syntax and overrides naming unknown stages.
-Config load_config(const std::string& preset_or_file, const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& preset_or_file,
+                   const std::vector<std::string>& overrides = {});
 
 // Writes a self-contained graph file (stages with every parameter resolved, plus the run
 // section) that `slipstream run --config FILE` repeats.

@@ -34,8 +34,8 @@ struct CudaDeviceInfo {
 struct CudaProbe {
   bool built_with_cuda = false;
   bool available = false;
-  std::string reason;          // why not available ("no NVIDIA driver: ...", "no CUDA device")
-  int driver_version = 0;      // e.g. 13000, 0 when unknown
+  std::string reason;      // why not available ("no NVIDIA driver: ...", "no CUDA device")
+  int driver_version = 0;  // e.g. 13000, 0 when unknown
   int runtime_version = 0;
   std::vector<CudaDeviceInfo> devices;
 };

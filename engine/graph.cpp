@@ -48,7 +48,9 @@ const StageSchema& run_schema() {
 
 namespace {
 
-std::string who(const StageConfig& s) { return "stage '" + s.name + "' (" + s.kind + "): "; }
+std::string who(const StageConfig& s) {
+  return "stage '" + s.name + "' (" + s.kind + "): ";
+}
 
 bool parse_int(const std::string& text, int64_t& out) {
   const char* b = text.data();
@@ -71,7 +73,9 @@ std::optional<ParamValue> convert(const YAML::Node& n, ParamType t, std::string&
   auto one = [&](const YAML::Node& x, ParamType et, ParamValue& out) -> bool {
     if (!x.IsScalar()) {
       why = "expects " + std::string(param_type_name(et)) + ", got a " +
-            (x.IsSequence() ? "list" : x.IsMap() ? "mapping" : "null");
+            (x.IsSequence() ? "list"
+             : x.IsMap()    ? "mapping"
+                            : "null");
       return false;
     }
     std::string s = x.Scalar();
@@ -185,7 +189,8 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
   for (const auto& [key, cv] : raw) {
     const ParamSpec* spec = schema.find_param(key);
     if (!spec) {
-      issues.push_back({cv.mark, prefix + "unknown parameter '" + key + "'" + did_you_mean(key, names)});
+      issues.push_back(
+          {cv.mark, prefix + "unknown parameter '" + key + "'" + did_you_mean(key, names)});
       continue;
     }
     std::string why;
@@ -205,7 +210,8 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
     if (out.has(spec.name)) continue;
     if (spec.required) {
       issues.push_back({owner_mark, prefix + "missing required parameter '" + spec.name + "' (" +
-                                        std::string(param_type_name(spec.type)) + ": " + spec.doc + ")"});
+                                        std::string(param_type_name(spec.type)) + ": " + spec.doc +
+                                        ")"});
       continue;
     }
     out.set(spec.name, spec.default_value, {"<default>"});
@@ -255,7 +261,8 @@ GraphPlan plan_graph(Config config) {
       int64_t n = -1;
       const auto& node = cs[i].concurrency->node;
       if (!node.IsScalar() || !parse_int(node.Scalar(), n) || n < 0 || n > 1024)
-        issues.push_back({cs[i].concurrency->mark, who(cs[i]) + "concurrency must be an int in [0, 1024]"});
+        issues.push_back(
+            {cs[i].concurrency->mark, who(cs[i]) + "concurrency must be an int in [0, 1024]"});
       else
         concurrency[i] = static_cast<int>(n);
     }
@@ -271,7 +278,8 @@ GraphPlan plan_graph(Config config) {
     for (const auto& r : cs[i].inputs) {
       auto it = by_name.find(r.stage);
       if (it == by_name.end()) {
-        issues.push_back({r.mark, who(cs[i]) + "input '" + r.stage + "' is not a stage of this graph" +
+        issues.push_back({r.mark, who(cs[i]) + "input '" + r.stage +
+                                      "' is not a stage of this graph" +
                                       did_you_mean(r.stage, names)});
         continue;
       }
@@ -287,7 +295,8 @@ GraphPlan plan_graph(Config config) {
   std::vector<int> indegree(cs.size(), 0);
   std::vector<std::vector<size_t>> succs(cs.size());
   for (size_t i = 0; i < cs.size(); ++i)
-    for (size_t p : std::set<size_t>(preds[i].begin(), preds[i].end())) indegree[i]++, succs[p].push_back(i);
+    for (size_t p : std::set<size_t>(preds[i].begin(), preds[i].end()))
+      indegree[i]++, succs[p].push_back(i);
   std::vector<size_t> order;
   std::set<size_t> ready;
   for (size_t i = 0; i < cs.size(); ++i)
@@ -367,10 +376,12 @@ GraphPlan plan_graph(Config config) {
       const PortSpec& have = plan.stages[st].schema->outputs()[op];
       if ((want.dtype && have.dtype && *want.dtype != *have.dtype) ||
           (want.rank >= 0 && have.rank >= 0 && want.rank != have.rank)) {
-        issues.push_back({mark, who(c) + "input '" + want.name + "' expects " + port_desc(want) + " but " +
-                                    plan.stages[st].name + "." + have.name + " is " + port_desc(have)});
+        issues.push_back({mark, who(c) + "input '" + want.name + "' expects " + port_desc(want) +
+                                    " but " + plan.stages[st].name + "." + have.name + " is " +
+                                    port_desc(have)});
       }
-      ps.inputs[port_idx] = {st, op, plan.stages[st].output_slots[op], plan.stages[st].output_grad_slots[op]};
+      ps.inputs[port_idx] = {st, op, plan.stages[st].output_slots[op],
+                             plan.stages[st].output_grad_slots[op]};
     };
     for (const auto& r : c.inputs) {
       int st = pos[by_name[r.stage]];
@@ -380,8 +391,8 @@ GraphPlan plan_graph(Config config) {
       if (!r.port.empty()) {
         auto* op = plan.stages[st].schema->find_output(r.port);
         if (!op) {
-          issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port + "'" +
-                                        did_you_mean(r.port, out_names)});
+          issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port +
+                                        "'" + did_you_mean(r.port, out_names)});
           continue;
         }
         int opi = static_cast<int>(op - outs.data());
@@ -403,30 +414,35 @@ GraphPlan plan_graph(Config config) {
         for (int slot : plan.stages[st].passthrough_slots)
           for (int s2 = 0; s2 < static_cast<int>(plan.stages.size()); ++s2)
             for (size_t o = 0; o < plan.stages[s2].output_slots.size(); ++o)
-              if (plan.stages[s2].output_slots[o] == slot) cands.push_back({s2, static_cast<int>(o), r.mark});
+              if (plan.stages[s2].output_slots[o] == slot)
+                cands.push_back({s2, static_cast<int>(o), r.mark});
       } else {
         for (size_t o = 0; o < outs.size(); ++o) cands.push_back({st, static_cast<int>(o), r.mark});
       }
     }
     if (ps.schema->is_passthrough()) {
-      for (const auto& cd : cands) ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
+      for (const auto& cd : cands)
+        ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
       continue;
     }
     for (size_t i = 0; i < ins.size(); ++i) {
       if (ps.inputs[i].producer >= 0) continue;
       std::vector<const Candidate*> match;
       for (const auto& cd : cands)
-        if (plan.stages[cd.stage].schema->outputs()[cd.port].name == ins[i].name) match.push_back(&cd);
+        if (plan.stages[cd.stage].schema->outputs()[cd.port].name == ins[i].name)
+          match.push_back(&cd);
       if (match.size() > 1) {
-        issues.push_back({c.inputs_mark, who(c) + "input '" + ins[i].name + "' is ambiguous: " +
-                                             plan.stages[match[0]->stage].name + " and " +
-                                             plan.stages[match[1]->stage].name +
-                                             " both output it; write inputs: {" + ins[i].name +
-                                             ": stage.port}"});
+        issues.push_back({c.inputs_mark,
+                          who(c) + "input '" + ins[i].name +
+                              "' is ambiguous: " + plan.stages[match[0]->stage].name + " and " +
+                              plan.stages[match[1]->stage].name +
+                              " both output it; write inputs: {" + ins[i].name + ": stage.port}"});
         continue;
       }
-      if (match.size() == 1) bind(i, match[0]->stage, match[0]->port, match[0]->mark);
-      else if (ins.size() == 1 && cands.size() == 1) bind(i, cands[0].stage, cands[0].port, cands[0].mark);
+      if (match.size() == 1)
+        bind(i, match[0]->stage, match[0]->port, match[0]->mark);
+      else if (ins.size() == 1 && cands.size() == 1)
+        bind(i, cands[0].stage, cands[0].port, cands[0].mark);
     }
     for (size_t i = 0; i < ins.size(); ++i) {
       if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
@@ -434,10 +450,11 @@ GraphPlan plan_graph(Config config) {
       for (const auto& cd : cands)
         avail += (avail.empty() ? "" : ", ") + plan.stages[cd.stage].name + "." +
                  plan.stages[cd.stage].schema->outputs()[cd.port].name;
-      issues.push_back({c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
-                                           ") has no producer" +
-                                           (avail.empty() ? std::string(": the stage has no inputs")
-                                                          : " among its inputs (available: " + avail + ")")});
+      issues.push_back(
+          {c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
+                              ") has no producer" +
+                              (avail.empty() ? std::string(": the stage has no inputs")
+                                             : " among its inputs (available: " + avail + ")")});
     }
   }
 
@@ -457,13 +474,13 @@ GraphPlan plan_graph(Config config) {
     } else if (role == StageRole::rebatch) {
       bool ok = ps.upstream.size() == 1 && ps.upstream[0] == k - 1 && k - 1 < plan.head_end;
       if (!ok)
-        issues.push_back({c.inputs_mark, who(c) + "a rebatch stage must take exactly the source (or the "
-                                                  "rebatch stage right after it) as input"});
+        issues.push_back({c.inputs_mark, who(c) +
+                                             "a rebatch stage must take exactly the source (or the "
+                                             "rebatch stage right after it) as input"});
     } else if (ps.upstream.empty()) {
       issues.push_back({c.mark, who(c) + "has no inputs; only a source may"});
     }
-    if (role == StageRole::source || role == StageRole::rebatch)
-      plan.head_end = k + 1;
+    if (role == StageRole::source || role == StageRole::rebatch) plan.head_end = k + 1;
   }
   if (sources == 0) issues.push_back({{config.graph_file}, "graph has no source stage"});
   plan.section_begin = n;
@@ -482,13 +499,15 @@ GraphPlan plan_graph(Config config) {
         ps.after_loss = true;
     if (ps.schema->stage_role() == StageRole::update && !ps.after_loss) {
       bool has_loss = false;
-      for (const auto& s : plan.stages) has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
+      for (const auto& s : plan.stages)
+        has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
       if (has_loss)
         issues.push_back({cs[order[k]].inputs_mark,
                           who(cs[order[k]]) + "an update stage must come after the loss stage"});
     }
     if (ps.after_loss && ps.schema->is_trainable())
-      issues.push_back({cs[order[k]].mark, who(cs[order[k]]) + "a trainable stage cannot follow the loss"});
+      issues.push_back(
+          {cs[order[k]].mark, who(cs[order[k]]) + "a trainable stage cannot follow the loss"});
   }
   if (!issues.empty()) throw ConfigError(issues);
   plan.config = std::move(config);
@@ -528,8 +547,8 @@ void Graph::setup() {
     } catch (const ConfigError&) {
       throw;
     } catch (const std::exception& e) {
-      throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" + plan_.stages[k].schema->kind() +
-                               "): setup failed: " + e.what());
+      throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" +
+                               plan_.stages[k].schema->kind() + "): setup failed: " + e.what());
     }
     for (size_t o = 0; o < plan_.stages[k].output_slots.size(); ++o) {
       const auto& slot = plan_.slots[plan_.stages[k].output_slots[o]];
@@ -556,10 +575,12 @@ Batch Graph::new_batch() const {
 
 namespace {
 template <class Ports>
-int port_index(const Ports& ports, std::string_view port, const std::string& stage, const char* what) {
+int port_index(const Ports& ports, std::string_view port, const std::string& stage,
+               const char* what) {
   for (size_t i = 0; i < ports.size(); ++i)
     if (ports[i].name == port) return static_cast<int>(i);
-  throw std::logic_error("stage '" + stage + "' has no " + what + " port '" + std::string(port) + "'");
+  throw std::logic_error("stage '" + stage + "' has no " + what + " port '" + std::string(port) +
+                         "'");
 }
 }  // namespace
 
@@ -570,22 +591,31 @@ int StageContext::slot_of_output(std::string_view port) const {
   return output_slots_[port_index(schema_->outputs(), port, name_, "output")];
 }
 int StageContext::grad_slot_of_input(std::string_view port) const {
-  return plan_->stages[index_].inputs[port_index(schema_->inputs(), port, name_, "input")].grad_slot;
+  return plan_->stages[index_]
+      .inputs[port_index(schema_->inputs(), port, name_, "input")]
+      .grad_slot;
 }
 int StageContext::grad_slot_of_output(std::string_view port) const {
-  return plan_->stages[index_].output_grad_slots[port_index(schema_->outputs(), port, name_, "output")];
+  return plan_->stages[index_]
+      .output_grad_slots[port_index(schema_->outputs(), port, name_, "output")];
 }
 
-bool StageContext::input_connected(std::string_view port) const { return slot_of_input(port) >= 0; }
+bool StageContext::input_connected(std::string_view port) const {
+  return slot_of_input(port) >= 0;
+}
 
 const Shape& StageContext::input_shape(std::string_view port) const {
   int s = slot_of_input(port);
-  if (s < 0) throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) + "' is not connected");
+  if (s < 0)
+    throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) +
+                           "' is not connected");
   return plan_->slots[s].shape;
 }
 DType StageContext::input_dtype(std::string_view port) const {
   int s = slot_of_input(port);
-  if (s < 0) throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) + "' is not connected");
+  if (s < 0)
+    throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) +
+                           "' is not connected");
   return plan_->slots[s].dtype;
 }
 void StageContext::declare_output(std::string_view port, const Shape& shape, DType dtype) {
@@ -606,8 +636,8 @@ const Params* StageContext::stage_params(std::string_view stage_name) const {
 const Tensor& StageContext::input(const Batch& b, std::string_view port) const {
   int s = slot_of_input(port);
   if (s < 0 || !b.slots[s].defined())
-    throw std::runtime_error("stage '" + name_ + "': input '" + std::string(port) + "' is empty in batch " +
-                             std::to_string(b.index));
+    throw std::runtime_error("stage '" + name_ + "': input '" + std::string(port) +
+                             "' is empty in batch " + std::to_string(b.index));
   return b.slots[s];
 }
 bool StageContext::has_input(const Batch& b, std::string_view port) const {
@@ -635,8 +665,8 @@ void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor&
   // buffer the first consumer still owns.
   if (dst.dtype() != DType::f32 || grad.dtype() != DType::f32 || !(dst.shape() == grad.shape()) ||
       !dst.device().is_cpu())
-    throw std::runtime_error("stage '" + name_ + "': cannot add gradients for input '" + std::string(port) +
-                             "': " + dst.describe() + " vs " + grad.describe());
+    throw std::runtime_error("stage '" + name_ + "': cannot add gradients for input '" +
+                             std::string(port) + "': " + dst.describe() + " vs " + grad.describe());
   Tensor sum = dst.clone();
   float* d = sum.data<float>();
   const float* g = grad.data<float>();
@@ -657,7 +687,8 @@ std::vector<Tensor*> StageContext::passthrough_tensors(Batch& b) const {
 std::vector<std::pair<std::string, Stage*>> StageContext::upstream_stages() const {
   std::vector<std::pair<std::string, Stage*>> out;
   std::set<int> seen;
-  std::deque<int> queue(plan_->stages[index_].upstream.begin(), plan_->stages[index_].upstream.end());
+  std::deque<int> queue(plan_->stages[index_].upstream.begin(),
+                        plan_->stages[index_].upstream.end());
   while (!queue.empty()) {
     int u = queue.front();
     queue.pop_front();
@@ -702,10 +733,12 @@ bool Stage::produce(Batch&, StageContext& ctx) {
 void Stage::seek(uint64_t next_index, StageContext& ctx) {
   // Rebatchers without state between batches need nothing; a source must position itself.
   if (next_index == 0 || ctx.schema().stage_role() != StageRole::source) return;
-  throw std::runtime_error("stage '" + ctx.name() + "' cannot resume from batch " + std::to_string(next_index));
+  throw std::runtime_error("stage '" + ctx.name() + "' cannot resume from batch " +
+                           std::to_string(next_index));
 }
 bool Stage::rebatch(Batch&, const std::function<bool(Batch&)>&, StageContext& ctx) {
-  throw std::logic_error("stage '" + ctx.name() + "' is a rebatch stage but does not implement rebatch()");
+  throw std::logic_error("stage '" + ctx.name() +
+                         "' is a rebatch stage but does not implement rebatch()");
 }
 
 }  // namespace slipstream

@@ -51,10 +51,10 @@ struct GraphPlan {
   Params run;
   std::vector<PlannedStage> stages;  // topological order
   std::vector<SlotInfo> slots;
-  int head_end = 0;       // stages [0, head_end) are the source and its rebatchers
-  int section_begin = 0;  // stages [section_begin, size) form the trainable section
-  std::vector<Stage*> instances;             // filled by Graph
-  std::vector<StageContext*> contexts;       // filled by Graph
+  int head_end = 0;                     // stages [0, head_end) are the source and its rebatchers
+  int section_begin = 0;                // stages [section_begin, size) form the trainable section
+  std::vector<Stage*> instances;        // filled by Graph
+  std::vector<StageContext*> contexts;  // filled by Graph
 };
 
 // Loads plugins, checks kinds, parameters (names, types, ranges, required), inputs (existing,

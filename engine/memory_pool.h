@@ -59,9 +59,7 @@ class Pools {
  public:
   static MemoryPool& host();
   static MemoryPool& device(int cuda_index);  // throws on a CPU-only build
-  static MemoryPool& for_device(const Device& d) {
-    return d.is_cpu() ? host() : device(d.index);
-  }
+  static MemoryPool& for_device(const Device& d) { return d.is_cpu() ? host() : device(d.index); }
   // Call before the first host allocation of a CUDA run.
   static void enable_pinned_host(bool on);
   // Every pool created so far (for stats publishing).

@@ -12,15 +12,21 @@ std::string SourceMark::str() const {
 void Params::set(const std::string& name, ParamValue value, SourceMark mark) {
   entries_[name] = Entry{std::move(value), std::move(mark)};
 }
-bool Params::has(std::string_view name) const { return entries_.find(name) != entries_.end(); }
+bool Params::has(std::string_view name) const {
+  return entries_.find(name) != entries_.end();
+}
 
 const Params::Entry& Params::entry(std::string_view name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw std::out_of_range("no parameter '" + std::string(name) + "'");
   return it->second;
 }
-const ParamValue& Params::value(std::string_view name) const { return entry(name).value; }
-const SourceMark& Params::mark(std::string_view name) const { return entry(name).mark; }
+const ParamValue& Params::value(std::string_view name) const {
+  return entry(name).value;
+}
+const SourceMark& Params::mark(std::string_view name) const {
+  return entry(name).mark;
+}
 
 namespace {
 template <class T>
@@ -30,8 +36,12 @@ const T& get_as(const ParamValue& v, std::string_view name, const char* type) {
 }
 }  // namespace
 
-bool Params::boolean(std::string_view n) const { return get_as<bool>(value(n), n, "bool"); }
-int64_t Params::integer(std::string_view n) const { return get_as<int64_t>(value(n), n, "int"); }
+bool Params::boolean(std::string_view n) const {
+  return get_as<bool>(value(n), n, "bool");
+}
+int64_t Params::integer(std::string_view n) const {
+  return get_as<int64_t>(value(n), n, "int");
+}
 double Params::number(std::string_view n) const {
   const auto& v = value(n);
   if (auto* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);

@@ -12,9 +12,9 @@
 namespace slipstream {
 
 struct SourceMark {
-  std::string file;  // config file path, or "<--set #N>" / "<default>"
-  int line = 0;      // 1-based; 0 when unknown
-  int col = 0;       // 1-based
+  std::string file;         // config file path, or "<--set #N>" / "<default>"
+  int line = 0;             // 1-based; 0 when unknown
+  int col = 0;              // 1-based
   std::string str() const;  // "file:line:col" (or just "file")
 };
 

@@ -45,9 +45,8 @@ std::vector<const StageSchema*> StageRegistry::all() {
   std::lock_guard lock(d.mu);
   std::vector<const StageSchema*> out;
   for (auto& [k, s] : d.kinds) out.push_back(&s);
-  std::stable_sort(out.begin(), out.end(), [](auto* a, auto* b) {
-    return a->family_name() < b->family_name();
-  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](auto* a, auto* b) { return a->family_name() < b->family_name(); });
   return out;
 }
 

@@ -26,10 +26,10 @@ class StageRegistry {
 
 }  // namespace slipstream
 
-#define SLIPSTREAM_REGISTER_STAGE(Class)                                                    \
-  [[maybe_unused]] static const bool slipstream_stage_registered_##Class =                 \
-      ::slipstream::StageRegistry::add([] {                                                \
-        ::slipstream::StageSchema s = Class::schema();                                     \
-        s.factory = []() -> ::slipstream::Stage* { return new Class(); };                  \
-        return s;                                                                          \
+#define SLIPSTREAM_REGISTER_STAGE(Class)                                   \
+  [[maybe_unused]] static const bool slipstream_stage_registered_##Class = \
+      ::slipstream::StageRegistry::add([] {                                \
+        ::slipstream::StageSchema s = Class::schema();                     \
+        s.factory = []() -> ::slipstream::Stage* { return new Class(); };  \
+        return s;                                                          \
       }())

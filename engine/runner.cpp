@@ -9,13 +9,13 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
-#include <optional>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "engine/checkpoint.h"
@@ -30,7 +30,9 @@ namespace slipstream {
 namespace {
 
 std::atomic<bool> g_sigint{false};
-extern "C" void on_sigint(int) { g_sigint.store(true); }
+extern "C" void on_sigint(int) {
+  g_sigint.store(true);
+}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -73,10 +75,13 @@ std::string timestamp() {
 
 }  // namespace
 
-void raise_interrupt_for_testing() { g_sigint.store(true); }
+void raise_interrupt_for_testing() {
+  g_sigint.store(true);
+}
 
 StageError::StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what)
-    : std::runtime_error("stage '" + stage + "' (" + kind + "), batch " + std::to_string(batch) + ": " + what),
+    : std::runtime_error("stage '" + stage + "' (" + kind + "), batch " + std::to_string(batch) +
+                         ": " + what),
       stage_(std::move(stage)),
       batch_(batch) {}
 
@@ -144,8 +149,8 @@ struct Runner::Impl {
   }
 
   // Pulls one batch out of head stage k (source or rebatcher), recursively.
-  bool pull(std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs, std::vector<uint64_t>& next,
-            size_t k, Batch& out, bool count) {
+  bool pull(std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs,
+            std::vector<uint64_t>& next, size_t k, Batch& out, bool count) {
     if (out.slots.size() != plan().slots.size()) out.slots.resize(plan().slots.size());
     out.index = next[k];
     bool ok = false;
@@ -223,7 +228,8 @@ struct Runner::Impl {
     ensure_eval_copies();
     std::vector<Stage*> st;
     std::vector<StageContext*> cx;
-    for (size_t k = 0; k < eval_stages.size(); ++k) st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
+    for (size_t k = 0; k < eval_stages.size(); ++k)
+      st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
     size_t head_end = static_cast<size_t>(plan().head_end);
     std::vector<uint64_t> next(head_end, 0);
     for (size_t k = 0; k < head_end; ++k) st[k]->seek(0, *cx[k]);
@@ -253,7 +259,8 @@ struct Runner::Impl {
     {
       std::lock_guard lock(metrics_mu);
       in_validation = false;
-      for (auto& [k, v] : validation) avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+      for (auto& [k, v] : validation)
+        avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
     }
     for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_end(avg, graph->context(k));
     return avg;
@@ -271,7 +278,8 @@ struct Runner::Impl {
     row["step"] = run.step;
     row["split"] = split;
     row["time"] = static_cast<double>(unix_ns()) * 1e-9;
-    for (const auto& [k, v] : values) row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+    for (const auto& [k, v] : values)
+      row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
     if (sps >= 0) row["samples_per_s"] = sps;
     if (wait_pct >= 0) row["data_wait_pct"] = wait_pct;
     metrics_file << row.dump() << "\n" << std::flush;
@@ -319,12 +327,14 @@ struct Runner::Impl {
       std::map<std::string, double> avg;
       {
         std::lock_guard lock(metrics_mu);
-        for (auto& [k, v] : interval) avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+        for (auto& [k, v] : interval)
+          avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
         interval.clear();
       }
       double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
       double sps = secs > 0 ? static_cast<double>(interval_samples) / secs : 0;
-      double wait = secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
+      double wait =
+          secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
       last_train = avg;
       write_metrics_row("train", avg, sps, wait);
       char head[128];
@@ -356,7 +366,8 @@ struct Runner::Impl {
           best_validation = it->second;
           validations_without_improvement = 0;
         } else if (patience > 0 && ++validations_without_improvement >= patience) {
-          log_line("early stop: validation loss has not improved for " + std::to_string(patience) + " validations");
+          log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
+                   " validations");
           early_stopped = true;
           run.stop_requested = true;
         }
@@ -390,7 +401,8 @@ struct Runner::Impl {
       r.steps_per_s = steps_rate;
       r.samples_per_s = samples_rate;
       r.eta_s = (run.total_steps && steps_rate > 0)
-                    ? static_cast<double>(run.total_steps - std::min(run.total_steps, run.step)) / steps_rate
+                    ? static_cast<double>(run.total_steps - std::min(run.total_steps, run.step)) /
+                          steps_rate
                     : -1;
       r.num_stages = static_cast<uint32_t>(std::min<size_t>(n(), stats::kMaxStages));
       for (size_t k = 0; k < r.num_stages; ++k) {
@@ -404,7 +416,8 @@ struct Runner::Impl {
         s.busy_ns = busy;
         s.blocked_output_ns = blocked;
         double capacity = elapsed * slots;
-        s.wait_input_ns = static_cast<uint64_t>(std::max(0.0, capacity - static_cast<double>(busy + blocked)));
+        s.wait_input_ns =
+            static_cast<uint64_t>(std::max(0.0, capacity - static_cast<double>(busy + blocked)));
         uint64_t q = c.enqueued.load() - std::min(c.enqueued.load(), c.started.load());
         s.queue_depth = static_cast<uint32_t>(q);
         s.queue_capacity = static_cast<uint32_t>(plan().run.integer("max_in_flight"));
@@ -415,13 +428,16 @@ struct Runner::Impl {
                   (run.device.is_cuda() && ps.in_section ? stats::kStageDevice : 0);
         if (dt > 0) {
           double window = dt * 1e9 * slots;
-          double db = static_cast<double>(busy - c.prev_busy), dbl = static_cast<double>(blocked - c.prev_blocked);
+          double db = static_cast<double>(busy - c.prev_busy),
+                 dbl = static_cast<double>(blocked - c.prev_blocked);
           uint64_t di = items - c.prev_items;
           s.items_per_s_recent = static_cast<double>(di) / dt;
           s.busy_frac_recent = std::min(1.0, db / window);
           s.blocked_output_frac_recent = std::min(1.0, dbl / window);
-          s.wait_input_frac_recent = std::max(0.0, 1.0 - s.busy_frac_recent - s.blocked_output_frac_recent);
-          s.mean_latency_ms_recent = di ? db * 1e-6 / static_cast<double>(di) : s.mean_latency_ms_recent;
+          s.wait_input_frac_recent =
+              std::max(0.0, 1.0 - s.busy_frac_recent - s.blocked_output_frac_recent);
+          s.mean_latency_ms_recent =
+              di ? db * 1e-6 / static_cast<double>(di) : s.mean_latency_ms_recent;
         }
         c.prev_busy = busy;
         c.prev_blocked = blocked;
@@ -530,13 +546,20 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   *I.log << "device: " << dc.reason << "\n";
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
-  for (size_t k = 0; k < I.graph->size(); ++k) I.counters.push_back(std::make_unique<LiveCounters>());
+  for (size_t k = 0; k < I.graph->size(); ++k)
+    I.counters.push_back(std::make_unique<LiveCounters>());
 }
 
 Runner::~Runner() = default;
-Graph& Runner::graph() { return *impl_->graph; }
-RunState& Runner::state() { return impl_->run; }
-uint64_t Runner::max_in_flight_seen() const { return impl_->max_in_flight_seen.load(); }
+Graph& Runner::graph() {
+  return *impl_->graph;
+}
+RunState& Runner::state() {
+  return impl_->run;
+}
+uint64_t Runner::max_in_flight_seen() const {
+  return impl_->max_in_flight_seen.load();
+}
 void Runner::request_stop(bool as_interrupt) {
   if (as_interrupt) impl_->run.interrupted = true;
   impl_->run.stop_requested = true;
@@ -555,7 +578,9 @@ Runner::Counters Runner::counters(size_t stage) const {
   return out;
 }
 
-RunResult Runner::run() { return impl_->execute(); }
+RunResult Runner::run() {
+  return impl_->execute();
+}
 
 RunResult Runner::Impl::execute() {
   RunResult result;
@@ -594,7 +619,8 @@ RunResult Runner::Impl::execute() {
 
   std::vector<Stage*> stages;
   std::vector<StageContext*> ctxs;
-  for (size_t k = 0; k < n(); ++k) stages.push_back(&graph->stage(k)), ctxs.push_back(&graph->context(k));
+  for (size_t k = 0; k < n(); ++k)
+    stages.push_back(&graph->stage(k)), ctxs.push_back(&graph->context(k));
 
   tbb::flow::graph g;
   const size_t max_in_flight = static_cast<size_t>(plan().run.integer("max_in_flight"));
@@ -634,33 +660,38 @@ RunResult Runner::Impl::execute() {
     auto& c = *counters[k];
     c.started++;
     c.items_in++;
-    uint32_t q = static_cast<uint32_t>(c.enqueued.load() - std::min(c.enqueued.load(), c.started.load()) + 1);
+    uint32_t q = static_cast<uint32_t>(c.enqueued.load() -
+                                       std::min(c.enqueued.load(), c.started.load()) + 1);
     uint32_t m = c.max_queue.load();
     while (q > m && !c.max_queue.compare_exchange_weak(m, q)) {
     }
   };
   for (size_t k = head_end; k < static_cast<size_t>(plan().section_begin); ++k) {
     int conc = plan().stages[k].concurrency;
-    size_t limit = conc == 0 ? static_cast<size_t>(tbb::flow::unlimited) : static_cast<size_t>(conc);
-    auto node = std::make_unique<tbb::flow::function_node<Msg, Msg>>(g, limit, [&, k](Msg m) -> Msg {
-      note_queue(k);
-      timed(k, m.batch->index, [&] { stages[k]->forward(*m.batch, *ctxs[k]); });
-      counters[k]->items_out++;
-      if (k + 1 < n()) counters[k + 1]->enqueued++;
-      return m;
-    });
+    size_t limit =
+        conc == 0 ? static_cast<size_t>(tbb::flow::unlimited) : static_cast<size_t>(conc);
+    auto node =
+        std::make_unique<tbb::flow::function_node<Msg, Msg>>(g, limit, [&, k](Msg m) -> Msg {
+          note_queue(k);
+          timed(k, m.batch->index, [&] { stages[k]->forward(*m.batch, *ctxs[k]); });
+          counters[k]->items_out++;
+          if (k + 1 < n()) counters[k + 1]->enqueued++;
+          return m;
+        });
     tbb::flow::make_edge(*prev, *node);
     prev = node.get();
     nodes.push_back(std::move(node));
     if (conc != 1) {
-      auto seq = std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
+      auto seq =
+          std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
       tbb::flow::make_edge(*prev, *seq);
       prev = seq.get();
       nodes.push_back(std::move(seq));
     }
   }
   // The section: serial, in source order.
-  auto order_guard = std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
+  auto order_guard =
+      std::make_unique<tbb::flow::sequencer_node<Msg>>(g, [](const Msg& m) { return m.order; });
   tbb::flow::make_edge(*prev, *order_guard);
   size_t sb = static_cast<size_t>(plan().section_begin);
   tbb::flow::function_node<Msg, tbb::flow::continue_msg> section_node(
@@ -702,7 +733,8 @@ RunResult Runner::Impl::execute() {
         stages[k]->finish(*ctxs[k]);
       } catch (const std::exception& e) {
         const auto& ps = plan().stages[k];
-        failure = std::make_exception_ptr(StageError(ps.name, ps.schema->kind(), run.step, e.what()));
+        failure =
+            std::make_exception_ptr(StageError(ps.name, ps.schema->kind(), run.step, e.what()));
         break;
       }
     }

@@ -23,18 +23,18 @@
 namespace slipstream {
 
 struct RunOptions {
-  std::string resume_dir;        // continue this run directory from its latest checkpoint
-  bool create_run_dir = true;    // runs/<name>-<time>/ with config.yaml and metrics.jsonl
-  bool handle_sigint = true;     // SIGINT: finish the step, let stages save, exit 130
-  bool publish_stats = true;     // the /dev/shm record read by slipstream-smi
-  std::ostream* log = nullptr;   // progress lines (default std::cout)
+  std::string resume_dir;       // continue this run directory from its latest checkpoint
+  bool create_run_dir = true;   // runs/<name>-<time>/ with config.yaml and metrics.jsonl
+  bool handle_sigint = true;    // SIGINT: finish the step, let stages save, exit 130
+  bool publish_stats = true;    // the /dev/shm record read by slipstream-smi
+  std::ostream* log = nullptr;  // progress lines (default std::cout)
 };
 
 struct RunResult {
-  uint64_t steps = 0;             // batches through the trainable section (this process)
-  uint64_t final_step = 0;        // including resumed steps
+  uint64_t steps = 0;       // batches through the trainable section (this process)
+  uint64_t final_step = 0;  // including resumed steps
   uint64_t samples = 0;
-  bool interrupted = false;       // stopped by SIGINT
+  bool interrupted = false;  // stopped by SIGINT
   bool early_stopped = false;
   double seconds = 0;
   std::string run_dir;

@@ -7,24 +7,36 @@ namespace slipstream {
 
 std::string_view param_type_name(ParamType t) {
   switch (t) {
-    case ParamType::boolean: return "bool";
-    case ParamType::integer: return "int";
-    case ParamType::number: return "float";
-    case ParamType::string: return "string";
-    case ParamType::string_list: return "list of strings";
-    case ParamType::integer_list: return "list of ints";
-    case ParamType::number_list: return "list of floats";
+    case ParamType::boolean:
+      return "bool";
+    case ParamType::integer:
+      return "int";
+    case ParamType::number:
+      return "float";
+    case ParamType::string:
+      return "string";
+    case ParamType::string_list:
+      return "list of strings";
+    case ParamType::integer_list:
+      return "list of ints";
+    case ParamType::number_list:
+      return "list of floats";
   }
   return "?";
 }
 
 std::string_view stage_role_name(StageRole r) {
   switch (r) {
-    case StageRole::source: return "source";
-    case StageRole::rebatch: return "rebatch";
-    case StageRole::transform: return "transform";
-    case StageRole::loss: return "loss";
-    case StageRole::update: return "update";
+    case StageRole::source:
+      return "source";
+    case StageRole::rebatch:
+      return "rebatch";
+    case StageRole::transform:
+      return "transform";
+    case StageRole::loss:
+      return "loss";
+    case StageRole::update:
+      return "update";
   }
   return "?";
 }
@@ -60,14 +72,20 @@ std::string param_value_str(const ParamValue& v) {
   return std::visit(
       [](const auto& x) -> std::string {
         using T = std::decay_t<decltype(x)>;
-        if constexpr (std::is_same_v<T, bool>) return x ? "true" : "false";
-        else if constexpr (std::is_same_v<T, int64_t>) return std::to_string(x);
-        else if constexpr (std::is_same_v<T, double>) return number_str(x);
-        else if constexpr (std::is_same_v<T, std::string>) return quoted(x);
-        else if constexpr (std::is_same_v<T, std::vector<std::string>>) return list_str(x, quoted);
+        if constexpr (std::is_same_v<T, bool>)
+          return x ? "true" : "false";
+        else if constexpr (std::is_same_v<T, int64_t>)
+          return std::to_string(x);
+        else if constexpr (std::is_same_v<T, double>)
+          return number_str(x);
+        else if constexpr (std::is_same_v<T, std::string>)
+          return quoted(x);
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>)
+          return list_str(x, quoted);
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
           return list_str(x, [](int64_t i) { return std::to_string(i); });
-        else return list_str(x, number_str);
+        else
+          return list_str(x, number_str);
       },
       v);
 }
@@ -119,13 +137,20 @@ StageSchema& StageSchema::output(std::string name, std::optional<DType> dtype, i
 namespace {
 ParamType type_of(const ParamValue& v) {
   switch (v.index()) {
-    case 0: return ParamType::boolean;
-    case 1: return ParamType::integer;
-    case 2: return ParamType::number;
-    case 3: return ParamType::string;
-    case 4: return ParamType::string_list;
-    case 5: return ParamType::integer_list;
-    default: return ParamType::number_list;
+    case 0:
+      return ParamType::boolean;
+    case 1:
+      return ParamType::integer;
+    case 2:
+      return ParamType::number;
+    case 3:
+      return ParamType::string;
+    case 4:
+      return ParamType::string_list;
+    case 5:
+      return ParamType::integer_list;
+    default:
+      return ParamType::number_list;
   }
 }
 }  // namespace

@@ -82,7 +82,9 @@ class StageSchema {
   const std::string& family_name() const { return family_; }
   StageRole stage_role() const { return role_; }
   bool is_trainable() const { return trainable_; }
-  bool is_differentiable() const { return trainable_ || differentiable_ || role_ == StageRole::loss; }
+  bool is_differentiable() const {
+    return trainable_ || differentiable_ || role_ == StageRole::loss;
+  }
   int default_concurrency() const { return concurrency_; }
   bool is_passthrough() const { return passthrough_; }
   const std::vector<PortSpec>& inputs() const { return inputs_; }

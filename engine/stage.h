@@ -10,8 +10,8 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -28,7 +28,7 @@ namespace slipstream {
 // One unit flowing through the graph. Tensors live in slots that the graph assigns to each
 // (stage, output port) and to the gradient of each; stages reach them through StageContext.
 struct Batch {
-  uint64_t index = 0;    // position in the source's stream, consecutive from 0 (resume point)
+  uint64_t index = 0;  // position in the source's stream, consecutive from 0 (resume point)
   uint64_t epoch = 0;
   uint64_t samples = 0;  // examples in the batch, for throughput
   std::vector<Tensor> slots;
@@ -51,11 +51,11 @@ struct RunState {
   Device device;
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
-  bool training = true;        // false during validation passes
-  uint64_t step = 0;           // batches completed by the trainable section
-  uint64_t total_steps = 0;    // 0 when unknown
+  bool training = true;      // false during validation passes
+  uint64_t step = 0;         // batches completed by the trainable section
+  uint64_t total_steps = 0;  // 0 when unknown
   int64_t epochs = 1;
-  std::string run_dir;         // empty for runs that write nothing (tests, `stage run`)
+  std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
   std::atomic<bool> stop_requested{false};
   std::atomic<bool> interrupted{false};  // SIGINT
   // Receives StageContext::metric() calls (set by the runner; thread-safe).
@@ -184,7 +184,7 @@ class StageContext {
   RunState* run_ = nullptr;
   int concurrency_ = 1;
   Split split_ = Split::train;
-  int index_ = 0;          // position in the graph's topological order
+  int index_ = 0;  // position in the graph's topological order
   GraphPlan* plan_ = nullptr;
   std::vector<int> input_slots_;   // per schema input port; -1 when unconnected
   std::vector<int> output_slots_;  // per schema output port

@@ -16,7 +16,8 @@ StageHarness::StageHarness(const std::string& kind, const std::vector<std::strin
   if (!schema) {
     std::vector<std::string> kinds;
     for (const auto* s : StageRegistry::all()) kinds.push_back(s->kind());
-    throw ConfigError({{{"<command line>"}, "unknown stage kind '" + kind + "'" + did_you_mean(kind, kinds)}});
+    throw ConfigError(
+        {{{"<command line>"}, "unknown stage kind '" + kind + "'" + did_you_mean(kind, kinds)}});
   }
   std::map<std::string, ConfigValue> raw;
   for (const auto& o : overrides) {
@@ -37,7 +38,8 @@ StageHarness::StageHarness(const std::string& kind, const std::vector<std::strin
   PlannedStage ps;
   ps.name = name;
   ps.schema = schema;
-  ps.params = resolve_params(*schema, raw, "stage '" + name + "' (" + kind + "): ", {"<command line>"}, issues);
+  ps.params = resolve_params(*schema, raw,
+                             "stage '" + name + "' (" + kind + "): ", {"<command line>"}, issues);
   if (!issues.empty()) throw ConfigError(issues);
   // Every input port gets a slot of its own (fed by us), as do outputs and all gradients.
   for (const auto& in : schema->inputs()) {
@@ -76,9 +78,15 @@ StageHarness::StageHarness(const std::string& kind, const std::vector<std::strin
 }
 
 StageHarness::~StageHarness() = default;
-Stage& StageHarness::stage() { return *stage_; }
-StageContext& StageHarness::context() { return *ctx_; }
-RunState& StageHarness::run() { return run_; }
+Stage& StageHarness::stage() {
+  return *stage_;
+}
+StageContext& StageHarness::context() {
+  return *ctx_;
+}
+RunState& StageHarness::run() {
+  return run_;
+}
 
 void StageHarness::setup(const std::map<std::string, Tensor>& inputs) {
   const auto& ins = ctx_->schema().inputs();
@@ -87,8 +95,8 @@ void StageHarness::setup(const std::map<std::string, Tensor>& inputs) {
     if (!spec) {
       std::vector<std::string> names;
       for (const auto& i : ins) names.push_back(i.name);
-      throw std::runtime_error("stage kind '" + ctx_->schema().kind() + "' has no input '" + port + "'" +
-                               did_you_mean(port, names));
+      throw std::runtime_error("stage kind '" + ctx_->schema().kind() + "' has no input '" + port +
+                               "'" + did_you_mean(port, names));
     }
     auto& slot = plan_.slots[plan_.stages[0].inputs[static_cast<size_t>(spec - ins.data())].slot];
     slot.shape = t.shape();
@@ -99,7 +107,8 @@ void StageHarness::setup(const std::map<std::string, Tensor>& inputs) {
   for (size_t i = 0; i < ins.size(); ++i)
     if (!inputs.count(ins[i].name)) {
       if (!ins[i].optional)
-        throw std::runtime_error("stage kind '" + ctx_->schema().kind() + "' needs input '" + ins[i].name + "'");
+        throw std::runtime_error("stage kind '" + ctx_->schema().kind() + "' needs input '" +
+                                 ins[i].name + "'");
       ctx_->input_slots_[i] = -1;
     }
   stage_->setup(*ctx_);
@@ -109,10 +118,11 @@ void StageHarness::load_weights(const std::map<std::string, Tensor>& weights) {
   for (Parameter* p : stage_->parameters()) {
     auto it = weights.find(ctx_->name() + "." + p->name);
     if (it == weights.end()) it = weights.find(p->name);
-    if (it == weights.end()) throw std::runtime_error("weights have no entry for parameter '" + p->name + "'");
+    if (it == weights.end())
+      throw std::runtime_error("weights have no entry for parameter '" + p->name + "'");
     if (!(it->second.shape() == p->value.shape()) || it->second.dtype() != p->value.dtype())
-      throw std::runtime_error("weight '" + p->name + "' is " + it->second.describe() + ", the stage expects " +
-                               p->value.describe());
+      throw std::runtime_error("weight '" + p->name + "' is " + it->second.describe() +
+                               ", the stage expects " + p->value.describe());
     p->value.copy_from(it->second);
   }
 }
@@ -123,12 +133,14 @@ std::map<std::string, Tensor> StageHarness::weights() {
   return out;
 }
 
-std::map<std::string, Tensor> StageHarness::forward(const std::map<std::string, Tensor>& inputs, bool training) {
+std::map<std::string, Tensor> StageHarness::forward(const std::map<std::string, Tensor>& inputs,
+                                                    bool training) {
   for (auto& s : batch_.slots) s = Tensor();
   const auto& ins = ctx_->schema().inputs();
   for (size_t i = 0; i < ins.size(); ++i) {
     auto it = inputs.find(ins[i].name);
-    if (it != inputs.end() && ctx_->input_slots_[i] >= 0) batch_.slots[ctx_->input_slots_[i]] = it->second;
+    if (it != inputs.end() && ctx_->input_slots_[i] >= 0)
+      batch_.slots[ctx_->input_slots_[i]] = it->second;
   }
   batch_.samples = 0;
   run_.training = training;
@@ -139,13 +151,15 @@ std::map<std::string, Tensor> StageHarness::forward(const std::map<std::string, 
   return out;
 }
 
-std::map<std::string, Tensor> StageHarness::backward(const std::map<std::string, Tensor>& output_grads) {
+std::map<std::string, Tensor> StageHarness::backward(
+    const std::map<std::string, Tensor>& output_grads) {
   for (Parameter* p : stage_->parameters())
     if (p->grad.defined()) p->grad.zero_();
   const auto& outs = ctx_->schema().outputs();
   for (size_t o = 0; o < outs.size(); ++o) {
     auto it = output_grads.find(outs[o].name);
-    batch_.slots[plan_.stages[0].output_grad_slots[o]] = it == output_grads.end() ? Tensor() : it->second;
+    batch_.slots[plan_.stages[0].output_grad_slots[o]] =
+        it == output_grads.end() ? Tensor() : it->second;
   }
   for (const auto& b : plan_.stages[0].inputs) batch_.slots[b.grad_slot] = Tensor();
   stage_->backward(batch_, *ctx_);

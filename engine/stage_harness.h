@@ -32,7 +32,8 @@ class StageHarness {
   std::map<std::string, Tensor> weights();  // "<param>" -> value
 
   // Forward on the inputs; returns outputs by port name.
-  std::map<std::string, Tensor> forward(const std::map<std::string, Tensor>& inputs, bool training = true);
+  std::map<std::string, Tensor> forward(const std::map<std::string, Tensor>& inputs,
+                                        bool training = true);
   // Backward after forward: output gradients by port name (none for a loss stage). Returns the
   // input gradients as "grad.<port>" and the parameter gradients as "grad.<param>" (parameter
   // gradients are zeroed first, so they are this call's alone).

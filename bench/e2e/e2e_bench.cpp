@@ -24,8 +24,8 @@ struct Measured {
   std::vector<std::pair<std::string, double>> stage_busy_ms;  // per step
 };
 
-Measured measure(const std::string& preset, const std::vector<std::string>& sets, const std::string& precision,
-                 int64_t steps, int64_t warmup) {
+Measured measure(const std::string& preset, const std::vector<std::string>& sets,
+                 const std::string& precision, int64_t steps, int64_t warmup) {
   std::vector<std::string> all = sets;
   all.push_back("run.precision=" + precision);
   all.push_back("run.steps=" + std::to_string(steps + warmup));
@@ -73,14 +73,17 @@ int main(int argc, char** argv) {
     nlohmann::json out;
     out["preset"] = preset;
     out["overrides"] = sets;
-    std::printf("preset %s, %lld steps (+%lld warm-up)\n\n", preset.c_str(), static_cast<long long>(steps),
-                static_cast<long long>(warmup));
+    std::printf("preset %s, %lld steps (+%lld warm-up)\n\n", preset.c_str(),
+                static_cast<long long>(steps), static_cast<long long>(warmup));
     std::printf("%-10s %12s %14s %10s\n", "precision", "steps/s", "samples/s", "vs first");
     for (const auto& m : runs) {
       double ratio = m.samples_per_s / runs[0].samples_per_s;
-      std::printf("%-10s %12.2f %14.1f %9.2fx\n", m.precision.c_str(), m.steps_per_s, m.samples_per_s, ratio);
-      nlohmann::json r{{"precision", m.precision}, {"steps", m.result.steps},
-                       {"steps_per_s", m.steps_per_s}, {"samples_per_s", m.samples_per_s},
+      std::printf("%-10s %12.2f %14.1f %9.2fx\n", m.precision.c_str(), m.steps_per_s,
+                  m.samples_per_s, ratio);
+      nlohmann::json r{{"precision", m.precision},
+                       {"steps", m.result.steps},
+                       {"steps_per_s", m.steps_per_s},
+                       {"samples_per_s", m.samples_per_s},
                        {"ratio_to_first", ratio}};
       for (const auto& [name, ms] : m.stage_busy_ms) r["stage_busy_ms_per_step"][name] = ms;
       out["runs"].push_back(r);

@@ -46,8 +46,8 @@ class BatcherStage : public Stage {
         Shape a = t.shape(), b = first.shape();
         a[0] = b[0] = 0;
         if (!(a == b) || t.dtype() != first.dtype())
-          throw std::runtime_error("batcher '" + ctx.name() + "': part " + std::to_string(i) + " has " +
-                                   t.describe() + ", part 0 has " + first.describe());
+          throw std::runtime_error("batcher '" + ctx.name() + "': part " + std::to_string(i) +
+                                   " has " + t.describe() + ", part 0 has " + first.describe());
         rows += t.dim(0);
       }
       shape[0] = rows;

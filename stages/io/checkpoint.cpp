@@ -17,7 +17,9 @@ class CheckpointStage : public Stage {
   static StageSchema schema() {
     return StageSchema("checkpoint")
         .family("io")
-        .doc("Saves weights (model.safetensors) and full state (state.safetensors) for exact resume.")
+        .doc(
+            "Saves weights (model.safetensors) and full state (state.safetensors) for exact "
+            "resume.")
         .role(StageRole::update)
         .passthrough()
         .param("every", int64_t{1000}, "steps between checkpoints (0: only at the end)")
@@ -74,7 +76,8 @@ class CheckpointStage : public Stage {
     if (!r.has("best_count")) return;
     int64_t n = r.integer("best_count");
     for (int64_t i = 0; i < n; ++i)
-      best_.emplace_back(r.number("best." + std::to_string(i) + ".loss"), r.text("best." + std::to_string(i) + ".name"));
+      best_.emplace_back(r.number("best." + std::to_string(i) + ".loss"),
+                         r.text("best." + std::to_string(i) + ".name"));
   }
 
  private:

@@ -83,9 +83,7 @@ class MambaStage : public Stage {
   void backward(Batch& b, StageContext& ctx) override {
     const Tensor& dy = ctx.output_grad(b, "y");
     if (!dy.defined()) return;
-    if (!(dy.shape() == y_.shape()) || dy.dtype() != DType::f32)
-      throw std::runtime_error("stage '" + ctx.name() + "': gradient of y is " + dy.describe() +
-                               ", expected " + y_.describe());
+    nn::check_output_grad(ctx, dy, y_);
     model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
                      store_.grads(), want_dx_ ? dx_.data<float>() : nullptr);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);

@@ -30,4 +30,11 @@ inline void check_sequence(const StageContext& ctx, const Tensor& x, int64_t d) 
                              std::to_string(d) + ") on the CPU, got " + x.describe());
 }
 
+// The gradient of the output must match the output a stage produced.
+inline void check_output_grad(const StageContext& ctx, const Tensor& dy, const Tensor& y) {
+  if (!(dy.shape() == y.shape()) || dy.dtype() != DType::f32)
+    throw std::runtime_error("stage '" + ctx.name() + "': gradient of y is " + dy.describe() +
+                             ", expected " + y.describe());
+}
+
 }  // namespace slipstream::nn

@@ -14,7 +14,9 @@ using slipstream::testing::TempDir;
 namespace {
 
 using Output = slipstream::testing::CliOutput;
-Output run_cli(const std::string& args) { return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args); }
+Output run_cli(const std::string& args) {
+  return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args);
+}
 
 }  // namespace
 
@@ -23,8 +25,9 @@ TEST(Cli, ValidateReportsFileLineColumnAndExit2) {
   std::string f = d.write("bad.yaml", "stages:\n  - {name: h2d, kind: prefetsh}\n");
   Output o = run_cli("validate " + f);
   EXPECT_EQ(o.status, 2);
-  EXPECT_NE(o.text.find(f + ":2:23: stage 'h2d': unknown kind 'prefetsh'; did you mean 'prefetch'?"),
-            std::string::npos)
+  EXPECT_NE(
+      o.text.find(f + ":2:23: stage 'h2d': unknown kind 'prefetsh'; did you mean 'prefetch'?"),
+      std::string::npos)
       << o.text;
 }
 
@@ -54,7 +57,8 @@ TEST(Cli, NewStageWritesCompilingSkeleton) {
   ASSERT_TRUE(std::filesystem::exists(src));
   ASSERT_TRUE(std::filesystem::exists(test));
   // The skeleton compiles against the engine headers.
-  std::string cxx = "c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I" + std::string(SLIPSTREAM_SOURCE_DIR);
+  std::string cxx =
+      "c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I" + std::string(SLIPSTREAM_SOURCE_DIR);
   EXPECT_EQ(std::system((cxx + " " + src).c_str()), 0);
   EXPECT_EQ(std::system((cxx + " " + test).c_str()), 0);
   // Refuses to overwrite, and rejects bad names.

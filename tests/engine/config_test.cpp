@@ -22,7 +22,8 @@ const char* kGood = R"(stages:
 )";
 
 // Plans `text` (written as g.yaml) with overrides; returns the error text, or "" when valid.
-std::string plan_error(const TempDir& d, const std::string& text, std::vector<std::string> sets = {}) {
+std::string plan_error(const TempDir& d, const std::string& text,
+                       std::vector<std::string> sets = {}) {
   std::string path = d.write("g.yaml", text);
   try {
     plan_graph(load_config(path, sets));
@@ -64,8 +65,9 @@ TEST(Config, UnknownKindSuggestsClosest) {
 
 TEST(Config, UnknownParameterSuggestsClosest) {
   TempDir d;
-  EXPECT_EQ(plan_error(d, replace(kGood, "{count: 6, batch: 4}", "{count: 6, bacth: 4}")),
-            "g.yaml:4:24: stage 'src' (test_counter): unknown parameter 'bacth'; did you mean 'batch'?");
+  EXPECT_EQ(
+      plan_error(d, replace(kGood, "{count: 6, batch: 4}", "{count: 6, bacth: 4}")),
+      "g.yaml:4:24: stage 'src' (test_counter): unknown parameter 'bacth'; did you mean 'batch'?");
 }
 
 TEST(Config, MistypedParameter) {
@@ -79,13 +81,15 @@ TEST(Config, MistypedParameter) {
 TEST(Config, ValueOutOfRange) {
   TempDir d;
   EXPECT_EQ(plan_error(d, replace(kGood, "batch: 4", "batch: 0")),
-            "g.yaml:4:24: stage 'src' (test_counter): parameter 'batch' = 0 is out of range [1.0, 1e+06]");
+            "g.yaml:4:24: stage 'src' (test_counter): parameter 'batch' = 0 is out of range [1.0, "
+            "1e+06]");
 }
 
 TEST(Config, MissingInputStage) {
   TempDir d;
   EXPECT_EQ(plan_error(d, replace(kGood, "inputs: [work]", "inputs: [wrok]")),
-            "g.yaml:10:14: stage 'rec' (test_recorder): input 'wrok' is not a stage of this graph; did you "
+            "g.yaml:10:14: stage 'rec' (test_recorder): input 'wrok' is not a stage of this graph; "
+            "did you "
             "mean 'work'?");
 }
 
@@ -104,7 +108,8 @@ TEST(Config, PortDtypeMismatch) {
   - {name: src, kind: test_counter}
   - {name: sink, kind: test_f32_sink, inputs: [src.x], params: {level: 1}}
 )"),
-            "g.yaml:3:48: stage 'sink' (test_f32_sink): input 'y' expects f32, rank 1 but src.x is i32, rank 1");
+            "g.yaml:3:48: stage 'sink' (test_f32_sink): input 'y' expects f32, rank 1 but src.x is "
+            "i32, rank 1");
 }
 
 TEST(Config, MissingRequiredParameterAndProducer) {
@@ -113,13 +118,15 @@ TEST(Config, MissingRequiredParameterAndProducer) {
   - {name: src, kind: test_counter}
   - {name: sink, kind: test_f32_sink, inputs: [src, src], params: {level: 1}}
 )"),
-            "g.yaml:3:47: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer among its "
+            "g.yaml:3:47: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer "
+            "among its "
             "inputs (available: src.x, src.x)");
   std::string e = plan_error(d, R"(stages:
   - {name: src, kind: test_counter}
   - {name: sink, kind: test_f32_sink, inputs: {y: src.x}}
 )");
-  EXPECT_NE(e.find("g.yaml:3:5: stage 'sink' (test_f32_sink): missing required parameter 'level' (int: any int)"),
+  EXPECT_NE(e.find("g.yaml:3:5: stage 'sink' (test_f32_sink): missing required parameter 'level' "
+                   "(int: any int)"),
             std::string::npos)
       << e;
 }
@@ -148,9 +155,10 @@ TEST(Config, RunSectionValidated) {
   TempDir d;
   EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {precison: bf16}\n"),
             "g.yaml:11:7: run: unknown parameter 'precison'; did you mean 'precision'?");
-  EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {precision: fp16}\n"),
-            "g.yaml:11:7: run: parameter 'precision' = 'fp16' is not one of {fp32, bf16}; did you mean "
-            "'fp32'?");
+  EXPECT_EQ(
+      plan_error(d, std::string(kGood) + "run: {precision: fp16}\n"),
+      "g.yaml:11:7: run: parameter 'precision' = 'fp16' is not one of {fp32, bf16}; did you mean "
+      "'fp32'?");
 }
 
 TEST(Config, CommandLineOverrides) {
@@ -160,18 +168,23 @@ TEST(Config, CommandLineOverrides) {
   EXPECT_EQ(p.stages[0].params.integer("count"), 7);
   EXPECT_EQ(p.stages[0].params.mark("count").file, "--set src.count=7");
   EXPECT_EQ(p.run.integer("seed"), 9);
-  EXPECT_EQ(plan_error(d, kGood, {"srcc.count=7"}),
-            "--set srcc.count=7: override 'srcc.count': no stage named 'srcc'; did you mean 'src'?");
+  EXPECT_EQ(
+      plan_error(d, kGood, {"srcc.count=7"}),
+      "--set srcc.count=7: override 'srcc.count': no stage named 'srcc'; did you mean 'src'?");
   EXPECT_EQ(plan_error(d, kGood, {"src.cuont=7"}),
-            "--set src.cuont=7: stage 'src' (test_counter): unknown parameter 'cuont'; did you mean 'count'?");
-  EXPECT_EQ(plan_error(d, kGood, {"src.count"}), "--set src.count: expected --set stage.param=value");
+            "--set src.cuont=7: stage 'src' (test_counter): unknown parameter 'cuont'; did you "
+            "mean 'count'?");
+  EXPECT_EQ(plan_error(d, kGood, {"src.count"}),
+            "--set src.count: expected --set stage.param=value");
 }
 
 TEST(Config, PresetExtendsAndSet) {
   TempDir d;
   d.write("configs/g.yaml", kGood);
-  d.write("presets/base.yaml", "graph: ../configs/g.yaml\nrun: {seed: 3, epochs: 2}\nset: {src.batch: 8}\n");
-  std::string child = d.write("presets/child.yaml", "extends: base\nrun: {seed: 5}\nset: {src.count: 9}\n");
+  d.write("presets/base.yaml",
+          "graph: ../configs/g.yaml\nrun: {seed: 3, epochs: 2}\nset: {src.batch: 8}\n");
+  std::string child =
+      d.write("presets/child.yaml", "extends: base\nrun: {seed: 5}\nset: {src.count: 9}\n");
   GraphPlan p = plan_graph(load_config(child, {"src.count=11"}));
   EXPECT_EQ(p.run.integer("seed"), 5);
   EXPECT_EQ(p.run.integer("epochs"), 2);
@@ -184,8 +197,10 @@ TEST(Config, PresetExtendsAndSet) {
     plan_graph(load_config(bad));
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_EQ(std::string(e.what()), bad + ":2:7: stage 'src' (test_counter): unknown parameter 'cout'; did you "
-                                           "mean 'count'?");
+    EXPECT_EQ(std::string(e.what()),
+              bad +
+                  ":2:7: stage 'src' (test_counter): unknown parameter 'cout'; did you "
+                  "mean 'count'?");
   }
   std::string loop = d.write("presets/loop.yaml", "extends: loop\n");
   EXPECT_THROW(load_config(loop), ConfigError);
@@ -199,8 +214,9 @@ TEST(Config, RoleOrderingChecked) {
   - {name: b, kind: batcher, inputs: [w]}
   - {name: rec, kind: test_recorder, inputs: [b]}
 )");
-  EXPECT_NE(e.find("g.yaml:4:38: stage 'b' (batcher): a rebatch stage must take exactly the source"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("g.yaml:4:38: stage 'b' (batcher): a rebatch stage must take exactly the source"),
+      std::string::npos)
       << e;
 }
 

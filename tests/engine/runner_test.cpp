@@ -8,8 +8,8 @@
 #include "engine/checkpoint.h"
 #include "engine/runner.h"
 #include "engine/stats_record.h"
-#include "tests/support/temp_dir.h"
 #include "tests/engine/test_stages.h"
+#include "tests/support/temp_dir.h"
 
 using namespace slipstream;
 using slipstream::testing::recorded;
@@ -71,7 +71,8 @@ TEST(Runner, ParallelStageKeepsSourceOrder) {
   reset_recorded();
   TempDir d;
   std::string g = kChain;
-  g.replace(g.find("inputs: [src]}"), 14, "inputs: [src], concurrency: 4, params: {jitter_us: 3000}}");
+  g.replace(g.find("inputs: [src]}"), 14,
+            "inputs: [src], concurrency: 4, params: {jitter_us: 3000}}");
   Runner r(plan_text(d, g, {"run.max_in_flight=8"}), quiet_options());
   r.run();
   EXPECT_EQ(recorded().values, expected_values(20, 4));
@@ -137,8 +138,10 @@ TEST(Runner, StepLimitStops) {
 TEST(Runner, ValidationAndEarlyStopping) {
   reset_recorded();
   TempDir d;
-  Runner r(plan_text(d, kChain, {"run.validate_every=3", "run.early_stop_patience=1", "run.validate_batches=2"}),
-           quiet_options());
+  Runner r(
+      plan_text(d, kChain,
+                {"run.validate_every=3", "run.early_stop_patience=1", "run.validate_batches=2"}),
+      quiet_options());
   RunResult res = r.run();
   EXPECT_TRUE(res.early_stopped);
   EXPECT_EQ(recorded().validation_passes.load(), 2);
@@ -152,13 +155,12 @@ TEST(Runner, ResumeIsExact) {
   - {name: src, kind: test_counter, params: {count: 10, batch: 3}}
   - {name: acc, kind: test_accumulator, inputs: [src.x]}
   - {name: ckpt, kind: checkpoint, inputs: [acc], params: {every: 4}}
-run: {runs_dir: )") + d.path() + "/runs}\n";
+run: {runs_dir: )") + d.path() +
+                        "/runs}\n";
   // acc's input port is `y`; bind src.x to it explicitly.
   std::string graph = g;
   graph.replace(graph.find("inputs: [src.x]"), 15, "inputs: {y: src.x}");
-  auto weights = [](Runner& r) {
-    return r.graph().stage(1).parameters()[0]->value.clone();
-  };
+  auto weights = [](Runner& r) { return r.graph().stage(1).parameters()[0]->value.clone(); };
   RunOptions o = quiet_options();
   o.create_run_dir = true;
 
@@ -204,7 +206,9 @@ stages:
     plan_text(d2, bad);
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("plugin '/nonexistent/libnope.so' not found"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("plugin '/nonexistent/libnope.so' not found"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -38,7 +38,8 @@ class TestCounter : public Stage {
   bool produce(Batch& out, StageContext& ctx) override {
     if (static_cast<int64_t>(out.index) >= count_ * ctx.run().epochs) return false;
     Tensor x = Tensor::empty({batch_}, DType::i32);
-    for (int64_t i = 0; i < batch_; ++i) x.data<int32_t>()[i] = static_cast<int32_t>(out.index * batch_ + i);
+    for (int64_t i = 0; i < batch_; ++i)
+      x.data<int32_t>()[i] = static_cast<int32_t>(out.index * batch_ + i);
     out.samples = static_cast<uint64_t>(batch_);
     out.epoch = out.index / static_cast<uint64_t>(count_);
     ctx.set_output(out, "x", x);
@@ -72,7 +73,8 @@ class TestSleep : public Stage {
   }
   void forward(Batch& b, StageContext& ctx) override {
     std::mt19937 rng(static_cast<uint32_t>(b.index * 7919));
-    int64_t us = sleep_ + (jitter_ ? static_cast<int64_t>(rng() % static_cast<uint32_t>(jitter_)) : 0);
+    int64_t us =
+        sleep_ + (jitter_ ? static_cast<int64_t>(rng() % static_cast<uint32_t>(jitter_)) : 0);
     std::this_thread::sleep_for(std::chrono::microseconds(us));
     ctx.set_output(b, "y", ctx.input(b, "x").clone());
   }
@@ -125,7 +127,6 @@ class TestRecorder : public Stage {
 SLIPSTREAM_REGISTER_STAGE(TestRecorder);
 
 }  // namespace slipstream::testing
-
 
 namespace slipstream::testing {
 

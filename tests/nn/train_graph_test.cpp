@@ -10,9 +10,9 @@
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "stages/dist/mpi_reduce.h"
-#include "tests/support/temp_dir.h"
 #include "tests/nn/alloc_counter.h"
 #include "tests/nn/nn_test_stages.h"
+#include "tests/support/temp_dir.h"
 
 namespace slipstream {
 namespace {

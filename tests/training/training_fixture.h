@@ -9,7 +9,9 @@
 
 namespace slipstream::testing {
 
-inline std::string source_path(const std::string& rel) { return std::string(SLIPSTREAM_SOURCE_DIR) + "/" + rel; }
+inline std::string source_path(const std::string& rel) {
+  return std::string(SLIPSTREAM_SOURCE_DIR) + "/" + rel;
+}
 
 inline std::string shared_replays() {
   std::string p = std::string(SLIPSTREAM_SOURCE_DIR) + "/../shared/replays";
@@ -18,11 +20,20 @@ inline std::string shared_replays() {
 
 // A tiny model and short windows so a step takes milliseconds.
 inline std::vector<std::string> tiny_overrides(const std::string& dir) {
-  return {"replays.batch_size=8",  "replays.window=16",        "replays.stride=16",
-          "replays.synthetic=6",   "replays.synthetic_dir=" + dir + "/synth",
-          "core.d_model=16",       "core.layers=1",            "core.d_state=8",
-          "embed.action_dim=8",    "step.lr=1.0e-3",           "run.runs_dir=" + dir + "/runs",
-          "run.log_every=1000",    "run.validate_every=0",     "run.device=cpu"};
+  return {"replays.batch_size=8",
+          "replays.window=16",
+          "replays.stride=16",
+          "replays.synthetic=6",
+          "replays.synthetic_dir=" + dir + "/synth",
+          "core.d_model=16",
+          "core.layers=1",
+          "core.d_state=8",
+          "embed.action_dim=8",
+          "step.lr=1.0e-3",
+          "run.runs_dir=" + dir + "/runs",
+          "run.log_every=1000",
+          "run.validate_every=0",
+          "run.device=cpu"};
 }
 
 inline RunOptions quiet_run_options(std::ostream& log) {

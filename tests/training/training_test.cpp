@@ -32,7 +32,8 @@ std::map<std::string, Tensor> all_weights(Runner& r) {
   return w;
 }
 
-void expect_bit_equal(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
+void expect_bit_equal(const std::map<std::string, Tensor>& a,
+                      const std::map<std::string, Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : a) {
     const Tensor& u = b.at(name);
@@ -72,19 +73,26 @@ void resume_is_exact(const std::string& precision) {
 }
 
 using Output = slipstream::testing::CliOutput;
-Output run_cli(const std::string& args) { return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args); }
+Output run_cli(const std::string& args) {
+  return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args);
+}
 
 }  // namespace
 
-TEST(Training, ResumeIsBitExactFp32) { resume_is_exact("fp32"); }
-TEST(Training, ResumeIsBitExactBf16) { resume_is_exact("bf16"); }
+TEST(Training, ResumeIsBitExactFp32) {
+  resume_is_exact("fp32");
+}
+TEST(Training, ResumeIsBitExactBf16) {
+  resume_is_exact("bf16");
+}
 
 TEST(Training, CheckpointHasMambaSsmNamesAndLoadsInPython) {
   TempDir d;
   std::ostringstream log;
   auto sets = tiny_overrides(d.path());
   sets.push_back("run.steps=3");
-  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)), quiet_run_options(log));
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
   RunResult res = r.run();
   auto ckpt = latest_checkpoint(res.run_dir);
   ASSERT_TRUE(ckpt);
@@ -125,7 +133,8 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   if (pid == 0) {
     std::string log = d.path() + "/log.txt";
     freopen(log.c_str(), "w", stdout);
-    execl("/bin/sh", "sh", "-c", (std::string("exec ") + SLIPSTREAM_CLI + " " + args).c_str(), nullptr);
+    execl("/bin/sh", "sh", "-c", (std::string("exec ") + SLIPSTREAM_CLI + " " + args).c_str(),
+          nullptr);
     _exit(127);
   }
   // Wait for the first checkpoint-free steps to happen, then interrupt.
@@ -147,13 +156,16 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
 TEST(Training, StageRunMatchesItselfAndWritesGradients) {
   TempDir d;
   Tensor x = Tensor::empty({2, 5, 16}, DType::f32);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>((i * 37) % 19) - 0.9f;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    x.data<float>()[i] = 0.1f * static_cast<float>((i * 37) % 19) - 0.9f;
   Tensor dy = Tensor::empty({2, 5, 16}, DType::f32);
-  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.05f * static_cast<float>((i * 11) % 7) + 0.1f;
+  for (int64_t i = 0; i < dy.numel(); ++i)
+    dy.data<float>()[i] = 0.05f * static_cast<float>((i * 11) % 7) + 0.1f;
   write_safetensors(d.path() + "/in.safetensors", {{"x", x}});
   write_safetensors(d.path() + "/dy.safetensors", {{"y", dy}});
   Output o = run_cli("stage run mamba --set d_model=16 --set layers=1 --inputs " + d.path() +
-                     "/in.safetensors --grad " + d.path() + "/dy.safetensors --out " + d.path() + "/out.safetensors");
+                     "/in.safetensors --grad " + d.path() + "/dy.safetensors --out " + d.path() +
+                     "/out.safetensors");
   ASSERT_EQ(o.status, 0) << o.text;
   auto out = read_safetensors(d.path() + "/out.safetensors").tensors;
   ASSERT_TRUE(out.count("y"));
@@ -165,17 +177,20 @@ TEST(Training, StageRunMatchesItselfAndWritesGradients) {
   for (auto& [k, v] : out)
     if (k.starts_with("weight.")) w[k.substr(7)] = v;
   write_safetensors(d.path() + "/w.safetensors", w);
-  Output o2 = run_cli("stage run mamba --set d_model=16 --set layers=1 --set seed=5 --inputs " + d.path() +
-                      "/in.safetensors --weights " + d.path() + "/w.safetensors --out " + d.path() + "/out2.safetensors");
+  Output o2 = run_cli("stage run mamba --set d_model=16 --set layers=1 --set seed=5 --inputs " +
+                      d.path() + "/in.safetensors --weights " + d.path() + "/w.safetensors --out " +
+                      d.path() + "/out2.safetensors");
   if (o2.status == 2) {  // `seed` is not a mamba parameter: run without it
-    o2 = run_cli("stage run mamba --set d_model=16 --set layers=1 --inputs " + d.path() + "/in.safetensors --weights " +
-                 d.path() + "/w.safetensors --out " + d.path() + "/out2.safetensors");
+    o2 = run_cli("stage run mamba --set d_model=16 --set layers=1 --inputs " + d.path() +
+                 "/in.safetensors --weights " + d.path() + "/w.safetensors --out " + d.path() +
+                 "/out2.safetensors");
   }
   ASSERT_EQ(o2.status, 0) << o2.text;
   auto out2 = read_safetensors(d.path() + "/out2.safetensors").tensors;
   EXPECT_EQ(std::memcmp(out.at("y").raw(), out2.at("y").raw(), out.at("y").nbytes()), 0);
   // Bad input names the problem.
-  Output bad = run_cli("stage run mamba --inputs " + d.path() + "/dy.safetensors --out " + d.path() + "/x.safetensors");
+  Output bad = run_cli("stage run mamba --inputs " + d.path() + "/dy.safetensors --out " +
+                       d.path() + "/x.safetensors");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.text.find("has no input 'y'"), std::string::npos) << bad.text;
 }
@@ -185,9 +200,11 @@ TEST(Training, CpuQuickBeatsBaselineOnRealReplays) {
   if (replays.empty()) GTEST_SKIP() << "../shared/replays not present";
   TempDir d;
   std::ostringstream log;
-  std::vector<std::string> sets{"replays.paths=[" + replays + "]", "run.runs_dir=" + d.path() + "/runs",
-                                "run.validate_every=600", "run.validate_batches=40", "ckpt.every=0"};
-  Runner r(plan_graph(load_config(source_path("presets/cpu_quick.yaml"), sets)), quiet_run_options(log));
+  std::vector<std::string> sets{"replays.paths=[" + replays + "]",
+                                "run.runs_dir=" + d.path() + "/runs", "run.validate_every=600",
+                                "run.validate_batches=40", "ckpt.every=0"};
+  Runner r(plan_graph(load_config(source_path("presets/cpu_quick.yaml"), sets)),
+           quiet_run_options(log));
   RunResult res = r.run();
   const auto& v = res.last_validation_metrics;
   ASSERT_TRUE(v.count("nll")) << log.str();
@@ -195,6 +212,7 @@ TEST(Training, CpuQuickBeatsBaselineOnRealReplays) {
   std::printf("real replays, cpu_quick, %llu steps: validation nll %.4f vs baseline %.4f\n",
               static_cast<unsigned long long>(res.final_step), v.at("nll"), v.at("baseline/loss"));
   for (const auto& [k, x] : v)
-    if (k.starts_with("nll/") || k.starts_with("acc/") || k.starts_with("baseline/")) std::printf("  %s %.4f\n", k.c_str(), x);
+    if (k.starts_with("nll/") || k.starts_with("acc/") || k.starts_with("baseline/"))
+      std::printf("  %s %.4f\n", k.c_str(), x);
   EXPECT_LT(v.at("nll"), v.at("baseline/loss"));
 }

@@ -31,7 +31,8 @@ std::string camel(const std::string& snake) {
   return out;
 }
 
-std::string fill(std::string text, const std::string& kind, const std::string& cls, const std::string& family) {
+std::string fill(std::string text, const std::string& kind, const std::string& cls,
+                 const std::string& family) {
   text = std::regex_replace(text, std::regex("@KIND@"), kind);
   text = std::regex_replace(text, std::regex("@CLASS@"), cls);
   return std::regex_replace(text, std::regex("@FAMILY@"), family);
@@ -119,7 +120,8 @@ int new_stage(const std::string& kind, const std::string& family, const std::str
   fs::path src = fs::path(root) / "stages" / family / (kind + ".cpp");
   fs::path test = fs::path(root) / "tests" / "stages" / (kind + "_test.cpp");
   if (!fs::exists(fs::path(root) / "stages") || !fs::exists(fs::path(root) / "tests")) {
-    std::cerr << "new-stage: " << root << " is not a slipstream source tree (no stages/ and tests/)\n";
+    std::cerr << "new-stage: " << root
+              << " is not a slipstream source tree (no stages/ and tests/)\n";
     return kExitFailure;
   }
   for (const auto& p : {src, test})
@@ -133,7 +135,8 @@ int new_stage(const std::string& kind, const std::string& family, const std::str
   std::ofstream(src) << fill(kStageTemplate, kind, cls, family);
   std::ofstream(test) << fill(kTestTemplate, kind, cls, family);
   std::cout << "wrote " << src.string() << "\nwrote " << test.string()
-            << "\nnext: `make build` picks both up; `slipstream stages " << kind << "` shows the schema;\n"
+            << "\nnext: `make build` picks both up; `slipstream stages " << kind
+            << "` shows the schema;\n"
             << "      use it in a graph with `kind: " << kind << "`.\n";
   return kExitOk;
 }
@@ -145,7 +148,8 @@ struct StageRunArgs {
 
 int stage_run(const StageRunArgs& a) {
   try {
-    StageHarness h(a.kind, a.sets, a.name, a.precision == "bf16" ? Precision::bf16 : Precision::fp32);
+    StageHarness h(a.kind, a.sets, a.name,
+                   a.precision == "bf16" ? Precision::bf16 : Precision::fp32);
     auto inputs = read_safetensors(a.inputs).tensors;
     h.setup(inputs);
     if (!a.weights.empty()) h.load_weights(read_safetensors(a.weights).tensors);
@@ -188,16 +192,20 @@ void add_authoring_commands(CLI::App& app) {
   auto a = std::make_shared<StageRunArgs>();
   auto* stage = app.add_subcommand("stage", "Work with one stage alone");
   stage->require_subcommand(1);
-  auto* run = stage->add_subcommand("run", "Run one stage on stored tensors (forward; backward with --grad)");
+  auto* run = stage->add_subcommand(
+      "run", "Run one stage on stored tensors (forward; backward with --grad)");
   run->add_option("kind", a->kind, "stage kind")->required();
   run->add_option("--inputs", a->inputs, "safetensors file: one tensor per input port")->required();
-  run->add_option("--weights", a->weights, "safetensors file of parameters (else initialised from the seed)");
+  run->add_option("--weights", a->weights,
+                  "safetensors file of parameters (else initialised from the seed)");
   run->add_option("--grad", a->grads, "safetensors file: gradient per output port (runs backward)");
-  run->add_option("--out", a->out, "where to write outputs, gradients (grad.*) and weights (weight.*)")
+  run->add_option("--out", a->out,
+                  "where to write outputs, gradients (grad.*) and weights (weight.*)")
       ->required();
   run->add_option("--set", a->sets, "param=value (repeatable)");
   run->add_option("--name", a->name, "stage name (weight names may carry it as a prefix)");
-  run->add_option("--precision", a->precision, "fp32 | bf16")->check(CLI::IsMember({"fp32", "bf16"}));
+  run->add_option("--precision", a->precision, "fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   run->callback([a] { set_exit_code(stage_run(*a)); });
 }
 

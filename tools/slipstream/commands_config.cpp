@@ -14,8 +14,12 @@ namespace slipstream::cli {
 namespace {
 int g_exit = kExitOk;
 }
-int exit_code() { return g_exit; }
-void set_exit_code(int code) { g_exit = code; }
+int exit_code() {
+  return g_exit;
+}
+void set_exit_code(int code) {
+  g_exit = code;
+}
 
 void add_run_commands(CLI::App& app);
 void add_authoring_commands(CLI::App& app);

@@ -47,8 +47,11 @@ int run_command(const RunArgs& a) {
     opt.resume_dir = a.resume;
     Runner runner(std::move(plan), opt);
     RunResult r = runner.run();
-    std::cout << (r.interrupted ? "interrupted" : r.early_stopped ? "stopped early" : "done") << ": "
-              << r.final_step << " steps, " << r.samples << " samples in " << r.seconds << " s";
+    std::cout << (r.interrupted     ? "interrupted"
+                  : r.early_stopped ? "stopped early"
+                                    : "done")
+              << ": " << r.final_step << " steps, " << r.samples << " samples in " << r.seconds
+              << " s";
     if (!r.run_dir.empty()) std::cout << " -> " << r.run_dir;
     std::cout << "\n";
     return r.interrupted ? kExitInterrupted : kExitOk;
@@ -65,19 +68,21 @@ int run_command(const RunArgs& a) {
 
 void add_run_commands(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  auto* run = app.add_subcommand("run", "Run a graph from a preset (default cpu_quick) or a graph file");
+  auto* run =
+      app.add_subcommand("run", "Run a graph from a preset (default cpu_quick) or a graph file");
   run->add_option("--preset,-p", a->preset, "preset name (presets/NAME.yaml) or path");
   run->add_option("--config,-c", a->config, "a graph file, e.g. a run directory's config.yaml");
   run->add_option("--resume", a->resume, "continue RUN_DIR from its latest checkpoint");
-  run->add_option("--device", a->device, "auto | cpu | cuda | cuda:N (same as --set run.device=...)");
+  run->add_option("--device", a->device,
+                  "auto | cpu | cuda | cuda:N (same as --set run.device=...)");
   run->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value (repeatable)");
   run->callback([a] { set_exit_code(run_command(*a)); });
 
-  app.add_subcommand("devices", "Show the CPU, CUDA devices, driver and library versions")->callback([] {
-    std::cout << devices_report();
-  });
+  app.add_subcommand("devices", "Show the CPU, CUDA devices, driver and library versions")
+      ->callback([] { std::cout << devices_report(); });
   auto dev = std::make_shared<std::string>("auto");
-  auto* doctor = app.add_subcommand("doctor", "Check each link between slipstream and the GPU, with fixes");
+  auto* doctor =
+      app.add_subcommand("doctor", "Check each link between slipstream and the GPU, with fixes");
   doctor->add_option("--device", *dev, "the device a run would use");
   doctor->callback([dev] { set_exit_code(run_doctor(std::cout, *dev)); });
 }

@@ -16,9 +16,6 @@ uint64_t mix(uint64_t& state) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-float uniform(uint64_t& state, float lo, float hi) {
-  return lo + (hi - lo) * static_cast<float>(mix(state) >> 40) / static_cast<float>(1 << 24);
-}
 
 // Physical button bits (SPEC.md, Physical Buttons).
 constexpr uint16_t kDpadUp = 0x0008, kZ = 0x0010, kR = 0x0020, kL = 0x0040, kA = 0x0100,
@@ -43,12 +40,13 @@ enum Action : uint16_t {
   kCatch = 212,
   kSpecial = 341,
   kAppeal = 264,
+  kEntry = 322,  // the countdown before the players can move
 };
 
 struct Fighter {
   uint8_t external = 0;
   uint8_t internal = 0;
-  // Per-player policy parameters, drawn from the seed.
+  // Policy parameters: a function of the character (the model sees the character id, not these).
   float reach = 0;
   float aggression = 0;
   float jump_height = 0;
@@ -56,7 +54,7 @@ struct Fighter {
   float x = 0, y = 0, vx = 0, vy = 0, facing = 1;
   float percent = 0, shield = 60;
   float hitstun = 0, hitlag = 0, state_age = 0;
-  uint16_t action = kWait;
+  uint16_t action = kEntry;
   uint8_t stocks = 4, jumps = 2, combo = 0, last_attack = 0, last_hit_by = 6;
   bool airborne = false, fastfall = false;
   uint16_t instance = 1, instance_hit_by = 0;
@@ -77,11 +75,16 @@ constexpr float kPlatformY = 27;
 constexpr float kPlatformHalfWidth = 20;
 constexpr float kBlastX = 220, kBlastTop = 190, kBlastBottom = -110;
 
+// Each character plays with its own reach, aggression and jump height, so the policy stays a
+// function of visible state (the character id) while still differing between characters.
 struct CharacterPick {
   uint8_t external, internal;
+  float reach, aggression, jump_height;
 };
-constexpr CharacterPick kCharacters[] = {{2, 1}, {20, 22}, {9, 18},  {19, 7},  {15, 15},
-                                         {0, 2}, {12, 9},  {16, 13}, {13, 12}, {25, 25}};
+constexpr CharacterPick kCharacters[] = {
+    {2, 1, 12, 0.8f, 14},   {20, 22, 15, 1.2f, 10}, {9, 18, 16, 0.6f, 18}, {19, 7, 10, 1.4f, 12},
+    {15, 15, 11, 1.0f, 20}, {0, 2, 14, 0.5f, 9},    {12, 9, 13, 1.5f, 16}, {16, 13, 12, 0.7f, 8},
+    {13, 12, 16, 1.1f, 15}, {25, 25, 10, 0.9f, 11}};
 constexpr uint16_t kStages[] = {2, 3, 8, 28, 31, 32};
 
 float clampf(float v, float lo, float hi) {
@@ -103,12 +106,18 @@ namespace {
 // The policy: what a player presses given what both players' last Post-Frame showed.
 Inputs decide(const Fighter& me, const Fighter& them) {
   Inputs in;
-  if (me.respawn > 0 || me.action == kDeadDown) return in;
+  // No input while waiting to respawn or through the countdown (both visible action states).
+  if (me.respawn > 0 || me.action == kDeadDown || me.action == kEntry) return in;
   const float dx = them.x - me.x, dy = them.y - me.y, dist = std::fabs(dx);
   // Head toward the opponent, back off when on top of them, recover toward the stage.
-  float sx = dist < me.reach * 0.5f ? -sign(dx) * 0.5f : clampf(dx / (me.reach * 3), -1, 1);
+  // Each stick step spans several units of distance (0.75 reach in x, 7.5 in y), so the 17-value
+  // grid stays learnable from positions a model sees at 0.05 per unit.
+  // The approach is at least a quarter tilt, so players cross the back-off distance quickly
+  // instead of creeping along it.
+  float sx = dist < me.reach * 0.5f ? -sign(dx) * 0.5f
+                                    : sign(dx) * clampf(dist / (me.reach * 6), 0.25f, 1);
   if (std::fabs(me.x) > kStageHalfWidth) sx = -sign(me.x);
-  float sy = clampf(dy / 40, -1, 1);
+  float sy = clampf(dy / 60, -1, 1);
   if (me.hitstun > 0) sy = -sy;  // directional influence away
   in.stick_x = bucket_stick_axis(sx);
   in.stick_y = bucket_stick_axis(sy);
@@ -136,7 +145,10 @@ Inputs decide(const Fighter& me, const Fighter& them) {
   if ((chase || recover || jump_in) && me.jumps > 0 && me.vy <= 0)
     in.physical |= me.facing > 0 ? kX : kY;
   if (recover && me.jumps == 0) in.cstick_y = 1;  // up-smash-ish recovery flail
-  if (them.action == kDeadDown || dist > 150) in.physical |= kDpadUp;  // taunt
+  // Taunt a lost stock, a far-away opponent, or one sent flying out of reach.
+  if (them.action == kDeadDown || dist > 150 ||
+      (them.action == kDamageFly && dist > me.reach * 1.5f))
+    in.physical |= kDpadUp;
   if (me.airborne && me.vy < 0 && dy < -30) in.cstick_y = -1;
   in.cstick_x = bucket_stick_axis(in.cstick_x);
   in.cstick_y = bucket_stick_axis(in.cstick_y);
@@ -378,9 +390,9 @@ Game synthesize_game(const SynthOptions& options) {
     Fighter& f = fighters[i];
     f.external = pick.external;
     f.internal = pick.internal;
-    f.reach = uniform(rng, 10, 16);
-    f.aggression = uniform(rng, 0.5f, 1.5f);
-    f.jump_height = uniform(rng, 8, 20);
+    f.reach = pick.reach;
+    f.aggression = pick.aggression;
+    f.jump_height = pick.jump_height;
     f.x = i == 0 ? -30.0f : 30.0f;
     f.facing = i == 0 ? 1.0f : -1.0f;
     Player p;
@@ -439,11 +451,14 @@ Game synthesize_game(const SynthOptions& options) {
     // Inputs come from the state both players see at the start of the frame.
     Inputs in[2];
     for (int i = 0; i < 2; ++i) {
-      // Players stand still through the countdown, as in the real game.
-      if (frame >= -39) in[i] = decide(fighters[i], fighters[1 - i]);
+      in[i] = decide(fighters[i], fighters[1 - i]);
       record_pre(fr.ports[i].leader, row, fighters[i], in[i], game_seed);
     }
     for (int i = 0; i < 2; ++i) step(fighters[i], fighters[1 - i], in[i], instance_counter, i);
+    // Players stand still through the countdown, as in the real game: the Entry state ends with
+    // frame -40, so the first inputs (decided from frame -40's Post-Frame) are frame -39's.
+    if (frame == -40)
+      for (Fighter& f : fighters) set_action(f, kWait, instance_counter);
     for (int i = 0; i < 2; ++i) record_post(fr.ports[i].leader, row, fighters[i]);
     for (int i = 0; i < 2; ++i) {
       Projectile& shot = shots[i];
