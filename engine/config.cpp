@@ -270,6 +270,20 @@ std::vector<std::string> preset_search_dirs() {
   return dirs;
 }
 
+std::pair<std::string, ConfigValue> parse_override(const std::string& assignment,
+                                                   const std::string& expected) {
+  SourceMark mark{"--set " + assignment};
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos) fail(mark, "expected --set " + expected);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::ParserException&) {
+    value = YAML::Node(assignment.substr(eq + 1));  // not YAML: take it as a plain string
+  }
+  return {assignment.substr(0, eq), ConfigValue{value, mark}};
+}
+
 Config load_config(const std::string& preset_or_file, const std::vector<std::string>& overrides) {
   Config c;
   std::string path = find_preset(preset_or_file, {"<command line>"}, {});
@@ -297,18 +311,9 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
     for (auto& [k, v] : layers.run) c.run[k] = v;
     for (auto& [k, v] : layers.set) apply_set(c, k, v);
   }
-  for (size_t i = 0; i < overrides.size(); ++i) {
-    const std::string& o = overrides[i];
-    SourceMark mark{"--set " + o};
-    auto eq = o.find('=');
-    if (eq == std::string::npos) fail(mark, "expected --set stage.param=value");
-    YAML::Node value;
-    try {
-      value = YAML::Load(o.substr(eq + 1));
-    } catch (const YAML::ParserException&) {
-      value = YAML::Node(o.substr(eq + 1));  // not YAML: take it as a plain string
-    }
-    apply_set(c, o.substr(0, eq), ConfigValue{value, mark});
+  for (const auto& o : overrides) {
+    auto [key, value] = parse_override(o);
+    apply_set(c, key, value);
   }
   return c;
 }

@@ -84,6 +84,11 @@ std::vector<std::string> preset_search_dirs();
 Config load_config(const std::string& preset_or_file,
                    const std::vector<std::string>& overrides = {});
 
+// Splits a command-line assignment "key=value" (the value read as YAML, else as a plain string),
+// marked "--set key=value" for error messages. `expected` describes the form in the error.
+std::pair<std::string, ConfigValue> parse_override(
+    const std::string& assignment, const std::string& expected = "stage.param=value");
+
 // Writes a self-contained graph file (stages with every parameter resolved, plus the run
 // section) that `slipstream run --config FILE` repeats.
 std::string resolved_config_yaml(const Config& c, const std::map<std::string, Params>& stage_params,

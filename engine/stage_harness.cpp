@@ -21,18 +21,9 @@ StageHarness::StageHarness(const std::string& kind, const std::vector<std::strin
   }
   std::map<std::string, ConfigValue> raw;
   for (const auto& o : overrides) {
-    SourceMark mark{"--set " + o};
-    auto eq = o.find('=');
-    if (eq == std::string::npos) throw ConfigError({{mark, "expected --set param=value"}});
-    std::string key = o.substr(0, eq);
+    auto [key, value] = parse_override(o, "param=value");
     if (key.starts_with(name + ".")) key = key.substr(name.size() + 1);
-    YAML::Node v;
-    try {
-      v = YAML::Load(o.substr(eq + 1));
-    } catch (const YAML::ParserException&) {
-      v = YAML::Node(o.substr(eq + 1));
-    }
-    raw[key] = {v, mark};
+    raw[key] = value;
   }
   std::vector<ConfigIssue> issues;
   PlannedStage ps;
