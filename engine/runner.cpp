@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "engine/checkpoint.h"
+#include "engine/launch.h"
 #include "engine/memory_pool.h"
 #include "engine/registry.h"
 #include "engine/stats_record.h"
@@ -513,7 +514,7 @@ struct Runner::Impl {
     }
     if (!opt.resume_dir.empty()) {
       run.run_dir = opt.resume_dir;
-    } else if (opt.create_run_dir) {
+    } else if (opt.create_run_dir && run.rank == 0) {  // one run directory, written by rank 0
       fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
       fs::path dir = base;
       for (int i = 2; fs::exists(dir); ++i) dir = base.string() + "-" + std::to_string(i);
@@ -523,7 +524,7 @@ struct Runner::Impl {
       for (const auto& s : plan().stages) sp[s.name] = s.params;
       std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan().config, sp, plan().run);
     }
-    if (!run.run_dir.empty())
+    if (run.writes_outputs())
       metrics_file.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::app);
   }
 
@@ -542,6 +543,9 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
+  LaunchInfo launch = launch_info();
+  I.run.rank = launch.rank;
+  I.run.world_size = launch.world_size;
   I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   *I.log << "device: " << dc.reason << "\n";

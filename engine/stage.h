@@ -56,6 +56,10 @@ struct RunState {
   uint64_t total_steps = 0;  // 0 when unknown
   int64_t epochs = 1;
   std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
+  int rank = 0;         // this process among world_size (mpirun/srun); see engine/launch.h
+  int world_size = 1;
+  // Only rank 0 writes checkpoints and metrics, and only into a run directory.
+  bool writes_outputs() const { return rank == 0 && !run_dir.empty(); }
   std::atomic<bool> stop_requested{false};
   std::atomic<bool> interrupted{false};  // SIGINT
   // Receives StageContext::metric() calls (set by the runner; thread-safe).

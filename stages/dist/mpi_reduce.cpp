@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include "engine/launch.h"
+
 #include <cstdlib>
 #include <stdexcept>
 
@@ -52,11 +54,7 @@ int mpi_rank() {
 }
 
 bool launched_with_multiple_ranks() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}) {
-    const char* v = std::getenv(var);
-    if (v && std::atoi(v) > 1) return true;
-  }
-  return false;
+  return launch_info().world_size > 1;
 }
 
 void mpi_average(const GradBuckets& buckets, std::vector<float>& buffer) {

@@ -39,19 +39,19 @@ class CheckpointStage : public Stage {
   void forward(Batch& b, StageContext& ctx) override {
     next_batch_ = b.index + 1;
     uint64_t step = ctx.run().step + 1;  // the step this batch completes
-    if (ctx.run().run_dir.empty() || every_ == 0 || step % every_ != 0) return;
+    if (!ctx.run().writes_outputs() || every_ == 0 || step % every_ != 0) return;
     write(ctx, step, "step-" + std::to_string(step));
   }
 
   void finish(StageContext& ctx) override {
     uint64_t step = ctx.run().step;
-    if (ctx.run().run_dir.empty() || step == 0 || step == last_written_) return;
+    if (!ctx.run().writes_outputs() || step == 0 || step == last_written_) return;
     write(ctx, step, "step-" + std::to_string(step));
   }
 
   void validation_end(const std::map<std::string, double>& metrics, StageContext& ctx) override {
     auto it = metrics.find("loss");
-    if (keep_best_ == 0 || ctx.run().run_dir.empty() || it == metrics.end()) return;
+    if (keep_best_ == 0 || !ctx.run().writes_outputs() || it == metrics.end()) return;
     double loss = it->second;
     if (best_.size() >= keep_best_ && loss >= best_.back().first) return;
     std::string name = "best-step-" + std::to_string(ctx.run().step);

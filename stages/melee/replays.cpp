@@ -507,7 +507,9 @@ void ReplaysStage::setup(StageContext& ctx) {
     batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
     total_batches_ = batches_per_epoch_;
   } else {
-    batches_per_epoch_ = windows_.size() / B;
+    rank_ = static_cast<uint64_t>(ctx.run().rank);
+    world_ = static_cast<uint64_t>(ctx.run().world_size);
+    batches_per_epoch_ = windows_.size() / (B * world_);
     total_batches_ = batches_per_epoch_ * static_cast<uint64_t>(epochs_);
   }
 
@@ -602,7 +604,7 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   std::vector<const WindowRef*> rows(B, nullptr);
   uint64_t real = 0;
   for (uint64_t r = 0; r < B; ++r) {
-    const uint64_t pos = j * B + r;
+    const uint64_t pos = (j * world_ + rank_) * B + r;
     if (pos >= windows_.size()) break;  // validation's last batch: padding
     rows[r] = &windows_[shuffle_ ? perm_[pos] : pos];
     ++real;
@@ -672,7 +674,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
   const uint64_t B = static_cast<uint64_t>(batch_);
   const uint64_t epoch = validation_ ? kValidationOrder : batch / batches_per_epoch_;
   const uint64_t j = validation_ ? batch : batch % batches_per_epoch_;
-  const uint64_t pos = j * B + static_cast<uint64_t>(row);
+  const uint64_t pos = (j * world_ + rank_) * B + static_cast<uint64_t>(row);
   WindowInfo info;
   if (pos >= windows_.size()) {
     info.padding = true;

@@ -79,6 +79,9 @@ class ReplaysStage : public Stage {
   int64_t epochs_ = 1;
   uint64_t seed_ = 0;
   uint64_t batches_per_epoch_ = 0, total_batches_ = 0;
+  // Data-parallel runs: rank r of `world` trains on rows [(j*world + r)*B, +B) of each epoch's
+  // order, so ranks see disjoint windows and the same number of batches. Validation is whole.
+  uint64_t rank_ = 0, world_ = 1;
   uint64_t next_ = 0;
   // The current epoch's order (recomputed when a batch of another epoch is asked for).
   mutable std::vector<uint32_t> perm_;

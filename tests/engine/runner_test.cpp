@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "engine/checkpoint.h"
+#include "engine/launch.h"
 #include "engine/runner.h"
 #include "engine/stats_record.h"
 #include "tests/engine/test_stages.h"
@@ -241,4 +242,45 @@ TEST(Runner, PublishesStatsRecordWhileRunning) {
   EXPECT_GT(seen->stages[2].busy_ns, 0u);
   EXPECT_EQ(seen->pid, getpid());
   EXPECT_TRUE(stats::find_records(d.path()).empty());  // removed when the run ends
+}
+
+TEST(Launch, ReadsTheLaunchersRankAndSize) {
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
+                        "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
+    unsetenv(v);
+  EXPECT_EQ(launch_info().world_size, 1);
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  LaunchInfo s = launch_info();
+  EXPECT_EQ(s.rank, 3);
+  EXPECT_EQ(s.world_size, 4);
+  EXPECT_EQ(s.launcher, "slurm");
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);  // Open MPI's variables win
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  EXPECT_EQ(launch_info().launcher, "openmpi");
+  EXPECT_EQ(launch_info().rank, 1);
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);  // rank outside [0, size)
+  EXPECT_THROW(launch_info(), std::runtime_error);
+  for (const char* v :
+       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
+    unsetenv(v);
+}
+
+TEST(Runner, OnlyRankZeroWritesTheRunDirectory) {
+  reset_recorded();
+  TempDir d;
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  RunOptions o = quiet_options();
+  o.create_run_dir = true;
+  std::string g = std::string(kChain) + "run: {runs_dir: " + d.path() + "/runs}\n";
+  Runner r(plan_text(d, g), o);
+  RunResult res = r.run();
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(r.state().rank, 1);
+  EXPECT_EQ(r.state().world_size, 2);
+  EXPECT_TRUE(res.run_dir.empty());
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/runs"));
+  EXPECT_EQ(res.steps, 20u);
 }

@@ -207,6 +207,29 @@ TEST(Loader, SeekResumesAtAnyBatch) {
   }
 }
 
+TEST(Loader, RanksTrainOnDisjointSlicesOfTheSameOrder) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=16",
+                                      "validation_fraction=0"};
+  Loader single(o, 5, 2);
+  Loader r0(o, 5, 2, false, 0, 2), r1(o, 5, 2, false, 1, 2);
+  const uint64_t bpe = r0.stage().batches_per_epoch();
+  ASSERT_GE(bpe, 2u);
+  EXPECT_EQ(bpe, single.stage().windows() / (16 * 2));
+  EXPECT_EQ(r1.stage().batches_per_epoch(), bpe);  // same step count on every rank
+  // Rank r's batch j of an epoch is the single-process batch 2j + r of that epoch's order.
+  for (uint64_t j : std::vector<uint64_t>{0, 1, bpe - 1}) {
+    EXPECT_TRUE(same_batch(r0.batch(j), single.batch(2 * j))) << j;
+    EXPECT_TRUE(same_batch(r1.batch(j), single.batch(2 * j + 1))) << j;
+  }
+  std::set<std::tuple<std::string, int, uint32_t>> seen;
+  for (Loader* L : {&r0, &r1})
+    for (uint64_t k = 0; k < bpe; ++k)
+      for (int r = 0; r < 16; ++r) {
+        const auto w = L->stage().window(k, r);
+        EXPECT_TRUE(seen.emplace(w.source, w.player_port, w.start).second) << "window on two ranks";
+      }
+}
+
 TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
   const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=50",
                                       "validation_fraction=0"};
