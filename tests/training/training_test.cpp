@@ -216,3 +216,27 @@ TEST(Training, CpuQuickBeatsBaselineOnRealReplays) {
       std::printf("  %s %.4f\n", k.c_str(), x);
   EXPECT_LT(v.at("nll"), v.at("baseline/loss"));
 }
+
+TEST(Training, GruPresetTrainsAndBeatsItsStart) {
+  TempDir d;
+  std::ostringstream log;
+  std::vector<std::string> sets{"replays.synthetic=6",
+                                "replays.synthetic_dir=" + d.path() + "/synth",
+                                "run.runs_dir=" + d.path() + "/runs",
+                                "run.steps=120",
+                                "run.epochs=5",
+                                "run.validate_every=120",
+                                "run.validate_batches=4",
+                                "ckpt.every=0"};
+  Runner r(plan_graph(load_config(source_path("presets/cpu_quick_gru.yaml"), sets)),
+           quiet_run_options(log));
+  RunResult res = r.run();
+  EXPECT_EQ(res.final_step, 120u);
+  const auto& v = res.last_validation_metrics;
+  ASSERT_TRUE(v.count("nll")) << log.str();
+  EXPECT_LT(v.at("nll"), v.at("baseline/loss")) << log.str();
+  // The checkpoint carries PyTorch nn.GRU names.
+  auto f = read_safetensors(*latest_checkpoint(res.run_dir) + "/model.safetensors");
+  EXPECT_EQ(f.tensors.at("core.weight_ih_l0").shape()[0], 3 * 64);
+  EXPECT_TRUE(f.tensors.count("core.bias_hh_l0"));
+}
