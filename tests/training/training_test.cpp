@@ -15,6 +15,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
+#include "engine/stats_record.h"
 #include "tests/support/cli_output.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -128,6 +129,8 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   std::string args = "run --config " + source_path("configs/train_bc.yaml");
   for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
   args += " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=0";
+  // The child publishes its stats record here: the test interrupts once it is training.
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
   pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -137,8 +140,21 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
           nullptr);
     _exit(127);
   }
-  // Wait for the first checkpoint-free steps to happen, then interrupt.
-  std::this_thread::sleep_for(std::chrono::seconds(4));
+  // Wait until the run is taking steps (setup, synthetic games, ... may take a while on a slow
+  // machine), then interrupt.
+  bool stepping = false;
+  for (int i = 0; i < 1200 && !stepping; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& f : stats::find_records(d.path()))
+      stepping = stepping ||
+                 (f.result.record && f.result.record->pid == pid && f.result.record->step >= 5);
+  }
+  unsetenv("SLIPSTREAM_STATS_DIR");
+  if (!stepping) {  // don't leave the child running
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  ASSERT_TRUE(stepping) << "the run never started stepping";
   kill(pid, SIGINT);
   int status = 0;
   waitpid(pid, &status, 0);
