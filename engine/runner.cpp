@@ -276,7 +276,7 @@ struct Runner::Impl {
                          double wait_pct) {
     if (!metrics_file.is_open()) return;
     nlohmann::json row;
-    row["step"] = run.step;
+    row["step"] = run.step.load();
     row["split"] = split;
     row["time"] = static_cast<double>(unix_ns()) * 1e-9;
     for (const auto& [k, v] : values)

@@ -51,9 +51,10 @@ struct RunState {
   Device device;
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
-  bool training = true;      // false during validation passes
-  uint64_t step = 0;         // batches completed by the trainable section
-  uint64_t total_steps = 0;  // 0 when unknown
+  bool training = true;  // false during validation passes
+  std::atomic<uint64_t> step{
+      0};  // batches completed by the trainable section; read by the stats thread
+  std::atomic<uint64_t> total_steps{0};  // 0 when unknown
   int64_t epochs = 1;
   std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
   int rank = 0;         // this process among world_size (mpirun/srun); see engine/launch.h
