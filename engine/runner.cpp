@@ -92,6 +92,7 @@ struct Runner::Impl {
   std::unique_ptr<Graph> graph;
   std::vector<std::unique_ptr<LiveCounters>> counters;
   std::ostream* log = &std::cout;
+  std::ostream quiet{nullptr};  // discards (non-zero ranks)
   bool tty = false;
 
   // Flow control.
@@ -534,7 +535,12 @@ struct Runner::Impl {
 Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl>()) {
   auto& I = *impl_;
   I.opt = std::move(options);
+  LaunchInfo launch = launch_info();
+  I.run.rank = launch.rank;
+  I.run.world_size = launch.world_size;
   if (I.opt.log) I.log = I.opt.log;
+  // In a multi-process run only rank 0 reports progress; the others would repeat it.
+  if (!I.opt.log && launch.rank != 0) I.log = &I.quiet;
   I.tty = I.log == &std::cout && isatty(STDOUT_FILENO);
   const Params& rp = plan.run;
   DeviceChoice dc = choose_device(rp.string("device"));
@@ -543,9 +549,6 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
-  LaunchInfo launch = launch_info();
-  I.run.rank = launch.rank;
-  I.run.world_size = launch.world_size;
   I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   *I.log << "device: " << dc.reason << "\n";
