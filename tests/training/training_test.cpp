@@ -256,3 +256,26 @@ TEST(Training, GruPresetTrainsAndBeatsItsStart) {
   EXPECT_EQ(f.tensors.at("core.weight_ih_l0").shape()[0], 3 * 64);
   EXPECT_TRUE(f.tensors.count("core.bias_hh_l0"));
 }
+
+TEST(Training, TwoRanksUnderMpirunTrainInStep) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  std::string args = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
+  args += " --set run.steps=20 --set run.epochs=10 --set ckpt.every=10";
+  auto o = slipstream::testing::run_command("mpirun --allow-run-as-root --oversubscribe -np 2 " +
+                                            std::string(SLIPSTREAM_CLI) + " " + args);
+  ASSERT_EQ(o.status, 0) << o.text;
+  // Both ranks finish the same number of steps; one run directory, written by rank 0.
+  size_t done = 0;
+  for (size_t p = o.text.find("done: 20 steps"); p != std::string::npos;
+       p = o.text.find("done: 20 steps", p + 1))
+    ++done;
+  EXPECT_EQ(done, 2u) << o.text;
+  size_t run_dirs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d.path() + "/runs")) {
+    ++run_dirs;
+    EXPECT_TRUE(latest_checkpoint(e.path().string()).has_value());
+  }
+  EXPECT_EQ(run_dirs, 1u);
+}
