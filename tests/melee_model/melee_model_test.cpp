@@ -20,6 +20,7 @@
 #include "engine/state_io.h"
 #include "stages/melee/batch_layout.h"
 #include "stages/melee/model_math.h"
+#include "tests/kernels/gradcheck.h"
 
 // ---- counting global operator new (for the steady-state allocation test) ----
 // GCC pairs the inlined malloc with the library's delete and warns; both are ours here.
@@ -76,39 +77,10 @@ std::vector<double> to_double(const Tensor& t) {
   return out;
 }
 
-// Uniform in ±[0.1, 1]: never zero, either sign.
-std::vector<double> rand_vec(size_t n, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> mag(0.1, 1.0);
-  std::bernoulli_distribution sign(0.5);
-  std::vector<double> v(n);
-  for (auto& x : v) x = sign(rng) ? mag(rng) : -mag(rng);
-  return v;
-}
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Central differences against the analytic gradient; error relative to max(1, max|grad|).
-void check_gradient(const std::string& name, const std::function<double()>& loss,
-                    std::vector<double>& x, const std::vector<double>& grad, double h = 1e-6,
-                    double tol = 1e-6) {
-  ASSERT_EQ(x.size(), grad.size()) << name;
-  double scale = 1;
-  for (double g : grad) scale = std::max(scale, std::abs(g));
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double xi = x[i];
-    x[i] = xi + h;
-    const double lp = loss();
-    x[i] = xi - h;
-    const double lm = loss();
-    x[i] = xi;
-    const double num = (lp - lm) / (2 * h);
-    ASSERT_LE(std::abs(num - grad[i]) / scale, tol)
-        << name << "[" << i << "]: analytic " << grad[i] << " numeric " << num;
-  }
-}
+// Random data, dot products and the finite-difference checker shared with the kernel tests.
+using kernels::test::check_gradient;
+using kernels::test::dot;
+using kernels::test::rand_vec;
 
 void expect_close(const std::vector<double>& want, const Tensor& got, double rtol,
                   const std::string& what) {

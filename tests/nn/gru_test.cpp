@@ -9,6 +9,7 @@
 #include "engine/stage_harness.h"
 #include "stages/nn/gru_model.h"
 #include "tests/kernels/gradcheck.h"
+#include "tests/nn/param_gradcheck.h"
 
 namespace slipstream::nn {
 namespace {
@@ -88,16 +89,7 @@ TEST(GruModel, GradientsMatchFiniteDifferences) {
   loss();
   m.backward(x.data(), dy.data(), w.data(), g.data(), dx.data());
   check_gradient("x", loss, x, dx, 1e-6, 1e-6, 128);
-  for (const auto& s : m.layout().params.slots()) {
-    std::vector<double> ws(w.begin() + long(s.offset), w.begin() + long(s.offset + s.numel));
-    std::vector<double> gs(g.begin() + long(s.offset), g.begin() + long(s.offset + s.numel));
-    auto loss_s = [&] {
-      std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
-      return loss();
-    };
-    check_gradient(s.name, loss_s, ws, gs, 1e-6, 1e-6, 64);
-    std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
-  }
+  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
   std::vector<double> g2 = g;
   loss();
   m.backward(x.data(), dy.data(), w.data(), g2.data(), nullptr);  // dx not wanted

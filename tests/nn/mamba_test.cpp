@@ -12,6 +12,7 @@
 #include "kernels/bf16.h"
 #include "stages/nn/mamba_model.h"
 #include "tests/kernels/gradcheck.h"
+#include "tests/nn/param_gradcheck.h"
 
 namespace slipstream::nn {
 namespace {
@@ -158,17 +159,7 @@ TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
   loss();
   m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
   check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
-  for (const auto& s : m.layout().params.slots()) {
-    std::vector<double> ws(w.begin() + long(s.offset), w.begin() + long(s.offset + s.numel));
-    std::vector<double> gs(g.begin() + long(s.offset), g.begin() + long(s.offset + s.numel));
-    // Perturb through a view that writes back into w.
-    auto loss_s = [&] {
-      std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
-      return loss();
-    };
-    check_gradient(s.name, loss_s, ws, gs, 1e-6, 1e-6, 64);
-    std::copy(ws.begin(), ws.end(), w.begin() + long(s.offset));
-  }
+  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
   // Parameter gradients accumulate; the input gradient is overwritten.
   std::vector<double> g2 = g, dx2(x.size());
   loss();
