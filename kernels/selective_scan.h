@@ -15,6 +15,8 @@
 
 #include <cstddef>
 
+#include "kernels/cuda_api.h"
+
 namespace slipstream::kernels {
 
 inline constexpr int kScanMaxState = 256;
@@ -45,10 +47,56 @@ void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm
                              const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dDskip,
                              T* dz, T* ddelta_bias, T* workspace, int B, int L, int D, int N);
 
+// One step of the recurrence for inference, carrying the state across calls: u, delta, z, out
+// (B, D) are one frame; Bm, Cm (B, N); state (B, D, N) holds h_{t-1} on entry and h_t on return
+// (zero before the first frame). Calling it for t = 0..L-1 gives the forward's out and
+// last_state on the same frames. Dskip, z and delta_bias may be null.
+template <class T>
+void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                         const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
+                         T* out, int B, int D, int N);
+
 // Vector exp used by the scan (exposed for its accuracy test): out[i] = exp(x[i]).
 // AVX-512 polynomial (max error a few ulp) when the CPU has AVX-512F, else std::exp.
 void scan_exp(const float* x, float* out, size_t n);
 // softplus (threshold 20) of the scan's dt, vectorised the same way (exposed for its test).
 void scan_softplus(const float* x, float* out, size_t n);
+
+// The CUDA scan (kernels/selective_scan_cuda.cu). Same math and layouts as above; T (float or
+// bfloat16) is the type of u, delta, z, out, Bm, Cm and of their gradients; A, Dskip,
+// delta_bias, the states and dA, dDskip, ddelta_bias are fp32, and all arithmetic is fp32.
+// One thread per (batch, channel, state): the state stays in a register, sums over the state
+// are warp shuffles. The backward stores the state at every kScanChunk-th step, then per chunk,
+// last to first, recomputes the chunk's states into registers and runs the adjoint recurrence;
+// sums over channels (dBm, dCm) and over the batch (dA, dDskip, ddelta_bias) go through
+// per-block partials added in a fixed order, so results are deterministic.
+namespace cuda {
+
+inline constexpr int kScanMaxState = 32;
+inline constexpr int kScanChunk = 16;
+
+template <class T>
+void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
+                            const float* Dskip, const T* z, const float* delta_bias,
+                            bool delta_softplus, T* out, float* last_state, int B, int L, int D,
+                            int N, cudaStream_t stream);
+
+size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
+
+// Gradients as the CPU backward (=, and += for dA, dDskip, ddelta_bias); `workspace` holds
+// selective_scan_backward_workspace_bytes.
+template <class T>
+void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
+                             const float* Dskip, const T* z, const float* delta_bias,
+                             bool delta_softplus, const T* dout, T* du, T* ddelta, float* dA,
+                             T* dBm, T* dCm, float* dDskip, T* dz, float* ddelta_bias,
+                             void* workspace, int B, int L, int D, int N, cudaStream_t stream);
+
+template <class T>
+void selective_scan_step(float* state, const T* u, const T* delta, const float* A, const T* Bm,
+                         const T* Cm, const float* Dskip, const T* z, const float* delta_bias,
+                         bool delta_softplus, T* out, int B, int D, int N, cudaStream_t stream);
+
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

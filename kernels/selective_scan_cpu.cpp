@@ -438,7 +438,33 @@ void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm
   });
 }
 
+template <class T>
+void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                         const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
+                         T* out, int B, int D, int N) {
+  check_state(N);
+  parallel_blocks(size_t(B), size_t(D) * N * 4, [&](size_t b0, size_t b1) {
+    for (size_t b = b0; b < b1; ++b)
+      for (int d = 0; d < D; ++d) {
+        const size_t i = b * D + d;
+        T dt = delta[i] + (delta_bias ? delta_bias[d] : T(0));
+        if (delta_softplus) dt = softplus_scalar(dt);
+        T* h = state + i * N;
+        T acc = 0;
+        for (int n = 0; n < N; ++n) {
+          h[n] = std::exp(dt * A[size_t(d) * N + n]) * h[n] + dt * Bm[b * N + n] * u[i];
+          acc += h[n] * Cm[b * N + n];
+        }
+        T y = acc + (Dskip ? Dskip[d] * u[i] : T(0));
+        if (z) y *= silu_scalar(z[i]);
+        out[i] = y;
+      }
+  });
+}
+
 #define INSTANTIATE(T)                                                                           \
+  template void selective_scan_step<T>(T*, const T*, const T*, const T*, const T*, const T*,     \
+                                       const T*, const T*, const T*, bool, T*, int, int, int);   \
   template void selective_scan_forward<T>(const T*, const T*, const T*, const T*, const T*,      \
                                           const T*, const T*, const T*, bool, T*, T*, int, int,  \
                                           int, int);                                             \

@@ -1,0 +1,127 @@
+// Shared by every kernels/*_cuda.cu: CUDA (or, for the emulated tests, the CPU emulator),
+// element conversion, warp reductions, the launch macro and its error check, and the
+// deterministic reduction of per-block partial sums.
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_api.h"
+
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+#include "kernels/emulation/cuda_emulator.h"
+#define SLIPSTREAM_KERNEL_NS cuda_emulated
+// kernel(args...) for every thread of the grid, on the CPU.
+#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
+  ((void)(stream), ::slipstream::cuda_emu::launch(grid, block, [&] { kernel(__VA_ARGS__); }))
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define SLIPSTREAM_KERNEL_NS cuda
+#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
+  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#endif
+
+namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
+
+// The device element type of an entry point's T.
+template <class T>
+struct DeviceType {
+  using type = T;
+};
+template <>
+struct DeviceType<bfloat16> {
+  using type = __nv_bfloat16;
+};
+template <class T>
+using dev_t = typename DeviceType<T>::type;
+
+template <class T>
+dev_t<T>* dev(T* p) {
+  return reinterpret_cast<dev_t<T>*>(p);
+}
+template <class T>
+const dev_t<T>* dev(const T* p) {
+  return reinterpret_cast<const dev_t<T>*>(p);
+}
+
+__device__ __forceinline__ float to_f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+template <class T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+// Sum over aligned groups of kWidth lanes (a power of two <= 32); every lane of a group gets
+// the group's sum. The order of additions is fixed, so results are deterministic.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = kWidth / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Numerics shared with the CPU reference (kernels/activations.h): PyTorch's softplus
+// threshold 20, silu = x sigmoid(x).
+__device__ __forceinline__ float sigmoidf_(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+__device__ __forceinline__ float softplusf_(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+__device__ __forceinline__ float softplus_gradf_(float x) {
+  return x > 20.0f ? 1.0f : sigmoidf_(x);
+}
+__device__ __forceinline__ float siluf_(float x) {
+  return x * sigmoidf_(x);
+}
+__device__ __forceinline__ float silu_gradf_(float x) {
+  const float s = sigmoidf_(x);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+inline unsigned ceil_div(size_t a, size_t b) {
+  return unsigned((a + b - 1) / b);
+}
+
+// Throws when the last launch failed, naming the op (the kernel ran asynchronously: errors
+// inside it surface at the stream's next synchronisation).
+inline void check_launch(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(op) + ": kernel launch failed: " + cudaGetErrorString(e) +
+                             " [" + cudaGetErrorName(e) + "]");
+}
+
+// out[i] = (accumulate ? out[i] : 0) + sum_{k < K} part[k * n + i], k in increasing order.
+template <class Out>
+__global__ void sum_partials_kernel(const float* __restrict__ part, int K, size_t n, Out* out,
+                                    bool accumulate) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = accumulate ? to_f32(out[i]) : 0.0f;
+  for (int k = 0; k < K; ++k) s += part[size_t(k) * n + i];
+  out[i] = from_f32<Out>(s);
+}
+
+template <class Out>
+void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
+                  cudaStream_t stream, const char* op) {
+  if (n == 0 || out == nullptr) return;
+  const auto kernel = &sum_partials_kernel<Out>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, 256)), dim3(256), stream, part, K, n, out, accumulate);
+  check_launch(op);
+}
+
+}  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS
