@@ -6,6 +6,8 @@
 
 #include <cstddef>
 
+#include "kernels/cuda_api.h"
+
 namespace slipstream::kernels {
 
 inline constexpr int kConvMaxWidth = 16;
@@ -19,5 +21,38 @@ void causal_conv1d_forward(const T* x, const T* weight, const T* bias, T* y, int
 template <class T>
 void causal_conv1d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias,
                             int B, int L, int C, int K);
+
+// One frame for inference: conv_state (B, K - 1, C) holds the previous K - 1 inputs, oldest
+// first (zeros before the first frame), and is shifted to include x (B, C). y (B, C) is the
+// forward's output at this frame, passed through SiLU when `silu`. Frame after frame it equals
+// the forward over the same frames.
+template <class T>
+void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bias, T* y, int B,
+                        int C, int K, bool silu);
+
+// The CUDA convolution (kernels/causal_conv1d_cuda.cu). T (float or bfloat16) is the type of
+// x, y, dy, dx and the step state; weight, bias and their gradients are fp32, arithmetic is fp32.
+// With `silu` the output is SiLU(conv(x) + bias) (mamba-ssm's fused activation); the backward
+// then takes dy of that output and recomputes the pre-activation instead of storing it.
+// Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
+namespace cuda {
+
+template <class T>
+void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B, int L,
+                           int C, int K, bool silu, cudaStream_t stream);
+
+size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
+
+// dx (=); dweight, dbias (+=, dbias may be null).
+template <class T>
+void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy, T* dx,
+                            float* dweight, float* dbias, void* workspace, int B, int L, int C,
+                            int K, bool silu, cudaStream_t stream);
+
+template <class T>
+void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias, T* y,
+                        int B, int C, int K, bool silu, cudaStream_t stream);
+
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

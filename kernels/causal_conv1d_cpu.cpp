@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "kernels/activations.h"
 #include "kernels/parallel.h"
 
 namespace slipstream::kernels {
@@ -95,7 +96,26 @@ void causal_conv1d_backward(const T* x, const T* weight, const T* dy, T* dx, T* 
   });
 }
 
+template <class T>
+void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bias, T* y, int B,
+                        int C, int K, bool silu) {
+  check_width(K);
+  for (int b = 0; b < B; ++b) {
+    T* st = conv_state + static_cast<size_t>(b) * (K - 1) * C;
+    for (int c = 0; c < C; ++c) {
+      const T xc = x[static_cast<size_t>(b) * C + c];
+      T acc = (bias ? bias[c] : T(0)) + weight[c * K + K - 1] * xc;
+      for (int k = 0; k < K - 1; ++k) acc += weight[c * K + k] * st[static_cast<size_t>(k) * C + c];
+      for (int k = 0; k + 1 < K - 1; ++k)
+        st[static_cast<size_t>(k) * C + c] = st[static_cast<size_t>(k + 1) * C + c];
+      if (K > 1) st[static_cast<size_t>(K - 2) * C + c] = xc;
+      y[static_cast<size_t>(b) * C + c] = silu ? silu_scalar(acc) : acc;
+    }
+  }
+}
+
 #define INSTANTIATE(T)                                                                             \
+  template void causal_conv1d_step<T>(T*, const T*, const T*, const T*, T*, int, int, int, bool);  \
   template void causal_conv1d_forward<T>(const T*, const T*, const T*, T*, int, int, int, int);    \
   template void causal_conv1d_backward<T>(const T*, const T*, const T*, T*, T*, T*, int, int, int, \
                                           int);

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 
+#include "kernels/cuda_api.h"
+
 namespace slipstream::kernels {
 
 // x, y (M, D); weight (D); rstd (M) is saved for the backward. y may alias x.
@@ -13,5 +15,36 @@ void rmsnorm_forward(const T* x, const T* weight, T* y, T* rstd, size_t M, size_
 template <class T>
 void rmsnorm_backward(const T* x, const T* weight, const T* rstd, const T* dy, T* dx, T* dweight,
                       size_t M, size_t D);
+
+// The residual-stream form (mamba-ssm's fused add + norm): s = x + residual (residual may be
+// null: s = x), y = RMSNorm(s) * weight; sum (may be null, may alias x) receives s.
+template <class T>
+void rmsnorm_add_forward(const T* x, const T* residual, const T* weight, T* y, T* sum, T* rstd,
+                         size_t M, size_t D, T eps);
+
+// Its backward: ds = RMSNorm'(dy) + dsum, where dsum (may be null) is the gradient reaching s
+// around the norm (the residual path); ds (=) is the gradient of both x and residual and may
+// alias dy or dsum. dweight (+=).
+template <class T>
+void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* dy, const T* dsum,
+                          T* ds, T* dweight, size_t M, size_t D);
+
+// The CUDA norm (kernels/rmsnorm_cuda.cu): T (float or bfloat16) for x, residual, y, sum, dy,
+// dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
+// over row blocks into workspace partials, then in a fixed order.
+namespace cuda {
+
+template <class T>
+void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
+                         float* rstd, size_t M, size_t D, float eps, cudaStream_t stream);
+
+size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
+
+template <class T>
+void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
+                          const T* dsum, T* ds, float* dweight, void* workspace, size_t M, size_t D,
+                          cudaStream_t stream);
+
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

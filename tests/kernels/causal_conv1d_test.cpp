@@ -1,4 +1,5 @@
 #include "kernels/causal_conv1d.h"
+#include "kernels/activations.h"
 
 #include <gtest/gtest.h>
 
@@ -89,6 +90,34 @@ TEST(CausalConv1d, ShortSequenceAndParallelEqualsSerial) {
   auto yref = ref_conv(cast<double>(std::vector<double>(x.begin(), x.end())),
                        std::vector<double>(w.begin(), w.end()), zero, B, L, C, K);
   EXPECT_LT(test::rel_diff(yref, std::vector<float>(par.begin(), par.begin() + x.size())), 1e-6);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+
+namespace slipstream::kernels {
+namespace {
+
+TEST(CausalConv1d, StepEqualsForward) {
+  std::mt19937_64 rng(78);
+  for (int K : {1, 2, 4}) {
+    const int B = 2, L = 9, C = 7;
+    auto x = test::rand_vec(size_t(B) * L * C, rng), w = test::rand_vec(size_t(C) * K, rng);
+    auto b = test::rand_vec(C, rng);
+    std::vector<double> y(x.size());
+    causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    silu_forward(y.data(), y.data(), y.size());
+    std::vector<double> state(size_t(B) * (K - 1) * C + 1, 0.0);
+    for (int t = 0; t < L; ++t) {
+      std::vector<double> xt, yt(size_t(B) * C);
+      for (int bb = 0; bb < B; ++bb)
+        for (int c = 0; c < C; ++c) xt.push_back(x[(size_t(bb) * L + t) * C + c]);
+      causal_conv1d_step(state.data(), xt.data(), w.data(), b.data(), yt.data(), B, C, K, true);
+      for (int bb = 0; bb < B; ++bb)
+        for (int c = 0; c < C; ++c)
+          EXPECT_NEAR(yt[size_t(bb) * C + c], y[(size_t(bb) * L + t) * C + c], 1e-12) << K;
+    }
+  }
 }
 
 }  // namespace

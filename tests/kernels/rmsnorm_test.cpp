@@ -63,3 +63,34 @@ TEST(RmsNorm, GradCheckAccumulationFloat) {
 
 }  // namespace
 }  // namespace slipstream::kernels
+
+namespace slipstream::kernels {
+namespace {
+
+// The residual form is the plain norm of x + residual, and its backward the plain backward plus
+// the gradient arriving around the norm, also when written in place over it.
+TEST(RmsNorm, ResidualFormComposes) {
+  std::mt19937_64 rng(79);
+  const size_t M = 4, D = 70;
+  auto x = test::rand_vec(M * D, rng), res = test::rand_vec(M * D, rng);
+  auto w = test::rand_vec(D, rng), dy = test::rand_vec(M * D, rng),
+       dsum = test::rand_vec(M * D, rng);
+  std::vector<double> s(M * D), y(M * D), rstd(M), sum(M * D), y2(M * D), rstd2(M);
+  for (size_t i = 0; i < M * D; ++i) s[i] = x[i] + res[i];
+  rmsnorm_forward(s.data(), w.data(), y.data(), rstd.data(), M, D, 1e-5);
+  rmsnorm_add_forward(x.data(), res.data(), w.data(), y2.data(), sum.data(), rstd2.data(), M, D,
+                      1e-5);
+  for (size_t i = 0; i < M * D; ++i) {
+    EXPECT_NEAR(y2[i], y[i], 1e-14);
+    EXPECT_NEAR(sum[i], s[i], 1e-15);
+  }
+  std::vector<double> dx(M * D), dw(D, 0.0), dw2(D, 0.0), ds = dsum;
+  rmsnorm_backward(s.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data(), M, D);
+  rmsnorm_add_backward(s.data(), w.data(), rstd.data(), dy.data(), ds.data(), ds.data(), dw2.data(),
+                       M, D);
+  for (size_t i = 0; i < M * D; ++i) EXPECT_NEAR(ds[i], dx[i] + dsum[i], 1e-13);
+  for (size_t j = 0; j < D; ++j) EXPECT_NEAR(dw2[j], dw[j], 1e-13);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels

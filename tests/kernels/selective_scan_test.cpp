@@ -232,3 +232,45 @@ TEST(SelectiveScan, VectorSoftplusAccuracy) {
 
 }  // namespace
 }  // namespace slipstream::kernels
+
+namespace slipstream::kernels {
+namespace {
+
+// Frame by frame with a carried state, the step form gives the parallel form's outputs and
+// final state.
+TEST(SelectiveScan, StepEqualsParallelForm) {
+  std::mt19937_64 rng(77);
+  const int B = 2, L = 23, D = 19, N = 5;
+  const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
+  auto u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng), z = test::rand_vec(bld, rng);
+  auto Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
+  auto A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
+  auto bias = test::rand_vec(D, rng);
+  for (double& a : A) a = -a;
+  std::vector<double> out(bld), last(size_t(B) * D * N);
+  selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
+                         z.data(), bias.data(), true, out.data(), last.data(), B, L, D, N);
+  std::vector<double> state(size_t(B) * D * N, 0.0);
+  for (int t = 0; t < L; ++t) {
+    std::vector<double> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
+    for (int b = 0; b < B; ++b) {
+      for (int d = 0; d < D; ++d) {
+        const size_t i = (size_t(b) * L + t) * D + d;
+        ut.push_back(u[i]), dt.push_back(delta[i]), zt.push_back(z[i]);
+      }
+      for (int n = 0; n < N; ++n) {
+        Bt.push_back(Bm[(size_t(b) * L + t) * N + n]);
+        Ct.push_back(Cm[(size_t(b) * L + t) * N + n]);
+      }
+    }
+    selective_scan_step(state.data(), ut.data(), dt.data(), A.data(), Bt.data(), Ct.data(),
+                        Dskip.data(), zt.data(), bias.data(), true, ot.data(), B, D, N);
+    for (int b = 0; b < B; ++b)
+      for (int d = 0; d < D; ++d)
+        EXPECT_NEAR(ot[size_t(b) * D + d], out[(size_t(b) * L + t) * D + d], 1e-12) << t;
+  }
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], last[i], 1e-12);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels

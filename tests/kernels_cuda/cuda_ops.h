@@ -12,4 +12,18 @@
     static constexpr auto scan_step = &NS::selective_scan_step<T>;         \
     static constexpr auto scan_backward_workspace_bytes =                  \
         &NS::selective_scan_backward_workspace_bytes;                      \
+    template <class T>                                                     \
+    static constexpr auto conv_forward = &NS::causal_conv1d_forward<T>;    \
+    template <class T>                                                     \
+    static constexpr auto conv_backward = &NS::causal_conv1d_backward<T>;  \
+    template <class T>                                                     \
+    static constexpr auto conv_step = &NS::causal_conv1d_step<T>;          \
+    static constexpr auto conv_backward_workspace_bytes =                  \
+        &NS::causal_conv1d_backward_workspace_bytes;                       \
+    template <class T>                                                     \
+    static constexpr auto rms_forward = &NS::rmsnorm_add_forward<T>;       \
+    template <class T>                                                     \
+    static constexpr auto rms_backward = &NS::rmsnorm_add_backward<T>;     \
+    static constexpr auto rms_backward_workspace_bytes =                   \
+        &NS::rmsnorm_add_backward_workspace_bytes;                         \
   }

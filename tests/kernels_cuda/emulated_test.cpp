@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 
 #define SLIPSTREAM_CUDA_EMULATION 1
+#include "kernels/causal_conv1d_cuda.cu"
+#include "kernels/rmsnorm_cuda.cu"
 #include "kernels/selective_scan_cuda.cu"
 
+#include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/cuda_ops.h"
+#include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
 namespace slipstream::kernels::test {
@@ -41,6 +45,33 @@ TEST(EmulatedScan, RejectsLargeState) {
                    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, true,
                    nullptr, nullptr, 1, 1, 1, 33, nullptr),
                std::invalid_argument);
+}
+
+TEST(EmulatedConv, ForwardMatchesCpu) {
+  uint64_t seed = 101;
+  for (const auto& s : conv_shapes()) {
+    check_conv_forward<Ops, Mem, float>(s, seed++);
+    check_conv_forward<Ops, Mem, bfloat16>(s, seed++);
+  }
+}
+TEST(EmulatedConv, BackwardMatchesCpu) {
+  uint64_t seed = 111;
+  for (const auto& s : conv_shapes()) {
+    check_conv_backward<Ops, Mem, float>(s, seed++);
+    check_conv_backward<Ops, Mem, bfloat16>(s, seed++);
+  }
+}
+TEST(EmulatedConv, StepEqualsForward) {
+  uint64_t seed = 121;
+  for (const auto& s : conv_shapes()) check_conv_step<Ops, Mem, float>(s, seed++);
+}
+
+TEST(EmulatedRmsNorm, ForwardAndBackwardMatchCpu) {
+  uint64_t seed = 201;
+  for (const auto& s : norm_shapes()) {
+    check_rmsnorm<Ops, Mem, float>(s, seed++);
+    check_rmsnorm<Ops, Mem, bfloat16>(s, seed++);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,198 @@
+// Depthwise causal conv1d on CUDA; math and layouts of the CPU reference
+// (kernels/causal_conv1d_cpu.cpp), which with silu_forward/backward is what it is tested against.
+// Every thread owns one (b, t, c) output (forward) or one (b, c, time block) (backward); the
+// channel is the fastest index, so a warp reads 32 consecutive channels.
+#include "kernels/causal_conv1d.h"
+#include "kernels/cuda_common.cuh"
+
+namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTimeBlock = 64;  // time steps per backward thread
+constexpr int kMaxK = kConvMaxWidth;
+
+// bias + sum_k w[k] x[t - K + 1 + k] at (b, t, c), zero left padding.
+template <class DT>
+__device__ __forceinline__ float conv_at(const DT* x, const float* w, const float* bias, int b,
+                                         int t, int c, int L, int C, int K) {
+  float acc = bias ? bias[c] : 0.f;
+  const DT* xb = x + size_t(b) * L * C + c;
+  for (int k = 0; k < K; ++k) {
+    const int ts = t - K + 1 + k;
+    if (ts >= 0) acc += w[size_t(c) * K + k] * to_f32(xb[size_t(ts) * C]);
+  }
+  return acc;
+}
+
+template <class DT>
+__global__ void __launch_bounds__(kThreads)
+    conv_forward_kernel(const DT* x, const float* w, const float* bias, DT* y, int B, int L, int C,
+                        int K, bool silu) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(B) * L * C) return;
+  const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
+  const float v = conv_at(x, w, bias, b, t, c, L, C, K);
+  y[i] = from_f32<DT>(silu ? siluf_(v) : v);
+}
+
+// d loss / d pre-activation, stored once so the backward reads it K times from memory instead of
+// recomputing the convolution K times.
+template <class DT>
+__global__ void __launch_bounds__(kThreads)
+    conv_dpre_kernel(const DT* x, const float* w, const float* bias, const DT* dy, float* dpre,
+                     int B, int L, int C, int K) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(B) * L * C) return;
+  const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
+  dpre[i] = to_f32(dy[i]) * silu_gradf_(conv_at(x, w, bias, b, t, c, L, C, K));
+}
+
+// Thread (b, time block, c): dx over the block, and its partial of dweight and dbias.
+template <class DT>
+__global__ void __launch_bounds__(kThreads)
+    conv_backward_kernel(const DT* x, const float* w, const DT* dy, const float* dpre, DT* dx,
+                         float* dw_part, float* db_part, int L, int C, int K) {
+  const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const int tb = int(blockIdx.y), b = int(blockIdx.z);
+  if (c >= C) return;
+  const size_t base = size_t(b) * L * C + c;
+  auto g = [&](int t) {
+    return dpre ? dpre[base + size_t(t) * C] : to_f32(dy[base + size_t(t) * C]);
+  };
+  float dw[kMaxK];
+#pragma unroll
+  for (int k = 0; k < kMaxK; ++k) dw[k] = 0.f;
+  float db = 0.f;
+  const int t0 = tb * kTimeBlock, t1 = L < t0 + kTimeBlock ? L : t0 + kTimeBlock;
+  for (int t = t0; t < t1; ++t) {
+    float acc = 0.f;  // dx[t] = sum_k w[k] g[t + K - 1 - k]
+    for (int k = 0; k < K; ++k) {
+      const int tg = t + K - 1 - k;
+      if (tg < L) acc += w[size_t(c) * K + k] * g(tg);
+    }
+    dx[base + size_t(t) * C] = from_f32<DT>(acc);
+    const float gt = g(t);
+    db += gt;
+#pragma unroll
+    for (int k = 0; k < kMaxK; ++k) {  // dw[k] += g[t] x[t - K + 1 + k]
+      const int ts = t - K + 1 + k;
+      if (k < K && ts >= 0) dw[k] += gt * to_f32(x[base + size_t(ts) * C]);
+    }
+  }
+  const size_t part = size_t(b) * gridDim.y + tb;
+#pragma unroll
+  for (int k = 0; k < kMaxK; ++k)
+    if (k < K) dw_part[(part * C + c) * K + k] = dw[k];
+  db_part[part * C + c] = db;
+}
+
+template <class DT>
+__global__ void __launch_bounds__(kThreads)
+    conv_step_kernel(DT* state, const DT* x, const float* w, const float* bias, DT* y, int B, int C,
+                     int K, bool silu) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(B) * C) return;
+  const int c = int(i % C), b = int(i / C);
+  DT* st = state + size_t(b) * (K - 1) * C + c;
+  const float xc = to_f32(x[i]);
+  float acc = (bias ? bias[c] : 0.f) + w[size_t(c) * K + K - 1] * xc;
+  for (int k = 0; k < K - 1; ++k) acc += w[size_t(c) * K + k] * to_f32(st[size_t(k) * C]);
+  for (int k = 0; k + 1 < K - 1; ++k) st[size_t(k) * C] = st[size_t(k + 1) * C];
+  if (K > 1) st[size_t(K - 2) * C] = from_f32<DT>(xc);
+  y[i] = from_f32<DT>(silu ? siluf_(acc) : acc);
+}
+
+void check_width(int K, const char* op) {
+  if (K < 1 || K > kMaxK)
+    throw std::invalid_argument(std::string(op) + ": kernel width " + std::to_string(K) +
+                                " is outside [1, " + std::to_string(kMaxK) + "]");
+}
+
+int time_blocks(int L) {
+  return (L + kTimeBlock - 1) / kTimeBlock;
+}
+
+struct ConvWorkspace {
+  size_t dpre, dw, db, total;  // offsets in floats
+  ConvWorkspace(int B, int L, int C, int K, bool silu) {
+    const size_t parts = size_t(B) * time_blocks(L);
+    dpre = 0;
+    dw = silu ? size_t(B) * L * C : 0;
+    db = dw + parts * C * K;
+    total = db + parts * C;
+  }
+};
+
+}  // namespace
+
+template <class T>
+void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B, int L,
+                           int C, int K, bool silu, cudaStream_t stream) {
+  check_width(K, "causal_conv1d_forward");
+  const size_t n = size_t(B) * L * C;
+  if (n == 0) return;
+  const auto kernel = &conv_forward_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x), weight,
+                    bias, dev(y), B, L, C, K, silu);
+  check_launch("causal_conv1d_forward");
+}
+
+size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu) {
+  return ConvWorkspace(B, L, C, K, silu).total * sizeof(float);
+}
+
+template <class T>
+void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy, T* dx,
+                            float* dweight, float* dbias, void* workspace, int B, int L, int C,
+                            int K, bool silu, cudaStream_t stream) {
+  const char* op = "causal_conv1d_backward";
+  check_width(K, op);
+  const size_t n = size_t(B) * L * C;
+  if (n == 0) return;
+  const ConvWorkspace lay(B, L, C, K, silu);
+  float* ws = static_cast<float*>(workspace);
+  float* dpre = silu ? ws + lay.dpre : nullptr;
+  if (silu) {
+    const auto kernel = &conv_dpre_kernel<dev_t<T>>;
+    SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x), weight,
+                      bias, dev(dy), dpre, B, L, C, K);
+    check_launch(op);
+  }
+  const int tbs = time_blocks(L);
+  const auto kernel = &conv_backward_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B)),
+                    dim3(kThreads), stream, dev(x), weight, dev(dy), dpre, dev(dx), ws + lay.dw,
+                    ws + lay.db, L, C, K);
+  check_launch(op);
+  const int parts = B * tbs;
+  sum_partials(ws + lay.dw, parts, size_t(C) * K, dweight, true, stream, op);
+  sum_partials(ws + lay.db, parts, size_t(C), dbias, true, stream, op);
+}
+
+template <class T>
+void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias, T* y,
+                        int B, int C, int K, bool silu, cudaStream_t stream) {
+  check_width(K, "causal_conv1d_step");
+  const size_t n = size_t(B) * C;
+  if (n == 0) return;
+  const auto kernel = &conv_step_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(conv_state),
+                    dev(x), weight, bias, dev(y), B, C, K, silu);
+  check_launch("causal_conv1d_step");
+}
+
+#define INSTANTIATE(T)                                                                             \
+  template void causal_conv1d_forward<T>(const T*, const float*, const float*, T*, int, int, int,  \
+                                         int, bool, cudaStream_t);                                 \
+  template void causal_conv1d_backward<T>(const T*, const float*, const float*, const T*, T*,      \
+                                          float*, float*, void*, int, int, int, int, bool,         \
+                                          cudaStream_t);                                           \
+  template void causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int, int, int, \
+                                      bool, cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(bfloat16)
+#undef INSTANTIATE
+
+}  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -1,0 +1,122 @@
+// RMSNorm with the fused residual add on CUDA; math of the CPU reference
+// (kernels/rmsnorm_cpu.cpp), against which it is tested. Forward and dx: one warp per row, the
+// row's sum of squares (or of dy * w * s) a warp reduction. dweight: one thread per column over
+// a block of rows, partials summed in a fixed order (deterministic, no atomics).
+#include "kernels/cuda_common.cuh"
+#include "kernels/rmsnorm.h"
+
+namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kColThreads = 128;
+constexpr size_t kRowBlock = 256;  // rows per dweight partial
+
+template <class DT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    rms_forward_kernel(const DT* x, const DT* residual, const float* w, DT* y, DT* sum, float* rstd,
+                       size_t M, size_t D, float eps) {
+  const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = int(threadIdx.x) & 31;
+  if (row >= M) return;  // whole warps leave together: no shuffle loses a lane
+  const size_t o = row * D;
+  float ss = 0.f;
+  for (size_t j = lane; j < D; j += 32) {
+    const float v = to_f32(x[o + j]) + (residual ? to_f32(residual[o + j]) : 0.f);
+    ss += v * v;
+  }
+  ss = group_sum<32>(ss);
+  const float r = rsqrtf(ss / float(D) + eps);
+  if (lane == 0) rstd[row] = r;
+  for (size_t j = lane; j < D; j += 32) {
+    const float v = to_f32(x[o + j]) + (residual ? to_f32(residual[o + j]) : 0.f);
+    if (sum) sum[o + j] = from_f32<DT>(v);
+    y[o + j] = from_f32<DT>(v * r * w[j]);
+  }
+}
+
+// dweight partial of rows [blockIdx.y * kRowBlock, +kRowBlock) for column j.
+template <class DT>
+__global__ void __launch_bounds__(kColThreads)
+    rms_dweight_kernel(const DT* s, const float* rstd, const DT* dy, float* part, size_t M,
+                       size_t D) {
+  const size_t j = size_t(blockIdx.x) * kColThreads + threadIdx.x;
+  if (j >= D) return;
+  const size_t r0 = size_t(blockIdx.y) * kRowBlock;
+  const size_t r1 = M < r0 + kRowBlock ? M : r0 + kRowBlock;
+  float acc = 0.f;
+  for (size_t i = r0; i < r1; ++i) acc += to_f32(dy[i * D + j]) * to_f32(s[i * D + j]) * rstd[i];
+  part[size_t(blockIdx.y) * D + j] = acc;
+}
+
+template <class DT>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    rms_dx_kernel(const DT* s, const float* w, const float* rstd, const DT* dy, const DT* dsum,
+                  DT* ds, size_t M, size_t D) {
+  const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int lane = int(threadIdx.x) & 31;
+  if (row >= M) return;
+  const size_t o = row * D;
+  float dot = 0.f;
+  for (size_t j = lane; j < D; j += 32) dot += to_f32(dy[o + j]) * w[j] * to_f32(s[o + j]);
+  dot = group_sum<32>(dot);
+  const float r = rstd[row];
+  const float c = dot * r * r * r / float(D);
+  for (size_t j = lane; j < D; j += 32) {
+    const float v =
+        r * w[j] * to_f32(dy[o + j]) - to_f32(s[o + j]) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
+    ds[o + j] = from_f32<DT>(v);
+  }
+}
+
+size_t row_blocks(size_t M) {
+  return (M + kRowBlock - 1) / kRowBlock;
+}
+
+}  // namespace
+
+template <class T>
+void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
+                         float* rstd, size_t M, size_t D, float eps, cudaStream_t stream) {
+  if (M == 0 || D == 0) return;
+  const auto kernel = &rms_forward_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
+                    dev(x), dev(residual), weight, dev(y), dev(sum), rstd, M, D, eps);
+  check_launch("rmsnorm_add_forward");
+}
+
+size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D) {
+  return row_blocks(M) * D * sizeof(float);
+}
+
+template <class T>
+void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
+                          const T* dsum, T* ds, float* dweight, void* workspace, size_t M, size_t D,
+                          cudaStream_t stream) {
+  const char* op = "rmsnorm_add_backward";
+  if (M == 0 || D == 0) return;
+  float* part = static_cast<float*>(workspace);
+  const size_t nrb = row_blocks(M);
+  // dweight first: ds may alias dy.
+  const auto dw_kernel = &rms_dweight_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(dw_kernel, dim3(ceil_div(D, kColThreads), unsigned(nrb)), dim3(kColThreads),
+                    stream, dev(s), rstd, dev(dy), part, M, D);
+  check_launch(op);
+  sum_partials(part, int(nrb), D, dweight, true, stream, op);
+  const auto dx_kernel = &rms_dx_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(dx_kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
+                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), M, D);
+  check_launch(op);
+}
+
+#define INSTANTIATE(T)                                                                            \
+  template void rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, T*, float*, size_t,  \
+                                       size_t, float, cudaStream_t);                              \
+  template void rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*, const T*, \
+                                        T*, float*, void*, size_t, size_t, cudaStream_t);
+INSTANTIATE(float)
+INSTANTIATE(bfloat16)
+#undef INSTANTIATE
+
+}  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

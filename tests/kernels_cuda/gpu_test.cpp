@@ -1,0 +1,194 @@
+// The CUDA kernels on a real device against the CPU references: the checks the emulated tests
+// run, plus what only hardware shows (bit-identical reruns, the gpu_standard shape). Label
+// `gpu`: every test reports SKIPPED when the build has no CUDA or the machine has no device.
+#include <gtest/gtest.h>
+
+#if SLIPSTREAM_KERNELS_CUDA
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/causal_conv1d.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/selective_scan.h"
+#include "tests/kernels_cuda/conv_checks.h"
+#include "tests/kernels_cuda/cuda_ops.h"
+#include "tests/kernels_cuda/rmsnorm_checks.h"
+#include "tests/kernels_cuda/scan_checks.h"
+
+namespace slipstream::kernels::test {
+namespace {
+
+void cuda_ok(cudaError_t e, const char* call) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(e));
+}
+
+// Device memory on its own (non-default) stream, freed with the object.
+class CudaMemory {
+ public:
+  CudaMemory() { cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
+  ~CudaMemory() {
+    cudaStreamSynchronize(stream_);
+    for (void* p : ptrs_) cudaFree(p);
+    cudaStreamDestroy(stream_);
+  }
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+
+  void* alloc_bytes(size_t bytes) {
+    void* p = nullptr;
+    cuda_ok(cudaMalloc(&p, bytes + 1), "cudaMalloc");
+    ptrs_.push_back(p);
+    cuda_ok(cudaMemset(p, 0xff, bytes + 1), "cudaMemset");
+    return p;
+  }
+  template <class T>
+  T* alloc(size_t n) {
+    return static_cast<T*>(alloc_bytes(n * sizeof(T)));
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    return p;
+  }
+  template <class T>
+  std::vector<T> download(const T* p, size_t n) {
+    sync();
+    std::vector<T> v(n);
+    cuda_ok(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return v;
+  }
+  void sync() {
+    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after the kernels");
+  }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> ptrs_;
+};
+
+#define REQUIRE_DEVICE()                                                                  \
+  do {                                                                                    \
+    int n_ = 0;                                                                           \
+    const cudaError_t e_ = cudaGetDeviceCount(&n_);                                       \
+    if (e_ != cudaSuccess || n_ == 0)                                                     \
+      GTEST_SKIP() << "no CUDA device: "                                                  \
+                   << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "device count is 0"); \
+  } while (0)
+
+SLIPSTREAM_DEFINE_CUDA_OPS(Ops, ::slipstream::kernels::cuda);
+using Mem = CudaMemory;
+
+TEST(GpuScan, ForwardMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 1;
+  for (const auto& s : scan_shapes()) {
+    check_scan_forward<Ops, Mem, float>(s, seed++);
+    check_scan_forward<Ops, Mem, bfloat16>(s, seed++);
+  }
+}
+TEST(GpuScan, BackwardMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 21;
+  for (const auto& s : scan_shapes()) {
+    check_scan_backward<Ops, Mem, float>(s, seed++);
+    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+  }
+}
+TEST(GpuScan, StepEqualsParallelForm) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 41;
+  for (const auto& s : scan_shapes()) check_scan_step<Ops, Mem, float>(s, seed++);
+}
+TEST(GpuScan, GpuStandardShape) {
+  REQUIRE_DEVICE();
+  check_scan_forward<Ops, Mem, float>({256, 60, 256, 16}, 51);
+  check_scan_backward<Ops, Mem, float>({256, 60, 256, 16}, 52);
+}
+// Same inputs twice: bit-identical gradients (no atomics anywhere in the backward).
+TEST(GpuScan, BackwardIsDeterministic) {
+  REQUIRE_DEVICE();
+  const ScanShape s{8, 60, 256, 16};
+  const ScanData<float> d(s, 61);
+  const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+  Mem mem;
+  auto run = [&] {
+    std::vector<float> dA_init(size_t(s.D) * s.N, 0.0f);
+    float* dA = mem.upload(dA_init);
+    float* dD = mem.upload(std::vector<float>(size_t(s.D), 0.0f));
+    float* db = mem.upload(std::vector<float>(size_t(s.D), 0.0f));
+    float *du = mem.alloc<float>(bld), *ddelta = mem.alloc<float>(bld), *dz = mem.alloc<float>(bld);
+    float *dB = mem.alloc<float>(bln), *dC = mem.alloc<float>(bln);
+    void* ws = mem.alloc_bytes(cuda::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+    cuda::selective_scan_backward<float>(
+        up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
+        up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, up<Mem, float>(mem, d.dout),
+        du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N, mem.stream());
+    std::vector<float> all = mem.download(du, bld);
+    for (auto [p, n] : {std::pair<float*, size_t>{ddelta, bld},
+                        {dz, bld},
+                        {dB, bln},
+                        {dC, bln},
+                        {dA, size_t(s.D) * s.N},
+                        {dD, size_t(s.D)},
+                        {db, size_t(s.D)}}) {
+      const auto v = mem.download(p, n);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+TEST(GpuConv, ForwardBackwardStepMatchCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 101;
+  for (const auto& s : conv_shapes()) {
+    check_conv_forward<Ops, Mem, float>(s, seed++);
+    check_conv_forward<Ops, Mem, bfloat16>(s, seed++);
+    check_conv_backward<Ops, Mem, float>(s, seed++);
+    check_conv_backward<Ops, Mem, bfloat16>(s, seed++);
+    check_conv_step<Ops, Mem, float>(s, seed++);
+  }
+  check_conv_backward<Ops, Mem, float>({256, 60, 256, 4}, seed++);
+}
+
+TEST(GpuRmsNorm, ForwardAndBackwardMatchCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 201;
+  for (const auto& s : norm_shapes()) {
+    check_rmsnorm<Ops, Mem, float>(s, seed++);
+    check_rmsnorm<Ops, Mem, bfloat16>(s, seed++);
+  }
+  check_rmsnorm<Ops, Mem, float>({256 * 60, 128}, seed++);
+}
+
+TEST(GpuScan, BadStateSizeNamesTheOp) {
+  REQUIRE_DEVICE();
+  try {
+    cuda::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                        nullptr, nullptr, true, nullptr, nullptr, 1, 1, 1, 64,
+                                        nullptr);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace slipstream::kernels::test
+
+#else
+
+TEST(GpuKernels, NeedCuda) {
+  GTEST_SKIP() << "built without CUDA (nvcc not found at configure)";
+}
+
+#endif
