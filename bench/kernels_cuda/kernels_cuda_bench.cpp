@@ -1,0 +1,232 @@
+// CUDA kernel benchmarks at the presets' shapes (gpu_standard: B256 W60 d_model 128, d_inner
+// 256, d_state 16; production: d_model 256, d_inner 512, d_state 32). Times are CUDA events
+// around 10 back-to-back launches after a warm-up, reported as manual time per launch. GB/s
+// counts the fewest bytes each call must move (every input read once, every output written
+// once): compare it with the device's copy bandwidth (about 3 TB/s on an H100).
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/causal_conv1d.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/selective_scan.h"
+
+namespace sk = slipstream::kernels;
+
+namespace {
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct Shape {
+  const char* name;
+  int B, L, d_model, D, N;
+};
+const Shape kShapes[] = {{"gpu_standard", 256, 60, 128, 256, 16},
+                         {"production", 256, 60, 256, 512, 32}};
+
+// Device buffers of random values (never zeros: they can run faster than real data).
+class Buffers {
+ public:
+  ~Buffers() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <class T>
+  T* random(size_t n, float lo, float hi) {
+    std::vector<float> h(n);
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (auto& x : h) x = d(rng_);
+    T* p = alloc<T>(n);
+    if constexpr (std::is_same_v<T, float>) {
+      ok(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice), "upload");
+    } else {
+      std::vector<uint16_t> b(n);
+      sk::fp32_to_bf16(h.data(), b.data(), n);
+      ok(cudaMemcpy(p, b.data(), n * 2, cudaMemcpyHostToDevice), "upload");
+    }
+    return p;
+  }
+  template <class T>
+  T* alloc(size_t n) {
+    void* p = nullptr;
+    ok(cudaMalloc(&p, n * sizeof(T) + 16), "cudaMalloc");
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  std::mt19937_64 rng_{42};
+  std::vector<void*> ptrs_;
+};
+
+// Times `launch` (which enqueues on `s`) with events; sets manual time and the GB/s counter.
+template <class F>
+void time_launches(benchmark::State& st, cudaStream_t s, double bytes, F&& launch) {
+  constexpr int kReps = 10;
+  for (int i = 0; i < 3; ++i) launch();
+  ok(cudaStreamSynchronize(s), "warm-up");
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a), "event");
+  ok(cudaEventCreate(&b), "event");
+  for (auto _ : st) {
+    ok(cudaEventRecord(a, s), "record");
+    for (int i = 0; i < kReps; ++i) launch();
+    ok(cudaEventRecord(b, s), "record");
+    ok(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    ok(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    st.SetIterationTime(ms / 1e3 / kReps);
+  }
+  ok(cudaGetLastError(), "kernels");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  st.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                           benchmark::Counter::kIs1000);
+  st.counters["GB/s"].value /= 1e9;
+}
+
+template <class T>
+void scan(benchmark::State& st, const Shape& sh, bool backward) {
+  const size_t bld = size_t(sh.B) * sh.L * sh.D, bln = size_t(sh.B) * sh.L * sh.N;
+  Buffers m;
+  const T *u = m.random<T>(bld, -1, 1), *delta = m.random<T>(bld, -1, 1);
+  const T *z = m.random<T>(bld, -2, 2), *Bm = m.random<T>(bln, -1, 1), *Cm = m.random<T>(bln, -1, 1);
+  const float* A = m.random<float>(size_t(sh.D) * sh.N, -4.0f, -0.5f);
+  const float *Dskip = m.random<float>(sh.D, -1, 1), *bias = m.random<float>(sh.D, -3, -1);
+  const T* dout = m.random<T>(bld, -1, 1);
+  T *out = m.alloc<T>(bld), *du = m.alloc<T>(bld), *ddelta = m.alloc<T>(bld), *dz = m.alloc<T>(bld);
+  T *dB = m.alloc<T>(bln), *dC = m.alloc<T>(bln);
+  float *dA = m.random<float>(size_t(sh.D) * sh.N, 0, 0), *dD = m.random<float>(sh.D, 0, 0);
+  float* db = m.random<float>(sh.D, 0, 0);
+  void* ws = m.alloc<char>(sk::cuda::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  const double e = sizeof(T);
+  if (!backward) {
+    time_launches(st, s, (4 * bld + 2 * bln) * e, [&] {
+      sk::cuda::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, out, nullptr,
+                                          sh.B, sh.L, sh.D, sh.N, s);
+    });
+  } else {
+    time_launches(st, s, (7 * bld + 4 * bln) * e, [&] {
+      sk::cuda::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, dout, du,
+                                           ddelta, dA, dB, dC, dD, dz, db, ws, sh.B, sh.L, sh.D,
+                                           sh.N, s);
+    });
+  }
+  cudaStreamDestroy(s);
+}
+
+// One frame of inference for the whole batch: the state is read and written once.
+void scan_step(benchmark::State& st, const Shape& sh) {
+  const size_t bd = size_t(sh.B) * sh.D, bn = size_t(sh.B) * sh.N;
+  Buffers m;
+  float* state = m.random<float>(bd * sh.N, -1, 1);
+  const float *u = m.random<float>(bd, -1, 1), *delta = m.random<float>(bd, -1, 1);
+  const float *z = m.random<float>(bd, -1, 1), *Bm = m.random<float>(bn, -1, 1);
+  const float* Cm = m.random<float>(bn, -1, 1);
+  const float* A = m.random<float>(size_t(sh.D) * sh.N, -4.0f, -0.5f);
+  const float *Dskip = m.random<float>(sh.D, -1, 1), *bias = m.random<float>(sh.D, -3, -1);
+  float* out = m.alloc<float>(bd);
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  time_launches(st, s, (2.0 * bd * sh.N + 4.0 * bd + 2.0 * bn) * 4, [&] {
+    sk::cuda::selective_scan_step<float>(state, u, delta, A, Bm, Cm, Dskip, z, bias, true, out,
+                                         sh.B, sh.D, sh.N, s);
+  });
+  cudaStreamDestroy(s);
+}
+
+template <class T>
+void conv(benchmark::State& st, const Shape& sh, bool backward) {
+  const size_t n = size_t(sh.B) * sh.L * sh.D;
+  const int K = 4;
+  Buffers m;
+  const T *x = m.random<T>(n, -1, 1), *dy = m.random<T>(n, -1, 1);
+  const float *w = m.random<float>(size_t(sh.D) * K, -0.5, 0.5), *b = m.random<float>(sh.D, -1, 1);
+  T *y = m.alloc<T>(n), *dx = m.alloc<T>(n);
+  float *dw = m.random<float>(size_t(sh.D) * K, 0, 0), *dbias = m.random<float>(sh.D, 0, 0);
+  void* ws = m.alloc<char>(sk::cuda::causal_conv1d_backward_workspace_bytes(sh.B, sh.L, sh.D, K, true));
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  if (!backward) {
+    time_launches(st, s, 2.0 * n * sizeof(T), [&] {
+      sk::cuda::causal_conv1d_forward<T>(x, w, b, y, sh.B, sh.L, sh.D, K, true, s);
+    });
+  } else {
+    time_launches(st, s, 3.0 * n * sizeof(T), [&] {
+      sk::cuda::causal_conv1d_backward<T>(x, w, b, dy, dx, dw, dbias, ws, sh.B, sh.L, sh.D, K, true,
+                                          s);
+    });
+  }
+  cudaStreamDestroy(s);
+}
+
+template <class T>
+void norm(benchmark::State& st, const Shape& sh, bool backward) {
+  const size_t M = size_t(sh.B) * sh.L, D = size_t(sh.d_model), n = M * D;
+  Buffers m;
+  const T *x = m.random<T>(n, -1, 1), *res = m.random<T>(n, -1, 1), *dy = m.random<T>(n, -1, 1);
+  const float* w = m.random<float>(D, 0.5, 1.5);
+  T *y = m.alloc<T>(n), *sum = m.random<T>(n, -1, 1), *ds = m.random<T>(n, -1, 1);
+  float *rstd = m.random<float>(M, 0.5, 1.5), *dw = m.random<float>(D, 0, 0);
+  void* ws = m.alloc<char>(sk::cuda::rmsnorm_add_backward_workspace_bytes(M, D));
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  if (!backward) {
+    time_launches(st, s, 4.0 * n * sizeof(T), [&] {
+      sk::cuda::rmsnorm_add_forward<T>(x, res, w, y, sum, rstd, M, D, 1e-5f, s);
+    });
+  } else {
+    time_launches(st, s, 4.0 * n * sizeof(T), [&] {
+      sk::cuda::rmsnorm_add_backward<T>(sum, w, rstd, dy, ds, ds, dw, ws, M, D, s);
+    });
+  }
+  cudaStreamDestroy(s);
+}
+
+template <class F>
+void add(const std::string& name, F f) {
+  benchmark::RegisterBenchmark(name.c_str(), f)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    std::printf("bench_kernels_cuda: no CUDA device (%s): nothing measured\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0");
+    return 0;
+  }
+  for (const Shape& sh : kShapes) {
+    const std::string p = sh.name;
+    for (bool bwd : {false, true}) {
+      const std::string dir = bwd ? "backward" : "forward";
+      add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, bwd); });
+      add("scan_" + dir + "/bf16/" + p,
+          [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, bwd); });
+      add("conv1d_silu_" + dir + "/fp32/" + p,
+          [=](benchmark::State& st) { conv<float>(st, sh, bwd); });
+      add("conv1d_silu_" + dir + "/bf16/" + p,
+          [=](benchmark::State& st) { conv<sk::bfloat16>(st, sh, bwd); });
+      add("rmsnorm_add_" + dir + "/fp32/" + p,
+          [=](benchmark::State& st) { norm<float>(st, sh, bwd); });
+      add("rmsnorm_add_" + dir + "/bf16/" + p,
+          [=](benchmark::State& st) { norm<sk::bfloat16>(st, sh, bwd); });
+    }
+    add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
