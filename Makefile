@@ -12,7 +12,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   zlib1g-dev python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build run test bench format clean
+.PHONY: deps build run test bench format clean gpu-check gpu-deps
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -43,6 +43,15 @@ test: build
 # Google Benchmark binaries (bench/*): each prints its table; pass e.g. ARGS=--benchmark_format=json.
 bench: build
 	@for b in $(BUILD_DIR)/bin/bench_*; do echo "== $$b"; $$b $(ARGS) || exit 1; done
+
+# On a lent GPU machine: build for sm_90, gpu tests, sanitizers, GPU benchmarks, one summary
+# (tools/gpu_check/gpu_check.sh). Needs no internet; `make gpu-deps` (here) fetches the Debian
+# packages such a machine may lack into .gpu-deps/, to be carried along.
+gpu-check:
+	bash tools/gpu_check/gpu_check.sh
+
+gpu-deps:
+	mkdir -p .gpu-deps && cd .gpu-deps && apt-get download $$(grep -v '^#' ../tools/gpu_check/debs.txt)
 
 format:
 	git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' | xargs clang-format -i

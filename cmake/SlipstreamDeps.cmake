@@ -1,17 +1,22 @@
 # Every dependency comes from Debian's packages or the CUDA toolkit (see `make deps`).
+# SLIPSTREAM_KERNELS_ONLY needs the first group alone (`make gpu-check` on a machine without the
+# rest).
 find_package(Threads REQUIRED)
 find_package(TBB REQUIRED)
-find_package(yaml-cpp REQUIRED)
-find_package(CLI11 REQUIRED)
-find_package(nlohmann_json REQUIRED)
-find_package(zstd REQUIRED)
 find_package(GTest REQUIRED)
 find_package(benchmark REQUIRED)
-find_package(MPI REQUIRED COMPONENTS CXX)
+if(NOT SLIPSTREAM_KERNELS_ONLY)
+  find_package(yaml-cpp REQUIRED)
+  find_package(CLI11 REQUIRED)
+  find_package(nlohmann_json REQUIRED)
+  find_package(zstd REQUIRED)
+  find_package(MPI REQUIRED COMPONENTS CXX)
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS REQUIRED)
 find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/openblas-pthread REQUIRED)
-if(TARGET zstd::libzstd_shared)
+if(SLIPSTREAM_KERNELS_ONLY)
+elseif(TARGET zstd::libzstd_shared)
   set(SLIPSTREAM_ZSTD zstd::libzstd_shared)
 else()
   set(SLIPSTREAM_ZSTD zstd::libzstd_static)
@@ -35,10 +40,17 @@ if(NOT SLIPSTREAM_CUDA STREQUAL "OFF")
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-    find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
-    find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
-    find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-    find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    # CUDNN_ROOT / NCCL_ROOT (variables or environment) point at other installs, such as the
+    # nvidia-cudnn-cu13 and nvidia-nccl-cu13 Python wheels (which ship only versioned .so files).
+    foreach(_lib CUDNN NCCL)
+      string(TOLOWER ${_lib} _name)
+      set(_roots ${${_lib}_ROOT} $ENV{${_lib}_ROOT})
+      find_library(${_lib}_LIBRARY NAMES ${_name} lib${_name}.so.9 lib${_name}.so.2
+                   HINTS ${_roots} ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
+                   PATH_SUFFIXES lib lib64)
+      find_path(${_lib}_INCLUDE_DIR ${_name}.h HINTS ${_roots} ${CUDAToolkit_INCLUDE_DIRS}
+                PATH_SUFFIXES include)
+    endforeach()
     if(NOT CUDNN_LIBRARY OR NOT NCCL_LIBRARY)
       message(FATAL_ERROR "CUDA found but cuDNN or NCCL missing (cudnn=${CUDNN_LIBRARY} nccl=${NCCL_LIBRARY});"
                           " configure with -DSLIPSTREAM_CUDA=OFF for a CPU-only build")

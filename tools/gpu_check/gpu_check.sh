@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
+# with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
+# memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
+# of the scan, a short gpu_quick run when the whole engine builds, and prints one summary.
+#
+# Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
+# machine lacks can travel as .deb files in .gpu-deps/ (`make gpu-deps` fetches them here);
+# they are unpacked into .gpu-deps/root and used from there. When the whole engine cannot be
+# configured there (its other dependencies missing), the kernels-only build is used instead
+# (-DSLIPSTREAM_KERNELS_ONLY=ON) and the summary says so.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build-gpu/out}
+mkdir -p "$OUT"
+STEPS=$OUT/steps.tsv
+: >"$STEPS"
+JOBS=$(nproc)
+ARCH=${GPU_CHECK_ARCH:-90}
+
+# step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records status and seconds.
+step() {
+  local name=$1 start rc
+  shift
+  start=$(date +%s)
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" >>"$STEPS"
+  [ $rc -eq 0 ] || { echo "   $name failed (rc $rc); last lines:"; tail -n 15 "$OUT/$name.log"; }
+  return $rc
+}
+
+step device sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv && nvcc --version | tail -n 2'
+
+# Carried Debian packages, unpacked beside the checkout (never into /).
+if ls .gpu-deps/*.deb >/dev/null 2>&1; then
+  mkdir -p .gpu-deps/root
+  for f in .gpu-deps/*.deb; do dpkg -x "$f" .gpu-deps/root; done
+  DEPS=$ROOT/.gpu-deps/root/usr
+  export CMAKE_PREFIX_PATH=$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=$LD_LIBRARY_PATH
+  export CPATH=$DEPS/include${CPATH:+:$CPATH}
+fi
+# cuDNN and NCCL from PyTorch's wheels when the toolkit has none.
+for lib in cudnn nccl; do
+  up=$(echo $lib | tr a-z A-Z)
+  dir=$(python3 -c "import nvidia.$lib, os; print(os.path.dirname(nvidia.$lib.__file__))" 2>/dev/null) &&
+    export ${up}_ROOT=$dir && export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
+
+CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH)
+B=build-gpu
+MODE=full
+if ! step configure cmake -S . -B $B "${CONFIG[@]}"; then
+  B=build-gpu-kernels
+  MODE=kernels-only
+  step configure_kernels_only cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_KERNELS_ONLY=ON
+fi
+echo "$MODE" >"$OUT/mode.txt"
+step build cmake --build $B -j "$JOBS"
+
+step gpu_tests sh -c "cd $B && ctest -L gpu --output-on-failure --timeout 600"
+step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels_cuda_emulated_test"
+SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*'
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
+fi
+step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.2 \
+  --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
+step torch_scan python3 bench/peers/selective_scan_torch.py --json "$OUT/torch_scan.json"
+if [ "$MODE" = full ]; then
+  step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
+fi
+python3 tools/gpu_check/summary.py "$OUT"

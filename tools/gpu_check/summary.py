@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Prints `make gpu-check`'s summary from its output folder: each step's status and time, the
+GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's speed against
+the PyTorch peer. Exits 1 when any step failed."""
+import json
+import os
+import sys
+
+PEAK_GBS = 3000.0  # H100 device-to-device copy, read + write (device/KINDS.md)
+
+
+def main(out):
+    steps = []
+    with open(os.path.join(out, "steps.tsv")) as f:
+        for line in f:
+            name, rc, secs = line.rstrip("\n").split("\t")
+            steps.append((name, int(rc), int(secs)))
+    mode = open(os.path.join(out, "mode.txt")).read().strip() if os.path.exists(
+        os.path.join(out, "mode.txt")) else "?"
+    print(f"\n=== gpu-check summary ({mode} build) ===")
+    for name, rc, secs in steps:
+        print(f"  {name:<24} {'ok' if rc == 0 else 'FAILED (rc %d)' % rc:<16} {secs:>5} s")
+    bench = {}
+    path = os.path.join(out, "bench_kernels_cuda.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            for b in json.load(f).get("benchmarks", []):
+                bench[b["name"].split("/manual_time")[0]] = b
+        print("\n  kernel                                    time (us)    GB/s   of peak")
+        for name, b in bench.items():
+            gbs = b.get("GB/s", 0.0)
+            print(f"  {name:<40} {b['real_time']:>10.1f} {gbs:>8.0f} {gbs / PEAK_GBS:>8.0%}")
+    peer = os.path.join(out, "torch_scan.json")
+    if os.path.exists(peer) and bench:
+        with open(peer) as f:
+            t = json.load(f)
+        ours = sum(bench[k]["real_time"] for k in ("scan_forward/fp32/gpu_standard",
+                                                   "scan_backward/fp32/gpu_standard") if k in bench)
+        if ours > 0:
+            print(f"\n  scan fwd+bwd, gpu_standard fp32: ours {ours:.1f} us")
+            for key, label in (("eager_fwd_bwd_ms", "PyTorch eager loop"),
+                               ("compile_fwd_bwd_ms", "torch.compile loop")):
+                if key in t:
+                    print(f"    {label:<20} {t[key] * 1000:>10.1f} us  -> ours is {t[key] * 1000 / ours:.1f}x")
+            if "compile_error" in t:
+                print(f"    torch.compile failed: {t['compile_error']}")
+    failed = [n for n, rc, _ in steps if rc != 0]
+    print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
+          (f": {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build-gpu/out"))
