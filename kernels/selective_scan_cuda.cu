@@ -18,22 +18,6 @@ namespace {
 constexpr int kScanWarps = 8;
 constexpr int kChunk = cuda::kScanChunk;
 
-template <int kLanes>
-struct ScanLane {
-  static constexpr int kDPerWarp = 32 / kLanes;
-  static constexpr int kDPerBlock = kScanWarps * kDPerWarp;
-  int lane, warp, n, d;
-  bool dok, ok;
-  __device__ ScanLane(int D, int N) {
-    lane = int(threadIdx.x) & 31;
-    warp = int(threadIdx.x) >> 5;
-    n = lane % kLanes;
-    d = int(blockIdx.x) * kDPerBlock + warp * kDPerWarp + lane / kLanes;
-    dok = d < D;
-    ok = dok && n < N;
-  }
-};
-
 template <class DT>
 struct ScanArgs {
   const DT *u, *delta;
@@ -43,6 +27,28 @@ struct ScanArgs {
   const DT* z;
   bool softplus;
   int B, L, D, N;
+};
+
+// Where thread (b, d, n) is, and its channel's constants (zeros outside the problem).
+template <int kLanes>
+struct ScanLane {
+  static constexpr int kDPerWarp = 32 / kLanes;
+  static constexpr int kDPerBlock = kScanWarps * kDPerWarp;
+  int lane, warp, n, d;
+  bool dok, ok;
+  float A, Dd, bias;
+  template <class DT>
+  __device__ explicit ScanLane(const ScanArgs<DT>& a) {
+    lane = int(threadIdx.x) & 31;
+    warp = int(threadIdx.x) >> 5;
+    n = lane % kLanes;
+    d = int(blockIdx.x) * kDPerBlock + warp * kDPerWarp + lane / kLanes;
+    dok = d < a.D;
+    ok = dok && n < a.N;
+    A = ok ? a.A[size_t(d) * a.N + n] : 0.f;
+    Dd = (dok && a.Dskip) ? a.Dskip[d] : 0.f;
+    bias = (dok && a.delta_bias) ? a.delta_bias[d] : 0.f;
+  }
 };
 
 // The inputs of step t for thread q: u and the raw and final dt are per channel, Bn and Cn per
@@ -70,11 +76,9 @@ __device__ __forceinline__ StepIn load_step(const ScanArgs<DT>& a, const ScanLan
 template <class DT, int kLanes>
 __global__ void __launch_bounds__(kScanWarps * 32)
     scan_forward_kernel(ScanArgs<DT> a, DT* out, float* last_state) {
-  const ScanLane<kLanes> q(a.D, a.N);
+  const ScanLane<kLanes> q(a);
   const int b = int(blockIdx.y);
-  const float A = q.ok ? a.A[size_t(q.d) * a.N + q.n] : 0.f;
-  const float Dd = (q.dok && a.Dskip) ? a.Dskip[q.d] : 0.f;
-  const float bias = (q.dok && a.delta_bias) ? a.delta_bias[q.d] : 0.f;
+  const float A = q.A, Dd = q.Dd, bias = q.bias;
   float h = 0.f;
   for (int t = 0; t < a.L; ++t) {
     const size_t row = size_t(b) * a.L + t;
@@ -101,13 +105,11 @@ struct ScanGrads {
 template <class DT, int kLanes>
 __global__ void __launch_bounds__(kScanWarps * 32)
     scan_backward_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz, ScanGrads w) {
-  const ScanLane<kLanes> q(a.D, a.N);
+  const ScanLane<kLanes> q(a);
   const int b = int(blockIdx.y), tile = int(blockIdx.x);
   const int L = a.L, D = a.D, N = a.N;
   const int nchunk = (L + kChunk - 1) / kChunk;
-  const float A = q.ok ? a.A[size_t(q.d) * N + q.n] : 0.f;
-  const float Dd = (q.dok && a.Dskip) ? a.Dskip[q.d] : 0.f;
-  const float bias = (q.dok && a.delta_bias) ? a.delta_bias[q.d] : 0.f;
+  const float A = q.A, Dd = q.Dd, bias = q.bias;
   auto state_at = [&](int c) { return ((size_t(b) * nchunk + c) * D + q.d) * N + q.n; };
 
   // Pass 1: forward, keeping h at the start of every chunk.
@@ -205,11 +207,9 @@ __global__ void __launch_bounds__(kScanWarps * 32)
 template <class DT, int kLanes>
 __global__ void __launch_bounds__(kScanWarps * 32)
     scan_step_kernel(ScanArgs<DT> a, float* state, DT* out) {
-  const ScanLane<kLanes> q(a.D, a.N);
+  const ScanLane<kLanes> q(a);
   const int b = int(blockIdx.y);
-  const float A = q.ok ? a.A[size_t(q.d) * a.N + q.n] : 0.f;
-  const float Dd = (q.dok && a.Dskip) ? a.Dskip[q.d] : 0.f;
-  const float bias = (q.dok && a.delta_bias) ? a.delta_bias[q.d] : 0.f;
+  const float A = q.A, Dd = q.Dd, bias = q.bias;
   const StepIn s = load_step(a, q, size_t(b), bias);  // L = 1: row b
   const size_t si = (size_t(b) * a.D + q.d) * a.N + q.n;
   float h = q.ok ? state[si] : 0.f;

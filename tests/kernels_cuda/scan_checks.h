@@ -54,15 +54,22 @@ const U* up(Mem& mem, const std::vector<double>& v) {
   return v.empty() ? nullptr : mem.upload(elems<U>(v));
 }
 
+// The float64 CPU forward: out and the last state.
+template <class T>
+void scan_reference(const ScanShape& s, const ScanData<T>& d, std::vector<double>& out,
+                    std::vector<double>& last) {
+  selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
+                                 ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, out.data(),
+                                 last.data(), s.B, s.L, s.D, s.N);
+}
+
 template <class Ops, class Mem, class T>
 void check_scan_forward(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
   const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
   std::vector<double> ref(bld), ref_last(bdn);
-  selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
-                                 ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, ref.data(),
-                                 ref_last.data(), s.B, s.L, s.D, s.N);
+  scan_reference(s, d, ref, ref_last);
   Mem mem;
   T* out = mem.template alloc<T>(bld);
   float* last = mem.template alloc<float>(bdn);
@@ -128,9 +135,7 @@ void check_scan_step(const ScanShape& s, uint64_t seed) {
   const ScanData<T> d(s, seed);
   const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
   std::vector<double> ref(bld), ref_last(bdn);
-  selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
-                                 ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, ref.data(),
-                                 ref_last.data(), s.B, s.L, s.D, s.N);
+  scan_reference(s, d, ref, ref_last);
   auto frame = [&](const std::vector<double>& v, int t, int C) {
     std::vector<double> f;
     if (v.empty()) return f;
