@@ -18,6 +18,7 @@ STEPS=$OUT/steps.tsv
 : >"$STEPS"
 JOBS=$(nproc)
 ARCH=${GPU_CHECK_ARCH:-90}
+EXTRA=()
 
 # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records status and seconds.
 step() {
@@ -43,6 +44,8 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export LIBRARY_PATH=$LD_LIBRARY_PATH
   export CPATH=$DEPS/include${CPATH:+:$CPATH}
+  # Debian's libopenblas.so at the top level is an alternatives link that dpkg -x does not make.
+  EXTRA=(-DCMAKE_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu/openblas-pthread)
 fi
 # cuDNN and NCCL from PyTorch's wheels when the toolkit has none.
 for lib in cudnn nccl; do
@@ -51,7 +54,7 @@ for lib in cudnn nccl; do
     export ${up}_ROOT=$dir && export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
 
-CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH)
+CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH "${EXTRA[@]}")
 B=build-gpu
 MODE=full
 if ! step configure cmake -S . -B $B "${CONFIG[@]}"; then
