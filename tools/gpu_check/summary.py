@@ -16,8 +16,8 @@ def main(out):
             name, rc, secs = line.rstrip("\n").split("\t")
             steps.append((name, int(rc), int(secs)))
     mode = open(os.path.join(out, "mode.txt")).read().strip() if os.path.exists(
-        os.path.join(out, "mode.txt")) else "?"
-    print(f"\n=== gpu-check summary ({mode} build) ===")
+        os.path.join(out, "mode.txt")) else "no"
+    print(f"\n=== gpu-check summary: {mode} build ===")
     for name, rc, secs in steps:
         print(f"  {name:<24} {'ok' if rc == 0 else 'FAILED (rc %d)' % rc:<16} {secs:>5} s")
     bench = {}
