@@ -36,23 +36,7 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 // then takes dy of that output and recomputes the pre-activation instead of storing it.
 // Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
 namespace cuda {
-
-template <class T>
-void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B, int L,
-                           int C, int K, bool silu, cudaStream_t stream);
-
-size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
-
-// dx (=); dweight, dbias (+=, dbias may be null).
-template <class T>
-void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy, T* dx,
-                            float* dweight, float* dbias, void* workspace, int B, int L, int C,
-                            int K, bool silu, cudaStream_t stream);
-
-template <class T>
-void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias, T* y,
-                        int B, int C, int K, bool silu, cudaStream_t stream);
-
+#include "kernels/causal_conv1d_cuda.inc"
 }  // namespace cuda
 
 }  // namespace slipstream::kernels

@@ -2,6 +2,7 @@
 #include "kernels/elementwise.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "kernels/parallel.h"
@@ -57,12 +58,37 @@ void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, 
   });
 }
 
+template <class T>
+void add_bias_rows(T* y, const T* b, size_t M, size_t N) {
+  parallel_blocks(M, N, [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r)
+      for (size_t j = 0; j < N; ++j) y[r * N + j] += b[j];
+  });
+}
+
+template <class T>
+void neg_exp(const T* x, T* y, size_t n) {
+  blocked(n, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) y[i] = -std::exp(x[i]);
+  });
+}
+
+template <class T>
+void mul_accumulate(T* y, const T* a, const T* b, size_t n) {
+  blocked(n, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) y[i] += a[i] * b[i];
+  });
+}
+
 #define INSTANTIATE(T)                                                         \
   template void add<T>(const T*, const T*, T*, size_t);                        \
   template void add_inplace<T>(T*, const T*, size_t);                          \
   template void mul<T>(const T*, const T*, T*, size_t);                        \
   template void mul_backward<T>(const T*, const T*, const T*, T*, T*, size_t); \
-  template void copy_cols<T>(const T*, size_t, T*, size_t, size_t, size_t);
+  template void copy_cols<T>(const T*, size_t, T*, size_t, size_t, size_t);    \
+  template void add_bias_rows<T>(T*, const T*, size_t, size_t);                \
+  template void neg_exp<T>(const T*, T*, size_t);                              \
+  template void mul_accumulate<T>(T*, const T*, const T*, size_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_api.h"
+
 namespace slipstream::kernels {
 
 // C (M, N) = alpha * op(A) * op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K) with
@@ -38,5 +40,15 @@ void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, T* db, i
 // db (N) += sum over rows of dy (M, N) (bias gradients). Parallel over column blocks.
 template <class T>
 void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
+
+// The CUDA GEMMs (kernels/gemm_cuda.cu): cuBLASLt, the same row-major contract as gemm above,
+// FP32 accumulation and output. fp32 operands use true fp32 arithmetic (no TF32), so they match
+// the CPU to fp32 rounding; bf16 operands are the bf16 GEMM (tensor cores on sm_80+), equal to
+// gemm_bf16 up to summation order. The plan of each shape (layouts, alignment, the heuristic's
+// algorithm) is built once and cached, so the steady state makes no heuristic query and can be
+// captured in a CUDA graph. Errors throw std::runtime_error naming the cuBLASLt call.
+namespace cuda {
+#include "kernels/gemm_cuda.inc"
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

@@ -33,18 +33,7 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 // dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
 // over row blocks into workspace partials, then in a fixed order.
 namespace cuda {
-
-template <class T>
-void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
-                         float* rstd, size_t M, size_t D, float eps, cudaStream_t stream);
-
-size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
-
-template <class T>
-void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
-                          const T* dsum, T* ds, float* dweight, void* workspace, size_t M, size_t D,
-                          cudaStream_t stream);
-
+#include "kernels/rmsnorm_cuda.inc"
 }  // namespace cuda
 
 }  // namespace slipstream::kernels

@@ -71,32 +71,7 @@ void scan_softplus(const float* x, float* out, size_t n);
 // sums over channels (dBm, dCm) and over the batch (dA, dDskip, ddelta_bias) go through
 // per-block partials added in a fixed order, so results are deterministic.
 namespace cuda {
-
-inline constexpr int kScanMaxState = 32;
-inline constexpr int kScanChunk = 16;
-
-template <class T>
-void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
-                            const float* Dskip, const T* z, const float* delta_bias,
-                            bool delta_softplus, T* out, float* last_state, int B, int L, int D,
-                            int N, cudaStream_t stream);
-
-size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
-
-// Gradients as the CPU backward (=, and += for dA, dDskip, ddelta_bias); `workspace` holds
-// selective_scan_backward_workspace_bytes.
-template <class T>
-void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
-                             const float* Dskip, const T* z, const float* delta_bias,
-                             bool delta_softplus, const T* dout, T* du, T* ddelta, float* dA,
-                             T* dBm, T* dCm, float* dDskip, T* dz, float* ddelta_bias,
-                             void* workspace, int B, int L, int D, int N, cudaStream_t stream);
-
-template <class T>
-void selective_scan_step(float* state, const T* u, const T* delta, const float* A, const T* Bm,
-                         const T* Cm, const float* Dskip, const T* z, const float* delta_bias,
-                         bool delta_softplus, T* out, int B, int D, int N, cudaStream_t stream);
-
+#include "kernels/selective_scan_cuda.inc"
 }  // namespace cuda
 
 }  // namespace slipstream::kernels

@@ -109,6 +109,11 @@ inline float __expf(float x) {
 inline float __fdividef(float a, float b) {
   return a / b;
 }
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
 template <class T>
 T __ldg(const T* p) {
   return *p;

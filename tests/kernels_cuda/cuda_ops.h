@@ -2,28 +2,42 @@
 // `cuda_emulated` (the same sources compiled for the CPU emulator).
 #pragma once
 
-#define SLIPSTREAM_DEFINE_CUDA_OPS(Name, NS)                               \
-  struct Name {                                                            \
-    template <class T>                                                     \
-    static constexpr auto scan_forward = &NS::selective_scan_forward<T>;   \
-    template <class T>                                                     \
-    static constexpr auto scan_backward = &NS::selective_scan_backward<T>; \
-    template <class T>                                                     \
-    static constexpr auto scan_step = &NS::selective_scan_step<T>;         \
-    static constexpr auto scan_backward_workspace_bytes =                  \
-        &NS::selective_scan_backward_workspace_bytes;                      \
-    template <class T>                                                     \
-    static constexpr auto conv_forward = &NS::causal_conv1d_forward<T>;    \
-    template <class T>                                                     \
-    static constexpr auto conv_backward = &NS::causal_conv1d_backward<T>;  \
-    template <class T>                                                     \
-    static constexpr auto conv_step = &NS::causal_conv1d_step<T>;          \
-    static constexpr auto conv_backward_workspace_bytes =                  \
-        &NS::causal_conv1d_backward_workspace_bytes;                       \
-    template <class T>                                                     \
-    static constexpr auto rms_forward = &NS::rmsnorm_add_forward<T>;       \
-    template <class T>                                                     \
-    static constexpr auto rms_backward = &NS::rmsnorm_add_backward<T>;     \
-    static constexpr auto rms_backward_workspace_bytes =                   \
-        &NS::rmsnorm_add_backward_workspace_bytes;                         \
+#define SLIPSTREAM_DEFINE_CUDA_OPS(Name, NS)                                                       \
+  struct Name {                                                                                    \
+    template <class T>                                                                             \
+    static constexpr auto scan_forward = &NS::selective_scan_forward<T>;                           \
+    template <class T>                                                                             \
+    static constexpr auto scan_backward = &NS::selective_scan_backward<T>;                         \
+    template <class T>                                                                             \
+    static constexpr auto scan_step = &NS::selective_scan_step<T>;                                 \
+    static constexpr auto scan_backward_workspace_bytes =                                          \
+        &NS::selective_scan_backward_workspace_bytes;                                              \
+    template <class T>                                                                             \
+    static constexpr auto conv_forward = &NS::causal_conv1d_forward<T>;                            \
+    template <class T>                                                                             \
+    static constexpr auto conv_backward = &NS::causal_conv1d_backward<T>;                          \
+    template <class T>                                                                             \
+    static constexpr auto conv_step = &NS::causal_conv1d_step<T>;                                  \
+    static constexpr auto conv_backward_workspace_bytes =                                          \
+        &NS::causal_conv1d_backward_workspace_bytes;                                               \
+    template <class T>                                                                             \
+    static constexpr auto rms_forward = &NS::rmsnorm_add_forward<T>;                               \
+    template <class T>                                                                             \
+    static constexpr auto rms_backward = &NS::rmsnorm_add_backward<T>;                             \
+    static constexpr auto rms_backward_workspace_bytes =                                           \
+        &NS::rmsnorm_add_backward_workspace_bytes;                                                 \
+    static constexpr auto add_inplace = &NS::add_inplace<float>;                                   \
+    static constexpr auto copy_cols = &NS::copy_cols<float>;                                       \
+    static constexpr auto add_bias_rows = &NS::add_bias_rows;                                      \
+    static constexpr auto neg_exp = &NS::neg_exp;                                                  \
+    static constexpr auto mul_accumulate = &NS::mul_accumulate;                                    \
+    static constexpr auto fill = &NS::fill;                                                        \
+    static constexpr auto copy_bytes = &NS::copy_bytes;                                            \
+    static constexpr auto to_bf16 = &NS::fp32_to_bf16;                                             \
+    static constexpr auto column_sum = &NS::column_sum_accumulate;                                 \
+    static constexpr auto column_sum_workspace_bytes = &NS::column_sum_accumulate_workspace_bytes; \
+    template <class... Args>                                                                       \
+    static void gemm(Args... args) {                                                               \
+      NS::gemm(args...);                                                                           \
+    }                                                                                              \
   }

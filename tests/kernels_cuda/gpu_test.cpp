@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #if SLIPSTREAM_KERNELS_CUDA
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "kernels/selective_scan.h"
 #include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/cuda_ops.h"
+#include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
@@ -31,6 +33,7 @@ class CudaMemory {
   CudaMemory() { cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
   ~CudaMemory() {
     cudaStreamSynchronize(stream_);
+    if (lt_) cublasLtDestroy(lt_);
     for (void* p : ptrs_) cudaFree(p);
     cudaStreamDestroy(stream_);
   }
@@ -65,9 +68,21 @@ class CudaMemory {
     cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after the kernels");
   }
   cudaStream_t stream() const { return stream_; }
+  // A cuBLASLt handle and 32 MiB of workspace, made on first use.
+  cuda::GemmContext gemm_context() {
+    if (!lt_) {
+      if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
+      ctx_.lt_handle = lt_;
+      ctx_.workspace_bytes = size_t{32} << 20;
+      ctx_.workspace = alloc_bytes(ctx_.workspace_bytes);
+    }
+    return ctx_;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  cuda::GemmContext ctx_;
   std::vector<void*> ptrs_;
 };
 
@@ -168,6 +183,26 @@ TEST(GpuRmsNorm, ForwardAndBackwardMatchCpu) {
     check_rmsnorm<Ops, Mem, bfloat16>(s, seed++);
   }
   check_rmsnorm<Ops, Mem, float>({256 * 60, 128}, seed++);
+}
+
+TEST(GpuElementwise, MatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 301;
+  for (auto [M, N] : {std::pair<size_t, size_t>{1, 1}, {37, 40}, {300, 7}, {256 * 60, 256}})
+    check_elementwise<Ops, Mem>(M, N, seed++);
+  check_bf16_rounding<Ops, Mem>(311);
+}
+
+TEST(GpuGemm, CublasLtMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 321;
+  auto shapes = gemm_shapes();
+  shapes.push_back({false, true, 256 * 60, 512, 128, 0.0, 0});  // gpu_standard in_proj
+  shapes.push_back({true, false, 512, 128, 256 * 60, 1.0, 0});  // its weight gradient
+  for (const auto& s : shapes) {
+    check_gemm<Ops, Mem, float>(s, seed++);
+    check_gemm<Ops, Mem, bfloat16>(s, seed++);
+  }
 }
 
 TEST(GpuScan, BadStateSizeNamesTheOp) {

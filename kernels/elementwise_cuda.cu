@@ -1,0 +1,184 @@
+// The elementwise and copy operations between the model's kernels, on CUDA; math of the CPU
+// references (kernels/elementwise_cpu.cpp, gemm_cpu.cpp's column_sum_accumulate, bf16.h's
+// rounding), against which they are tested. Grid-stride loops: one launch covers any n.
+#include "kernels/cuda_common.cuh"
+#include "kernels/elementwise.h"
+
+#include <cstring>
+
+namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kMaxBlocks = 4096;
+constexpr int kSumCols = 32;          // columns per column-sum block (one warp wide)
+constexpr int kSumRows = 8;           // row lanes per column-sum block
+constexpr size_t kSumRowBlock = 256;  // rows per column-sum partial
+
+dim3 grid_for(size_t n) {
+  const size_t blocks = (n + kThreads - 1) / kThreads;
+  return dim3(unsigned(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks));
+}
+
+__device__ __forceinline__ size_t grid_start() {
+  return size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ size_t grid_stride() {
+  return size_t(gridDim.x) * blockDim.x;
+}
+
+template <class DT>
+__global__ void add_inplace_kernel(DT* y, const DT* a, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride())
+    y[i] = from_f32<DT>(to_f32(y[i]) + to_f32(a[i]));
+}
+
+template <class DT>
+__global__ void copy_cols_kernel(const DT* src, size_t src_ld, DT* dst, size_t dst_ld, size_t rows,
+                                 size_t cols) {
+  const size_t n = rows * cols;
+  for (size_t i = grid_start(); i < n; i += grid_stride()) {
+    const size_t r = i / cols, c = i - r * cols;
+    dst[r * dst_ld + c] = src[r * src_ld + c];
+  }
+}
+
+__global__ void add_bias_rows_kernel(float* y, const float* b, size_t M, size_t N) {
+  const size_t n = M * N;
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += b[i % N];
+}
+
+__global__ void neg_exp_kernel(const float* x, float* y, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = -expf(x[i]);
+}
+
+__global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += a[i] * b[i];
+}
+
+__global__ void fill_kernel(float* y, float value, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = value;
+}
+
+// kernels/bf16.h's fp32_to_bf16, bit for bit.
+__global__ void fp32_to_bf16_kernel(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) {
+    unsigned u = __float_as_uint(src[i]);
+    uint16_t h;
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+      h = uint16_t((u >> 16) | 0x0040u);
+    else if ((u & 0x7f800000u) == 0)
+      h = uint16_t((u >> 16) & 0x8000u);
+    else
+      h = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    dst[i] = h;
+  }
+}
+
+// Partial column sums of rows [blockIdx.y * kSumRowBlock, +kSumRowBlock): each of the kSumRows
+// lanes of a column sums every kSumRows-th row, then lane 0 adds the lanes in order.
+__global__ void __launch_bounds__(kSumCols* kSumRows)
+    column_partials_kernel(const float* dy, float* part, size_t M, size_t N) {
+  __shared__ float lanes[kSumRows][kSumCols];
+  const size_t j = size_t(blockIdx.x) * kSumCols + threadIdx.x;
+  const size_t r0 = size_t(blockIdx.y) * kSumRowBlock;
+  const size_t r1 = M < r0 + kSumRowBlock ? M : r0 + kSumRowBlock;
+  float acc = 0.f;
+  if (j < N)
+    for (size_t i = r0 + threadIdx.y; i < r1; i += kSumRows) acc += dy[i * N + j];
+  lanes[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < N) {
+    float s = 0.f;
+    for (int k = 0; k < kSumRows; ++k) s += lanes[k][threadIdx.x];
+    part[size_t(blockIdx.y) * N + j] = s;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void add_inplace(T* y, const T* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const auto kernel = &add_inplace_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, grid_for(n), dim3(kThreads), stream, dev(y), dev(a), n);
+  check_launch("add_inplace");
+}
+
+template <class T>
+void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, size_t cols,
+               cudaStream_t stream) {
+  if (rows * cols == 0) return;
+  const auto kernel = &copy_cols_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, grid_for(rows * cols), dim3(kThreads), stream, dev(src), src_ld,
+                    dev(dst), dst_ld, rows, cols);
+  check_launch("copy_cols");
+}
+
+void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream) {
+  if (M * N == 0) return;
+  SLIPSTREAM_LAUNCH(add_bias_rows_kernel, grid_for(M * N), dim3(kThreads), stream, y, b, M, N);
+  check_launch("add_bias_rows");
+}
+
+void neg_exp(const float* x, float* y, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(neg_exp_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
+  check_launch("neg_exp");
+}
+
+void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(mul_accumulate_kernel, grid_for(n), dim3(kThreads), stream, y, a, b, n);
+  check_launch("mul_accumulate");
+}
+
+void fill(float* y, float value, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(fill_kernel, grid_for(n), dim3(kThreads), stream, y, value, n);
+  check_launch("fill");
+}
+
+void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(fp32_to_bf16_kernel, grid_for(n), dim3(kThreads), stream, src,
+                    reinterpret_cast<uint16_t*>(dst), n);
+  check_launch("fp32_to_bf16");
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return;
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+#else
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("copy_bytes: cudaMemcpyAsync failed: ") +
+                             cudaGetErrorString(e));
+#endif
+}
+
+size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N) {
+  return ((M + kSumRowBlock - 1) / kSumRowBlock) * N * sizeof(float);
+}
+
+void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
+                           cudaStream_t stream) {
+  if (M == 0 || N == 0) return;
+  const unsigned row_blocks = ceil_div(M, kSumRowBlock);
+  float* part = static_cast<float*>(workspace);
+  SLIPSTREAM_LAUNCH(column_partials_kernel, dim3(ceil_div(N, kSumCols), row_blocks),
+                    dim3(kSumCols, kSumRows), stream, dy, part, M, N);
+  check_launch("column_sum_accumulate");
+  sum_partials(part, int(row_blocks), N, db, true, stream, "column_sum_accumulate");
+}
+
+template void add_inplace<float>(float*, const float*, size_t, cudaStream_t);
+template void add_inplace<bfloat16>(bfloat16*, const bfloat16*, size_t, cudaStream_t);
+template void copy_cols<float>(const float*, size_t, float*, size_t, size_t, size_t, cudaStream_t);
+template void copy_cols<bfloat16>(const bfloat16*, size_t, bfloat16*, size_t, size_t, size_t,
+                                  cudaStream_t);
+
+}  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -1,0 +1,33 @@
+// The CUDA GEMM entry points for emulated runs: cuBLASLt cannot run on the CPU, so the
+// emulated namespace multiplies with the CPU references (kernels/gemm_cpu.cpp). Same contract
+// as kernels::cuda::gemm; bf16 operands are widened exactly, as cuBLASLt does, and accumulated
+// in fp32 (summation order differs from the device's, within fp32 rounding).
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/emulation/emulated_kernels.h"
+#include "kernels/gemm.h"
+
+namespace slipstream::kernels::cuda_emulated {
+
+void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
+          cudaStream_t stream) {
+  (void)ctx, (void)stream;
+  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (M == 0 || N == 0) return;
+  kernels::gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta, float* C, int ldc,
+          cudaStream_t stream) {
+  (void)ctx, (void)stream;
+  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative dimension");
+  if (M == 0 || N == 0) return;
+  std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
+  gemm_bf16(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda,
+            reinterpret_cast<const uint16_t*>(B), ldb, beta, C, ldc, ws.data());
+}
+
+}  // namespace slipstream::kernels::cuda_emulated
