@@ -584,6 +584,12 @@ int port_index(const Ports& ports, std::string_view port, const std::string& sta
 }
 }  // namespace
 
+const ExecContext& StageContext::exec() const {
+  if (run_->exec) return *run_->exec;
+  static const ExecContext cpu(Device::cpu());
+  return cpu;
+}
+
 int StageContext::slot_of_input(std::string_view port) const {
   return input_slots_[port_index(schema_->inputs(), port, name_, "input")];
 }

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/exec_context.h"
 #include "engine/params.h"
 #include "engine/schema.h"
 #include "engine/tensor.h"
@@ -49,6 +50,8 @@ enum class Precision { fp32, bf16 };
 // Run-wide state every stage can read; owned by the runner.
 struct RunState {
   Device device;
+  // Where ops are issued (stream, cuBLASLt) on `device`; set by the runner. Null means the CPU.
+  std::shared_ptr<ExecContext> exec;
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
   bool training = true;  // false during validation passes
@@ -130,6 +133,8 @@ class StageContext {
   const Params& params() const { return params_; }
   RunState& run() const { return *run_; }
   const Device& device() const { return run_->device; }
+  // The execution context of the run's device (a CPU one when the run has none).
+  const ExecContext& exec() const;
   int concurrency() const { return concurrency_; }
 
   // ---- setup time ----

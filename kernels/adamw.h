@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_api.h"
+
 namespace slipstream::kernels {
 
 // One AdamW step (PyTorch torch.optim.AdamW semantics, amsgrad off) on n elements, in place:
@@ -26,5 +28,10 @@ double global_norm_sq(const T* x, size_t n);
 // x *= s (gradient clipping: s = max_norm / max(norm, max_norm)).
 template <class T>
 void scale_inplace(T* x, size_t n, T s);
+
+// The fused multi-tensor AdamW on CUDA (kernels/adamw_cuda.cu).
+namespace cuda {
+#include "kernels/adamw_cuda.inc"
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

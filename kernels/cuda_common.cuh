@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +12,7 @@
 
 #if defined(SLIPSTREAM_CUDA_EMULATION)
 #include "kernels/emulation/cuda_emulator.h"
+#include "kernels/emulation/emulated_kernels.h"  // the entry points' types in cuda_emulated
 #define SLIPSTREAM_KERNEL_NS cuda_emulated
 // kernel(args...) for every thread of the grid, on the CPU.
 #define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
@@ -89,6 +91,15 @@ __device__ __forceinline__ float siluf_(float x) {
 __device__ __forceinline__ float silu_gradf_(float x) {
   const float s = sigmoidf_(x);
   return s * (1.0f + x * (1.0f - s));
+}
+
+// kernels/bf16.h's fp32_to_bf16, bit for bit (nearest-even, NaN quietened, denormals to
+// zero), so device and CPU round the same operands the same way.
+__device__ __forceinline__ uint16_t fp32_to_bf16_bits(float f) {
+  const unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);
+  if ((u & 0x7f800000u) == 0) return uint16_t((u >> 16) & 0x8000u);
+  return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 inline unsigned ceil_div(size_t a, size_t b) {

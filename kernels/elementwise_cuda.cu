@@ -61,19 +61,8 @@ __global__ void fill_kernel(float* y, float value, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = value;
 }
 
-// kernels/bf16.h's fp32_to_bf16, bit for bit.
 __global__ void fp32_to_bf16_kernel(const float* src, uint16_t* dst, size_t n) {
-  for (size_t i = grid_start(); i < n; i += grid_stride()) {
-    unsigned u = __float_as_uint(src[i]);
-    uint16_t h;
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-      h = uint16_t((u >> 16) | 0x0040u);
-    else if ((u & 0x7f800000u) == 0)
-      h = uint16_t((u >> 16) & 0x8000u);
-    else
-      h = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    dst[i] = h;
-  }
+  for (size_t i = grid_start(); i < n; i += grid_stride()) dst[i] = fp32_to_bf16_bits(src[i]);
 }
 
 // Partial column sums of rows [blockIdx.y * kSumRowBlock, +kSumRowBlock): each of the kSumRows

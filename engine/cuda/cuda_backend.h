@@ -29,6 +29,13 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
           size_t bytes);
 void zero(void* dst, const Device& device, size_t bytes);
 
+// The execution context's resources (engine/exec_context.h). Streams are non-blocking.
+void* create_stream(int index);
+void destroy_stream(void* stream);
+void synchronize_stream(int index, void* stream);  // throws naming the failed work's error
+void* create_blaslt(int index);                    // cublasLtHandle_t
+void destroy_blaslt(void* handle);
+
 // Launches a kernel that writes known values and checks them on the host (engine/cuda/
 // probe_kernel.cu). Returns "" on success, else what went wrong.
 std::string run_probe_kernel(int index);

@@ -1,4 +1,5 @@
 // Probing the CUDA runtime and driver, library versions, pinned memory and synchronous copies.
+#include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
@@ -160,6 +161,38 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
 void zero(void* dst, const Device& device, size_t bytes) {
   DeviceGuard guard(device.index);
   check(cudaMemset(dst, 0, bytes), "cudaMemset", device.str() + ", " + format_bytes(bytes));
+}
+
+void* create_stream(int index) {
+  DeviceGuard guard(index);
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags",
+        "cuda:" + std::to_string(index));
+  return s;
+}
+
+void destroy_stream(void* stream) {
+  if (cudaStreamDestroy(static_cast<cudaStream_t>(stream)) != cudaSuccess) cudaGetLastError();
+}
+
+void synchronize_stream(int index, void* stream) {
+  DeviceGuard guard(index);
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize",
+        "the work enqueued on cuda:" + std::to_string(index) + "'s compute stream");
+}
+
+void* create_blaslt(int index) {
+  DeviceGuard guard(index);
+  cublasLtHandle_t h = nullptr;
+  const cublasStatus_t st = cublasLtCreate(&h);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cublasLtCreate failed on cuda:") + std::to_string(index) +
+                             ": " + cublasLtGetStatusString(st));
+  return h;
+}
+
+void destroy_blaslt(void* handle) {
+  cublasLtDestroy(static_cast<cublasLtHandle_t>(handle));
 }
 
 }  // namespace slipstream::cuda_rt

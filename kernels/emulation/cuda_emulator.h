@@ -109,6 +109,8 @@ inline float __expf(float x) {
 inline float __fdividef(float a, float b) {
   return a / b;
 }
+using std::isfinite;
+
 inline unsigned __float_as_uint(float x) {
   unsigned u;
   std::memcpy(&u, &x, 4);

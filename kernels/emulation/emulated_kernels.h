@@ -9,6 +9,7 @@
 #include "kernels/cuda_api.h"
 
 namespace slipstream::kernels::cuda_emulated {
+#include "kernels/adamw_cuda.inc"
 #include "kernels/causal_conv1d_cuda.inc"
 #include "kernels/elementwise_cuda.inc"
 #include "kernels/gemm_cuda.inc"

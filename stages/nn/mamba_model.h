@@ -1,6 +1,7 @@
-// The Mamba-1 sequence model (mamba-ssm's MixerModel without the embedding) as plain math on raw
-// pointers, templated on T so tests can finite-difference the double instance; the `mamba` stage
-// wraps the float one.
+// The Mamba-1 sequence model (mamba-ssm's MixerModel without the embedding) as math on raw
+// pointers over a set of ops (model_ops.h): CpuOps<T> runs it on the CPU, T = double for the
+// finite-difference tests and float for the stage; DeviceOps (device_ops.h) runs the same code
+// on a CUDA device, every op enqueued on one stream.
 //
 //   h_0 = x W_inᵀ + b_in (only when Din != d_model; else h_0 = x)
 //   h_{l+1} = h_l + Mixer_l(RMSNorm_l(h_l)),  y = RMSNorm_f(h_L)
@@ -9,8 +10,9 @@
 //          delta_bias = dt_proj.bias, softplus); out_proj(s)
 //
 // Weights, gradients and bf16 shadows live in flat buffers addressed through layout() (names
-// and shapes are mamba-ssm's). All activations and scratch are sized by resize(B, L); forward
-// and backward allocate nothing.
+// and shapes are mamba-ssm's), on the ops' device. All activations and scratch are sized by
+// resize(B, L) from the device's pool; forward and backward allocate nothing and never wait
+// for the device.
 #pragma once
 
 #include <algorithm>
@@ -22,13 +24,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels/activations.h"
-#include "kernels/bf16.h"
-#include "kernels/causal_conv1d.h"
-#include "kernels/elementwise.h"
+#include "engine/tensor.h"
 #include "kernels/gemm.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/selective_scan.h"
+#include "stages/nn/model_ops.h"
 #include "stages/nn/param_layout.h"
 
 namespace slipstream::nn {
@@ -125,15 +123,18 @@ void mamba_init(const MambaConfig& c, const MambaLayout& lay, T* p, uint64_t see
   fill(lay.norm_f, dm, 1.0);
 }
 
-template <class T>
+template <class T, class Ops = CpuOps<T>>
 class MambaModel {
+  static_assert(std::is_same_v<T, typename Ops::Scalar>, "the ops compute in T");
+
  public:
-  explicit MambaModel(const MambaConfig& c) : c_(c), lay_(c) {
+  explicit MambaModel(const MambaConfig& c, Ops ops = Ops()) : c_(c), lay_(c), ops_(ops) {
     if (c.d_model < 1 || c.din < 1 || c.layers < 1 || c.d_state < 1 || c.expand < 1)
       throw std::invalid_argument("mamba: dimensions must be positive");
-    if (c.d_state > kernels::kScanMaxState)
+    if (c.d_state > Ops::kMaxState)
       throw std::invalid_argument("mamba: d_state must be at most " +
-                                  std::to_string(kernels::kScanMaxState));
+                                  std::to_string(Ops::kMaxState) + " on " + ops.device().str() +
+                                  ", got " + std::to_string(c.d_state));
     if (c.d_conv < 1 || c.d_conv > kernels::kConvMaxWidth)
       throw std::invalid_argument("mamba: d_conv must be in [1, " +
                                   std::to_string(kernels::kConvMaxWidth) + "]");
@@ -141,6 +142,7 @@ class MambaModel {
 
   const MambaConfig& config() const { return c_; }
   const MambaLayout& layout() const { return lay_; }
+  const Ops& ops() const { return ops_; }
   int batch() const { return B_; }
   int length() const { return L_; }
 
@@ -152,59 +154,59 @@ class MambaModel {
     B_ = B, L_ = L, bf16_ = bf16;
     const size_t M = static_cast<size_t>(B) * static_cast<size_t>(L);
     const size_t dm = dm_(), di = di_(), N = N_(), P = P_(), nl = static_cast<size_t>(c_.layers);
-    h_.assign((nl + 1) * M * dm, T(0));
-    rstd_.assign(nl * M, T(0));
-    xn_.assign(nl * M * dm, T(0));
-    xz_.assign(M * 2 * di, T(0));  // split into xc/z at once: no per-layer copy kept
-    xc_.assign(nl * M * di, T(0));
-    z_.assign(nl * M * di, T(0));
-    conv_.assign(nl * M * di, T(0));
-    u_.assign(nl * M * di, T(0));
-    dbc_.assign(nl * M * P, T(0));
-    delta_.assign(nl * M * di, T(0));
-    Bm_.assign(nl * M * N, T(0));
-    Cm_.assign(nl * M * N, T(0));
-    ys_.assign(nl * M * di, T(0));
-    A_.assign(nl * di * N, T(0));
-    rstd_f_.assign(M, T(0));
+    buffers_.clear();
+    h_ = buf((nl + 1) * M * dm, "mamba residual stream");
+    rstd_ = buf(nl * M, "mamba norm statistics");
+    xn_ = buf(nl * M * dm, "mamba normed input");
+    xz_ = buf(M * 2 * di, "mamba in_proj output");  // split at once: no per-layer copy
+    xc_ = buf(nl * M * di, "mamba conv input");
+    z_ = buf(nl * M * di, "mamba gate");
+    conv_ = buf(Ops::kSavesConvInput ? nl * M * di : 0, "mamba conv output");
+    u_ = buf(nl * M * di, "mamba scan input");
+    dbc_ = buf(nl * M * P, "mamba x_proj output");
+    delta_ = buf(nl * M * di, "mamba delta");
+    Bm_ = buf(nl * M * N, "mamba B");
+    Cm_ = buf(nl * M * N, "mamba C");
+    ys_ = buf(nl * M * di, "mamba scan output");
+    A_ = buf(nl * di * N, "mamba A");
+    rstd_f_ = buf(M, "mamba final norm statistics");
     // Backward scratch.
-    dh_.assign(M * dm, T(0));
-    dxn_.assign(M * dm, T(0));
-    dxz_.assign(M * 2 * di, T(0));
-    dys_.assign(M * di, T(0));
-    du_.assign(M * di, T(0));
-    ddelta_.assign(M * di, T(0));
-    dz_.assign(M * di, T(0));
-    dconv_.assign(M * di, T(0));
-    dxc_.assign(M * di, T(0));
-    dBm_.assign(M * N, T(0));
-    dCm_.assign(M * N, T(0));
-    ddbc_.assign(M * P, T(0));
-    dA_.assign(di * N, T(0));
-    scan_ws_.assign(kernels::selective_scan_backward_workspace_elems(B, L, static_cast<int>(di),
-                                                                     static_cast<int>(N)),
-                    T(0));
+    dh_ = buf(M * dm, "mamba gradient");
+    dxn_ = buf(M * dm, "mamba gradient");
+    dxz_ = buf(M * 2 * di, "mamba gradient");
+    dys_ = buf(M * di, "mamba gradient");
+    du_ = buf(M * di, "mamba gradient");
+    ddelta_ = buf(M * di, "mamba gradient");
+    dz_ = buf(M * di, "mamba gradient");
+    dconv_ = buf(Ops::kSavesConvInput ? M * di : 0, "mamba gradient");
+    dxc_ = buf(M * di, "mamba gradient");
+    dBm_ = buf(M * N, "mamba gradient");
+    dCm_ = buf(M * N, "mamba gradient");
+    ddbc_ = buf(M * P, "mamba gradient");
+    dA_ = buf(di * N, "mamba gradient");
+    const size_t din = static_cast<size_t>(c_.din);
+    ScratchNeeds need;
+    need.B = B, need.L = L, need.channels = static_cast<int>(di), need.state = static_cast<int>(N);
+    need.conv_width = c_.d_conv, need.norm_rows = M, need.norm_cols = dm;
     if (bf16) {
-      const size_t din = static_cast<size_t>(c_.din);
-      xin_bf_.assign(c_.has_input_proj() ? M * din : 0, 0);
-      xn_bf_.assign(nl * M * dm, 0);
-      u_bf_.assign(nl * M * di, 0);
-      dbc_bf_.assign(nl * M * P, 0);
-      ys_bf_.assign(nl * M * di, 0);
-      dy_bf_.assign(M * std::max({2 * di, dm, P}), 0);
-      // gemm_bf16 widens op(A) and op(B): the largest M·K + K·N over all products.
-      size_t ws = 0;
-      auto lin = [&](size_t in, size_t out) { ws = std::max(ws, M * (in + out) + in * out); };
+      // gemm_bf16 on the CPU widens op(A) and op(B): the largest M·K + K·N over all products.
+      auto lin = [&](size_t in, size_t out) {
+        need.gemm_ws_elems = std::max(need.gemm_ws_elems, M * (in + out) + in * out);
+      };
       lin(din, dm);
       lin(dm, 2 * di);
       lin(di, P);
       lin(static_cast<size_t>(c_.rank()), di);
       lin(di, dm);
-      gemm_ws_.assign(ws, 0.0f);
-    } else {
-      xin_bf_.clear(), xn_bf_.clear(), u_bf_.clear(), dbc_bf_.clear(), ys_bf_.clear();
-      dy_bf_.clear(), gemm_ws_.clear();
     }
+    scratch_t_ = ops_.template alloc<uint8_t>(ops_.scratch_bytes(need), "mamba scratch");
+    scratch_ = scratch_t_.numel() ? scratch_t_.raw() : nullptr;
+    xin_bf_ = bbuf(bf16 && c_.has_input_proj() ? M * din : 0, "mamba bf16 input");
+    xn_bf_ = bbuf(bf16 ? nl * M * dm : 0, "mamba bf16 activations");
+    u_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
+    dbc_bf_ = bbuf(bf16 ? nl * M * P : 0, "mamba bf16 activations");
+    ys_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
+    dy_bf_ = bbuf(bf16 ? M * std::max({2 * di, dm, P}) : 0, "mamba bf16 gradients");
   }
 
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by
@@ -214,45 +216,43 @@ class MambaModel {
     const int M = B_ * L_, dm = c_.d_model, di = c_.d_inner(), N = c_.d_state, R = c_.rank();
     const int P = R + 2 * N;
     const size_t Ms = static_cast<size_t>(M);
-    T* h0 = h_.data();
+    T* h0 = h_;
     if (c_.has_input_proj()) {
-      const uint16_t* xb = round(x, xin_bf_.data(), Ms * static_cast<size_t>(c_.din), wb);
+      const uint16_t* xb = round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
       mm(false, true, M, dm, c_.din, x, xb, c_.din, w + lay_.input_proj_w,
          bf(wb, lay_.input_proj_w), c_.din, T(0), h0, dm);
-      add_bias_rows(h0, w + lay_.input_proj_b, Ms, static_cast<size_t>(dm));
+      ops_.add_bias_rows(h0, w + lay_.input_proj_b, Ms, static_cast<size_t>(dm));
     } else {
-      std::memcpy(h0, x, Ms * dm_() * sizeof(T));
+      ops_.copy(h0, x, Ms * dm_());
     }
     for (int l = 0; l < c_.layers; ++l) {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
       T* hn = a.h + Ms * dm_();
-      kernels::rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), T(c_.eps));
+      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps);
       const uint16_t* xnb = round(a.xn, a.xn_bf, Ms * dm_(), wb);
       mm(false, true, M, 2 * di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
-         xz_.data(), 2 * di);
-      kernels::copy_cols(xz_.data(), 2 * di_(), a.xc, di_(), Ms, di_());
-      kernels::copy_cols(xz_.data() + di, 2 * di_(), a.z, di_(), Ms, di_());
-      kernels::causal_conv1d_forward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, B_, L_, di,
-                                     c_.d_conv);
-      kernels::silu_forward(a.conv, a.u, Ms * di_());
+         xz_, 2 * di);
+      ops_.copy_cols(xz_, 2 * di_(), a.xc, di_(), Ms, di_());
+      ops_.copy_cols(xz_ + di, 2 * di_(), a.z, di_(), Ms, di_());
+      ops_.conv_silu_forward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_, di,
+                             c_.d_conv);
       const uint16_t* ub = round(a.u, a.u_bf, Ms * di_(), wb);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
       mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
-      kernels::copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
-      kernels::copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
-      const T* A_log = w + Lw.A_log;
-      for (size_t i = 0; i < di_() * N_(); ++i) a.A[i] = -std::exp(A_log[i]);
-      kernels::selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                      true, a.ys, static_cast<T*>(nullptr), B_, L_, di, N);
+      ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
+      ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
+      ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
+      ops_.scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, a.ys, B_, L_, di,
+                        N);
       const uint16_t* ysb = round(a.ys, a.ys_bf, Ms * di_(), wb);
-      std::memcpy(hn, a.h, Ms * dm_() * sizeof(T));  // residual; out_proj accumulates onto it
+      ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }
-    kernels::rmsnorm_forward(h_.data() + static_cast<size_t>(c_.layers) * Ms * dm_(),
-                             w + lay_.norm_f, y, rstd_f_.data(), Ms, dm_(), T(c_.eps));
+    ops_.rmsnorm_forward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f, y,
+                         rstd_f_, Ms, dm_(), c_.eps);
   }
 
   // After forward on the same x: dy (B, L, d_model) -> dx (=, may be null when not wanted);
@@ -262,52 +262,47 @@ class MambaModel {
     const int M = B_ * L_, dm = c_.d_model, di = c_.d_inner(), N = c_.d_state, R = c_.rank();
     const int P = R + 2 * N;
     const size_t Ms = static_cast<size_t>(M);
-    T* dh = dh_.data();
-    kernels::rmsnorm_backward(h_.data() + static_cast<size_t>(c_.layers) * Ms * dm_(),
-                              w + lay_.norm_f, rstd_f_.data(), dy, dh, g + lay_.norm_f, Ms, dm_());
-    uint16_t* dyb = dy_bf_.empty() ? nullptr : dy_bf_.data();
+    T* dh = dh_;
+    ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
+                          rstd_f_, dy, nullptr, dh, g + lay_.norm_f, Ms, dm_(), scratch_);
+    uint16_t* dyb = dy_bf_;
     for (int l = c_.layers - 1; l >= 0; --l) {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
       // out_proj: hn = h + ys W_outᵀ; the residual passes dh through unchanged.
       const uint16_t* dhb = round(dh, dyb, Ms * dm_(), wb);
-      mm(false, false, M, di, dm, dh, dhb, dm, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(0),
-         dys_.data(), di);
+      mm(false, false, M, di, dm, dh, dhb, dm, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(0), dys_,
+         di);
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
       // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
-      std::fill(dA_.begin(), dA_.end(), T(0));
-      kernels::selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                       true, dys_.data(), du_.data(), ddelta_.data(), dA_.data(),
-                                       dBm_.data(), dCm_.data(), g + Lw.D, dz_.data(), g + Lw.dt_b,
-                                       scan_ws_.data(), B_, L_, di, N);
-      T* gA = g + Lw.A_log;
-      for (size_t i = 0; i < di_() * N_(); ++i) gA[i] += dA_[i] * a.A[i];
+      ops_.zero(dA_, di_() * N_());
+      ops_.scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, dys_, du_,
+                         ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di,
+                         N);
+      ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
-      const uint16_t* ddb = round(ddelta_.data(), dyb, Ms * di_(), wb);
-      mm(false, false, M, R, di, ddelta_.data(), ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0),
-         ddbc_.data(), P);
-      mm(true, false, di, R, M, ddelta_.data(), ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
-      kernels::copy_cols(dBm_.data(), N_(), ddbc_.data() + R, P_(), Ms, N_());
-      kernels::copy_cols(dCm_.data(), N_(), ddbc_.data() + R + N, P_(), Ms, N_());
+      const uint16_t* ddb = round(ddelta_, dyb, Ms * di_(), wb);
+      mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
+      mm(true, false, di, R, M, ddelta_, ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
+      ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
+      ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
       // x_proj: dbc = u W_xᵀ; u also feeds the scan, so its gradient adds onto du.
-      const uint16_t* dpb = round(ddbc_.data(), dyb, Ms * P_(), wb);
-      mm(false, false, M, di, P, ddbc_.data(), dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1),
-         du_.data(), di);
-      mm(true, false, P, di, M, ddbc_.data(), dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
-      kernels::silu_backward(a.conv, du_.data(), dconv_.data(), Ms * di_());
-      kernels::causal_conv1d_backward(a.xc, w + Lw.conv_w, dconv_.data(), dxc_.data(),
-                                      g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv);
-      kernels::copy_cols(dxc_.data(), di_(), dxz_.data(), 2 * di_(), Ms, di_());
-      kernels::copy_cols(dz_.data(), di_(), dxz_.data() + di, 2 * di_(), Ms, di_());
-      // in_proj, then the block's RMSNorm; its input gradient joins the residual stream.
-      const uint16_t* dxzb = round(dxz_.data(), dyb, Ms * 2 * di_(), wb);
-      mm(false, false, M, dm, 2 * di, dxz_.data(), dxzb, 2 * di, w + Lw.in_proj, bf(wb, Lw.in_proj),
-         dm, T(0), dxn_.data(), dm);
-      mm(true, false, 2 * di, dm, M, dxz_.data(), dxzb, 2 * di, a.xn, a.xn_bf, dm, T(1),
-         g + Lw.in_proj, dm);
-      kernels::rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_.data(), dxn_.data(), g + Lw.norm, Ms,
-                                dm_());
-      kernels::add_inplace(dh, dxn_.data(), Ms * dm_());
+      const uint16_t* dpb = round(ddbc_, dyb, Ms * P_(), wb);
+      mm(false, false, M, di, P, ddbc_, dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1), du_,
+         di);
+      mm(true, false, P, di, M, ddbc_, dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
+      ops_.conv_silu_backward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_, dxc_,
+                              g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_);
+      ops_.copy_cols(dxc_, di_(), dxz_, 2 * di_(), Ms, di_());
+      ops_.copy_cols(dz_, di_(), dxz_ + di, 2 * di_(), Ms, di_());
+      // in_proj, then the block's RMSNorm; its input gradient joins the residual stream (dh).
+      const uint16_t* dxzb = round(dxz_, dyb, Ms * 2 * di_(), wb);
+      mm(false, false, M, dm, 2 * di, dxz_, dxzb, 2 * di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm,
+         T(0), dxn_, dm);
+      mm(true, false, 2 * di, dm, M, dxz_, dxzb, 2 * di, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj,
+         dm);
+      ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
+                            scratch_);
     }
     if (c_.has_input_proj()) {
       const int din = c_.din;
@@ -315,11 +310,10 @@ class MambaModel {
       if (dx)
         mm(false, false, M, din, dm, dh, dhb, dm, w + lay_.input_proj_w, bf(wb, lay_.input_proj_w),
            din, T(0), dx, din);
-      mm(true, false, dm, din, M, dh, dhb, dm, x, xin_bf_.empty() ? nullptr : xin_bf_.data(), din,
-         T(1), g + lay_.input_proj_w, din);
-      kernels::column_sum_accumulate(dh, g + lay_.input_proj_b, Ms, dm_());
+      mm(true, false, dm, din, M, dh, dhb, dm, x, xin_bf_, din, T(1), g + lay_.input_proj_w, din);
+      ops_.column_sum_accumulate(dh, g + lay_.input_proj_b, Ms, dm_(), scratch_);
     } else if (dx) {
-      std::memcpy(dx, dh, Ms * dm_() * sizeof(T));
+      ops_.copy(dx, dh, Ms * dm_());
     }
   }
 
@@ -329,17 +323,28 @@ class MambaModel {
     T *h, *rstd, *xn, *xc, *z, *conv, *u, *dbc, *delta, *Bm, *Cm, *ys, *A;
     uint16_t *xn_bf, *u_bf, *dbc_bf, *ys_bf;
   };
-  Act act(int l) {
+  Act act(int l) const {
     const size_t M = static_cast<size_t>(B_) * static_cast<size_t>(L_), k = static_cast<size_t>(l);
-    auto at = [&](std::vector<uint16_t>& v, size_t per) {
-      return v.empty() ? nullptr : v.data() + k * per;
-    };
-    return {h_.data() + k * M * dm_(),    rstd_.data() + k * M,       xn_.data() + k * M * dm_(),
-            xc_.data() + k * M * di_(),   z_.data() + k * M * di_(),  conv_.data() + k * M * di_(),
-            u_.data() + k * M * di_(),    dbc_.data() + k * M * P_(), delta_.data() + k * M * di_(),
-            Bm_.data() + k * M * N_(),    Cm_.data() + k * M * N_(),  ys_.data() + k * M * di_(),
-            A_.data() + k * di_() * N_(), at(xn_bf_, M * dm_()),      at(u_bf_, M * di_()),
-            at(dbc_bf_, M * P_()),        at(ys_bf_, M * di_())};
+    auto at = [&](T* p, size_t per) { return p ? p + k * per : nullptr; };
+    auto atb = [&](uint16_t* p, size_t per) { return p ? p + k * per : nullptr; };
+    return {at(h_, M * dm_()),      at(rstd_, M),           at(xn_, M * dm_()),
+            at(xc_, M * di_()),     at(z_, M * di_()),      at(conv_, M * di_()),
+            at(u_, M * di_()),      at(dbc_, M * P_()),     at(delta_, M * di_()),
+            at(Bm_, M * N_()),      at(Cm_, M * N_()),      at(ys_, M * di_()),
+            at(A_, di_() * N_()),   atb(xn_bf_, M * dm_()), atb(u_bf_, M * di_()),
+            atb(dbc_bf_, M * P_()), atb(ys_bf_, M * di_())};
+  }
+
+  // A zeroed buffer of n elements of T on the ops' device (null when n == 0), kept alive here.
+  T* buf(size_t n, const char* what) {
+    if (n == 0) return nullptr;
+    buffers_.push_back(ops_.template alloc<T>(n, what));
+    return buffers_.back().template data<T>();
+  }
+  uint16_t* bbuf(size_t n, const char* what) {
+    if (n == 0) return nullptr;
+    buffers_.push_back(ops_.template alloc<uint16_t>(n, what));
+    return buffers_.back().template data<uint16_t>();
   }
 
   size_t dm_() const { return static_cast<size_t>(c_.d_model); }
@@ -356,43 +361,34 @@ class MambaModel {
   static const uint16_t* bf(const uint16_t* wb, size_t off) { return wb ? wb + off : nullptr; }
 
   // The bf16 copy of an activation for the GEMMs (null in full precision).
-  static const uint16_t* round(const T* src, uint16_t* dst, size_t n, const uint16_t* wb) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (wb && dst) {
-        kernels::fp32_to_bf16(src, dst, n);
-        return dst;
-      }
-    }
-    (void)src, (void)n, (void)wb;
-    return nullptr;
+  const uint16_t* round(const T* src, uint16_t* dst, size_t n, const uint16_t* wb) const {
+    if (!wb || !dst) return nullptr;
+    ops_.to_bf16(src, dst, n);
+    return dst;
   }
 
   // C = op(A) op(B) + beta C; with both bf16 copies present, the bf16 GEMM (FP32 accumulate).
   void mm(bool ta, bool tb, int M, int N, int K, const T* A, const uint16_t* Ab, int lda,
-          const T* B, const uint16_t* Bb, int ldb, T beta, T* C, int ldc) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (Ab && Bb) {
-        kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, Ab, lda, Bb, ldb, beta, C, ldc, gemm_ws_.data());
-        return;
-      }
-    }
-    kernels::gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
-  }
-
-  static void add_bias_rows(T* y, const T* b, size_t M, size_t N) {
-    for (size_t r = 0; r < M; ++r)
-      for (size_t j = 0; j < N; ++j) y[r * N + j] += b[j];
+          const T* B, const uint16_t* Bb, int ldb, T beta, T* C, int ldc) const {
+    ops_.gemm(ta, tb, M, N, K, A, Ab, lda, B, Bb, ldb, beta, C, ldc, scratch_);
   }
 
   MambaConfig c_;
   MambaLayout lay_;
+  Ops ops_;
   int B_ = 0, L_ = 0;
   bool bf16_ = false;
-  std::vector<T> h_, rstd_, xn_, xz_, xc_, z_, conv_, u_, dbc_, delta_, Bm_, Cm_, ys_, A_, rstd_f_;
-  std::vector<T> dh_, dxn_, dxz_, dys_, du_, ddelta_, dz_, dconv_, dxc_, dBm_, dCm_, ddbc_, dA_;
-  std::vector<T> scan_ws_;
-  std::vector<uint16_t> xin_bf_, xn_bf_, u_bf_, dbc_bf_, ys_bf_, dy_bf_;
-  std::vector<float> gemm_ws_;
+  std::vector<Tensor> buffers_;  // owns every buffer below
+  Tensor scratch_t_;
+  void* scratch_ = nullptr;
+  T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xz_ = nullptr, *xc_ = nullptr, *z_ = nullptr;
+  T *conv_ = nullptr, *u_ = nullptr, *dbc_ = nullptr, *delta_ = nullptr, *Bm_ = nullptr;
+  T *Cm_ = nullptr, *ys_ = nullptr, *A_ = nullptr, *rstd_f_ = nullptr;
+  T *dh_ = nullptr, *dxn_ = nullptr, *dxz_ = nullptr, *dys_ = nullptr, *du_ = nullptr;
+  T *ddelta_ = nullptr, *dz_ = nullptr, *dconv_ = nullptr, *dxc_ = nullptr, *dBm_ = nullptr;
+  T *dCm_ = nullptr, *ddbc_ = nullptr, *dA_ = nullptr;
+  uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr, *dbc_bf_ = nullptr;
+  uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
 };
 
 }  // namespace slipstream::nn

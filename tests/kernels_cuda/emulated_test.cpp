@@ -4,9 +4,10 @@
 // checks on a device.
 #include <gtest/gtest.h>
 
+#include "kernels/cuda_kernel_table.h"
 #include "kernels/emulation/emulated_kernels.h"
+#include "tests/kernels_cuda/adamw_checks.h"
 #include "tests/kernels_cuda/conv_checks.h"
-#include "tests/kernels_cuda/cuda_ops.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
@@ -14,7 +15,7 @@
 namespace slipstream::kernels::test {
 namespace {
 
-SLIPSTREAM_DEFINE_CUDA_OPS(Ops, ::slipstream::kernels::cuda_emulated);
+SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda_emulated);
 struct Mem : EmulatedMemory {
   cuda_emulated::GemmContext gemm_context() const { return {}; }
 };
@@ -90,6 +91,11 @@ TEST(EmulatedGemm, MatchesCpu) {
     check_gemm<Ops, Mem, float>(s, seed++);
     check_gemm<Ops, Mem, bfloat16>(s, seed++);
   }
+}
+
+TEST(EmulatedAdamW, MatchesCpuOptimizer) {
+  check_adamw<Ops, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
+  check_adamw<Ops, Mem>({300, 2000}, 1.0f, 5, 2, 402);  // clipped; step 2 skipped (NaN)
 }
 
 }  // namespace

@@ -11,10 +11,11 @@
 #include <string>
 
 #include "kernels/causal_conv1d.h"
+#include "kernels/cuda_kernel_table.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
+#include "tests/kernels_cuda/adamw_checks.h"
 #include "tests/kernels_cuda/conv_checks.h"
-#include "tests/kernels_cuda/cuda_ops.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
@@ -95,7 +96,7 @@ class CudaMemory {
                    << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "device count is 0"); \
   } while (0)
 
-SLIPSTREAM_DEFINE_CUDA_OPS(Ops, ::slipstream::kernels::cuda);
+SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda);
 using Mem = CudaMemory;
 
 TEST(GpuScan, ForwardMatchesCpu) {
@@ -203,6 +204,13 @@ TEST(GpuGemm, CublasLtMatchesCpu) {
     check_gemm<Ops, Mem, float>(s, seed++);
     check_gemm<Ops, Mem, bfloat16>(s, seed++);
   }
+}
+
+TEST(GpuAdamW, MatchesCpuOptimizer) {
+  REQUIRE_DEVICE();
+  check_adamw<Ops, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
+  check_adamw<Ops, Mem>({300, 2000}, 1.0f, 5, 2, 402);
+  check_adamw<Ops, Mem>({65536 * 8, 128, 256 * 16}, 1.0f, 3, -1, 403);  // gpu_standard-sized
 }
 
 TEST(GpuScan, BadStateSizeNamesTheOp) {

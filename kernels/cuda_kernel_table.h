@@ -1,9 +1,13 @@
-// The entry points the checks call, gathered from one namespace: `cuda` (the real kernels) or
-// `cuda_emulated` (the same sources compiled for the CPU emulator).
+// The CUDA entry points gathered from one namespace into a struct, so code can be a template
+// over the kernels it runs: `kernels::cuda` (the device build) or `kernels::cuda_emulated` (the
+// same sources on the CPU emulator, kernels/emulation/emulated_kernels.h). The kernel tests and
+// the models' device ops (stages/nn/device_ops.h) are written against such a table.
 #pragma once
 
-#define SLIPSTREAM_DEFINE_CUDA_OPS(Name, NS)                                                       \
+#define SLIPSTREAM_CUDA_KERNEL_TABLE(Name, NS)                                                     \
   struct Name {                                                                                    \
+    using GemmContext = NS::GemmContext;                                                           \
+    static constexpr int kScanMaxState = NS::kScanMaxState;                                        \
     template <class T>                                                                             \
     static constexpr auto scan_forward = &NS::selective_scan_forward<T>;                           \
     template <class T>                                                                             \
@@ -36,6 +40,11 @@
     static constexpr auto to_bf16 = &NS::fp32_to_bf16;                                             \
     static constexpr auto column_sum = &NS::column_sum_accumulate;                                 \
     static constexpr auto column_sum_workspace_bytes = &NS::column_sum_accumulate_workspace_bytes; \
+    using AdamWSegment = NS::AdamWSegment;                                                         \
+    using AdamWHyper = NS::AdamWHyper;                                                             \
+    using AdamWDeviceState = NS::AdamWDeviceState;                                                 \
+    static constexpr auto adamw_step = &NS::adamw_step;                                            \
+    static constexpr auto adamw_workspace_bytes = &NS::adamw_workspace_bytes;                      \
     template <class... Args>                                                                       \
     static void gemm(Args... args) {                                                               \
       NS::gemm(args...);                                                                           \

@@ -1,0 +1,111 @@
+// The fused multi-tensor AdamW on CUDA; math of the CPU reference (kernels/adamw_cpu.cpp) and
+// policy of the CPU optimizer (stages/optim/adamw_optimizer.cpp: norm, skip, clip, schedule),
+// against which it is tested. Three launches, no host synchronisation: per-block partial sums
+// of squares, one thread that finishes the norm and decides the step, and the update. Grids are
+// (blocks per segment, segments) with a fixed block count, so the norm's summation order, and
+// with it every result, does not depend on timing.
+#include <cmath>
+
+#include "kernels/adamw.h"
+#include "kernels/cuda_common.cuh"
+
+namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kMaxBlocksPerSegment = 64;
+
+unsigned blocks_per_segment(size_t max_n) {
+  const size_t b = (max_n + kThreads * 4 - 1) / (kThreads * 4);
+  return unsigned(b < 1 ? 1 : (b > kMaxBlocksPerSegment ? kMaxBlocksPerSegment : b));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    norm_partials_kernel(const AdamWSegment* segs, float* part) {
+  __shared__ float warp_sums[kThreads / 32];
+  const AdamWSegment s = segs[blockIdx.y];
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  float acc = 0.f;
+  for (size_t i = size_t(blockIdx.x) * kThreads + threadIdx.x; i < s.n; i += stride)
+    acc += s.grad[i] * s.grad[i];
+  acc = group_sum<32>(acc);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) t += warp_sums[w];
+    part[size_t(blockIdx.y) * gridDim.x + blockIdx.x] = t;
+  }
+}
+
+__global__ void decide_kernel(const float* part, int K, AdamWHyper h, const float* lr_table,
+                              size_t lr_len, AdamWDeviceState* st) {
+  double sq = 0;
+  for (int k = 0; k < K; ++k) sq += double(part[k]);
+  const double norm = sqrt(sq) * double(h.grad_scale);
+  st->grad_norm = float(norm);
+  const size_t at = size_t(st->step) < lr_len ? size_t(st->step) : lr_len - 1;
+  st->lr = lr_table[at];
+  st->finite = isfinite(norm) ? 1 : 0;
+  double scale = h.grad_scale;
+  if (h.clip > 0 && norm > double(h.clip)) scale *= double(h.clip) / norm;
+  st->scale = float(scale);
+  if (st->finite) st->step += 1;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    update_kernel(const AdamWSegment* segs, AdamWHyper h, const AdamWDeviceState* st) {
+  const AdamWSegment s = segs[blockIdx.y];
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  const size_t i0 = size_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (!st->finite) {
+    for (size_t i = i0; i < s.n; i += stride) s.grad[i] = 0.f;
+    return;
+  }
+  // As the CPU: bias corrections in double, then the same float expressions.
+  const float lr = st->lr;
+  const double bc1 = 1.0 - pow(double(h.beta1), double(st->step));
+  const double bc2 = 1.0 - pow(double(h.beta2), double(st->step));
+  const float step_size = float(double(lr) / bc1);
+  const float sqrt_bc2 = float(sqrt(bc2));
+  const float shrink = s.decay ? 1.0f - lr * h.weight_decay : 1.0f;
+  const float scale = st->scale;
+  for (size_t i = i0; i < s.n; i += stride) {
+    const float g = s.grad[i] * scale;
+    const float mi = h.beta1 * s.m[i] + (1.0f - h.beta1) * g;
+    const float vi = h.beta2 * s.v[i] + (1.0f - h.beta2) * g * g;
+    s.m[i] = mi;
+    s.v[i] = vi;
+    const float p = s.param[i] * shrink - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
+    s.param[i] = p;
+    if (s.shadow) s.shadow[i] = bfloat16{fp32_to_bf16_bits(p)};
+    s.grad[i] = 0.f;
+  }
+}
+
+}  // namespace
+
+size_t adamw_workspace_bytes(int count, size_t max_n) {
+  return size_t(count) * blocks_per_segment(max_n) * sizeof(float);
+}
+
+void adamw_step(const AdamWSegment* segments, int count, size_t max_n, const AdamWHyper& hyper,
+                const float* lr_table, size_t lr_len, AdamWDeviceState* state, void* workspace,
+                cudaStream_t stream) {
+  if (count <= 0) return;
+  if (lr_len == 0) throw std::invalid_argument("adamw_step: empty learning-rate table");
+  const unsigned bx = blocks_per_segment(max_n);
+  float* part = static_cast<float*>(workspace);
+  SLIPSTREAM_LAUNCH(norm_partials_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream,
+                    segments, part);
+  check_launch("adamw_step (gradient norm)");
+  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(1), stream, part, int(bx) * count, hyper, lr_table,
+                    lr_len, state);
+  check_launch("adamw_step (decide)");
+  SLIPSTREAM_LAUNCH(update_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream, segments,
+                    hyper, state);
+  check_launch("adamw_step (update)");
+}
+
+}  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -1,0 +1,131 @@
+// The model ops (the interface of model_ops.h's CpuOps<float>) on a CUDA device: the kernels of
+// a kernel table (kernels/cuda_kernel_table.h) enqueued on one stream, GEMMs through cuBLASLt.
+// `Kernels` is the table of kernels::cuda in a CUDA build, or of kernels::cuda_emulated in the
+// tests that run the device path on the CPU (there, "device" memory is host memory).
+//
+// Same math as the CPU ops, with two differences the tests allow for: the convolution's SiLU is
+// fused (its backward recomputes the pre-activation instead of reading a saved one), and sums
+// run in the kernels' fixed orders rather than the CPU's.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "engine/tensor.h"
+#include "kernels/cuda_api.h"
+#include "stages/nn/model_ops.h"
+
+namespace slipstream::nn {
+
+template <class Kernels>
+class DeviceOps {
+ public:
+  using Scalar = float;
+  static constexpr int kMaxState = Kernels::kScanMaxState;
+  static constexpr bool kSavesConvInput = false;
+
+  // `memory` is where alloc() places buffers: the CUDA device in a real run, the host under the
+  // emulator. `gemm` holds the cuBLASLt handle and workspace (empty under the emulator).
+  DeviceOps(Device memory, cudaStream_t stream, typename Kernels::GemmContext gemm)
+      : memory_(memory), stream_(stream), gemm_(gemm) {}
+
+  Device device() const { return memory_; }
+  cudaStream_t stream() const { return stream_; }
+  template <class E>
+  Tensor alloc(size_t n, const char* what) const {
+    const DType dt = sizeof(E) == 2 ? DType::bf16 : sizeof(E) == 1 ? DType::u8 : DType::f32;
+    return Tensor::zeros({static_cast<int64_t>(n)}, dt, memory_, what);
+  }
+  size_t scratch_bytes(const ScratchNeeds& s) const {
+    return std::max(
+        {Kernels::scan_backward_workspace_bytes(s.B, s.L, s.channels, s.state),
+         Kernels::conv_backward_workspace_bytes(s.B, s.L, s.channels, s.conv_width, true),
+         Kernels::rms_backward_workspace_bytes(s.norm_rows, s.norm_cols),
+         Kernels::column_sum_workspace_bytes(s.norm_rows, s.norm_cols)});
+  }
+
+  void copy(float* dst, const float* src, size_t n) const {
+    Kernels::copy_bytes(dst, src, n * sizeof(float), stream_);
+  }
+  void zero(float* p, size_t n) const { Kernels::fill(p, 0.0f, n, stream_); }
+  void copy_cols(const float* src, size_t src_ld, float* dst, size_t dst_ld, size_t rows,
+                 size_t cols) const {
+    Kernels::copy_cols(src, src_ld, dst, dst_ld, rows, cols, stream_);
+  }
+  void add_bias_rows(float* y, const float* b, size_t M, size_t N) const {
+    Kernels::add_bias_rows(y, b, M, N, stream_);
+  }
+  void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* scratch) const {
+    Kernels::column_sum(dy, db, M, N, scratch, stream_);
+  }
+  void neg_exp(const float* x, float* y, size_t n) const { Kernels::neg_exp(x, y, n, stream_); }
+  void mul_accumulate(float* y, const float* a, const float* b, size_t n) const {
+    Kernels::mul_accumulate(y, a, b, n, stream_);
+  }
+  void to_bf16(const float* src, uint16_t* dst, size_t n) const {
+    Kernels::to_bf16(src, bf(dst), n, stream_);
+  }
+
+  void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const uint16_t* Ab, int lda,
+            const float* B, const uint16_t* Bb, int ldb, float beta, float* C, int ldc,
+            void*) const {
+    if (Ab && Bb)
+      Kernels::gemm(gemm_, ta, tb, M, N, K, 1.0f, bf(Ab), lda, bf(Bb), ldb, beta, C, ldc, stream_);
+    else
+      Kernels::gemm(gemm_, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, stream_);
+  }
+
+  void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, size_t M, size_t D,
+                       double eps) const {
+    Kernels::template rms_forward<float>(x, nullptr, w, y, nullptr, rstd, M, D, float(eps),
+                                         stream_);
+  }
+  void rmsnorm_backward(const float* s, const float* w, const float* rstd, const float* dy,
+                        const float* dsum, float* ds, float* dw, size_t M, size_t D,
+                        void* scratch) const {
+    Kernels::template rms_backward<float>(s, w, rstd, dy, dsum, ds, dw, scratch, M, D, stream_);
+  }
+
+  void conv_silu_forward(const float* x, const float* w, const float* b, float* pre, float* u,
+                         int B, int L, int C, int K) const {
+    (void)pre;
+    Kernels::template conv_forward<float>(x, w, b, u, B, L, C, K, true, stream_);
+  }
+  void conv_silu_backward(const float* x, const float* w, const float* b, const float* pre,
+                          const float* du, float* dpre, float* dx, float* dw, float* db, int B,
+                          int L, int C, int K, void* scratch) const {
+    (void)pre, (void)dpre;
+    Kernels::template conv_backward<float>(x, w, b, du, dx, dw, db, scratch, B, L, C, K, true,
+                                           stream_);
+  }
+
+  void scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
+                    const float* Cm, const float* D, const float* z, const float* delta_bias,
+                    float* out, int B, int L, int Dc, int N) const {
+    Kernels::template scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true, out, nullptr,
+                                          B, L, Dc, N, stream_);
+  }
+  void scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
+                     const float* Cm, const float* D, const float* z, const float* delta_bias,
+                     const float* dout, float* du, float* ddelta, float* dA, float* dBm, float* dCm,
+                     float* dD, float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
+                     int N) const {
+    Kernels::template scan_backward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true, dout, du,
+                                           ddelta, dA, dBm, dCm, dD, dz, ddelta_bias, scratch, B, L,
+                                           Dc, N, stream_);
+  }
+
+ private:
+  static kernels::bfloat16* bf(uint16_t* p) { return reinterpret_cast<kernels::bfloat16*>(p); }
+  static const kernels::bfloat16* bf(const uint16_t* p) {
+    return reinterpret_cast<const kernels::bfloat16*>(p);
+  }
+
+  Device memory_;
+  cudaStream_t stream_;
+  typename Kernels::GemmContext gemm_;
+};
+
+}  // namespace slipstream::nn

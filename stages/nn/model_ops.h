@@ -1,0 +1,133 @@
+// The operations the model math (mamba_model.h) is written against, for the CPU: the kernels/
+// references on host memory, T = float (the stage) or double (the gradient-check tests). The
+// device form with the same interface is DeviceOps (device_ops.h); a model is a template over
+// its ops, and the stage picks the ops by the run's device, once, in setup.
+//
+// Every op is enqueued in call order on one stream (here: run at once); pointers come from
+// alloc(). bf16 copies are uint16_t storage (kernels/bf16.h). `scratch` is a buffer of
+// scratch_bytes() the model hands to the ops that need one; no two ops hold it at once.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "engine/tensor.h"
+#include "kernels/activations.h"
+#include "kernels/bf16.h"
+#include "kernels/causal_conv1d.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/selective_scan.h"
+
+namespace slipstream::nn {
+
+// The sizes an ops' scratch must cover: every product (M rows, in -> out) and the sequence ops.
+struct ScratchNeeds {
+  size_t gemm_ws_elems = 0;  // max over GEMMs of gemm_bf16_workspace_elems
+  int B = 0, L = 0, channels = 0, state = 0, conv_width = 0;
+  size_t norm_rows = 0, norm_cols = 0;  // the widest RMSNorm / bias gradient
+};
+
+template <class T>
+class CpuOps {
+ public:
+  using Scalar = T;
+  static constexpr int kMaxState = kernels::kScanMaxState;
+  static constexpr bool kSavesConvInput = true;  // conv_silu keeps its pre-activation
+
+  Device device() const { return Device::cpu(); }
+  template <class E>
+  Tensor alloc(size_t n, const char* what) const {
+    return Tensor::zeros({static_cast<int64_t>(n)}, dtype_of<E>(), Device::cpu(), what);
+  }
+  size_t scratch_bytes(const ScratchNeeds& s) const {
+    const size_t scan =
+        kernels::selective_scan_backward_workspace_elems(s.B, s.L, s.channels, s.state) * sizeof(T);
+    return std::max(scan, s.gemm_ws_elems * sizeof(float));
+  }
+
+  void copy(T* dst, const T* src, size_t n) const { std::memcpy(dst, src, n * sizeof(T)); }
+  void zero(T* p, size_t n) const { std::fill(p, p + n, T(0)); }
+  void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows,
+                 size_t cols) const {
+    kernels::copy_cols(src, src_ld, dst, dst_ld, rows, cols);
+  }
+  void add_bias_rows(T* y, const T* b, size_t M, size_t N) const {
+    kernels::add_bias_rows(y, b, M, N);
+  }
+  void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N, void*) const {
+    kernels::column_sum_accumulate(dy, db, M, N);
+  }
+  void neg_exp(const T* x, T* y, size_t n) const { kernels::neg_exp(x, y, n); }
+  void mul_accumulate(T* y, const T* a, const T* b, size_t n) const {
+    kernels::mul_accumulate(y, a, b, n);
+  }
+  void to_bf16(const T* src, uint16_t* dst, size_t n) const {
+    if constexpr (std::is_same_v<T, float>) kernels::fp32_to_bf16(src, dst, n);
+  }
+
+  // C = op(A) op(B) + beta C; the bf16 product (fp32 accumulate) when both copies are given.
+  void gemm(bool ta, bool tb, int M, int N, int K, const T* A, const uint16_t* Ab, int lda,
+            const T* B, const uint16_t* Bb, int ldb, T beta, T* C, int ldc, void* scratch) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (Ab && Bb) {
+        kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, Ab, lda, Bb, ldb, beta, C, ldc,
+                           static_cast<float*>(scratch));
+        return;
+      }
+    }
+    kernels::gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
+  }
+
+  void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, size_t M, size_t D,
+                       double eps) const {
+    kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, nullptr, rstd, M, D, T(eps));
+  }
+  // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=.
+  void rmsnorm_backward(const T* s, const T* w, const T* rstd, const T* dy, const T* dsum, T* ds,
+                        T* dw, size_t M, size_t D, void*) const {
+    kernels::rmsnorm_add_backward<T>(s, w, rstd, dy, dsum, ds, dw, M, D);
+  }
+
+  // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
+  void conv_silu_forward(const T* x, const T* w, const T* b, T* pre, T* u, int B, int L, int C,
+                         int K) const {
+    kernels::causal_conv1d_forward(x, w, b, pre, B, L, C, K);
+    kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
+  }
+  // dx (=), dw and db (+=) from du; `dpre` is (B, L, C) scratch.
+  void conv_silu_backward(const T* x, const T* w, const T* b, const T* pre, const T* du, T* dpre,
+                          T* dx, T* dw, T* db, int B, int L, int C, int K, void*) const {
+    (void)b;
+    kernels::silu_backward(pre, du, dpre, static_cast<size_t>(B) * L * C);
+    kernels::causal_conv1d_backward(x, w, dpre, dx, dw, db, B, L, C, K);
+  }
+
+  void scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,
+                    const T* z, const T* delta_bias, T* out, int B, int L, int Dc, int N) const {
+    kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, out,
+                                    static_cast<T*>(nullptr), B, L, Dc, N);
+  }
+  void scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,
+                     const T* z, const T* delta_bias, const T* dout, T* du, T* ddelta, T* dA,
+                     T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B, int L,
+                     int Dc, int N) const {
+    kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, dout, du, ddelta,
+                                     dA, dBm, dCm, dD, dz, ddelta_bias, static_cast<T*>(scratch), B,
+                                     L, Dc, N);
+  }
+
+ private:
+  template <class E>
+  static DType dtype_of() {
+    if constexpr (std::is_same_v<E, double>) return DType::f64;
+    if constexpr (std::is_same_v<E, uint16_t>) return DType::bf16;
+    if constexpr (std::is_same_v<E, uint8_t>) return DType::u8;
+    return DType::f32;
+  }
+};
+
+}  // namespace slipstream::nn
