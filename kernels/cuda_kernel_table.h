@@ -4,6 +4,13 @@
 // the models' device ops (stages/nn/device_ops.h) are written against such a table.
 #pragma once
 
+#include "kernels/adamw.h"
+#include "kernels/causal_conv1d.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/selective_scan.h"
+
 #define SLIPSTREAM_CUDA_KERNEL_TABLE(Name, NS)                                                     \
   struct Name {                                                                                    \
     using GemmContext = NS::GemmContext;                                                           \
