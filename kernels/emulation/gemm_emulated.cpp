@@ -10,12 +10,18 @@
 
 namespace slipstream::kernels::cuda_emulated {
 
+namespace {
+bool nothing_to_do(int M, int N, int K) {
+  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative dimension");
+  return M == 0 || N == 0;
+}
+}  // namespace
+
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
           cudaStream_t stream) {
   (void)ctx, (void)stream;
-  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative dimension");
-  if (M == 0 || N == 0) return;
+  if (nothing_to_do(M, N, K)) return;
   kernels::gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -23,8 +29,7 @@ void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
           const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta, float* C, int ldc,
           cudaStream_t stream) {
   (void)ctx, (void)stream;
-  if (M < 0 || N < 0 || K < 0) throw std::invalid_argument("gemm: negative dimension");
-  if (M == 0 || N == 0) return;
+  if (nothing_to_do(M, N, K)) return;
   std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
   gemm_bf16(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda,
             reinterpret_cast<const uint16_t*>(B), ldb, beta, C, ldc, ws.data());
