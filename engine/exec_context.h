@@ -1,7 +1,8 @@
 // The execution context every op of a run is issued in: the run's device and, on CUDA, the
 // compute stream, a cuBLASLt handle and its workspace. One per process, made by the runner
-// once the device is chosen; stages read it through StageContext::exec() and pass it to their
-// ops, which enqueue on the stream and never wait for the device themselves.
+// once the device is chosen and offered to stages as StageContext::exec(), for building device
+// ops (stages/nn/device_ops.h) that enqueue on its stream. No stage uses it yet: every stage
+// still runs on the CPU (docs/architecture.md, "Not built yet").
 #pragma once
 
 #include <cstddef>
