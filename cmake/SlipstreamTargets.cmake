@@ -39,3 +39,27 @@ function(slipstream_add_test name)
     WORKING_DIRECTORY ${CMAKE_BINARY_DIR} PROPERTIES ${_props})
 endfunction()
 include(GoogleTest)
+
+# slipstream_emulated_library(NAME CU_SOURCES a_cuda.cu ... SOURCES x.cpp ... LIBS ...): the CUDA
+# sources compiled as C++ for the CPU emulator (kernels/emulation), each through a generated
+# wrapper that defines SLIPSTREAM_CUDA_EMULATION, so their entry points land in the
+# `cuda_emulated` namespaces. Not in sanitizer builds: the emulator's fibers (ucontext) and
+# ASan's stack checks disagree.
+function(slipstream_emulated_library name)
+  cmake_parse_arguments(E "" "" "CU_SOURCES;SOURCES;LIBS" ${ARGN})
+  set(_sources ${E_SOURCES})
+  foreach(_cu ${E_CU_SOURCES})
+    get_filename_component(_stem ${_cu} NAME_WE)
+    set(_wrapper ${CMAKE_CURRENT_BINARY_DIR}/emulated/${_stem}_emulated.cpp)
+    file(CONFIGURE OUTPUT ${_wrapper}
+         CONTENT "#define SLIPSTREAM_CUDA_EMULATION 1\n#include \"${_cu}\"\n")
+    list(APPEND _sources ${_wrapper})
+  endforeach()
+  add_library(${name} STATIC ${_sources})
+  slipstream_warnings(${name})
+  target_include_directories(${name} PUBLIC ${CMAKE_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${E_LIBS})
+  # The wrappers #include the kernel sources, so GCC takes their anonymous namespaces for a
+  # header's and warns about the launch lambdas that capture them; `#pragma unroll` is nvcc's.
+  target_compile_options(${name} PRIVATE -Wno-subobject-linkage -Wno-unknown-pragmas)
+endfunction()

@@ -22,7 +22,7 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   for (size_t k = 0; k < graph.stages.size(); ++k) {
     const std::string& name = graph.stages[k].name;
     for (Parameter* p : graph.instances[k]->parameters())
-      weights[name + "." + p->name] = p->value.clone();
+      weights[name + "." + p->name] = p->value.to(Device::cpu(), "checkpoint weight");
     StateWriter w(state, meta, name);
     graph.instances[k]->save(w);
   }

@@ -59,6 +59,11 @@ std::string describe_cuda_device(const CudaDeviceInfo& d) {
 
 DeviceChoice choose_device(std::string_view request) {
   if (request == "cpu") return {Device::cpu(), "using cpu (requested)"};
+  if (request == "emulated")
+    return {Device::cpu(),
+            "using the CUDA code path on the CPU emulator (requested: host memory, the CUDA "
+            "kernels run by the emulator; for checking, not for speed)",
+            true};
   if (request == "auto" || request.empty()) {
     CudaProbe p = probe_cuda();
     if (p.available && !p.devices.empty())

@@ -43,11 +43,13 @@ CudaProbe probe_cuda();  // cached after the first call
 
 struct DeviceChoice {
   Device device;
-  std::string reason;  // one line for the user: which device and why
+  std::string reason;         // one line for the user: which device and why
+  bool emulate_cuda = false;  // "emulated": the CUDA code path on the CPU emulator
 };
-// request: "auto", "cpu", "cuda", "cuda:N". "auto" picks cuda:0 when a driver and a device
-// exist, else the CPU. An explicit CUDA request that cannot be met throws std::runtime_error
-// with the reason.
+// request: "auto", "cpu", "cuda", "cuda:N", "emulated" (host memory, the CUDA kernels on the
+// CPU emulator: checks a graph's device path without a GPU; slow). "auto" picks cuda:0 when a
+// driver and a device exist, else the CPU. An explicit CUDA request that cannot be met throws
+// std::runtime_error with the reason.
 DeviceChoice choose_device(std::string_view request);
 // Parses "cpu" / "cuda" / "cuda:N" without probing; throws std::invalid_argument.
 Device parse_device(std::string_view text);

@@ -190,7 +190,8 @@ int run_doctor(std::ostream& out, std::string_view device) {
 
   // --- the CUDA path: each link from build to kernel ----------------------------------------
   CudaProbe p = probe_cuda();
-  const bool wants_cuda = device != "auto" && device != "cpu" && !device.empty();
+  const bool wants_cuda =
+      device != "auto" && device != "cpu" && device != "emulated" && !device.empty();
 #if SLIPSTREAM_HAS_CUDA
   doc.ok("cuda build", "CUDA " SLIPSTREAM_CUDA_TOOLKIT_VERSION ", archs " SLIPSTREAM_CUDA_ARCHS);
 #else

@@ -1,5 +1,6 @@
 #include "engine/exec_context.h"
 
+#include <cstring>
 #include <stdexcept>
 
 #if SLIPSTREAM_HAS_CUDA
@@ -8,8 +9,13 @@
 
 namespace slipstream {
 
-ExecContext::ExecContext(const Device& device, size_t blas_workspace_bytes) : device_(device) {
-  if (device.is_cpu()) return;
+ExecContext::ExecContext(const Device& device, bool emulate_cuda, size_t blas_workspace_bytes)
+    : device_(device) {
+  if (device.is_cpu()) {
+    backend_ = emulate_cuda ? KernelBackend::emulated : KernelBackend::cpu;
+    return;
+  }
+  backend_ = KernelBackend::cuda;
 #if SLIPSTREAM_HAS_CUDA
   stream_ = cuda_rt::create_stream(device.index);
   try {
@@ -38,6 +44,21 @@ ExecContext::~ExecContext() {
   workspace_ = Tensor();
   if (blas_handle_) cuda_rt::destroy_blaslt(blas_handle_);
   cuda_rt::destroy_stream(stream_);
+#endif
+}
+
+std::string ExecContext::describe() const {
+  return backend_ == KernelBackend::emulated ? "the CUDA emulator" : device_.str();
+}
+
+void ExecContext::read_back(void* host, const void* buffer, size_t bytes) const {
+  if (bytes == 0) return;
+  if (device_.is_cpu()) {
+    std::memcpy(host, buffer, bytes);
+    return;
+  }
+#if SLIPSTREAM_HAS_CUDA
+  cuda_rt::copy_to_host_on(stream_, device_.index, host, buffer, bytes);
 #endif
 }
 

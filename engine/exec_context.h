@@ -1,37 +1,55 @@
-// The execution context every op of a run is issued in: the run's device and, on CUDA, the
-// compute stream, a cuBLASLt handle and its workspace. One per process, made by the runner
-// once the device is chosen and offered to stages as StageContext::exec(), for building device
-// ops (stages/nn/device_ops.h) that enqueue on its stream. No stage uses it yet: every stage
-// still runs on the CPU (docs/architecture.md, "Not built yet").
+// The execution context every op of a run is issued in: the run's device, which kernels run
+// there (the backend) and, on CUDA, the compute stream, a cuBLASLt handle and its workspace.
+// One per process, made by the runner once the device is chosen and offered to stages as
+// StageContext::exec(); the model stages pick their ops from it once, in setup
+// (stages/nn/ops_backend.h), and enqueue every op on its stream.
+//
+// The `emulated` backend runs the CUDA code path on the CPU: the .cu kernels compiled for the
+// CPU emulator (kernels/emulation), host memory, no stream. `device: emulated` selects it, so a
+// graph's device path can be checked end to end on a machine without a GPU.
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 #include "engine/device.h"
 #include "engine/tensor.h"
 
 namespace slipstream {
 
+enum class KernelBackend { cpu, cuda, emulated };
+
 class ExecContext {
  public:
-  // On the CPU nothing is created. On CUDA: a non-blocking stream, a cuBLASLt handle and
-  // `blas_workspace_bytes` from the device pool; errors name the CUDA call.
-  explicit ExecContext(const Device& device, size_t blas_workspace_bytes = size_t{32} << 20);
+  // On the CPU (and under the emulator) nothing is created. On CUDA: a non-blocking stream, a
+  // cuBLASLt handle and `blas_workspace_bytes` from the device pool; errors name the CUDA call.
+  explicit ExecContext(const Device& device, bool emulate_cuda = false,
+                       size_t blas_workspace_bytes = size_t{32} << 20);
   ~ExecContext();
   ExecContext(const ExecContext&) = delete;
   ExecContext& operator=(const ExecContext&) = delete;
 
+  // Where buffers live: the CUDA device, or the host (cpu and emulated backends).
   const Device& device() const { return device_; }
+  KernelBackend backend() const { return backend_; }
+  // True when ops run as CUDA kernels (on a device or under the emulator).
+  bool device_ops() const { return backend_ != KernelBackend::cpu; }
+  // "cpu", "cuda:0", "the CUDA emulator": for messages.
+  std::string describe() const;
   void* stream() const { return stream_; }            // cudaStream_t; null on the CPU
   void* blas_handle() const { return blas_handle_; }  // cublasLtHandle_t; null on the CPU
   void* blas_workspace() const { return workspace_.defined() ? workspace_.raw() : nullptr; }
   size_t blas_workspace_bytes() const { return workspace_.defined() ? workspace_.nbytes() : 0; }
   // Waits for everything enqueued on the stream (the host phases: checkpoints, logging, tests).
   void synchronize() const;
+  // Copies `bytes` of buffer memory (the context's device) to host memory, ordered after the
+  // work queued on the stream, and waits for it: the one sync of a step that reports metrics.
+  void read_back(void* host, const void* buffer, size_t bytes) const;
 
  private:
   Device device_;
+  KernelBackend backend_ = KernelBackend::cpu;
   void* stream_ = nullptr;
   void* blas_handle_ = nullptr;
   Tensor workspace_;

@@ -16,7 +16,8 @@ const StageSchema& run_schema() {
     StageSchema s("run");
     s.doc("Run-wide settings: the `run:` section of a preset or graph file, or --set run.KEY=V.")
         .param("name", std::string(), "run name; default: the preset name")
-        .param("device", std::string("auto"), "auto | cpu | cuda | cuda:N")
+        .param("device", std::string("auto"),
+               "auto | cpu | cuda | cuda:N | emulated (the CUDA code path on the CPU emulator)")
         .param("precision", std::string("fp32"), "fp32, or bf16 (FP32 master weights, bf16 GEMMs)")
         .choices({"fp32", "bf16"})
         .param("seed", int64_t{1}, "seed of every random choice (same seed, same run)")

@@ -552,7 +552,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   *I.log << "device: " << dc.reason << "\n";
-  I.run.exec = std::make_shared<ExecContext>(dc.device);
+  I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
   for (size_t k = 0; k < I.graph->size(); ++k)
     I.counters.push_back(std::make_unique<LiveCounters>());

@@ -6,7 +6,8 @@
 namespace slipstream {
 
 void StateWriter::tensor(const std::string& key, const Tensor& t) {
-  tensors_[prefix_ + "." + key] = t.clone();
+  tensors_[prefix_ + "." + key] =
+      t.to(Device::cpu(), "checkpoint tensor");  // written from the host
 }
 void StateWriter::text(const std::string& key, const std::string& value) {
   meta_[prefix_ + "." + key] = value;

@@ -140,6 +140,13 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+Tensor Tensor::to(const Device& device, const char* what) const {
+  require_defined(*this, "to");
+  Tensor t = empty(shape_, dtype_, device, what);
+  t.copy_from(*this);
+  return t;
+}
+
 void Tensor::zero_() {
   require_defined(*this, "zero_");
   if (nbytes() == 0) return;

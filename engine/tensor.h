@@ -88,8 +88,11 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // Rows [begin, end) of the first dimension, sharing storage.
   Tensor slice_rows(int64_t begin, int64_t end) const;
-  // Deep copy on the same device. Device tensors need a CUDA build; copies are synchronous.
+  // Deep copy on the same device. Device tensors need a CUDA build; copies are synchronous
+  // (after everything already queued on the device, on any stream).
   Tensor clone() const;
+  // A copy on `device` (synchronous, as clone), e.g. a device tensor's host copy for writing.
+  Tensor to(const Device& device, const char* what = "copy") const;
   void zero_();  // host or device
   // Same shape/dtype; any direction between host and CUDA devices (synchronous).
   void copy_from(const Tensor& src);

@@ -71,6 +71,7 @@ __global__ void __launch_bounds__(kThreads)
   const float sqrt_bc2 = float(sqrt(bc2));
   const float shrink = s.decay ? 1.0f - lr * h.weight_decay : 1.0f;
   const float scale = st->scale;
+  const float d = h.ema_decay, keep = 1.0f - d;
   for (size_t i = i0; i < s.n; i += stride) {
     const float g = s.grad[i] * scale;
     const float mi = h.beta1 * s.m[i] + (1.0f - h.beta1) * g;
@@ -80,6 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     const float p = s.param[i] * shrink - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);
     s.param[i] = p;
     if (s.shadow) s.shadow[i] = bfloat16{fp32_to_bf16_bits(p)};
+    if (s.ema) s.ema[i] = d * s.ema[i] + keep * p;
     s.grad[i] = 0.f;
   }
 }

@@ -1,7 +1,8 @@
 // The CUDA entry points gathered from one namespace into a struct, so code can be a template
 // over the kernels it runs: `kernels::cuda` (the device build) or `kernels::cuda_emulated` (the
 // same sources on the CPU emulator, kernels/emulation/emulated_kernels.h). The kernel tests and
-// the models' device ops (stages/nn/device_ops.h) are written against such a table.
+// the models' device ops (stages/nn/device_ops.h) are written against such a table. `Emulated`
+// says which of the two it is (true for cuda_emulated).
 #pragma once
 
 #include "kernels/adamw.h"
@@ -11,8 +12,9 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
-#define SLIPSTREAM_CUDA_KERNEL_TABLE(Name, NS)                                                     \
+#define SLIPSTREAM_CUDA_KERNEL_TABLE(Name, NS, Emulated)                                           \
   struct Name {                                                                                    \
+    static constexpr bool kEmulated = Emulated;                                                    \
     using GemmContext = NS::GemmContext;                                                           \
     static constexpr int kScanMaxState = NS::kScanMaxState;                                        \
     template <class T>                                                                             \
@@ -42,6 +44,8 @@
     static constexpr auto add_bias_rows = &NS::add_bias_rows;                                      \
     static constexpr auto neg_exp = &NS::neg_exp;                                                  \
     static constexpr auto mul_accumulate = &NS::mul_accumulate;                                    \
+    static constexpr auto silu_forward = &NS::silu_forward;                                        \
+    static constexpr auto silu_backward = &NS::silu_backward;                                      \
     static constexpr auto fill = &NS::fill;                                                        \
     static constexpr auto copy_bytes = &NS::copy_bytes;                                            \
     static constexpr auto to_bf16 = &NS::fp32_to_bf16;                                             \

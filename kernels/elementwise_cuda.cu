@@ -57,6 +57,14 @@ __global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, 
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += a[i] * b[i];
 }
 
+__global__ void silu_forward_kernel(const float* x, float* y, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = siluf_(x[i]);
+}
+
+__global__ void silu_backward_kernel(const float* x, const float* dy, float* dx, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) dx[i] = dy[i] * silu_gradf_(x[i]);
+}
+
 __global__ void fill_kernel(float* y, float value, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = value;
 }
@@ -121,6 +129,18 @@ void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStre
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(mul_accumulate_kernel, grid_for(n), dim3(kThreads), stream, y, a, b, n);
   check_launch("mul_accumulate");
+}
+
+void silu_forward(const float* x, float* y, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(silu_forward_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
+  check_launch("silu_forward");
+}
+
+void silu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(silu_backward_kernel, grid_for(n), dim3(kThreads), stream, x, dy, dx, n);
+  check_launch("silu_backward");
 }
 
 void fill(float* y, float value, size_t n, cudaStream_t stream) {

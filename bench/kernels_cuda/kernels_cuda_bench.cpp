@@ -97,7 +97,8 @@ void scan(benchmark::State& st, const Shape& sh, bool backward) {
   const size_t bld = size_t(sh.B) * sh.L * sh.D, bln = size_t(sh.B) * sh.L * sh.N;
   Buffers m;
   const T *u = m.random<T>(bld, -1, 1), *delta = m.random<T>(bld, -1, 1);
-  const T *z = m.random<T>(bld, -2, 2), *Bm = m.random<T>(bln, -1, 1), *Cm = m.random<T>(bln, -1, 1);
+  const T *z = m.random<T>(bld, -2, 2), *Bm = m.random<T>(bln, -1, 1),
+          *Cm = m.random<T>(bln, -1, 1);
   const float* A = m.random<float>(size_t(sh.D) * sh.N, -4.0f, -0.5f);
   const float *Dskip = m.random<float>(sh.D, -1, 1), *bias = m.random<float>(sh.D, -3, -1);
   const T* dout = m.random<T>(bld, -1, 1);
@@ -105,7 +106,8 @@ void scan(benchmark::State& st, const Shape& sh, bool backward) {
   T *dB = m.alloc<T>(bln), *dC = m.alloc<T>(bln);
   float *dA = m.random<float>(size_t(sh.D) * sh.N, 0, 0), *dD = m.random<float>(sh.D, 0, 0);
   float* db = m.random<float>(sh.D, 0, 0);
-  void* ws = m.alloc<char>(sk::cuda::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
+  void* ws =
+      m.alloc<char>(sk::cuda::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const double e = sizeof(T);
@@ -153,7 +155,8 @@ void conv(benchmark::State& st, const Shape& sh, bool backward) {
   const float *w = m.random<float>(size_t(sh.D) * K, -0.5, 0.5), *b = m.random<float>(sh.D, -1, 1);
   T *y = m.alloc<T>(n), *dx = m.alloc<T>(n);
   float *dw = m.random<float>(size_t(sh.D) * K, 0, 0), *dbias = m.random<float>(sh.D, 0, 0);
-  void* ws = m.alloc<char>(sk::cuda::causal_conv1d_backward_workspace_bytes(sh.B, sh.L, sh.D, K, true));
+  void* ws =
+      m.alloc<char>(sk::cuda::causal_conv1d_backward_workspace_bytes(sh.B, sh.L, sh.D, K, true));
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {

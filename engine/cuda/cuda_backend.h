@@ -24,7 +24,8 @@ void host_free_pinned(void* ptr);
 
 std::unique_ptr<MemoryPool> make_device_pool(int index);
 
-// Synchronous copies and fills; errors throw std::runtime_error naming the CUDA call.
+// Synchronous copies and fills, ordered after (and before) the work of every stream on the
+// devices involved; errors throw std::runtime_error naming the CUDA call.
 void copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
           size_t bytes);
 void zero(void* dst, const Device& device, size_t bytes);
@@ -33,7 +34,9 @@ void zero(void* dst, const Device& device, size_t bytes);
 void* create_stream(int index);
 void destroy_stream(void* stream);
 void synchronize_stream(int index, void* stream);  // throws naming the failed work's error
-void* create_blaslt(int index);                    // cublasLtHandle_t
+// cudaMemcpyAsync device to host on `stream`, then waits for the stream.
+void copy_to_host_on(void* stream, int index, void* host, const void* device, size_t bytes);
+void* create_blaslt(int index);  // cublasLtHandle_t
 void destroy_blaslt(void* handle);
 
 // Launches a kernel that writes known values and checks them on the host (engine/cuda/

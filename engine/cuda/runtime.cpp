@@ -142,10 +142,18 @@ void host_free_pinned(void* ptr) {
   if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();  // at exit the runtime may be gone
 }
 
+// Synchronous with respect to every stream: the device finishes what is queued (ops run on
+// non-blocking streams, which the legacy stream's cudaMemcpy would not wait for) before the copy.
+// These copies belong to setup and the host phases (checkpoints, tests), never the hot loop.
 void copy(void* dst, const Device& dst_device, const void* src, const Device& src_device,
           size_t bytes) {
   const std::string what =
       src_device.str() + " to " + dst_device.str() + ", " + format_bytes(bytes);
+  for (const Device& d : {dst_device, src_device})
+    if (d.is_cuda()) {
+      DeviceGuard guard(d.index);
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "before a copy " + what);
+    }
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
     check(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes), "cudaMemcpyPeer",
           what);
@@ -156,11 +164,15 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
                                              : cudaMemcpyDeviceToHost;
   DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
   check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy", what);
+  if (dst_device.is_cuda())
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "after " + what);
 }
 
 void zero(void* dst, const Device& device, size_t bytes) {
   DeviceGuard guard(device.index);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "before zeroing on " + device.str());
   check(cudaMemset(dst, 0, bytes), "cudaMemset", device.str() + ", " + format_bytes(bytes));
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "after zeroing on " + device.str());
 }
 
 void* create_stream(int index) {
@@ -179,6 +191,15 @@ void synchronize_stream(int index, void* stream) {
   DeviceGuard guard(index);
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize",
         "the work enqueued on cuda:" + std::to_string(index) + "'s compute stream");
+}
+
+void copy_to_host_on(void* stream, int index, void* host, const void* device, size_t bytes) {
+  DeviceGuard guard(index);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const std::string what = "cuda:" + std::to_string(index) + " to host, " + format_bytes(bytes);
+  check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync", what);
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize",
+        "the work enqueued on cuda:" + std::to_string(index) + "'s compute stream, read back");
 }
 
 void* create_blaslt(int index) {

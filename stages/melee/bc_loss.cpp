@@ -6,13 +6,90 @@
 // Validation passes also report the "repeat the previous input" baseline on the same positions,
 // its probabilities measured on the training positions seen so far (saved with the stage).
 // Metric names and definitions: docs/melee_features.md.
+// On a device (CUDA, or the emulator) one fused kernel computes every position's statistics,
+// their column sums are read back once per batch (the batch's metrics), and the gradients are
+// computed on the device from the device-side weight sum (melee_kernels.h).
 #include "engine/registry.h"
 #include "engine/state_io.h"
+#include "stages/melee/melee_backend.h"
 #include "stages/melee/model_math.h"
 
 namespace slipstream {
 namespace {
 using namespace melee;
+
+// The device path: buffers and kernels of one backend.
+class BcLossDevice {
+ public:
+  virtual ~BcLossDevice() = default;
+  virtual void reserve(int64_t M) = 0;
+  // Enqueues the statistics and their sums, reads the sums back (waits for the stream).
+  virtual void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
+                       const float* mask, const uint8_t* mirrored, const float* prev, size_t M,
+                       size_t W, float eps, float sums[kBcStats]) = 0;
+  virtual void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
+                        const float* mask, const uint8_t* mirrored, size_t M, size_t W, float eps,
+                        const float head_weights[kHeads], float* const dlogits[kHeads]) = 0;
+};
+
+template <class Ops>
+class BcLossDeviceOn final : public BcLossDevice {
+  using K = MeleeKernels<Ops::kBackend>;
+
+ public:
+  BcLossDeviceOn(Ops ops, const ExecContext& exec) : o_(ops), exec_(exec) {
+    sums_ = o_.template alloc<float>(kBcStats, "bc_loss sums");
+  }
+
+  void reserve(int64_t M) override {
+    if (M <= cap_) return;
+    cap_ = M;
+    const size_t m = static_cast<size_t>(M);
+    stats_ = o_.template alloc<float>(m * kBcStats, "bc_loss statistics");
+    nn::ScratchNeeds need;
+    need.norm_rows = m;
+    need.norm_cols = kBcStats;
+    scratch_ =
+        o_.template alloc<uint8_t>(std::max<size_t>(1, o_.scratch_bytes(need)), "bc_loss scratch");
+  }
+
+  void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
+               const float* mask, const uint8_t* mirrored, const float* prev, size_t M, size_t W,
+               float eps, float sums[kBcStats]) override {
+    K::bc_loss_rows(heads(logits), tb, ts, mask, mirrored, prev, M, W, eps,
+                    stats_.template data<float>(), o_.stream());
+    float* s = sums_.template data<float>();
+    o_.zero(s, kBcStats);
+    o_.column_sum_accumulate(stats_.template data<float>(), s, M, kBcStats, scratch_.raw());
+    exec_.read_back(sums, s, kBcStats * sizeof(float));
+  }
+
+  void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
+                const float* mask, const uint8_t* mirrored, size_t M, size_t W, float eps,
+                const float head_weights[kHeads], float* const dlogits[kHeads]) override {
+    typename K::HeadWeights hw{};
+    typename K::HeadGradPointers dl{};
+    for (int h = 0; h < kHeads; ++h) {
+      hw.w[h] = head_weights[h];
+      dl.dlogits[h] = dlogits[h];
+    }
+    K::bc_loss_backward(heads(logits), tb, ts, mask, mirrored, M, W, eps, hw,
+                        sums_.template data<float>(), dl, o_.stream());
+  }
+
+ private:
+  static typename K::HeadPointers heads(const float* const logits[kHeads]) {
+    typename K::HeadPointers p{};
+    for (int h = 0; h < kHeads; ++h) p.logits[h] = logits[h];
+    return p;
+  }
+
+  Ops o_;
+  const ExecContext& exec_;
+  int64_t cap_ = 0;
+  Tensor stats_, sums_, scratch_;
+};
+
 }  // namespace
 
 class BcLossStage : public Stage {
@@ -45,9 +122,15 @@ class BcLossStage : public Stage {
   }
 
   void setup(StageContext& ctx) override {
-    if (!ctx.device().is_cpu())
-      throw std::runtime_error("bc_loss '" + ctx.name() + "': only the CPU path exists (device " +
-                               ctx.device().str() + "); run with device: cpu");
+    device_ = ctx.exec().device();
+    dev_ = nn::with_ops(ctx.exec(), "bc_loss '" + ctx.name() + "'",
+                        [&](auto ops) -> std::unique_ptr<BcLossDevice> {
+                          using Ops = decltype(ops);
+                          if constexpr (Ops::kBackend == KernelBackend::cpu)
+                            return nullptr;
+                          else
+                            return std::make_unique<BcLossDeviceOn<Ops>>(ops, ctx.exec());
+                        });
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");
@@ -103,19 +186,32 @@ class BcLossStage : public Stage {
       mirrored = m.data<uint8_t>();
     }
     reserve(static_cast<int64_t>(M));
-    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
-                           mirrored, s);
-    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(),
-                                                  head_weights_, eps_, s);
+    const bool training = ctx.run().training;
+    BcLossResult r;
+    float sums[kBcStats];
+    if (dev_) {
+      dev_->forward(logits, tb.data<float>(), ts.data<int32_t>(), mask.data<float>(), mirrored,
+                    prev.data<float>(), M, static_cast<size_t>(W), eps_, sums);
+      if (sums[kBcBadLabel] > 0)
+        throw std::runtime_error("bc_loss '" + ctx.name() + "': target_sticks has " +
+                                 std::to_string(static_cast<int64_t>(sums[kBcBadLabel])) +
+                                 " valid position(s) with a class out of range in batch " +
+                                 std::to_string(b.index));
+      r = bc_loss_result(sums, head_weights_);
+      if (training) add_repeats(sums, counts_);
+    } else {
+      const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
+      bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
+                             mirrored, s);
+      r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(), head_weights_,
+                                 eps_, s);
+      if (training)
+        count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                             mask.data<float>(), counts_);
+    }
     weight_sum_ = r.weight_sum;
     loss_.data<float>()[0] = static_cast<float>(r.total);
     ctx.set_output(b, "loss", loss_);
-
-    const bool training = ctx.run().training;
-    if (training)
-      count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                           mask.data<float>(), counts_);
     if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
     ctx.metric("loss", r.total);
     ctx.metric("nll", r.total_nll);
@@ -128,8 +224,9 @@ class BcLossStage : public Stage {
       double p[kRepeatItems];
       for (int k = 0; k < kRepeatItems; ++k) p[k] = counts_.p(k, prior_);
       const BaselineResult base =
-          baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                                  mask.data<float>(), head_weights_, p);
+          dev_ ? baseline_from_sums(sums, head_weights_, p)
+               : baseline_forward<float>(M, prev.data<float>(), tb.data<float>(),
+                                         ts.data<int32_t>(), mask.data<float>(), head_weights_, p);
       ctx.metric("baseline/loss", base.total);
       for (int h = 0; h < kHeads; ++h) {
         ctx.metric(names_.base_loss[h], base.loss[h]);
@@ -148,9 +245,17 @@ class BcLossStage : public Stage {
       logits[h] = ctx.input(b, kHeadNames[h]).data<float>();
       dlogits[h] = dlogits_[h].data<float>();
     }
-    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-    bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(),
-                            mask.data<float>(), head_weights_, eps_, weight_sum_, s, dlogits);
+    if (dev_) {
+      const uint8_t* mirrored =
+          ctx.has_input(b, "mirrored") ? ctx.input(b, "mirrored").data<uint8_t>() : nullptr;
+      dev_->backward(logits, ctx.input(b, "target_buttons").data<float>(),
+                     ctx.input(b, "target_sticks").data<int32_t>(), mask.data<float>(), mirrored, M,
+                     static_cast<size_t>(W), eps_, head_weights_, dlogits);
+    } else {
+      const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
+      bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(),
+                              mask.data<float>(), head_weights_, eps_, weight_sum_, s, dlogits);
+    }
     for (int h = 0; h < kHeads; ++h)
       ctx.add_input_grad(
           b, kHeadNames[h],
@@ -174,22 +279,24 @@ class BcLossStage : public Stage {
  private:
   void check(const StageContext& ctx, const Batch& b, const Tensor& t, int64_t B, int64_t W,
              int64_t C, const char* port) const {
-    if (t.rank() != 3 || t.dim(0) != B || t.dim(1) != W || t.dim(2) != C || !t.device().is_cpu())
+    if (t.rank() != 3 || t.dim(0) != B || t.dim(1) != W || t.dim(2) != C || t.device() != device_)
       throw std::runtime_error("bc_loss '" + ctx.name() + "': " + port + " is " + t.describe() +
                                ", expected [" + std::to_string(B) + ", " + std::to_string(W) +
-                               ", " + std::to_string(C) + "] on cpu (batch " +
+                               ", " + std::to_string(C) + "] on " + device_.str() + " (batch " +
                                std::to_string(b.index) + ")");
   }
 
   void reserve(int64_t M) {
+    if (dev_) dev_->reserve(M);
     if (M <= rows_cap_) return;
     rows_cap_ = M;
-    targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
-    button_weights_ =
-        Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
+    if (!dev_) {
+      targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
+      button_weights_ =
+          Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
+    }
     for (int h = 0; h < kHeads; ++h)
-      dlogits_[h] =
-          Tensor::empty(Shape{M, head_width(h)}, DType::f32, Device::cpu(), "bc_loss dlogits");
+      dlogits_[h] = Tensor::empty(Shape{M, head_width(h)}, DType::f32, device_, "bc_loss dlogits");
   }
 
   float eps_ = 0;
@@ -199,6 +306,8 @@ class BcLossStage : public Stage {
     std::string loss[kHeads], nll[kHeads], acc[kHeads], base_loss[kHeads], base_acc[kHeads];
   } names_;
   RepeatCounts counts_;
+  Device device_;
+  std::unique_ptr<BcLossDevice> dev_;  // null on the CPU
   double weight_sum_ = 0;
   Tensor loss_, targets_, button_weights_, dlogits_[kHeads];
   int64_t rows_cap_ = 0;

@@ -2,20 +2,199 @@
 // (buttons 8, main/c stick x/y 17 each, shoulder 5). One linear layer per head, or a shared
 // SiLU hidden layer first (`hidden` > 0). The six heads run as one fused (M, 81) GEMM; their
 // parameters are row-views of the fused weight, named like PyTorch modules (buttons.weight, ...).
-// bf16 precision: the GEMMs take bf16-rounded operands (the optimizer's shadow when it keeps one),
+// One source for every backend: the math is written against the model ops (stages/nn), so the
+// CPU kernels or the CUDA kernels (on the run's stream, cuBLASLt) run it; the weights live in
+// one flat store on the run's device.
+// bf16 precision: the GEMMs take bf16-rounded operands (the optimizer's shadow of the weights),
 // accumulating in fp32, forward and backward alike.
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "engine/registry.h"
-#include "kernels/bf16.h"
-#include "kernels/elementwise.h"
 #include "stages/melee/model_math.h"
+#include "stages/nn/ops_backend.h"
+#include "stages/nn/param_store.h"
 
 namespace slipstream {
 namespace {
 using namespace melee;
+
+// Where each weight sits in the store: the hidden layer, then the fused head weight (81, In)
+// whose rows are the heads' weights in order, then the fused bias (81).
+struct HeadsLayout {
+  int H = 0, hidden = 0, In = 0;
+  size_t wh = 0, bh = 0, wo = 0, bo = 0;
+  nn::ParamLayout params;
+  HeadsLayout(int H_, int hidden_) : H(H_), hidden(hidden_), In(hidden_ > 0 ? hidden_ : H_) {
+    if (hidden > 0) {
+      wh = params.add("hidden.weight", {hidden, H}, true);
+      bh = params.add("hidden.bias", {hidden}, false);
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const size_t off =
+          params.add(std::string(kHeadNames[h]) + ".weight", {head_width(h), In}, true);
+      if (h == 0) wo = off;
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      const size_t off = params.add(std::string(kHeadNames[h]) + ".bias", {head_width(h)}, false);
+      if (h == 0) bo = off;
+    }
+  }
+};
+
+// The heads' math over whichever ops the run uses.
+class HeadsRunner {
+ public:
+  virtual ~HeadsRunner() = default;
+  virtual void reserve(int64_t M) = 0;
+  // x (M, H) -> out[h] (M, head_width(h)).
+  virtual void forward(const float* x, int M, const nn::ParamStore& st,
+                       float* const out[kHeads]) = 0;
+  // dout[h] may be null (no gradient for that head). dx (M, H) =, weight gradients +=.
+  virtual void backward(const float* x, int M, const nn::ParamStore& st,
+                        const float* const dout[kHeads], float* dx) = 0;
+  virtual void refresh_shadow(const nn::ParamStore& st) const = 0;
+};
+
+template <class Ops>
+class HeadsRunnerOn final : public HeadsRunner {
+ public:
+  HeadsRunnerOn(const HeadsLayout& lay, bool bf16, Ops ops) : L_(lay), bf16_(bf16), o_(ops) {}
+
+  void refresh_shadow(const nn::ParamStore& st) const override { st.refresh_shadow(o_); }
+
+  // Buffers for M = B·W positions, grown to the largest batch seen (none in steady state).
+  void reserve(int64_t M) override {
+    if (M <= cap_) return;
+    cap_ = M;
+    const size_t m = static_cast<size_t>(M), hid = static_cast<size_t>(L_.hidden);
+    logits_ = o_.template alloc<float>(m * kHeadsWidth, "controller_heads logits");
+    dlogits_ = o_.template alloc<float>(m * kHeadsWidth, "controller_heads dlogits");
+    if (L_.hidden > 0) {
+      pre_ = o_.template alloc<float>(m * hid, "controller_heads hidden pre-activation");
+      act_ = o_.template alloc<float>(m * hid, "controller_heads hidden activation");
+      dact_ = o_.template alloc<float>(m * hid, "controller_heads hidden grad");
+    }
+    if (bf16_) {
+      x16_ = o_.template alloc<uint16_t>(m * static_cast<size_t>(L_.H), "controller_heads bf16 x");
+      dl16_ = o_.template alloc<uint16_t>(m * kHeadsWidth, "controller_heads bf16 dlogits");
+      if (L_.hidden > 0) {
+        act16_ = o_.template alloc<uint16_t>(m * hid, "controller_heads bf16 activation");
+        dact16_ = o_.template alloc<uint16_t>(m * hid, "controller_heads bf16 hidden grad");
+      }
+    }
+    const int mi = static_cast<int>(M);
+    nn::ScratchNeeds need;
+    auto gemm = [&](int a, int b, int c) {
+      need.gemm_ws_elems =
+          std::max(need.gemm_ws_elems, kernels::gemm_bf16_workspace_elems(a, b, c));
+    };
+    gemm(mi, kHeadsWidth, L_.In);
+    gemm(kHeadsWidth, L_.In, mi);
+    gemm(mi, L_.In, kHeadsWidth);
+    if (L_.hidden > 0) {
+      gemm(mi, L_.hidden, L_.H);
+      gemm(L_.hidden, L_.H, mi);
+      gemm(mi, L_.H, L_.hidden);
+    }
+    need.norm_rows = m;
+    need.norm_cols = std::max<size_t>(kHeadsWidth, hid);
+    scratch_ = o_.template alloc<uint8_t>(std::max<size_t>(1, o_.scratch_bytes(need)),
+                                          "controller_heads scratch");
+  }
+
+  void forward(const float* x, int M, const nn::ParamStore& st, float* const out[kHeads]) override {
+    const float* W = st.values();
+    const uint16_t* Wb = st.shadow();
+    const size_t m = static_cast<size_t>(M);
+    const uint16_t* xb = nullptr;
+    if (bf16_) {
+      o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H));
+      xb = x16();
+    }
+    const float* in = x;
+    const uint16_t* inb = xb;
+    if (L_.hidden > 0) {
+      const size_t n = m * static_cast<size_t>(L_.hidden);
+      o_.gemm(false, true, M, L_.hidden, L_.H, x, xb, L_.H, W + L_.wh, bf(Wb, L_.wh), L_.H, 0.0f,
+              f(pre_), L_.hidden, scratch());
+      o_.add_bias_rows(f(pre_), W + L_.bh, m, static_cast<size_t>(L_.hidden));
+      o_.silu_forward(f(pre_), f(act_), n);
+      in = f(act_);
+      if (bf16_) {
+        o_.to_bf16(f(act_), b16(act16_), n);
+        inb = b16(act16_);
+      }
+    }
+    o_.gemm(false, true, M, kHeadsWidth, L_.In, in, inb, L_.In, W + L_.wo, bf(Wb, L_.wo), L_.In,
+            0.0f, f(logits_), kHeadsWidth, scratch());
+    o_.add_bias_rows(f(logits_), W + L_.bo, m, kHeadsWidth);
+    for (int h = 0; h < kHeads; ++h)
+      o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
+                   static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
+  }
+
+  void backward(const float* x, int M, const nn::ParamStore& st, const float* const dout[kHeads],
+                float* dx) override {
+    const float* W = st.values();
+    const uint16_t* Wb = st.shadow();
+    float* G = st.grads();
+    const size_t m = static_cast<size_t>(M);
+    float* dl = f(dlogits_);
+    bool all = true;
+    for (int h = 0; h < kHeads; ++h) all = all && dout[h] != nullptr;
+    if (!all) o_.zero(dl, m * kHeadsWidth);
+    for (int h = 0; h < kHeads; ++h)
+      if (dout[h])
+        o_.copy_cols(dout[h], static_cast<size_t>(head_width(h)), dl + head_offset(h), kHeadsWidth,
+                     m, static_cast<size_t>(head_width(h)));
+    // Same operands as the forward: bf16 copies of x / act, of the weights and of dy.
+    const uint16_t* dlb = nullptr;
+    if (bf16_) {
+      o_.to_bf16(dl, b16(dl16_), m * kHeadsWidth);
+      dlb = b16(dl16_);
+    }
+    const float* in = L_.hidden > 0 ? f(act_) : x;
+    const uint16_t* inb = !bf16_ ? nullptr : L_.hidden > 0 ? b16(act16_) : x16();
+    o_.gemm(true, false, kHeadsWidth, L_.In, M, dl, dlb, kHeadsWidth, in, inb, L_.In, 1.0f,
+            G + L_.wo, L_.In, scratch());
+    o_.column_sum_accumulate(dl, G + L_.bo, m, kHeadsWidth, scratch());
+    if (L_.hidden > 0) {
+      const size_t n = m * static_cast<size_t>(L_.hidden);
+      float* da = f(dact_);
+      o_.gemm(false, false, M, L_.hidden, kHeadsWidth, dl, dlb, kHeadsWidth, W + L_.wo,
+              bf(Wb, L_.wo), L_.In, 0.0f, da, L_.hidden, scratch());
+      o_.silu_backward(f(pre_), da, da, n);
+      const uint16_t* dab = nullptr;
+      if (bf16_) {
+        o_.to_bf16(da, b16(dact16_), n);
+        dab = b16(dact16_);
+      }
+      o_.gemm(true, false, L_.hidden, L_.H, M, da, dab, L_.hidden, x, bf16_ ? x16() : nullptr, L_.H,
+              1.0f, G + L_.wh, L_.H, scratch());
+      o_.column_sum_accumulate(da, G + L_.bh, m, static_cast<size_t>(L_.hidden), scratch());
+      o_.gemm(false, false, M, L_.H, L_.hidden, da, dab, L_.hidden, W + L_.wh, bf(Wb, L_.wh), L_.H,
+              0.0f, dx, L_.H, scratch());
+    } else {
+      o_.gemm(false, false, M, L_.H, kHeadsWidth, dl, dlb, kHeadsWidth, W + L_.wo, bf(Wb, L_.wo),
+              L_.In, 0.0f, dx, L_.H, scratch());
+    }
+  }
+
+ private:
+  static float* f(const Tensor& t) { return t.data<float>(); }
+  static uint16_t* b16(const Tensor& t) { return t.data<uint16_t>(); }
+  static const uint16_t* bf(const uint16_t* wb, size_t off) { return wb ? wb + off : nullptr; }
+  uint16_t* x16() const { return b16(x16_); }
+  void* scratch() const { return scratch_.raw(); }
+
+  const HeadsLayout& L_;
+  bool bf16_;
+  Ops o_;
+  int64_t cap_ = 0;
+  Tensor logits_, dlogits_, pre_, act_, dact_, x16_, dl16_, act16_, dact16_, scratch_;
+};
+
 }  // namespace
 
 class ControllerHeadsStage : public Stage {
@@ -38,259 +217,124 @@ class ControllerHeadsStage : public Stage {
   }
 
   void setup(StageContext& ctx) override {
-    if (!ctx.device().is_cpu())
-      throw std::runtime_error("controller_heads '" + ctx.name() +
-                               "': only the CPU path exists (device " + ctx.device().str() +
-                               "); run with device: cpu");
     const Shape& xs = ctx.input_shape("x");
-    H_ = static_cast<int>(xs[2]);
-    if (H_ <= 0)
+    const int H = static_cast<int>(xs[2]);
+    if (H <= 0)
       throw std::runtime_error("controller_heads '" + ctx.name() +
                                "': the width of x must be known at setup, got " + xs.str());
-    hidden_ = static_cast<int>(ctx.params().integer("hidden"));
+    const int hidden = static_cast<int>(ctx.params().integer("hidden"));
+    layout_ = std::make_unique<HeadsLayout>(H, hidden);
     bf16_ = ctx.run().precision == Precision::bf16;
-    In_ = hidden_ > 0 ? hidden_ : H_;
+    device_ = ctx.exec().device();
     for (int h = 0; h < kHeads; ++h) {
       Shape os{1, 1, head_width(h)};  // operator[] keeps a per-batch -1 as it is
       os[0] = xs[0];
       os[1] = xs[1];
       ctx.declare_output(kHeadNames[h], os, DType::f32);
     }
-
-    // PyTorch nn.Linear's default: weight and bias uniform in ±1/sqrt(fan_in).
-    std::mt19937_64 rng(ctx.seed());
-    auto init = [&](Tensor& t, int fan_in) {
-      std::uniform_real_distribution<double> u(-1.0 / std::sqrt(fan_in), 1.0 / std::sqrt(fan_in));
-      for (float& v : t.span<float>()) v = static_cast<float>(u(rng));
-    };
-    if (hidden_ > 0) {
-      hidden_w_ = make_param("hidden.weight", Shape{hidden_, H_}, true);
-      hidden_b_ = make_param("hidden.bias", Shape{hidden_}, false);
-      init(hidden_w_.value, H_);
-      init(hidden_b_.value, H_);
-    }
-    Wo_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(),
-                        "controller_heads weight");
-    bo_ = Tensor::empty(Shape{kHeadsWidth}, DType::f32, Device::cpu(), "controller_heads bias");
-    dWo_ = Tensor::zeros(Shape{kHeadsWidth, In_}, DType::f32, Device::cpu(),
-                         "controller_heads weight grad");
-    dbo_ =
-        Tensor::zeros(Shape{kHeadsWidth}, DType::f32, Device::cpu(), "controller_heads bias grad");
-    init(Wo_, In_);
-    init(bo_, In_);
-    for (int h = 0; h < kHeads; ++h) {
-      const int64_t a = head_offset(h), e = a + head_width(h);
-      Parameter& w = heads_[2 * h];
-      Parameter& b = heads_[2 * h + 1];
-      w.name = std::string(kHeadNames[h]) + ".weight";
-      w.value = Wo_.slice_rows(a, e);
-      w.grad = dWo_.slice_rows(a, e);
-      b.name = std::string(kHeadNames[h]) + ".bias";
-      b.value = bo_.slice_rows(a, e);
-      b.grad = dbo_.slice_rows(a, e);
-      b.weight_decay = false;
-    }
-    if (bf16_) {
-      Wo16_ = Tensor::empty(Shape{kHeadsWidth, In_}, DType::bf16, Device::cpu(),
-                            "controller_heads bf16 weight");
-      if (hidden_ > 0)
-        Wh16_ = Tensor::empty(Shape{hidden_, H_}, DType::bf16, Device::cpu(),
-                              "controller_heads bf16 hidden");
-    }
+    runner_ =
+        nn::with_ops(ctx.exec(), "controller_heads '" + ctx.name() + "'",
+                     [&](auto ops) -> std::unique_ptr<HeadsRunner> {
+                       return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
+                     });
+    store_.allocate(layout_->params, bf16_, device_);
+    // PyTorch nn.Linear's default: weight and bias uniform in ±1/sqrt(fan_in), drawn in the
+    // store's order (hidden weight, hidden bias, head weights, head biases).
+    store_.initialize([&](float* w) {
+      std::mt19937_64 rng(ctx.seed());
+      auto init = [&](size_t off, size_t n, int fan_in) {
+        std::uniform_real_distribution<double> u(-1.0 / std::sqrt(fan_in), 1.0 / std::sqrt(fan_in));
+        for (size_t i = 0; i < n; ++i) w[off + i] = static_cast<float>(u(rng));
+      };
+      const HeadsLayout& L = *layout_;
+      if (hidden > 0) {
+        init(L.wh, static_cast<size_t>(hidden) * H, H);
+        init(L.bh, static_cast<size_t>(hidden), H);
+      }
+      init(L.wo, static_cast<size_t>(kHeadsWidth) * L.In, L.In);
+      init(L.bo, kHeadsWidth, L.In);
+    });
+    runner_->refresh_shadow(store_);
+    shadow_checked_ = false;
     if (xs[0] > 0 && xs[1] > 0) reserve(xs[0] * xs[1]);
   }
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
-    if (x.rank() != 3 || x.dim(2) != H_ || !x.device().is_cpu())
+    const int H = layout_->H;
+    if (x.rank() != 3 || x.dim(2) != H || x.dtype() != DType::f32 || x.device() != device_)
       throw std::runtime_error("controller_heads '" + ctx.name() + "': x is " + x.describe() +
-                               ", expected width " + std::to_string(H_) + " on cpu (batch " +
-                               std::to_string(b.index) + ")");
+                               ", expected f32 width " + std::to_string(H) + " on " +
+                               device_.str() + " (batch " + std::to_string(b.index) + ")");
     const int64_t B = x.dim(0), W = x.dim(1);
     const int M = static_cast<int>(B * W);
     reserve(M);
-    float* logits = logits_.data<float>();
-    float* pre = hidden_ > 0 ? pre_.data<float>() : nullptr;
-    float* act = hidden_ > 0 ? act_.data<float>() : nullptr;
-    if (!bf16_) {
-      heads_forward<float>(x.data<float>(), M, H_, hidden_,
-                           hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
-                           hidden_ > 0 ? hidden_b_.value.data<float>() : nullptr, pre, act,
-                           Wo_.data<float>(), bo_.data<float>(), logits);
-    } else {
-      refresh_bf16_weights();
-      uint16_t* x16 = x16_.data<uint16_t>();
-      kernels::fp32_to_bf16(x.data<float>(), x16, static_cast<size_t>(M) * H_);
-      const uint16_t* in16 = x16;
-      if (hidden_ > 0) {
-        mm(false, true, M, hidden_, H_, x16, H_, Wh16_.data<uint16_t>(), H_, 0.0f, pre, hidden_);
-        add_bias(pre, hidden_b_.value.data<float>(), M, hidden_);
-        kernels::silu_forward(pre, act, static_cast<size_t>(M) * hidden_);
-        kernels::fp32_to_bf16(act, act16_.data<uint16_t>(), static_cast<size_t>(M) * hidden_);
-        in16 = act16_.data<uint16_t>();
-      }
-      mm(false, true, M, kHeadsWidth, In_, in16, In_, Wo16_.data<uint16_t>(), In_, 0.0f, logits,
-         kHeadsWidth);
-      add_bias(logits, bo_.data<float>(), M, kHeadsWidth);
+    if (bf16_ && !shadow_checked_) {
+      // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
+      // from here on the optimizer keeps the shadow in step with every update.
+      runner_->refresh_shadow(store_);
+      shadow_checked_ = true;
     }
-    for (int h = 0; h < kHeads; ++h) {
-      kernels::copy_cols(logits + head_offset(h), kHeadsWidth, out_[h].data<float>(), head_width(h),
-                         M, head_width(h));
+    float* out[kHeads];
+    for (int h = 0; h < kHeads; ++h) out[h] = out_[h].data<float>();
+    runner_->forward(x.data<float>(), M, store_, out);
+    for (int h = 0; h < kHeads; ++h)
       ctx.set_output(b, kHeadNames[h],
                      out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
-    }
   }
 
   void backward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     const int64_t B = x.dim(0), W = x.dim(1);
     const int M = static_cast<int>(B * W);
-    float* dl = dlogits_.data<float>();
+    const float* dout[kHeads];
     bool any = false;
     for (int h = 0; h < kHeads; ++h) {
       const Tensor& g = ctx.output_grad(b, kHeadNames[h]);
-      if (g.defined()) {
-        if (g.numel() != static_cast<int64_t>(M) * head_width(h))
-          throw std::runtime_error("controller_heads '" + ctx.name() + "': gradient of " +
-                                   kHeadNames[h] + " is " + g.describe() + " (batch " +
-                                   std::to_string(b.index) + ")");
-        kernels::copy_cols(g.data<float>(), head_width(h), dl + head_offset(h), kHeadsWidth, M,
-                           head_width(h));
-        any = true;
-      } else {
-        for (int i = 0; i < M; ++i)
-          std::fill_n(dl + static_cast<size_t>(i) * kHeadsWidth + head_offset(h), head_width(h),
-                      0.0f);
-      }
+      dout[h] = nullptr;
+      if (!g.defined()) continue;
+      if (g.numel() != static_cast<int64_t>(M) * head_width(h) || g.device() != device_)
+        throw std::runtime_error("controller_heads '" + ctx.name() + "': gradient of " +
+                                 kHeadNames[h] + " is " + g.describe() + " (batch " +
+                                 std::to_string(b.index) + ")");
+      dout[h] = g.data<float>();
+      any = true;
     }
     if (!any) return;
-    float* dx = dx_.data<float>();
-    float* dact = hidden_ > 0 ? dact_.data<float>() : nullptr;
-    if (!bf16_) {
-      heads_backward<float>(
-          x.data<float>(), M, H_, hidden_, hidden_ > 0 ? hidden_w_.value.data<float>() : nullptr,
-          hidden_ > 0 ? pre_.data<float>() : nullptr, hidden_ > 0 ? act_.data<float>() : nullptr,
-          Wo_.data<float>(), dl, dx, hidden_ > 0 ? hidden_w_.grad.data<float>() : nullptr,
-          hidden_ > 0 ? hidden_b_.grad.data<float>() : nullptr, dWo_.data<float>(),
-          dbo_.data<float>(), dact);
-    } else {
-      // Same operands as the forward: bf16 copies of x / act, of the weights and of dy.
-      uint16_t* dl16 = dl16_.data<uint16_t>();
-      kernels::fp32_to_bf16(dl, dl16, static_cast<size_t>(M) * kHeadsWidth);
-      const uint16_t* in16 = hidden_ > 0 ? act16_.data<uint16_t>() : x16_.data<uint16_t>();
-      mm(true, false, kHeadsWidth, In_, M, dl16, kHeadsWidth, in16, In_, 1.0f, dWo_.data<float>(),
-         In_);
-      kernels::column_sum_accumulate(dl, dbo_.data<float>(), static_cast<size_t>(M), kHeadsWidth);
-      if (hidden_ > 0) {
-        mm(false, false, M, hidden_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_,
-           0.0f, dact, hidden_);
-        kernels::silu_backward(pre_.data<float>(), dact, dact, static_cast<size_t>(M) * hidden_);
-        uint16_t* da16 = dact16_.data<uint16_t>();
-        kernels::fp32_to_bf16(dact, da16, static_cast<size_t>(M) * hidden_);
-        mm(true, false, hidden_, H_, M, da16, hidden_, x16_.data<uint16_t>(), H_, 1.0f,
-           hidden_w_.grad.data<float>(), H_);
-        kernels::column_sum_accumulate(dact, hidden_b_.grad.data<float>(), static_cast<size_t>(M),
-                                       hidden_);
-        mm(false, false, M, H_, hidden_, da16, hidden_, Wh16_.data<uint16_t>(), H_, 0.0f, dx, H_);
-      } else {
-        mm(false, false, M, H_, kHeadsWidth, dl16, kHeadsWidth, Wo16_.data<uint16_t>(), In_, 0.0f,
-           dx, H_);
-      }
-    }
-    ctx.add_input_grad(b, "x", dx_.slice_rows(0, M).reshape(Shape{B, W, H_}));
+    runner_->backward(x.data<float>(), M, store_, dout, dx_.data<float>());
+    ctx.add_input_grad(b, "x", dx_.slice_rows(0, M).reshape(Shape{B, W, layout_->H}));
   }
 
+  // The order of the stage's earlier releases: hidden layer, then weight and bias per head.
   std::vector<Parameter*> parameters() override {
-    std::vector<Parameter*> out;
-    if (hidden_ > 0) out = {&hidden_w_, &hidden_b_};
-    for (auto& p : heads_) out.push_back(&p);
+    std::vector<Parameter*> all = store_.pointers(), out;
+    const size_t first = layout_->hidden > 0 ? 2 : 0;
+    for (size_t i = 0; i < first; ++i) out.push_back(all[i]);
+    for (size_t h = 0; h < kHeads; ++h) {
+      out.push_back(all[first + h]);
+      out.push_back(all[first + kHeads + h]);
+    }
     return out;
   }
 
  private:
-  static Parameter make_param(const char* name, const Shape& shape, bool decay) {
-    Parameter p;
-    p.name = name;
-    p.value = Tensor::empty(shape, DType::f32, Device::cpu(), name);
-    p.grad = Tensor::zeros(shape, DType::f32, Device::cpu(), name);
-    p.weight_decay = decay;
-    return p;
-  }
-
-  void mm(bool ta, bool tb, int M, int N, int K, const uint16_t* A, int lda, const uint16_t* B,
-          int ldb, float beta, float* C, int ldc) {
-    kernels::gemm_bf16(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, ws_.data<float>());
-  }
-  static void add_bias(float* y, const float* b, int M, int N) {
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < N; ++j) y[static_cast<size_t>(i) * N + j] += b[j];
-  }
-
-  // The optimizer's bf16 shadow when it keeps one (already rounded), else round the master.
-  void refresh_bf16_weights() {
-    auto take = [](const Parameter& p, uint16_t* dst) {
-      if (p.low_precision.defined() && p.low_precision.numel() == p.value.numel() &&
-          p.low_precision.dtype() == DType::bf16 && p.low_precision.device().is_cpu())
-        std::memcpy(dst, p.low_precision.raw(), p.low_precision.nbytes());
-      else
-        kernels::fp32_to_bf16(p.value.data<float>(), dst, static_cast<size_t>(p.value.numel()));
-    };
-    for (int h = 0; h < kHeads; ++h)
-      take(heads_[2 * h], Wo16_.data<uint16_t>() + static_cast<size_t>(head_offset(h)) * In_);
-    if (hidden_ > 0) take(hidden_w_, Wh16_.data<uint16_t>());
-  }
-
-  // Buffers for M = B·W positions, grown to the largest batch seen (none in steady state).
+  // Output and input-gradient buffers for M = B·W positions, grown to the largest batch seen.
   void reserve(int64_t M) {
+    runner_->reserve(M);
     if (M <= rows_cap_) return;
     rows_cap_ = M;
-    auto f32 = [&](int64_t cols, const char* what) {
-      return Tensor::empty(Shape{M, cols}, DType::f32, Device::cpu(), what);
-    };
-    logits_ = f32(kHeadsWidth, "controller_heads logits");
-    dlogits_ = f32(kHeadsWidth, "controller_heads dlogits");
-    dx_ = f32(H_, "controller_heads dx");
-    for (int h = 0; h < kHeads; ++h) out_[h] = f32(head_width(h), "controller_heads output");
-    if (hidden_ > 0) {
-      pre_ = f32(hidden_, "controller_heads hidden pre-activation");
-      act_ = f32(hidden_, "controller_heads hidden activation");
-      dact_ = f32(hidden_, "controller_heads hidden grad");
-    }
-    if (bf16_) {
-      auto b16 = [&](int64_t cols, const char* what) {
-        return Tensor::empty(Shape{M, cols}, DType::bf16, Device::cpu(), what);
-      };
-      x16_ = b16(H_, "controller_heads bf16 x");
-      dl16_ = b16(kHeadsWidth, "controller_heads bf16 dlogits");
-      if (hidden_ > 0) {
-        act16_ = b16(hidden_, "controller_heads bf16 activation");
-        dact16_ = b16(hidden_, "controller_heads bf16 hidden grad");
-      }
-      const int m = static_cast<int>(M);
-      size_t ws = 0;
-      auto need = [&](int a, int b, int c) {
-        ws = std::max(ws, kernels::gemm_bf16_workspace_elems(a, b, c));
-      };
-      need(m, kHeadsWidth, In_);
-      need(kHeadsWidth, In_, m);
-      need(m, In_, kHeadsWidth);
-      if (hidden_ > 0) {
-        need(m, hidden_, H_);
-        need(hidden_, H_, m);
-        need(m, H_, hidden_);
-      }
-      ws_ = Tensor::empty(Shape{static_cast<int64_t>(ws)}, DType::f32, Device::cpu(),
-                          "controller_heads bf16 workspace");
-    }
+    dx_ = Tensor::empty(Shape{M, layout_->H}, DType::f32, device_, "controller_heads dx");
+    for (int h = 0; h < kHeads; ++h)
+      out_[h] =
+          Tensor::empty(Shape{M, head_width(h)}, DType::f32, device_, "controller_heads output");
   }
 
-  int H_ = 0, hidden_ = 0, In_ = 0;
-  bool bf16_ = false;
-  Parameter hidden_w_, hidden_b_;
-  Parameter heads_[2 * kHeads];  // weight, bias per head: views of Wo_/bo_ and their grads
-  Tensor Wo_, bo_, dWo_, dbo_, Wo16_, Wh16_;
-  Tensor logits_, dlogits_, dx_, pre_, act_, dact_, out_[kHeads];
-  Tensor x16_, dl16_, act16_, dact16_, ws_;
+  std::unique_ptr<HeadsLayout> layout_;
+  std::unique_ptr<HeadsRunner> runner_;
+  nn::ParamStore store_;
+  Device device_;
+  bool bf16_ = false, shadow_checked_ = false;
+  Tensor dx_, out_[kHeads];
   int64_t rows_cap_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(ControllerHeadsStage);

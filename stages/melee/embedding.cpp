@@ -4,12 +4,17 @@
 // multiple of 8. Training-only augmentation: left-right mirroring per window (published as
 // `mirrored` so bc_loss mirrors the x-stick labels alike) and Gaussian noise on numeric features.
 // The stage takes no label tensor at all, so the label cannot leak into the features.
-// Math: model_math.h; layout and choices: docs/melee_features.md.
+// Math: model_math.h; layout and choices: docs/melee_features.md. On a device (CUDA, or the
+// emulator) the same math runs as melee_kernels.h's kernels on the run's stream, the mirror and
+// noise draws included (the same counter-based hashes); ids there are not checked per batch
+// (the loader clamps them; an id out of range gives a zero row, as a missing slot does).
 #include <cmath>
 #include <random>
 
 #include "engine/registry.h"
+#include "stages/melee/melee_backend.h"
 #include "stages/melee/model_math.h"
+#include "stages/nn/param_store.h"
 
 namespace slipstream {
 namespace {
@@ -42,6 +47,61 @@ void check_ids(const Tensor& t, int32_t limit, const char* port, const std::stri
                                std::to_string(p[i]) + " at element " + std::to_string(i) +
                                " is outside [0, " + std::to_string(limit) + ")");
 }
+
+// The device path: kernels and workspace of one backend.
+class EmbedDevice {
+ public:
+  virtual ~EmbedDevice() = default;
+  virtual void forward(size_t rows, size_t window, size_t windows, const float* numeric,
+                       const int32_t* action, const int32_t* character, const int32_t* stage,
+                       const float* prev, bool mirror, uint64_t key, float noise_sd,
+                       const float* tables, uint8_t* mirrored, float* out) = 0;
+  virtual void backward(size_t rows, const float* numeric, const int32_t* action,
+                        const int32_t* character, const int32_t* stage, const float* dout,
+                        float* dtables) = 0;
+};
+
+// Offsets of the three tables in the stage's store.
+struct TableOffsets {
+  size_t action = 0, character = 0, stage = 0;
+};
+
+template <class Ops>
+class EmbedDeviceOn final : public EmbedDevice {
+  using K = MeleeKernels<Ops::kBackend>;
+
+ public:
+  EmbedDeviceOn(const EmbedLayout& L, TableOffsets off, Ops ops)
+      : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops) {}
+
+  void forward(size_t rows, size_t window, size_t windows, const float* numeric,
+               const int32_t* action, const int32_t* character, const int32_t* stage,
+               const float* prev, bool mirror, uint64_t key, float noise_sd, const float* tables,
+               uint8_t* mirrored, float* out) override {
+    K::embed_mirror_flags(mirrored, windows, key, mirror ? 1 : 0, o_.stream());
+    K::embed_forward(dims_, rows, window, numeric, action, character, stage, prev, mirrored,
+                     tables + off_.action, tables + off_.character, tables + off_.stage, out,
+                     o_.stream());
+    if (noise_sd > 0)
+      K::embed_add_noise(dims_, rows, numeric, mix64(key ^ 0x6E6F697365ull), noise_sd, out,
+                         o_.stream());
+  }
+
+  void backward(size_t rows, const float* numeric, const int32_t* action, const int32_t* character,
+                const int32_t* stage, const float* dout, float* dtables) override {
+    const size_t bytes = K::embed_backward_workspace_bytes(dims_, rows);
+    if (!ws_.defined() || ws_.nbytes() < bytes)
+      ws_ = o_.template alloc<uint8_t>(std::max<size_t>(bytes, 1), "melee_embedding workspace");
+    K::embed_backward(dims_, rows, numeric, action, character, stage, dout, dtables + off_.action,
+                      dtables + off_.character, dtables + off_.stage, ws_.raw(), o_.stream());
+  }
+
+ private:
+  typename K::EmbedDims dims_;
+  TableOffsets off_;
+  Ops o_;
+  Tensor ws_;
+};
 
 }  // namespace
 
@@ -77,10 +137,6 @@ class MeleeEmbeddingStage : public Stage {
   }
 
   void setup(StageContext& ctx) override {
-    if (!ctx.device().is_cpu())
-      throw std::runtime_error("melee_embedding '" + ctx.name() +
-                               "': only the CPU path exists (device " + ctx.device().str() +
-                               "); run with device: cpu");
     const Params& p = ctx.params();
     layout_.action_dim = static_cast<int>(p.integer("action_dim"));
     layout_.character_dim = static_cast<int>(p.integer("character_dim"));
@@ -101,12 +157,30 @@ class MeleeEmbeddingStage : public Stage {
     ctx.declare_output("x", xs, DType::f32);
     ctx.declare_output("mirrored", ms, DType::u8);
 
-    std::mt19937_64 rng(ctx.seed());
+    // Lookup tables: no weight decay, which would shrink rare states' rows towards zero.
+    nn::ParamLayout tables;
+    off_.action = tables.add("action_table.weight", {kActionStates, layout_.action_dim}, false);
+    off_.character =
+        tables.add("character_table.weight", {kCharacters, layout_.character_dim}, false);
+    off_.stage = tables.add("stage_table.weight", {kStages, layout_.stage_dim}, false);
+    device_ = ctx.exec().device();
+    store_.allocate(tables, false, device_);
     const double scale = p.number("init_scale");
-    make_table(action_, "action_table.weight", kActionStates, layout_.action_dim, scale, rng);
-    make_table(character_, "character_table.weight", kCharacters, layout_.character_dim, scale,
-               rng);
-    make_table(stage_, "stage_table.weight", kStages, layout_.stage_dim, scale, rng);
+    store_.initialize([&](float* w) {  // normal(0, 1) * scale, table by table from one stream
+      std::mt19937_64 rng(ctx.seed());
+      for (const auto& t : tables.slots()) {
+        std::normal_distribution<double> nd(0.0, 1.0);
+        for (size_t i = 0; i < t.numel; ++i) w[t.offset + i] = static_cast<float>(nd(rng) * scale);
+      }
+    });
+    dev_ = nn::with_ops(ctx.exec(), "melee_embedding '" + ctx.name() + "'",
+                        [&](auto ops) -> std::unique_ptr<EmbedDevice> {
+                          using Ops = decltype(ops);
+                          if constexpr (Ops::kBackend == KernelBackend::cpu)
+                            return nullptr;
+                          else
+                            return std::make_unique<EmbedDeviceOn<Ops>>(layout_, off_, ops);
+                        });
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }
 
@@ -117,7 +191,7 @@ class MeleeEmbeddingStage : public Stage {
     const Tensor& stage = ctx.input(b, "stage");
     const Tensor& prev = ctx.input(b, "prev_controller");
     const int64_t B = numeric.dim(0), W = numeric.dim(1);
-    if (!numeric.device().is_cpu() || numeric.dim(2) != kSlots ||
+    if (numeric.device() != device_ || numeric.dim(2) != kSlots ||
         numeric.dim(3) != kNumericFeatures || action.numel() != B * W * kSlots ||
         character.numel() != B * W * kSlots || stage.numel() != B * W ||
         prev.numel() != B * W * kControllerFeatures)
@@ -126,30 +200,37 @@ class MeleeEmbeddingStage : public Stage {
                                ": numeric " + numeric.describe() + ", action " + action.describe() +
                                ", character " + character.describe() + ", stage " +
                                stage.describe() + ", prev_controller " + prev.describe());
+    reserve(B, W);
+    const bool training = ctx.run().training;
+    const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
+    const size_t rows = static_cast<size_t>(B * W);
+    if (dev_) {
+      dev_->forward(rows, static_cast<size_t>(W), static_cast<size_t>(B), numeric.data<float>(),
+                    action.data<int32_t>(), character.data<int32_t>(), stage.data<int32_t>(),
+                    prev.data<float>(), training && mirror_, key,
+                    training ? static_cast<float>(noise_) : 0.0f, store_.values(),
+                    mirrored_.data<uint8_t>(), x_.data<float>());
+      publish(b, ctx, B, W);
+      return;
+    }
     check_ids(action, kActionStates, "action", ctx.name());
     check_ids(character, kCharacters, "character", ctx.name());
     check_ids(stage, kStages, "stage", ctx.name());
-    reserve(B, W);
-
-    const bool training = ctx.run().training;
-    const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
     uint8_t* m = mirrored_.data<uint8_t>();
     for (int64_t w = 0; w < B; ++w)
       m[w] = (training && mirror_)
                  ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63)
                  : 0;
 
-    const size_t rows = static_cast<size_t>(B * W);
     float* out = x_.data<float>();
+    const float* t = store_.values();
     embed_forward<float>(layout_, rows, static_cast<size_t>(W), numeric.data<float>(),
                          action.data<int32_t>(), character.data<int32_t>(), stage.data<int32_t>(),
-                         prev.data<float>(), m, action_.value.data<float>(),
-                         character_.value.data<float>(), stage_.value.data<float>(), out);
+                         prev.data<float>(), m, t + off_.action, t + off_.character, t + off_.stage,
+                         out);
     if (training && noise_ > 0)
       add_noise(numeric.data<float>(), rows, mix64(key ^ 0x6E6F697365ull), out);
-
-    ctx.set_output(b, "x", x_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
-    ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
+    publish(b, ctx, B, W);
   }
 
   void backward(Batch& b, StageContext& ctx) override {
@@ -160,16 +241,25 @@ class MeleeEmbeddingStage : public Stage {
     if (g.numel() != static_cast<int64_t>(rows) * layout_.width())
       throw std::runtime_error("melee_embedding '" + ctx.name() + "': gradient " + g.describe() +
                                " does not match x of batch " + std::to_string(b.index));
-    embed_backward<float>(
-        layout_, rows, numeric.data<float>(), ctx.input(b, "action").data<int32_t>(),
-        ctx.input(b, "character").data<int32_t>(), ctx.input(b, "stage").data<int32_t>(),
-        g.data<float>(), action_.grad.data<float>(), character_.grad.data<float>(),
-        stage_.grad.data<float>());
+    const int32_t* action = ctx.input(b, "action").data<int32_t>();
+    const int32_t* character = ctx.input(b, "character").data<int32_t>();
+    const int32_t* stage = ctx.input(b, "stage").data<int32_t>();
+    float* d = store_.grads();
+    if (dev_)
+      dev_->backward(rows, numeric.data<float>(), action, character, stage, g.data<float>(), d);
+    else
+      embed_backward<float>(layout_, rows, numeric.data<float>(), action, character, stage,
+                            g.data<float>(), d + off_.action, d + off_.character, d + off_.stage);
   }
 
-  std::vector<Parameter*> parameters() override { return {&action_, &character_, &stage_}; }
+  std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
  private:
+  void publish(Batch& b, StageContext& ctx, int64_t B, int64_t W) {
+    ctx.set_output(b, "x", x_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
+    ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
+  }
+
   // want: -2 = any size (batch and window), -1 in the declared shape = known per batch only.
   static void expect(StageContext& ctx, const char* port, std::initializer_list<int64_t> want) {
     const Shape& s = ctx.input_shape(port);
@@ -188,27 +278,17 @@ class MeleeEmbeddingStage : public Stage {
     }
   }
 
-  static void make_table(Parameter& p, const char* name, int rows, int dim, double scale,
-                         std::mt19937_64& rng) {
-    p.name = name;
-    p.value = Tensor::empty(Shape{rows, dim}, DType::f32, Device::cpu(), name);
-    p.grad = Tensor::zeros(Shape{rows, dim}, DType::f32, Device::cpu(), name);
-    p.weight_decay = false;  // lookup tables: decay would shrink rare states' rows towards zero
-    std::normal_distribution<double> nd(0.0, 1.0);
-    for (float& v : p.value.span<float>()) v = static_cast<float>(nd(rng) * scale);
-  }
-
   // Buffers grow to the largest batch seen; steady state allocates nothing.
   void reserve(int64_t B, int64_t W) {
     if (B * W > rows_cap_) {
       rows_cap_ = B * W;
-      x_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::f32, Device::cpu(),
+      x_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::f32, device_,
                          "melee_embedding x");
     }
     if (B > windows_cap_) {
       windows_cap_ = B;
       mirrored_ =
-          Tensor::zeros(Shape{windows_cap_}, DType::u8, Device::cpu(), "melee_embedding mirrored");
+          Tensor::zeros(Shape{windows_cap_}, DType::u8, device_, "melee_embedding mirrored");
     }
   }
 
@@ -232,7 +312,10 @@ class MeleeEmbeddingStage : public Stage {
   EmbedLayout layout_;
   bool mirror_ = false;
   double noise_ = 0;
-  Parameter action_, character_, stage_;
+  nn::ParamStore store_;  // the three tables
+  TableOffsets off_;
+  Device device_;
+  std::unique_ptr<EmbedDevice> dev_;  // null on the CPU
   Tensor x_, mirrored_;
   int64_t rows_cap_ = 0, windows_cap_ = 0;
 };

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine/exec_context.h"
 #include "engine/tensor.h"
 #include "kernels/cuda_api.h"
 #include "stages/nn/model_ops.h"
@@ -23,6 +24,9 @@ template <class Kernels>
 class DeviceOps {
  public:
   using Scalar = float;
+  using Table = Kernels;
+  static constexpr KernelBackend kBackend =
+      Kernels::kEmulated ? KernelBackend::emulated : KernelBackend::cuda;
   static constexpr int kMaxState = Kernels::kScanMaxState;
   static constexpr bool kSavesConvInput = false;
 
@@ -38,12 +42,17 @@ class DeviceOps {
     const DType dt = sizeof(E) == 2 ? DType::bf16 : sizeof(E) == 1 ? DType::u8 : DType::f32;
     return Tensor::zeros({static_cast<int64_t>(n)}, dt, memory_, what);
   }
+  // Sizes left at 0 need nothing (a stage without a scan, a convolution or norms).
   size_t scratch_bytes(const ScratchNeeds& s) const {
-    return std::max(
-        {Kernels::scan_backward_workspace_bytes(s.B, s.L, s.channels, s.state),
-         Kernels::conv_backward_workspace_bytes(s.B, s.L, s.channels, s.conv_width, true),
-         Kernels::rms_backward_workspace_bytes(s.norm_rows, s.norm_cols),
-         Kernels::column_sum_workspace_bytes(s.norm_rows, s.norm_cols)});
+    size_t b = 0;
+    if (s.state > 0) b = Kernels::scan_backward_workspace_bytes(s.B, s.L, s.channels, s.state);
+    if (s.conv_width > 0)
+      b = std::max(
+          b, Kernels::conv_backward_workspace_bytes(s.B, s.L, s.channels, s.conv_width, true));
+    if (s.norm_rows > 0 && s.norm_cols > 0)
+      b = std::max({b, Kernels::rms_backward_workspace_bytes(s.norm_rows, s.norm_cols),
+                    Kernels::column_sum_workspace_bytes(s.norm_rows, s.norm_cols)});
+    return b;
   }
 
   void copy(float* dst, const float* src, size_t n) const {
@@ -63,6 +72,12 @@ class DeviceOps {
   void neg_exp(const float* x, float* y, size_t n) const { Kernels::neg_exp(x, y, n, stream_); }
   void mul_accumulate(float* y, const float* a, const float* b, size_t n) const {
     Kernels::mul_accumulate(y, a, b, n, stream_);
+  }
+  void silu_forward(const float* x, float* y, size_t n) const {
+    Kernels::silu_forward(x, y, n, stream_);
+  }
+  void silu_backward(const float* x, const float* dy, float* dx, size_t n) const {
+    Kernels::silu_backward(x, dy, dx, n, stream_);
   }
   void to_bf16(const float* src, uint16_t* dst, size_t n) const {
     Kernels::to_bf16(src, bf(dst), n, stream_);

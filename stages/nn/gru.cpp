@@ -28,6 +28,10 @@ class GruStage : public Stage {
   }
 
   void setup(StageContext& ctx) override {
+    if (ctx.exec().device_ops())
+      throw std::runtime_error("gru '" + ctx.name() + "': the GRU has only a CPU path so far, " +
+                               "and this run is on " + ctx.exec().describe() +
+                               "; use device: cpu, or the mamba stage on a GPU");
     const Shape& in = ctx.input_shape("x");
     if (in.rank() != 3 || in[2] <= 0)
       throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " +

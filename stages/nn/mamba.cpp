@@ -1,15 +1,57 @@
 // mamba: a stack of Mamba-1 blocks (mamba-ssm's MixerModel without the embedding), sequence to
-// sequence and causal. The math is MambaModel<float> (mamba_model.h); this file binds it to the
-// stage API: weights as Parameters, buffers sized in setup, bf16 under precision bf16.
+// sequence and causal. The math is MambaModel (mamba_model.h) over the ops of the run's backend
+// (ops_backend.h: the CPU kernels, or the CUDA kernels on the run's stream); this file binds it
+// to the stage API: weights as Parameters on the run's device, buffers sized in setup, bf16
+// under precision bf16.
 #include <cmath>
 
 #include "engine/registry.h"
 #include "stages/nn/mamba_model.h"
 #include "stages/nn/model_stage_util.h"
+#include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
 
 namespace slipstream {
 namespace {
+
+// The model whichever ops it runs on: the stage holds one and calls through this interface.
+class MambaRunner {
+ public:
+  virtual ~MambaRunner() = default;
+  virtual const nn::MambaConfig& config() const = 0;
+  virtual const nn::MambaLayout& layout() const = 0;
+  virtual int batch() const = 0;
+  virtual int length() const = 0;
+  virtual void resize(int B, int L, bool bf16) = 0;
+  virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
+  virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
+                        float* g, float* dx) = 0;
+  virtual void refresh_shadow(const nn::ParamStore& store) const = 0;
+};
+
+template <class Ops>
+class MambaRunnerOn final : public MambaRunner {
+ public:
+  MambaRunnerOn(const nn::MambaConfig& c, Ops ops) : m_(c, ops) {}
+  const nn::MambaConfig& config() const override { return m_.config(); }
+  const nn::MambaLayout& layout() const override { return m_.layout(); }
+  int batch() const override { return m_.batch(); }
+  int length() const override { return m_.length(); }
+  void resize(int B, int L, bool bf16) override { m_.resize(B, L, bf16); }
+  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
+    m_.forward(x, w, wb, y);
+  }
+  void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
+                float* dx) override {
+    m_.backward(x, dy, w, wb, g, dx);
+  }
+  void refresh_shadow(const nn::ParamStore& store) const override {
+    store.refresh_shadow(m_.ops());
+  }
+
+ private:
+  nn::MambaModel<float, Ops> m_;
+};
 
 class MambaStage : public Stage {
  public:
@@ -54,11 +96,15 @@ class MambaStage : public Stage {
     c.dt_rank = static_cast<int>(p.integer("dt_rank"));
     c.layers = static_cast<int>(p.integer("layers"));
     c.eps = p.number("eps");
-    model_ = std::make_unique<nn::MambaModel<float>>(c);
+    model_ = nn::with_ops(ctx.exec(), "mamba '" + ctx.name() + "'",
+                          [&](auto ops) -> std::unique_ptr<MambaRunner> {
+                            return std::make_unique<MambaRunnerOn<decltype(ops)>>(c, ops);
+                          });
+    device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16;
-    store_.allocate(model_->layout().params, bf16_);
-    nn::mamba_init(c, model_->layout(), store_.values(), ctx.seed());
-    store_.refresh_shadow();
+    store_.allocate(model_->layout().params, bf16_, device_);
+    store_.initialize([&](float* w) { nn::mamba_init(c, model_->layout(), w, ctx.seed()); });
+    model_->refresh_shadow(store_);
     shadow_checked_ = false;
     want_dx_ = nn::input_grad_wanted(ctx, 0);
     ctx.declare_output("y", {in[0], in[1], c.d_model}, DType::f32);
@@ -67,12 +113,12 @@ class MambaStage : public Stage {
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
-    nn::check_sequence(ctx, x, model_->config().din);
+    nn::check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != model_->batch() || x.dim(1) != model_->length()) resize(x.dim(0), x.dim(1));
     if (bf16_ && !shadow_checked_) {
       // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
       // from here on the optimizer keeps the shadow in step with every update.
-      store_.refresh_shadow();
+      model_->refresh_shadow(store_);
       shadow_checked_ = true;
     }
     model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
@@ -96,11 +142,12 @@ class MambaStage : public Stage {
   void resize(int64_t B, int64_t W) {
     const auto& c = model_->config();
     model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
-    y_ = Tensor::empty({B, W, c.d_model}, DType::f32, Device::cpu(), "mamba output");
-    dx_ = Tensor::empty({B, W, c.din}, DType::f32, Device::cpu(), "mamba input gradient");
+    y_ = Tensor::empty({B, W, c.d_model}, DType::f32, device_, "mamba output");
+    dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, "mamba input gradient");
   }
 
-  std::unique_ptr<nn::MambaModel<float>> model_;
+  std::unique_ptr<MambaRunner> model_;
+  Device device_;
   nn::ParamStore store_;
   Tensor x_, y_, dx_;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;

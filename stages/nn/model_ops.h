@@ -13,6 +13,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "engine/exec_context.h"
 #include "engine/tensor.h"
 #include "kernels/activations.h"
 #include "kernels/bf16.h"
@@ -35,6 +36,7 @@ template <class T>
 class CpuOps {
  public:
   using Scalar = T;
+  static constexpr KernelBackend kBackend = KernelBackend::cpu;
   static constexpr int kMaxState = kernels::kScanMaxState;
   static constexpr bool kSavesConvInput = true;  // conv_silu keeps its pre-activation
 
@@ -64,6 +66,11 @@ class CpuOps {
   void neg_exp(const T* x, T* y, size_t n) const { kernels::neg_exp(x, y, n); }
   void mul_accumulate(T* y, const T* a, const T* b, size_t n) const {
     kernels::mul_accumulate(y, a, b, n);
+  }
+  void silu_forward(const T* x, T* y, size_t n) const { kernels::silu_forward(x, y, n); }
+  // dx = dy * silu'(x); dx may alias dy.
+  void silu_backward(const T* x, const T* dy, T* dx, size_t n) const {
+    kernels::silu_backward(x, dy, dx, n);
   }
   void to_bf16(const T* src, uint16_t* dst, size_t n) const {
     if constexpr (std::is_same_v<T, float>) kernels::fp32_to_bf16(src, dst, n);

@@ -23,11 +23,12 @@ inline bool input_grad_wanted(StageContext& ctx, size_t port_index) {
   return true;
 }
 
-// The (B, W, D) shape of a sequence input, checked.
-inline void check_sequence(const StageContext& ctx, const Tensor& x, int64_t d) {
-  if (x.dtype() != DType::f32 || x.rank() != 3 || x.dim(2) != d || !x.device().is_cpu())
+// The (B, W, D) shape of a sequence input on the stage's device, checked.
+inline void check_sequence(const StageContext& ctx, const Tensor& x, int64_t d,
+                           const Device& device = Device::cpu()) {
+  if (x.dtype() != DType::f32 || x.rank() != 3 || x.dim(2) != d || x.device() != device)
     throw std::runtime_error("stage '" + ctx.name() + "': input x must be f32 (B, W, " +
-                             std::to_string(d) + ") on the CPU, got " + x.describe());
+                             std::to_string(d) + ") on " + device.str() + ", got " + x.describe());
 }
 
 // The gradient of the output must match the output a stage produced.

@@ -1,15 +1,12 @@
 #include "stages/nn/param_store.h"
 
-#include "kernels/bf16.h"
-
 namespace slipstream::nn {
 
-void ParamStore::allocate(const ParamLayout& layout, bool bf16_shadow) {
+void ParamStore::allocate(const ParamLayout& layout, bool bf16_shadow, const Device& device) {
   const int64_t n = static_cast<int64_t>(layout.total());
-  values_ = Tensor::zeros({n}, DType::f32, Device::cpu(), "model weights");
-  grads_ = Tensor::zeros({n}, DType::f32, Device::cpu(), "model weight gradients");
-  shadow_ =
-      bf16_shadow ? Tensor::zeros({n}, DType::bf16, Device::cpu(), "bf16 weight copy") : Tensor();
+  values_ = Tensor::zeros({n}, DType::f32, device, "model weights");
+  grads_ = Tensor::zeros({n}, DType::f32, device, "model weight gradients");
+  shadow_ = bf16_shadow ? Tensor::zeros({n}, DType::bf16, device, "bf16 weight copy") : Tensor();
   params_.clear();
   params_.reserve(layout.slots().size());
   for (const auto& s : layout.slots()) {
@@ -23,10 +20,6 @@ void ParamStore::allocate(const ParamLayout& layout, bool bf16_shadow) {
     p.weight_decay = s.weight_decay;
     params_.push_back(std::move(p));
   }
-}
-
-void ParamStore::refresh_shadow() const {
-  if (shadow_.defined()) kernels::fp32_to_bf16(values(), shadow_.data<uint16_t>(), size());
 }
 
 std::vector<Parameter*> ParamStore::pointers() {

@@ -77,7 +77,7 @@ class AdamWStage : public Stage {
       throw std::runtime_error(
           "no trainable parameters upstream: list the loss stage (or the "
           "allreduce after it) as this stage's input");
-    opt_.attach(std::move(params), c);
+    opt_.attach(std::move(params), c, &ctx.exec());
     opt_.refresh_shadows();
   }
 

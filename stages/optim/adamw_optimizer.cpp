@@ -30,17 +30,20 @@ void refresh_shadow(const Parameter& p) {
 }  // namespace
 
 void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> params,
-                            const AdamWConfig& config) {
+                            const AdamWConfig& config, const ExecContext* exec) {
   if (config.accumulate < 1) throw std::invalid_argument("adamw: accumulate must be at least 1");
   cfg_ = config;
   slots_.clear();
+  device_.reset();
   step_ = micro_ = 0;
   ema_swapped_ = false;
+  const bool on_device = exec && exec->device_ops();
+  const Device where = on_device ? exec->device() : Device::cpu();
   for (auto& [name, p] : params) {
     for (const Tensor* t : {&p->value, &p->grad})
-      if (!t->defined() || t->dtype() != DType::f32 || !t->device().is_cpu())
-        throw std::runtime_error("adamw: parameter '" + name +
-                                 "' needs f32 CPU value and grad, got " +
+      if (!t->defined() || t->dtype() != DType::f32 || t->device() != where)
+        throw std::runtime_error("adamw: parameter '" + name + "' needs f32 value and grad on " +
+                                 where.str() + ", got " +
                                  (t->defined() ? t->describe() : std::string("none")));
     if (!(p->value.shape() == p->grad.shape()))
       throw std::runtime_error("adamw: parameter '" + name + "': value and grad shapes differ");
@@ -51,10 +54,15 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
     Slot s;
     s.name = name;
     s.p = p;
-    s.m = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), "adamw first moment");
-    s.v = Tensor::zeros(p->value.shape(), DType::f32, Device::cpu(), "adamw second moment");
+    s.m = Tensor::zeros(p->value.shape(), DType::f32, where, "adamw first moment");
+    s.v = Tensor::zeros(p->value.shape(), DType::f32, where, "adamw second moment");
     if (cfg_.ema > 0) s.ema = p->value.clone();
     slots_.push_back(std::move(s));
+  }
+  if (on_device) {
+    std::vector<AdamWDeviceSlot> ds;
+    for (auto& s : slots_) ds.push_back({s.p, &s.m, &s.v, &s.ema});
+    device_ = make_adamw_device(*exec, ds, cfg_);
   }
 }
 
@@ -64,6 +72,14 @@ AdamWOptimizer::Report AdamWOptimizer::micro_step() {
   micro_ = 0;
   rep.stepped = true;
   if (ema_swapped_) throw std::logic_error("adamw: update while the EMA weights are swapped in");
+  if (device_) {
+    const AdamWDeviceOutcome o = device_->step();
+    rep.finite = o.finite;
+    rep.lr = o.lr;
+    rep.grad_norm = o.grad_norm;
+    step_ = o.step;
+    return rep;
+  }
 
   // The update uses the mean over micro-batches: norm and clipping apply to that mean.
   const double inv_n = 1.0 / static_cast<double>(cfg_.accumulate);
@@ -103,6 +119,11 @@ AdamWOptimizer::Report AdamWOptimizer::micro_step() {
 
 void AdamWOptimizer::swap_ema() {
   if (cfg_.ema <= 0) return;
+  if (device_) {
+    device_->swap_ema();
+    ema_swapped_ = !ema_swapped_;
+    return;
+  }
   for (const auto& s : slots_) {
     float* a = f32(s.p->value);
     float* b = f32(s.ema);
@@ -113,6 +134,10 @@ void AdamWOptimizer::swap_ema() {
 }
 
 void AdamWOptimizer::refresh_shadows() const {
+  if (device_) {
+    device_->refresh_shadows();
+    return;
+  }
   for (const auto& s : slots_) refresh_shadow(*s.p);
 }
 
@@ -145,6 +170,7 @@ void AdamWOptimizer::load(StateReader& r) {
     else
       s.p->grad.zero_();
   }
+  if (device_) device_->set_step(step_);
   ema_swapped_ = false;
   refresh_shadows();
 }

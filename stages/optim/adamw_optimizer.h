@@ -2,6 +2,8 @@
 // the bf16 shadow written in the same pass as the update, and an EMA of the weights. The
 // `adamw` stage drives it; tests and benchmarks use it directly. State (moments, EMA, counters,
 // gradients accumulated but not yet applied) round-trips through save/load for exact resume.
+// Given an execution context with device ops, the update runs there (adamw_device.h) on
+// parameters that live on the context's device; the policy is the same.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +13,7 @@
 
 #include "engine/stage.h"
 #include "engine/state_io.h"
+#include "stages/optim/adamw_device.h"
 #include "stages/optim/lr_schedule.h"
 
 namespace slipstream::optim {
@@ -33,8 +36,10 @@ class AdamWOptimizer {
     double grad_norm = 0;  // of the averaged gradient, before clipping
   };
 
-  // Parameters are named (the names key the saved state). Allocates moments and EMA copies.
-  void attach(std::vector<std::pair<std::string, Parameter*>> params, const AdamWConfig& config);
+  // Parameters are named (the names key the saved state). Allocates moments and EMA copies on
+  // the parameters' device. exec: where the update runs (null: the CPU).
+  void attach(std::vector<std::pair<std::string, Parameter*>> params, const AdamWConfig& config,
+              const ExecContext* exec = nullptr);
 
   // One micro-batch's gradients are in the parameters' grad buffers (summed with those of the
   // earlier micro-batches of this update). Every `accumulate`-th call updates the weights and
@@ -66,6 +71,7 @@ class AdamWOptimizer {
   AdamWConfig cfg_;
   int64_t step_ = 0, micro_ = 0;
   bool ema_swapped_ = false;
+  std::unique_ptr<AdamWDevice> device_;  // null: the CPU update
 };
 
 }  // namespace slipstream::optim

@@ -14,20 +14,22 @@
 
 namespace slipstream::kernels::test {
 
-// steps: gradients per step; a step whose gradients hold a NaN must be skipped.
+// steps: gradients per step; a step whose gradients hold a NaN must be skipped. Every other
+// segment keeps an EMA of its weights.
 template <class Ops, class Mem>
 void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int nan_step,
                  uint64_t seed) {
   SCOPED_TRACE("segments " + std::to_string(sizes.size()) + " clip " + std::to_string(clip));
   std::mt19937_64 rng(seed);
   using Hyper = typename Ops::AdamWHyper;
-  const Hyper h{0.9f, 0.95f, 1e-8f, 0.1f, clip, 0.5f};
+  const Hyper h{0.9f, 0.95f, 1e-8f, 0.1f, clip, 0.5f, 0.75f};
   const std::vector<float> lr_table = {1e-3f, 2e-3f, 3e-3f, 2.5e-3f};
   const size_t S = sizes.size();
-  std::vector<std::vector<float>> p(S), m(S), v(S);
+  std::vector<std::vector<float>> p(S), m(S), v(S), ema(S);
   for (size_t s = 0; s < S; ++s) {
     p[s] = cast<float>(rand_vec(sizes[s], rng));
     m[s].assign(sizes[s], 0.f), v[s].assign(sizes[s], 0.f);
+    ema[s] = p[s];
   }
   Mem mem;
   std::vector<typename Ops::AdamWSegment> segs(S);
@@ -39,7 +41,8 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
                mem.upload(v[s]),
                s % 2 ? mem.template alloc<bfloat16>(sizes[s]) : nullptr,
                sizes[s],
-               int(s % 3 != 1)};
+               int(s % 3 != 1),
+               s % 2 ? nullptr : mem.upload(ema[s])};
     max_n = std::max(max_n, sizes[s]);
   }
   const auto* g_segs = mem.upload(segs);
@@ -77,6 +80,8 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
       scale_inplace(g[s].data(), sizes[s], float(scale));
       adamw_step(p[s].data(), g[s].data(), m[s].data(), v[s].data(), nullptr, sizes[s], lr, h.beta1,
                  h.beta2, h.eps, h.weight_decay, segs[s].decay != 0, step);
+      const float keep = 1.0f - h.ema_decay;  // the CPU optimizer's EMA
+      for (size_t i = 0; i < sizes[s]; ++i) ema[s][i] = h.ema_decay * ema[s][i] + keep * p[s][i];
     }
   }
   for (size_t s = 0; s < S; ++s) {
@@ -87,6 +92,8 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
     EXPECT_CLOSE(values(mem.download(segs[s].v, sizes[s])), values(v[s]), 1e-5, "v");
     EXPECT_CLOSE(values(mem.download(segs[s].grad, sizes[s])), std::vector<double>(sizes[s], 0.0),
                  1e-30, "gradient zeroed");
+    if (segs[s].ema)
+      EXPECT_CLOSE(values(mem.download(segs[s].ema, sizes[s])), values(ema[s]), 1e-5, "ema");
     if (segs[s].shadow) {
       // The bf16 copy is the rounding of the device's own updated value.
       const auto sh = mem.download(segs[s].shadow, sizes[s]);

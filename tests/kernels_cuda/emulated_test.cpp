@@ -15,7 +15,7 @@
 namespace slipstream::kernels::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda_emulated);
+SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda_emulated, true);
 struct Mem : EmulatedMemory {
   cuda_emulated::GemmContext gemm_context() const { return {}; }
 };

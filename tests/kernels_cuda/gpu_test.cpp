@@ -96,7 +96,7 @@ class CudaMemory {
                    << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "device count is 0"); \
   } while (0)
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda);
+SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda, false);
 using Mem = CudaMemory;
 
 TEST(GpuScan, ForwardMatchesCpu) {

@@ -8,7 +8,7 @@
 namespace slipstream::nn::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(EmulatedKernels, ::slipstream::kernels::cuda_emulated);
+SLIPSTREAM_CUDA_KERNEL_TABLE(EmulatedKernels, ::slipstream::kernels::cuda_emulated, true);
 
 TEST(MambaEmulatedDevice, MatchesCpuModel) {
   uint64_t seed = 1;

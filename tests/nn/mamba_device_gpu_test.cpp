@@ -14,7 +14,7 @@
 namespace slipstream::nn::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(CudaKernels, ::slipstream::kernels::cuda);
+SLIPSTREAM_CUDA_KERNEL_TABLE(CudaKernels, ::slipstream::kernels::cuda, false);
 
 TEST(MambaGpu, MatchesCpuModel) {
   const CudaProbe& probe = probe_cuda();

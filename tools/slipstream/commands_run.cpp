@@ -74,7 +74,7 @@ void add_run_commands(CLI::App& app) {
   run->add_option("--config,-c", a->config, "a graph file, e.g. a run directory's config.yaml");
   run->add_option("--resume", a->resume, "continue RUN_DIR from its latest checkpoint");
   run->add_option("--device", a->device,
-                  "auto | cpu | cuda | cuda:N (same as --set run.device=...)");
+                  "auto | cpu | cuda | cuda:N | emulated (same as --set run.device=...)");
   run->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value (repeatable)");
   run->callback([a] { set_exit_code(run_command(*a)); });
 

@@ -1,0 +1,367 @@
+// The Melee model stages' ops on CUDA: the embedding's gather, noise and deterministic table
+// gradients, and the BC loss's fused per-position statistics and logit gradients. Math of the
+// CPU references in model_math.h (embed_forward/backward, bc_loss_forward/backward), against
+// which tests/melee_model compares them; constants come in by value (EmbedDims), so device code
+// calls no host constexpr function.
+#include <algorithm>
+
+#include "kernels/cuda_common.cuh"
+#include "stages/melee/melee_kernels.h"
+
+namespace slipstream::melee::SLIPSTREAM_KERNEL_NS {
+
+namespace {
+
+namespace k = ::slipstream::kernels::SLIPSTREAM_KERNEL_NS;
+using k::ceil_div;
+using k::check_launch;
+
+constexpr int kThreads = 256;
+constexpr size_t kItemsPerChunk = 1024;  // embed_backward: items summed per partial
+
+// ---------------------------------------------------------------- embedding
+
+struct Cols {  // EmbedLayout's offsets from the dims
+  int A, C, S, slot_width, stage_offset, controller_offset, raw_width, width;
+  __device__ __host__ explicit Cols(const EmbedDims& d)
+      : A(d.action_dim),
+        C(d.character_dim),
+        S(d.stage_dim),
+        slot_width(kNumericFeatures + d.action_dim + d.character_dim),
+        stage_offset(kSlots * slot_width),
+        controller_offset(stage_offset + d.stage_dim),
+        raw_width(controller_offset + kControllerFeatures),
+        width((raw_width + 7) / 8 * 8) {}
+};
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64, as the CPU stage
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ double uniform01(uint64_t key, uint64_t i) {
+  return static_cast<double>(mix64(key + i) >> 11) * 0x1p-53;
+}
+
+__device__ __forceinline__ bool exists(const float* numeric, size_t rs) {
+  return numeric[rs * kNumericFeatures + kExists] > 0.5f;
+}
+
+__global__ void mirror_flags_kernel(uint8_t* m, size_t B, uint64_t key, int enabled) {
+  const size_t w = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w < B) m[w] = enabled ? uint8_t(mix64(key + w) >> 63) : uint8_t(0);
+}
+
+__global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window,
+                                     const float* numeric, const int32_t* action,
+                                     const int32_t* character, const int32_t* stage,
+                                     const float* prev, const uint8_t* mirrored,
+                                     const float* action_table, const float* character_table,
+                                     const float* stage_table, float* out) {
+  const Cols L(d);
+  const size_t n = rows * size_t(L.width);
+  for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += size_t(gridDim.x) * blockDim.x) {
+    const size_t r = e / size_t(L.width);
+    const int col = int(e % size_t(L.width));
+    const bool m = mirrored && mirrored[r / window];
+    float v = 0.0f;
+    if (col < L.stage_offset) {
+      const int s = col / L.slot_width, f = col % L.slot_width;
+      const size_t rs = r * kSlots + size_t(s);
+      if (f < kNumericFeatures) {
+        v = numeric[rs * kNumericFeatures + size_t(f)] * d.numeric_scale[f];
+        if (m && ((d.mirror_numeric >> f) & 1u)) v = -v;
+      } else if (exists(numeric, rs)) {
+        if (f < kNumericFeatures + L.A) {
+          const int id = action[rs];
+          if (id >= 0 && id < kActionStates)
+            v = action_table[size_t(id) * size_t(L.A) + size_t(f - kNumericFeatures)];
+        } else {
+          const int id = character[rs];
+          if (id >= 0 && id < kCharacters)
+            v = character_table[size_t(id) * size_t(L.C) + size_t(f - kNumericFeatures - L.A)];
+        }
+      }
+    } else if (col < L.controller_offset) {
+      const int id = stage[r];
+      if (id >= 0 && id < kStages) v = stage_table[size_t(id) * size_t(L.S) + size_t(col - L.stage_offset)];
+    } else if (col < L.raw_width) {
+      const int c = col - L.controller_offset;
+      v = prev[r * kControllerFeatures + size_t(c)];
+      if (m && ((d.mirror_controller >> c) & 1u)) v = -v;
+    }
+    out[e] = v;
+  }
+}
+
+__global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeric, uint64_t key,
+                                   float sd, float* out) {
+  const Cols L(d);
+  const size_t n = rows * kSlots * kNumericFeatures;
+  for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += size_t(gridDim.x) * blockDim.x) {
+    const size_t rs = e / kNumericFeatures;
+    if (!exists(numeric, rs)) continue;
+    const size_t r = rs / kSlots, s = rs % kSlots, f = e % kNumericFeatures;
+    const double u1 = 1.0 - uniform01(key, 2 * e), u2 = uniform01(key, 2 * e + 1);
+    const double g = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    out[r * size_t(L.width) + s * size_t(L.slot_width) + f] += sd * static_cast<float>(g);
+  }
+}
+
+// One table's gradient, partial per chunk of items: thread (row, k) of the table sums, in item
+// order, dout at the item's columns over the chunk's items whose id is that row.
+struct TableGrad {
+  const int32_t* ids;
+  int id_limit;   // rows of the table
+  int dim;        // columns of the table
+  int per_row;    // items per position: kSlots (slot tables) or 1 (stage)
+  int col_base;   // column of the item's first table column, for slot 0
+  int slot_step;  // column step between slots (the slot width)
+  bool needs_slot;
+};
+
+__global__ void table_partials_kernel(TableGrad t, const float* numeric, const float* dout,
+                                      size_t items, int width, float* part) {
+  const size_t cells = size_t(t.id_limit) * size_t(t.dim);
+  const size_t cell = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (cell >= cells) return;
+  const int row = int(cell / size_t(t.dim)), col = int(cell % size_t(t.dim));
+  const size_t i0 = size_t(blockIdx.y) * kItemsPerChunk;
+  const size_t i1 = i0 + kItemsPerChunk < items ? i0 + kItemsPerChunk : items;
+  float acc = 0.0f;
+  for (size_t i = i0; i < i1; ++i) {
+    if (t.ids[i] != row) continue;
+    if (t.needs_slot && !exists(numeric, i)) continue;
+    const size_t r = i / size_t(t.per_row), s = i % size_t(t.per_row);
+    acc += dout[r * size_t(width) + size_t(t.col_base) + s * size_t(t.slot_step) + size_t(col)];
+  }
+  part[size_t(blockIdx.y) * cells + cell] = acc;
+}
+
+void table_backward(const TableGrad& t, const float* numeric, const float* dout, size_t items,
+                    int width, float* dtable, float* part, cudaStream_t stream) {
+  if (items == 0) return;
+  const size_t cells = size_t(t.id_limit) * size_t(t.dim);
+  const unsigned chunks = ceil_div(items, kItemsPerChunk);
+  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(ceil_div(cells, kThreads), chunks),
+                    dim3(kThreads), stream, t, numeric, dout, items, width, part);
+  check_launch("embed_backward");
+  k::sum_partials(part, int(chunks), cells, dtable, true, stream, "embed_backward");
+}
+
+// ---------------------------------------------------------------- BC loss
+
+constexpr int kStickClassesDev = 17;
+constexpr int kShoulderClassesDev = 5;
+__device__ __forceinline__ int classes_of(int stick_head) {
+  return stick_head == kShoulder ? kShoulderClassesDev : kStickClassesDev;
+}
+__device__ __forceinline__ bool mirrors_stick(int stick_head) {
+  return stick_head == kMainX || stick_head == kCX;
+}
+
+// The stick head's target at position i after mirroring; -1 when the position is not valid.
+__device__ __forceinline__ int stick_target(const int32_t* ts, size_t i, int h, bool valid,
+                                            bool m) {
+  if (!valid) return -1;
+  int c = ts[i * kStickHeads + size_t(h)];
+  if (m && mirrors_stick(h)) c = kStickClassesDev - 1 - c;
+  return c;
+}
+
+__device__ __forceinline__ bool labels_ok(const int32_t* ts, size_t i) {
+  for (int h = 0; h < kStickHeads; ++h) {
+    const int c = ts[i * kStickHeads + size_t(h)];
+    if (c < 0 || c >= classes_of(h)) return false;
+  }
+  return true;
+}
+
+// The previous input's class of stick head h (model_math.h's prev_class).
+__device__ __forceinline__ int prev_stick_class(const float* pc, int h) {
+  const float v = pc[kButtons + h];
+  if (h == kShoulder) return int(rintf(fminf(fmaxf(v, 0.0f), 1.0f) * (kShoulderClassesDev - 1)));
+  return int(rintf((fminf(fmaxf(v, -1.0f), 1.0f) + 1.0f) * 0.5f * (kStickClassesDev - 1)));
+}
+
+__global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
+                                    const float* mask, const uint8_t* mirrored, const float* prev,
+                                    size_t M, size_t window, float eps, float* stats) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M) return;
+  float* st = stats + i * kBcStats;
+  for (int c = 0; c < kBcStats; ++c) st[c] = 0.0f;
+  const bool valid = mask[i] > 0.0f;
+  if (!valid) return;
+  if (!labels_ok(ts, i)) {
+    st[kBcBadLabel] = 1.0f;
+    return;
+  }
+  const float w = mask[i];
+  const bool m = mirrored && mirrored[i / window];
+  st[kBcWeight] = w;
+  {  // does the label repeat the previous input? (raw tensors: a mirror flips both alike)
+    const float* pc = prev + i * kControllerFeatures;
+    for (int b = 0; b < kButtons; ++b)
+      st[kBcSame + b] = (tb[i * kButtons + size_t(b)] > 0.5f) == (pc[b] > 0.5f) ? w : 0.0f;
+    for (int h = 0; h < kStickHeads; ++h)
+      st[kBcSame + kButtons + h] = ts[i * kStickHeads + size_t(h)] == prev_stick_class(pc, h) ? w : 0.0f;
+  }
+  {  // buttons: BCE per button, summed; accuracy the fraction of the 8
+    float loss = 0, nll = 0, correct = 0;
+    for (int b = 0; b < kButtons; ++b) {
+      const float x = lg.logits[0][i * kButtons + size_t(b)], y = tb[i * kButtons + size_t(b)];
+      const float ys = y * (1.0f - eps) + eps / 2.0f;
+      const float soft = log1pf(expf(-fabsf(x)));
+      loss += fmaxf(x, 0.0f) - x * ys + soft;
+      nll += fmaxf(x, 0.0f) - x * y + soft;
+      correct += (x > 0.0f) == (y > 0.5f) ? 1.0f : 0.0f;
+    }
+    st[kBcLoss] = w * loss;
+    st[kBcNll] = w * nll;
+    st[kBcCorrect] = w * (correct / kButtons);
+  }
+  for (int h = 0; h < kStickHeads; ++h) {
+    const int K = classes_of(h);
+    const float* x = lg.logits[h + 1] + i * size_t(K);
+    const int c = stick_target(ts, i, h, true, m);
+    int am = 0;
+    for (int q = 1; q < K; ++q)
+      if (x[q] > x[am]) am = q;
+    const float mx = x[am];
+    float se = 0, sx = 0;
+    for (int q = 0; q < K; ++q) {
+      se += expf(x[q] - mx);
+      sx += x[q];
+    }
+    const float lse = mx + logf(se);
+    const float off = eps / float(K), on = 1.0f - eps + eps / float(K);
+    float* sh = st + kBcPerHead * (h + 1);
+    sh[kBcLoss] = w * (lse - (off * sx + (on - off) * x[c]));
+    sh[kBcNll] = w * (lse - x[c]);
+    sh[kBcCorrect] = am == c ? w : 0.0f;
+  }
+}
+
+__global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
+                                        const float* mask, const uint8_t* mirrored, size_t M,
+                                        size_t window, float eps, HeadWeights hw,
+                                        const float* sums, HeadGradPointers dl) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M) return;
+  const float ws = sums[kBcWeight];
+  const bool valid = mask[i] > 0.0f && labels_ok(ts, i) && ws > 0.0f;
+  const float w = valid ? mask[i] : 0.0f;
+  const bool m = mirrored && mirrored[i / window];
+  for (int b = 0; b < kButtons; ++b) {
+    const size_t e = i * kButtons + size_t(b);
+    const float x = lg.logits[0][e], ys = tb[e] * (1.0f - eps) + eps / 2.0f;
+    const float ex = expf(-fabsf(x));
+    const float s = x >= 0.0f ? 1.0f / (1.0f + ex) : ex / (1.0f + ex);
+    dl.dlogits[0][e] = valid ? (s - ys) * (w * (hw.w[0] / ws)) : 0.0f;
+  }
+  for (int h = 0; h < kStickHeads; ++h) {
+    const int K = classes_of(h);
+    const float* x = lg.logits[h + 1] + i * size_t(K);
+    float* g = dl.dlogits[h + 1] + i * size_t(K);
+    if (!valid) {
+      for (int q = 0; q < K; ++q) g[q] = 0.0f;
+      continue;
+    }
+    const int c = stick_target(ts, i, h, true, m);
+    const float scale = w * (hw.w[h + 1] / ws);
+    float mx = x[0];
+    for (int q = 1; q < K; ++q) mx = fmaxf(mx, x[q]);
+    float se = 0;
+    for (int q = 0; q < K; ++q) se += expf(x[q] - mx);
+    const float inv = 1.0f / se;
+    const float off = eps / float(K), on = 1.0f - eps + eps / float(K);
+    for (int q = 0; q < K; ++q) g[q] = (expf(x[q] - mx) * inv - (q == c ? on : off)) * scale;
+  }
+}
+
+}  // namespace
+
+void embed_mirror_flags(uint8_t* mirrored, size_t B, uint64_t key, int enabled,
+                        cudaStream_t stream) {
+  if (B == 0) return;
+  SLIPSTREAM_LAUNCH(mirror_flags_kernel, dim3(ceil_div(B, kThreads)), dim3(kThreads), stream,
+                    mirrored, B, key, enabled);
+  check_launch("embed_mirror_flags");
+}
+
+void embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* numeric,
+                   const int32_t* action, const int32_t* character, const int32_t* stage,
+                   const float* prev_controller, const uint8_t* mirrored, const float* action_table,
+                   const float* character_table, const float* stage_table, float* out,
+                   cudaStream_t stream) {
+  const size_t n = rows * size_t(Cols(d).width);
+  if (n == 0) return;
+  const unsigned blocks = ceil_div(n, kThreads);
+  SLIPSTREAM_LAUNCH(embed_forward_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
+                    stream, d, rows, window, numeric, action, character, stage, prev_controller,
+                    mirrored, action_table, character_table, stage_table, out);
+  check_launch("embed_forward");
+}
+
+void embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric, uint64_t key, float sd,
+                     float* out, cudaStream_t stream) {
+  const size_t n = rows * kSlots * kNumericFeatures;
+  if (n == 0) return;
+  const unsigned blocks = ceil_div(n, kThreads);
+  SLIPSTREAM_LAUNCH(embed_noise_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
+                    stream, d, rows, numeric, key, sd, out);
+  check_launch("embed_add_noise");
+}
+
+size_t embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
+  const size_t slot_chunks = ceil_div(rows * kSlots, kItemsPerChunk);
+  const size_t stage_chunks = ceil_div(rows, kItemsPerChunk);
+  const size_t cells = std::max({slot_chunks * size_t(kActionStates) * size_t(d.action_dim),
+                                 slot_chunks * size_t(kCharacters) * size_t(d.character_dim),
+                                 stage_chunks * size_t(kStages) * size_t(d.stage_dim)});
+  return cells * sizeof(float);
+}
+
+void embed_backward(const EmbedDims& d, size_t rows, const float* numeric, const int32_t* action,
+                    const int32_t* character, const int32_t* stage, const float* dout,
+                    float* daction_table, float* dcharacter_table, float* dstage_table,
+                    void* workspace, cudaStream_t stream) {
+  const Cols L(d);
+  float* part = static_cast<float*>(workspace);
+  const TableGrad a{action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true};
+  const TableGrad c{character, kCharacters, L.C, kSlots, kNumericFeatures + L.A, L.slot_width,
+                    true};
+  const TableGrad s{stage, kStages, L.S, 1, L.stage_offset, 0, false};
+  // Stream order keeps the shared workspace safe between the three tables.
+  table_backward(a, numeric, dout, rows * kSlots, L.width, daction_table, part, stream);
+  table_backward(c, numeric, dout, rows * kSlots, L.width, dcharacter_table, part, stream);
+  table_backward(s, numeric, dout, rows, L.width, dstage_table, part, stream);
+}
+
+void bc_loss_rows(const HeadPointers& logits, const float* target_buttons,
+                  const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
+                  const float* prev_controller, size_t M, size_t window, float eps, float* stats,
+                  cudaStream_t stream) {
+  if (M == 0) return;
+  SLIPSTREAM_LAUNCH(bc_loss_rows_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream,
+                    logits, target_buttons, target_sticks, mask, mirrored, prev_controller, M,
+                    window, eps, stats);
+  check_launch("bc_loss_rows");
+}
+
+void bc_loss_backward(const HeadPointers& logits, const float* target_buttons,
+                      const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
+                      size_t M, size_t window, float eps, const HeadWeights& head_weights,
+                      const float* sums, const HeadGradPointers& dlogits, cudaStream_t stream) {
+  if (M == 0) return;
+  SLIPSTREAM_LAUNCH(bc_loss_backward_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream,
+                    logits, target_buttons, target_sticks, mask, mirrored, M, window, eps,
+                    head_weights, sums, dlogits);
+  check_launch("bc_loss_backward");
+}
+
+}  // namespace slipstream::melee::SLIPSTREAM_KERNEL_NS

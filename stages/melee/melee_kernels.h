@@ -1,0 +1,99 @@
+// The Melee model stages' CUDA entry points (melee_cuda.inc) in both kernel namespaces, and the
+// host-side glue of their device path: the embedding's dims by value and the BC loss's
+// per-position statistics, whose column sums the stage turns into bc_loss_forward's result.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda_api.h"
+#include "stages/melee/model_math.h"
+
+namespace slipstream::melee {
+
+// bc_loss_rows' per-position columns: the weight, then kBcPerHead per head h at
+// kBcPerHead * h + (kBcLoss | kBcNll | kBcCorrect), then the bad-label flag. Plain constants, so
+// device code uses them too.
+inline constexpr int kBcWeight = 0;   // the mask where the position is valid, else 0
+inline constexpr int kBcLoss = 1;     // weight · smoothed loss (buttons: summed over the 8)
+inline constexpr int kBcNll = 2;      // weight · loss without smoothing
+inline constexpr int kBcCorrect = 3;  // weight · correct (buttons: the fraction of the 8)
+inline constexpr int kBcPerHead = 3;
+inline constexpr int kBcBadLabel = 1 + kBcPerHead * kHeads;  // 1: a label out of range
+// kRepeatItems columns from kBcSame: weight · [the label repeats the previous input] per button
+// and stick head, on the raw (unmirrored) tensors: count_repeats' and the baseline's sums.
+inline constexpr int kBcSame = kBcBadLabel + 1;
+inline constexpr int kBcStats = kBcSame + kRepeatItems;
+
+namespace cuda {
+#include "stages/melee/melee_cuda.inc"
+}  // namespace cuda
+namespace cuda_emulated {
+#include "stages/melee/melee_cuda.inc"
+}  // namespace cuda_emulated
+
+template <class Dims>
+Dims embed_dims(const EmbedLayout& L) {
+  Dims d{};
+  d.action_dim = L.action_dim;
+  d.character_dim = L.character_dim;
+  d.stage_dim = L.stage_dim;
+  for (int f = 0; f < kNumericFeatures; ++f) {
+    d.numeric_scale[f] = kNumericScale[f];
+    if (mirrors_numeric(f)) d.mirror_numeric |= 1u << f;
+  }
+  for (int c = 0; c < kControllerFeatures; ++c)
+    if (mirrors_controller(c)) d.mirror_controller |= 1u << c;
+  return d;
+}
+
+// bc_loss_forward's result from the column sums of bc_loss_rows' statistics.
+inline BcLossResult bc_loss_result(const float sums[kBcStats], const float head_weights[kHeads]) {
+  BcLossResult r;
+  r.weight_sum = sums[kBcWeight];
+  for (int h = 0; h < kHeads; ++h) {
+    const double w = r.weight_sum;
+    const float* s = sums + kBcPerHead * h;
+    r.loss[h] = w > 0 ? s[kBcLoss] / w : 0.0;
+    r.nll[h] = w > 0 ? s[kBcNll] / w : 0.0;
+    r.acc[h] = w > 0 ? s[kBcCorrect] / w : 0.0;
+    r.total += static_cast<double>(head_weights[h]) * r.loss[h];
+    r.total_nll += static_cast<double>(head_weights[h]) * r.nll[h];
+  }
+  return r;
+}
+
+// count_repeats over a batch from the same sums.
+inline void add_repeats(const float sums[kBcStats], RepeatCounts& c) {
+  c.total += sums[kBcWeight];
+  for (int k = 0; k < kRepeatItems; ++k) c.same[k] += sums[kBcSame + k];
+}
+
+// baseline_forward from the sums: with W = Σ w and S_k = Σ w·same_k, a head's loss is
+// Σ_k (S_k · nll_same_k + (W - S_k) · nll_other_k) / W and its accuracy Σ_k S_k / (W · items).
+inline BaselineResult baseline_from_sums(const float sums[kBcStats], const float head_weights[kHeads],
+                                         const double p[kRepeatItems]) {
+  BaselineResult r;
+  const double W = sums[kBcWeight];
+  r.weight_sum = W;
+  if (!(W > 0)) return r;
+  double loss[kHeads] = {}, correct[kHeads] = {};
+  for (int k = 0; k < kRepeatItems; ++k) {
+    const double q = std::clamp(p[k], kBaselinePClamp, 1.0 - kBaselinePClamp);
+    const int K = k < kButtons ? 2 : head_classes(k - kButtons);
+    const int h = k < kButtons ? 0 : k - kButtons + 1;
+    const double S = sums[kBcSame + k];
+    loss[h] += S * -std::log(q) + (W - S) * -std::log((1.0 - q) / (K - 1));
+    correct[h] += S;
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    r.loss[h] = loss[h] / W;
+    r.acc[h] = correct[h] / (W * (h == 0 ? kButtons : 1));
+    r.total += static_cast<double>(head_weights[h]) * r.loss[h];
+  }
+  return r;
+}
+
+}  // namespace slipstream::melee
