@@ -12,18 +12,17 @@ namespace slipstream::melee {
 template <KernelBackend B>
 struct MeleeKernels;
 
-#define SLIPSTREAM_MELEE_KERNELS_OF(NS)                                           \
-  using EmbedDims = NS::EmbedDims;                                                \
-  using HeadPointers = NS::HeadPointers;                                          \
-  using HeadGradPointers = NS::HeadGradPointers;                                  \
-  using HeadWeights = NS::HeadWeights;                                            \
-  static constexpr auto embed_mirror_flags = &NS::embed_mirror_flags;             \
-  static constexpr auto embed_forward = &NS::embed_forward;                       \
-  static constexpr auto embed_add_noise = &NS::embed_add_noise;                   \
-  static constexpr auto embed_backward_workspace_bytes =                          \
-      &NS::embed_backward_workspace_bytes;                                        \
-  static constexpr auto embed_backward = &NS::embed_backward;                     \
-  static constexpr auto bc_loss_rows = &NS::bc_loss_rows;                         \
+#define SLIPSTREAM_MELEE_KERNELS_OF(NS)                                                       \
+  using EmbedDims = NS::EmbedDims;                                                            \
+  using HeadPointers = NS::HeadPointers;                                                      \
+  using HeadGradPointers = NS::HeadGradPointers;                                              \
+  using HeadWeights = NS::HeadWeights;                                                        \
+  static constexpr auto embed_mirror_flags = &NS::embed_mirror_flags;                         \
+  static constexpr auto embed_forward = &NS::embed_forward;                                   \
+  static constexpr auto embed_add_noise = &NS::embed_add_noise;                               \
+  static constexpr auto embed_backward_workspace_bytes = &NS::embed_backward_workspace_bytes; \
+  static constexpr auto embed_backward = &NS::embed_backward;                                 \
+  static constexpr auto bc_loss_rows = &NS::bc_loss_rows;                                     \
   static constexpr auto bc_loss_backward = &NS::bc_loss_backward;
 
 #if SLIPSTREAM_KERNELS_CUDA

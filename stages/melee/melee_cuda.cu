@@ -53,12 +53,12 @@ __global__ void mirror_flags_kernel(uint8_t* m, size_t B, uint64_t key, int enab
   if (w < B) m[w] = enabled ? uint8_t(mix64(key + w) >> 63) : uint8_t(0);
 }
 
-__global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window,
-                                     const float* numeric, const int32_t* action,
-                                     const int32_t* character, const int32_t* stage,
-                                     const float* prev, const uint8_t* mirrored,
-                                     const float* action_table, const float* character_table,
-                                     const float* stage_table, float* out) {
+__global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, const float* numeric,
+                                     const int32_t* action, const int32_t* character,
+                                     const int32_t* stage, const float* prev,
+                                     const uint8_t* mirrored, const float* action_table,
+                                     const float* character_table, const float* stage_table,
+                                     float* out) {
   const Cols L(d);
   const size_t n = rows * size_t(L.width);
   for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
@@ -86,7 +86,8 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window,
       }
     } else if (col < L.controller_offset) {
       const int id = stage[r];
-      if (id >= 0 && id < kStages) v = stage_table[size_t(id) * size_t(L.S) + size_t(col - L.stage_offset)];
+      if (id >= 0 && id < kStages)
+        v = stage_table[size_t(id) * size_t(L.S) + size_t(col - L.stage_offset)];
     } else if (col < L.raw_width) {
       const int c = col - L.controller_offset;
       v = prev[r * kControllerFeatures + size_t(c)];
@@ -146,8 +147,8 @@ void table_backward(const TableGrad& t, const float* numeric, const float* dout,
   if (items == 0) return;
   const size_t cells = size_t(t.id_limit) * size_t(t.dim);
   const unsigned chunks = ceil_div(items, kItemsPerChunk);
-  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(ceil_div(cells, kThreads), chunks),
-                    dim3(kThreads), stream, t, numeric, dout, items, width, part);
+  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(ceil_div(cells, kThreads), chunks), dim3(kThreads),
+                    stream, t, numeric, dout, items, width, part);
   check_launch("embed_backward");
   k::sum_partials(part, int(chunks), cells, dtable, true, stream, "embed_backward");
 }
@@ -208,7 +209,8 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
     for (int b = 0; b < kButtons; ++b)
       st[kBcSame + b] = (tb[i * kButtons + size_t(b)] > 0.5f) == (pc[b] > 0.5f) ? w : 0.0f;
     for (int h = 0; h < kStickHeads; ++h)
-      st[kBcSame + kButtons + h] = ts[i * kStickHeads + size_t(h)] == prev_stick_class(pc, h) ? w : 0.0f;
+      st[kBcSame + kButtons + h] =
+          ts[i * kStickHeads + size_t(h)] == prev_stick_class(pc, h) ? w : 0.0f;
   }
   {  // buttons: BCE per button, summed; accuracy the fraction of the 8
     float loss = 0, nll = 0, correct = 0;
@@ -248,8 +250,8 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
 
 __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
                                         const float* mask, const uint8_t* mirrored, size_t M,
-                                        size_t window, float eps, HeadWeights hw,
-                                        const float* sums, HeadGradPointers dl) {
+                                        size_t window, float eps, HeadWeights hw, const float* sums,
+                                        HeadGradPointers dl) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= M) return;
   const float ws = sums[kBcWeight];
@@ -333,8 +335,8 @@ void embed_backward(const EmbedDims& d, size_t rows, const float* numeric, const
   const Cols L(d);
   float* part = static_cast<float*>(workspace);
   const TableGrad a{action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true};
-  const TableGrad c{character, kCharacters, L.C, kSlots, kNumericFeatures + L.A, L.slot_width,
-                    true};
+  const TableGrad c{character,    kCharacters, L.C, kSlots, kNumericFeatures + L.A,
+                    L.slot_width, true};
   const TableGrad s{stage, kStages, L.S, 1, L.stage_offset, 0, false};
   // Stream order keeps the shared workspace safe between the three tables.
   table_backward(a, numeric, dout, rows * kSlots, L.width, daction_table, part, stream);

@@ -73,7 +73,8 @@ inline void add_repeats(const float sums[kBcStats], RepeatCounts& c) {
 
 // baseline_forward from the sums: with W = Σ w and S_k = Σ w·same_k, a head's loss is
 // Σ_k (S_k · nll_same_k + (W - S_k) · nll_other_k) / W and its accuracy Σ_k S_k / (W · items).
-inline BaselineResult baseline_from_sums(const float sums[kBcStats], const float head_weights[kHeads],
+inline BaselineResult baseline_from_sums(const float sums[kBcStats],
+                                         const float head_weights[kHeads],
                                          const double p[kRepeatItems]) {
   BaselineResult r;
   const double W = sums[kBcWeight];

@@ -4,97 +4,19 @@
 #include <gtest/gtest.h>
 
 #if SLIPSTREAM_KERNELS_CUDA
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-
-#include <stdexcept>
-#include <string>
-
 #include "kernels/causal_conv1d.h"
 #include "kernels/cuda_kernel_table.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 #include "tests/kernels_cuda/adamw_checks.h"
 #include "tests/kernels_cuda/conv_checks.h"
+#include "tests/kernels_cuda/cuda_memory.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
 namespace slipstream::kernels::test {
 namespace {
-
-void cuda_ok(cudaError_t e, const char* call) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(e));
-}
-
-// Device memory on its own (non-default) stream, freed with the object.
-class CudaMemory {
- public:
-  CudaMemory() { cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
-  ~CudaMemory() {
-    cudaStreamSynchronize(stream_);
-    if (lt_) cublasLtDestroy(lt_);
-    for (void* p : ptrs_) cudaFree(p);
-    cudaStreamDestroy(stream_);
-  }
-  CudaMemory(const CudaMemory&) = delete;
-  CudaMemory& operator=(const CudaMemory&) = delete;
-
-  void* alloc_bytes(size_t bytes) {
-    void* p = nullptr;
-    cuda_ok(cudaMalloc(&p, bytes + 1), "cudaMalloc");
-    ptrs_.push_back(p);
-    cuda_ok(cudaMemset(p, 0xff, bytes + 1), "cudaMemset");
-    return p;
-  }
-  template <class T>
-  T* alloc(size_t n) {
-    return static_cast<T*>(alloc_bytes(n * sizeof(T)));
-  }
-  template <class T>
-  T* upload(const std::vector<T>& v) {
-    T* p = alloc<T>(v.size());
-    cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-    return p;
-  }
-  template <class T>
-  std::vector<T> download(const T* p, size_t n) {
-    sync();
-    std::vector<T> v(n);
-    cuda_ok(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return v;
-  }
-  void sync() {
-    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after the kernels");
-  }
-  cudaStream_t stream() const { return stream_; }
-  // A cuBLASLt handle and 32 MiB of workspace, made on first use.
-  cuda::GemmContext gemm_context() {
-    if (!lt_) {
-      if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
-      ctx_.lt_handle = lt_;
-      ctx_.workspace_bytes = size_t{32} << 20;
-      ctx_.workspace = alloc_bytes(ctx_.workspace_bytes);
-    }
-    return ctx_;
-  }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  cuda::GemmContext ctx_;
-  std::vector<void*> ptrs_;
-};
-
-#define REQUIRE_DEVICE()                                                                  \
-  do {                                                                                    \
-    int n_ = 0;                                                                           \
-    const cudaError_t e_ = cudaGetDeviceCount(&n_);                                       \
-    if (e_ != cudaSuccess || n_ == 0)                                                     \
-      GTEST_SKIP() << "no CUDA device: "                                                  \
-                   << (e_ != cudaSuccess ? cudaGetErrorString(e_) : "device count is 0"); \
-  } while (0)
 
 SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda, false);
 using Mem = CudaMemory;

@@ -88,8 +88,7 @@ void device_path_matches_cpu(const std::string& precision) {
   // The kernels sum in other orders than the CPU; over a few Adam steps that stays far below
   // what a wrong index, a missed mirror or a lost gradient would give.
   for (const auto& [step, row] : mc.train)
-    expect_close_rows(row, me.train.at(step), ("train step " + std::to_string(step)).c_str(),
-                      2e-4);
+    expect_close_rows(row, me.train.at(step), ("train step " + std::to_string(step)).c_str(), 2e-4);
   ASSERT_EQ(me.validation.size(), mc.validation.size());
   for (const auto& [step, row] : mc.validation)
     expect_close_rows(row, me.validation.at(step), "validation", 2e-4);

@@ -1,0 +1,225 @@
+// Checks of the Melee stages' CUDA kernels (stages/melee/melee_cuda.cu) against their CPU
+// references in model_math.h, run in float64, on fresh random inputs: the embedding's gather,
+// mirror draws and table gradients; the BC loss's statistics (loss, NLL, accuracy, repeat counts,
+// the baseline from them, the bad-label flag) and its logit gradients. Written against a kernel
+// table K (MeleeKernels<backend>) and a memory backend (tests/kernels_cuda/device_checks.h).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "stages/melee/melee_kernels.h"
+#include "tests/kernels/gradcheck.h"
+#include "tests/kernels_cuda/device_checks.h"
+
+namespace slipstream::melee::test {
+
+using kernels::test::cast;
+using kernels::test::rand_vec;
+using kernels::test::rel_error;
+using kernels::test::values;
+
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+inline uint64_t splitmix64(uint64_t z) {  // the embedding's draw
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Random loader tensors for B windows of W frames: slot 2 (Nana) mostly absent.
+struct MeleeInputs {
+  std::vector<float> numeric, prev;
+  std::vector<int32_t> action, character, stage;
+  MeleeInputs(size_t B, size_t W, std::mt19937_64& rng) {
+    const size_t rows = B * W;
+    numeric = cast<float>(rand_vec(rows * kSlots * kNumericFeatures, rng, 0.0, 3.0));
+    std::bernoulli_distribution present(0.8), nana(0.2);
+    for (size_t rs = 0; rs < rows * kSlots; ++rs)
+      numeric[rs * kNumericFeatures + kExists] = (rs % kSlots == 2 ? nana(rng) : present(rng));
+    prev = cast<float>(rand_vec(rows * kControllerFeatures, rng, 0.0, 1.0));
+    std::uniform_int_distribution<int32_t> a(0, kActionStates - 1), c(0, kCharacters - 1),
+        s(0, kStages - 1);
+    for (size_t i = 0; i < rows * kSlots; ++i) action.push_back(a(rng)), character.push_back(c(rng));
+    // Few distinct stages, so table rows collect many items (the summation order matters).
+    for (size_t r = 0; r < rows; ++r) stage.push_back(s(rng) % 3);
+  }
+};
+
+template <class K, class Mem>
+void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
+  SCOPED_TRACE("embedding B " + std::to_string(B) + " W " + std::to_string(W));
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  const MeleeInputs in(B, W, rng);
+  const size_t rows = B * W, E = static_cast<size_t>(L.width());
+  const auto at = rand_vec(size_t(kActionStates) * L.action_dim, rng);
+  const auto ct = rand_vec(size_t(kCharacters) * L.character_dim, rng);
+  const auto st = rand_vec(size_t(kStages) * L.stage_dim, rng);
+  const auto dims = embed_dims<typename K::EmbedDims>(L);
+  const uint64_t key = splitmix64(seed);
+
+  uint8_t* g_m = mem.template alloc<uint8_t>(B);
+  K::embed_mirror_flags(g_m, B, key, 1, mem.stream());
+  const auto m = mem.download(g_m, B);
+  for (size_t w = 0; w < B; ++w) EXPECT_EQ(m[w], splitmix64(key + w) >> 63) << "window " << w;
+
+  const float* g_num = mem.upload(in.numeric);
+  const int32_t *g_a = mem.upload(in.action), *g_c = mem.upload(in.character),
+                *g_s = mem.upload(in.stage);
+  float* g_out = mem.template alloc<float>(rows * E);
+  K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, mem.upload(in.prev), g_m,
+                   mem.upload(cast<float>(at)), mem.upload(cast<float>(ct)),
+                   mem.upload(cast<float>(st)), g_out, mem.stream());
+  std::vector<double> ref(rows * E);
+  const auto num64 = widen(in.numeric), prev64 = widen(in.prev);
+  embed_forward<double>(L, rows, W, num64.data(), in.action.data(), in.character.data(),
+                        in.stage.data(), prev64.data(), m.data(), at.data(), ct.data(), st.data(),
+                        ref.data());
+  EXPECT_CLOSE(values(mem.download(g_out, rows * E)), ref, 1e-6, "embedding forward");
+
+  const auto dout = rand_vec(rows * E, rng);
+  std::vector<double> da(at.size(), 0.0), dc(ct.size(), 0.0), ds(st.size(), 0.0);
+  embed_backward<double>(L, rows, num64.data(), in.action.data(), in.character.data(),
+                         in.stage.data(), dout.data(), da.data(), dc.data(), ds.data());
+  // The kernel accumulates (+=) into what is there: start from ones, subtract after.
+  const std::vector<float> ones_a(at.size(), 1.f), ones_c(ct.size(), 1.f), ones_s(st.size(), 1.f);
+  float *g_da = mem.upload(ones_a), *g_dc = mem.upload(ones_c), *g_ds = mem.upload(ones_s);
+  void* ws = mem.alloc_bytes(K::embed_backward_workspace_bytes(dims, rows));
+  K::embed_backward(dims, rows, g_num, g_a, g_c, g_s, mem.upload(cast<float>(dout)), g_da, g_dc,
+                    g_ds, ws, mem.stream());
+  auto minus_one = [](std::vector<double> v) {
+    for (double& x : v) x -= 1.0;
+    return v;
+  };
+  EXPECT_CLOSE(minus_one(values(mem.download(g_da, at.size()))), da, 1e-5, "action table grad");
+  EXPECT_CLOSE(minus_one(values(mem.download(g_dc, ct.size()))), dc, 1e-5, "character grad");
+  EXPECT_CLOSE(minus_one(values(mem.download(g_ds, st.size()))), ds, 1e-5, "stage table grad");
+}
+
+template <class K, class Mem>
+void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
+  SCOPED_TRACE("bc_loss B " + std::to_string(B) + " W " + std::to_string(W) + " eps " +
+               std::to_string(eps));
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  const size_t M = B * W;
+  const MeleeInputs in(B, W, rng);
+  std::vector<std::vector<double>> logits(kHeads);
+  typename K::HeadPointers g_logits{};
+  for (int h = 0; h < kHeads; ++h) {
+    logits[h] = rand_vec(M * static_cast<size_t>(head_width(h)), rng, 0.0, 4.0);
+    g_logits.logits[h] = mem.upload(cast<float>(logits[h]));
+  }
+  std::vector<float> tb(M * kButtons), mask(M);
+  std::vector<int32_t> ts(M * kStickHeads);
+  std::vector<uint8_t> mirrored(B);
+  std::bernoulli_distribution coin(0.5), masked(0.2);
+  for (auto& y : tb) y = coin(rng);
+  for (size_t i = 0; i < M; ++i) {
+    mask[i] = masked(rng) ? 0.0f : (coin(rng) ? 1.0f : 0.5f);
+    for (int h = 0; h < kStickHeads; ++h)
+      ts[i * kStickHeads + size_t(h)] = std::uniform_int_distribution<int>(
+          0, head_classes(h) - 1)(rng);
+  }
+  for (auto& m : mirrored) m = coin(rng);
+  // Some labels repeat the previous input exactly, as most frames do.
+  std::vector<float> prev = in.prev;
+  for (size_t i = 0; i < M; i += 2) {
+    prev[i * kControllerFeatures + kButtons + kMainX] =
+        stick_value(ts[i * kStickHeads + kMainX]);
+    prev[i * kControllerFeatures] = tb[i * kButtons];
+  }
+  const float *g_tb = mem.upload(tb), *g_mask = mem.upload(mask), *g_prev = mem.upload(prev);
+  const int32_t* g_ts = mem.upload(ts);
+  const uint8_t* g_m = mem.upload(mirrored);
+
+  float* g_stats = mem.template alloc<float>(M * kBcStats);
+  K::bc_loss_rows(g_logits, g_tb, g_ts, g_mask, g_m, g_prev, M, W, float(eps), g_stats,
+                  mem.stream());
+  const auto stats = mem.download(g_stats, M * kBcStats);
+  float sums[kBcStats] = {};
+  for (int c = 0; c < kBcStats; ++c) {
+    double s = 0;
+    for (size_t i = 0; i < M; ++i) s += stats[i * kBcStats + size_t(c)];
+    sums[c] = static_cast<float>(s);
+  }
+  EXPECT_EQ(sums[kBcBadLabel], 0.0f);
+
+  // The reference, in float64.
+  const auto tb64 = widen(tb), mask64 = widen(mask), prev64 = widen(prev);
+  std::vector<int32_t> targets(kStickHeads * M);
+  std::vector<double> button_weights(M * kButtons);
+  const BcLossScratch<double> s{targets.data(), button_weights.data()};
+  bc_loss_prepare<double>(M, W, ts.data(), mask64.data(), mirrored.data(), s);
+  const double* lp[kHeads];
+  for (int h = 0; h < kHeads; ++h) lp[h] = logits[h].data();
+  const double hw64[kHeads] = {1.0, 0.5, 2.0, 1.0, 1.0, 0.25};
+  const float hw[kHeads] = {1.0f, 0.5f, 2.0f, 1.0f, 1.0f, 0.25f};
+  const BcLossResult ref = bc_loss_forward<double>(M, lp, tb64.data(), mask64.data(), hw64, eps, s);
+  const BcLossResult got = bc_loss_result(sums, hw);
+  EXPECT_NEAR(got.weight_sum, ref.weight_sum, 1e-6 * ref.weight_sum);
+  EXPECT_NEAR(got.total, ref.total, 1e-5 * ref.total);
+  EXPECT_NEAR(got.total_nll, ref.total_nll, 1e-5 * ref.total_nll);
+  for (int h = 0; h < kHeads; ++h) {
+    EXPECT_NEAR(got.loss[h], ref.loss[h], 1e-5 * ref.loss[h]) << kHeadNames[h];
+    EXPECT_NEAR(got.nll[h], ref.nll[h], 1e-5 * ref.nll[h]) << kHeadNames[h];
+    EXPECT_NEAR(got.acc[h], ref.acc[h], 1e-6) << kHeadNames[h];
+  }
+
+  RepeatCounts want, have;
+  count_repeats<double>(M, prev64.data(), tb64.data(), ts.data(), mask64.data(), want);
+  add_repeats(sums, have);
+  EXPECT_NEAR(have.total, want.total, 1e-6 * want.total);
+  double p[kRepeatItems];
+  for (int k = 0; k < kRepeatItems; ++k) {
+    EXPECT_NEAR(have.same[k], want.same[k], 1e-5 * want.total) << "repeat item " << k;
+    p[k] = want.p(k, 0.9);
+  }
+  EXPECT_GT(want.same[kButtons + kMainX], 0.3 * want.total);  // the planted repeats were seen
+  const BaselineResult bref =
+      baseline_forward<double>(M, prev64.data(), tb64.data(), ts.data(), mask64.data(), hw64, p);
+  const BaselineResult bgot = baseline_from_sums(sums, hw, p);
+  EXPECT_NEAR(bgot.total, bref.total, 1e-5 * bref.total);
+  for (int h = 0; h < kHeads; ++h) {
+    EXPECT_NEAR(bgot.loss[h], bref.loss[h], 1e-5 * bref.loss[h]) << kHeadNames[h];
+    EXPECT_NEAR(bgot.acc[h], bref.acc[h], 1e-6) << kHeadNames[h];
+  }
+
+  std::vector<std::vector<double>> dref(kHeads);
+  double* dp[kHeads];
+  typename K::HeadGradPointers g_dl{};
+  typename K::HeadWeights g_hw{};
+  for (int h = 0; h < kHeads; ++h) {
+    dref[h].assign(logits[h].size(), 0.0);
+    dp[h] = dref[h].data();
+    g_dl.dlogits[h] = mem.template alloc<float>(logits[h].size());
+    g_hw.w[h] = hw[h];
+  }
+  bc_loss_backward<double>(M, lp, tb64.data(), mask64.data(), hw64, eps, ref.weight_sum, s, dp);
+  std::vector<float> sums_v(sums, sums + kBcStats);
+  K::bc_loss_backward(g_logits, g_tb, g_ts, g_mask, g_m, M, W, float(eps), g_hw,
+                      mem.upload(sums_v), g_dl, mem.stream());
+  for (int h = 0; h < kHeads; ++h)
+    EXPECT_CLOSE(values(mem.download(g_dl.dlogits[h], dref[h].size())), dref[h], 1e-5,
+                 std::string("dlogits ") + kHeadNames[h]);
+
+  // A class out of range at a valid position is flagged and that position left out.
+  size_t bad = 0;
+  while (mask[bad] <= 0) ++bad;
+  ts[bad * kStickHeads + kCY] = kStickClasses;
+  K::bc_loss_rows(g_logits, g_tb, mem.upload(ts), g_mask, g_m, g_prev, M, W, float(eps), g_stats,
+                  mem.stream());
+  const auto flagged = mem.download(g_stats, M * kBcStats);
+  EXPECT_EQ(flagged[bad * kBcStats + kBcBadLabel], 1.0f);
+  EXPECT_EQ(flagged[bad * kBcStats + kBcWeight], 0.0f);
+}
+
+}  // namespace slipstream::melee::test

@@ -1,0 +1,26 @@
+// The Melee stages' CUDA kernels on the CPU emulator against model_math.h's references.
+#include "stages/melee/melee_backend.h"
+#include "tests/melee_model/melee_kernel_checks.h"
+
+namespace slipstream::melee::test {
+namespace {
+
+using K = MeleeKernels<KernelBackend::emulated>;
+using Mem = kernels::test::EmulatedMemory;
+
+TEST(MeleeKernelsEmulated, EmbeddingMatchesCpu) {
+  check_embedding<K, Mem>(3, 7, EmbedLayout{}, 1);
+  check_embedding<K, Mem>(2, 5, EmbedLayout{5, 3, 2}, 2);  // odd widths, padding columns
+}
+
+TEST(MeleeKernelsEmulated, EmbeddingTableGradientsOverManyChunks) {
+  check_embedding<K, Mem>(40, 30, EmbedLayout{4, 2, 2}, 3);  // 3600 items: several chunks
+}
+
+TEST(MeleeKernelsEmulated, BcLossMatchesCpu) {
+  check_bc_loss<K, Mem>(3, 9, 0.0, 4);
+  check_bc_loss<K, Mem>(4, 16, 0.1, 5);
+}
+
+}  // namespace
+}  // namespace slipstream::melee::test

@@ -1,0 +1,34 @@
+// The Melee stages' CUDA kernels on a GPU against model_math.h's references (label gpu:
+// SKIPPED without a device or in a build without CUDA).
+#include <gtest/gtest.h>
+
+#if SLIPSTREAM_KERNELS_CUDA
+#include "stages/melee/melee_backend.h"
+#include "tests/kernels_cuda/cuda_memory.h"
+#include "tests/melee_model/melee_kernel_checks.h"
+
+namespace slipstream::melee::test {
+namespace {
+
+using K = MeleeKernels<KernelBackend::cuda>;
+using Mem = kernels::test::CudaMemory;
+
+TEST(MeleeKernelsGpu, EmbeddingMatchesCpu) {
+  REQUIRE_DEVICE();
+  check_embedding<K, Mem>(3, 7, EmbedLayout{}, 1);
+  check_embedding<K, Mem>(256, 60, EmbedLayout{}, 2);  // gpu_standard's batch
+}
+
+TEST(MeleeKernelsGpu, BcLossMatchesCpu) {
+  REQUIRE_DEVICE();
+  check_bc_loss<K, Mem>(4, 16, 0.1, 5);
+  check_bc_loss<K, Mem>(256, 60, 0.05, 6);
+}
+
+}  // namespace
+}  // namespace slipstream::melee::test
+#else
+TEST(MeleeKernelsGpu, NeedsCudaBuild) {
+  GTEST_SKIP() << "this build has no CUDA";
+}
+#endif
