@@ -1,8 +1,10 @@
 // prefetch: moves every tensor of the batch to the run's device ahead of the trainable section.
-// On CUDA the copy is issued on a copy stream from page-locked memory and the compute stream
-// waits on an event, so batch k+1 is in flight while batch k trains; on the CPU the tensors are
-// already where they are used and the stage only counts (its queue depth shows how far the data
-// side runs ahead).
+// On CUDA each tensor is copied from the (page-locked) host batch into fresh device memory with
+// a synchronous copy, which first waits for the device's queued work: correct, but the copy does
+// not yet overlap training (a copy stream, a ring of device slots and an event the compute
+// stream waits on are still to come: docs/architecture.md, "Not built yet"). On the CPU, and
+// under the emulator, the tensors are already where they are used and the stage only counts
+// (its queue depth shows how far the data side runs ahead).
 #include "engine/registry.h"
 
 namespace slipstream {

@@ -47,7 +47,8 @@ struct MeleeInputs {
     prev = cast<float>(rand_vec(rows * kControllerFeatures, rng, 0.0, 1.0));
     std::uniform_int_distribution<int32_t> a(0, kActionStates - 1), c(0, kCharacters - 1),
         s(0, kStages - 1);
-    for (size_t i = 0; i < rows * kSlots; ++i) action.push_back(a(rng)), character.push_back(c(rng));
+    for (size_t i = 0; i < rows * kSlots; ++i)
+      action.push_back(a(rng)), character.push_back(c(rng));
     // Few distinct stages, so table rows collect many items (the summation order matters).
     for (size_t r = 0; r < rows; ++r) stage.push_back(s(rng) % 3);
   }
@@ -126,15 +127,14 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   for (size_t i = 0; i < M; ++i) {
     mask[i] = masked(rng) ? 0.0f : (coin(rng) ? 1.0f : 0.5f);
     for (int h = 0; h < kStickHeads; ++h)
-      ts[i * kStickHeads + size_t(h)] = std::uniform_int_distribution<int>(
-          0, head_classes(h) - 1)(rng);
+      ts[i * kStickHeads + size_t(h)] =
+          std::uniform_int_distribution<int>(0, head_classes(h) - 1)(rng);
   }
   for (auto& m : mirrored) m = coin(rng);
   // Some labels repeat the previous input exactly, as most frames do.
   std::vector<float> prev = in.prev;
   for (size_t i = 0; i < M; i += 2) {
-    prev[i * kControllerFeatures + kButtons + kMainX] =
-        stick_value(ts[i * kStickHeads + kMainX]);
+    prev[i * kControllerFeatures + kButtons + kMainX] = stick_value(ts[i * kStickHeads + kMainX]);
     prev[i * kControllerFeatures] = tb[i * kButtons];
   }
   const float *g_tb = mem.upload(tb), *g_mask = mem.upload(mask), *g_prev = mem.upload(prev);
@@ -205,8 +205,8 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   }
   bc_loss_backward<double>(M, lp, tb64.data(), mask64.data(), hw64, eps, ref.weight_sum, s, dp);
   std::vector<float> sums_v(sums, sums + kBcStats);
-  K::bc_loss_backward(g_logits, g_tb, g_ts, g_mask, g_m, M, W, float(eps), g_hw,
-                      mem.upload(sums_v), g_dl, mem.stream());
+  K::bc_loss_backward(g_logits, g_tb, g_ts, g_mask, g_m, M, W, float(eps), g_hw, mem.upload(sums_v),
+                      g_dl, mem.stream());
   for (int h = 0; h < kHeads; ++h)
     EXPECT_CLOSE(values(mem.download(g_dl.dlogits[h], dref[h].size())), dref[h], 1e-5,
                  std::string("dlogits ") + kHeadNames[h]);

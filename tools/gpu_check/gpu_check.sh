@@ -2,7 +2,7 @@
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
-# of the scan, a short gpu_quick run when the whole engine builds (it fails until the model
+# of the scan, a short gpu_quick run when the whole engine builds (every stage of it has a CUDA
 # stages have CUDA paths: the check reports that as it is), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
