@@ -123,14 +123,8 @@ class BcLossStage : public Stage {
 
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
-    dev_ = nn::with_ops(ctx.exec(), "bc_loss '" + ctx.name() + "'",
-                        [&](auto ops) -> std::unique_ptr<BcLossDevice> {
-                          using Ops = decltype(ops);
-                          if constexpr (Ops::kBackend == KernelBackend::cpu)
-                            return nullptr;
-                          else
-                            return std::make_unique<BcLossDeviceOn<Ops>>(ops, ctx.exec());
-                        });
+    dev_ = nn::make_device_path<BcLossDevice, BcLossDeviceOn>(
+        ctx.exec(), "bc_loss '" + ctx.name() + "'", ctx.exec());
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");

@@ -71,7 +71,7 @@ class EmbedDeviceOn final : public EmbedDevice {
   using K = MeleeKernels<Ops::kBackend>;
 
  public:
-  EmbedDeviceOn(const EmbedLayout& L, TableOffsets off, Ops ops)
+  EmbedDeviceOn(Ops ops, const EmbedLayout& L, TableOffsets off)
       : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops) {}
 
   void forward(size_t rows, size_t window, size_t windows, const float* numeric,
@@ -173,14 +173,8 @@ class MeleeEmbeddingStage : public Stage {
         for (size_t i = 0; i < t.numel; ++i) w[t.offset + i] = static_cast<float>(nd(rng) * scale);
       }
     });
-    dev_ = nn::with_ops(ctx.exec(), "melee_embedding '" + ctx.name() + "'",
-                        [&](auto ops) -> std::unique_ptr<EmbedDevice> {
-                          using Ops = decltype(ops);
-                          if constexpr (Ops::kBackend == KernelBackend::cpu)
-                            return nullptr;
-                          else
-                            return std::make_unique<EmbedDeviceOn<Ops>>(layout_, off_, ops);
-                        });
+    dev_ = nn::make_device_path<EmbedDevice, EmbedDeviceOn>(
+        ctx.exec(), "melee_embedding '" + ctx.name() + "'", layout_, off_);
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }
 

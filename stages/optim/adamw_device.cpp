@@ -128,13 +128,7 @@ class AdamWDeviceOn final : public AdamWDevice {
 std::unique_ptr<AdamWDevice> make_adamw_device(const ExecContext& exec,
                                                const std::vector<AdamWDeviceSlot>& slots,
                                                const AdamWConfig& config) {
-  return nn::with_ops(exec, "adamw", [&](auto ops) -> std::unique_ptr<AdamWDevice> {
-    using Ops = decltype(ops);
-    if constexpr (Ops::kBackend == KernelBackend::cpu)
-      return nullptr;
-    else
-      return std::make_unique<AdamWDeviceOn<Ops>>(ops, exec, slots, config);
-  });
+  return nn::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, config);
 }
 
 }  // namespace slipstream::optim
