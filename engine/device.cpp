@@ -57,17 +57,23 @@ std::string describe_cuda_device(const CudaDeviceInfo& d) {
 }
 }  // namespace
 
-DeviceChoice choose_device(std::string_view request) {
+DeviceChoice choose_device(std::string_view request, int local_rank) {
   if (request == "cpu") return {Device::cpu(), "using cpu (requested)"};
   if (request == "emulated")
     return {Device::cpu(),
             "using the CUDA code path on the CPU emulator (requested: host memory, the CUDA "
             "kernels run by the emulator; for checking, not for speed)",
             true};
+  const std::string rank_note =
+      local_rank > 0 ? ", local rank " + std::to_string(local_rank) : std::string();
   if (request == "auto" || request.empty()) {
     CudaProbe p = probe_cuda();
-    if (p.available && !p.devices.empty())
-      return {Device::cuda(0), "using cuda:0 (" + describe_cuda_device(p.devices[0]) + ")"};
+    if (p.available && !p.devices.empty()) {
+      const int i = local_device_index(local_rank, static_cast<int>(p.devices.size()));
+      return {Device::cuda(i), "using cuda:" + std::to_string(i) + " (" +
+                                   describe_cuda_device(p.devices[static_cast<size_t>(i)]) +
+                                   rank_note + ")"};
+    }
     return {Device::cpu(), "using cpu: " + p.reason};
   }
   Device d = parse_device(request);  // throws std::invalid_argument on a typo
@@ -76,11 +82,14 @@ DeviceChoice choose_device(std::string_view request) {
     throw std::runtime_error("device " + std::string(request) +
                              " requested but CUDA is unavailable: " + p.reason +
                              "; run with --device cpu (or auto) to use the CPU");
+  if (request == "cuda")
+    d.index = local_device_index(local_rank, static_cast<int>(p.devices.size()));
   if (d.index >= static_cast<int>(p.devices.size()))
     throw std::runtime_error("device " + d.str() + " requested but this machine has " +
                              std::to_string(p.devices.size()) + " CUDA device(s) (cuda:0..cuda:" +
                              std::to_string(p.devices.size() - 1) + ")");
-  return {d, "using " + d.str() + " (" + describe_cuda_device(p.devices[d.index]) + ", requested)"};
+  return {d, "using " + d.str() + " (" + describe_cuda_device(p.devices[d.index]) + rank_note +
+                 ", requested)"};
 }
 
 namespace {

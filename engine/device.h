@@ -47,10 +47,16 @@ struct DeviceChoice {
   bool emulate_cuda = false;  // "emulated": the CUDA code path on the CPU emulator
 };
 // request: "auto", "cpu", "cuda", "cuda:N", "emulated" (host memory, the CUDA kernels on the
-// CPU emulator: checks a graph's device path without a GPU; slow). "auto" picks cuda:0 when a
-// driver and a device exist, else the CPU. An explicit CUDA request that cannot be met throws
+// CPU emulator: checks a graph's device path without a GPU; slow). "auto" and "cuda" take the
+// GPU of this process's local rank (launch.h) among the visible ones (CUDA_VISIBLE_DEVICES
+// applies), local_rank mod count; "cuda:N" is device N whatever the rank. "auto" picks cuda:0 when
+// a driver and a device exist, else the CPU. An explicit CUDA request that cannot be met throws
 // std::runtime_error with the reason.
-DeviceChoice choose_device(std::string_view request);
+DeviceChoice choose_device(std::string_view request, int local_rank = 0);
+// The visible GPU a local rank trains on.
+inline int local_device_index(int local_rank, int device_count) {
+  return device_count > 0 ? local_rank % device_count : 0;
+}
 // Parses "cpu" / "cuda" / "cuda:N" without probing; throws std::invalid_argument.
 Device parse_device(std::string_view text);
 

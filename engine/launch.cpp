@@ -19,17 +19,22 @@ bool read_int(const char* name, int& out) {
 
 LaunchInfo launch_info() {
   struct Vars {
-    const char *rank, *size, *name;
+    const char *rank, *size, *local, *name;
   };
-  for (const Vars& v : {Vars{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "openmpi"},
-                        Vars{"PMIX_RANK", "PMIX_SIZE", "pmix"}, Vars{"PMI_RANK", "PMI_SIZE", "pmi"},
-                        Vars{"SLURM_PROCID", "SLURM_NTASKS", "slurm"}}) {
+  for (const Vars& v : {Vars{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                             "OMPI_COMM_WORLD_LOCAL_RANK", "openmpi"},
+                        Vars{"PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "pmix"},
+                        Vars{"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "pmi"},
+                        Vars{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"}}) {
     LaunchInfo info;
     if (!read_int(v.rank, info.rank) || !read_int(v.size, info.world_size)) continue;
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size)
       throw std::runtime_error(std::string(v.rank) + "=" + std::to_string(info.rank) + " and " +
                                v.size + "=" + std::to_string(info.world_size) +
                                " are inconsistent");
+    if (read_int(v.local, info.local_rank) && info.local_rank < 0)
+      throw std::runtime_error(std::string(v.local) + "=" + std::to_string(info.local_rank) +
+                               " is negative");
     info.launcher = v.name;
     return info;
   }

@@ -543,7 +543,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   if (!I.opt.log && launch.rank != 0) I.log = &I.quiet;
   I.tty = I.log == &std::cout && isatty(STDOUT_FILENO);
   const Params& rp = plan.run;
-  DeviceChoice dc = choose_device(rp.string("device"));
+  DeviceChoice dc = choose_device(rp.string("device"), launch.local_rank);
   I.run.device = dc.device;
   I.run.precision = rp.string("precision") == "bf16" ? Precision::bf16 : Precision::fp32;
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));

@@ -245,25 +245,49 @@ TEST(Runner, PublishesStatsRecordWhileRunning) {
 }
 
 TEST(Launch, ReadsTheLaunchersRankAndSize) {
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
-                        "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
-    unsetenv(v);
+  const char* vars[] = {"OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK",
+                        "PMIX_RANK",
+                        "PMIX_SIZE",
+                        "PMIX_LOCAL_RANK",
+                        "PMI_RANK",
+                        "PMI_SIZE",
+                        "MPI_LOCALRANKID",
+                        "SLURM_PROCID",
+                        "SLURM_NTASKS",
+                        "SLURM_LOCALID"};
+  for (const char* v : vars) unsetenv(v);
   EXPECT_EQ(launch_info().world_size, 1);
+  EXPECT_EQ(launch_info().local_rank, 0);
   setenv("SLURM_PROCID", "3", 1);
   setenv("SLURM_NTASKS", "4", 1);
   LaunchInfo s = launch_info();
   EXPECT_EQ(s.rank, 3);
   EXPECT_EQ(s.world_size, 4);
+  EXPECT_EQ(s.local_rank, 0);  // no SLURM_LOCALID: one rank per node
   EXPECT_EQ(s.launcher, "slurm");
+  setenv("SLURM_LOCALID", "1", 1);
+  EXPECT_EQ(launch_info().local_rank, 1);
   setenv("OMPI_COMM_WORLD_RANK", "1", 1);  // Open MPI's variables win
   setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
   EXPECT_EQ(launch_info().launcher, "openmpi");
   EXPECT_EQ(launch_info().rank, 1);
+  EXPECT_EQ(launch_info().local_rank, 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "-1", 1);
+  EXPECT_THROW(launch_info(), std::runtime_error);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
   setenv("OMPI_COMM_WORLD_RANK", "2", 1);  // rank outside [0, size)
   EXPECT_THROW(launch_info(), std::runtime_error);
-  for (const char* v :
-       {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
-    unsetenv(v);
+  for (const char* v : vars) unsetenv(v);
+}
+
+TEST(Launch, EachLocalRankTakesItsNodesGpu) {
+  EXPECT_EQ(local_device_index(0, 8), 0);
+  EXPECT_EQ(local_device_index(5, 8), 5);
+  EXPECT_EQ(local_device_index(9, 8), 1);  // more ranks than GPUs: they share, round robin
+  EXPECT_EQ(local_device_index(3, 0), 0);
 }
 
 TEST(Runner, OnlyRankZeroWritesTheRunDirectory) {
