@@ -38,75 +38,134 @@ std::string fill(std::string text, const std::string& kind, const std::string& c
   return std::regex_replace(text, std::regex("@FAMILY@"), family);
 }
 
-constexpr const char* kStageTemplate = R"(// @KIND@: TODO one line on what this stage computes.
+constexpr const char* kStageTemplate = R"tpl(// @KIND@: TODO one line on what this stage computes.
+//
+// The pattern of a device-neutral stage: the math is written once against the model ops
+// (stages/nn/model_ops.h: CpuOps; stages/nn/device_ops.h: DeviceOps), and setup picks the ops of
+// the run's backend with nn::with_ops: the CPU kernels, the CUDA kernels on the run's stream, or
+// the CPU emulator (device: emulated). Buffers come from the ops (the run's device); nothing
+// loops over data<T>() on the host, so the same stage trains on a GPU.
 #include "engine/registry.h"
+#include "stages/nn/ops_backend.h"
 
 namespace slipstream {
+namespace {
+
+// The stage's math, whichever ops it runs on.
+class @CLASS@Math {
+ public:
+  virtual ~@CLASS@Math() = default;
+  virtual Tensor alloc(size_t n, const char* what) const = 0;
+  virtual void forward(const float* x, float* y, size_t n) const = 0;
+  virtual void backward(const float* x, const float* dy, float* dx, size_t n) const = 0;
+};
+
+template <class Ops>
+class @CLASS@MathOn final : public @CLASS@Math {
+ public:
+  explicit @CLASS@MathOn(Ops ops) : o_(ops) {}
+  Tensor alloc(size_t n, const char* what) const override {
+    return o_.template alloc<float>(n, what);
+  }
+  void forward(const float* x, float* y, size_t n) const override { o_.silu_forward(x, y, n); }
+  void backward(const float* x, const float* dy, float* dx, size_t n) const override {
+    o_.silu_backward(x, dy, dx, n);
+  }
+
+ private:
+  Ops o_;
+};
+
+}  // namespace
 
 class @CLASS@ : public Stage {
  public:
   static StageSchema schema() {
     return StageSchema("@KIND@")
         .family("@FAMILY@")
-        .doc("Multiplies its input by `scale`. Replace with what the stage does.")
+        .doc("SiLU of its input, x * sigmoid(x). Replace with what the stage does.")
         .differentiable()
         .input("x", DType::f32, -1, "input tensor")
-        .output("y", DType::f32, -1, "x * scale")
-        .param("scale", 1.0, "factor applied to every element")
-        .range(-1e6, 1e6);
+        .output("y", DType::f32, -1, "silu(x)");
   }
 
   void setup(StageContext& ctx) override {
-    scale_ = static_cast<float>(ctx.params().number("scale"));
     ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+    math_ = nn::with_ops(ctx.exec(), "@KIND@ '" + ctx.name() + "'",
+                         [](auto ops) -> std::unique_ptr<@CLASS@Math> {
+                           return std::make_unique<@CLASS@MathOn<decltype(ops)>>(ops);
+                         });
+    device_ = ctx.exec().device();
   }
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
-    Tensor y = Tensor::empty(x.shape(), DType::f32, x.device(), "@KIND@.y");
-    const float* xp = x.data<float>();
-    float* yp = y.data<float>();
-    for (int64_t i = 0; i < x.numel(); ++i) yp[i] = xp[i] * scale_;
-    ctx.set_output(b, "y", y);
+    if (x.dtype() != DType::f32 || x.device() != device_)
+      throw std::runtime_error("@KIND@ '" + ctx.name() + "': x is " + x.describe() +
+                               ", expected f32 on " + device_.str());
+    const size_t n = static_cast<size_t>(x.numel());
+    reserve(n);
+    math_->forward(x.data<float>(), y_.data<float>(), n);
+    ctx.set_output(b, "y", y_.slice_rows(0, x.numel()).reshape(x.shape()));
   }
 
   void backward(Batch& b, StageContext& ctx) override {
     const Tensor& dy = ctx.output_grad(b, "y");
     if (!dy.defined()) return;
-    Tensor dx = Tensor::empty(dy.shape(), DType::f32, dy.device(), "@KIND@.dx");
-    const float* g = dy.data<float>();
-    float* d = dx.data<float>();
-    for (int64_t i = 0; i < dy.numel(); ++i) d[i] = g[i] * scale_;
-    ctx.add_input_grad(b, "x", dx);
+    const Tensor& x = ctx.input(b, "x");
+    math_->backward(x.data<float>(), dy.data<float>(), dx_.data<float>(),
+                    static_cast<size_t>(x.numel()));
+    ctx.add_input_grad(b, "x",
+                       dx_.slice_rows(0, x.numel()).reshape(x.shape()));
   }
 
  private:
-  float scale_ = 1.0f;
+  // Buffers grow to the largest batch seen: steady state allocates nothing.
+  void reserve(size_t n) {
+    if (n <= cap_) return;
+    cap_ = n;
+    y_ = math_->alloc(n, "@KIND@ output");
+    dx_ = math_->alloc(n, "@KIND@ input gradient");
+  }
+
+  std::unique_ptr<@CLASS@Math> math_;
+  Device device_;
+  Tensor y_, dx_;
+  size_t cap_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(@CLASS@);
 
 }  // namespace slipstream
-)";
+)tpl";
 
-constexpr const char* kTestTemplate = R"(#include <gtest/gtest.h>
+constexpr const char* kTestTemplate = R"tpl(#include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "engine/stage_harness.h"
 
 using namespace slipstream;
 
 TEST(@CLASS@, ForwardAndBackward) {
-  StageHarness h("@KIND@", {"scale=2.5"});
+  StageHarness h("@KIND@", {});
   Tensor x = Tensor::empty({2, 3}, DType::f32);
   for (int i = 0; i < 6; ++i) x.data<float>()[i] = 0.5f * static_cast<float>(i) - 1.0f;
   h.setup({{"x", x}});
   auto out = h.forward({{"x", x}});
-  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(out["y"].data<float>()[i], 2.5f * x.data<float>()[i]);
+  for (int i = 0; i < 6; ++i) {
+    const double v = x.data<float>()[i], s = 1.0 / (1.0 + std::exp(-v));
+    EXPECT_NEAR(out["y"].data<float>()[i], v * s, 1e-6);
+  }
   Tensor dy = Tensor::empty({2, 3}, DType::f32);
   for (int i = 0; i < 6; ++i) dy.data<float>()[i] = 1.0f + static_cast<float>(i);
   auto grads = h.backward({{"y", dy}});
-  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(grads["grad.x"].data<float>()[i], 2.5f * dy.data<float>()[i]);
+  for (int i = 0; i < 6; ++i) {
+    const double v = x.data<float>()[i], s = 1.0 / (1.0 + std::exp(-v));
+    EXPECT_NEAR(grads["grad.x"].data<float>()[i], dy.data<float>()[i] * s * (1 + v * (1 - s)),
+                1e-5);
+  }
 }
-)";
+)tpl";
 
 int new_stage(const std::string& kind, const std::string& family, const std::string& root) {
   if (!std::regex_match(kind, std::regex("[a-z][a-z0-9_]*"))) {
