@@ -2,8 +2,8 @@
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
-# of the scan, a short gpu_quick run when the whole engine builds (every stage of it has a CUDA
-# stages have CUDA paths: the check reports that as it is), and prints one summary. It exits 1
+# of the scan, and when the whole engine builds a short gpu_quick run and the end-to-end step
+# benchmark (fp32 vs bf16) at gpu_quick and gpu_standard, and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
@@ -101,5 +101,11 @@ step torch_scan python3 bench/peers/selective_scan_torch.py --json "$OUT/torch_s
 expect_file torch_scan "$OUT/torch_scan.json"
 if [ "$MODE" = full ]; then
   step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
+  # The whole step on the GPU, fp32 against bf16 in one process, at two shapes.
+  for p in gpu_quick gpu_standard; do
+    step bench_e2e_$p $B/bin/bench_e2e --preset $p --steps 100 --warmup 20 \
+      --precisions fp32 bf16 --json "$OUT/bench_e2e_$p.json"
+    expect_file bench_e2e_$p "$OUT/bench_e2e_$p.json"
+  done
 fi
 python3 tools/gpu_check/summary.py "$OUT"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints `make gpu-check`'s summary from its output folder: each step's status and time, the
 GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's speed against
-the PyTorch peer. Exits 1 when any step failed."""
+the PyTorch peer, and the end-to-end step (ms per step, fp32 against bf16). Exits 1 when any
+step failed."""
 import json
 import os
 import sys
@@ -44,6 +45,17 @@ def main(out):
                     print(f"    {label:<20} {t[key] * 1000:>10.1f} us  -> ours is {t[key] * 1000 / ours:.1f}x")
             if "compile_error" in t:
                 print(f"    torch.compile failed: {t['compile_error']}")
+    for preset in ("gpu_quick", "gpu_standard"):
+        path = os.path.join(out, f"bench_e2e_{preset}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            runs = json.load(f).get("runs", [])
+        print(f"\n  whole step, {preset}:")
+        for r in runs:
+            ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
+            print(f"    {r['precision']:<6} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
+                  f"  {r['ratio_to_first']:.2f}x the first")
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
           (f": {', '.join(failed)}" if failed else ""))
