@@ -1,13 +1,21 @@
 #include "stages/dist/mpi_reduce.h"
 
-#include <mpi.h>
-
-#include "engine/launch.h"
-
 #include <cstdlib>
 #include <stdexcept>
 
+#include "engine/launch.h"
+
+#if SLIPSTREAM_HAS_MPI
+#include <mpi.h>
+#endif
+
 namespace slipstream::dist {
+
+bool launched_with_multiple_ranks() {
+  return launch_info().world_size > 1;
+}
+
+#if SLIPSTREAM_HAS_MPI
 
 namespace {
 void check(int rc, const char* what) {
@@ -53,10 +61,6 @@ int mpi_rank() {
   return r;
 }
 
-bool launched_with_multiple_ranks() {
-  return launch_info().world_size > 1;
-}
-
 void mpi_average(const GradBuckets& buckets, std::vector<float>& buffer) {
   const float scale = 1.0f / static_cast<float>(mpi_world_size());
   for (size_t i = 0; i < buckets.count(); ++i) {
@@ -68,5 +72,33 @@ void mpi_average(const GradBuckets& buckets, std::vector<float>& buffer) {
     buckets.unflatten(i, buffer.data(), scale);
   }
 }
+
+#else  // a build configured with -DSLIPSTREAM_MPI=OFF: one process, no MPI backend
+
+namespace {
+[[noreturn]] void no_mpi() {
+  throw std::runtime_error(
+      "allreduce backend mpi: this build has no MPI (configured with -DSLIPSTREAM_MPI=OFF); "
+      "install Open MPI (libopenmpi-dev) and reconfigure, or run one process with backend none");
+}
+}  // namespace
+
+void mpi_init_once() {
+  no_mpi();
+}
+int mpi_world_size() {
+  return 1;
+}
+int mpi_rank() {
+  return 0;
+}
+bool mpi_is_initialized() {
+  return false;
+}
+void mpi_average(const GradBuckets&, std::vector<float>&) {
+  no_mpi();
+}
+
+#endif
 
 }  // namespace slipstream::dist

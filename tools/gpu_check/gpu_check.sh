@@ -9,7 +9,8 @@
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
 # machine lacks can travel as .deb files in .gpu-deps/ (`make gpu-deps` fetches them here);
 # they are unpacked into .gpu-deps/root and used from there. When the whole engine cannot be
-# configured there (its other dependencies missing), the kernels-only build is used instead
+# configured there (its other dependencies missing; Open MPI alone is left out with
+# -DSLIPSTREAM_MPI=OFF first), the kernels-only build is used instead
 # (-DSLIPSTREAM_KERNELS_ONLY=ON) and the summary says so.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -76,7 +77,9 @@ MODE=full
 # The whole engine needs more than a GPU image may have; without it, the kernels-only build is
 # the expected outcome, not a failure (mode.txt and configure_full.log say why).
 echo "== configure (whole engine)"
-if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1; then
+if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1 &&
+  ! { echo "   (again without MPI)" && rm -rf $B/CMakeCache.txt &&
+      cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_MPI=OFF >>"$OUT/configure_full.log" 2>&1; }; then
   B=build-gpu-kernels
   MODE="kernels-only (the whole engine did not configure: configure_full.log)"
   grep -m1 -B1 -A3 "CMake Error" "$OUT/configure_full.log"
