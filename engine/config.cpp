@@ -31,12 +31,22 @@ SourceMark mark_of(const YAML::Node& n, const std::string& file) {
 }
 
 YAML::Node load_yaml(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path run_config = fs::path(path) / "config.yaml";
+    fail({path}, "is a directory, not a YAML file" +
+                     (fs::exists(run_config, ec)
+                          ? " (a run directory? its graph is " + run_config.string() + ")"
+                          : std::string()));
+  }
   std::ifstream in(path);
   if (!in) fail({path}, "cannot read file");
   try {
     return YAML::Load(in);
   } catch (const YAML::ParserException& e) {
     fail({path, e.mark.line + 1, e.mark.column + 1}, "YAML syntax error: " + e.msg);
+  } catch (const std::ios_base::failure& e) {
+    fail({path}, std::string("cannot read file: ") + e.what());
   }
 }
 

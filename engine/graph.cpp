@@ -154,8 +154,14 @@ std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
   if (auto* dl = std::get_if<std::vector<double>>(&v)) nums = *dl;
   for (double x : nums) {
     if (std::isnan(x) || (spec.min && x < *spec.min) || (spec.max && x > *spec.max)) {
-      std::string lo = spec.min ? param_value_str(ParamValue(*spec.min)) : "-inf";
-      std::string hi = spec.max ? param_value_str(ParamValue(*spec.max)) : "inf";
+      // Integer parameters show integer bounds ([1, 1048576], not [1.0, 1.04858e+06]).
+      const bool integral =
+          std::holds_alternative<int64_t>(v) || std::holds_alternative<std::vector<int64_t>>(v);
+      auto bound = [&](double b) {
+        return integral ? std::to_string(static_cast<int64_t>(b)) : param_value_str(ParamValue(b));
+      };
+      std::string lo = spec.min ? bound(*spec.min) : "-inf";
+      std::string hi = spec.max ? bound(*spec.max) : "inf";
       return "parameter '" + spec.name + "' = " + param_value_str(v) + " is out of range [" + lo +
              ", " + hi + "]";
     }

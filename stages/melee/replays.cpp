@@ -387,18 +387,20 @@ StageSchema ReplaysStage::schema() {
       .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
       .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
+      // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
+      // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
              "windows per batch (an epoch's last partial batch is dropped)")
-      .range(1, std::nullopt)
+      .range(1, 1 << 20)
       .param("window", int64_t{60}, "frames per window")
-      .range(1, std::nullopt)
+      .range(1, 1 << 20)
       .param("stride", int64_t{5}, "frames between window starts")
-      .range(1, std::nullopt)
+      .range(1, 1 << 20)
       .param("delay", int64_t{0},
              "frame delay D: features see the controller of t + D, labels t + D + 1")
       .range(0, 600)
       .param("min_frames", int64_t{300}, "skip games with fewer frames")
-      .range(0, std::nullopt)
+      .range(0, 1 << 30)
       .param("characters", I{}, "internal character ids whose perspective is kept (empty: all)")
       .range(0, 255)
       .param("stages", I{}, "stage ids to keep (empty: all)")

@@ -66,6 +66,32 @@ TEST(Cli, NewStageWritesCompilingSkeleton) {
   EXPECT_EQ(run_cli("new-stage My-Scale --root " + d.path()).status, 2);
 }
 
+// A directory where a YAML file belongs is a one-line error and exit 2, never an abort.
+TEST(Cli, DirectoryAsConfigIsAnErrorNotACrash) {
+  TempDir d;
+  std::filesystem::create_directories(d.path() + "/run");
+  d.write("run/config.yaml", "stages: []\n");
+  for (const std::string& args :
+       {"validate " + d.path() + "/run", "run --config " + d.path() + "/run",
+        "validate " + d.write("g.yaml", "extends: " + d.path() + "/run\n")}) {
+    Output o = run_cli(args);
+    EXPECT_EQ(o.status, 2) << args << "\n" << o.text;
+    EXPECT_NE(o.text.find("is a directory, not a YAML file"), std::string::npos) << o.text;
+  }
+  EXPECT_NE(run_cli("validate " + d.path() + "/run").text.find("run/config.yaml"),
+            std::string::npos);
+}
+
+// Sizes that would overflow the loader's window arithmetic are rejected by validation.
+TEST(Cli, HugeWindowSizesAreRejected) {
+  for (const char* set : {"replays.stride=3000000000", "replays.stride=4294967296",
+                          "replays.window=9223372036854775000", "replays.batch_size=4294967296"}) {
+    Output o = run_cli(std::string("validate cpu_quick --set ") + set);
+    EXPECT_EQ(o.status, 2) << set << "\n" << o.text;
+    EXPECT_NE(o.text.find("is out of range [1, 1048576]"), std::string::npos) << o.text;
+  }
+}
+
 TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   Output dev = run_cli("devices");
   EXPECT_EQ(dev.status, 0);

@@ -81,8 +81,8 @@ TEST(Config, MistypedParameter) {
 TEST(Config, ValueOutOfRange) {
   TempDir d;
   EXPECT_EQ(plan_error(d, replace(kGood, "batch: 4", "batch: 0")),
-            "g.yaml:4:24: stage 'src' (test_counter): parameter 'batch' = 0 is out of range [1.0, "
-            "1e+06]");
+            "g.yaml:4:24: stage 'src' (test_counter): parameter 'batch' = 0 is out of range [1, "
+            "1000000]");
 }
 
 TEST(Config, MissingInputStage) {
