@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -30,6 +31,26 @@ SourceMark mark_of(const YAML::Node& n, const std::string& file) {
   throw ConfigError({{std::move(mark), std::move(message)}});
 }
 
+// yaml-cpp keeps every pair of a mapping but lookups see only the first: a repeated key would
+// silently lose the later value, so it is an error, as in most YAML loaders' strict modes.
+void check_duplicate_keys(const YAML::Node& n, const std::string& file) {
+  if (n.IsSequence()) {
+    for (const auto& e : n) check_duplicate_keys(e, file);
+  } else if (n.IsMap()) {
+    std::map<std::string, YAML::Mark> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (it->first.IsScalar()) {
+        auto [at, fresh] = seen.emplace(it->first.Scalar(), it->first.Mark());
+        if (!fresh)
+          fail(mark_of(it->first, file),
+               "duplicate key '" + it->first.Scalar() + "' (first at line " +
+                   std::to_string(at->second.line + 1) + "); remove one of them");
+      }
+      check_duplicate_keys(it->second, file);
+    }
+  }
+}
+
 YAML::Node load_yaml(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
@@ -42,7 +63,13 @@ YAML::Node load_yaml(const std::string& path) {
   std::ifstream in(path);
   if (!in) fail({path}, "cannot read file");
   try {
-    return YAML::Load(in);
+    std::vector<YAML::Node> docs = YAML::LoadAll(in);
+    if (docs.size() > 1)
+      fail(mark_of(docs[1], path),
+           "a second YAML document ('---') is not read; keep the whole graph in one document");
+    YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
+    check_duplicate_keys(root, path);
+    return root;
   } catch (const YAML::ParserException& e) {
     fail({path, e.mark.line + 1, e.mark.column + 1}, "YAML syntax error: " + e.msg);
   } catch (const std::ios_base::failure& e) {

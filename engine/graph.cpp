@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "engine/device.h"
 #include "engine/registry.h"
 #include "engine/text_match.h"
 
@@ -38,6 +39,10 @@ const StageSchema& run_schema() {
         .range(1, std::nullopt)
         .param("early_stop_patience", int64_t{0},
                "stop after this many validations without improvement (0: never)")
+        .range(0, std::nullopt)
+        .param("max_nonfinite_steps", int64_t{10},
+               "stop with an error after this many consecutive steps whose loss or gradient is "
+               "not finite (0: never)")
         .range(0, std::nullopt)
         .param("runs_dir", std::string("runs"), "where run directories are created")
         .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
@@ -246,6 +251,21 @@ GraphPlan plan_graph(Config config) {
   }
   GraphPlan plan;
   plan.run = resolve_params(run_schema(), config.run, "run: ", {config.graph_file}, issues);
+  if (plan.run.has("device")) {
+    // Said at validation, not when the run reaches device selection.
+    const std::string dev = plan.run.string("device");
+    bool ok = dev == "auto" || dev == "emulated";
+    try {
+      if (!ok) parse_device(dev);
+      ok = true;
+    } catch (const std::exception&) {
+    }
+    if (!ok)
+      issues.push_back(
+          {plan.run.mark("device"), "run: device '" + dev +
+                                        "' is not one of auto, cpu, cuda, cuda:N, emulated" +
+                                        did_you_mean(dev, {"auto", "cpu", "cuda", "emulated"})});
+  }
 
   // Kinds and parameters, in file order.
   const auto& cs = config.stages;
@@ -365,6 +385,13 @@ GraphPlan plan_graph(Config config) {
     }
   }
 
+  // Which (stage, output port) produces each slot: passthrough bindings look it up.
+  std::vector<std::pair<int, int>> slot_owner(plan.slots.size(), {-1, -1});
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (size_t o = 0; o < plan.stages[k].output_slots.size(); ++o)
+      slot_owner[static_cast<size_t>(plan.stages[k].output_slots[o])] = {static_cast<int>(k),
+                                                                         static_cast<int>(o)};
+
   // Port bindings: explicit `port: stage.out`, else by name, else the single output of a single
   // upstream feeding a single-input stage.
   for (size_t k = 0; k < order.size(); ++k) {
@@ -418,11 +445,10 @@ GraphPlan plan_graph(Config config) {
         }
       } else if (plan.stages[st].schema->is_passthrough()) {
         // Bind through: the candidates are the tensors the passthrough stage carries.
-        for (int slot : plan.stages[st].passthrough_slots)
-          for (int s2 = 0; s2 < static_cast<int>(plan.stages.size()); ++s2)
-            for (size_t o = 0; o < plan.stages[s2].output_slots.size(); ++o)
-              if (plan.stages[s2].output_slots[o] == slot)
-                cands.push_back({s2, static_cast<int>(o), r.mark});
+        for (int slot : plan.stages[st].passthrough_slots) {
+          auto [s2, o] = slot_owner[static_cast<size_t>(slot)];
+          if (s2 >= 0) cands.push_back({s2, o, r.mark});
+        }
       } else {
         for (size_t o = 0; o < outs.size(); ++o) cands.push_back({st, static_cast<int>(o), r.mark});
       }
@@ -498,23 +524,33 @@ GraphPlan plan_graph(Config config) {
       break;
     }
   }
+  bool has_loss = false;
+  std::string trainable;
+  for (const auto& s : plan.stages) {
+    has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
+    if (s.schema->is_trainable() && trainable.empty()) trainable = s.name;
+  }
+  if (!trainable.empty() && !has_loss)
+    issues.push_back({cs[by_name[trainable]].mark,
+                      "stage '" + trainable +
+                          "' is trainable but the graph has no loss stage: nothing would train it "
+                          "(add one, e.g. bc_loss, after the model)"});
   for (int k = 0; k < n; ++k) {
     auto& ps = plan.stages[k];
+    const StageConfig& c = cs[order[k]];
     ps.in_section = k >= plan.section_begin;
     for (int u : ps.upstream)
       if (plan.stages[u].schema->stage_role() == StageRole::loss || plan.stages[u].after_loss)
         ps.after_loss = true;
-    if (ps.schema->stage_role() == StageRole::update && !ps.after_loss) {
-      bool has_loss = false;
-      for (const auto& s : plan.stages)
-        has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
-      if (has_loss)
-        issues.push_back({cs[order[k]].inputs_mark,
-                          who(cs[order[k]]) + "an update stage must come after the loss stage"});
-    }
+    if (ps.schema->stage_role() == StageRole::update && !ps.after_loss && has_loss)
+      issues.push_back({c.inputs_mark, who(c) + "an update stage must come after the loss stage"});
     if (ps.after_loss && ps.schema->is_trainable())
-      issues.push_back(
-          {cs[order[k]].mark, who(cs[order[k]]) + "a trainable stage cannot follow the loss"});
+      issues.push_back({c.mark, who(c) + "a trainable stage cannot follow the loss"});
+    // The section runs one batch at a time, in order: a concurrency there would be ignored.
+    if (ps.in_section && c.concurrency && ps.concurrency != 1)
+      issues.push_back({c.concurrency->mark,
+                        who(c) + "concurrency applies to the data stages before the trainable "
+                                 "section; this stage runs in it, one batch at a time"});
   }
   if (!issues.empty()) throw ConfigError(issues);
   plan.config = std::move(config);

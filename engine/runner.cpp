@@ -21,6 +21,7 @@
 #include "engine/checkpoint.h"
 #include "engine/launch.h"
 #include "engine/memory_pool.h"
+#include "engine/metrics_log.h"
 #include "engine/registry.h"
 #include "engine/stats_record.h"
 
@@ -30,9 +31,10 @@ namespace slipstream {
 
 namespace {
 
-std::atomic<bool> g_sigint{false};
-extern "C" void on_sigint(int) {
-  g_sigint.store(true);
+// The signal that asked the run to stop (SIGINT, SIGTERM), 0 when none.
+std::atomic<int> g_signal{0};
+extern "C" void on_stop_signal(int sig) {
+  g_signal.store(sig);
 }
 
 uint64_t now_ns() {
@@ -77,7 +79,7 @@ std::string timestamp() {
 }  // namespace
 
 void raise_interrupt_for_testing() {
-  g_sigint.store(true);
+  g_signal.store(SIGINT);
 }
 
 StageError::StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what)
@@ -107,7 +109,11 @@ struct Runner::Impl {
   std::map<std::string, std::pair<double, uint64_t>> interval, validation;
   bool in_validation = false;
   std::map<std::string, double> last_train, last_validation;
-  std::ofstream metrics_file;
+  MetricsLog metrics_file;
+  std::string metrics_failure;  // why metrics.jsonl stopped taking rows: the run stops
+  // Divergence: whether this step's loss or gradient was not finite, and where the streak began.
+  bool step_nonfinite = false;
+  uint64_t streak_first_step = 0;
   uint64_t interval_start_ns = 0, interval_samples = 0, interval_steps = 0;
   uint64_t interval_section_wait_ns = 0;
   uint64_t last_section_end_ns = 0;
@@ -118,6 +124,7 @@ struct Runner::Impl {
   double best_validation = INFINITY;
   int64_t validations_without_improvement = 0;
   bool early_stopped = false;
+  std::string end_reason;  // why the run ended, for the last metrics row
 
   // Stats publishing.
   std::unique_ptr<stats::RecordWriter> record;
@@ -190,7 +197,10 @@ struct Runner::Impl {
     auto& e = m[std::string(name)];
     e.first += value;
     e.second++;
-    if (!in_validation && name == "loss") last_loss.store(value);
+    if (in_validation) return;
+    if (name == "loss") last_loss.store(value);
+    if ((name == "loss" && !std::isfinite(value)) || name == "nonfinite_grad_steps")
+      step_nonfinite = true;
   }
 
   // ---- the trainable section for one batch ----
@@ -264,7 +274,6 @@ struct Runner::Impl {
       for (auto& [k, v] : validation)
         avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
     }
-    for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_end(avg, graph->context(k));
     return avg;
   }
 
@@ -274,8 +283,8 @@ struct Runner::Impl {
   }
 
   void write_metrics_row(const char* split, const std::map<std::string, double>& values, double sps,
-                         double wait_pct) {
-    if (!metrics_file.is_open()) return;
+                         double wait_pct, const nlohmann::json& extra = nlohmann::json::object()) {
+    if (!metrics_file.is_open() || !metrics_failure.empty()) return;
     nlohmann::json row;
     row["step"] = run.step.load();
     row["split"] = split;
@@ -284,7 +293,40 @@ struct Runner::Impl {
       row[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
     if (sps >= 0) row["samples_per_s"] = sps;
     if (wait_pct >= 0) row["data_wait_pct"] = wait_pct;
-    metrics_file << row.dump() << "\n" << std::flush;
+    for (const auto& [k, v] : extra.items()) row[k] = v;
+    if (metrics_file.append(row.dump())) return;
+    // Training on without a record of it would lose the run's history silently: stop the way
+    // SIGINT does (the step finishes, stages save) and fail at the end.
+    metrics_failure = metrics_file.error();
+    log_line("error: " + metrics_failure + "; stopping the run");
+    run.stop_requested = true;
+  }
+
+  // The train row for the steps since the last one; `steps_averaged` says how many (a resumed
+  // run's first window, the last window and a diverged run's may be shorter than log_every).
+  void write_train_row() {
+    std::map<std::string, double> avg;
+    {
+      std::lock_guard lock(metrics_mu);
+      for (auto& [k, v] : interval)
+        avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+      interval.clear();
+    }
+    double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
+    double sps = secs > 0 ? static_cast<double>(interval_samples) / secs : 0;
+    double wait =
+        secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
+    last_train = avg;
+    write_metrics_row("train", avg, sps, wait, {{"steps_averaged", interval_steps}});
+    char head[128];
+    std::snprintf(head, sizeof head, "step %llu", static_cast<unsigned long long>(run.step));
+    std::string line = head;
+    if (run.total_steps) line += "/" + std::to_string(run.total_steps);
+    char tail[96];
+    std::snprintf(tail, sizeof tail, " | %.1f samples/s | data wait %.0f%%", sps, wait);
+    log_line(line + " |" + format_metrics(avg, 6) + tail);
+    interval_start_ns = now_ns();
+    interval_samples = interval_steps = interval_section_wait_ns = 0;
   }
 
   static std::string format_metrics(const std::map<std::string, double>& m, size_t max_items) {
@@ -313,7 +355,9 @@ struct Runner::Impl {
     return s;
   }
 
-  // After each step: metrics interval, progress line, validation, early stopping, step limit.
+  // After each step: divergence, metrics row, progress line, validation, early stopping, the
+  // stages' step_end (checkpoints) and the step limit. Rows come before the checkpoint of the
+  // same step, so a kill in between costs at most rows that the resumed run writes again.
   void after_step(const Batch& b, uint64_t section_start_ns) {
     run.step++;
     steps_this_process++;
@@ -321,33 +365,29 @@ struct Runner::Impl {
     interval_samples += b.samples;
     interval_steps++;
     if (last_section_end_ns) interval_section_wait_ns += section_start_ns - last_section_end_ns;
-    last_section_end_ns = now_ns();
+    if (step_nonfinite) {
+      if (run.nonfinite_streak++ == 0) streak_first_step = run.step;
+    } else {
+      run.nonfinite_streak = 0;
+    }
+    step_nonfinite = false;
+    const auto max_bad = static_cast<uint64_t>(plan().run.integer("max_nonfinite_steps"));
+    if (max_bad > 0 && run.nonfinite_streak >= max_bad) {
+      std::string why = "training diverged: the loss (or gradient) was not finite for " +
+                        std::to_string(run.nonfinite_streak.load()) + " consecutive steps (" +
+                        std::to_string(streak_first_step) + " to " + std::to_string(run.step) +
+                        "); no checkpoint was written since step " +
+                        std::to_string(streak_first_step - 1) +
+                        ". Lower the learning rate, or set run.max_nonfinite_steps=0 to go on";
+      write_train_row();
+      end_reason = "diverged";
+      throw std::runtime_error(why);
+    }
     int64_t log_every = plan().run.integer("log_every");
     int64_t steps_limit = plan().run.integer("steps");
     bool last = steps_limit > 0 && run.step >= static_cast<uint64_t>(steps_limit);
     if (run.step % static_cast<uint64_t>(log_every) == 0 || last) {
-      std::map<std::string, double> avg;
-      {
-        std::lock_guard lock(metrics_mu);
-        for (auto& [k, v] : interval)
-          avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
-        interval.clear();
-      }
-      double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
-      double sps = secs > 0 ? static_cast<double>(interval_samples) / secs : 0;
-      double wait =
-          secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
-      last_train = avg;
-      write_metrics_row("train", avg, sps, wait);
-      char head[128];
-      std::snprintf(head, sizeof head, "step %llu", static_cast<unsigned long long>(run.step));
-      std::string line = head;
-      if (run.total_steps) line += "/" + std::to_string(run.total_steps);
-      char tail[96];
-      std::snprintf(tail, sizeof tail, " | %.1f samples/s | data wait %.0f%%", sps, wait);
-      log_line(line + " |" + format_metrics(avg, 6) + tail);
-      interval_start_ns = now_ns();
-      interval_samples = interval_steps = interval_section_wait_ns = 0;
+      write_train_row();
     } else if (tty) {
       *log << "\r\033[Kstep " << run.step;
       if (run.total_steps) *log << "/" << run.total_steps;
@@ -361,6 +401,8 @@ struct Runner::Impl {
       last_validation = v;
       write_metrics_row("validation", v, -1, -1);
       log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+      for (size_t k = 0; k < n(); ++k)
+        timed(k, b.index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });
       int64_t patience = plan().run.integer("early_stop_patience");
       auto it = v.find("loss");
       if (it != v.end()) {
@@ -375,7 +417,14 @@ struct Runner::Impl {
         }
       }
     }
-    if (last) run.stop_requested = true;
+    for (size_t k = plan().section_begin; k < n(); ++k)
+      timed(k, b.index, [&] { graph->stage(k).step_end(b, graph->context(k)); });
+    if (last) {
+      run.stop_requested = true;
+      if (end_reason.empty()) end_reason = "steps";
+    }
+    // Waiting for data starts now: validation and checkpoints above are not waits.
+    last_section_end_ns = now_ns();
   }
 
   // ---- stats record ----
@@ -488,7 +537,7 @@ struct Runner::Impl {
     publisher = std::thread([this, interval] {
       std::unique_lock lock(pub_mu);
       while (!pub_cv.wait_for(lock, interval, [this] { return pub_stop; })) {
-        if (opt.handle_sigint && g_sigint.exchange(false)) {
+        if (opt.handle_sigint && g_signal.load() != 0) {
           run.interrupted = true;
           run.stop_requested = true;
         }
@@ -525,8 +574,6 @@ struct Runner::Impl {
       for (const auto& s : plan().stages) sp[s.name] = s.params;
       std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan().config, sp, plan().run);
     }
-    if (run.writes_outputs())
-      metrics_file.open(fs::path(run.run_dir) / "metrics.jsonl", std::ios::app);
   }
 
   RunResult execute();
@@ -597,13 +644,18 @@ RunResult Runner::Impl::execute() {
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
   make_run_dir();
   result.run_dir = run.run_dir;
+  // Said before setup, which may load a whole dataset.
+  std::optional<std::string> ckpt;
+  if (!opt.resume_dir.empty()) {
+    ckpt = opt.resume_checkpoint.empty() ? latest_checkpoint(opt.resume_dir)
+                                         : std::optional(opt.resume_checkpoint);
+    if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
+  }
   graph->setup();
 
   size_t head_end = static_cast<size_t>(plan().head_end);
   head_next.assign(head_end, 0);
-  if (!opt.resume_dir.empty()) {
-    auto ckpt = latest_checkpoint(opt.resume_dir);
-    if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
+  if (ckpt) {
     CheckpointInfo info = load_checkpoint(graph->plan(), *ckpt);
     run.step = info.step;
     uint64_t idx = info.next_batch;
@@ -613,12 +665,38 @@ RunResult Runner::Impl::execute() {
       idx = graph->stage(k).upstream_seek_index(idx);
     }
     log_line("resumed from " + *ckpt + " at step " + std::to_string(run.step));
+    if (run.writes_outputs()) {
+      std::string path = (fs::path(run.run_dir) / "metrics.jsonl").string();
+      if (size_t dropped = MetricsLog::drop_rows_after(path, run.step))
+        log_line("metrics.jsonl: dropped " + std::to_string(dropped) +
+                 " row(s) written after the checkpoint (or torn); they are written again");
+    }
+    const auto steps_limit = static_cast<uint64_t>(plan().run.integer("steps"));
+    if (steps_limit > 0 && run.step >= steps_limit) {
+      log_line("nothing to do: the run already reached run.steps = " + std::to_string(steps_limit) +
+               " (raise it with --set run.steps=N to go on)");
+      result.final_step = run.step;
+      result.already_complete = true;
+      return result;
+    }
+  }
+  if (run.writes_outputs()) metrics_file.open((fs::path(run.run_dir) / "metrics.jsonl").string());
+  for (size_t k = 0; k < n(); ++k) {
+    const auto& ps = plan().stages[k];
+    try {
+      graph->stage(k).start(graph->context(k));
+    } catch (const std::exception& e) {
+      throw StageError(ps.name, ps.schema->kind(), run.step, e.what());
+    }
   }
 
-  void (*previous_handler)(int) = SIG_DFL;
+  // SIGTERM too: schedulers send it before killing a job, and the step deserves its checkpoint.
+  void (*previous_int)(int) = SIG_DFL;
+  void (*previous_term)(int) = SIG_DFL;
   if (opt.handle_sigint) {
-    g_sigint = false;
-    previous_handler = std::signal(SIGINT, on_sigint);
+    g_signal = 0;
+    previous_int = std::signal(SIGINT, on_stop_signal);
+    previous_term = std::signal(SIGTERM, on_stop_signal);
   }
   start_ns = now_ns();
   start_unix = unix_ns();
@@ -636,7 +714,7 @@ RunResult Runner::Impl::execute() {
   tbb::flow::input_node<Msg> source(g, [&](tbb::flow_control& fc) -> Msg {
     uint64_t t = now_ns();
     if (head_last_return_ns) counters[head_end - 1]->blocked_ns += t - head_last_return_ns;
-    if (run.stop_requested || (opt.handle_sigint && g_sigint.load())) {
+    if (run.stop_requested || (opt.handle_sigint && g_signal.load() != 0)) {
       fc.stop();
       return {};
     }
@@ -732,7 +810,8 @@ RunResult Runner::Impl::execute() {
     } catch (...) {
     }
   }
-  if (opt.handle_sigint && g_sigint.exchange(false)) run.interrupted = true;
+  int stop_signal = opt.handle_sigint ? g_signal.exchange(0) : 0;
+  if (stop_signal != 0) run.interrupted = true;
   if (tty) *log << "\n";
 
   if (!failure) {
@@ -747,15 +826,45 @@ RunResult Runner::Impl::execute() {
       }
     }
   }
+  if (!metrics_failure.empty() && !failure)
+    failure = std::make_exception_ptr(std::runtime_error(
+        metrics_failure + "; the run stopped at step " + std::to_string(run.step)));
+  // The last row says why the run ended.
+  if (end_reason.empty()) {
+    if (failure)
+      end_reason = "error";
+    else if (run.interrupted)
+      end_reason = stop_signal == SIGTERM  ? "interrupted (SIGTERM)"
+                   : stop_signal == SIGINT ? "interrupted (SIGINT)"
+                                           : "interrupted";
+    else if (early_stopped)
+      end_reason = "early stop";
+    else
+      end_reason = "data end";
+  }
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      write_metrics_row("end", {}, -1, -1, {{"reason", end_reason}, {"error", e.what()}});
+    }
+  } else {
+    write_metrics_row("end", {}, -1, -1, {{"reason", end_reason}});
+  }
   stop_publisher(failure ? stats::RunState::failed : stats::RunState::done);
   record.reset();  // the run is over: its record goes away (slipstream-smi shows live runs)
-  if (opt.handle_sigint) std::signal(SIGINT, previous_handler);
+  if (opt.handle_sigint) {
+    std::signal(SIGINT, previous_int);
+    std::signal(SIGTERM, previous_term);
+  }
   if (failure) std::rethrow_exception(failure);
 
   result.steps = steps_this_process;
   result.final_step = run.step;
   result.samples = samples.load();
   result.interrupted = run.interrupted.load();
+  result.stop_signal = stop_signal;
+  result.end_reason = end_reason;
   result.early_stopped = early_stopped;
   result.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
   result.last_train_metrics = last_train;

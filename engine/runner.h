@@ -23,19 +23,23 @@
 namespace slipstream {
 
 struct RunOptions {
-  std::string resume_dir;       // continue this run directory from its latest checkpoint
-  bool create_run_dir = true;   // runs/<name>-<time>/ with config.yaml and metrics.jsonl
-  bool handle_sigint = true;    // SIGINT: finish the step, let stages save, exit 130
-  bool publish_stats = true;    // the /dev/shm record read by slipstream-smi
-  std::ostream* log = nullptr;  // progress lines (default std::cout)
+  std::string resume_dir;         // continue this run directory from its latest checkpoint
+  std::string resume_checkpoint;  // ... or from this checkpoint of it (later ones are removed)
+  bool create_run_dir = true;     // runs/<name>-<time>/ with config.yaml and metrics.jsonl
+  bool handle_sigint = true;      // SIGINT/SIGTERM: finish the step, let stages save, exit 130
+  bool publish_stats = true;      // the /dev/shm record read by slipstream-smi
+  std::ostream* log = nullptr;    // progress lines (default std::cout)
 };
 
 struct RunResult {
   uint64_t steps = 0;       // batches through the trainable section (this process)
   uint64_t final_step = 0;  // including resumed steps
   uint64_t samples = 0;
-  bool interrupted = false;  // stopped by SIGINT
+  bool interrupted = false;  // stopped by SIGINT, SIGTERM or request_stop(true)
+  int stop_signal = 0;       // SIGINT or SIGTERM when one stopped the run
   bool early_stopped = false;
+  bool already_complete = false;  // a resumed run that had already reached run.steps
+  std::string end_reason;         // "steps", "data end", "early stop", "interrupted (SIGINT)", ...
   double seconds = 0;
   std::string run_dir;
   std::map<std::string, double> last_train_metrics;
@@ -59,7 +63,10 @@ class Runner {
   Runner(GraphPlan plan, RunOptions options = {});
   ~Runner();
   // Sets up every stage, runs until the source ends, run.steps is reached, early stopping or
-  // SIGINT, then calls finish() on every stage. Throws StageError on the first stage failure.
+  // SIGINT/SIGTERM, then calls finish() on every stage. Throws StageError on the first stage
+  // failure; throws std::runtime_error when the loss stays non-finite for
+  // run.max_nonfinite_steps steps (finish() is skipped: no checkpoint of a diverged model) or
+  // when metrics.jsonl cannot be written (after finish(): the checkpoint keeps the steps).
   RunResult run();
 
   Graph& graph();

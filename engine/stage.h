@@ -65,7 +65,10 @@ struct RunState {
   // Only rank 0 writes checkpoints and metrics, and only into a run directory.
   bool writes_outputs() const { return rank == 0 && !run_dir.empty(); }
   std::atomic<bool> stop_requested{false};
-  std::atomic<bool> interrupted{false};  // SIGINT
+  std::atomic<bool> interrupted{false};  // SIGINT or SIGTERM
+  // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;
+  // a checkpoint stage does not save such a step.
+  std::atomic<uint64_t> nonfinite_streak{0};
   // Receives StageContext::metric() calls (set by the runner; thread-safe).
   std::function<void(std::string_view, double)> metric_sink;
 };
@@ -108,6 +111,18 @@ class Stage {
   // Stateful stages: everything needed for a bit-exact resume.
   virtual void save(StateWriter& w) const { (void)w; }
   virtual void load(StateReader& r) { (void)r; }
+
+  // Once, after setup and (when resuming) after every stage's state was loaded, before the
+  // first batch; `ctx.run().step` is the step the run starts from.
+  virtual void start(StageContext& ctx) { (void)ctx; }
+  // Stages of the trainable section (and the update stages after it), after each training step,
+  // once that step's metrics row and validation pass (if any) were written: `ctx.run().step`
+  // already counts the step. Checkpoints are written here, so a checkpoint never precedes the
+  // rows a resume from it would skip.
+  virtual void step_end(const Batch& batch, StageContext& ctx) {
+    (void)batch;
+    (void)ctx;
+  }
 
   // Once, after the last batch (or after a stop request, once in-flight batches finished).
   virtual void finish(StageContext& ctx) { (void)ctx; }

@@ -1,8 +1,11 @@
 // checkpoint: writes every stage's weights and state every N steps, at the end of the run and on
-// SIGINT, and keeps the best checkpoints by validation loss. Layout: engine/checkpoint.h.
+// SIGINT/SIGTERM, and keeps the best checkpoints by validation loss. Layout: engine/checkpoint.h.
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "engine/checkpoint.h"
 #include "engine/graph.h"
@@ -36,9 +39,56 @@ class CheckpointStage : public Stage {
     keep_best_ = static_cast<size_t>(ctx.params().integer("keep_best"));
   }
 
+  // A resumed run finds its books on disk: checkpoints already written count against `keep`
+  // and `keep_best`, leftovers of an interrupted write or prune go, and checkpoints past the
+  // resume point (a resume from an older checkpoint rewinds the run) are removed.
+  void start(StageContext& ctx) override {
+    if (!ctx.run().writes_outputs()) return;
+    const fs::path dir = root(ctx);
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) return;
+    const uint64_t at = ctx.run().step;
+    std::erase_if(best_, [](const auto& b) { return !std::isfinite(b.first); });
+    std::vector<std::pair<uint64_t, std::string>> periodic;
+    std::vector<std::string> removed;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      const bool complete = !name.ends_with(".tmp") && fs::exists(e.path() / "DONE", ec);
+      std::optional<uint64_t> step = complete ? step_of(name) : std::nullopt;
+      bool keep = false;
+      if (step && name.starts_with("step-") && *step <= at) {
+        periodic.emplace_back(*step, name);
+        keep = true;
+      } else if (step && name.starts_with("best-step-") && *step <= at) {
+        keep = std::any_of(best_.begin(), best_.end(),
+                           [&](const auto& b) { return b.second == name; });
+      }
+      if (keep) continue;
+      fs::remove_all(e.path());
+      if (!name.ends_with(".tmp")) removed.push_back(name);
+    }
+    std::erase_if(best_, [&](const auto& b) { return !fs::exists(dir / b.second / "DONE", ec); });
+    std::sort(periodic.begin(), periodic.end());
+    periodic_.clear();
+    for (auto& p : periodic) periodic_.push_back(p.second);
+    if (!periodic.empty() && periodic.back().first == at) last_written_ = at;
+    prune(ctx);
+    if (!removed.empty()) {
+      std::string list;
+      for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
+      std::cerr << ctx.name() << ": removed checkpoints not part of the run at step " << at << ": "
+                << list << "\n";
+    }
+  }
+
+  // The position a checkpoint of this step resumes from (validation batches do not move it).
   void forward(Batch& b, StageContext& ctx) override {
-    next_batch_ = b.index + 1;
-    uint64_t step = ctx.run().step + 1;  // the step this batch completes
+    if (ctx.run().training) next_batch_ = b.index + 1;
+  }
+
+  void step_end(const Batch& b, StageContext& ctx) override {
+    (void)b;
+    uint64_t step = ctx.run().step;
     if (!ctx.run().writes_outputs() || every_ == 0 || step % every_ != 0) return;
     write(ctx, step, "step-" + std::to_string(step));
   }
@@ -53,15 +103,13 @@ class CheckpointStage : public Stage {
     auto it = metrics.find("loss");
     if (keep_best_ == 0 || !ctx.run().writes_outputs() || it == metrics.end()) return;
     double loss = it->second;
+    // A diverged model is never "best", and neither is a step whose training loss was not finite.
+    if (!std::isfinite(loss) || ctx.run().nonfinite_streak > 0) return;
     if (best_.size() >= keep_best_ && loss >= best_.back().first) return;
     std::string name = "best-step-" + std::to_string(ctx.run().step);
-    save(ctx, ctx.run().step, name);
+    save(ctx, name);
     best_.emplace_back(loss, name);
-    std::sort(best_.begin(), best_.end());
-    while (best_.size() > keep_best_) {
-      fs::remove_all(root(ctx) / best_.back().second);
-      best_.pop_back();
-    }
+    prune(ctx);
   }
 
   void save(StateWriter& w) const override {
@@ -83,22 +131,48 @@ class CheckpointStage : public Stage {
  private:
   static fs::path root(StageContext& ctx) { return fs::path(ctx.run().run_dir) / "checkpoints"; }
 
-  void save(StageContext& ctx, uint64_t step, const std::string& name) {
-    // Saved at the end of this batch's step: the run position is the step being completed.
-    RunState& run = ctx.run();
-    uint64_t saved_step = run.step;
-    run.step = step;
-    save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
-    run.step = saved_step;
+  // "step-120" and "best-step-120" -> 120.
+  static std::optional<uint64_t> step_of(const std::string& name) {
+    size_t dash = name.rfind('-');
+    if (dash == std::string::npos || dash + 1 == name.size()) return std::nullopt;
+    uint64_t v = 0;
+    auto r = std::from_chars(name.data() + dash + 1, name.data() + name.size(), v);
+    if (r.ec != std::errc() || r.ptr != name.data() + name.size()) return std::nullopt;
+    return v;
+  }
+
+  void save(StageContext& ctx, const std::string& name) {
+    save_checkpoint(ctx.graph_plan(), ctx.run(), next_batch_, (root(ctx) / name).string());
   }
 
   void write(StageContext& ctx, uint64_t step, const std::string& name) {
-    save(ctx, step, name);
+    // The last good step stays the newest checkpoint while the loss is not finite.
+    if (ctx.run().nonfinite_streak > 0) return;
+    save(ctx, name);
     last_written_ = step;
     periodic_.push_back(name);
+    prune(ctx);
+  }
+
+  // Removal renames first: a kill mid-removal leaves a `.tmp` (cleared at the next start),
+  // never a half-deleted directory that looks like a checkpoint.
+  static void remove_checkpoint(StageContext& ctx, const std::string& name) {
+    fs::path dir = root(ctx) / name, doomed = root(ctx) / (name + ".tmp");
+    std::error_code ec;
+    fs::remove_all(doomed, ec);
+    fs::rename(dir, doomed, ec);
+    fs::remove_all(ec ? dir : doomed);
+  }
+
+  void prune(StageContext& ctx) {
     while (periodic_.size() > keep_) {
-      fs::remove_all(root(ctx) / periodic_.front());
+      remove_checkpoint(ctx, periodic_.front());
       periodic_.erase(periodic_.begin());
+    }
+    std::sort(best_.begin(), best_.end());
+    while (best_.size() > keep_best_) {
+      remove_checkpoint(ctx, best_.back().second);
+      best_.pop_back();
     }
   }
 

@@ -92,6 +92,30 @@ TEST(Cli, HugeWindowSizesAreRejected) {
   }
 }
 
+// Usage errors exit 2, as configuration errors do; --help exits 0.
+TEST(Cli, UsageErrorsExit2) {
+  Output both = run_cli("run --preset cpu_quick --config x.yaml");
+  EXPECT_EQ(both.status, 2) << both.text;
+  EXPECT_NE(both.text.find("excludes"), std::string::npos) << both.text;
+  EXPECT_EQ(run_cli("run --no-such-flag").status, 2);
+  EXPECT_EQ(run_cli("run --help").status, 0);
+}
+
+TEST(Cli, ResumeOfSomethingElseSaysWhat) {
+  TempDir d;
+  Output o = run_cli("run --resume " + d.path());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("not a run directory (no config.yaml) nor a checkpoint in one"),
+            std::string::npos)
+      << o.text;
+  // A run directory without any complete checkpoint says so before loading any data.
+  d.write("config.yaml", "extends: cpu_quick\n");
+  std::filesystem::create_directories(d.path() + "/checkpoints/step-5");
+  o = run_cli("run --resume " + d.path());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("no complete checkpoint to resume from"), std::string::npos) << o.text;
+}
+
 TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   Output dev = run_cli("devices");
   EXPECT_EQ(dev.status, 0);

@@ -231,3 +231,61 @@ TEST(Config, ResolvedConfigRoundTrips) {
   EXPECT_EQ(again.stages.size(), 3u);
   EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
 }
+
+// yaml-cpp keeps only the first of two equal keys; the second must not vanish silently.
+TEST(Config, DuplicateKeysAreErrors) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, replace(kGood, "    kind: test_sleep\n",
+                                  "    kind: test_sleep\n    kind: test_recorder\n")),
+            "g.yaml:7:5: duplicate key 'kind' (first at line 6); remove one of them");
+  EXPECT_EQ(plan_error(d, replace(kGood, "{count: 6, batch: 4}", "{count: 6, batch: 4, count: 7}")),
+            "g.yaml:4:34: duplicate key 'count' (first at line 4); remove one of them");
+  EXPECT_NE(plan_error(d, std::string(kGood) + "run: {steps: 1}\nrun: {steps: 2}\n")
+                .find("duplicate key 'run'"),
+            std::string::npos);
+}
+
+TEST(Config, SecondYamlDocumentIsAnError) {
+  TempDir d;
+  std::string e = plan_error(d, std::string(kGood) + "---\nrun: {steps: 3}\n");
+  EXPECT_NE(e.find("g.yaml:12:1: a second YAML document ('---') is not read"), std::string::npos)
+      << e;
+}
+
+TEST(Config, ConcurrencyInTheTrainableSectionIsAnError) {
+  TempDir d;
+  std::string e = plan_error(d, replace(kGood, "    kind: test_recorder\n",
+                                        "    kind: test_recorder\n    concurrency: 4\n"));
+  EXPECT_NE(e.find("g.yaml:10:18: stage 'rec' (test_recorder): concurrency applies to the data "
+                   "stages before the trainable section"),
+            std::string::npos)
+      << e;
+  // Before the section it is what parallel decoding uses.
+  EXPECT_EQ(plan_error(d, replace(kGood, "    kind: test_sleep\n",
+                                  "    kind: test_sleep\n    concurrency: 4\n")),
+            "");
+}
+
+TEST(Config, TrainableStagesNeedALoss) {
+  TempDir d;
+  std::string g = R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: model, kind: test_trainable, inputs: [src]}
+)";
+  std::string e = plan_error(d, g);
+  EXPECT_NE(e.find("g.yaml:3:5: stage 'model' is trainable but the graph has no loss stage"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(plan_error(d, g + "  - {name: loss, kind: test_loss, inputs: [model]}\n"), "");
+}
+
+TEST(Config, RunDeviceIsCheckedAtValidation) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, kGood, {"run.device=tpu"}),
+            "--set run.device=tpu: run: device 'tpu' is not one of auto, cpu, cuda, cuda:N, "
+            "emulated; did you mean 'cpu'?");
+  EXPECT_NE(plan_error(d, kGood, {"run.device=cud"}).find("did you mean 'cuda'?"),
+            std::string::npos);
+  for (const char* ok : {"auto", "cpu", "cuda", "cuda:1", "emulated"})
+    EXPECT_EQ(plan_error(d, kGood, {std::string("run.device=") + ok}), "") << ok;
+}

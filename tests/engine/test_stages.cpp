@@ -1,6 +1,7 @@
 #include "tests/engine/test_stages.h"
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <random>
 #include <thread>
@@ -96,25 +97,37 @@ class TestRecorder : public Stage {
         .param("sleep_us", int64_t{0}, "time per batch")
         .range(0, 1e7)
         .param("fail_at", int64_t{-1}, "throw on this batch index")
-        .param("stop_at", int64_t{-1}, "request a stop (as SIGINT) on this batch index");
+        .param("stop_at", int64_t{-1}, "request a stop (as SIGINT) on this batch index")
+        .param("term_at", int64_t{-1}, "raise SIGTERM on this batch index")
+        .param("nan_from", int64_t{-1}, "report a NaN loss from this batch index on")
+        .param("nan_count", int64_t{1000000}, "... for this many batches")
+        .param("validation_nan", false, "validation batches report a NaN loss");
   }
   void setup(StageContext& ctx) override {
     sleep_ = ctx.params().integer("sleep_us");
     fail_at_ = ctx.params().integer("fail_at");
     stop_at_ = ctx.params().integer("stop_at");
+    term_at_ = ctx.params().integer("term_at");
+    nan_from_ = ctx.params().integer("nan_from");
+    nan_count_ = ctx.params().integer("nan_count");
+    validation_nan_ = ctx.params().boolean("validation_nan");
   }
   void forward(Batch& b, StageContext& ctx) override {
     if (!ctx.run().training) {
-      ctx.metric("loss", 1.0);  // constant: the second validation does not improve
+      // Constant: the second validation does not improve.
+      ctx.metric("loss", validation_nan_ ? std::nan("") : 1.0);
       return;
     }
     if (static_cast<int64_t>(b.index) == fail_at_) throw std::runtime_error("injected failure");
     if (static_cast<int64_t>(b.index) == stop_at_) std::raise(SIGINT);  // the real signal path
+    if (static_cast<int64_t>(b.index) == term_at_) std::raise(SIGTERM);
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_));
     std::lock_guard lock(recorded().mu);
     recorded().values.push_back(ctx.input(b, "y").data<int32_t>()[0]);
     recorded().indices.push_back(b.index);
-    ctx.metric("loss", static_cast<double>(b.index));
+    const auto i = static_cast<int64_t>(b.index);
+    bool nan = nan_from_ >= 0 && i >= nan_from_ && i < nan_from_ + nan_count_;
+    ctx.metric("loss", nan ? std::nan("") : static_cast<double>(b.index));
   }
   void validation_end(const std::map<std::string, double>&, StageContext&) override {
     recorded().validation_passes++;
@@ -122,7 +135,8 @@ class TestRecorder : public Stage {
   void finish(StageContext&) override { recorded().finished++; }
 
  private:
-  int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1;
+  int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
+  bool validation_nan_ = false;
 };
 SLIPSTREAM_REGISTER_STAGE(TestRecorder);
 
@@ -138,7 +152,7 @@ class TestAccumulator : public Stage {
     return StageSchema("test_accumulator")
         .family("test")
         .doc("Weight w += mean(x) * 0.001 + w * 1e-3 each step.")
-        .trainable()
+        .differentiable()  // trains itself in forward: a graph with a trainable stage needs a loss
         .input("y", DType::i32, 1, "values");
   }
   void setup(StageContext&) override {
@@ -184,5 +198,37 @@ class TestF32Sink : public Stage {
   }
 };
 SLIPSTREAM_REGISTER_STAGE(TestF32Sink);
+
+}  // namespace slipstream::testing
+
+namespace slipstream::testing {
+
+// A trainable stage and a loss, for the checks on which graphs can train.
+class TestTrainable : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_trainable")
+        .family("test")
+        .doc("A trainable pass-through of y.")
+        .trainable()
+        .differentiable()
+        .input("y", DType::i32, 1, "values")
+        .output("z", DType::i32, 1, "values");
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(TestTrainable);
+
+class TestLoss : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_loss")
+        .family("test")
+        .doc("A loss over z.")
+        .role(StageRole::loss)
+        .differentiable()
+        .input("z", DType::i32, 1, "values");
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(TestLoss);
 
 }  // namespace slipstream::testing

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -163,10 +164,22 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   std::ifstream in(d.path() + "/log.txt");
   std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("interrupted"), std::string::npos) << text;
-  bool found = false;
+  std::optional<std::string> ckpt;
   for (const auto& e : std::filesystem::directory_iterator(d.path() + "/runs"))
-    found = found || latest_checkpoint(e.path().string()).has_value();
-  EXPECT_TRUE(found) << "no checkpoint after SIGINT";
+    if (!ckpt) ckpt = latest_checkpoint(e.path().string());
+  ASSERT_TRUE(ckpt.has_value()) << "no checkpoint after SIGINT";
+
+  // --resume takes the checkpoint directory itself; a resume past run.steps does nothing.
+  const std::string name = std::filesystem::path(*ckpt).filename().string();
+  const uint64_t step = std::stoull(name.substr(5));
+  const std::string until = " --set run.steps=" + std::to_string(step + 2);
+  Output more = run_cli("run --resume " + *ckpt + until);
+  EXPECT_EQ(more.status, 0) << more.text;
+  EXPECT_NE(more.text.find("done: " + std::to_string(step + 2) + " steps"), std::string::npos)
+      << more.text;
+  Output again = run_cli("run --resume " + *ckpt + "/.." + "/.." + until);
+  EXPECT_EQ(again.status, 0) << again.text;
+  EXPECT_NE(again.text.find("nothing to do"), std::string::npos) << again.text;
 }
 
 TEST(Training, StageRunMatchesItselfAndWritesGradients) {

@@ -1,6 +1,7 @@
 // `slipstream run`, `slipstream devices`, `slipstream doctor`.
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -22,13 +23,23 @@ struct RunArgs {
 };
 
 int run_command(const RunArgs& a) {
+  namespace fs = std::filesystem;
   std::string target = !a.config.empty() ? a.config : a.preset;
   std::vector<std::string> sets = a.sets;
+  std::string run_dir = a.resume, checkpoint;
   if (!a.resume.empty()) {
+    // --resume RUN_DIR, or --resume RUN_DIR/checkpoints/step-N to continue from that one.
+    fs::path p = fs::path(a.resume).lexically_normal();
+    if (p.has_filename() == false) p = p.parent_path();
+    if (fs::exists(p / "DONE") && p.parent_path().filename() == "checkpoints") {
+      checkpoint = p.string();
+      run_dir = p.parent_path().parent_path().string();
+      if (run_dir.empty()) run_dir = ".";
+    }
     // A resumed run repeats the configuration it was started with.
-    auto cfg = std::filesystem::path(a.resume) / "config.yaml";
-    if (!std::filesystem::exists(cfg)) {
-      std::cerr << a.resume << ": not a run directory (no config.yaml)\n";
+    auto cfg = fs::path(run_dir) / "config.yaml";
+    if (!fs::exists(cfg)) {
+      std::cerr << a.resume << ": not a run directory (no config.yaml) nor a checkpoint in one\n";
       return kExitFailure;
     }
     if (target.empty()) target = cfg.string();
@@ -44,12 +55,15 @@ int run_command(const RunArgs& a) {
   }
   try {
     RunOptions opt;
-    opt.resume_dir = a.resume;
+    opt.resume_dir = run_dir;
+    opt.resume_checkpoint = checkpoint;
     Runner runner(std::move(plan), opt);
     RunResult r = runner.run();
-    std::cout << (r.interrupted     ? "interrupted"
-                  : r.early_stopped ? "stopped early"
-                                    : "done")
+    if (r.already_complete) return kExitOk;
+    std::cout << (r.interrupted
+                      ? "interrupted" + std::string(r.stop_signal == SIGTERM ? " (SIGTERM)" : "")
+                  : r.early_stopped ? std::string("stopped early")
+                                    : std::string("done"))
               << ": " << r.final_step << " steps, " << r.samples << " samples in " << r.seconds
               << " s";
     if (!r.run_dir.empty()) std::cout << " -> " << r.run_dir;
@@ -70,9 +84,13 @@ void add_run_commands(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
   auto* run =
       app.add_subcommand("run", "Run a graph from a preset (default cpu_quick) or a graph file");
-  run->add_option("--preset,-p", a->preset, "preset name (presets/NAME.yaml) or path");
-  run->add_option("--config,-c", a->config, "a graph file, e.g. a run directory's config.yaml");
-  run->add_option("--resume", a->resume, "continue RUN_DIR from its latest checkpoint");
+  auto* preset =
+      run->add_option("--preset,-p", a->preset, "preset name (presets/NAME.yaml) or path");
+  run->add_option("--config,-c", a->config, "a graph file, e.g. a run directory's config.yaml")
+      ->excludes(preset);
+  run->add_option(
+      "--resume", a->resume,
+      "continue RUN_DIR from its latest checkpoint, or from RUN_DIR/checkpoints/step-N");
   run->add_option("--device", a->device,
                   "auto | cpu | cuda | cuda:N | emulated (same as --set run.device=...)");
   run->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value (repeatable)");

@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Usage errors exit 2 like configuration errors; --help and --version exit 0.
+    return app.exit(e) == 0 ? 0 : slipstream::cli::kExitConfig;
   }
   return slipstream::cli::exit_code();
 }

@@ -9,7 +9,8 @@
 namespace slipstream::plot {
 
 bool is_row_field(const std::string& key) {
-  return key == "step" || key == "split" || key == "time" || key == "epoch";
+  return key == "step" || key == "split" || key == "time" || key == "epoch" ||
+         key == "steps_averaged";
 }
 
 MetricsLog parse_metrics(std::istream& in) {

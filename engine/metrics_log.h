@@ -1,0 +1,38 @@
+// metrics.jsonl: one JSON object per line, appended by rank 0 of a run. Every row is written
+// whole with one write(2) and checked, so a full disk is reported at the row it hits instead of
+// leaving a torn file while training goes on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace slipstream {
+
+class MetricsLog {
+ public:
+  MetricsLog() = default;
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  ~MetricsLog();
+
+  // Opens `path` for appending (created if missing); throws naming the path on failure.
+  void open(const std::string& path);
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  // Appends `line` and a newline. On failure returns false and keeps the reason in error();
+  // the file then holds no part of the row.
+  bool append(const std::string& line);
+  const std::string& error() const { return error_; }
+
+  // A resumed run continues from a checkpoint at `step`: rows past it (written before a kill,
+  // they will be written again) and a torn last line are dropped. Rewrites the file atomically
+  // when anything is dropped; returns the number of lines dropped. Leaves anything that is not
+  // a regular file alone.
+  static size_t drop_rows_after(const std::string& path, uint64_t step);
+
+ private:
+  int fd_ = -1;
+  std::string path_, error_;
+};
+
+}  // namespace slipstream

@@ -1,0 +1,323 @@
+// A run under faults: divergence, a disk that stops taking metrics rows, kills between a row and
+// its checkpoint, leftovers of interrupted checkpoint writes, SIGTERM, resuming a finished run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/checkpoint.h"
+#include "engine/runner.h"
+#include "tests/engine/test_stages.h"
+#include "tests/support/temp_dir.h"
+
+using namespace slipstream;
+using slipstream::testing::recorded;
+using slipstream::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+void reset_recorded() {
+  std::lock_guard lock(recorded().mu);
+  recorded().values.clear();
+  recorded().indices.clear();
+  recorded().finished = 0;
+  recorded().validation_passes = 0;
+}
+
+// Runs that write a run directory under the test's temporary directory.
+RunOptions writing_options() {
+  static std::ostringstream sink;
+  RunOptions o;
+  o.create_run_dir = true;
+  o.publish_stats = false;
+  o.log = &sink;
+  return o;
+}
+
+// src (20 batches) -> rec -> ckpt, rows every step.
+std::string graph(const TempDir& d, const std::string& ckpt_params) {
+  return std::string(R"(stages:
+  - {name: src, kind: test_counter, params: {count: 20, batch: 2}}
+  - {name: rec, kind: test_recorder, inputs: [src]}
+  - {name: ckpt, kind: checkpoint, inputs: [rec], params: {)") +
+         ckpt_params + "}}\nrun: {log_every: 1, runs_dir: " + d.path() + "/runs}\n";
+}
+
+GraphPlan plan_text(const TempDir& d, const std::string& text, std::vector<std::string> sets = {}) {
+  return plan_graph(load_config(d.write("g.yaml", text), sets));
+}
+
+std::vector<nlohmann::json> rows(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));  // throws if torn
+  return out;
+}
+
+std::vector<std::string> checkpoint_dirs(const std::string& run_dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints"))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string run_dir_of(const TempDir& d) {
+  for (const auto& e : fs::directory_iterator(d.path() + "/runs")) return e.path().string();
+  return {};
+}
+
+}  // namespace
+
+TEST(RunFaults, NonFiniteLossForKStepsStopsWithAnErrorAndNoCheckpointOfIt) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, graph(d, "every: 2"), {"rec.nan_from=3", "run.max_nonfinite_steps=4"}),
+           writing_options());
+  try {
+    r.run();
+    FAIL() << "a diverged run must not end normally";
+  } catch (const std::runtime_error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("training diverged"), std::string::npos) << what;
+    EXPECT_NE(what.find("4 consecutive steps (4 to 7)"), std::string::npos) << what;
+    EXPECT_NE(what.find("run.max_nonfinite_steps"), std::string::npos) << what;
+  }
+  EXPECT_EQ(recorded().finished.load(), 0);  // no finish(): no final checkpoint of the NaN state
+  std::string dir = run_dir_of(d);
+  // step-4 and step-6 fell in the streak: the last good checkpoint is the newest.
+  EXPECT_EQ(checkpoint_dirs(dir), (std::vector<std::string>{"step-2"}));
+  auto rs = rows(dir);
+  ASSERT_FALSE(rs.empty());
+  EXPECT_EQ(rs.back()["split"], "end");
+  EXPECT_EQ(rs.back()["reason"], "diverged");
+  EXPECT_EQ(rs.back()["step"], 7);
+  EXPECT_TRUE(rs[rs.size() - 2]["loss"].is_null());  // the NaN is logged, as null
+}
+
+TEST(RunFaults, ABriefNonFiniteStretchOrALimitOfZeroDoesNotStopTheRun) {
+  reset_recorded();
+  TempDir d;
+  Runner brief(plan_text(d, graph(d, "every: 2"),
+                         {"rec.nan_from=3", "rec.nan_count=2", "run.max_nonfinite_steps=3"}),
+               writing_options());
+  RunResult a = brief.run();
+  EXPECT_EQ(a.final_step, 20u);
+  EXPECT_EQ(a.end_reason, "data end");
+  reset_recorded();
+  TempDir d2;
+  Runner never(
+      plan_text(d2, graph(d2, "every: 0"), {"rec.nan_from=0", "run.max_nonfinite_steps=0"}),
+      writing_options());
+  EXPECT_EQ(never.run().final_step, 20u);
+}
+
+TEST(RunFaults, NonFiniteValidationLossIsNeverBest) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, graph(d, "every: 0, keep_best: 2"),
+                     {"rec.validation_nan=true", "run.validate_every=3", "run.steps=9",
+                      "run.validate_batches=1"}),
+           writing_options());
+  r.run();
+  EXPECT_EQ(checkpoint_dirs(run_dir_of(d)), (std::vector<std::string>{"step-9"}));
+  // A finite one is.
+  reset_recorded();
+  TempDir d2;
+  Runner ok(plan_text(d2, graph(d2, "every: 0, keep_best: 2"),
+                      {"run.validate_every=3", "run.steps=9", "run.validate_batches=1"}),
+            writing_options());
+  ok.run();
+  EXPECT_EQ(checkpoint_dirs(run_dir_of(d2)),
+            (std::vector<std::string>{"best-step-3", "best-step-6", "step-9"}));
+}
+
+TEST(RunFaults, AFullDiskStopsTheRunNamingMetricsAndKeepsTheSteps) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 4");
+  Runner first(plan_text(d, g, {"run.steps=4"}), writing_options());
+  std::string dir = first.run().run_dir;
+  size_t rows_before = rows(dir).size();
+  // Every write to /dev/full fails with ENOSPC, as on a full disk.
+  fs::remove(fs::path(dir) / "metrics.jsonl");
+  fs::create_symlink("/dev/full", fs::path(dir) / "metrics.jsonl");
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner second(plan_text(d, g, {"run.steps=10"}), o);
+  try {
+    second.run();
+    FAIL() << "a run whose metrics cannot be written must not end normally";
+  } catch (const std::runtime_error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("metrics.jsonl: cannot append a row: No space left on device"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("stopped at step 5"), std::string::npos) << what;
+  }
+  // It stopped the way SIGINT does: the step it failed at has its checkpoint.
+  EXPECT_EQ(recorded().finished.load(), 2);
+  auto ckpt = latest_checkpoint(dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(fs::path(*ckpt).filename(), "step-5");
+  EXPECT_GT(rows_before, 4u);
+}
+
+TEST(RunFaults, AKillBetweenRowsAndTheirCheckpointLosesNoRow) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 4, keep: 10");
+  Runner straight(plan_text(d, g, {"run.validate_every=2", "run.validate_batches=1"}),
+                  writing_options());
+  auto want = rows(straight.run().run_dir);
+
+  TempDir d2;
+  g = graph(d2, "every: 4, keep: 10");
+  Runner first(plan_text(d2, g, {"run.validate_every=2", "run.validate_batches=1", "run.steps=6"}),
+               writing_options());
+  std::string dir = first.run().run_dir;
+  // As if killed after step 6's rows, before its checkpoint, mid-way through another row.
+  fs::remove_all(fs::path(dir) / "checkpoints" / "step-6");
+  std::ofstream(fs::path(dir) / "metrics.jsonl", std::ios::app) << "{\"step\": 7, \"spl";
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner second(plan_text(d2, g, {"run.validate_every=2", "run.validate_batches=1"}), o);
+  RunResult res = second.run();
+  EXPECT_EQ(res.steps, 16u);
+  auto got = rows(dir);  // parses every line: nothing torn is left
+  auto key = [](const std::vector<nlohmann::json>& rs) {
+    std::vector<std::pair<int, std::string>> k;
+    for (const auto& r : rs)
+      if (r["split"] != "end") k.emplace_back(r["step"].get<int>(), r["split"].get<std::string>());
+    return k;
+  };
+  EXPECT_EQ(key(got), key(want));  // each train and validation row once, in order
+  // Each row has the same values as the uninterrupted run's.
+  for (size_t i = 0, j = 0; i < got.size() && j < want.size(); ++i, ++j) {
+    while (i < got.size() && got[i]["split"] == "end") ++i;
+    while (j < want.size() && want[j]["split"] == "end") ++j;
+    if (i < got.size() && j < want.size() && got[i].contains("loss")) {
+      EXPECT_EQ(got[i]["loss"], want[j]["loss"]) << got[i].dump();
+    }
+  }
+}
+
+TEST(RunFaults, ResumeAppliesKeepToCheckpointsOnDiskAndClearsLeftovers) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 2, keep: 3, keep_best: 3");
+  std::vector<std::string> sets = {"run.validate_every=2", "run.validate_batches=1"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto s = sets;
+    s.insert(s.end(), extra.begin(), extra.end());
+    return s;
+  };
+  Runner first(plan_text(d, g, with({"run.steps=6"})), writing_options());
+  std::string dir = first.run().run_dir;
+  fs::path root = fs::path(dir) / "checkpoints";
+  EXPECT_EQ(checkpoint_dirs(dir),
+            (std::vector<std::string>{"best-step-2", "best-step-4", "best-step-6", "step-2",
+                                      "step-4", "step-6"}));
+  // Leftovers: a write killed before its rename, a prune killed half-way, a best checkpoint
+  // written after the state that was saved (so it names nothing), a directory with no DONE.
+  fs::create_directories(root / "step-8.tmp");
+  fs::create_directories(root / "step-0.tmp");
+  fs::create_directories(root / "best-step-7");
+  std::ofstream(root / "best-step-7" / "DONE") << "7\n";
+  fs::create_directories(root / "step-5");
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner second(plan_text(d, g, with({"run.steps=8", "ckpt.keep=2", "ckpt.keep_best=1"})), o);
+  second.run();
+  // keep 2 and keep_best 1 counted what was on disk; the leftovers are gone.
+  auto names = checkpoint_dirs(dir);
+  EXPECT_EQ(names, (std::vector<std::string>{"best-step-2", "step-6", "step-8"}));
+  auto ckpt = latest_checkpoint(dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(fs::path(*ckpt).filename(), "step-8");
+}
+
+TEST(RunFaults, ResumingAFinishedRunDoesNothing) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 0");
+  Runner first(plan_text(d, g, {"run.steps=6"}), writing_options());
+  std::string dir = first.run().run_dir;
+  auto before = rows(dir);
+  reset_recorded();
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner again(plan_text(d, g, {"run.steps=6"}), o);
+  RunResult res = again.run();
+  EXPECT_TRUE(res.already_complete);
+  EXPECT_EQ(res.steps, 0u);
+  EXPECT_EQ(res.final_step, 6u);
+  EXPECT_TRUE(recorded().values.empty());
+  EXPECT_EQ(checkpoint_dirs(dir), (std::vector<std::string>{"step-6"}));
+  EXPECT_EQ(rows(dir).size(), before.size());
+  // A run that ended with its data: the resume trains nothing and rewrites nothing.
+  reset_recorded();
+  TempDir d2;
+  g = graph(d2, "every: 0");
+  Runner whole(plan_text(d2, g), writing_options());
+  dir = whole.run().run_dir;
+  auto written = fs::last_write_time(fs::path(dir) / "checkpoints" / "step-20" / "DONE");
+  o.resume_dir = dir;
+  Runner more(plan_text(d2, g), o);
+  EXPECT_EQ(more.run().steps, 0u);
+  EXPECT_EQ(fs::last_write_time(fs::path(dir) / "checkpoints" / "step-20" / "DONE"), written);
+}
+
+TEST(RunFaults, ResumeFromAChosenCheckpointRewindsTheRun) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 2, keep: 10");
+  Runner first(plan_text(d, g, {"run.steps=6"}), writing_options());
+  std::string dir = first.run().run_dir;
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  o.resume_checkpoint = (fs::path(dir) / "checkpoints" / "step-2").string();
+  Runner second(plan_text(d, g, {"run.steps=4"}), o);
+  RunResult res = second.run();
+  EXPECT_EQ(res.steps, 2u);
+  EXPECT_EQ(checkpoint_dirs(dir), (std::vector<std::string>{"step-2", "step-4"}));
+  for (const auto& r : rows(dir)) EXPECT_LE(r["step"].get<int>(), 4) << r.dump();
+}
+
+TEST(RunFaults, SigtermStopsLikeSigintWithACheckpoint) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, graph(d, "every: 0"), {"rec.term_at=3", "run.max_in_flight=2"}),
+           writing_options());
+  RunResult res = r.run();
+  EXPECT_TRUE(res.interrupted);
+  EXPECT_EQ(res.stop_signal, SIGTERM);
+  EXPECT_EQ(res.end_reason, "interrupted (SIGTERM)");
+  EXPECT_LT(res.final_step, 20u);
+  auto ckpt = latest_checkpoint(res.run_dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(fs::path(*ckpt).filename(), "step-" + std::to_string(res.final_step));
+  auto rs = rows(res.run_dir);
+  EXPECT_EQ(rs.back()["reason"], "interrupted (SIGTERM)");
+}
+
+TEST(RunFaults, TrainRowsSayHowManyStepsTheyAverage) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 3");
+  Runner first(plan_text(d, g, {"run.steps=3", "run.log_every=2"}), writing_options());
+  std::string dir = first.run().run_dir;
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner second(plan_text(d, g, {"run.steps=6", "run.log_every=2"}), o);
+  second.run();
+  std::vector<std::pair<int, int>> got;
+  for (const auto& r : rows(dir))
+    if (r["split"] == "train") got.emplace_back(r["step"], r["steps_averaged"]);
+  // 2, then the last step (3) alone; after the resume step 4 alone, then 6 over two.
+  EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{2, 2}, {3, 1}, {4, 1}, {6, 2}}));
+}
