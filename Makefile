@@ -12,7 +12,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   zlib1g-dev python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build run test bench format clean gpu-check gpu-deps
+.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -39,6 +39,22 @@ run: build
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE slow
+
+# AddressSanitizer + UBSan build of the tests (CPU code) in $(SANITIZE_DIR). SANITIZE_TESTS names
+# test binaries to build and run (CI runs such a reduced set); left empty, every test via ctest.
+SANITIZE_DIR ?= build-sanitize
+SANITIZE_TESTS ?=
+test-sanitize: deps
+	cmake -S . -B $(SANITIZE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_SANITIZE=ON \
+	  -DSLIPSTREAM_CUDA=OFF $(CMAKE_FLAGS)
+ifeq ($(strip $(SANITIZE_TESTS)),)
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 1800 -LE slow
+else
+	cmake --build $(SANITIZE_DIR) -j $(JOBS) --target $(SANITIZE_TESTS)
+	@for t in $(SANITIZE_TESTS); do echo "== $$t (ASan+UBSan)"; \
+	  ASAN_OPTIONS=allocator_may_return_null=1 $(SANITIZE_DIR)/bin/$$t --gtest_brief=1 || exit 1; done
+endif
 
 # Google Benchmark binaries (bench/*): each prints its table; pass e.g. ARGS=--benchmark_format=json.
 bench: build

@@ -367,8 +367,13 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
     for (const auto& [p, m] : c.plugins) os << "  - " << param_value_str(p) << "\n";
   }
   os << "run:\n";
-  for (const auto& [k, e] : run_params.entries())
-    os << "  " << k << ": " << param_value_str(e.value) << "\n";
+  // Paths are written absolute (as they resolved for this run), with the text given as a comment.
+  auto line = [&](const std::string& indent, const std::string& k, const Params::Entry& e) {
+    os << indent << k << ": " << param_value_str(e.value);
+    if (!e.as_given.empty()) os << "  # as given: " << e.as_given;
+    os << "\n";
+  };
+  for (const auto& [k, e] : run_params.entries()) line("  ", k, e);
   os << "stages:\n";
   for (const auto& s : c.stages) {
     os << "  - name: " << s.name << "\n    kind: " << s.kind << "\n";
@@ -392,8 +397,7 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
     auto it = stage_params.find(s.name);
     if (it != stage_params.end() && !it->second.entries().empty()) {
       os << "    params:\n";
-      for (const auto& [k, e] : it->second.entries())
-        os << "      " << k << ": " << param_value_str(e.value) << "\n";
+      for (const auto& [k, e] : it->second.entries()) line("      ", k, e);
     }
   }
   return os.str();

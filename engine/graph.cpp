@@ -2,7 +2,9 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -45,6 +47,7 @@ const StageSchema& run_schema() {
                "not finite (0: never)")
         .range(0, std::nullopt)
         .param("runs_dir", std::string("runs"), "where run directories are created")
+        .path()
         .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
         .range(10, 60000);
     return s;
@@ -192,6 +195,34 @@ std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
 }  // namespace
 
 // Validates and resolves a set of raw values against a schema's params.
+namespace {
+
+// `~/x` -> $HOME/x; relative -> absolute against the working directory; "" stays "".
+std::string absolute_path(const std::string& p) {
+  if (p.empty()) return p;
+  std::string s = p;
+  if (s == "~" || s.starts_with("~/")) {
+    const char* home = std::getenv("HOME");
+    if (home && *home) s = std::string(home) + s.substr(1);
+  }
+  std::error_code ec;
+  std::filesystem::path abs = std::filesystem::absolute(s, ec);
+  return ec ? s : abs.lexically_normal().string();
+}
+
+// Sets a parameter; a path parameter is made absolute and keeps the text it was given.
+void set_param(Params& out, const ParamSpec& spec, ParamValue v, SourceMark mark) {
+  if (!spec.is_path) return out.set(spec.name, std::move(v), std::move(mark));
+  ParamValue abs = v;
+  if (auto* s = std::get_if<std::string>(&abs)) *s = absolute_path(*s);
+  if (auto* l = std::get_if<std::vector<std::string>>(&abs))
+    for (auto& s : *l) s = absolute_path(s);
+  std::string given = abs == v ? std::string() : param_value_str(v);
+  out.set(spec.name, std::move(abs), std::move(mark), std::move(given));
+}
+
+}  // namespace
+
 Params resolve_params(const StageSchema& schema, const std::map<std::string, ConfigValue>& raw,
                       const std::string& prefix, const SourceMark& owner_mark,
                       std::vector<ConfigIssue>& issues) {
@@ -216,7 +247,7 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
       issues.push_back({cv.mark, prefix + bad});
       continue;
     }
-    out.set(key, *v, cv.mark);
+    set_param(out, *spec, *v, cv.mark);
   }
   for (const auto& spec : schema.params()) {
     if (out.has(spec.name)) continue;
@@ -226,7 +257,7 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
                                         ")"});
       continue;
     }
-    out.set(spec.name, spec.default_value, {"<default>"});
+    set_param(out, spec, spec.default_value, {"<default>"});
   }
   return out;
 }

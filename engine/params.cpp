@@ -9,8 +9,8 @@ std::string SourceMark::str() const {
   return file + ":" + std::to_string(line) + ":" + std::to_string(col);
 }
 
-void Params::set(const std::string& name, ParamValue value, SourceMark mark) {
-  entries_[name] = Entry{std::move(value), std::move(mark)};
+void Params::set(const std::string& name, ParamValue value, SourceMark mark, std::string as_given) {
+  entries_[name] = Entry{std::move(value), std::move(mark), std::move(as_given)};
 }
 bool Params::has(std::string_view name) const {
   return entries_.find(name) != entries_.end();

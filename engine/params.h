@@ -20,7 +20,8 @@ struct SourceMark {
 
 class Params {
  public:
-  void set(const std::string& name, ParamValue value, SourceMark mark = {});
+  void set(const std::string& name, ParamValue value, SourceMark mark = {},
+           std::string as_given = {});
   bool has(std::string_view name) const;
   const ParamValue& value(std::string_view name) const;  // throws std::out_of_range naming it
   const SourceMark& mark(std::string_view name) const;
@@ -36,6 +37,7 @@ class Params {
   struct Entry {
     ParamValue value;
     SourceMark mark;
+    std::string as_given;  // a path parameter's text before it was made absolute (else empty)
   };
   const std::map<std::string, Entry, std::less<>>& entries() const { return entries_; }
 

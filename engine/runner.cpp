@@ -19,10 +19,12 @@
 #include <thread>
 
 #include "engine/checkpoint.h"
+#include "engine/console_tee.h"
 #include "engine/launch.h"
 #include "engine/memory_pool.h"
 #include "engine/metrics_log.h"
 #include "engine/registry.h"
+#include "engine/run_info.h"
 #include "engine/stats_record.h"
 
 namespace fs = std::filesystem;
@@ -96,6 +98,8 @@ struct Runner::Impl {
   std::ostream* log = &std::cout;
   std::ostream quiet{nullptr};  // discards (non-zero ranks)
   bool tty = false;
+  std::string device_reason;          // printed when the run starts
+  std::optional<ConsoleTee> console;  // the run directory's console.log, during run()
 
   // Flow control.
   std::atomic<int64_t> in_flight{0};
@@ -577,6 +581,7 @@ struct Runner::Impl {
   }
 
   RunResult execute();
+  RunResult execute_steps();
 };
 
 Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl>()) {
@@ -598,7 +603,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
   I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
-  *I.log << "device: " << dc.reason << "\n";
+  I.device_reason = dc.reason;
   I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
   for (size_t k = 0; k < I.graph->size(); ++k)
@@ -638,12 +643,28 @@ RunResult Runner::run() {
 }
 
 RunResult Runner::Impl::execute() {
+  try {
+    RunResult r = execute_steps();
+    console.reset();
+    return r;
+  } catch (const std::exception& e) {
+    // The caller reports the error on the terminal; the run's console.log keeps it too.
+    if (console) console->note(std::string("error: ") + e.what());
+    console.reset();
+    throw;
+  }
+}
+
+RunResult Runner::Impl::execute_steps() {
   RunResult result;
   std::optional<tbb::global_control> threads;
   if (int64_t t = plan().run.integer("threads"); t > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
   make_run_dir();
   result.run_dir = run.run_dir;
+  if (run.writes_outputs() && !console)
+    console.emplace((fs::path(run.run_dir) / "console.log").string());
+  *log << "device: " << device_reason << "\n";
   // Said before setup, which may load a whole dataset.
   std::optional<std::string> ckpt;
   if (!opt.resume_dir.empty()) {
@@ -665,6 +686,8 @@ RunResult Runner::Impl::execute() {
       idx = graph->stage(k).upstream_seek_index(idx);
     }
     log_line("resumed from " + *ckpt + " at step " + std::to_string(run.step));
+    if (run.writes_outputs())
+      append_run_info(run.run_dir, {opt.command_line, run.device.str(), *ckpt});
     if (run.writes_outputs()) {
       std::string path = (fs::path(run.run_dir) / "metrics.jsonl").string();
       if (size_t dropped = MetricsLog::drop_rows_after(path, run.step))
@@ -680,7 +703,10 @@ RunResult Runner::Impl::execute() {
       return result;
     }
   }
-  if (run.writes_outputs()) metrics_file.open((fs::path(run.run_dir) / "metrics.jsonl").string());
+  if (run.writes_outputs()) {
+    if (!ckpt) append_run_info(run.run_dir, {opt.command_line, run.device.str(), ""});
+    metrics_file.open((fs::path(run.run_dir) / "metrics.jsonl").string());
+  }
   for (size_t k = 0; k < n(); ++k) {
     const auto& ps = plan().stages[k];
     try {
@@ -869,6 +895,19 @@ RunResult Runner::Impl::execute() {
   result.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
   result.last_train_metrics = last_train;
   result.last_validation_metrics = last_validation;
+  char summary[160];
+  std::snprintf(summary, sizeof summary, ": %llu steps, %llu samples in %.3g s",
+                static_cast<unsigned long long>(result.final_step),
+                static_cast<unsigned long long>(result.samples), result.seconds);
+  // Every rank says how it ended (the progress lines are rank 0's alone).
+  std::ostream& out = log == &quiet ? std::cout : *log;
+  out << ((result.interrupted
+               ? "interrupted" + std::string(stop_signal == SIGTERM ? " (SIGTERM)" : "")
+           : early_stopped ? std::string("stopped early")
+                           : std::string("done")) +
+          summary + (run.run_dir.empty() ? std::string() : " -> " + run.run_dir))
+      << "\n"
+      << std::flush;
   return result;
 }
 

@@ -29,6 +29,7 @@ struct RunOptions {
   bool handle_sigint = true;      // SIGINT/SIGTERM: finish the step, let stages save, exit 130
   bool publish_stats = true;      // the /dev/shm record read by slipstream-smi
   std::ostream* log = nullptr;    // progress lines (default std::cout)
+  std::string command_line;       // recorded in run.json (the CLI passes what was typed)
 };
 
 struct RunResult {

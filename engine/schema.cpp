@@ -185,6 +185,14 @@ StageSchema& StageSchema::choices(std::vector<std::string> allowed) {
   return *this;
 }
 
+StageSchema& StageSchema::path() {
+  if (params_.empty()) throw std::logic_error("StageSchema::path before any param");
+  if (params_.back().type != ParamType::string && params_.back().type != ParamType::string_list)
+    throw std::logic_error("StageSchema::path on a parameter that is not a string or string list");
+  params_.back().is_path = true;
+  return *this;
+}
+
 const ParamSpec* StageSchema::find_param(std::string_view name) const {
   for (const auto& p : params_)
     if (p.name == name) return &p;

@@ -27,6 +27,7 @@ struct ParamSpec {
   std::string doc;
   std::optional<double> min, max;  // for numbers, and for every element of numeric lists
   std::vector<std::string> choices;
+  bool is_path = false;  // names files: see StageSchema::path()
 };
 
 struct PortSpec {
@@ -76,6 +77,10 @@ class StageSchema {
   // Constraints on the most recently declared parameter.
   StageSchema& range(std::optional<double> min, std::optional<double> max);
   StageSchema& choices(std::vector<std::string> allowed);
+  // The most recently declared (string or string list) parameter names files or folders: at
+  // validation `~/` expands to $HOME and relative paths resolve against the working directory,
+  // so a run directory's config.yaml repeats the run from anywhere.
+  StageSchema& path();
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }

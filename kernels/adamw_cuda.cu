@@ -65,17 +65,19 @@ __global__ void __launch_bounds__(kThreads)
   }
   // As the CPU: bias corrections in double, then the same float expressions.
   const float lr = st->lr;
-  const double bc1 = 1.0 - pow(double(h.beta1), double(st->step));
-  const double bc2 = 1.0 - pow(double(h.beta2), double(st->step));
+  const double bc1 = 1.0 - pow(h.beta1, double(st->step));
+  const double bc2 = 1.0 - pow(h.beta2, double(st->step));
   const float step_size = float(double(lr) / bc1);
   const float sqrt_bc2 = float(sqrt(bc2));
-  const float shrink = s.decay ? 1.0f - lr * h.weight_decay : 1.0f;
+  const float shrink = s.decay ? float(1.0 - double(lr) * h.weight_decay) : 1.0f;
   const float scale = st->scale;
-  const float d = h.ema_decay, keep = 1.0f - d;
+  const float b1 = float(h.beta1), one_b1 = float(1.0 - h.beta1);
+  const float b2 = float(h.beta2), one_b2 = float(1.0 - h.beta2);
+  const float d = float(h.ema_decay), keep = float(1.0 - h.ema_decay);
   for (size_t i = i0; i < s.n; i += stride) {
     const float g = s.grad[i] * scale;
-    const float mi = h.beta1 * s.m[i] + (1.0f - h.beta1) * g;
-    const float vi = h.beta2 * s.v[i] + (1.0f - h.beta2) * g * g;
+    const float mi = b1 * s.m[i] + one_b1 * g;
+    const float vi = b2 * s.v[i] + one_b2 * g * g;
     s.m[i] = mi;
     s.v[i] = vi;
     const float p = s.param[i] * shrink - step_size * mi / (sqrtf(vi) / sqrt_bc2 + h.eps);

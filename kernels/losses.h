@@ -17,9 +17,9 @@ struct LossStats {
   double accuracy() const { return weight_sum > 0 ? correct / weight_sum : 0.0; }
 };
 
-// Softmax cross-entropy over logits (N, K) with targets (N) in [0, K); a negative target
-// marks a row ignored (weight 0). Label smoothing eps: the target distribution puts
-// 1 - eps + eps/K on the target class and eps/K on every other:
+// Softmax cross-entropy over logits (N, K) with targets (N) in [0, K); a negative target or a
+// zero weight marks a row ignored (skipped: its logits may be non-finite). Label smoothing eps: the
+// target distribution puts 1 - eps + eps/K on the target class and eps/K on every other:
 //   loss_i = logsumexp(x_i) - sum_k q_ik x_ik.
 // row_loss (N, unweighted, 0 for ignored rows) and pred (N, argmax) may be null.
 template <class T>
@@ -35,7 +35,8 @@ void softmax_cross_entropy_backward(const T* logits, const int32_t* targets, con
 // Binary cross-entropy on logits (n elements, e.g. (N, buttons) flattened) with labels in {0,1}
 // smoothed to y' = y (1 - eps) + eps / 2. Numerically stable form:
 //   loss = max(x, 0) - x y' + log1p(exp(-|x|)).
-// weights (n) optional; elem_loss (n) may be null. Correct means (x > 0) == (y > 0.5).
+// weights (n) optional, a zero weight skips the element (its logit may be non-finite); elem_loss
+// (n) may be null. Correct means (x > 0) == (y > 0.5).
 template <class T>
 LossStats bce_with_logits_forward(const T* logits, const T* labels, const T* weights, T* elem_loss,
                                   size_t n, T eps);

@@ -39,7 +39,7 @@ LossStats softmax_cross_entropy_forward(const T* logits, const int32_t* targets,
         if (x[k] > x[am]) am = k;
       if (pred) pred[i] = static_cast<int32_t>(am);
       const T w = row_weight(weights, targets, i);
-      if (targets[i] < 0) {
+      if (targets[i] < 0 || w == T(0)) {  // masked rows are skipped: their logits may be NaN
         if (row_loss) row_loss[i] = 0;
         continue;
       }
@@ -95,10 +95,15 @@ LossStats bce_with_logits_forward(const T* logits, const T* labels, const T* wei
   Acc a = deterministic_sum<Acc>(n, 8192, [&](size_t i0, size_t i1) {
     Acc acc;
     for (size_t i = i0; i < i1; ++i) {
+      const T w = weights ? weights[i] : T(1);
+      // A masked-out position is skipped, not multiplied by 0: its logit may be NaN/Inf.
+      if (w == T(0)) {
+        if (elem_loss) elem_loss[i] = 0;
+        continue;
+      }
       const T x = logits[i], y = labels[i] * (T(1) - eps) + eps / T(2);
       const T loss = std::max(x, T(0)) - x * y + std::log1p(std::exp(-std::abs(x)));
       if (elem_loss) elem_loss[i] = loss;
-      const T w = weights ? weights[i] : T(1);
       acc.loss += double(w) * double(loss);
       acc.weight += double(w);
       if ((x > T(0)) == (labels[i] > T(0.5))) acc.correct += double(w);
@@ -117,6 +122,10 @@ void bce_with_logits_backward(const T* logits, const T* labels, const T* weights
     for (size_t i = b0 * kBlock; i < i1; ++i) {
       const T x = logits[i], y = labels[i] * (T(1) - eps) + eps / T(2);
       const T w = (weights ? weights[i] : T(1)) * scale;
+      if (w == T(0)) {  // masked: exactly 0 even where the logit is not finite
+        dlogits[i] = 0;
+        continue;
+      }
       // sigmoid without overflow for large |x|
       const T e = std::exp(-std::abs(x));
       const T s = x >= T(0) ? T(1) / (T(1) + e) : e / (T(1) + e);

@@ -57,10 +57,13 @@ class AdamWDeviceOn final : public AdamWDevice {
     tmp_ = o_.template alloc<float>(std::max<size_t>(1, max_n_), "adamw EMA swap");
     const LrSchedule& sc = c.schedule;
     grow_lr_table(static_cast<size_t>(std::max<int64_t>({1024, sc.warmup + 1, sc.total + 1})));
-    hyper_ = {static_cast<float>(c.beta1), static_cast<float>(c.beta2),
-              static_cast<float>(c.eps),   static_cast<float>(c.weight_decay),
-              static_cast<float>(c.clip),  static_cast<float>(1.0 / c.accumulate),
-              static_cast<float>(c.ema)};
+    hyper_ = {c.beta1,
+              c.beta2,
+              static_cast<float>(c.eps),
+              c.weight_decay,
+              static_cast<float>(c.clip),
+              static_cast<float>(1.0 / c.accumulate),
+              c.ema};
   }
 
   AdamWDeviceOutcome step() override {

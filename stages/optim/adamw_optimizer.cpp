@@ -100,13 +100,13 @@ AdamWOptimizer::Report AdamWOptimizer::micro_step() {
     float* g = f32(s.p->grad);
     const size_t n = count(s.p->grad);
     if (scale != 1.0) kernels::scale_inplace(g, n, static_cast<float>(scale));
+    // lr as the device's float table holds it, so CPU and GPU steps agree.
     kernels::adamw_step(f32(s.p->value), g, f32(s.m), f32(s.v), shadow(*s.p), n,
-                        static_cast<float>(rep.lr), static_cast<float>(cfg_.beta1),
-                        static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps),
-                        static_cast<float>(cfg_.weight_decay), s.p->weight_decay, step_);
+                        static_cast<float>(rep.lr), cfg_.beta1, cfg_.beta2, cfg_.eps,
+                        cfg_.weight_decay, s.p->weight_decay, step_);
     s.p->grad.zero_();
     if (cfg_.ema > 0) {
-      const float d = static_cast<float>(cfg_.ema), keep = 1.0f - d;
+      const float d = static_cast<float>(cfg_.ema), keep = static_cast<float>(1.0 - cfg_.ema);
       float* e = f32(s.ema);
       const float* w = f32(s.p->value);
       kernels::parallel_blocks(n, 2, [&](size_t i0, size_t i1) {

@@ -1,6 +1,9 @@
 // Every class of configuration error is reported as FILE:LINE:COL before anything runs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "engine/graph.h"
 #include "tests/support/temp_dir.h"
 
@@ -230,6 +233,26 @@ TEST(Config, ResolvedConfigRoundTrips) {
   EXPECT_EQ(again.stages[0].params.integer("count"), 5);
   EXPECT_EQ(again.stages.size(), 3u);
   EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
+}
+
+// Path parameters resolve at validation: a run directory's config.yaml repeats the run from any
+// working directory, and says what was typed.
+TEST(Config, PathParametersBecomeAbsolute) {
+  TempDir d;
+  const std::string home = std::getenv("HOME") ? std::getenv("HOME") : "";
+  GraphPlan rel = plan_graph(load_config(d.write("g.yaml", kGood), {"run.runs_dir=out/../runs"}));
+  EXPECT_EQ(rel.run.string("runs_dir"), (std::filesystem::current_path() / "runs").string());
+  if (!home.empty()) {
+    GraphPlan tilde = plan_graph(load_config(d.write("g.yaml", kGood), {"run.runs_dir=~/r"}));
+    EXPECT_EQ(tilde.run.string("runs_dir"), (std::filesystem::path(home) / "r").string());
+  }
+  GraphPlan abs = plan_graph(load_config(d.write("g.yaml", kGood), {"run.runs_dir=/tmp/x"}));
+  EXPECT_EQ(abs.run.string("runs_dir"), "/tmp/x");
+  std::string text = resolved_config_yaml(rel.config, {}, rel.run);
+  EXPECT_NE(text.find("runs_dir: " + (std::filesystem::current_path() / "runs").string() +
+                      "  # as given: out/../runs"),
+            std::string::npos)
+      << text;
 }
 
 // yaml-cpp keeps only the first of two equal keys; the second must not vanish silently.

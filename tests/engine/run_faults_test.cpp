@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -320,4 +321,46 @@ TEST(RunFaults, TrainRowsSayHowManyStepsTheyAverage) {
     if (r["split"] == "train") got.emplace_back(r["step"], r["steps_averaged"]);
   // 2, then the last step (3) alone; after the resume step 4 alone, then 6 over two.
   EXPECT_EQ(got, (std::vector<std::pair<int, int>>{{2, 2}, {3, 1}, {4, 1}, {6, 2}}));
+}
+
+// run.json says how to repeat each invocation; console.log keeps what the terminal showed,
+// including the error that ended a run.
+TEST(RunFaults, RunDirectoryRecordsInvocationsAndTheConsole) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 2");
+  RunOptions o = writing_options();
+  o.log = nullptr;  // progress on std::cout, as the CLI has it
+  o.command_line = "slipstream run --config g.yaml --set run.steps=4";
+  Runner first(plan_text(d, g, {"run.steps=4", "rec.fail_at=-1"}), o);
+  std::string dir = first.run().run_dir;
+  o.resume_dir = dir;
+  o.command_line = "slipstream run --resume RUN";
+  Runner second(plan_text(d, g, {"rec.fail_at=6"}), o);
+  EXPECT_THROW(second.run(), StageError);
+
+  std::ifstream in(fs::path(dir) / "run.json");
+  auto doc = nlohmann::json::parse(in);
+  ASSERT_EQ(doc["invocations"].size(), 2u);
+  const auto& a = doc["invocations"][0];
+  EXPECT_EQ(a["command"], "slipstream run --config g.yaml --set run.steps=4");
+  EXPECT_EQ(a["device"], "cpu");
+  EXPECT_TRUE(a["resumed_from"].is_null());
+  EXPECT_FALSE(a["commit"].get<std::string>().empty());
+  EXPECT_FALSE(a["version"].get<std::string>().empty());
+  EXPECT_EQ(a["cwd"], fs::current_path().string());
+  const auto& b = doc["invocations"][1];
+  EXPECT_EQ(b["command"], "slipstream run --resume RUN");
+  EXPECT_NE(b["resumed_from"].get<std::string>().find("step-4"), std::string::npos);
+
+  std::ifstream cin(fs::path(dir) / "console.log");
+  std::string log((std::istreambuf_iterator<char>(cin)), {});
+  EXPECT_NE(log.find("device: "), std::string::npos) << log;
+  EXPECT_NE(log.find("done: 4 steps"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
+  EXPECT_NE(log.find("error: stage 'rec' (test_recorder), batch 6: injected failure"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find('\033'), std::string::npos);  // no terminal escapes in the file
+  EXPECT_EQ(log.find('\r'), std::string::npos);
 }

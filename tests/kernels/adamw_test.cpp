@@ -37,8 +37,7 @@ TEST(AdamW, OneStepHandComputed) {
     // float within float rounding
     float pf = float(p0[i]), gf = float(g[i]), mf = float(m0[i]), vf = float(v0[i]);
     uint16_t shadow = 0;
-    adamw_step<float>(&pf, &gf, &mf, &vf, &shadow, 1, 0.01f, 0.9f, 0.999f, 1e-8f, 0.1f, true,
-                      steps[i]);
+    adamw_step<float>(&pf, &gf, &mf, &vf, &shadow, 1, 0.01, 0.9, 0.999, 1e-8, 0.1, true, steps[i]);
     EXPECT_NEAR(pf, expect[i], 1e-6) << i;
     EXPECT_EQ(shadow, fp32_to_bf16(pf));
   }
@@ -46,6 +45,17 @@ TEST(AdamW, OneStepHandComputed) {
   double p = 1.0, gg = 0.1, m = 0, v = 0;
   adamw_step<double>(&p, &gg, &m, &v, nullptr, 1, 0.01, 0.9, 0.999, 1e-8, 0.1, false, 1);
   EXPECT_NEAR(p, 0.990000001, 1e-12);
+}
+
+// torch.optim.AdamW on float32 tensors multiplies by float(1 - 0.999) = float(0.001), not by
+// 1 - float(0.999) = 0.00099998713 (1.3e-5 off): the moments must match it bit for bit.
+TEST(AdamW, OneMinusBetaIsRoundedOnceAsInPyTorch) {
+  float p = 1.0f, g = 1.0f, m = 0.0f, v = 0.0f;
+  adamw_step<float>(&p, &g, &m, &v, nullptr, 1, 1e-3, 0.9, 0.999, 1e-8, 0.01, true, 1);
+  EXPECT_EQ(v, float(1.0 - 0.999));
+  EXPECT_EQ(m, float(1.0 - 0.9));
+  // Decoupled decay by float(1 - lr * wd) before the update: 1 - 1e-5, then the step of -lr.
+  EXPECT_FLOAT_EQ(p, float(1.0 - 1e-3 * 0.01) - 1e-3f);
 }
 
 TEST(AdamW, LargeArrayMatchesElementwiseAndShadow) {

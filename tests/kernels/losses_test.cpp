@@ -110,5 +110,28 @@ TEST(BceWithLogits, ForwardGradCheckAccuracy) {
   EXPECT_FLOAT_EQ(gs[1], 1.0f);
 }
 
+// A masked-out position (weight 0) with a NaN logit leaves the loss and the other gradients
+// finite: it is skipped, as PyTorch's indexing by the mask would.
+TEST(BceWithLogits, MaskedNonFiniteLogitIsSkipped) {
+  const float x[] = {0.5f, std::nanf(""), -INFINITY}, y[] = {1.0f, 1.0f, 0.0f};
+  const float w[] = {1.0f, 0.0f, 0.0f};
+  float el[3], g[3];
+  LossStats s = bce_with_logits_forward(x, y, w, el, 3, 0.0f);
+  EXPECT_TRUE(std::isfinite(s.mean()));
+  EXPECT_NEAR(s.mean(), std::log1p(std::exp(-0.5)), 1e-6);
+  EXPECT_EQ(s.weight_sum, 1.0);
+  bce_with_logits_backward(x, y, w, g, 3, 0.0f, 1.0f);
+  EXPECT_TRUE(std::isfinite(g[0]));
+  EXPECT_EQ(g[1], 0.0f);
+  EXPECT_EQ(g[2], 0.0f);
+  // The same for a softmax row with weight 0.
+  const float lg[] = {1.0f, 2.0f, std::nanf(""), 0.0f};
+  const int32_t t[] = {1, 0};
+  const float rw[] = {1.0f, 0.0f};
+  EXPECT_TRUE(std::isfinite(
+      softmax_cross_entropy_forward(lg, t, rw, static_cast<float*>(nullptr), nullptr, 2, 2, 0.0f)
+          .mean()));
+}
+
 }  // namespace
 }  // namespace slipstream::kernels

@@ -80,8 +80,9 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
       scale_inplace(g[s].data(), sizes[s], float(scale));
       adamw_step(p[s].data(), g[s].data(), m[s].data(), v[s].data(), nullptr, sizes[s], lr, h.beta1,
                  h.beta2, h.eps, h.weight_decay, segs[s].decay != 0, step);
-      const float keep = 1.0f - h.ema_decay;  // the CPU optimizer's EMA
-      for (size_t i = 0; i < sizes[s]; ++i) ema[s][i] = h.ema_decay * ema[s][i] + keep * p[s][i];
+      // The CPU optimizer's EMA.
+      const float d = float(h.ema_decay), keep = float(1.0 - h.ema_decay);
+      for (size_t i = 0; i < sizes[s]; ++i) ema[s][i] = d * ema[s][i] + keep * p[s][i];
     }
   }
   for (size_t s = 0; s < S; ++s) {

@@ -1,6 +1,8 @@
 // The engine's own subcommands of `slipstream`.
 #pragma once
 
+#include <string>
+
 namespace CLI {
 class App;
 }
@@ -11,6 +13,9 @@ void add_core_commands(CLI::App& app);
 // Exit status the chosen subcommand asked for (set by its callback).
 int exit_code();
 void set_exit_code(int code);
+// The command line as typed (shell-quoted), for the run directory's run.json.
+const std::string& command_line();
+void set_command_line(int argc, char** argv);
 
 // Exit statuses shared by the commands.
 inline constexpr int kExitOk = 0;

@@ -13,6 +13,25 @@ namespace slipstream::cli {
 
 namespace {
 int g_exit = kExitOk;
+std::string g_command_line;
+}  // namespace
+const std::string& command_line() {
+  return g_command_line;
+}
+void set_command_line(int argc, char** argv) {
+  g_command_line.clear();
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    const bool plain = !a.empty() && a.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+                                         "OPQRSTUVWXYZ0123456789-_=./:,+@%") == std::string::npos;
+    if (!plain) {  // single quotes, each ' as '\''
+      std::string q = "'";
+      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      a = q + "'";
+    }
+    g_command_line += (i ? " " : "") + a;
+  }
 }
 int exit_code() {
   return g_exit;

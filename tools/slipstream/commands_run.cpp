@@ -1,7 +1,6 @@
 // `slipstream run`, `slipstream devices`, `slipstream doctor`.
 #include <CLI/CLI.hpp>
 
-#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -57,17 +56,10 @@ int run_command(const RunArgs& a) {
     RunOptions opt;
     opt.resume_dir = run_dir;
     opt.resume_checkpoint = checkpoint;
+    opt.command_line = command_line();
     Runner runner(std::move(plan), opt);
     RunResult r = runner.run();
-    if (r.already_complete) return kExitOk;
-    std::cout << (r.interrupted
-                      ? "interrupted" + std::string(r.stop_signal == SIGTERM ? " (SIGTERM)" : "")
-                  : r.early_stopped ? std::string("stopped early")
-                                    : std::string("done"))
-              << ": " << r.final_step << " steps, " << r.samples << " samples in " << r.seconds
-              << " s";
-    if (!r.run_dir.empty()) std::cout << " -> " << r.run_dir;
-    std::cout << "\n";
+    // The runner printed the summary line (and console.log has it).
     return r.interrupted ? kExitInterrupted : kExitOk;
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("slipstream ") + SLIPSTREAM_VERSION);
   slipstream::cli::add_core_commands(app);
   for (const auto& cmd : slipstream::registered_commands()) cmd.setup(app);
+  slipstream::cli::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
