@@ -1,11 +1,16 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
+
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 
 #include "engine/text_match.h"
 
@@ -32,24 +37,90 @@ SourceMark mark_of(const YAML::Node& n, const std::string& file) {
 }
 
 // yaml-cpp keeps every pair of a mapping but lookups see only the first: a repeated key would
-// silently lose the later value, so it is an error, as in most YAML loaders' strict modes.
-void check_duplicate_keys(const YAML::Node& n, const std::string& file) {
+// silently lose the later value, so it is an error, as in most YAML loaders' strict modes. Keys
+// are names: a list, mapping or null as a key is an error too.
+void check_mapping_keys(const YAML::Node& n, const std::string& file) {
   if (n.IsSequence()) {
-    for (const auto& e : n) check_duplicate_keys(e, file);
+    for (const auto& e : n) check_mapping_keys(e, file);
   } else if (n.IsMap()) {
     std::map<std::string, YAML::Mark> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
-      if (it->first.IsScalar()) {
-        auto [at, fresh] = seen.emplace(it->first.Scalar(), it->first.Mark());
-        if (!fresh)
-          fail(mark_of(it->first, file),
-               "duplicate key '" + it->first.Scalar() + "' (first at line " +
-                   std::to_string(at->second.line + 1) + "); remove one of them");
-      }
-      check_duplicate_keys(it->second, file);
+      if (!it->first.IsScalar())
+        fail(mark_of(it->first, file),
+             std::string("a key must be a name, not ") + (it->first.IsSequence() ? "a list"
+                                                          : it->first.IsMap()    ? "a mapping"
+                                                                                 : "empty"));
+      auto [at, fresh] = seen.emplace(it->first.Scalar(), it->first.Mark());
+      if (!fresh)
+        fail(mark_of(it->first, file),
+             "duplicate key '" + it->first.Scalar() + "' (first at line " +
+                 std::to_string(at->second.line + 1) + "); remove one of them");
+      check_mapping_keys(it->second, file);
     }
   }
 }
+
+// Counts the documents in `text` (stopping at 2) without building them, for yaml-cpp 0.7's
+// LoadAll never returns on some malformed input (a ',' outside a flow collection): its parser
+// reports an empty document at the same token forever. Two empty documents at one position
+// are that loop; it is reported as a syntax error at the token instead.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& m) override {
+    start_ = m;
+    events_ = 0;
+    null_only_ = true;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { event(m, true); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { event(m, false); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    event(m, false);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    event(m, false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    event(m, false);
+  }
+  void OnMapEnd() override {}
+
+  // True when the document just handled is a lone null at the same position as the one before.
+  bool stuck() const { return stuck_; }
+  // Where the document's content begins (its start when it has none).
+  const YAML::Mark& start() const { return start_; }
+  const YAML::Mark& last_null() const { return last_null_; }
+
+  void next_document() {
+    if (events_ == 1 && null_only_) {
+      stuck_ = had_null_doc_ && same(last_null_, null_at_);
+      had_null_doc_ = true;
+      last_null_ = null_at_;
+    } else {
+      had_null_doc_ = false;
+    }
+  }
+
+ private:
+  static bool same(const YAML::Mark& a, const YAML::Mark& b) {
+    return a.pos == b.pos && a.line == b.line && a.column == b.column;
+  }
+  void event(const YAML::Mark& m, bool null) {
+    if (++events_ == 1) {
+      start_ = m;
+      if (null) null_at_ = m;
+    }
+    null_only_ = null_only_ && null;
+  }
+
+  YAML::Mark start_, null_at_, last_null_;
+  size_t events_ = 0;
+  bool null_only_ = true, had_null_doc_ = false, stuck_ = false;
+};
 
 YAML::Node load_yaml(const std::string& path) {
   std::error_code ec;
@@ -60,20 +131,36 @@ YAML::Node load_yaml(const std::string& path) {
                           ? " (a run directory? its graph is " + run_config.string() + ")"
                           : std::string()));
   }
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) fail({path}, "cannot read file");
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) fail({path}, "cannot read file");
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(in);
-    if (docs.size() > 1)
-      fail(mark_of(docs[1], path),
+    std::istringstream scan(text);
+    YAML::Parser parser(scan);
+    DocumentCounter counter;
+    std::optional<YAML::Mark> second;
+    for (int docs = 0; docs < 3 && parser.HandleNextDocument(counter); ++docs) {
+      counter.next_document();
+      if (counter.stuck()) {
+        const YAML::Mark& m = counter.last_null();
+        const size_t pos = static_cast<size_t>(std::max(m.pos, 0));
+        const unsigned char c = pos < text.size() ? static_cast<unsigned char>(text[pos]) : 0;
+        fail({path, m.line + 1, m.column + 1},
+             std::string("YAML syntax error: unexpected ") +
+                 (c >= 0x20 && c < 0x7f ? "'" + std::string(1, static_cast<char>(c)) + "'"
+                                        : std::string("character")));
+      }
+      if (docs == 1) second = counter.start();
+    }
+    if (second)
+      fail({path, second->line + 1, second->column + 1},
            "a second YAML document ('---') is not read; keep the whole graph in one document");
-    YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
-    check_duplicate_keys(root, path);
+    YAML::Node root = YAML::Load(text);
+    check_mapping_keys(root, path);
     return root;
   } catch (const YAML::ParserException& e) {
     fail({path, e.mark.line + 1, e.mark.column + 1}, "YAML syntax error: " + e.msg);
-  } catch (const std::ios_base::failure& e) {
-    fail({path}, std::string("cannot read file: ") + e.what());
   }
 }
 
@@ -95,6 +182,12 @@ std::string scalar(const YAML::Node& n, const std::string& file, const std::stri
   return n.as<std::string>();
 }
 
+// fs::exists that answers false, not an exception, for names the system refuses (too long).
+bool path_exists(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
 bool has_yaml_suffix(const std::string& s) {
   return s.ends_with(".yaml") || s.ends_with(".yml");
 }
@@ -102,10 +195,10 @@ bool has_yaml_suffix(const std::string& s) {
 // Finds a file named relative to `base_dir`, its parent, or the working directory.
 std::optional<std::string> find_relative(const std::string& name, const fs::path& base_dir) {
   fs::path p(name);
-  if (p.is_absolute()) return fs::exists(p) ? std::optional(p.string()) : std::nullopt;
+  if (p.is_absolute()) return path_exists(p) ? std::optional(p.string()) : std::nullopt;
   for (const fs::path& dir : {base_dir, base_dir.parent_path(), fs::current_path()}) {
     fs::path c = dir / p;
-    if (fs::exists(c)) return c.lexically_normal().string();
+    if (path_exists(c)) return c.lexically_normal().string();
   }
   return std::nullopt;
 }
@@ -128,11 +221,11 @@ std::string find_preset(const std::string& name_or_path, const SourceMark& mark,
   }
   if (!relative_to.empty()) {
     fs::path sibling = relative_to / (name_or_path + ".yaml");
-    if (fs::exists(sibling)) return sibling.string();
+    if (path_exists(sibling)) return sibling.string();
   }
   for (const auto& dir : preset_search_dirs()) {
     fs::path p = fs::path(dir) / (name_or_path + ".yaml");
-    if (fs::exists(p)) return p.string();
+    if (path_exists(p)) return p.string();
   }
   auto names = available_presets();
   std::string list;
@@ -313,10 +406,16 @@ std::pair<std::string, ConfigValue> parse_override(const std::string& assignment
   auto eq = assignment.find('=');
   if (eq == std::string::npos) fail(mark, "expected --set " + expected);
   YAML::Node value;
+  const std::string text = assignment.substr(eq + 1);
   try {
-    value = YAML::Load(assignment.substr(eq + 1));
-  } catch (const YAML::ParserException&) {
-    value = YAML::Node(assignment.substr(eq + 1));  // not YAML: take it as a plain string
+    value = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    // A list or mapping that does not parse is a typo to point at, not a string to pass on.
+    const size_t first = text.find_first_not_of(" \t");
+    if (first != std::string::npos && (text[first] == '[' || text[first] == '{'))
+      fail(mark,
+           "malformed value '" + text + "': " + e.msg + " (a list is [a, b], a mapping {k: v})");
+    value = YAML::Node(text);  // not YAML: take it as a plain string
   }
   return {assignment.substr(0, eq), ConfigValue{value, mark}};
 }

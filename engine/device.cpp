@@ -96,7 +96,8 @@ namespace {
 std::string cpu_model_from_cpuid() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned regs[12] = {};
-  if (__get_cpuid_max(0x80000000, nullptr) < 0x80000004) return "";
+  // int in clang's cpuid.h, unsigned in GCC's.
+  if (static_cast<unsigned>(__get_cpuid_max(0x80000000, nullptr)) < 0x80000004u) return "";
   for (unsigned i = 0; i < 3; ++i)
     __get_cpuid(0x80000002 + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
   std::string s(reinterpret_cast<const char*>(regs), sizeof(regs));
@@ -132,7 +133,9 @@ CpuInfo probe_cpu() {
   info.avx2 = __builtin_cpu_supports("avx2");
   info.avx512f = __builtin_cpu_supports("avx512f");
   info.avx512_bf16 = __builtin_cpu_supports("avx512bf16");
+#if !defined(__clang__) || __clang_major__ >= 16  // older clang rejects the name (fuzz builds)
   info.amx_bf16 = __builtin_cpu_supports("amx-bf16");
+#endif
 #endif
   return info;
 }

@@ -248,6 +248,18 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
       continue;
     }
     set_param(out, *spec, *v, cv.mark);
+    if (spec->must_exist) {
+      const ParamValue& pv = out.value(key);
+      std::vector<std::string> names;
+      if (auto* s = std::get_if<std::string>(&pv)) names.push_back(*s);
+      if (auto* l = std::get_if<std::vector<std::string>>(&pv)) names = *l;
+      for (const auto& p : names) {
+        std::error_code ec;
+        if (!p.empty() && p.find_first_of("*?[") == std::string::npos &&
+            !std::filesystem::exists(p, ec))
+          issues.push_back({cv.mark, prefix + "parameter '" + key + "': " + p + " not found"});
+      }
+    }
   }
   for (const auto& spec : schema.params()) {
     if (out.has(spec.name)) continue;

@@ -13,9 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include "engine/checkpoint.h"
@@ -129,6 +131,7 @@ struct Runner::Impl {
   int64_t validations_without_improvement = 0;
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
+  uint64_t last_validated_step = 0;
 
   // Stats publishing.
   std::unique_ptr<stats::RecordWriter> record;
@@ -400,27 +403,7 @@ struct Runner::Impl {
       *log << std::flush;
     }
     int64_t every = plan().run.integer("validate_every");
-    if (every > 0 && run.step % static_cast<uint64_t>(every) == 0) {
-      auto v = validate();
-      last_validation = v;
-      write_metrics_row("validation", v, -1, -1);
-      log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
-      for (size_t k = 0; k < n(); ++k)
-        timed(k, b.index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });
-      int64_t patience = plan().run.integer("early_stop_patience");
-      auto it = v.find("loss");
-      if (it != v.end()) {
-        if (it->second < best_validation) {
-          best_validation = it->second;
-          validations_without_improvement = 0;
-        } else if (patience > 0 && ++validations_without_improvement >= patience) {
-          log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
-                   " validations");
-          early_stopped = true;
-          run.stop_requested = true;
-        }
-      }
-    }
+    if (every > 0 && run.step % static_cast<uint64_t>(every) == 0) validation_pass(b.index);
     for (size_t k = plan().section_begin; k < n(); ++k)
       timed(k, b.index, [&] { graph->stage(k).step_end(b, graph->context(k)); });
     if (last) {
@@ -429,6 +412,30 @@ struct Runner::Impl {
     }
     // Waiting for data starts now: validation and checkpoints above are not waits.
     last_section_end_ns = now_ns();
+  }
+
+  // A validation pass at run.step: its row, the stages' validation_end (best checkpoints), early
+  // stopping.
+  void validation_pass(uint64_t batch_index) {
+    auto v = validate();
+    last_validation = v;
+    last_validated_step = run.step;
+    write_metrics_row("validation", v, -1, -1);
+    log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+    for (size_t k = 0; k < n(); ++k)
+      timed(k, batch_index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });
+    int64_t patience = plan().run.integer("early_stop_patience");
+    auto it = v.find("loss");
+    if (it == v.end()) return;
+    if (it->second < best_validation) {
+      best_validation = it->second;
+      validations_without_improvement = 0;
+    } else if (patience > 0 && ++validations_without_improvement >= patience) {
+      log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
+               " validations");
+      early_stopped = true;
+      run.stop_requested = true;
+    }
   }
 
   // ---- stats record ----
@@ -568,6 +575,7 @@ struct Runner::Impl {
     }
     if (!opt.resume_dir.empty()) {
       run.run_dir = opt.resume_dir;
+      if (run.writes_outputs()) update_config_yaml();
     } else if (opt.create_run_dir && run.rank == 0) {  // one run directory, written by rank 0
       fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
       fs::path dir = base;
@@ -578,6 +586,33 @@ struct Runner::Impl {
       for (const auto& s : plan().stages) sp[s.name] = s.params;
       std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan().config, sp, plan().run);
     }
+  }
+
+  // A resume with --set changes the run: config.yaml says what it now is, the previous one is
+  // kept as config.previous.yaml (run.json has every invocation's command line).
+  void update_config_yaml() {
+    std::map<std::string, Params> sp;
+    for (const auto& s : plan().stages) sp[s.name] = s.params;
+    const std::string text = resolved_config_yaml(plan().config, sp, plan().run);
+    const fs::path cfg = fs::path(run.run_dir) / "config.yaml";
+    std::ifstream in(cfg);
+    std::string old((std::istreambuf_iterator<char>(in)), {});
+    // Comments differ between a first run and its resume (the source file, "as given").
+    auto settings = [](const std::string& t) {
+      std::istringstream is(t);
+      std::string line, out;
+      while (std::getline(is, line)) {
+        if (line.starts_with("#")) continue;
+        if (auto c = line.find("  # "); c != std::string::npos) line.resize(c);
+        out += line + "\n";
+      }
+      return out;
+    };
+    if (settings(old) == settings(text)) return;
+    std::error_code ec;
+    fs::rename(cfg, fs::path(run.run_dir) / "config.previous.yaml", ec);
+    std::ofstream(cfg) << text;
+    log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
   }
 
   RunResult execute();
@@ -840,6 +875,17 @@ RunResult Runner::Impl::execute_steps() {
   if (stop_signal != 0) run.interrupted = true;
   if (tty) *log << "\n";
 
+  // A run that ends between validations (the step limit, the data) still reports where it
+  // ended, before finish() writes the last checkpoint. Not after SIGINT/SIGTERM: that is a
+  // request to stop now.
+  if (!failure && !run.interrupted && metrics_failure.empty() && steps_this_process > 0 &&
+      plan().run.integer("validate_every") > 0 && last_validated_step != run.step) {
+    try {
+      validation_pass(run.step);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
   if (!failure) {
     for (size_t k = 0; k < n(); ++k) {
       try {

@@ -185,11 +185,12 @@ StageSchema& StageSchema::choices(std::vector<std::string> allowed) {
   return *this;
 }
 
-StageSchema& StageSchema::path() {
+StageSchema& StageSchema::path(bool must_exist) {
   if (params_.empty()) throw std::logic_error("StageSchema::path before any param");
   if (params_.back().type != ParamType::string && params_.back().type != ParamType::string_list)
     throw std::logic_error("StageSchema::path on a parameter that is not a string or string list");
   params_.back().is_path = true;
+  params_.back().must_exist = must_exist;
   return *this;
 }
 

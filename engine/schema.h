@@ -27,7 +27,8 @@ struct ParamSpec {
   std::string doc;
   std::optional<double> min, max;  // for numbers, and for every element of numeric lists
   std::vector<std::string> choices;
-  bool is_path = false;  // names files: see StageSchema::path()
+  bool is_path = false;     // names files: see StageSchema::path()
+  bool must_exist = false;  // ... that exist at validation (globs excepted)
 };
 
 struct PortSpec {
@@ -79,8 +80,9 @@ class StageSchema {
   StageSchema& choices(std::vector<std::string> allowed);
   // The most recently declared (string or string list) parameter names files or folders: at
   // validation `~/` expands to $HOME and relative paths resolve against the working directory,
-  // so a run directory's config.yaml repeats the run from anywhere.
-  StageSchema& path();
+  // so a run directory's config.yaml repeats the run from anywhere. With `must_exist`, a name
+  // (not a glob) that does not exist is a validation error.
+  StageSchema& path(bool must_exist = false);
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }

@@ -44,6 +44,25 @@ bool nul_terminated(const char* s, size_t n) {
   return std::memchr(s, '\0', n) != nullptr;
 }
 
+// A name cut to fit its field can end inside a multi-byte UTF-8 character; such a partial
+// character is dropped so the published text stays valid UTF-8 (smi prints it as JSON).
+void trim_partial_utf8(char* s, size_t n) {
+  const size_t len = strnlen(s, n);
+  if (len == n) return;  // not NUL-terminated: readers refuse the record anyway
+  size_t tail = 0;       // continuation bytes at the end
+  while (tail < 3 && tail < len && (static_cast<uint8_t>(s[len - 1 - tail]) & 0xC0) == 0x80) ++tail;
+  if (tail == len) return;
+  const size_t lead = len - 1 - tail;
+  const auto b = static_cast<uint8_t>(s[lead]);
+  const size_t need = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+  if (need > tail + 1) std::memset(s + lead, 0, len - lead);
+}
+
+template <size_t N>
+void trim_partial_utf8(char (&s)[N]) {
+  trim_partial_utf8(s, N);
+}
+
 // pread that retries EINTR and short reads; false on EOF before n bytes or an error.
 bool pread_all(int fd, void* buf, size_t n, off_t off) {
   auto* p = static_cast<char*>(buf);
@@ -254,6 +273,16 @@ void RecordWriter::begin_write() {
 }
 
 void RecordWriter::end_write() {
+  RunRecord& r = *record_;
+  trim_partial_utf8(r.run_name);
+  trim_partial_utf8(r.preset);
+  trim_partial_utf8(r.device);
+  trim_partial_utf8(r.run_dir);
+  for (auto& st : r.stages) {
+    trim_partial_utf8(st.name);
+    trim_partial_utf8(st.kind);
+  }
+  for (auto& p : r.pools) trim_partial_utf8(p.name);
   std::atomic_ref<uint32_t> seq(record_->sequence);
   // Release: every data store of this update is visible before the even mark is.
   seq.store(seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);

@@ -99,7 +99,8 @@ class RecordWriter {
   RecordWriter& operator=(const RecordWriter&) = delete;
 
   // Runs fn(record) between the seqlock's odd and even marks. One writer: call it from one
-  // thread at a time.
+  // thread at a time. Text fields cut inside a multi-byte UTF-8 character lose that partial
+  // character before the record is published.
   template <class Fn>
   void update(Fn&& fn) {
     begin_write();

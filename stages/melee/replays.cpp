@@ -1,24 +1,31 @@
 // slippi_replays: see replays.h and docs/loader.md.
 #include "stages/melee/replays.h"
 
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <variant>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include "engine/config.h"
 #include "engine/registry.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/parser.h"
@@ -83,6 +90,7 @@ struct Inputs {
   std::vector<fs::path> files;    // .slp files, in the order found
   std::vector<fs::path> corpora;  // corpus directories
   std::vector<std::string> missing;
+  std::vector<std::string> unreadable;  // what folder scans passed over, with why
 };
 
 bool is_corpus(const fs::path& dir) {
@@ -111,18 +119,43 @@ Inputs resolve_inputs(const std::vector<std::string>& paths) {
           in.corpora.push_back(e);
         } else {
           const fs::path dirs[] = {e};
-          auto found = slp::find_replays(dirs);
-          in.files.insert(in.files.end(), found.begin(), found.end());
+          slp::ReplayScan scan = slp::scan_replays(dirs);
+          in.files.insert(in.files.end(), scan.files.begin(), scan.files.end());
+          for (const slp::SkippedPath& s : scan.skipped)
+            in.unreadable.push_back(s.path.string() + " (" + s.reason + ")");
         }
       } else if (fs::is_regular_file(e, ec)) {
         // A glob may sweep in READMEs; a file named explicitly is taken as a replay.
         if (!pattern || e.extension() == ".slp") in.files.push_back(e);
+      } else if (fs::exists(e, ec)) {
+        // A FIFO or device would block or never end: never opened, only reported.
+        if (!pattern || e.extension() == ".slp")
+          in.unreadable.push_back(e.string() + " (not a regular file)");
       } else if (!pattern) {
         in.missing.push_back(p);
       }
     }
   }
   return in;
+}
+
+// What each of `paths` (which together hold no replays) is, for the error that says so.
+std::string describe_empty_paths(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    std::string what;
+    if (p.find_first_of("*?[") != std::string::npos)
+      what = "matches no .slp file";
+    else if (!fs::exists(p, ec))
+      what = "not found";
+    else if (fs::is_directory(p, ec))
+      what = "a folder with no .slp files";
+    else
+      what = "not a replay file";
+    out += (out.empty() ? "" : ", ") + p + " (" + what + ")";
+  }
+  return out;
 }
 
 // Cache key: what was read (paths, sizes, times) and how it was filtered.
@@ -138,6 +171,7 @@ std::string dataset_key(const Inputs& in, const Filters& f) {
   for (const auto& p : in.files) stamp(p);
   for (const auto& c : in.corpora) stamp(c / "manifest.json");
   for (const auto& m : in.missing) k << "missing:" << m << '\n';
+  for (const auto& u : in.unreadable) k << "unreadable:" << u << '\n';
   k << f.key();
   return k.str();
 }
@@ -243,6 +277,10 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     auto& s = ds->skips[kNotFound];
     if (s.count++ < kExamples) s.examples.push_back(m);
   }
+  for (const auto& u : in.unreadable) {
+    auto& s = ds->skips[kUnreadable];
+    if (s.count++ < kExamples) s.examples.push_back(u);
+  }
 
   // Open corpora first (a memory map each); their games join the work list after the files.
   std::vector<slp::Corpus> corpora;
@@ -327,6 +365,12 @@ std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filt
 
 // ---- synthetic fallback ----
 
+std::string hex64(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 size_t count_slp(const fs::path& dir) {
   size_t n = 0;
   std::error_code ec;
@@ -336,18 +380,36 @@ size_t count_slp(const fs::path& dir) {
 }
 
 // Returns the directory holding `games` synthetic games for `seed`, writing them when absent.
+// Several processes (the ranks of one run) may get here at once: a lock file beside the set
+// lets one write it (aside, then renamed into place) while the others wait and then read it.
 fs::path synthetic_games(const fs::path& root, uint64_t seed, int64_t games, bool& generated) {
-  const fs::path dir = root / (std::to_string(seed) + "-" + std::to_string(games));
+  const std::string name = std::to_string(seed) + "-" + std::to_string(games);
+  const fs::path dir = root / name;
+  auto complete = [&] {
+    std::error_code ec;
+    return fs::is_directory(dir, ec) && count_slp(dir) == static_cast<size_t>(games);
+  };
   generated = false;
-  if (fs::is_directory(dir) && count_slp(dir) == static_cast<size_t>(games)) return dir;
-  // Write aside and rename, so a concurrent loader never reads a half-written set.
-  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  slp::write_synthetic_games(tmp, static_cast<int>(games), seed, slp::SynthOptions{}.frames);
+  if (complete()) return dir;
+  fs::create_directories(root);
+  const fs::path lock_path = root / (name + ".lock");
+  const int lock = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock < 0)
+    throw std::runtime_error("cannot create " + lock_path.string() + ": " + std::strerror(errno));
+  struct Unlock {
+    int fd;
+    ~Unlock() { ::close(fd); }  // closing releases the flock
+  } unlock{lock};
+  while (::flock(lock, LOCK_EX) != 0)
+    if (errno != EINTR)
+      throw std::runtime_error("cannot lock " + lock_path.string() + ": " + std::strerror(errno));
+  if (complete()) return dir;  // another process wrote it while this one waited
   std::error_code ec;
-  if (fs::is_directory(dir)) fs::remove_all(dir, ec);
-  fs::rename(tmp, dir, ec);
-  if (ec) fs::remove_all(tmp, ec);  // another process won the race; its set is identical
+  fs::remove_all(dir, ec);  // a damaged set: ours only ever appear whole
+  const fs::path tmp = dir.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  slp::write_synthetic_games(tmp, static_cast<int>(games), seed, slp::SynthOptions{}.frames);
+  fs::rename(tmp, dir);
   generated = true;
   return dir;
 }
@@ -356,12 +418,6 @@ std::string paths_str(const std::vector<std::string>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + v[i];
   return s + "]";
-}
-
-std::string hex64(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
 }
 
 }  // namespace
@@ -387,6 +443,7 @@ StageSchema ReplaysStage::schema() {
       .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
       .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
+      .path(/*must_exist=*/true)
       // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
       // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
@@ -417,10 +474,13 @@ StageSchema ReplaysStage::schema() {
       .choices({"last", "all"})
       .param("threads", int64_t{0}, "decode/assembly threads (0: TBB default)")
       .range(0, 1024)
-      .param("synthetic", int64_t{0}, "games to generate when paths hold no replays (0: error)")
+      .param("synthetic", int64_t{0},
+             "games to generate and train on when paths is empty (0: none; a given path that "
+             "holds no replays is always an error)")
       .range(0, 1000000)
       .param("synthetic_dir", std::string("data/synth"),
-             "where synthetic games are cached (<dir>/<seed>-<n>)");
+             "where synthetic games are cached (<dir>/<seed>-<n>)")
+      .path();
 }
 
 void ReplaysStage::setup(StageContext& ctx) {
@@ -451,11 +511,16 @@ void ReplaysStage::setup(StageContext& ctx) {
   std::ostringstream rep;
   if (in.files.empty() && in.corpora.empty()) {
     const int64_t n = p.integer("synthetic");
-    if (n <= 0)
-      throw std::runtime_error(
-          who + ": no replays in paths " + paths_str(paths) +
-          (in.missing.empty() ? "" : " (not found: " + paths_str(in.missing) + ")") +
-          "; set paths, or synthetic: N to train on N generated games");
+    // Paths the user gave that hold nothing are a mistake to report, never a reason to train on
+    // generated games instead.
+    if (n <= 0 || !paths.empty())
+      throw ConfigError(
+          {{p.mark("paths"),
+            "stage '" + ctx.name() + "': no replays in paths" +
+                (paths.empty() ? std::string(" []; set paths, or synthetic: N to train on N "
+                                             "generated games")
+                               : ": " + describe_empty_paths(paths) +
+                                     "; point paths at .slp files, folders, globs or a corpus")}});
     bool generated = false;
     const fs::path dir = synthetic_games(p.string("synthetic_dir"), ctx.run().seed, n, generated);
     synthetic_dir_used_ = dir.string();
@@ -516,7 +581,11 @@ void ReplaysStage::setup(StageContext& ctx) {
     rank_ = static_cast<uint64_t>(ctx.run().rank);
     world_ = static_cast<uint64_t>(ctx.run().world_size);
     batches_per_epoch_ = windows_.size() / (B * world_);
-    total_batches_ = batches_per_epoch_ * static_cast<uint64_t>(epochs_);
+    // run.steps set: the run stops there, so epochs repeat until it does (run.epochs bounds only
+    // runs without a step count).
+    total_batches_ = ctx.run().total_steps > 0
+                         ? std::numeric_limits<uint64_t>::max()
+                         : batches_per_epoch_ * static_cast<uint64_t>(epochs_);
   }
 
   // The report: once per loaded dataset (the validation copy reuses the training copy's).

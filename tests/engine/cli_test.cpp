@@ -116,6 +116,40 @@ TEST(Cli, ResumeOfSomethingElseSaysWhat) {
   EXPECT_NE(o.text.find("no complete checkpoint to resume from"), std::string::npos) << o.text;
 }
 
+// A file that made yaml-cpp's LoadAll loop forever is a syntax error with exit 2.
+TEST(Cli, ValidateOfAStrayCommaExits2) {
+  TempDir d;
+  Output o = run_cli("validate " + d.write("comma.yaml", ",\n"));
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_NE(o.text.find("comma.yaml:1:1: YAML syntax error: unexpected ','"), std::string::npos)
+      << o.text;
+}
+
+TEST(Cli, ValidateCatchesMalformedListsAndMissingPaths) {
+  Output list = run_cli("validate cpu_quick --set 'replays.paths=[a, b'");
+  EXPECT_EQ(list.status, 2) << list.text;
+  EXPECT_NE(list.text.find("malformed value '[a, b'"), std::string::npos) << list.text;
+  Output missing = run_cli("validate cpu_quick --set 'replays.paths=[/no/such/replays]'");
+  EXPECT_EQ(missing.status, 2) << missing.text;
+  EXPECT_NE(missing.text.find("parameter 'paths': /no/such/replays not found"), std::string::npos)
+      << missing.text;
+  TempDir d;
+  Output print = run_cli("validate cpu_quick --print --set run.runs_dir=" + d.path() + "/r");
+  EXPECT_EQ(print.status, 0) << print.text;
+  EXPECT_NE(print.text.find("runs_dir: " + d.path() + "/r"), std::string::npos) << print.text;
+  EXPECT_NE(print.text.find("kind: slippi_replays"), std::string::npos) << print.text;
+}
+
+TEST(Cli, NewStageRefusesABuiltInName) {
+  TempDir d;
+  std::filesystem::create_directories(d.path() + "/stages");
+  std::filesystem::create_directories(d.path() + "/tests");
+  Output o = run_cli("new-stage mamba --root " + d.path());
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_NE(o.text.find("'mamba' is already a stage kind"), std::string::npos) << o.text;
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/stages/custom/mamba.cpp"));
+}
+
 TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   Output dev = run_cli("devices");
   EXPECT_EQ(dev.status, 0);

@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "engine/graph.h"
 #include "tests/support/temp_dir.h"
@@ -273,6 +275,46 @@ TEST(Config, SecondYamlDocumentIsAnError) {
   std::string e = plan_error(d, std::string(kGood) + "---\nrun: {steps: 3}\n");
   EXPECT_NE(e.find("g.yaml:12:1: a second YAML document ('---') is not read"), std::string::npos)
       << e;
+}
+
+// yaml-cpp 0.7's LoadAll loops forever on a ',' outside a flow collection (found by the
+// graph_config fuzzer); each of these is a syntax error at the comma, not a hang.
+TEST(Config, StrayCommaIsASyntaxErrorNotAHang) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, ","), "g.yaml:1:1: YAML syntax error: unexpected ','");
+  EXPECT_EQ(plan_error(d, " ,"), "g.yaml:1:2: YAML syntax error: unexpected ','");
+  EXPECT_EQ(plan_error(d, "#x\n,"), "g.yaml:2:1: YAML syntax error: unexpected ','");
+  EXPECT_EQ(plan_error(d, std::string("\0,", 2)).find("g.yaml:1:"), 0u);
+  EXPECT_TRUE(plan_error(d, std::string(kGood) + "   ,  x\n")
+                  .starts_with("g.yaml:11:4: YAML syntax error: "));
+  // The fuzzer's own findings.
+  for (const char* name : {"graph_config_yamlcpp_hang.yaml", "graph_config_yamlcpp_hang2.yaml",
+                           "graph_config_yamlcpp_hang3.yaml"}) {
+    std::ifstream in(std::string(SLIPSTREAM_SOURCE_DIR) + "/fuzz/crashers/" + name,
+                     std::ios::binary);
+    ASSERT_TRUE(in) << name;
+    const std::string text{std::istreambuf_iterator<char>(in), {}};
+    EXPECT_NE(plan_error(d, text).find("YAML syntax error"), std::string::npos) << name;
+  }
+}
+
+// Keys are names; a list or mapping as a key is a located error, not a conversion exception.
+TEST(Config, KeysThatAreNotNamesAreErrors) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {[a]: 1}\n"),
+            "g.yaml:11:7: a key must be a name, not a list");
+  EXPECT_EQ(plan_error(d, std::string(kGood) + "run: {{a: 1}: 1}\n"),
+            "g.yaml:11:7: a key must be a name, not a mapping");
+}
+
+// A name longer than the system allows is "not found", not a filesystem exception.
+TEST(Config, OverlongPresetNameIsNotFound) {
+  TempDir d;
+  const std::string name(5000, 'a');
+  std::string e = plan_error(d, "extends: " + name + ".yaml\n");
+  EXPECT_NE(e.find("no such preset or graph file"), std::string::npos) << e.substr(0, 200);
+  e = plan_error(d, "extends: " + name + "\n");
+  EXPECT_NE(e.find("unknown preset"), std::string::npos) << e.substr(0, 200);
 }
 
 TEST(Config, ConcurrencyInTheTrainableSectionIsAnError) {

@@ -364,3 +364,25 @@ TEST(RunFaults, RunDirectoryRecordsInvocationsAndTheConsole) {
   EXPECT_EQ(log.find('\033'), std::string::npos);  // no terminal escapes in the file
   EXPECT_EQ(log.find('\r'), std::string::npos);
 }
+
+// `--set run.steps=N` on a resume is what config.yaml then says; a plain resume leaves it.
+TEST(RunFaults, ResumeWithNewSettingsUpdatesConfigYaml) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 2");
+  Runner first(plan_text(d, g, {"run.steps=4"}), writing_options());
+  std::string dir = first.run().run_dir;
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner same(plan_text(d, g, {"run.steps=4"}), o);
+  same.run();
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
+  Runner longer(plan_text(d, g, {"run.steps=6"}), o);
+  EXPECT_EQ(longer.run().final_step, 6u);
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  EXPECT_NE(read(fs::path(dir) / "config.yaml").find("steps: 6"), std::string::npos);
+  EXPECT_NE(read(fs::path(dir) / "config.previous.yaml").find("steps: 4"), std::string::npos);
+}

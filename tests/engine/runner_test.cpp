@@ -150,6 +150,28 @@ TEST(Runner, ValidationAndEarlyStopping) {
   EXPECT_DOUBLE_EQ(res.last_validation_metrics.at("loss"), 1.0);
 }
 
+// A run that ends between validations (step limit or data end) validates where it ended.
+TEST(Runner, FinalValidationWhenTheRunEndsBetweenValidations) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain, {"run.validate_every=3", "run.steps=7", "run.validate_batches=1"}),
+           quiet_options());
+  RunResult res = r.run();
+  EXPECT_EQ(res.final_step, 7u);
+  EXPECT_EQ(recorded().validation_passes.load(), 3);  // at 3, 6 and the last step
+  EXPECT_EQ(res.end_reason, "steps");
+  reset_recorded();
+  Runner data_end(plan_text(d, kChain, {"run.validate_every=6", "run.validate_batches=1"}),
+                  quiet_options());
+  EXPECT_EQ(data_end.run().final_step, 20u);
+  EXPECT_EQ(recorded().validation_passes.load(), 4);  // 6, 12, 18 and 20
+  reset_recorded();
+  Runner on_step(plan_text(d, kChain, {"run.validate_every=5", "run.validate_batches=1"}),
+                 quiet_options());
+  on_step.run();
+  EXPECT_EQ(recorded().validation_passes.load(), 4);  // 5, 10, 15, 20: nothing extra
+}
+
 TEST(Runner, ResumeIsExact) {
   TempDir d;
   const std::string g = std::string(R"(stages:

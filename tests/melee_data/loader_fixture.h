@@ -71,9 +71,10 @@ inline const char* kPorts[] = {"numeric",         "action",         "character",
 class Loader {
  public:
   explicit Loader(std::vector<std::string> overrides, uint64_t seed = 1, int64_t epochs = 1,
-                  bool validation = false, int rank = 0, int world_size = 1)
+                  bool validation = false, int rank = 0, int world_size = 1, uint64_t steps = 0)
       : h_("slippi_replays", overrides, "replays", Precision::fp32, seed) {
     h_.run().epochs = epochs;
+    h_.run().total_steps = steps;  // run.steps
     h_.run().rank = rank;
     h_.run().world_size = world_size;
     if (validation) stage().force_split(StageContext::Split::validation);

@@ -1,10 +1,15 @@
 // slippi_replays: window/label alignment against the raw parsed columns, perspectives, split,
 // determinism, resume, epochs, skipped files, corpus input, synthetic fallback, Nana's slot.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <tuple>
 
+#include "engine/config.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/writer.h"
@@ -287,6 +292,26 @@ TEST(Loader, UnreadableFilesAreCountedNotFatal) {
   EXPECT_EQ(L.stage().sources().size(), 3u);
 }
 
+// A symlink loop or a FIFO named *.slp in a replay folder used to abort training setup (or
+// hang it): both are counted as unreadable with their paths, the games still load.
+TEST(Loader, FolderHazardsAreCountedNotFatal) {
+  TempDir dir("hazards");
+  slp::write_synthetic_games(dir.path(), 3, 5, 900);
+  fs::create_symlink("loop2", dir.path() / "loop1");
+  fs::create_symlink("loop1", dir.path() / "loop2");
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo.slp").c_str(), 0600), 0);
+  ::alarm(60);  // a hang on the FIFO fails the test instead of stalling the suite
+  Loader L({paths_of(dir.path()), "batch_size=16", "min_frames=100", "validation_fraction=0"});
+  ::alarm(0);
+  const auto list = L.stage().skipped();
+  std::map<std::string, size_t> skipped(list.begin(), list.end());
+  EXPECT_EQ(skipped["unreadable"], 3u) << L.stage().report();
+  const std::string& rep = L.stage().report();
+  EXPECT_NE(rep.find("loop1 (symlink loop)"), std::string::npos) << rep;
+  EXPECT_NE(rep.find("fifo.slp (not a regular file)"), std::string::npos) << rep;
+  EXPECT_EQ(L.stage().sources().size(), 3u);
+}
+
 TEST(Loader, RealCorpusFolderReportsSkipsAndDamage) {
   LOADER_REQUIRE_REPLAYS();
   Loader L({paths_of(replay_dir()), "batch_size=64"});
@@ -355,6 +380,47 @@ TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
   ASSERT_EQ(direct.stage().windows(), cached.stage().windows());
   for (uint64_t k : std::vector<uint64_t>{0, 3})
     EXPECT_TRUE(same_batch(direct.batch(k), cached.batch(k)));
+}
+
+// Paths that were given but hold no replays are an error naming each path, even where the
+// graph would generate synthetic games for empty paths: training on something else is worse.
+TEST(Loader, GivenPathsWithoutReplaysAreAnErrorNotSyntheticData) {
+  TempDir empty("empty");
+  const std::string dir = empty.str();
+  try {
+    Loader L({"paths=[\"" + dir + "\", \"" + dir + "/*.slp\"]", "synthetic=4",
+              "synthetic_dir=\"" + dir + "/synth\""});
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(
+        m.find(dir + " (a folder with no .slp files), " + dir + "/*.slp (matches no .slp file)"),
+        std::string::npos)
+        << m;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/synth"));  // nothing generated
+}
+
+// `~/` in paths expands to $HOME (also inside a list, where the shell does not expand it).
+TEST(Loader, TildeInPathsIsTheHomeDirectory) {
+  const char* old = std::getenv("HOME");
+  const std::string saved = old ? old : "";
+  setenv("HOME", synth_dir().parent_path().c_str(), 1);
+  Loader L({"paths=[\"~/" + synth_dir().filename().string() + "\"]", "batch_size=16"});
+  if (old) setenv("HOME", saved.c_str(), 1);
+  EXPECT_GT(L.stage().windows(), 0u);
+}
+
+// run.steps set: epochs repeat until the run stops there (run.epochs = 1 does not end it early).
+TEST(Loader, StepsSetRepeatsEpochsUntilReached) {
+  Loader one({paths_of(synth_dir()), "batch_size=16"});
+  const uint64_t per_epoch = one.stage().batches_per_epoch();
+  ASSERT_GT(per_epoch, 0u);
+  EXPECT_TRUE(one.batch(per_epoch).empty());  // one epoch, then the end
+  Loader L({paths_of(synth_dir()), "batch_size=16"}, 1, 1, false, 0, 1, 3 * per_epoch + 1);
+  EXPECT_FALSE(L.batch(per_epoch).empty());
+  EXPECT_FALSE(L.batch(3 * per_epoch).empty());
+  EXPECT_EQ(L.run().total_steps.load(), 3 * per_epoch + 1);  // the step count stays the user's
 }
 
 TEST(Loader, SyntheticFallbackWhenNoPaths) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -311,6 +312,33 @@ TEST_F(SmiCli, Json) {
   EXPECT_TRUE(run["stages"][0]["source"].get<bool>());
   EXPECT_EQ(run["pools"][0]["in_use_bytes"], 3ull << 29);
   EXPECT_TRUE(j["errors"].empty());
+}
+
+// A record with bytes that are not UTF-8 and control characters in its names (any process of
+// the user can write one) and absurd readings: every output still works and stays inert.
+TEST_F(SmiCli, PlantedNamesAndValuesAreSafeInEveryOutput) {
+  writer_->update([](stats::RunRecord& r) {
+    set_text(r.run_name, "bad\xFF\xFEname\x1b[2J\nrow");
+    set_text(r.stages[1].name, "dec\x1b[31mode");
+    r.eta_s = 1e300;
+    r.steps_per_s = std::nan("");
+  });
+  Result r = run_smi({"--json"}, env_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["runs"][0]["name"], "bad\xEF\xBF\xBD\xEF\xBF\xBDname\x1b[2J\nrow");
+  EXPECT_TRUE(j["runs"][0]["eta_s"].is_null());
+  EXPECT_TRUE(j["runs"][0]["steps_per_s"].is_null());
+
+  r = run_smi({}, env_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bad\\xff\\xfename\\x1b[2J\\nrow"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dec\\x1b[31mode"), std::string::npos) << r.out;
+
+  r = run_smi({"--query-run=pid,name,eta", "--format=csv,noheader"}, env_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, pid() + ", bad\\xff\\xfename\\x1b[2J\\nrow, [N/A]\n");
 }
 
 TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {

@@ -343,6 +343,120 @@ TEST(SmiJson, NanBecomesNull) {
   EXPECT_EQ(parsed["runs"][0]["bottleneck"], "train");
 }
 
+// Names come from records any process of the user can plant (issue 16).
+TEST(SmiFormat, PrintableEscapesControlsAndInvalidBytes) {
+  EXPECT_EQ(printable("plain name"), "plain name");
+  EXPECT_EQ(printable("caf\xC3\xA9 \xE2\x82\xAC"), "caf\xC3\xA9 \xE2\x82\xAC");
+  EXPECT_EQ(printable("\x1b[2Jx\ny\r\tz\x7f"), "\\x1b[2Jx\\ny\\r\\tz\\x7f");
+  EXPECT_EQ(printable("\xC2\x9B"
+                      "31m"),
+            "\\x9b"
+            "31m");                                                           // C1 CSI
+  EXPECT_EQ(printable("ab\xE2\x82"), "ab\\xe2\\x82");                         // a cut character
+  EXPECT_EQ(printable("\xC0\xAF\xED\xA0\x80"), "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
+  EXPECT_EQ(valid_utf8("ab\xE2\x82"), "ab\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(valid_utf8("caf\xC3\xA9"), "caf\xC3\xA9");
+  // fit never cuts inside a character.
+  EXPECT_EQ(fit("\xE2\x82\xAC\xE2\x82\xAC\xE2\x82\xAC", 8), "\xE2\x82\xAC...");
+}
+
+TEST(SmiFormat, AbsurdReadingsAreNotAvailable) {
+  for (double v : {1e300, std::nan(""), -1.0, -HUGE_VAL, HUGE_VAL}) {
+    SCOPED_TRACE(v);
+    EXPECT_EQ(duration_text(v), "[N/A]");
+    EXPECT_EQ(compact_rate(v), "[N/A]");
+    EXPECT_EQ(latency_text(v), "[N/A]");
+    EXPECT_EQ(percent_text(v), "[N/A]");
+  }
+  EXPECT_EQ(compact_rate(1e13), "[N/A]");
+  EXPECT_EQ(compact_rate(99e9), "99000.0M");
+  EXPECT_EQ(percent_text(1.02), "102.0%");  // timing jitter past 1 is still a reading
+}
+
+stats::RunRecord hostile_run() {
+  stats::RunRecord r = sample_run();
+  set_text(r.run_name, std::string("evil\x1b[2J\nname,") + "\xE2\x82");
+  set_text(r.preset, "p\rq");
+  set_text(r.stages[0].name, "st\x1b]0;title\x07");
+  set_text(r.stages[0].kind, "\xFF\xFE");
+  r.eta_s = 1e300;
+  r.steps_per_s = 1e300;
+  r.samples_per_s = -5;
+  r.loss = INFINITY;
+  r.stages[0].busy_frac_recent = 1e300;
+  r.stages[0].items_per_s_recent = -1;
+  r.stages[0].mean_latency_ms_recent = 1e300;
+  r.stages[1].wait_input_frac_recent = -0.5;
+  r.num_pools = 1;
+  set_text(r.pools[0].name, "pool\x1b[31m");
+  return r;
+}
+
+TEST(SmiTable, PlantedNamesAndAbsurdValuesCannotDriveTheTerminal) {
+  Snapshot snap;
+  snap.runs.push_back(hostile_run());
+  const std::string t = render_table(snap, "0.1.0");
+  EXPECT_EQ(t.find('\x1b'), std::string::npos) << t;
+  EXPECT_EQ(t.find('\r'), std::string::npos) << t;
+  EXPECT_EQ(t.find('\x07'), std::string::npos) << t;
+  EXPECT_NE(t.find("evil\\x1b[2J\\nname,\\xe2\\x82"), std::string::npos) << t;
+  EXPECT_NE(t.find("st\\x1b]0;title\\x07"), std::string::npos) << t;
+  expect_box_lines_full_width(t);  // also: no row was broken by a newline
+  // The run rows: absurd rates, loss and ETA print [N/A], not digits.
+  const std::string na_pair = "[N/A]" + std::string(12, ' ') + "[N/A]";
+  std::istringstream in(t);
+  std::string line;
+  int run_rows = 0;
+  while (std::getline(in, line)) {
+    if (line.find("evil") != std::string::npos && line.find("running") != std::string::npos) {
+      ++run_rows;
+      EXPECT_NE(line.find(na_pair), std::string::npos) << line;  // steps/s, samples/s
+    }
+    if (line.find("p\\rq") != std::string::npos) {
+      ++run_rows;
+      EXPECT_NE(line.find(na_pair), std::string::npos) << line;  // loss, ETA
+    }
+    EXPECT_EQ(line.find("e+"), std::string::npos) << line;
+    EXPECT_EQ(line.find("000000"), std::string::npos) << line;
+  }
+  EXPECT_EQ(run_rows, 2) << t;
+
+  const std::string dmon = dmon_lines(parse_dmon_groups("rs"), snap);
+  EXPECT_EQ(dmon.find('\x1b'), std::string::npos) << dmon;
+  EXPECT_EQ(std::count(dmon.begin(), dmon.end(), '\n'), 1) << dmon;
+}
+
+TEST(SmiFields, CsvEscapesControlCharactersAndDropsAbsurdValues) {
+  Snapshot snap;
+  snap.runs.push_back(hostile_run());
+  auto fields = resolve_fields(QueryGroup::run, "name,preset,eta,steps_per_s,samples_per_s,loss");
+  EXPECT_EQ(render_query(QueryGroup::run, fields, snap, {false, false}),
+            "\"evil\\x1b[2J\\nname,\\xe2\\x82\", p\\rq, [N/A], [N/A], [N/A], [N/A]\n");
+  auto stage =
+      resolve_fields(QueryGroup::stage, "name,kind,busy,items_per_s,latency_ms,wait_input");
+  EXPECT_EQ(render_query(QueryGroup::stage, stage, snap, {false, false}),
+            "st\\x1b]0;title\\x07, \\xff\\xfe, [N/A], [N/A], [N/A], 0.0\n"
+            "train, train, 90.0, 0.0, [N/A], [N/A]\n");
+}
+
+TEST(SmiJson, InvalidUtf8AndAbsurdValuesStillDump) {
+  Snapshot snap;
+  snap.runs.push_back(hostile_run());
+  const auto j = snapshot_json(snap, "1.2.3");
+  std::string text;
+  ASSERT_NO_THROW(text = j.dump(2));  // type_error 316 before: the whole snapshot failed
+  const auto parsed = nlohmann::json::parse(text);
+  const auto& run = parsed["runs"][0];
+  EXPECT_EQ(run["name"], "evil\x1b[2J\nname,\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(run["stages"][0]["kind"], "\xEF\xBF\xBD\xEF\xBF\xBD");
+  for (const char* k : {"eta_s", "steps_per_s", "samples_per_s", "loss"})
+    EXPECT_TRUE(run[k].is_null()) << k << ": " << run[k];
+  for (const char* k : {"busy_frac", "items_per_s", "latency_ms"})
+    EXPECT_TRUE(run["stages"][0][k].is_null()) << k << ": " << run["stages"][0][k];
+  EXPECT_TRUE(run["stages"][1]["wait_input_frac"].is_null());
+  EXPECT_DOUBLE_EQ(run["stages"][1]["busy_frac"].get<double>(), 0.9);
+}
+
 TEST(SmiDmon, GroupsAndHeader) {
   EXPECT_THROW(parse_dmon_groups("px"), UsageError);
   EXPECT_THROW(parse_dmon_groups(""), UsageError);

@@ -87,6 +87,25 @@ TEST(StatsRecord, RoundTrip) {
   EXPECT_GT(r.start_unix_ns, 0u);
 }
 
+// The runner cuts names to their field (127 bytes for run_name) by bytes; a cut inside a
+// multi-byte character must not be published as invalid UTF-8.
+TEST(StatsRecord, NameCutInsideACharacterIsPublishedWithoutThePartialCharacter) {
+  TempDir dir;
+  RecordWriter w(dir.path());
+  std::string name(125, 'a');
+  name += "\xC3\xA9\xE2\x82\xAC";  // "é€": the 127-byte cut falls inside the €
+  w.update([&](RunRecord& r) {
+    set_text(r.run_name, name);  // byte cut, as the runner's copy does
+    set_text(r.stages[0].name, std::string(46, 'b') + "\xF0\x9F\x98\x80");  // cut after 1 of 4
+    set_text(r.preset, "caf\xC3\xA9");                                      // whole characters stay
+  });
+  ReadResult got = read_record(w.path());
+  ASSERT_TRUE(got.record) << got.error;
+  EXPECT_EQ(std::string(got.record->run_name), std::string(125, 'a') + "\xC3\xA9");
+  EXPECT_EQ(std::string(got.record->stages[0].name), std::string(46, 'b'));
+  EXPECT_EQ(std::string(got.record->preset), "caf\xC3\xA9");
+}
+
 TEST(StatsRecord, FreshRecordHasUnknownLossAndEta) {
   TempDir dir;
   RecordWriter w(dir.path());

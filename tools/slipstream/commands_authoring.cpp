@@ -7,6 +7,7 @@
 #include <iostream>
 #include <regex>
 
+#include "engine/registry.h"
 #include "engine/safetensors.h"
 #include "engine/stage_harness.h"
 #include "tools/slipstream/commands.h"
@@ -174,6 +175,12 @@ int new_stage(const std::string& kind, const std::string& family, const std::str
   }
   if (!std::regex_match(family, std::regex("[a-z][a-z0-9_]*"))) {
     std::cerr << "new-stage: --family must be snake_case, got '" << family << "'\n";
+    return kExitConfig;
+  }
+  // Two registrations of one kind abort every binary at start-up: refuse the name now.
+  if (StageRegistry::find(kind)) {
+    std::cerr << "new-stage: '" << kind << "' is already a stage kind (`slipstream stages " << kind
+              << "`); choose another name\n";
     return kExitConfig;
   }
   fs::path src = fs::path(root) / "stages" / family / (kind + ".cpp");

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <map>
 
 #include "engine/graph.h"
 #include "engine/registry.h"
@@ -50,9 +51,19 @@ static void add_validate(CLI::App& app) {
   auto sets = std::make_shared<std::vector<std::string>>();
   cmd->add_option("preset_or_file", *target, "preset name or YAML file")->required();
   cmd->add_option("--set", *sets, "override stage.param=value (repeatable)");
-  cmd->callback([target, sets] {
+  auto print = std::make_shared<bool>(false);
+  cmd->add_flag("--print", *print,
+                "print the resolved configuration (every parameter, paths absolute): what a run "
+                "would write as its config.yaml");
+  cmd->callback([target, sets, print] {
     try {
       GraphPlan plan = plan_graph(load_config(*target, *sets));
+      if (*print) {
+        std::map<std::string, Params> sp;
+        for (const auto& s : plan.stages) sp[s.name] = s.params;
+        std::cout << resolved_config_yaml(plan.config, sp, plan.run);
+        return;
+      }
       std::cout << plan.config.graph_file << ": OK, " << plan.stages.size() << " stages:";
       // A generated graph may have thousands of stages: name the first few.
       constexpr size_t kShown = 32;

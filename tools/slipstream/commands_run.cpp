@@ -30,14 +30,15 @@ int run_command(const RunArgs& a) {
     // --resume RUN_DIR, or --resume RUN_DIR/checkpoints/step-N to continue from that one.
     fs::path p = fs::path(a.resume).lexically_normal();
     if (p.has_filename() == false) p = p.parent_path();
-    if (fs::exists(p / "DONE") && p.parent_path().filename() == "checkpoints") {
+    std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
+    if (fs::exists(p / "DONE", ec) && p.parent_path().filename() == "checkpoints") {
       checkpoint = p.string();
       run_dir = p.parent_path().parent_path().string();
       if (run_dir.empty()) run_dir = ".";
     }
     // A resumed run repeats the configuration it was started with.
     auto cfg = fs::path(run_dir) / "config.yaml";
-    if (!fs::exists(cfg)) {
+    if (!fs::exists(cfg, ec)) {
       std::cerr << a.resume << ": not a run directory (no config.yaml) nor a checkpoint in one\n";
       return kExitFailure;
     }

@@ -25,7 +25,11 @@ Opt mib(const std::optional<uint64_t>& bytes) {
   return bytes ? Opt(std::to_string(to_mib(*bytes))) : std::nullopt;
 }
 Opt percent(double fraction) {
-  return fixed(fraction * 100.0, 1);
+  return plausible(fraction, kMaxFraction) ? fixed(fraction * 100.0, 1) : std::nullopt;
+}
+// A reading within [0, max] printed with `decimals`, else nothing ([N/A]).
+Opt bounded(double v, double max, int decimals) {
+  return plausible(v, max) ? fixed(v, decimals) : std::nullopt;
 }
 Opt pstate_text(const std::optional<int>& p) {
   return p ? Opt(pstate_name(*p)) : std::nullopt;
@@ -113,9 +117,13 @@ std::vector<FieldDef> run_fields() {
       {"samples", "", "Training samples consumed.",
        [](const RowContext& c) { return text(std::to_string(c.run->samples)); }},
       {"steps_per_s", "steps/s", "Recent training steps per second.",
-       [](const RowContext& c) { return with_unit(fixed(c.run->steps_per_s, 2), "steps/s"); }},
+       [](const RowContext& c) {
+         return with_unit(bounded(c.run->steps_per_s, kMaxRate, 2), "steps/s");
+       }},
       {"samples_per_s", "samples/s", "Recent training samples per second.",
-       [](const RowContext& c) { return with_unit(fixed(c.run->samples_per_s, 1), "samples/s"); }},
+       [](const RowContext& c) {
+         return with_unit(bounded(c.run->samples_per_s, kMaxRate, 1), "samples/s");
+       }},
       {"loss", "", "Latest training loss; [N/A] before the first.",
        [](const RowContext& c) {
          if (!std::isfinite(c.run->loss)) return FieldValue{};
@@ -124,10 +132,7 @@ std::vector<FieldDef> run_fields() {
          return text(buf);
        }},
       {"eta", "s", "Seconds to total_steps at the recent rate; [N/A] when unknown.",
-       [](const RowContext& c) {
-         double eta = c.run->eta_s;
-         return with_unit(eta >= 0 ? fixed(eta, 0) : std::nullopt, "s");
-       }},
+       [](const RowContext& c) { return with_unit(bounded(c.run->eta_s, kMaxSeconds, 0), "s"); }},
       {"uptime", "s", "Seconds since the run started.",
        [](const RowContext& c) {
          double start = static_cast<double>(c.run->start_unix_ns) / 1e9;
@@ -171,11 +176,11 @@ std::vector<FieldDef> stage_fields() {
        [](const RowContext& c) { return with_unit(percent(stage_of(c).busy_frac_recent), "%"); }},
       {"items_per_s", "items/s", "Recent items finished per second.",
        [](const RowContext& c) {
-         return with_unit(fixed(stage_of(c).items_per_s_recent, 1), "items/s");
+         return with_unit(bounded(stage_of(c).items_per_s_recent, kMaxRate, 1), "items/s");
        }},
       {"latency_ms", "ms", "Recent mean time in the stage body per item.",
        [](const RowContext& c) {
-         return with_unit(fixed(stage_of(c).mean_latency_ms_recent, 3), "ms");
+         return with_unit(bounded(stage_of(c).mean_latency_ms_recent, kMaxSeconds * 1e3, 3), "ms");
        }},
       {"wait_input", "%", "Recent percent of worker time idle with nothing queued (starved).",
        [](const RowContext& c) {
@@ -286,7 +291,9 @@ std::string render_query(QueryGroup group, const std::vector<const FieldDef*>& f
   }
   auto emit = [&](const RowContext& ctx) {
     std::vector<std::string> cells;
-    for (const auto* f : fields) cells.push_back(render_value(f->value(ctx), options.units));
+    // printable: names come from records anyone of the user can plant.
+    for (const auto* f : fields)
+      cells.push_back(printable(render_value(f->value(ctx), options.units)));
     out += csv_join(cells) + "\n";
   };
   RowContext ctx;

@@ -5,6 +5,92 @@
 
 namespace slipstream::smi {
 
+namespace {
+
+// Length of the valid UTF-8 sequence at s[i] (its code point in cp), or 0 when the byte there
+// does not start one (stray continuation, overlong form, surrogate, past U+10FFFF, cut short).
+size_t utf8_sequence(std::string_view s, size_t i, uint32_t& cp) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
+  const uint8_t lead = b(i);
+  size_t n;
+  uint32_t min;
+  if (lead < 0x80) {
+    cp = lead;
+    return 1;
+  } else if ((lead & 0xE0) == 0xC0) {
+    n = 2, cp = lead & 0x1F, min = 0x80;
+  } else if ((lead & 0xF0) == 0xE0) {
+    n = 3, cp = lead & 0x0F, min = 0x800;
+  } else if ((lead & 0xF8) == 0xF0) {
+    n = 4, cp = lead & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < n) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xC0) != 0x80) return 0;
+    cp = cp << 6 | (b(i + k) & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
+void append_hex(std::string& out, unsigned v) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "\\x%02x", v);
+  out += buf;
+}
+
+}  // namespace
+
+std::string printable(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    const size_t n = utf8_sequence(s, i, cp);
+    if (n == 0) {
+      append_hex(out, static_cast<uint8_t>(s[i]));
+      ++i;
+      continue;
+    }
+    if (cp == '\n')
+      out += "\\n";
+    else if (cp == '\r')
+      out += "\\r";
+    else if (cp == '\t')
+      out += "\\t";
+    else if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0))
+      append_hex(out, cp);  // C1 controls too: some terminals take U+009B as CSI
+    else
+      out.append(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    const size_t n = utf8_sequence(s, i, cp);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+std::optional<double> plausible(double v, double max) {
+  if (!std::isfinite(v) || v < 0 || v > max) return std::nullopt;
+  return v;
+}
+
 std::string csv_escape(std::string_view field) {
   bool quote = !field.empty() && (field.front() == ' ' || field.back() == ' ');
   for (char c : field) {
@@ -71,7 +157,7 @@ std::string human_bytes(uint64_t bytes) {
 }
 
 std::string compact_rate(double per_s) {
-  if (!std::isfinite(per_s) || per_s < 0) return std::string(kNotAvailable);
+  if (!plausible(per_s, kMaxRate)) return std::string(kNotAvailable);
   char buf[32];
   if (per_s < 100.0)
     std::snprintf(buf, sizeof buf, "%.2f", per_s);
@@ -81,11 +167,12 @@ std::string compact_rate(double per_s) {
     std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
   else
     std::snprintf(buf, sizeof buf, "%.1fM", per_s / 1e6);
+  if (std::string_view(buf).size() > 8) return std::string(kNotAvailable);
   return buf;
 }
 
 std::string latency_text(double ms) {
-  if (!std::isfinite(ms) || ms < 0) return std::string(kNotAvailable);
+  if (!plausible(ms, kMaxSeconds * 1e3)) return std::string(kNotAvailable);
   char buf[32];
   if (ms < 1.0)
     std::snprintf(buf, sizeof buf, "%.3fms", ms);
@@ -100,7 +187,7 @@ std::string latency_text(double ms) {
 
 std::string duration_text(double seconds) {
   // 100 years: beyond that the estimate is meaningless and the integer cast could overflow.
-  if (!std::isfinite(seconds) || seconds < 0 || seconds > 3.2e9) return std::string(kNotAvailable);
+  if (!plausible(seconds, kMaxSeconds)) return std::string(kNotAvailable);
   auto total = static_cast<uint64_t>(std::llround(seconds));
   uint64_t days = total / 86400, h = total / 3600 % 24, m = total / 60 % 60, s = total % 60;
   char buf[48];
@@ -115,6 +202,7 @@ std::string duration_text(double seconds) {
 }
 
 std::string percent_text(double fraction) {
+  if (!plausible(fraction, kMaxFraction)) return std::string(kNotAvailable);
   return fixed_or_na(fraction * 100.0, 1, "%");
 }
 
@@ -124,8 +212,13 @@ std::string pstate_name(int pstate) {
 
 std::string fit(std::string_view s, size_t width) {
   if (s.size() <= width) return std::string(s);
-  if (width <= 3) return std::string(s.substr(0, width));
-  return std::string(s.substr(0, width - 3)) + "...";
+  // Cut before a UTF-8 continuation byte, never inside a character.
+  auto cut = [&](size_t n) {
+    while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
+    return std::string(s.substr(0, n));
+  };
+  if (width <= 3) return cut(width);
+  return cut(width - 3) + "...";
 }
 
 std::string pad_right(std::string_view s, size_t width) {

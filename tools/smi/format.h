@@ -12,6 +12,21 @@ namespace slipstream::smi {
 // What nvidia-smi prints for a value that is unavailable (no GPU, unsupported, not yet known).
 inline constexpr std::string_view kNotAvailable = "[N/A]";
 
+// Text from a stats record (run, stage and pool names), which any process of the user can
+// plant: control characters (C0, DEL, C1) become \n, \r, \t or \xHH so they cannot drive the
+// terminal or break rows, and bytes that are not UTF-8 become \xHH.
+std::string printable(std::string_view s);
+// s as valid UTF-8 (each invalid byte becomes U+FFFD), for JSON output.
+std::string valid_utf8(std::string_view s);
+
+// Bounds past which a reading is absurd (a planted or damaged record) and prints as [N/A]
+// (null in JSON), like NaN, infinities and negatives.
+inline constexpr double kMaxSeconds = 3.2e9;  // 100 years: ETAs, latencies
+inline constexpr double kMaxRate = 1e12;      // steps, samples or items per second
+inline constexpr double kMaxFraction = 10;    // busy / wait fractions are 0..1, jitter aside
+// v when finite and within [0, max], else nothing.
+std::optional<double> plausible(double v, double max);
+
 // A csv field quoted only when it has to be: a comma, quote, CR/LF, or leading/trailing
 // space (nvidia-smi separates fields with ", ", so edge spaces would be lost). Quotes double.
 std::string csv_escape(std::string_view field);
@@ -35,13 +50,13 @@ std::string fixed_or_na(double v, int decimals, std::string_view suffix = {});
 uint64_t to_mib(uint64_t bytes);
 // Bytes for people: "512 B", "12.0 KiB", "1.50 GiB".
 std::string human_bytes(uint64_t bytes);
-// A rate in at most 8 characters: "12.34", "1600.0", "123.4k", "12.3M".
+// A rate in at most 8 characters: "12.34", "1600.0", "123.4k", "12.3M"; else "[N/A]".
 std::string compact_rate(double per_s);
 // Milliseconds for people: "0.081ms", "2.40ms", "312.5ms", "1.25s".
 std::string latency_text(double ms);
-// Seconds as "H:MM:SS" (or "Dd HH:MM:SS"); "[N/A]" when negative, NaN or infinite.
+// Seconds as "H:MM:SS" (or "Dd HH:MM:SS"); "[N/A]" when not plausible (kMaxSeconds).
 std::string duration_text(double seconds);
-// A fraction 0..1 as "95.0%"; "[N/A]" when NaN.
+// A fraction 0..1 as "95.0%"; "[N/A]" when not plausible (kMaxFraction).
 std::string percent_text(double fraction);
 
 // Concatenation by appending: GCC 12 at -O3 raises false -Wrestrict warnings on

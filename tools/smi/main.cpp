@@ -223,7 +223,9 @@ int run(int argc, char** argv) {
                        snap.gpu.unavailable_reason.c_str());
       } else if (o.json) {
         auto j = snapshot_json(snap, SLIPSTREAM_VERSION);
-        out << (interval ? j.dump() : j.dump(2)) << "\n";
+        // replace: a record's invalid UTF-8 must not fail the whole snapshot (type_error 316).
+        out << j.dump(interval ? -1 : 2, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
         errors.report(snap, false);
       } else {
         out << render_table(snap, SLIPSTREAM_VERSION);

@@ -103,7 +103,7 @@ std::string step_text(const RunRecord& r) {
   return std::to_string(r.step) + " / " + (r.total_steps ? std::to_string(r.total_steps) : "?");
 }
 std::string loss_text(double loss) {
-  if (!std::isfinite(loss)) return "N/A";
+  if (!std::isfinite(loss)) return std::string(kNotAvailable);
   char buf[32];
   std::snprintf(buf, sizeof buf, std::fabs(loss) >= 1e-3 && std::fabs(loss) < 1e5 ? "%.4f" : "%.3e",
                 loss);
@@ -124,14 +124,14 @@ std::string runs_section(const Snapshot& snap) {
     return out + rule();
   }
   for (const auto& r : snap.runs) {
-    out += cells(pad_left(std::to_string(r.pid), 7) + "  " + fit(r.run_name, kCell1 - 9),
+    out += cells(pad_left(std::to_string(r.pid), 7) + "  " + fit(printable(r.run_name), kCell1 - 9),
                  pad_left(state_name(r.state), kCell2),
                  pad_left(compact_rate(r.steps_per_s), kSub1) +
                      pad_left(compact_rate(r.samples_per_s), kSub2));
-    out += cells(cat("         ", pad_right(r.preset, 22), " ", fit(r.device, kCell1 - 32)),
+    out += cells(cat("         ", pad_right(printable(r.preset), 22), " ",
+                     fit(printable(r.device), kCell1 - 32)),
                  pad_left(step_text(r), kCell2),
-                 pad_left(loss_text(r.loss), kSub1) +
-                     pad_left(r.eta_s >= 0 ? duration_text(r.eta_s) : "N/A", kSub2));
+                 pad_left(loss_text(r.loss), kSub1) + pad_left(duration_text(r.eta_s), kSub2));
     out += cell_rule();
   }
   return out;
@@ -165,7 +165,7 @@ std::string pct_or_na(double f) {
 
 std::string run_detail(const RunRecord& r) {
   std::string out = cat("\n", rule());
-  out += row(cat("Stages of ", std::to_string(r.pid), " ", r.run_name, ":"));
+  out += row(cat("Stages of ", std::to_string(r.pid), " ", printable(r.run_name), ":"));
   out += row(
       stage_line("Stage", "Kind", "Busy", "Items/s", "Latency", "Wait-In", "Blocked", "Queue", ""));
   out += rule('=', '|');
@@ -178,7 +178,7 @@ std::string run_detail(const RunRecord& r) {
     std::string queue = std::to_string(s.queue_depth) + "/" +
                         (s.queue_capacity ? std::to_string(s.queue_capacity) : std::string("-"));
     out += row(
-        stage_line(s.name, s.kind, pct_or_na(s.busy_frac_recent),
+        stage_line(printable(s.name), printable(s.kind), pct_or_na(s.busy_frac_recent),
                    rate == kNotAvailable ? "N/A" : rate, latency == kNotAvailable ? "N/A" : latency,
                    pct_or_na(s.wait_input_frac_recent), pct_or_na(s.blocked_output_frac_recent),
                    queue, static_cast<int>(i) == bottleneck ? kBottleneckMark : ""));
@@ -191,7 +191,7 @@ std::string run_detail(const RunRecord& r) {
     for (uint32_t i = 0; i < r.num_pools; ++i) {
       const auto& p = r.pools[i];
       out += row(cat(
-          " ", pad_right(p.name, kName), " ", pad_left(human_bytes(p.in_use_bytes), 12),
+          " ", pad_right(printable(p.name), kName), " ", pad_left(human_bytes(p.in_use_bytes), 12),
           pad_left(human_bytes(p.reserved_bytes), 12), pad_left(human_bytes(p.peak_bytes), 12),
           pad_left(std::to_string(p.allocations), 12), pad_left(std::to_string(p.failures), 10)));
     }
@@ -201,6 +201,14 @@ std::string run_detail(const RunRecord& r) {
 
 nlohmann::json num_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+}
+// Absurd readings (see plausible) are null, not numbers nobody can use.
+nlohmann::json bounded_or_null(double v, double max) {
+  return plausible(v, max) ? nlohmann::json(v) : nlohmann::json();
+}
+// Record text as a JSON string: dump() throws on invalid UTF-8, so bad bytes become U+FFFD.
+nlohmann::json text_json(std::string_view s) {
+  return valid_utf8(s);
 }
 template <class T>
 nlohmann::json opt_json(const std::optional<T>& v) {
@@ -276,7 +284,7 @@ std::string render_table(const Snapshot& snap, std::string_view version) {
     out += cat("\n", rule());
     out += row("Unreadable stats records:");
     out += rule('=', '|');
-    for (const auto& e : snap.errors) out += rows_wrapped(cat("error: ", e.message));
+    for (const auto& e : snap.errors) out += rows_wrapped(cat("error: ", printable(e.message)));
     out += rule();
   }
   return out;
@@ -318,28 +326,28 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     json o;
     o["pid"] = r.pid;
     o["uid"] = r.uid;
-    o["name"] = r.run_name;
-    o["preset"] = r.preset;
-    o["device"] = r.device;
+    o["name"] = text_json(r.run_name);
+    o["preset"] = text_json(r.preset);
+    o["device"] = text_json(r.device);
     o["state"] = state_name(r.state);
-    o["run_dir"] = r.run_dir;
+    o["run_dir"] = text_json(r.run_dir);
     o["start_unix_ns"] = r.start_unix_ns;
     o["update_unix_ns"] = r.update_unix_ns;
     o["step"] = r.step;
     o["total_steps"] = r.total_steps ? json(r.total_steps) : json();
     o["samples"] = r.samples;
     o["loss"] = num_or_null(r.loss);
-    o["steps_per_s"] = num_or_null(r.steps_per_s);
-    o["samples_per_s"] = num_or_null(r.samples_per_s);
-    o["eta_s"] = r.eta_s >= 0 ? num_or_null(r.eta_s) : json();
-    o["bottleneck"] = bottleneck >= 0 ? json(r.stages[bottleneck].name) : json();
+    o["steps_per_s"] = bounded_or_null(r.steps_per_s, kMaxRate);
+    o["samples_per_s"] = bounded_or_null(r.samples_per_s, kMaxRate);
+    o["eta_s"] = bounded_or_null(r.eta_s, kMaxSeconds);
+    o["bottleneck"] = bottleneck >= 0 ? text_json(r.stages[bottleneck].name) : json();
     o["stages"] = json::array();
     for (uint32_t i = 0; i < r.num_stages; ++i) {
       const auto& s = r.stages[i];
       json st;
       st["index"] = i;
-      st["name"] = s.name;
-      st["kind"] = s.kind;
+      st["name"] = text_json(s.name);
+      st["kind"] = text_json(s.kind);
       st["flags"] = s.flags;
       st["source"] = (s.flags & stats::kStageSource) != 0;
       st["trainable"] = (s.flags & stats::kStageTrainable) != 0;
@@ -353,18 +361,18 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
       st["blocked_output_ns"] = s.blocked_output_ns;
       st["queue_depth"] = s.queue_depth;
       st["queue_capacity"] = s.queue_capacity;
-      st["items_per_s"] = num_or_null(s.items_per_s_recent);
-      st["busy_frac"] = num_or_null(s.busy_frac_recent);
-      st["wait_input_frac"] = num_or_null(s.wait_input_frac_recent);
-      st["blocked_output_frac"] = num_or_null(s.blocked_output_frac_recent);
-      st["latency_ms"] = num_or_null(s.mean_latency_ms_recent);
+      st["items_per_s"] = bounded_or_null(s.items_per_s_recent, kMaxRate);
+      st["busy_frac"] = bounded_or_null(s.busy_frac_recent, kMaxFraction);
+      st["wait_input_frac"] = bounded_or_null(s.wait_input_frac_recent, kMaxFraction);
+      st["blocked_output_frac"] = bounded_or_null(s.blocked_output_frac_recent, kMaxFraction);
+      st["latency_ms"] = bounded_or_null(s.mean_latency_ms_recent, kMaxSeconds * 1e3);
       st["bottleneck"] = static_cast<int>(i) == bottleneck;
       o["stages"].push_back(std::move(st));
     }
     o["pools"] = json::array();
     for (uint32_t i = 0; i < r.num_pools; ++i) {
       const auto& p = r.pools[i];
-      o["pools"].push_back({{"name", p.name},
+      o["pools"].push_back({{"name", text_json(p.name)},
                             {"in_use_bytes", p.in_use_bytes},
                             {"reserved_bytes", p.reserved_bytes},
                             {"peak_bytes", p.peak_bytes},
@@ -374,7 +382,8 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     j["runs"].push_back(std::move(o));
   }
   j["errors"] = json::array();
-  for (const auto& e : snap.errors) j["errors"].push_back({{"path", e.path}, {"error", e.message}});
+  for (const auto& e : snap.errors)
+    j["errors"].push_back({{"path", text_json(e.path)}, {"error", text_json(e.message)}});
   return j;
 }
 
@@ -468,11 +477,13 @@ std::string dmon_lines(const DmonGroups& groups, const Snapshot& snap) {
         else if (c.name == "loss")
           v.push_back(std::isfinite(r.loss) ? loss_text(r.loss) : dash);
         else if (c.name == "eta")
-          v.push_back(r.eta_s >= 0 ? fixed_or_na(r.eta_s, 0) : dash);
+          v.push_back(plausible(r.eta_s, kMaxSeconds) ? fixed_or_na(r.eta_s, 0) : dash);
         else if (c.name == "bneck")
-          v.push_back(b >= 0 ? std::string(r.stages[b].name) : dash);
+          v.push_back(b >= 0 ? printable(r.stages[b].name) : dash);
         else if (c.name == "busy")
-          v.push_back(b >= 0 ? fixed_or_na(r.stages[b].busy_frac_recent * 100, 1) : dash);
+          v.push_back(b >= 0 && plausible(r.stages[b].busy_frac_recent, kMaxFraction)
+                          ? fixed_or_na(r.stages[b].busy_frac_recent * 100, 1)
+                          : dash);
         else if (c.name == "it/s")
           v.push_back(b >= 0 ? na(compact_rate(r.stages[b].items_per_s_recent)) : dash);
         else

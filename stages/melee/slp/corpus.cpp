@@ -150,20 +150,80 @@ uint64_t content_hash(std::span<const uint8_t> bytes) {
   return h ^ (h >> 29);
 }
 
-std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem::path> inputs) {
-  std::vector<std::filesystem::path> out;
+namespace {
+
+// One folder tree, without recursion or exceptions: a folder that cannot be listed is skipped,
+// not fatal, and only real folders (never symlinks to them) are entered, so a link back up
+// the tree cannot loop.
+void scan_folder(const std::filesystem::path& root, ReplayScan& scan,
+                 std::vector<std::filesystem::path>& found) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> todo = {root};
+  while (!todo.empty()) {
+    const fs::path dir = std::move(todo.back());
+    todo.pop_back();
+    std::error_code ec;
+    fs::directory_iterator it(dir, ec);
+    if (ec) {
+      scan.skipped.push_back({dir, "cannot read folder: " + ec.message()});
+      continue;
+    }
+    for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+      const fs::directory_entry& e = *it;
+      std::error_code sec;
+      const fs::file_status link = e.symlink_status(sec);
+      if (sec) {
+        scan.skipped.push_back({e.path(), sec.message()});
+        continue;
+      }
+      if (fs::is_directory(link)) {
+        todo.push_back(e.path());
+        continue;
+      }
+      const bool slp = e.path().extension() == ".slp";
+      if (!slp && !fs::is_symlink(link)) continue;
+      const fs::file_status target = e.status(sec);  // follows links
+      if (sec) {
+        // A link cycle is worth reporting whatever its name; a dangling link only as a replay.
+        if (sec == std::errc::too_many_symbolic_link_levels)
+          scan.skipped.push_back({e.path(), "symlink loop"});
+        else if (slp)
+          scan.skipped.push_back({e.path(), sec.message()});
+        continue;
+      }
+      if (!slp) continue;
+      if (fs::is_regular_file(target))
+        found.push_back(e.path());
+      else
+        scan.skipped.push_back(
+            {e.path(), fs::is_directory(target) ? "is a directory" : "not a regular file"});
+    }
+    if (ec) scan.skipped.push_back({dir, "cannot list folder: " + ec.message()});
+  }
+}
+
+}  // namespace
+
+ReplayScan scan_replays(std::span<const std::filesystem::path> inputs) {
+  ReplayScan scan;
   for (const auto& in : inputs) {
-    if (std::filesystem::is_directory(in)) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(in, ec)) {
       std::vector<std::filesystem::path> found;
-      for (const auto& e : std::filesystem::recursive_directory_iterator(in))
-        if (e.is_regular_file() && e.path().extension() == ".slp") found.push_back(e.path());
+      scan_folder(in, scan, found);
       std::sort(found.begin(), found.end());
-      out.insert(out.end(), found.begin(), found.end());
+      scan.files.insert(scan.files.end(), found.begin(), found.end());
     } else {
-      out.push_back(in);
+      scan.files.push_back(in);  // the reader says what is wrong with it
     }
   }
-  return out;
+  std::sort(scan.skipped.begin(), scan.skipped.end(),
+            [](const SkippedPath& a, const SkippedPath& b) { return a.path < b.path; });
+  return scan;
+}
+
+std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem::path> inputs) {
+  return scan_replays(inputs).files;
 }
 
 CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
@@ -190,7 +250,12 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   parse_options.rollbacks = options.rollbacks;
   parse_options.items = options.items;
 
-  for (const fs::path& path : find_replays(inputs)) {
+  const ReplayScan scan = scan_replays(inputs);
+  for (const SkippedPath& s : scan.skipped) {
+    skipped.push_back({{"path", s.path.string()}, {"reason", s.reason}});
+    ++report.skipped;
+  }
+  for (const fs::path& path : scan.files) {
     Game game;
     std::vector<uint8_t> bytes;
     try {

@@ -45,11 +45,26 @@ struct CorpusBuildReport {
   uint64_t output_bytes = 0;  // columns.bin
 };
 
-// Expands directories (recursively, *.slp, sorted) and keeps files as given.
+// A path a folder scan passed over, and why (unreadable folder, symlink loop, a .slp name on
+// something that is not a regular file).
+struct SkippedPath {
+  std::filesystem::path path;
+  std::string reason;
+};
+struct ReplayScan {
+  std::vector<std::filesystem::path> files;
+  std::vector<SkippedPath> skipped;  // sorted by path
+};
+
+// Expands directories (recursively, *.slp, sorted) and keeps files as given. Never throws on
+// what it finds inside a folder: unreadable subfolders, symlink loops and non-regular .slp
+// entries are listed in `skipped`. Symlinked folders are not followed, so nothing loops.
+ReplayScan scan_replays(std::span<const std::filesystem::path> inputs);
+// scan_replays(inputs).files.
 std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem::path> inputs);
 
 // Parses `inputs` (files or directories) and writes the corpus into `out_dir`, replacing one
-// that is there. Unreadable files are listed as skipped, not fatal.
+// that is there. Unreadable files, and what scan_replays skips, are listed as skipped, not fatal.
 CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
                                const std::filesystem::path& out_dir,
                                const CorpusOptions& options = {});

@@ -1,5 +1,9 @@
 #include "stages/melee/slp/parser.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -7,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "stages/melee/slp/byte_order.h"
 #include "stages/melee/slp/event_codes.h"
@@ -736,19 +741,129 @@ Game parse_slp(std::span<const uint8_t> bytes, std::string_view source,
   return game;
 }
 
-std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
-  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw ParseError(path.string(), 0, std::string("cannot open: ") + std::strerror(errno));
-  std::vector<uint8_t> bytes;
-  if (std::fseek(f.get(), 0, SEEK_END) == 0) {
-    const long size = std::ftell(f.get());
-    if (size > 0) bytes.reserve(static_cast<size_t>(size));
-    std::fseek(f.get(), 0, SEEK_SET);
+namespace {
+
+// Replays are regular files: a directory, FIFO or device would fail oddly, block forever
+// (FIFO) or never end (/dev/zero).
+void require_regular_file(const struct stat& st, const std::string& name) {
+  if (S_ISREG(st.st_mode)) return;
+  const char* what = S_ISDIR(st.st_mode)    ? "is a directory"
+                     : S_ISFIFO(st.st_mode) ? "not a regular file (a FIFO)"
+                     : S_ISCHR(st.st_mode)  ? "not a regular file (a character device)"
+                     : S_ISBLK(st.st_mode)  ? "not a regular file (a block device)"
+                     : S_ISSOCK(st.st_mode) ? "not a regular file (a socket)"
+                                            : "not a regular file";
+  throw ParseError(name, 0, what);
+}
+
+// Rejects `head` (the first bytes of a file) when it already shows the parser would refuse
+// the file, so junk is refused without reading it all. Only conclusive damage counts: running
+// out of `head` accepts. Mirrors StreamParser::parse up to the start of 'raw's events.
+void check_slp_header(std::span<const uint8_t> head, const std::string& name) {
+  auto fail = [&](size_t offset, const std::string& message) {
+    throw ParseError(name, offset, message);
+  };
+  if (head.empty()) return;
+  if (head[0] != '{') fail(0, "not a .slp file: expected a UBJSON object ('{')");
+  size_t pos = 1;
+  while (pos < head.size() && head[pos] == 'N') ++pos;
+  if (pos >= head.size()) return;
+  if (head[pos] == '}') fail(pos, "no 'raw' element");
+  // Key or array length: UBJSON integer marker then a big-endian integer.
+  auto length = [&](size_t& p) -> std::optional<int64_t> {
+    static constexpr std::string_view kMarkers = "iUIlL";
+    if (p >= head.size()) return std::nullopt;
+    if (kMarkers.find(static_cast<char>(head[p])) == std::string_view::npos)
+      fail(p, "expected a UBJSON integer marker, found " + hex_byte(head[p]));
+    const size_t width = head[p] == 'i' || head[p] == 'U' ? 1
+                         : head[p] == 'I'                 ? 2
+                         : head[p] == 'l'                 ? 4
+                                                          : 8;
+    if (head.size() - p - 1 < width) return std::nullopt;
+    size_t q = p;
+    const int64_t n = read_ubjson_length(head, q);  // complete, so only a negative one throws
+    p = q;
+    return n;
+  };
+  std::optional<int64_t> key_length;
+  try {
+    key_length = length(pos);
+  } catch (const UbjsonError& e) {
+    fail(e.offset, std::string("container: ") + e.what());
   }
+  if (!key_length || *key_length != 3 || head.size() - pos < 3 ||
+      std::memcmp(head.data() + pos, "raw", 3) != 0)
+    return;  // another first key ('metadata' first is allowed): the parser decides
+  pos += 3;
+  if (head.size() - pos < 4) return;
+  if (head[pos] != '[' || head[pos + 1] != '$' || head[pos + 2] != 'U' || head[pos + 3] != '#')
+    fail(pos, "'raw' is not an optimized uint8 array ([$U#)");
+  pos += 4;
+  try {
+    if (!length(pos)) return;
+  } catch (const UbjsonError& e) {
+    fail(e.offset, std::string("'raw' length: ") + e.what());
+  }
+  if (pos >= head.size()) return;
+  if (head[pos] != event::kEventPayloads)
+    fail(pos, "expected Event Payloads (0x35), found " + hex_byte(head[pos]));
+  if (pos + 1 >= head.size()) return;
+  const size_t table_size = head[pos + 1];
+  if (table_size < 1 || (table_size - 1) % 3 != 0)
+    fail(pos + 1, "Event Payloads size " + std::to_string(table_size) + " is not 3n+1");
+}
+
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
+// read() until `n` bytes or the end; returns how many were read.
+size_t read_fully(int fd, uint8_t* dst, size_t n, const std::string& name, uint64_t at) {
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(fd, dst + got, n - got);
+    if (r == 0) break;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw ParseError(name, at + got, std::string("read error: ") + std::strerror(errno));
+    }
+    got += static_cast<size_t>(r);
+  }
+  return got;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  const std::string name = path.string();
+  struct stat st;
+  // Checked before opening: opening a FIFO for reading blocks until a writer comes.
+  if (::stat(path.c_str(), &st) != 0)
+    throw ParseError(name, 0, std::string("cannot open: ") + std::strerror(errno));
+  require_regular_file(st, name);
+  // O_NONBLOCK: should the path have become a FIFO since the stat, open does not block on it
+  // (it has no effect on a regular file's reads).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw ParseError(name, 0, std::string("cannot open: ") + std::strerror(errno));
+  FdCloser closer{fd};
+  if (::fstat(fd, &st) != 0)
+    throw ParseError(name, 0, std::string("cannot stat: ") + std::strerror(errno));
+  require_regular_file(st, name);
+
+  // The header first: a large junk file is refused before the rest is read (or allocated).
+  constexpr size_t kHead = 256;
+  std::vector<uint8_t> bytes(kHead);
+  bytes.resize(read_fully(fd, bytes.data(), kHead, name, 0));
+  check_slp_header(bytes, name);
+  if (bytes.size() < kHead) return bytes;
+  if (st.st_size > 0) bytes.reserve(static_cast<size_t>(st.st_size));
   uint8_t buf[1 << 16];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) bytes.insert(bytes.end(), buf, buf + n);
-  if (std::ferror(f.get())) throw ParseError(path.string(), bytes.size(), "read error");
+  while ((n = read_fully(fd, buf, sizeof buf, name, bytes.size())) > 0) {
+    bytes.insert(bytes.end(), buf, buf + n);
+    if (n < sizeof buf) break;
+  }
   return bytes;
 }
 

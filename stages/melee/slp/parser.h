@@ -52,7 +52,9 @@ Game parse_slp_file(const std::filesystem::path& path, const ParseOptions& optio
 void parse_slp_into(Game& game, std::span<const uint8_t> bytes,
                     std::string_view source = "<memory>", const ParseOptions& options = {});
 
-// Reads a whole file; throws ParseError (offset 0) when it cannot be opened or read.
+// Reads a whole replay file; throws ParseError when it cannot be opened or read, when it is
+// not a regular file (directory, FIFO, device: refused before it is opened), or when its first
+// bytes already show it is not a .slp file (refused before the rest is read).
 std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path);
 
 }  // namespace slipstream::slp
