@@ -188,6 +188,13 @@ bool path_exists(const fs::path& p) {
   return fs::exists(p, ec);
 }
 
+std::string parse_sized_for(const YAML::Node& n, const std::string& file) {
+  std::string v = scalar(n, file, "sized_for");
+  if (v != "cpu" && v != "gpu")
+    fail(mark_of(n, file), "sized_for must be cpu or gpu, not '" + v + "'");
+  return v;
+}
+
 bool has_yaml_suffix(const std::string& s) {
   return s.ends_with(".yaml") || s.ends_with(".yml");
 }
@@ -236,7 +243,7 @@ std::string find_preset(const std::string& name_or_path, const SourceMark& mark,
 
 struct PresetLayers {
   std::optional<ConfigValue> graph;
-  std::string description;
+  std::string description, sized_for;
   std::vector<std::pair<std::string, ConfigValue>> run;  // in order of application
   std::vector<std::pair<std::string, ConfigValue>> set;
 };
@@ -252,7 +259,8 @@ void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
   chain.push_back(path);
   YAML::Node root = load_yaml(path);
   if (!root.IsMap()) fail(mark_of(root, path), "a preset must be a mapping of keys");
-  check_keys(root, {"extends", "graph", "run", "set", "description"}, path, "preset: ");
+  check_keys(root, {"extends", "graph", "run", "set", "description", "sized_for"}, path,
+             "preset: ");
   if (auto ext = root["extends"]) {
     std::string base = scalar(ext, path, "extends");
     std::string base_path = find_preset(base, mark_of(ext, path), fs::path(path).parent_path());
@@ -260,6 +268,7 @@ void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
   }
   if (auto g = root["graph"]) out.graph = ConfigValue{g, mark_of(g, path)};
   if (auto d = root["description"]) out.description = scalar(d, path, "description");
+  if (auto z = root["sized_for"]) out.sized_for = parse_sized_for(z, path);
   for (const char* section : {"run", "set"}) {
     YAML::Node n = root[section];
     if (!n) continue;
@@ -307,9 +316,10 @@ std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file)
 void load_graph_file(const std::string& path, Config& c) {
   YAML::Node root = load_yaml(path);
   if (!root.IsMap()) fail(mark_of(root, path), "a graph file must be a mapping of keys");
-  check_keys(root, {"description", "plugins", "stages", "run"}, path, "graph: ");
+  check_keys(root, {"description", "sized_for", "plugins", "stages", "run"}, path, "graph: ");
   c.graph_file = path;
   if (auto d = root["description"]) c.description = scalar(d, path, "description");
+  if (auto z = root["sized_for"]) c.sized_for = parse_sized_for(z, path);
   fs::path dir = fs::path(path).parent_path();
   if (auto pl = root["plugins"]) {
     if (!pl.IsSequence()) fail(mark_of(pl, path), "plugins must be a list of .so paths");
@@ -426,8 +436,9 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
   YAML::Node root = load_yaml(path);
   if (root.IsMap() && !root["stages"] && !root["graph"] && !root["extends"]) {
     // Neither a graph file nor a preset: point at the key that was probably meant.
-    check_keys(root, {"stages", "plugins", "run", "description", "graph", "extends", "set"}, path,
-               "top level: ");
+    check_keys(root,
+               {"stages", "plugins", "run", "description", "sized_for", "graph", "extends", "set"},
+               path, "top level: ");
   }
   if (root.IsMap() && root["stages"]) {
     c.preset = fs::path(path).stem().string();
@@ -444,6 +455,7 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
     if (!found) fail(layers.graph->mark, "graph file '" + g + "' not found");
     load_graph_file(*found, c);
     if (!layers.description.empty()) c.description = layers.description;
+    if (!layers.sized_for.empty()) c.sized_for = layers.sized_for;
     for (auto& [k, v] : layers.run) c.run[k] = v;
     for (auto& [k, v] : layers.set) apply_set(c, k, v);
   }
@@ -461,6 +473,7 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
   if (!c.preset_file.empty()) os << " (" << c.preset_file << ")";
   os << ", graph " << c.graph_file << ".\n# Repeat this run: slipstream run --config THIS_FILE\n";
   if (!c.description.empty()) os << "description: " << param_value_str(c.description) << "\n";
+  if (!c.sized_for.empty()) os << "sized_for: " << c.sized_for << "\n";
   if (!c.plugins.empty()) {
     os << "plugins:\n";
     for (const auto& [p, m] : c.plugins) os << "  - " << param_value_str(p) << "\n";

@@ -69,6 +69,9 @@ struct Config {
   std::string preset_file;  // empty when run from a graph file
   std::string graph_file;
   std::string description;
+  // The machine the sizes are meant for ("cpu" or "gpu"; empty when unsaid): a gpu-sized run
+  // on a CPU says so at start, and what its steps cost.
+  std::string sized_for;
   std::vector<std::pair<std::string, SourceMark>> plugins;  // resolved paths
   std::vector<StageConfig> stages;
   std::map<std::string, ConfigValue> run;  // run-section values, validated against run_schema()

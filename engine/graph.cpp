@@ -595,6 +595,24 @@ GraphPlan plan_graph(Config config) {
                         who(c) + "concurrency applies to the data stages before the trainable "
                                  "section; this stage runs in it, one batch at a time"});
   }
+  // Gradient accumulation: one value for the whole graph, since the runner counts its steps.
+  std::string micro_from;
+  for (int k = 0; k < n; ++k) {
+    const auto& ps = plan.stages[k];
+    for (const ParamSpec& spec : ps.schema->params()) {
+      if (!spec.micro_batches || !ps.params.has(spec.name)) continue;
+      const int64_t v = ps.params.integer(spec.name);
+      const std::string here = "'" + ps.name + "." + spec.name + "' (" + std::to_string(v) + ")";
+      if (micro_from.empty()) {
+        plan.micro_batches = v;
+        micro_from = here;
+      } else if (v != plan.micro_batches) {
+        issues.push_back(
+            {ps.params.mark(spec.name), who(cs[order[k]]) + "batches per optimizer step " + here +
+                                            " differ from " + micro_from + "; set them alike"});
+      }
+    }
+  }
   if (!issues.empty()) throw ConfigError(issues);
   plan.config = std::move(config);
   return plan;
@@ -618,6 +636,7 @@ Graph::Graph(GraphPlan plan, RunState& run) : plan_(std::move(plan)) {
     ctx->output_slots_ = ps.output_slots;
     contexts_.push_back(std::move(ctx));
   }
+  run.micro_batches_per_step = static_cast<uint64_t>(std::max<int64_t>(1, plan_.micro_batches));
   for (size_t k = 0; k < stages_.size(); ++k) {
     plan_.instances.push_back(stages_[k].get());
     plan_.contexts.push_back(contexts_[k].get());
@@ -641,6 +660,16 @@ void Graph::setup() {
       if (!slot.declared)
         throw std::logic_error("stage '" + plan_.stages[k].name + "' did not declare output '" +
                                plan_.stages[k].schema->outputs()[o].name + "' in setup()");
+    }
+    // Once the head is set up, a run without run.steps knows its length, before the stages
+    // after it (an optimizer's schedule) read it.
+    if (k + 1 == static_cast<size_t>(plan_.head_end)) {
+      RunState& run = contexts_[k]->run();
+      if (run.total_steps == 0 && run.source_batches > 0) {
+        uint64_t batches = run.source_batches;
+        for (size_t r = 1; r <= k; ++r) batches = stages_[r]->batches_out(batches);
+        run.total_steps = batches / run.micro_batches_per_step;
+      }
     }
   }
 }
@@ -765,8 +794,8 @@ void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor&
   for (int64_t i = 0; i < sum.numel(); ++i) d[i] += g[i];
   dst = sum;
 }
-void StageContext::metric(std::string_view name, double value) const {
-  if (run_->metric_sink) run_->metric_sink(name, value);
+void StageContext::metric(std::string_view name, double value, MetricKind kind) const {
+  if (run_->metric_sink) run_->metric_sink(name, value, kind);
 }
 
 std::vector<Tensor*> StageContext::passthrough_tensors(Batch& b) const {

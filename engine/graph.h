@@ -53,6 +53,7 @@ struct GraphPlan {
   std::vector<SlotInfo> slots;
   int head_end = 0;                     // stages [0, head_end) are the source and its rebatchers
   int section_begin = 0;                // stages [section_begin, size) form the trainable section
+  int64_t micro_batches = 1;            // batches per optimizer step (StageSchema::micro_batches())
   std::vector<Stage*> instances;        // filled by Graph
   std::vector<StageContext*> contexts;  // filled by Graph
 };

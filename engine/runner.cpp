@@ -4,6 +4,7 @@
 #include <tbb/global_control.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -50,6 +51,47 @@ uint64_t unix_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::system_clock::now().time_since_epoch())
                                    .count());
+}
+
+// "850 ms", "12.5 s", "14 min", "3.2 h": how long something takes, for a person.
+std::string duration_text(double seconds) {
+  char b[32];
+  if (seconds < 1)
+    std::snprintf(b, sizeof b, "%.0f ms", seconds * 1e3);
+  else if (seconds < 120)
+    std::snprintf(b, sizeof b, "%.1f s", seconds);
+  else if (seconds < 7200)
+    std::snprintf(b, sizeof b, "%.0f min", seconds / 60);
+  else
+    std::snprintf(b, sizeof b, "%.1f h", seconds / 3600);
+  return b;
+}
+
+// "1:02:03" or "02:03" (as progress bars show elapsed and remaining time); "?" when unknown.
+std::string clock_text(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0 || seconds > 1e8) return "?";
+  const auto s = static_cast<uint64_t>(seconds + 0.5);
+  char b[32];
+  if (s >= 3600)
+    std::snprintf(b, sizeof b, "%llu:%02llu:%02llu", static_cast<unsigned long long>(s / 3600),
+                  static_cast<unsigned long long>(s / 60 % 60),
+                  static_cast<unsigned long long>(s % 60));
+  else
+    std::snprintf(b, sizeof b, "%02llu:%02llu", static_cast<unsigned long long>(s / 60),
+                  static_cast<unsigned long long>(s % 60));
+  return b;
+}
+
+// A bar of `width` cells for `fraction` in [0, 1], in eighths of a cell.
+std::string bar_text(double fraction, int width) {
+  static const char* const kEighths[] = {"", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
+  const int eighths = static_cast<int>(std::clamp(fraction, 0.0, 1.0) * width * 8);
+  std::string s;
+  for (int i = 0; i < eighths / 8; ++i) s += "█";
+  int cells = eighths / 8;
+  if (eighths % 8) s += kEighths[eighths % 8], ++cells;
+  s.append(static_cast<size_t>(width - cells), ' ');
+  return s;
 }
 
 struct LiveCounters {
@@ -123,6 +165,9 @@ struct Runner::Impl {
   uint64_t interval_start_ns = 0, interval_samples = 0, interval_steps = 0;
   uint64_t interval_section_wait_ns = 0;
   uint64_t last_section_end_ns = 0;
+  uint64_t micro_in_step = 0;      // batches of the optimizer step in progress (accumulation)
+  bool cost_note_pending = false;  // a GPU-sized run on the CPU: say what its steps cost
+  uint64_t last_progress_ns = 0;   // the terminal progress line's last update
 
   // Validation copies of the data stages (same kinds and params, split = validation).
   std::vector<std::unique_ptr<Stage>> eval_stages;
@@ -198,10 +243,11 @@ struct Runner::Impl {
     return ok;
   }
 
-  void metric(std::string_view name, double value) {
+  void metric(std::string_view name, double value, MetricKind kind) {
     std::lock_guard lock(metrics_mu);
     auto& m = in_validation ? validation : interval;
     auto& e = m[std::string(name)];
+    if (kind == MetricKind::last) e = {0.0, 0};
     e.first += value;
     e.second++;
     if (in_validation) return;
@@ -262,6 +308,9 @@ struct Runner::Impl {
     int64_t batches = plan().run.integer("validate_batches");
     try {
       for (int64_t i = 0; i < batches; ++i) {
+        if (tty)
+          *log << "\r\033[Kvalidation @ step " << run.step << ": batch " << i + 1 << "/" << batches
+               << std::flush;
         Batch b = graph->new_batch();
         if (!pull(st, cx, next, head_end - 1, b, false)) break;
         for (size_t k = head_end; k < eval_stages.size(); ++k) st[k]->forward(b, *cx[k]);
@@ -332,6 +381,16 @@ struct Runner::Impl {
     char tail[96];
     std::snprintf(tail, sizeof tail, " | %.1f samples/s | data wait %.0f%%", sps, wait);
     log_line(line + " |" + format_metrics(avg, 6) + tail);
+    if (cost_note_pending && interval_steps > 0 && secs > 0) {
+      cost_note_pending = false;
+      const double per_step = secs / static_cast<double>(interval_steps);
+      std::string note = "note: on this CPU a step of this run takes " + duration_text(per_step);
+      if (run.total_steps > run.step)
+        note += "; the remaining " + std::to_string(run.total_steps - run.step) +
+                " steps take about " +
+                duration_text(per_step * static_cast<double>(run.total_steps - run.step));
+      log_line(note);
+    }
     interval_start_ns = now_ns();
     interval_samples = interval_steps = interval_section_wait_ns = 0;
   }
@@ -346,8 +405,12 @@ struct Runner::Impl {
       ++shown;
     };
     if (m.count("loss")) add("loss", m.at("loss"));
-    for (const auto& [k, v] : m)
-      if (k != "loss" && shown < max_items && k.find('/') == std::string::npos) add(k, v);
+    for (const auto& [k, v] : m) {
+      // A metric equal to the loss (nll when nothing else is added) would only repeat it.
+      const bool repeats_loss = m.count("loss") && k == "nll" && v == m.at("loss");
+      if (k != "loss" && !repeats_loss && shown < max_items && k.find('/') == std::string::npos)
+        add(k, v);
+    }
     // Per-head accuracies ("acc/<head>") shown as their mean and minimum.
     double sum = 0, lo = INFINITY;
     int heads = 0;
@@ -365,13 +428,55 @@ struct Runner::Impl {
   // After each step: divergence, metrics row, progress line, validation, early stopping, the
   // stages' step_end (checkpoints) and the step limit. Rows come before the checkpoint of the
   // same step, so a kill in between costs at most rows that the resumed run writes again.
+  // On a terminal, between train rows: a bar with the step, rate, elapsed and remaining time (as
+  // tqdm shows them) and the latest loss, rewritten in place at most 10 times a second.
+  void progress_line() {
+    const uint64_t t = now_ns();
+    if (t - last_progress_ns < 100'000'000) return;
+    last_progress_ns = t;
+    const double elapsed = static_cast<double>(t - start_ns) * 1e-9;
+    const double rate = elapsed > 0 ? static_cast<double>(steps_this_process) / elapsed : 0;
+    std::string s = "\r\033[Kstep " + std::to_string(run.step);
+    if (run.total_steps) {
+      const double f = static_cast<double>(run.step) / static_cast<double>(run.total_steps);
+      char pct[16];
+      std::snprintf(pct, sizeof pct, " %3.0f%%", 100 * std::min(1.0, f));
+      s += "/" + std::to_string(run.total_steps) + pct + " |" + bar_text(f, 20) + "|";
+    }
+    if (run.micro_batches_per_step > 1)
+      s += " batch " + std::to_string(micro_in_step) + "/" +
+           std::to_string(run.micro_batches_per_step);
+    char r[48];
+    std::snprintf(r, sizeof r, " %.2f steps/s", rate);
+    s += r;
+    s += " " + clock_text(elapsed);
+    if (run.total_steps > run.step && rate > 0)
+      s += "<" + clock_text(static_cast<double>(run.total_steps - run.step) / rate);
+    const double l = last_loss.load();
+    if (std::isfinite(l)) {
+      char b[32];
+      std::snprintf(b, sizeof b, " loss %.4g", l);
+      s += b;
+    }
+    *log << s << std::flush;
+  }
+
+  // Under gradient accumulation only every micro_batches_per_step-th batch completes a step; the
+  // batches before it count their samples and waits, and any non-finite value among them marks
+  // the step.
   void after_step(const Batch& b, uint64_t section_start_ns) {
-    run.step++;
-    steps_this_process++;
     samples += b.samples;
     interval_samples += b.samples;
-    interval_steps++;
     if (last_section_end_ns) interval_section_wait_ns += section_start_ns - last_section_end_ns;
+    if (++micro_in_step < run.micro_batches_per_step) {
+      if (tty) progress_line();
+      last_section_end_ns = now_ns();
+      return;
+    }
+    micro_in_step = 0;
+    run.step++;
+    steps_this_process++;
+    interval_steps++;
     if (step_nonfinite) {
       if (run.nonfinite_streak++ == 0) streak_first_step = run.step;
     } else {
@@ -396,11 +501,7 @@ struct Runner::Impl {
     if (run.step % static_cast<uint64_t>(log_every) == 0 || last) {
       write_train_row();
     } else if (tty) {
-      *log << "\r\033[Kstep " << run.step;
-      if (run.total_steps) *log << "/" << run.total_steps;
-      double l = last_loss.load();
-      if (std::isfinite(l)) *log << "  loss " << l;
-      *log << std::flush;
+      progress_line();
     }
     int64_t every = plan().run.integer("validate_every");
     if (every > 0 && run.step % static_cast<uint64_t>(every) == 0) validation_pass(b.index);
@@ -628,7 +729,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   if (I.opt.log) I.log = I.opt.log;
   // In a multi-process run only rank 0 reports progress; the others would repeat it.
   if (!I.opt.log && launch.rank != 0) I.log = &I.quiet;
-  I.tty = I.log == &std::cout && isatty(STDOUT_FILENO);
+  I.tty = I.opt.live_progress.value_or(I.log == &std::cout && isatty(STDOUT_FILENO));
   const Params& rp = plan.run;
   DeviceChoice dc = choose_device(rp.string("device"), launch.local_rank);
   I.run.device = dc.device;
@@ -636,7 +737,9 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
-  I.run.metric_sink = [this](std::string_view name, double v) { impl_->metric(name, v); };
+  I.run.metric_sink = [this](std::string_view name, double v, MetricKind kind) {
+    impl_->metric(name, v, kind);
+  };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   I.device_reason = dc.reason;
   I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
@@ -700,6 +803,12 @@ RunResult Runner::Impl::execute_steps() {
   if (run.writes_outputs() && !console)
     console.emplace((fs::path(run.run_dir) / "console.log").string());
   *log << "device: " << device_reason << "\n";
+  if (plan().config.sized_for == "gpu" && !run.device.is_cuda()) {
+    log_line("note: '" + plan().config.preset +
+             "' is sized for a GPU and runs on the CPU here; the first train row says what its "
+             "steps cost (cpu_quick is sized for a CPU)");
+    cost_note_pending = true;
+  }
   // Said before setup, which may load a whole dataset.
   std::optional<std::string> ckpt;
   if (!opt.resume_dir.empty()) {
@@ -708,12 +817,29 @@ RunResult Runner::Impl::execute_steps() {
     if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
   }
   graph->setup();
+  if (run.micro_batches_per_step > 1)
+    log_line("gradient accumulation: a step is one optimizer update of " +
+             std::to_string(run.micro_batches_per_step) +
+             " batches; run.steps, log_every, validate_every and checkpoints count updates" +
+             (run.total_steps
+                  ? " (" + std::to_string(run.total_steps) + " steps, " +
+                        std::to_string(run.total_steps * run.micro_batches_per_step) + " batches)"
+                  : std::string()));
 
   size_t head_end = static_cast<size_t>(plan().head_end);
   head_next.assign(head_end, 0);
   if (ckpt) {
     CheckpointInfo info = load_checkpoint(graph->plan(), *ckpt);
     run.step = info.step;
+    // Batches of a step already trained (a stop between an accumulated step's batches).
+    const uint64_t k = run.micro_batches_per_step;
+    if (info.next_batch < info.step * k || info.next_batch - info.step * k >= k)
+      throw std::runtime_error(
+          *ckpt + ": step " + std::to_string(info.step) + " at batch " +
+          std::to_string(info.next_batch) + " does not fit " + std::to_string(k) +
+          " batch(es) per optimizer step: the run was trained with another gradient "
+          "accumulation; resume it with the value it had");
+    micro_in_step = info.next_batch - info.step * k;
     uint64_t idx = info.next_batch;
     for (size_t k = head_end; k-- > 0;) {
       head_next[k] = idx;

@@ -16,6 +16,7 @@
 #include <iosfwd>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/graph.h"
@@ -29,11 +30,14 @@ struct RunOptions {
   bool handle_sigint = true;      // SIGINT/SIGTERM: finish the step, let stages save, exit 130
   bool publish_stats = true;      // the /dev/shm record read by slipstream-smi
   std::ostream* log = nullptr;    // progress lines (default std::cout)
-  std::string command_line;       // recorded in run.json (the CLI passes what was typed)
+  // The live progress bar and validation line, rewritten in place: by default only when `log`
+  // is a terminal's std::cout.
+  std::optional<bool> live_progress;
+  std::string command_line;  // recorded in run.json (the CLI passes what was typed)
 };
 
 struct RunResult {
-  uint64_t steps = 0;       // batches through the trainable section (this process)
+  uint64_t steps = 0;       // optimizer steps this process completed (batches / accumulate)
   uint64_t final_step = 0;  // including resumed steps
   uint64_t samples = 0;
   bool interrupted = false;  // stopped by SIGINT, SIGTERM or request_stop(true)

@@ -194,6 +194,14 @@ StageSchema& StageSchema::path(bool must_exist) {
   return *this;
 }
 
+StageSchema& StageSchema::micro_batches() {
+  if (params_.empty()) throw std::logic_error("StageSchema::micro_batches before any param");
+  if (params_.back().type != ParamType::integer)
+    throw std::logic_error("StageSchema::micro_batches on a parameter that is not an integer");
+  params_.back().micro_batches = true;
+  return *this;
+}
+
 const ParamSpec* StageSchema::find_param(std::string_view name) const {
   for (const auto& p : params_)
     if (p.name == name) return &p;

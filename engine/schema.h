@@ -27,8 +27,9 @@ struct ParamSpec {
   std::string doc;
   std::optional<double> min, max;  // for numbers, and for every element of numeric lists
   std::vector<std::string> choices;
-  bool is_path = false;     // names files: see StageSchema::path()
-  bool must_exist = false;  // ... that exist at validation (globs excepted)
+  bool is_path = false;        // names files: see StageSchema::path()
+  bool must_exist = false;     // ... that exist at validation (globs excepted)
+  bool micro_batches = false;  // batches per optimizer step: see StageSchema::micro_batches()
 };
 
 struct PortSpec {
@@ -83,6 +84,11 @@ class StageSchema {
   // so a run directory's config.yaml repeats the run from anywhere. With `must_exist`, a name
   // (not a glob) that does not exist is a validation error.
   StageSchema& path(bool must_exist = false);
+  // The most recently declared (integer) parameter is the number of batches that make one
+  // optimizer step (gradient accumulation). The runner then counts steps as updates: run.steps,
+  // log_every, validate_every and checkpoints are in optimizer steps, and each step trains on
+  // that many batches. Stages that declare one must agree on the value.
+  StageSchema& micro_batches();
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }

@@ -47,6 +47,10 @@ struct Parameter {
 
 enum class Precision { fp32, bf16 };
 
+// How a metric's values over a logging window become its row: the mean (losses, accuracies),
+// or the latest value (a learning rate is the value at that step).
+enum class MetricKind { mean, last };
+
 // Run-wide state every stage can read; owned by the runner.
 struct RunState {
   Device device;
@@ -55,9 +59,14 @@ struct RunState {
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
   bool training = true;  // false during validation passes
-  std::atomic<uint64_t> step{
-      0};  // batches completed by the trainable section; read by the stats thread
-  std::atomic<uint64_t> total_steps{0};  // 0 when unknown
+  // Optimizer steps completed; read by the stats thread. A step is `micro_batches_per_step`
+  // batches through the trainable section (1 without gradient accumulation).
+  std::atomic<uint64_t> step{0};
+  std::atomic<uint64_t> total_steps{0};  // optimizer steps the run will take; 0 when unknown
+  uint64_t micro_batches_per_step = 1;   // from the plan (StageSchema::micro_batches())
+  // Batches the source will produce in all (set by the source in setup; 0 when unbounded or
+  // unknown). Without run.steps, total_steps follows from it through the rebatch stages.
+  uint64_t source_batches = 0;
   int64_t epochs = 1;
   std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
   int rank = 0;         // this process among world_size (mpirun/srun); see engine/launch.h
@@ -70,7 +79,7 @@ struct RunState {
   // a checkpoint stage does not save such a step.
   std::atomic<uint64_t> nonfinite_streak{0};
   // Receives StageContext::metric() calls (set by the runner; thread-safe).
-  std::function<void(std::string_view, double)> metric_sink;
+  std::function<void(std::string_view, double, MetricKind)> metric_sink;
 };
 
 class StateWriter;
@@ -137,6 +146,9 @@ class Stage {
   // role rebatch: the upstream batch index to seek to so that this stage's next output is
   // batch `next_index` (resume). Default: one upstream batch per output batch.
   virtual uint64_t upstream_seek_index(uint64_t next_index) const { return next_index; }
+  // role rebatch: how many batches this stage emits from `upstream_batches` (for the run's
+  // step count). Default: one per upstream batch.
+  virtual uint64_t batches_out(uint64_t upstream_batches) const { return upstream_batches; }
 };
 
 // What the runner gives a stage: its identity and parameters, its ports' slots, the run state,
@@ -175,8 +187,9 @@ class StageContext {
   // Sets (or, when another consumer already set one, adds to) the gradient of an input.
   void add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const;
   // Records a scalar for this step's metrics ("loss", "acc/buttons", ...): the runner prefixes
-  // nothing; names should be unique across stages.
-  void metric(std::string_view name, double value) const;
+  // nothing; names should be unique across stages. A train row holds the mean over its steps,
+  // or with MetricKind::last the value at its last step.
+  void metric(std::string_view name, double value, MetricKind kind = MetricKind::mean) const;
 
   // Stages upstream of this one in the graph, nearest first; for allreduce/optimizers/checkpoints.
   std::vector<std::pair<std::string, Stage*>> upstream_stages() const;

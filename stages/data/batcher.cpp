@@ -26,6 +26,9 @@ class BatcherStage : public Stage {
   }
 
   uint64_t upstream_seek_index(uint64_t next_index) const override { return next_index * factor_; }
+  uint64_t batches_out(uint64_t upstream_batches) const override {
+    return drop_last_ ? upstream_batches / factor_ : (upstream_batches + factor_ - 1) / factor_;
+  }
 
   bool rebatch(Batch& out, const std::function<bool(Batch&)>& pull, StageContext& ctx) override {
     parts_.resize(factor_);

@@ -35,11 +35,8 @@ class AllreduceStage : public Stage {
                                ctx.params().mark("backend").str() + ")");
     if (backend == "auto") backend = dist::launched_with_multiple_ranks() ? "mpi" : "none";
     use_mpi_ = backend == "mpi";
-    // The optimizer's accumulation decides on which batches gradients are complete.
-    accumulate_ = 1;
-    for (const auto& s : ctx.graph_plan().stages)
-      if (s.schema->kind() == "adamw" && s.params.has("accumulate"))
-        accumulate_ = std::max(accumulate_, s.params.integer("accumulate"));
+    // Gradients are complete once per optimizer step (after that many accumulated batches).
+    accumulate_ = static_cast<int64_t>(ctx.run().micro_batches_per_step);
     if (!use_mpi_) return;
     dist::mpi_init_once();
     world_ = dist::mpi_world_size();

@@ -630,7 +630,10 @@ void ReplaysStage::setup(StageContext& ctx) {
       throw std::runtime_error(who + ": only " + std::to_string(windows_.size()) +
                                " training windows, fewer than batch_size=" + std::to_string(B) +
                                "; lower batch_size or stride, or add replays");
-    if (ctx.run().total_steps == 0) ctx.run().total_steps = total_batches_;
+    // The run's length when run.steps is not set (the graph divides by rebatching and
+    // accumulation); unbounded when it is.
+    ctx.run().source_batches =
+        total_batches_ == std::numeric_limits<uint64_t>::max() ? 0 : total_batches_;
   }
 
   uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));

@@ -41,10 +41,13 @@ class AdamWStage : public Stage {
         .param("restart_mult", 1.0, "cosine_restarts: each period this many times the previous")
         .range(1, std::nullopt)
         .param("total_steps", int64_t{0},
-               "optimizer steps for the cosine schedule (0: run.steps / accumulate)")
+               "optimizer steps for the cosine schedule (0: the run's steps)")
         .range(0, std::nullopt)
-        .param("accumulate", int64_t{1}, "micro-batches summed per update (gradients averaged)")
+        .param("accumulate", int64_t{1},
+               "batches summed per update (gradients averaged); run.steps, log_every, "
+               "validate_every and checkpoints count updates")
         .range(1, 1 << 20)
+        .micro_batches()
         .param("ema", 0.0, "EMA decay of the weights, e.g. 0.999 (0: off); validation uses it")
         .range(0, 1);
   }
@@ -67,7 +70,7 @@ class AdamWStage : public Stage {
     c.schedule.restart_mult = p.number("restart_mult");
     c.schedule.total = p.integer("total_steps");
     if (c.schedule.total == 0)
-      c.schedule.total = static_cast<int64_t>(ctx.run().total_steps) / c.accumulate;
+      c.schedule.total = static_cast<int64_t>(ctx.run().total_steps);  // optimizer steps
     if (c.schedule.kind == optim::LrSchedule::Kind::cosine && c.schedule.total <= 0)
       throw std::runtime_error("schedule 'cosine' needs the number of steps: set " + ctx.name() +
                                ".total_steps or run.steps (" + p.mark("schedule").str() + ")");
@@ -86,7 +89,7 @@ class AdamWStage : public Stage {
     if (!ctx.run().training) return;
     const auto rep = opt_.micro_step();
     if (!rep.stepped) return;
-    ctx.metric("lr", rep.lr);
+    ctx.metric("lr", rep.lr, MetricKind::last);  // the rate at this step, not a window's mean
     ctx.metric("grad_norm", rep.grad_norm);
     if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
   }

@@ -172,6 +172,68 @@ TEST(Runner, FinalValidationWhenTheRunEndsBetweenValidations) {
   EXPECT_EQ(recorded().validation_passes.load(), 4);  // 5, 10, 15, 20: nothing extra
 }
 
+// On a terminal the runner keeps one live line: a bar with rate, elapsed and remaining time
+// between train rows, and the validation batch being run.
+TEST(Runner, LiveProgressOnATerminal) {
+  reset_recorded();
+  TempDir d;
+  std::ostringstream out;
+  RunOptions o = quiet_options();
+  o.log = &out;
+  o.live_progress = true;
+  Runner r(plan_text(d, kChain,
+                     {"run.steps=8", "run.log_every=4", "run.validate_every=4",
+                      "run.validate_batches=2"}),
+           o);
+  r.run();
+  const std::string text = out.str();
+  EXPECT_NE(text.find("\r\033[Kstep 1/8  12% |██▌"), std::string::npos) << text;
+  EXPECT_NE(text.find(" steps/s 00:0"), std::string::npos) << text;
+  EXPECT_NE(text.find("<00:0"), std::string::npos) << text;
+  EXPECT_NE(text.find("\r\033[Kvalidation @ step 4: batch 2/2"), std::string::npos) << text;
+  // Without the option (the log is not a terminal) none of it.
+  std::ostringstream plain;
+  o.log = &plain;
+  o.live_progress.reset();
+  Runner q(plan_text(d, kChain, {"run.steps=8", "run.log_every=4"}), o);
+  q.run();
+  EXPECT_EQ(plain.str().find('\r'), std::string::npos) << plain.str();
+}
+
+// A graph sized for a GPU that runs on the CPU says so at start, and what its steps cost once
+// the first train row has measured them.
+TEST(Runner, GpuSizedRunOnTheCpuSaysWhatItCosts) {
+  reset_recorded();
+  TempDir d;
+  std::ostringstream out;
+  RunOptions o = quiet_options();
+  o.log = &out;
+  Runner r(plan_text(d, std::string("sized_for: gpu\n") + kChain,
+                     {"run.steps=8", "run.log_every=4", "run.device=cpu"}),
+           o);
+  r.run();
+  const std::string text = out.str();
+  EXPECT_NE(text.find("note: 'g' is sized for a GPU and runs on the CPU here"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("note: on this CPU a step of this run takes "), std::string::npos) << text;
+  EXPECT_NE(text.find("the remaining 4 steps take about "), std::string::npos) << text;
+  // Said once, and not at all for a graph sized for the CPU.
+  EXPECT_EQ(text.find("note: on this CPU", text.find("note: on this CPU") + 1), std::string::npos);
+  std::ostringstream cpu;
+  o.log = &cpu;
+  Runner c(plan_text(d, std::string("sized_for: cpu\n") + kChain, {"run.steps=8"}), o);
+  c.run();
+  EXPECT_EQ(cpu.str().find("note:"), std::string::npos) << cpu.str();
+  try {
+    plan_text(d, std::string("sized_for: tpu\n") + kChain);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("g.yaml:1:12: sized_for must be cpu or gpu, not 'tpu'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Runner, ResumeIsExact) {
   TempDir d;
   const std::string g = std::string(R"(stages:

@@ -241,7 +241,7 @@ TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
   Loader L(o, 1, 2);
   const uint64_t bpe = L.stage().batches_per_epoch();
   EXPECT_EQ(bpe, L.stage().windows() / 50);
-  EXPECT_EQ(L.run().total_steps, 2 * bpe);
+  EXPECT_EQ(L.run().source_batches, 2 * bpe);  // the run's length without run.steps
   std::array<std::vector<std::tuple<std::string, int, uint32_t>>, 2> seen;
   for (uint64_t k = 0; k < 2 * bpe; ++k)
     for (int r = 0; r < 50; ++r) {

@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "stages/dist/mpi_reduce.h"
+#include "stages/optim/lr_schedule.h"
 #include "tests/nn/alloc_counter.h"
 #include "tests/nn/nn_test_stages.h"
 #include "tests/support/temp_dir.h"
@@ -29,6 +33,11 @@ std::string train_graph(const std::string& core, const std::string& extra_adamw 
   - {name: step, kind: adamw, inputs: [sync], params: {lr: 0.01)" +
          extra_adamw + R"(}}
 )";
+}
+
+// The same graph with a source that does not say how many batches it has.
+std::string without_count(std::string graph) {
+  return graph.replace(graph.find("reuse: "), 0, "tells_count: false, ");
 }
 
 // The runner's trainable section for one batch (forward, backward from the loss, updates).
@@ -56,7 +65,7 @@ TEST_P(ZeroAllocTest, SteadyStateStepAllocatesNothing) {
   RunState run;
   run.precision = GetParam().precision;
   double last_metric = 0;
-  run.metric_sink = [&](std::string_view, double v) { last_metric = v; };
+  run.metric_sink = [&](std::string_view, double v, MetricKind) { last_metric = v; };
   Graph g(plan_graph(load_config(
               d.write("g.yaml", train_graph(GetParam().core, ", clip: 0.5, ema: 0.99")))),
           run);
@@ -129,15 +138,16 @@ TEST(TrainGraph, GruLearnsTheTask) {
   EXPECT_LT(l.back(), 0.7 * l.front()) << "first " << l.front() << " last " << l.back();
 }
 
-// Checkpoint at step 6 with accumulate 4 (two micro-batches pending) and an EMA: resuming gives
-// the same weights, bit for bit, as the uninterrupted run.
+// Accumulate 4 and an EMA; the first run's data ends two batches into step 7, so its last
+// checkpoint (step 6, from finish()) holds two accumulated batches: resuming gives the same
+// weights, bit for bit, as the uninterrupted run.
 TEST(TrainGraph, ResumeIsBitExact) {
   TempDir d;
   std::string graph =
       train_graph("mamba, params: {d_model: 16, layers: 1}", ", accumulate: 4, ema: 0.9");
   graph.replace(graph.find("reuse: true"), 11, "reuse: false");
   graph +=
-      "  - {name: ckpt, kind: checkpoint, inputs: [step], params: {every: 6}}\nrun: {runs_dir: " +
+      "  - {name: ckpt, kind: checkpoint, inputs: [step], params: {every: 5}}\nrun: {runs_dir: " +
       d.path() + "/runs}\n";
   auto weights = [](Runner& r) {
     std::vector<float> all;
@@ -148,8 +158,10 @@ TEST(TrainGraph, ResumeIsBitExact) {
   Runner straight(plan_graph(load_config(d.write("g.yaml", graph), {"run.steps=11"})),
                   quiet(d.path()));
   straight.run();
-  Runner first(plan_graph(load_config(d.write("g.yaml", graph), {"run.steps=6"})), quiet(d.path()));
+  Runner first(plan_graph(load_config(d.write("g.yaml", graph), {"data.count=26"})),
+               quiet(d.path()));
   RunResult a = first.run();
+  EXPECT_EQ(a.steps, 6u);
   RunOptions o = quiet(d.path());
   o.resume_dir = a.run_dir;
   Runner second(plan_graph(load_config(d.write("g.yaml", graph), {"run.steps=11"})), o);
@@ -158,11 +170,86 @@ TEST(TrainGraph, ResumeIsBitExact) {
   EXPECT_EQ(weights(straight), weights(second));
 }
 
+// Under gradient accumulation a step is an optimizer update: run.steps, log_every and the
+// schedule's horizon count updates, each made of `accumulate` batches; without run.steps the
+// data decides, in whole updates.
+TEST(TrainGraph, AccumulateCountsOptimizerSteps) {
+  TempDir d;
+  const std::string graph =
+      train_graph("gru, params: {hidden: 16}", ", accumulate: 3, schedule: cosine, warmup: 0") +
+      "run: {runs_dir: " + d.path() + "/runs, log_every: 1}\n";
+  nn_test::reset_losses();
+  Runner r(plan_graph(load_config(d.write("g.yaml", graph), {"run.steps=5"})), quiet(d.path()));
+  RunResult res = r.run();
+  EXPECT_EQ(res.steps, 5u);
+  EXPECT_EQ(nn_test::losses().size(), 15u);
+  EXPECT_EQ(r.state().total_steps, 5u);
+  std::vector<uint64_t> steps;
+  std::vector<double> lrs;
+  std::ifstream rows(res.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(rows, line);) {
+    auto row = nlohmann::json::parse(line);
+    if (row["split"] != "train") continue;
+    steps.push_back(row["step"].get<uint64_t>());
+    lrs.push_back(row["lr"].get<double>());
+  }
+  EXPECT_EQ(steps, (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  optim::LrSchedule cosine;
+  cosine.kind = optim::LrSchedule::Kind::cosine;
+  cosine.lr = 0.01;
+  cosine.total = 5;  // the run's 5 updates, not 5 / 3
+  ASSERT_EQ(lrs.size(), 5u);
+  for (size_t i = 0; i < lrs.size(); ++i)
+    EXPECT_NEAR(lrs[i], cosine.at(static_cast<int64_t>(i)), 1e-9) << "step " << i + 1;
+
+  // A row over several steps logs the rate at its last step, not the window's mean.
+  Runner w(plan_graph(load_config(d.write("g.yaml", graph), {"run.steps=5", "run.log_every=5"})),
+           quiet(d.path()));
+  std::ifstream wrows(w.run().run_dir + "/metrics.jsonl");
+  std::string first;
+  std::getline(wrows, first);
+  auto row = nlohmann::json::parse(first);
+  EXPECT_EQ(row["steps_averaged"], 5);
+  EXPECT_NEAR(row["lr"].get<double>(), cosine.at(4), 1e-12);
+
+  // 14 batches of data: 4 whole updates (the 2 batches left over do not make a fifth).
+  Runner e(plan_graph(load_config(d.write("g.yaml", graph), {"data.count=14"})), quiet(d.path()));
+  EXPECT_EQ(e.run().steps, 4u);
+  EXPECT_EQ(e.state().total_steps, 4u);
+
+  // A batcher joining pairs first: 14 batches -> 7 joined -> 2 updates of 3.
+  std::string joined = graph;
+  joined.replace(joined.find("  - {name: core"), 0,
+                 "  - {name: join, kind: batcher, inputs: [data], params: {factor: 2}}\n");
+  joined.replace(joined.find("inputs: [data]}"), 15, "inputs: [join]}");
+  // (the loss still names data.target: a batcher acts on the tensors of the stages before it)
+  Runner j(plan_graph(load_config(d.write("g.yaml", joined), {"data.count=14"})), quiet(d.path()));
+  EXPECT_EQ(j.run().steps, 2u);
+  EXPECT_EQ(j.state().total_steps, 2u);
+}
+
+// Accumulation values that disagree (an allreduce and an optimizer can both care) are an error.
+TEST(TrainGraph, AccumulationIsOneValuePerGraph) {
+  TempDir d;
+  std::string graph = train_graph("gru, params: {hidden: 16}", ", accumulate: 2");
+  graph += "  - {name: step2, kind: adamw, inputs: [step], params: {accumulate: 3}}\n";
+  try {
+    plan_graph(load_config(d.write("g.yaml", graph)));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("batches per optimizer step 'step2.accumulate' (3) differ "
+                                         "from 'step.accumulate' (2)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(TrainGraph, CosineWithoutStepsIsAnError) {
   TempDir d;
   RunState run;
-  Graph g(plan_graph(load_config(
-              d.write("g.yaml", train_graph("gru, params: {hidden: 16}", ", schedule: cosine")))),
+  Graph g(plan_graph(load_config(d.write(
+              "g.yaml",
+              without_count(train_graph("gru, params: {hidden: 16}", ", schedule: cosine"))))),
           run);
   try {
     g.setup();
