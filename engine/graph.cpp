@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -37,8 +38,10 @@ const StageSchema& run_schema() {
         .range(1, std::nullopt)
         .param("validate_every", int64_t{0}, "steps between validation passes (0: never)")
         .range(0, std::nullopt)
-        .param("validate_batches", int64_t{20}, "batches per validation pass")
+        .param("validate_batches", int64_t{20},
+               "batches per validation pass; all: every validation window")
         .range(1, std::nullopt)
+        .keyword("all", std::numeric_limits<int64_t>::max())
         .param("early_stop_patience", int64_t{0},
                "stop after this many validations without improvement (0: never)")
         .range(0, std::nullopt)
@@ -237,8 +240,11 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
       continue;
     }
     std::string why;
-    auto v = convert(cv.node, spec->type, why);
+    auto v = spec->keyword && cv.node.IsScalar() && cv.node.Scalar() == spec->keyword->first
+                 ? std::optional<ParamValue>(spec->keyword->second)
+                 : convert(cv.node, spec->type, why);
     if (!v) {
+      if (spec->keyword) why += " (or '" + spec->keyword->first + "')";
       issues.push_back({cv.mark, prefix + "parameter '" + key + "' " + why});
       continue;
     }

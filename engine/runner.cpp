@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -308,9 +309,11 @@ struct Runner::Impl {
     int64_t batches = plan().run.integer("validate_batches");
     try {
       for (int64_t i = 0; i < batches; ++i) {
-        if (tty)
-          *log << "\r\033[Kvalidation @ step " << run.step << ": batch " << i + 1 << "/" << batches
-               << std::flush;
+        if (tty) {
+          *log << "\r\033[Kvalidation @ step " << run.step << ": batch " << i + 1;
+          if (batches != std::numeric_limits<int64_t>::max()) *log << "/" << batches;  // not "all"
+          *log << std::flush;
+        }
         Batch b = graph->new_batch();
         if (!pull(st, cx, next, head_end - 1, b, false)) break;
         for (size_t k = head_end; k < eval_stages.size(); ++k) st[k]->forward(b, *cx[k]);

@@ -202,6 +202,13 @@ StageSchema& StageSchema::micro_batches() {
   return *this;
 }
 
+StageSchema& StageSchema::keyword(std::string word, int64_t value) {
+  if (params_.empty() || params_.back().type != ParamType::integer)
+    throw std::logic_error("StageSchema::keyword needs an integer parameter before it");
+  params_.back().keyword = std::make_pair(std::move(word), value);
+  return *this;
+}
+
 const ParamSpec* StageSchema::find_param(std::string_view name) const {
   for (const auto& p : params_)
     if (p.name == name) return &p;
@@ -247,6 +254,7 @@ std::string StageSchema::help() const {
       os << "  range [" << (p.min ? number_str(*p.min) : "-inf") << ", "
          << (p.max ? number_str(*p.max) : "inf") << "]";
     }
+    if (p.keyword) os << "  or '" << p.keyword->first << "'";
     if (!p.choices.empty()) {
       os << "  one of {";
       for (size_t i = 0; i < p.choices.size(); ++i) os << (i ? ", " : "") << p.choices[i];

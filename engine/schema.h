@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct ParamSpec {
   bool is_path = false;        // names files: see StageSchema::path()
   bool must_exist = false;     // ... that exist at validation (globs excepted)
   bool micro_batches = false;  // batches per optimizer step: see StageSchema::micro_batches()
+  // A word accepted for an integer parameter, and the value it stands for ("all" = no limit).
+  std::optional<std::pair<std::string, int64_t>> keyword;
 };
 
 struct PortSpec {
@@ -89,6 +92,9 @@ class StageSchema {
   // log_every, validate_every and checkpoints are in optimizer steps, and each step trains on
   // that many batches. Stages that declare one must agree on the value.
   StageSchema& micro_batches();
+  // The most recently declared (integer) parameter also accepts `word`, meaning `value` (e.g.
+  // validate_batches: all).
+  StageSchema& keyword(std::string word, int64_t value);
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }

@@ -13,17 +13,20 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <variant>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <nlohmann/json.hpp>
 
 #include "engine/config.h"
 #include "engine/registry.h"
@@ -444,6 +447,10 @@ StageSchema ReplaysStage::schema() {
       .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
       .path(/*must_exist=*/true)
+      .param("validation_paths", S{},
+             "games for validation (same forms as paths): all of them validate, none of them "
+             "trains, and validation_fraction is not applied")
+      .path(/*must_exist=*/true)
       // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
       // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
@@ -464,7 +471,7 @@ StageSchema ReplaysStage::schema() {
       .range(0, 65535)
       .param("one_vs_one", true, "only games with exactly 2 players (Nana is not a player)")
       .param("validation_fraction", 0.1,
-             "fraction of whole games held out, by seed and game identity")
+             "fraction of whole games held out, by seed and game identity (1: all of them)")
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
       .param("perspectives", std::string("both"),
@@ -530,25 +537,50 @@ void ReplaysStage::setup(StageContext& ctx) {
     in = resolve_inputs({dir.string()});
   }
 
-  bool fresh = false;
-  data_ = cached_dataset(in, f, *arena_, fresh);
+  // Pinned validation games: their own dataset. The validation copy reads only it; the training
+  // copy leaves out any game it also holds.
+  const std::vector<std::string>& vpaths = p.strings("validation_paths");
+  std::shared_ptr<const ReplayDataset> pinned;
+  bool fresh_pinned = false;
+  if (!vpaths.empty()) {
+    Inputs vin = resolve_inputs(vpaths);
+    if (vin.files.empty() && vin.corpora.empty())
+      throw ConfigError({{p.mark("validation_paths"), "stage '" + ctx.name() +
+                                                          "': validation_paths hold no replays: " +
+                                                          describe_empty_paths(vpaths)}});
+    bool vfresh = false;
+    pinned = cached_dataset(vin, f, *arena_, vfresh);
+    if (validation_) fresh_pinned = vfresh;
+  }
+
+  bool fresh = fresh_pinned;
+  data_ = validation_ && pinned ? pinned : cached_dataset(in, f, *arena_, fresh);
   const ReplayDataset& ds = *data_;
 
   // Split: whole games, by a draw from (seed, identity); never leave a side empty by chance
-  // when there are games enough for both.
+  // when there are games enough for both, unless the fraction is 0 or 1. With pinned games the
+  // validation side is exactly those.
   const double frac = p.number("validation_fraction");
   const size_t ng = ds.games.size();
   std::vector<char> is_val(ng, 0);
-  std::vector<double> draw(ng);
-  for (size_t g = 0; g < ng; ++g) {
-    draw[g] = split_draw(seed_, ds.games[g].identity);
-    is_val[g] = draw[g] < frac;
+  size_t overlap = 0;  // games in both paths and validation_paths (validated, not trained)
+  if (pinned) {
+    std::set<uint64_t> ids;
+    for (const auto& g : pinned->games) ids.insert(g.identity);
+    for (size_t g = 0; g < ng; ++g) is_val[g] = validation_ || ids.count(ds.games[g].identity);
+    if (!validation_) overlap = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
+  } else {
+    std::vector<double> draw(ng);
+    for (size_t g = 0; g < ng; ++g) {
+      draw[g] = split_draw(seed_, ds.games[g].identity);
+      is_val[g] = frac >= 1 || draw[g] < frac;
+    }
+    const size_t nval = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
+    if (ng >= 2 && frac > 0 && nval == 0)
+      is_val[static_cast<size_t>(std::min_element(draw.begin(), draw.end()) - draw.begin())] = 1;
+    if (ng >= 2 && frac < 1 && nval == ng)
+      is_val[static_cast<size_t>(std::max_element(draw.begin(), draw.end()) - draw.begin())] = 0;
   }
-  const size_t nval = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
-  if (ng >= 2 && frac > 0 && nval == 0)
-    is_val[static_cast<size_t>(std::min_element(draw.begin(), draw.end()) - draw.begin())] = 1;
-  if (ng >= 2 && frac < 1 && nval == ng)
-    is_val[static_cast<size_t>(std::max_element(draw.begin(), draw.end()) - draw.begin())] = 0;
 
   // Both splits' windows (the report shows both; the stage keeps its own).
   std::array<std::vector<Perspective>, 2> persp;
@@ -609,9 +641,20 @@ void ReplaysStage::setup(StageContext& ctx) {
       rep << (i ? ", " : "") << ds.damaged_examples[i];
     rep << (ds.damaged > ds.damaged_examples.size() ? ", ..." : "") << "\n";
   }
-  rep << "  train: " << ngames[0] << " games, " << nwin[0] << " windows (" << nwin[0] / B
-      << " batches of " << B << " per epoch); validation: " << ngames[1] << " games, " << nwin[1]
-      << " windows\n";
+  if (pinned && validation_) {
+    rep << "  validation (validation_paths): " << ngames[1] << " games, " << nwin[1]
+        << " windows\n";
+  } else {
+    rep << "  train: " << ngames[0] << " games, " << nwin[0] << " windows (" << nwin[0] / B
+        << " batches of " << B << " per epoch); validation: ";
+    if (pinned)
+      rep << pinned->games.size() << " games from validation_paths"
+          << (overlap ? " (" + std::to_string(overlap) + " of them also in paths: not trained)"
+                      : std::string());
+    else
+      rep << ngames[1] << " games, " << nwin[1] << " windows";
+    rep << "\n";
+  }
   report_ = rep.str();
   if (fresh) std::cerr << report_ << std::flush;
 
@@ -625,6 +668,19 @@ void ReplaysStage::setup(StageContext& ctx) {
       e << ", " << ng << " games kept (" << ngames[1]
         << " of them in validation, validation_fraction=" << frac << ")";
       throw std::runtime_error(e.str());
+    }
+    if (ctx.run().writes_outputs()) {
+      // Which games trained and which validated, so a run can be audited and repeated.
+      nlohmann::json splits;
+      splits["train"] = nlohmann::json::array();
+      splits["validation"] = nlohmann::json::array();
+      for (uint32_t g : split_games_) splits["train"].push_back(ds.games[g].source);
+      if (pinned)
+        for (const GameFeatures& g : pinned->games) splits["validation"].push_back(g.source);
+      else
+        for (uint32_t g : games_of[1]) splits["validation"].push_back(ds.games[g].source);
+      std::ofstream(fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json"))
+          << splits.dump(1) << "\n";
     }
     if (batches_per_epoch_ == 0)
       throw std::runtime_error(who + ": only " + std::to_string(windows_.size()) +

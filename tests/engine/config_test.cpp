@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "engine/graph.h"
 #include "tests/support/temp_dir.h"
@@ -275,6 +276,16 @@ TEST(Config, SecondYamlDocumentIsAnError) {
   std::string e = plan_error(d, std::string(kGood) + "---\nrun: {steps: 3}\n");
   EXPECT_NE(e.find("g.yaml:12:1: a second YAML document ('---') is not read"), std::string::npos)
       << e;
+}
+
+// An integer parameter may accept a word: run.validate_batches: all validates every window.
+TEST(Config, ValidateBatchesAll) {
+  TempDir d;
+  GraphPlan p = plan_graph(load_config(d.write("g.yaml", kGood), {"run.validate_batches=all"}));
+  EXPECT_EQ(p.run.integer("validate_batches"), std::numeric_limits<int64_t>::max());
+  const std::string e = plan_error(d, kGood, {"run.validate_batches=most"});
+  EXPECT_NE(e.find("parameter 'validate_batches'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(or 'all')"), std::string::npos) << e;
 }
 
 // yaml-cpp 0.7's LoadAll loops forever on a ',' outside a flow collection (found by the

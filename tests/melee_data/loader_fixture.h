@@ -71,8 +71,10 @@ inline const char* kPorts[] = {"numeric",         "action",         "character",
 class Loader {
  public:
   explicit Loader(std::vector<std::string> overrides, uint64_t seed = 1, int64_t epochs = 1,
-                  bool validation = false, int rank = 0, int world_size = 1, uint64_t steps = 0)
+                  bool validation = false, int rank = 0, int world_size = 1, uint64_t steps = 0,
+                  std::string run_dir = "")
       : h_("slippi_replays", overrides, "replays", Precision::fp32, seed) {
+    h_.run().run_dir = run_dir;
     h_.run().epochs = epochs;
     h_.run().total_steps = steps;  // run.steps
     h_.run().rank = rank;

@@ -9,6 +9,8 @@
 #include <set>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/config.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/parser.h"
@@ -179,6 +181,44 @@ TEST(Loader, SplitIsDisjointAndCoversAllGames) {
   // Stable: the same seed splits the same way.
   Loader again(o);
   EXPECT_EQ(again.stage().sources(), a);
+}
+
+// validation_paths pin games to validation: all of them validate, none trains (a game in both
+// lists is left out of training), and the run directory lists each split's games.
+TEST(Loader, ValidationPathsPinGames) {
+  TempDir pinned("pinned"), run("run");
+  const auto extra = slp::write_synthetic_games(pinned.path(), 3, 7, 1500);
+  const std::string vp = "validation_paths=[" + pinned.str() + "]";
+  const std::vector<std::string> o = {paths_of(synth_dir()), vp, "batch_size=16"};
+  Loader train(o, 1, 1, false, 0, 1, 0, run.str()), val(o, 1, 1, true);
+  EXPECT_EQ(train.stage().sources().size(), 8u);  // validation_fraction is not applied
+  const auto v = val.stage().sources();
+  ASSERT_EQ(v.size(), 3u);
+  for (const auto& s : v) EXPECT_EQ(s.rfind(pinned.str(), 0), 0u) << s;
+  EXPECT_NE(train.stage().report().find("validation: 3 games from validation_paths"),
+            std::string::npos)
+      << train.stage().report();
+  std::ifstream splits(run.path() / "replays.splits.json");
+  ASSERT_TRUE(splits);
+  const auto j = nlohmann::json::parse(splits);
+  EXPECT_EQ(j["train"].size(), 8u);
+  EXPECT_EQ(j["validation"].size(), 3u);
+
+  // A game named in both lists validates and does not train.
+  std::vector<fs::path> games;
+  for (const auto& e : fs::directory_iterator(synth_dir())) games.push_back(e.path());
+  std::sort(games.begin(), games.end());
+  Loader both(
+      {paths_of(synth_dir()), "validation_paths=[" + games[0].string() + "]", "batch_size=16"});
+  EXPECT_EQ(both.stage().sources().size(), 7u);
+  EXPECT_NE(both.stage().report().find("1 of them also in paths: not trained"), std::string::npos)
+      << both.stage().report();
+}
+
+// validation_fraction 1 puts every game in validation (no game is moved back to training).
+TEST(Loader, ValidationFractionOneValidatesEveryGame) {
+  Loader val({paths_of(synth_dir()), "batch_size=16", "validation_fraction=1"}, 1, 1, true);
+  EXPECT_EQ(val.stage().sources().size(), 8u);
 }
 
 TEST(Loader, DeterministicForASeedAndDifferentAcrossSeeds) {

@@ -285,6 +285,11 @@ TEST_F(SmiCli, UnknownFieldIsUsageError) {
   EXPECT_EQ(run_smi({"--query-run=pid", "--format=xml"}, env_).status, 2);
   EXPECT_EQ(run_smi({"--no-such-flag"}, env_).status, 2);
   EXPECT_EQ(run_smi({"dmon", "-s", "z", "-c", "1"}, env_).status, 2);
+  // An interval out of range says the range in plain numbers (not the largest double).
+  r = run_smi({"-l", "0"}, env_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("not in range 1 to 86400"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
 }
 
 TEST_F(SmiCli, Json) {

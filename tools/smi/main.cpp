@@ -106,10 +106,11 @@ int run(int argc, char** argv) {
                "Reads the pipelines' stats records from $SLIPSTREAM_STATS_DIR (default /dev/shm).",
                "slipstream-smi"};
   app.set_version_flag("--version", "slipstream-smi " SLIPSTREAM_VERSION);
+  // Bounded ranges: CLI11's PositiveNumber would print the whole maximum double in its error.
   app.add_option("-l,--loop", o.loop_s, "Reprint every SEC seconds (5 when SEC is left out)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 86400));
   app.add_option("--loop-ms", o.loop_ms, "Reprint every MS milliseconds (also spelled -lms)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 86400000));
   app.add_option("-i,--id", o.ids, "Show only these GPUs: index or comma-separated indices");
   app.add_option("--query-gpu", o.query_gpu, "GPU fields to print as csv (see --help-query)");
   app.add_option("--query-run", o.query_run, "Run fields to print as csv (see --help-query)");
@@ -128,9 +129,9 @@ int run(int argc, char** argv) {
                    "Column groups: p power/temp, u utilisation, m memory, c clocks, r run step "
                    "rate, s stage summary (default pucrs)");
   dmon->add_option("-c", o.dmon_count, "Stop after COUNT intervals (default: run until killed)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 30));
   dmon->add_option("-d", o.dmon_delay_s, "Seconds between intervals (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 86400));
   dmon->add_option("-i,--id", o.ids, "Show only these GPUs");
   dmon->add_option("-f,--filename", o.output_file, "Write the output to FILE instead of stdout");
   dmon->add_option("--stats-dir", o.stats_dir, "Directory of the stats records");
