@@ -192,6 +192,7 @@ std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
       }
     }
   }
+  if (spec.check) return spec.check(v);
   return {};
 }
 

@@ -101,6 +101,7 @@ struct LiveCounters {
   std::atomic<uint32_t> max_queue{0};
   // Publisher's previous sample, for the *_recent rates.
   uint64_t prev_items = 0, prev_busy = 0, prev_blocked = 0;
+  bool prev_rate_set = false;  // items_per_s_recent holds a smoothed rate
 };
 
 struct Msg {
@@ -597,7 +598,11 @@ struct Runner::Impl {
           double db = static_cast<double>(busy - c.prev_busy),
                  dbl = static_cast<double>(blocked - c.prev_blocked);
           uint64_t di = items - c.prev_items;
-          s.items_per_s_recent = static_cast<double>(di) / dt;
+          // Smoothed like the run's rates: over one publish interval a stage's count is a whole
+          // number of batches, which would make its rate jump between multiples of 1/dt.
+          const double rate = static_cast<double>(di) / dt;
+          s.items_per_s_recent = c.prev_rate_set ? 0.7 * s.items_per_s_recent + 0.3 * rate : rate;
+          c.prev_rate_set = true;
           s.busy_frac_recent = std::min(1.0, db / window);
           s.blocked_output_frac_recent = std::min(1.0, dbl / window);
           s.wait_input_frac_recent =
@@ -973,6 +978,7 @@ RunResult Runner::Impl::execute_steps() {
   tbb::flow::function_node<Msg, tbb::flow::continue_msg> section_node(
       g, tbb::flow::serial, [&](Msg m) -> tbb::flow::continue_msg {
         if (sb < n()) note_queue(sb);
+        for (size_t k = sb + 1; k < n(); ++k) counters[k]->items_in++;  // one batch through all
         uint64_t t0 = now_ns();
         // A stop lets the step in progress finish; batches still queued behind it do not train.
         if (!run.stop_requested) {

@@ -209,6 +209,12 @@ StageSchema& StageSchema::keyword(std::string word, int64_t value) {
   return *this;
 }
 
+StageSchema& StageSchema::check(std::function<std::string(const ParamValue&)> fn) {
+  if (params_.empty()) throw std::logic_error("StageSchema::check before any param");
+  params_.back().check = std::move(fn);
+  return *this;
+}
+
 const ParamSpec* StageSchema::find_param(std::string_view name) const {
   for (const auto& p : params_)
     if (p.name == name) return &p;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -33,6 +34,8 @@ struct ParamSpec {
   bool micro_batches = false;  // batches per optimizer step: see StageSchema::micro_batches()
   // A word accepted for an integer parameter, and the value it stands for ("all" = no limit).
   std::optional<std::pair<std::string, int64_t>> keyword;
+  // A stage's own check of a value at validation: the problem, or "" (see StageSchema::check).
+  std::function<std::string(const ParamValue&)> check;
 };
 
 struct PortSpec {
@@ -95,6 +98,10 @@ class StageSchema {
   // The most recently declared (integer) parameter also accepts `word`, meaning `value` (e.g.
   // validate_batches: all).
   StageSchema& keyword(std::string word, int64_t value);
+  // A check of the most recently declared parameter's value that ranges and choices cannot
+  // express (e.g. names resolved against a table): returns the problem ("parameter 'x': ...")
+  // or "". Runs at validation, so `slipstream validate` reports it with the value's mark.
+  StageSchema& check(std::function<std::string(const ParamValue&)> fn);
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }

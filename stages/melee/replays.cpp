@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -30,7 +33,9 @@
 
 #include "engine/config.h"
 #include "engine/registry.h"
+#include "engine/text_match.h"
 #include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/synth.h"
 
@@ -65,6 +70,61 @@ std::string list_str(const std::vector<int64_t>& v) {
   std::string s = "[";
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
   return s + "]";
+}
+
+struct IdNames {
+  const char* what;  // "character", "stage"
+  int64_t max_id;
+  std::optional<int> (*id_of)(std::string_view);
+  std::vector<std::string> (*names)();
+  std::vector<std::string> (*spellings)();
+};
+
+// The `characters` / `stages` filter: each element an id or a name (slp/names.h). Sorted and
+// without repeats, so [fox, 1] and [1] filter alike and share the dataset cache key. Returns
+// the ids, or sets `problem` (the schema's check reports it at validation).
+std::vector<int64_t> resolve_ids(const std::vector<std::string>& values, const std::string& param,
+                                 const IdNames& k, std::string& problem) {
+  std::vector<int64_t> ids;
+  for (const std::string& text : values) {
+    int64_t id = 0;
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(text.data(), end, id);
+    if (ec == std::errc() && ptr == end && !text.empty()) {
+      if (id < 0 || id > k.max_id) {
+        problem = "parameter '" + param + "': " + k.what + " id " + text + " is out of range [0, " +
+                  std::to_string(k.max_id) + "]";
+        return {};
+      }
+    } else if (const auto named = k.id_of(text)) {
+      id = *named;
+    } else {
+      std::string lowered = text;
+      for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      std::string valid;
+      for (const std::string& n : k.names()) valid += (valid.empty() ? "" : ", ") + n;
+      problem = "parameter '" + param + "': unknown " + k.what + " '" + text + "'" +
+                did_you_mean(lowered, k.spellings()) + " (an id, or a name in any case: " + valid +
+                ")";
+      return {};
+    }
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+const IdNames kStageNames{"stage", 65535, slp::stage_id, slp::stage_names, slp::stage_spellings};
+const IdNames kCharacterNames{"character", 255, slp::internal_character_id,
+                              slp::internal_character_names, slp::character_spellings};
+
+// A schema check for a filter parameter (its problem, or "").
+std::string check_ids(const std::string& param, const IdNames& k, const ParamValue& v) {
+  std::string problem;
+  if (const auto* list = std::get_if<std::vector<std::string>>(&v))
+    resolve_ids(*list, param, k, problem);
+  return problem;
 }
 
 }  // namespace
@@ -205,7 +265,9 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
   if (!f.stages.empty() &&
       std::find(f.stages.begin(), f.stages.end(), int64_t{start.stage}) == f.stages.end()) {
     o.reason = kStage;
-    o.detail += " (stage " + std::to_string(start.stage) + ")";
+    const auto name = slp::stage_name(start.stage);
+    o.detail +=
+        " (stage " + std::to_string(start.stage) + (name ? " " + std::string(*name) : "") + ")";
     return o;
   }
   GameFeatures feat = extract_features(g, f.rollback);
@@ -430,7 +492,6 @@ ReplaysStage::~ReplaysStage() = default;
 
 StageSchema ReplaysStage::schema() {
   using S = std::vector<std::string>;
-  using I = std::vector<int64_t>;
   return StageSchema("slippi_replays")
       .family("melee")
       .doc(
@@ -465,10 +526,13 @@ StageSchema ReplaysStage::schema() {
       .range(0, 600)
       .param("min_frames", int64_t{300}, "skip games with fewer frames")
       .range(0, 1 << 30)
-      .param("characters", I{}, "internal character ids whose perspective is kept (empty: all)")
-      .range(0, 255)
-      .param("stages", I{}, "stage ids to keep (empty: all)")
-      .range(0, 65535)
+      .param("characters", S{},
+             "characters whose perspective is kept, as internal ids or names (fox, falcon, "
+             "\"ice climbers\"; empty: all)")
+      .check([](const ParamValue& v) { return check_ids("characters", kCharacterNames, v); })
+      .param("stages", S{},
+             "stages to keep, as ids or names (battlefield, fd, \"yoshis story\"; empty: all)")
+      .check([](const ParamValue& v) { return check_ids("stages", kStageNames, v); })
       .param("one_vs_one", true, "only games with exactly 2 players (Nana is not a player)")
       .param("validation_fraction", 0.1,
              "fraction of whole games held out, by seed and game identity (1: all of them)")
@@ -507,8 +571,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   Filters f;
   f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
   f.one_vs_one = p.boolean("one_vs_one");
-  f.stages = p.integers("stages");
-  f.characters = p.integers("characters");
+  std::string problem;  // none: the schema's checks passed at validation
+  f.stages = resolve_ids(p.strings("stages"), "stages", kStageNames, problem);
+  f.characters = resolve_ids(p.strings("characters"), "characters", kCharacterNames, problem);
+  if (!problem.empty()) throw ConfigError({{p.mark("characters"), problem}});
   f.min_frames = p.integer("min_frames");
   f.min_rows = std::max(f.min_frames, window_ + delay_ + 1);
   f.perspectives = p.string("perspectives");

@@ -133,6 +133,11 @@ TEST(Cli, ValidateCatchesMalformedListsAndMissingPaths) {
   EXPECT_EQ(missing.status, 2) << missing.text;
   EXPECT_NE(missing.text.find("parameter 'paths': /no/such/replays not found"), std::string::npos)
       << missing.text;
+  // Filter names are resolved at validation, not when the run starts.
+  Output name = run_cli("validate cpu_quick --set 'replays.characters=[fox, foxx]'");
+  EXPECT_EQ(name.status, 2) << name.text;
+  EXPECT_NE(name.text.find("unknown character 'foxx'; did you mean 'fox'?"), std::string::npos)
+      << name.text;
   TempDir d;
   Output print = run_cli("validate cpu_quick --print --set run.runs_dir=" + d.path() + "/r");
   EXPECT_EQ(print.status, 0) << print.text;

@@ -15,18 +15,11 @@
 
 using namespace slipstream;
 using slipstream::testing::recorded;
+using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-void reset_recorded() {
-  std::lock_guard lock(recorded().mu);
-  recorded().values.clear();
-  recorded().indices.clear();
-  recorded().finished = 0;
-  recorded().validation_passes = 0;
-}
 
 // Runs that write a run directory under the test's temporary directory.
 RunOptions writing_options() {

@@ -14,17 +14,10 @@
 
 using namespace slipstream;
 using slipstream::testing::recorded;
+using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
 
 namespace {
-
-void reset_recorded() {
-  std::lock_guard lock(recorded().mu);
-  recorded().values.clear();
-  recorded().indices.clear();
-  recorded().finished = 0;
-  recorded().validation_passes = 0;
-}
 
 RunOptions quiet_options() {
   static std::ostringstream sink;

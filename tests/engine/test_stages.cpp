@@ -15,6 +15,14 @@ Recorded& recorded() {
   return r;
 }
 
+void reset_recorded() {
+  std::lock_guard lock(recorded().mu);
+  recorded().values.clear();
+  recorded().indices.clear();
+  recorded().finished = 0;
+  recorded().validation_passes = 0;
+}
+
 // Emits `count` batches; batch k holds x[i] = k * batch + i (deterministic from the index, so
 // resuming at k reproduces the rest).
 class TestCounter : public Stage {

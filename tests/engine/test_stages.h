@@ -16,5 +16,7 @@ struct Recorded {
   std::atomic<int> validation_passes{0};
 };
 Recorded& recorded();
+// Clears what the test stages recorded, between runs of one test.
+void reset_recorded();
 
 }  // namespace slipstream::testing

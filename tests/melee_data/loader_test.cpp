@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "engine/config.h"
 #include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/writer.h"
 #include "tests/melee_data/loader_fixture.h"
@@ -386,6 +388,73 @@ TEST(Loader, CharacterFilterKeepsOnlyThatPerspective) {
     const Tensors t = L.batch(k);
     for (int64_t r = 0; r < 16; ++r) ASSERT_EQ(at3(t, "character", r, 0, 0), ch);
   }
+}
+
+// `characters` and `stages` take names as well as ids: the same filter, the same batches, and
+// the same cached dataset.
+TEST(Loader, NamedFiltersEqualIdFilters) {
+  Loader all({paths_of(synth_dir()), "batch_size=16", "validation_fraction=0", "shuffle=false"});
+  const Tensors first = all.batch(0);
+  const int ch = at3(first, "character", 0, 0, 0);
+  const int st = at3(first, "stage", 0, 0, 0);
+  const auto ch_name = slp::internal_character_name(ch);
+  const auto st_name = slp::stage_name(st);
+  ASSERT_TRUE(ch_name && st_name) << ch << " " << st;
+  const std::vector<std::string> common = {paths_of(synth_dir()), "batch_size=16",
+                                           "validation_fraction=0"};
+  auto with = [&](std::string chars, std::string stages) {
+    auto o = common;
+    o.push_back("characters=" + chars);
+    o.push_back("stages=" + stages);
+    return o;
+  };
+  Loader by_id(with("[" + std::to_string(ch) + "]", "[" + std::to_string(st) + "]"));
+  ::testing::internal::CaptureStderr();
+  // Upper case, and the id repeated by name: still the same filter.
+  std::string upper(*ch_name);
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  Loader by_name(with("[\"" + upper + "\", " + std::to_string(ch) + "]",
+                      "[\"" + std::string(*st_name) + "\"]"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find(" files -> "), std::string::npos) << "loaded again, not shared:\n" << err;
+  ASSERT_GT(by_id.stage().windows(), 0u);
+  ASSERT_EQ(by_id.stage().windows(), by_name.stage().windows());
+  for (uint64_t k = 0; k < std::min<uint64_t>(3, by_id.stage().batches_per_epoch()); ++k)
+    EXPECT_TRUE(same_batch(by_id.batch(k), by_name.batch(k))) << "batch " << k;
+  // Names of both players' characters, lower case, against their ids.
+  const int op = at3(first, "character", 0, 0, 1);
+  const auto op_name = slp::internal_character_name(op);
+  ASSERT_TRUE(op_name) << op;
+  std::string lower(*op_name);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  Loader names({paths_of(synth_dir()), "batch_size=16", "validation_fraction=0",
+                "characters=[\"" + lower + "\", \"" + std::string(*ch_name) + "\"]"});
+  Loader ids({paths_of(synth_dir()), "batch_size=16", "validation_fraction=0",
+              "characters=[" + std::to_string(op) + ", " + std::to_string(ch) + "]"});
+  EXPECT_EQ(names.stage().windows(), ids.stage().windows());
+  EXPECT_TRUE(same_batch(names.batch(0), ids.batch(0)));
+}
+
+TEST(Loader, UnknownNamesInFiltersAreConfigErrors) {
+  auto error_of = [](const std::string& filter) -> std::string {
+    try {
+      Loader L({paths_of(synth_dir()), filter});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no ConfigError";
+  };
+  const std::string ch = error_of("characters=[fox, foxx]");
+  EXPECT_NE(ch.find("unknown character 'foxx'; did you mean 'fox'?"), std::string::npos) << ch;
+  EXPECT_NE(ch.find("Captain Falcon"), std::string::npos) << ch;  // the valid names
+  const std::string st = error_of("stages=[battlefeild]");
+  EXPECT_NE(st.find("unknown stage 'battlefeild'; did you mean 'battlefield'?"), std::string::npos)
+      << st;
+  const std::string fd = error_of("stages=[FinalDest]");
+  EXPECT_NE(fd.find("unknown stage 'FinalDest'"), std::string::npos) << fd;
+  const std::string range = error_of("characters=[300]");
+  EXPECT_NE(range.find("character id 300 is out of range [0, 255]"), std::string::npos) << range;
+  EXPECT_NE(error_of("stages=[-1]").find("out of range"), std::string::npos);
 }
 
 TEST(Loader, CorpusGivesTheSameBatchesAsParsing) {

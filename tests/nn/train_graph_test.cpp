@@ -216,6 +216,12 @@ TEST(TrainGraph, AccumulateCountsOptimizerSteps) {
   Runner e(plan_graph(load_config(d.write("g.yaml", graph), {"data.count=14"})), quiet(d.path()));
   EXPECT_EQ(e.run().steps, 4u);
   EXPECT_EQ(e.state().total_steps, 4u);
+  // Every stage after the source counts the batches it took in (smi's items_in), not only the
+  // section's first.
+  for (size_t k = 1; k < e.graph().size(); ++k) {
+    EXPECT_EQ(e.counters(k).items_in, 14u) << e.graph().plan().stages[k].name;
+    EXPECT_EQ(e.counters(k).items_out, 14u) << e.graph().plan().stages[k].name;
+  }
 
   // A batcher joining pairs first: 14 batches -> 7 joined -> 2 updates of 3.
   std::string joined = graph;

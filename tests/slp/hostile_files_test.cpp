@@ -16,29 +16,12 @@
 #include "stages/melee/slp/inspect.h"
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/synth.h"
+#include "tests/support/temp_dir.h"
 
 namespace slipstream::slp {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag)
-      : path_(fs::temp_directory_path() /
-              ("slp_hostile_" + tag + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // A hang (FIFO, /dev/zero) kills the test binary instead of stalling the suite.
 class Watchdog {
@@ -69,7 +52,7 @@ std::string parse_error_of(const fs::path& path) {
 }
 
 TEST(SlpHostile, SymlinkLoopsAreSkippedNotFatal) {
-  TempDir t("loops");
+  const slipstream::testing::TempDir t;
   const fs::path d = t.path();
   write_synthetic_games(d, 1, 1, 200);
   write_synthetic_games(d / "sub", 1, 2, 200);
@@ -86,10 +69,11 @@ TEST(SlpHostile, SymlinkLoopsAreSkippedNotFatal) {
   EXPECT_TRUE(skipped_with(scan, d / "loop2", "symlink loop")) << describe(scan);
   EXPECT_TRUE(skipped_with(scan, d / "self.slp", "symlink loop")) << describe(scan);
 
-  const CorpusBuildReport r = build_corpus(inputs, t.path() / "corpus");
+  const CorpusBuildReport r = build_corpus(inputs, fs::path(t.path()) / "corpus");
   EXPECT_EQ(r.games, 2u);
   EXPECT_EQ(r.skipped, 3u);
-  const auto manifest = nlohmann::json::parse(std::ifstream(t.path() / "corpus" / "manifest.json"));
+  const auto manifest =
+      nlohmann::json::parse(std::ifstream(fs::path(t.path()) / "corpus" / "manifest.json"));
   ASSERT_EQ(manifest.at("skipped").size(), 3u);
   EXPECT_EQ(manifest["skipped"][0]["path"], (d / "loop1").string());
   EXPECT_EQ(manifest["skipped"][0]["reason"], "symlink loop");
@@ -97,7 +81,7 @@ TEST(SlpHostile, SymlinkLoopsAreSkippedNotFatal) {
 
 TEST(SlpHostile, UnreadableSubfolderIsSkippedNotFatal) {
   if (::geteuid() == 0) GTEST_SKIP() << "root reads folders whatever their mode";
-  TempDir t("unreadable");
+  const slipstream::testing::TempDir t;
   const fs::path d = t.path();
   write_synthetic_games(d, 1, 1, 200);
   write_synthetic_games(d / "locked", 1, 2, 200);
@@ -121,7 +105,7 @@ TEST(SlpHostile, UnreadableSubfolderIsSkippedNotFatal) {
 }
 
 TEST(SlpHostile, NonRegularSlpEntriesInAFolderAreSkipped) {
-  TempDir t("nonregular");
+  const slipstream::testing::TempDir t;
   const fs::path d = t.path();
   write_synthetic_games(d, 1, 1, 200);
   ASSERT_EQ(::mkfifo((d / "fifo.slp").c_str(), 0600), 0);
@@ -142,8 +126,8 @@ TEST(SlpHostile, NonRegularSlpEntriesInAFolderAreSkipped) {
 }
 
 TEST(SlpHostile, NonRegularFilesAreRefusedBeforeReading) {
-  TempDir t("refuse");
-  const fs::path fifo = t.path() / "fifo.slp", dir = t.path() / "x.slp";
+  const slipstream::testing::TempDir t;
+  const fs::path fifo = fs::path(t.path()) / "fifo.slp", dir = fs::path(t.path()) / "x.slp";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   fs::create_directory(dir);
 
@@ -166,7 +150,7 @@ TEST(SlpHostile, NonRegularFilesAreRefusedBeforeReading) {
   }
   // A corpus given such a file directly skips it (a folder given is searched, as any).
   const fs::path inputs[] = {fifo, "/dev/zero", dir};
-  const CorpusBuildReport r = build_corpus(inputs, t.path() / "corpus");
+  const CorpusBuildReport r = build_corpus(inputs, fs::path(t.path()) / "corpus");
   EXPECT_EQ(r.games, 0u);
   EXPECT_EQ(r.skipped, 2u);
 }
@@ -182,7 +166,7 @@ fs::path sparse_file(const fs::path& path, const std::string& head) {
 }
 
 TEST(SlpHostile, HugeJunkFileIsRefusedByItsHeader) {
-  TempDir t("huge");
+  const slipstream::testing::TempDir t;
   // Junk from the first byte, and a valid container header whose events are zeros.
   const std::string container("{U\x03raw[$U#l\x7f\xff\xff\xff", 15);
   const struct {
@@ -196,7 +180,8 @@ TEST(SlpHostile, HugeJunkFileIsRefusedByItsHeader) {
   };
   int i = 0;
   for (const auto& c : cases) {
-    const fs::path p = sparse_file(t.path() / ("junk" + std::to_string(i++) + ".slp"), c.head);
+    const fs::path p =
+        sparse_file(fs::path(t.path()) / ("junk" + std::to_string(i++) + ".slp"), c.head);
     if (p.empty()) GTEST_SKIP() << "no sparse files here";
     SCOPED_TRACE(p.string());
     const auto t0 = std::chrono::steady_clock::now();
@@ -216,8 +201,8 @@ TEST(SlpHostile, HugeJunkFileIsRefusedByItsHeader) {
 
 // The header check refuses only what the parser refuses: a real-looking header goes through.
 TEST(SlpHostile, HeaderCheckAcceptsValidReplays) {
-  TempDir t("valid");
-  const auto paths = write_synthetic_games(t.path(), 2, 3, 300);
+  const slipstream::testing::TempDir t;
+  const auto paths = write_synthetic_games(fs::path(t.path()), 2, 3, 300);
   for (const auto& p : paths) {
     const std::vector<uint8_t> bytes = read_file_bytes(p);
     EXPECT_EQ(bytes.size(), fs::file_size(p));

@@ -2,6 +2,7 @@
 
 #include "stages/melee/slp/inspect.h"
 #include "stages/melee/slp/parser.h"
+#include "stages/melee/slp/synth.h"
 #include "tests/slp/replay_files.h"
 
 namespace slipstream::slp {
@@ -48,6 +49,59 @@ TEST(SlpInspect, InfoPlacementsMatchIdAndMetadata) {
   EXPECT_EQ(game["metadata"]["startAt"], "2018-06-22T07:52:59Z");
   EXPECT_FALSE(game.contains("placements"));
   EXPECT_FALSE(replay_info_text(game).empty());
+}
+
+TEST(SlpInspect, InfoNamesCharactersStagesAndNametags) {
+  const Game g = synthesize_game({.seed = 3, .frames = 400});
+  const auto j = replay_info_json(g);
+  ASSERT_EQ(j["players"].size(), 2u);
+  for (const auto& p : j["players"]) {
+    EXPECT_TRUE(p["character_name"].is_string()) << p;
+    EXPECT_EQ(p["character_name"], p["external_character_name"]) << p;  // ids differ, not names
+    EXPECT_TRUE(p["follower_name"].is_null()) << p;
+  }
+  EXPECT_EQ(j["players"][0]["nametag"], "SYN");
+  EXPECT_TRUE(j["stage_name"].is_string());
+  const std::string text = replay_info_text(j);
+  const std::string name = j["players"][0]["external_character_name"];
+  const std::string ext = std::to_string(j["players"][0]["external_character"].get<int>());
+  const std::string in = std::to_string(j["players"][0]["character"].get<int>());
+  EXPECT_NE(
+      text.find("player 1: " + name + " (id " + ext + ", internal " + in + "), nametag 'SYN'"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("stage: " + j["stage_name"].get<std::string>() + " (id " +
+                      std::to_string(j["stage"].get<int>()) + ")"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("placements: port 1: "), std::string::npos) << text;
+  EXPECT_EQ(text.find("stage_name"), std::string::npos) << text;
+
+  // An id past the tables keeps its number and has a null name.
+  Game odd = g;
+  odd.info.start.stage = 999;
+  odd.info.start.players[0].character = 200;
+  const auto oj = replay_info_json(odd);
+  EXPECT_TRUE(oj["stage_name"].is_null());
+  EXPECT_TRUE(oj["players"][0]["external_character_name"].is_null());
+  EXPECT_NE(replay_info_text(oj).find("stage: stage 999 (id 999)"), std::string::npos);
+  EXPECT_NE(replay_info_text(oj).find("player 1: character 200 (id 200"), std::string::npos);
+}
+
+TEST(SlpInspect, InfoTextOfRealGames) {
+  SLP_REQUIRE_REPLAYS();
+  const auto ics = replay_info_json(replay("peppi/ics.slp"));
+  EXPECT_EQ(ics["players"][0]["character_name"], "Popo");
+  EXPECT_EQ(ics["players"][0]["follower_name"], "Nana");
+  EXPECT_EQ(ics["players"][0]["external_character_name"], "Ice Climbers");
+  EXPECT_EQ(ics["players"][1]["character_name"], "Jigglypuff");
+  const std::string text = replay_info_text(ics);
+  EXPECT_NE(text.find("player 1: Ice Climbers (id 14, internal 10) + Nana (internal 11)"),
+            std::string::npos)
+      << text;
+  // Placements are 0-based in the file ({"1": 1, "3": 0}).
+  const std::string v313 = replay_info_text(replay_info_json(replay("peppi/v3.13.slp")));
+  EXPECT_NE(v313.find("placements: port 1: 2nd, port 3: 1st\n"), std::string::npos) << v313;
 }
 
 TEST(SlpInspect, InfoReportsErrors) {

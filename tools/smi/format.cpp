@@ -43,47 +43,52 @@ void append_hex(std::string& out, unsigned v) {
 
 }  // namespace
 
-std::string printable(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    uint32_t cp = 0;
-    const size_t n = utf8_sequence(s, i, cp);
-    if (n == 0) {
-      append_hex(out, static_cast<uint8_t>(s[i]));
-      ++i;
-      continue;
-    }
-    if (cp == '\n')
-      out += "\\n";
-    else if (cp == '\r')
-      out += "\\r";
-    else if (cp == '\t')
-      out += "\\t";
-    else if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0))
-      append_hex(out, cp);  // C1 controls too: some terminals take U+009B as CSI
-    else
-      out.append(s.substr(i, n));
-    i += n;
-  }
-  return out;
-}
+namespace {
 
-std::string valid_utf8(std::string_view s) {
+// Walks `s` one UTF-8 character at a time: on_char(code point, its bytes) for each well-formed
+// one, on_invalid(byte) for each byte that starts none.
+template <class OnChar, class OnInvalid>
+std::string each_utf8(std::string_view s, OnChar on_char, OnInvalid on_invalid) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     uint32_t cp = 0;
     const size_t n = utf8_sequence(s, i, cp);
     if (n == 0) {
-      out += "\xEF\xBF\xBD";  // U+FFFD
+      on_invalid(out, static_cast<uint8_t>(s[i]));
       ++i;
     } else {
-      out.append(s.substr(i, n));
+      on_char(out, cp, s.substr(i, n));
       i += n;
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::string printable(std::string_view s) {
+  return each_utf8(
+      s,
+      [](std::string& out, uint32_t cp, std::string_view bytes) {
+        if (cp == '\n')
+          out += "\\n";
+        else if (cp == '\r')
+          out += "\\r";
+        else if (cp == '\t')
+          out += "\\t";
+        else if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0))
+          append_hex(out, cp);  // C1 controls too: some terminals take U+009B as CSI
+        else
+          out.append(bytes);
+      },
+      [](std::string& out, uint8_t byte) { append_hex(out, byte); });
+}
+
+std::string valid_utf8(std::string_view s) {
+  return each_utf8(
+      s, [](std::string& out, uint32_t, std::string_view bytes) { out.append(bytes); },
+      [](std::string& out, uint8_t) { out += "\xEF\xBF\xBD"; });  // U+FFFD
 }
 
 std::optional<double> plausible(double v, double max) {

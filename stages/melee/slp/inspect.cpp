@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "stages/melee/slp/game_json.h"
+#include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
 
 namespace slipstream::slp {
@@ -36,6 +37,47 @@ std::string scalar_text(const nlohmann::json& v) {
   return v.is_string() ? v.get<std::string>() : dump_json(v, -1);
 }
 
+// The name for an id, or null when the id is absent or unknown (ids past the table are kept).
+nlohmann::json name_json(const nlohmann::json& id,
+                         std::optional<std::string_view> (*name_of)(int)) {
+  if (!id.is_number_integer()) return nullptr;
+  const auto n = name_of(id.get<int>());
+  return n ? nlohmann::json(std::string(*n)) : nlohmann::json(nullptr);
+}
+
+// "Fox" when the summary has a name for it, else "character 2".
+std::string named(const nlohmann::json& j, const char* name_key, const char* id_key,
+                  const char* what) {
+  if (j.contains(name_key) && j[name_key].is_string()) return j[name_key].get<std::string>();
+  return std::string(what) + " " + scalar_text(j.value(id_key, nlohmann::json(nullptr)));
+}
+
+std::string ordinal(int64_t n) {
+  const int64_t tens = n % 100;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th"
+                       : n % 10 == 1              ? "st"
+                       : n % 10 == 2              ? "nd"
+                       : n % 10 == 3              ? "rd"
+                                                  : "th";
+  return std::to_string(n) + suffix;
+}
+
+std::string player_text(const nlohmann::json& p) {
+  std::ostringstream out;
+  out << "player " << scalar_text(p["port"]) << ": "
+      << named(p, "external_character_name", "external_character", "character") << " (id "
+      << scalar_text(p.value("external_character", nlohmann::json(nullptr))) << ", internal "
+      << scalar_text(p.value("character", nlohmann::json(nullptr))) << ")";
+  if (p.contains("follower") && !p["follower"].is_null())
+    out << " + " << named(p, "follower_name", "follower", "follower") << " (internal "
+        << scalar_text(p["follower"]) << ")";
+  if (p.value("type", 0) == 1) out << ", CPU";
+  if (p.contains("nametag")) out << ", nametag '" << scalar_text(p["nametag"]) << "'";
+  if (p.contains("display_name")) out << ", " << scalar_text(p["display_name"]);
+  if (p.contains("connect_code")) out << " (" << scalar_text(p["connect_code"]) << ")";
+  return out.str();
+}
+
 // Flattens nested objects into "a.b: value" lines.
 void flatten(const nlohmann::json& j, const std::string& prefix, std::ostringstream& out) {
   if (j.is_object()) {
@@ -61,17 +103,23 @@ nlohmann::json replay_info_json(const Game& game) {
   j["file"] = info.source;
   j["version"] = s.version.str();
   j["stage"] = s.stage;
+  j["stage_name"] = name_json(s.stage, stage_name);
   nlohmann::json players = nlohmann::json::array();
   for (const Player& p : s.players) {
-    players.push_back(
-        {{"port", p.port + 1},
-         {"character", p.internal_character == kNoCharacter ? nlohmann::json(nullptr)
-                                                            : nlohmann::json(p.internal_character)},
-         {"follower", p.follower_internal_character == kNoCharacter
-                          ? nlohmann::json(nullptr)
-                          : nlohmann::json(p.follower_internal_character)},
-         {"external_character", p.character},
-         {"type", p.type}});
+    nlohmann::json pj = {
+        {"port", p.port + 1},
+        {"character", p.internal_character == kNoCharacter ? nlohmann::json(nullptr)
+                                                           : nlohmann::json(p.internal_character)},
+        {"follower", p.follower_internal_character == kNoCharacter
+                         ? nlohmann::json(nullptr)
+                         : nlohmann::json(p.follower_internal_character)},
+        {"external_character", p.character},
+        {"type", p.type}};
+    pj["character_name"] = name_json(pj["character"], internal_character_name);
+    pj["follower_name"] = name_json(pj["follower"], internal_character_name);
+    pj["external_character_name"] = name_json(pj["external_character"], external_character_name);
+    players.push_back(std::move(pj));
+    if (!p.nametag.empty()) players.back()["nametag"] = p.nametag;
     if (!p.display_name.empty()) players.back()["display_name"] = p.display_name;
     if (!p.connect_code.empty()) players.back()["connect_code"] = p.connect_code;
   }
@@ -141,13 +189,28 @@ std::string replay_info_text(const nlohmann::json& info) {
   out << info.value("file", std::string("?")) << "\n";
   for (auto it = info.begin(); it != info.end(); ++it) {
     if (it.key() == "file") continue;
+    if (it.key() == "stage_name") continue;  // on the stage line
+    if (it.key() == "stage") {
+      out << "  stage: " << named(info, "stage_name", "stage", "stage") << " (id "
+          << scalar_text(it.value()) << ")\n";
+      continue;
+    }
     if (it.key() == "players") {
-      for (const auto& p : it.value()) {
-        out << "  player " << p["port"] << ": character " << scalar_text(p["character"]);
-        if (!p["follower"].is_null()) out << " + follower " << scalar_text(p["follower"]);
-        if (p.contains("connect_code")) out << " (" << scalar_text(p["connect_code"]) << ")";
-        out << "\n";
+      for (const auto& p : it.value()) out << "  " << player_text(p) << "\n";
+      continue;
+    }
+    if (it.key() == "placements" && it.value().is_object()) {
+      // 0-based places per port in the file; people read "port 1: 1st".
+      out << "  placements:";
+      const char* sep = " ";
+      for (auto pl = it.value().begin(); pl != it.value().end(); ++pl, sep = ", ") {
+        out << sep << "port " << pl.key() << ": ";
+        if (pl.value().is_number_integer())
+          out << ordinal(pl.value().get<int64_t>() + 1);
+        else
+          out << scalar_text(pl.value());
       }
+      out << "\n";
       continue;
     }
     std::ostringstream sub;
