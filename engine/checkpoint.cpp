@@ -38,12 +38,12 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   fs::rename(tmp, dir);
 }
 
-CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir) {
+CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t first_stage) {
   std::string model_path = (fs::path(dir) / "model.safetensors").string();
   std::string state_path = (fs::path(dir) / "state.safetensors").string();
   SafetensorsFile model = read_safetensors(model_path);
   SafetensorsFile state = read_safetensors(state_path);
-  for (size_t k = 0; k < graph.stages.size(); ++k) {
+  for (size_t k = first_stage; k < graph.stages.size(); ++k) {
     const std::string& name = graph.stages[k].name;
     StateReader weights(model.tensors, model.metadata, name, model_path);
     for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
@@ -56,6 +56,19 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir) {
   info.step = static_cast<uint64_t>(run.integer("step"));
   info.next_batch = static_cast<uint64_t>(run.integer("next_batch"));
   return info;
+}
+
+uint64_t load_weights(GraphPlan& graph, const std::string& dir) {
+  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  const std::string state_path = (fs::path(dir) / "state.safetensors").string();
+  SafetensorsFile model = read_safetensors(model_path);
+  for (size_t k = 0; k < graph.stages.size(); ++k) {
+    StateReader weights(model.tensors, model.metadata, graph.stages[k].name, model_path);
+    for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
+  }
+  SafetensorsFile state = read_safetensors(state_path);
+  return static_cast<uint64_t>(
+      StateReader(state.tensors, state.metadata, "run", state_path).integer("step"));
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
@@ -71,6 +84,27 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
     if (!best || step >= best_step) best = e.path().string(), best_step = step;
   }
   return best;
+}
+
+CheckpointPath resolve_checkpoint_path(const std::string& path) {
+  CheckpointPath r;
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
+  if (p.parent_path().filename() == "checkpoints" && fs::is_directory(p, ec)) {
+    if (!fs::exists(p / "DONE", ec)) {
+      r.error = path + ": an incomplete checkpoint (no DONE file: its write did not finish)";
+      return r;
+    }
+    r.checkpoint = p.string();
+    r.run_dir = p.parent_path().parent_path().string();
+    if (r.run_dir.empty()) r.run_dir = ".";
+  } else {
+    r.run_dir = p.string();
+  }
+  if (!fs::exists(fs::path(r.run_dir) / "config.yaml", ec))
+    r.error = path + ": not a run directory (no config.yaml) nor a checkpoint in one";
+  return r;
 }
 
 }  // namespace slipstream

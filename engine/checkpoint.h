@@ -25,9 +25,23 @@ struct CheckpointInfo {
 // `next_batch` is the index of the first batch not yet trained on.
 void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
                      const std::string& dir);
-// Loads parameters and stage state from `dir`; returns the position to resume from.
-CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir);
+// Loads parameters and stage state from `dir`; returns the position to resume from. Stages
+// before `first_stage` (e.g. the data stages when scoring other data) keep their own state.
+CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t first_stage = 0);
+// Loads only the trainable parameters (model.safetensors) of every stage that has some: a warm
+// start. Every parameter must be in the file with its shape. Returns the checkpoint's step.
+uint64_t load_weights(GraphPlan& graph, const std::string& dir);
 // The newest complete checkpoint under `run_dir/checkpoints/`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+
+// A path a user gave for a checkpoint: a run directory (its newest checkpoint) or one of its
+// checkpoints (RUN/checkpoints/step-N). `checkpoint` is empty when `path` names a run directory
+// (the caller picks latest_checkpoint); `error` says what is wrong when it is neither.
+struct CheckpointPath {
+  std::string run_dir;     // holds config.yaml
+  std::string checkpoint;  // RUN/checkpoints/step-N, or empty
+  std::string error;
+};
+CheckpointPath resolve_checkpoint_path(const std::string& path);
 
 }  // namespace slipstream

@@ -51,6 +51,10 @@ const StageSchema& run_schema() {
         .range(0, std::nullopt)
         .param("runs_dir", std::string("runs"), "where run directories are created")
         .path()
+        .param("init_from", std::string(),
+               "start from these weights (a run directory: its newest checkpoint, or "
+               "RUN/checkpoints/step-N), with fresh optimizer state and step 0: fine-tuning")
+        .path(/*must_exist=*/true)
         .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
         .range(10, 60000);
     return s;
@@ -801,8 +805,9 @@ void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor&
   for (int64_t i = 0; i < sum.numel(); ++i) d[i] += g[i];
   dst = sum;
 }
-void StageContext::metric(std::string_view name, double value, MetricKind kind) const {
-  if (run_->metric_sink) run_->metric_sink(name, value, kind);
+void StageContext::metric(std::string_view name, double value, MetricKind kind,
+                          double weight) const {
+  if (run_->metric_sink) run_->metric_sink(name, value, kind, weight);
 }
 
 std::vector<Tensor*> StageContext::passthrough_tensors(Batch& b) const {

@@ -156,7 +156,8 @@ struct Runner::Impl {
 
   // Metrics: the training interval's sums, and a validation pass's sums.
   std::mutex metrics_mu;
-  std::map<std::string, std::pair<double, uint64_t>> interval, validation;
+  // name -> (Σ weight·value, Σ weight)
+  std::map<std::string, std::pair<double, double>> interval, validation;
   bool in_validation = false;
   std::map<std::string, double> last_train, last_validation;
   MetricsLog metrics_file;
@@ -179,6 +180,7 @@ struct Runner::Impl {
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
   uint64_t last_validated_step = 0;
+  uint64_t pass_batches = 0, pass_samples = 0;  // the last forward_pass's
 
   // Stats publishing.
   std::unique_ptr<stats::RecordWriter> record;
@@ -198,8 +200,7 @@ struct Runner::Impl {
 
   // ---- stage calls with timing and error context ----
   template <class Fn>
-  void timed(size_t k, uint64_t batch_index, Fn&& fn) {
-    uint64_t t0 = now_ns();
+  void as_stage(size_t k, uint64_t batch_index, Fn&& fn) {
     try {
       fn();
     } catch (const StageError&) {
@@ -208,6 +209,11 @@ struct Runner::Impl {
       const auto& ps = plan().stages[k];
       throw StageError(ps.name, ps.schema->kind(), batch_index, e.what());
     }
+  }
+  template <class Fn>
+  void timed(size_t k, uint64_t batch_index, Fn&& fn) {
+    uint64_t t0 = now_ns();
+    as_stage(k, batch_index, fn);
     counters[k]->busy_ns += now_ns() - t0;
   }
 
@@ -245,13 +251,16 @@ struct Runner::Impl {
     return ok;
   }
 
-  void metric(std::string_view name, double value, MetricKind kind) {
+  void metric(std::string_view name, double value, MetricKind kind, double weight) {
     std::lock_guard lock(metrics_mu);
     auto& m = in_validation ? validation : interval;
     auto& e = m[std::string(name)];
-    if (kind == MetricKind::last) e = {0.0, 0};
-    e.first += value;
-    e.second++;
+    if (kind == MetricKind::last) {
+      e = {value, 1.0};
+    } else if (weight > 0) {  // a value measured over nothing adds nothing
+      e.first += value * weight;
+      e.second += weight;
+    }
     if (in_validation) return;
     if (name == "loss") last_loss.store(value);
     if ((name == "loss" && !std::isfinite(value)) || name == "nonfinite_grad_steps")
@@ -297,29 +306,52 @@ struct Runner::Impl {
     std::vector<StageContext*> cx;
     for (size_t k = 0; k < eval_stages.size(); ++k)
       st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
+    for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
+    return forward_pass(st, cx, plan().run.integer("validate_batches"),
+                        "validation @ step " + std::to_string(run.step));
+  }
+
+  // Up to `batches` batches from the start of the data stages `st` (head and data transforms,
+  // split validation) through the section's forward with training off: the pass's weighted
+  // means. `label` heads the terminal's progress line.
+  // With `on_batch`, each batch is handed to it after the forward with the seconds the section's
+  // stages before the loss took (the model's answer, without scoring it).
+  std::map<std::string, double> forward_pass(std::vector<Stage*>& st,
+                                             std::vector<StageContext*>& cx, int64_t batches,
+                                             const std::string& label,
+                                             const StreamCallback* on_batch = nullptr) {
     size_t head_end = static_cast<size_t>(plan().head_end);
     std::vector<uint64_t> next(head_end, 0);
     for (size_t k = 0; k < head_end; ++k) st[k]->seek(0, *cx[k]);
-    for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
     {
       std::lock_guard lock(metrics_mu);
       validation.clear();
       in_validation = true;
     }
     run.training = false;
-    int64_t batches = plan().run.integer("validate_batches");
+    pass_batches = pass_samples = 0;
     try {
       for (int64_t i = 0; i < batches; ++i) {
         if (tty) {
-          *log << "\r\033[Kvalidation @ step " << run.step << ": batch " << i + 1;
+          *log << "\r\033[K" << label << ": batch " << i + 1;
           if (batches != std::numeric_limits<int64_t>::max()) *log << "/" << batches;  // not "all"
           *log << std::flush;
         }
         Batch b = graph->new_batch();
         if (!pull(st, cx, next, head_end - 1, b, false)) break;
-        for (size_t k = head_end; k < eval_stages.size(); ++k) st[k]->forward(b, *cx[k]);
-        for (size_t k = plan().section_begin; k < n(); ++k)
-          if (!plan().stages[k].after_loss) graph->stage(k).forward(b, graph->context(k));
+        for (size_t k = head_end; k < st.size(); ++k)
+          as_stage(k, b.index, [&] { st[k]->forward(b, *cx[k]); });
+        uint64_t t0 = now_ns(), answer_ns = 0;
+        for (size_t k = plan().section_begin; k < n(); ++k) {
+          if (plan().stages[k].after_loss) continue;
+          if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss)
+            answer_ns = now_ns() - t0;
+          as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+        }
+        if (on_batch)
+          (*on_batch)(b, static_cast<double>(answer_ns ? answer_ns : now_ns() - t0) * 1e-9);
+        ++pass_batches;
+        pass_samples += b.samples;
       }
     } catch (...) {
       run.training = true;
@@ -332,7 +364,7 @@ struct Runner::Impl {
       std::lock_guard lock(metrics_mu);
       in_validation = false;
       for (auto& [k, v] : validation)
-        avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+        if (v.second > 0) avg[k] = v.first / v.second;
     }
     return avg;
   }
@@ -369,7 +401,7 @@ struct Runner::Impl {
     {
       std::lock_guard lock(metrics_mu);
       for (auto& [k, v] : interval)
-        avg[k] = v.first / static_cast<double>(std::max<uint64_t>(1, v.second));
+        if (v.second > 0) avg[k] = v.first / v.second;
       interval.clear();
     }
     double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
@@ -726,6 +758,8 @@ struct Runner::Impl {
 
   RunResult execute();
   RunResult execute_steps();
+  EvalResult evaluate(const std::string& checkpoint, const StreamCallback* on_batch,
+                      bool streaming);
 };
 
 Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl>()) {
@@ -745,8 +779,8 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
-  I.run.metric_sink = [this](std::string_view name, double v, MetricKind kind) {
-    impl_->metric(name, v, kind);
+  I.run.metric_sink = [this](std::string_view name, double v, MetricKind kind, double weight) {
+    impl_->metric(name, v, kind, weight);
   };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   I.device_reason = dc.reason;
@@ -786,6 +820,60 @@ Runner::Counters Runner::counters(size_t stage) const {
 
 RunResult Runner::run() {
   return impl_->execute();
+}
+
+EvalResult Runner::evaluate(const std::string& checkpoint, const StreamCallback& on_batch) {
+  return impl_->evaluate(checkpoint, on_batch ? &on_batch : nullptr, false);
+}
+
+EvalResult Runner::stream(const std::string& checkpoint, const StreamCallback& on_batch) {
+  return impl_->evaluate(checkpoint, &on_batch, true);
+}
+
+EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCallback* on_batch,
+                                  bool streaming) {
+  std::optional<tbb::global_control> threads;
+  if (int64_t t = plan().run.integer("threads"); t > 0)
+    threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
+  run.run_dir.clear();  // writes nothing: no split lists, no checkpoints, no best copies
+  *log << "device: " << device_reason << "\n";
+  // The data stages serve their validation split: every window, in the validation order.
+  const size_t sb = static_cast<size_t>(plan().section_begin);
+  for (size_t k = 0; k < sb; ++k) graph->context(k).split_ = StageContext::Split::validation;
+  if (streaming) {
+    // Every stage the batches go through must say what it does with positions.
+    for (size_t k = static_cast<size_t>(plan().head_end); k < n(); ++k) {
+      const auto& ps = plan().stages[k];
+      if (ps.after_loss || ps.schema->streaming_kind() != Streaming::none) continue;
+      throw std::runtime_error("stage '" + ps.name + "' (" + ps.schema->kind() +
+                               ") cannot run on a stream of frames: its schema does not say "
+                               "whether it mixes positions (StageSchema::streaming)");
+    }
+    run.streaming = true;
+  }
+  graph->setup();
+  // The data stages' state is a position in the training data; the section's (weights, an
+  // optimizer's EMA, a loss's statistics) is the model being scored.
+  const CheckpointInfo info = load_checkpoint(graph->plan(), checkpoint, sb);
+  run.step = info.step;
+  std::vector<Stage*> st;
+  std::vector<StageContext*> cx;
+  for (size_t k = 0; k < sb; ++k) st.push_back(&graph->stage(k)), cx.push_back(&graph->context(k));
+  for (size_t k = 0; k < n(); ++k)
+    as_stage(k, 0, [&] { graph->stage(k).validation_begin(graph->context(k)); });
+  if (streaming)
+    for (size_t k = 0; k < n(); ++k)
+      as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
+  const uint64_t t0 = now_ns();
+  EvalResult r;
+  r.metrics = forward_pass(st, cx, std::numeric_limits<int64_t>::max(),
+                           streaming ? "stream" : "eval", on_batch);
+  if (tty) *log << "\r\033[K" << std::flush;
+  r.seconds = static_cast<double>(now_ns() - t0) * 1e-9;
+  r.step = info.step;
+  r.batches = pass_batches;
+  r.samples = pass_samples;
+  return r;
 }
 
 RunResult Runner::Impl::execute() {
@@ -836,6 +924,26 @@ RunResult Runner::Impl::execute_steps() {
 
   size_t head_end = static_cast<size_t>(plan().head_end);
   head_next.assign(head_end, 0);
+  // A warm start: weights only. A resume has its own weights (and the first run's were these).
+  if (const std::string from = plan().run.string("init_from"); !from.empty() && !ckpt) {
+    const CheckpointPath where = resolve_checkpoint_path(from);
+    std::string dir = where.checkpoint;
+    if (where.error.empty() && dir.empty()) dir = latest_checkpoint(where.run_dir).value_or("");
+    if (dir.empty())
+      throw std::runtime_error(
+          "run.init_from: " +
+          (where.error.empty() ? from + ": the run has no complete checkpoint" : where.error));
+    uint64_t from_step = 0;
+    try {
+      from_step = load_weights(graph->plan(), dir);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("run.init_from: " + std::string(e.what()));
+    }
+    for (size_t k = 0; k < n(); ++k)
+      as_stage(k, 0, [&] { graph->stage(k).parameters_replaced(graph->context(k)); });
+    log_line("initialised the weights from " + dir + " (its step " + std::to_string(from_step) +
+             "); optimizer state, schedule and step count start fresh");
+  }
   if (ckpt) {
     CheckpointInfo info = load_checkpoint(graph->plan(), *ckpt);
     run.step = info.step;

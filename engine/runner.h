@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
 #include <memory>
@@ -51,6 +52,19 @@ struct RunResult {
   std::map<std::string, double> last_validation_metrics;
 };
 
+// What Runner::evaluate measured.
+struct EvalResult {
+  std::map<std::string, double> metrics;  // the pass's means, as a validation row has them
+  uint64_t step = 0;                      // the checkpoint's step
+  uint64_t batches = 0;
+  uint64_t samples = 0;  // examples scored (Batch::samples: padding excluded)
+  double seconds = 0;    // the pass alone, without setup
+};
+
+// Runner::evaluate's and Runner::stream's view of each batch after its forward: the batch (every
+// stage's outputs) and the seconds the trainable section's stages before the loss took on it.
+using StreamCallback = std::function<void(const Batch&, double)>;
+
 // Thrown for a failure inside a stage; names the stage, its kind and the batch.
 class StageError : public std::runtime_error {
  public:
@@ -73,6 +87,18 @@ class Runner {
   // run.max_nonfinite_steps steps (finish() is skipped: no checkpoint of a diverged model) or
   // when metrics.jsonl cannot be written (after finish(): the checkpoint keeps the steps).
   RunResult run();
+  // Scores a checkpoint instead of training: every data stage serves its validation split, the
+  // checkpoint's section state is loaded (weights, an optimizer's EMA, a loss's statistics; the
+  // data stages keep their own), and one validation pass runs over all of the data, as a run's
+  // validation would with run.validate_batches: all. Writes nothing: no run directory, no
+  // checkpoint, no best copies. Call instead of run(), once; throws StageError as run() does.
+  // `on_batch`, when given, sees each batch after its forward.
+  EvalResult evaluate(const std::string& checkpoint, const StreamCallback& on_batch = {});
+  // evaluate() as a stream: RunState::streaming is set and every stage gets stream_begin, so
+  // recurrent stages carry their state from one batch to the next (a data split of windows of
+  // one position, in order, is a game played frame by frame). Refuses a graph with a stage
+  // whose schema does not declare Streaming. `on_batch` sees each batch after its forward.
+  EvalResult stream(const std::string& checkpoint, const StreamCallback& on_batch);
 
   Graph& graph();
   RunState& state();

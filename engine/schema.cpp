@@ -114,6 +114,10 @@ StageSchema& StageSchema::passthrough() {
   passthrough_ = true;
   return *this;
 }
+StageSchema& StageSchema::streaming(Streaming s) {
+  streaming_ = s;
+  return *this;
+}
 StageSchema& StageSchema::concurrency(int n) {
   concurrency_ = n;
   return *this;
@@ -243,7 +247,11 @@ std::string port_line(const PortSpec& p) {
 std::string StageSchema::help() const {
   std::ostringstream os;
   os << kind_ << "  [" << (family_.empty() ? "core" : family_) << ", " << stage_role_name(role_)
-     << (trainable_ ? ", trainable" : "") << "]\n";
+     << (trainable_ ? ", trainable" : "")
+     << (streaming_ == Streaming::recurrent      ? ", streams frame by frame"
+         : streaming_ == Streaming::per_position ? ", per position"
+                                                 : "")
+     << "]\n";
   if (!doc_.empty()) os << "  " << doc_ << "\n";
   os << "\ninputs:\n";
   if (inputs_.empty()) os << "  (none)\n";

@@ -54,6 +54,14 @@ struct PortSpec {
 //   loss       a transform that starts the backward pass;
 //   update     runs once per batch after the backward pass (allreduce, optimizer, checkpoint).
 enum class StageRole { source, rebatch, transform, loss, update };
+
+// How a stage's forward can run on a stream of batches (Runner::stream: a sequence cut into
+// batches of a few positions, one after another, e.g. one frame at a time for a bot):
+//   none          unknown, or it mixes positions without carrying state: a stream refuses it
+//   per_position  each position's output depends on that position alone (embeddings, heads)
+//   recurrent     causal over positions; with RunState::streaming its forward continues the
+//                 sequence from the state the previous batch left (reset by stream_begin)
+enum class Streaming { none, per_position, recurrent };
 std::string_view stage_role_name(StageRole r);
 
 class Stage;
@@ -75,6 +83,8 @@ class StageSchema {
   StageSchema& passthrough();
   // Worker slots for a transform before the trainable section; 0 = as many as TBB has.
   StageSchema& concurrency(int n);
+  // What the stage's forward does on a stream of batches (Streaming above).
+  StageSchema& streaming(Streaming s);
   StageSchema& input(std::string name, std::optional<DType> dtype, int rank, std::string doc);
   StageSchema& optional_input(std::string name, std::optional<DType> dtype, int rank,
                               std::string doc);
@@ -113,6 +123,8 @@ class StageSchema {
   }
   int default_concurrency() const { return concurrency_; }
   bool is_passthrough() const { return passthrough_; }
+  // Passthrough stages act on whole batches and never mix positions.
+  Streaming streaming_kind() const { return passthrough_ ? Streaming::per_position : streaming_; }
   const std::vector<PortSpec>& inputs() const { return inputs_; }
   const std::vector<PortSpec>& outputs() const { return outputs_; }
   const std::vector<ParamSpec>& params() const { return params_; }
@@ -130,6 +142,7 @@ class StageSchema {
   StageRole role_ = StageRole::transform;
   bool trainable_ = false, differentiable_ = false, passthrough_ = false;
   int concurrency_ = 1;
+  Streaming streaming_ = Streaming::none;
   std::vector<PortSpec> inputs_, outputs_;
   std::vector<ParamSpec> params_;
 };

@@ -48,7 +48,8 @@ struct Parameter {
 enum class Precision { fp32, bf16 };
 
 // How a metric's values over a logging window become its row: the mean (losses, accuracies),
-// or the latest value (a learning rate is the value at that step).
+// weighted by what each value was measured over, or the latest value (a learning rate is the
+// value at that step).
 enum class MetricKind { mean, last };
 
 // Run-wide state every stage can read; owned by the runner.
@@ -59,6 +60,9 @@ struct RunState {
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
   bool training = true;  // false during validation passes
+  // Runner::stream: batches are consecutive pieces of one sequence; recurrent stages continue
+  // from the state the previous batch left (schema Streaming::recurrent).
+  bool streaming = false;
   // Optimizer steps completed; read by the stats thread. A step is `micro_batches_per_step`
   // batches through the trainable section (1 without gradient accumulation).
   std::atomic<uint64_t> step{0};
@@ -78,8 +82,9 @@ struct RunState {
   // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;
   // a checkpoint stage does not save such a step.
   std::atomic<uint64_t> nonfinite_streak{0};
-  // Receives StageContext::metric() calls (set by the runner; thread-safe).
-  std::function<void(std::string_view, double, MetricKind)> metric_sink;
+  // Receives StageContext::metric() calls: name, value, kind, weight (set by the runner;
+  // thread-safe).
+  std::function<void(std::string_view, double, MetricKind, double)> metric_sink;
 };
 
 class StateWriter;
@@ -139,6 +144,12 @@ class Stage {
   // Around each validation pass (e.g. an optimizer swaps in its EMA weights, a checkpoint stage
   // keeps the best). `metrics` holds the pass's averages ("loss", ...).
   virtual void validation_begin(StageContext& ctx) { (void)ctx; }
+  // Parameters were replaced from outside after setup (run.init_from): copies derived from them
+  // (an optimizer's EMA, bf16 shadows) start again from the new values.
+  virtual void parameters_replaced(StageContext& ctx) { (void)ctx; }
+  // A stream starts (Runner::stream): a recurrent stage sets its carried state to the start of
+  // a sequence (what its forward starts every window from).
+  virtual void stream_begin(StageContext& ctx) { (void)ctx; }
   virtual void validation_end(const std::map<std::string, double>& metrics, StageContext& ctx) {
     (void)metrics;
     (void)ctx;
@@ -188,8 +199,12 @@ class StageContext {
   void add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const;
   // Records a scalar for this step's metrics ("loss", "acc/buttons", ...): the runner prefixes
   // nothing; names should be unique across stages. A train row holds the mean over its steps,
-  // or with MetricKind::last the value at its last step.
-  void metric(std::string_view name, double value, MetricKind kind = MetricKind::mean) const;
+  // or with MetricKind::last the value at its last step. `weight` is what the value is a mean
+  // over (e.g. the batch's valid positions): rows and validation passes average values weighted
+  // by it, so a padded last batch counts for what it holds, and a whole pass's figure equals
+  // the figure over all its positions at once.
+  void metric(std::string_view name, double value, MetricKind kind = MetricKind::mean,
+              double weight = 1) const;
 
   // Stages upstream of this one in the graph, nearest first; for allreduce/optimizers/checkpoints.
   std::vector<std::pair<std::string, Stage*>> upstream_stages() const;

@@ -52,7 +52,7 @@ StageHarness::StageHarness(const std::string& kind, const std::vector<std::strin
   plan_.section_begin = 0;
   run_.precision = precision;
   run_.seed = seed;
-  run_.metric_sink = [this](std::string_view n, double v, MetricKind) {
+  run_.metric_sink = [this](std::string_view n, double v, MetricKind, double) {
     metrics_[std::string(n)] = v;
   };
   run_.run_dir.clear();

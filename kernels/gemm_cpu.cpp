@@ -1,30 +1,83 @@
-// GEMMs go to OpenBLAS; its own threads parallelise them. Bias sums are column-blocked so
-// each TBB task owns its outputs (no atomics, deterministic).
+// GEMMs go to OpenBLAS, run single-threaded inside TBB tasks: one thread pool for the whole
+// process (run.threads bounds it), instead of OpenBLAS's own threads spinning beside TBB's
+// (measured faster on 2 cores, docs/kernels.md). A large product is split by rows of C into
+// fixed blocks, one sgemm each. Bias sums are column-blocked so each TBB task owns its outputs
+// (no atomics, deterministic).
 #include "kernels/gemm.h"
 
 #include <cblas.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/bf16.h"
 #include "kernels/parallel.h"
 
 namespace slipstream::kernels {
 
+namespace {
+
+// OpenBLAS single-threaded from the first product on, unless the user set OPENBLAS_NUM_THREADS
+// (then its threads do the splitting, as before). True when TBB splits the rows.
+bool tbb_splits_gemms() {
+  static const bool splits = [] {
+#ifdef OPENBLAS_VERSION
+    if (std::getenv("OPENBLAS_NUM_THREADS")) return false;
+    openblas_set_num_threads(1);
+#endif
+    return true;
+  }();
+  return splits;
+}
+
+// Rows of C per task: enough multiply-adds (2^18) to dwarf a task's cost, and a fixed size, so
+// the blocks, and therefore the sums, are the same for every thread count.
+constexpr size_t kGemmBlockWork = size_t{1} << 18;
+
+template <class T, class Blas>
+void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const T* A, int lda, T* C, int ldc,
+                        Blas&& blas) {
+  const size_t per_row = static_cast<size_t>(N) * static_cast<size_t>(std::max(K, 1));
+  const int rows = static_cast<int>(std::max<size_t>(16, kGemmBlockWork / per_row));
+  if (!tbb_splits_gemms() || M <= rows) {
+    blas(M, A, C);
+    return;
+  }
+  tbb::parallel_for(
+      tbb::blocked_range<int>(0, M, rows),
+      [&](const tbb::blocked_range<int>& r) {
+        // Rows m of op(A): row m of A, or column m of A when it is stored transposed.
+        const T* a = trans_a ? A + r.begin() : A + static_cast<size_t>(r.begin()) * lda;
+        blas(r.end() - r.begin(), a, C + static_cast<size_t>(r.begin()) * ldc);
+      },
+      tbb::simple_partitioner());
+}
+
+}  // namespace
+
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_in_row_blocks<float>(trans_a, M, N, K, A, lda, C, ldc, [&](int m, const float* a, float* c) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
+  });
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                   int lda, const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  gemm_in_row_blocks<double>(trans_a, M, N, K, A, lda, C, ldc,
+                             [&](int m, const double* a, double* c) {
+                               cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                                           trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a,
+                                           lda, B, ldb, beta, c, ldc);
+                             });
 }
 
 size_t gemm_bf16_workspace_elems(int M, int N, int K) {

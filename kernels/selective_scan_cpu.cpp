@@ -450,9 +450,20 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
         T dt = delta[i] + (delta_bias ? delta_bias[d] : T(0));
         if (delta_softplus) dt = softplus_scalar(dt);
         T* h = state + i * N;
+        // exp(Δ·A) for the channel's N states at once: the forward's vector exp where it has
+        // one, so a frame costs what a window position does and both agree to the last bits.
+        T dA[kScanMaxState];
+        if constexpr (std::is_same_v<T, float>) {
+          if (cpu_has_avx512f())
+            ExpAvx512::rows(A + size_t(d) * N, &dt, dA, 1, N);
+          else
+            ExpStd::rows(A + size_t(d) * N, &dt, dA, 1, N);
+        } else {
+          ExpStd::rows(A + size_t(d) * N, &dt, dA, 1, N);
+        }
         T acc = 0;
         for (int n = 0; n < N; ++n) {
-          h[n] = std::exp(dt * A[size_t(d) * N + n]) * h[n] + dt * Bm[b * N + n] * u[i];
+          h[n] = dA[n] * h[n] + dt * Bm[b * N + n] * u[i];
           acc += h[n] * Cm[b * N + n];
         }
         T y = acc + (Dskip ? Dskip[d] * u[i] : T(0));

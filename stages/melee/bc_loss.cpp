@@ -97,6 +97,7 @@ class BcLossStage : public Stage {
   static StageSchema schema() {
     StageSchema s("bc_loss");
     s.family("melee")
+        .streaming(Streaming::per_position)
         .doc(
             "Behaviour-cloning loss of the controller heads; reports the repeat-last-input "
             "baseline in validation.")
@@ -207,12 +208,15 @@ class BcLossStage : public Stage {
     loss_.data<float>()[0] = static_cast<float>(r.total);
     ctx.set_output(b, "loss", loss_);
     if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
-    ctx.metric("loss", r.total);
-    ctx.metric("nll", r.total_nll);
+    // Each batch's means weigh what they were measured over: a padded last batch counts for its
+    // valid positions, and a validation pass's figure is the one over all of its positions.
+    const double n = r.weight_sum;
+    ctx.metric("loss", r.total, MetricKind::mean, n);
+    ctx.metric("nll", r.total_nll, MetricKind::mean, n);
     for (int h = 0; h < kHeads; ++h) {
-      ctx.metric(names_.loss[h], r.loss[h]);
-      ctx.metric(names_.nll[h], r.nll[h]);
-      ctx.metric(names_.acc[h], r.acc[h]);
+      ctx.metric(names_.loss[h], r.loss[h], MetricKind::mean, n);
+      ctx.metric(names_.nll[h], r.nll[h], MetricKind::mean, n);
+      ctx.metric(names_.acc[h], r.acc[h], MetricKind::mean, n);
     }
     if (!training) {
       double p[kRepeatItems];
@@ -221,10 +225,10 @@ class BcLossStage : public Stage {
           dev_ ? baseline_from_sums(sums, head_weights_, p)
                : baseline_forward<float>(M, prev.data<float>(), tb.data<float>(),
                                          ts.data<int32_t>(), mask.data<float>(), head_weights_, p);
-      ctx.metric("baseline/loss", base.total);
+      ctx.metric("baseline/loss", base.total, MetricKind::mean, n);
       for (int h = 0; h < kHeads; ++h) {
-        ctx.metric(names_.base_loss[h], base.loss[h]);
-        ctx.metric(names_.base_acc[h], base.acc[h]);
+        ctx.metric(names_.base_loss[h], base.loss[h], MetricKind::mean, n);
+        ctx.metric(names_.base_acc[h], base.acc[h], MetricKind::mean, n);
       }
     }
   }

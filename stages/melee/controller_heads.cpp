@@ -202,6 +202,7 @@ class ControllerHeadsStage : public Stage {
   static StageSchema schema() {
     StageSchema s("controller_heads");
     s.family("melee")
+        .streaming(Streaming::per_position)
         .doc(
             "Features x (B, W, H) -> controller logits: buttons (8), main_x/main_y/c_x/c_y (17), "
             "shoulder (5).")

@@ -110,6 +110,7 @@ class MeleeEmbeddingStage : public Stage {
   static StageSchema schema() {
     return StageSchema("melee_embedding")
         .family("melee")
+        .streaming(Streaming::per_position)
         .doc(
             "Melee game state (stages/melee/batch_layout.h) -> per-frame features x (B, W, E), E % "
             "8 == 0.")

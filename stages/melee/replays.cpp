@@ -283,6 +283,10 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
   for (size_t i = 0; i < np; ++i) {
     if (f.perspectives == "first" && i != 0) continue;
     if (f.perspectives == "second" && i != 1) continue;
+    // portN: the player at that port (1-based, as the game shows it).
+    if (f.perspectives.starts_with("port") &&
+        feat.players[i].port + 1 != f.perspectives.back() - '0')
+      continue;
     const int64_t ch = feat.players[i].character;
     if (!f.characters.empty() &&
         std::find(f.characters.begin(), f.characters.end(), ch) == f.characters.end())
@@ -539,8 +543,9 @@ StageSchema ReplaysStage::schema() {
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
       .param("perspectives", std::string("both"),
-             "both: every player's view; first/second: one port's")
-      .choices({"both", "first", "second"})
+             "both: every player's view; first/second: the lower/higher port's; port1..port4: "
+             "that port's")
+      .choices({"both", "first", "second", "port1", "port2", "port3", "port4"})
       .param("rollback", std::string("last"), "last: the last copy of each frame; all: as recorded")
       .choices({"last", "all"})
       .param("threads", int64_t{0}, "decode/assembly threads (0: TBB default)")
@@ -897,6 +902,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
   info.has_follower = g.players[p.player].has_follower;
   info.start = w.start;
   info.recorded_row = g.recorded_row[w.start];
+  info.frame = g.frame[w.start];
   return info;
 }
 

@@ -44,6 +44,7 @@ class ReplaysStage : public Stage {
     bool has_follower = false;  // slot 2 holds the player's Nana
     uint32_t start = 0;         // first kept row of the window (index into GameFeatures rows)
     uint32_t recorded_row = 0;  // the same row in the game as decoded (parse or corpus)
+    int32_t frame = 0;          // the game's frame number of that row (-123 is the first)
     bool padding = false;       // a padded row (validation's last batch)
   };
   // Which window fills row `row` of batch `batch` (throws std::out_of_range past the end).

@@ -1,9 +1,11 @@
 // gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
 // sequence from a zero initial state. The math is GruModel<float> (gru_model.h). Under bf16
 // precision the GRU still computes in FP32: the GRU kernel has no bf16 GEMM path yet, so the
-// stage keeps no bf16 shadow (the optimizer then writes none).
+// stage keeps no bf16 shadow (the optimizer then writes none). On a stream (Runner::stream) the
+// forward continues each row's sequence one frame at a time (gru_recurrent.h).
 #include "engine/registry.h"
 #include "stages/nn/gru_model.h"
+#include "stages/nn/gru_recurrent.h"
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/param_store.h"
 
@@ -19,6 +21,7 @@ class GruStage : public Stage {
             "Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state); causal "
             "sequence to sequence.")
         .trainable()
+        .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
         .output("y", DType::f32, 3, "(B, W, hidden) the last layer's state at every step")
         .param("hidden", int64_t{128}, "hidden size H")
@@ -52,6 +55,13 @@ class GruStage : public Stage {
     const Tensor& x = ctx.input(b, "x");
     nn::check_sequence(ctx, x, model_->config().din);
     if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
+    if (ctx.run().streaming) {
+      const auto& c = model_->config();
+      stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
+                      static_cast<size_t>(c.hidden));
+      ctx.set_output(b, "y", y_);
+      return;
+    }
     model_->forward(x.data<float>(), store_.values(), y_.data<float>());
     x_ = x;
     ctx.set_output(b, "y", y_);
@@ -65,6 +75,8 @@ class GruStage : public Stage {
                      want_dx_ ? dx_.data<float>() : nullptr);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
+
+  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, Device::cpu()); }
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
@@ -82,6 +94,7 @@ class GruStage : public Stage {
   Tensor x_, y_, dx_;
   int64_t B_ = 0, W_ = 0;
   bool want_dx_ = true;
+  nn::FrameStream<nn::GruRecurrent<float>, nn::GruConfig> stream_;  // Runner::stream's state
 };
 SLIPSTREAM_REGISTER_STAGE(GruStage);
 

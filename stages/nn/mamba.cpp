@@ -2,11 +2,13 @@
 // sequence and causal. The math is MambaModel (mamba_model.h) over the ops of the run's backend
 // (ops_backend.h: the CPU kernels, or the CUDA kernels on the run's stream); this file binds it
 // to the stage API: weights as Parameters on the run's device, buffers sized in setup, bf16
-// under precision bf16.
+// under precision bf16. On a stream (Runner::stream) the forward continues each row's sequence
+// one frame at a time from the state the previous batch left (mamba_recurrent.h, CPU, fp32).
 #include <cmath>
 
 #include "engine/registry.h"
 #include "stages/nn/mamba_model.h"
+#include "stages/nn/mamba_recurrent.h"
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
@@ -62,6 +64,7 @@ class MambaStage : public Stage {
             "Mamba-1 blocks (RMSNorm, selective-scan mixer, residual) and a final RMSNorm; "
             "mamba-ssm's parameter names; causal sequence to sequence.")
         .trainable()
+        .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")
         .param("d_model", int64_t{128},
@@ -111,10 +114,19 @@ class MambaStage : public Stage {
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
   }
 
+  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     nn::check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != model_->batch() || x.dim(1) != model_->length()) resize(x.dim(0), x.dim(1));
+    if (ctx.run().streaming) {
+      const auto& c = model_->config();
+      stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
+                      static_cast<size_t>(c.d_model));
+      ctx.set_output(b, "y", y_);
+      return;
+    }
     if (bf16_ && !shadow_checked_) {
       // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
       // from here on the optimizer keeps the shadow in step with every update.
@@ -151,6 +163,7 @@ class MambaStage : public Stage {
   nn::ParamStore store_;
   Tensor x_, y_, dx_;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
+  nn::FrameStream<nn::MambaRecurrent<float>, nn::MambaConfig> stream_;  // Runner::stream's state
 };
 SLIPSTREAM_REGISTER_STAGE(MambaStage);
 

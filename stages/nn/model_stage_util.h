@@ -1,8 +1,11 @@
 // Small helpers shared by the model stages (mamba, gru).
 #pragma once
 
+#include <algorithm>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "engine/graph.h"
 #include "engine/stage.h"
@@ -37,5 +40,48 @@ inline void check_output_grad(const StageContext& ctx, const Tensor& dy, const T
     throw std::runtime_error("stage '" + ctx.name() + "': gradient of y is " + dy.describe() +
                              ", expected " + y.describe());
 }
+
+// A model stage's state on a stream (Runner::stream): a recurrent form of the model
+// (Recurrent(config, B) with step(x (B, din), w, y (B, dout))) whose row r continues sequence r
+// from batch to batch. begin() starts every sequence afresh.
+template <class Recurrent, class Config>
+class FrameStream {
+ public:
+  void begin(const StageContext& ctx, const Device& device) {
+    if (!device.is_cpu())
+      throw std::runtime_error("stage '" + ctx.name() +
+                               "': frame-by-frame inference runs on the CPU for now (no CUDA "
+                               "single-step path yet); use --device cpu");
+    model_.reset();  // sized, at the start of every sequence, by the first batch
+  }
+
+  // y (B, W, dout) from x (B, W, din): each row's W frames in order, state carried.
+  void forward(const Config& c, const Tensor& x, const float* w, Tensor& y, size_t din,
+               size_t dout) {
+    const int B = static_cast<int>(x.dim(0)), W = static_cast<int>(x.dim(1));
+    if (model_ && model_->batch() != B)
+      throw std::runtime_error("a stream of " + std::to_string(model_->batch()) +
+                               " sequence(s) got a batch of " + std::to_string(B));
+    if (!model_) {
+      model_ = std::make_unique<Recurrent>(c, B);
+      // Weights do not change during a stream (no training step runs).
+      if constexpr (requires { model_->hold_weights(w); }) model_->hold_weights(w);
+      in_.assign(static_cast<size_t>(B) * din, 0.0f);
+      out_.assign(static_cast<size_t>(B) * dout, 0.0f);
+    }
+    const float* xs = x.data<float>();
+    float* ys = y.data<float>();
+    const size_t Bs = static_cast<size_t>(B), Ws = static_cast<size_t>(W);
+    for (size_t t = 0; t < Ws; ++t) {
+      for (size_t r = 0; r < Bs; ++r) std::copy_n(xs + (r * Ws + t) * din, din, &in_[r * din]);
+      model_->step(in_.data(), w, out_.data());
+      for (size_t r = 0; r < Bs; ++r) std::copy_n(&out_[r * dout], dout, ys + (r * Ws + t) * dout);
+    }
+  }
+
+ private:
+  std::unique_ptr<Recurrent> model_;
+  std::vector<float> in_, out_;
+};
 
 }  // namespace slipstream::nn

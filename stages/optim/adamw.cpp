@@ -94,6 +94,11 @@ class AdamWStage : public Stage {
     if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
   }
 
+  void parameters_replaced(StageContext& ctx) override {
+    (void)ctx;
+    opt_.weights_replaced();
+  }
+
   void validation_begin(StageContext& ctx) override {
     (void)ctx;
     if (!opt_.ema_swapped()) opt_.swap_ema();

@@ -141,6 +141,13 @@ void AdamWOptimizer::refresh_shadows() const {
   for (const auto& s : slots_) refresh_shadow(*s.p);
 }
 
+void AdamWOptimizer::weights_replaced() {
+  if (ema_swapped_) throw std::logic_error("adamw: weights replaced while the EMA is swapped in");
+  for (auto& s : slots_)
+    if (s.ema.defined()) s.ema.copy_from(s.p->value);
+  refresh_shadows();
+}
+
 void AdamWOptimizer::save(StateWriter& w) const {
   w.integer("step", step_);
   w.integer("micro", micro_);

@@ -52,6 +52,9 @@ class AdamWOptimizer {
 
   // EMA weights swapped in (validation) and back; no-ops without EMA.
   void swap_ema();
+  // The parameters got new values from outside (a warm start): the EMA and the bf16 shadows
+  // start again from them.
+  void weights_replaced();
   bool ema_swapped() const { return ema_swapped_; }
   const Tensor& ema_of(size_t i) const { return slots_[i].ema; }
 

@@ -162,3 +162,14 @@ TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   Output doc = run_cli("doctor --device cpu");
   EXPECT_EQ(doc.status, 0) << doc.text;
 }
+
+// A registered command's failure keeps its own exit status (1: the input was bad), distinct
+// from a usage error (2).
+TEST(Cli, ACommandsFailureExitsWithItsOwnStatus) {
+  TempDir d;
+  const std::string junk = d.write("junk.slp", "this is not a replay");
+  Output info = run_cli("replay info " + junk);
+  EXPECT_EQ(info.status, 1) << info.text;
+  Output usage = run_cli("replay info");
+  EXPECT_EQ(usage.status, 2) << usage.text;
+}

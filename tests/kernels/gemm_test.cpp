@@ -1,6 +1,7 @@
 #include "kernels/gemm.h"
 
 #include <gtest/gtest.h>
+#include <tbb/global_control.h>
 
 #include "kernels/bf16.h"
 #include "tests/kernels/gradcheck.h"
@@ -40,6 +41,34 @@ TEST(Gemm, AllTransposesWithLeadingDims) {
       auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
       gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
       EXPECT_LT(test::rel_diff(ref, Cf), 1e-5);
+    }
+}
+
+// Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
+// padded leading dimensions): equal to the reference, and bit-identical for any thread count.
+TEST(Gemm, RowBlocksAcrossTasks) {
+  std::mt19937_64 rng(3);
+  const int M = 301, N = 64, K = 48, pad = 5;  // N*K = 3072: blocks of 85 rows, 4 blocks
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      auto A = rand_vec(size_t(ta ? K : M) * lda, rng);
+      auto B = rand_vec(size_t(tb ? N : K) * ldb, rng);
+      auto C = rand_vec(size_t(M) * ldc, rng);
+      auto ref = C;
+      ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, ref, ldc);
+      auto Cd = C;
+      gemm<double>(ta, tb, M, N, K, 0.7, A.data(), lda, B.data(), ldb, 0.3, Cd.data(), ldc);
+      EXPECT_LT(test::rel_diff(ref, Cd), 1e-14) << ta << tb;
+      auto Af = cast<float>(A), Bf = cast<float>(B);
+      std::vector<float> wide = cast<float>(C), one = cast<float>(C);
+      gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, wide.data(), ldc);
+      EXPECT_LT(test::rel_diff(ref, wide), 1e-5) << ta << tb;
+      {
+        tbb::global_control serial(tbb::global_control::max_allowed_parallelism, 1);
+        gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, one.data(), ldc);
+      }
+      EXPECT_EQ(wide, one) << ta << tb;
     }
 }
 

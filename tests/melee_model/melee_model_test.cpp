@@ -171,7 +171,7 @@ struct Direct {
     const auto& s = h.context().schema();
     nin = s.inputs().size();
     b.slots.resize(2 * (nin + s.outputs().size()));
-    h.run().metric_sink = [](std::string_view, double, MetricKind) {};
+    h.run().metric_sink = [](std::string_view, double, MetricKind, double) {};
   }
   void set_input(const std::string& port, const Tensor& t) {
     const auto& ins = h.context().schema().inputs();
@@ -905,7 +905,7 @@ TEST(MeleeModel, NoAllocationInSteadyStateAndLearns) {
     loss.setup(loss_setup);
     Direct de(emb), dh(heads), dl(loss);
     double last_loss = 0, first_loss = -1;
-    loss.run().metric_sink = [&](std::string_view n, double v, MetricKind) {
+    loss.run().metric_sink = [&](std::string_view n, double v, MetricKind, double) {
       if (n == "nll") last_loss = v;
     };
     std::vector<Parameter*> params;

@@ -65,7 +65,7 @@ TEST_P(ZeroAllocTest, SteadyStateStepAllocatesNothing) {
   RunState run;
   run.precision = GetParam().precision;
   double last_metric = 0;
-  run.metric_sink = [&](std::string_view, double v, MetricKind) { last_metric = v; };
+  run.metric_sink = [&](std::string_view, double v, MetricKind, double) { last_metric = v; };
   Graph g(plan_graph(load_config(
               d.write("g.yaml", train_graph(GetParam().core, ", clip: 0.5, ema: 0.99")))),
           run);

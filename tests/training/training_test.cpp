@@ -125,6 +125,57 @@ print("ok", len(t))
   EXPECT_EQ(std::system(("python3 " + script + " " + model).c_str()), 0);
 }
 
+// run.init_from: a fine-tuning run starts from another run's weights with fresh optimizer state
+// at step 0, its EMA starting from those weights; wrong sizes are one error naming the tensor.
+TEST(Training, InitFromWarmStartsWeightsOnly) {
+  TempDir d;
+  std::ostringstream log;
+  const std::string graph = source_path("configs/train_bc.yaml");
+  auto sets = tiny_overrides(d.path());
+  sets.push_back("run.steps=3");
+  Runner first(plan_graph(load_config(graph, sets)), quiet_run_options(log));
+  const RunResult a = first.run();
+  const auto wa = all_weights(first);
+
+  // lr 0: the weights stay what was loaded, so the run's checkpoint shows what it started from.
+  auto tune = tiny_overrides(d.path());
+  tune.push_back("run.steps=2");
+  tune.push_back("step.lr=0");
+  tune.push_back("step.ema=0.5");
+  tune.push_back("run.init_from=" + a.run_dir);
+  std::ostringstream tune_log;
+  Runner second(plan_graph(load_config(graph, tune)), quiet_run_options(tune_log));
+  const RunResult b = second.run();
+  EXPECT_EQ(b.final_step, 2u) << "the step count starts at 0";
+  EXPECT_NE(
+      tune_log.str().find("initialised the weights from " + a.run_dir + "/checkpoints/step-3"),
+      std::string::npos)
+      << tune_log.str();
+  expect_bit_equal(wa, all_weights(second));
+  const auto state = read_safetensors(*latest_checkpoint(b.run_dir) + "/state.safetensors");
+  EXPECT_EQ(state.metadata.at("step.step"), "2") << "optimizer state starts fresh";
+  const Tensor& ema = state.tensors.at("step.ema.core.layers.0.mixer.in_proj.weight");
+  const Tensor& w = wa.at("core.layers.0.mixer.in_proj.weight");
+  ASSERT_EQ(ema.nbytes(), w.nbytes());
+  EXPECT_EQ(std::memcmp(ema.raw(), w.raw(), w.nbytes()), 0) << "the EMA starts from the weights";
+
+  auto wrong = tune;
+  wrong.push_back("core.d_model=24");
+  Runner third(plan_graph(load_config(graph, wrong)), quiet_run_options(tune_log));
+  try {
+    third.run();
+    ADD_FAILURE() << "sizes that are not the checkpoint's must be refused";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("run.init_from:"), std::string::npos) << what;
+    EXPECT_NE(what.find("in the checkpoint but"), std::string::npos) << what;
+  }
+  // A path that is not there is a validation error.
+  auto missing = tiny_overrides(d.path());
+  missing.push_back("run.init_from=" + d.path() + "/nowhere");
+  EXPECT_THROW(plan_graph(load_config(graph, missing)), ConfigError);
+}
+
 TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   TempDir d;
   std::string args = "run --config " + source_path("configs/train_bc.yaml");

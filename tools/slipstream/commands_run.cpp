@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "engine/checkpoint.h"
 #include "engine/diagnostics.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
@@ -25,24 +26,18 @@ int run_command(const RunArgs& a) {
   namespace fs = std::filesystem;
   std::string target = !a.config.empty() ? a.config : a.preset;
   std::vector<std::string> sets = a.sets;
-  std::string run_dir = a.resume, checkpoint;
+  std::string run_dir, checkpoint;
   if (!a.resume.empty()) {
     // --resume RUN_DIR, or --resume RUN_DIR/checkpoints/step-N to continue from that one.
-    fs::path p = fs::path(a.resume).lexically_normal();
-    if (p.has_filename() == false) p = p.parent_path();
-    std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
-    if (fs::exists(p / "DONE", ec) && p.parent_path().filename() == "checkpoints") {
-      checkpoint = p.string();
-      run_dir = p.parent_path().parent_path().string();
-      if (run_dir.empty()) run_dir = ".";
-    }
-    // A resumed run repeats the configuration it was started with.
-    auto cfg = fs::path(run_dir) / "config.yaml";
-    if (!fs::exists(cfg, ec)) {
-      std::cerr << a.resume << ": not a run directory (no config.yaml) nor a checkpoint in one\n";
+    const CheckpointPath where = resolve_checkpoint_path(a.resume);
+    if (!where.error.empty()) {
+      std::cerr << where.error << "\n";
       return kExitFailure;
     }
-    if (target.empty()) target = cfg.string();
+    run_dir = where.run_dir;
+    checkpoint = where.checkpoint;
+    // A resumed run repeats the configuration it was started with.
+    if (target.empty()) target = (fs::path(run_dir) / "config.yaml").string();
   }
   if (target.empty()) target = "cpu_quick";
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);

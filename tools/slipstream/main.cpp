@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   slipstream::cli::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    // A command's callback failed after printing why: its own exit status (command_registry.h).
+    return e.get_exit_code();
   } catch (const CLI::ParseError& e) {
     // Usage errors exit 2 like configuration errors; --help and --version exit 0.
     return app.exit(e) == 0 ? 0 : slipstream::cli::kExitConfig;

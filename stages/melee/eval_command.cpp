@@ -1,0 +1,154 @@
+// `slipstream eval`: scores a training checkpoint on replays, with the run's own graph
+// (config.yaml), so the features, windows and heads are the ones it trained with. The replay
+// loader is pointed at the given replays, all of them in its validation split, and the engine's
+// Runner::evaluate runs one validation pass over every window: the figures are the ones a
+// validation pass of the run reports on the same games. Printed as a per-head table of the
+// model and the repeat-the-previous-input baseline, and as JSON with --json.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/command_registry.h"
+#include "engine/graph.h"
+#include "engine/runner.h"
+#include "stages/melee/model_math.h"
+#include "stages/melee/replay_scoring.h"
+
+namespace slipstream::melee {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EvalArgs {
+  std::string checkpoint;
+  std::vector<std::string> replays;
+  std::optional<int> port;
+  std::string json;
+  std::string device;
+  std::vector<std::string> sets;
+};
+
+nlohmann::json number(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, const EvalArgs& a) {
+  nlohmann::json j;
+  j["checkpoint"] = fs::absolute(checkpoint).lexically_normal().string();
+  j["step"] = r.step;
+  j["replays"] = a.replays;
+  j["perspectives"] = a.port ? "port" + std::to_string(*a.port) : std::string("all");
+  j["windows"] = r.samples;
+  j["batches"] = r.batches;
+  j["seconds"] = r.seconds;
+  nlohmann::json heads = nlohmann::json::object();
+  for (int h = 0; h < kHeads; ++h) {
+    const std::string n = kHeadNames[h];
+    heads[n] = {{"nll", number(metric(r.metrics, "nll/" + n))},
+                {"acc", number(metric(r.metrics, "acc/" + n))},
+                {"baseline_nll", number(metric(r.metrics, "baseline/loss/" + n))},
+                {"baseline_acc", number(metric(r.metrics, "baseline/acc/" + n))}};
+  }
+  j["heads"] = heads;
+  j["total"] = {{"nll", number(metric(r.metrics, "nll"))},
+                {"loss", number(metric(r.metrics, "loss"))},
+                {"baseline_nll", number(metric(r.metrics, "baseline/loss"))}};
+  nlohmann::json all = nlohmann::json::object();
+  for (const auto& [k, v] : r.metrics) all[k] = number(v);
+  j["metrics"] = all;
+  return j;
+}
+
+int eval_command(const EvalArgs& a) {
+  const ScoredCheckpoint where = find_checkpoint(a.checkpoint);
+  if (!where.error.empty()) {
+    std::cerr << where.error << "\n";
+    return 1;
+  }
+  const std::string& checkpoint = where.checkpoint;
+  // With the JSON on stdout, progress goes to stderr so the output stays parseable.
+  std::ostream& log = a.json == "-" ? std::cerr : std::cout;
+  GraphPlan plan;
+  try {
+    std::vector<std::string> sets = a.sets;
+    if (!a.device.empty()) sets.push_back("run.device=" + a.device);
+    plan = plan_graph(config_for_replays(where.run_dir, sets, {a.replays, a.port, "eval", {}}));
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  EvalResult r;
+  try {
+    RunOptions opt;
+    opt.create_run_dir = false;
+    opt.publish_stats = false;
+    opt.handle_sigint = false;
+    opt.log = &log;
+    Runner runner(std::move(plan), opt);
+    r = runner.evaluate(checkpoint);
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << checkpoint << ": " << e.what() << "\n";
+    return 1;
+  }
+  if (r.samples == 0) {
+    std::cerr << "error: no window to score in the given replays\n";
+    return 1;
+  }
+  log << "eval of " << checkpoint << " (step " << r.step << "): " << r.samples << " windows in "
+      << r.batches << " batches, " << fixed(r.seconds, 1) << " s\n"
+      << head_table(r.metrics);
+  if (!a.json.empty()) {
+    const std::string text = report_json(r, checkpoint, a).dump(1) + "\n";
+    if (a.json == "-") {
+      std::cout << text;
+    } else {
+      std::ofstream f(a.json);
+      f << text;
+      f.close();
+      if (!f) {
+        std::cerr << "error: cannot write " << a.json << "\n";
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+void setup_eval(CLI::App& parent) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* eval = parent.add_subcommand(
+      "eval",
+      "Score a checkpoint on replays: per-head NLL and accuracy, and the repeat-the-previous-"
+      "input baseline on the same frames (the run's own graph and features)");
+  eval->add_option("--checkpoint", a->checkpoint,
+                   "a run directory (its newest checkpoint) or RUN/checkpoints/step-N")
+      ->required();
+  eval->add_option("--replays", a->replays, "replay files, folders, globs or corpus directories")
+      ->required();
+  eval->add_option("--port", a->port, "only this port's player (1-4; default: every player)")
+      ->check(CLI::Range(1, 4));
+  eval->add_option("--json", a->json, "also write the figures as JSON to FILE (- for stdout)");
+  eval->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
+  eval->add_option("--set,-s", a->sets,
+                   "override stage.param=value or run.key=value (e.g. replays.batch_size=64)");
+  eval->callback([a] {
+    if (const int code = eval_command(*a); code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace
+}  // namespace slipstream::melee
+
+SLIPSTREAM_REGISTER_COMMAND(melee_eval, "eval", slipstream::melee::setup_eval);

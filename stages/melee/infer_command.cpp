@@ -1,0 +1,203 @@
+// `slipstream infer`: drives a checkpoint's policy over one replay frame by frame, as a bot in
+// the game would: the run's graph reads the replay as windows of one frame, in order, for one
+// port's player, and Runner::stream carries the temporal model's state from each frame to the
+// next (Streaming::recurrent). Writes each frame's predicted controller beside the recorded one
+// (--csv), prints per-head accuracy against the recorded inputs and the policy's per-frame
+// latency (the section's stages before the loss: embedding, temporal step, heads).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/command_registry.h"
+#include "engine/graph.h"
+#include "engine/runner.h"
+#include "stages/melee/model_math.h"
+#include "stages/melee/replay_scoring.h"
+#include "stages/melee/replays.h"
+
+namespace slipstream::melee {
+namespace {
+
+struct InferArgs {
+  std::string checkpoint;
+  std::string replay;
+  int port = 1;
+  std::string csv;
+  std::string device;
+  std::vector<std::string> sets;
+};
+
+// The stage of `kind` in the graph (the first one), or -1.
+int stage_of_kind(Graph& g, const std::string& kind) {
+  for (size_t k = 0; k < g.size(); ++k)
+    if (g.plan().stages[k].schema->kind() == kind) return static_cast<int>(k);
+  return -1;
+}
+
+int argmax(const float* v, int n) {
+  return static_cast<int>(std::max_element(v, v + n) - v);
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  return v[i];
+}
+
+// One CSV row: the frame the policy saw, its predicted controller, the recorded one.
+class FrameWriter {
+ public:
+  explicit FrameWriter(const std::string& path) : out_(path) {
+    if (!out_) throw std::runtime_error("cannot write " + path);
+    out_ << "frame";
+    for (const char* who : {"pred", "rec"}) {
+      for (const char* b : {"A", "B", "X", "Y", "Z", "L", "R", "DUp"})
+        out_ << ',' << who << '_' << b;
+      for (const char* s : {"main_x", "main_y", "c_x", "c_y", "shoulder"})
+        out_ << ',' << who << '_' << s;
+    }
+    out_ << ",latency_us\n";
+  }
+  void row(int32_t frame, const float* const logits[kHeads], const float* rec_buttons,
+           const int32_t* rec_sticks, double seconds) {
+    out_ << frame;
+    for (int b = 0; b < kButtons; ++b) out_ << ',' << (logits[0][b] > 0 ? 1 : 0);
+    for (int h = 0; h < kStickHeads; ++h)
+      out_ << ',' << value(h, argmax(logits[h + 1], head_classes(h)));
+    for (int b = 0; b < kButtons; ++b) out_ << ',' << (rec_buttons[b] > 0.5f ? 1 : 0);
+    for (int h = 0; h < kStickHeads; ++h) out_ << ',' << value(h, rec_sticks[h]);
+    char lat[32];
+    std::snprintf(lat, sizeof lat, ",%.1f\n", seconds * 1e6);
+    out_ << lat;
+  }
+  bool ok() {
+    out_.flush();
+    return static_cast<bool>(out_);
+  }
+
+ private:
+  static float value(int head, int cls) {
+    return head == kShoulder ? shoulder_value(cls) : stick_value(cls);
+  }
+  std::ofstream out_;
+};
+
+int infer_command(const InferArgs& a) {
+  const ScoredCheckpoint where = find_checkpoint(a.checkpoint);
+  if (!where.error.empty()) {
+    std::cerr << where.error << "\n";
+    return 1;
+  }
+  // Windows of one frame, every frame, in game order; the replay is the user's choice, so the
+  // run's game filters do not apply.
+  ReplaySelection sel{{a.replay}, a.port, "infer", {}};
+  sel.loader = {{"batch_size", YAML::Node(1)},
+                {"window", YAML::Node(1)},
+                {"stride", YAML::Node(1)},
+                {"shuffle", YAML::Node(false)},
+                {"min_frames", YAML::Node(0)},
+                {"characters", YAML::Node(YAML::NodeType::Sequence)},
+                {"stages", YAML::Node(YAML::NodeType::Sequence)}};
+  std::vector<std::string> sets = a.sets;
+  if (!a.device.empty()) sets.push_back("run.device=" + a.device);
+  GraphPlan plan;
+  try {
+    plan = plan_graph(config_for_replays(where.run_dir, sets, sel));
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  std::optional<FrameWriter> csv;
+  std::vector<double> latency;
+  EvalResult r;
+  try {
+    if (!a.csv.empty()) csv.emplace(a.csv);
+    RunOptions opt;
+    opt.create_run_dir = false;
+    opt.publish_stats = false;
+    opt.handle_sigint = false;
+    Runner runner(std::move(plan), opt);
+    Graph& g = runner.graph();
+    const int src = stage_of_kind(g, "slippi_replays"),
+              heads = stage_of_kind(g, "controller_heads");
+    if (heads < 0) throw std::runtime_error("the run's graph has no controller_heads stage");
+    auto* loader = dynamic_cast<ReplaysStage*>(&g.stage(static_cast<size_t>(src)));
+    r = runner.stream(where.checkpoint, [&](const Batch& b, double seconds) {
+      latency.push_back(seconds);
+      if (!csv) return;
+      const StageContext& hc = g.context(static_cast<size_t>(heads));
+      Tensor out[kHeads];
+      const float* logits[kHeads];
+      for (int h = 0; h < kHeads; ++h) {
+        out[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
+        logits[h] = out[h].data<float>();
+      }
+      const StageContext& sc = g.context(static_cast<size_t>(src));
+      const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
+      const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
+      csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
+               tb.data<float>(), ts.data<int32_t>(), seconds);
+    });
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  if (csv && !csv->ok()) {
+    std::cerr << "error: cannot write " << a.csv << "\n";
+    return 1;
+  }
+  if (latency.empty()) {
+    std::cerr << "error: " << a.replay << ": no frame of port " << a.port << " to play\n";
+    return 1;
+  }
+  std::printf("infer: %s, port %d: %zu frames, checkpoint step %llu\n", a.replay.c_str(), a.port,
+              latency.size(), static_cast<unsigned long long>(r.step));
+  std::cout << head_table(r.metrics);
+  double sum = 0;
+  for (double s : latency) sum += s;
+  std::printf(
+      "latency per frame (embedding, temporal step, heads): p50 %.1f us, p99 %.1f us, "
+      "mean %.1f us, max %.1f us\n",
+      quantile(latency, 0.5) * 1e6, quantile(latency, 0.99) * 1e6,
+      sum / static_cast<double>(latency.size()) * 1e6,
+      *std::max_element(latency.begin(), latency.end()) * 1e6);
+  return 0;
+}
+
+void setup_infer(CLI::App& parent) {
+  auto a = std::make_shared<InferArgs>();
+  CLI::App* infer = parent.add_subcommand(
+      "infer",
+      "Play a checkpoint's policy over a replay frame by frame (state carried, as a bot would): "
+      "accuracy against the recorded inputs, per-frame latency, optionally every prediction");
+  infer
+      ->add_option("--checkpoint", a->checkpoint,
+                   "a run directory (its newest checkpoint) or RUN/checkpoints/step-N")
+      ->required();
+  infer->add_option("--replay", a->replay, "the replay (.slp) to play")->required();
+  infer->add_option("--port", a->port, "the player whose inputs are predicted (1-4)")
+      ->required()
+      ->check(CLI::Range(1, 4));
+  infer->add_option("--csv", a->csv, "write each frame's predicted and recorded controller");
+  infer->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
+  infer->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
+  infer->callback([a] {
+    if (const int code = infer_command(*a); code != 0) throw CLI::RuntimeError(code);
+  });
+}
+
+}  // namespace
+}  // namespace slipstream::melee
+
+SLIPSTREAM_REGISTER_COMMAND(melee_infer, "infer", slipstream::melee::setup_infer);

@@ -1,0 +1,92 @@
+// See replay_scoring.h.
+#include "stages/melee/replay_scoring.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "engine/checkpoint.h"
+#include "stages/melee/model_math.h"
+
+namespace slipstream::melee {
+
+ScoredCheckpoint find_checkpoint(const std::string& path) {
+  const CheckpointPath where = resolve_checkpoint_path(path);
+  ScoredCheckpoint c{where.run_dir, where.checkpoint, where.error};
+  if (c.error.empty() && c.checkpoint.empty()) {
+    c.checkpoint = latest_checkpoint(c.run_dir).value_or("");
+    if (c.checkpoint.empty()) c.error = path + ": the run has no complete checkpoint";
+  }
+  return c;
+}
+
+Config config_for_replays(const std::string& run_dir, const std::vector<std::string>& sets,
+                          const ReplaySelection& sel) {
+  Config cfg = load_config((std::filesystem::path(run_dir) / "config.yaml").string(), sets);
+  const SourceMark mark{"<" + sel.origin + ">", 0, 0};
+  YAML::Node paths(YAML::NodeType::Sequence);
+  for (const std::string& r : sel.replays) paths.push_back(r);
+  bool found = false;
+  for (StageConfig& s : cfg.stages) {
+    if (s.kind != "slippi_replays") continue;
+    found = true;
+    s.params["paths"] = ConfigValue{paths, mark};
+    s.params["validation_paths"] = ConfigValue{YAML::Node(YAML::NodeType::Sequence), mark};
+    s.params["validation_fraction"] = ConfigValue{YAML::Node(1.0), mark};
+    s.params["synthetic"] = ConfigValue{YAML::Node(0), mark};
+    if (sel.port)
+      s.params["perspectives"] = ConfigValue{YAML::Node("port" + std::to_string(*sel.port)), mark};
+    for (const auto& [key, value] : sel.loader) s.params[key] = ConfigValue{value, mark};
+  }
+  if (!found)
+    throw ConfigError({{{cfg.graph_file, 0, 0},
+                        "the run's graph has no slippi_replays stage to read replays with"}});
+  return cfg;
+}
+
+double metric(const std::map<std::string, double>& metrics, const std::string& name) {
+  auto it = metrics.find(name);
+  return it == metrics.end() ? NAN : it->second;
+}
+
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", digits, v);
+  return b;
+}
+
+namespace {
+std::string percent(double v) {
+  if (!std::isfinite(v)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f%%", 100 * v);
+  return b;
+}
+}  // namespace
+
+std::string head_table(const std::map<std::string, double>& m) {
+  std::string out;
+  char line[160];
+  std::snprintf(line, sizeof line, "%-10s %10s %9s %13s %13s\n", "head", "nll", "acc",
+                "baseline nll", "baseline acc");
+  out += line;
+  for (int h = 0; h < kHeads; ++h) {
+    const std::string n = kHeadNames[h];
+    std::snprintf(line, sizeof line, "%-10s %10s %9s %13s %13s\n", n.c_str(),
+                  fixed(metric(m, "nll/" + n), 4).c_str(), percent(metric(m, "acc/" + n)).c_str(),
+                  fixed(metric(m, "baseline/loss/" + n), 4).c_str(),
+                  percent(metric(m, "baseline/acc/" + n)).c_str());
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-10s %10s %9s %13s\n", "total",
+                fixed(metric(m, "nll"), 4).c_str(), "",
+                fixed(metric(m, "baseline/loss"), 4).c_str());
+  out += line;
+  out +=
+      "(nll: head-weighted, without label smoothing; acc/buttons: per-button mean; baseline: "
+      "repeat the previous input)\n";
+  return out;
+}
+
+}  // namespace slipstream::melee

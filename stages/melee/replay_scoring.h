@@ -1,0 +1,42 @@
+// What `slipstream eval` and `slipstream infer` share: the checkpoint a user named, and the run's
+// own graph (RUN/config.yaml, so features, windows and heads are the ones it trained with) with
+// its replay loaders pointed at other replays, all of them in the validation split.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+
+namespace slipstream::melee {
+
+// A run directory (its newest checkpoint) or one of its checkpoints; `error` says why neither.
+struct ScoredCheckpoint {
+  std::string run_dir, checkpoint, error;
+};
+ScoredCheckpoint find_checkpoint(const std::string& path);
+
+struct ReplaySelection {
+  std::vector<std::string> replays;  // files, folders, globs or corpus directories
+  std::optional<int> port;           // 1-4: only that port's player
+  std::string origin;                // how error marks name these values, e.g. "eval --replays"
+  // More loader parameters to set (YAML values), e.g. {"window", 1}.
+  std::map<std::string, YAML::Node> loader;
+};
+
+// RUN/config.yaml with `sets` (--set, --device) applied and every slippi_replays stage reading
+// `sel` for validation only. Throws ConfigError (e.g. a graph without such a stage).
+Config config_for_replays(const std::string& run_dir, const std::vector<std::string>& sets,
+                          const ReplaySelection& sel);
+
+// A metric of a pass, NaN when absent.
+double metric(const std::map<std::string, double>& metrics, const std::string& name);
+// "%.*f", or "-" when not finite.
+std::string fixed(double v, int digits);
+// The pass's per-head NLL and accuracy beside the baseline's (bc_loss's metric names), with a
+// total row and a line saying what the figures are.
+std::string head_table(const std::map<std::string, double>& metrics);
+
+}  // namespace slipstream::melee

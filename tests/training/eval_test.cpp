@@ -1,0 +1,231 @@
+// Scoring checkpoints: `slipstream eval` gives the figures the run's own validation pass gave on
+// the same games, --port keeps one player's windows, a mismatched, corrupt or incomplete
+// checkpoint is one clear error; Runner::stream (frame by frame, state carried) gives the
+// window forward's outputs for Mamba and GRU; `slipstream infer` plays a replay.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/checkpoint.h"
+#include "stages/melee/replay_scoring.h"
+#include "stages/melee/slp/synth.h"
+#include "tests/support/cli_output.h"
+#include "tests/support/temp_dir.h"
+#include "tests/training/training_fixture.h"
+
+using namespace slipstream;
+using namespace slipstream::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+CliOutput run_cli(const std::string& args) {
+  return run_command(std::string(SLIPSTREAM_CLI) + " " + args);
+}
+
+// A tiny run that validates on two pinned synthetic games; returns its result. `graph` and
+// `core` choose the temporal model (the tiny sizes of tiny_overrides are Mamba's).
+RunResult train_with_pinned_validation(const std::string& dir, const std::string& val_dir,
+                                       int steps, const std::string& graph = "train_bc.yaml",
+                                       const std::vector<std::string>& core = {}) {
+  slp::write_synthetic_games(val_dir, 2, 99, 900);
+  auto sets = tiny_overrides(dir);
+  if (!core.empty()) {
+    std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
+    sets.insert(sets.end(), core.begin(), core.end());
+  }
+  sets.push_back("replays.validation_paths=[" + val_dir + "]");
+  sets.push_back("run.steps=" + std::to_string(steps));
+  sets.push_back("run.validate_every=4");
+  sets.push_back("run.validate_batches=all");
+  sets.push_back("step.ema=0.9");  // eval must score the EMA weights, as validation does
+  std::ostringstream log;
+  Runner r(plan_graph(load_config(source_path("configs/" + graph), sets)), quiet_run_options(log));
+  return r.run();
+}
+
+// Every head's logits of the first `frames` positions of port 1's view of `replay`: from one
+// window forward (`streaming` false), or frame by frame through Runner::stream.
+std::vector<std::vector<float>> head_outputs(const RunResult& run, const std::string& replay,
+                                             int frames, bool streaming) {
+  const int window = streaming ? 1 : frames;
+  melee::ReplaySelection sel{{replay}, 1, "test", {}};
+  sel.loader = {{"batch_size", YAML::Node(1)},
+                {"window", YAML::Node(window)},
+                {"stride", YAML::Node(window)},
+                {"shuffle", YAML::Node(false)}};
+  std::ostringstream log;
+  RunOptions opt = quiet_run_options(log);
+  opt.create_run_dir = false;
+  opt.handle_sigint = false;
+  Runner r(plan_graph(melee::config_for_replays(run.run_dir, {}, sel)), opt);
+  const int heads = r.graph().find("heads");
+  std::vector<std::vector<float>> out(6);
+  const char* names[6] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
+  auto take = [&](const Batch& b, double) {
+    for (int h = 0; h < 6; ++h) {
+      const Tensor& t = r.graph().context(static_cast<size_t>(heads)).output(b, names[h]);
+      const float* p = t.data<float>();
+      out[static_cast<size_t>(h)].insert(out[static_cast<size_t>(h)].end(), p, p + t.numel());
+    }
+  };
+  const std::string ckpt = *latest_checkpoint(run.run_dir);
+  if (streaming) {
+    r.stream(ckpt, [&](const Batch& b, double s) {
+      if (b.index < static_cast<uint64_t>(frames)) take(b, s);
+    });
+  } else {
+    r.evaluate(ckpt, [&](const Batch& b, double s) {
+      if (b.index == 0) take(b, s);
+    });
+  }
+  return out;
+}
+
+void stream_equals_window(const RunResult& run, const std::string& replay) {
+  const int frames = 40;
+  const auto window = head_outputs(run, replay, frames, false);
+  const auto stream = head_outputs(run, replay, frames, true);
+  double worst = 0;
+  for (size_t h = 0; h < 6; ++h) {
+    ASSERT_EQ(window[h].size(), stream[h].size()) << h;
+    ASSERT_GT(window[h].size(), 0u);
+    for (size_t i = 0; i < window[h].size(); ++i)
+      worst = std::max(worst, std::abs(double(window[h][i]) - double(stream[h][i])));
+  }
+  std::printf("max |window - stream| over %d frames, 6 heads: %.3g\n", frames, worst);
+  EXPECT_LT(worst, 1e-4);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  return nlohmann::json::parse(f);
+}
+
+}  // namespace
+
+TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 6);
+  ASSERT_EQ(run.final_step, 6u);
+  const auto& v = run.last_validation_metrics;  // the last pass: step 6, the last checkpoint
+  ASSERT_TRUE(v.count("nll") && v.count("baseline/loss") && v.count("acc/buttons"));
+
+  const std::string out = d.path() + "/eval.json";
+  const CliOutput o =
+      run_cli("eval --checkpoint " + run.run_dir + " --replays " + val + " --json " + out);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("baseline nll"), std::string::npos) << o.text;
+  const nlohmann::json j = read_json(out);
+  EXPECT_EQ(j["step"].get<uint64_t>(), 6u);
+  EXPECT_GT(j["windows"].get<uint64_t>(), 0u);
+  size_t compared = 0;
+  for (const auto& [name, value] : v) {
+    ASSERT_TRUE(j["metrics"].contains(name)) << name;
+    EXPECT_DOUBLE_EQ(j["metrics"][name].get<double>(), value) << name;
+    ++compared;
+  }
+  EXPECT_GE(compared, 26u);  // loss, nll, 6 heads × (loss, nll, acc, baseline loss/acc), baseline
+  EXPECT_DOUBLE_EQ(j["heads"]["main_x"]["nll"].get<double>(), v.at("nll/main_x"));
+  EXPECT_DOUBLE_EQ(j["total"]["baseline_nll"].get<double>(), v.at("baseline/loss"));
+
+  // The step directory names the same checkpoint; one port's player is half the windows.
+  const std::string step_dir = run.run_dir + "/checkpoints/step-6";
+  const CliOutput p =
+      run_cli("eval --checkpoint " + step_dir + " --replays " + val + " --port 1 --json -");
+  ASSERT_EQ(p.status, 0) << p.text;
+  const nlohmann::json pj = nlohmann::json::parse(p.text.substr(p.text.find("{\n")));
+  EXPECT_EQ(pj["perspectives"], "port1");
+  EXPECT_GT(pj["windows"].get<uint64_t>(), 0u);
+  EXPECT_LT(pj["windows"].get<uint64_t>(), j["windows"].get<uint64_t>());
+}
+
+TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 2);
+  const std::string ckpt = run.run_dir + "/checkpoints/step-2";
+  ASSERT_TRUE(fs::exists(ckpt + "/DONE"));
+
+  // Sizes that are not the checkpoint's: the tensor, both shapes, what to check.
+  CliOutput o =
+      run_cli("eval --checkpoint " + ckpt + " --replays " + val + " --set core.d_model=24");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("in the checkpoint but"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("were the sizes changed?"), std::string::npos) << o.text;
+
+  // A truncated weights file names itself.
+  const std::string model = ckpt + "/model.safetensors";
+  fs::resize_file(model, 100);
+  o = run_cli("eval --checkpoint " + ckpt + " --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("model.safetensors"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("terminate"), std::string::npos) << o.text;
+
+  // A checkpoint whose write never finished, and a directory that is no run.
+  fs::remove(ckpt + "/DONE");
+  o = run_cli("eval --checkpoint " + ckpt + " --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("incomplete checkpoint"), std::string::npos) << o.text;
+  o = run_cli("eval --checkpoint " + d.path() + " --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("not a run directory"), std::string::npos) << o.text;
+  // With no complete checkpoint left the run has nothing to score.
+  o = run_cli("eval --checkpoint " + run.run_dir + " --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("no complete checkpoint"), std::string::npos) << o.text;
+}
+
+TEST(Stream, FrameByFrameEqualsTheWindowForwardMamba) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 3);
+  stream_equals_window(run, val + "/synth_00000.slp");
+}
+
+TEST(Stream, FrameByFrameEqualsTheWindowForwardGru) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 3, "train_bc_gru.yaml",
+                                                     {"core.hidden=16", "core.layers=2"});
+  stream_equals_window(run, val + "/synth_00000.slp");
+}
+
+TEST(Infer, PlaysAReplayFrameByFrame) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 3);
+  const std::string csv = d.path() + "/frames.csv";
+  CliOutput o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +
+                        "/synth_00000.slp --port 2 --csv " + csv);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("latency per frame"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("baseline acc"), std::string::npos) << o.text;
+  const size_t at = o.text.find(" frames, checkpoint step 3");
+  ASSERT_NE(at, std::string::npos) << o.text;
+  const long frames = std::stol(o.text.substr(o.text.rfind(' ', at - 1) + 1));
+  EXPECT_GT(frames, 500);  // a 900-row game, every frame but the last
+  std::ifstream f(csv);
+  std::string header, line;
+  std::getline(f, header);
+  EXPECT_EQ(header.rfind("frame,pred_A,", 0), 0u) << header;
+  long rows = 0;
+  int32_t prev_frame = -1000;
+  while (std::getline(f, line)) {
+    const int32_t frame = std::stoi(line.substr(0, line.find(',')));
+    EXPECT_GT(frame, prev_frame) << "frames in game order";
+    prev_frame = frame;
+    ++rows;
+  }
+  EXPECT_EQ(rows, frames);
+
+  // A port nobody played is an error, not an empty success.
+  o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +
+              "/synth_00000.slp --port 4");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_EQ(o.text.find("terminate"), std::string::npos) << o.text;
+}
