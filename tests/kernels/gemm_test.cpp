@@ -24,31 +24,12 @@ void ref_gemm(bool ta, bool tb, int M, int N, int K, double alpha, const std::ve
     }
 }
 
-TEST(Gemm, AllTransposesWithLeadingDims) {
-  std::mt19937_64 rng(1);
-  const int M = 7, N = 5, K = 9, pad = 3;
-  for (int ta = 0; ta < 2; ++ta)
-    for (int tb = 0; tb < 2; ++tb) {
-      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-      auto A = rand_vec(size_t(ta ? K : M) * lda, rng);
-      auto B = rand_vec(size_t(tb ? N : K) * ldb, rng);
-      auto C = rand_vec(size_t(M) * ldc, rng);
-      auto ref = C;
-      ref_gemm(ta, tb, M, N, K, 0.7, A, lda, B, ldb, 0.3, ref, ldc);
-      auto Cd = C;
-      gemm<double>(ta, tb, M, N, K, 0.7, A.data(), lda, B.data(), ldb, 0.3, Cd.data(), ldc);
-      EXPECT_LT(test::rel_diff(ref, Cd), 1e-14);
-      auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
-      gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
-      EXPECT_LT(test::rel_diff(ref, Cf), 1e-5);
-    }
-}
-
-// Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
-// padded leading dimensions): equal to the reference, and bit-identical for any thread count.
-TEST(Gemm, RowBlocksAcrossTasks) {
-  std::mt19937_64 rng(3);
-  const int M = 301, N = 64, K = 48, pad = 5;  // N*K = 3072: blocks of 85 rows, 4 blocks
+// For every transpose pair: random A, B, C with padded leading dimensions, the float64 result
+// of C = 0.7 op(A) op(B) + 0.3 C by gemm<double> checked against the naive reference, then
+// `more(ta, tb, ref, A, B, C, lda, ldb, ldc)` for the float checks.
+template <class More>
+void each_transpose(int M, int N, int K, int pad, uint64_t seed, More&& more) {
+  std::mt19937_64 rng(seed);
   for (int ta = 0; ta < 2; ++ta)
     for (int tb = 0; tb < 2; ++tb) {
       const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -60,16 +41,40 @@ TEST(Gemm, RowBlocksAcrossTasks) {
       auto Cd = C;
       gemm<double>(ta, tb, M, N, K, 0.7, A.data(), lda, B.data(), ldb, 0.3, Cd.data(), ldc);
       EXPECT_LT(test::rel_diff(ref, Cd), 1e-14) << ta << tb;
-      auto Af = cast<float>(A), Bf = cast<float>(B);
-      std::vector<float> wide = cast<float>(C), one = cast<float>(C);
-      gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, wide.data(), ldc);
-      EXPECT_LT(test::rel_diff(ref, wide), 1e-5) << ta << tb;
-      {
-        tbb::global_control serial(tbb::global_control::max_allowed_parallelism, 1);
-        gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, one.data(), ldc);
-      }
-      EXPECT_EQ(wide, one) << ta << tb;
+      more(ta, tb, ref, A, B, C, lda, ldb, ldc);
     }
+}
+
+TEST(Gemm, AllTransposesWithLeadingDims) {
+  const int M = 7, N = 5, K = 9;
+  each_transpose(M, N, K, 3, 1,
+                 [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C,
+                     int lda, int ldb, int ldc) {
+                   auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
+                   gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f,
+                               Cf.data(), ldc);
+                   EXPECT_LT(test::rel_diff(ref, Cf), 1e-5);
+                 });
+}
+
+// Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
+// padded leading dimensions): equal to the reference, and bit-identical for any thread count.
+TEST(Gemm, RowBlocksAcrossTasks) {
+  const int M = 301, N = 64, K = 48;  // N*K = 3072: blocks of 85 rows, 4 blocks
+  each_transpose(
+      M, N, K, 5, 3,
+      [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C, int lda,
+          int ldb, int ldc) {
+        auto Af = cast<float>(A), Bf = cast<float>(B);
+        std::vector<float> wide = cast<float>(C), one = cast<float>(C);
+        gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, wide.data(), ldc);
+        EXPECT_LT(test::rel_diff(ref, wide), 1e-5) << ta << tb;
+        {
+          tbb::global_control serial(tbb::global_control::max_allowed_parallelism, 1);
+          gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, one.data(), ldc);
+        }
+        EXPECT_EQ(wide, one) << ta << tb;
+      });
 }
 
 TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
