@@ -195,6 +195,30 @@ TEST(Runner, LiveProgressOnATerminal) {
 
 // A graph sized for a GPU that runs on the CPU says so at start, and what its steps cost once
 // the first train row has measured them.
+// precision bf16 on the CPU costs time for the GPU's numerics: said once at start, not for fp32.
+TEST(Runner, Bf16OnTheCpuSaysWhatItCosts) {
+  reset_recorded();
+  TempDir d;
+  RunOptions o = quiet_options();
+  for (const char* precision : {"bf16", "fp32"}) {
+    std::ostringstream out;
+    o.log = &out;
+    Runner r(
+        plan_text(d, kChain,
+                  {"run.steps=2", "run.device=cpu", std::string("run.precision=") + precision}),
+        o);
+    r.run();
+    const std::string text = out.str();
+    const size_t at = text.find("note: precision bf16 on the CPU");
+    if (std::string(precision) == "bf16") {
+      EXPECT_NE(at, std::string::npos) << text;
+      EXPECT_EQ(text.find("note: precision bf16", at + 1), std::string::npos) << "said once";
+    } else {
+      EXPECT_EQ(at, std::string::npos) << text;
+    }
+  }
+}
+
 TEST(Runner, GpuSizedRunOnTheCpuSaysWhatItCosts) {
   reset_recorded();
   TempDir d;
