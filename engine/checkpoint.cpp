@@ -38,16 +38,26 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   fs::rename(tmp, dir);
 }
 
-CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t first_stage) {
-  std::string model_path = (fs::path(dir) / "model.safetensors").string();
-  std::string state_path = (fs::path(dir) / "state.safetensors").string();
+namespace {
+
+// The trainable parameters of stages [first_stage, end) from the checkpoint's model file.
+void load_parameters(GraphPlan& graph, const std::string& dir, size_t first_stage) {
+  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   SafetensorsFile model = read_safetensors(model_path);
+  for (size_t k = first_stage; k < graph.stages.size(); ++k) {
+    StateReader weights(model.tensors, model.metadata, graph.stages[k].name, model_path);
+    for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
+  }
+}
+
+}  // namespace
+
+CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t first_stage) {
+  load_parameters(graph, dir, first_stage);
+  std::string state_path = (fs::path(dir) / "state.safetensors").string();
   SafetensorsFile state = read_safetensors(state_path);
   for (size_t k = first_stage; k < graph.stages.size(); ++k) {
-    const std::string& name = graph.stages[k].name;
-    StateReader weights(model.tensors, model.metadata, name, model_path);
-    for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
-    StateReader r(state.tensors, state.metadata, name, state_path);
+    StateReader r(state.tensors, state.metadata, graph.stages[k].name, state_path);
     graph.instances[k]->load(r);
   }
   StateReader run(state.tensors, state.metadata, "run", state_path);
@@ -59,13 +69,8 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
 }
 
 uint64_t load_weights(GraphPlan& graph, const std::string& dir) {
-  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
+  load_parameters(graph, dir, 0);
   const std::string state_path = (fs::path(dir) / "state.safetensors").string();
-  SafetensorsFile model = read_safetensors(model_path);
-  for (size_t k = 0; k < graph.stages.size(); ++k) {
-    StateReader weights(model.tensors, model.metadata, graph.stages[k].name, model_path);
-    for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
-  }
   SafetensorsFile state = read_safetensors(state_path);
   return static_cast<uint64_t>(
       StateReader(state.tensors, state.metadata, "run", state_path).integer("step"));
@@ -105,6 +110,15 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
   if (!fs::exists(fs::path(r.run_dir) / "config.yaml", ec))
     r.error = path + ": not a run directory (no config.yaml) nor a checkpoint in one";
   return r;
+}
+
+CheckpointPath find_checkpoint(const std::string& path) {
+  CheckpointPath c = resolve_checkpoint_path(path);
+  if (c.error.empty() && c.checkpoint.empty()) {
+    c.checkpoint = latest_checkpoint(c.run_dir).value_or("");
+    if (c.checkpoint.empty()) c.error = path + ": the run has no complete checkpoint";
+  }
+  return c;
 }
 
 }  // namespace slipstream

@@ -43,5 +43,8 @@ struct CheckpointPath {
   std::string error;
 };
 CheckpointPath resolve_checkpoint_path(const std::string& path);
+// The same, with a run directory's newest complete checkpoint filled in (an error when it has
+// none): the checkpoint a user means by `path` (eval, infer, run.init_from).
+CheckpointPath find_checkpoint(const std::string& path);
 
 }  // namespace slipstream

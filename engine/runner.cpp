@@ -180,7 +180,6 @@ struct Runner::Impl {
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
   uint64_t last_validated_step = 0;
-  uint64_t pass_batches = 0, pass_samples = 0;  // the last forward_pass's
 
   // Stats publishing.
   std::unique_ptr<stats::RecordWriter> record;
@@ -308,18 +307,24 @@ struct Runner::Impl {
       st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
     for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
     return forward_pass(st, cx, plan().run.integer("validate_batches"),
-                        "validation @ step " + std::to_string(run.step));
+                        "validation @ step " + std::to_string(run.step))
+        .metrics;
   }
 
+  // What a forward pass measured: its weighted means, the batches and examples it covered.
+  struct Pass {
+    std::map<std::string, double> metrics;
+    uint64_t batches = 0, samples = 0;
+  };
+
   // Up to `batches` batches from the start of the data stages `st` (head and data transforms,
-  // split validation) through the section's forward with training off: the pass's weighted
-  // means. `label` heads the terminal's progress line.
+  // split validation) through the section's forward with training off. `label` heads the
+  // terminal's progress line.
   // With `on_batch`, each batch is handed to it after the forward with the seconds the section's
   // stages before the loss took (the model's answer, without scoring it).
-  std::map<std::string, double> forward_pass(std::vector<Stage*>& st,
-                                             std::vector<StageContext*>& cx, int64_t batches,
-                                             const std::string& label,
-                                             const StreamCallback* on_batch = nullptr) {
+  Pass forward_pass(std::vector<Stage*>& st, std::vector<StageContext*>& cx, int64_t batches,
+                    const std::string& label, const StreamCallback* on_batch = nullptr) {
+    Pass pass;
     size_t head_end = static_cast<size_t>(plan().head_end);
     std::vector<uint64_t> next(head_end, 0);
     for (size_t k = 0; k < head_end; ++k) st[k]->seek(0, *cx[k]);
@@ -329,7 +334,6 @@ struct Runner::Impl {
       in_validation = true;
     }
     run.training = false;
-    pass_batches = pass_samples = 0;
     try {
       for (int64_t i = 0; i < batches; ++i) {
         if (tty) {
@@ -350,8 +354,8 @@ struct Runner::Impl {
         }
         if (on_batch)
           (*on_batch)(b, static_cast<double>(answer_ns ? answer_ns : now_ns() - t0) * 1e-9);
-        ++pass_batches;
-        pass_samples += b.samples;
+        ++pass.batches;
+        pass.samples += b.samples;
       }
     } catch (...) {
       run.training = true;
@@ -359,14 +363,13 @@ struct Runner::Impl {
       throw;
     }
     run.training = true;
-    std::map<std::string, double> avg;
     {
       std::lock_guard lock(metrics_mu);
       in_validation = false;
       for (auto& [k, v] : validation)
-        if (v.second > 0) avg[k] = v.first / v.second;
+        if (v.second > 0) pass.metrics[k] = v.first / v.second;
     }
-    return avg;
+    return pass;
   }
 
   void log_line(const std::string& s) {
@@ -865,14 +868,15 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
     for (size_t k = 0; k < n(); ++k)
       as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
   const uint64_t t0 = now_ns();
-  EvalResult r;
-  r.metrics = forward_pass(st, cx, std::numeric_limits<int64_t>::max(),
+  Pass pass = forward_pass(st, cx, std::numeric_limits<int64_t>::max(),
                            streaming ? "stream" : "eval", on_batch);
   if (tty) *log << "\r\033[K" << std::flush;
+  EvalResult r;
+  r.metrics = std::move(pass.metrics);
   r.seconds = static_cast<double>(now_ns() - t0) * 1e-9;
   r.step = info.step;
-  r.batches = pass_batches;
-  r.samples = pass_samples;
+  r.batches = pass.batches;
+  r.samples = pass.samples;
   return r;
 }
 
@@ -931,13 +935,9 @@ RunResult Runner::Impl::execute_steps() {
   head_next.assign(head_end, 0);
   // A warm start: weights only. A resume has its own weights (and the first run's were these).
   if (const std::string from = plan().run.string("init_from"); !from.empty() && !ckpt) {
-    const CheckpointPath where = resolve_checkpoint_path(from);
-    std::string dir = where.checkpoint;
-    if (where.error.empty() && dir.empty()) dir = latest_checkpoint(where.run_dir).value_or("");
-    if (dir.empty())
-      throw std::runtime_error(
-          "run.init_from: " +
-          (where.error.empty() ? from + ": the run has no complete checkpoint" : where.error));
+    const CheckpointPath where = find_checkpoint(from);
+    if (!where.error.empty()) throw std::runtime_error("run.init_from: " + where.error);
+    const std::string& dir = where.checkpoint;
     uint64_t from_step = 0;
     try {
       from_step = load_weights(graph->plan(), dir);

@@ -450,8 +450,8 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
         T dt = delta[i] + (delta_bias ? delta_bias[d] : T(0));
         if (delta_softplus) dt = softplus_scalar(dt);
         T* h = state + i * N;
-        // exp(Δ·A) for the channel's N states at once: the forward's vector exp where it has
-        // one, so a frame costs what a window position does and both agree to the last bits.
+        // exp(Δ·A) for the channel's N states at once, with the forward's vector exp where it
+        // has one (the scalar expf here was most of a one-frame step's time).
         T dA[kScanMaxState];
         if constexpr (std::is_same_v<T, float>) {
           if (cpu_has_avx512f())

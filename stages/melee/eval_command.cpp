@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/command_registry.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
@@ -69,7 +70,7 @@ nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, c
 }
 
 int eval_command(const EvalArgs& a) {
-  const ScoredCheckpoint where = find_checkpoint(a.checkpoint);
+  const CheckpointPath where = find_checkpoint(a.checkpoint);
   if (!where.error.empty()) {
     std::cerr << where.error << "\n";
     return 1;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/command_registry.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
@@ -91,7 +92,7 @@ class FrameWriter {
 };
 
 int infer_command(const InferArgs& a) {
-  const ScoredCheckpoint where = find_checkpoint(a.checkpoint);
+  const CheckpointPath where = find_checkpoint(a.checkpoint);
   if (!where.error.empty()) {
     std::cerr << where.error << "\n";
     return 1;

@@ -5,20 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "engine/checkpoint.h"
 #include "stages/melee/model_math.h"
 
 namespace slipstream::melee {
-
-ScoredCheckpoint find_checkpoint(const std::string& path) {
-  const CheckpointPath where = resolve_checkpoint_path(path);
-  ScoredCheckpoint c{where.run_dir, where.checkpoint, where.error};
-  if (c.error.empty() && c.checkpoint.empty()) {
-    c.checkpoint = latest_checkpoint(c.run_dir).value_or("");
-    if (c.checkpoint.empty()) c.error = path + ": the run has no complete checkpoint";
-  }
-  return c;
-}
 
 Config config_for_replays(const std::string& run_dir, const std::vector<std::string>& sets,
                           const ReplaySelection& sel) {

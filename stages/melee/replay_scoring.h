@@ -1,6 +1,6 @@
-// What `slipstream eval` and `slipstream infer` share: the checkpoint a user named, and the run's
-// own graph (RUN/config.yaml, so features, windows and heads are the ones it trained with) with
-// its replay loaders pointed at other replays, all of them in the validation split.
+// What `slipstream eval` and `slipstream infer` share: the run's own graph (RUN/config.yaml, so
+// features, windows and heads are the ones it trained with) with its replay loaders pointed at
+// other replays, all of them in the validation split.
 #pragma once
 
 #include <map>
@@ -11,12 +11,6 @@
 #include "engine/config.h"
 
 namespace slipstream::melee {
-
-// A run directory (its newest checkpoint) or one of its checkpoints; `error` says why neither.
-struct ScoredCheckpoint {
-  std::string run_dir, checkpoint, error;
-};
-ScoredCheckpoint find_checkpoint(const std::string& path);
 
 struct ReplaySelection {
   std::vector<std::string> replays;  // files, folders, globs or corpus directories
