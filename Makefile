@@ -70,7 +70,7 @@ gpu-deps:
 	mkdir -p .gpu-deps && cd .gpu-deps && apt-get download $$(grep -v '^#' ../tools/gpu_check/debs.txt)
 
 format:
-	git ls-files '*.h' '*.cpp' '*.cu' '*.cuh' '*.inc' | xargs clang-format -i
+	git ls-files '*.h' '*.c' '*.cpp' '*.cu' '*.cuh' '*.inc' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -311,6 +311,26 @@ struct Runner::Impl {
         .metrics;
   }
 
+  // A pulled batch through the data transforms of `st` and the section's forward up to the loss
+  // (`with_loss`: through it too, never past it). Returns the nanoseconds the section's stages
+  // before the loss took: the model's answer, without scoring it.
+  uint64_t forward_one(std::vector<Stage*>& st, std::vector<StageContext*>& cx, Batch& b,
+                       bool with_loss) {
+    for (size_t k = static_cast<size_t>(plan().head_end); k < st.size(); ++k)
+      as_stage(k, b.index, [&] { st[k]->forward(b, *cx[k]); });
+    const uint64_t t0 = now_ns();
+    uint64_t answer_ns = 0;
+    for (size_t k = plan().section_begin; k < n(); ++k) {
+      if (plan().stages[k].after_loss) continue;
+      if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss) {
+        answer_ns = now_ns() - t0;
+        if (!with_loss) break;
+      }
+      as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+    }
+    return answer_ns ? answer_ns : now_ns() - t0;
+  }
+
   // What a forward pass measured: its weighted means, the batches and examples it covered.
   struct Pass {
     std::map<std::string, double> metrics;
@@ -343,17 +363,8 @@ struct Runner::Impl {
         }
         Batch b = graph->new_batch();
         if (!pull(st, cx, next, head_end - 1, b, false)) break;
-        for (size_t k = head_end; k < st.size(); ++k)
-          as_stage(k, b.index, [&] { st[k]->forward(b, *cx[k]); });
-        uint64_t t0 = now_ns(), answer_ns = 0;
-        for (size_t k = plan().section_begin; k < n(); ++k) {
-          if (plan().stages[k].after_loss) continue;
-          if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss)
-            answer_ns = now_ns() - t0;
-          as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
-        }
-        if (on_batch)
-          (*on_batch)(b, static_cast<double>(answer_ns ? answer_ns : now_ns() - t0) * 1e-9);
+        const uint64_t answer_ns = forward_one(st, cx, b, true);
+        if (on_batch) (*on_batch)(b, static_cast<double>(answer_ns) * 1e-9);
         ++pass.batches;
         pass.samples += b.samples;
       }
@@ -763,6 +774,14 @@ struct Runner::Impl {
   RunResult execute_steps();
   EvalResult evaluate(const std::string& checkpoint, const StreamCallback* on_batch,
                       bool streaming);
+  // Setup, the checkpoint's section state, validation_begin (and stream_begin); training off.
+  CheckpointInfo open_checkpoint(const std::string& checkpoint, bool streaming);
+  void begin_stream();
+  // The caller-fed stream (stream_open/stream_next): the data stages and their next indexes.
+  bool fed = false;
+  std::vector<Stage*> fed_stages;
+  std::vector<StageContext*> fed_contexts;
+  std::vector<uint64_t> fed_next;
 };
 
 Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl>()) {
@@ -838,8 +857,27 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
   std::optional<tbb::global_control> threads;
   if (int64_t t = plan().run.integer("threads"); t > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
-  run.run_dir.clear();  // writes nothing: no split lists, no checkpoints, no best copies
   *log << "device: " << device_reason << "\n";
+  const CheckpointInfo info = open_checkpoint(checkpoint, streaming);
+  const size_t sb = static_cast<size_t>(plan().section_begin);
+  std::vector<Stage*> st;
+  std::vector<StageContext*> cx;
+  for (size_t k = 0; k < sb; ++k) st.push_back(&graph->stage(k)), cx.push_back(&graph->context(k));
+  const uint64_t t0 = now_ns();
+  Pass pass = forward_pass(st, cx, std::numeric_limits<int64_t>::max(),
+                           streaming ? "stream" : "eval", on_batch);
+  if (tty) *log << "\r\033[K" << std::flush;
+  EvalResult r;
+  r.metrics = std::move(pass.metrics);
+  r.seconds = static_cast<double>(now_ns() - t0) * 1e-9;
+  r.step = info.step;
+  r.batches = pass.batches;
+  r.samples = pass.samples;
+  return r;
+}
+
+CheckpointInfo Runner::Impl::open_checkpoint(const std::string& checkpoint, bool streaming) {
+  run.run_dir.clear();  // writes nothing: no split lists, no checkpoints, no best copies
   // The data stages serve their validation split: every window, in the validation order.
   const size_t sb = static_cast<size_t>(plan().section_begin);
   for (size_t k = 0; k < sb; ++k) graph->context(k).split_ = StageContext::Split::validation;
@@ -859,25 +897,48 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
   // optimizer's EMA, a loss's statistics) is the model being scored.
   const CheckpointInfo info = load_checkpoint(graph->plan(), checkpoint, sb);
   run.step = info.step;
-  std::vector<Stage*> st;
-  std::vector<StageContext*> cx;
-  for (size_t k = 0; k < sb; ++k) st.push_back(&graph->stage(k)), cx.push_back(&graph->context(k));
   for (size_t k = 0; k < n(); ++k)
     as_stage(k, 0, [&] { graph->stage(k).validation_begin(graph->context(k)); });
-  if (streaming)
-    for (size_t k = 0; k < n(); ++k)
-      as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
-  const uint64_t t0 = now_ns();
-  Pass pass = forward_pass(st, cx, std::numeric_limits<int64_t>::max(),
-                           streaming ? "stream" : "eval", on_batch);
-  if (tty) *log << "\r\033[K" << std::flush;
-  EvalResult r;
-  r.metrics = std::move(pass.metrics);
-  r.seconds = static_cast<double>(now_ns() - t0) * 1e-9;
-  r.step = info.step;
-  r.batches = pass.batches;
-  r.samples = pass.samples;
-  return r;
+  if (streaming) begin_stream();
+  run.training = false;
+  return info;
+}
+
+void Runner::Impl::begin_stream() {
+  for (size_t k = 0; k < n(); ++k)
+    as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
+}
+
+uint64_t Runner::stream_open(const std::string& checkpoint) {
+  auto& I = *impl_;
+  if (I.fed) throw std::logic_error("Runner::stream_open: the stream is already open");
+  const uint64_t step = I.open_checkpoint(checkpoint, true).step;
+  const size_t sb = static_cast<size_t>(I.plan().section_begin);
+  for (size_t k = 0; k < sb; ++k) {
+    I.fed_stages.push_back(&I.graph->stage(k));
+    I.fed_contexts.push_back(&I.graph->context(k));
+  }
+  I.fed_next.assign(static_cast<size_t>(I.plan().head_end), 0);
+  for (size_t k = 0; k < I.fed_next.size(); ++k)
+    I.as_stage(k, 0, [&] { I.fed_stages[k]->seek(0, *I.fed_contexts[k]); });
+  I.fed = true;
+  return step;
+}
+
+bool Runner::stream_next(Batch& out) {
+  auto& I = *impl_;
+  if (!I.fed) throw std::logic_error("Runner::stream_next before stream_open");
+  out = I.graph->new_batch();
+  if (!I.pull(I.fed_stages, I.fed_contexts, I.fed_next, I.fed_next.size() - 1, out, false))
+    return false;
+  I.forward_one(I.fed_stages, I.fed_contexts, out, false);
+  return true;
+}
+
+void Runner::stream_restart() {
+  auto& I = *impl_;
+  if (!I.fed) throw std::logic_error("Runner::stream_restart before stream_open");
+  I.begin_stream();
 }
 
 RunResult Runner::Impl::execute() {

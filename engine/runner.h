@@ -99,6 +99,15 @@ class Runner {
   // one position, in order, is a game played frame by frame). Refuses a graph with a stage
   // whose schema does not declare Streaming. `on_batch` sees each batch after its forward.
   EvalResult stream(const std::string& checkpoint, const StreamCallback& on_batch);
+  // stream() driven by the caller, one batch per call (a policy inside a program, its source
+  // fed by that program): stream_open() sets up and loads the checkpoint as stream() does and
+  // returns its step; each stream_next() pulls the source's next batch into `out` and runs it
+  // through the data transforms and the section's stages before the loss (no loss, no
+  // metrics), false when the source has none; stream_restart() starts a new stream
+  // (stream_begin on every stage: recurrent state cleared). Call instead of run()/evaluate().
+  uint64_t stream_open(const std::string& checkpoint);
+  bool stream_next(Batch& out);
+  void stream_restart();
 
   Graph& graph();
   RunState& state();

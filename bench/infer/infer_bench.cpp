@@ -3,15 +3,16 @@
 // and 32 (32 games at once), for d_model 128 / 2 layers (cpu_quick's core) and the production
 // core (d_model 256, 3 layers, d_state 32); the input is the Melee embedding's width (E = 192).
 // Besides Google Benchmark's mean, each run reports the p50 and p99 of the per-step times in
-// microseconds (counters p50_us, p99_us) and frames per second over all rows.
+// microseconds (counters p50_us, p99_us) and frames per second over all rows. policy_bench.cpp
+// measures the whole policy (libslipstream_policy: embedding, temporal step, heads, the graph).
 //   build/bin/bench_infer --benchmark_min_time=2
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <chrono>
 #include <random>
 #include <vector>
 
+#include "bench/infer/latency_counters.h"
 #include "stages/nn/gru_recurrent.h"
 #include "stages/nn/mamba_recurrent.h"
 
@@ -37,12 +38,7 @@ void run_steps(benchmark::State& state, Model& m, const std::vector<float>& w, i
     us.push_back(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(us.begin(), us.end());
-  auto q = [&](double p) {
-    return us[std::min(us.size() - 1, static_cast<size_t>(p * us.size()))];
-  };
-  state.counters["p50_us"] = q(0.50);
-  state.counters["p99_us"] = q(0.99);
+  report_latency(state, us);
   state.counters["frames_per_s"] =
       benchmark::Counter(static_cast<double>(state.iterations()) * B, benchmark::Counter::kIsRate);
 }

@@ -38,6 +38,7 @@
 #include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/synth.h"
+#include "stages/melee/window_batch.h"
 
 namespace fs = std::filesystem;
 
@@ -496,20 +497,13 @@ ReplaysStage::~ReplaysStage() = default;
 
 StageSchema ReplaysStage::schema() {
   using S = std::vector<std::string>;
-  return StageSchema("slippi_replays")
-      .family("melee")
+  StageSchema s("slippi_replays");
+  s.family("melee")
       .doc(
           "Slippi replays (or a corpus cache) -> deterministic, resumable batches of training "
           "windows (stages/melee/batch_layout.h).")
-      .role(StageRole::source)
-      .output("numeric", DType::f32, 4, "(B, W, slots, features) raw post-frame values")
-      .output("action", DType::i32, 3, "(B, W, slots) action state, clamped")
-      .output("character", DType::i32, 3, "(B, W, slots) internal character id")
-      .output("stage", DType::i32, 2, "(B, W) stage id")
-      .output("prev_controller", DType::f32, 3, "(B, W, 13) the player's controller at t + D")
-      .output("target_buttons", DType::f32, 3, "(B, W, 8) buttons at t + D + 1")
-      .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
-      .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
+      .role(StageRole::source);
+  return declare_window_outputs(s)
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
       .path(/*must_exist=*/true)
       .param("validation_paths", S{},
@@ -768,16 +762,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
   fingerprint_ = hex64(fp);
 
-  const int64_t W = window_;
-  const auto b = static_cast<int64_t>(B);
-  ctx.declare_output("numeric", Shape{b, W, kSlots, kNumericFeatures}, DType::f32);
-  ctx.declare_output("action", Shape{b, W, kSlots}, DType::i32);
-  ctx.declare_output("character", Shape{b, W, kSlots}, DType::i32);
-  ctx.declare_output("stage", Shape{b, W}, DType::i32);
-  ctx.declare_output("prev_controller", Shape{b, W, kControllerFeatures}, DType::f32);
-  ctx.declare_output("target_buttons", Shape{b, W, kButtons}, DType::f32);
-  ctx.declare_output("target_sticks", Shape{b, W, kStickHeads}, DType::i32);
-  ctx.declare_output("mask", Shape{b, W}, DType::f32);
+  WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   perm_.clear();
   perm_epoch_ = -1;
 }
@@ -815,41 +800,9 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
     ++real;
   }
 
-  const int64_t b = static_cast<int64_t>(B), W = window_;
-  Tensor numeric = Tensor::empty(Shape{b, W, kSlots, kNumericFeatures}, DType::f32, Device::cpu(),
-                                 "slippi_replays numeric");
-  Tensor action =
-      Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays action");
-  Tensor character =
-      Tensor::empty(Shape{b, W, kSlots}, DType::i32, Device::cpu(), "slippi_replays character");
-  Tensor stage = Tensor::empty(Shape{b, W}, DType::i32, Device::cpu(), "slippi_replays stage");
-  Tensor prev = Tensor::empty(Shape{b, W, kControllerFeatures}, DType::f32, Device::cpu(),
-                              "slippi_replays prev_controller");
-  Tensor tb = Tensor::empty(Shape{b, W, kButtons}, DType::f32, Device::cpu(),
-                            "slippi_replays target_buttons");
-  Tensor ts = Tensor::empty(Shape{b, W, kStickHeads}, DType::i32, Device::cpu(),
-                            "slippi_replays target_sticks");
-  Tensor mask = Tensor::empty(Shape{b, W}, DType::f32, Device::cpu(), "slippi_replays mask");
-  BatchView view;
-  view.window = static_cast<int>(W);
-  view.numeric = numeric.data<float>();
-  view.action = action.data<int32_t>();
-  view.character = character.data<int32_t>();
-  view.stage = stage.data<int32_t>();
-  view.prev_controller = prev.data<float>();
-  view.target_buttons = tb.data<float>();
-  view.target_sticks = ts.data<int32_t>();
-  view.mask = mask.data<float>();
-  fill(rows, view);
-
-  ctx.set_output(out, "numeric", numeric);
-  ctx.set_output(out, "action", action);
-  ctx.set_output(out, "character", character);
-  ctx.set_output(out, "stage", stage);
-  ctx.set_output(out, "prev_controller", prev);
-  ctx.set_output(out, "target_buttons", tb);
-  ctx.set_output(out, "target_sticks", ts);
-  ctx.set_output(out, "mask", mask);
+  const WindowBatch t = WindowBatch::allocate(static_cast<int64_t>(B), window_, "slippi_replays");
+  fill(rows, t.view);
+  t.publish(out, ctx);
   out.epoch = epoch;
   out.samples = real;
   return true;

@@ -57,6 +57,26 @@ TEST(Gemm, AllTransposesWithLeadingDims) {
                  });
 }
 
+// One row of C (a recurrent step at batch 1): every transpose, padded leading dimensions (a
+// transposed A's row is strided), and beta 0 overwriting NaNs already in C.
+TEST(Gemm, SingleRowIsAMatrixVectorProduct) {
+  const int M = 1, N = 37, K = 29;
+  each_transpose(
+      M, N, K, 4, 2,
+      [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C, int lda,
+          int ldb, int ldc) {
+        auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
+        gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
+        EXPECT_LT(test::rel_diff(ref, Cf), 1e-5) << ta << tb;
+        std::vector<float> stale(Cf.size(), NAN);
+        gemm<float>(ta, tb, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, stale.data(), ldc);
+        auto zero = C;
+        std::fill(zero.begin(), zero.end(), 0.0);
+        ref_gemm(ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, zero, ldc);
+        for (int j = 0; j < N; ++j) EXPECT_NEAR(stale[j], zero[j], 1e-4) << j;
+      });
+}
+
 // Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
 // padded leading dimensions): equal to the reference, and bit-identical for any thread count.
 TEST(Gemm, RowBlocksAcrossTasks) {

@@ -26,27 +26,6 @@ CliOutput run_cli(const std::string& args) {
   return run_command(std::string(SLIPSTREAM_CLI) + " " + args);
 }
 
-// A tiny run that validates on two pinned synthetic games; returns its result. `graph` and
-// `core` choose the temporal model (the tiny sizes of tiny_overrides are Mamba's).
-RunResult train_with_pinned_validation(const std::string& dir, const std::string& val_dir,
-                                       int steps, const std::string& graph = "train_bc.yaml",
-                                       const std::vector<std::string>& core = {}) {
-  slp::write_synthetic_games(val_dir, 2, 99, 900);
-  auto sets = tiny_overrides(dir);
-  if (!core.empty()) {
-    std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
-    sets.insert(sets.end(), core.begin(), core.end());
-  }
-  sets.push_back("replays.validation_paths=[" + val_dir + "]");
-  sets.push_back("run.steps=" + std::to_string(steps));
-  sets.push_back("run.validate_every=4");
-  sets.push_back("run.validate_batches=all");
-  sets.push_back("step.ema=0.9");  // eval must score the EMA weights, as validation does
-  std::ostringstream log;
-  Runner r(plan_graph(load_config(source_path("configs/" + graph), sets)), quiet_run_options(log));
-  return r.run();
-}
-
 // Every head's logits of the first `frames` positions of port 1's view of `replay`: from one
 // window forward (`streaming` false), or frame by frame through Runner::stream.
 std::vector<std::vector<float>> head_outputs(const RunResult& run, const std::string& replay,

@@ -1,0 +1,156 @@
+/* libslipstream_policy: a trained slipstream checkpoint as a Melee controller policy inside a
+ * program that plays (a bot). Open a checkpoint, then once per game frame hand the policy the
+ * game's state and get back the controller to press. The temporal model carries its state from
+ * one frame to the next (Mamba: its conv window and SSM state; GRU: its hidden state), so a step
+ * costs one frame's work, and the answers equal the training graph's window forward over the
+ * same frames.
+ *
+ * The policy is the run's own graph (RUN/config.yaml) with its replay loader replaced by a feed
+ * of these frames, the checkpoint's weights loaded (the EMA weights when the run kept them):
+ * the features are the ones the model trained on (docs/melee_features.md).
+ *
+ * Threads: thread-compatible. Distinct handles may be used from distinct threads at once; one
+ * handle from one thread at a time. A step runs on the calling thread alone.
+ * Errors: no C++ exception crosses this interface. Every call returns a status; the message of
+ * the last failed call on a handle is slipstream_policy_error(handle), and of a failed call
+ * without one (slipstream_policy_open, a NULL handle) on this thread slipstream_policy_error(NULL).
+ */
+#ifndef SLIPSTREAM_POLICY_H
+#define SLIPSTREAM_POLICY_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SLIPSTREAM_POLICY_VERSION 1 /* this header's interface; see slipstream_policy_version */
+
+typedef enum slipstream_status {
+  SLIPSTREAM_OK = 0,
+  SLIPSTREAM_E_ARGUMENT = 1,   /* a NULL pointer, or a frame field out of range or not finite */
+  SLIPSTREAM_E_CHECKPOINT = 2, /* no checkpoint there, or one that does not load (damaged, or
+                                  made by another graph or other sizes) */
+  SLIPSTREAM_E_CONFIG = 3,     /* the run's config cannot be rebuilt into a policy */
+  SLIPSTREAM_E_DEVICE = 4,     /* the device asked for is not available */
+  SLIPSTREAM_E_RUNTIME = 5     /* a stage failed while stepping (the message names it) */
+} slipstream_status;
+
+/* Buttons, as bits of slipstream_controller.buttons. */
+enum {
+  SLIPSTREAM_BUTTON_A = 1u << 0,
+  SLIPSTREAM_BUTTON_B = 1u << 1,
+  SLIPSTREAM_BUTTON_X = 1u << 2,
+  SLIPSTREAM_BUTTON_Y = 1u << 3,
+  SLIPSTREAM_BUTTON_Z = 1u << 4,
+  SLIPSTREAM_BUTTON_L = 1u << 5, /* digital L */
+  SLIPSTREAM_BUTTON_R = 1u << 6, /* digital R */
+  SLIPSTREAM_BUTTON_D_UP = 1u << 7,
+  SLIPSTREAM_BUTTONS_ALL = 0xffu
+};
+
+/* One character's state after the frame, in the units of a Slippi replay's Post-Frame Update
+ * (project-slippi SPEC.md), which is what the model trained on. */
+typedef struct slipstream_character {
+  int32_t exists;       /* 1: the slot has a character this frame; 0: every other field is
+                           ignored (the model sees zeros, as in training) */
+  int32_t character;    /* internal character id, 0..32 */
+  int32_t action_state; /* action state id, >= 0 (ids past 398 read as 398, as in training) */
+  float action_frame;   /* frames into the action state ("action state frame counter") */
+  float percent;        /* damage percent */
+  float facing;         /* +1 facing right, -1 left */
+  float x, y;           /* position */
+  float shield;         /* shield size, 0..60 */
+  float jumps_left;     /* jumps remaining */
+  int32_t on_ground;    /* 1 grounded, 0 airborne */
+  int32_t invulnerable; /* 1 while intangible or invincible (state bit flags 2, 0x04) */
+  float hitlag;         /* hitlag frames left */
+  float hitstun;        /* hitstun frames left; 0 when not in hitstun (state bit flags 4, 0x02) */
+  float speed_air_x;    /* self-induced air x speed */
+  float speed_y;        /* self-induced y speed */
+  float speed_attack_x; /* knockback x speed */
+  float speed_attack_y; /* knockback y speed */
+  float speed_ground_x; /* self-induced ground x speed */
+  int32_t stocks;       /* stocks remaining */
+} slipstream_character;
+
+/* A controller: what the policy answers, and the player's last input in a frame. */
+typedef struct slipstream_controller {
+  uint32_t buttons; /* SLIPSTREAM_BUTTON_* bits */
+  float main_x;     /* main stick, [-1, 1] */
+  float main_y;
+  float c_x; /* C-stick, [-1, 1] */
+  float c_y;
+  float shoulder; /* analog trigger (the larger of L and R), [0, 1] */
+} slipstream_controller;
+
+/* What the policy sees of one frame. */
+typedef struct slipstream_game_frame {
+  int32_t stage;                    /* stage id (Game Start), 0..63 */
+  slipstream_character player;      /* the character the policy plays */
+  slipstream_character opponent;    /* the other player's character */
+  slipstream_character follower;    /* the player's Ice Climbers follower (Nana); exists 0 else */
+  slipstream_controller controller; /* the player's input the model conditions on: the last
+                                       controller the program sent (with a run trained at frame
+                                       delay D, the input of frame t + D) */
+} slipstream_game_frame;
+
+/* The policy's distribution over the next input, as probabilities. Stick class k is the value
+ * k / 8 - 1 (class 8 is neutral); shoulder class k is k / 4. */
+typedef struct slipstream_distribution {
+  float buttons[8]; /* probability that each button (bit order) is pressed */
+  float main_x[17];
+  float main_y[17];
+  float c_x[17];
+  float c_y[17];
+  float shoulder[5];
+} slipstream_distribution;
+
+typedef struct slipstream_policy slipstream_policy;
+
+/* SLIPSTREAM_POLICY_VERSION of the library as built (compare with the header's). */
+int slipstream_policy_version(void);
+
+/* Opens `checkpoint`: a run directory (its newest checkpoint) or RUN/checkpoints/step-N.
+ * `device`: "cpu" (also for NULL or ""); a CUDA device is refused with SLIPSTREAM_E_DEVICE
+ * until the frame-by-frame CUDA path exists. On failure *out is NULL and
+ * slipstream_policy_error(NULL) says why. */
+slipstream_status slipstream_policy_open(const char* checkpoint, const char* device,
+                                         slipstream_policy** out);
+
+/* A new game: clears the temporal model's state. Also the state right after open. */
+slipstream_status slipstream_policy_reset(slipstream_policy* policy);
+
+/* One frame: the controller to press next. By default the most likely input (each button
+ * pressed when its probability exceeds 1/2, each stick at its most likely class); see
+ * slipstream_policy_set_sampling. A frame that fails validation changes no state. */
+slipstream_status slipstream_policy_step(slipstream_policy* policy,
+                                         const slipstream_game_frame* frame,
+                                         slipstream_controller* out);
+
+/* The distribution behind the last successful step's answer (at temperature 1). */
+slipstream_status slipstream_policy_distribution(const slipstream_policy* policy,
+                                                 slipstream_distribution* out);
+
+/* temperature 0 (the default): the most likely input. temperature > 0: each step draws buttons
+ * and sticks from the distribution sharpened (< 1) or flattened (> 1) by the temperature, with
+ * a generator seeded by `seed` (the same seed and frames give the same answers). */
+slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, float temperature,
+                                                 uint64_t seed);
+
+/* The checkpoint's step, model and device, one line (valid until the handle closes). */
+const char* slipstream_policy_describe(const slipstream_policy* policy);
+
+/* The last failed call's message: of `policy`, or with NULL of this thread's last failed call
+ * without a handle (slipstream_policy_open, a NULL handle). Valid until the next call on the
+ * same handle or thread. */
+const char* slipstream_policy_error(const slipstream_policy* policy);
+
+/* Frees the policy. NULL is allowed. */
+void slipstream_policy_close(slipstream_policy* policy);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SLIPSTREAM_POLICY_H */

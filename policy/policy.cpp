@@ -1,0 +1,366 @@
+// libslipstream_policy (include/slipstream/policy.h): the run's graph with its slippi_replays
+// source swapped for melee_frames, driven one frame per step through Runner::stream_open /
+// stream_next (the stages before the loss, recurrent state carried), inside a one-thread TBB
+// arena so a step runs on the caller's thread. Every entry point catches everything: no
+// exception crosses the C boundary.
+#include "slipstream/policy.h"
+
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "engine/checkpoint.h"
+#include "engine/config.h"
+#include "engine/device.h"
+#include "engine/graph.h"
+#include "engine/runner.h"
+#include "stages/melee/batch_layout.h"
+#include "stages/melee/frame_feed.h"
+#include "stages/melee/model_math.h"
+
+using namespace slipstream;
+using namespace slipstream::melee;
+
+struct slipstream_policy {
+  tbb::task_arena arena{1, 1};  // the caller's thread alone
+  std::ostringstream log;       // the runner's progress lines: a library prints nothing
+  std::unique_ptr<Runner> runner;
+  FrameFeedStage* feed = nullptr;
+  size_t heads = 0;
+  std::string description;
+  mutable std::string error;  // the last failed call's message
+  slipstream_distribution last{};
+  float button_logits[kButtons] = {};
+  bool stepped = false;
+  float temperature = 0;
+  std::mt19937_64 rng{0};
+};
+
+namespace {
+
+thread_local std::string g_open_error;
+
+static_assert(kButtons == 8 && kStickClasses == 17 && kShoulderClasses == 5,
+              "slipstream_distribution's sizes are the heads' classes");
+
+slipstream_status fail(const slipstream_policy* p, slipstream_status s, std::string message) {
+  (p ? p->error : g_open_error) = std::move(message);
+  return s;
+}
+
+// The graph as a policy: its replay loader becomes the frame feed. Refuses a graph whose data
+// does not come from one slippi_replays source (the feed produces that stage's tensors).
+void feed_frames(Config& cfg) {
+  int loaders = 0;
+  for (StageConfig& s : cfg.stages) {
+    if (s.kind != "slippi_replays") continue;
+    ++loaders;
+    s.kind = "melee_frames";
+    s.params.clear();
+  }
+  if (loaders != 1 || cfg.stages.empty() || cfg.stages.front().kind != "melee_frames") {
+    ConfigIssue issue;
+    issue.mark.file = cfg.graph_file;
+    issue.message =
+        "the run's graph does not read its data with one slippi_replays stage as its source: a "
+        "policy feeds frames in that stage's place";
+    throw ConfigError({issue});
+  }
+}
+
+// Slot `s` of `f` from `c`; "" or what is wrong, naming the field under `who`.
+std::string character_features(const slipstream_character& c, const std::string& who, int s,
+                               FedFrame& f) {
+  if (c.exists == 0) return {};  // zeros, as the loader writes an absent character
+  if (c.exists != 1) return who + ".exists is " + std::to_string(c.exists) + " (0 or 1)";
+  if (c.character < 0 || c.character >= kCharacters)
+    return who + ".character is " + std::to_string(c.character) + " (internal ids 0.." +
+           std::to_string(kCharacters - 1) + ")";
+  if (c.action_state < 0) return who + ".action_state is " + std::to_string(c.action_state);
+  for (const char* flag : {"on_ground", "invulnerable"}) {
+    const int32_t v = flag[0] == 'o' ? c.on_ground : c.invulnerable;
+    if (v != 0 && v != 1) return who + "." + flag + " is " + std::to_string(v) + " (0 or 1)";
+  }
+  const struct {
+    const char* name;
+    float value;
+    int feature;
+  } fields[] = {{"percent", c.percent, kPercent},
+                {"facing", c.facing, kFacing},
+                {"x", c.x, kPosX},
+                {"y", c.y, kPosY},
+                {"shield", c.shield, kShield},
+                {"jumps_left", c.jumps_left, kJumpsLeft},
+                {"on_ground", static_cast<float>(c.on_ground), kOnGround},
+                {"invulnerable", static_cast<float>(c.invulnerable), kInvulnerable},
+                {"hitlag", c.hitlag, kHitlag},
+                {"hitstun", c.hitstun, kHitstun},
+                {"action_frame", c.action_frame, kActionFrame},
+                {"speed_air_x", c.speed_air_x, kSpeedAirX},
+                {"speed_y", c.speed_y, kSpeedY},
+                {"speed_attack_x", c.speed_attack_x, kSpeedAttackX},
+                {"speed_attack_y", c.speed_attack_y, kSpeedAttackY},
+                {"speed_ground_x", c.speed_ground_x, kSpeedGroundX},
+                {"stocks", static_cast<float>(c.stocks), kStocks}};
+  for (const auto& fl : fields) {
+    if (!std::isfinite(fl.value)) return who + "." + fl.name + " is not finite";
+    f.numeric[s][fl.feature] = fl.value;
+  }
+  f.numeric[s][kExists] = 1.0f;
+  f.action[s] = std::min(c.action_state, kActionStates - 1);
+  f.character[s] = c.character;
+  return {};
+}
+
+std::string frame_features(const slipstream_game_frame& g, FedFrame& f) {
+  if (g.stage < 0 || g.stage >= kStages)
+    return "frame.stage is " + std::to_string(g.stage) + " (ids 0.." + std::to_string(kStages - 1) +
+           ")";
+  f.stage = g.stage;
+  const slipstream_character* slots[kSlots] = {&g.player, &g.opponent, &g.follower};
+  const char* names[kSlots] = {"frame.player", "frame.opponent", "frame.follower"};
+  for (int s = 0; s < kSlots; ++s)
+    if (std::string e = character_features(*slots[s], names[s], s, f); !e.empty()) return e;
+  const slipstream_controller& c = g.controller;
+  if (c.buttons & ~static_cast<uint32_t>(SLIPSTREAM_BUTTONS_ALL))
+    return "frame.controller.buttons has bits outside SLIPSTREAM_BUTTONS_ALL";
+  for (int b = 0; b < kButtons; ++b) f.prev_controller[b] = (c.buttons >> b) & 1 ? 1.0f : 0.0f;
+  const float analog[] = {c.main_x, c.main_y, c.c_x, c.c_y, c.shoulder};
+  const char* analog_names[] = {"main_x", "main_y", "c_x", "c_y", "shoulder"};
+  for (int a = 0; a < 5; ++a) {
+    if (!std::isfinite(analog[a]))
+      return std::string("frame.controller.") + analog_names[a] + " is not finite";
+    // Clamped as the loader clamps what a replay recorded.
+    f.prev_controller[kButtons + a] =
+        a == 4 ? std::clamp(analog[a], 0.0f, 1.0f) : std::clamp(analog[a], -1.0f, 1.0f);
+  }
+  return {};
+}
+
+void softmax(const float* logits, int n, float* p) {
+  const float m = *std::max_element(logits, logits + n);
+  float sum = 0;
+  for (int i = 0; i < n; ++i) sum += p[i] = std::exp(logits[i] - m);
+  for (int i = 0; i < n; ++i) p[i] /= sum;
+}
+
+float* head_probabilities(slipstream_distribution& d, int stick_head) {
+  float* heads[kStickHeads] = {d.main_x, d.main_y, d.c_x, d.c_y, d.shoulder};
+  return heads[stick_head];
+}
+
+// A class of `n` drawn from probabilities `p` at `temperature` (0: the most likely).
+int choose(const float* p, int n, float temperature, std::mt19937_64& rng) {
+  if (temperature <= 0) return static_cast<int>(std::max_element(p, p + n) - p);
+  double w[kStickClasses], sum = 0;
+  for (int i = 0; i < n; ++i)
+    sum += w[i] = std::pow(std::max(double(p[i]), 1e-30), 1.0 / temperature);
+  double u = std::uniform_real_distribution<double>(0, sum)(rng);
+  for (int i = 0; i < n; ++i)
+    if ((u -= w[i]) < 0) return i;
+  return n - 1;
+}
+
+// One frame through the graph: the distribution of the next input into p.last.
+void forward(slipstream_policy& p, const FedFrame& f) {
+  p.feed->push(f);
+  Batch b;
+  if (!p.runner->stream_next(b)) throw std::logic_error("the frame feed produced no batch");
+  const StageContext& hc = p.runner->graph().context(p.heads);
+  float logits[kHeadsWidth];
+  for (int h = 0; h < kHeads; ++h) {
+    const Tensor t = hc.output(b, kHeadNames[h]).to(Device::cpu());
+    std::copy_n(t.data<float>(), head_width(h), logits + head_offset(h));
+  }
+  std::copy_n(logits, kButtons, p.button_logits);
+  for (int k = 0; k < kButtons; ++k) p.last.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
+  for (int h = 0; h < kStickHeads; ++h)
+    softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(p.last, h));
+}
+
+template <class Fn>
+slipstream_status guarded(slipstream_policy* p, slipstream_status on_error, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return fail(p, on_error, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(p, on_error, e.what());
+  } catch (...) {
+    return fail(p, on_error, "unknown error");
+  }
+}
+
+slipstream_status open_policy(const char* checkpoint, const char* device, slipstream_policy** out) {
+  if (!out) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_open: out is NULL");
+  *out = nullptr;
+  if (!checkpoint || !*checkpoint)
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_open: no checkpoint path");
+  const std::string dev = device && *device ? device : "cpu";
+  try {
+    if (!choose_device(dev).device.is_cpu())
+      return fail(nullptr, SLIPSTREAM_E_DEVICE,
+                  "device '" + dev +
+                      "': the policy steps on the CPU for now (no CUDA single-step path yet); "
+                      "open it with \"cpu\"");
+  } catch (const std::exception& e) {
+    return fail(nullptr, SLIPSTREAM_E_DEVICE, "device '" + dev + "': " + e.what());
+  }
+  const CheckpointPath where = find_checkpoint(checkpoint);
+  if (!where.error.empty()) return fail(nullptr, SLIPSTREAM_E_CHECKPOINT, where.error);
+  auto p = std::make_unique<slipstream_policy>();
+  GraphPlan plan;
+  try {
+    Config cfg = load_config((std::filesystem::path(where.run_dir) / "config.yaml").string(),
+                             {"run.device=" + dev});
+    feed_frames(cfg);
+    plan = plan_graph(std::move(cfg));
+  } catch (const std::exception& e) {
+    return fail(nullptr, SLIPSTREAM_E_CONFIG, e.what());
+  }
+  std::string chain;
+  int heads = -1;
+  for (size_t k = static_cast<size_t>(plan.section_begin); k < plan.stages.size(); ++k) {
+    const auto& ps = plan.stages[k];
+    if (ps.after_loss || ps.schema->stage_role() == StageRole::loss) break;
+    chain += (chain.empty() ? "" : " -> ") + ps.schema->kind();
+    if (ps.schema->kind() == "controller_heads") heads = static_cast<int>(k);
+  }
+  if (heads < 0)
+    return fail(nullptr, SLIPSTREAM_E_CONFIG,
+                "the run's graph has no controller_heads stage before its loss");
+  p->heads = static_cast<size_t>(heads);
+  slipstream_status s = SLIPSTREAM_OK;
+  std::string err;
+  p->arena.execute([&] {
+    try {
+      RunOptions opt;
+      opt.create_run_dir = false;
+      opt.publish_stats = false;
+      opt.handle_sigint = false;
+      opt.log = &p->log;
+      opt.live_progress = false;
+      p->runner = std::make_unique<Runner>(std::move(plan), opt);
+      p->feed = dynamic_cast<FrameFeedStage*>(&p->runner->graph().stage(0));
+      const uint64_t step = p->runner->stream_open(where.checkpoint);
+      p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
+                       "), " + chain + ", device " + p->runner->state().device.str();
+    } catch (const StageError& e) {
+      s = SLIPSTREAM_E_CONFIG;  // a stage refused to start the stream
+      err = e.what();
+    } catch (const std::exception& e) {
+      // Setup names the stage that failed; anything else is the checkpoint not loading.
+      const std::string what = e.what();
+      s = what.find("setup failed") != std::string::npos ? SLIPSTREAM_E_CONFIG
+                                                         : SLIPSTREAM_E_CHECKPOINT;
+      err = what;
+    }
+  });
+  if (s != SLIPSTREAM_OK) return fail(nullptr, s, err);
+  if (!p->feed)
+    return fail(nullptr, SLIPSTREAM_E_CONFIG, "the graph's source is not the frame feed");
+  *out = p.release();
+  g_open_error.clear();
+  return SLIPSTREAM_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int slipstream_policy_version(void) {
+  return SLIPSTREAM_POLICY_VERSION;
+}
+
+slipstream_status slipstream_policy_open(const char* checkpoint, const char* device,
+                                         slipstream_policy** out) {
+  return guarded(nullptr, SLIPSTREAM_E_RUNTIME,
+                 [&] { return open_policy(checkpoint, device, out); });
+}
+
+slipstream_status slipstream_policy_reset(slipstream_policy* p) {
+  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_reset: policy is NULL");
+  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
+    p->arena.execute([&] { p->runner->stream_restart(); });
+    p->stepped = false;
+    return SLIPSTREAM_OK;
+  });
+}
+
+slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_game_frame* frame,
+                                         slipstream_controller* out) {
+  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: policy is NULL");
+  if (!frame || !out)
+    return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: frame or out is NULL");
+  FedFrame f;
+  if (std::string e = frame_features(*frame, f); !e.empty())
+    return fail(p, SLIPSTREAM_E_ARGUMENT, e);
+  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
+    p->arena.execute([&] { forward(*p, f); });
+    p->stepped = true;
+    slipstream_controller c{};
+    for (int b = 0; b < kButtons; ++b) {
+      const float z = p->button_logits[b];
+      const bool pressed = p->temperature <= 0
+                               ? z > 0
+                               : std::uniform_real_distribution<float>(0, 1)(p->rng) <
+                                     1.0f / (1.0f + std::exp(-z / p->temperature));
+      if (pressed) c.buttons |= 1u << b;
+    }
+    float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
+    for (int h = 0; h < kStickHeads; ++h) {
+      const int cls =
+          choose(head_probabilities(p->last, h), head_classes(h), p->temperature, p->rng);
+      *values[h] = h == kShoulder ? shoulder_value(cls) : stick_value(cls);
+    }
+    *out = c;
+    return SLIPSTREAM_OK;
+  });
+}
+
+slipstream_status slipstream_policy_distribution(const slipstream_policy* p,
+                                                 slipstream_distribution* out) {
+  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: NULL");
+  if (!out) return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: out is NULL");
+  if (!p->stepped)
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                "slipstream_policy_distribution: no step since open or reset");
+  *out = p->last;
+  return SLIPSTREAM_OK;
+}
+
+slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float temperature,
+                                                 uint64_t seed) {
+  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_set_sampling: NULL");
+  if (!std::isfinite(temperature) || temperature < 0)
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                "slipstream_policy_set_sampling: temperature must be finite and >= 0");
+  p->temperature = temperature;
+  p->rng.seed(seed);
+  return SLIPSTREAM_OK;
+}
+
+const char* slipstream_policy_describe(const slipstream_policy* p) {
+  return p ? p->description.c_str() : "";
+}
+
+const char* slipstream_policy_error(const slipstream_policy* p) {
+  return p ? p->error.c_str() : g_open_error.c_str();
+}
+
+void slipstream_policy_close(slipstream_policy* p) {
+  if (!p) return;
+  try {
+    p->arena.execute([&] { p->runner.reset(); });
+  } catch (...) {
+  }
+  delete p;
+}
+
+}  // extern "C"

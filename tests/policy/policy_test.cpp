@@ -1,0 +1,324 @@
+// libslipstream_policy through its C interface: the distribution a policy gives, frame by frame,
+// equals the training graph's streamed forward (Runner::stream over a replay) on the same frames;
+// reset, independent handles and seeded sampling; every misuse is a status and a message.
+#include <gtest/gtest.h>
+#include <slipstream/policy.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "engine/checkpoint.h"
+#include "stages/melee/batch_layout.h"
+#include "stages/melee/model_math.h"
+#include "stages/melee/replay_scoring.h"
+#include "tests/support/temp_dir.h"
+#include "tests/training/training_fixture.h"
+
+using namespace slipstream;
+using namespace slipstream::testing;
+using namespace slipstream::melee;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The frame a bot would give for one position of the loader's tensors (batch_layout.h).
+slipstream_character character_of(const float* n, int32_t action, int32_t character) {
+  slipstream_character c{};
+  c.exists = n[kExists] > 0.5f ? 1 : 0;
+  c.character = character;
+  c.action_state = action;
+  c.action_frame = n[kActionFrame];
+  c.percent = n[kPercent];
+  c.facing = n[kFacing];
+  c.x = n[kPosX];
+  c.y = n[kPosY];
+  c.shield = n[kShield];
+  c.jumps_left = n[kJumpsLeft];
+  c.on_ground = static_cast<int32_t>(n[kOnGround]);
+  c.invulnerable = static_cast<int32_t>(n[kInvulnerable]);
+  c.hitlag = n[kHitlag];
+  c.hitstun = n[kHitstun];
+  c.speed_air_x = n[kSpeedAirX];
+  c.speed_y = n[kSpeedY];
+  c.speed_attack_x = n[kSpeedAttackX];
+  c.speed_attack_y = n[kSpeedAttackY];
+  c.speed_ground_x = n[kSpeedGroundX];
+  c.stocks = static_cast<int32_t>(n[kStocks]);
+  return c;
+}
+
+struct StreamedFrame {
+  slipstream_game_frame frame;
+  float logits[kHeadsWidth];
+};
+
+// Port 1's view of `replay`, frame by frame through the run's own graph (Runner::stream): each
+// frame as a bot would give it, and the heads' logits the graph answered.
+std::vector<StreamedFrame> stream_replay(const std::string& run_dir, const std::string& replay) {
+  ReplaySelection sel{{replay}, 1, "test", {}};
+  sel.loader = {{"batch_size", YAML::Node(1)},
+                {"window", YAML::Node(1)},
+                {"stride", YAML::Node(1)},
+                {"shuffle", YAML::Node(false)}};
+  std::ostringstream log;
+  RunOptions opt = quiet_run_options(log);
+  opt.create_run_dir = false;
+  opt.handle_sigint = false;
+  Runner r(plan_graph(config_for_replays(run_dir, {}, sel)), opt);
+  const auto src = static_cast<size_t>(r.graph().find("replays"));
+  const auto heads = static_cast<size_t>(r.graph().find("heads"));
+  std::vector<StreamedFrame> out;
+  r.stream(*latest_checkpoint(run_dir), [&](const Batch& b, double) {
+    const StageContext& sc = r.graph().context(src);
+    const float* num = sc.output(b, "numeric").data<float>();
+    const int32_t* act = sc.output(b, "action").data<int32_t>();
+    const int32_t* chr = sc.output(b, "character").data<int32_t>();
+    const float* pc = sc.output(b, "prev_controller").data<float>();
+    StreamedFrame s{};
+    s.frame.stage = sc.output(b, "stage").data<int32_t>()[0];
+    slipstream_character* slots[kSlots] = {&s.frame.player, &s.frame.opponent, &s.frame.follower};
+    for (int k = 0; k < kSlots; ++k)
+      *slots[k] = character_of(num + k * kNumericFeatures, act[k], chr[k]);
+    for (int k = 0; k < kButtons; ++k)
+      if (pc[k] > 0.5f) s.frame.controller.buttons |= 1u << k;
+    s.frame.controller.main_x = pc[kButtons + 0];
+    s.frame.controller.main_y = pc[kButtons + 1];
+    s.frame.controller.c_x = pc[kButtons + 2];
+    s.frame.controller.c_y = pc[kButtons + 3];
+    s.frame.controller.shoulder = pc[kButtons + 4];
+    for (int h = 0; h < kHeads; ++h) {
+      const Tensor& t = r.graph().context(heads).output(b, kHeadNames[h]);
+      std::copy_n(t.data<float>(), head_width(h), s.logits + head_offset(h));
+    }
+    out.push_back(s);
+  });
+  return out;
+}
+
+// |p - softmax/sigmoid(logits)| over every class of every head.
+double distance(const slipstream_distribution& d, const float* logits) {
+  double worst = 0;
+  for (int b = 0; b < kButtons; ++b)
+    worst = std::max(worst, std::abs(d.buttons[b] - 1.0 / (1.0 + std::exp(-double(logits[b])))));
+  const float* probs[kStickHeads] = {d.main_x, d.main_y, d.c_x, d.c_y, d.shoulder};
+  for (int h = 0; h < kStickHeads; ++h) {
+    const float* z = logits + head_offset(h + 1);
+    const int n = head_classes(h);
+    double m = z[0], sum = 0;
+    for (int i = 1; i < n; ++i) m = std::max(m, double(z[i]));
+    for (int i = 0; i < n; ++i) sum += std::exp(z[i] - m);
+    for (int i = 0; i < n; ++i)
+      worst = std::max(worst, std::abs(probs[h][i] - std::exp(z[i] - m) / sum));
+  }
+  return worst;
+}
+
+struct Trained {
+  TempDir dir;
+  std::string run_dir, replay;
+};
+
+// One tiny trained run per test binary (a few seconds).
+const Trained& trained() {
+  static Trained* t = [] {
+    auto* t = new Trained;
+    const std::string val = t->dir.path() + "/val";
+    t->run_dir = train_with_pinned_validation(t->dir.path(), val, 3).run_dir;
+    t->replay = val + "/synth_00000.slp";
+    return t;
+  }();
+  return *t;
+}
+
+struct Handle {
+  slipstream_policy* p = nullptr;
+  explicit Handle(const std::string& ckpt) {
+    EXPECT_EQ(slipstream_policy_open(ckpt.c_str(), "cpu", &p), SLIPSTREAM_OK)
+        << slipstream_policy_error(nullptr);
+  }
+  ~Handle() { slipstream_policy_close(p); }
+};
+
+}  // namespace
+
+TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  ASSERT_GT(frames.size(), 500u);  // a 900-row game
+  Handle h(t.run_dir);
+  ASSERT_NE(h.p, nullptr);
+  EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
+      << slipstream_policy_describe(h.p);
+  double worst = 0;
+  size_t pressed_differs = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    slipstream_controller c;
+    ASSERT_EQ(slipstream_policy_step(h.p, &frames[i].frame, &c), SLIPSTREAM_OK)
+        << i << ": " << slipstream_policy_error(h.p);
+    slipstream_distribution d;
+    ASSERT_EQ(slipstream_policy_distribution(h.p, &d), SLIPSTREAM_OK);
+    worst = std::max(worst, distance(d, frames[i].logits));
+    // The answer is the most likely input of that distribution.
+    for (int b = 0; b < kButtons; ++b)
+      if (((c.buttons >> b) & 1) != (frames[i].logits[b] > 0 ? 1u : 0u)) ++pressed_differs;
+  }
+  std::printf("max |policy - stream| over %zu frames, every class of 6 heads: %.3g\n",
+              frames.size(), worst);
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_EQ(pressed_differs, 0u);
+}
+
+TEST(Policy, ResetHandlesAndSamplingAreIndependentAndRepeatable) {
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  ASSERT_GT(frames.size(), 100u);
+  Handle a(t.run_dir), b(t.run_dir);
+  ASSERT_TRUE(a.p && b.p);
+  auto play = [&](slipstream_policy* p, size_t n) {
+    std::vector<slipstream_distribution> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      slipstream_controller c;
+      EXPECT_EQ(slipstream_policy_step(p, &frames[i].frame, &c), SLIPSTREAM_OK);
+      slipstream_policy_distribution(p, &out[i]);
+    }
+    return out;
+  };
+  const auto first = play(a.p, 100);
+  // b has seen nothing: its first frames are a's first frames.
+  const auto other = play(b.p, 100);
+  EXPECT_EQ(std::memcmp(first.data(), other.data(), sizeof(first[0]) * first.size()), 0);
+  // Without a reset the state carries on: the same frames again answer otherwise.
+  const auto carried = play(a.p, 100);
+  EXPECT_NE(std::memcmp(first.data(), carried.data(), sizeof(first[0]) * first.size()), 0);
+  ASSERT_EQ(slipstream_policy_reset(a.p), SLIPSTREAM_OK);
+  const auto again = play(a.p, 100);
+  EXPECT_EQ(std::memcmp(first.data(), again.data(), sizeof(first[0]) * first.size()), 0);
+
+  // Sampling: the same seed gives the same answers; temperature 0 is the most likely input.
+  auto answers = [&](slipstream_policy* p, float temperature, uint64_t seed) {
+    EXPECT_EQ(slipstream_policy_reset(p), SLIPSTREAM_OK);
+    EXPECT_EQ(slipstream_policy_set_sampling(p, temperature, seed), SLIPSTREAM_OK);
+    std::vector<slipstream_controller> out(100);
+    for (size_t i = 0; i < out.size(); ++i)
+      EXPECT_EQ(slipstream_policy_step(p, &frames[i].frame, &out[i]), SLIPSTREAM_OK);
+    return out;
+  };
+  auto same = [](const std::vector<slipstream_controller>& x,
+                 const std::vector<slipstream_controller>& y) {
+    return std::memcmp(x.data(), y.data(), sizeof(x[0]) * x.size()) == 0;
+  };
+  EXPECT_TRUE(same(answers(a.p, 1.0f, 7), answers(b.p, 1.0f, 7)));
+  EXPECT_FALSE(same(answers(a.p, 1.0f, 7), answers(a.p, 1.0f, 8)));
+  const auto greedy = answers(a.p, 0.0f, 0);
+  for (size_t i = 0; i < greedy.size(); ++i) {
+    const float* z = frames[i].logits + head_offset(1);  // main_x
+    const int best = static_cast<int>(std::max_element(z, z + kStickClasses) - z);
+    EXPECT_FLOAT_EQ(greedy[i].main_x, stick_value(best)) << i;
+  }
+}
+
+TEST(Policy, MisuseAndBadCheckpointsAreAStatusAndAMessage) {
+  const Trained& t = trained();
+  slipstream_policy* p = reinterpret_cast<slipstream_policy*>(0x1);
+  auto open_error = [&](const std::string& path, const char* device) {
+    const slipstream_status s = slipstream_policy_open(path.c_str(), device, &p);
+    EXPECT_EQ(p, nullptr);
+    return std::make_pair(s, std::string(slipstream_policy_error(nullptr)));
+  };
+  auto [s, msg] = open_error(t.dir.path() + "/nothing-here", "cpu");
+  EXPECT_EQ(s, SLIPSTREAM_E_CHECKPOINT);
+  EXPECT_NE(msg.find("nothing-here"), std::string::npos) << msg;
+  std::tie(s, msg) = open_error(t.run_dir, "cuda:77");
+  EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
+  std::tie(s, msg) = open_error(t.run_dir, "tpu");
+  EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
+  // Without a GPU: none to use; with one: the policy steps on the CPU only, and says so.
+  std::tie(s, msg) = open_error(t.run_dir, "cuda");
+  EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
+  EXPECT_EQ(slipstream_policy_open(t.run_dir.c_str(), "cpu", nullptr), SLIPSTREAM_E_ARGUMENT);
+  EXPECT_EQ(slipstream_policy_open(nullptr, "cpu", &p), SLIPSTREAM_E_ARGUMENT);
+
+  // A copy of the run whose config.yaml says `to` where it said `from`.
+  TempDir d;
+  auto edited_copy = [&](const std::string& name, const std::string& from, const std::string& to) {
+    const std::string copy = d.path() + "/" + name;
+    fs::copy(t.run_dir, copy, fs::copy_options::recursive);
+    std::ifstream in(copy + "/config.yaml");
+    std::string cfg((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = cfg.find(from);
+    EXPECT_NE(at, std::string::npos) << cfg;
+    if (at != std::string::npos) cfg.replace(at, from.size(), to);
+    std::ofstream(copy + "/config.yaml") << cfg;
+    return copy;
+  };
+  // A checkpoint of other sizes than the run's config says.
+  std::tie(s, msg) = open_error(edited_copy("sizes", "d_model: 16", "d_model: 24"), "cpu");
+  EXPECT_EQ(s, SLIPSTREAM_E_CHECKPOINT) << msg;
+  EXPECT_NE(msg.find("core"), std::string::npos) << msg;
+  // A graph whose data does not come from the replay loader cannot be fed frames.
+  std::tie(s, msg) =
+      open_error(edited_copy("fed", "kind: slippi_replays", "kind: melee_frames"), "cpu");
+  EXPECT_EQ(s, SLIPSTREAM_E_CONFIG) << msg;
+  EXPECT_NE(msg.find("slippi_replays"), std::string::npos) << msg;
+
+  // A damaged one.
+  const std::string ckpt = *latest_checkpoint(t.run_dir);
+  const std::string broken = d.path() + "/broken";
+  fs::copy(t.run_dir, broken, fs::copy_options::recursive);
+  const fs::path weights = fs::path(broken) / fs::relative(ckpt, t.run_dir) / "model.safetensors";
+  ASSERT_TRUE(fs::exists(weights));
+  fs::resize_file(weights, fs::file_size(weights) / 2);
+  std::tie(s, msg) = open_error(broken, "cpu");
+  EXPECT_EQ(s, SLIPSTREAM_E_CHECKPOINT) << msg;
+  EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+
+  // Bad frames: refused with the field's name, and the model's state is untouched.
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  Handle a(t.run_dir), b(t.run_dir);
+  ASSERT_TRUE(a.p && b.p);
+  slipstream_distribution dist;
+  EXPECT_EQ(slipstream_policy_distribution(a.p, &dist), SLIPSTREAM_E_ARGUMENT);
+  slipstream_controller c;
+  struct Bad {
+    void (*spoil)(slipstream_game_frame&);
+    const char* names;
+  } bad[] = {
+      {[](slipstream_game_frame& f) { f.opponent.percent = NAN; }, "frame.opponent.percent"},
+      {[](slipstream_game_frame& f) { f.player.character = 40; }, "frame.player.character"},
+      {[](slipstream_game_frame& f) { f.player.action_state = -1; }, "frame.player.action_state"},
+      {[](slipstream_game_frame& f) { f.player.exists = 2; }, "frame.player.exists"},
+      {[](slipstream_game_frame& f) { f.player.on_ground = 5; }, "frame.player.on_ground"},
+      {[](slipstream_game_frame& f) { f.stage = 64; }, "frame.stage"},
+      {[](slipstream_game_frame& f) { f.controller.buttons = 0x100; }, "frame.controller.buttons"},
+      {[](slipstream_game_frame& f) { f.controller.c_y = INFINITY; }, "frame.controller.c_y"},
+  };
+  for (size_t i = 0; i < 20; ++i) {
+    slipstream_game_frame f = frames[i].frame;
+    bad[i % std::size(bad)].spoil(f);
+    EXPECT_EQ(slipstream_policy_step(a.p, &f, &c), SLIPSTREAM_E_ARGUMENT);
+    EXPECT_NE(std::string(slipstream_policy_error(a.p)).find(bad[i % std::size(bad)].names),
+              std::string::npos)
+        << slipstream_policy_error(a.p);
+    slipstream_distribution da, db;
+    ASSERT_EQ(slipstream_policy_step(a.p, &frames[i].frame, &c), SLIPSTREAM_OK);
+    ASSERT_EQ(slipstream_policy_step(b.p, &frames[i].frame, &c), SLIPSTREAM_OK);
+    slipstream_policy_distribution(a.p, &da);
+    slipstream_policy_distribution(b.p, &db);
+    EXPECT_EQ(std::memcmp(&da, &db, sizeof da), 0) << i;
+  }
+  // A character that is absent is zeros whatever its fields hold, as the loader writes it.
+  slipstream_game_frame f = frames[0].frame;
+  f.follower = {};
+  f.follower.percent = NAN;
+  f.follower.character = 99;
+  EXPECT_EQ(slipstream_policy_step(a.p, &f, &c), SLIPSTREAM_OK) << slipstream_policy_error(a.p);
+  EXPECT_EQ(slipstream_policy_step(a.p, nullptr, &c), SLIPSTREAM_E_ARGUMENT);
+  EXPECT_EQ(slipstream_policy_step(nullptr, &f, &c), SLIPSTREAM_E_ARGUMENT);
+  EXPECT_EQ(slipstream_policy_set_sampling(a.p, -1.0f, 0), SLIPSTREAM_E_ARGUMENT);
+  EXPECT_EQ(slipstream_policy_version(), SLIPSTREAM_POLICY_VERSION);
+  slipstream_policy_close(nullptr);
+}
