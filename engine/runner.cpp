@@ -167,6 +167,7 @@ struct Runner::Impl {
   uint64_t streak_first_step = 0;
   uint64_t interval_start_ns = 0, interval_samples = 0, interval_steps = 0;
   uint64_t interval_section_wait_ns = 0;
+  uint64_t step_section_wait_ns = 0;  // during the step in progress (RunOptions::on_step)
   uint64_t last_section_end_ns = 0;
   uint64_t micro_in_step = 0;      // batches of the optimizer step in progress (accumulation)
   bool cost_note_pending = false;  // a GPU-sized run on the CPU: say what its steps cost
@@ -517,7 +518,10 @@ struct Runner::Impl {
   void after_step(const Batch& b, uint64_t section_start_ns) {
     samples += b.samples;
     interval_samples += b.samples;
-    if (last_section_end_ns) interval_section_wait_ns += section_start_ns - last_section_end_ns;
+    if (last_section_end_ns) {
+      interval_section_wait_ns += section_start_ns - last_section_end_ns;
+      step_section_wait_ns += section_start_ns - last_section_end_ns;
+    }
     if (++micro_in_step < run.micro_batches_per_step) {
       if (tty) progress_line();
       last_section_end_ns = now_ns();
@@ -527,6 +531,8 @@ struct Runner::Impl {
     run.step++;
     steps_this_process++;
     interval_steps++;
+    if (opt.on_step) opt.on_step(run.step, step_section_wait_ns);
+    step_section_wait_ns = 0;
     if (step_nonfinite) {
       if (run.nonfinite_streak++ == 0) streak_first_step = run.step;
     } else {
@@ -907,6 +913,42 @@ CheckpointInfo Runner::Impl::open_checkpoint(const std::string& checkpoint, bool
 void Runner::Impl::begin_stream() {
   for (size_t k = 0; k < n(); ++k)
     as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
+}
+
+std::map<std::string, double> Runner::gradient_step(const std::string& checkpoint, Batch& out) {
+  auto& I = *impl_;
+  I.run.run_dir.clear();
+  I.graph->setup();
+  if (!checkpoint.empty()) {
+    load_weights(I.graph->plan(), checkpoint);
+    for (size_t k = 0; k < I.n(); ++k)
+      I.as_stage(k, 0, [&] { I.graph->stage(k).parameters_replaced(I.graph->context(k)); });
+  }
+  const size_t sb = static_cast<size_t>(I.plan().section_begin);
+  std::vector<Stage*> st;
+  std::vector<StageContext*> cx;
+  for (size_t k = 0; k < sb; ++k)
+    st.push_back(&I.graph->stage(k)), cx.push_back(&I.graph->context(k));
+  std::vector<uint64_t> next(static_cast<size_t>(I.plan().head_end), 0);
+  out = I.graph->new_batch();
+  if (!I.pull(st, cx, next, next.size() - 1, out, false))
+    throw std::runtime_error("the graph's data has no batch");
+  {
+    std::lock_guard lock(I.metrics_mu);
+    I.interval.clear();
+  }
+  // The section as a training step runs it, minus the update stages after the loss.
+  I.forward_one(st, cx, out, true);
+  for (size_t k = I.n(); k-- > sb;) {
+    const auto& ps = I.plan().stages[k];
+    if (ps.after_loss || !ps.schema->is_differentiable()) continue;
+    I.as_stage(k, out.index, [&] { I.graph->stage(k).backward(out, I.graph->context(k)); });
+  }
+  std::map<std::string, double> metrics;
+  std::lock_guard lock(I.metrics_mu);
+  for (auto& [name, v] : I.interval)
+    if (v.second > 0) metrics[name] = v.first / v.second;
+  return metrics;
 }
 
 uint64_t Runner::stream_open(const std::string& checkpoint) {

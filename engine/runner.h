@@ -35,6 +35,9 @@ struct RunOptions {
   // is a terminal's std::cout.
   std::optional<bool> live_progress;
   std::string command_line;  // recorded in run.json (the CLI passes what was typed)
+  // Called on the trainable section's thread after every optimizer step, with the step number
+  // and the nanoseconds the section waited for the step's batches (slipstream bench).
+  std::function<void(uint64_t step, uint64_t data_wait_ns)> on_step;
 };
 
 struct RunResult {
@@ -108,6 +111,13 @@ class Runner {
   uint64_t stream_open(const std::string& checkpoint);
   bool stream_next(Batch& out);
   void stream_restart();
+
+  // One training step's forward and backward on the first training batch, without the stages
+  // after the loss (no update): the figures another implementation of the same graph must
+  // reproduce (bench/peers). Loads `checkpoint`'s weights first when it is not empty. Returns the
+  // step's metrics (as a train row has them); `out` holds every tensor of the batch and each
+  // trainable Parameter its gradient. Call instead of run(), once.
+  std::map<std::string, double> gradient_step(const std::string& checkpoint, Batch& out);
 
   Graph& graph();
   RunState& state();

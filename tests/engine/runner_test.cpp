@@ -9,6 +9,7 @@
 #include "engine/launch.h"
 #include "engine/runner.h"
 #include "engine/stats_record.h"
+#include "engine/step_benchmark.h"
 #include "tests/engine/test_stages.h"
 #include "tests/support/temp_dir.h"
 
@@ -408,4 +409,37 @@ TEST(Runner, OnlyRankZeroWritesTheRunDirectory) {
   EXPECT_TRUE(res.run_dir.empty());
   EXPECT_FALSE(std::filesystem::exists(d.path() + "/runs"));
   EXPECT_EQ(res.steps, 20u);
+}
+
+// RunOptions::on_step sees every step; run_step_benchmark times the steps after the warm-up and
+// refuses to report a run that ended before its warm-up was over.
+TEST(StepBenchmark, TimesTheStepsAfterTheWarmUp) {
+  reset_recorded();
+  TempDir d;
+  StepBenchmarkOptions o;
+  o.preset_or_file = d.write("g.yaml", kChain);
+  o.warmup = 3;
+  o.steps = 12;
+  const StepBenchmark b = run_step_benchmark(o);
+  EXPECT_EQ(b.steps, 12u);
+  EXPECT_EQ(recorded().values.size(), 15u);
+  EXPECT_GT(b.step_median_ms, 0);
+  EXPECT_LE(b.step_min_ms, b.step_median_ms);
+  EXPECT_LE(b.step_median_ms, b.step_p90_ms);
+  EXPECT_NEAR(b.samples_per_s, 4 * b.steps_per_s, 1e-6 * b.samples_per_s);
+  EXPECT_EQ(b.frames_per_s, 0) << "the source has no window";
+  ASSERT_EQ(b.stages.size(), 3u);
+  EXPECT_EQ(b.stages[1].name, "work");
+  EXPECT_GT(b.stages[1].busy_ms_per_step, 0);
+  EXPECT_NE(format_step_benchmark(b).find("12 steps timed"), std::string::npos);
+  EXPECT_EQ(step_benchmark_json(b).at("stages").size(), 3u);
+
+  o.warmup = 30;  // the source has 20 batches
+  try {
+    run_step_benchmark(o);
+    ADD_FAILURE() << "a run shorter than its warm-up has no steady state to report";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("before its warm-up was over"), std::string::npos)
+        << e.what();
+  }
 }

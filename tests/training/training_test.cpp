@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -345,4 +347,76 @@ TEST(Training, TwoRanksUnderMpirunTrainInStep) {
     EXPECT_TRUE(latest_checkpoint(e.path().string()).has_value());
   }
   EXPECT_EQ(run_dirs, 1u);
+}
+
+// `slipstream bench`: the steps it says it timed, each stage's share, JSON for scripts, nothing
+// written besides it; no steps to time is an error.
+TEST(Bench, MeasuresTheSteadyStateAndWritesOnlyItsJson) {
+  TempDir d;
+  std::string args;
+  for (const std::string& s : tiny_overrides(d.path())) args += " --set " + s;
+  const std::string json = d.path() + "/bench.json";
+  Output o = run_cli("bench --config " + source_path("configs/train_bc.yaml") + args +
+                     " --steps 4 --warmup 2 --json " + json);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("4 steps timed after"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("data wait"), std::string::npos) << o.text;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("steps"), 4);
+  EXPECT_GT(j.at("step_median_ms").get<double>(), 0);
+  EXPECT_GE(j.at("step_p90_ms").get<double>(), j.at("step_median_ms").get<double>());
+  EXPECT_GT(j.at("samples_per_s").get<double>(), 0);
+  // 8 windows of 16 frames per step.
+  EXPECT_NEAR(j.at("frames_per_s").get<double>() / j.at("samples_per_s").get<double>(), 16, 1e-9);
+  bool core = false;
+  for (const auto& s : j.at("stages")) core |= s.at("name") == "core" && s.at("busy_pct") > 0;
+  EXPECT_TRUE(core) << j.dump();
+  EXPECT_GT(j.at("host_peak_rss_bytes").get<double>(), 0);
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/runs")) << "a benchmark writes no run";
+
+  o = run_cli("bench --config " + source_path("configs/train_bc.yaml") + args + " --steps 0");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("--steps"), std::string::npos) << o.text;
+}
+
+// `slipstream reference-step` writes the first training step as the run takes it: its loss is
+// the first train row's, the batch and every weight's gradient are there under their names.
+TEST(ReferenceStep, IsTheFirstTrainingStep) {
+  TempDir d;
+  auto sets = tiny_overrides(d.path());
+  std::string args;
+  for (const std::string& s : sets) args += " --set " + s;
+  Output o = run_cli("reference-step --config " + source_path("configs/train_bc.yaml") + args +
+                     " --out " + d.path() + "/ref");
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::ifstream gj(d.path() + "/ref/graph.json");
+  const auto graph = nlohmann::json::parse(gj);
+  const double loss = graph.at("metrics").at("loss");
+  EXPECT_EQ(graph.at("stages").size(), 9u);
+  const auto batch = read_safetensors(d.path() + "/ref/batch.safetensors");
+  EXPECT_EQ(batch.tensors.at("replays.numeric").shape(), (Shape{8, 16, 3, 18}));
+  EXPECT_EQ(batch.tensors.size(), 8u);
+  const auto weights = read_safetensors(d.path() + "/ref/model.safetensors");
+  const auto grads = read_safetensors(d.path() + "/ref/grads.safetensors");
+  ASSERT_EQ(weights.tensors.size(), grads.tensors.size());
+  size_t moved = 0;
+  for (const auto& [name, w] : weights.tensors) {
+    const Tensor& g = grads.tensors.at(name);
+    EXPECT_EQ(g.shape(), w.shape()) << name;
+    for (float v : g.span<float>()) moved += v != 0.0f;
+  }
+  EXPECT_GT(moved, 1000u);
+
+  // The same step in a run: its first row (log_every 1) has the same loss.
+  sets.push_back("run.steps=1");
+  sets.push_back("run.log_every=1");
+  std::ostringstream log;
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
+  const RunResult run = r.run();
+  std::ifstream rows(run.run_dir + "/metrics.jsonl");
+  std::string first;
+  std::getline(rows, first);
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(first).at("loss").get<double>(), loss) << first;
 }

@@ -44,6 +44,8 @@ void set_exit_code(int code) {
 void add_run_commands(CLI::App& app);
 void add_authoring_commands(CLI::App& app);
 void add_plot_commands(CLI::App& app);
+void add_bench_command(CLI::App& app);
+void add_reference_command(CLI::App& app);
 
 static void add_validate(CLI::App& app) {
   auto* cmd = app.add_subcommand("validate", "Check a preset or graph file without running it");
@@ -118,6 +120,8 @@ void add_core_commands(CLI::App& app) {
   add_stages(app);
   add_authoring_commands(app);
   add_plot_commands(app);
+  add_bench_command(app);
+  add_reference_command(app);
 }
 
 }  // namespace slipstream::cli

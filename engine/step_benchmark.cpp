@@ -1,0 +1,175 @@
+// See step_benchmark.h.
+#include "engine/step_benchmark.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/config.h"
+#include "engine/graph.h"
+#include "engine/memory_pool.h"
+#include "engine/runner.h"
+
+namespace slipstream {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
+  if (o.warmup < 0 || o.steps < 1)
+    throw std::invalid_argument("bench: --steps must be at least 1 and --warmup at least 0");
+  std::vector<std::string> sets = o.sets;
+  sets.push_back("run.steps=" + std::to_string(o.warmup + o.steps));
+  sets.push_back("run.validate_every=0");
+  sets.push_back("run.log_every=1000000000");
+  GraphPlan plan = plan_graph(load_config(o.preset_or_file, sets));
+  const Params& src = plan.stages.front().params;
+  const int64_t window = src.has("window") ? src.integer("window") : 0;
+
+  const auto t0 = Clock::now();
+  std::vector<Clock::time_point> ends;  // end of every step, warm-up included
+  std::vector<uint64_t> waits;          // the section's wait for each step's batches
+  ends.reserve(static_cast<size_t>(o.warmup + o.steps));
+  std::vector<uint64_t> busy_at_warm;
+  std::ostringstream log;
+  RunOptions opt;
+  opt.create_run_dir = false;  // nothing written: no run directory, no checkpoint
+  opt.publish_stats = false;
+  opt.handle_sigint = false;
+  opt.log = &log;
+  opt.live_progress = false;
+  Runner* runner_ptr = nullptr;
+  opt.on_step = [&](uint64_t step, uint64_t wait_ns) {
+    ends.push_back(Clock::now());
+    waits.push_back(wait_ns);
+    if (step == static_cast<uint64_t>(o.warmup)) {
+      busy_at_warm.clear();
+      for (size_t k = 0; k < runner_ptr->graph().size(); ++k)
+        busy_at_warm.push_back(runner_ptr->counters(k).busy_ns);
+    }
+  };
+  Runner runner(std::move(plan), opt);
+  runner_ptr = &runner;
+  const RunResult r = runner.run();
+  const size_t warm = static_cast<size_t>(o.warmup);
+  if (ends.size() <= warm)
+    throw std::runtime_error("the run ended (" + r.end_reason + ", " + std::to_string(ends.size()) +
+                             " steps) before its warm-up was over: lower --warmup or give it "
+                             "more data");
+
+  StepBenchmark b;
+  b.preset = o.preset_or_file;
+  b.device = runner.state().device.str();
+  b.precision = runner.state().precision == Precision::bf16 ? "bf16" : "fp32";
+  const Clock::time_point warm_end = warm > 0 ? ends[warm - 1] : t0;
+  b.steps = ends.size() - warm;
+  b.startup_s = std::chrono::duration<double>(warm_end - t0).count();
+  b.seconds = std::chrono::duration<double>(ends.back() - warm_end).count();
+  std::vector<double> ms;
+  uint64_t wait = 0;
+  for (size_t i = warm; i < ends.size(); ++i) {
+    const Clock::time_point prev = i > 0 ? ends[i - 1] : t0;
+    ms.push_back(std::chrono::duration<double, std::milli>(ends[i] - prev).count());
+    wait += waits[i];
+  }
+  b.step_median_ms = quantile(ms, 0.5);
+  b.step_p90_ms = quantile(ms, 0.9);
+  b.step_min_ms = *std::min_element(ms.begin(), ms.end());
+  b.steps_per_s = b.seconds > 0 ? static_cast<double>(b.steps) / b.seconds : 0;
+  const double samples_per_step =
+      r.steps ? static_cast<double>(r.samples) / static_cast<double>(r.steps) : 0;
+  b.samples_per_s = b.steps_per_s * samples_per_step;
+  b.frames_per_s = b.samples_per_s * static_cast<double>(window);
+  b.data_wait_pct = b.seconds > 0 ? 100.0 * static_cast<double>(wait) * 1e-9 / b.seconds : 0;
+  const GraphPlan& p = runner.graph().plan();
+  for (size_t k = 0; k < runner.graph().size(); ++k) {
+    const double busy =
+        static_cast<double>(runner.counters(k).busy_ns - (warm ? busy_at_warm[k] : 0)) * 1e-9;
+    b.stages.push_back({p.stages[k].name, p.stages[k].schema->kind(),
+                        b.seconds > 0 ? 100.0 * busy / b.seconds : 0,
+                        1e3 * busy / static_cast<double>(b.steps)});
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  b.host_peak_rss_bytes = static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+  for (MemoryPool* pool : Pools::all()) {
+    const PoolStats s = pool->stats();
+    b.pools.push_back({pool->name(), s.peak_bytes, s.reserved_bytes});
+  }
+  return b;
+}
+
+std::string format_step_benchmark(const StepBenchmark& b) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "bench: %s on %s, %s, %llu steps timed after %.2f s of start-up\n",
+                b.preset.c_str(), b.device.c_str(), b.precision.c_str(),
+                static_cast<unsigned long long>(b.steps), b.startup_s);
+  out += line;
+  std::snprintf(line, sizeof line,
+                "step: median %.3f ms, p90 %.3f ms, min %.3f ms | %.2f steps/s, %.1f samples/s",
+                b.step_median_ms, b.step_p90_ms, b.step_min_ms, b.steps_per_s, b.samples_per_s);
+  out += line;
+  if (b.frames_per_s > 0) {
+    std::snprintf(line, sizeof line, ", %.0f frames/s", b.frames_per_s);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, " | data wait %.1f%%\n", b.data_wait_pct);
+  out += line;
+  std::snprintf(line, sizeof line, "\n%-16s %-18s %8s %12s\n", "stage", "kind", "busy %",
+                "ms/step");
+  out += line;
+  for (const auto& s : b.stages) {
+    std::snprintf(line, sizeof line, "%-16s %-18s %8.1f %12.3f\n", s.name.c_str(), s.kind.c_str(),
+                  s.busy_pct, s.busy_ms_per_step);
+    out += line;
+  }
+  out += "\nmemory: host peak resident " + format_bytes(b.host_peak_rss_bytes);
+  for (const auto& p : b.pools)
+    out += "; pool " + p.name + " peak " + format_bytes(p.peak_bytes) + " (reserved " +
+           format_bytes(p.reserved_bytes) + ")";
+  out += "\n";
+  return out;
+}
+
+nlohmann::json step_benchmark_json(const StepBenchmark& b) {
+  nlohmann::json j{{"preset", b.preset},
+                   {"device", b.device},
+                   {"precision", b.precision},
+                   {"steps", b.steps},
+                   {"startup_s", b.startup_s},
+                   {"seconds", b.seconds},
+                   {"step_median_ms", b.step_median_ms},
+                   {"step_p90_ms", b.step_p90_ms},
+                   {"step_min_ms", b.step_min_ms},
+                   {"steps_per_s", b.steps_per_s},
+                   {"samples_per_s", b.samples_per_s},
+                   {"frames_per_s", b.frames_per_s},
+                   {"data_wait_pct", b.data_wait_pct},
+                   {"host_peak_rss_bytes", b.host_peak_rss_bytes}};
+  for (const auto& s : b.stages)
+    j["stages"].push_back({{"name", s.name},
+                           {"kind", s.kind},
+                           {"busy_pct", s.busy_pct},
+                           {"busy_ms_per_step", s.busy_ms_per_step}});
+  for (const auto& p : b.pools)
+    j["pools"].push_back(
+        {{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"reserved_bytes", p.reserved_bytes}});
+  return j;
+}
+
+}  // namespace slipstream

@@ -1,0 +1,54 @@
+// A run measured step by step (`slipstream bench`, bench/e2e): the graph of a preset or file runs
+// `warmup` + `steps` optimizer steps without writing anything (no run directory, checkpoint or
+// validation), each step's end is stamped on the section's thread, and the report gives the
+// steady state (the steps after the warm-up) apart from start-up (construction, setup, data
+// loading and the warm-up steps).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace slipstream {
+
+struct StepBenchmarkOptions {
+  std::string preset_or_file = "cpu_quick";
+  std::vector<std::string> sets;  // --set overrides, applied before the benchmark's own
+  int64_t warmup = 5;             // steps run first and not timed (caches, pools, first touches)
+  int64_t steps = 40;             // steps timed
+};
+
+struct StepBenchmark {
+  std::string preset, device, precision;
+  uint64_t steps = 0;    // timed steps
+  double startup_s = 0;  // start to the end of the last warm-up step
+  double seconds = 0;    // the timed steps, end of warm-up to end of the last step
+  double step_median_ms = 0, step_p90_ms = 0, step_min_ms = 0;
+  double steps_per_s = 0, samples_per_s = 0;
+  double frames_per_s = 0;   // samples x the source's `window` param; 0 when it has none
+  double data_wait_pct = 0;  // of the timed time, the section waiting for its batches
+  struct Stage {
+    std::string name, kind;
+    double busy_pct = 0;  // of the timed wall time (> 100: concurrent copies)
+    double busy_ms_per_step = 0;
+  };
+  std::vector<Stage> stages;
+  uint64_t host_peak_rss_bytes = 0;  // the process's maximum resident set (getrusage)
+  struct Pool {
+    std::string name;
+    uint64_t peak_bytes = 0, reserved_bytes = 0;
+  };
+  std::vector<Pool> pools;  // every memory pool: host, and each device's
+};
+
+// Runs and measures. Throws as Runner::run does, and std::runtime_error when the run ends
+// before its warm-up is over.
+StepBenchmark run_step_benchmark(const StepBenchmarkOptions& options);
+
+// A table for people, and the same figures as JSON for scripts.
+std::string format_step_benchmark(const StepBenchmark& b);
+nlohmann::json step_benchmark_json(const StepBenchmark& b);
+
+}  // namespace slipstream
