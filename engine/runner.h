@@ -38,6 +38,17 @@ struct RunOptions {
   // Called on the trainable section's thread after every optimizer step, with the step number
   // and the nanoseconds the section waited for the step's batches (slipstream bench).
   std::function<void(uint64_t step, uint64_t data_wait_ns)> on_step;
+
+  // A runner inside a command or program that writes nothing: no run directory, no stats
+  // record, no signal handlers; its lines go to `log` (default std::cout).
+  static RunOptions embedded(std::ostream* log = nullptr) {
+    RunOptions o;
+    o.create_run_dir = false;
+    o.publish_stats = false;
+    o.handle_sigint = false;
+    o.log = log;
+    return o;
+  }
 };
 
 struct RunResult {

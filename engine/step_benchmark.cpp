@@ -45,12 +45,7 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   ends.reserve(static_cast<size_t>(o.warmup + o.steps));
   std::vector<uint64_t> busy_at_warm;
   std::ostringstream log;
-  RunOptions opt;
-  opt.create_run_dir = false;  // nothing written: no run directory, no checkpoint
-  opt.publish_stats = false;
-  opt.handle_sigint = false;
-  opt.log = &log;
-  opt.live_progress = false;
+  RunOptions opt = RunOptions::embedded(&log);  // nothing written: no run directory, checkpoint
   Runner* runner_ptr = nullptr;
   opt.on_step = [&](uint64_t step, uint64_t wait_ns) {
     ends.push_back(Clock::now());

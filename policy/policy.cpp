@@ -240,13 +240,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   std::string err;
   p->arena.execute([&] {
     try {
-      RunOptions opt;
-      opt.create_run_dir = false;
-      opt.publish_stats = false;
-      opt.handle_sigint = false;
-      opt.log = &p->log;
-      opt.live_progress = false;
-      p->runner = std::make_unique<Runner>(std::move(plan), opt);
+      p->runner = std::make_unique<Runner>(std::move(plan), RunOptions::embedded(&p->log));
       p->feed = dynamic_cast<FrameFeedStage*>(&p->runner->graph().stage(0));
       const uint64_t step = p->runner->stream_open(where.checkpoint);
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +

@@ -64,21 +64,18 @@ class FlowPass : public Stage {
 };
 SLIPSTREAM_REGISTER_STAGE(FlowPass);
 
-class FlowModel : public Stage {
+// The same in the trainable section.
+class FlowModel : public FlowPass {
  public:
   static StageSchema schema() {
     return StageSchema("bench_flow_model")
         .family("bench")
-        .doc("A trainable stage that does nothing.")
+        .doc("A trainable stage that passes x on.")
         .trainable()
         .differentiable()
         .input("x", DType::f32, 1, "in")
         .output("y", DType::f32, 1, "x");
   }
-  void setup(StageContext& ctx) override {
-    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
-  }
-  void forward(Batch& b, StageContext& ctx) override { ctx.set_output(b, "y", ctx.input(b, "x")); }
 };
 SLIPSTREAM_REGISTER_STAGE(FlowModel);
 
@@ -119,12 +116,8 @@ void BM_FlowGraph(benchmark::State& state) {
   double seconds = 0;
   for (auto _ : state) {
     std::ostringstream log;
-    RunOptions o;
-    o.create_run_dir = false;
-    o.publish_stats = false;
-    o.handle_sigint = false;
-    o.log = &log;
-    Runner r(plan_graph(load_config(path.string(), {"run.log_every=1000000000"})), o);
+    Runner r(plan_graph(load_config(path.string(), {"run.log_every=1000000000"})),
+             RunOptions::embedded(&log));
     const auto t0 = std::chrono::steady_clock::now();
     const RunResult res = r.run();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -89,12 +89,7 @@ int eval_command(const EvalArgs& a) {
   }
   EvalResult r;
   try {
-    RunOptions opt;
-    opt.create_run_dir = false;
-    opt.publish_stats = false;
-    opt.handle_sigint = false;
-    opt.log = &log;
-    Runner runner(std::move(plan), opt);
+    Runner runner(std::move(plan), RunOptions::embedded(&log));
     r = runner.evaluate(checkpoint);
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";

@@ -121,11 +121,7 @@ int infer_command(const InferArgs& a) {
   EvalResult r;
   try {
     if (!a.csv.empty()) csv.emplace(a.csv);
-    RunOptions opt;
-    opt.create_run_dir = false;
-    opt.publish_stats = false;
-    opt.handle_sigint = false;
-    Runner runner(std::move(plan), opt);
+    Runner runner(std::move(plan), RunOptions::embedded());
     Graph& g = runner.graph();
     const int src = stage_of_kind(g, "slippi_replays"),
               heads = stage_of_kind(g, "controller_heads");

@@ -1,7 +1,10 @@
 // The engine's own subcommands of `slipstream`.
 #pragma once
 
+#include <iostream>
 #include <string>
+
+#include "engine/config.h"
 
 namespace CLI {
 class App;
@@ -22,5 +25,20 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitConfig = 2;  // invalid graph, preset or override
 inline constexpr int kExitInterrupted = 130;
+
+// A command's body, its failures as exit statuses: a ConfigError prints its message (file:line:col
+// and the closest key) and gives kExitConfig, any other exception "error: ..." and kExitFailure.
+template <class Body>
+int exit_status_of(Body&& body) {
+  try {
+    return body();
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
 
 }  // namespace slipstream::cli

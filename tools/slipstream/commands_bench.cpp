@@ -20,26 +20,16 @@ struct BenchArgs {
 int bench_command(BenchArgs a) {
   if (!a.config.empty()) a.options.preset_or_file = a.config;
   if (!a.device.empty()) a.options.sets.push_back("run.device=" + a.device);
-  StepBenchmark b;
-  try {
-    b = run_step_benchmark(a.options);
-  } catch (const ConfigError& e) {
-    std::cerr << e.what() << "\n";
-    return kExitConfig;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitFailure;
-  }
-  std::cout << format_step_benchmark(b);
-  if (!a.json.empty()) {
-    std::ofstream out(a.json);
-    out << step_benchmark_json(b).dump(2) << "\n";
-    if (!out.flush()) {
-      std::cerr << "error: cannot write " << a.json << "\n";
-      return kExitFailure;
+  return exit_status_of([&] {
+    const StepBenchmark b = run_step_benchmark(a.options);
+    std::cout << format_step_benchmark(b);
+    if (!a.json.empty()) {
+      std::ofstream out(a.json);
+      out << step_benchmark_json(b).dump(2) << "\n";
+      if (!out.flush()) throw std::runtime_error("cannot write " + a.json);
     }
-  }
-  return kExitOk;
+    return kExitOk;
+  });
 }
 
 }  // namespace

@@ -37,14 +37,8 @@ int reference_command(const ReferenceArgs& a) {
   namespace fs = std::filesystem;
   std::vector<std::string> sets = a.sets;
   sets.push_back("run.device=cpu");
-  GraphPlan plan;
-  try {
-    plan = plan_graph(load_config(a.config.empty() ? a.preset : a.config, sets));
-  } catch (const ConfigError& e) {
-    std::cerr << e.what() << "\n";
-    return kExitConfig;
-  }
-  try {
+  return exit_status_of([&] {
+    GraphPlan plan = plan_graph(load_config(a.config.empty() ? a.preset : a.config, sets));
     fs::create_directories(a.out);
     nlohmann::json graph;
     for (const auto& ps : plan.stages) {
@@ -54,12 +48,7 @@ int reference_command(const ReferenceArgs& a) {
           {{"name", ps.name}, {"kind", ps.schema->kind()}, {"params", params}});
     }
     std::ostringstream log;
-    RunOptions opt;
-    opt.create_run_dir = false;
-    opt.publish_stats = false;
-    opt.handle_sigint = false;
-    opt.log = &log;
-    Runner runner(std::move(plan), opt);
+    Runner runner(std::move(plan), RunOptions::embedded(&log));
     // The weights as the step starts (the backward does not change them).
     Batch b;
     const auto metrics = runner.gradient_step(a.checkpoint, b);
@@ -87,13 +76,7 @@ int reference_command(const ReferenceArgs& a) {
     std::printf("reference step: %zu batch tensors, %zu weights; loss %.6f -> %s\n", batch.size(),
                 weights.size(), metrics.count("loss") ? metrics.at("loss") : NAN, a.out.c_str());
     return kExitOk;
-  } catch (const ConfigError& e) {
-    std::cerr << e.what() << "\n";
-    return kExitConfig;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitFailure;
-  }
+  });
 }
 
 }  // namespace

@@ -41,14 +41,8 @@ int run_command(const RunArgs& a) {
   }
   if (target.empty()) target = "cpu_quick";
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);
-  GraphPlan plan;
-  try {
-    plan = plan_graph(load_config(target, sets));
-  } catch (const ConfigError& e) {
-    std::cerr << e.what() << "\n";
-    return kExitConfig;
-  }
-  try {
+  return exit_status_of([&] {
+    GraphPlan plan = plan_graph(load_config(target, sets));
     RunOptions opt;
     opt.resume_dir = run_dir;
     opt.resume_checkpoint = checkpoint;
@@ -57,13 +51,7 @@ int run_command(const RunArgs& a) {
     RunResult r = runner.run();
     // The runner printed the summary line (and console.log has it).
     return r.interrupted ? kExitInterrupted : kExitOk;
-  } catch (const ConfigError& e) {
-    std::cerr << e.what() << "\n";
-    return kExitConfig;
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return kExitFailure;
-  }
+  });
 }
 
 }  // namespace
