@@ -12,15 +12,14 @@
 // So the label frame is always after every frame the features read; tests check it.
 //
 // Output ports of the loader (all (B, W, ...), row-major):
-//   numeric        f32 (B, W, kSlots, kNumericFeatures)  raw values, see the k* feature indices
-//   action         i32 (B, W, kSlots)                    action state id, clamped to [0,
-//   kActionStates) character      i32 (B, W, kSlots)                    internal character id, [0,
-//   kCharacters) stage          i32 (B, W)                            stage id, [0, kStages)
-//   prev_controller f32 (B, W, kControllerFeatures)      the player's controller at t + D
-//   target_buttons f32 (B, W, kButtons)                  0/1 at t + D + 1
-//   target_sticks  i32 (B, W, kStickHeads)               class ids at t + D + 1: kMainX ..
-//   kShoulder mask           f32 (B, W)                            1 where the position is real
-//   data
+//   numeric         f32 (B, W, kSlots, kNumericFeatures): raw values, the k* feature indices
+//   action          i32 (B, W, kSlots): action state id, clamped to [0, kActionStates)
+//   character       i32 (B, W, kSlots): internal character id, [0, kCharacters)
+//   stage           i32 (B, W): stage id, [0, kStages)
+//   prev_controller f32 (B, W, kControllerFeatures): the player's controller at t + D
+//   target_buttons  f32 (B, W, kButtons): 0/1 at t + D + 1
+//   target_sticks   i32 (B, W, kStickHeads): class ids at t + D + 1, kMainX .. kShoulder
+//   mask            f32 (B, W): 1 where the position is real data
 #pragma once
 
 #include <algorithm>

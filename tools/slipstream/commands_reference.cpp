@@ -5,8 +5,8 @@
 //                        named "<stage>.<port>"
 //   model.safetensors    the weights the step started from (checkpoint names "<stage>.<param>")
 //   grads.safetensors    each weight's gradient after the step's backward (same names)
-//   graph.json           every stage's name, kind and resolved parameters, and the step's
-//                        metrics (loss, ...)
+//   graph.json           every stage's name, kind, resolved parameters and inputs, the run's
+//                        settings, and the step's metrics (loss, ...)
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -29,8 +29,33 @@ struct ReferenceArgs {
   std::vector<std::string> sets;
 };
 
-nlohmann::json param_json(const ParamValue& v) {
-  return std::visit([](const auto& x) { return nlohmann::json(x); }, v);
+nlohmann::json params_json(const Params& params) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, e] : params.entries())
+    out[name] = std::visit([](const auto& x) { return nlohmann::json(x); }, e.value);
+  return out;
+}
+
+// Every stage's name, kind, resolved parameters and inputs ("port": "stage.port"), and the run's
+// settings (precision, seed, ...).
+nlohmann::json graph_json(const GraphPlan& plan) {
+  nlohmann::json graph;
+  graph["run"] = params_json(plan.run);
+  for (const auto& ps : plan.stages) {
+    nlohmann::json inputs = nlohmann::json::object();
+    for (size_t i = 0; i < ps.inputs.size(); ++i) {
+      const PortBinding& in = ps.inputs[i];
+      if (in.producer < 0) continue;  // an optional input left unbound
+      const PlannedStage& from = plan.stages[static_cast<size_t>(in.producer)];
+      inputs[ps.schema->inputs()[i].name] =
+          from.name + "." + from.schema->outputs()[static_cast<size_t>(in.producer_port)].name;
+    }
+    graph["stages"].push_back({{"name", ps.name},
+                               {"kind", ps.schema->kind()},
+                               {"params", params_json(ps.params)},
+                               {"inputs", inputs}});
+  }
+  return graph;
 }
 
 int reference_command(const ReferenceArgs& a) {
@@ -40,13 +65,7 @@ int reference_command(const ReferenceArgs& a) {
   return exit_status_of([&] {
     GraphPlan plan = plan_graph(load_config(a.config.empty() ? a.preset : a.config, sets));
     fs::create_directories(a.out);
-    nlohmann::json graph;
-    for (const auto& ps : plan.stages) {
-      nlohmann::json params = nlohmann::json::object();
-      for (const auto& [name, e] : ps.params.entries()) params[name] = param_json(e.value);
-      graph["stages"].push_back(
-          {{"name", ps.name}, {"kind", ps.schema->kind()}, {"params", params}});
-    }
+    nlohmann::json graph = graph_json(plan);
     std::ostringstream log;
     Runner runner(std::move(plan), RunOptions::embedded(&log));
     // The weights as the step starts (the backward does not change them).

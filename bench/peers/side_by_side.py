@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Our training step and the PyTorch peer's (bc_model_torch.py) on the same model, the same
+windows and the same thread count, run back to back, alternating, several repeats: medians and
+the ratio.
+
+    python3 bench/peers/side_by_side.py [--shape cpu_quick|cpu_large] [--repeats 3] [--json OUT]
+
+First `slipstream reference-step` writes a batch, the starting weights and their gradients; the
+peer must reproduce the loss and gradients (`bc_model_torch.py --check`) before any time counts.
+Then, per repeat: `slipstream bench` (steady-state step time, start-up excluded) and the peer's
+training loop in each mode (eager, torch.compile; fp32). PyTorch comes from the running Python
+when it has it, else from a venv this script creates with pip (skipped, with a message, when that
+fails). Machines are shared and noisy: compare the ratio, measured in the same run.
+"""
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PEER = ROOT / "bench" / "peers" / "bc_model_torch.py"
+
+# Overrides on top of the cpu_quick preset: the shapes both implementations train.
+SHAPES = {
+    "cpu_quick": [],
+    "cpu_large": ["replays.batch_size=64", "replays.window=60", "core.d_model=128",
+                  "core.layers=2"],
+}
+
+
+def torch_python(venv):
+    """A Python that imports torch: this one, or the venv's (created on first use)."""
+    probe = "import torch, numpy, safetensors"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0:
+        return sys.executable
+    py = pathlib.Path(venv) / "bin" / "python"
+    if not py.exists():
+        print(f"creating {venv} with torch from PyPI (a few minutes the first time)")
+        if subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode != 0:
+            return None
+    if subprocess.run([str(py), "-c", probe], capture_output=True).returncode != 0:
+        pip = [str(py), "-m", "pip", "install", "-q", "torch", "numpy", "safetensors"]
+        if subprocess.run(pip).returncode != 0:
+            return None
+    return str(py)
+
+
+def run_json(cmd, out):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+    return json.loads(pathlib.Path(out).read_text())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--slipstream", default=str(ROOT / "build" / "bin" / "slipstream"))
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="cpu_quick")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--modes", default="eager,compile", help="peer modes, comma-separated")
+    ap.add_argument("--venv", default=str(ROOT / "build" / "peers-venv"))
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+
+    py = torch_python(args.venv)
+    if py is None:
+        print("skipped: PyTorch is not available (pip install torch failed)")
+        return 0
+    sets = SHAPES[args.shape] + ["run.precision=fp32", f"run.threads={args.threads}"]
+    set_args = [a for s in sets for a in ("--set", s)]
+    work = pathlib.Path(tempfile.mkdtemp(prefix="slipstream-side-by-side-"))
+    ref = work / "ref"
+    subprocess.run([args.slipstream, "reference-step", "--preset", "cpu_quick", "--out", str(ref)]
+                   + set_args, check=True, capture_output=True)
+    check = subprocess.run([py, str(PEER), "--check", str(ref)], capture_output=True, text=True)
+    print(check.stdout.strip().splitlines()[-1] if check.stdout.strip() else "")
+    if check.returncode != 0:
+        print(check.stdout + check.stderr)
+        print("the peer does not reproduce our loss and gradients: no times reported")
+        return 1
+
+    modes = [m for m in args.modes.split(",") if m]
+    times = {"slipstream": []} | {f"torch {m}": [] for m in modes}
+    for rep in range(args.repeats):
+        out = work / f"ours-{rep}.json"
+        ours = run_json([args.slipstream, "bench", "--preset", "cpu_quick", "--steps",
+                         str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
+                        + set_args, out)
+        times["slipstream"].append(ours["step_median_ms"])
+        for m in modes:
+            out = work / f"torch-{m}-{rep}.json"
+            try:
+                peer = run_json([py, str(PEER), "--bench", str(ref), "--steps", str(args.steps),
+                                 "--warmup", str(args.warmup), "--threads", str(args.threads),
+                                 "--mode", m, "--json", str(out)], out)
+                times[f"torch {m}"].append(peer["step_ms_median"])
+            except RuntimeError as e:
+                print(f"torch {m}: {str(e).splitlines()[0]}")
+        print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
+            f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep))
+
+    ours = statistics.median(times["slipstream"])
+    print(f"\n{args.shape}, {args.threads} threads, fp32, median step of {args.repeats} "
+          f"repeats ({args.steps} steps each after {args.warmup} warm-up):")
+    print(f"{'implementation':<18} {'step ms':>10} {'ours is':>10}")
+    result = {"shape": args.shape, "threads": args.threads, "repeats": args.repeats,
+              "overrides": sets, "median_step_ms": {}, "speedup": {}}
+    for name, v in times.items():
+        if not v:
+            continue
+        med = statistics.median(v)
+        result["median_step_ms"][name] = med
+        ratio = med / ours
+        if name != "slipstream":
+            result["speedup"][name] = ratio
+        print(f"{name:<18} {med:>10.2f} {ratio:>9.2f}x")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
