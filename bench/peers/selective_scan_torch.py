@@ -1,35 +1,18 @@
 #!/usr/bin/env python3
 """PyTorch peer of the selective scan: the sequential reference loop of mamba-ssm
-(`selective_scan_ref`: real A, variable B and C, D skip, z gate, delta bias, softplus), forward
-plus backward, in eager mode and under torch.compile, on the GPU, at the same shapes as
-bench_kernels_cuda. Times are CUDA events, median of repeats after a warm-up.
+(`selective_scan_ref` as bc_model_torch.py writes it: real A, variable B and C, D skip, z gate,
+delta bias, softplus), forward plus backward, in eager mode and under torch.compile, on the GPU,
+at the same shapes as bench_kernels_cuda. Times are CUDA events, median of repeats after a warm-up.
 
     python3 bench/peers/selective_scan_torch.py [--shape gpu_standard] [--json OUT.json]
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 
 SHAPES = {"gpu_standard": (256, 60, 256, 16), "production": (256, 60, 512, 32)}
-
-
-def selective_scan_loop(u, delta, A, B, C, D, z, delta_bias):
-    """u, delta, z: (batch, dim, L); A: (dim, N); B, C: (batch, N, L); D, delta_bias: (dim)."""
-    import torch
-    import torch.nn.functional as F
-
-    delta = F.softplus(delta + delta_bias[..., None])
-    batch, dim, L = u.shape
-    x = u.new_zeros((batch, dim, A.shape[1]))
-    deltaA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
-    deltaB_u = torch.einsum("bdl,bnl,bdl->bdln", delta, B, u)
-    ys = []
-    for i in range(L):
-        x = deltaA[:, :, i] * x + deltaB_u[:, :, i]
-        ys.append(torch.einsum("bdn,bn->bd", x, C[:, :, i]))
-    y = torch.stack(ys, dim=2) + u * D[..., None]
-    return y * F.silu(z)
 
 
 def time_fwd_bwd(fn, inputs, dout, warmup=3, reps=20):
@@ -67,6 +50,9 @@ def main():
     if not torch.cuda.is_available():
         print("selective_scan_torch: no CUDA device: nothing measured")
         return 0
+    # The model peer's scan: mamba-ssm's sequential reference loop.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bc_model_torch import selective_scan_ref as selective_scan_loop
     batch, L, dim, N = SHAPES[args.shape]
     g = torch.Generator(device="cuda").manual_seed(0)
     dev = "cuda"
