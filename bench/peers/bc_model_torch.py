@@ -41,7 +41,13 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file
+
+
+def load_file(path):
+    # Imported here so selective_scan_torch.py can borrow the scan where safetensors is missing.
+    from safetensors.torch import load_file as load
+
+    return load(path)
 
 # ---------------------------------------------------------------- batch layout
 # stages/melee/batch_layout.h: the loader's tensors and the embedding's normalisation.
