@@ -30,8 +30,11 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   meta["run.next_batch"] = std::to_string(next_batch);
   meta["run.seed"] = std::to_string(run.seed);
   meta["run.precision"] = run.precision == Precision::bf16 ? "bf16" : "fp32";
+  // The graph that made the weights rides along: the file alone says how to rebuild the model.
   write_safetensors((tmp / "model.safetensors").string(), weights,
-                    {{"format", "pt"}, {"step", std::to_string(run.step)}});
+                    {{"format", "pt"},
+                     {"step", std::to_string(run.step)},
+                     {"slipstream.config", resolved_config_yaml(graph)}});
   write_safetensors((tmp / "state.safetensors").string(), state, meta);
   std::ofstream(tmp / "DONE") << run.step << "\n";
   fs::remove_all(dir);

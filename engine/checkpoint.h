@@ -1,5 +1,7 @@
 // Checkpoints: a directory `step-<N>/` holding
-//   model.safetensors  every trainable parameter, named "<stage>.<param>" (FP32 master values);
+//   model.safetensors  every trainable parameter, named "<stage>.<param>" (FP32 master values),
+//                      and in its metadata `slipstream.config`: the resolved graph file that
+//                      made them (RUN/config.yaml at that step), so the file alone rebuilds it;
 //   state.safetensors  every stage's save() output (optimizer moments, EMA, RNG, ...) under
 //                      "<stage>.<key>", with scalars and the run position in the metadata
 //                      (run.step, run.next_batch, run.seed, run.precision).

@@ -874,4 +874,10 @@ bool Stage::rebatch(Batch&, const std::function<bool(Batch&)>&, StageContext& ct
                          "' is a rebatch stage but does not implement rebatch()");
 }
 
+std::string resolved_config_yaml(const GraphPlan& plan) {
+  std::map<std::string, Params> sp;
+  for (const auto& s : plan.stages) sp[s.name] = s.params;
+  return resolved_config_yaml(plan.config, sp, plan.run);
+}
+
 }  // namespace slipstream

@@ -62,6 +62,10 @@ struct GraphPlan {
 // acyclic, port dtype/rank), roles and ordering; throws ConfigError listing every problem.
 GraphPlan plan_graph(Config config);
 
+// The planned graph as a self-contained graph file (every stage parameter resolved, the run
+// section): RUN/config.yaml, and the `slipstream.config` metadata of a checkpoint's weights.
+std::string resolved_config_yaml(const GraphPlan& plan);
+
 // Instantiated stages with their contexts; setup() runs each stage's setup in order.
 class Graph {
  public:

@@ -743,18 +743,14 @@ struct Runner::Impl {
       for (int i = 2; fs::exists(dir); ++i) dir = base.string() + "-" + std::to_string(i);
       fs::create_directories(dir);
       run.run_dir = dir.string();
-      std::map<std::string, Params> sp;
-      for (const auto& s : plan().stages) sp[s.name] = s.params;
-      std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan().config, sp, plan().run);
+      std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan());
     }
   }
 
   // A resume with --set changes the run: config.yaml says what it now is, the previous one is
   // kept as config.previous.yaml (run.json has every invocation's command line).
   void update_config_yaml() {
-    std::map<std::string, Params> sp;
-    for (const auto& s : plan().stages) sp[s.name] = s.params;
-    const std::string text = resolved_config_yaml(plan().config, sp, plan().run);
+    const std::string text = resolved_config_yaml(plan());
     const fs::path cfg = fs::path(run.run_dir) / "config.yaml";
     std::ifstream in(cfg);
     std::string old((std::istreambuf_iterator<char>(in)), {});

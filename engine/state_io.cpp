@@ -17,7 +17,7 @@ void StateWriter::integer(const std::string& key, int64_t value) {
 }
 void StateWriter::number(const std::string& key, double value) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%a", value);  // hex float: exact round trip
+  std::snprintf(buf, sizeof buf, "%.17g", value);  // plain decimal, and an exact round trip
   meta_[prefix_ + "." + key] = buf;
 }
 

@@ -53,6 +53,7 @@ class CheckpointStage : public Stage {
     std::vector<std::string> removed;
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
+      if (name == kLast) continue;  // pointed again below
       const bool complete = !name.ends_with(".tmp") && fs::exists(e.path() / "DONE", ec);
       std::optional<uint64_t> step = complete ? step_of(name) : std::nullopt;
       bool keep = false;
@@ -73,6 +74,7 @@ class CheckpointStage : public Stage {
     for (auto& p : periodic) periodic_.push_back(p.second);
     if (!periodic.empty() && periodic.back().first == at) last_written_ = at;
     prune(ctx);
+    point_last(ctx);
     if (!removed.empty()) {
       std::string list;
       for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
@@ -129,6 +131,7 @@ class CheckpointStage : public Stage {
   }
 
  private:
+  static constexpr const char* kLast = "last";
   static fs::path root(StageContext& ctx) { return fs::path(ctx.run().run_dir) / "checkpoints"; }
 
   // "step-120" and "best-step-120" -> 120.
@@ -152,6 +155,21 @@ class CheckpointStage : public Stage {
     last_written_ = step;
     periodic_.push_back(name);
     prune(ctx);
+    point_last(ctx);
+  }
+
+  // checkpoints/last: a relative symlink to the newest periodic checkpoint (none: no link),
+  // replaced by a rename so a reader never finds it missing or half made.
+  void point_last(StageContext& ctx) const {
+    const fs::path link = root(ctx) / kLast, tmp = root(ctx) / (std::string(kLast) + ".tmp");
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    if (periodic_.empty()) {
+      fs::remove(link, ec);
+      return;
+    }
+    fs::create_directory_symlink(periodic_.back(), tmp);
+    fs::rename(tmp, link);
   }
 
   // Removal renames first: a kill mid-removal leaves a `.tmp` (cleared at the next start),

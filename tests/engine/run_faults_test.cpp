@@ -2,6 +2,8 @@
 // its checkpoint, leftovers of interrupted checkpoint writes, SIGTERM, resuming a finished run.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +12,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/runner.h"
+#include "engine/safetensors.h"
 #include "tests/engine/test_stages.h"
 #include "tests/support/temp_dir.h"
 
@@ -55,7 +58,7 @@ std::vector<nlohmann::json> rows(const std::string& run_dir) {
 std::vector<std::string> checkpoint_dirs(const std::string& run_dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints"))
-    names.push_back(e.path().filename().string());
+    if (e.path().filename() != "last") names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -378,4 +381,43 @@ TEST(RunFaults, ResumeWithNewSettingsUpdatesConfigYaml) {
   };
   EXPECT_NE(read(fs::path(dir) / "config.yaml").find("steps: 6"), std::string::npos);
   EXPECT_NE(read(fs::path(dir) / "config.previous.yaml").find("steps: 4"), std::string::npos);
+}
+
+// checkpoints/last names the newest checkpoint (after a rewind too) and opens like it; the
+// weights carry the graph that made them; metadata numbers are plain decimals.
+TEST(RunFaults, LastIsTheNewestCheckpointAndTheWeightsCarryTheirGraph) {
+  reset_recorded();
+  TempDir d;
+  std::string g = graph(d, "every: 2, keep: 10, keep_best: 1");
+  const std::vector<std::string> sets = {"run.validate_every=2", "run.validate_batches=1"};
+  auto with = [&](const std::string& extra) {
+    auto all = sets;
+    all.push_back(extra);
+    return all;
+  };
+  Runner first(plan_text(d, g, with("run.steps=6")), writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path last = fs::path(dir) / "checkpoints" / "last";
+  ASSERT_TRUE(fs::is_symlink(last));
+  EXPECT_EQ(fs::read_symlink(last), "step-6");
+  const CheckpointPath where = find_checkpoint(last.string());
+  EXPECT_TRUE(where.error.empty()) << where.error;
+  EXPECT_EQ(fs::path(where.run_dir), fs::path(dir));
+
+  const auto weights = read_safetensors((last / "model.safetensors").string());
+  const std::string text = weights.metadata.at("slipstream.config");
+  const GraphPlan again = plan_graph(load_config(d.write("from_weights.yaml", text)));
+  ASSERT_EQ(again.stages.size(), 3u);
+  EXPECT_EQ(again.stages[2].params.integer("every"), 2);
+  const auto state = read_safetensors((last / "state.safetensors").string());
+  const std::string loss = state.metadata.at("ckpt.best.0.loss");
+  EXPECT_EQ(loss.find("0x"), std::string::npos) << loss;
+  EXPECT_TRUE(std::isfinite(std::stod(loss))) << loss;
+
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  o.resume_checkpoint = (fs::path(dir) / "checkpoints" / "step-2").string();
+  Runner second(plan_text(d, g, with("run.steps=4")), o);
+  second.run();
+  EXPECT_EQ(fs::read_symlink(last), "step-4") << "a rewound run's newest checkpoint";
 }
