@@ -12,6 +12,7 @@
 #include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/memory_pool.h"
+#include "engine/quantile.h"
 #include "engine/runner.h"
 
 namespace slipstream {
@@ -19,12 +20,6 @@ namespace slipstream {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
-}
 
 }  // namespace
 

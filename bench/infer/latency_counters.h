@@ -3,15 +3,12 @@
 
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <vector>
+
+#include "engine/quantile.h"
 
 inline void report_latency(benchmark::State& state, std::vector<double>& us) {
   if (us.empty()) return;
-  std::sort(us.begin(), us.end());
-  auto q = [&](double p) {
-    return us[std::min(us.size() - 1, static_cast<size_t>(p * static_cast<double>(us.size())))];
-  };
-  state.counters["p50_us"] = q(0.50);
-  state.counters["p99_us"] = q(0.99);
+  state.counters["p50_us"] = slipstream::quantile(us, 0.50);
+  state.counters["p99_us"] = slipstream::quantile(us, 0.99);
 }

@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/command_registry.h"
 #include "engine/graph.h"
+#include "engine/quantile.h"
 #include "engine/runner.h"
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_scoring.h"
@@ -44,13 +45,6 @@ int stage_of_kind(Graph& g, const std::string& kind) {
 
 int argmax(const float* v, int n) {
   return static_cast<int>(std::max_element(v, v + n) - v);
-}
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
-  return v[i];
 }
 
 // One CSV row: the frame the policy saw, its predicted controller, the recorded one.
