@@ -8,9 +8,9 @@
 
 namespace slipstream::slp {
 
-// Decodes up to the first NUL into UTF-8. Covers ASCII, half-width katakana and the kana and
-// symbol rows of JIS X 0208; full-width ASCII is folded to ASCII (as slippi-js does); anything
-// else becomes U+FFFD.
+// Decodes up to the first NUL into UTF-8 with glibc iconv's CP932 (kana, kanji, symbols and
+// Microsoft's extensions); full-width ASCII is folded to ASCII (as slippi-js does). Invalid or
+// truncated sequences and control characters become U+FFFD; it never throws.
 std::string decode_shift_jis(std::span<const uint8_t> bytes);
 
 // Encodes ASCII text: letters and digits as-is, except '#' (written full width, as connect codes

@@ -1,255 +1,180 @@
 #include "stages/melee/slp/ubjson.h"
 
+#include <algorithm>
 #include <cmath>
-#include <limits>
+#include <iterator>
+#include <string_view>
 
 #include "stages/melee/slp/byte_order.h"
 
 namespace slipstream::slp {
 namespace {
 
-constexpr int kMaxDepth = 64;
-// Bounds the tree built from a hostile metadata element (each node costs ~16 bytes).
-constexpr size_t kMaxNodes = 1 << 20;
+using json = nlohmann::json;
 
-class Reader {
+// The byte iterator nlohmann reads through. It publishes how far the reader got: the SAX
+// interface reports no position, and the caller needs the end of the value (it is embedded in
+// a larger file) and offsets for errors.
+class TrackedBytes {
  public:
-  Reader(std::span<const uint8_t> data, size_t& pos) : data_(data), pos_(pos) {}
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;  // nlohmann reads through std::char_traits<value_type>
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
 
-  nlohmann::json value(int depth) {
-    if (depth > kMaxDepth) fail("UBJSON nesting deeper than 64");
-    if (++nodes_ > kMaxNodes) fail("UBJSON metadata has too many values");
-    uint8_t marker = byte();
-    while (marker == 'N') marker = byte();  // no-op padding
-    return typed(marker, depth);
+  TrackedBytes(const uint8_t* p, const uint8_t** cursor) : p_(p), cursor_(cursor) {}
+  reference operator*() const { return *reinterpret_cast<const char*>(p_); }
+  TrackedBytes& operator++() {
+    *cursor_ = ++p_;
+    return *this;
   }
-
-  int64_t length() {
-    const int64_t n = integer(byte());
-    if (n < 0) fail("negative UBJSON length");
-    return n;
+  TrackedBytes operator++(int) {
+    TrackedBytes before = *this;
+    ++*this;
+    return before;
   }
+  bool operator==(const TrackedBytes& other) const { return p_ == other.p_; }
 
  private:
-  [[noreturn]] void fail(const std::string& what) const { throw UbjsonError(pos_, what); }
-
-  uint8_t byte() {
-    if (pos_ >= data_.size()) fail("UBJSON value runs past the end of the file");
-    return data_[pos_++];
-  }
-  const uint8_t* take(size_t n) {
-    if (data_.size() - pos_ < n) fail("UBJSON value runs past the end of the file");
-    const uint8_t* p = data_.data() + pos_;
-    pos_ += n;
-    return p;
-  }
-
-  int64_t integer(uint8_t marker) {
-    switch (marker) {
-      case 'i':
-        return static_cast<int8_t>(*take(1));
-      case 'U':
-        return *take(1);
-      case 'I':
-        return load_be<int16_t>(take(2));
-      case 'l':
-        return load_be<int32_t>(take(4));
-      case 'L':
-        return load_be<int64_t>(take(8));
-      default:
-        fail("expected a UBJSON integer marker");
-    }
-  }
-
-  std::string string_body() {
-    const int64_t n = length();
-    if (static_cast<uint64_t>(n) > data_.size() - pos_)
-      fail("UBJSON string runs past the end of the file");
-    const uint8_t* p = take(static_cast<size_t>(n));
-    return std::string(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
-  }
-
-  nlohmann::json typed(uint8_t marker, int depth) {
-    switch (marker) {
-      case 'Z':
-        return nullptr;
-      case 'T':
-        return true;
-      case 'F':
-        return false;
-      case 'i':
-      case 'U':
-      case 'I':
-      case 'l':
-      case 'L':
-        return integer(marker);
-      case 'd': {
-        const float f = load_be<float>(take(4));
-        return std::isfinite(f) ? nlohmann::json(f) : nlohmann::json(nullptr);
-      }
-      case 'D': {
-        const double d = load_be<double>(take(8));
-        return std::isfinite(d) ? nlohmann::json(d) : nlohmann::json(nullptr);
-      }
-      case 'C':
-        return std::string(1, static_cast<char>(byte()));
-      case 'S':
-      case 'H':
-        return string_body();
-      case '[':
-        return container(false, depth);
-      case '{':
-        return container(true, depth);
-      default:
-        fail("unknown UBJSON marker 0x" + hex(marker));
-    }
-  }
-
-  nlohmann::json container(bool object, int depth) {
-    nlohmann::json out = object ? nlohmann::json::object() : nlohmann::json::array();
-    int elem_type = -1;
-    int64_t count = -1;
-    if (peek() == '$') {
-      ++pos_;
-      elem_type = byte();
-      if (peek() != '#') fail("UBJSON '$' without '#'");
-    }
-    if (peek() == '#') {
-      ++pos_;
-      count = length();
-      // Every element takes at least one byte, except typed no-payload elements; bounding by the
-      // bytes left keeps a hostile count from allocating without end.
-      if (static_cast<uint64_t>(count) > data_.size() - pos_) fail("UBJSON count exceeds the file");
-    }
-    for (int64_t i = 0; count < 0 || i < count; ++i) {
-      if (count < 0) {
-        while (peek() == 'N') ++pos_;
-        if (peek() == (object ? '}' : ']')) {
-          ++pos_;
-          break;
-        }
-      }
-      std::string key;
-      if (object) key = string_body();
-      nlohmann::json v;
-      if (elem_type >= 0) {
-        if (++nodes_ > kMaxNodes) fail("UBJSON metadata has too many values");
-        v = typed(static_cast<uint8_t>(elem_type), depth + 1);
-      } else {
-        v = value(depth + 1);
-      }
-      if (object)
-        out[key] = std::move(v);
-      else
-        out.push_back(std::move(v));
-    }
-    return out;
-  }
-
-  uint8_t peek() const {
-    if (pos_ >= data_.size())
-      throw UbjsonError(pos_, "UBJSON container runs past the end of the file");
-    return data_[pos_];
-  }
-
-  static std::string hex(uint8_t b) {
-    const char* digits = "0123456789abcdef";
-    return {digits[b >> 4], digits[b & 15]};
-  }
-
-  std::span<const uint8_t> data_;
-  size_t& pos_;
-  size_t nodes_ = 0;
+  const uint8_t* p_;
+  const uint8_t** cursor_;
 };
 
-void write_integer(int64_t v, std::vector<uint8_t>& out) {
-  uint8_t buf[8];
-  if (v >= 0 && v <= 255) {
-    out.push_back('U');
-    out.push_back(static_cast<uint8_t>(v));
-  } else if (v >= -128 && v <= 127) {
-    out.push_back('i');
-    out.push_back(static_cast<uint8_t>(static_cast<int8_t>(v)));
-  } else if (v >= std::numeric_limits<int16_t>::min() && v <= std::numeric_limits<int16_t>::max()) {
-    out.push_back('I');
-    store_be(buf, static_cast<int16_t>(v));
-    out.insert(out.end(), buf, buf + 2);
-  } else if (v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max()) {
-    out.push_back('l');
-    store_be(buf, static_cast<int32_t>(v));
-    out.insert(out.end(), buf, buf + 4);
-  } else {
-    out.push_back('L');
-    store_be(buf, v);
-    out.insert(out.end(), buf, buf + 8);
-  }
+// nlohmann's "[json.exception.parse_error.110] parse error at byte 5: <message>": the byte
+// count is relative to where this read started, so only <message> is kept.
+std::string describe(const json::exception& e) {
+  std::string_view s = e.what();
+  if (const size_t p = s.find("] "); p != std::string_view::npos) s.remove_prefix(p + 2);
+  if (s.starts_with("parse error"))
+    if (const size_t p = s.find(": "); p != std::string_view::npos) s.remove_prefix(p + 2);
+  return std::string(s);
 }
+
+// nlohmann's DOM builder behind the caps. A callback returning false stops the reader, before
+// it recurses into a container or loops over a declared count.
+class BoundedDomSax {
+ public:
+  BoundedDomSax(json& root, const uint8_t* begin, const uint8_t* const& cursor, const uint8_t* end)
+      : dom_(root, /*allow_exceptions=*/false), begin_(begin), cursor_(cursor), end_(end) {}
+
+  bool null() { return count() && dom_.null(); }
+  bool boolean(bool v) { return count() && dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return count() && dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return count() && dom_.number_unsigned(v); }
+  bool number_float(json::number_float_t v, const json::string_t& s) {
+    // JSON has no NaN or infinity (and NaN would make a value unequal to itself).
+    return count() && (std::isfinite(v) ? dom_.number_float(v, s) : dom_.null());
+  }
+  bool string(json::string_t& s) { return count() && dom_.string(s); }
+  bool binary(json::binary_t& b) { return count() && dom_.binary(b); }
+  bool key(json::string_t& k) { return dom_.key(k); }
+  bool start_object(std::size_t n) { return open(n) && dom_.start_object(n); }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) { return open(n) && dom_.start_array(n); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t position, const std::string&, const json::exception& e) {
+    // `position` counts the byte that failed, 1-based (one past the end at the end of input).
+    offset_ = position > 0 ? position - 1 : 0;
+    message_ = describe(e);
+    return false;
+  }
+
+  size_t offset() const { return offset_; }  // relative to `begin`
+  const std::string& message() const { return message_; }
+
+ private:
+  bool fail(std::string message) {
+    offset_ = cursor_ > begin_ ? static_cast<size_t>(cursor_ - begin_) - 1 : 0;  // last byte read
+    message_ = std::move(message);
+    return false;
+  }
+  bool count() {
+    if (++values_ > kUbjsonMaxValues)
+      return fail("UBJSON value has more than " + std::to_string(kUbjsonMaxValues) + " elements");
+    return true;
+  }
+  bool open(std::size_t declared) {
+    if (depth_ == kUbjsonMaxDepth)
+      return fail("UBJSON nesting deeper than " + std::to_string(kUbjsonMaxDepth));
+    ++depth_;
+    const auto left = static_cast<size_t>(end_ - cursor_);
+    if (declared != static_cast<std::size_t>(-1) && declared > left)
+      return fail("UBJSON container declares " + std::to_string(declared) + " elements but only " +
+                  std::to_string(left) + " bytes are left");
+    return count();
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const uint8_t* begin_;
+  const uint8_t* const& cursor_;
+  const uint8_t* end_;
+  size_t depth_ = 0;
+  size_t values_ = 0;
+  size_t offset_ = 0;
+  std::string message_ = "UBJSON value rejected";
+};
 
 }  // namespace
 
 nlohmann::json read_ubjson(std::span<const uint8_t> data, size_t& pos) {
-  Reader r(data, pos);
-  return r.value(0);
+  if (pos > data.size()) throw UbjsonError(pos, "UBJSON value starts past the end of the file");
+  const uint8_t* const begin = data.data() + pos;
+  const size_t left = data.size() - pos;
+  const uint8_t* const end = begin + std::min(left, kUbjsonMaxBytes);
+  const uint8_t* cursor = begin;
+  json root;
+  BoundedDomSax sax(root, begin, cursor, end);
+  bool ok;
+  try {
+    // strict=false: the value is followed by the rest of the file, not by the end of input.
+    ok = json::sax_parse(TrackedBytes(begin, &cursor), TrackedBytes(end, &cursor), &sax,
+                         json::input_format_t::ubjson, /*strict=*/false);
+  } catch (const json::exception& e) {  // not expected with the caps; never let it escape
+    throw UbjsonError(pos + static_cast<size_t>(cursor - begin), describe(e));
+  }
+  if (!ok) {
+    if (left > kUbjsonMaxBytes && sax.offset() == kUbjsonMaxBytes)  // ran into the cap
+      throw UbjsonError(pos + kUbjsonMaxBytes,
+                        "UBJSON value larger than " + std::to_string(kUbjsonMaxBytes) + " bytes");
+    throw UbjsonError(pos + sax.offset(), sax.message());
+  }
+  pos += static_cast<size_t>(cursor - begin);
+  return root;
 }
 
 int64_t read_ubjson_length(std::span<const uint8_t> data, size_t& pos) {
-  Reader r(data, pos);
-  return r.length();
+  static constexpr std::string_view kIntegerMarkers = "iUIlL";
+  if (pos >= data.size()) throw UbjsonError(pos, "UBJSON length runs past the end of the file");
+  if (kIntegerMarkers.find(static_cast<char>(data[pos])) == std::string_view::npos) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    throw UbjsonError(pos, std::string("expected a UBJSON integer marker, found 0x") +
+                               kHex[data[pos] >> 4] + kHex[data[pos] & 15]);
+  }
+  size_t p = pos;
+  const int64_t n = read_ubjson(data, p).get<int64_t>();
+  if (n < 0) throw UbjsonError(pos, "negative UBJSON length");
+  pos = p;
+  return n;
 }
 
 void write_ubjson_key(const std::string& key, std::vector<uint8_t>& out) {
-  write_integer(static_cast<int64_t>(key.size()), out);
-  out.insert(out.end(), key.begin(), key.end());
-}
-
-void write_ubjson(const nlohmann::json& value, std::vector<uint8_t>& out) {
-  switch (value.type()) {
-    case nlohmann::json::value_t::null:
-      out.push_back('Z');
-      break;
-    case nlohmann::json::value_t::boolean:
-      out.push_back(value.get<bool>() ? 'T' : 'F');
-      break;
-    case nlohmann::json::value_t::number_integer:
-      write_integer(value.get<int64_t>(), out);
-      break;
-    case nlohmann::json::value_t::number_unsigned: {
-      const uint64_t u = value.get<uint64_t>();
-      write_integer(u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-                        ? std::numeric_limits<int64_t>::max()
-                        : static_cast<int64_t>(u),
-                    out);
-      break;
-    }
-    case nlohmann::json::value_t::number_float: {
-      uint8_t buf[8];
-      out.push_back('D');
-      store_be(buf, value.get<double>());
-      out.insert(out.end(), buf, buf + 8);
-      break;
-    }
-    case nlohmann::json::value_t::string: {
-      out.push_back('S');
-      write_ubjson_key(value.get_ref<const std::string&>(), out);
-      break;
-    }
-    case nlohmann::json::value_t::array:
-      out.push_back('[');
-      for (const auto& v : value) write_ubjson(v, out);
-      out.push_back(']');
-      break;
-    case nlohmann::json::value_t::object:
-      out.push_back('{');
-      for (auto it = value.begin(); it != value.end(); ++it) {
-        write_ubjson_key(it.key(), out);
-        write_ubjson(it.value(), out);
-      }
-      out.push_back('}');
-      break;
-    default:
-      out.push_back('Z');
-      break;
+  if (key.size() <= 0xFF) {
+    out.push_back('U');
+    out.push_back(static_cast<uint8_t>(key.size()));
+  } else {
+    uint8_t length[4];
+    store_be(length, static_cast<int32_t>(key.size()));
+    out.push_back('l');
+    out.insert(out.end(), length, length + 4);
   }
+  out.insert(out.end(), key.begin(), key.end());
 }
 
 }  // namespace slipstream::slp

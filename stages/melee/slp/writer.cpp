@@ -214,7 +214,7 @@ std::vector<uint8_t> write_slp(const Game& game) {
   store_be(out.data() + out.size() - 4, static_cast<int32_t>(raw.size()));
   out.insert(out.end(), raw.begin(), raw.end());
   write_ubjson_key("metadata", out);
-  write_ubjson(metadata_json(game.info.metadata), out);
+  nlohmann::json::to_ubjson(metadata_json(game.info.metadata), out);
   out.push_back('}');
   return out;
 }
