@@ -1,16 +1,15 @@
-// `slipstream plot RUN_DIR`: loss, accuracy and learning-rate curves from metrics.jsonl, as
-// SVG (default) or PNG.
+// `slipstream plot RUN_DIR [RUN_DIR...]`: loss, accuracy and learning-rate curves from
+// metrics.jsonl, one colour per run, drawn with cairo as SVG (default), PNG or PDF.
 #include <CLI/CLI.hpp>
 
-#include <fstream>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 #include "tools/slipstream/commands.h"
 #include "tools/slipstream/plot_chart.h"
-#include "tools/slipstream/plot_png.h"
-#include "tools/slipstream/plot_raster.h"
-#include "tools/slipstream/plot_svg.h"
+#include "tools/slipstream/plot_render.h"
 
 namespace fs = std::filesystem;
 
@@ -19,48 +18,93 @@ namespace slipstream::cli {
 namespace {
 
 struct PlotArgs {
-  std::string run;
+  std::vector<std::string> runs;
   std::string out;
+  std::string format;
   std::vector<std::string> metrics;
   std::string size;  // "WxH"
+  bool linear = false;
+  double smooth = 0;
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  if (s.size() < suffix.size()) return false;
-  std::string tail = s.substr(s.size() - suffix.size());
-  for (auto& c : tail) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return tail == suffix;
+struct RunPaths {
+  fs::path metrics, dir;
+};
+
+RunPaths locate(const std::string& arg) {
+  fs::path run = fs::path(arg).lexically_normal();
+  if (run.has_parent_path() && run.filename().empty()) run = run.parent_path();  // "dir/"
+  // Accept the metrics file itself as well as its run directory.
+  bool is_file = fs::is_regular_file(run);
+  return {is_file ? run : run / "metrics.jsonl", is_file ? run.parent_path() : run};
+}
+
+// The run directory's own name ("." names the current directory).
+std::string dir_name(const fs::path& dir) {
+  fs::path abs = fs::absolute(dir).lexically_normal();
+  if (abs.filename().empty()) abs = abs.parent_path();
+  return abs.filename().empty() ? abs.string() : abs.filename().string();
 }
 
 void run_plot(const PlotArgs& a) {
   using namespace slipstream::plot;
-  fs::path run = fs::path(a.run).lexically_normal();
-  if (run.has_parent_path() && run.filename().empty()) run = run.parent_path();  // "dir/"
-  // Accept the metrics file itself as well as its run directory.
-  bool is_file = fs::is_regular_file(run);
-  fs::path metrics = is_file ? run : run / "metrics.jsonl";
-  fs::path dir = is_file ? run.parent_path() : run;
+  if (!(a.smooth >= 0 && a.smooth < 1))
+    throw PlotError("--smooth " + std::to_string(a.smooth) +
+                    ": expected a weight in [0, 1), e.g. 0.9 (0 = off)");
+  std::optional<Format> flag_format;
+  if (!a.format.empty() && !(flag_format = parse_format(a.format)))
+    throw PlotError("--format " + a.format + ": expected svg, png or pdf");
 
-  fs::path out = a.out.empty() ? dir / "curves.svg" : fs::path(a.out);
-  bool png = ends_with(out.string(), ".png");
-  if (!png && !ends_with(out.string(), ".svg"))
-    throw PlotError("--out " + out.string() + ": the file name must end in .svg or .png");
+  std::vector<RunPaths> paths;
+  for (const auto& r : a.runs) paths.push_back(locate(r));
+  fs::path out;
+  Format format = flag_format.value_or(Format::svg);
+  if (a.out.empty()) {
+    // One run: next to its metrics. Several: here, as none of them owns the picture.
+    out = (paths.size() == 1 ? paths.front().dir : fs::path()) / "curves";
+    out += extension(format);
+  } else {
+    out = a.out;
+    std::optional<Format> by_name = format_of(out);
+    if (!by_name && !flag_format)
+      throw PlotError("--out " + out.string() + ": the file name must end in .svg, .png or .pdf");
+    if (by_name && flag_format && *by_name != *flag_format)
+      throw PlotError("--out " + out.string() + " does not match --format " + a.format);
+    format = by_name.value_or(format);
+  }
 
-  std::vector<std::string> wanted;
+  ChartOptions opt;
   for (const auto& m : a.metrics)
-    if (!m.empty()) wanted.push_back(m);  // "--metrics loss," leaves an empty entry
-  MetricsLog log = load_metrics(metrics);
-  if (log.skipped > 0)
-    std::cerr << metrics.string() << ": skipped " << log.skipped << " malformed line"
-              << (log.skipped == 1 ? "" : "s") << "\n";
-  for (const auto& m : unmatched_metrics(log, wanted))
-    std::cerr << "warning: no data for metric '" << m << "'\n";
-  fs::path abs = fs::absolute(dir).lexically_normal();  // "." names the current directory
-  if (abs.filename().empty()) abs = abs.parent_path();
-  std::string title = abs.filename().empty() ? abs.string() : abs.filename().string();
-  Chart chart = build_chart(log, wanted, title);
+    if (!m.empty()) opt.metrics.push_back(m);  // "--metrics loss," leaves an empty entry
+  opt.log_loss = !a.linear;
+  opt.smooth = a.smooth;
 
-  int width = 960, height = default_height(chart.panels.size());
+  std::vector<Run> runs;
+  std::map<std::string, int> name_count;
+  for (const auto& p : paths) ++name_count[dir_name(p.dir)];
+  size_t rows = 0;
+  for (const auto& p : paths) {
+    MetricsLog log = load_metrics(p.metrics);
+    std::string skipped = skipped_summary(p.metrics, log);
+    if (!skipped.empty()) std::cerr << skipped << "\n";
+    std::string name = dir_name(p.dir);
+    // Two runs called "latest" under different parents still need different legend entries.
+    if (name_count[name] > 1) name = dir_name(p.dir.parent_path()) + "/" + name;
+    rows += log.rows.size();
+    runs.push_back({name, std::move(log)});
+  }
+  for (const auto& m : unmatched_metrics(runs, opt.metrics))
+    std::cerr << "warning: no data for metric '" << m << "'\n";
+  Figure fig;
+  try {
+    fig = build_figure(runs, opt);
+  } catch (const PlotError& e) {
+    // Name the file when there is only one to blame.
+    if (paths.size() == 1) throw PlotError(paths.front().metrics.string() + ": " + e.what());
+    throw;
+  }
+
+  int width = kDefaultWidth, height = default_height(fig);
   if (!a.size.empty()) {
     char x = 0;
     std::istringstream in(a.size);
@@ -68,39 +112,46 @@ void run_plot(const PlotArgs& a) {
         width > 10000 || height > 10000)
       throw PlotError("--size " + a.size + ": expected WIDTHxHEIGHT, 200x150 to 10000x10000");
   }
+  Layout layout = write_figure(fig, out, format, width, height);
 
-  std::string bytes;
-  if (png) {
-    RasterSurface surface(width, height);
-    render_chart(chart, surface, width, height);
-    bytes = encode_png(width, height, surface.rgb());
-  } else {
-    SvgSurface surface(width, height);
-    render_chart(chart, surface, width, height);
-    bytes = surface.finish();
-  }
-  std::ofstream f(out, std::ios::binary);
-  if (!f.write(bytes.data(), static_cast<std::streamsize>(bytes.size())) || !f.flush())
-    throw PlotError("cannot write " + out.string());
-  size_t series = 0;
-  for (const auto& p : chart.panels) series += p.series.size();
-  std::cout << "wrote " << out.string() << " (" << width << "x" << height << ", "
-            << chart.panels.size() << " panel" << (chart.panels.size() == 1 ? "" : "s") << ", "
-            << series << " curves from " << log.rows.size() << " rows)\n";
+  size_t curves = 0;
+  for (const auto& sec : fig.sections)
+    for (const auto& row : sec.rows)
+      for (const auto& ax : row) curves += ax.series.size();
+  size_t panels = layout.axes.size();
+  std::cout << "wrote " << out.string() << " (" << width << "x" << height << " "
+            << (extension(format) + 1) << ", " << panels << " panel" << (panels == 1 ? "" : "s")
+            << ", " << curves << " curves from " << runs.size() << " run"
+            << (runs.size() == 1 ? "" : "s") << ", " << rows << " rows)\n";
 }
 
 }  // namespace
 
 void add_plot_commands(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plot", "Draw loss/accuracy/lr curves from a run's metrics.jsonl");
+  auto* cmd = app.add_subcommand(
+      "plot", "Draw loss/accuracy/lr curves from runs' metrics.jsonl (SVG, PNG or PDF)");
   auto args = std::make_shared<PlotArgs>();
-  cmd->add_option("run_dir", args->run, "run directory (or its metrics.jsonl)")->required();
-  cmd->add_option("--out,-o", args->out, "output file, .svg or .png (default RUN_DIR/curves.svg)");
+  cmd->add_option("run_dir", args->runs,
+                  "run directories (or their metrics.jsonl); several are overlaid, one colour "
+                  "per run")
+      ->required();
+  cmd->add_option("--out,-o", args->out,
+                  "output file; .svg, .png or .pdf picks the format (default RUN_DIR/curves.svg, "
+                  "or ./curves.svg for several runs)");
+  cmd->add_option("--format", args->format,
+                  "svg, png or pdf: the format of the default output file, or of an --out "
+                  "without one of those extensions");
   cmd->add_option("--metrics", args->metrics,
-                  "comma-separated metric keys; 'acc/*' matches a prefix (default: loss, nll, "
-                  "acc/*, lr, with their baseline/ keys)")
-      ->delimiter(',');
-  cmd->add_option("--size", args->size, "image size WIDTHxHEIGHT (default 960 wide, 250 px/panel)");
+                  "comma-separated metric keys; 'acc/*' matches a prefix (default: loss, nll "
+                  "where it differs from loss, acc/*, lr; each with its baseline/ key)")
+      ->delimiter(',')
+      ->allow_extra_args(false);  // one list per --metrics, so run directories may follow
+  cmd->add_option("--size", args->size,
+                  "image size WIDTHxHEIGHT (default 960 wide, 250 px per panel, 180 per grid row)");
+  cmd->add_flag("--linear", args->linear, "loss on a linear y axis (default: log)");
+  cmd->add_option("--smooth", args->smooth,
+                  "EMA weight in [0, 1) for training curves, as TensorBoard's slider; the raw "
+                  "curve stays, faint (default 0: off)");
   cmd->callback([args] {
     try {
       run_plot(*args);

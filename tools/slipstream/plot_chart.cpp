@@ -12,14 +12,6 @@ namespace {
 
 constexpr std::string_view kBaseline = "baseline/";
 
-// Matplotlib's tab10: distinguishable, and readable on white.
-constexpr Rgb kPalette[] = {{31, 119, 180},  {255, 127, 14}, {44, 160, 44},   {214, 39, 40},
-                            {148, 103, 189}, {140, 86, 75},  {227, 119, 194}, {127, 127, 127},
-                            {188, 189, 34},  {23, 190, 207}};
-constexpr Rgb kInk{40, 40, 40};
-constexpr Rgb kAxis{110, 110, 110};
-constexpr Rgb kGrid{228, 228, 228};
-
 bool matches(const std::string& pattern, const std::string& key) {
   if (!pattern.empty() && pattern.back() == '*')
     return key.compare(0, pattern.size() - 1, pattern, 0, pattern.size() - 1) == 0;
@@ -29,67 +21,79 @@ bool matches(const std::string& pattern, const std::string& key) {
 bool is_baseline(const std::string& key) {
   return key.rfind(kBaseline, 0) == 0;
 }
-std::string base_of(const std::string& key) {
-  return is_baseline(key) ? key.substr(kBaseline.size()) : key;
+
+bool starts_with(const std::string& s, std::string_view prefix) {
+  return s.rfind(prefix, 0) == 0;
 }
 
-// Which panel a metric belongs to; also the panel's y-axis label.
-std::string panel_of(const std::string& key) {
-  std::string b = base_of(key);
-  if (b.rfind("acc", 0) == 0) return "accuracy";
-  if (b == "lr") return "learning rate";
-  if (b == "loss" || b == "nll" || b.rfind("loss/", 0) == 0 || b.rfind("nll/", 0) == 0)
-    return "loss";
-  return b;
+bool loss_like(const std::string& key) {
+  return key == "loss" || key == "nll" || starts_with(key, "loss/") || starts_with(key, "nll/");
 }
 
-int panel_rank(const std::string& title) {
+// Which section a metric belongs to; also the section's y label.
+std::string section_of(const std::string& key) {
+  if (starts_with(key, "acc")) return "accuracy";
+  if (key == "lr") return "learning rate";
+  if (loss_like(key)) return "loss";
+  return key;
+}
+
+int section_rank(const std::string& title) {
   if (title == "loss") return 0;
   if (title == "accuracy") return 1;
   if (title == "learning rate") return 3;
   return 2;
 }
 
-Rgb lighter(Rgb c) {
-  auto mix = [](uint8_t v) { return static_cast<uint8_t>(v + (255 - v) * 0.5); };
-  return {mix(c.r), mix(c.g), mix(c.b)};
-}
-
-// Keys with at least one finite value.
-std::set<std::string> available(const MetricsLog& log) {
+// Keys with at least one finite value in some run.
+std::set<std::string> available(const std::vector<Run>& runs) {
   std::set<std::string> keys;
-  for (const auto& r : log.rows)
-    for (const auto& [k, v] : r.values)
-      if (std::isfinite(v)) keys.insert(k);
+  for (const auto& run : runs)
+    for (const auto& r : run.log.rows)
+      for (const auto& [k, v] : r.values)
+        if (std::isfinite(v)) keys.insert(k);
   return keys;
 }
 
-std::vector<std::string> select_keys(const std::set<std::string>& have,
+// A model without auxiliary losses logs nll == loss; a second identical panel says nothing.
+bool nll_is_loss(const std::vector<Run>& runs) {
+  for (const auto& run : runs)
+    for (const auto& r : run.log.rows) {
+      auto n = r.values.find("nll");
+      if (n == r.values.end()) continue;
+      auto l = r.values.find("loss");
+      if (l == r.values.end() ||
+          !(l->second == n->second || (std::isnan(l->second) && std::isnan(n->second))))
+        return false;
+    }
+  return true;
+}
+
+std::vector<std::string> select_keys(const std::vector<Run>& runs,
+                                     const std::set<std::string>& have,
                                      const std::vector<std::string>& wanted) {
   static const std::vector<std::string> kDefault = {"loss", "nll", "acc/*", "lr"};
-  const auto& patterns = wanted.empty() ? kDefault : wanted;
+  bool defaults = wanted.empty();
+  const auto& patterns = defaults ? kDefault : wanted;
+  bool skip_nll = defaults && nll_is_loss(runs);
   std::vector<std::string> out;
-  auto add = [&](const std::string& k) {
-    if (have.count(k) && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
-  };
-  for (const auto& p : patterns) {
+  for (const auto& p : patterns)
     for (const auto& k : have) {
-      // "acc/*" means the heads themselves; their baselines follow each head.
+      // "acc/*" means the heads themselves; their baselines join each head's axes.
       if (!matches(p, k) || (is_baseline(k) && !is_baseline(p))) continue;
-      add(k);
-      add(std::string(kBaseline) + k);
+      if (skip_nll && k == "nll") continue;
+      if (std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
     }
-  }
   return out;
 }
 
-// (step, value) of one metric in one split, by step; a resumed run appends rows for steps
-// it already logged, and the later row wins.
-std::vector<Point> collect(const MetricsLog& log, const std::string& key,
-                           const std::string& split) {
+// (step, value) of one metric in the rows `use` accepts, by step; a resumed run appends rows
+// for steps it already logged, and the later row wins.
+template <typename Pred>
+std::vector<Point> collect(const MetricsLog& log, const std::string& key, Pred use) {
   std::vector<std::pair<int64_t, double>> pts;
   for (const auto& r : log.rows) {
-    if (r.split != split) continue;
+    if (!use(r)) continue;
     auto it = r.values.find(key);
     if (it != r.values.end()) pts.emplace_back(r.step, it->second);
   }
@@ -103,16 +107,114 @@ std::vector<Point> collect(const MetricsLog& log, const std::string& key,
   return out;
 }
 
-std::string split_label(const std::string& split) {
-  if (split == "validation") return "val";
-  return split;
+bool any_finite(const std::vector<Point>& pts) {
+  return std::any_of(pts.begin(), pts.end(), [](const Point& p) { return std::isfinite(p.y); });
+}
+
+// Splits in a stable order: training first, then validation, then the rest by name.
+std::vector<std::string> splits_of(const std::vector<Run>& runs) {
+  std::set<std::string> seen;
+  for (const auto& run : runs)
+    for (const auto& r : run.log.rows) seen.insert(r.split);
+  std::vector<std::string> out(seen.begin(), seen.end());
+  auto rank = [](const std::string& s) { return s == "train" ? 0 : s == "validation" ? 1 : 2; };
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  return out;
+}
+
+Axes build_axes(const std::vector<Run>& runs, const std::string& key,
+                const std::vector<std::string>& splits, const ChartOptions& opt) {
+  Axes ax;
+  ax.metric = key;
+  ax.title = key;
+  std::string base_key = std::string(kBaseline) + key;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const MetricsLog& log = runs[r].log;
+    auto base = collect(log, base_key, [](const MetricRow&) { return true; });
+    if (any_finite(base)) ax.series.push_back({r, Style::baseline, "", std::move(base)});
+    for (const auto& split : splits) {
+      auto pts = collect(log, key, [&](const MetricRow& row) { return row.split == split; });
+      if (!any_finite(pts)) continue;
+      if (split != "train") {
+        ax.series.push_back({r, Style::validation, split, std::move(pts)});
+      } else if (opt.smooth > 0 && key != "lr") {  // a schedule is not noise
+        auto smoothed = smooth_ema(pts, opt.smooth);
+        ax.series.push_back({r, Style::train_raw, split, std::move(pts)});
+        ax.series.push_back({r, Style::train, split, std::move(smoothed)});
+      } else {
+        ax.series.push_back({r, Style::train, split, std::move(pts)});
+      }
+    }
+  }
+  // Validation markers on top of the busier training curves, baselines under everything.
+  std::stable_sort(ax.series.begin(), ax.series.end(),
+                   [](const Series& a, const Series& b) { return a.style < b.style; });
+  if (opt.log_loss && loss_like(key)) {
+    ax.log_y = true;
+    for (const auto& s : ax.series)
+      for (const auto& p : s.points)
+        if (std::isfinite(p.y) && p.y <= 0) ax.log_y = false;  // no log of 0 or below
+  }
+  return ax;
+}
+
+// "main_x" and "main_y" -> "main"; a head without such a suffix is its own stem.
+std::string stem_of(const std::string& head) {
+  size_t u = head.rfind('_');
+  if (u != std::string::npos && u > 0 && u + 2 == head.size()) return head.substr(0, u);
+  return head;
+}
+
+// Axes titles without the prefix every key of the section shares, then rows: the heads that
+// stand alone packed together first, then one row (or more) per group of related heads.
+Section lay_out(std::string title, std::vector<Axes> axes) {
+  Section sec;
+  sec.title = std::move(title);
+  size_t slash = axes.front().metric.find('/');
+  std::string prefix = slash == std::string::npos ? "" : axes.front().metric.substr(0, slash + 1);
+  bool shared = !prefix.empty() && std::all_of(axes.begin(), axes.end(), [&](const Axes& a) {
+    return starts_with(a.metric, prefix) && a.metric.size() > prefix.size();
+  });
+  if (shared)
+    for (auto& a : axes) a.title = a.metric.substr(prefix.size());
+
+  std::vector<std::string> stems;
+  std::map<std::string, std::vector<Axes>> groups;
+  for (auto& a : axes) {
+    std::string s = stem_of(a.title);
+    if (!groups.count(s)) stems.push_back(s);
+    groups[s].push_back(std::move(a));
+  }
+  std::vector<Axes> singles;
+  std::vector<std::vector<Axes>> pairs;
+  size_t widest = 1;
+  for (const auto& s : stems) {
+    auto& g = groups[s];
+    if (g.size() == 1) {
+      singles.push_back(std::move(g.front()));
+    } else {
+      widest = std::max(widest, g.size());
+      pairs.push_back(std::move(g));
+    }
+  }
+  sec.columns = std::min<size_t>(4, std::max(widest, std::min<size_t>(singles.size(), 3)));
+  auto add_rows = [&](std::vector<Axes>& list) {
+    for (size_t i = 0; i < list.size(); i += sec.columns)
+      sec.rows.emplace_back(
+          std::make_move_iterator(list.begin() + i),
+          std::make_move_iterator(list.begin() + std::min(list.size(), i + sec.columns)));
+  };
+  add_rows(singles);
+  for (auto& g : pairs) add_rows(g);
+  return sec;
 }
 
 }  // namespace
 
-std::vector<std::string> unmatched_metrics(const MetricsLog& log,
+std::vector<std::string> unmatched_metrics(const std::vector<Run>& runs,
                                            const std::vector<std::string>& wanted) {
-  std::set<std::string> have = available(log);
+  std::set<std::string> have = available(runs);
   std::vector<std::string> out;
   for (const auto& p : wanted)
     if (std::none_of(have.begin(), have.end(), [&](const auto& k) { return matches(p, k); }))
@@ -120,73 +222,65 @@ std::vector<std::string> unmatched_metrics(const MetricsLog& log,
   return out;
 }
 
-Chart build_chart(const MetricsLog& log, const std::vector<std::string>& wanted,
-                  const std::string& title) {
-  std::set<std::string> have = available(log);
+std::vector<Point> smooth_ema(const std::vector<Point>& pts, double weight) {
+  std::vector<Point> out;
+  out.reserve(pts.size());
+  double last = 0;
+  int n = 0;
+  for (const auto& p : pts) {
+    if (!std::isfinite(p.y)) {
+      out.push_back(p);
+      continue;
+    }
+    last = last * weight + (1 - weight) * p.y;
+    ++n;
+    double debias = weight > 0 ? 1 - std::pow(weight, n) : 1;
+    out.push_back({p.x, last / debias});
+  }
+  return out;
+}
+
+Figure build_figure(const std::vector<Run>& runs, const ChartOptions& opt) {
+  std::set<std::string> have = available(runs);
   if (have.empty()) throw PlotError("no numeric metrics to plot");
-  std::vector<std::string> keys = select_keys(have, wanted);
+  std::vector<std::string> keys = select_keys(runs, have, opt.metrics);
   if (keys.empty()) {
     std::string list;
     for (const auto& k : have) list += (list.empty() ? "" : ", ") + k;
     throw PlotError("none of the requested metrics has data; available: " + list);
   }
-  std::vector<std::string> splits;
-  for (const auto& r : log.rows)
-    if (std::find(splits.begin(), splits.end(), r.split) == splits.end()) splits.push_back(r.split);
-  // Training first so the validation curves are drawn on top of the noisier training ones.
-  std::stable_sort(splits.begin(), splits.end(), [](const auto& a, const auto& b) {
-    return (a == "train"        ? 0
-            : a == "validation" ? 1
-                                : 2) < (b == "train"        ? 0
-                                        : b == "validation" ? 1
-                                                            : 2);
-  });
+  std::vector<std::string> splits = splits_of(runs);
 
-  Chart chart;
-  chart.title = title;
-  std::map<std::string, std::map<std::string, Rgb>> colors;  // panel -> base metric -> colour
+  std::vector<std::string> order;  // section titles, first appearance
+  std::map<std::string, std::vector<Axes>> by_section;
+  std::set<Style> styles;
   for (const auto& key : keys) {
-    std::string pt = panel_of(key);
-    auto pit = std::find_if(chart.panels.begin(), chart.panels.end(),
-                            [&](const Panel& p) { return p.title == pt; });
-    if (pit == chart.panels.end()) {
-      chart.panels.push_back({pt, {}});
-      pit = chart.panels.end() - 1;
-    }
-    auto& pc = colors[pt];
-    std::string base = base_of(key);
-    if (!pc.count(base)) pc[base] = kPalette[pc.size() % std::size(kPalette)];
-    // Lighter training curves only make sense next to a validation curve of the same metric.
-    bool has_val = std::any_of(log.rows.begin(), log.rows.end(), [&](const MetricRow& r) {
-      auto it = r.values.find(key);
-      return r.split != "train" && it != r.values.end() && std::isfinite(it->second);
-    });
-    for (const auto& split : splits) {
-      Series s;
-      s.metric = key;
-      s.split = split;
-      s.points = collect(log, key, split);
-      size_t finite = std::count_if(s.points.begin(), s.points.end(),
-                                    [](const Point& p) { return std::isfinite(p.y); });
-      if (finite == 0) continue;
-      bool train = split == "train";
-      s.color = train && has_val ? lighter(pc[base]) : pc[base];
-      s.dashed = is_baseline(key);
-      s.width = train || s.dashed ? 1.5 : 2;
-      s.markers = !train && !s.dashed && finite <= 40;
-      s.label = s.dashed ? "baseline " + base + (split == "validation" ? "" : " (" + split + ")")
-                         : split_label(split) + " " + key;
-      pit->series.push_back(std::move(s));
-    }
+    Axes ax = build_axes(runs, key, splits, opt);
+    if (ax.series.empty()) continue;
+    for (const auto& s : ax.series) styles.insert(s.style);
+    std::string sec = section_of(key);
+    if (!by_section.count(sec)) order.push_back(sec);
+    by_section[sec].push_back(std::move(ax));
   }
-  std::stable_sort(chart.panels.begin(), chart.panels.end(), [](const Panel& a, const Panel& b) {
-    return panel_rank(a.title) < panel_rank(b.title);
-  });
-  return chart;
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return section_rank(a) < section_rank(b); });
+
+  Figure fig;
+  for (const auto& r : runs) fig.runs.push_back(r.name);
+  fig.title = runs.size() == 1 ? runs.front().name : "";
+  fig.smooth = opt.smooth;
+  for (const auto& sec : order) fig.sections.push_back(lay_out(sec, std::move(by_section[sec])));
+  // Legend order: what a reader looks for first.
+  for (Style s : {Style::train, Style::train_raw, Style::validation, Style::baseline})
+    if (styles.count(s)) fig.styles.push_back(s);
+  return fig;
 }
 
 Ticks nice_ticks(double lo, double hi, int target) {
-  if (!(hi > lo)) {
+  // A range lost in rounding (a smoothed constant) is a single value: steps that small would
+  // leave the tick counter below stuck at a float too big to increment.
+  if (!(hi - lo > 1e-9 * std::max(std::abs(lo), std::abs(hi)))) {
+    lo = hi = (lo + hi) / 2;
     double pad = lo != 0 ? std::abs(lo) * 0.1 : 1;
     lo -= pad, hi += pad;
   }
@@ -199,8 +293,8 @@ Ticks nice_ticks(double lo, double hi, int target) {
   double first = std::floor(lo / step + 1e-9), last = std::ceil(hi / step - 1e-9);
   t.lo = first * step;
   t.hi = last * step;
-  for (double i = first; i <= last + 0.5; ++i) {
-    double v = i * step;
+  for (double n = 0; n <= last - first + 0.5 && n < 1000; ++n) {
+    double v = (first + n) * step;
     t.values.push_back(std::abs(v) < step * 1e-9 ? 0 : v);
   }
   return t;
@@ -237,149 +331,60 @@ std::string format_tick(double v, double step) {
   return buf;
 }
 
-int default_height(size_t panels) {
-  return 44 + 30 + static_cast<int>(panels) * 250;
+LogTicks log_ticks(double lo, double hi, size_t max_labels) {
+  LogTicks t;
+  if (!(lo > 0) || !(hi > lo)) return t;
+  max_labels = std::max<size_t>(max_labels, 2);
+  const int k0 = static_cast<int>(std::floor(std::log10(lo))) - 1;
+  const int k1 = static_cast<int>(std::ceil(std::log10(hi))) + 1;
+  auto inside = [&](double v) { return v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9); };
+  // Label sets, coarsest first: finer ones until three labels, unless that would crowd them.
+  static const std::vector<std::vector<int>> kLabelled = {
+      {1}, {1, 2, 5}, {1, 2, 3, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  for (const auto& set : kLabelled) {
+    LogTicks c;
+    for (int k = k0; k <= k1; ++k)
+      for (int m = 1; m <= 9; ++m) {
+        double v = m * std::pow(10.0, k);
+        if (!inside(v)) continue;
+        (std::count(set.begin(), set.end(), m) ? c.major : c.minor).push_back(v);
+      }
+    if (c.major.size() > max_labels && t.major.size() >= 2) break;
+    t = std::move(c);
+    if (t.major.size() >= 3) break;
+  }
+  if (t.major.empty()) {
+    // Less than the gap between two 1..9 multiples: plain linear ticks inside the range.
+    t.minor.clear();
+    for (double v : nice_ticks(lo, hi, 3).values)
+      if (inside(v)) t.major.push_back(v);
+    return t;
+  }
+  // Many decades: label every n-th one so the labels stay apart; the rest become minor ticks.
+  if (t.major.size() > max_labels) {
+    size_t every = (t.major.size() + max_labels - 1) / max_labels;
+    std::vector<double> keep;
+    for (size_t i = 0; i < t.major.size(); ++i)
+      (i % every == 0 ? keep : t.minor).push_back(t.major[i]);
+    t.major = std::move(keep);
+    std::sort(t.minor.begin(), t.minor.end());
+  }
+  return t;
 }
 
-namespace {
-
-// Pixel centre of the nearest pixel, so 1 px rules stay crisp in both backends.
-double crisp(double v) {
-  return std::floor(v) + 0.5;
-}
-
-struct Axis {
-  double lo, hi;    // data range shown
-  double px0, px1;  // its pixel positions
-  Ticks t;          // only the ticks inside [lo, hi] are drawn
-  double map(double v) const { return px0 + (v - lo) / (hi - lo) * (px1 - px0); }
-  std::vector<double> visible() const {
-    std::vector<double> out;
-    double eps = (hi - lo) * 1e-9;
-    for (double v : t.values)
-      if (v >= lo - eps && v <= hi + eps) out.push_back(v);
-    return out;
+std::string format_log_tick(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  std::string s = buf;
+  // "1e-05" -> "1e-5", "1e+06" -> "1e6".
+  size_t e = s.find('e');
+  if (e != std::string::npos) {
+    std::string sign = s[e + 1] == '-' ? "-" : "";
+    std::string digits = s.substr(e + 2);
+    digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+    s = s.substr(0, e + 1) + sign + digits;
   }
-};
-
-// The range of the y values, padded so curves and baselines never sit on the frame.
-Axis y_axis(const Panel& p, int target) {
-  double lo = INFINITY, hi = -INFINITY;
-  for (const auto& s : p.series)
-    for (const auto& pt : s.points)
-      if (std::isfinite(pt.y)) lo = std::min(lo, pt.y), hi = std::max(hi, pt.y);
-  double pad = hi > lo ? (hi - lo) * 0.05 : lo != 0 ? std::abs(lo) * 0.1 : 1;
-  // A quantity that cannot go negative (loss, lr, accuracy) keeps 0 as its floor.
-  double floor = lo >= 0 ? 0 : -INFINITY;
-  lo = std::max(floor, lo - pad), hi += pad;
-  return {lo, hi, 0, 0, nice_ticks(lo, hi, target)};
-}
-
-void draw_series(const Series& s, const Axis& ax, const Axis& ay, Surface& out) {
-  out.begin_series(s.label);
-  Stroke st{s.color, s.width, s.dashed};
-  std::vector<Point> run;
-  auto flush = [&] {
-    if (run.size() >= 2) out.polyline(run, st);
-    run.clear();
-  };
-  for (const auto& p : s.points) {
-    if (!std::isfinite(p.y)) {
-      flush();
-      continue;
-    }
-    run.push_back({ax.map(p.x), ay.map(p.y)});
-    // A lone point between gaps would otherwise vanish.
-    if (s.points.size() == 1 || s.markers) out.dot(run.back(), s.markers ? 2.5 : 2, s.color);
-  }
-  flush();
-  out.end_series();
-}
-
-void draw_legend(const Panel& p, double x, double y0, double height, Surface& out) {
-  constexpr double kRow = 16;
-  size_t fit = static_cast<size_t>(std::max(1.0, height / kRow));
-  size_t shown = p.series.size() <= fit ? p.series.size() : fit - 1;
-  double y = y0 + 8;
-  for (size_t i = 0; i < shown; ++i, y += kRow) {
-    const Series& s = p.series[i];
-    out.polyline({{x, y}, {x + 22, y}}, {s.color, s.width, s.dashed});
-    if (s.markers) out.dot({x + 11, y}, 2.5, s.color);
-    out.text({x + 28, y}, s.label, {11, kInk});
-  }
-  if (shown < p.series.size()) {
-    // Appended piecewise: prepending to a std::string trips GCC 12's bogus -Wrestrict.
-    std::string more = "+";
-    more += std::to_string(p.series.size() - shown);
-    more += " more";
-    out.text({x + 28, y}, more, {11, kAxis});
-  }
-}
-
-}  // namespace
-
-void render_chart(const Chart& chart, Surface& out, int width, int height) {
-  const double W = width, H = height;
-  out.fill_rect({0, 0, W, H}, {255, 255, 255});
-  const double top = 44, bottom = 30;
-  const size_t n = std::max<size_t>(1, chart.panels.size());
-  const double ph = (H - top - bottom) / static_cast<double>(n);
-
-  double legend_w = 0;
-  double xmin = INFINITY, xmax = -INFINITY;
-  for (const auto& p : chart.panels)
-    for (const auto& s : p.series) {
-      legend_w = std::max(legend_w, out.text_width(s.label, 11));
-      for (const auto& pt : s.points) xmin = std::min(xmin, pt.x), xmax = std::max(xmax, pt.x);
-    }
-  legend_w = std::min(std::max(legend_w + 40, 110.0), W * 0.35);
-
-  // y axes first: the widest tick label sets the left margin, shared so the panels align.
-  std::vector<Axis> yaxes;
-  double label_w = 0;
-  for (const auto& p : chart.panels) {
-    yaxes.push_back(y_axis(p, std::max(2, static_cast<int>((ph - 30) / 35))));
-    for (double v : yaxes.back().visible())
-      label_w = std::max(label_w, out.text_width(format_tick(v, yaxes.back().t.step), 11));
-  }
-  const double left = std::ceil(label_w) + 34, right = legend_w + 12;
-  const double pw = W - left - right;
-
-  out.text({W / 2, 20}, chart.title, {16, kInk, Anchor::middle, true});
-  if (!(xmax > xmin)) xmin -= 1, xmax += 1;  // a single step still gets a width
-  Axis ax{xmin, xmax, left, left + pw,
-          nice_ticks(xmin, xmax, std::max(2, static_cast<int>(pw / 90)))};
-
-  for (size_t i = 0; i < chart.panels.size(); ++i) {
-    const Panel& p = chart.panels[i];
-    const Rect plot{left, top + ph * static_cast<double>(i) + 6, pw, ph - 6 - 26};
-    Axis ay = yaxes[i];
-    ay.px0 = plot.y + plot.h, ay.px1 = plot.y;
-
-    for (double v : ay.visible()) {
-      double y = crisp(ay.map(v));
-      out.polyline({{plot.x, y}, {plot.x + plot.w, y}}, {kGrid, 1});
-      out.polyline({{plot.x - 4, y}, {plot.x, y}}, {kAxis, 1});
-      out.text({plot.x - 7, y}, format_tick(v, ay.t.step), {11, kInk, Anchor::end});
-    }
-    for (double v : ax.visible()) {
-      double x = crisp(ax.map(v));
-      out.polyline({{x, plot.y}, {x, plot.y + plot.h}}, {kGrid, 1});
-      out.polyline({{x, plot.y + plot.h}, {x, plot.y + plot.h + 4}}, {kAxis, 1});
-      out.text({x, plot.y + plot.h + 13}, format_tick(v, ax.t.step), {11, kInk, Anchor::middle});
-    }
-    double x0 = crisp(plot.x), y0 = crisp(plot.y);
-    double x1 = crisp(plot.x + plot.w), y1 = crisp(plot.y + plot.h);
-    out.polyline({{x0, y0}, {x1, y0}, {x1, y1}, {x0, y1}, {x0, y0}}, {kAxis, 1});
-    out.text({12, plot.y + plot.h / 2}, p.title, {12, kInk, Anchor::middle, true, true});
-
-    // A little slack so curves that touch the axis range are not cut in half.
-    out.push_clip({plot.x - 3, plot.y - 3, plot.w + 6, plot.h + 6});
-    for (const auto& s : p.series) draw_series(s, ax, ay, out);
-    out.pop_clip();
-    draw_legend(p, plot.x + plot.w + 14, plot.y, plot.h, out);
-  }
-  out.text({left + pw / 2, H - 12}, "step", {12, kInk, Anchor::middle, true});
+  return s;
 }
 
 }  // namespace slipstream::plot

@@ -26,14 +26,19 @@ struct MetricRow {
 
 struct MetricsLog {
   std::vector<MetricRow> rows;
-  size_t skipped = 0;  // non-empty lines that were not a JSON object with a numeric step
+  size_t skipped = 0;             // non-empty lines that were not a JSON object with a step
+  std::vector<size_t> bad_lines;  // their 1-based line numbers
+  std::string first_bad;          // the first of them, cut short, for an error message
 };
 
 // Keys that describe the row rather than measure the run; never plotted.
 bool is_row_field(const std::string& key);
 
 MetricsLog parse_metrics(std::istream& in);
-// Throws PlotError naming the file when it cannot be opened.
+// Throws PlotError naming the file when it is missing or unreadable, empty, or has no line that
+// is a metrics row (then naming the first bad line).
 MetricsLog load_metrics(const std::filesystem::path& file);
+// "FILE: skipped 2 malformed lines (lines 7, 9)", or "" when none was skipped.
+std::string skipped_summary(const std::filesystem::path& file, const MetricsLog& log);
 
 }  // namespace slipstream::plot
