@@ -9,7 +9,8 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   libtbb-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libzstd-dev \
-  zlib1g-dev python3 python3-numpy tmux
+  zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev \
+  python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps
@@ -24,6 +25,8 @@ deps:
 	else echo "make deps: all Debian packages present"; fi
 	@python3 -c 'import safetensors, numpy' 2>/dev/null || python3 -m pip install -q safetensors numpy 2>/dev/null \
 	  || echo "make deps: python safetensors unavailable; the checkpoint interop test will skip"
+	@python3 -c 'import tensorboard' 2>/dev/null || python3 -m pip install -q tensorboard 2>/dev/null \
+	  || echo "make deps: python tensorboard unavailable; the TensorBoard read-back test will skip"
 
 $(BUILD_DIR)/build.ninja:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)

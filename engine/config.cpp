@@ -404,6 +404,13 @@ std::vector<std::string> preset_search_dirs() {
   if (const char* home = std::getenv("SLIPSTREAM_HOME"))
     dirs.push_back(std::string(home) + "/presets");
   dirs.push_back((fs::current_path() / "presets").string());
+  // An installed slipstream: <prefix>/bin/slipstream and <prefix>/share/slipstream/presets.
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path shared = exe.parent_path().parent_path() / "share" / "slipstream" / "presets";
+    if (fs::is_directory(shared, ec)) dirs.push_back(shared.string());
+  }
 #ifdef SLIPSTREAM_SOURCE_DIR_DEFAULT
   dirs.push_back(std::string(SLIPSTREAM_SOURCE_DIR_DEFAULT) + "/presets");
 #endif

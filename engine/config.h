@@ -77,7 +77,8 @@ struct Config {
   std::map<std::string, ConfigValue> run;  // run-section values, validated against run_schema()
 };
 
-// Where presets are looked for, in order: $SLIPSTREAM_HOME/presets, ./presets, the source tree.
+// Where presets are looked for, in order: $SLIPSTREAM_HOME/presets, ./presets, an installed
+// slipstream's <prefix>/share/slipstream/presets, the source tree.
 std::vector<std::string> preset_search_dirs();
 
 // Loads a preset by name ("cpu_quick") or path (.yaml), or a graph file (a file with `stages:`),

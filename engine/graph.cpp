@@ -36,6 +36,9 @@ const StageSchema& run_schema() {
         .range(0, 4096)
         .param("log_every", int64_t{50}, "steps between progress lines and metrics.jsonl rows")
         .range(1, std::nullopt)
+        .param("tensorboard", true,
+               "also write each metrics row's numbers to a TensorBoard events file in the run "
+               "directory (tensorboard --logdir runs)")
         .param("validate_every", int64_t{0}, "steps between validation passes (0: never)")
         .range(0, std::nullopt)
         .param("validate_batches", int64_t{20},

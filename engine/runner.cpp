@@ -30,6 +30,7 @@
 #include "engine/registry.h"
 #include "engine/run_info.h"
 #include "engine/stats_record.h"
+#include "engine/tensorboard/event_writer.h"
 
 namespace fs = std::filesystem;
 
@@ -161,7 +162,9 @@ struct Runner::Impl {
   bool in_validation = false;
   std::map<std::string, double> last_train, last_validation;
   MetricsLog metrics_file;
-  std::string metrics_failure;  // why metrics.jsonl stopped taking rows: the run stops
+  tensorboard::EventFileWriter events_file;  // the rows' numbers for TensorBoard (run.tensorboard)
+  bool metrics_file_failed = false;          // metrics.jsonl takes no more rows
+  std::string metrics_failure;  // why metrics.jsonl or the events file stopped: the run stops
   // Divergence: whether this step's loss or gradient was not finite, and where the streak began.
   bool step_nonfinite = false;
   uint64_t streak_first_step = 0;
@@ -391,7 +394,7 @@ struct Runner::Impl {
 
   void write_metrics_row(const char* split, const std::map<std::string, double>& values, double sps,
                          double wait_pct, const nlohmann::json& extra = nlohmann::json::object()) {
-    if (!metrics_file.is_open() || !metrics_failure.empty()) return;
+    if (!metrics_file.is_open() || metrics_file_failed) return;
     nlohmann::json row;
     row["step"] = run.step.load();
     row["split"] = split;
@@ -401,12 +404,45 @@ struct Runner::Impl {
     if (sps >= 0) row["samples_per_s"] = sps;
     if (wait_pct >= 0) row["data_wait_pct"] = wait_pct;
     for (const auto& [k, v] : extra.items()) row[k] = v;
-    if (metrics_file.append(row.dump())) return;
-    // Training on without a record of it would lose the run's history silently: stop the way
-    // SIGINT does (the step finishes, stages save) and fail at the end.
-    metrics_failure = metrics_file.error();
+    if (!metrics_file.append(row.dump())) {
+      metrics_file_failed = true;
+      record_failure(metrics_file.error());
+      return;
+    }
+    // After the events file failed, metrics.jsonl still takes the rows (the end row says why).
+    if (!events_file.is_open() || !metrics_failure.empty()) return;
+    auto scalars = row_scalars(split, row, values);
+    if (scalars.empty()) return;  // an end row: nothing to plot
+    if (!events_file.write_scalars(static_cast<int64_t>(run.step.load()), row["time"].get<double>(),
+                                   scalars))
+      record_failure(events_file.error());
+  }
+
+  // Training on without a record of it would lose the run's history silently: stop the way
+  // SIGINT does (the step finishes, stages save) and fail at the end.
+  void record_failure(const std::string& why) {
+    if (!metrics_failure.empty()) return;
+    metrics_failure = why;
     log_line("error: " + metrics_failure + "; stopping the run");
     run.stop_requested = true;
+  }
+
+  // A row's numbers as TensorBoard scalars tagged "<split>/<key>" (train/loss, validation/loss).
+  // A value the row holds as null (NaN, Inf) goes as itself: TensorBoard plots those.
+  static std::vector<tensorboard::Scalar> row_scalars(const std::string& split,
+                                                      const nlohmann::json& row,
+                                                      const std::map<std::string, double>& values) {
+    std::vector<tensorboard::Scalar> out;
+    for (const auto& [k, v] : row.items()) {
+      if (k == "step" || k == "time") continue;
+      if (v.is_number()) {
+        out.push_back({split + "/" + k, v.get<double>()});
+      } else if (v.is_null()) {
+        if (auto it = values.find(k); it != values.end())
+          out.push_back({split + "/" + k, it->second});
+      }
+    }
+    return out;
   }
 
   // The train row for the steps since the last one; `steps_averaged` says how many (a resumed
@@ -911,6 +947,12 @@ void Runner::Impl::begin_stream() {
     as_stage(k, 0, [&] { graph->stage(k).stream_begin(graph->context(k)); });
 }
 
+Graph& Runner::setup_only() {
+  impl_->run.run_dir.clear();
+  impl_->graph->setup();
+  return *impl_->graph;
+}
+
 std::map<std::string, double> Runner::gradient_step(const std::string& checkpoint, Batch& out) {
   auto& I = *impl_;
   I.run.run_dir.clear();
@@ -1074,6 +1116,8 @@ RunResult Runner::Impl::execute_steps() {
       if (size_t dropped = MetricsLog::drop_rows_after(path, run.step))
         log_line("metrics.jsonl: dropped " + std::to_string(dropped) +
                  " row(s) written after the checkpoint (or torn); they are written again");
+      // Events files are not rewritten: the resumed run starts a new one (below) whose session
+      // start has TensorBoard drop the older files' steps past the checkpoint.
     }
     const auto steps_limit = static_cast<uint64_t>(plan().run.integer("steps"));
     if (steps_limit > 0 && run.step >= steps_limit) {
@@ -1087,6 +1131,14 @@ RunResult Runner::Impl::execute_steps() {
   if (run.writes_outputs()) {
     if (!ckpt) append_run_info(run.run_dir, {opt.command_line, run.device.str(), ""});
     metrics_file.open((fs::path(run.run_dir) / "metrics.jsonl").string());
+    if (plan().run.boolean("tensorboard")) {
+      events_file.open_in(run.run_dir);
+      // Every process's file starts a session, a fresh run's too: TensorBoard's multiplexer
+      // takes only a START after the first for a restart.
+      if (!events_file.write_session_start(static_cast<int64_t>(run.step.load()) + 1,
+                                           static_cast<double>(unix_ns()) * 1e-9))
+        throw std::runtime_error(events_file.error());
+    }
   }
   for (size_t k = 0; k < n(); ++k) {
     const auto& ps = plan().stages[k];

@@ -130,6 +130,10 @@ class Runner {
   // trainable Parameter its gradient. Call instead of run(), once.
   std::map<std::string, double> gradient_step(const std::string& checkpoint, Batch& out);
 
+  // Sets up every stage and does nothing else: no run directory, no batch (`slipstream
+  // summary` reads the stages' parameters and costs). Call instead of run(), once.
+  Graph& setup_only();
+
   Graph& graph();
   RunState& state();
   // Live counters of one stage (tests and the stats record).

@@ -122,6 +122,15 @@ class Stage {
   // Trainable stages: stable pointers to the stage's weights.
   virtual std::vector<Parameter*> parameters() { return {}; }
 
+  // Floating-point operations of one batch at the shapes known at setup (a multiply-add counts
+  // 2), for `slipstream summary`: forward and backward per batch through the section, update
+  // per optimizer step. Zero where a stage does no arithmetic worth counting (or its batch shape
+  // is only known per batch).
+  struct Cost {
+    double forward_flops = 0, backward_flops = 0, update_flops = 0;
+  };
+  virtual Cost cost() const { return {}; }
+
   // Stateful stages: everything needed for a bit-exact resume.
   virtual void save(StateWriter& w) const { (void)w; }
   virtual void load(StateReader& r) { (void)r; }

@@ -152,7 +152,14 @@ class BcLossStage : public Stage {
     }
     ctx.declare_output("loss", Shape{1}, DType::f32);
     loss_ = Tensor::zeros(Shape{1}, DType::f32, Device::cpu(), "bc_loss loss");
-    if (ms.rank() == 2 && ms[0] > 0 && ms[1] > 0) reserve(ms[0] * ms[1]);
+    if (ms.rank() == 2 && ms[0] > 0 && ms[1] > 0) reserve(rows_setup_ = ms[0] * ms[1]);
+  }
+
+  // Per logit: the log-softmax (max, exp, sum, log), smoothing, NLL and the accuracy's argmax;
+  // the backward's softmax minus target.
+  Cost cost() const override {
+    const double logits = static_cast<double>(rows_setup_) * kHeadsWidth;
+    return {8 * logits, 3 * logits, 0};
   }
 
   void forward(Batch& b, StageContext& ctx) override {
@@ -309,6 +316,7 @@ class BcLossStage : public Stage {
   double weight_sum_ = 0;
   Tensor loss_, targets_, button_weights_, dlogits_[kHeads];
   int64_t rows_cap_ = 0;
+  int64_t rows_setup_ = 0;  // B·W known at setup (cost())
 };
 SLIPSTREAM_REGISTER_STAGE(BcLossStage);
 

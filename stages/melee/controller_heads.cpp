@@ -257,7 +257,7 @@ class ControllerHeadsStage : public Stage {
     });
     runner_->refresh_shadow(store_);
     shadow_checked_ = false;
-    if (xs[0] > 0 && xs[1] > 0) reserve(xs[0] * xs[1]);
+    if (xs[0] > 0 && xs[1] > 0) reserve(rows_setup_ = xs[0] * xs[1]);
   }
 
   void forward(Batch& b, StageContext& ctx) override {
@@ -306,6 +306,14 @@ class ControllerHeadsStage : public Stage {
     ctx.add_input_grad(b, "x", dx_.slice_rows(0, M).reshape(Shape{B, W, layout_->H}));
   }
 
+  // The linear layers (forward, then the input and weight gradients) and the SiLU.
+  Cost cost() const override {
+    if (rows_setup_ <= 0) return {};
+    const double M = static_cast<double>(rows_setup_), H = layout_->H, hid = layout_->hidden;
+    const double gemm = 2 * M * (hid > 0 ? H * hid + hid * kHeadsWidth : H * kHeadsWidth);
+    return {gemm + M * (kHeadsWidth + 5 * hid), 2 * gemm + M * (kHeadsWidth + 8 * hid), 0};
+  }
+
   // The order of the stage's earlier releases: hidden layer, then weight and bias per head.
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> all = store_.pointers(), out;
@@ -337,6 +345,7 @@ class ControllerHeadsStage : public Stage {
   bool bf16_ = false, shadow_checked_ = false;
   Tensor dx_, out_[kHeads];
   int64_t rows_cap_ = 0;
+  int64_t rows_setup_ = 0;  // B·W known at setup (cost())
 };
 SLIPSTREAM_REGISTER_STAGE(ControllerHeadsStage);
 

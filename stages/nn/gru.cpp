@@ -80,6 +80,12 @@ class GruStage : public Stage {
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
+  Cost cost() const override {
+    if (B_ <= 0) return {};
+    const nn::ModelFlops f = nn::gru_flops(model_->config(), B_, W_);
+    return {f.forward(), f.backward(), 0};
+  }
+
  private:
   void resize(int64_t B, int64_t W) {
     const auto& c = model_->config();

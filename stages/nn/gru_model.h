@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/gru.h"
+#include "stages/nn/model_flops.h"
 #include "stages/nn/param_layout.h"
 
 namespace slipstream::nn {
@@ -46,6 +47,22 @@ struct GruLayout {
     }
   }
 };
+
+// Floating-point operations of one forward and one backward over (B, L) positions (a
+// multiply-add counts 2): per layer the input GEMM (3H x In) and the recurrent one (3H x H), the
+// backward twice each (input and weight gradients); the gates by their per-element counts.
+inline ModelFlops gru_flops(const GruConfig& c, int64_t B, int64_t L) {
+  const double M = double(B) * double(L), H = c.hidden;
+  ModelFlops f;
+  for (int k = 0; k < c.layers; ++k) {
+    const double in = k == 0 ? c.din : c.hidden;
+    f.gemm_forward += M * 2 * 3 * H * (in + H);
+  }
+  f.gemm_backward = 2 * f.gemm_forward;
+  f.other_forward = M * c.layers * 14 * H;  // two sigmoids, a tanh, the blend
+  f.other_backward = M * c.layers * 24 * H;
+  return f;
+}
 
 // PyTorch's nn.GRU initialisation: every weight and bias uniform in ±1/sqrt(H).
 template <class T>

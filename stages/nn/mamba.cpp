@@ -149,6 +149,13 @@ class MambaStage : public Stage {
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
+  Cost cost() const override {
+    if (model_->batch() <= 0) return {};
+    const nn::ModelFlops f =
+        nn::mamba_flops(model_->config(), model_->batch(), model_->length(), want_dx_);
+    return {f.forward(), f.backward(), 0};
+  }
+
  private:
   // The rare path: a batch of a new shape (and setup, when the shape is known).
   void resize(int64_t B, int64_t W) {

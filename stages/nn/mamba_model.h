@@ -26,6 +26,7 @@
 
 #include "engine/tensor.h"
 #include "kernels/gemm.h"
+#include "stages/nn/model_flops.h"
 #include "stages/nn/model_ops.h"
 #include "stages/nn/param_layout.h"
 
@@ -82,6 +83,33 @@ struct MambaLayout {
     norm_f = params.add("norm_f.weight", {dm}, false);
   }
 };
+
+// Floating-point operations of one forward and one backward over (B, L) positions. The GEMMs
+// are counted as forward()/backward() issue them (a test holds the two together); the scan,
+// convolution, norms and gates by their per-element operation counts, an estimate.
+inline ModelFlops mamba_flops(const MambaConfig& c, int64_t B, int64_t L, bool input_grad) {
+  const double M = double(B) * double(L), dm = c.d_model, di = c.d_inner(), N = c.d_state;
+  const double R = c.rank(), P = R + 2 * N, K = c.d_conv, nl = c.layers;
+  ModelFlops f;
+  // Per position and layer: in_proj, x_proj, dt_proj, out_proj; the backward has the input and
+  // the weight gradient of each.
+  const double layer_gemm = 2 * (dm * 2 * di + di * P + R * di + di * dm);
+  f.gemm_forward = M * nl * layer_gemm;
+  f.gemm_backward = 2 * f.gemm_forward;
+  if (c.has_input_proj()) {
+    f.gemm_forward += M * 2 * c.din * dm;
+    f.gemm_backward += M * 2 * c.din * dm * (input_grad ? 2 : 1);
+  }
+  // Scan per (channel, state): exp(delta A), delta B u, h = a h + b, y += C h; per channel the
+  // softplus, D skip and SiLU(z) gate. The backward recomputes the states, then runs the
+  // reverse recurrence and the gradients of delta, A, B, C.
+  const double scan_f = di * N * 7 + di * 12, scan_b = di * N * 17 + di * 20;
+  const double conv_f = di * (2 * K + 5), conv_b = di * (4 * K + 10);
+  const double norm_f = 4 * dm, norm_b = 8 * dm;
+  f.other_forward = M * (nl * (scan_f + conv_f + norm_f + dm) + norm_f);
+  f.other_backward = M * (nl * (scan_b + conv_b + norm_b + dm) + norm_b);
+  return f;
+}
 
 // mamba-ssm's initialisation (Mamba.__init__ plus MixerModel._init_weights without embedding):
 // Linear weights kaiming-uniform (±1/sqrt(fan_in)), Linear biases zero, out_proj additionally

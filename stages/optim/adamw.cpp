@@ -80,6 +80,9 @@ class AdamWStage : public Stage {
       throw std::runtime_error(
           "no trainable parameters upstream: list the loss stage (or the "
           "allreduce after it) as this stage's input");
+    elements_ = 0;
+    for (const auto& [name, param] : params) elements_ += static_cast<double>(param->value.numel());
+    ema_ = c.ema > 0;
     opt_.attach(std::move(params), c, &ctx.exec());
     opt_.refresh_shadows();
   }
@@ -93,6 +96,10 @@ class AdamWStage : public Stage {
     ctx.metric("grad_norm", rep.grad_norm);
     if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
   }
+
+  // Per weight and step: the gradient's share of the global norm, the two moments, the bias
+  // corrections, decay and update (and the EMA when on).
+  Cost cost() const override { return {0, 0, elements_ * (17 + (ema_ ? 3 : 0))}; }
 
   void parameters_replaced(StageContext& ctx) override {
     (void)ctx;
@@ -114,6 +121,8 @@ class AdamWStage : public Stage {
 
  private:
   optim::AdamWOptimizer opt_;
+  double elements_ = 0;  // weights updated (cost())
+  bool ema_ = false;
 };
 SLIPSTREAM_REGISTER_STAGE(AdamWStage);
 

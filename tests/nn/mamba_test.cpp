@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <vector>
@@ -369,6 +370,41 @@ TEST(MambaStage, NewBatchShapeReallocates) {
   EXPECT_EQ(b["y"].shape(), (Shape{3, 5, 8}));
   auto g = h.backward({{"y", random_tensor({3, 5, 8}, 3)}});
   EXPECT_EQ(g["grad.x"].shape(), (Shape{3, 5, 8}));
+}
+
+// CPU ops that also count the GEMMs' floating-point operations.
+struct GemmCountingOps : CpuOps<double> {
+  std::shared_ptr<double> flops = std::make_shared<double>(0);
+  void gemm(bool ta, bool tb, int M, int N, int K, const double* A, const uint16_t* Ab, int lda,
+            const double* B, const uint16_t* Bb, int ldb, double beta, double* C, int ldc,
+            void* scratch) const {
+    *flops += 2.0 * M * N * K;
+    CpuOps<double>::gemm(ta, tb, M, N, K, A, Ab, lda, B, Bb, ldb, beta, C, ldc, scratch);
+  }
+};
+
+// mamba_flops (slipstream summary) counts the GEMMs forward() and backward() issue.
+TEST(Mamba, FlopCountMatchesTheGemmsItRuns) {
+  for (const bool input_proj : {false, true})
+    for (const bool want_dx : {false, true}) {
+      MambaConfig c;
+      c.d_model = 8, c.din = input_proj ? 5 : 8, c.d_state = 4, c.layers = 2, c.expand = 2;
+      const int B = 2, L = 7;
+      GemmCountingOps ops;
+      MambaModel<double, GemmCountingOps> m(c, ops);
+      m.resize(B, L, false);
+      std::mt19937_64 rng(3);
+      const auto w = rand_vec(m.layout().params.total(), rng, 0.05, 0.3);
+      const auto x = rand_vec(size_t(B) * L * c.din, rng);
+      std::vector<double> y(size_t(B) * L * c.d_model), g(w.size()), dx(x.size());
+      m.forward(x.data(), w.data(), nullptr, y.data());
+      const double forward = *ops.flops;
+      m.backward(x.data(), y.data(), w.data(), nullptr, g.data(), want_dx ? dx.data() : nullptr);
+      const ModelFlops f = mamba_flops(c, B, L, want_dx);
+      EXPECT_DOUBLE_EQ(f.gemm_forward, forward) << input_proj << want_dx;
+      EXPECT_DOUBLE_EQ(f.gemm_backward, *ops.flops - forward) << input_proj << want_dx;
+      EXPECT_GT(f.other_forward, 0);
+    }
 }
 
 }  // namespace

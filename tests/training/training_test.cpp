@@ -380,6 +380,57 @@ TEST(Bench, MeasuresTheSteadyStateAndWritesOnlyItsJson) {
   EXPECT_NE(o.text.find("--steps"), std::string::npos) << o.text;
 }
 
+// `slipstream summary`: every stage's parameters add up to what a checkpoint of the same graph
+// holds, a step's FLOPs are the stages' sum (mamba's GEMMs at their exact count), and a run
+// directory gives the same figures as the graph that made it.
+TEST(Summary, CountsWhatTheCheckpointHoldsAndWhatAStepComputes) {
+  TempDir d;
+  auto sets = tiny_overrides(d.path());
+  std::string args;
+  for (const std::string& s : sets) args += " --set " + s;
+  const std::string json = d.path() + "/summary.json";
+  Output o = run_cli("summary " + source_path("configs/train_bc.yaml") + args + " --json " + json);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("per optimizer step"), std::string::npos) << o.text;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("samples_per_batch"), 8);
+  double step = 0;
+  uint64_t params = 0;
+  for (const auto& st : j.at("stages")) {
+    params += st.at("parameters").get<uint64_t>();
+    step += st.at("flops_per_step").get<double>();
+    if (st.at("name") == "core") {
+      EXPECT_GT(st.at("forward_flops").get<double>(), 0);
+      EXPECT_GT(st.at("backward_flops").get<double>(), st.at("forward_flops").get<double>());
+    }
+  }
+  EXPECT_EQ(params, j.at("parameters").get<uint64_t>());
+  EXPECT_NEAR(step, j.at("flops_per_step").get<double>(), 1e-6 * step);
+  EXPECT_NEAR(j.at("flops_per_sample").get<double>() * 8, step, 1e-6 * step);
+
+  sets.push_back("run.steps=1");
+  std::ostringstream log;
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
+  const RunResult res = r.run();
+  const auto weights = read_safetensors(*latest_checkpoint(res.run_dir) + "/model.safetensors");
+  uint64_t stored = 0;
+  for (const auto& [name, t] : weights.tensors) stored += static_cast<uint64_t>(t.numel());
+  EXPECT_EQ(stored, params);
+
+  o = run_cli("summary " + res.run_dir + " --json " + json);
+  ASSERT_EQ(o.status, 0) << o.text;
+  std::ifstream again(json);
+  const auto k = nlohmann::json::parse(again);
+  EXPECT_EQ(k.at("parameters"), j.at("parameters"));
+  EXPECT_EQ(k.at("flops_per_step"), j.at("flops_per_step"));
+
+  o = run_cli("summary " + d.path());  // a directory that is no run
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("without config.yaml"), std::string::npos) << o.text;
+}
+
 // `slipstream reference-step` writes the first training step as the run takes it: its loss is
 // the first train row's, the batch and every weight's gradient are there under their names.
 TEST(ReferenceStep, IsTheFirstTrainingStep) {

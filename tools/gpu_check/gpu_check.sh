@@ -61,6 +61,7 @@ if ls .gpu-deps/*.deb >/dev/null 2>&1; then
   export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export LIBRARY_PATH=$LD_LIBRARY_PATH
   export CPATH=$DEPS/include${CPATH:+:$CPATH}
+  export PATH=$DEPS/bin:$PATH  # protoc
   # Debian's libopenblas.so at the top level is an alternatives link that dpkg -x does not make.
   EXTRA=(-DCMAKE_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu/openblas-pthread)
 fi

@@ -168,7 +168,76 @@ TEST(@CLASS@, ForwardAndBackward) {
 }
 )tpl";
 
-int new_stage(const std::string& kind, const std::string& family, const std::string& root) {
+// A plugin project outside the tree (`new-stage NAME --out DIR`), built against the installed
+// SDK (cmake --install ... --component sdk/tools); its tests run the installed CLI on it.
+constexpr const char* kPluginCMake = R"tpl(cmake_minimum_required(VERSION 3.25)
+project(@KIND@ LANGUAGES CXX)
+
+# The slipstream SDK: `cmake --install <slipstream build> --prefix P --component tools` and
+# `--component sdk`, then configure this project with -DCMAKE_PREFIX_PATH=P.
+find_package(slipstream REQUIRED)
+slipstream_add_plugin(@KIND@ @KIND@.cpp)
+target_compile_options(@KIND@ PRIVATE -Wall -Wextra -Werror)
+
+enable_testing()
+# The schema loads and documents itself; the backward matches finite differences of the forward.
+add_test(NAME @KIND@_schema
+         COMMAND slipstream::slipstream --plugin $<TARGET_FILE:@KIND@> stages @KIND@)
+add_test(NAME @KIND@_gradients
+         COMMAND slipstream::slipstream --plugin $<TARGET_FILE:@KIND@> stage check @KIND@
+                 --input x=4,8)
+)tpl";
+
+constexpr const char* kPluginReadme = R"tpl(# @KIND@ — a slipstream stage plugin
+
+    cmake -S . -B build -DCMAKE_PREFIX_PATH=<slipstream install prefix>
+    cmake --build build && (cd build && ctest --output-on-failure)
+
+Use it in a graph:
+
+    plugins: [build/lib@KIND@.so]
+    stages:
+      my_step: {kind: @KIND@, inputs: [...]}
+
+`slipstream --plugin build/lib@KIND@.so stages @KIND@` prints its schema;
+`slipstream --plugin build/lib@KIND@.so stage check @KIND@ --input x=4,8` checks its gradients.
+)tpl";
+
+// Writes `files` (path, text) unless one exists.
+int write_new(const std::vector<std::pair<fs::path, std::string>>& files) {
+  for (const auto& [p, text] : files)
+    if (fs::exists(p)) {
+      std::cerr << "new-stage: " << p.string() << " exists; not overwriting\n";
+      return kExitFailure;
+    }
+  for (const auto& [p, text] : files) {
+    fs::create_directories(p.parent_path());
+    std::ofstream out(p);
+    out << text;
+    if (!out.flush()) {
+      std::cerr << "new-stage: cannot write " << p.string() << "\n";
+      return kExitFailure;
+    }
+    std::cout << "wrote " << p.string() << "\n";
+  }
+  return kExitOk;
+}
+
+int new_plugin_project(const std::string& kind, const std::string& family, const fs::path& dir) {
+  const std::string cls = camel(kind) + "Stage";
+  const int status = write_new({{dir / "CMakeLists.txt", fill(kPluginCMake, kind, cls, family)},
+                                {dir / (kind + ".cpp"), fill(kStageTemplate, kind, cls, family)},
+                                {dir / "README.md", fill(kPluginReadme, kind, cls, family)}});
+  if (status != kExitOk) return status;
+  std::cout << "next: cmake -S " << dir.string() << " -B " << (dir / "build").string()
+            << " -DCMAKE_PREFIX_PATH=<slipstream install prefix>, build, ctest;\n"
+            << "      then `plugins: [" << (dir / "build" / ("lib" + kind + ".so")).string()
+            << "]` in a graph.\n";
+  return kExitOk;
+}
+
+int new_stage(const std::string& kind, const std::string& family, const std::string& root,
+              const std::string& out) {
   if (!std::regex_match(kind, std::regex("[a-z][a-z0-9_]*"))) {
     std::cerr << "new-stage: NAME must be snake_case (a-z, 0-9, _), got '" << kind << "'\n";
     return kExitConfig;
@@ -183,6 +252,7 @@ int new_stage(const std::string& kind, const std::string& family, const std::str
               << "`); choose another name\n";
     return kExitConfig;
   }
+  if (!out.empty()) return new_plugin_project(kind, family, out);
   fs::path src = fs::path(root) / "stages" / family / (kind + ".cpp");
   fs::path test = fs::path(root) / "tests" / "stages" / (kind + "_test.cpp");
   if (!fs::exists(fs::path(root) / "stages") || !fs::exists(fs::path(root) / "tests")) {
@@ -190,18 +260,12 @@ int new_stage(const std::string& kind, const std::string& family, const std::str
               << " is not a slipstream source tree (no stages/ and tests/)\n";
     return kExitFailure;
   }
-  for (const auto& p : {src, test})
-    if (fs::exists(p)) {
-      std::cerr << "new-stage: " << p.string() << " exists; not overwriting\n";
-      return kExitFailure;
-    }
-  fs::create_directories(src.parent_path());
-  fs::create_directories(test.parent_path());
   std::string cls = camel(kind) + "Stage";
-  std::ofstream(src) << fill(kStageTemplate, kind, cls, family);
-  std::ofstream(test) << fill(kTestTemplate, kind, cls, family);
-  std::cout << "wrote " << src.string() << "\nwrote " << test.string()
-            << "\nnext: `make build` picks both up; `slipstream stages " << kind
+  if (int status = write_new({{src, fill(kStageTemplate, kind, cls, family)},
+                              {test, fill(kTestTemplate, kind, cls, family)}});
+      status != kExitOk)
+    return status;
+  std::cout << "next: `make build` picks both up; `slipstream stages " << kind
             << "` shows the schema;\n"
             << "      use it in a graph with `kind: " << kind << "`.\n";
   return kExitOk;
@@ -245,6 +309,8 @@ int stage_run(const StageRunArgs& a) {
 
 }  // namespace
 
+void add_stage_check_command(CLI::App& stage);  // commands_stage_check.cpp
+
 void add_authoring_commands(CLI::App& app) {
   auto kind = std::make_shared<std::string>();
   auto family = std::make_shared<std::string>("custom");
@@ -253,7 +319,13 @@ void add_authoring_commands(CLI::App& app) {
   ns->add_option("name", *kind, "snake_case kind name")->required();
   ns->add_option("--family", *family, "stage family folder under stages/");
   ns->add_option("--root", *root, "source tree root");
-  ns->callback([kind, family, root] { set_exit_code(new_stage(*kind, *family, *root)); });
+  auto out = std::make_shared<std::string>();
+  ns->add_option("--out", *out,
+                 "write a plugin project here instead (CMakeLists.txt against the installed SDK, "
+                 "the stage, a README), outside any source tree")
+      ->excludes("--root");
+  ns->callback(
+      [kind, family, root, out] { set_exit_code(new_stage(*kind, *family, *root, *out)); });
 
   auto a = std::make_shared<StageRunArgs>();
   auto* stage = app.add_subcommand("stage", "Work with one stage alone");
@@ -273,6 +345,7 @@ void add_authoring_commands(CLI::App& app) {
   run->add_option("--precision", a->precision, "fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   run->callback([a] { set_exit_code(stage_run(*a)); });
+  add_stage_check_command(*stage);
 }
 
 }  // namespace slipstream::cli

@@ -46,6 +46,7 @@ void add_authoring_commands(CLI::App& app);
 void add_plot_commands(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_reference_command(CLI::App& app);
+void add_summary_command(CLI::App& app);
 
 static void add_validate(CLI::App& app) {
   auto* cmd = app.add_subcommand("validate", "Check a preset or graph file without running it");
@@ -122,6 +123,7 @@ void add_core_commands(CLI::App& app) {
   add_plot_commands(app);
   add_bench_command(app);
   add_reference_command(app);
+  add_summary_command(app);
 }
 
 }  // namespace slipstream::cli

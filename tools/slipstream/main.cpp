@@ -6,12 +6,28 @@
 #include <iostream>
 
 #include "engine/command_registry.h"
+#include "engine/registry.h"
 #include "tools/slipstream/commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"slipstream: data-flow pipelines for batched sequence-model training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("slipstream ") + SLIPSTREAM_VERSION);
+  // Before the command: `slipstream --plugin libmine.so stages my_kind` (graphs name theirs in
+  // `plugins:`).
+  app.add_option_function<std::vector<std::string>>(
+         "--plugin",
+         [](const std::vector<std::string>& paths) {
+           for (const auto& p : paths) {
+             try {
+               slipstream::StageRegistry::load_plugin(p);
+             } catch (const std::exception& e) {
+               throw CLI::ValidationError("--plugin", e.what());
+             }
+           }
+         },
+         "load a stage plugin (.so) before the command (repeatable)")
+      ->trigger_on_parse();
   slipstream::cli::add_core_commands(app);
   for (const auto& cmd : slipstream::registered_commands()) cmd.setup(app);
   slipstream::cli::set_command_line(argc, argv);

@@ -1,0 +1,51 @@
+#!/bin/sh
+# The SDK as a user meets it: installs the tools and sdk components of build $1 under $2, writes
+# a plugin project with the installed `slipstream new-stage NAME --out DIR`, configures it with
+# find_package(slipstream) against the prefix alone, builds it and runs its own tests (the
+# installed CLI loading the plugin: schema and gradient check); then a graph that lists the
+# plugin trains two steps and a wrong backward fails the gradient check.
+set -eu
+build=$1 prefix=$2
+work="$prefix.work"
+rm -rf "$prefix" "$work"
+cmake --install "$build" --prefix "$prefix" --component tools >/dev/null
+cmake --install "$build" --prefix "$prefix" --component sdk >/dev/null
+for f in bin/slipstream share/slipstream/presets/cpu_quick.yaml \
+         include/slipstream/sdk/engine/registry.h include/slipstream/sdk/stages/nn/ops_backend.h; do
+  test -f "$prefix/$f" || { echo "not installed: $f"; exit 1; }
+done
+test -f "$(ls -d "$prefix"/lib*/cmake/slipstream | head -n 1)/slipstreamConfig.cmake" ||
+  { echo "no slipstreamConfig.cmake"; exit 1; }
+slip="$prefix/bin/slipstream"
+# Presets are found beside the installed binary, from any directory.
+(cd / && "$slip" validate cpu_quick >/dev/null)
+"$slip" new-stage sdk_gain --out "$work/proj"
+cmake -S "$work/proj" -B "$work/build" -DCMAKE_PREFIX_PATH="$prefix" >"$work/configure.log" 2>&1 ||
+  { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+(cd "$work/build" && ctest --output-on-failure)
+plugin="$work/build/libsdk_gain.so"
+# The plugin as a stage of a training graph, run by the installed binary for two steps.
+cat >"$work/graph.yaml" <<YAML
+plugins: [$plugin]
+stages:
+  - {name: replays, kind: slippi_replays,
+     params: {synthetic: 4, synthetic_dir: $work/synth, window: 8, stride: 8, batch_size: 4}}
+  - {name: embed, kind: melee_embedding, inputs: [replays]}
+  - {name: gain, kind: sdk_gain, inputs: [embed.x]}
+  - {name: core, kind: mamba, inputs: [gain], params: {d_model: 16, layers: 1, d_state: 4}}
+  - {name: heads, kind: controller_heads, inputs: [core.y]}
+  - {name: loss, kind: bc_loss, inputs: [heads, replays, embed]}
+  - {name: step, kind: adamw, inputs: [loss]}
+run: {steps: 2, device: cpu, runs_dir: $work/runs, validate_every: 0}
+YAML
+"$slip" run --config "$work/graph.yaml" >"$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }
+grep -q "gain" "$work"/runs/*/config.yaml || { echo "the run's config lacks the plugin stage"; exit 1; }
+# A wrong backward must fail the check the project's tests run.
+sed -i 's/o_.silu_backward(x, dy, dx, n);/o_.silu_backward(x, dy, dx, n); o_.silu_forward(x, dx, n);/' \
+  "$work/proj/sdk_gain.cpp"
+cmake --build "$work/build" >/dev/null 2>&1
+if "$slip" --plugin "$plugin" stage check sdk_gain --input x=4,8; then
+  echo "a wrong backward passed the gradient check"; exit 1
+fi
+echo "sdk: installed, plugin project built and tested against the prefix"

@@ -1,0 +1,66 @@
+// `slipstream summary PRESET|RUN|FILE`: parameters per stage and the FLOPs of a training step
+// (engine/graph_summary.h), from a preset, a graph file or a run directory's config.yaml.
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "engine/graph_summary.h"
+#include "engine/runner.h"
+#include "tools/slipstream/commands.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream::cli {
+
+namespace {
+
+struct SummaryArgs {
+  std::string target, device, json;
+  std::vector<std::string> sets;
+};
+
+int summary_command(SummaryArgs a) {
+  return exit_status_of([&] {
+    std::string target = a.target;
+    std::error_code ec;
+    if (fs::is_directory(target, ec)) {
+      target = (fs::path(target) / "config.yaml").string();
+      if (!fs::exists(target))
+        throw std::runtime_error(a.target +
+                                 " is a directory without config.yaml: give a run "
+                                 "directory, a preset or a graph file");
+    }
+    std::vector<std::string> sets = a.sets;
+    if (!a.device.empty()) sets.push_back("run.device=" + a.device);
+    std::ostringstream setup_log;  // the device line; the summary names the device itself
+    Runner runner(plan_graph(load_config(target, sets)), RunOptions::embedded(&setup_log));
+    const GraphSummary s = summarize_graph(runner);
+    std::cout << format_graph_summary(s);
+    if (!a.json.empty()) {
+      std::ofstream out(a.json);
+      out << graph_summary_json(s).dump(2) << "\n";
+      if (!out.flush()) throw std::runtime_error("cannot write " + a.json);
+    }
+    return kExitOk;
+  });
+}
+
+}  // namespace
+
+void add_summary_command(CLI::App& app) {
+  auto a = std::make_shared<SummaryArgs>();
+  auto* cmd = app.add_subcommand(
+      "summary",
+      "Parameters per stage, the total, and the floating-point operations of a training step "
+      "(per stage and per sample), for a preset, a graph file or a run directory. Runs no batch");
+  cmd->add_option("preset_or_run", a->target, "preset name, graph file or run directory")
+      ->required();
+  cmd->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
+  cmd->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
+  cmd->add_option("--json", a->json, "also write the figures as JSON here");
+  cmd->callback([a] { set_exit_code(summary_command(*a)); });
+}
+
+}  // namespace slipstream::cli
