@@ -8,13 +8,16 @@
 #include <sstream>
 
 #include "tools/slipstream/commands.h"
+#if SLIPSTREAM_HAS_PLOT
 #include "tools/slipstream/plot_chart.h"
 #include "tools/slipstream/plot_render.h"
+#endif
 
 namespace fs = std::filesystem;
 
 namespace slipstream::cli {
 
+#if SLIPSTREAM_HAS_PLOT
 namespace {
 
 struct PlotArgs {
@@ -161,5 +164,19 @@ void add_plot_commands(CLI::App& app) {
     }
   });
 }
+
+#else
+// A build configured with -DSLIPSTREAM_PLOT=OFF (a machine without cairo): the command says so.
+void add_plot_commands(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plot", "Draw curves from metrics.jsonl (not in this build)");
+  cmd->allow_extras();
+  cmd->callback([] {
+    std::cerr << "slipstream plot: this build has no plotting (configured with "
+                 "-DSLIPSTREAM_PLOT=OFF, or without cairo); install libcairo2-dev and rebuild, "
+                 "or plot metrics.jsonl / the TensorBoard events file elsewhere\n";
+    set_exit_code(kExitFailure);
+  });
+}
+#endif
 
 }  // namespace slipstream::cli
