@@ -8,8 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/graph.h"
-
 namespace slipstream {
 
 class Runner;

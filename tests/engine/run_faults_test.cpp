@@ -14,25 +14,17 @@
 #include "engine/runner.h"
 #include "engine/safetensors.h"
 #include "tests/engine/test_stages.h"
+#include "tests/engine/writing_run_options.h"
 #include "tests/support/temp_dir.h"
 
 using namespace slipstream;
 using slipstream::testing::recorded;
 using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
+using slipstream::testing::writing_options;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Runs that write a run directory under the test's temporary directory.
-RunOptions writing_options() {
-  static std::ostringstream sink;
-  RunOptions o;
-  o.create_run_dir = true;
-  o.publish_stats = false;
-  o.log = &sink;
-  return o;
-}
 
 // src (20 batches) -> rec -> ckpt, rows every step.
 std::string graph(const TempDir& d, const std::string& ckpt_params) {

@@ -26,12 +26,14 @@
 #include "engine/tensorboard/event_writer.h"
 #include "tensorboard/event.pb.h"
 #include "tests/engine/test_stages.h"
+#include "tests/engine/writing_run_options.h"
 #include "tests/support/temp_dir.h"
 
 using namespace slipstream;
 using namespace slipstream::tensorboard;
 using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
+using slipstream::testing::writing_options;
 namespace fs = std::filesystem;
 
 namespace {
@@ -281,15 +283,6 @@ TEST(EventFileWriter, ARecordCutShortIsTakenBackWhole) {
 // ---- in a run ----
 
 namespace {
-
-RunOptions writing_options() {
-  static std::ostringstream sink;
-  RunOptions o;
-  o.create_run_dir = true;
-  o.publish_stats = false;
-  o.log = &sink;
-  return o;
-}
 
 // src (20 batches) -> rec -> ckpt, rows every step, validation every 4.
 std::string graph(const TempDir& d) {

@@ -1,7 +1,9 @@
 // The engine's own subcommands of `slipstream`.
 #pragma once
 
+#include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/config.h"
@@ -39,6 +41,13 @@ int exit_status_of(Body&& body) {
     std::cerr << "error: " << e.what() << "\n";
     return kExitFailure;
   }
+}
+
+// A command's --json output: `j` indented, to `path`; throws naming the path when it cannot.
+inline void write_json_file(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out.flush()) throw std::runtime_error("cannot write " + path);
 }
 
 }  // namespace slipstream::cli

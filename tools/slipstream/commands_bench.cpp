@@ -1,7 +1,6 @@
 // `slipstream bench`: a preset's steady-state training step, measured (engine/step_benchmark.h).
 #include <CLI/CLI.hpp>
 
-#include <fstream>
 #include <iostream>
 
 #include "engine/config.h"
@@ -23,11 +22,7 @@ int bench_command(BenchArgs a) {
   return exit_status_of([&] {
     const StepBenchmark b = run_step_benchmark(a.options);
     std::cout << format_step_benchmark(b);
-    if (!a.json.empty()) {
-      std::ofstream out(a.json);
-      out << step_benchmark_json(b).dump(2) << "\n";
-      if (!out.flush()) throw std::runtime_error("cannot write " + a.json);
-    }
+    if (!a.json.empty()) write_json_file(a.json, step_benchmark_json(b));
     return kExitOk;
   });
 }

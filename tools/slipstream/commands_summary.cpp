@@ -3,8 +3,8 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "engine/graph_summary.h"
 #include "engine/runner.h"
@@ -38,11 +38,7 @@ int summary_command(SummaryArgs a) {
     Runner runner(plan_graph(load_config(target, sets)), RunOptions::embedded(&setup_log));
     const GraphSummary s = summarize_graph(runner);
     std::cout << format_graph_summary(s);
-    if (!a.json.empty()) {
-      std::ofstream out(a.json);
-      out << graph_summary_json(s).dump(2) << "\n";
-      if (!out.flush()) throw std::runtime_error("cannot write " + a.json);
-    }
+    if (!a.json.empty()) write_json_file(a.json, graph_summary_json(s));
     return kExitOk;
   });
 }
