@@ -94,24 +94,58 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   return best;
 }
 
+namespace {
+
+// The graph that rebuilds a checkpoint: its run's config.yaml; for a checkpoint outside a run,
+// the one its weights carry.
+void pick_graph_file(CheckpointPath& c) {
+  std::error_code ec;
+  if (!c.run_dir.empty() && fs::exists(fs::path(c.run_dir) / "config.yaml", ec)) {
+    c.graph_file = (fs::path(c.run_dir) / "config.yaml").string();
+    return;
+  }
+  const std::string weights = (fs::path(c.checkpoint) / "model.safetensors").string();
+  try {
+    if (read_safetensors(weights, SafetensorsRead::metadata).metadata.count("slipstream.config")) {
+      c.graph_file = weights;
+      return;
+    }
+  } catch (const std::exception& e) {
+    c.error = e.what();
+    return;
+  }
+  c.error = c.checkpoint + ": outside a run directory, and its weights carry no graph (no " +
+            "'slipstream.config' metadata: written before checkpoints carried it); give it " +
+            "inside its run directory";
+}
+
+}  // namespace
+
 CheckpointPath resolve_checkpoint_path(const std::string& path) {
   CheckpointPath r;
   fs::path p = fs::path(path).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();
   std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
-  if (p.parent_path().filename() == "checkpoints" && fs::is_directory(p, ec)) {
+  if (p.filename() == "model.safetensors" && fs::is_regular_file(p, ec)) p = p.parent_path();
+  const bool in_run = p.parent_path().filename() == "checkpoints" &&
+                      fs::exists(p.parent_path().parent_path() / "config.yaml", ec);
+  if (fs::is_directory(p, ec) && (in_run || fs::exists(p / "model.safetensors", ec))) {
     if (!fs::exists(p / "DONE", ec)) {
       r.error = path + ": an incomplete checkpoint (no DONE file: its write did not finish)";
       return r;
     }
     r.checkpoint = p.string();
-    r.run_dir = p.parent_path().parent_path().string();
-    if (r.run_dir.empty()) r.run_dir = ".";
-  } else {
-    r.run_dir = p.string();
+    if (in_run) {
+      r.run_dir = p.parent_path().parent_path().string();
+      if (r.run_dir.empty()) r.run_dir = ".";
+    }
+    pick_graph_file(r);
+    return r;
   }
+  r.run_dir = p.string();
   if (!fs::exists(fs::path(r.run_dir) / "config.yaml", ec))
-    r.error = path + ": not a run directory (no config.yaml) nor a checkpoint in one";
+    r.error = path + ": not a run directory (no config.yaml) nor a checkpoint (no " +
+              "model.safetensors)";
   return r;
 }
 
@@ -119,7 +153,10 @@ CheckpointPath find_checkpoint(const std::string& path) {
   CheckpointPath c = resolve_checkpoint_path(path);
   if (c.error.empty() && c.checkpoint.empty()) {
     c.checkpoint = latest_checkpoint(c.run_dir).value_or("");
-    if (c.checkpoint.empty()) c.error = path + ": the run has no complete checkpoint";
+    if (c.checkpoint.empty())
+      c.error = path + ": the run has no complete checkpoint";
+    else
+      pick_graph_file(c);
   }
   return c;
 }

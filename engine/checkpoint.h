@@ -36,12 +36,17 @@ uint64_t load_weights(GraphPlan& graph, const std::string& dir);
 // The newest complete checkpoint under `run_dir/checkpoints/`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
-// A path a user gave for a checkpoint: a run directory (its newest checkpoint) or one of its
-// checkpoints (RUN/checkpoints/step-N). `checkpoint` is empty when `path` names a run directory
-// (the caller picks latest_checkpoint); `error` says what is wrong when it is neither.
+// A path a user gave for a checkpoint: a run directory (its newest checkpoint), one of its
+// checkpoints (RUN/checkpoints/step-N), or a checkpoint directory on its own (copied out of its
+// run; its model.safetensors names one too). `checkpoint` is empty when `path` names a run
+// directory (the caller picks latest_checkpoint; `graph_file` is then empty too); `run_dir` is
+// empty for a checkpoint on its own; `error` says what is wrong when it is none of these.
 struct CheckpointPath {
   std::string run_dir;     // holds config.yaml
-  std::string checkpoint;  // RUN/checkpoints/step-N, or empty
+  std::string checkpoint;  // a checkpoint directory, or empty
+  // What rebuilds the model, for load_config: the run's config.yaml, or for a checkpoint
+  // outside a run the graph its model.safetensors carries (`slipstream.config`).
+  std::string graph_file;
   std::string error;
 };
 CheckpointPath resolve_checkpoint_path(const std::string& path);

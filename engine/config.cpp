@@ -12,6 +12,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/parser.h>
 
+#include "engine/safetensors.h"
 #include "engine/text_match.h"
 
 namespace fs = std::filesystem;
@@ -122,6 +123,28 @@ class DocumentCounter : public YAML::EventHandler {
   bool null_only_ = true, had_null_doc_ = false, stuck_ = false;
 };
 
+bool is_checkpoint_weights(const std::string& path) {
+  return path.ends_with(".safetensors");
+}
+
+// The graph file a checkpoint's weights carry (metadata `slipstream.config`); marks in it name
+// the weights file, with lines counted in that text.
+std::string graph_of_checkpoint(const std::string& path) {
+  SafetensorsFile f;
+  try {
+    f = read_safetensors(path, SafetensorsRead::metadata);
+  } catch (const std::exception& e) {
+    fail({path}, e.what());
+  }
+  auto it = f.metadata.find("slipstream.config");
+  if (it == f.metadata.end())
+    fail({path},
+         "carries no graph (no 'slipstream.config' in its metadata: not written by "
+         "slipstream, or by a version before checkpoints described themselves); give the "
+         "run directory's config.yaml instead");
+  return it->second;
+}
+
 YAML::Node load_yaml(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
@@ -131,10 +154,15 @@ YAML::Node load_yaml(const std::string& path) {
                           ? " (a run directory? its graph is " + run_config.string() + ")"
                           : std::string()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail({path}, "cannot read file");
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) fail({path}, "cannot read file");
+  std::string text;
+  if (is_checkpoint_weights(path)) {
+    text = graph_of_checkpoint(path);
+  } else {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail({path}, "cannot read file");
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) fail({path}, "cannot read file");
+  }
   try {
     std::istringstream scan(text);
     YAML::Parser parser(scan);
@@ -222,7 +250,8 @@ std::vector<std::string> available_presets() {
 
 std::string find_preset(const std::string& name_or_path, const SourceMark& mark,
                         const fs::path& relative_to) {
-  if (has_yaml_suffix(name_or_path) || name_or_path.find('/') != std::string::npos) {
+  if (has_yaml_suffix(name_or_path) || is_checkpoint_weights(name_or_path) ||
+      name_or_path.find('/') != std::string::npos) {
     if (auto p = find_relative(name_or_path, relative_to)) return *p;
     fail(mark, "no such preset or graph file '" + name_or_path + "'");
   }
@@ -440,6 +469,10 @@ std::pair<std::string, ConfigValue> parse_override(const std::string& assignment
 Config load_config(const std::string& preset_or_file, const std::vector<std::string>& overrides) {
   Config c;
   std::string path = find_preset(preset_or_file, {"<command line>"}, {});
+  // A checkpoint directory: the graph its weights carry.
+  std::error_code ec;
+  if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "model.safetensors", ec))
+    path = (fs::path(path) / "model.safetensors").string();
   YAML::Node root = load_yaml(path);
   if (root.IsMap() && !root["stages"] && !root["graph"] && !root["extends"]) {
     // Neither a graph file nor a preset: point at the key that was probably meant.

@@ -143,7 +143,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   if (::fsync(dfd.get()) != 0) fail_errno(path, "fsync of directory " + dir.string());
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsFile read_safetensors(const std::string& path, SafetensorsRead what) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) fail_errno(path, "open");
   struct stat st {};
@@ -264,6 +264,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   if (expect != data_len)
     fail(path, std::to_string(data_len - expect) +
                    " trailing bytes after the last tensor's data (corrupt or truncated header?)");
+  if (what == SafetensorsRead::metadata) return out;
 
   for (const Entry& e : entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu(), "safetensors tensor");

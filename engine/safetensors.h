@@ -20,8 +20,11 @@ struct SafetensorsFile {
 // directory. Tensors must be on the host. Throws std::runtime_error naming the path.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+enum class SafetensorsRead { everything, metadata };
 // Validates the header (offsets in bounds, non-overlapping, sizes match shapes and dtypes) and
-// throws std::runtime_error naming the path and what is wrong.
-SafetensorsFile read_safetensors(const std::string& path);
+// throws std::runtime_error naming the path and what is wrong. `metadata` reads the header
+// alone (the file is still checked whole) and leaves `tensors` empty.
+SafetensorsFile read_safetensors(const std::string& path,
+                                 SafetensorsRead what = SafetensorsRead::everything);
 
 }  // namespace slipstream

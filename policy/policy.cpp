@@ -217,8 +217,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   auto p = std::make_unique<slipstream_policy>();
   GraphPlan plan;
   try {
-    Config cfg = load_config((std::filesystem::path(where.run_dir) / "config.yaml").string(),
-                             {"run.device=" + dev});
+    Config cfg = load_config(where.graph_file, {"run.device=" + dev});
     feed_frames(cfg);
     plan = plan_graph(std::move(cfg));
   } catch (const std::exception& e) {

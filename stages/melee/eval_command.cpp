@@ -1,9 +1,10 @@
 // `slipstream eval`: scores a training checkpoint on replays, with the run's own graph
-// (config.yaml), so the features, windows and heads are the ones it trained with. The replay
-// loader is pointed at the given replays, all of them in its validation split, and the engine's
-// Runner::evaluate runs one validation pass over every window: the figures are the ones a
-// validation pass of the run reports on the same games. Printed as a per-head table of the
-// model and the repeat-the-previous-input baseline, and as JSON with --json.
+// (config.yaml; for a checkpoint copied out of its run, the one its weights carry), so the
+// features, windows and heads are the ones it trained with. The replay loader is pointed at the
+// given replays, all of them in its validation split, and the engine's Runner::evaluate runs one
+// validation pass over every window: the figures are the ones a validation pass of the run reports
+// on the same games. Printed as a per-head table of the model and the repeat-the-previous-input
+// baseline, and as JSON with --json.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -82,7 +83,7 @@ int eval_command(const EvalArgs& a) {
   try {
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
-    plan = plan_graph(config_for_replays(where.run_dir, sets, {a.replays, a.port, "eval", {}}));
+    plan = plan_graph(config_for_replays(where.graph_file, sets, {a.replays, a.port, "eval", {}}));
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -128,8 +129,10 @@ void setup_eval(CLI::App& parent) {
       "eval",
       "Score a checkpoint on replays: per-head NLL and accuracy, and the repeat-the-previous-"
       "input baseline on the same frames (the run's own graph and features)");
-  eval->add_option("--checkpoint", a->checkpoint,
-                   "a run directory (its newest checkpoint) or RUN/checkpoints/step-N")
+  eval->add_option(
+          "--checkpoint", a->checkpoint,
+          "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "
+          "directory copied out of its run")
       ->required();
   eval->add_option("--replays", a->replays, "replay files, folders, globs or corpus directories")
       ->required();

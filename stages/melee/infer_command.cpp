@@ -105,7 +105,7 @@ int infer_command(const InferArgs& a) {
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);
   GraphPlan plan;
   try {
-    plan = plan_graph(config_for_replays(where.run_dir, sets, sel));
+    plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -173,8 +173,10 @@ void setup_infer(CLI::App& parent) {
       "Play a checkpoint's policy over a replay frame by frame (state carried, as a bot would): "
       "accuracy against the recorded inputs, per-frame latency, optionally every prediction");
   infer
-      ->add_option("--checkpoint", a->checkpoint,
-                   "a run directory (its newest checkpoint) or RUN/checkpoints/step-N")
+      ->add_option(
+          "--checkpoint", a->checkpoint,
+          "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "
+          "directory copied out of its run")
       ->required();
   infer->add_option("--replay", a->replay, "the replay (.slp) to play")->required();
   infer->add_option("--port", a->port, "the player whose inputs are predicted (1-4)")

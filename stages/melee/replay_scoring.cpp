@@ -9,9 +9,9 @@
 
 namespace slipstream::melee {
 
-Config config_for_replays(const std::string& run_dir, const std::vector<std::string>& sets,
+Config config_for_replays(const std::string& graph_file, const std::vector<std::string>& sets,
                           const ReplaySelection& sel) {
-  Config cfg = load_config((std::filesystem::path(run_dir) / "config.yaml").string(), sets);
+  Config cfg = load_config(graph_file, sets);
   const SourceMark mark{"<" + sel.origin + ">", 0, 0};
   YAML::Node paths(YAML::NodeType::Sequence);
   for (const std::string& r : sel.replays) paths.push_back(r);

@@ -1,5 +1,6 @@
-// What `slipstream eval` and `slipstream infer` share: the run's own graph (RUN/config.yaml, so
-// features, windows and heads are the ones it trained with) with its replay loaders pointed at
+// What `slipstream eval` and `slipstream infer` share: the run's own graph (RUN/config.yaml, or
+// the one a checkpoint's weights carry, so features, windows and heads are the ones it trained
+// with) with its replay loaders pointed at
 // other replays, all of them in the validation split.
 #pragma once
 
@@ -20,9 +21,10 @@ struct ReplaySelection {
   std::map<std::string, YAML::Node> loader;
 };
 
-// RUN/config.yaml with `sets` (--set, --device) applied and every slippi_replays stage reading
+// The checkpoint's graph (CheckpointPath::graph_file: RUN/config.yaml, or its weights'
+// `slipstream.config`) with `sets` (--set, --device) applied and every slippi_replays stage reading
 // `sel` for validation only. Throws ConfigError (e.g. a graph without such a stage).
-Config config_for_replays(const std::string& run_dir, const std::vector<std::string>& sets,
+Config config_for_replays(const std::string& graph_file, const std::vector<std::string>& sets,
                           const ReplaySelection& sel);
 
 // A metric of a pass, NaN when absent.

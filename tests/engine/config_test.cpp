@@ -8,9 +8,11 @@
 #include <limits>
 
 #include "engine/graph.h"
+#include "engine/safetensors.h"
 #include "tests/support/temp_dir.h"
 
 using namespace slipstream;
+namespace fs = std::filesystem;
 using slipstream::testing::TempDir;
 
 namespace {
@@ -236,6 +238,41 @@ TEST(Config, ResolvedConfigRoundTrips) {
   EXPECT_EQ(again.stages[0].params.integer("count"), 5);
   EXPECT_EQ(again.stages.size(), 3u);
   EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
+}
+
+// A checkpoint's weights file (or its directory) loads as the graph its metadata carries; one
+// without that metadata, or a file that is no safetensors, is an error naming the file.
+TEST(Config, CheckpointWeightsCarryTheirGraph) {
+  TempDir d;
+  GraphPlan p = plan_graph(load_config(d.write("g.yaml", kGood), {"src.count=5"}));
+  const std::string text = resolved_config_yaml(p);
+  fs::create_directories(d.path() + "/step-1");
+  const std::string weights = d.path() + "/step-1/model.safetensors";
+  write_safetensors(weights, {}, {{"slipstream.config", text}});
+  for (const std::string& path : {weights, d.path() + "/step-1"}) {
+    GraphPlan again = plan_graph(load_config(path));
+    EXPECT_EQ(again.stages[0].params.integer("count"), 5) << path;
+    EXPECT_EQ(again.config.graph_file, weights);
+  }
+  // Errors inside the carried graph name the weights file, at the line in that text.
+  const std::string bad = replace(text, "kind: test_sleep", "kind: test_sleeep");
+  write_safetensors(weights, {}, {{"slipstream.config", bad}});
+  try {
+    plan_graph(load_config(weights));
+    ADD_FAILURE() << "an unknown kind must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(weights + ":"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("test_sleep"), std::string::npos) << e.what();
+  }
+  write_safetensors(weights, {}, {{"format", "pt"}});
+  try {
+    load_config(weights);
+    ADD_FAILURE() << "weights without a graph must be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("carries no graph"), std::string::npos) << e.what();
+  }
+  const std::string junk = d.write("junk.safetensors", "not a safetensors file");
+  EXPECT_THROW(load_config(junk), ConfigError);
 }
 
 // Path parameters resolve at validation: a run directory's config.yaml repeats the run from any

@@ -68,7 +68,7 @@ std::vector<StreamedFrame> stream_replay(const std::string& run_dir, const std::
   RunOptions opt = quiet_run_options(log);
   opt.create_run_dir = false;
   opt.handle_sigint = false;
-  Runner r(plan_graph(config_for_replays(run_dir, {}, sel)), opt);
+  Runner r(plan_graph(config_for_replays(run_dir + "/config.yaml", {}, sel)), opt);
   const auto src = static_cast<size_t>(r.graph().find("replays"));
   const auto heads = static_cast<size_t>(r.graph().find("heads"));
   std::vector<StreamedFrame> out;
@@ -170,6 +170,24 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
               frames.size(), worst);
   EXPECT_LT(worst, 1e-6);
   EXPECT_EQ(pressed_differs, 0u);
+}
+
+// A checkpoint directory copied out of its run opens alone: its weights carry the graph.
+TEST(Policy, OpensACheckpointCopiedOutOfItsRun) {
+  const Trained& t = trained();
+  TempDir elsewhere;
+  const std::string alone = elsewhere.path() + "/bot";
+  std::filesystem::copy(*latest_checkpoint(t.run_dir), alone,
+                        std::filesystem::copy_options::recursive);
+  Handle h(alone);
+  ASSERT_NE(h.p, nullptr);
+  EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
+      << slipstream_policy_describe(h.p);
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  ASSERT_FALSE(frames.empty());
+  slipstream_controller c;
+  EXPECT_EQ(slipstream_policy_step(h.p, &frames[0].frame, &c), SLIPSTREAM_OK)
+      << slipstream_policy_error(h.p);
 }
 
 TEST(Policy, ResetHandlesAndSamplingAreIndependentAndRepeatable) {

@@ -40,7 +40,7 @@ std::vector<std::vector<float>> head_outputs(const RunResult& run, const std::st
   RunOptions opt = quiet_run_options(log);
   opt.create_run_dir = false;
   opt.handle_sigint = false;
-  Runner r(plan_graph(melee::config_for_replays(run.run_dir, {}, sel)), opt);
+  Runner r(plan_graph(melee::config_for_replays(run.run_dir + "/config.yaml", {}, sel)), opt);
   const int heads = r.graph().find("heads");
   std::vector<std::vector<float>> out(6);
   const char* names[6] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
@@ -121,6 +121,29 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   EXPECT_EQ(pj["perspectives"], "port1");
   EXPECT_GT(pj["windows"].get<uint64_t>(), 0u);
   EXPECT_LT(pj["windows"].get<uint64_t>(), j["windows"].get<uint64_t>());
+
+  // The checkpoint copied out of its run (and the run's config.yaml gone): its weights carry the
+  // graph, so it rebuilds and scores the same.
+  const std::string alone = d.path() + "/shared/model-a";
+  fs::create_directories(alone);
+  fs::copy(step_dir, alone, fs::copy_options::recursive);
+  fs::rename(run.run_dir + "/config.yaml", run.run_dir + "/config.moved.yaml");
+  const CheckpointPath where = find_checkpoint(alone);
+  ASSERT_TRUE(where.error.empty()) << where.error;
+  EXPECT_TRUE(where.run_dir.empty());
+  EXPECT_EQ(where.graph_file, alone + "/model.safetensors");
+  const CliOutput a = run_cli("eval --checkpoint " + alone + " --replays " + val + " --json -");
+  ASSERT_EQ(a.status, 0) << a.text;
+  const nlohmann::json aj = nlohmann::json::parse(a.text.substr(a.text.find("{\n")));
+  EXPECT_EQ(aj["metrics"], j["metrics"]);
+  EXPECT_EQ(aj["step"].get<uint64_t>(), 6u);
+  const CliOutput s = run_cli("summary " + alone);
+  ASSERT_EQ(s.status, 0) << s.text;
+  EXPECT_NE(s.text.find("core"), std::string::npos) << s.text;
+  // Resuming needs a run to continue; the message says how to train on from the weights.
+  const CliOutput r = run_cli("run --resume " + alone);
+  EXPECT_EQ(r.status, 1) << r.text;
+  EXPECT_NE(r.text.find("run.init_from=" + alone), std::string::npos) << r.text;
 }
 
 TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {

@@ -34,6 +34,12 @@ int run_command(const RunArgs& a) {
       std::cerr << where.error << "\n";
       return kExitFailure;
     }
+    if (where.run_dir.empty()) {
+      std::cerr << a.resume << ": a checkpoint outside a run directory; --resume continues a "
+                << "run (RUN_DIR or RUN_DIR/checkpoints/step-N). To train on from these weights "
+                << "in a new run: --set run.init_from=" << a.resume << "\n";
+      return kExitFailure;
+    }
     run_dir = where.run_dir;
     checkpoint = where.checkpoint;
     // A resumed run repeats the configuration it was started with.

@@ -1,5 +1,6 @@
 // `slipstream summary PRESET|RUN|FILE`: parameters per stage and the FLOPs of a training step
-// (engine/graph_summary.h), from a preset, a graph file or a run directory's config.yaml.
+// (engine/graph_summary.h), from a preset, a graph file, a run directory's config.yaml or a
+// checkpoint's weights.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -25,12 +26,14 @@ int summary_command(SummaryArgs a) {
   return exit_status_of([&] {
     std::string target = a.target;
     std::error_code ec;
-    if (fs::is_directory(target, ec)) {
+    // A run directory: its config.yaml; a checkpoint directory: load_config reads the graph its
+    // weights carry.
+    if (fs::is_directory(target, ec) && !fs::exists(fs::path(target) / "model.safetensors", ec)) {
       target = (fs::path(target) / "config.yaml").string();
       if (!fs::exists(target))
         throw std::runtime_error(a.target +
-                                 " is a directory without config.yaml: give a run "
-                                 "directory, a preset or a graph file");
+                                 " is a directory without config.yaml or model.safetensors: give "
+                                 "a run or checkpoint directory, a preset or a graph file");
     }
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
@@ -50,8 +53,10 @@ void add_summary_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "summary",
       "Parameters per stage, the total, and the floating-point operations of a training step "
-      "(per stage and per sample), for a preset, a graph file or a run directory. Runs no batch");
-  cmd->add_option("preset_or_run", a->target, "preset name, graph file or run directory")
+      "(per stage and per sample), for a preset, a graph file, a run or a checkpoint. Runs no "
+      "batch");
+  cmd->add_option("preset_or_run", a->target,
+                  "preset name, graph file, run or checkpoint directory")
       ->required();
   cmd->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
   cmd->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");

@@ -5,7 +5,8 @@
  * costs one frame's work, and the answers equal the training graph's window forward over the
  * same frames.
  *
- * The policy is the run's own graph (RUN/config.yaml) with its replay loader replaced by a feed
+ * The policy is the run's own graph (RUN/config.yaml; for a checkpoint copied out of its run, the
+ * one its weights carry) with its replay loader replaced by a feed
  * of these frames, the checkpoint's weights loaded (the EMA weights when the run kept them):
  * the features are the ones the model trained on (docs/melee_features.md).
  *
@@ -111,7 +112,8 @@ typedef struct slipstream_policy slipstream_policy;
 /* SLIPSTREAM_POLICY_VERSION of the library as built (compare with the header's). */
 int slipstream_policy_version(void);
 
-/* Opens `checkpoint`: a run directory (its newest checkpoint) or RUN/checkpoints/step-N.
+/* Opens `checkpoint`: a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a
+ * checkpoint directory copied out of its run.
  * `device`: "cpu" (also for NULL or ""); a CUDA device is refused with SLIPSTREAM_E_DEVICE
  * until the frame-by-frame CUDA path exists. On failure *out is NULL and
  * slipstream_policy_error(NULL) says why. */
