@@ -31,6 +31,7 @@ deps:
 $(BUILD_DIR)/build.ninja:
 	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 
+# The tools and libraries; tests and benchmarks build with `make test` and `make bench`.
 build: deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
@@ -41,6 +42,7 @@ run: build
 	$(BUILD_DIR)/bin/slipstream run --preset $(PRESET) $(if $(REPLAYS),--set 'replays.paths=[$(REPLAYS)]') $(ARGS)
 
 test: build
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target slipstream_tests
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 900 -LE slow
 
 # AddressSanitizer + UBSan build of the tests (CPU code) in $(SANITIZE_DIR). SANITIZE_TESTS names
@@ -51,7 +53,7 @@ test-sanitize: deps
 	cmake -S . -B $(SANITIZE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_SANITIZE=ON \
 	  -DSLIPSTREAM_CUDA=OFF $(CMAKE_FLAGS)
 ifeq ($(strip $(SANITIZE_TESTS)),)
-	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cmake --build $(SANITIZE_DIR) -j $(JOBS) --target slipstream_tests
 	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 1800 -LE slow
 else
 	cmake --build $(SANITIZE_DIR) -j $(JOBS) --target $(SANITIZE_TESTS)
@@ -61,6 +63,7 @@ endif
 
 # Google Benchmark binaries (bench/*): each prints its table; pass e.g. ARGS=--benchmark_format=json.
 bench: build
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target slipstream_benchmarks
 	@for b in $(BUILD_DIR)/bin/bench_*; do echo "== $$b"; $$b $(ARGS) || exit 1; done
 
 # On a lent GPU machine: build for sm_90, gpu tests, sanitizers, GPU benchmarks, one summary

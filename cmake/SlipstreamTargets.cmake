@@ -63,3 +63,29 @@ function(slipstream_emulated_library name)
   # header's and warns about the launch lambdas that capture them; `#pragma unroll` is nvcc's.
   target_compile_options(${name} PRIVATE -Wno-subobject-linkage -Wno-unknown-pragmas)
 endfunction()
+
+# slipstream_targets_under(DIR OUT): every target declared in DIR and the folders below it.
+function(slipstream_targets_under dir out)
+  get_property(_targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  get_property(_subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(_sub ${_subdirs})
+    slipstream_targets_under(${_sub} _more)
+    list(APPEND _targets ${_more})
+  endforeach()
+  set(${out} ${_targets} PARENT_SCOPE)
+endfunction()
+
+# slipstream_aggregate_target(NAME DIRS a b ... [ALSO t ...]): a target that builds every target
+# under DIRS (folders added EXCLUDE_FROM_ALL, so the default build leaves them out) and ALSO.
+function(slipstream_aggregate_target name)
+  cmake_parse_arguments(A "" "" "DIRS;ALSO" ${ARGN})
+  add_custom_target(${name})
+  set(_deps ${A_ALSO})
+  foreach(_dir ${A_DIRS})
+    slipstream_targets_under(${_dir} _found)
+    list(APPEND _deps ${_found})
+  endforeach()
+  if(_deps)
+    add_dependencies(${name} ${_deps})
+  endif()
+endfunction()

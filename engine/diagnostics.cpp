@@ -251,8 +251,8 @@ int run_doctor(std::ostream& out, std::string_view device) {
 
   // The toolkit's shared libraries: they must come from the toolkit the build used, else a
   // stray LD_LIBRARY_PATH entry may pair this binary with an incompatible cuBLAS or cuDNN.
+  CudaLibraryVersions v = cuda_library_versions();  // first: it loads the ones opened on demand
   const auto libs = loaded_libraries();
-  CudaLibraryVersions v = cuda_library_versions();
   struct Lib {
     const char* stem;
     const char* label;

@@ -2,8 +2,9 @@
 #include <cublasLt.h>
 #include <cublas_api.h>
 #include <cuda_runtime.h>
-#include <cudnn.h>
+#include <cudnn_version.h>
 #include <dlfcn.h>
+#include <library_types.h>
 #include <nccl.h>
 
 #include <stdexcept>
@@ -110,21 +111,46 @@ CudaProbe probe() {
   return p;
 }
 
+namespace {
+
+// A function of a shared library loaded by its soname (found the way a linked library would be:
+// LD_LIBRARY_PATH, then this binary's RUNPATH); nullptr when the library or symbol is missing.
+// The handle stays open: `slipstream doctor` then sees which file was loaded.
+void* library_symbol(const std::string& soname, const char* symbol) {
+  void* h = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+  return h ? ::dlsym(h, symbol) : nullptr;
+}
+
+std::string dotted(long long v) {  // major*10000 + minor*100 + patch
+  return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +
+         std::to_string(v % 100);
+}
+
+}  // namespace
+
+// Only cuBLASLt is linked (the GEMMs use it); cuBLAS, cuDNN and NCCL are opened here for their
+// version strings, so a binary that uses none of them does not need them to start.
 CudaLibraryVersions library_versions() {
   CudaLibraryVersions v;
-  int major = 0, minor = 0, patch = 0;
-  if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
-      cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
-      cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
-    v.cublas = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
-  // cuDNN 9 encodes major*10000 + minor*100 + patch.
-  size_t dnn = cudnnGetVersion();
-  v.cudnn = std::to_string(dnn / 10000) + "." + std::to_string((dnn % 10000) / 100) + "." +
-            std::to_string(dnn % 100);
-  int nccl = 0;
-  if (ncclGetVersion(&nccl) == ncclSuccess)  // NCCL >= 2.9: major*10000 + minor*100 + patch
-    v.nccl = std::to_string(nccl / 10000) + "." + std::to_string((nccl % 10000) / 100) + "." +
-             std::to_string(nccl % 100);
+  using GetProperty = cublasStatus_t (*)(libraryPropertyType, int*);
+  if (auto get = reinterpret_cast<GetProperty>(library_symbol(
+          "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "cublasGetProperty"))) {
+    int major = 0, minor = 0, patch = 0;
+    if (get(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        get(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        get(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+      v.cublas = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  }
+  using CudnnGetVersion = size_t (*)();  // cuDNN 9: major*10000 + minor*100 + patch
+  if (auto get = reinterpret_cast<CudnnGetVersion>(
+          library_symbol("libcudnn.so." + std::to_string(CUDNN_MAJOR), "cudnnGetVersion")))
+    v.cudnn = dotted(static_cast<long long>(get()));
+  using NcclGetVersion = ncclResult_t (*)(int*);  // NCCL >= 2.9: major*10000 + minor*100 + patch
+  if (auto get = reinterpret_cast<NcclGetVersion>(
+          library_symbol("libnccl.so." + std::to_string(NCCL_MAJOR), "ncclGetVersion"))) {
+    int nccl = 0;
+    if (get(&nccl) == ncclSuccess) v.nccl = dotted(nccl);
+  }
   return v;
 }
 

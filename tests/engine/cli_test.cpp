@@ -105,8 +105,9 @@ TEST(Cli, ResumeOfSomethingElseSaysWhat) {
   TempDir d;
   Output o = run_cli("run --resume " + d.path());
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_NE(o.text.find("not a run directory (no config.yaml) nor a checkpoint in one"),
-            std::string::npos)
+  EXPECT_NE(
+      o.text.find("not a run directory (no config.yaml) nor a checkpoint (no model.safetensors)"),
+      std::string::npos)
       << o.text;
   // A run directory without any complete checkpoint says so before loading any data.
   d.write("config.yaml", "extends: cpu_quick\n");

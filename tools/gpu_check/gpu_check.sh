@@ -87,7 +87,7 @@ if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1 &&
   step configure_kernels_only cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_KERNELS_ONLY=ON
 fi
 echo "$MODE" >"$OUT/mode.txt"
-step build cmake --build $B -j "$JOBS"
+step build cmake --build $B -j "$JOBS" --target all slipstream_tests slipstream_benchmarks
 
 # A skipped gpu test means the device was not usable from the test: that fails the check.
 step gpu_tests sh -c "cd $B && ctest -L gpu --output-on-failure --timeout 600 >ctest-gpu.txt 2>&1;
