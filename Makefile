@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   libtbb-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libzstd-dev \
-  zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev \
+  zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev libdnnl-dev \
   python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

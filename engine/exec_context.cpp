@@ -68,4 +68,16 @@ void ExecContext::synchronize() const {
 #endif
 }
 
+namespace {
+std::string (*cpu_bf16_describer)() = nullptr;
+}  // namespace
+
+void set_cpu_bf16_description(std::string (*describe)()) {
+  cpu_bf16_describer = describe;
+}
+
+std::string cpu_bf16_description() {
+  return cpu_bf16_describer ? cpu_bf16_describer() : std::string();
+}
+
 }  // namespace slipstream

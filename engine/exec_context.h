@@ -55,4 +55,10 @@ class ExecContext {
   Tensor workspace_;
 };
 
+// What precision bf16 does on this CPU, for the note a run prints at start: the library with the
+// CPU kernels registers the function at load time (stages/nn/cpu_bf16_note.cpp), the engine
+// knowing nothing of them; empty when none is registered.
+void set_cpu_bf16_description(std::string (*describe)());
+std::string cpu_bf16_description();
+
 }  // namespace slipstream

@@ -1050,11 +1050,11 @@ RunResult Runner::Impl::execute_steps() {
              "steps cost (cpu_quick is sized for a CPU)");
     cost_note_pending = true;
   }
-  if (run.precision == Precision::bf16 && !run.exec->device_ops())
-    log_line(
-        "note: precision bf16 on the CPU rounds the GEMMs' operands to bf16 and multiplies them in "
-        "FP32 (the BLAS has no bf16 GEMM): the GPU path's numerics, at more cost than fp32; use "
-        "precision fp32 for speed on a CPU");
+  if (run.precision == Precision::bf16 && !run.exec->device_ops()) {
+    const std::string what = cpu_bf16_description();
+    log_line("note: precision bf16 on the CPU: " +
+             (what.empty() ? std::string("the GEMMs' operands are rounded to bf16") : what));
+  }
   // Said before setup, which may load a whole dataset.
   std::optional<std::string> ckpt;
   if (!opt.resume_dir.empty()) {

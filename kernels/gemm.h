@@ -16,10 +16,12 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, 
           int ldb, T beta, T* C, int ldc);
 
 // gemm with bf16 operands (uint16_t storage, e.g. the optimizer's bf16 weight shadow and bf16
-// activations) and fp32 accumulation and output. The operands are widened to fp32 into the
-// caller's workspace (exact: every bf16 is an fp32) and multiplied by sgemm, so the result is
-// exactly sgemm of the rounded operands. Workspace: gemm_bf16_workspace_elems floats (op(A) and
-// op(B) stored densely, M*K + K*N).
+// activations) and fp32 accumulation and output: sgemm of the rounded operands, up to summation
+// order. On a CPU that multiplies bf16 natively (AVX-512 BF16, AMX) and a build with oneDNN, its
+// bf16 matmul does it (kernels/gemm_bf16_onednn.h; about twice sgemm there); otherwise the
+// operands are widened to fp32 into the caller's workspace (exact: every bf16 is an fp32) and
+// multiplied by sgemm. Workspace: gemm_bf16_workspace_elems floats (op(A) and op(B) stored
+// densely, M*K + K*N).
 size_t gemm_bf16_workspace_elems(int M, int N, int K);
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,

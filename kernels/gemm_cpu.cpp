@@ -14,6 +14,7 @@
 #include <cstdlib>
 
 #include "kernels/bf16.h"
+#include "kernels/gemm_bf16_onednn.h"
 #include "kernels/parallel.h"
 
 namespace slipstream::kernels {
@@ -37,8 +38,8 @@ bool tbb_splits_gemms() {
 // the blocks, and therefore the sums, are the same for every thread count.
 constexpr size_t kGemmBlockWork = size_t{1} << 18;
 
-template <class T, class Blas>
-void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const T* A, int lda, T* C, int ldc,
+template <class TA, class TC, class Blas>
+void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const TA* A, int lda, TC* C, int ldc,
                         Blas&& blas) {
   const size_t per_row = static_cast<size_t>(N) * static_cast<size_t>(std::max(K, 1));
   const int rows = static_cast<int>(std::max<size_t>(16, kGemmBlockWork / per_row));
@@ -50,7 +51,7 @@ void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const T* A, int lda, 
       tbb::blocked_range<int>(0, M, rows),
       [&](const tbb::blocked_range<int>& r) {
         // Rows m of op(A): row m of A, or column m of A when it is stored transposed.
-        const T* a = trans_a ? A + r.begin() : A + static_cast<size_t>(r.begin()) * lda;
+        const TA* a = trans_a ? A + r.begin() : A + static_cast<size_t>(r.begin()) * lda;
         blas(r.end() - r.begin(), a, C + static_cast<size_t>(r.begin()) * ldc);
       },
       tbb::simple_partitioner());
@@ -62,22 +63,24 @@ template <>
 void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
-  gemm_in_row_blocks<float>(trans_a, M, N, K, A, lda, C, ldc, [&](int m, const float* a, float* c) {
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
-  });
+  gemm_in_row_blocks<float, float>(trans_a, M, N, K, A, lda, C, ldc,
+                                   [&](int m, const float* a, float* c) {
+                                     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                                                 trans_b ? CblasTrans : CblasNoTrans, m, N, K,
+                                                 alpha, a, lda, B, ldb, beta, c, ldc);
+                                   });
 }
 
 template <>
 void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                   int lda, const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
-  gemm_in_row_blocks<double>(trans_a, M, N, K, A, lda, C, ldc,
-                             [&](int m, const double* a, double* c) {
-                               cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                                           trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a,
-                                           lda, B, ldb, beta, c, ldc);
-                             });
+  gemm_in_row_blocks<double, double>(
+      trans_a, M, N, K, A, lda, C, ldc, [&](int m, const double* a, double* c) {
+        cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a, lda, B, ldb, beta, c,
+                    ldc);
+      });
 }
 
 size_t gemm_bf16_workspace_elems(int M, int N, int K) {
@@ -94,6 +97,16 @@ static void widen(const uint16_t* src, int ld, int rows, int cols, float* dst) {
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
                float* workspace) {
+  if (M == 0 || N == 0) return;
+  // Native bf16 products (oneDNN on AVX-512 BF16 / AMX), one per block of rows.
+  if (onednn_bf16_gemm_native() &&
+      onednn_gemm_bf16_native_for(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta)) {
+    gemm_in_row_blocks<uint16_t, float>(
+        trans_a, M, N, K, A, lda, C, ldc, [&](int m, const uint16_t* a, float* c) {
+          onednn_gemm_bf16(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
+        });
+    return;
+  }
   float* a32 = workspace;
   float* b32 = workspace + static_cast<size_t>(M) * K;
   const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;

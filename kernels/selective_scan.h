@@ -31,10 +31,10 @@ void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm,
                             const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
                             T* out, T* last_state, int B, int L, int D, int N);
 
-// Elements of T: min(kScanSlots, items) * (2 L kScanChannelBlock N + 2 L kScanChannelBlock)
+// Elements of T: min(kScanSlots, items) * (2 L kScanChannelBlock N + 4 L kScanChannelBlock)
 // for recomputed states, + B D N + 2 B D for per-batch dA/dD/ddelta_bias partials,
 // + 2 nblk B L N for per-block dB/dC partials, where nblk = ceil(D / kScanChannelBlock) and
-// items = B nblk. (B=256, L=60, D=256, N=16: about 11.1M elements.)
+// items = B nblk. (B=256, L=60, D=256, N=16: about 11.2M elements.)
 size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N);
 
 // Gradients given dout (B, L, D):
@@ -55,12 +55,6 @@ template <class T>
 void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                          const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
                          T* out, int B, int D, int N);
-
-// Vector exp used by the scan (exposed for its accuracy test): out[i] = exp(x[i]).
-// AVX-512 polynomial (max error a few ulp) when the CPU has AVX-512F, else std::exp.
-void scan_exp(const float* x, float* out, size_t n);
-// softplus (threshold 20) of the scan's dt, vectorised the same way (exposed for its test).
-void scan_softplus(const float* x, float* out, size_t n);
 
 // The CUDA scan (kernels/selective_scan_cuda.cu). Same math and layouts as above; T (float or
 // bfloat16) is the type of u, delta, z, out, Bm, Cm and of their gradients; A, Dskip,

@@ -11,6 +11,10 @@ Then, per repeat: `slipstream bench` (steady-state step time, start-up excluded)
 training loop in each mode (eager, torch.compile; fp32). PyTorch comes from the running Python
 when it has it, else from a venv this script creates with pip (skipped, with a message, when that
 fails). Machines are shared and noisy: compare the ratio, measured in the same run.
+
+`--isa avx2` runs both sides at AVX2 on a machine that has AVX-512 (what a laptop or an AVX2-only
+server runs): our kernels through SLIPSTREAM_CPU_ISA, OpenBLAS through OPENBLAS_CORETYPE, PyTorch's
+ATen, inductor, oneDNN and MKL through their own switches.
 """
 import argparse
 import json
@@ -22,6 +26,14 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# The environment that holds each side to one x86-64 level.
+ISA_ENV = {
+    "native": {},
+    "avx2": {"SLIPSTREAM_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+             "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
 PEER = ROOT / "bench" / "peers" / "bc_model_torch.py"
 
 # Overrides on top of the cpu_quick preset: the shapes both implementations train.
@@ -67,7 +79,10 @@ def main():
     ap.add_argument("--modes", default="eager,compile", help="peer modes, comma-separated")
     ap.add_argument("--venv", default=str(ROOT / "build" / "peers-venv"))
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
+                    help="hold both sides to this x86-64 level")
     args = ap.parse_args()
+    os.environ.update(ISA_ENV[args.isa])  # inherited by both sides' processes
 
     py = torch_python(args.venv)
     if py is None:
@@ -107,10 +122,10 @@ def main():
             f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep))
 
     ours = statistics.median(times["slipstream"])
-    print(f"\n{args.shape}, {args.threads} threads, fp32, median step of {args.repeats} "
+    print(f"\n{args.shape}, {args.isa}, {args.threads} threads, fp32, median step of {args.repeats} "
           f"repeats ({args.steps} steps each after {args.warmup} warm-up):")
     print(f"{'implementation':<18} {'step ms':>10} {'ours is':>10}")
-    result = {"shape": args.shape, "threads": args.threads, "repeats": args.repeats,
+    result = {"shape": args.shape, "isa": args.isa, "threads": args.threads, "repeats": args.repeats,
               "overrides": sets, "median_step_ms": {}, "speedup": {}}
     for name, v in times.items():
         if not v:

@@ -1,7 +1,10 @@
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16_onednn.h"
 
 #include <gtest/gtest.h>
+
 #include <tbb/global_control.h>
+#include <cstdio>
 
 #include "kernels/bf16.h"
 #include "tests/kernels/gradcheck.h"
@@ -117,6 +120,37 @@ TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
       gemm_bf16(ta, tb, M, N, K, 1.5f, Ah.data(), lda, Bh.data(), ldb, 0.5f, got.data(), N,
                 ws.data());
       for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(ref[i], got[i], 1e-5f * K) << i;
+    }
+}
+
+// Large enough to be split into blocks of rows (one product per TBB task): every transpose,
+// alpha and beta, against sgemm of the rounded operands. On a CPU with native bf16 GEMMs (and a
+// build with oneDNN) this is oneDNN's kernel; elsewhere the widening path.
+TEST(Gemm, Bf16SplitIntoBlocksOfRows) {
+  std::printf("bf16 GEMM: %s (%s)\n", onednn_bf16_gemm_native() ? "oneDNN" : "widen + sgemm",
+              onednn_bf16_gemm_kernel().c_str());
+  std::mt19937_64 rng(5);
+  const int M = 3001, N = 96, K = 130;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = ta ? M : K, ldb = tb ? K : N;
+      std::vector<uint16_t> Ah(size_t(ta ? K : M) * lda), Bh(size_t(tb ? N : K) * ldb);
+      auto A = cast<float>(rand_vec(Ah.size(), rng)), B = cast<float>(rand_vec(Bh.size(), rng));
+      fp32_to_bf16(A.data(), Ah.data(), A.size());
+      fp32_to_bf16(B.data(), Bh.data(), B.size());
+      bf16_to_fp32(Ah.data(), A.data(), A.size());
+      bf16_to_fp32(Bh.data(), B.data(), B.size());
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<float> ref(size_t(M) * N, 0.25f), got(ref.size(), 0.25f);
+        gemm<float>(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, ref.data(), N);
+        std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
+        gemm_bf16(ta, tb, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, beta, got.data(), N,
+                  ws.data());
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i)
+          worst = std::max(worst, double(std::abs(ref[i] - got[i])));
+        EXPECT_LT(worst, 1e-5 * K) << "ta " << ta << " tb " << tb << " beta " << beta;
+      }
     }
 }
 

@@ -195,41 +195,6 @@ TEST(SelectiveScan, ParallelEqualsSerial) {
   EXPECT_EQ(par, run());
 }
 
-TEST(SelectiveScan, VectorExpAccuracy) {
-  std::vector<float> x;
-  for (float v = -110.0f; v < 95.0f; v += 0.0137f) x.push_back(v);
-  for (float v : {0.0f, -0.0f, 1e-30f, -87.0f, 88.7f, 89.0f, -104.0f}) x.push_back(v);
-  std::vector<float> y(x.size());
-  scan_exp(x.data(), y.data(), x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double e = std::exp(double(x[i]));
-    if (e > 3.4e38) {
-      EXPECT_TRUE(std::isinf(y[i])) << x[i];
-    } else if (e < 1.2e-38) {
-      EXPECT_LE(y[i], 1.2e-38f) << x[i];  // denormal range: absolute error only
-      EXPECT_GE(y[i], 0.0f);
-    } else {
-      EXPECT_LE(std::abs(y[i] - e) / e, 4 * 5.97e-8) << x[i];  // a few ulp
-    }
-  }
-  const float nan = std::nanf("");
-  float out;
-  scan_exp(&nan, &out, 1);
-  EXPECT_TRUE(std::isnan(out));
-}
-
-TEST(SelectiveScan, VectorSoftplusAccuracy) {
-  std::vector<float> x;
-  for (float v = -40.0f; v < 40.0f; v += 0.00731f) x.push_back(v);
-  for (float v : {0.0f, 1e-8f, -1e-8f, 19.999f, 20.0f, 20.001f, 1e30f, -1e30f}) x.push_back(v);
-  std::vector<float> y(x.size());
-  scan_softplus(x.data(), y.data(), x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double e = x[i] > 20.0f ? double(x[i]) : std::log1p(std::exp(double(x[i])));
-    EXPECT_LE(std::abs(y[i] - e) / std::max(e, 1e-30), 4 * 5.97e-8) << x[i];
-  }
-}
-
 }  // namespace
 }  // namespace slipstream::kernels
 

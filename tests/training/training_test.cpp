@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "engine/stats_record.h"
+#include "kernels/gemm_bf16_onednn.h"
 #include "tests/support/cli_output.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -125,6 +126,26 @@ assert str(t["core.norm_f.weight"].dtype) == "float32"
 print("ok", len(t))
 )");
   EXPECT_EQ(std::system(("python3 " + script + " " + model).c_str()), 0);
+}
+
+// precision bf16 on the CPU says at start what it does here: native bf16 GEMMs (oneDNN on a CPU
+// with AVX-512 BF16) or rounded operands through sgemm, and then to prefer fp32.
+TEST(Training, Bf16OnTheCpuSaysWhichGemmsRun) {
+  TempDir d;
+  std::ostringstream log;
+  auto sets = tiny_overrides(d.path());
+  sets.push_back("run.steps=2");
+  sets.push_back("run.precision=bf16");
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
+  EXPECT_EQ(r.run().final_step, 2u);
+  const std::string text = log.str();
+  const std::string want =
+      kernels::onednn_bf16_gemm_native()
+          ? "the GEMMs multiply bf16 natively (oneDNN, " + kernels::onednn_bf16_gemm_kernel()
+          : std::string("use precision fp32 for speed on this CPU");
+  EXPECT_NE(text.find("note: precision bf16 on the CPU: "), std::string::npos) << text;
+  EXPECT_NE(text.find(want), std::string::npos) << text;
 }
 
 // run.init_from: a fine-tuning run starts from another run's weights with fresh optimizer state

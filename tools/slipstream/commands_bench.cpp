@@ -5,6 +5,8 @@
 
 #include "engine/config.h"
 #include "engine/step_benchmark.h"
+#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/vector_math.h"
 #include "tools/slipstream/commands.h"
 
 namespace slipstream::cli {
@@ -22,7 +24,18 @@ int bench_command(BenchArgs a) {
   return exit_status_of([&] {
     const StepBenchmark b = run_step_benchmark(a.options);
     std::cout << format_step_benchmark(b);
-    if (!a.json.empty()) write_json_file(a.json, step_benchmark_json(b));
+    // What the CPU kernels ran at: figures from different levels are not comparable.
+    const std::string isa = kernels::cpu_isa_name(kernels::cpu_isa());
+    const std::string bf16 = kernels::onednn_bf16_gemm_native()
+                                 ? "oneDNN " + kernels::onednn_bf16_gemm_kernel()
+                                 : "fp32 sgemm of rounded operands";
+    if (b.device == "cpu") std::cout << "cpu kernels: " << isa << "; bf16 GEMMs: " << bf16 << "\n";
+    if (!a.json.empty()) {
+      nlohmann::json j = step_benchmark_json(b);
+      j["cpu_isa"] = isa;
+      j["cpu_bf16_gemm"] = bf16;
+      write_json_file(a.json, j);
+    }
     return kExitOk;
   });
 }

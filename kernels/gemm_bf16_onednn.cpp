@@ -1,0 +1,201 @@
+// See gemm_bf16_onednn.h. One matmul primitive per (shape, transposes, leading dimensions,
+// alpha, beta), made on first use and kept: oneDNN picks its kernel at creation, so the steady
+// state only executes. A primitive runs on any thread, with that thread's stream and scratchpad.
+#include "kernels/gemm_bf16_onednn.h"
+
+#if SLIPSTREAM_HAS_ONEDNN
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/vector_math.h"
+
+namespace slipstream::kernels {
+
+namespace {
+
+using dnnl::memory;
+
+struct Key {
+  int M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  auto tie() const { return std::tie(M, N, K, lda, ldb, ldc, ta, tb, alpha, beta); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  dnnl::matmul matmul;
+  memory::desc a, b, c, scratch;
+  bool native = false;  // a bf16 kernel, not oneDNN's reference loops
+  std::string kernel;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+Plan make_plan(const Key& k) {
+  using dt = memory::data_type;
+  Plan p;
+  // op(A) is (M, K): stored (M, K) with row stride lda, or (K, M) (transposed) with lda.
+  p.a = memory::desc({k.M, k.K}, dt::bf16, k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+  p.b = memory::desc({k.K, k.N}, dt::bf16, k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
+  p.c = memory::desc({k.M, k.N}, dt::f32, memory::dims{k.ldc, 1});
+  dnnl::primitive_attr attr;
+  // The caller's scratchpad: oneDNN's own is shared by all primitives unless the library was
+  // built for concurrent execution, and blocks of rows run on several threads at once.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (k.alpha != 1.0f) attr.set_output_scales(0, {k.alpha});
+  if (k.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(k.beta);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+  p.kernel = pd.impl_info_str();
+  p.scratch = pd.scratchpad_desc();
+  p.native =
+      p.kernel.find("bf16") != std::string::npos || p.kernel.find("amx") != std::string::npos;
+  p.matmul = dnnl::matmul(pd);
+  return p;
+}
+
+const Plan& plan_for(const Key& k) {
+  static std::mutex mu;
+  static std::map<Key, Plan> plans;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = plans.find(k);
+  if (it == plans.end()) it = plans.emplace(k, make_plan(k)).first;
+  return it->second;
+}
+
+struct Probe {
+  bool native = false;
+  std::string what;  // the kernel's name, or why there is none
+};
+
+std::atomic<uint64_t> calls{0};
+std::atomic<bool> enabled{[] {
+  const char* e = std::getenv("SLIPSTREAM_ONEDNN");
+  return !(e && std::string(e) == "0");
+}()};
+
+Probe probe() {
+  if (!cpu_has_avx512bf16()) return {false, "the CPU has no AVX-512 BF16"};
+  if (cpu_isa() != CpuIsa::avx512)
+    return {false, std::string("the level is capped at ") + cpu_isa_name(cpu_isa()) +
+                       " (SLIPSTREAM_CPU_ISA)"};
+  try {
+    const Plan& p = plan_for({64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f});
+    return {p.native, p.native ? p.kernel : "oneDNN offers only '" + p.kernel + "'"};
+  } catch (const dnnl::error& e) {
+    return {false, std::string("oneDNN failed: ") + e.what()};
+  }
+}
+
+const Probe& probed() {
+  static const Probe p = probe();
+  return p;
+}
+
+}  // namespace
+
+bool onednn_bf16_gemm_native() {
+  return enabled.load(std::memory_order_relaxed) && probed().native;
+}
+
+std::string onednn_bf16_gemm_kernel() {
+  if (!enabled.load(std::memory_order_relaxed)) return "oneDNN is turned off (SLIPSTREAM_ONEDNN=0)";
+  return probed().what;
+}
+
+bool set_onednn_bf16_enabled(bool on) {
+  return enabled.exchange(on, std::memory_order_relaxed);
+}
+
+bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
+                                 int ldc, float alpha, float beta) {
+  return plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}).native;
+}
+
+void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                      int ldc) {
+  const Plan& p = plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
+  // OpenMP's thread count is per calling thread: hold each TBB worker's to one, once.
+  thread_local const bool one_thread = (omp_set_num_threads(1), true);
+  (void)one_thread;
+  thread_local dnnl::stream stream(cpu_engine());
+  // This thread's memory objects for the plan, made once and re-pointed each call, and a plain
+  // argument array (the C API): nothing of ours allocates in the steady state.
+  struct Bound {
+    memory a, b, c, scratch;
+    std::vector<unsigned char> scratch_bytes;
+  };
+  thread_local std::map<const Plan*, Bound> bound;
+  auto it = bound.find(&p);
+  if (it == bound.end()) {
+    Bound m;
+    m.scratch_bytes.resize(std::max<size_t>(p.scratch.get_size(), 1));
+    m.a = memory(p.a, cpu_engine(), nullptr);
+    m.b = memory(p.b, cpu_engine(), nullptr);
+    m.c = memory(p.c, cpu_engine(), nullptr);
+    m.scratch = memory(p.scratch, cpu_engine(), m.scratch_bytes.data());
+    it = bound.emplace(&p, std::move(m)).first;
+  }
+  Bound& m = it->second;
+  m.a.set_data_handle(const_cast<uint16_t*>(A));
+  m.b.set_data_handle(const_cast<uint16_t*>(B));
+  m.c.set_data_handle(C);
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a.get()},
+                                  {DNNL_ARG_WEIGHTS, m.b.get()},
+                                  {DNNL_ARG_DST, m.c.get()},
+                                  {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(p.matmul.get(), stream.get(), 4, args),
+                          "dnnl_primitive_execute (bf16 GEMM)");
+  stream.wait();
+  calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t onednn_gemm_bf16_calls() {
+  return calls.load(std::memory_order_relaxed);
+}
+
+}  // namespace slipstream::kernels
+
+#else  // no oneDNN in this build
+
+namespace slipstream::kernels {
+
+bool onednn_bf16_gemm_native() {
+  return false;
+}
+std::string onednn_bf16_gemm_kernel() {
+  return "this build has no oneDNN (libdnnl-dev)";
+}
+bool onednn_gemm_bf16_native_for(bool, bool, int, int, int, int, int, int, float, float) {
+  return false;
+}
+void onednn_gemm_bf16(bool, bool, int, int, int, float, const uint16_t*, int, const uint16_t*, int,
+                      float, float*, int) {}
+bool set_onednn_bf16_enabled(bool) {
+  return false;
+}
+uint64_t onednn_gemm_bf16_calls() {
+  return 0;
+}
+
+}  // namespace slipstream::kernels
+
+#endif
