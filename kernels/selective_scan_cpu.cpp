@@ -45,6 +45,19 @@ struct MathScalar {
   }
 };
 
+// h = e h + dtu B over the N states of one channel; returns C·h (the scan's y before D u).
+template <class T>
+__attribute__((always_inline)) inline T update_state(T* h, const T* e, T dtu, const T* Bt,
+                                                     const T* Ct, int N) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int n = 0; n < N; ++n) {
+    h[n] = e[n] * h[n] + dtu * Bt[n];
+    acc += h[n] * Ct[n];
+  }
+  return acc;
+}
+
 template <class T>
 __attribute__((always_inline)) inline T delta_raw(const ScanArgs<T>& a, size_t idx, int d) {
   return a.delta[idx] + (a.delta_bias ? a.delta_bias[d] : T(0));
@@ -90,18 +103,9 @@ __attribute__((always_inline)) inline void scan_item(const ScanArgs<T>& a, int b
       ear = rec->aexp + size_t(t) * kDB * N;
     }
     M::exp_scaled_rows(a.A + size_t(d0) * N, dt, ear, w, N);
-    for (int i = 0; i < w; ++i) {
-      T* hr = h + i * N;
-      const T* er = ear + i * N;
-      const T dtu = dt[i] * ut[i];
-      T acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int n = 0; n < N; ++n) {
-        hr[n] = er[n] * hr[n] + dtu * Bt[n];
-        acc += hr[n] * Ct[n];
-      }
-      y[i] = acc + (a.Dskip ? a.Dskip[d0 + i] * ut[i] : T(0));
-    }
+    for (int i = 0; i < w; ++i)
+      y[i] = update_state(h + i * N, ear + i * N, dt[i] * ut[i], Bt, Ct, N) +
+             (a.Dskip ? a.Dskip[d0 + i] * ut[i] : T(0));
     if (rec) {
       std::copy(y, y + w, rec->ypre + size_t(t) * kDB);
       if (zt) M::sigmoid(zt, rec->zsig + size_t(t) * kDB, size_t(w));
@@ -238,32 +242,27 @@ __attribute__((always_inline)) inline void bwd_range(const ScanArgs<T>& a, const
   }
 }
 
-// One frame of selective_scan_step for one batch row, kDB channels at a time: dt (+ bias,
+// One frame of selective_scan_step for one batch row, a block of channels at a time (as many as
+// keep exp(dt A) within 4096 values, so the vector calls are few and long): dt (+ bias,
 // softplus), exp(dt A), the state update and the C contraction, the D skip, the SiLU gate.
 template <class T, class M>
 __attribute__((always_inline)) inline void step_row(T* state, const T* u, const T* delta,
                                                     const T* A, const T* Bm, const T* Cm,
                                                     const T* Dskip, const T* z, const T* delta_bias,
                                                     bool softplus, T* out, int D, int N) {
-  T dt[kDB], gate[kDB];
-  T ea[kDB * kScanMaxState];
-  for (int d0 = 0; d0 < D; d0 += kDB) {
-    const int w = std::min(kDB, D - d0);
+  constexpr int kValues = 4096, kMaxBlock = 256;
+  const int block = std::clamp(kValues / N, 1, kMaxBlock);
+  T dt[kMaxBlock], gate[kMaxBlock];
+  T ea[kValues];
+  for (int d0 = 0; d0 < D; d0 += block) {
+    const int w = std::min(block, D - d0);
     for (int i = 0; i < w; ++i) dt[i] = delta[d0 + i] + (delta_bias ? delta_bias[d0 + i] : T(0));
     if (softplus) M::softplus(dt, dt, size_t(w));
     M::exp_scaled_rows(A + size_t(d0) * N, dt, ea, w, N);
     for (int i = 0; i < w; ++i) {
       const int d = d0 + i;
-      T* h = state + size_t(d) * N;
-      const T* er = ea + i * N;
-      const T dtu = dt[i] * u[d];
-      T acc = 0;
-#pragma omp simd reduction(+ : acc)
-      for (int n = 0; n < N; ++n) {
-        h[n] = er[n] * h[n] + dtu * Bm[n];
-        acc += h[n] * Cm[n];
-      }
-      out[d] = acc + (Dskip ? Dskip[d] * u[d] : T(0));
+      out[d] = update_state(state + size_t(d) * N, ea + i * N, dt[i] * u[d], Bm, Cm, N) +
+               (Dskip ? Dskip[d] * u[d] : T(0));
     }
     if (z) {
       M::sigmoid(z + d0, gate, size_t(w));

@@ -165,6 +165,12 @@ inline void map1(const float* x, float* y, size_t n) {
 float exp1(float x) {
   return std::exp(x);
 }
+float softplus1(float x) {
+  return softplus_scalar(x);
+}
+float sigmoid1(float x) {
+  return sigmoid_scalar(x);
+}
 float log1p1(float x) {
   return std::log1p(x);
 }
@@ -176,6 +182,28 @@ float silu1(float x) {  // one division, as the vector levels (x * sigmoid(x) ro
 }
 
 }  // namespace
+
+// A level's element-wise functions: `map` applies the level's vector form of each (exp8, exp16,
+// exp1 for libm, ...) over the array.
+#define SLIPSTREAM_VEC_MATH_MAPS(Level, attributes, map, width)         \
+  attributes void Level::exp(const float* x, float* y, size_t n) {      \
+    map<exp##width>(x, y, n);                                           \
+  }                                                                     \
+  attributes void Level::log1p(const float* x, float* y, size_t n) {    \
+    map<log1p##width>(x, y, n);                                         \
+  }                                                                     \
+  attributes void Level::softplus(const float* x, float* y, size_t n) { \
+    map<softplus##width>(x, y, n);                                      \
+  }                                                                     \
+  attributes void Level::sigmoid(const float* x, float* y, size_t n) {  \
+    map<sigmoid##width>(x, y, n);                                       \
+  }                                                                     \
+  attributes void Level::tanh(const float* x, float* y, size_t n) {     \
+    map<tanh##width>(x, y, n);                                          \
+  }                                                                     \
+  attributes void Level::silu(const float* x, float* y, size_t n) {     \
+    map<silu##width>(x, y, n);                                          \
+  }
 
 CpuIsa cpu_isa_supported() {
   static const CpuIsa isa = detect_isa();
@@ -199,47 +227,13 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "generic";
 }
 
-void VecMathGeneric::exp(const float* x, float* y, size_t n) {
-  map1<exp1>(x, y, n);
-}
-void VecMathGeneric::log1p(const float* x, float* y, size_t n) {
-  map1<log1p1>(x, y, n);
-}
-void VecMathGeneric::softplus(const float* x, float* y, size_t n) {
-  map1<softplus_scalar<float>>(x, y, n);
-}
-void VecMathGeneric::sigmoid(const float* x, float* y, size_t n) {
-  map1<sigmoid_scalar<float>>(x, y, n);
-}
-void VecMathGeneric::tanh(const float* x, float* y, size_t n) {
-  map1<tanh1>(x, y, n);
-}
-void VecMathGeneric::silu(const float* x, float* y, size_t n) {
-  map1<silu1>(x, y, n);
-}
+SLIPSTREAM_VEC_MATH_MAPS(VecMathGeneric, , map1, 1)
 void VecMathGeneric::exp_scaled_rows(const float* a, const float* s, float* out, int rows, int N) {
   for (int i = 0; i < rows; ++i)
     for (int j = 0; j < N; ++j) out[i * N + j] = std::exp(s[i] * a[i * N + j]);
 }
 
-SLIPSTREAM_AVX2 void VecMathAvx2::exp(const float* x, float* y, size_t n) {
-  map8<exp8>(x, y, n);
-}
-SLIPSTREAM_AVX2 void VecMathAvx2::log1p(const float* x, float* y, size_t n) {
-  map8<log1p8>(x, y, n);
-}
-SLIPSTREAM_AVX2 void VecMathAvx2::softplus(const float* x, float* y, size_t n) {
-  map8<softplus8>(x, y, n);
-}
-SLIPSTREAM_AVX2 void VecMathAvx2::sigmoid(const float* x, float* y, size_t n) {
-  map8<sigmoid8>(x, y, n);
-}
-SLIPSTREAM_AVX2 void VecMathAvx2::tanh(const float* x, float* y, size_t n) {
-  map8<tanh8>(x, y, n);
-}
-SLIPSTREAM_AVX2 void VecMathAvx2::silu(const float* x, float* y, size_t n) {
-  map8<silu8>(x, y, n);
-}
+SLIPSTREAM_VEC_MATH_MAPS(VecMathAvx2, SLIPSTREAM_AVX2, map8, 8)
 SLIPSTREAM_AVX2 void VecMathAvx2::exp_scaled_rows(const float* a, const float* s, float* out,
                                                   int rows, int N) {
   for (int i = 0; i < rows; ++i) {
@@ -258,24 +252,7 @@ SLIPSTREAM_AVX2 void VecMathAvx2::exp_scaled_rows(const float* a, const float* s
   }
 }
 
-SLIPSTREAM_AVX512 void VecMathAvx512::exp(const float* x, float* y, size_t n) {
-  map16<exp16>(x, y, n);
-}
-SLIPSTREAM_AVX512 void VecMathAvx512::log1p(const float* x, float* y, size_t n) {
-  map16<log1p16>(x, y, n);
-}
-SLIPSTREAM_AVX512 void VecMathAvx512::softplus(const float* x, float* y, size_t n) {
-  map16<softplus16>(x, y, n);
-}
-SLIPSTREAM_AVX512 void VecMathAvx512::sigmoid(const float* x, float* y, size_t n) {
-  map16<sigmoid16>(x, y, n);
-}
-SLIPSTREAM_AVX512 void VecMathAvx512::tanh(const float* x, float* y, size_t n) {
-  map16<tanh16>(x, y, n);
-}
-SLIPSTREAM_AVX512 void VecMathAvx512::silu(const float* x, float* y, size_t n) {
-  map16<silu16>(x, y, n);
-}
+SLIPSTREAM_VEC_MATH_MAPS(VecMathAvx512, SLIPSTREAM_AVX512, map16, 16)
 SLIPSTREAM_AVX512 void VecMathAvx512::exp_scaled_rows(const float* a, const float* s, float* out,
                                                       int rows, int N) {
   for (int i = 0; i < rows; ++i) {
@@ -288,6 +265,8 @@ SLIPSTREAM_AVX512 void VecMathAvx512::exp_scaled_rows(const float* a, const floa
     }
   }
 }
+
+#undef SLIPSTREAM_VEC_MATH_MAPS
 
 namespace {
 template <class Fn>
