@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/parallel.h"
 #include "kernels/reduce.h"
+#include "kernels/vector_math.h"
 
 namespace slipstream::kernels {
 
@@ -22,6 +24,34 @@ template <class T>
 T row_weight(const T* weights, const int32_t* targets, size_t i) {
   if (targets && targets[i] < 0) return T(0);
   return weights ? weights[i] : T(1);
+}
+
+// e[k] = exp(x[k] - mx) for k < K (e may be x's own row buffer); returns their sum, added in
+// order. float: vector exp at cpu_isa()'s level (vector_math.h).
+template <class T>
+T shifted_exp(const T* x, size_t K, T mx, T* e) {
+  for (size_t k = 0; k < K; ++k) e[k] = x[k] - mx;
+  if constexpr (std::is_same_v<T, float>) {
+    vec_exp(e, e, K);
+  } else {
+    for (size_t k = 0; k < K; ++k) e[k] = std::exp(e[k]);
+  }
+  T se = 0;
+  for (size_t k = 0; k < K; ++k) se += e[k];
+  return se;
+}
+
+// The sum of exp(x[k] - mx) without keeping the values, through a stack buffer.
+template <class T>
+T sum_shifted_exp(const T* x, size_t K, T mx) {
+  constexpr size_t kChunk = 256;
+  T e[kChunk];
+  T se = 0;
+  for (size_t k0 = 0; k0 < K; k0 += kChunk) {
+    const size_t n = std::min(kChunk, K - k0);
+    se += shifted_exp(x + k0, n, mx, e);
+  }
+  return se;
 }
 }  // namespace
 
@@ -44,12 +74,9 @@ LossStats softmax_cross_entropy_forward(const T* logits, const int32_t* targets,
         continue;
       }
       const T mx = x[am];
-      T se = 0, sx = 0;
-      for (size_t k = 0; k < K; ++k) {
-        se += std::exp(x[k] - mx);
-        sx += x[k];
-      }
-      const T lse = mx + std::log(se);
+      T sx = 0;
+      for (size_t k = 0; k < K; ++k) sx += x[k];
+      const T lse = mx + std::log(sum_shifted_exp(x, K, mx));
       // sum_k q_k x_k = off * sum(x) + (on - off) * x[target]
       const T loss = lse - (off * sx + (on - off) * x[targets[i]]);
       if (row_loss) row_loss[i] = loss;
@@ -77,14 +104,9 @@ void softmax_cross_entropy_backward(const T* logits, const int32_t* targets, con
       }
       T mx = x[0];
       for (size_t k = 1; k < K; ++k) mx = std::max(mx, x[k]);
-      T se = 0;
-      for (size_t k = 0; k < K; ++k) se += std::exp(x[k] - mx);
-      const T inv = T(1) / se;
+      const T inv = T(1) / shifted_exp(x, K, mx, g);  // g holds exp(x - mx) for now
       const size_t tgt = static_cast<size_t>(targets[i]);
-      for (size_t k = 0; k < K; ++k) {
-        const T p = std::exp(x[k] - mx) * inv;
-        g[k] = (p - (k == tgt ? on : off)) * w;
-      }
+      for (size_t k = 0; k < K; ++k) g[k] = (g[k] * inv - (k == tgt ? on : off)) * w;
     }
   });
 }
