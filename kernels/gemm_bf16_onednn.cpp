@@ -126,7 +126,11 @@ bool set_onednn_bf16_enabled(bool on) {
 
 bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
                                  int ldc, float alpha, float beta) {
-  return plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}).native;
+  try {
+    return plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}).native;
+  } catch (const dnnl::error&) {
+    return false;  // a product oneDNN will not plan: gemm_bf16 widens instead
+  }
 }
 
 void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
