@@ -136,27 +136,30 @@ bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K
 void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
                       int ldc) {
-  const Plan& p = plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
   // OpenMP's thread count is per calling thread: hold each TBB worker's to one, once.
   thread_local const bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
   thread_local dnnl::stream stream(cpu_engine());
-  // This thread's memory objects for the plan, made once and re-pointed each call, and a plain
-  // argument array (the C API): nothing of ours allocates in the steady state.
+  // This thread's plan and memory objects per product, found without the shared cache's lock,
+  // made once and re-pointed each call, and a plain argument array (the C API): nothing of ours
+  // allocates in the steady state.
   struct Bound {
+    const Plan* plan = nullptr;
     memory a, b, c, scratch;
     std::vector<unsigned char> scratch_bytes;
   };
-  thread_local std::map<const Plan*, Bound> bound;
-  auto it = bound.find(&p);
+  thread_local std::map<Key, Bound> bound;
+  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta};
+  auto it = bound.find(key);
   if (it == bound.end()) {
     Bound m;
-    m.scratch_bytes.resize(std::max<size_t>(p.scratch.get_size(), 1));
-    m.a = memory(p.a, cpu_engine(), nullptr);
-    m.b = memory(p.b, cpu_engine(), nullptr);
-    m.c = memory(p.c, cpu_engine(), nullptr);
-    m.scratch = memory(p.scratch, cpu_engine(), m.scratch_bytes.data());
-    it = bound.emplace(&p, std::move(m)).first;
+    m.plan = &plan_for(key);
+    m.scratch_bytes.resize(std::max<size_t>(m.plan->scratch.get_size(), 1));
+    m.a = memory(m.plan->a, cpu_engine(), nullptr);
+    m.b = memory(m.plan->b, cpu_engine(), nullptr);
+    m.c = memory(m.plan->c, cpu_engine(), nullptr);
+    m.scratch = memory(m.plan->scratch, cpu_engine(), m.scratch_bytes.data());
+    it = bound.emplace(key, std::move(m)).first;
   }
   Bound& m = it->second;
   m.a.set_data_handle(const_cast<uint16_t*>(A));
@@ -166,7 +169,7 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
                                   {DNNL_ARG_WEIGHTS, m.b.get()},
                                   {DNNL_ARG_DST, m.c.get()},
                                   {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(p.matmul.get(), stream.get(), 4, args),
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(m.plan->matmul.get(), stream.get(), 4, args),
                           "dnnl_primitive_execute (bf16 GEMM)");
   stream.wait();
   calls.fetch_add(1, std::memory_order_relaxed);

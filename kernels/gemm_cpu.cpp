@@ -1,4 +1,5 @@
-// GEMMs go to OpenBLAS, run single-threaded inside TBB tasks: one thread pool for the whole
+// GEMMs go to OpenBLAS (bf16 ones to oneDNN where the CPU multiplies bf16 natively,
+// gemm_bf16_onednn.h), run single-threaded inside TBB tasks: one thread pool for the whole
 // process (run.threads bounds it), instead of OpenBLAS's own threads spinning beside TBB's
 // (measured faster on 2 cores, docs/kernels.md). A large product is split by rows of C into
 // fixed blocks, one sgemm each. Bias sums are column-blocked so each TBB task owns its outputs
