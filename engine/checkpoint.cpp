@@ -29,6 +29,7 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   meta["run.step"] = std::to_string(run.step);
   meta["run.next_batch"] = std::to_string(next_batch);
   meta["run.seed"] = std::to_string(run.seed);
+  meta["run.world_size"] = std::to_string(run.world_size);
   meta["run.precision"] = run.precision == Precision::bf16 ? "bf16" : "fp32";
   // The graph that made the weights rides along: the file alone says how to rebuild the model.
   write_safetensors((tmp / "model.safetensors").string(), weights,
@@ -68,6 +69,7 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
   info.dir = dir;
   info.step = static_cast<uint64_t>(run.integer("step"));
   info.next_batch = static_cast<uint64_t>(run.integer("next_batch"));
+  info.world_size = run.has("world_size") ? static_cast<int>(run.integer("world_size")) : 1;
   return info;
 }
 

@@ -21,6 +21,7 @@ struct CheckpointInfo {
   std::string dir;
   uint64_t step = 0;
   uint64_t next_batch = 0;
+  int world_size = 1;  // ranks that trained it (1 for checkpoints written before it was saved)
 };
 
 // Writes a checkpoint of every stage of `graph` into `dir` (created; replaced if present).

@@ -852,6 +852,15 @@ std::vector<std::pair<std::string, Parameter*>> StageContext::upstream_parameter
   return out;
 }
 
+void StageContext::gradients_ready(std::span<Parameter* const> params) const {
+  for (auto& [stage, listener] : run_->gradient_listeners) listener(params);
+}
+
+void StageContext::on_gradients_ready(
+    std::function<void(std::span<Parameter* const>)> listener) const {
+  run_->gradient_listeners[index_] = std::move(listener);
+}
+
 uint64_t StageContext::seed() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the run seed
   for (char c : name_) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;

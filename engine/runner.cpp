@@ -270,6 +270,22 @@ struct Runner::Impl {
       step_nonfinite = true;
   }
 
+  // Each stage's parameters (stable after setup), for the gradient announcements.
+  std::vector<std::vector<Parameter*>> stage_params;
+
+  // Stage k's backward for batch b, then (when a stage listens, e.g. allreduce) the announcement
+  // that its parameters' gradients are final.
+  void backward_stage(size_t k, Batch& b) {
+    as_stage(k, b.index, [&] { graph->stage(k).backward(b, graph->context(k)); });
+    if (run.gradient_listeners.empty()) return;
+    if (stage_params.size() != n()) {
+      stage_params.assign(n(), {});
+      for (size_t j = 0; j < n(); ++j) stage_params[j] = graph->stage(j).parameters();
+    }
+    if (!stage_params[k].empty())
+      as_stage(k, b.index, [&] { graph->context(k).gradients_ready(stage_params[k]); });
+  }
+
   // ---- the trainable section for one batch ----
   void section(Batch& b) {
     size_t begin = plan().section_begin;
@@ -284,7 +300,7 @@ struct Runner::Impl {
       for (size_t k = n(); k-- > begin;) {
         const auto& ps = plan().stages[k];
         if (ps.after_loss || !ps.schema->is_differentiable()) continue;
-        timed(k, b.index, [&] { graph->stage(k).backward(b, graph->context(k)); });
+        timed(k, b.index, [&] { backward_stage(k, b); });
       }
     }
     for (size_t k = begin; k < n(); ++k)
@@ -303,6 +319,36 @@ struct Runner::Impl {
     for (size_t k = 0; k < eval_stages.size(); ++k) eval_stages[k]->setup(*eval_contexts[k]);
   }
 
+  // A run of several ranks (run.sum_over_ranks set): every rank's (value × weight, weight) sums
+  // and `extra` numbers added up into every rank's copy. Every rank must hold the same names;
+  // `what` names the sum in a timeout.
+  void sum_over_ranks(std::map<std::string, std::pair<double, double>>& sums,
+                      std::span<double> extra, const std::string& what) {
+    if (run.world_size <= 1 || !run.sum_over_ranks) return;
+    // [names, hash of the names, extra..., (sum, weight) per name]
+    std::vector<double> v{static_cast<double>(sums.size()), 0.0};
+    v.insert(v.end(), extra.begin(), extra.end());
+    uint32_t h = 2166136261u;
+    for (auto& [name, sw] : sums) {
+      for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+      h = (h ^ 0xffu) * 16777619u;
+      v.push_back(sw.first);
+      v.push_back(sw.second);
+    }
+    v[1] = static_cast<double>(h);
+    const double names = v[0], hash = v[1];
+    run.sum_over_ranks(v, what);
+    if (v[0] != names * run.world_size || v[1] != hash * run.world_size)
+      throw std::runtime_error(what + ": the ranks recorded different metrics");
+    std::copy(v.begin() + 2, v.begin() + 2 + static_cast<std::ptrdiff_t>(extra.size()),
+              extra.begin());
+    size_t i = 2 + extra.size();
+    for (auto& [name, sw] : sums) {
+      sw = {v[i], v[i + 1]};
+      i += 2;
+    }
+  }
+
   std::map<std::string, double> validate() {
     ensure_eval_copies();
     std::vector<Stage*> st;
@@ -310,9 +356,26 @@ struct Runner::Impl {
     for (size_t k = 0; k < eval_stages.size(); ++k)
       st.push_back(eval_stages[k].get()), cx.push_back(eval_contexts[k].get());
     for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
-    return forward_pass(st, cx, plan().run.integer("validate_batches"),
-                        "validation @ step " + std::to_string(run.step))
-        .metrics;
+    const std::string label = "validation @ step " + std::to_string(run.step);
+    const int64_t batches = plan().run.integer("validate_batches");
+    if (run.world_size <= 1 || !run.sum_over_ranks)
+      return forward_pass(st, cx, batches, label).metrics;
+
+    // Several ranks: rank r evaluates batches r, r + world, ... and the sums are added up, so
+    // the figures are those of one process evaluating them all, in a world-th of the time.
+    const auto world = static_cast<uint64_t>(run.world_size);
+    Pass pass =
+        forward_pass(st, cx, batches, label, nullptr, static_cast<uint64_t>(run.rank), world);
+    if (pass.batches == 0) {
+      // A rank past the data's end still learns the metric names, from batch 0 counted as nothing.
+      pass = forward_pass(st, cx, 1, label);
+      for (auto& [name, v] : pass.sums) v = {0.0, 0.0};
+    }
+    sum_over_ranks(pass.sums, {}, label);
+    std::map<std::string, double> metrics;
+    for (auto& [name, sw] : pass.sums)
+      if (sw.second > 0) metrics[name] = sw.first / sw.second;
+    return metrics;
   }
 
   // A pulled batch through the data transforms of `st` and the section's forward up to the loss
@@ -338,6 +401,7 @@ struct Runner::Impl {
   // What a forward pass measured: its weighted means, the batches and examples it covered.
   struct Pass {
     std::map<std::string, double> metrics;
+    std::map<std::string, std::pair<double, double>> sums;  // (value × weight, weight) per metric
     uint64_t batches = 0, samples = 0;
   };
 
@@ -346,8 +410,10 @@ struct Runner::Impl {
   // terminal's progress line.
   // With `on_batch`, each batch is handed to it after the forward with the seconds the section's
   // stages before the loss took (the model's answer, without scoring it).
+  // With `stride` > 1, only batches first, first + stride, ... below `batches`.
   Pass forward_pass(std::vector<Stage*>& st, std::vector<StageContext*>& cx, int64_t batches,
-                    const std::string& label, const StreamCallback* on_batch = nullptr) {
+                    const std::string& label, const StreamCallback* on_batch = nullptr,
+                    uint64_t first = 0, uint64_t stride = 1) {
     Pass pass;
     size_t head_end = static_cast<size_t>(plan().head_end);
     std::vector<uint64_t> next(head_end, 0);
@@ -359,7 +425,15 @@ struct Runner::Impl {
     }
     run.training = false;
     try {
-      for (int64_t i = 0; i < batches; ++i) {
+      for (auto i = static_cast<int64_t>(first); i < batches; i += static_cast<int64_t>(stride)) {
+        if (stride != 1) {  // each head stage to batch i
+          uint64_t idx = static_cast<uint64_t>(i);
+          for (size_t k = head_end; k-- > 0;) {
+            next[k] = idx;
+            st[k]->seek(idx, *cx[k]);
+            idx = st[k]->upstream_seek_index(idx);
+          }
+        }
         if (tty) {
           *log << "\r\033[K" << label << ": batch " << i + 1;
           if (batches != std::numeric_limits<int64_t>::max()) *log << "/" << batches;  // not "all"
@@ -383,6 +457,7 @@ struct Runner::Impl {
       in_validation = false;
       for (auto& [k, v] : validation)
         if (v.second > 0) pass.metrics[k] = v.first / v.second;
+      pass.sums.insert(validation.begin(), validation.end());
     }
     return pass;
   }
@@ -447,16 +522,22 @@ struct Runner::Impl {
 
   // The train row for the steps since the last one; `steps_averaged` says how many (a resumed
   // run's first window, the last window and a diverged run's may be shorter than log_every).
+  // With several ranks, the figures of the global batch: every rank's sums added up (samples/s
+  // too; the data wait is this rank's).
   void write_train_row() {
-    std::map<std::string, double> avg;
+    std::map<std::string, std::pair<double, double>> sums;
     {
       std::lock_guard lock(metrics_mu);
-      for (auto& [k, v] : interval)
-        if (v.second > 0) avg[k] = v.first / v.second;
-      interval.clear();
+      sums.swap(interval);
     }
+    double samples_all = static_cast<double>(interval_samples);
+    sum_over_ranks(sums, std::span<double>(&samples_all, 1),
+                   "the train metrics of step " + std::to_string(run.step));
+    std::map<std::string, double> avg;
+    for (auto& [k, v] : sums)
+      if (v.second > 0) avg[k] = v.first / v.second;
     double secs = static_cast<double>(now_ns() - interval_start_ns) * 1e-9;
-    double sps = secs > 0 ? static_cast<double>(interval_samples) / secs : 0;
+    double sps = secs > 0 ? samples_all / secs : 0;
     double wait =
         secs > 0 ? 100.0 * static_cast<double>(interval_section_wait_ns) * 1e-9 / secs : 0;
     last_train = avg;
@@ -980,7 +1061,7 @@ std::map<std::string, double> Runner::gradient_step(const std::string& checkpoin
   for (size_t k = I.n(); k-- > sb;) {
     const auto& ps = I.plan().stages[k];
     if (ps.after_loss || !ps.schema->is_differentiable()) continue;
-    I.as_stage(k, out.index, [&] { I.graph->stage(k).backward(out, I.graph->context(k)); });
+    I.backward_stage(k, out);
   }
   std::map<std::string, double> metrics;
   std::lock_guard lock(I.metrics_mu);
@@ -1092,6 +1173,18 @@ RunResult Runner::Impl::execute_steps() {
   }
   if (ckpt) {
     CheckpointInfo info = load_checkpoint(graph->plan(), *ckpt);
+    // Each rank's windows and the global batch follow from the number of ranks: another number
+    // would continue the run on other data than it was trained on.
+    if (info.world_size != run.world_size) {
+      auto ranks = [](int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+      throw std::runtime_error(
+          *ckpt + ": trained by " + ranks(info.world_size) + ", and this resume has " +
+          ranks(run.world_size) +
+          "; a resume needs the same number (the global batch and each rank's share of the data "
+          "follow from it): resume with " +
+          ranks(info.world_size) +
+          ", or start a new run from these weights with --set run.init_from=" + *ckpt);
+    }
     run.step = info.step;
     // Batches of a step already trained (a stop between an accumulated step's batches).
     const uint64_t k = run.micro_batches_per_step;

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +86,12 @@ struct RunState {
   // Receives StageContext::metric() calls: name, value, kind, weight (set by the runner;
   // thread-safe).
   std::function<void(std::string_view, double, MetricKind, double)> metric_sink;
+  // Hear StageContext::gradients_ready() announcements during a training batch's backward pass,
+  // keyed by the listening stage's position (StageContext::on_gradients_ready).
+  std::map<int, std::function<void(std::span<Parameter* const>)>> gradient_listeners;
+  // Sums values over every rank of the run in place (set by a stage that can, e.g. allreduce's
+  // MPI backend; empty in a one-process run). `what` names the sum in a timeout.
+  std::function<void(std::span<double>, const std::string& what)> sum_over_ranks;
 };
 
 class StateWriter;
@@ -214,6 +221,15 @@ class StageContext {
   // the figure over all its positions at once.
   void metric(std::string_view name, double value, MetricKind kind = MetricKind::mean,
               double weight = 1) const;
+
+  // Backward: these parameters' gradients are final for the batch (nothing later in the pass
+  // adds to them). The runner announces each stage's parameters after its backward; a stage with
+  // layers may announce each layer's as it finishes, so a reducer can start sending them while
+  // the rest of the pass computes.
+  void gradients_ready(std::span<Parameter* const> params) const;
+  // Setup: `listener` hears every announcement of the training batches' backward passes
+  // (replacing this stage's earlier listener).
+  void on_gradients_ready(std::function<void(std::span<Parameter* const>)> listener) const;
 
   // Stages upstream of this one in the graph, nearest first; for allreduce/optimizers/checkpoints.
   std::vector<std::pair<std::string, Stage*>> upstream_stages() const;

@@ -100,6 +100,9 @@ class Tensor {
   bool same_storage(const Tensor& o) const {
     return storage_ == o.storage_ && offset_ == o.offset_;
   }
+  // True when both are views of one allocation (their relative placement is then the same in
+  // every process that built them the same way).
+  bool same_block(const Tensor& o) const { return storage_ == o.storage_; }
   std::string describe() const;  // "f32[256, 60] on cpu"
 
  private:

@@ -1,12 +1,20 @@
-// allreduce: averages every upstream gradient over all ranks after the backward pass, before the
-// optimizer. Backends: mpi (CPU tensors), none (one process: nothing to do, and MPI is never
-// touched), auto (mpi when a launcher started several ranks), nccl (GPU; needs a CUDA build).
-// With gradient accumulation the optimizer steps every N batches; gradients are reduced only
-// on those batches (the sums of N micro-batches), so traffic does not grow with N.
+// allreduce: averages every upstream gradient over all ranks before the optimizer. Backends: mpi
+// (CPU tensors), none (one process: nothing to do, and MPI is never touched), auto (mpi when a
+// launcher started several ranks), nccl (GPU; needs a CUDA build).
+//
+// With `overlap` (the default) each bucket starts as soon as the backward pass has announced
+// every parameter in it final (StageContext::gradients_ready), on the reducer's helper thread,
+// so communication runs while the earlier stages' gradients are computed; this stage's forward,
+// after the backward, waits for the rest. With gradient accumulation the optimizer steps every
+// N batches; gradients are reduced only on those batches (the sums of N micro-batches), so
+// traffic does not grow with N.
 #include <cmath>
+#include <memory>
+#include <unordered_map>
 
 #include "engine/graph.h"
 #include "engine/registry.h"
+#include "engine/state_io.h"
 #include "stages/dist/grad_buckets.h"
 #include "stages/dist/mpi_reduce.h"
 
@@ -18,14 +26,23 @@ class AllreduceStage : public Stage {
   static StageSchema schema() {
     return StageSchema("allreduce")
         .family("dist")
-        .doc("Averages all upstream gradients over the ranks of a multi-process run.")
+        .doc(
+            "Averages all upstream gradients over the ranks of a multi-process run, bucket by "
+            "bucket while the backward pass runs.")
         .role(StageRole::update)
         .param(
             "backend", std::string("auto"),
             "auto (mpi when started by mpirun/srun with >1 ranks, else none) | none | mpi | nccl")
         .choices({"auto", "none", "mpi", "nccl"})
         .param("bucket_mb", 25.0, "size of one reduction message, MiB")
-        .range(0.001, 4096);
+        .range(0.001, 4096)
+        .param("overlap", true,
+               "start each bucket as soon as the backward pass has made it final (false: "
+               "reduce everything after the backward pass)")
+        .param("timeout_s", 300.0,
+               "a rank that does not answer within this many seconds stops the run, every rank "
+               "of it, naming the rank and the step")
+        .range(0.1, 86400);
   }
 
   void setup(StageContext& ctx) override {
@@ -34,18 +51,39 @@ class AllreduceStage : public Stage {
       throw std::runtime_error("allreduce backend nccl needs a CUDA build (" +
                                ctx.params().mark("backend").str() + ")");
     if (backend == "auto") backend = dist::launched_with_multiple_ranks() ? "mpi" : "none";
-    use_mpi_ = backend == "mpi";
     // Gradients are complete once per optimizer step (after that many accumulated batches).
     accumulate_ = static_cast<int64_t>(ctx.run().micro_batches_per_step);
-    if (!use_mpi_) return;
+    world_ = ctx.run().world_size;
+    reducer_.reset();
+    if (backend != "mpi") return;
     dist::mpi_init_once();
     world_ = dist::mpi_world_size();
+    if (world_ != ctx.run().world_size)
+      throw std::runtime_error("MPI says " + std::to_string(world_) + " ranks but the launcher's " +
+                               "environment says " + std::to_string(ctx.run().world_size));
+    if (world_ <= 1) return;
+    const double timeout = ctx.params().number("timeout_s");
+    ctx.run().sum_over_ranks = [timeout](std::span<double> v, const std::string& what) {
+      dist::mpi_sum(v, timeout, what);
+    };
+    // The order the backward pass finishes gradients: the last stage's last parameter first.
+    auto named = ctx.upstream_parameters();
     std::vector<Parameter*> params;
-    for (auto& [name, p] : ctx.upstream_parameters()) params.push_back(p);
+    for (auto it = named.rbegin(); it != named.rend(); ++it) params.push_back(it->second);
+    index_.clear();
+    for (size_t k = 0; k < params.size(); ++k) index_[params[k]] = k;
     const auto bucket =
         static_cast<size_t>(std::ceil(ctx.params().number("bucket_mb") * 1048576.0 / 4.0));
-    buckets_ = dist::GradBuckets(params, bucket);
-    buffer_.assign(std::min(bucket, std::max<size_t>(1, buckets_.total())), 0.0f);
+    reducer_ = std::make_unique<dist::MpiBucketReducer>(dist::GradBuckets(params, bucket), timeout);
+    if (ctx.params().boolean("overlap")) {
+      RunState* run = &ctx.run();
+      ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
+        if (micro_ + 1 < accumulate_) return;  // not the step's last batch: sums still grow
+        for (Parameter* p : ready)
+          if (auto it = index_.find(p); it != index_.end())
+            reducer_->param_ready(it->second, run->step + 1);
+      });
+    }
   }
 
   void forward(Batch& b, StageContext& ctx) override {
@@ -53,18 +91,20 @@ class AllreduceStage : public Stage {
     if (!ctx.run().training) return;
     if (++micro_ < accumulate_) return;
     micro_ = 0;
-    if (use_mpi_ && world_ > 1) dist::mpi_average(buckets_, buffer_);
+    if (!reducer_) return;
+    const auto t = reducer_->finish(ctx.run().step + 1);
+    ctx.metric("sync/comm_ms", t.comm_s * 1e3);
+    ctx.metric("sync/exposed_ms", t.exposed_s * 1e3);
   }
 
   void save(StateWriter& w) const override { w.integer("micro", micro_); }
   void load(StateReader& r) override { micro_ = r.has("micro") ? r.integer("micro") : 0; }
 
  private:
-  bool use_mpi_ = false;
   int world_ = 1;
   int64_t accumulate_ = 1, micro_ = 0;
-  dist::GradBuckets buckets_;
-  std::vector<float> buffer_;
+  std::unordered_map<const Parameter*, size_t> index_;
+  std::unique_ptr<dist::MpiBucketReducer> reducer_;
 };
 SLIPSTREAM_REGISTER_STAGE(AllreduceStage);
 

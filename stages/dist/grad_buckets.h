@@ -1,6 +1,11 @@
-// Gradients of many parameters seen as one flat vector cut into fixed-size buckets, so a
-// collective reduces a few large messages instead of one per tensor. A parameter may straddle
-// two buckets; flatten/unflatten copy exactly the bucket's range.
+// Gradients of many parameters seen as one sequence, in the order given (allreduce gives the
+// order the backward pass finishes them: the last stage's last parameter first), cut into
+// buckets of at most `bucket_elems` floats, so a collective reduces a few large messages instead
+// of one per tensor and can start on the first bucket while the backward is still running.
+//
+// A bucket that covers one block of memory (neighbouring parameters of one stage's flat store,
+// taken in either direction) is reduced where it lies; one that spans separate blocks goes
+// through a staging buffer (flatten, reduce, unflatten). A parameter may straddle two buckets.
 #pragma once
 
 #include <cstddef>
@@ -16,23 +21,40 @@ class GradBuckets {
   GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems);
 
   size_t total() const { return total_; }
-  size_t count() const { return total_ == 0 ? 0 : (total_ + bucket_ - 1) / bucket_; }
+  size_t count() const { return buckets_.size(); }
   size_t bucket_elems() const { return bucket_; }
   // Elements in bucket i (the last may be short).
-  size_t size(size_t i) const;
+  size_t size(size_t i) const { return buckets_[i].size; }
+  // Bucket i's memory when it is one block (reduce in place), else null (stage it).
+  float* contiguous(size_t i) const { return buckets_[i].block; }
+  // The largest bucket that needs staging (0 when every bucket is one block).
+  size_t staging_elems() const;
   // dst[0, size(i)) = the gradients covered by bucket i.
   void flatten(size_t i, float* dst) const;
   // gradients covered by bucket i = src * scale.
   void unflatten(size_t i, const float* src, float scale) const;
+  // gradients covered by bucket i *= scale.
+  void scale(size_t i, float scale) const;
+
+  // Readiness: parameter k (position in the constructor's list) has a piece in these buckets;
+  // bucket i holds pieces of this many distinct parameters.
+  size_t param_count() const { return of_param_.size(); }
+  const std::vector<size_t>& buckets_of(size_t param) const { return of_param_[param]; }
+  size_t params_in(size_t i) const { return buckets_[i].params; }
 
  private:
-  // Calls f(grad pointer, offset in the bucket, n) for each piece of bucket i.
-  template <class F>
-  void pieces(size_t i, F&& f) const;
-
-  std::vector<float*> grads_;
-  std::vector<size_t> begin_;  // flat offset of each parameter
-  std::vector<size_t> numel_;
+  struct Piece {
+    float* grad;
+    size_t offset;  // in the bucket's flat order
+    size_t n;
+  };
+  struct Bucket {
+    std::vector<Piece> pieces;
+    size_t size = 0, params = 0;
+    float* block = nullptr;  // set when the pieces tile one block of memory
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<std::vector<size_t>> of_param_;
   size_t total_ = 0, bucket_ = 1;
 };
 

@@ -1,5 +1,8 @@
 #include "stages/dist/mpi_reduce.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -18,6 +21,20 @@ bool launched_with_multiple_ranks() {
 #if SLIPSTREAM_HAS_MPI
 
 namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+std::string seconds_text(double s) {
+  const double r = std::round(s * 10) / 10;
+  std::string t = std::to_string(r);
+  t.erase(t.find_last_not_of('0') + 1);
+  if (t.back() == '.') t.pop_back();
+  return t + " s";
+}
+// Set when a wait gave up with a collective still in flight: MPI_Finalize would wait for it.
+std::atomic<bool> g_broken{false};
+
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -30,8 +47,14 @@ void check(int rc, const char* what) {
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (g_broken.load()) MPI_Abort(MPI_COMM_WORLD, 1);  // the launcher ends the other ranks
+  MPI_Finalize();
 }
+
+constexpr int kHeartbeatTag = 7301;
+constexpr auto kPollPause = std::chrono::microseconds(20);
+
 }  // namespace
 
 bool mpi_is_initialized() {
@@ -61,15 +84,232 @@ int mpi_rank() {
   return r;
 }
 
-void mpi_average(const GradBuckets& buckets, std::vector<float>& buffer) {
-  const float scale = 1.0f / static_cast<float>(mpi_world_size());
-  for (size_t i = 0; i < buckets.count(); ++i) {
-    const size_t n = buckets.size(i);
-    buckets.flatten(i, buffer.data());
-    check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD),
-          "MPI_Allreduce");
-    buckets.unflatten(i, buffer.data(), scale);
+void mpi_sum(std::span<double> values, double timeout_s, const std::string& what) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
+                       MPI_SUM, MPI_COMM_WORLD, &req),
+        "MPI_Iallreduce");
+  const double deadline = now_s() + timeout_s;
+  for (;;) {
+    int flag = 0;
+    check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) return;
+    if (now_s() > deadline) {
+      g_broken = true;
+      throw std::runtime_error(what + ": no answer from the other ranks within " +
+                               seconds_text(timeout_s) + " (sync.timeout_s); rank " +
+                               std::to_string(mpi_rank()) + " stops");
+    }
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+struct MpiBucketReducer::Mpi {
+  std::vector<MPI_Request> requests;  // per bucket
+  std::vector<size_t> in_flight;      // worker: buckets posted and not yet complete
+  MPI_Request beat_in = MPI_REQUEST_NULL;
+  int64_t beat_in_value = 0;
+  MPI_Request beat_out[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                             MPI_REQUEST_NULL};
+  int64_t beat_out_value[4] = {0, 0, 0, 0};
+  size_t beat_next = 0;
+};
+
+MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
+    : buckets_(std::move(buckets)), timeout_s_(timeout_s), mpi_(std::make_unique<Mpi>()) {
+  rank_ = mpi_rank();
+  world_ = mpi_world_size();
+  const size_t n = buckets_.count();
+  staging_.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!buckets_.contiguous(i)) staging_[i].assign(buckets_.size(i), 0.0f);
+  pending_.assign(n, 0);
+  param_done_.assign(buckets_.param_count(), 0);
+  ready_.assign(n, 0);
+  mpi_->requests.assign(n, MPI_REQUEST_NULL);
+  mpi_->in_flight.reserve(n);
+  // Steps reached by the left-hand neighbour arrive here, one message per step.
+  const int left = (rank_ + world_ - 1) % world_;
+  check(MPI_Irecv(&mpi_->beat_in_value, 1, MPI_INT64_T, left, kHeartbeatTag, MPI_COMM_WORLD,
+                  &mpi_->beat_in),
+        "MPI_Irecv");
+  thread_ = std::thread([this] { worker(); });
+}
+
+MpiBucketReducer::~MpiBucketReducer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || g_broken.load()) return;
+  if (mpi_->beat_in != MPI_REQUEST_NULL) {
+    MPI_Cancel(&mpi_->beat_in);
+    MPI_Wait(&mpi_->beat_in, MPI_STATUS_IGNORE);
+  }
+  for (MPI_Request& r : mpi_->beat_out)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // eager sends: delivered or buffered
+}
+
+void MpiBucketReducer::start_step(uint64_t step) {
+  step_ = step;
+  for (size_t i = 0; i < pending_.size(); ++i) pending_[i] = buckets_.params_in(i);
+  std::fill(param_done_.begin(), param_done_.end(), uint8_t{0});
+  std::lock_guard lock(mu_);
+  std::fill(ready_.begin(), ready_.end(), uint8_t{0});
+  ready_count_ = done_count_ = 0;
+  first_post_s_ = last_done_s_ = 0;
+  active_step_ = step;
+}
+
+void MpiBucketReducer::param_ready(size_t k, uint64_t step) {
+  if (step_ != step) start_step(step);
+  if (param_done_[k]) return;
+  param_done_[k] = 1;
+  for (size_t i : buckets_.buckets_of(k)) {
+    if (--pending_[i] != 0) continue;
+    {
+      std::lock_guard lock(mu_);
+      ready_[i] = 1;
+      ++ready_count_;
+    }
+    work_cv_.notify_one();
+  }
+}
+
+MpiBucketReducer::StepTiming MpiBucketReducer::finish(uint64_t step) {
+  if (step_ != step) start_step(step);
+  for (size_t k = 0; k < param_done_.size(); ++k) param_ready(k, step);
+  const double t0 = now_s();
+  StepTiming t;
+  {
+    std::unique_lock lock(mu_);
+    const bool done = done_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_),
+                                        [&] { return done_count_ == ready_.size(); });
+    if (!done) {
+      lock.unlock();
+      timed_out(step);
+    }
+    if (!ready_.empty()) t.comm_s = last_done_s_ - first_post_s_;
+  }
+  t.exposed_s = std::min(t.comm_s, now_s() - t0);
+  step_ = 0;  // the next call starts a new collection, even for the same step number
+  return t;
+}
+
+void MpiBucketReducer::timed_out(uint64_t step) {
+  g_broken = true;
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  thread_.join();
+  const int left = (rank_ + world_ - 1) % world_;
+  const int64_t reached = left_step_.load();
+  const std::string head = "allreduce of step " + std::to_string(step) + ": no answer within " +
+                           seconds_text(timeout_s_) + " (sync.timeout_s): ";
+  if (reached < static_cast<int64_t>(step))
+    throw std::runtime_error(head + "rank " + std::to_string(left) +
+                             " stopped before reaching step " + std::to_string(step) +
+                             (reached > 0
+                                  ? " (the last step it reached: " + std::to_string(reached) + ")"
+                                  : std::string(" (it reached no step)")) +
+                             "; every rank stops, and the run resumes from its last checkpoint");
+  // The rank to the right of the one that stopped names it and ends the run; wait for that
+  // before saying less.
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
+  throw std::runtime_error(head + "rank " + std::to_string(left) +
+                           " reached this step, so a rank further round stopped; every rank "
+                           "stops, and the run resumes from its last checkpoint");
+}
+
+void MpiBucketReducer::worker() {
+  Mpi& m = *mpi_;
+  const size_t n = ready_.size();
+  const int right = (rank_ + 1) % world_;
+  uint64_t step = 0;
+  size_t next = 0, done = 0;
+  for (;;) {
+    size_t post_end = next;
+    {
+      std::unique_lock lock(mu_);
+      if (m.in_flight.empty())
+        work_cv_.wait(lock,
+                      [&] { return stop_ || active_step_ != step || (next < n && ready_[next]); });
+      if (stop_) return;
+      if (active_step_ != step) step = active_step_, next = 0, done = 0;
+      post_end = next;
+      while (post_end < n && ready_[post_end]) ++post_end;
+    }
+    // Buckets start in index order on every rank: collectives must match across ranks.
+    for (; next < post_end; ++next) {
+      if (next == 0) {
+        std::lock_guard lock(mu_);
+        first_post_s_ = now_s();
+      }
+      if (next == 0 && world_ > 1) {
+        size_t s = m.beat_next++ % 4;
+        int sent = 1;
+        if (m.beat_out[s] != MPI_REQUEST_NULL)
+          check(MPI_Test(&m.beat_out[s], &sent, MPI_STATUS_IGNORE), "MPI_Test");
+        if (sent) {
+          m.beat_out_value[s] = static_cast<int64_t>(step);
+          check(MPI_Isend(&m.beat_out_value[s], 1, MPI_INT64_T, right, kHeartbeatTag,
+                          MPI_COMM_WORLD, &m.beat_out[s]),
+                "MPI_Isend");
+        }
+      }
+      float* data = buckets_.contiguous(next);
+      if (!data) {
+        buckets_.flatten(next, staging_[next].data());
+        data = staging_[next].data();
+      }
+      check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_.size(next)), MPI_FLOAT,
+                           MPI_SUM, MPI_COMM_WORLD, &m.requests[next]),
+            "MPI_Iallreduce");
+      m.in_flight.push_back(next);
+    }
+    bool progressed = false;
+    const float scale = 1.0f / static_cast<float>(world_);
+    for (size_t j = 0; j < m.in_flight.size();) {
+      const size_t i = m.in_flight[j];
+      int flag = 0;
+      check(MPI_Test(&m.requests[i], &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!flag) {
+        ++j;
+        continue;
+      }
+      if (buckets_.contiguous(i))
+        buckets_.scale(i, scale);
+      else
+        buckets_.unflatten(i, staging_[i].data(), scale);
+      m.in_flight.erase(m.in_flight.begin() + static_cast<std::ptrdiff_t>(j));
+      progressed = true;
+      ++done;
+    }
+    // The neighbour's steps, as many as have arrived.
+    for (int flag = 1; flag && m.beat_in != MPI_REQUEST_NULL;) {
+      check(MPI_Test(&m.beat_in, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (!flag) break;
+      left_step_ = m.beat_in_value;
+      const int left = (rank_ + world_ - 1) % world_;
+      check(MPI_Irecv(&m.beat_in_value, 1, MPI_INT64_T, left, kHeartbeatTag, MPI_COMM_WORLD,
+                      &m.beat_in),
+            "MPI_Irecv");
+    }
+    if (progressed && done == n) {
+      {
+        std::lock_guard lock(mu_);
+        last_done_s_ = now_s();
+        done_count_ = n;
+      }
+      done_cv_.notify_all();
+    }
+    if (!m.in_flight.empty() && !progressed) std::this_thread::sleep_for(kPollPause);
   }
 }
 
@@ -83,6 +323,8 @@ namespace {
 }
 }  // namespace
 
+struct MpiBucketReducer::Mpi {};
+
 void mpi_init_once() {
   no_mpi();
 }
@@ -95,7 +337,23 @@ int mpi_rank() {
 bool mpi_is_initialized() {
   return false;
 }
-void mpi_average(const GradBuckets&, std::vector<float>&) {
+void mpi_sum(std::span<double>, double, const std::string&) {
+  no_mpi();
+}
+MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
+    : buckets_(std::move(buckets)), timeout_s_(timeout_s) {
+  no_mpi();
+}
+MpiBucketReducer::~MpiBucketReducer() = default;
+void MpiBucketReducer::param_ready(size_t, uint64_t) {
+  no_mpi();
+}
+MpiBucketReducer::StepTiming MpiBucketReducer::finish(uint64_t) {
+  no_mpi();
+}
+void MpiBucketReducer::worker() {}
+void MpiBucketReducer::start_step(uint64_t) {}
+void MpiBucketReducer::timed_out(uint64_t) {
   no_mpi();
 }
 

@@ -1,16 +1,27 @@
-// The MPI side of `allreduce`: initialisation (once per process) and the bucketed average of
-// gradients over all ranks. Nothing here is called unless the MPI backend is chosen.
+// The MPI side of `allreduce`: initialisation (once per process), the bucketed average of
+// gradients over all ranks overlapped with the backward pass, a deadline on every wait, and a
+// sum of a few numbers (validation metrics). Nothing here is called unless the MPI backend is
+// chosen.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stages/dist/grad_buckets.h"
 
 namespace slipstream::dist {
 
-// MPI_Init_thread (MPI_THREAD_SERIALIZED: the trainable section calls from varying TBB threads,
-// one at a time) unless MPI is already initialised; MPI_Finalize at exit when we initialised it.
+// MPI_Init_thread (MPI_THREAD_SERIALIZED: at any time one thread calls MPI, the reducer's helper
+// thread during a step's reductions, the caller's otherwise) unless MPI is already initialised;
+// MPI_Finalize at exit when we initialised it, or MPI_Abort when a wait timed out (a collective
+// still in flight would make MPI_Finalize hang; the abort makes the launcher end every rank).
 void mpi_init_once();
 int mpi_world_size();
 int mpi_rank();
@@ -20,8 +31,65 @@ bool mpi_is_initialized();
 // Slurm). Reads environment variables only.
 bool launched_with_multiple_ranks();
 
-// In-place MPI_Allreduce (sum) of every bucket through `buffer` (bucket_elems floats), then
-// gradients = sum / world size.
-void mpi_average(const GradBuckets& buckets, std::vector<float>& buffer);
+// values = their sum over all ranks (blocking, in place). A rank that does not answer within
+// `timeout_s` ends the wait with an error naming `what`.
+void mpi_sum(std::span<double> values, double timeout_s, const std::string& what);
+
+// Averages the gradients of `buckets` over all ranks, each bucket with MPI_Iallreduce(SUM) as
+// soon as every parameter in it is final, posted in bucket order by a helper thread that also
+// drives MPI's progress, so communication runs while the backward pass computes the earlier
+// layers' gradients. Each rank also tells its right-hand neighbour (rank + 1) which step it has
+// reached; when a wait times out, the rank whose left-hand neighbour never reached the step
+// names that neighbour.
+class MpiBucketReducer {
+ public:
+  MpiBucketReducer(GradBuckets buckets, double timeout_s);
+  ~MpiBucketReducer();
+  MpiBucketReducer(const MpiBucketReducer&) = delete;
+  MpiBucketReducer& operator=(const MpiBucketReducer&) = delete;
+
+  // The backward pass of step `step` (1-based: the step being trained) has made parameter k's
+  // gradient final (k: position in the list the buckets were built from). Idempotent per step.
+  void param_ready(size_t k, uint64_t step);
+
+  struct StepTiming {
+    double comm_s = 0;     // first bucket posted .. last bucket averaged
+    double exposed_s = 0;  // of that, what the caller waited after its backward pass ended
+  };
+  // Starts every bucket not started yet, waits for all, and leaves the averages in the
+  // gradients. Throws (and marks MPI for abort at exit) when the other ranks do not answer
+  // within the timeout.
+  StepTiming finish(uint64_t step);
+
+  const GradBuckets& buckets() const { return buckets_; }
+
+ private:
+  struct Mpi;  // the MPI handles (requests, heartbeat buffers), opaque to includers
+  void worker();
+  void start_step(uint64_t step);
+  [[noreturn]] void timed_out(uint64_t step);
+
+  GradBuckets buckets_;
+  double timeout_s_;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<Mpi> mpi_;
+  std::vector<std::vector<float>> staging_;  // per bucket that is not one block
+
+  // Caller's thread only.
+  uint64_t step_ = 0;  // the step whose reductions are collecting (0: none)
+  std::vector<size_t> pending_;
+  std::vector<uint8_t> param_done_;
+
+  // Shared with the worker, under mu_.
+  std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<uint8_t> ready_;
+  size_t ready_count_ = 0, done_count_ = 0;
+  uint64_t active_step_ = 0;
+  bool stop_ = false;
+  double first_post_s_ = 0, last_done_s_ = 0;
+  std::atomic<int64_t> left_step_{-1};  // the last step rank - 1 said it reached
+  std::thread thread_;
+};
 
 }  // namespace slipstream::dist

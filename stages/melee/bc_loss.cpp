@@ -227,7 +227,8 @@ class BcLossStage : public Stage {
     }
     if (!training) {
       double p[kRepeatItems];
-      for (int k = 0; k < kRepeatItems; ++k) p[k] = counts_.p(k, prior_);
+      const RepeatCounts& seen = ctx.run().sum_over_ranks ? seen_ : counts_;
+      for (int k = 0; k < kRepeatItems; ++k) p[k] = seen.p(k, prior_);
       const BaselineResult base =
           dev_ ? baseline_from_sums(sums, head_weights_, p)
                : baseline_forward<float>(M, prev.data<float>(), tb.data<float>(),
@@ -268,6 +269,18 @@ class BcLossStage : public Stage {
   }
 
   // The baseline's counts: a resumed run reports the same baseline as an uninterrupted one.
+  // The baseline's probabilities for this pass: the repeats counted on every rank's training
+  // positions (each rank counts its own share of the data).
+  void validation_begin(StageContext& ctx) override {
+    if (!ctx.run().sum_over_ranks) return;
+    double v[1 + kRepeatItems];
+    v[0] = counts_.total;
+    for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
+    ctx.run().sum_over_ranks(v, "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
+    seen_.total = v[0];
+    for (int k = 0; k < kRepeatItems; ++k) seen_.same[k] = v[1 + k];
+  }
+
   void save(StateWriter& w) const override {
     w.number("repeat.total", counts_.total);
     for (int k = 0; k < kRepeatItems; ++k)
@@ -310,7 +323,7 @@ class BcLossStage : public Stage {
   struct {
     std::string loss[kHeads], nll[kHeads], acc[kHeads], base_loss[kHeads], base_acc[kHeads];
   } names_;
-  RepeatCounts counts_;
+  RepeatCounts counts_, seen_;  // this rank's training positions; all ranks' at validation
   Device device_;
   std::unique_ptr<BcLossDevice> dev_;  // null on the CPU
   double weight_sum_ = 0;

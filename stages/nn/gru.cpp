@@ -45,6 +45,7 @@ class GruStage : public Stage {
     c.layers = static_cast<int>(ctx.params().integer("layers"));
     model_ = std::make_unique<nn::GruModel<float>>(c);
     store_.allocate(model_->layout().params, false);
+    layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     nn::gru_init(c, model_->layout(), store_.values(), ctx.seed());
     want_dx_ = nn::input_grad_wanted(ctx, 0);
     ctx.declare_output("y", {in[0], in[1], c.hidden}, DType::f32);
@@ -71,8 +72,13 @@ class GruStage : public Stage {
     const Tensor& dy = ctx.output_grad(b, "y");
     if (!dy.defined()) return;
     nn::check_output_grad(ctx, dy, y_);
+    // A multi-rank run's reducer hears of each layer as the pass leaves it.
+    const std::function<void(int)> layer_done = [&](int l) {
+      ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
+    };
     model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.grads(),
-                     want_dx_ ? dx_.data<float>() : nullptr);
+                     want_dx_ ? dx_.data<float>() : nullptr,
+                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
 
@@ -97,6 +103,7 @@ class GruStage : public Stage {
 
   std::unique_ptr<nn::GruModel<float>> model_;
   nn::ParamStore store_;
+  std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
   Tensor x_, y_, dx_;
   int64_t B_ = 0, W_ = 0;
   bool want_dx_ = true;

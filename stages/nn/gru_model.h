@@ -5,6 +5,8 @@
 // bias_ih_l{k} (3H), bias_hh_l{k} (3H), gate blocks r, z, n.
 #pragma once
 
+#include <functional>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -112,7 +114,9 @@ class GruModel {
   }
 
   // dy (B, L, H) -> dx (=, may be null); parameter gradients accumulate (+=) into g.
-  void backward(const T* x, const T* dy, const T* w, T* g, T* dx) {
+  // `layer_done(k)`, when given, is called once layer k's parameter gradients are final.
+  void backward(const T* x, const T* dy, const T* w, T* g, T* dx,
+                const std::function<void(int)>* layer_done = nullptr) {
     check();
     const T* dout = dy;
     for (int k = c_.layers - 1; k >= 0; --k) {
@@ -124,6 +128,7 @@ class GruModel {
                             layer_out(k), layer_saved(k), dout, static_cast<const T*>(nullptr), din,
                             static_cast<T*>(nullptr), g + Lw.w_ih, g + Lw.w_hh, g + Lw.b_ih,
                             g + Lw.b_hh, bws_.data(), B_, L_, Lw.in, c_.hidden);
+      if (layer_done) (*layer_done)(k);
       dout = din;
     }
   }

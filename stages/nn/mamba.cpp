@@ -27,7 +27,7 @@ class MambaRunner {
   virtual void resize(int B, int L, bool bf16) = 0;
   virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
   virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
-                        float* g, float* dx) = 0;
+                        float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
   virtual void refresh_shadow(const nn::ParamStore& store) const = 0;
 };
 
@@ -44,8 +44,8 @@ class MambaRunnerOn final : public MambaRunner {
     m_.forward(x, w, wb, y);
   }
   void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
-                float* dx) override {
-    m_.backward(x, dy, w, wb, g, dx);
+                float* dx, const std::function<void(int)>* layer_done) override {
+    m_.backward(x, dy, w, wb, g, dx, layer_done);
   }
   void refresh_shadow(const nn::ParamStore& store) const override {
     store.refresh_shadow(m_.ops());
@@ -106,6 +106,7 @@ class MambaStage : public Stage {
     device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16;
     store_.allocate(model_->layout().params, bf16_, device_);
+    layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     store_.initialize([&](float* w) { nn::mamba_init(c, model_->layout(), w, ctx.seed()); });
     model_->refresh_shadow(store_);
     shadow_checked_ = false;
@@ -142,8 +143,13 @@ class MambaStage : public Stage {
     const Tensor& dy = ctx.output_grad(b, "y");
     if (!dy.defined()) return;
     nn::check_output_grad(ctx, dy, y_);
+    // A multi-rank run's reducer hears of each layer as the pass leaves it.
+    const std::function<void(int)> layer_done = [&](int l) {
+      ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
+    };
     model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
-                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr);
+                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
+                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
 
@@ -168,6 +174,7 @@ class MambaStage : public Stage {
   std::unique_ptr<MambaRunner> model_;
   Device device_;
   nn::ParamStore store_;
+  std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
   Tensor x_, y_, dx_;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
   nn::FrameStream<nn::MambaRecurrent<float>, nn::MambaConfig> stream_;  // Runner::stream's state

@@ -15,6 +15,8 @@
 // for the device.
 #pragma once
 
+#include <functional>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -285,7 +287,10 @@ class MambaModel {
 
   // After forward on the same x: dy (B, L, d_model) -> dx (=, may be null when not wanted);
   // parameter gradients accumulate (+=) into g (the layout of w).
-  void backward(const T* x, const T* dy, const T* w, const uint16_t* wb, T* g, T* dx) {
+  // `layer_done(l)`, when given, is called once layer l's parameter gradients are final (enqueued,
+  // on a device).
+  void backward(const T* x, const T* dy, const T* w, const uint16_t* wb, T* g, T* dx,
+                const std::function<void(int)>* layer_done = nullptr) {
     check_precision(wb);
     const int M = B_ * L_, dm = c_.d_model, di = c_.d_inner(), N = c_.d_state, R = c_.rank();
     const int P = R + 2 * N;
@@ -331,6 +336,7 @@ class MambaModel {
          dm);
       ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
                             scratch_);
+      if (layer_done) (*layer_done)(l);
     }
     if (c_.has_input_proj()) {
       const int din = c_.din;

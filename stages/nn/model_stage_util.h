@@ -34,6 +34,19 @@ inline void check_sequence(const StageContext& ctx, const Tensor& x, int64_t d,
                              std::to_string(d) + ") on " + device.str() + ", got " + x.describe());
 }
 
+// Each layer's parameters (names "layers.<l>.") of a model with `layers` layers, so its backward
+// pass can announce a layer's gradients final as it leaves the layer (the reducer of a
+// multi-rank run starts sending them while the layers below compute theirs).
+inline std::vector<std::vector<Parameter*>> parameters_by_layer(
+    const std::vector<Parameter*>& params, int layers) {
+  std::vector<std::vector<Parameter*>> out(static_cast<size_t>(layers));
+  for (Parameter* p : params)
+    for (int l = 0; l < layers; ++l)
+      if (p->name.starts_with("layers." + std::to_string(l) + "."))
+        out[static_cast<size_t>(l)].push_back(p);
+  return out;
+}
+
 // The gradient of the output must match the output a stage produced.
 inline void check_output_grad(const StageContext& ctx, const Tensor& dy, const Tensor& y) {
   if (!(dy.shape() == y.shape()) || dy.dtype() != DType::f32)

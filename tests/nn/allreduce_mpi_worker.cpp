@@ -1,42 +1,66 @@
-// Run by allreduce_mpi_test under `mpirun -np 2`: each rank fills gradients with rank-dependent
-// values, averages them with the allreduce stage's MPI path (small buckets, so parameters
-// straddle buckets), and checks the mean. Exit status 0 on success.
+// Run by allreduce_mpi_test under `mpirun -np 2` and `-np 3`: each rank fills gradients with
+// rank-dependent values (three parameters in one flat store, two on their own), averages them
+// through the allreduce stage's reducer with small buckets (in-place and staged buckets,
+// parameters straddling buckets), announcing parameters one by one in a rank-dependent order,
+// twice (two steps), and checks the mean. Exit status 0 on success.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "stages/dist/mpi_reduce.h"
 
 using namespace slipstream;
 
-int main() {
+int main(int argc, char** argv) {
   if (!dist::launched_with_multiple_ranks()) {
     std::fprintf(stderr, "not started by a multi-rank launcher\n");
     return 2;
   }
+  const int want_world = argc > 1 ? std::atoi(argv[1]) : 2;
   dist::mpi_init_once();
   const int rank = dist::mpi_rank(), world = dist::mpi_world_size();
-  std::vector<Parameter> params(3);
-  const int64_t sizes[3] = {10, 3, 17};
-  for (int k = 0; k < 3; ++k) {
+  const int64_t sizes[5] = {10, 3, 17, 4, 9};
+  Tensor store = Tensor::empty({30}, DType::f32);  // parameters 0..2 are views of one block
+  std::vector<Parameter> params(5);
+  int64_t at = 0;
+  for (int k = 0; k < 5; ++k) {
     params[size_t(k)].name = "p" + std::to_string(k);
-    params[size_t(k)].grad = Tensor::empty({sizes[k]}, DType::f32);
-    for (int64_t i = 0; i < sizes[k]; ++i)
-      params[size_t(k)].grad.data<float>()[i] = float(rank + 1) * float(k * 100 + i);
+    params[size_t(k)].grad =
+        k < 3 ? store.slice_rows(at, at + sizes[k]) : Tensor::empty({sizes[k]}, DType::f32);
+    if (k < 3) at += sizes[k];
   }
-  std::vector<Parameter*> ptrs;
-  for (auto& p : params) ptrs.push_back(&p);
+  std::vector<Parameter*> ptrs;  // backward order: the last parameter first
+  for (int k = 4; k >= 0; --k) ptrs.push_back(&params[size_t(k)]);
   dist::GradBuckets buckets(ptrs, 7);
-  std::vector<float> buffer(7);
-  dist::mpi_average(buckets, buffer);
-  // mean over ranks of (r + 1) * v = v * (world + 1) / 2
+  int in_place = 0;
+  for (size_t i = 0; i < buckets.count(); ++i) in_place += buckets.contiguous(i) != nullptr;
+  dist::MpiBucketReducer reducer(buckets, 60.0);
   int bad = 0;
-  for (int k = 0; k < 3; ++k)
-    for (int64_t i = 0; i < sizes[k]; ++i) {
-      const float want = float(k * 100 + i) * float(world + 1) / 2.0f;
-      if (std::abs(params[size_t(k)].grad.data<float>()[i] - want) > 1e-4f * std::max(1.0f, want))
-        ++bad;
-    }
-  std::printf("rank %d of %d: %s\n", rank, world, bad ? "MISMATCH" : "ok");
-  return bad || world != 2 ? 1 : 0;
+  for (uint64_t step = 1; step <= 2; ++step) {
+    for (int k = 0; k < 5; ++k)
+      for (int64_t i = 0; i < sizes[k]; ++i)
+        params[size_t(k)].grad.data<float>()[i] = float(rank + 1) * float(k * 100 + i + step);
+    // Announcements in an order that differs by rank: buckets still start in bucket order.
+    for (size_t j = 0; j < ptrs.size(); ++j)
+      reducer.param_ready((j + static_cast<size_t>(rank)) % ptrs.size(), step);
+    reducer.finish(step);
+    // mean over ranks of (r + 1) * v = v * (world + 1) / 2
+    for (int k = 0; k < 5; ++k)
+      for (int64_t i = 0; i < sizes[k]; ++i) {
+        const float want = float(k * 100 + i + step) * float(world + 1) / 2.0f;
+        if (std::abs(params[size_t(k)].grad.data<float>()[i] - want) > 1e-4f * std::max(1.0f, want))
+          ++bad;
+      }
+  }
+  // A sum of doubles (the validation metrics' path).
+  double v[2] = {1.0, double(rank)};
+  dist::mpi_sum(v, 60.0, "test sum");
+  if (v[0] != world || v[1] != world * (world - 1) / 2.0) ++bad;
+  std::printf("rank %d of %d: %zu buckets, %d in place: %s\n", rank, world, buckets.count(),
+              in_place, bad ? "MISMATCH" : "ok");
+  return bad || world != want_world || in_place == 0 ||
+                 in_place == static_cast<int>(buckets.count())
+             ? 1
+             : 0;
 }

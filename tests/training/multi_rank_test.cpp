@@ -1,0 +1,254 @@
+// The behaviour-cloning graph on several ranks under mpirun (CPU, MPI backend, overlapped
+// buckets): 2 and 3 ranks train the parameters one process trains with the same global batch and
+// seed, and report the same train and validation figures; a rank that hangs stops every rank
+// within sync.timeout_s with one message naming it and the step, and the run resumes from its
+// last checkpoint; a killed rank ends the run; a resume with another number of ranks is refused.
+// Skipped (not passed) where mpirun is missing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "engine/checkpoint.h"
+#include "engine/safetensors.h"
+#include "engine/stats_record.h"
+#include "tests/support/cli_output.h"
+#include "tests/support/temp_dir.h"
+#include "tests/training/training_fixture.h"
+
+using namespace slipstream;
+using namespace slipstream::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool have_mpirun() {
+  return std::system("command -v mpirun > /dev/null 2>&1") == 0;
+}
+
+// --allow-run-as-root: containers run tests as root; --oversubscribe: more ranks than cores.
+// detect_leaks=0 matters only in sanitizer builds: Open MPI's MPI_Init leaks in its components.
+std::string mpirun(int ranks) {
+  return "mpirun --allow-run-as-root --oversubscribe -x ASAN_OPTIONS=detect_leaks=0 "
+         "-x SLIPSTREAM_STATS_DIR -np " +
+         std::to_string(ranks) + " ";
+}
+
+// The tiny graph of the training tests with two layers, buckets of 2,621 floats (a few per step,
+// some reduced in place, some staged), a batch of `batch` per rank.
+std::string run_args(const std::string& dir, const std::string& name, int batch) {
+  std::string a = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(dir))
+    if (!s.starts_with("replays.batch_size") && !s.starts_with("core.layers")) a += " --set " + s;
+  return a + " --set core.layers=2 --set sync.bucket_mb=0.01 --set run.name=" + name +
+         " --set replays.batch_size=" + std::to_string(batch);
+}
+
+std::string only_run_dir(const std::string& runs, const std::string& name) {
+  std::string found;
+  for (const auto& e : fs::directory_iterator(runs))
+    if (e.path().filename().string().starts_with(name + "-")) found = e.path().string();
+  return found;
+}
+
+std::vector<nlohmann::json> rows(const std::string& run_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j);
+  }
+  return out;
+}
+
+// ||a - b|| / ||a|| of each weight tensor of two checkpoints, the largest.
+double weights_relative_difference(const std::string& a_dir, const std::string& b_dir) {
+  const SafetensorsFile a = read_safetensors(a_dir + "/model.safetensors");
+  const SafetensorsFile b = read_safetensors(b_dir + "/model.safetensors");
+  EXPECT_EQ(a.tensors.size(), b.tensors.size());
+  double worst = 0;
+  for (const auto& [name, ta] : a.tensors) {
+    const Tensor& tb = b.tensors.at(name);
+    double d = 0, n = 0;
+    for (int64_t i = 0; i < ta.numel(); ++i) {
+      const double x = ta.data<float>()[i], y = tb.data<float>()[i];
+      d += (x - y) * (x - y);
+      n += x * x;
+    }
+    worst = std::max(worst, std::sqrt(d) / std::max(std::sqrt(n), 1e-30));
+  }
+  return worst;
+}
+
+TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const std::string steps =
+      " --set run.steps=6 --set ckpt.every=6 --set run.log_every=3 --set run.validate_every=3"
+      " --set run.validate_batches=1000";
+  const auto one =
+      run_command(std::string(SLIPSTREAM_CLI) + " " + run_args(d.path(), "one", 12) + steps);
+  ASSERT_EQ(one.status, 0) << one.text;
+  const std::string one_dir = only_run_dir(d.path() + "/runs", "one");
+  const auto want = rows(one_dir);
+  ASSERT_EQ(want.size(), 4u);  // train and validation rows at steps 3 and 6
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const std::string name = "ranks" + std::to_string(ranks);
+    const auto many = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " " +
+                                  run_args(d.path(), name, 12 / ranks) + steps);
+    ASSERT_EQ(many.status, 0) << many.text;
+    const std::string dir = only_run_dir(d.path() + "/runs", name);
+    EXPECT_LE(
+        weights_relative_difference(one_dir + "/checkpoints/step-6", dir + "/checkpoints/step-6"),
+        1e-6);
+    // Rows are the global batch's (train) and the whole pass's (validation, each rank evaluating
+    // its share), baseline included.
+    const auto got = rows(dir);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i]["split"], want[i]["split"]);
+      for (const char* key : {"loss", "acc/buttons", "baseline/loss"}) {
+        if (!want[i].contains(key)) continue;
+        const double w = want[i][key], g = got[i][key];
+        EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << key << " in row " << i;
+      }
+      if (want[i]["split"] == "train") {
+        EXPECT_TRUE(got[i].contains("sync/comm_ms"));  // the reductions' timing
+        EXPECT_TRUE(got[i].contains("sync/exposed_ms"));
+      }
+    }
+  }
+}
+
+// The pid of rank `rank` of a run publishing its stats record into `dir`, once it has taken
+// `steps` steps (0 when that does not happen within a minute).
+pid_t rank_pid_once_stepping(const std::string& dir, int rank, uint64_t steps) {
+  for (int i = 0; i < 1200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (const auto& f : stats::find_records(dir)) {
+      if (!f.result.record || f.result.record->step < steps) continue;
+      const pid_t pid = f.result.record->pid;
+      std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+      std::string all((std::istreambuf_iterator<char>(env)), {});
+      if (all.find("OMPI_COMM_WORLD_RANK=" + std::to_string(rank) + '\0') != std::string::npos)
+        return pid;
+    }
+  }
+  return 0;
+}
+
+struct Launched {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Launched launch(const std::string& command, const std::string& log) {
+  Launched l{fork(), log};
+  if (l.pid == 0) {
+    freopen(log.c_str(), "w", stdout);
+    dup2(fileno(stdout), fileno(stderr));
+    execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), nullptr);
+    _exit(127);
+  }
+  return l;
+}
+
+// Waits up to `limit_s` for the launched command; its exit status (-1: killed by a signal; -2:
+// still running at the limit, then killed).
+int wait_for(const Launched& l, double limit_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  for (;;) {
+    int status = 0;
+    if (waitpid(l.pid, &status, WNOHANG) == l.pid)
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (std::chrono::steady_clock::now() > end) {
+      kill(l.pid, SIGKILL);
+      waitpid(l.pid, &status, 0);
+      return -2;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(MultiRank, AHungRankStopsEveryRankNamingItAndTheRunResumes) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
+  const std::string args = run_args(d.path(), "hang", 4) +
+                           " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=5"
+                           " --set sync.timeout_s=3";
+  const Launched run = launch(mpirun(3) + SLIPSTREAM_CLI + " " + args, d.path() + "/hang.txt");
+  const pid_t rank1 = rank_pid_once_stepping(d.path(), 1, 12);
+  if (rank1 == 0) {
+    kill(run.pid, SIGKILL);
+    waitpid(run.pid, nullptr, 0);
+    unsetenv("SLIPSTREAM_STATS_DIR");
+    FAIL() << "rank 1 never took 12 steps:\n" << read_text(run.log);
+  }
+  kill(rank1, SIGSTOP);  // alive, silent: only the deadline can end the others' wait
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = wait_for(run, 120);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  kill(rank1, SIGKILL);  // in case the launcher left it stopped
+  unsetenv("SLIPSTREAM_STATS_DIR");
+  const std::string text = read_text(run.log);
+  ASSERT_NE(status, -2) << "still running 120 s after rank 1 stopped:\n" << text;
+  EXPECT_NE(status, 0) << text;
+  EXPECT_LT(took, 60.0);
+  EXPECT_NE(text.find("(sync.timeout_s): rank 1 stopped before reaching step"), std::string::npos)
+      << text;
+
+  // No rank left a partial checkpoint; the last complete one resumes with the same ranks, and
+  // another number of ranks is refused.
+  const std::string dir = only_run_dir(d.path() + "/runs", "hang");
+  const auto last = latest_checkpoint(dir);
+  ASSERT_TRUE(last.has_value()) << text;
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints"))
+    EXPECT_FALSE(e.path().string().ends_with(".tmp")) << e.path();
+  const uint64_t at = std::stoull(fs::path(*last).filename().string().substr(5));
+  const std::string more = " --set run.steps=" + std::to_string(at + 3);
+  const auto two = run_command(mpirun(2) + SLIPSTREAM_CLI + " run --resume " + dir + more);
+  EXPECT_NE(two.status, 0);
+  EXPECT_NE(two.text.find("trained by 3 ranks, and this resume has 2 ranks"), std::string::npos)
+      << two.text;
+  const auto three = run_command(mpirun(3) + SLIPSTREAM_CLI + " run --resume " + dir + more +
+                                 " --set sync.timeout_s=60");
+  EXPECT_EQ(three.status, 0) << three.text;
+  EXPECT_NE(three.text.find("resumed from " + *last), std::string::npos) << three.text;
+}
+
+TEST(MultiRank, AKilledRankEndsTheRun) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
+  const std::string args = run_args(d.path(), "killed", 4) +
+                           " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=0"
+                           " --set sync.timeout_s=3";
+  const Launched run = launch(mpirun(2) + SLIPSTREAM_CLI + " " + args, d.path() + "/kill.txt");
+  const pid_t rank1 = rank_pid_once_stepping(d.path(), 1, 12);
+  unsetenv("SLIPSTREAM_STATS_DIR");
+  if (rank1 == 0) {
+    kill(run.pid, SIGKILL);
+    waitpid(run.pid, nullptr, 0);
+    FAIL() << "rank 1 never took 12 steps:\n" << read_text(run.log);
+  }
+  kill(rank1, SIGKILL);
+  const int status = wait_for(run, 120);
+  ASSERT_NE(status, -2) << "still running 120 s after rank 1 was killed:\n" << read_text(run.log);
+  EXPECT_NE(status, 0) << read_text(run.log);
+}
+
+}  // namespace
