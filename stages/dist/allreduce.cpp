@@ -36,6 +36,10 @@ class AllreduceStage : public Stage {
         .choices({"auto", "none", "mpi", "nccl"})
         .param("bucket_mb", 25.0, "size of one reduction message, MiB")
         .range(0.001, 4096)
+        .param("first_bucket_mb", 1.0,
+               "size of the first bucket (the last layers' gradients), MiB: small, so "
+               "communication starts early in the backward pass")
+        .range(0.001, 4096)
         .param("overlap", true,
                "start each bucket as soon as the backward pass has made it final (false: "
                "reduce everything after the backward pass)")
@@ -72,9 +76,11 @@ class AllreduceStage : public Stage {
     for (auto it = named.rbegin(); it != named.rend(); ++it) params.push_back(it->second);
     index_.clear();
     for (size_t k = 0; k < params.size(); ++k) index_[params[k]] = k;
-    const auto bucket =
-        static_cast<size_t>(std::ceil(ctx.params().number("bucket_mb") * 1048576.0 / 4.0));
-    reducer_ = std::make_unique<dist::MpiBucketReducer>(dist::GradBuckets(params, bucket), timeout);
+    auto floats = [&](const char* key) {
+      return static_cast<size_t>(std::ceil(ctx.params().number(key) * 1048576.0 / 4.0));
+    };
+    reducer_ = std::make_unique<dist::MpiBucketReducer>(
+        dist::GradBuckets(params, floats("bucket_mb"), floats("first_bucket_mb")), timeout);
     if (ctx.params().boolean("overlap")) {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {

@@ -6,8 +6,11 @@
 
 namespace slipstream::dist {
 
-GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems)
+GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems,
+                         size_t first_bucket_elems)
     : bucket_(std::max<size_t>(1, bucket_elems)) {
+  const size_t first_cap = first_bucket_elems > 0 ? std::min(first_bucket_elems, bucket_) : bucket_;
+  auto cap = [&](size_t i) { return i == 0 ? first_cap : bucket_; };
   of_param_.resize(params.size());
   // The bucket being filled: its pieces tile [lo, hi) of `block_of`'s allocation while `tiled`.
   const Tensor* block_of = nullptr;
@@ -24,19 +27,31 @@ GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_el
       throw std::runtime_error("allreduce: parameter '" + p->name + "' needs an f32 CPU gradient");
     float* first = p->grad.data<float>();
     float* last = first + p->grad.numel();  // the part not yet in a bucket is [first, last)
+    // A store listed last parameter first is walked from its end down: take this parameter from
+    // its tail when its neighbours in the list sit just above or below it in one allocation.
+    // Placement within one allocation is the same on every rank, so every rank cuts the same
+    // buckets.
+    auto adjacent_below = [&](size_t j) {  // params[j] ends where this one starts
+      return j < params.size() && params[j]->grad.defined() &&
+             params[j]->grad.dtype() == DType::f32 && params[j]->grad.same_block(p->grad) &&
+             params[j]->grad.data<float>() + params[j]->grad.numel() == first;
+    };
+    auto adjacent_above = [&](size_t j) {  // params[j] starts where this one ends
+      return j < params.size() && params[j]->grad.defined() &&
+             params[j]->grad.dtype() == DType::f32 && params[j]->grad.same_block(p->grad) &&
+             params[j]->grad.data<float>() == last;
+    };
+    const bool descending = adjacent_below(k + 1) || (k > 0 && adjacent_above(k - 1));
     while (first < last) {
-      if (buckets_.empty() || buckets_.back().size == bucket_) {
+      if (buckets_.empty() || buckets_.back().size == cap(buckets_.size() - 1)) {
         close();
         buckets_.emplace_back();
       }
       Bucket& b = buckets_.back();
-      const size_t take = std::min(static_cast<size_t>(last - first), bucket_ - b.size);
-      // Extend the block downwards when this parameter ends where it starts (a store walked in
-      // reverse), else take from the front. Placement within one allocation is the same on
-      // every rank, so every rank cuts the same buckets.
-      const bool same = block_of && block_of->same_block(p->grad);
+      const size_t take =
+          std::min(static_cast<size_t>(last - first), cap(buckets_.size() - 1) - b.size);
       float* piece = first;
-      if (same && last == lo) {
+      if (descending) {
         piece = last - take;
         last -= take;
       } else {
@@ -45,9 +60,9 @@ GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_el
       if (b.pieces.empty()) {
         block_of = &p->grad;
         lo = piece, hi = piece + take, tiled = true;
-      } else if (same && piece + take == lo) {
+      } else if (block_of->same_block(p->grad) && piece + take == lo) {
         lo = piece;
-      } else if (same && piece == hi) {
+      } else if (block_of->same_block(p->grad) && piece == hi) {
         hi = piece + take;
       } else {
         tiled = false;

@@ -18,7 +18,10 @@ namespace slipstream::dist {
 class GradBuckets {
  public:
   GradBuckets() = default;
-  GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems);
+  // The first bucket holds at most `first_bucket_elems` (0: bucket_elems), so that
+  // communication starts soon after the backward pass does, as PyTorch DDP's first bucket.
+  GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems,
+              size_t first_bucket_elems = 0);
 
   size_t total() const { return total_; }
   size_t count() const { return buckets_.size(); }

@@ -107,6 +107,9 @@ class MambaStage : public Stage {
     bf16_ = ctx.run().precision == Precision::bf16;
     store_.allocate(model_->layout().params, bf16_, device_);
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
+    // The final norm's gradient is the backward pass's first: it goes with the top layer's.
+    for (Parameter* p : store_.pointers())
+      if (p->name.starts_with("norm_f.")) layer_params_.back().push_back(p);
     store_.initialize([&](float* w) { nn::mamba_init(c, model_->layout(), w, ctx.seed()); });
     model_->refresh_shadow(store_);
     shadow_checked_ = false;
