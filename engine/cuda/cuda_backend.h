@@ -18,6 +18,12 @@ CudaLibraryVersions library_versions();
 // The CUDA runtime version this binary was built against (e.g. 13000).
 int build_runtime_version();
 
+// A function of a shared library loaded by its soname (found the way a linked library would be:
+// LD_LIBRARY_PATH, then this binary's RUNPATH); nullptr when the library or symbol is missing.
+// The handle stays open: `slipstream doctor` then sees which file was loaded. cuBLAS, cuDNN and
+// NCCL are opened this way, so a binary that does not use them does not need them to start.
+void* library_symbol(const std::string& soname, const char* symbol);
+
 // Page-locked host memory; nullptr on failure (the caller reports it).
 void* host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* ptr);

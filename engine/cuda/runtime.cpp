@@ -111,15 +111,12 @@ CudaProbe probe() {
   return p;
 }
 
-namespace {
-
-// A function of a shared library loaded by its soname (found the way a linked library would be:
-// LD_LIBRARY_PATH, then this binary's RUNPATH); nullptr when the library or symbol is missing.
-// The handle stays open: `slipstream doctor` then sees which file was loaded.
 void* library_symbol(const std::string& soname, const char* symbol) {
   void* h = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
   return h ? ::dlsym(h, symbol) : nullptr;
 }
+
+namespace {
 
 std::string dotted(long long v) {  // major*10000 + minor*100 + patch
   return std::to_string(v / 10000) + "." + std::to_string((v % 10000) / 100) + "." +

@@ -1,6 +1,7 @@
 // allreduce: averages every upstream gradient over all ranks before the optimizer. Backends: mpi
-// (CPU tensors), none (one process: nothing to do, and MPI is never touched), auto (mpi when a
-// launcher started several ranks), nccl (GPU; needs a CUDA build).
+// (host gradients, a helper thread), nccl (device gradients, a communication stream; CUDA
+// builds), none (one process: nothing to do, and MPI is never touched), auto (when a launcher
+// started several ranks: nccl on a GPU, mpi on the CPU; else none).
 //
 // With `overlap` (the default) each bucket starts as soon as the backward pass has announced
 // every parameter in it final (StageContext::gradients_ready), on the reducer's helper thread,
@@ -17,6 +18,7 @@
 #include "engine/state_io.h"
 #include "stages/dist/grad_buckets.h"
 #include "stages/dist/mpi_reduce.h"
+#include "stages/dist/nccl_reduce.h"
 
 namespace slipstream {
 namespace {
@@ -30,9 +32,9 @@ class AllreduceStage : public Stage {
             "Averages all upstream gradients over the ranks of a multi-process run, bucket by "
             "bucket while the backward pass runs.")
         .role(StageRole::update)
-        .param(
-            "backend", std::string("auto"),
-            "auto (mpi when started by mpirun/srun with >1 ranks, else none) | none | mpi | nccl")
+        .param("backend", std::string("auto"),
+               "auto (started by mpirun/srun with >1 ranks: nccl on a GPU, mpi on the CPU; else "
+               "none) | none | mpi | nccl")
         .choices({"auto", "none", "mpi", "nccl"})
         .param("bucket_mb", 25.0, "size of one reduction message, MiB")
         .range(0.001, 4096)
@@ -51,25 +53,33 @@ class AllreduceStage : public Stage {
 
   void setup(StageContext& ctx) override {
     std::string backend = ctx.params().string("backend");
-    if (backend == "nccl")
-      throw std::runtime_error("allreduce backend nccl needs a CUDA build (" +
-                               ctx.params().mark("backend").str() + ")");
-    if (backend == "auto") backend = dist::launched_with_multiple_ranks() ? "mpi" : "none";
+    const bool launched = dist::launched_with_multiple_ranks();
+    if (backend == "auto") backend = !launched ? "none" : ctx.device().is_cuda() ? "nccl" : "mpi";
     // Gradients are complete once per optimizer step (after that many accumulated batches).
     accumulate_ = static_cast<int64_t>(ctx.run().micro_batches_per_step);
     world_ = ctx.run().world_size;
-    reducer_.reset();
-    if (backend != "mpi") return;
-    dist::mpi_init_once();
-    world_ = dist::mpi_world_size();
-    if (world_ != ctx.run().world_size)
-      throw std::runtime_error("MPI says " + std::to_string(world_) + " ranks but the launcher's " +
-                               "environment says " + std::to_string(ctx.run().world_size));
-    if (world_ <= 1) return;
+    mpi_.reset();
+    nccl_.reset();
+    if (backend == "none") return;
+    const std::string where = " (" + ctx.params().mark("backend").str() + ")";
+    if (backend == "nccl" && !dist::nccl_built())
+      throw std::runtime_error("allreduce backend nccl needs a CUDA build" + where);
+    if (backend == "nccl" && !ctx.device().is_cuda())
+      throw std::runtime_error("allreduce backend nccl reduces GPU gradients and this run is on " +
+                               ctx.device().str() + ": use backend mpi (or auto)" + where);
+    if (backend == "mpi" || launched) {
+      dist::mpi_init_once();
+      if (dist::mpi_world_size() != world_)
+        throw std::runtime_error("MPI says " + std::to_string(dist::mpi_world_size()) +
+                                 " ranks but the launcher's environment says " +
+                                 std::to_string(world_));
+    }
+    if (backend == "mpi" && world_ <= 1) return;  // one rank: nothing to average
     const double timeout = ctx.params().number("timeout_s");
-    ctx.run().sum_over_ranks = [timeout](std::span<double> v, const std::string& what) {
-      dist::mpi_sum(v, timeout, what);
-    };
+    if (world_ > 1)
+      ctx.run().sum_over_ranks = [timeout](std::span<double> v, const std::string& what) {
+        dist::mpi_sum(v, timeout, what);
+      };
     // The order the backward pass finishes gradients: the last stage's last parameter first.
     auto named = ctx.upstream_parameters();
     std::vector<Parameter*> params;
@@ -79,15 +89,24 @@ class AllreduceStage : public Stage {
     auto floats = [&](const char* key) {
       return static_cast<size_t>(std::ceil(ctx.params().number(key) * 1048576.0 / 4.0));
     };
-    reducer_ = std::make_unique<dist::MpiBucketReducer>(
-        dist::GradBuckets(params, floats("bucket_mb"), floats("first_bucket_mb")), timeout);
+    dist::GradBuckets buckets(params, floats("bucket_mb"), floats("first_bucket_mb"));
+    if (backend == "nccl")
+      nccl_ = std::make_unique<dist::NcclBucketReducer>(std::move(buckets), ctx.exec().stream(),
+                                                        ctx.run().rank, world_);
+    else
+      mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout);
     if (ctx.params().boolean("overlap")) {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
         if (micro_ + 1 < accumulate_) return;  // not the step's last batch: sums still grow
-        for (Parameter* p : ready)
-          if (auto it = index_.find(p); it != index_.end())
-            reducer_->param_ready(it->second, run->step + 1);
+        for (Parameter* p : ready) {
+          auto it = index_.find(p);
+          if (it == index_.end()) continue;
+          if (mpi_)
+            mpi_->param_ready(it->second, run->step + 1);
+          else
+            nccl_->param_ready(it->second, run->step + 1);
+        }
       });
     }
   }
@@ -97,8 +116,9 @@ class AllreduceStage : public Stage {
     if (!ctx.run().training) return;
     if (++micro_ < accumulate_) return;
     micro_ = 0;
-    if (!reducer_) return;
-    const auto t = reducer_->finish(ctx.run().step + 1);
+    if (nccl_) nccl_->finish(ctx.run().step + 1);  // the device waits, not the host
+    if (!mpi_) return;
+    const auto t = mpi_->finish(ctx.run().step + 1);
     ctx.metric("sync/comm_ms", t.comm_s * 1e3);
     ctx.metric("sync/exposed_ms", t.exposed_s * 1e3);
   }
@@ -110,7 +130,8 @@ class AllreduceStage : public Stage {
   int world_ = 1;
   int64_t accumulate_ = 1, micro_ = 0;
   std::unordered_map<const Parameter*, size_t> index_;
-  std::unique_ptr<dist::MpiBucketReducer> reducer_;
+  std::unique_ptr<dist::MpiBucketReducer> mpi_;
+  std::unique_ptr<dist::NcclBucketReducer> nccl_;
 };
 SLIPSTREAM_REGISTER_STAGE(AllreduceStage);
 

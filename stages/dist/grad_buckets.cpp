@@ -23,8 +23,14 @@ GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_el
   };
   for (size_t k = 0; k < params.size(); ++k) {
     const Parameter* p = params[k];
-    if (!p->grad.defined() || p->grad.dtype() != DType::f32 || !p->grad.device().is_cpu())
-      throw std::runtime_error("allreduce: parameter '" + p->name + "' needs an f32 CPU gradient");
+    if (!p->grad.defined() || p->grad.dtype() != DType::f32)
+      throw std::runtime_error("allreduce: parameter '" + p->name + "' needs an f32 gradient");
+    if (k == 0) device_ = p->grad.device();
+    if (p->grad.device() != device_)
+      throw std::runtime_error("allreduce: parameter '" + p->name + "' has its gradient on " +
+                               p->grad.device().str() + ", '" + params[0]->name + "' on " +
+                               device_.str() +
+                               ": one reduction needs every gradient on one device");
     float* first = p->grad.data<float>();
     float* last = first + p->grad.numel();  // the part not yet in a bucket is [first, last)
     // A store listed last parameter first is walked from its end down: take this parameter from

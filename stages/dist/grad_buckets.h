@@ -3,6 +3,9 @@
 // buckets of at most `bucket_elems` floats, so a collective reduces a few large messages instead
 // of one per tensor and can start on the first bucket while the backward is still running.
 //
+// The gradients may live on the host or on one CUDA device (device pointers are only compared,
+// never read here; flatten, unflatten and scale are for host buckets).
+//
 // A bucket that covers one block of memory (neighbouring parameters of one stage's flat store,
 // taken in either direction) is reduced where it lies; one that spans separate blocks goes
 // through a staging buffer (flatten, reduce, unflatten). A parameter may straddle two buckets.
@@ -24,6 +27,7 @@ class GradBuckets {
               size_t first_bucket_elems = 0);
 
   size_t total() const { return total_; }
+  const Device& device() const { return device_; }
   size_t count() const { return buckets_.size(); }
   size_t bucket_elems() const { return bucket_; }
   // Elements in bucket i (the last may be short).
@@ -45,12 +49,14 @@ class GradBuckets {
   const std::vector<size_t>& buckets_of(size_t param) const { return of_param_[param]; }
   size_t params_in(size_t i) const { return buckets_[i].params; }
 
- private:
   struct Piece {
     float* grad;
     size_t offset;  // in the bucket's flat order
     size_t n;
   };
+  const std::vector<Piece>& pieces(size_t i) const { return buckets_[i].pieces; }
+
+ private:
   struct Bucket {
     std::vector<Piece> pieces;
     size_t size = 0, params = 0;
@@ -59,6 +65,7 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> of_param_;
   size_t total_ = 0, bucket_ = 1;
+  Device device_;
 };
 
 }  // namespace slipstream::dist

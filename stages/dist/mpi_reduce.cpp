@@ -84,6 +84,10 @@ int mpi_rank() {
   return r;
 }
 
+void mpi_broadcast(void* data, size_t bytes, int root) {
+  check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+}
+
 void mpi_sum(std::span<double> values, double timeout_s, const std::string& what) {
   MPI_Request req = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
@@ -117,6 +121,9 @@ struct MpiBucketReducer::Mpi {
 
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
     : buckets_(std::move(buckets)), timeout_s_(timeout_s), mpi_(std::make_unique<Mpi>()) {
+  if (!buckets_.device().is_cpu())
+    throw std::runtime_error("allreduce backend mpi reduces host gradients; this run's are on " +
+                             buckets_.device().str() + ": use backend nccl (or auto)");
   rank_ = mpi_rank();
   world_ = mpi_world_size();
   const size_t n = buckets_.count();
@@ -336,6 +343,9 @@ int mpi_rank() {
 }
 bool mpi_is_initialized() {
   return false;
+}
+void mpi_broadcast(void*, size_t, int) {
+  no_mpi();
 }
 void mpi_sum(std::span<double>, double, const std::string&) {
   no_mpi();

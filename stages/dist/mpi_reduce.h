@@ -31,6 +31,9 @@ bool mpi_is_initialized();
 // Slurm). Reads environment variables only.
 bool launched_with_multiple_ranks();
 
+// data[0, bytes) = root's (blocking; e.g. NCCL's unique id from rank 0).
+void mpi_broadcast(void* data, size_t bytes, int root);
+
 // values = their sum over all ranks (blocking, in place). A rank that does not answer within
 // `timeout_s` ends the wait with an error naming `what`.
 void mpi_sum(std::span<double> values, double timeout_s, const std::string& what);

@@ -1,0 +1,201 @@
+#include "stages/dist/nccl_reduce.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#if SLIPSTREAM_HAS_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_check.h"
+#include "stages/dist/mpi_reduce.h"
+#endif
+
+namespace slipstream::dist {
+
+#if SLIPSTREAM_HAS_CUDA
+
+bool nccl_built() {
+  return true;
+}
+
+namespace {
+
+// The NCCL functions this backend calls, from the library opened by soname.
+struct NcclApi {
+  ncclResult_t (*get_unique_id)(ncclUniqueId*);
+  ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int);
+  ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                             cudaStream_t);
+  ncclResult_t (*comm_destroy)(ncclComm_t);
+  const char* (*error_string)(ncclResult_t);
+};
+
+const NcclApi& nccl() {
+  static const NcclApi api = [] {
+    const std::string soname = "libnccl.so." + std::to_string(NCCL_MAJOR);
+    auto sym = [&](const char* name) {
+      void* f = cuda_rt::library_symbol(soname, name);
+      if (!f)
+        throw std::runtime_error(
+            "allreduce backend nccl: " + soname +
+            (cuda_rt::library_symbol(soname, "ncclGetVersion") ? " has no " + std::string(name)
+                                                               : " not found") +
+            " (install NCCL: the CUDA toolkit's, or the nvidia-nccl wheel with its lib folder on "
+            "LD_LIBRARY_PATH)");
+      return f;
+    };
+    NcclApi a{};
+    a.get_unique_id = reinterpret_cast<decltype(a.get_unique_id)>(sym("ncclGetUniqueId"));
+    a.comm_init_rank = reinterpret_cast<decltype(a.comm_init_rank)>(sym("ncclCommInitRank"));
+    a.all_reduce = reinterpret_cast<decltype(a.all_reduce)>(sym("ncclAllReduce"));
+    a.comm_destroy = reinterpret_cast<decltype(a.comm_destroy)>(sym("ncclCommDestroy"));
+    a.error_string = reinterpret_cast<decltype(a.error_string)>(sym("ncclGetErrorString"));
+    return a;
+  }();
+  return api;
+}
+
+void check(ncclResult_t r, const char* call) {
+  if (r == ncclSuccess) return;
+  throw std::runtime_error(std::string("allreduce: ") + call +
+                           " failed: " + nccl().error_string(r) + " (NCCL_DEBUG=INFO says more)");
+}
+
+void check(cudaError_t e, const char* call) {
+  cuda_rt::check(e, call, "allreduce");
+}
+
+}  // namespace
+
+struct NcclBucketReducer::Impl {
+  GradBuckets buckets;
+  int device = 0;
+  cudaStream_t compute = nullptr, comm = nullptr;
+  ncclComm_t nc = nullptr;
+  std::vector<cudaEvent_t> ready_events;
+  cudaEvent_t done = nullptr;
+  std::vector<Tensor> staging;  // per bucket that is not one block
+  uint64_t step = 0;
+  std::vector<size_t> pending;
+  std::vector<uint8_t> param_done, ready;
+  size_t next = 0;  // buckets enqueued, in order (collectives must match across ranks)
+
+  void start_step(uint64_t s) {
+    step = s;
+    next = 0;
+    for (size_t i = 0; i < pending.size(); ++i) pending[i] = buckets.params_in(i);
+    std::fill(param_done.begin(), param_done.end(), uint8_t{0});
+    std::fill(ready.begin(), ready.end(), uint8_t{0});
+  }
+
+  void enqueue(size_t i) {
+    check(cudaEventRecord(ready_events[i], compute), "cudaEventRecord");
+    check(cudaStreamWaitEvent(comm, ready_events[i], 0), "cudaStreamWaitEvent");
+    float* data = buckets.contiguous(i);
+    const auto& pieces = buckets.pieces(i);
+    if (!data) {
+      data = staging[i].data<float>();
+      for (const auto& p : pieces)
+        check(cudaMemcpyAsync(data + p.offset, p.grad, p.n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, comm),
+              "cudaMemcpyAsync");
+    }
+    check(nccl().all_reduce(data, data, buckets.size(i), ncclFloat32, ncclAvg, nc, comm),
+          "ncclAllReduce");
+    if (!buckets.contiguous(i))
+      for (const auto& p : pieces)
+        check(cudaMemcpyAsync(p.grad, data + p.offset, p.n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, comm),
+              "cudaMemcpyAsync");
+  }
+
+  void enqueue_ready() {
+    while (next < ready.size() && ready[next]) enqueue(next++);
+  }
+};
+
+NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.buckets = std::move(buckets);
+  if (!m.buckets.device().is_cuda())
+    throw std::runtime_error("allreduce backend nccl reduces GPU gradients; this run's are on " +
+                             m.buckets.device().str() + ": use backend mpi (or auto)");
+  m.device = m.buckets.device().index;
+  m.compute = static_cast<cudaStream_t>(compute_stream);
+  cuda_rt::DeviceGuard guard(m.device);
+  ncclUniqueId id{};
+  if (rank == 0) check(nccl().get_unique_id(&id), "ncclGetUniqueId");
+  if (world > 1) mpi_broadcast(&id, sizeof id, 0);
+  check(nccl().comm_init_rank(&m.nc, world, id, rank), "ncclCommInitRank");
+  check(cudaStreamCreateWithFlags(&m.comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const size_t n = m.buckets.count();
+  m.ready_events.assign(n, nullptr);
+  for (auto& e : m.ready_events)
+    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check(cudaEventCreateWithFlags(&m.done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  m.staging.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    if (!m.buckets.contiguous(i))
+      m.staging[i] = Tensor::empty({static_cast<int64_t>(m.buckets.size(i))}, DType::f32,
+                                   m.buckets.device(), "allreduce staging bucket");
+  m.pending.assign(n, 0);
+  m.param_done.assign(m.buckets.param_count(), 0);
+  m.ready.assign(n, 0);
+}
+
+NcclBucketReducer::~NcclBucketReducer() {
+  Impl& m = *impl_;
+  if (m.comm) cudaStreamSynchronize(m.comm);
+  if (m.nc) nccl().comm_destroy(m.nc);
+  for (auto e : m.ready_events)
+    if (e) cudaEventDestroy(e);
+  if (m.done) cudaEventDestroy(m.done);
+  if (m.comm) cudaStreamDestroy(m.comm);
+}
+
+void NcclBucketReducer::param_ready(size_t k, uint64_t step) {
+  Impl& m = *impl_;
+  if (m.step != step) m.start_step(step);
+  if (m.param_done[k]) return;
+  m.param_done[k] = 1;
+  bool any = false;
+  for (size_t i : m.buckets.buckets_of(k))
+    if (--m.pending[i] == 0) m.ready[i] = 1, any = true;
+  if (!any) return;
+  cuda_rt::DeviceGuard guard(m.device);
+  m.enqueue_ready();
+}
+
+void NcclBucketReducer::finish(uint64_t step) {
+  Impl& m = *impl_;
+  if (m.step != step) m.start_step(step);
+  for (size_t k = 0; k < m.param_done.size(); ++k) param_ready(k, step);
+  cuda_rt::DeviceGuard guard(m.device);
+  m.enqueue_ready();
+  check(cudaEventRecord(m.done, m.comm), "cudaEventRecord");
+  check(cudaStreamWaitEvent(m.compute, m.done, 0), "cudaStreamWaitEvent");
+  m.step = 0;  // the next call starts a new collection, even for the same step number
+}
+
+#else  // no CUDA: the backend does not exist
+
+bool nccl_built() {
+  return false;
+}
+
+struct NcclBucketReducer::Impl {};
+
+NcclBucketReducer::NcclBucketReducer(GradBuckets, void*, int, int) {
+  throw std::runtime_error("allreduce backend nccl needs a CUDA build");
+}
+NcclBucketReducer::~NcclBucketReducer() = default;
+void NcclBucketReducer::param_ready(size_t, uint64_t) {}
+void NcclBucketReducer::finish(uint64_t) {}
+
+#endif
+
+}  // namespace slipstream::dist

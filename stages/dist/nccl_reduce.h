@@ -1,0 +1,42 @@
+// The NCCL side of `allreduce`: device gradients averaged over the ranks with
+// ncclAllReduce(ncclAvg) on a communication stream of their own. Each bucket is enqueued as soon
+// as the backward pass has enqueued the work that makes it final (an event recorded on the
+// compute stream orders the two), so the device reduces the last layers' gradients while it
+// computes the earlier ones; the compute stream waits for the last bucket before the optimizer's
+// kernels, and the host never waits. NCCL is opened at run time (libnccl.so.<major>), so a
+// binary that never chooses this backend does not need it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/device.h"
+#include "stages/dist/grad_buckets.h"
+
+namespace slipstream::dist {
+
+// True in builds with CUDA (where this backend exists).
+bool nccl_built();
+
+class NcclBucketReducer {
+ public:
+  // `compute_stream`: the run's cudaStream_t (ExecContext::stream()). With world > 1, rank 0
+  // creates the NCCL id and broadcasts it over MPI (initialised by the caller); a one-rank
+  // communicator needs no MPI.
+  NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world);
+  ~NcclBucketReducer();
+  NcclBucketReducer(const NcclBucketReducer&) = delete;
+  NcclBucketReducer& operator=(const NcclBucketReducer&) = delete;
+
+  // The backward pass of step `step` has enqueued everything that writes parameter k's gradient
+  // (k: position in the list the buckets were built from). Idempotent per step.
+  void param_ready(size_t k, uint64_t step);
+  // Enqueues every bucket not enqueued yet and makes the compute stream wait for all of them.
+  void finish(uint64_t step);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slipstream::dist
