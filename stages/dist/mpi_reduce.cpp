@@ -170,6 +170,7 @@ void MpiBucketReducer::start_step(uint64_t step) {
   ready_count_ = done_count_ = 0;
   first_post_s_ = last_done_s_ = 0;
   active_step_ = step;
+  ++generation_;
 }
 
 void MpiBucketReducer::param_ready(size_t k, uint64_t step) {
@@ -238,17 +239,18 @@ void MpiBucketReducer::worker() {
   Mpi& m = *mpi_;
   const size_t n = ready_.size();
   const int right = (rank_ + 1) % world_;
-  uint64_t step = 0;
+  uint64_t step = 0, generation = 0;
   size_t next = 0, done = 0;
   for (;;) {
     size_t post_end = next;
     {
       std::unique_lock lock(mu_);
       if (m.in_flight.empty())
-        work_cv_.wait(lock,
-                      [&] { return stop_ || active_step_ != step || (next < n && ready_[next]); });
+        work_cv_.wait(
+            lock, [&] { return stop_ || generation_ != generation || (next < n && ready_[next]); });
       if (stop_) return;
-      if (active_step_ != step) step = active_step_, next = 0, done = 0;
+      if (generation_ != generation)
+        generation = generation_, step = active_step_, next = 0, done = 0;
       post_end = next;
       while (post_end < n && ready_[post_end]) ++post_end;
     }

@@ -89,6 +89,7 @@ class MpiBucketReducer {
   std::vector<uint8_t> ready_;
   size_t ready_count_ = 0, done_count_ = 0;
   uint64_t active_step_ = 0;
+  uint64_t generation_ = 0;  // one per collection: a step number may repeat
   bool stop_ = false;
   double first_post_s_ = 0, last_done_s_ = 0;
   std::atomic<int64_t> left_step_{-1};  // the last step rank - 1 said it reached

@@ -183,27 +183,40 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// A run of `ranks` ranks that would train for hours (sync.timeout_s 3), started in the
+// background, its stats records in `d`; rank 1's pid once it has taken 12 steps (0, and the run
+// killed, when it never does).
+struct LongRun {
+  Launched run;
+  pid_t rank1 = 0;
+};
+LongRun start_long_run(const TempDir& d, const std::string& name, int ranks,
+                       const std::string& ckpt_every) {
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
+  const std::string args =
+      run_args(d.path(), name, 4) +
+      " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=" + ckpt_every +
+      " --set sync.timeout_s=3";
+  LongRun r{launch(mpirun(ranks) + SLIPSTREAM_CLI + " " + args, d.path() + "/" + name + ".txt")};
+  r.rank1 = rank_pid_once_stepping(d.path(), 1, 12);
+  unsetenv("SLIPSTREAM_STATS_DIR");  // the ranks have it
+  if (r.rank1 == 0) {
+    kill(r.run.pid, SIGKILL);
+    waitpid(r.run.pid, nullptr, 0);
+  }
+  return r;
+}
+
 TEST(MultiRank, AHungRankStopsEveryRankNamingItAndTheRunResumes) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   TempDir d;
-  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
-  const std::string args = run_args(d.path(), "hang", 4) +
-                           " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=5"
-                           " --set sync.timeout_s=3";
-  const Launched run = launch(mpirun(3) + SLIPSTREAM_CLI + " " + args, d.path() + "/hang.txt");
-  const pid_t rank1 = rank_pid_once_stepping(d.path(), 1, 12);
-  if (rank1 == 0) {
-    kill(run.pid, SIGKILL);
-    waitpid(run.pid, nullptr, 0);
-    unsetenv("SLIPSTREAM_STATS_DIR");
-    FAIL() << "rank 1 never took 12 steps:\n" << read_text(run.log);
-  }
+  const auto [run, rank1] = start_long_run(d, "hang", 3, "5");
+  ASSERT_NE(rank1, 0) << "rank 1 never took 12 steps:\n" << read_text(run.log);
   kill(rank1, SIGSTOP);  // alive, silent: only the deadline can end the others' wait
   const auto t0 = std::chrono::steady_clock::now();
   const int status = wait_for(run, 120);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   kill(rank1, SIGKILL);  // in case the launcher left it stopped
-  unsetenv("SLIPSTREAM_STATS_DIR");
   const std::string text = read_text(run.log);
   ASSERT_NE(status, -2) << "still running 120 s after rank 1 stopped:\n" << text;
   EXPECT_NE(status, 0) << text;
@@ -233,18 +246,8 @@ TEST(MultiRank, AHungRankStopsEveryRankNamingItAndTheRunResumes) {
 TEST(MultiRank, AKilledRankEndsTheRun) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   TempDir d;
-  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
-  const std::string args = run_args(d.path(), "killed", 4) +
-                           " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=0"
-                           " --set sync.timeout_s=3";
-  const Launched run = launch(mpirun(2) + SLIPSTREAM_CLI + " " + args, d.path() + "/kill.txt");
-  const pid_t rank1 = rank_pid_once_stepping(d.path(), 1, 12);
-  unsetenv("SLIPSTREAM_STATS_DIR");
-  if (rank1 == 0) {
-    kill(run.pid, SIGKILL);
-    waitpid(run.pid, nullptr, 0);
-    FAIL() << "rank 1 never took 12 steps:\n" << read_text(run.log);
-  }
+  const auto [run, rank1] = start_long_run(d, "killed", 2, "0");
+  ASSERT_NE(rank1, 0) << "rank 1 never took 12 steps:\n" << read_text(run.log);
   kill(rank1, SIGKILL);
   const int status = wait_for(run, 120);
   ASSERT_NE(status, -2) << "still running 120 s after rank 1 was killed:\n" << read_text(run.log);
