@@ -47,7 +47,7 @@ class AllreduceStage : public Stage {
                "reduce everything after the backward pass)")
         .param("timeout_s", 300.0,
                "a rank that does not answer within this many seconds stops the run, every rank "
-               "of it, naming the rank and the step")
+               "of it, naming the step (and, over MPI, the rank)")
         .range(0.1, 86400);
   }
 
@@ -92,7 +92,7 @@ class AllreduceStage : public Stage {
     dist::GradBuckets buckets(params, floats("bucket_mb"), floats("first_bucket_mb"));
     if (backend == "nccl")
       nccl_ = std::make_unique<dist::NcclBucketReducer>(std::move(buckets), ctx.exec().stream(),
-                                                        ctx.run().rank, world_);
+                                                        ctx.run().rank, world_, timeout);
     else
       mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout);
     if (ctx.params().boolean("overlap")) {

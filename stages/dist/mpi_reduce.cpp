@@ -84,6 +84,11 @@ int mpi_rank() {
   return r;
 }
 
+void mpi_abort_all(int code) {
+  if (mpi_is_initialized()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
 void mpi_broadcast(void* data, size_t bytes, int root) {
   check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
 }
@@ -345,6 +350,9 @@ int mpi_rank() {
 }
 bool mpi_is_initialized() {
   return false;
+}
+void mpi_abort_all(int code) {
+  std::_Exit(code);
 }
 void mpi_broadcast(void*, size_t, int) {
   no_mpi();

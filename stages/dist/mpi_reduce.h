@@ -31,6 +31,9 @@ bool mpi_is_initialized();
 // Slurm). Reads environment variables only.
 bool launched_with_multiple_ranks();
 
+// Ends every rank of the run now (MPI_Abort), or this process when MPI is not initialised.
+[[noreturn]] void mpi_abort_all(int code);
+
 // data[0, bytes) = root's (blocking; e.g. NCCL's unique id from rank 0).
 void mpi_broadcast(void* data, size_t bytes, int root);
 

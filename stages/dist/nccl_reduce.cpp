@@ -1,7 +1,12 @@
 #include "stages/dist/nccl_reduce.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if SLIPSTREAM_HAS_CUDA
@@ -83,6 +88,49 @@ struct NcclBucketReducer::Impl {
   std::vector<uint8_t> param_done, ready;
   size_t next = 0;  // buckets enqueued, in order (collectives must match across ranks)
 
+  // The watchdog: the last step whose reductions were enqueued, and when.
+  double timeout_s = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t watched_step = 0;  // 0: nothing in flight
+  std::chrono::steady_clock::time_point watched_since;
+  bool stop = false;
+  std::thread watchdog;
+
+  // Polls the `done` event of the step last enqueued; past the deadline, ends every rank.
+  void watch() {
+    cudaSetDevice(device);
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || watched_step != 0; });
+      if (stop) return;
+      const uint64_t s = watched_step;
+      const auto since = watched_since;
+      lock.unlock();
+      const cudaError_t e = cudaEventQuery(done);
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+      if (e != cudaSuccess && e != cudaErrorNotReady) {
+        std::fprintf(stderr, "error: allreduce (nccl) of step %llu: %s; every rank stops\n",
+                     static_cast<unsigned long long>(s), cudaGetErrorString(e));
+        mpi_abort_all(1);
+      }
+      if (e == cudaErrorNotReady && waited > timeout_s) {
+        std::fprintf(stderr,
+                     "error: allreduce (nccl) of step %llu: not complete on the device within "
+                     "%.0f s (sync.timeout_s): a rank stopped and the others wait in the "
+                     "collective (NCCL_DEBUG=INFO may say which); every rank stops, and the run "
+                     "resumes from its last checkpoint\n",
+                     static_cast<unsigned long long>(s), timeout_s);
+        mpi_abort_all(1);
+      }
+      lock.lock();
+      if (e == cudaSuccess && watched_step == s && watched_since == since) watched_step = 0;
+      if (e == cudaErrorNotReady)
+        cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; });
+    }
+  }
+
   void start_step(uint64_t s) {
     step = s;
     next = 0;
@@ -117,7 +165,8 @@ struct NcclBucketReducer::Impl {
   }
 };
 
-NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world)
+NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
+                                     double timeout_s)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.buckets = std::move(buckets);
@@ -145,10 +194,18 @@ NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, 
   m.pending.assign(n, 0);
   m.param_done.assign(m.buckets.param_count(), 0);
   m.ready.assign(n, 0);
+  m.timeout_s = timeout_s;
+  if (world > 1) m.watchdog = std::thread([&m] { m.watch(); });
 }
 
 NcclBucketReducer::~NcclBucketReducer() {
   Impl& m = *impl_;
+  {
+    std::lock_guard lock(m.mu);
+    m.stop = true;
+  }
+  m.cv.notify_all();
+  if (m.watchdog.joinable()) m.watchdog.join();
   if (m.comm) cudaStreamSynchronize(m.comm);
   if (m.nc) nccl().comm_destroy(m.nc);
   for (auto e : m.ready_events)
@@ -178,6 +235,14 @@ void NcclBucketReducer::finish(uint64_t step) {
   m.enqueue_ready();
   check(cudaEventRecord(m.done, m.comm), "cudaEventRecord");
   check(cudaStreamWaitEvent(m.compute, m.done, 0), "cudaStreamWaitEvent");
+  if (m.watchdog.joinable()) {
+    {
+      std::lock_guard lock(m.mu);
+      m.watched_step = step;
+      m.watched_since = std::chrono::steady_clock::now();
+    }
+    m.cv.notify_one();
+  }
   m.step = 0;  // the next call starts a new collection, even for the same step number
 }
 
@@ -189,7 +254,7 @@ bool nccl_built() {
 
 struct NcclBucketReducer::Impl {};
 
-NcclBucketReducer::NcclBucketReducer(GradBuckets, void*, int, int) {
+NcclBucketReducer::NcclBucketReducer(GradBuckets, void*, int, int, double) {
   throw std::runtime_error("allreduce backend nccl needs a CUDA build");
 }
 NcclBucketReducer::~NcclBucketReducer() = default;

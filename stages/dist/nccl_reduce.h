@@ -3,7 +3,8 @@
 // as the backward pass has enqueued the work that makes it final (an event recorded on the
 // compute stream orders the two), so the device reduces the last layers' gradients while it
 // computes the earlier ones; the compute stream waits for the last bucket before the optimizer's
-// kernels, and the host never waits. NCCL is opened at run time (libnccl.so.<major>), so a
+// kernels, and the host never waits (a watchdog thread does, for a rank that stops). NCCL is
+// opened at run time (libnccl.so.<major>), so a
 // binary that never chooses this backend does not need it.
 #pragma once
 
@@ -23,7 +24,11 @@ class NcclBucketReducer {
   // `compute_stream`: the run's cudaStream_t (ExecContext::stream()). With world > 1, rank 0
   // creates the NCCL id and broadcasts it over MPI (initialised by the caller); a one-rank
   // communicator needs no MPI.
-  NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world);
+  // With world > 1 a watchdog thread checks that each step's reductions complete on the device
+  // within `timeout_s` of being enqueued; when they do not (a rank stopped and the others wait
+  // in the collective), it says so naming the step and ends every rank through MPI_Abort.
+  NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
+                    double timeout_s);
   ~NcclBucketReducer();
   NcclBucketReducer(const NcclBucketReducer&) = delete;
   NcclBucketReducer& operator=(const NcclBucketReducer&) = delete;

@@ -45,7 +45,7 @@ TEST(NcclGpu, OneRankBucketsOrderedAfterTheComputeStream) {
   bool staged = false, in_place = false;
   for (size_t i = 0; i < buckets.count(); ++i) (buckets.contiguous(i) ? in_place : staged) = true;
   ASSERT_TRUE(staged && in_place);
-  dist::NcclBucketReducer reducer(buckets, stream, 0, 1);
+  dist::NcclBucketReducer reducer(buckets, stream, 0, 1, 60.0);
   for (uint64_t step = 1; step <= 2; ++step) {
     // The gradients are written on the compute stream; the reductions must come after.
     std::vector<std::vector<float>> want(order.size());
