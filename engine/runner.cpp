@@ -27,6 +27,7 @@
 #include "engine/launch.h"
 #include "engine/memory_pool.h"
 #include "engine/metrics_log.h"
+#include "engine/rank_reduce.h"
 #include "engine/registry.h"
 #include "engine/run_info.h"
 #include "engine/stats_record.h"
@@ -319,30 +320,45 @@ struct Runner::Impl {
     for (size_t k = 0; k < eval_stages.size(); ++k) eval_stages[k]->setup(*eval_contexts[k]);
   }
 
-  // A run of several ranks (run.sum_over_ranks set): every rank's (value × weight, weight) sums
-  // and `extra` numbers added up into every rank's copy. Every rank must hold the same names;
-  // `what` names the sum in a timeout.
+  // A run of several ranks (run.reduce_over_ranks set): every rank's (value × weight, weight) sums
+  // and `extra` numbers added up into every rank's copy. The ranks that measured something hold
+  // the same metric names; a rank that measured nothing (no validation games of its own) takes
+  // them from the others. `what` names the reduction in a timeout.
   void sum_over_ranks(std::map<std::string, std::pair<double, double>>& sums,
                       std::span<double> extra, const std::string& what) {
-    if (run.world_size <= 1 || !run.sum_over_ranks) return;
-    // [names, hash of the names, extra..., (sum, weight) per name]
-    std::vector<double> v{static_cast<double>(sums.size()), 0.0};
-    v.insert(v.end(), extra.begin(), extra.end());
+    if (run.world_size <= 1 || !run.reduce_over_ranks) return;
+    const auto& reduce = run.reduce_over_ranks;
+    std::string names;
+    for (auto& [name, sw] : sums) names += name + '\n';
     uint32_t h = 2166136261u;
+    for (char c : names) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+    // [longest names, largest hash, -smallest hash over the ranks that measured something,
+    // whether a rank measured nothing]
+    const bool measured = !sums.empty();
+    double head[4] = {static_cast<double>(names.size()), measured ? double(h) : -1.0,
+                      measured ? -double(h) : -1e18, measured ? 0.0 : 1.0};
+    reduce(head, RankReduce::max, what);
+    if (head[0] > 0 && head[1] != -head[2])
+      throw std::runtime_error(what + ": the ranks recorded different metrics");
+    if (head[0] > 0 && head[3] > 0) {  // the names, from the ranks that have them
+      std::vector<double> bytes(static_cast<size_t>(head[0]), 0.0);
+      for (size_t b = 0; b < names.size(); ++b) bytes[b] = static_cast<unsigned char>(names[b]);
+      reduce(bytes, RankReduce::max, what);
+      std::string all;
+      for (double b : bytes) all += static_cast<char>(static_cast<int>(b));
+      if (!measured)
+        for (size_t a = 0, e; (e = all.find('\n', a)) != std::string::npos; a = e + 1)
+          sums[all.substr(a, e - a)] = {0.0, 0.0};
+    }
+    // [extra..., (sum, weight) per name]
+    std::vector<double> v(extra.begin(), extra.end());
     for (auto& [name, sw] : sums) {
-      for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
-      h = (h ^ 0xffu) * 16777619u;
       v.push_back(sw.first);
       v.push_back(sw.second);
     }
-    v[1] = static_cast<double>(h);
-    const double names = v[0], hash = v[1];
-    run.sum_over_ranks(v, what);
-    if (v[0] != names * run.world_size || v[1] != hash * run.world_size)
-      throw std::runtime_error(what + ": the ranks recorded different metrics");
-    std::copy(v.begin() + 2, v.begin() + 2 + static_cast<std::ptrdiff_t>(extra.size()),
-              extra.begin());
-    size_t i = 2 + extra.size();
+    reduce(v, RankReduce::sum, what);
+    std::copy(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(extra.size()), extra.begin());
+    size_t i = extra.size();
     for (auto& [name, sw] : sums) {
       sw = {v[i], v[i + 1]};
       i += 2;
@@ -358,19 +374,18 @@ struct Runner::Impl {
     for (size_t k = 0; k < n(); ++k) graph->stage(k).validation_begin(graph->context(k));
     const std::string label = "validation @ step " + std::to_string(run.step);
     const int64_t batches = plan().run.integer("validate_batches");
-    if (run.world_size <= 1 || !run.sum_over_ranks)
+    if (run.world_size <= 1 || !run.reduce_over_ranks)
       return forward_pass(st, cx, batches, label).metrics;
 
-    // Several ranks: rank r evaluates batches r, r + world, ... and the sums are added up, so
-    // the figures are those of one process evaluating them all, in a world-th of the time.
+    // Several ranks: rank r evaluates batches r, r + world, ... of the one validation set (or,
+    // when each rank's source holds its own share, its own first batches/world), and the sums
+    // are added up: the figures of one process evaluating them all, in a world-th of the time.
     const auto world = static_cast<uint64_t>(run.world_size);
     Pass pass =
-        forward_pass(st, cx, batches, label, nullptr, static_cast<uint64_t>(run.rank), world);
-    if (pass.batches == 0) {
-      // A rank past the data's end still learns the metric names, from batch 0 counted as nothing.
-      pass = forward_pass(st, cx, 1, label);
-      for (auto& [name, v] : pass.sums) v = {0.0, 0.0};
-    }
+        run.validation_per_rank
+            ? forward_pass(st, cx, batches / run.world_size + (batches % run.world_size != 0),
+                           label)
+            : forward_pass(st, cx, batches, label, nullptr, static_cast<uint64_t>(run.rank), world);
     sum_over_ranks(pass.sums, {}, label);
     std::map<std::string, double> metrics;
     for (auto& [name, sw] : pass.sums)
@@ -1143,6 +1158,8 @@ RunResult Runner::Impl::execute_steps() {
                                          : std::optional(opt.resume_checkpoint);
     if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
   }
+  // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
+  if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
   graph->setup();
   if (run.micro_batches_per_step > 1)
     log_line("gradient accumulation: a step is one optimizer update of " +

@@ -53,6 +53,9 @@ enum class Precision { fp32, bf16 };
 // value at that step).
 enum class MetricKind { mean, last };
 
+// How RunState::reduce_over_ranks combines the ranks' values.
+enum class RankReduce { sum, min, max };
+
 // Run-wide state every stage can read; owned by the runner.
 struct RunState {
   Device device;
@@ -89,9 +92,13 @@ struct RunState {
   // Hear StageContext::gradients_ready() announcements during a training batch's backward pass,
   // keyed by the listening stage's position (StageContext::on_gradients_ready).
   std::map<int, std::function<void(std::span<Parameter* const>)>> gradient_listeners;
-  // Sums values over every rank of the run in place (set by a stage that can, e.g. allreduce's
-  // MPI backend; empty in a one-process run). `what` names the sum in a timeout.
-  std::function<void(std::span<double>, const std::string& what)> sum_over_ranks;
+  // Reduces values over every rank of the run in place: installed by the runner before any
+  // stage's setup when several ranks run and the build can (engine/rank_reduce.h: MPI); empty
+  // otherwise. `what` names the reduction in a timeout.
+  std::function<void(std::span<double>, RankReduce, const std::string& what)> reduce_over_ranks;
+  // Set in setup by a source whose validation split is this rank's own share of the data (not
+  // one set every rank holds): the runner then validates each rank's own first batches.
+  bool validation_per_rank = false;
 };
 
 class StateWriter;

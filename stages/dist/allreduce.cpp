@@ -76,9 +76,10 @@ class AllreduceStage : public Stage {
     }
     if (backend == "mpi" && world_ <= 1) return;  // one rank: nothing to average
     const double timeout = ctx.params().number("timeout_s");
-    if (world_ > 1)
-      ctx.run().sum_over_ranks = [timeout](std::span<double> v, const std::string& what) {
-        dist::mpi_sum(v, timeout, what);
+    if (world_ > 1)  // the metric sums, with this stage's deadline
+      ctx.run().reduce_over_ranks = [timeout](std::span<double> v, RankReduce op,
+                                              const std::string& what) {
+        dist::mpi_reduce(v, op, timeout, what);
       };
     // The order the backward pass finishes gradients: the last stage's last parameter first.
     auto named = ctx.upstream_parameters();

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "engine/launch.h"
+#include "engine/rank_reduce.h"
 
 #if SLIPSTREAM_HAS_MPI
 #include <mpi.h>
@@ -93,10 +94,14 @@ void mpi_broadcast(void* data, size_t bytes, int root) {
   check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
 }
 
-void mpi_sum(std::span<double> values, double timeout_s, const std::string& what) {
+void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s,
+                const std::string& what) {
   MPI_Request req = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
-                       MPI_SUM, MPI_COMM_WORLD, &req),
+                       op == RankReduce::min   ? MPI_MIN
+                       : op == RankReduce::max ? MPI_MAX
+                                               : MPI_SUM,
+                       MPI_COMM_WORLD, &req),
         "MPI_Iallreduce");
   const double deadline = now_s() + timeout_s;
   for (;;) {
@@ -112,6 +117,17 @@ void mpi_sum(std::span<double> values, double timeout_s, const std::string& what
     std::this_thread::sleep_for(kPollPause);
   }
 }
+
+// Runs of several ranks reduce their metric sums (and the loader its step count) through MPI.
+const bool g_registered = [] {
+  register_rank_reduce([]() -> RankReduceFn {
+    mpi_init_once();
+    return [](std::span<double> v, RankReduce op, const std::string& what) {
+      mpi_reduce(v, op, 300.0, what);
+    };
+  });
+  return true;
+}();
 
 struct MpiBucketReducer::Mpi {
   std::vector<MPI_Request> requests;  // per bucket
@@ -357,7 +373,7 @@ void mpi_abort_all(int code) {
 void mpi_broadcast(void*, size_t, int) {
   no_mpi();
 }
-void mpi_sum(std::span<double>, double, const std::string&) {
+void mpi_reduce(std::span<double>, RankReduce, double, const std::string&) {
   no_mpi();
 }
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)

@@ -37,9 +37,11 @@ bool launched_with_multiple_ranks();
 // data[0, bytes) = root's (blocking; e.g. NCCL's unique id from rank 0).
 void mpi_broadcast(void* data, size_t bytes, int root);
 
-// values = their sum over all ranks (blocking, in place). A rank that does not answer within
-// `timeout_s` ends the wait with an error naming `what`.
-void mpi_sum(std::span<double> values, double timeout_s, const std::string& what);
+// values = their sum (minimum, maximum) over all ranks (blocking, in place). A rank that does not
+// answer within `timeout_s` ends the wait with an error naming `what`. This is also what runs
+// of several ranks reduce their metric sums with (engine/rank_reduce.h: registered here, with a
+// deadline of 300 s until the allreduce stage sets its own).
+void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s, const std::string& what);
 
 // Averages the gradients of `buckets` over all ranks, each bucket with MPI_Iallreduce(SUM) as
 // soon as every parameter in it is final, posted in bucket order by a helper thread that also

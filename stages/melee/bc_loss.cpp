@@ -227,7 +227,7 @@ class BcLossStage : public Stage {
     }
     if (!training) {
       double p[kRepeatItems];
-      const RepeatCounts& seen = ctx.run().sum_over_ranks ? seen_ : counts_;
+      const RepeatCounts& seen = ctx.run().reduce_over_ranks ? seen_ : counts_;
       for (int k = 0; k < kRepeatItems; ++k) p[k] = seen.p(k, prior_);
       const BaselineResult base =
           dev_ ? baseline_from_sums(sums, head_weights_, p)
@@ -272,11 +272,12 @@ class BcLossStage : public Stage {
   // The baseline's probabilities for this pass: the repeats counted on every rank's training
   // positions (each rank counts its own share of the data).
   void validation_begin(StageContext& ctx) override {
-    if (!ctx.run().sum_over_ranks) return;
+    if (!ctx.run().reduce_over_ranks) return;
     double v[1 + kRepeatItems];
     v[0] = counts_.total;
     for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
-    ctx.run().sum_over_ranks(v, "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
+    ctx.run().reduce_over_ranks(v, RankReduce::sum,
+                                "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
     seen_.total = v[0];
     for (int k = 0; k < kRepeatItems; ++k) seen_.same[k] = v[1 + k];
   }

@@ -55,11 +55,16 @@ struct Filters {
   std::vector<int64_t> stages, characters;
   int64_t min_frames = 0, min_rows = 0;
   std::string perspectives;
+  // shard: games with several ranks: this rank decodes only the games whose draw from (seed,
+  // name) falls to it.
+  int shard_rank = 0, shard_world = 1;
+  uint64_t shard_seed = 0;
 
   std::string key() const {
     std::ostringstream k;
     k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
-      << '|' << perspectives << "|s";
+      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed
+      << "|s";
     for (auto s : stages) k << ',' << s;
     k << "|c";
     for (auto c : characters) k << ',' << c;
@@ -140,6 +145,7 @@ struct ReplayDataset {
   std::array<Skip, kReasons> skips;
   std::array<std::string, kReasons> reason_text;
   size_t files = 0, corpus_games = 0, damaged = 0;
+  size_t shard_of = 0;  // with shard: games, the files and corpus games of every rank together
   std::vector<std::string> damaged_examples;
   size_t bytes = 0, frames = 0;
   double seconds = 0;
@@ -372,6 +378,31 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     }
   }
   ds->files = in.files.size();
+  if (f.shard_world > 1) {
+    // Whole games to ranks by a draw from (seed, file name and size; corpus and index): the
+    // same on every rank whatever the order or path prefix each one sees the files under.
+    auto key = [&](const Item& it) {
+      std::string k;
+      if (it.corpus < 0) {
+        std::error_code ec;
+        k = in.files[it.index].filename().string() + ":" +
+            std::to_string(fs::file_size(in.files[it.index], ec));
+      } else {
+        k = corpora[static_cast<size_t>(it.corpus)].dir().filename().string() + "#" +
+            std::to_string(it.index);
+      }
+      uint64_t h = f.shard_seed ^ 0x5ca1ab1e5eedull;
+      for (unsigned char c : k) h = mix64(h ^ c);
+      return h;
+    };
+    ds->shard_of = items.size();
+    std::erase_if(items, [&](const Item& it) {
+      return key(it) % static_cast<uint64_t>(f.shard_world) != static_cast<uint64_t>(f.shard_rank);
+    });
+    ds->files = 0;
+    ds->corpus_games = 0;
+    for (const Item& it : items) (it.corpus < 0 ? ds->files : ds->corpus_games)++;
+  }
 
   std::vector<Outcome> out(items.size());
   arena.execute([&] {
@@ -536,6 +567,12 @@ StageSchema ReplaysStage::schema() {
              "fraction of whole games held out, by seed and game identity (1: all of them)")
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
+      .param("shard", std::string("windows"),
+             "with several ranks, windows: every rank loads every game and trains on its rows of "
+             "each global batch (the batches of one process at world x batch_size); games: each "
+             "rank decodes only its own share of the games, drawn from the seed (for corpora "
+             "too big for one process's memory; needs MPI)")
+      .choices({"windows", "games"})
       .param("perspectives", std::string("both"),
              "both: every player's view; first/second: the lower/higher port's; port1..port4: "
              "that port's")
@@ -577,6 +614,18 @@ void ReplaysStage::setup(StageContext& ctx) {
   f.min_frames = p.integer("min_frames");
   f.min_rows = std::max(f.min_frames, window_ + delay_ + 1);
   f.perspectives = p.string("perspectives");
+  // shard: games with several ranks: each rank decodes only its own games, and the ranks agree
+  // on the step count through the run's rank reduction.
+  const bool by_games = p.string("shard") == "games" && ctx.run().world_size > 1;
+  if (by_games) {
+    if (!ctx.run().reduce_over_ranks)
+      throw ConfigError({{p.mark("shard"), "stage '" + ctx.name() +
+                                               "': shard: games with several ranks needs MPI "
+                                               "(this build has none); use shard: windows"}});
+    f.shard_rank = ctx.run().rank;
+    f.shard_world = ctx.run().world_size;
+    f.shard_seed = ctx.run().seed;
+  }
 
   const std::vector<std::string>& paths = p.strings("paths");
   Inputs in = resolve_inputs(paths);
@@ -674,10 +723,20 @@ void ReplaysStage::setup(StageContext& ctx) {
   if (validation_) {
     batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
     total_batches_ = batches_per_epoch_;
+    // Each rank validates on its own games: the runner takes each rank's first batches.
+    if (by_games) ctx.run().validation_per_rank = true;
   } else {
-    rank_ = static_cast<uint64_t>(ctx.run().rank);
-    world_ = static_cast<uint64_t>(ctx.run().world_size);
+    // shard: windows: rank r takes rows r·B.. of each world·B of the one shuffled order; shard:
+    // games: every row of its own order, as many batches as the rank with the fewest has.
+    rank_ = by_games ? 0 : static_cast<uint64_t>(ctx.run().rank);
+    world_ = by_games ? 1 : static_cast<uint64_t>(ctx.run().world_size);
     batches_per_epoch_ = windows_.size() / (B * world_);
+    if (by_games) {
+      double fewest = static_cast<double>(batches_per_epoch_);
+      ctx.run().reduce_over_ranks(std::span<double>(&fewest, 1), RankReduce::min,
+                                  who + ": the ranks' batches per epoch");
+      batches_per_epoch_ = static_cast<uint64_t>(fewest);
+    }
     // run.steps set: the run stops there, so epochs repeat until it does (run.epochs bounds only
     // runs without a step count).
     total_batches_ = ctx.run().total_steps > 0
@@ -689,10 +748,13 @@ void ReplaysStage::setup(StageContext& ctx) {
   size_t skipped = 0;
   for (const auto& s : ds.skips) skipped += s.count;
   rep << who << ": " << ds.files << " files" << (ds.corpus_games ? " + " : "")
-      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "") << " -> " << ng
-      << " games, " << ds.frames << " frames, " << (ds.bytes >> 20) << " MiB of features in "
-      << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; " << skipped
-      << " skipped\n";
+      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "")
+      << (by_games ? " (rank " + std::to_string(ctx.run().rank) + "'s share of " +
+                         std::to_string(ds.shard_of) + ")"
+                   : std::string())
+      << " -> " << ng << " games, " << ds.frames << " frames, " << (ds.bytes >> 20)
+      << " MiB of features in " << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads
+      << " threads; " << skipped << " skipped\n";
   for (size_t r = 0; r < kReasons; ++r) {
     const auto& s = ds.skips[r];
     if (!s.count) continue;
@@ -737,6 +799,8 @@ void ReplaysStage::setup(StageContext& ctx) {
     if (ctx.run().writes_outputs()) {
       // Which games trained and which validated, so a run can be audited and repeated.
       nlohmann::json splits;
+      if (by_games)  // the games of rank 0's share (each rank draws its own)
+        splits["shard"] = {{"by", "games"}, {"rank", 0}, {"world", ctx.run().world_size}};
       splits["train"] = nlohmann::json::array();
       splits["validation"] = nlohmann::json::array();
       for (uint32_t g : split_games_) splits["train"].push_back(ds.games[g].source);
@@ -747,6 +811,11 @@ void ReplaysStage::setup(StageContext& ctx) {
       std::ofstream(fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json"))
           << splits.dump(1) << "\n";
     }
+    if (batches_per_epoch_ == 0 && by_games)
+      throw std::runtime_error(who + ": a rank's share of the games holds fewer than " +
+                               "batch_size=" + std::to_string(B) + " training windows (this " +
+                               "rank's: " + std::to_string(windows_.size()) + "); fewer ranks, " +
+                               "a lower batch_size, more replays, or shard: windows");
     if (batches_per_epoch_ == 0)
       throw std::runtime_error(who + ": only " + std::to_string(windows_.size()) +
                                " training windows, fewer than batch_size=" + std::to_string(B) +

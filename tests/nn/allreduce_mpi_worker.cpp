@@ -56,8 +56,11 @@ int main(int argc, char** argv) {
   }
   // A sum of doubles (the validation metrics' path).
   double v[2] = {1.0, double(rank)};
-  dist::mpi_sum(v, 60.0, "test sum");
+  dist::mpi_reduce(v, RankReduce::sum, 60.0, "test sum");
   if (v[0] != world || v[1] != world * (world - 1) / 2.0) ++bad;
+  double m[2] = {double(rank + 5), double(-rank)};
+  dist::mpi_reduce(m, RankReduce::min, 60.0, "test min");
+  if (m[0] != 5 || m[1] != -(world - 1)) ++bad;
   std::printf("rank %d of %d: %zu buckets, %d in place: %s\n", rank, world, buckets.count(),
               in_place, bad ? "MISMATCH" : "ok");
   return bad || world != want_world || in_place == 0 ||

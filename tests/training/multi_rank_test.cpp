@@ -2,7 +2,8 @@
 // buckets): 2 and 3 ranks train the parameters one process trains with the same global batch and
 // seed, and report the same train and validation figures; a rank that hangs stops every rank
 // within sync.timeout_s with one message naming it and the step, and the run resumes from its
-// last checkpoint; a killed rank ends the run; a resume with another number of ranks is refused.
+// last checkpoint; a killed rank ends the run; a resume with another number of ranks is refused;
+// shard: games gives each rank its own games.
 // Skipped (not passed) where mpirun is missing.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "engine/checkpoint.h"
@@ -126,6 +129,40 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
       }
     }
   }
+}
+
+// shard: games: each rank decodes only its share of the games (the shares add up to the whole
+// set), the ranks agree on one step count, and validation sums every rank's own games.
+TEST(MultiRank, ShardByGamesGivesEachRankItsOwnGames) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const auto out = run_command(mpirun(3) + SLIPSTREAM_CLI + " " + run_args(d.path(), "games", 4) +
+                               " --set replays.synthetic=9 --set replays.shard=games"
+                               " --set run.steps=5 --set run.validate_every=5");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const std::regex share(R"((\d+) files \(rank (\d)'s share of (\d+)\))");
+  std::set<int> ranks;
+  int files = 0, of = 0;
+  for (std::sregex_iterator it(out.text.begin(), out.text.end(), share), end; it != end; ++it) {
+    ranks.insert(std::stoi((*it)[2]));
+    files += std::stoi((*it)[1]);
+    of = std::stoi((*it)[3]);
+    EXPECT_GT(std::stoi((*it)[1]), 0) << it->str();
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2})) << out.text;
+  EXPECT_EQ(of, 9);
+  EXPECT_EQ(files, 9) << out.text;
+  const std::regex done(R"(done: (\d+) steps)");
+  int enders = 0;
+  for (std::sregex_iterator it(out.text.begin(), out.text.end(), done), end; it != end; ++it) {
+    EXPECT_EQ((*it)[1], "5") << it->str();
+    ++enders;
+  }
+  EXPECT_EQ(enders, 3) << out.text;
+  const auto got = rows(only_run_dir(d.path() + "/runs", "games"));
+  ASSERT_EQ(got.size(), 2u);  // the train row and the validation row of step 5
+  EXPECT_EQ(got[1]["split"], "validation");
+  EXPECT_TRUE(std::isfinite(got[1]["loss"].get<double>()));
 }
 
 // The pid of rank `rank` of a run publishing its stats record into `dir`, once it has taken
