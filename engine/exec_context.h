@@ -10,8 +10,11 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/tensor.h"
@@ -44,10 +47,46 @@ class ExecContext {
   // Waits for everything enqueued on the stream (the host phases: checkpoints, logging, tests).
   void synchronize() const;
   // Copies `bytes` of buffer memory (the context's device) to host memory, ordered after the
-  // work queued on the stream, and waits for it: the one sync of a step that reports metrics.
+  // work queued on the stream, and waits for it (setup, tests, host phases).
   void read_back(void* host, const void* buffer, size_t bytes) const;
+  // The same copy without waiting: into page-locked staging, after the work queued so far, with
+  // `on_host` kept to run on the copy at complete_read_backs(). Stages report what the device
+  // computed this way (the loss's sums, the optimizer's outcome), so a step enqueues all of its
+  // work before the host waits for any of it. On the CPU and under the emulator the copy is a
+  // memcpy, and `on_host` still waits for complete_read_backs(): the same order everywhere.
+  void read_back_later(const void* buffer, size_t bytes,
+                       std::function<void(const void* host)> on_host) const;
+  // Waits once for the read-backs asked so far and runs their functions in the order asked, on
+  // the calling thread. The runner calls it when a batch's work is all enqueued: at the end of a
+  // training batch's section and after each forward-only batch (validation, scoring, streaming).
+  // When a function throws, the ones after it are dropped and the error goes on. `each`, when
+  // given, runs every function itself (`report()`), told the stage that asked for it (the
+  // ReadBackOwner of the asking thread, -1 for none): the runner names that stage in an error.
+  void complete_read_backs(
+      const std::function<void(int stage, const std::function<void()>& report)>& each = {}) const;
+
+  // For its scope, read-backs asked on this thread belong to graph stage `stage` (the runner
+  // sets it around every stage call).
+  class ReadBackOwner {
+   public:
+    explicit ReadBackOwner(int stage);
+    ~ReadBackOwner();
+    ReadBackOwner(const ReadBackOwner&) = delete;
+    ReadBackOwner& operator=(const ReadBackOwner&) = delete;
+
+   private:
+    int previous_;
+  };
 
  private:
+  struct PendingReadBack {
+    Tensor staging;
+    std::function<void(const void*)> on_host;
+    int stage = -1;
+  };
+  mutable std::mutex read_backs_mu_;
+  mutable std::vector<PendingReadBack> read_backs_;
+
   Device device_;
   KernelBackend backend_ = KernelBackend::cpu;
   void* stream_ = nullptr;

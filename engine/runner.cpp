@@ -205,6 +205,7 @@ struct Runner::Impl {
   // ---- stage calls with timing and error context ----
   template <class Fn>
   void as_stage(size_t k, uint64_t batch_index, Fn&& fn) {
+    const ExecContext::ReadBackOwner owner(static_cast<int>(k));
     try {
       fn();
     } catch (const StageError&) {
@@ -288,7 +289,13 @@ struct Runner::Impl {
   }
 
   // ---- the trainable section for one batch ----
+  // The section's stages read the batch only after what its fence orders (prefetch's copies).
+  void enter_section(Batch& b) const {
+    if (b.fence && run.exec) b.fence->wait(*run.exec);
+  }
+
   void section(Batch& b) {
+    enter_section(b);
     size_t begin = plan().section_begin;
     bool has_loss = false;
     for (size_t k = begin; k < n(); ++k) {
@@ -307,6 +314,25 @@ struct Runner::Impl {
     for (size_t k = begin; k < n(); ++k)
       if (plan().stages[k].after_loss)
         timed(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+    complete_read_backs(b);
+  }
+
+  // The host's one wait for a batch on a device: what the stages asked to read back (the loss's
+  // sums, the optimizer's outcome) arrives, and their reports run — after the batch's whole
+  // work is enqueued, so the device never idles while the host issues the rest of a step.
+  void complete_read_backs(const Batch& b) {
+    if (!run.exec) return;
+    try {
+      run.exec->complete_read_backs([&](int k, const std::function<void()>& report) {
+        if (k < 0 || static_cast<size_t>(k) >= n()) return report();
+        as_stage(static_cast<size_t>(k), b.index, report);
+      });
+    } catch (const StageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("batch " + std::to_string(b.index) +
+                               ": the device's work on it failed: " + e.what());
+    }
   }
 
   void ensure_eval_copies() {
@@ -400,6 +426,7 @@ struct Runner::Impl {
                        bool with_loss) {
     for (size_t k = static_cast<size_t>(plan().head_end); k < st.size(); ++k)
       as_stage(k, b.index, [&] { st[k]->forward(b, *cx[k]); });
+    enter_section(b);
     const uint64_t t0 = now_ns();
     uint64_t answer_ns = 0;
     for (size_t k = plan().section_begin; k < n(); ++k) {
@@ -410,6 +437,7 @@ struct Runner::Impl {
       }
       as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
     }
+    complete_read_backs(b);
     return answer_ns ? answer_ns : now_ns() - t0;
   }
 
@@ -1161,6 +1189,16 @@ RunResult Runner::Impl::execute_steps() {
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
   graph->setup();
+  if (run.world_size > 1 && !run.gradients_averaged_over_ranks) {
+    bool trainable = false;
+    for (size_t k = 0; k < n() && !trainable; ++k)
+      trainable = !graph->stage(k).parameters().empty();
+    if (trainable)
+      throw std::runtime_error(
+          std::to_string(run.world_size) + " ranks, and nothing averages their gradients: each " +
+          "rank would train a model of its own. Put an allreduce stage between the loss and the " +
+          "optimizer (backend auto, mpi or nccl), or run one process");
+  }
   if (run.micro_batches_per_step > 1)
     log_line("gradient accumulation: a step is one optimizer update of " +
              std::to_string(run.micro_batches_per_step) +

@@ -27,6 +27,18 @@
 
 namespace slipstream {
 
+// What the trainable section must wait for before it reads a batch's tensors: copies a stage
+// enqueued on a stream of its own (the prefetch stage's copy stream). The runner calls wait()
+// on the section's thread before the section's first stage runs on the batch, in training,
+// validation and streaming alike. The fence lives as long as the batch; its destructor is the
+// place to mark, on the compute stream, that the section is done with the batch's memory.
+class BatchFence {
+ public:
+  virtual ~BatchFence() = default;
+  // Orders the context's compute stream after the batch's copies (on the device, no host wait).
+  virtual void wait(const ExecContext& exec) = 0;
+};
+
 // One unit flowing through the graph. Tensors live in slots that the graph assigns to each
 // (stage, output port) and to the gradient of each; stages reach them through StageContext.
 struct Batch {
@@ -34,6 +46,7 @@ struct Batch {
   uint64_t epoch = 0;
   uint64_t samples = 0;  // examples in the batch, for throughput
   std::vector<Tensor> slots;
+  std::shared_ptr<BatchFence> fence;  // set by a stage that copies asynchronously; else null
 };
 
 // A trainable weight: FP32 master value and gradient; under bf16 precision the optimizer also
@@ -96,6 +109,9 @@ struct RunState {
   // stage's setup when several ranks run and the build can (engine/rank_reduce.h: MPI); empty
   // otherwise. `what` names the reduction in a timeout.
   std::function<void(std::span<double>, RankReduce, const std::string& what)> reduce_over_ranks;
+  // Set in setup by a stage that averages the gradients over the ranks (allreduce): without one,
+  // a run of several ranks would train as many different models, and the runner refuses it.
+  bool gradients_averaged_over_ranks = false;
   // Set in setup by a source whose validation split is this rank's own share of the data (not
   // one set every rank holds): the runner then validates each rank's own first batches.
   bool validation_per_rank = false;

@@ -133,6 +133,20 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::view_bytes(size_t byte_offset, const Shape& shape, DType dtype) const {
+  require_defined(*this, "view_bytes");
+  const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
+  if (byte_offset > nbytes() || bytes > nbytes() - byte_offset)
+    throw std::out_of_range("Tensor::view_bytes: " + std::string(dtype_name(dtype)) + shape.str() +
+                            " at byte " + std::to_string(byte_offset) + " does not fit in " +
+                            describe());
+  Tensor t = *this;
+  t.offset_ += byte_offset;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   require_defined(*this, "clone");
   Tensor t = empty(shape_, dtype_, device_, "clone", storage_->stream);

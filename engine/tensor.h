@@ -88,6 +88,11 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // Rows [begin, end) of the first dimension, sharing storage.
   Tensor slice_rows(int64_t begin, int64_t end) const;
+  // A tensor of `shape` and `dtype` inside this one's bytes, from `byte_offset` (a packed
+  // buffer's pieces: the prefetch ring's slots), sharing storage.
+  Tensor view_bytes(size_t byte_offset, const Shape& shape, DType dtype) const;
+  // How many tensors (views included) share this one's storage: 1 when it is the only one.
+  long storage_users() const { return storage_.use_count(); }
   // Deep copy on the same device. Device tensors need a CUDA build; copies are synchronous
   // (after everything already queued on the device, on any stream).
   Tensor clone() const;

@@ -42,6 +42,17 @@ void destroy_stream(void* stream);
 void synchronize_stream(int index, void* stream);  // throws naming the failed work's error
 // cudaMemcpyAsync device to host on `stream`, then waits for the stream.
 void copy_to_host_on(void* stream, int index, void* host, const void* device, size_t bytes);
+// cudaMemcpyAsync between host memory and `index`'s on `stream`, returning at once (page-locked
+// host memory makes it asynchronous: leave it untouched until the stream has passed the copy).
+void copy_async(int index, void* stream, void* dst, const void* src, size_t bytes, bool to_device);
+// Events order one stream after another (or the host after a stream): created without timing.
+void* create_event(int index);  // cudaEvent_t
+void destroy_event(void* event);
+void record_event(int index, void* event, void* stream);
+// The stream's later work waits for the event's last recorded point (on the device).
+void stream_wait_event(int index, void* stream, void* event);
+bool event_done(int index, void* event);  // cudaEventQuery: complete (or never recorded)
+void event_synchronize(int index, void* event);
 void* create_blaslt(int index);  // cublasLtHandle_t
 void destroy_blaslt(void* handle);
 

@@ -217,12 +217,59 @@ void synchronize_stream(int index, void* stream) {
 }
 
 void copy_to_host_on(void* stream, int index, void* host, const void* device, size_t bytes) {
+  copy_async(index, stream, host, device, bytes, false);
+  synchronize_stream(index, stream);
+}
+
+void copy_async(int index, void* stream, void* dst, const void* src, size_t bytes, bool to_device) {
   DeviceGuard guard(index);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const std::string what = "cuda:" + std::to_string(index) + " to host, " + format_bytes(bytes);
-  check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync", what);
-  check(cudaStreamSynchronize(s), "cudaStreamSynchronize",
-        "the work enqueued on cuda:" + std::to_string(index) + "'s compute stream, read back");
+  const std::string dev = "cuda:" + std::to_string(index);
+  check(
+      cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                      static_cast<cudaStream_t>(stream)),
+      "cudaMemcpyAsync",
+      (to_device ? "host to " + dev : dev + " to host") + ", " + format_bytes(bytes));
+}
+
+void* create_event(int index) {
+  DeviceGuard guard(index);
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+        "cuda:" + std::to_string(index));
+  return e;
+}
+
+void destroy_event(void* event) {
+  if (cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) cudaGetLastError();
+}
+
+void record_event(int index, void* event, void* stream) {
+  DeviceGuard guard(index);
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+        "cudaEventRecord", "cuda:" + std::to_string(index));
+}
+
+void stream_wait_event(int index, void* stream, void* event) {
+  DeviceGuard guard(index);
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+        "cudaStreamWaitEvent", "cuda:" + std::to_string(index));
+}
+
+bool event_done(int index, void* event) {
+  DeviceGuard guard(index);
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: the work before the event is still running
+    return false;
+  }
+  check(err, "cudaEventQuery", "cuda:" + std::to_string(index));
+  return true;
+}
+
+void event_synchronize(int index, void* event) {
+  DeviceGuard guard(index);
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize",
+        "the work before an event on cuda:" + std::to_string(index));
 }
 
 void* create_blaslt(int index) {

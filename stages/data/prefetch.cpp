@@ -1,11 +1,17 @@
-// prefetch: moves every tensor of the batch to the run's device ahead of the trainable section.
-// On CUDA each tensor is copied from the (page-locked) host batch into fresh device memory with
-// a synchronous copy, which first waits for the device's queued work: correct, but the copy does
-// not yet overlap training (a copy stream, a ring of device slots and an event the compute
-// stream waits on are still to come: docs/architecture.md, "Not built yet"). On the CPU, and
-// under the emulator, the tensors are already where they are used and the stage only counts
-// (its queue depth shows how far the data side runs ahead).
+// prefetch: moves every host tensor of the batch to the run's device ahead of the trainable
+// section. On CUDA the tensors are copied into a slot of a ring of device buffers on a copy
+// stream of the stage's own, and the batch carries a fence: the compute stream waits for the
+// copies (on the device) before the section's first stage, and the slot is reused only after the
+// compute stream is done with it (stages/data/batch_ring.h). So the copy of batch k+1 overlaps
+// the step of batch k and neither the copy nor the step makes the host wait. Under the emulator
+// the same ring runs with host buffers and synchronous copies; on the CPU the tensors are
+// already where they are used and the stage only counts (its queue depth shows how far the
+// data side runs ahead).
+//
+// Put it last before the trainable section: a data transform after it would read the slot
+// before the copies are ordered.
 #include "engine/registry.h"
+#include "stages/data/batch_ring.h"
 
 namespace slipstream {
 
@@ -14,26 +20,35 @@ class PrefetchStage : public Stage {
   static StageSchema schema() {
     return StageSchema("prefetch")
         .family("data")
-        .doc("Moves the batch's tensors to the run's device ahead of use (copy stream on CUDA).")
+        .doc(
+            "Copies the batch's tensors to the run's device on a copy stream, overlapping the step "
+            "in progress.")
         .passthrough()
-        .param("depth", int64_t{2}, "batches copied ahead of the trainable section")
+        .param("depth", int64_t{2},
+               "device slots of the copy ring to start with; it grows to the batches held at once "
+               "(at most run.max_in_flight)")
         .range(1, 64);
   }
 
-  void setup(StageContext& ctx) override { depth_ = ctx.params().integer("depth"); }
+  void setup(StageContext& ctx) override {
+    ring_.reset();
+    const std::shared_ptr<ExecContext>& exec = ctx.run().exec;
+    if (exec && exec->device_ops())
+      ring_ = std::make_unique<BatchRing>(exec, static_cast<size_t>(ctx.params().integer("depth")));
+  }
 
   void forward(Batch& b, StageContext& ctx) override {
-    if (ctx.device().is_cpu()) return;
-    for (Tensor* t : ctx.passthrough_tensors(b)) {
-      if (t->device() == ctx.device()) continue;
-      Tensor d = Tensor::empty(t->shape(), t->dtype(), ctx.device(), "prefetch batch tensor");
-      d.copy_from(*t);
-      *t = d;
+    if (!ring_) return;
+    std::vector<Tensor*> tensors = ctx.passthrough_tensors(b);
+    if (std::shared_ptr<BatchFence> fence = ring_->load(tensors)) {
+      if (b.fence)
+        throw std::logic_error("a batch reached prefetch with a fence of another stage's copies");
+      b.fence = std::move(fence);
     }
   }
 
  private:
-  int64_t depth_ = 2;
+  std::unique_ptr<BatchRing> ring_;
 };
 SLIPSTREAM_REGISTER_STAGE(PrefetchStage);
 

@@ -61,6 +61,7 @@ class AllreduceStage : public Stage {
     mpi_.reset();
     nccl_.reset();
     if (backend == "none") return;
+    ctx.run().gradients_averaged_over_ranks = true;
     const std::string where = " (" + ctx.params().mark("backend").str() + ")";
     if (backend == "nccl" && !dist::nccl_built())
       throw std::runtime_error("allreduce backend nccl needs a CUDA build" + where);

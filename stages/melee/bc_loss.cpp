@@ -6,9 +6,11 @@
 // Validation passes also report the "repeat the previous input" baseline on the same positions,
 // its probabilities measured on the training positions seen so far (saved with the stage).
 // Metric names and definitions: docs/melee_features.md.
-// On a device (CUDA, or the emulator) one fused kernel computes every position's statistics,
-// their column sums are read back once per batch (the batch's metrics), and the gradients are
-// computed on the device from the device-side weight sum (melee_kernels.h).
+// On a device (CUDA, or the emulator) one fused kernel computes every position's statistics and
+// their column sums, the gradients are computed on the device from the device-side weight sum
+// (melee_kernels.h), and the sums come back to the host without a wait in the step
+// (ExecContext::read_back_later): the batch's metrics, its loss output and the label check are
+// done when the runner completes the step's read-backs.
 #include "engine/registry.h"
 #include "engine/state_io.h"
 #include "stages/melee/melee_backend.h"
@@ -23,10 +25,11 @@ class BcLossDevice {
  public:
   virtual ~BcLossDevice() = default;
   virtual void reserve(int64_t M) = 0;
-  // Enqueues the statistics and their sums, reads the sums back (waits for the stream).
+  // Enqueues the statistics and their sums, and their read-back: `on_sums` gets the kBcStats
+  // sums when the runner completes the step's read-backs.
   virtual void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
                        const float* mask, const uint8_t* mirrored, const float* prev, size_t M,
-                       size_t W, float eps, float sums[kBcStats]) = 0;
+                       size_t W, float eps, std::function<void(const float* sums)> on_sums) = 0;
   virtual void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
                         const float* mask, const uint8_t* mirrored, size_t M, size_t W, float eps,
                         const float head_weights[kHeads], float* const dlogits[kHeads]) = 0;
@@ -55,13 +58,16 @@ class BcLossDeviceOn final : public BcLossDevice {
 
   void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
                const float* mask, const uint8_t* mirrored, const float* prev, size_t M, size_t W,
-               float eps, float sums[kBcStats]) override {
+               float eps, std::function<void(const float* sums)> on_sums) override {
     K::bc_loss_rows(heads(logits), tb, ts, mask, mirrored, prev, M, W, eps,
                     stats_.template data<float>(), o_.stream());
     float* s = sums_.template data<float>();
     o_.zero(s, kBcStats);
     o_.column_sum_accumulate(stats_.template data<float>(), s, M, kBcStats, scratch_.raw());
-    exec_.read_back(sums, s, kBcStats * sizeof(float));
+    exec_.read_back_later(s, kBcStats * sizeof(float),
+                          [on_sums = std::move(on_sums)](const void* host) {
+                            on_sums(static_cast<const float*>(host));
+                          });
   }
 
   void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
@@ -189,56 +195,27 @@ class BcLossStage : public Stage {
     }
     reserve(static_cast<int64_t>(M));
     const bool training = ctx.run().training;
-    BcLossResult r;
-    float sums[kBcStats];
+    ctx.set_output(b, "loss", loss_);
     if (dev_) {
       dev_->forward(logits, tb.data<float>(), ts.data<int32_t>(), mask.data<float>(), mirrored,
-                    prev.data<float>(), M, static_cast<size_t>(W), eps_, sums);
-      if (sums[kBcBadLabel] > 0)
-        throw std::runtime_error("bc_loss '" + ctx.name() + "': target_sticks has " +
-                                 std::to_string(static_cast<int64_t>(sums[kBcBadLabel])) +
-                                 " valid position(s) with a class out of range in batch " +
-                                 std::to_string(b.index));
-      r = bc_loss_result(sums, head_weights_);
-      if (training) add_repeats(sums, counts_);
-    } else {
-      const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-      bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
-                             mirrored, s);
-      r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(), head_weights_,
-                                 eps_, s);
-      if (training)
-        count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                             mask.data<float>(), counts_);
+                    prev.data<float>(), M, static_cast<size_t>(W), eps_,
+                    [this, &ctx, index = b.index, training](const float* sums) {
+                      device_sums(ctx, sums, index, training);
+                    });
+      return;
     }
-    weight_sum_ = r.weight_sum;
-    loss_.data<float>()[0] = static_cast<float>(r.total);
-    ctx.set_output(b, "loss", loss_);
-    if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
-    // Each batch's means weigh what they were measured over: a padded last batch counts for its
-    // valid positions, and a validation pass's figure is the one over all of its positions.
-    const double n = r.weight_sum;
-    ctx.metric("loss", r.total, MetricKind::mean, n);
-    ctx.metric("nll", r.total_nll, MetricKind::mean, n);
-    for (int h = 0; h < kHeads; ++h) {
-      ctx.metric(names_.loss[h], r.loss[h], MetricKind::mean, n);
-      ctx.metric(names_.nll[h], r.nll[h], MetricKind::mean, n);
-      ctx.metric(names_.acc[h], r.acc[h], MetricKind::mean, n);
-    }
-    if (!training) {
-      double p[kRepeatItems];
-      const RepeatCounts& seen = ctx.run().reduce_over_ranks ? seen_ : counts_;
-      for (int k = 0; k < kRepeatItems; ++k) p[k] = seen.p(k, prior_);
-      const BaselineResult base =
-          dev_ ? baseline_from_sums(sums, head_weights_, p)
-               : baseline_forward<float>(M, prev.data<float>(), tb.data<float>(),
-                                         ts.data<int32_t>(), mask.data<float>(), head_weights_, p);
-      ctx.metric("baseline/loss", base.total, MetricKind::mean, n);
-      for (int h = 0; h < kHeads; ++h) {
-        ctx.metric(names_.base_loss[h], base.loss[h], MetricKind::mean, n);
-        ctx.metric(names_.base_acc[h], base.acc[h], MetricKind::mean, n);
-      }
-    }
+    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
+    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
+                           mirrored, s);
+    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(),
+                                                  head_weights_, eps_, s);
+    if (training)
+      count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                           mask.data<float>(), counts_);
+    report(ctx, r, training, [&](const double p[kRepeatItems]) {
+      return baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
+                                     mask.data<float>(), head_weights_, p);
+    });
   }
 
   void backward(Batch& b, StageContext& ctx) override {
@@ -303,6 +280,48 @@ class BcLossStage : public Stage {
                                ", expected [" + std::to_string(B) + ", " + std::to_string(W) +
                                ", " + std::to_string(C) + "] on " + device_.str() + " (batch " +
                                std::to_string(b.index) + ")");
+  }
+
+  // A batch's sums from the device: the label check, the repeat counts, the report.
+  void device_sums(const StageContext& ctx, const float* sums, uint64_t index, bool training) {
+    if (sums[kBcBadLabel] > 0)
+      throw std::runtime_error("bc_loss '" + ctx.name() + "': target_sticks has " +
+                               std::to_string(static_cast<int64_t>(sums[kBcBadLabel])) +
+                               " valid position(s) with a class out of range in batch " +
+                               std::to_string(index));
+    if (training) add_repeats(sums, counts_);
+    report(ctx, bc_loss_result(sums, head_weights_), training, [&](const double p[kRepeatItems]) {
+      return baseline_from_sums(sums, head_weights_, p);
+    });
+  }
+
+  // The batch's loss output and metrics; in validation also the baseline's, from
+  // `baseline(p)` with the repeat probabilities p.
+  template <class Baseline>
+  void report(const StageContext& ctx, const BcLossResult& r, bool training, Baseline&& baseline) {
+    weight_sum_ = r.weight_sum;
+    loss_.data<float>()[0] = static_cast<float>(r.total);
+    if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
+    // Each batch's means weigh what they were measured over: a padded last batch counts for its
+    // valid positions, and a validation pass's figure is the one over all of its positions.
+    const double n = r.weight_sum;
+    ctx.metric("loss", r.total, MetricKind::mean, n);
+    ctx.metric("nll", r.total_nll, MetricKind::mean, n);
+    for (int h = 0; h < kHeads; ++h) {
+      ctx.metric(names_.loss[h], r.loss[h], MetricKind::mean, n);
+      ctx.metric(names_.nll[h], r.nll[h], MetricKind::mean, n);
+      ctx.metric(names_.acc[h], r.acc[h], MetricKind::mean, n);
+    }
+    if (training) return;
+    double p[kRepeatItems];
+    const RepeatCounts& seen = ctx.run().reduce_over_ranks ? seen_ : counts_;
+    for (int k = 0; k < kRepeatItems; ++k) p[k] = seen.p(k, prior_);
+    const BaselineResult base = baseline(p);
+    ctx.metric("baseline/loss", base.total, MetricKind::mean, n);
+    for (int h = 0; h < kHeads; ++h) {
+      ctx.metric(names_.base_loss[h], base.loss[h], MetricKind::mean, n);
+      ctx.metric(names_.base_acc[h], base.acc[h], MetricKind::mean, n);
+    }
   }
 
   void reserve(int64_t M) {

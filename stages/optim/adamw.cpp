@@ -90,11 +90,13 @@ class AdamWStage : public Stage {
   void forward(Batch& b, StageContext& ctx) override {
     (void)b;
     if (!ctx.run().training) return;
-    const auto rep = opt_.micro_step();
-    if (!rep.stepped) return;
-    ctx.metric("lr", rep.lr, MetricKind::last);  // the rate at this step, not a window's mean
-    ctx.metric("grad_norm", rep.grad_norm);
-    if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
+    // On a device the report comes when the runner completes the step's read-backs.
+    opt_.micro_step([&ctx](const optim::AdamWOptimizer::Report& rep) {
+      if (!rep.stepped) return;
+      ctx.metric("lr", rep.lr, MetricKind::last);  // the rate at this step, not a window's mean
+      ctx.metric("grad_norm", rep.grad_norm);
+      if (!rep.finite) ctx.metric("nonfinite_grad_steps", 1.0);
+    });
   }
 
   // Per weight and step: the gradient's share of the global norm, the two moments, the bias

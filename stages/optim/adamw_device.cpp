@@ -1,6 +1,7 @@
 #include "stages/optim/adamw_device.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include "stages/nn/ops_backend.h"
@@ -66,15 +67,22 @@ class AdamWDeviceOn final : public AdamWDevice {
               c.ema};
   }
 
-  AdamWDeviceOutcome step() override {
-    // The device reads lr_table[step]; keep the table ahead of it (the host knows the step).
-    if (static_cast<size_t>(step_) + 1 >= lr_len_) grow_lr_table(2 * lr_len_);
+  void step(std::function<void(const AdamWDeviceOutcome&)> on_outcome) override {
+    // The device reads lr_table[step]; keep the table ahead of it. The host's count may be one
+    // update behind the device's until the outcome is read back: updates enqueued but not yet
+    // heard of count as applied.
+    if (static_cast<size_t>(step_ + unheard_) + 1 >= lr_len_) grow_lr_table(2 * lr_len_);
     K::adamw_step(reinterpret_cast<const Segment*>(segs_.raw()), count_, max_n_, hyper_,
                   lr_.template data<float>(), lr_len_, state(), ws_.raw(), o_.stream());
-    State st{};
-    exec_.read_back(&st, state(), sizeof st);
-    step_ = st.step;
-    return {st.finite != 0, st.lr, st.grad_norm, st.step};
+    ++unheard_;
+    exec_.read_back_later(state(), sizeof(State),
+                          [this, on_outcome = std::move(on_outcome)](const void* host) {
+                            State st;
+                            std::memcpy(&st, host, sizeof st);
+                            step_ = st.step;
+                            --unheard_;
+                            on_outcome({st.finite != 0, st.lr, st.grad_norm, st.step});
+                          });
   }
 
   void set_step(int64_t step) override {
@@ -123,6 +131,7 @@ class AdamWDeviceOn final : public AdamWDevice {
   int count_ = 0;
   size_t max_n_ = 0, lr_len_ = 0;
   int64_t step_ = 0;
+  int64_t unheard_ = 0;  // updates enqueued whose outcome is not read back yet
   Tensor segs_, state_, ws_, tmp_, lr_;
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -35,8 +36,10 @@ struct AdamWDeviceOutcome {
 class AdamWDevice {
  public:
   virtual ~AdamWDevice() = default;
-  // One update from the gradients summed over `accumulate` micro-batches; waits for its outcome.
-  virtual AdamWDeviceOutcome step() = 0;
+  // Enqueues one update from the gradients summed over `accumulate` micro-batches and the
+  // read-back of its outcome, which `on_outcome` gets when the runner completes the step's
+  // read-backs (ExecContext::read_back_later).
+  virtual void step(std::function<void(const AdamWDeviceOutcome&)> on_outcome) = 0;
   // The device's count of applied updates (a resume sets it).
   virtual void set_step(int64_t step) = 0;
   virtual void refresh_shadows() = 0;  // bf16 copies from the FP32 values

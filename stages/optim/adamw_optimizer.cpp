@@ -35,6 +35,7 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
   cfg_ = config;
   slots_.clear();
   device_.reset();
+  exec_ = exec;
   step_ = micro_ = 0;
   ema_swapped_ = false;
   const bool on_device = exec && exec->device_ops();
@@ -67,18 +68,33 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
 }
 
 AdamWOptimizer::Report AdamWOptimizer::micro_step() {
+  Report out;
+  bool heard = false;
+  micro_step([&](const Report& r) {
+    out = r;
+    heard = true;
+  });
+  if (!heard && exec_) exec_->complete_read_backs();
+  return out;
+}
+
+void AdamWOptimizer::micro_step(const std::function<void(const Report&)>& report) {
   Report rep;
-  if (++micro_ < cfg_.accumulate) return rep;
+  if (++micro_ < cfg_.accumulate) return report(rep);
   micro_ = 0;
   rep.stepped = true;
   if (ema_swapped_) throw std::logic_error("adamw: update while the EMA weights are swapped in");
   if (device_) {
-    const AdamWDeviceOutcome o = device_->step();
-    rep.finite = o.finite;
-    rep.lr = o.lr;
-    rep.grad_norm = o.grad_norm;
-    step_ = o.step;
-    return rep;
+    device_->step([this, report](const AdamWDeviceOutcome& o) {
+      Report r;
+      r.stepped = true;
+      r.finite = o.finite;
+      r.lr = o.lr;
+      r.grad_norm = o.grad_norm;
+      step_ = o.step;
+      report(r);
+    });
+    return;
   }
 
   // The update uses the mean over micro-batches: norm and clipping apply to that mean.
@@ -91,7 +107,7 @@ AdamWOptimizer::Report AdamWOptimizer::micro_step() {
     // One bad batch must not poison the moments: drop its gradients, keep the weights.
     rep.finite = false;
     for (const auto& s : slots_) s.p->grad.zero_();
-    return rep;
+    return report(rep);
   }
   double scale = inv_n;
   if (cfg_.clip > 0 && rep.grad_norm > cfg_.clip) scale *= cfg_.clip / rep.grad_norm;
@@ -114,7 +130,7 @@ AdamWOptimizer::Report AdamWOptimizer::micro_step() {
       });
     }
   }
-  return rep;
+  report(rep);
 }
 
 void AdamWOptimizer::swap_ema() {

@@ -6,6 +6,8 @@
 // parameters that live on the context's device; the policy is the same.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -43,7 +45,11 @@ class AdamWOptimizer {
 
   // One micro-batch's gradients are in the parameters' grad buffers (summed with those of the
   // earlier micro-batches of this update). Every `accumulate`-th call updates the weights and
-  // zeroes the gradients. Allocates nothing.
+  // zeroes the gradients. Allocates nothing. `report` hears what the call did: at once on the
+  // CPU; on a device, once the runner completes the step's read-backs (the update is enqueued
+  // and the host does not wait for it here).
+  void micro_step(const std::function<void(const Report&)>& report);
+  // The same, waiting for the report (tests and tools; a device step's read-backs complete here).
   Report micro_step();
 
   int64_t steps() const { return step_; }
@@ -75,6 +81,7 @@ class AdamWOptimizer {
   int64_t step_ = 0, micro_ = 0;
   bool ema_swapped_ = false;
   std::unique_ptr<AdamWDevice> device_;  // null: the CPU update
+  const ExecContext* exec_ = nullptr;
 };
 
 }  // namespace slipstream::optim

@@ -106,6 +106,32 @@ TEST(Runner, StageFailureCancelsAndNamesStageAndBatch) {
   EXPECT_EQ(recorded().finished.load(), 0);  // no finish() after a failure
 }
 
+// Reports read back later (as device stages make them) arrive before the step's row, in batch
+// order, and an error in one still names its stage and batch.
+TEST(Runner, ReportsReadBackLaterCountInTheirStep) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, kChain, {"rec.report_later=true", "run.log_every=1"}), quiet_options());
+  const RunResult res = r.run();
+  EXPECT_EQ(res.steps, 20u);
+  std::vector<uint64_t> order(20);
+  for (uint64_t k = 0; k < 20; ++k) order[k] = k;
+  EXPECT_EQ(recorded().indices, order);
+  ASSERT_TRUE(res.last_train_metrics.count("loss"));
+  EXPECT_EQ(res.last_train_metrics.at("loss"),
+            19.0);  // the last step's own value, not a neighbour's
+
+  reset_recorded();
+  Runner f(plan_text(d, kChain, {"rec.report_later=true", "rec.fail_at=5"}), quiet_options());
+  try {
+    f.run();
+    FAIL() << "expected a StageError";
+  } catch (const StageError& e) {
+    EXPECT_EQ(std::string(e.what()), "stage 'rec' (test_recorder), batch 5: injected failure");
+  }
+  EXPECT_EQ(recorded().indices.size(), 5u);
+}
+
 TEST(Runner, SigintFinishesTheStepAndStops) {
   reset_recorded();
   TempDir d;

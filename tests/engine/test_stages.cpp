@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -109,7 +110,10 @@ class TestRecorder : public Stage {
         .param("term_at", int64_t{-1}, "raise SIGTERM on this batch index")
         .param("nan_from", int64_t{-1}, "report a NaN loss from this batch index on")
         .param("nan_count", int64_t{1000000}, "... for this many batches")
-        .param("validation_nan", false, "validation batches report a NaN loss");
+        .param("validation_nan", false, "validation batches report a NaN loss")
+        .param("report_later", false,
+               "report the loss and the injected failure through ExecContext::read_back_later, "
+               "as device stages do");
   }
   void setup(StageContext& ctx) override {
     sleep_ = ctx.params().integer("sleep_us");
@@ -119,11 +123,26 @@ class TestRecorder : public Stage {
     nan_from_ = ctx.params().integer("nan_from");
     nan_count_ = ctx.params().integer("nan_count");
     validation_nan_ = ctx.params().boolean("validation_nan");
+    report_later_ = ctx.params().boolean("report_later");
   }
   void forward(Batch& b, StageContext& ctx) override {
     if (!ctx.run().training) {
       // Constant: the second validation does not improve.
       ctx.metric("loss", validation_nan_ ? std::nan("") : 1.0);
+      return;
+    }
+    if (report_later_) {
+      // What a device stage does: the value is read back when the runner completes the batch.
+      value_ = static_cast<double>(b.index);
+      ctx.exec().read_back_later(&value_, sizeof value_, [this, &ctx](const void* host) {
+        double v;
+        std::memcpy(&v, host, sizeof v);
+        if (static_cast<int64_t>(v) == fail_at_) throw std::runtime_error("injected failure");
+        std::lock_guard lock(recorded().mu);
+        recorded().indices.push_back(static_cast<uint64_t>(v));
+        ctx.metric("loss", v);
+      });
+      value_ = -1;  // the copy was taken when asked
       return;
     }
     if (static_cast<int64_t>(b.index) == fail_at_) throw std::runtime_error("injected failure");
@@ -144,7 +163,8 @@ class TestRecorder : public Stage {
 
  private:
   int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
-  bool validation_nan_ = false;
+  bool validation_nan_ = false, report_later_ = false;
+  double value_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(TestRecorder);
 

@@ -133,6 +133,19 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
 
 // shard: games: each rank decodes only its share of the games (the shares add up to the whole
 // set), the ranks agree on one step count, and validation sums every rank's own games.
+// Several ranks whose gradients nothing averages would train as many models, each writing as
+// rank 0 believes: refused before the first step, every rank saying why.
+TEST(MultiRank, RanksWithoutAnAllreduceAreRefused) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const auto out = run_command(mpirun(2) + SLIPSTREAM_CLI + " " + run_args(d.path(), "alone", 4) +
+                               " --set sync.backend=none --set run.steps=3");
+  EXPECT_NE(out.status, 0) << out.text;
+  EXPECT_NE(out.text.find("2 ranks, and nothing averages their gradients"), std::string::npos)
+      << out.text;
+  EXPECT_EQ(out.text.find("step 1"), std::string::npos) << out.text;
+}
+
 TEST(MultiRank, ShardByGamesGivesEachRankItsOwnGames) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   TempDir d;
