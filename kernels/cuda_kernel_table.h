@@ -9,6 +9,7 @@
 #include "kernels/causal_conv1d.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gru.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
@@ -56,6 +57,10 @@
     using AdamWDeviceState = NS::AdamWDeviceState;                                                 \
     static constexpr auto adamw_step = &NS::adamw_step;                                            \
     static constexpr auto adamw_workspace_bytes = &NS::adamw_workspace_bytes;                      \
+    static constexpr auto gru_forward = &NS::gru_forward;                                          \
+    static constexpr auto gru_backward = &NS::gru_backward;                                        \
+    static constexpr auto gru_forward_workspace_bytes = &NS::gru_forward_workspace_bytes;          \
+    static constexpr auto gru_backward_workspace_bytes = &NS::gru_backward_workspace_bytes;        \
     template <class... Args>                                                                       \
     static void gemm(Args... args) {                                                               \
       NS::gemm(args...);                                                                           \

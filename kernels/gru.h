@@ -10,6 +10,9 @@
 
 #include <cstddef>
 
+#include "kernels/cuda_api.h"
+#include "kernels/gemm.h"  // cuda::GemmContext
+
 namespace slipstream::kernels {
 
 // Saved activations for the backward: r, z, n and hn = W_hn h + b_hn per step, (B, L, 4H).
@@ -34,5 +37,11 @@ template <class T>
 void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* y, const T* saved,
                   const T* dy, const T* dh_last, T* dx, T* dh0, T* dw_ih, T* dw_hh, T* db_ih,
                   T* db_hh, T* workspace, int B, int L, int In, int H);
+
+// The CUDA GRU layer (kernels/gru_cuda.cu): the math above from a zero initial state, fp32,
+// each step a cuBLASLt GEMM and a gate kernel on the caller's stream.
+namespace cuda {
+#include "kernels/gru_cuda.inc"
+}  // namespace cuda
 
 }  // namespace slipstream::kernels

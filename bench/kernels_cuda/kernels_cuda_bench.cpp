@@ -4,8 +4,10 @@
 // counts the fewest bytes each call must move (every input read once, every output written
 // once): compare it with the device's copy bandwidth (about 3 TB/s on an H100).
 #include <benchmark/benchmark.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -15,6 +17,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/causal_conv1d.h"
+#include "kernels/gru.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
@@ -196,6 +199,45 @@ void norm(benchmark::State& st, const Shape& sh, bool backward) {
   cudaStreamDestroy(s);
 }
 
+// One GRU layer (In = H = d_model) over the whole window: the forward, or the backward after it
+// (each step a cuBLASLt GEMM and a gate kernel). GB/s counts the activations read and written
+// once (x, y, the saved gates; and dy, dx, the gate gradients for the backward).
+void gru(benchmark::State& st, const Shape& sh, bool backward) {
+  const int B = sh.B, L = sh.L, In = sh.d_model, H = sh.d_model, G = 3 * H;
+  const size_t M = size_t(B) * L;
+  Buffers m;
+  const float *x = m.random<float>(M * In, -1, 1), *dy = m.random<float>(M * H, -1, 1);
+  const float *w_ih = m.random<float>(size_t(G) * In, -0.1f, 0.1f),
+              *w_hh = m.random<float>(size_t(G) * H, -0.1f, 0.1f);
+  const float *b_ih = m.random<float>(G, -0.1f, 0.1f), *b_hh = m.random<float>(G, -0.1f, 0.1f);
+  float *y = m.alloc<float>(M * H), *saved = m.alloc<float>(M * 4 * H),
+        *dx = m.alloc<float>(M * In);
+  float *dw_ih = m.random<float>(size_t(G) * In, 0, 0),
+        *dw_hh = m.random<float>(size_t(G) * H, 0, 0);
+  float *db_ih = m.random<float>(G, 0, 0), *db_hh = m.random<float>(G, 0, 0);
+  void* ws = m.alloc<char>(std::max(sk::cuda::gru_forward_workspace_bytes(B, L, H),
+                                    sk::cuda::gru_backward_workspace_bytes(B, L, H)));
+  const size_t lt_bytes = size_t(32) << 20;
+  cublasLtHandle_t lt = nullptr;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
+  const sk::cuda::GemmContext gemm{lt, m.alloc<char>(lt_bytes), lt_bytes};
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  sk::cuda::gru_forward(gemm, x, w_ih, w_hh, b_ih, b_hh, y, saved, ws, B, L, In, H, s);
+  if (!backward) {
+    time_launches(st, s, 4.0 * M * (In + 5 * H), [&] {
+      sk::cuda::gru_forward(gemm, x, w_ih, w_hh, b_ih, b_hh, y, saved, ws, B, L, In, H, s);
+    });
+  } else {
+    time_launches(st, s, 4.0 * M * (2 * In + 8 * H + 2 * G), [&] {
+      sk::cuda::gru_backward(gemm, x, w_ih, w_hh, y, saved, dy, dx, dw_ih, dw_hh, db_ih, db_hh, ws,
+                             B, L, In, H, s);
+    });
+  }
+  cudaStreamDestroy(s);
+  cublasLtDestroy(lt);
+}
+
 // Host-to-device copy of a batch-sized buffer (prefetch's work) from page-locked memory (what
 // the host pool hands out in a CUDA run) and from ordinary pageable memory: GB/s.
 void host_to_device(benchmark::State& state, size_t bytes, bool pinned) {
@@ -272,6 +314,8 @@ int main(int argc, char** argv) {
           [=](benchmark::State& st) { norm<sk::bfloat16>(st, sh, bwd); });
     }
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
+    add("gru_layer_forward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, false); });
+    add("gru_layer_backward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, true); });
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -13,6 +13,7 @@ namespace slipstream::kernels::cuda_emulated {
 #include "kernels/causal_conv1d_cuda.inc"
 #include "kernels/elementwise_cuda.inc"
 #include "kernels/gemm_cuda.inc"
+#include "kernels/gru_cuda.inc"
 #include "kernels/rmsnorm_cuda.inc"
 #include "kernels/selective_scan_cuda.inc"
 }  // namespace slipstream::kernels::cuda_emulated

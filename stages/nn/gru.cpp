@@ -1,16 +1,48 @@
 // gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
-// sequence from a zero initial state. The math is GruModel<float> (gru_model.h). Under bf16
-// precision the GRU still computes in FP32: the GRU kernel has no bf16 GEMM path yet, so the
-// stage keeps no bf16 shadow (the optimizer then writes none). On a stream (Runner::stream) the
-// forward continues each row's sequence one frame at a time (gru_recurrent.h).
+// sequence from a zero initial state. The math is GruModel (gru_model.h) over the ops of the
+// run's backend (ops_backend.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
+// gate kernel, kernels/gru_cuda.cu). Under bf16 precision the GRU still computes in FP32 (its
+// GEMMs have no bf16 path yet), so the stage keeps no bf16 shadow (the optimizer then writes
+// none). On a stream (Runner::stream) the forward continues each row's sequence one frame at a
+// time (gru_recurrent.h, CPU).
 #include "engine/registry.h"
 #include "stages/nn/gru_model.h"
 #include "stages/nn/gru_recurrent.h"
 #include "stages/nn/model_stage_util.h"
+#include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
 
 namespace slipstream {
 namespace {
+
+// The model whichever ops it runs on: the stage holds one and calls through this interface.
+class GruRunner {
+ public:
+  virtual ~GruRunner() = default;
+  virtual const nn::GruConfig& config() const = 0;
+  virtual const nn::GruLayout& layout() const = 0;
+  virtual void resize(int B, int L) = 0;
+  virtual void forward(const float* x, const float* w, float* y) = 0;
+  virtual void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
+                        const std::function<void(int)>* layer_done) = 0;
+};
+
+template <class Ops>
+class GruRunnerOn final : public GruRunner {
+ public:
+  GruRunnerOn(const nn::GruConfig& c, Ops ops) : m_(c, ops) {}
+  const nn::GruConfig& config() const override { return m_.config(); }
+  const nn::GruLayout& layout() const override { return m_.layout(); }
+  void resize(int B, int L) override { m_.resize(B, L); }
+  void forward(const float* x, const float* w, float* y) override { m_.forward(x, w, y); }
+  void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
+                const std::function<void(int)>* layer_done) override {
+    m_.backward(x, dy, w, g, dx, layer_done);
+  }
+
+ private:
+  nn::GruModel<float, Ops> m_;
+};
 
 class GruStage : public Stage {
  public:
@@ -31,10 +63,6 @@ class GruStage : public Stage {
   }
 
   void setup(StageContext& ctx) override {
-    if (ctx.exec().device_ops())
-      throw std::runtime_error("gru '" + ctx.name() + "': the GRU has only a CPU path so far, " +
-                               "and this run is on " + ctx.exec().describe() +
-                               "; use device: cpu, or the mamba stage on a GPU");
     const Shape& in = ctx.input_shape("x");
     if (in.rank() != 3 || in[2] <= 0)
       throw std::runtime_error("input x must be (B, W, Din) with Din known at setup, got " +
@@ -43,10 +71,14 @@ class GruStage : public Stage {
     c.din = static_cast<int>(in[2]);
     c.hidden = static_cast<int>(ctx.params().integer("hidden"));
     c.layers = static_cast<int>(ctx.params().integer("layers"));
-    model_ = std::make_unique<nn::GruModel<float>>(c);
-    store_.allocate(model_->layout().params, false);
+    model_ = nn::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
+                          [&](auto ops) -> std::unique_ptr<GruRunner> {
+                            return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
+                          });
+    device_ = ctx.exec().device();
+    store_.allocate(model_->layout().params, false, device_);
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
-    nn::gru_init(c, model_->layout(), store_.values(), ctx.seed());
+    store_.initialize([&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); });
     want_dx_ = nn::input_grad_wanted(ctx, 0);
     ctx.declare_output("y", {in[0], in[1], c.hidden}, DType::f32);
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
@@ -54,7 +86,7 @@ class GruStage : public Stage {
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
-    nn::check_sequence(ctx, x, model_->config().din);
+    nn::check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
     if (ctx.run().streaming) {
       const auto& c = model_->config();
@@ -82,7 +114,7 @@ class GruStage : public Stage {
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
 
-  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, Device::cpu()); }
+  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
@@ -97,11 +129,12 @@ class GruStage : public Stage {
     const auto& c = model_->config();
     model_->resize(static_cast<int>(B), static_cast<int>(W));
     B_ = B, W_ = W;
-    y_ = Tensor::empty({B, W, c.hidden}, DType::f32, Device::cpu(), "gru output");
-    dx_ = Tensor::empty({B, W, c.din}, DType::f32, Device::cpu(), "gru input gradient");
+    y_ = Tensor::empty({B, W, c.hidden}, DType::f32, device_, "gru output");
+    dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, "gru input gradient");
   }
 
-  std::unique_ptr<nn::GruModel<float>> model_;
+  std::unique_ptr<GruRunner> model_;
+  Device device_;
   nn::ParamStore store_;
   std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
   Tensor x_, y_, dx_;

@@ -1,6 +1,7 @@
-// A stack of GRU layers (PyTorch nn.GRU, batch_first, zero initial state) as plain math on raw
-// pointers, templated on T so tests can finite-difference the double instance; the `gru` stage
-// wraps the float one. Layer 0 reads Din, later layers the previous layer's H outputs.
+// A stack of GRU layers (PyTorch nn.GRU, batch_first, zero initial state) over the ops of a
+// backend, on raw pointers: CpuOps<T> (T = double for the finite-difference tests) or a device's
+// ops; the `gru` stage wraps the float model of the run's backend. Layer 0 reads Din, later
+// layers the previous layer's H outputs.
 // Parameters in PyTorch's order and names: weight_ih_l{k} (3H, In), weight_hh_l{k} (3H, H),
 // bias_ih_l{k} (3H), bias_hh_l{k} (3H), gate blocks r, z, n.
 #pragma once
@@ -12,10 +13,12 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/gru.h"
 #include "stages/nn/model_flops.h"
+#include "stages/nn/model_ops.h"
 #include "stages/nn/param_layout.h"
 
 namespace slipstream::nn {
@@ -74,28 +77,38 @@ void gru_init(const GruConfig& c, const GruLayout& lay, T* p, uint64_t seed) {
   for (size_t i = 0; i < lay.params.total(); ++i) p[i] = T(rng.uniform(-bound, bound));
 }
 
-template <class T>
+// The stack over the ops of a backend (model_ops.h on the CPU, device_ops.h on a device): each
+// layer is one ops.gru_forward / gru_backward; buffers come from ops.alloc, sized by resize().
+template <class T, class Ops = CpuOps<T>>
 class GruModel {
+  static_assert(std::is_same_v<T, typename Ops::Scalar>, "the ops compute in T");
+
  public:
-  explicit GruModel(const GruConfig& c) : c_(c), lay_(c) {
+  explicit GruModel(const GruConfig& c, Ops ops = Ops()) : c_(c), lay_(c), ops_(ops) {
     if (c.din < 1 || c.hidden < 1 || c.layers < 1)
       throw std::invalid_argument("gru: dimensions must be positive");
   }
   const GruConfig& config() const { return c_; }
   const GruLayout& layout() const { return lay_; }
+  const Ops& ops() const { return ops_; }
+  int batch() const { return B_; }
+  int length() const { return L_; }
 
+  // Sizes every activation and scratch buffer for (B, L): the only allocating call.
   void resize(int B, int L) {
     if (B == B_ && L == L_) return;
     B_ = B, L_ = L;
     const size_t nl = static_cast<size_t>(c_.layers), H = static_cast<size_t>(c_.hidden);
     const size_t M = static_cast<size_t>(B) * static_cast<size_t>(L);
-    ys_.assign(nl * M * H, T(0));
-    saved_.assign(nl * kernels::gru_saved_elems(B, L, c_.hidden), T(0));
-    fws_.assign(kernels::gru_forward_workspace_elems(B, L, c_.hidden), T(0));
-    bws_.assign(kernels::gru_backward_workspace_elems(B, L, c_.hidden), T(0));
-    dbuf_[0].assign(M * H, T(0));
-    dbuf_[1].assign(M * H, T(0));
-    dx0_.assign(M * static_cast<size_t>(c_.din), T(0));
+    buffers_.clear();
+    ys_ = buf(nl * M * H, "gru layer outputs");
+    saved_ = buf(nl * kernels::gru_saved_elems(B, L, c_.hidden), "gru saved gates");
+    dbuf_[0] = buf(M * H, "gru layer input gradient");
+    dbuf_[1] = buf(M * H, "gru layer input gradient");
+    const size_t ws = std::max(ops_.gru_forward_workspace_bytes(B, L, c_.hidden),
+                               ops_.gru_backward_workspace_bytes(B, L, c_.hidden));
+    buffers_.push_back(ops_.template alloc<uint8_t>(std::max<size_t>(ws, 1), "gru workspace"));
+    ws_ = buffers_.back().raw();
   }
 
   // x (B, L, Din) -> y (B, L, H), the last layer's states.
@@ -105,12 +118,11 @@ class GruModel {
     for (int k = 0; k < c_.layers; ++k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       T* out = layer_out(k);
-      kernels::gru_forward(in, static_cast<const T*>(nullptr), w + Lw.w_ih, w + Lw.w_hh,
-                           w + Lw.b_ih, w + Lw.b_hh, out, layer_saved(k), fws_.data(), B_, L_,
-                           Lw.in, c_.hidden);
+      ops_.gru_forward(in, w + Lw.w_ih, w + Lw.w_hh, w + Lw.b_ih, w + Lw.b_hh, out, layer_saved(k),
+                       ws_, B_, L_, Lw.in, c_.hidden);
       in = out;
     }
-    std::memcpy(y, layer_out(c_.layers - 1), elems() * sizeof(T));
+    ops_.copy(y, layer_out(c_.layers - 1), elems());
   }
 
   // dy (B, L, H) -> dx (=, may be null); parameter gradients accumulate (+=) into g.
@@ -122,12 +134,10 @@ class GruModel {
     for (int k = c_.layers - 1; k >= 0; --k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       const T* in = k == 0 ? x : layer_out(k - 1);
-      // The kernel always writes dx; layer 0 writes the caller's buffer or scratch.
-      T* din = k == 0 ? (dx ? dx : dx0_.data()) : dbuf_[static_cast<size_t>(k) & 1].data();
-      kernels::gru_backward(in, static_cast<const T*>(nullptr), w + Lw.w_ih, w + Lw.w_hh,
-                            layer_out(k), layer_saved(k), dout, static_cast<const T*>(nullptr), din,
-                            static_cast<T*>(nullptr), g + Lw.w_ih, g + Lw.w_hh, g + Lw.b_ih,
-                            g + Lw.b_hh, bws_.data(), B_, L_, Lw.in, c_.hidden);
+      T* din = k == 0 ? dx : dbuf_[static_cast<size_t>(k) & 1];
+      ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, layer_out(k), layer_saved(k), dout, din,
+                        g + Lw.w_ih, g + Lw.w_hh, g + Lw.b_ih, g + Lw.b_hh, ws_, B_, L_, Lw.in,
+                        c_.hidden);
       if (layer_done) (*layer_done)(k);
       dout = din;
     }
@@ -137,19 +147,26 @@ class GruModel {
   size_t elems() const {
     return static_cast<size_t>(B_) * static_cast<size_t>(L_) * static_cast<size_t>(c_.hidden);
   }
-  T* layer_out(int k) { return ys_.data() + static_cast<size_t>(k) * elems(); }
-  T* layer_saved(int k) {
-    return saved_.data() + static_cast<size_t>(k) * kernels::gru_saved_elems(B_, L_, c_.hidden);
+  T* layer_out(int k) const { return ys_ + static_cast<size_t>(k) * elems(); }
+  T* layer_saved(int k) const {
+    return saved_ + static_cast<size_t>(k) * kernels::gru_saved_elems(B_, L_, c_.hidden);
   }
   void check() const {
     if (B_ <= 0) throw std::logic_error("gru: resize() before forward/backward");
   }
+  T* buf(size_t n, const char* what) {
+    buffers_.push_back(ops_.template alloc<T>(std::max<size_t>(n, 1), what));
+    return buffers_.back().template data<T>();
+  }
 
   GruConfig c_;
   GruLayout lay_;
+  Ops ops_;
   int B_ = 0, L_ = 0;
-  std::vector<T> ys_, saved_, fws_, bws_, dx0_;
-  std::vector<T> dbuf_[2];
+  std::vector<Tensor> buffers_;
+  T *ys_ = nullptr, *saved_ = nullptr;
+  T* dbuf_[2] = {nullptr, nullptr};
+  void* ws_ = nullptr;
 };
 
 }  // namespace slipstream::nn

@@ -20,6 +20,7 @@
 #include "kernels/causal_conv1d.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gru.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
@@ -111,6 +112,27 @@ class CpuOps {
     (void)b;
     kernels::silu_backward(pre, du, dpre, static_cast<size_t>(B) * L * C);
     kernels::causal_conv1d_backward(x, w, dpre, dx, dw, db, B, L, C, K);
+  }
+
+  // One GRU layer from a zero state (kernels/gru.h): y (B, L, H), saved (B, L, 4H) for the
+  // backward; dx (=, may be null), weight and bias gradients (+=). Workspace bytes as below.
+  size_t gru_forward_workspace_bytes(int B, int L, int H) const {
+    return kernels::gru_forward_workspace_elems(B, L, H) * sizeof(T);
+  }
+  size_t gru_backward_workspace_bytes(int B, int L, int H) const {
+    return kernels::gru_backward_workspace_elems(B, L, H) * sizeof(T);
+  }
+  void gru_forward(const T* x, const T* w_ih, const T* w_hh, const T* b_ih, const T* b_hh, T* y,
+                   T* saved, void* ws, int B, int L, int In, int H) const {
+    kernels::gru_forward(x, static_cast<const T*>(nullptr), w_ih, w_hh, b_ih, b_hh, y, saved,
+                         static_cast<T*>(ws), B, L, In, H);
+  }
+  void gru_backward(const T* x, const T* w_ih, const T* w_hh, const T* y, const T* saved,
+                    const T* dy, T* dx, T* dw_ih, T* dw_hh, T* db_ih, T* db_hh, void* ws, int B,
+                    int L, int In, int H) const {
+    kernels::gru_backward(x, static_cast<const T*>(nullptr), w_ih, w_hh, y, saved, dy,
+                          static_cast<const T*>(nullptr), dx, static_cast<T*>(nullptr), dw_ih,
+                          dw_hh, db_ih, db_hh, static_cast<T*>(ws), B, L, In, H);
   }
 
   void scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,

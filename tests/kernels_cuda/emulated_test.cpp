@@ -9,6 +9,7 @@
 #include "tests/kernels_cuda/adamw_checks.h"
 #include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
+#include "tests/kernels_cuda/gru_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
@@ -96,6 +97,11 @@ TEST(EmulatedGemm, MatchesCpu) {
 TEST(EmulatedAdamW, MatchesCpuOptimizer) {
   check_adamw<Ops, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
   check_adamw<Ops, Mem>({300, 2000}, 1.0f, 5, 2, 402);  // clipped; step 2 skipped (NaN)
+}
+
+TEST(EmulatedGru, LayerMatchesCpu) {
+  uint64_t seed = 501;
+  for (const auto& s : gru_shapes()) check_gru<Ops, Mem>(s, seed++);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/cuda_memory.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
+#include "tests/kernels_cuda/gru_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
@@ -145,6 +146,13 @@ TEST(GpuScan, BadStateSizeNamesTheOp) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
   }
+}
+
+TEST(GpuGru, LayerMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 501;
+  for (const auto& s : gru_shapes()) check_gru<Ops, Mem>(s, seed++);
+  check_gru<Ops, Mem>({64, 60, 128, 128}, 511);  // a gpu_standard-sized layer
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// The behaviour-cloning graph's device path (every stage's CUDA code: embedding, Mamba, heads,
-// BC loss, the fused AdamW) against the CPU path: the same losses, gradient norms and validation
-// metrics step by step, in fp32 and bf16 with mirroring, noise, label smoothing, a hidden head
-// layer and an EMA; and an exact resume on the device path. Built twice: on the CPU emulator
-// (SLIPSTREAM_TEST_DEVICE "emulated", label integration) and on a GPU ("cuda", label gpu,
+// The behaviour-cloning graph's device path (every stage's CUDA code: embedding, Mamba or GRU,
+// heads, BC loss, the fused AdamW) against the CPU path: the same losses, gradient norms and
+// validation metrics step by step, in fp32 and bf16 with mirroring, noise, label smoothing, a
+// hidden head layer and an EMA; and an exact resume on the device path. Built twice: on the CPU
+// emulator (SLIPSTREAM_TEST_DEVICE "emulated", label integration) and on a GPU ("cuda", label gpu,
 // SKIPPED without one).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -70,14 +70,28 @@ bool skip_without_device() {
   return true;
 }
 
-void device_path_matches_cpu(const std::string& precision) {
+// The graph's sets for `device`: train_bc.yaml's Mamba, or train_bc_gru.yaml's GRU (two layers,
+// so the second reads the first's states and sends it its gradient).
+std::vector<std::string> graph_overrides(const std::string& dir, const std::string& device,
+                                         const std::string& precision, bool gru) {
+  auto sets = device_overrides(dir, device, precision);
+  if (gru) {
+    std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
+    sets.push_back("core.hidden=12");
+    sets.push_back("core.layers=2");
+  }
+  return sets;
+}
+
+void device_path_matches_cpu(const std::string& precision, bool gru = false) {
   TempDir d;
   std::ostringstream log;
-  const std::string graph = source_path("configs/train_bc.yaml");
-  Runner cpu(plan_graph(load_config(graph, device_overrides(d.path(), "cpu", precision))),
+  const std::string graph =
+      source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml");
+  Runner cpu(plan_graph(load_config(graph, graph_overrides(d.path(), "cpu", precision, gru))),
              quiet_run_options(log));
   const RunResult rc = cpu.run();
-  Runner dev(plan_graph(load_config(graph, device_overrides(d.path(), kDevice, precision))),
+  Runner dev(plan_graph(load_config(graph, graph_overrides(d.path(), kDevice, precision, gru))),
              quiet_run_options(log));
   const RunResult re = dev.run();
   ASSERT_EQ(rc.final_step, 4u);
@@ -102,6 +116,11 @@ TEST(DevicePath, MatchesCpuFp32) {
 TEST(DevicePath, MatchesCpuBf16) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   device_path_matches_cpu("bf16");
+}
+
+TEST(DevicePath, GruMatchesCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  device_path_matches_cpu("fp32", true);
 }
 
 // Moments, EMA, the device's step counter and the bf16 copies come back from a checkpoint.

@@ -1,0 +1,103 @@
+// Checks of the CUDA GRU layer against the CPU reference (kernels/gru.h in float64), run by the
+// emulated and the gpu tests: the outputs and saved gates of the forward; dx, and the weight and
+// bias gradients accumulated onto non-zero starts, of the backward.
+#pragma once
+
+#include <random>
+#include <vector>
+
+#include "kernels/gru.h"
+#include "tests/kernels/gradcheck.h"
+#include "tests/kernels_cuda/device_checks.h"
+
+namespace slipstream::kernels::test {
+
+struct GruShape {
+  int B, L, In, H;
+};
+
+inline std::string describe(const GruShape& s) {
+  return "B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " In" + std::to_string(s.In) +
+         " H" + std::to_string(s.H);
+}
+
+// One step, odd sizes (not multiples of a warp or of the 256-thread block), a row of more than
+// one block, and a longer sequence.
+inline std::vector<GruShape> gru_shapes() {
+  return {{1, 1, 3, 2}, {3, 5, 7, 4}, {2, 13, 6, 9}, {5, 4, 4, 70}, {2, 31, 5, 8}};
+}
+
+struct GruData {
+  std::vector<double> x, w_ih, w_hh, b_ih, b_hh, dy;
+  GruData(const GruShape& s, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L;
+    x = round_trip<float>(rand_vec(M * s.In, rng));
+    w_ih = round_trip<float>(rand_vec(G * s.In, rng));
+    w_hh = round_trip<float>(rand_vec(G * s.H, rng));
+    b_ih = round_trip<float>(rand_vec(G, rng));
+    b_hh = round_trip<float>(rand_vec(G, rng));
+    dy = round_trip<float>(rand_vec(M * s.H, rng));
+  }
+};
+
+template <class Ops, class Mem>
+void check_gru(const GruShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const GruData d(s, seed);
+  const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L;
+  // The reference: forward, then backward onto non-zero parameter-gradient starts.
+  std::vector<double> y(M * s.H), saved(gru_saved_elems(s.B, s.L, s.H));
+  std::vector<double> fws(gru_forward_workspace_elems(s.B, s.L, s.H));
+  gru_forward<double>(d.x.data(), nullptr, d.w_ih.data(), d.w_hh.data(), d.b_ih.data(),
+                      d.b_hh.data(), y.data(), saved.data(), fws.data(), s.B, s.L, s.In, s.H);
+  std::mt19937_64 rng(seed ^ 0x9e);
+  const auto dw_ih0 = round_trip<float>(rand_vec(G * s.In, rng));
+  const auto dw_hh0 = round_trip<float>(rand_vec(G * s.H, rng));
+  const auto db_ih0 = round_trip<float>(rand_vec(G, rng));
+  const auto db_hh0 = round_trip<float>(rand_vec(G, rng));
+  std::vector<double> dx(M * s.In), dw_ih = dw_ih0, dw_hh = dw_hh0, db_ih = db_ih0, db_hh = db_hh0;
+  std::vector<double> bws(gru_backward_workspace_elems(s.B, s.L, s.H));
+  gru_backward<double>(d.x.data(), nullptr, d.w_ih.data(), d.w_hh.data(), y.data(), saved.data(),
+                       d.dy.data(), nullptr, dx.data(), nullptr, dw_ih.data(), dw_hh.data(),
+                       db_ih.data(), db_hh.data(), bws.data(), s.B, s.L, s.In, s.H);
+
+  Mem mem;
+  const float* x = mem.upload(elems<float>(d.x));
+  const float* w_ih = mem.upload(elems<float>(d.w_ih));
+  const float* w_hh = mem.upload(elems<float>(d.w_hh));
+  float* g_y = mem.template alloc<float>(M * s.H);
+  float* g_saved = mem.template alloc<float>(saved.size());
+  Ops::gru_forward(mem.gemm_context(), x, w_ih, w_hh, mem.upload(elems<float>(d.b_ih)),
+                   mem.upload(elems<float>(d.b_hh)), g_y, g_saved,
+                   mem.alloc_bytes(Ops::gru_forward_workspace_bytes(s.B, s.L, s.H)), s.B, s.L, s.In,
+                   s.H, mem.stream());
+  float* g_dx = mem.template alloc<float>(M * s.In);
+  float* g_dw_ih = mem.upload(elems<float>(dw_ih0));
+  float* g_dw_hh = mem.upload(elems<float>(dw_hh0));
+  float* g_db_ih = mem.upload(elems<float>(db_ih0));
+  float* g_db_hh = mem.upload(elems<float>(db_hh0));
+  Ops::gru_backward(mem.gemm_context(), x, w_ih, w_hh, g_y, g_saved, mem.upload(elems<float>(d.dy)),
+                    g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh,
+                    mem.alloc_bytes(Ops::gru_backward_workspace_bytes(s.B, s.L, s.H)), s.B, s.L,
+                    s.In, s.H, mem.stream());
+  mem.sync();
+  EXPECT_CLOSE(values(mem.download(g_y, y.size())), y, 1e-5, "y");
+  EXPECT_CLOSE(values(mem.download(g_saved, saved.size())), saved, 1e-5, "saved gates");
+  EXPECT_CLOSE(values(mem.download(g_dx, dx.size())), dx, 1e-5, "dx");
+  EXPECT_CLOSE(values(mem.download(g_dw_ih, dw_ih.size())), dw_ih, 1e-5, "dw_ih");
+  EXPECT_CLOSE(values(mem.download(g_dw_hh, dw_hh.size())), dw_hh, 1e-5, "dw_hh");
+  EXPECT_CLOSE(values(mem.download(g_db_ih, db_ih.size())), db_ih, 1e-5, "db_ih");
+  EXPECT_CLOSE(values(mem.download(g_db_hh, db_hh.size())), db_hh, 1e-5, "db_hh");
+
+  // dx is optional: the weight gradients do not depend on it.
+  float* g_dw_ih2 = mem.upload(elems<float>(dw_ih0));
+  Ops::gru_backward(mem.gemm_context(), x, w_ih, w_hh, g_y, g_saved, mem.upload(elems<float>(d.dy)),
+                    nullptr, g_dw_ih2, mem.upload(elems<float>(dw_hh0)), nullptr, nullptr,
+                    mem.alloc_bytes(Ops::gru_backward_workspace_bytes(s.B, s.L, s.H)), s.B, s.L,
+                    s.In, s.H, mem.stream());
+  mem.sync();
+  EXPECT_CLOSE(values(mem.download(g_dw_ih2, dw_ih.size())), dw_ih, 1e-5, "dw_ih without dx");
+}
+
+}  // namespace slipstream::kernels::test
