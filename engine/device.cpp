@@ -148,4 +148,12 @@ CudaLibraryVersions cuda_library_versions() {
 #endif
 }
 
+CudaSyncCounts cuda_sync_counts() {
+#if SLIPSTREAM_HAS_CUDA
+  return cuda_rt::sync_counts();
+#else
+  return {};
+#endif
+}
+
 }  // namespace slipstream

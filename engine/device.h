@@ -27,6 +27,7 @@ struct CudaDeviceInfo {
   int cc_major = 0, cc_minor = 0;
   uint64_t total_memory = 0;
   int multiprocessors = 0;
+  int pci_domain = 0, pci_bus = 0, pci_device = 0;  // where NVML's readings of it are found
 };
 
 // What the CUDA runtime says about this machine. On a CPU-only build or a machine without the
@@ -72,5 +73,14 @@ struct CudaLibraryVersions {
   std::string cublas, cudnn, nccl;
 };
 CudaLibraryVersions cuda_library_versions();
+
+// Host waits on the device so far, by kind (all zero without CUDA): what a steady-state step
+// may not do (wait for the whole device) and what it does once (wait for its stream).
+struct CudaSyncCounts {
+  uint64_t device = 0;  // cudaDeviceSynchronize: synchronous copies, fills, setup
+  uint64_t stream = 0;  // cudaStreamSynchronize
+  uint64_t event = 0;   // cudaEventSynchronize
+};
+CudaSyncCounts cuda_sync_counts();
 
 }  // namespace slipstream

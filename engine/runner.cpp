@@ -109,6 +109,7 @@ struct LiveCounters {
 struct Msg {
   uint64_t order = 0;  // 0, 1, 2, ... in source order: what sequencers sort by
   std::shared_ptr<Batch> batch;
+  bool resident = false;  // a resident batch again (RunOptions::resident_batches): no data stage
 };
 
 void copy_name(char* dst, size_t n, const std::string& src) {
@@ -1317,6 +1318,9 @@ RunResult Runner::Impl::execute_steps() {
 
   tbb::flow::graph g;
   const size_t max_in_flight = static_cast<size_t>(plan().run.integer("max_in_flight"));
+  // RunOptions::resident_batches: the batches as they reached the section, kept by its thread.
+  std::vector<std::shared_ptr<const Batch>> resident;
+  std::atomic<bool> resident_full{false};
   size_t first_after_head = head_end < n() ? head_end : n();
   tbb::flow::input_node<Msg> source(g, [&](tbb::flow_control& fc) -> Msg {
     uint64_t t = now_ns();
@@ -1324,6 +1328,12 @@ RunResult Runner::Impl::execute_steps() {
     if (run.stop_requested || (opt.handle_sigint && g_signal.load() != 0)) {
       fc.stop();
       return {};
+    }
+    if (resident_full.load()) {  // the step alone: a resident batch again, nothing loaded
+      auto b = std::make_shared<Batch>(*resident[head_order % resident.size()]);
+      if (first_after_head < n()) counters[first_after_head]->enqueued++;
+      head_last_return_ns = now_ns();
+      return Msg{head_order++, std::move(b), true};
     }
     auto b = std::make_shared<Batch>();
     if (!pull(stages, ctxs, head_next, head_end - 1, *b, true)) {
@@ -1366,7 +1376,8 @@ RunResult Runner::Impl::execute_steps() {
     auto node =
         std::make_unique<tbb::flow::function_node<Msg, Msg>>(g, limit, [&, k](Msg m) -> Msg {
           note_queue(k);
-          timed(k, m.batch->index, [&] { stages[k]->forward(*m.batch, *ctxs[k]); });
+          if (!m.resident)
+            timed(k, m.batch->index, [&] { stages[k]->forward(*m.batch, *ctxs[k]); });
           counters[k]->items_out++;
           if (k + 1 < n()) counters[k + 1]->enqueued++;
           return m;
@@ -1392,6 +1403,10 @@ RunResult Runner::Impl::execute_steps() {
         if (sb < n()) note_queue(sb);
         for (size_t k = sb + 1; k < n(); ++k) counters[k]->items_in++;  // one batch through all
         uint64_t t0 = now_ns();
+        if (opt.resident_batches > 0 && !m.resident && resident.size() < opt.resident_batches) {
+          resident.push_back(std::make_shared<const Batch>(*m.batch));  // before outputs land
+          if (resident.size() == opt.resident_batches) resident_full = true;
+        }
         // A stop lets the step in progress finish; batches still queued behind it do not train.
         if (!run.stop_requested) {
           section(*m.batch);

@@ -38,6 +38,11 @@ struct RunOptions {
   // Called on the trainable section's thread after every optimizer step, with the step number
   // and the nanoseconds the section waited for the step's batches (slipstream bench).
   std::function<void(uint64_t step, uint64_t data_wait_ns)> on_step;
+  // Benchmarks of the data path (slipstream bench --overlap): once the first N batches have
+  // reached the trainable section, the source stops loading and the section trains on those N
+  // in turn, as they arrived (on a device: already copied), skipping the data stages. The step
+  // without loading or copies; 0 (the default) trains on the data.
+  uint32_t resident_batches = 0;
 
   // A runner inside a command or program that writes nothing: no run directory, no stats
   // record, no signal handlers; its lines go to `log` (default std::cout).

@@ -41,7 +41,16 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   std::vector<uint64_t> busy_at_warm;
   std::ostringstream log;
   RunOptions opt = RunOptions::embedded(&log);  // nothing written: no run directory, checkpoint
+  opt.resident_batches = o.resident_batches;
   Runner* runner_ptr = nullptr;
+  bool timing = false;
+  double gpu_busy = -1;
+  auto set_timing = [&](bool on) {
+    if (timing == on || !o.gpu_busy || !runner_ptr) return;
+    timing = on;
+    const double busy = o.gpu_busy(on, runner_ptr->state().device);
+    if (!on) gpu_busy = busy;
+  };
   opt.on_step = [&](uint64_t step, uint64_t wait_ns) {
     ends.push_back(Clock::now());
     waits.push_back(wait_ns);
@@ -49,11 +58,21 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
       busy_at_warm.clear();
       for (size_t k = 0; k < runner_ptr->graph().size(); ++k)
         busy_at_warm.push_back(runner_ptr->counters(k).busy_ns);
+      set_timing(true);
     }
+    if (step == static_cast<uint64_t>(o.warmup + o.steps)) set_timing(false);
   };
   Runner runner(std::move(plan), opt);
   runner_ptr = &runner;
-  const RunResult r = runner.run();
+  if (o.warmup == 0) set_timing(true);
+  RunResult r;
+  try {
+    r = runner.run();
+  } catch (...) {
+    set_timing(false);
+    throw;
+  }
+  set_timing(false);
   const size_t warm = static_cast<size_t>(o.warmup);
   if (ends.size() <= warm)
     throw std::runtime_error("the run ended (" + r.end_reason + ", " + std::to_string(ends.size()) +
@@ -61,6 +80,8 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
                              "more data");
 
   StepBenchmark b;
+  b.resident_batches = o.resident_batches;
+  b.gpu_busy_pct = gpu_busy;
   b.preset = o.preset_or_file;
   b.device = runner.state().device.str();
   b.precision = runner.state().precision == Precision::bf16 ? "bf16" : "fp32";
@@ -118,8 +139,16 @@ std::string format_step_benchmark(const StepBenchmark& b) {
     std::snprintf(line, sizeof line, ", %.0f frames/s", b.frames_per_s);
     out += line;
   }
-  std::snprintf(line, sizeof line, " | data wait %.1f%%\n", b.data_wait_pct);
+  std::snprintf(line, sizeof line, " | data wait %.1f%%", b.data_wait_pct);
   out += line;
+  if (b.gpu_busy_pct >= 0) {
+    std::snprintf(line, sizeof line, " | GPU busy %.1f%%", b.gpu_busy_pct);
+    out += line;
+  }
+  out += "\n";
+  if (b.resident_batches > 0)
+    out += "(on " + std::to_string(b.resident_batches) +
+           " resident batches: nothing loaded or copied after them)\n";
   std::snprintf(line, sizeof line, "\n%-16s %-18s %8s %12s\n", "stage", "kind", "busy %",
                 "ms/step");
   out += line;
@@ -150,7 +179,9 @@ nlohmann::json step_benchmark_json(const StepBenchmark& b) {
                    {"samples_per_s", b.samples_per_s},
                    {"frames_per_s", b.frames_per_s},
                    {"data_wait_pct", b.data_wait_pct},
-                   {"host_peak_rss_bytes", b.host_peak_rss_bytes}};
+                   {"host_peak_rss_bytes", b.host_peak_rss_bytes},
+                   {"resident_batches", b.resident_batches}};
+  if (b.gpu_busy_pct >= 0) j["gpu_busy_pct"] = b.gpu_busy_pct;
   for (const auto& s : b.stages)
     j["stages"].push_back({{"name", s.name},
                            {"kind", s.kind},
@@ -159,6 +190,45 @@ nlohmann::json step_benchmark_json(const StepBenchmark& b) {
   for (const auto& p : b.pools)
     j["pools"].push_back(
         {{"name", p.name}, {"peak_bytes", p.peak_bytes}, {"reserved_bytes", p.reserved_bytes}});
+  return j;
+}
+
+OverlapBenchmark run_overlap_benchmark(const StepBenchmarkOptions& options, int repeats,
+                                       uint32_t resident_batches) {
+  if (repeats < 1) throw std::invalid_argument("bench: --repeats must be at least 1");
+  if (resident_batches < 1) throw std::invalid_argument("bench: resident batches must be >= 1");
+  OverlapBenchmark o;
+  std::vector<double> loading, resident;
+  for (int k = 0; k < repeats; ++k) {
+    StepBenchmarkOptions a = options;
+    a.resident_batches = 0;
+    o.loading.push_back(run_step_benchmark(a));
+    loading.push_back(o.loading.back().steps_per_s);
+    a.resident_batches = resident_batches;
+    o.resident.push_back(run_step_benchmark(a));
+    resident.push_back(o.resident.back().steps_per_s);
+  }
+  o.loading_steps_per_s = quantile(loading, 0.5);
+  o.resident_steps_per_s = quantile(resident, 0.5);
+  o.ratio = o.resident_steps_per_s > 0 ? o.loading_steps_per_s / o.resident_steps_per_s : 0;
+  return o;
+}
+
+std::string format_overlap_benchmark(const OverlapBenchmark& o) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "overlap: %.2f steps/s loading the data, %.2f on resident batches (medians of %zu "
+                "alternating runs): ratio %.3f\n",
+                o.loading_steps_per_s, o.resident_steps_per_s, o.loading.size(), o.ratio);
+  return line;
+}
+
+nlohmann::json overlap_benchmark_json(const OverlapBenchmark& o) {
+  nlohmann::json j{{"loading_steps_per_s", o.loading_steps_per_s},
+                   {"resident_steps_per_s", o.resident_steps_per_s},
+                   {"overlap_ratio", o.ratio}};
+  for (const auto& b : o.loading) j["loading"].push_back(step_benchmark_json(b));
+  for (const auto& b : o.resident) j["resident"].push_back(step_benchmark_json(b));
   return j;
 }
 

@@ -6,10 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "engine/device.h"
 
 namespace slipstream {
 
@@ -18,6 +21,14 @@ struct StepBenchmarkOptions {
   std::vector<std::string> sets;  // --set overrides, applied before the benchmark's own
   int64_t warmup = 5;             // steps run first and not timed (caches, pools, first touches)
   int64_t steps = 40;             // steps timed
+  // The step without the data path (RunOptions::resident_batches): after this many batches the
+  // section trains on them again and nothing is loaded or copied; 0 trains on loaded data.
+  uint32_t resident_batches = 0;
+  // Told, on the section's thread, when the timed steps start (true) and when they end (false),
+  // with the run's device. The engine does not see the GPU's utilisation: a caller samples it
+  // (NVML) over that window and returns, when told the end, the busy share in percent (-1: not
+  // measured), which becomes StepBenchmark::gpu_busy_pct.
+  std::function<double(bool timing, const Device& device)> gpu_busy;
 };
 
 struct StepBenchmark {
@@ -40,8 +51,24 @@ struct StepBenchmark {
     std::string name;
     uint64_t peak_bytes = 0, reserved_bytes = 0;
   };
-  std::vector<Pool> pools;  // every memory pool: host, and each device's
+  std::vector<Pool> pools;        // every memory pool: host, and each device's
+  uint32_t resident_batches = 0;  // the options' (0: loaded data)
+  double gpu_busy_pct = -1;       // set by a caller that sampled it (NVML); -1: not measured
 };
+
+// The data path's share of the step: `repeats` pairs of benchmarks at the same options,
+// alternating, one on loaded data and one on `resident_batches` resident batches (the same
+// step without loading or copies). ratio = median steps/s loading ÷ median steps/s resident:
+// 1 when loading and copies hide behind the step entirely.
+struct OverlapBenchmark {
+  std::vector<StepBenchmark> loading, resident;
+  double loading_steps_per_s = 0, resident_steps_per_s = 0;  // medians
+  double ratio = 0;
+};
+OverlapBenchmark run_overlap_benchmark(const StepBenchmarkOptions& options, int repeats,
+                                       uint32_t resident_batches = 8);
+std::string format_overlap_benchmark(const OverlapBenchmark& o);
+nlohmann::json overlap_benchmark_json(const OverlapBenchmark& o);
 
 // Runs and measures. Throws as Runner::run does, and std::runtime_error when the run ends
 // before its warm-up is over.

@@ -12,6 +12,9 @@
 
 namespace slipstream::cuda_rt {
 
+// The host's waits so far (engine/device.h's cuda_sync_counts).
+CudaSyncCounts sync_counts();
+
 // Uncached; probe_cuda() caches it.
 CudaProbe probe();
 CudaLibraryVersions library_versions();

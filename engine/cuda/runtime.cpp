@@ -7,6 +7,7 @@
 #include <library_types.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <stdexcept>
 
 #include "engine/cuda/cuda_backend.h"
@@ -15,6 +16,14 @@
 namespace slipstream::cuda_rt {
 
 namespace {
+std::atomic<uint64_t> device_syncs{0}, stream_syncs{0}, event_syncs{0};
+
+// cudaDeviceSynchronize, counted.
+cudaError_t device_synchronize() {
+  ++device_syncs;
+  return cudaDeviceSynchronize();
+}
+
 std::string version_str(int v) {  // 13000 -> "13.0"
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
 }
@@ -105,6 +114,9 @@ CudaProbe probe() {
     d.cc_minor = prop.minor;
     d.total_memory = prop.totalGlobalMem;
     d.multiprocessors = prop.multiProcessorCount;
+    d.pci_domain = prop.pciDomainID;
+    d.pci_bus = prop.pciBusID;
+    d.pci_device = prop.pciDeviceID;
     p.devices.push_back(std::move(d));
   }
   p.available = true;
@@ -175,7 +187,7 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
   for (const Device& d : {dst_device, src_device})
     if (d.is_cuda()) {
       DeviceGuard guard(d.index);
-      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "before a copy " + what);
+      check(device_synchronize(), "cudaDeviceSynchronize", "before a copy " + what);
     }
   if (dst_device.is_cuda() && src_device.is_cuda() && dst_device.index != src_device.index) {
     check(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes), "cudaMemcpyPeer",
@@ -187,15 +199,14 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
                                              : cudaMemcpyDeviceToHost;
   DeviceGuard guard(dst_device.is_cuda() ? dst_device.index : src_device.index);
   check(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy", what);
-  if (dst_device.is_cuda())
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "after " + what);
+  if (dst_device.is_cuda()) check(device_synchronize(), "cudaDeviceSynchronize", "after " + what);
 }
 
 void zero(void* dst, const Device& device, size_t bytes) {
   DeviceGuard guard(device.index);
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "before zeroing on " + device.str());
+  check(device_synchronize(), "cudaDeviceSynchronize", "before zeroing on " + device.str());
   check(cudaMemset(dst, 0, bytes), "cudaMemset", device.str() + ", " + format_bytes(bytes));
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize", "after zeroing on " + device.str());
+  check(device_synchronize(), "cudaDeviceSynchronize", "after zeroing on " + device.str());
 }
 
 void* create_stream(int index) {
@@ -210,8 +221,13 @@ void destroy_stream(void* stream) {
   if (cudaStreamDestroy(static_cast<cudaStream_t>(stream)) != cudaSuccess) cudaGetLastError();
 }
 
+CudaSyncCounts sync_counts() {
+  return {device_syncs.load(), stream_syncs.load(), event_syncs.load()};
+}
+
 void synchronize_stream(int index, void* stream) {
   DeviceGuard guard(index);
+  ++stream_syncs;
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize",
         "the work enqueued on cuda:" + std::to_string(index) + "'s compute stream");
 }
@@ -268,6 +284,7 @@ bool event_done(int index, void* event) {
 
 void event_synchronize(int index, void* event) {
   DeviceGuard guard(index);
+  ++event_syncs;
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize",
         "the work before an event on cuda:" + std::to_string(index));
 }

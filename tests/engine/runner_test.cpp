@@ -132,6 +132,26 @@ TEST(Runner, ReportsReadBackLaterCountInTheirStep) {
   EXPECT_EQ(recorded().indices.size(), 5u);
 }
 
+// The step without the data path: after the first 3 batches reach the section, the source
+// stops loading and the section trains on those 3 again, skipping the data stages.
+TEST(Runner, ResidentBatchesRepeatWithoutLoading) {
+  reset_recorded();
+  TempDir d;
+  RunOptions o = quiet_options();
+  o.resident_batches = 3;
+  Runner r(plan_text(d, kChain, {"src.count=1000", "run.steps=40", "run.max_in_flight=2"}), o);
+  const RunResult res = r.run();
+  EXPECT_EQ(res.steps, 40u);
+  const auto& v = recorded().values;
+  ASSERT_EQ(v.size(), 40u);
+  EXPECT_EQ(std::vector<int32_t>(v.begin(), v.begin() + 3), (std::vector<int32_t>{0, 4, 8}));
+  // Loading stopped: a few batches were in flight when the 3 arrived, then none.
+  const uint64_t loaded = r.counters(0).items_out;
+  EXPECT_LE(loaded, 3u + 2u + 2u);
+  for (size_t i = loaded; i < v.size(); ++i)
+    EXPECT_TRUE(v[i] == 0 || v[i] == 4 || v[i] == 8) << "step " << i << " trained on " << v[i];
+}
+
 TEST(Runner, SigintFinishesTheStepAndStops) {
   reset_recorded();
   TempDir d;

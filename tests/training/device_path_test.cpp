@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "engine/device.h"
+#include "engine/memory_pool.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
 
@@ -121,6 +122,48 @@ TEST(DevicePath, MatchesCpuBf16) {
 TEST(DevicePath, GruMatchesCpu) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   device_path_matches_cpu("fp32", true);
+}
+
+// Steady state on the device path: after a few steps no memory pool grows (no cudaMalloc, no
+// new host block: the copy ring, the read-back staging and the models reuse theirs), nothing
+// waits for the whole device, and the host waits for the compute stream at most once per step
+// (the step's read-backs; under the emulator there is no stream to wait for). The prefetch
+// ring's wait for an old copy's event is its throttle, allowed.
+TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  TempDir d;
+  std::ostringstream log;
+  for (bool gru : {false, true}) {
+    SCOPED_TRACE(gru ? "gru" : "mamba");
+    auto sets = graph_overrides(d.path(), kDevice, "bf16", gru);
+    for (const char* s : {"run.steps=10", "run.validate_every=0", "ckpt.every=1000"})
+      sets.push_back(s);
+    struct Snapshot {
+      std::map<std::string, uint64_t> reserved;
+      CudaSyncCounts syncs;
+    };
+    auto snapshot = [] {
+      Snapshot s;
+      for (MemoryPool* p : Pools::all()) s.reserved[p->name()] = p->stats().reserved_bytes;
+      s.syncs = cuda_sync_counts();
+      return s;
+    };
+    Snapshot warm, end;
+    RunOptions o = quiet_run_options(log);
+    o.on_step = [&](uint64_t step, uint64_t) {
+      if (step == 4) warm = snapshot();
+      if (step == 10) end = snapshot();
+    };
+    Runner r(plan_graph(load_config(
+                 source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml"), sets)),
+             o);
+    ASSERT_EQ(r.run().final_step, 10u);
+    ASSERT_FALSE(warm.reserved.empty());
+    for (const auto& [pool, bytes] : end.reserved)
+      EXPECT_EQ(bytes, warm.reserved[pool]) << "pool " << pool << " grew in steady state";
+    EXPECT_EQ(end.syncs.device, warm.syncs.device) << "a step waited for the whole device";
+    EXPECT_LE(end.syncs.stream - warm.syncs.stream, 6u);
+  }
 }
 
 // Moments, EMA, the device's step counter and the bf16 copies come back from a checkpoint.

@@ -401,6 +401,34 @@ TEST(Bench, MeasuresTheSteadyStateAndWritesOnlyItsJson) {
   EXPECT_NE(o.text.find("--steps"), std::string::npos) << o.text;
 }
 
+// `slipstream bench --overlap`: the same step on loaded and on resident batches, alternating,
+// and their ratio; the resident runs load nothing after their batches; no GPU, no GPU busy.
+TEST(Bench, OverlapTimesTheStepWithAndWithoutTheDataPath) {
+  TempDir d;
+  std::string args;
+  for (const std::string& s : tiny_overrides(d.path())) args += " --set " + s;
+  const std::string json = d.path() + "/overlap.json";
+  Output o = run_cli("bench --config " + source_path("configs/train_bc.yaml") + args +
+                     " --steps 6 --warmup 2 --overlap --repeats 2 --resident 3 --json " + json);
+  ASSERT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("on 3 resident batches"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("overlap: "), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("GPU busy"), std::string::npos) << o.text;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j.at("loading").size(), 2u);
+  ASSERT_EQ(j.at("resident").size(), 2u);
+  EXPECT_EQ(j.at("loading")[0].at("resident_batches"), 0);
+  EXPECT_EQ(j.at("resident")[1].at("resident_batches"), 3);
+  EXPECT_EQ(j.at("resident")[1].at("steps"), 6);
+  EXPECT_FALSE(j.at("resident")[1].contains("gpu_busy_pct"));
+  const double ratio = j.at("overlap_ratio").get<double>();
+  EXPECT_NEAR(
+      ratio, j.at("loading_steps_per_s").get<double>() / j.at("resident_steps_per_s").get<double>(),
+      1e-12);
+  EXPECT_GT(ratio, 0);
+}
+
 // `slipstream summary`: every stage's parameters add up to what a checkpoint of the same graph
 // holds, a step's FLOPs are the stages' sum (mamba's GEMMs at their exact count), and a run
 // directory gives the same figures as the graph that made it.

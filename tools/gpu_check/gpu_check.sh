@@ -2,8 +2,9 @@
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
-# of the scan, and when the whole engine builds a short gpu_quick run and the end-to-end step
-# benchmark (fp32 vs bf16) at gpu_quick and gpu_standard, and prints one summary. It exits 1
+# of the scan, and when the whole engine builds a short gpu_quick run, the end-to-end step
+# benchmark (fp32 vs bf16) and the data path's overlap ratio and GPU busy % (`slipstream bench
+# --overlap`) at gpu_quick and gpu_standard, and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
@@ -110,6 +111,10 @@ if [ "$MODE" = full ]; then
     step bench_e2e_$p $B/bin/bench_e2e --preset $p --steps 100 --warmup 20 \
       --precisions fp32 bf16 --json "$OUT/bench_e2e_$p.json"
     expect_file bench_e2e_$p "$OUT/bench_e2e_$p.json"
+    # The data path: loaded against resident batches, alternating; GPU busy % from NVML.
+    step overlap_$p $B/bin/slipstream bench --preset $p --steps 100 --warmup 20 --overlap \
+      --repeats 2 --json "$OUT/overlap_$p.json"
+    expect_file overlap_$p "$OUT/overlap_$p.json"
   done
 fi
 python3 tools/gpu_check/summary.py "$OUT"

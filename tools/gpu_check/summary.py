@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Prints `make gpu-check`'s summary from its output folder: each step's status and time, the
 GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's speed against
-the PyTorch peer, and the end-to-end step (ms per step, fp32 against bf16). Exits 1 when any
-step failed."""
+the PyTorch peer, the end-to-end step (ms per step, fp32 against bf16), and the data path's
+overlap ratio and GPU busy %. Exits 1 when any step failed."""
 import json
 import os
 import sys
@@ -56,6 +56,20 @@ def main(out):
             ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
             print(f"    {r['precision']:<6} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
                   f"  {r['ratio_to_first']:.2f}x the first")
+    for preset in ("gpu_quick", "gpu_standard"):
+        path = os.path.join(out, f"overlap_{preset}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            o = json.load(f)
+        busy = [r["gpu_busy_pct"] for r in o.get("loading", []) if "gpu_busy_pct" in r]
+        print(f"\n  data path, {preset}: {o['loading_steps_per_s']:.1f} steps/s loading, "
+              f"{o['resident_steps_per_s']:.1f} on resident batches -> overlap ratio "
+              f"{o['overlap_ratio']:.3f} (goal >= 0.97)")
+        if busy:
+            print(f"    GPU busy while loading: {sum(busy) / len(busy):.1f}% (goal >= 95%)")
+        else:
+            print("    GPU busy: not measured (NVML did not list the device)")
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
           (f": {', '.join(failed)}" if failed else ""))

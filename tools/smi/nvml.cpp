@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -218,6 +219,62 @@ GpuReport Nvml::query(const std::vector<unsigned>& select) const {
     report.gpus.push_back(std::move(g));
   }
   return report;
+}
+
+std::optional<unsigned> nvml_index_of_pci(const Nvml& nvml, int domain, int bus, int device) {
+  const GpuReport r = nvml.query({});
+  for (const GpuInfo& g : r.gpus) {
+    unsigned d = 0, b = 0, v = 0, f = 0;  // "00000000:3B:00.0"
+    if (std::sscanf(g.bus_id.c_str(), "%x:%x:%x.%x", &d, &b, &v, &f) == 4 &&
+        d == unsigned(domain) && b == unsigned(bus) && v == unsigned(device))
+      return g.index;
+  }
+  return std::nullopt;
+}
+
+UtilizationSampler::UtilizationSampler(const Nvml& nvml, unsigned index,
+                                       std::chrono::milliseconds interval)
+    : nvml_(nvml), index_(index), interval_(interval) {}
+
+UtilizationSampler::~UtilizationSampler() {
+  stop();
+}
+
+void UtilizationSampler::start() {
+  std::lock_guard lock(mu_);
+  if (running_) return;
+  running_ = true;
+  readings_.clear();
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (running_) {
+      lock.unlock();
+      const GpuReport r = nvml_.query({index_});
+      lock.lock();
+      if (!r.gpus.empty() && r.gpus[0].utilization_gpu_percent)
+        readings_.push_back(*r.gpus[0].utilization_gpu_percent);
+      wake_.wait_for(lock, interval_, [this] { return !running_; });
+    }
+  });
+}
+
+std::optional<double> UtilizationSampler::stop() {
+  {
+    std::lock_guard lock(mu_);
+    running_ = false;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  if (readings_.empty()) {  // a window shorter than the first reading: one reading now
+    const GpuReport r = nvml_.query({index_});
+    if (!r.gpus.empty() && r.gpus[0].utilization_gpu_percent)
+      readings_.push_back(*r.gpus[0].utilization_gpu_percent);
+  }
+  if (readings_.empty()) return std::nullopt;
+  double sum = 0;
+  for (unsigned v : readings_) sum += v;
+  return sum / static_cast<double>(readings_.size());
 }
 
 }  // namespace slipstream::smi

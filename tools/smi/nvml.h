@@ -2,10 +2,14 @@
 // pipelines) on machines without an NVIDIA driver.
 #pragma once
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace slipstream::smi {
@@ -56,6 +60,35 @@ class Nvml {
   struct Api;
   std::unique_ptr<Api> api_;
   std::string unavailable_reason_;
+};
+
+// The NVML index of the GPU at PCI (domain, bus, device), e.g. a CUDA device's (CUDA and NVML
+// may number GPUs differently); nullopt when NVML does not list it.
+std::optional<unsigned> nvml_index_of_pci(const Nvml& nvml, int domain, int bus, int device);
+
+// One GPU's utilisation (NVML's utilization.gpu: the share of the last sample period in which a
+// kernel ran) read every `interval` on a thread of its own between start() and stop(); stop()
+// returns the mean of the readings (at least one: stop() takes it when the window was shorter
+// than the first), nullopt when NVML gives none.
+class UtilizationSampler {
+ public:
+  UtilizationSampler(const Nvml& nvml, unsigned index,
+                     std::chrono::milliseconds interval = std::chrono::milliseconds(50));
+  ~UtilizationSampler();
+  UtilizationSampler(const UtilizationSampler&) = delete;
+  UtilizationSampler& operator=(const UtilizationSampler&) = delete;
+  void start();
+  std::optional<double> stop();
+
+ private:
+  const Nvml& nvml_;
+  unsigned index_;
+  std::chrono::milliseconds interval_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  bool running_ = false;
+  std::vector<unsigned> readings_;
+  std::thread thread_;
 };
 
 }  // namespace slipstream::smi
