@@ -1,6 +1,5 @@
 #include "engine/exec_context.h"
 
-#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -18,6 +17,7 @@ ExecContext::ExecContext(const Device& device, bool emulate_cuda, size_t blas_wo
     : device_(device) {
   if (device.is_cpu()) {
     backend_ = emulate_cuda ? KernelBackend::emulated : KernelBackend::cpu;
+    read_backs_ = std::make_unique<ReadBackQueue>(device, nullptr);
     return;
   }
   backend_ = KernelBackend::cuda;
@@ -27,6 +27,7 @@ ExecContext::ExecContext(const Device& device, bool emulate_cuda, size_t blas_wo
     blas_handle_ = cuda_rt::create_blaslt(device.index);
     workspace_ = Tensor::empty({static_cast<int64_t>(blas_workspace_bytes)}, DType::u8, device,
                                "cuBLASLt workspace", stream_);
+    read_backs_ = std::make_unique<ReadBackQueue>(device, stream_);
   } catch (...) {
     if (blas_handle_) cuda_rt::destroy_blaslt(blas_handle_);
     cuda_rt::destroy_stream(stream_);
@@ -46,6 +47,7 @@ ExecContext::~ExecContext() {
   } catch (...) {
     // A failed stream has reported its error already; teardown goes on.
   }
+  read_backs_.reset();
   workspace_ = Tensor();
   if (blas_handle_) cuda_rt::destroy_blaslt(blas_handle_);
   cuda_rt::destroy_stream(stream_);
@@ -69,35 +71,20 @@ void ExecContext::read_back(void* host, const void* buffer, size_t bytes) const 
 
 void ExecContext::read_back_later(const void* buffer, size_t bytes,
                                   std::function<void(const void* host)> on_host) const {
-  Tensor staging = Tensor::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::u8,
-                                 Device::cpu(), "read-back staging");
-  if (device_.is_cpu()) {
-    std::memcpy(staging.raw(), buffer, bytes);
-  } else {
-#if SLIPSTREAM_HAS_CUDA
-    cuda_rt::copy_async(device_.index, stream_, staging.raw(), buffer, bytes, false);
-#endif
-  }
-  std::lock_guard lock(read_backs_mu_);
-  read_backs_.push_back({std::move(staging), std::move(on_host), read_back_owner});
+  read_backs_->add(buffer, bytes, std::move(on_host), read_back_owner);
 }
 
-void ExecContext::complete_read_backs(
-    const std::function<void(int stage, const std::function<void()>& report)>& each) const {
-  std::vector<PendingReadBack> done;
-  {
-    std::lock_guard lock(read_backs_mu_);
-    done.swap(read_backs_);
-  }
-  if (done.empty()) return;
-  synchronize();  // every copy asked so far is on the stream
-  for (PendingReadBack& r : done) {
-    const std::function<void()> report = [&r] { r.on_host(r.staging.raw()); };
-    if (each)
-      each(r.stage, report);
-    else
-      report();
-  }
+uint64_t ExecContext::close_read_backs() const {
+  return read_backs_->close();
+}
+
+void ExecContext::complete_read_backs_through(uint64_t group,
+                                              const ReadBackQueue::Each& each) const {
+  read_backs_->complete_through(group, each);
+}
+
+void ExecContext::complete_read_backs(const ReadBackQueue::Each& each) const {
+  read_backs_->complete_all(each);
 }
 
 ExecContext::ReadBackOwner::ReadBackOwner(int stage) : previous_(read_back_owner) {

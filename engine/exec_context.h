@@ -12,11 +12,11 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/read_back_queue.h"
 #include "engine/tensor.h"
 
 namespace slipstream {
@@ -50,20 +50,25 @@ class ExecContext {
   // work queued on the stream, and waits for it (setup, tests, host phases).
   void read_back(void* host, const void* buffer, size_t bytes) const;
   // The same copy without waiting: into page-locked staging, after the work queued so far, with
-  // `on_host` kept to run on the copy at complete_read_backs(). Stages report what the device
-  // computed this way (the loss's sums, the optimizer's outcome), so a step enqueues all of its
-  // work before the host waits for any of it. On the CPU and under the emulator the copy is a
-  // memcpy, and `on_host` still waits for complete_read_backs(): the same order everywhere.
+  // `on_host` kept to run on the copy when its group completes (engine/read_back_queue.h).
+  // Stages report what the device computed this way (the loss's sums, the optimizer's outcome),
+  // so a step enqueues all of its work before the host waits for any of it. On the CPU and
+  // under the emulator the copy is a memcpy, and `on_host` still waits for its group: the same
+  // order everywhere.
   void read_back_later(const void* buffer, size_t bytes,
                        std::function<void(const void* host)> on_host) const;
-  // Waits once for the read-backs asked so far and runs their functions in the order asked, on
-  // the calling thread. The runner calls it when a batch's work is all enqueued: at the end of a
-  // training batch's section and after each forward-only batch (validation, scoring, streaming).
-  // When a function throws, the ones after it are dropped and the error goes on. `each`, when
-  // given, runs every function itself (`report()`), told the stage that asked for it (the
-  // ReadBackOwner of the asking thread, -1 for none): the runner names that stage in an error.
-  void complete_read_backs(
-      const std::function<void(int stage, const std::function<void()>& report)>& each = {}) const;
+  // The read-backs asked since the last close become a group (the runner closes one when a
+  // batch's work is enqueued); its number, for complete_read_backs_through.
+  uint64_t close_read_backs() const;
+  // Waits for the groups up to `group` (one event each) and runs their functions in the order
+  // asked, on the calling thread. When a function throws, the ones after it are dropped and the
+  // error goes on. `each`, when given, runs every function itself (`report()`), told the stage
+  // that asked for it (the ReadBackOwner of the asking thread, -1 for none): the runner names
+  // that stage in an error.
+  void complete_read_backs_through(uint64_t group, const ReadBackQueue::Each& each = {}) const;
+  // Everything asked so far: close_read_backs(), then complete through it (forward-only
+  // batches: validation, scoring, streaming; tests).
+  void complete_read_backs(const ReadBackQueue::Each& each = {}) const;
 
   // For its scope, read-backs asked on this thread belong to graph stage `stage` (the runner
   // sets it around every stage call).
@@ -79,19 +84,12 @@ class ExecContext {
   };
 
  private:
-  struct PendingReadBack {
-    Tensor staging;
-    std::function<void(const void*)> on_host;
-    int stage = -1;
-  };
-  mutable std::mutex read_backs_mu_;
-  mutable std::vector<PendingReadBack> read_backs_;
-
   Device device_;
   KernelBackend backend_ = KernelBackend::cpu;
   void* stream_ = nullptr;
   void* blas_handle_ = nullptr;
   Tensor workspace_;
+  std::unique_ptr<ReadBackQueue> read_backs_;  // on stream_; destroyed before it
 };
 
 // What precision bf16 does on this CPU, for the note a run prints at start: the library with the

@@ -199,6 +199,7 @@ struct Runner::Impl {
   double steps_rate = 0, samples_rate = 0;
   uint64_t prev_pub_ns = 0, prev_pub_step = 0, prev_pub_samples = 0;
   uint64_t steps_this_process = 0;
+  uint64_t steps_ended_ahead = 0;  // RunResult::steps_ended_ahead
 
   GraphPlan& plan() { return graph->plan(); }
   size_t n() const { return graph->size(); }
@@ -315,19 +316,79 @@ struct Runner::Impl {
     for (size_t k = begin; k < n(); ++k)
       if (plan().stages[k].after_loss)
         timed(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
-    complete_read_backs(b);
   }
 
-  // The host's one wait for a batch on a device: what the stages asked to read back (the loss's
+  // ---- a training batch, the host one batch ahead of the device ----
+  // On a device the section of batch k is enqueued before the host waits for batch k-1's
+  // read-backs (its reports, then after_step), so the device always has the next batch's work
+  // queued when it finishes one. A step whose end needs the device quiet — a metrics row (the
+  // next batch's host-side metrics must not join it), validation, a stage's step_end that reads
+  // the device (checkpoints), the last step, a stop — is finished before the next is enqueued.
+  struct Pending {
+    std::shared_ptr<Batch> batch;
+    uint64_t section_start_ns = 0;
+    uint64_t read_backs = 0;  // its group (ExecContext::close_read_backs)
+  };
+  std::optional<Pending> pending;
+
+  void train_batch(std::shared_ptr<Batch> b, uint64_t section_start_ns) {
+    if (pending && !may_run_past(*pending)) finish_pending();
+    if (run.stop_requested) return;  // the step just finished was the last
+    section(*b);
+    const uint64_t group = run.exec ? run.exec->close_read_backs() : 0;
+    if (pending) {
+      if (micro_in_step + 1 == run.micro_batches_per_step) ++steps_ended_ahead;
+      finish_pending();
+    }
+    pending = Pending{std::move(b), section_start_ns, group};
+    if (!run_ahead()) finish_pending();
+  }
+
+  // The host runs ahead on a device backend (CUDA, and the emulator, so CI runs this path).
+  bool run_ahead() const { return run.exec && run.exec->device_ops(); }
+
+  // Whether the step the pending batch completes may end after the next batch is enqueued.
+  bool may_run_past(const Pending& p) {
+    (void)p;
+    if (run.stop_requested) return false;
+    if (micro_in_step + 1 < run.micro_batches_per_step) return true;  // mid-step: no step end
+    const uint64_t s = run.step + 1;
+    const auto every = [&](const char* key) {
+      const int64_t e = plan().run.integer(key);
+      return e > 0 && s % static_cast<uint64_t>(e) == 0;
+    };
+    const int64_t limit = plan().run.integer("steps");
+    if (every("log_every") || every("validate_every") ||
+        (limit > 0 && s >= static_cast<uint64_t>(limit)))
+      return false;
+    for (size_t k = plan().section_begin; k < n(); ++k)
+      if (graph->stage(k).step_end_reads_device(s)) return false;
+    return true;
+  }
+
+  void finish_pending() {
+    Pending p = std::move(*pending);
+    pending.reset();
+    complete_read_backs(*p.batch, p.read_backs);
+    for (size_t k = plan().section_begin; k < n(); ++k) counters[k]->items_out++;
+    after_step(*p.batch, p.section_start_ns);
+  }
+
+  // The host's wait for a batch on a device: what the stages asked to read back (the loss's
   // sums, the optimizer's outcome) arrives, and their reports run — after the batch's whole
   // work is enqueued, so the device never idles while the host issues the rest of a step.
-  void complete_read_backs(const Batch& b) {
+  // `group`: the batch's read-backs (0: everything asked so far).
+  void complete_read_backs(const Batch& b, uint64_t group = 0) {
     if (!run.exec) return;
     try {
-      run.exec->complete_read_backs([&](int k, const std::function<void()>& report) {
+      const auto each = [&](int k, const std::function<void()>& report) {
         if (k < 0 || static_cast<size_t>(k) >= n()) return report();
         as_stage(static_cast<size_t>(k), b.index, report);
-      });
+      };
+      if (group)
+        run.exec->complete_read_backs_through(group, each);
+      else
+        run.exec->complete_read_backs(each);
     } catch (const StageError&) {
       throw;
     } catch (const std::exception& e) {
@@ -1408,11 +1469,7 @@ RunResult Runner::Impl::execute_steps() {
           if (resident.size() == opt.resident_batches) resident_full = true;
         }
         // A stop lets the step in progress finish; batches still queued behind it do not train.
-        if (!run.stop_requested) {
-          section(*m.batch);
-          for (size_t k = sb; k < n(); ++k) counters[k]->items_out++;
-          after_step(*m.batch, t0);
-        }
+        if (!run.stop_requested) train_batch(m.batch, t0);
         --in_flight;
         m.batch.reset();  // release tensors before the limiter admits another batch
         return {};
@@ -1425,6 +1482,7 @@ RunResult Runner::Impl::execute_steps() {
   try {
     source.activate();
     g.wait_for_all();
+    if (pending) finish_pending();  // the batch the host ran ahead with (a stop, the data's end)
   } catch (...) {
     failure = std::current_exception();
     g.cancel();
@@ -1494,6 +1552,7 @@ RunResult Runner::Impl::execute_steps() {
   if (failure) std::rethrow_exception(failure);
 
   result.steps = steps_this_process;
+  result.steps_ended_ahead = steps_ended_ahead;
   result.final_step = run.step;
   result.samples = samples.load();
   result.interrupted = run.interrupted.load();

@@ -60,6 +60,9 @@ struct RunResult {
   uint64_t steps = 0;       // optimizer steps this process completed (batches / accumulate)
   uint64_t final_step = 0;  // including resumed steps
   uint64_t samples = 0;
+  // Steps that ended (read-backs, metrics, step_end) after the next batch's work was enqueued:
+  // on a device the host runs one batch ahead between metrics rows, validations and checkpoints.
+  uint64_t steps_ended_ahead = 0;
   bool interrupted = false;  // stopped by SIGINT, SIGTERM or request_stop(true)
   int stop_signal = 0;       // SIGINT or SIGTERM when one stopped the run
   bool early_stopped = false;

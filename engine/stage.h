@@ -176,6 +176,15 @@ class Stage {
     (void)batch;
     (void)ctx;
   }
+  // On a device the host runs one batch ahead: step_end of step S may come after the next
+  // batch's work was enqueued (the runner, "a training batch, the host one batch ahead").
+  // A stage whose step_end at S reads what the device computed — weights, optimizer state —
+  // says so here, and the runner ends step S before it enqueues more (the checkpoint stage, on
+  // the steps it writes). Asked before each step ends; the default: step_end reads nothing.
+  virtual bool step_end_reads_device(uint64_t step) const {
+    (void)step;
+    return false;
+  }
 
   // Once, after the last batch (or after a stop request, once in-flight batches finished).
   virtual void finish(StageContext& ctx) { (void)ctx; }

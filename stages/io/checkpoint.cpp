@@ -95,6 +95,12 @@ class CheckpointStage : public Stage {
     write(ctx, step, "step-" + std::to_string(step));
   }
 
+  // A checkpoint copies the weights and the optimizer's state off the device: the runner ends the
+  // step before it enqueues the next.
+  bool step_end_reads_device(uint64_t step) const override {
+    return every_ != 0 && step % every_ == 0;
+  }
+
   void finish(StageContext& ctx) override {
     uint64_t step = ctx.run().step;
     if (!ctx.run().writes_outputs() || step == 0 || step == last_written_) return;

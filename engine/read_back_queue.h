@@ -1,0 +1,66 @@
+// Results a device computed, on their way to the host without a wait in the step
+// (ExecContext::read_back_later): each is copied into page-locked staging on the compute stream
+// when asked, and its report (a function of the host copy) runs when its group completes. A group
+// is what was asked between two close() calls — the runner closes one when a batch's work is
+// enqueued — and it completes with one wait for an event recorded at its close, so the host can
+// enqueue batch k+1 before it reads batch k's results. On the CPU and under the emulator the
+// copies are memcpy and the events always complete, but reports still wait for their group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/copy_stream.h"
+#include "engine/device.h"
+#include "engine/tensor.h"
+
+namespace slipstream {
+
+class ReadBackQueue {
+ public:
+  // Runs report() for the stage that asked (-1: none); the runner names that stage in errors.
+  using Each = std::function<void(int stage, const std::function<void()>& report)>;
+
+  ReadBackQueue(const Device& device, void* stream);
+  ~ReadBackQueue();
+  ReadBackQueue(const ReadBackQueue&) = delete;
+  ReadBackQueue& operator=(const ReadBackQueue&) = delete;
+
+  void add(const void* buffer, size_t bytes, std::function<void(const void* host)> on_host,
+           int stage);
+  // Ends the open group (an event on the stream after it) and returns its number; with nothing
+  // asked since the last close, no group: the number of the last one (0 before any).
+  uint64_t close();
+  // Waits for the groups up to `group` and runs their reports, in order, on the calling thread.
+  // When a report throws, the reports after it in those groups are dropped and the error goes on.
+  void complete_through(uint64_t group, const Each& each = {});
+  // close(), then complete_through() of everything.
+  void complete_all(const Each& each = {});
+
+ private:
+  struct Item {
+    Tensor staging;
+    std::function<void(const void*)> on_host;
+    int stage = -1;
+  };
+  struct Group {
+    uint64_t id = 0;
+    std::unique_ptr<StreamEvent> done;
+    std::vector<Item> items;
+  };
+
+  Device device_;
+  void* stream_;
+  std::mutex mu_;
+  std::vector<Item> open_;
+  std::deque<Group> closed_;
+  std::vector<std::unique_ptr<StreamEvent>> spare_events_;  // events of completed groups
+  uint64_t last_id_ = 0;
+};
+
+}  // namespace slipstream
