@@ -796,16 +796,16 @@ void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor&
     dst = grad;
     return;
   }
-  // Two consumers of one tensor: their gradients add. Copy first so we never write into a
-  // buffer the first consumer still owns.
+  // Two consumers of one tensor: their gradients add, into a buffer of the batch's own (never
+  // one a consumer still owns), from the pool on the run's stream (reused step after step).
   if (dst.dtype() != DType::f32 || grad.dtype() != DType::f32 || !(dst.shape() == grad.shape()) ||
-      !dst.device().is_cpu())
+      dst.device() != grad.device())
     throw std::runtime_error("stage '" + name_ + "': cannot add gradients for input '" +
                              std::string(port) + "': " + dst.describe() + " vs " + grad.describe());
-  Tensor sum = dst.clone();
-  float* d = sum.data<float>();
-  const float* g = grad.data<float>();
-  for (int64_t i = 0; i < sum.numel(); ++i) d[i] += g[i];
+  void* stream = exec().stream();
+  Tensor sum = Tensor::empty(dst.shape(), DType::f32, dst.device(),
+                             "sum of two consumers' gradients", stream);
+  add_f32(dst, grad, sum, stream);
   dst = sum;
 }
 void StageContext::metric(std::string_view name, double value, MetricKind kind,

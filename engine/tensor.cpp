@@ -199,4 +199,25 @@ std::string Tensor::describe() const {
   return std::string(dtype_name(dtype_)) + shape_.str() + " on " + device_.str();
 }
 
+void add_f32(const Tensor& a, const Tensor& b, const Tensor& out, void* stream) {
+  for (const Tensor* t : {&a, &b, &out})
+    if (!t->defined() || t->dtype() != DType::f32 || !(t->shape() == out.shape()) ||
+        t->device() != out.device())
+      throw std::invalid_argument("add_f32: " + a.describe() + " + " + b.describe() + " -> " +
+                                  out.describe() + ": f32 tensors of one shape on one device");
+  const size_t n = static_cast<size_t>(out.numel());
+  if (out.device().is_cuda()) {
+#if SLIPSTREAM_HAS_CUDA
+    cuda_rt::add_f32(out.device().index, stream, a.data<float>(), b.data<float>(),
+                     out.data<float>(), n);
+    return;
+#endif
+  }
+  (void)stream;
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  float* z = out.data<float>();
+  for (size_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+}
+
 }  // namespace slipstream

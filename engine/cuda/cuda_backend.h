@@ -56,6 +56,8 @@ void record_event(int index, void* event, void* stream);
 void stream_wait_event(int index, void* stream, void* event);
 bool event_done(int index, void* event);  // cudaEventQuery: complete (or never recorded)
 void event_synchronize(int index, void* event);
+// out = a + b, n floats of device `index`, enqueued on `stream` (engine/cuda/tensor_add.cu).
+void add_f32(int index, void* stream, const float* a, const float* b, float* out, size_t n);
 void* create_blaslt(int index);  // cublasLtHandle_t
 void destroy_blaslt(void* handle);
 

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <numeric>
+#include <vector>
 
 #include "engine/diagnostics.h"
+#include "engine/exec_context.h"
 #include "engine/memory_pool.h"
 #include "engine/tensor.h"
 
@@ -87,4 +89,20 @@ TEST(GpuProbe, WithoutDeviceSaysWhy) {
 }
 
 }  // namespace
+// add_f32 on a device, enqueued on a stream of its own (two consumers' gradients of a tensor).
+TEST(GpuTensor, AddF32OnAStream) {
+  REQUIRE_CUDA_DEVICE();
+  const ExecContext exec(Device::cuda(0));
+  std::vector<float> ha(1000), hb(1000);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = float(i), hb[i] = -0.25f * float(i);
+  Tensor a = Tensor::empty({1000}, DType::f32, Device::cuda(0)), b = a.clone();
+  a.copy_from(Tensor::borrow(ha.data(), {1000}, DType::f32));
+  b.copy_from(Tensor::borrow(hb.data(), {1000}, DType::f32));
+  Tensor out = Tensor::empty({1000}, DType::f32, Device::cuda(0), "sum", exec.stream());
+  add_f32(a, b, out, exec.stream());
+  std::vector<float> got(1000);
+  exec.read_back(got.data(), out.raw(), out.nbytes());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0.75f * float(i)) << i;
+}
+
 }  // namespace slipstream

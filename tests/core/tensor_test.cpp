@@ -159,4 +159,16 @@ TEST(Tensor, CudaTensorWithoutDeviceThrowsWithReason) {
 }
 
 }  // namespace
+TEST(Tensor, AddF32) {
+  Tensor a = Tensor::empty({2, 3}, DType::f32), b = Tensor::empty({2, 3}, DType::f32);
+  for (int i = 0; i < 6; ++i) a.data<float>()[i] = float(i), b.data<float>()[i] = 0.5f * float(i);
+  Tensor out = Tensor::empty({2, 3}, DType::f32);
+  add_f32(a, b, out);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(out.data<float>()[i], 1.5f * float(i));
+  add_f32(out, b, out);  // in place
+  EXPECT_EQ(out.data<float>()[5], 2.0f * 5);
+  EXPECT_THROW(add_f32(a, Tensor::empty({3, 2}, DType::f32), out), std::invalid_argument);
+  EXPECT_THROW(add_f32(a, b, Tensor::empty({2, 3}, DType::f64)), std::invalid_argument);
+}
+
 }  // namespace slipstream

@@ -127,4 +127,66 @@ class MseLoss : public Stage {
 };
 SLIPSTREAM_REGISTER_STAGE(MseLoss);
 
+std::vector<float>& probe_log() {
+  static std::vector<float> v;
+  return v;
+}
+const std::vector<float>& probed_gradient() {
+  return probe_log();
+}
+
+// y = x, passing the gradient through and keeping a host copy of it.
+class GradProbe : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("nn_test_probe")
+        .family("test")
+        .doc("y = x; records the gradient it gets.")
+        .differentiable()
+        .input("x", DType::f32, 3, "values")
+        .output("y", DType::f32, 3, "the same values");
+  }
+  void setup(StageContext& ctx) override {
+    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override { ctx.set_output(b, "y", ctx.input(b, "x")); }
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor dy = ctx.output_grad(b, "y").to(Device::cpu());
+    probe_log().assign(dy.data<float>(), dy.data<float>() + dy.numel());
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(GradProbe);
+
+// y = a + b; both inputs get dy.
+class Sum : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("nn_test_sum")
+        .family("test")
+        .doc("y = a + b.")
+        .differentiable()
+        .input("a", DType::f32, 3, "values")
+        .input("b", DType::f32, 3, "values")
+        .output("y", DType::f32, 3, "a + b");
+  }
+  void setup(StageContext& ctx) override {
+    ctx.declare_output("y", ctx.input_shape("a"), DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& a = ctx.input(b, "a");
+    y_ = Tensor::empty(a.shape(), DType::f32, a.device(), "nn_test_sum output");
+    add_f32(a, ctx.input(b, "b"), y_, ctx.exec().stream());
+    ctx.set_output(b, "y", y_);
+  }
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor& dy = ctx.output_grad(b, "y");
+    ctx.add_input_grad(b, "a", dy);
+    ctx.add_input_grad(b, "b", dy);
+  }
+
+ private:
+  Tensor y_;
+};
+SLIPSTREAM_REGISTER_STAGE(Sum);
+
 }  // namespace slipstream::nn_test

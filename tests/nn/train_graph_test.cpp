@@ -108,6 +108,39 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.precision == Precision::bf16 ? "Bf16" : "Fp32");
     });
 
+// One tensor read by two consumers (both inputs of a sum): its producer gets the two
+// gradients added, on the CPU and on the device path (emulator: the same memory, the device
+// backend's context).
+TEST(TrainGraph, TwoConsumersGradientsAdd) {
+  for (bool emulated : {false, true}) {
+    SCOPED_TRACE(emulated ? "emulated" : "cpu");
+    TempDir d;
+    RunState run;
+    run.exec = std::make_shared<ExecContext>(Device::cpu(), emulated);
+    Graph g(plan_graph(load_config(d.write("g.yaml", R"(stages:
+  - {name: data, kind: nn_test_source, params: {batch: 2, window: 5, din: 3, dout: 3}}
+  - {name: probe, kind: nn_test_probe, inputs: {x: data.x}}
+  - {name: twice, kind: nn_test_sum, inputs: {a: probe.y, b: probe.y}}
+  - {name: loss, kind: nn_test_mse, inputs: {y: twice.y, target: data.target}}
+)"))),
+            run);
+    g.setup();
+    Batch b = g.new_batch();
+    ASSERT_TRUE(g.stage(0).produce(b, g.context(0)));
+    run_section(g, b);
+    const Tensor& x = g.context(1).input(b, "x");
+    const Tensor& t = g.context(3).input(b, "target");
+    const auto& got = nn_test::probed_gradient();
+    ASSERT_EQ(got.size(), size_t(x.numel()));
+    const double n = double(x.numel());
+    for (size_t i = 0; i < got.size(); ++i) {
+      // d/dx of mean((2x - t)^2) = 2 * 2 (2x - t) / n: the loss's gradient once per consumer.
+      const double want = 2.0 * 2.0 * (2.0 * x.data<float>()[i] - t.data<float>()[i]) / n;
+      EXPECT_NEAR(got[i], want, 1e-6) << "element " << i;
+    }
+  }
+}
+
 RunOptions quiet(const std::string& runs_dir = "") {
   static std::ostringstream sink;
   RunOptions o;
