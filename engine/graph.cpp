@@ -660,6 +660,13 @@ Graph::Graph(GraphPlan plan, RunState& run) : plan_(std::move(plan)) {
 Graph::~Graph() = default;
 
 void Graph::setup() {
+  // The last trainable stage: after its setup the model's weights move into the run's arena,
+  // before the update stages take the parameters.
+  size_t last_trainable = stages_.size();
+  for (size_t k = 0; k < stages_.size(); ++k)
+    if (plan_.stages[k].schema->is_trainable()) last_trainable = k;
+  if (!stages_.empty() && !contexts_.front()->run().param_arena)
+    contexts_.front()->run().param_arena = std::make_shared<ParamArena>();
   for (size_t k = 0; k < stages_.size(); ++k) {
     try {
       stages_[k]->setup(*contexts_[k]);
@@ -675,6 +682,8 @@ void Graph::setup() {
         throw std::logic_error("stage '" + plan_.stages[k].name + "' did not declare output '" +
                                plan_.stages[k].schema->outputs()[o].name + "' in setup()");
     }
+    if (k == last_trainable && contexts_[k]->run().param_arena)
+      contexts_[k]->run().param_arena->pack();
     // Once the head is set up, a run without run.steps knows its length, before the stages
     // after it (an optimizer's schedule) read it.
     if (k + 1 == static_cast<size_t>(plan_.head_end)) {

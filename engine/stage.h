@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/exec_context.h"
+#include "engine/param_arena.h"
 #include "engine/params.h"
 #include "engine/schema.h"
 #include "engine/tensor.h"
@@ -74,6 +75,10 @@ struct RunState {
   Device device;
   // Where ops are issued (stream, cuBLASLt) on `device`; set by the runner. Null means the CPU.
   std::shared_ptr<ExecContext> exec;
+  // The run's model weights in one block (engine/param_arena.h): model stages' stores register
+  // in setup; Graph::setup packs it after the last trainable stage. Null: each store keeps its
+  // own buffers (a stage run alone).
+  std::shared_ptr<ParamArena> param_arena;
   Precision precision = Precision::fp32;
   uint64_t seed = 1;
   bool training = true;  // false during validation passes

@@ -238,7 +238,7 @@ class ControllerHeadsStage : public Stage {
                      [&](auto ops) -> std::unique_ptr<HeadsRunner> {
                        return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
                      });
-    store_.allocate(layout_->params, bf16_, device_);
+    store_.allocate(layout_->params, bf16_, device_, ctx.run().param_arena.get());
     // PyTorch nn.Linear's default: weight and bias uniform in ±1/sqrt(fan_in), drawn in the
     // store's order (hidden weight, hidden bias, head weights, head biases).
     store_.initialize([&](float* w) {

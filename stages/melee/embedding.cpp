@@ -165,7 +165,7 @@ class MeleeEmbeddingStage : public Stage {
         tables.add("character_table.weight", {kCharacters, layout_.character_dim}, false);
     off_.stage = tables.add("stage_table.weight", {kStages, layout_.stage_dim}, false);
     device_ = ctx.exec().device();
-    store_.allocate(tables, false, device_);
+    store_.allocate(tables, false, device_, ctx.run().param_arena.get());
     const double scale = p.number("init_scale");
     store_.initialize([&](float* w) {  // normal(0, 1) * scale, table by table from one stream
       std::mt19937_64 rng(ctx.seed());

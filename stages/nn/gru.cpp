@@ -76,7 +76,7 @@ class GruStage : public Stage {
                             return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
                           });
     device_ = ctx.exec().device();
-    store_.allocate(model_->layout().params, false, device_);
+    store_.allocate(model_->layout().params, false, device_, ctx.run().param_arena.get());
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     store_.initialize([&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); });
     want_dx_ = nn::input_grad_wanted(ctx, 0);

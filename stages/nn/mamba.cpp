@@ -105,7 +105,7 @@ class MambaStage : public Stage {
                           });
     device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16;
-    store_.allocate(model_->layout().params, bf16_, device_);
+    store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     // The final norm's gradient is the backward pass's first: it goes with the top layer's.
     for (Parameter* p : store_.pointers())

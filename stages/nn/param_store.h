@@ -13,7 +13,11 @@ namespace slipstream::nn {
 
 class ParamStore {
  public:
-  void allocate(const ParamLayout& layout, bool bf16_shadow, const Device& device = Device::cpu());
+  // `arena`, when given (a stage's ctx.run().param_arena), takes the store in once every
+  // model stage is set up (engine/param_arena.h): the store's tensors and Parameters then view
+  // its slices. The store must not move after this call (a stage member does not).
+  void allocate(const ParamLayout& layout, bool bf16_shadow, const Device& device = Device::cpu(),
+                ParamArena* arena = nullptr);
   // The initial values, written by init(float* host_values) on the host and copied to the
   // store's device (setup only).
   template <class Init>
@@ -40,7 +44,11 @@ class ParamStore {
   size_t size() const { return static_cast<size_t>(values_.numel()); }
 
  private:
+  // Points the store and its Parameters (the same objects) at flat buffers of its size.
+  void bind(const Tensor& values, const Tensor& grads, const Tensor& shadow);
+
   Tensor values_, grads_, shadow_;
+  std::vector<ParamSlot> slots_;
   std::vector<Parameter> params_;
 };
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "engine/safetensors.h"
 #include "engine/stats_record.h"
 #include "kernels/gemm_bf16_onednn.h"
+#include "stages/dist/grad_buckets.h"
 #include "tests/support/cli_output.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -89,6 +91,50 @@ TEST(Training, ResumeIsBitExactFp32) {
 }
 TEST(Training, ResumeIsBitExactBf16) {
   resume_is_exact("bf16");
+}
+
+// The model's weights are one block (engine/param_arena.h): every parameter of the embedding,
+// the core and the heads views the run's arena — values, gradients and the bf16 copies — so an
+// allreduce bucket that spans two stages is reduced where it lies.
+TEST(Training, TheModelIsOneBlockAndBucketsNeedNoStaging) {
+  TempDir d;
+  std::ostringstream log;
+  for (const char* graph : {"configs/train_bc.yaml", "configs/train_bc_gru.yaml"}) {
+    SCOPED_TRACE(graph);
+    auto sets = tiny_overrides(d.path());
+    sets.push_back("run.precision=bf16");
+    if (std::string(graph).find("gru") != std::string::npos) {
+      std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
+      sets.push_back("core.hidden=12");
+    }
+    Runner r(plan_graph(load_config(source_path(graph), sets)), quiet_run_options(log));
+    r.graph().setup();
+    std::vector<Parameter*> params;
+    for (size_t k = 0; k < r.graph().size(); ++k)
+      for (Parameter* p : r.graph().stage(k).parameters()) params.push_back(p);
+    ASSERT_GT(params.size(), 10u);
+    const ParamArena& arena = *r.state().param_arena;
+    ASSERT_TRUE(arena.packed());
+    EXPECT_EQ(arena.stores(), 3u);  // embedding, core, heads
+    size_t elems = 0;
+    for (const Parameter* p : params) {
+      EXPECT_TRUE(p->value.same_block(arena.values())) << p->name;
+      EXPECT_TRUE(p->grad.same_block(arena.grads())) << p->name;
+      if (p->low_precision.defined()) {
+        EXPECT_TRUE(p->low_precision.same_block(arena.shadow())) << p->name;
+      }
+      elems += static_cast<size_t>(p->value.numel());
+    }
+    EXPECT_EQ(elems, static_cast<size_t>(arena.values().numel()));
+    // Walked from the arena's end down, small buckets tile it: none crosses a gap, including
+    // the two where one stage's weights end and the next's begin.
+    std::sort(params.begin(), params.end(), [](const Parameter* a, const Parameter* b) {
+      return a->grad.data<float>() > b->grad.data<float>();
+    });
+    const dist::GradBuckets buckets(params, 1000, 100);
+    EXPECT_GT(buckets.count(), 3u);
+    EXPECT_EQ(buckets.staging_elems(), 0u);
+  }
 }
 
 TEST(Training, CheckpointHasMambaSsmNamesAndLoadsInPython) {
