@@ -54,6 +54,7 @@ void finalize_at_exit() {
 }
 
 constexpr int kHeartbeatTag = 7301;
+constexpr int kAliveTag = 7302;  // after a timeout: "I am still here" to every other rank
 constexpr auto kPollPause = std::chrono::microseconds(20);
 
 }  // namespace
@@ -138,6 +139,7 @@ struct MpiBucketReducer::Mpi {
                              MPI_REQUEST_NULL};
   int64_t beat_out_value[4] = {0, 0, 0, 0};
   size_t beat_next = 0;
+  std::vector<MPI_Request> alive_in, alive_out;  // silent_ranks()
 };
 
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
@@ -241,19 +243,68 @@ void MpiBucketReducer::timed_out(uint64_t step) {
   const int64_t reached = left_step_.load();
   const std::string head = "allreduce of step " + std::to_string(step) + ": no answer within " +
                            seconds_text(timeout_s_) + " (sync.timeout_s): ";
+  const std::string tail = "; every rank stops, and the run resumes from its last checkpoint";
   if (reached < static_cast<int64_t>(step))
     throw std::runtime_error(head + "rank " + std::to_string(left) +
                              " stopped before reaching step " + std::to_string(step) +
                              (reached > 0
                                   ? " (the last step it reached: " + std::to_string(reached) + ")"
                                   : std::string(" (it reached no step)")) +
-                             "; every rank stops, and the run resumes from its last checkpoint");
-  // The rank to the right of the one that stopped names it and ends the run; wait for that
-  // before saying less.
+                             tail);
+  // The left-hand neighbour reached the step: a rank stopped inside it (after its first bucket
+  // went out). The ranks still running have all timed out by now, within a step of each other:
+  // each tells every other it is alive, and the ones not heard from in a short window stopped.
+  const std::vector<int> silent = silent_ranks(step);
+  if (!silent.empty()) {
+    std::string names;
+    for (int r : silent) names += (names.empty() ? "" : ", ") + std::to_string(r);
+    const bool one = silent.size() == 1;
+    // The first live rank after a silent one says it; the others after a pause (the launcher
+    // normally ends them first), so one message names it.
+    if ((rank_ + world_ - 1) % world_ != silent.front())
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
+    throw std::runtime_error(head + (one ? "rank " : "ranks ") + names + " stopped during step " +
+                             std::to_string(step) +
+                             " (reached, never finished: no answer to the others)" + tail);
+  }
   std::this_thread::sleep_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
-  throw std::runtime_error(head + "rank " + std::to_string(left) +
-                           " reached this step, so a rank further round stopped; every rank "
-                           "stops, and the run resumes from its last checkpoint");
+  throw std::runtime_error(head + "every rank answers, yet the step's reductions did not finish" +
+                           tail);
+}
+
+std::vector<int> MpiBucketReducer::silent_ranks(uint64_t step) {
+  // Members, not locals: a late message still lands in memory that lives until the process ends.
+  alive_out_ = static_cast<int64_t>(step);
+  alive_in_.assign(static_cast<size_t>(world_), 0);
+  std::vector<MPI_Request>& recv = mpi_->alive_in;
+  std::vector<MPI_Request>& send = mpi_->alive_out;
+  recv.assign(static_cast<size_t>(world_), MPI_REQUEST_NULL);
+  send.assign(static_cast<size_t>(world_), MPI_REQUEST_NULL);
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) continue;
+    check(MPI_Irecv(&alive_in_[static_cast<size_t>(r)], 1, MPI_INT64_T, r, kAliveTag,
+                    MPI_COMM_WORLD, &recv[static_cast<size_t>(r)]),
+          "MPI_Irecv");
+    check(MPI_Isend(&alive_out_, 1, MPI_INT64_T, r, kAliveTag, MPI_COMM_WORLD,
+                    &send[static_cast<size_t>(r)]),
+          "MPI_Isend");
+  }
+  const double until = now_s() + std::clamp(timeout_s_ / 2, 1.0, 10.0);
+  std::vector<int> silent;
+  for (;;) {
+    silent.clear();
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      int flag = 0;
+      MPI_Request& q = recv[static_cast<size_t>(r)];
+      if (q != MPI_REQUEST_NULL) check(MPI_Test(&q, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (q != MPI_REQUEST_NULL) silent.push_back(r);
+    }
+    if (silent.empty() || now_s() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // The process ends with an error next: the requests still open are left to MPI_Abort.
+  return silent;
 }
 
 void MpiBucketReducer::worker() {

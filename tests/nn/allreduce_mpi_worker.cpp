@@ -3,9 +3,20 @@
 // through the allreduce stage's reducer with small buckets (in-place and staged buckets,
 // parameters straddling buckets), announcing parameters one by one in a rank-dependent order,
 // three times (steps 1, 2 and 2 again), and checks the mean. Exit status 0 on success.
+//
+// With "stall" after the rank count: step 1 as above, then rank 1 announces step 2's first bucket
+// (so its neighbour hears it reached step 2) and stops itself (SIGSTOP) inside the step; the
+// other ranks' reductions time out after 3 s, and the one that finds rank 1 silent says so.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "stages/dist/mpi_reduce.h"
@@ -35,7 +46,27 @@ int main(int argc, char** argv) {
   dist::GradBuckets buckets(ptrs, 7);
   int in_place = 0;
   for (size_t i = 0; i < buckets.count(); ++i) in_place += buckets.contiguous(i) != nullptr;
-  dist::MpiBucketReducer reducer(buckets, 60.0);
+  const bool stall = argc > 2 && std::string(argv[2]) == "stall";
+  dist::MpiBucketReducer reducer(buckets, stall ? 3.0 : 60.0);
+  if (stall) {
+    for (size_t j = 0; j < ptrs.size(); ++j) reducer.param_ready(j, 1);
+    reducer.finish(1);
+    if (rank == 1) {
+      reducer.param_ready(0, 2);  // the first bucket goes out: "reached step 2"
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGSTOP);
+    }
+    for (size_t j = 0; j < ptrs.size(); ++j) reducer.param_ready(j, 2);
+    try {
+      reducer.finish(2);
+    } catch (const std::exception& e) {
+      std::printf("rank %d: %s\n", rank, e.what());
+      std::fflush(stdout);
+      return 3;  // exit: Open MPI's abort at exit ends the other ranks
+    }
+    std::printf("rank %d: step 2 finished without rank 1\n", rank);
+    return 1;
+  }
   int bad = 0;
   // Step 2 twice: a collection may repeat a step number (each finish() ends one).
   for (uint64_t step : {uint64_t{1}, uint64_t{2}, uint64_t{2}}) {
