@@ -14,7 +14,7 @@ grads.safetensors (every weight's gradient after that step's backward).
 
     python3 bench/peers/bc_model_torch.py --check /tmp/ref
     python3 bench/peers/bc_model_torch.py --bench /tmp/ref --steps 20 --warmup 3 --threads 2 \\
-        [--mode eager|compile] [--precision fp32|bf16] [--json OUT.json]
+        [--mode eager|compile] [--precision fp32|bf16] [--device cpu|cuda] [--json OUT.json]
 
 --check builds the model in float64 and float32, runs one forward + loss + backward on the
 reference batch from the reference weights and compares the loss and every gradient with
@@ -83,6 +83,11 @@ BATCH_PORTS = ["numeric", "action", "character", "stage", "prev_controller", "ta
 INDEX_PORTS = {"action", "character", "stage", "target_sticks"}
 
 
+# Where the peer runs (--device): the model, the batch and the step. "cuda" times it on the GPU
+# (TF32 off, so fp32 means fp32 as on our side).
+DEVICE = torch.device("cpu")
+
+
 # ---------------------------------------------------------------- model
 
 class MeleeEmbedding(nn.Module):
@@ -126,7 +131,7 @@ class RMSNorm(nn.Module):
 def no_autocast():
     # Under --precision bf16 only the Linear GEMMs run in bf16 (slipstream's bf16 policy); the
     # conv, the scan and the loss stay in the parameters' precision.
-    return torch.autocast("cpu", enabled=False)
+    return torch.autocast(DEVICE.type, enabled=False)
 
 
 def selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
@@ -350,7 +355,7 @@ class Reference:
         b = {}
         for port in BATCH_PORTS:
             t = raw[f"{src}.{port}"]
-            b[port] = t.long() if port in INDEX_PORTS else t.to(dtype)
+            b[port] = (t.long() if port in INDEX_PORTS else t.to(dtype)).to(DEVICE)
         return b
 
     def weights(self, which="model"):
@@ -438,7 +443,8 @@ def one_step(model, parts, b, head_weights, eps, compiled=False):
     grads = {}
     for stage, mod in parts.items():
         for n, p in stage_params(mod):
-            grads[f"{stage}.{n}"] = (p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            grads[f"{stage}.{n}"] = g.detach().cpu()
     return loss.item(), m, grads
 
 
@@ -487,7 +493,7 @@ def run_check(ref, compiled=False):
         tol = TOL[dtype]
         model, parts = build_model(ref)
         load_weights(parts, weights)
-        model.to(dtype)
+        model.to(device=DEVICE, dtype=dtype)
         b = ref.batch(dtype)
         check_labels(b)
         try:
@@ -558,6 +564,7 @@ def run_bench(ref, args):
     head_weights, eps = loss_settings(ref)
     model, parts = build_model(ref)
     load_weights(parts, ref.weights("model"))
+    model.to(DEVICE)
     b = ref.batch(torch.float32)
     check_labels(b)
     B, W = b["mask"].shape
@@ -566,7 +573,8 @@ def run_bench(ref, args):
     bf16 = args.precision == "bf16"
 
     def forward_loss(batch):
-        with (torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()):
+        with (torch.autocast(DEVICE.type, dtype=torch.bfloat16) if bf16
+              else contextlib.nullcontext()):
             logits = model(batch)
         return bc_loss(logits, batch, head_weights, eps)[0]
 
@@ -588,10 +596,14 @@ def run_bench(ref, args):
 
     times, first_loss = [], None
     t_warm = time.perf_counter()
+    # On a GPU a step is timed from an idle device to the end of its work.
+    sync = torch.cuda.synchronize if DEVICE.type == "cuda" else (lambda: None)
     for i in range(args.warmup + args.steps):
+        sync()
         t0 = time.perf_counter()
         try:
             loss = step()
+            sync()
         except Exception as e:  # noqa: BLE001
             if args.mode != "compile":
                 raise
@@ -619,6 +631,7 @@ def run_bench(ref, args):
         "torch": torch.__version__,
         "reference": str(ref.dir),
         "mode": args.mode,
+        "device": str(DEVICE),
         "precision": args.precision,
         "threads": args.threads,
         "steps": args.steps,
@@ -638,7 +651,8 @@ def run_bench(ref, args):
         "first_loss": first_loss,
         "reference_loss": ref_loss,
     }
-    print(f"bc_model_torch {args.mode} {args.precision}, {args.threads} threads, B {B} W {W}, "
+    print(f"bc_model_torch {args.mode} {args.precision} on {DEVICE}, {args.threads} threads, "
+          f"B {B} W {W}, "
           f"{core['kind']} {core['params']}")
     if ref_loss is not None:
         print(f"first step loss {first_loss:.8f} vs slipstream {ref_loss:.8f} (rel diff "
@@ -672,7 +686,16 @@ def main():
                     "--check, also check the compiled step")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json", metavar="OUT", help="write the bench results here")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the peer runs (cuda: the first GPU, TF32 off)")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: this PyTorch sees no GPU")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     if args.check:
         return run_check(Reference(args.check), compiled=args.mode == "compile")
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:

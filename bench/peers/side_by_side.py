@@ -4,11 +4,14 @@ windows and the same thread count, run back to back, alternating, several repeat
 the ratio.
 
     python3 bench/peers/side_by_side.py [--shape cpu_quick|cpu_large] [--repeats 3] [--json OUT]
+    python3 bench/peers/side_by_side.py --device cuda --shape gpu_standard [--precision bf16]
 
 First `slipstream reference-step` writes a batch, the starting weights and their gradients; the
 peer must reproduce the loss and gradients (`bc_model_torch.py --check`) before any time counts.
 Then, per repeat: `slipstream bench` (steady-state step time, start-up excluded) and the peer's
-training loop in each mode (eager, torch.compile; fp32). PyTorch comes from the running Python
+training loop in each mode (eager, torch.compile; fp32, or bf16 under torch.autocast with
+--precision bf16). `--device cuda` runs both on the GPU (the check too, TF32 off) at the GPU
+presets' shapes (gpu_quick, gpu_standard, production). PyTorch comes from the running Python
 when it has it, else from a venv this script creates with pip (skipped, with a message, when that
 fails). Machines are shared and noisy: compare the ratio, measured in the same run.
 
@@ -36,11 +39,14 @@ ISA_ENV = {
 }
 PEER = ROOT / "bench" / "peers" / "bc_model_torch.py"
 
-# Overrides on top of the cpu_quick preset: the shapes both implementations train.
+# The shapes both implementations train: a preset and overrides on top of it.
 SHAPES = {
-    "cpu_quick": [],
-    "cpu_large": ["replays.batch_size=64", "replays.window=60", "core.d_model=128",
-                  "core.layers=2"],
+    "cpu_quick": ("cpu_quick", []),
+    "cpu_large": ("cpu_quick", ["replays.batch_size=64", "replays.window=60", "core.d_model=128",
+                                "core.layers=2"]),
+    "gpu_quick": ("gpu_quick", []),
+    "gpu_standard": ("gpu_standard", []),
+    "production": ("production", []),
 }
 
 
@@ -81,6 +87,9 @@ def main():
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
                     help="hold both sides to this x86-64 level")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where both sides train (the reference step is always the CPU's)")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = ap.parse_args()
     os.environ.update(ISA_ENV[args.isa])  # inherited by both sides' processes
 
@@ -88,13 +97,19 @@ def main():
     if py is None:
         print("skipped: PyTorch is not available (pip install torch failed)")
         return 0
-    sets = SHAPES[args.shape] + ["run.precision=fp32", f"run.threads={args.threads}"]
+    preset, overrides = SHAPES[args.shape]
+    # The peer cannot draw our mirroring and noise: the reference step (and both benchmarks)
+    # train without them, as the peer does.
+    sets = overrides + ["embed.mirror=false", "embed.noise=0", f"run.threads={args.threads}"]
     set_args = [a for s in sets for a in ("--set", s)]
     work = pathlib.Path(tempfile.mkdtemp(prefix="slipstream-side-by-side-"))
     ref = work / "ref"
-    subprocess.run([args.slipstream, "reference-step", "--preset", "cpu_quick", "--out", str(ref)]
-                   + set_args, check=True, capture_output=True)
-    check = subprocess.run([py, str(PEER), "--check", str(ref)], capture_output=True, text=True)
+    subprocess.run([args.slipstream, "reference-step", "--preset", preset, "--out", str(ref),
+                    "--set", "run.precision=fp32", "--set", "run.device=cpu"] + set_args,
+                   check=True, capture_output=True)
+    device = ["--device", args.device]
+    check = subprocess.run([py, str(PEER), "--check", str(ref)] + device, capture_output=True,
+                           text=True)
     print(check.stdout.strip().splitlines()[-1] if check.stdout.strip() else "")
     if check.returncode != 0:
         print(check.stdout + check.stderr)
@@ -105,8 +120,9 @@ def main():
     times = {"slipstream": []} | {f"torch {m}": [] for m in modes}
     for rep in range(args.repeats):
         out = work / f"ours-{rep}.json"
-        ours = run_json([args.slipstream, "bench", "--preset", "cpu_quick", "--steps",
-                         str(args.steps), "--warmup", str(args.warmup), "--json", str(out)]
+        ours = run_json([args.slipstream, "bench", "--preset", preset, "--steps",
+                         str(args.steps), "--warmup", str(args.warmup), "--json", str(out),
+                         "--device", args.device, "--set", f"run.precision={args.precision}"]
                         + set_args, out)
         times["slipstream"].append(ours["step_median_ms"])
         for m in modes:
@@ -114,7 +130,8 @@ def main():
             try:
                 peer = run_json([py, str(PEER), "--bench", str(ref), "--steps", str(args.steps),
                                  "--warmup", str(args.warmup), "--threads", str(args.threads),
-                                 "--mode", m, "--json", str(out)], out)
+                                 "--mode", m, "--precision", args.precision, "--json", str(out)]
+                                + device, out)
                 times[f"torch {m}"].append(peer["step_ms_median"])
             except RuntimeError as e:
                 print(f"torch {m}: {str(e).splitlines()[0]}")
@@ -122,10 +139,12 @@ def main():
             f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep))
 
     ours = statistics.median(times["slipstream"])
-    print(f"\n{args.shape}, {args.isa}, {args.threads} threads, fp32, median step of {args.repeats} "
+    where = "GPU" if args.device == "cuda" else f"{args.isa}, {args.threads} threads"
+    print(f"\n{args.shape}, {where}, {args.precision}, median step of {args.repeats} "
           f"repeats ({args.steps} steps each after {args.warmup} warm-up):")
     print(f"{'implementation':<18} {'step ms':>10} {'ours is':>10}")
-    result = {"shape": args.shape, "isa": args.isa, "threads": args.threads, "repeats": args.repeats,
+    result = {"shape": args.shape, "device": args.device, "precision": args.precision,
+              "isa": args.isa, "threads": args.threads, "repeats": args.repeats,
               "overrides": sets, "median_step_ms": {}, "speedup": {}}
     for name, v in times.items():
         if not v:

@@ -4,7 +4,8 @@
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
 # of the scan, and when the whole engine builds a short gpu_quick run, the end-to-end step
 # benchmark (fp32 vs bf16) and the data path's overlap ratio and GPU busy % (`slipstream bench
-# --overlap`) at gpu_quick and gpu_standard, and prints one summary. It exits 1
+# --overlap`) at gpu_quick and gpu_standard, our step against the PyTorch peer at gpu_standard
+# (bench/peers/side_by_side.py --device cuda), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
@@ -115,6 +116,16 @@ if [ "$MODE" = full ]; then
     step overlap_$p $B/bin/slipstream bench --preset $p --steps 100 --warmup 20 --overlap \
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
+  done
+  # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
+  # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
+  # GPU_CHECK_PEER: the modes (default eager; "eager compile" adds minutes; "none" skips).
+  for m in ${GPU_CHECK_PEER:-eager}; do
+    [ "$m" = none ] && break
+    step side_by_side_$m timeout 240 python3 bench/peers/side_by_side.py --device cuda \
+      --shape gpu_standard --repeats 2 --steps 20 --warmup 3 --modes $m \
+      --slipstream $B/bin/slipstream --json "$OUT/side_by_side_$m.json"
+    expect_file side_by_side_$m "$OUT/side_by_side_$m.json"
   done
 fi
 python3 tools/gpu_check/summary.py "$OUT"

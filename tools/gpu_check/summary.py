@@ -2,7 +2,8 @@
 """Prints `make gpu-check`'s summary from its output folder: each step's status and time, the
 GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's speed against
 the PyTorch peer, the end-to-end step (ms per step, fp32 against bf16), and the data path's
-overlap ratio and GPU busy %. Exits 1 when any step failed."""
+overlap ratio and GPU busy %, and our step against the PyTorch peer's. Exits 1 when any step
+failed."""
 import json
 import os
 import sys
@@ -70,6 +71,17 @@ def main(out):
             print(f"    GPU busy while loading: {sum(busy) / len(busy):.1f}% (goal >= 95%)")
         else:
             print("    GPU busy: not measured (NVML did not list the device)")
+    for mode in ("eager", "compile"):
+        path = os.path.join(out, f"side_by_side_{mode}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            r = json.load(f)
+        ms = r.get("median_step_ms", {})
+        goal = {"eager": 3.0, "compile": 1.5}[mode]
+        for name, ratio in r.get("speedup", {}).items():
+            print(f"\n  vs PyTorch, {r['shape']} {r['precision']}: ours {ms.get('slipstream', 0):.2f} ms, "
+                  f"{name} {ms.get(name, 0):.2f} ms -> ours is {ratio:.2f}x (goal >= {goal}x)")
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
           (f": {', '.join(failed)}" if failed else ""))
