@@ -326,12 +326,12 @@ struct Runner::Impl {
   // the device (checkpoints), the last step, a stop — is finished before the next is enqueued.
   struct Pending {
     std::shared_ptr<Batch> batch;
-    uint64_t section_start_ns = 0;
-    uint64_t read_backs = 0;  // its group (ExecContext::close_read_backs)
+    uint64_t data_wait_ns = 0;  // the section's wait for this batch
+    uint64_t read_backs = 0;    // its group (ExecContext::close_read_backs)
   };
   std::optional<Pending> pending;
 
-  void train_batch(std::shared_ptr<Batch> b, uint64_t section_start_ns) {
+  void train_batch(std::shared_ptr<Batch> b, uint64_t data_wait_ns) {
     if (pending && !may_run_past(*pending)) finish_pending();
     if (run.stop_requested) return;  // the step just finished was the last
     section(*b);
@@ -340,7 +340,7 @@ struct Runner::Impl {
       if (micro_in_step + 1 == run.micro_batches_per_step) ++steps_ended_ahead;
       finish_pending();
     }
-    pending = Pending{std::move(b), section_start_ns, group};
+    pending = Pending{std::move(b), data_wait_ns, group};
     if (!run_ahead()) finish_pending();
   }
 
@@ -371,7 +371,7 @@ struct Runner::Impl {
     pending.reset();
     complete_read_backs(*p.batch, p.read_backs);
     for (size_t k = plan().section_begin; k < n(); ++k) counters[k]->items_out++;
-    after_step(*p.batch, p.section_start_ns);
+    after_step(*p.batch, p.data_wait_ns);
   }
 
   // The host's wait for a batch on a device: what the stages asked to read back (the loss's
@@ -737,16 +737,15 @@ struct Runner::Impl {
   // Under gradient accumulation only every micro_batches_per_step-th batch completes a step; the
   // batches before it count their samples and waits, and any non-finite value among them marks
   // the step.
-  void after_step(const Batch& b, uint64_t section_start_ns) {
+  // `data_wait_ns`: how long the section waited for the batch (from the end of its work on the
+  // one before).
+  void after_step(const Batch& b, uint64_t data_wait_ns) {
     samples += b.samples;
     interval_samples += b.samples;
-    if (last_section_end_ns) {
-      interval_section_wait_ns += section_start_ns - last_section_end_ns;
-      step_section_wait_ns += section_start_ns - last_section_end_ns;
-    }
+    interval_section_wait_ns += data_wait_ns;
+    step_section_wait_ns += data_wait_ns;
     if (++micro_in_step < run.micro_batches_per_step) {
       if (tty) progress_line();
-      last_section_end_ns = now_ns();
       return;
     }
     micro_in_step = 0;
@@ -789,8 +788,6 @@ struct Runner::Impl {
       run.stop_requested = true;
       if (end_reason.empty()) end_reason = "steps";
     }
-    // Waiting for data starts now: validation and checkpoints above are not waits.
-    last_section_end_ns = now_ns();
   }
 
   // A validation pass at run.step: its row, the stages' validation_end (best checkpoints), early
@@ -1463,13 +1460,16 @@ RunResult Runner::Impl::execute_steps() {
       g, tbb::flow::serial, [&](Msg m) -> tbb::flow::continue_msg {
         if (sb < n()) note_queue(sb);
         for (size_t k = sb + 1; k < n(); ++k) counters[k]->items_in++;  // one batch through all
-        uint64_t t0 = now_ns();
+        const uint64_t t0 = now_ns();
+        const uint64_t waited = last_section_end_ns ? t0 - last_section_end_ns : 0;
         if (opt.resident_batches > 0 && !m.resident && resident.size() < opt.resident_batches) {
           resident.push_back(std::make_shared<const Batch>(*m.batch));  // before outputs land
           if (resident.size() == opt.resident_batches) resident_full = true;
         }
         // A stop lets the step in progress finish; batches still queued behind it do not train.
-        if (!run.stop_requested) train_batch(m.batch, t0);
+        if (!run.stop_requested) train_batch(m.batch, waited);
+        // Waiting for data starts now: validation and checkpoints above are not waits.
+        last_section_end_ns = now_ns();
         --in_flight;
         m.batch.reset();  // release tensors before the limiter admits another batch
         return {};

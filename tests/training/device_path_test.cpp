@@ -157,6 +157,10 @@ TEST(DevicePath, RunningAheadChangesNoFigure) {
   for (const auto& [step, row] : mc.train) {
     expect_close_rows(row, me.train.at(step), ("train step " + std::to_string(step)).c_str(), 2e-4);
     EXPECT_EQ(row.at("steps_averaged"), me.train.at(step).at("steps_averaged"));
+    // The section's wait for data is measured between its batches, ahead or not.
+    const double wait = me.train.at(step).at("data_wait_pct").get<double>();
+    EXPECT_GE(wait, 0.0);
+    EXPECT_LE(wait, 100.0);
   }
   ASSERT_EQ(me.validation.size(), 1u);
   expect_close_rows(mc.validation.at(8), me.validation.at(8), "validation", 2e-4);
