@@ -416,12 +416,18 @@ TEST(Training, TwoRanksUnderMpirunTrainInStep) {
   EXPECT_EQ(run_dirs, 1u);
 }
 
+// The tiny graph's overrides as `--set` arguments.
+std::string tiny_set_args(const std::string& dir) {
+  std::string args;
+  for (const std::string& s : tiny_overrides(dir)) args += " --set " + s;
+  return args;
+}
+
 // `slipstream bench`: the steps it says it timed, each stage's share, JSON for scripts, nothing
 // written besides it; no steps to time is an error.
 TEST(Bench, MeasuresTheSteadyStateAndWritesOnlyItsJson) {
   TempDir d;
-  std::string args;
-  for (const std::string& s : tiny_overrides(d.path())) args += " --set " + s;
+  const std::string args = tiny_set_args(d.path());
   const std::string json = d.path() + "/bench.json";
   Output o = run_cli("bench --config " + source_path("configs/train_bc.yaml") + args +
                      " --steps 4 --warmup 2 --json " + json);
@@ -451,8 +457,7 @@ TEST(Bench, MeasuresTheSteadyStateAndWritesOnlyItsJson) {
 // and their ratio; the resident runs load nothing after their batches; no GPU, no GPU busy.
 TEST(Bench, OverlapTimesTheStepWithAndWithoutTheDataPath) {
   TempDir d;
-  std::string args;
-  for (const std::string& s : tiny_overrides(d.path())) args += " --set " + s;
+  const std::string args = tiny_set_args(d.path());
   const std::string json = d.path() + "/overlap.json";
   Output o = run_cli("bench --config " + source_path("configs/train_bc.yaml") + args +
                      " --steps 6 --warmup 2 --overlap --repeats 2 --resident 3 --json " + json);

@@ -11,6 +11,15 @@ import sys
 PEAK_GBS = 3000.0  # H100 device-to-device copy, read + write (device/KINDS.md)
 
 
+def read_json(out, name):
+    """$OUT/name parsed, or None when the step that writes it did not run."""
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(out):
     steps = []
     with open(os.path.join(out, "steps.tsv")) as f:
@@ -47,22 +56,19 @@ def main(out):
             if "compile_error" in t:
                 print(f"    torch.compile failed: {t['compile_error']}")
     for preset in ("gpu_quick", "gpu_standard"):
-        path = os.path.join(out, f"bench_e2e_{preset}.json")
-        if not os.path.exists(path):
+        e2e = read_json(out, f"bench_e2e_{preset}.json")
+        if e2e is None:
             continue
-        with open(path) as f:
-            runs = json.load(f).get("runs", [])
+        runs = e2e.get("runs", [])
         print(f"\n  whole step, {preset}:")
         for r in runs:
             ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
             print(f"    {r['precision']:<6} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
                   f"  {r['ratio_to_first']:.2f}x the first")
     for preset in ("gpu_quick", "gpu_standard"):
-        path = os.path.join(out, f"overlap_{preset}.json")
-        if not os.path.exists(path):
+        o = read_json(out, f"overlap_{preset}.json")
+        if o is None:
             continue
-        with open(path) as f:
-            o = json.load(f)
         busy = [r["gpu_busy_pct"] for r in o.get("loading", []) if "gpu_busy_pct" in r]
         print(f"\n  data path, {preset}: {o['loading_steps_per_s']:.1f} steps/s loading, "
               f"{o['resident_steps_per_s']:.1f} on resident batches -> overlap ratio "
@@ -72,11 +78,9 @@ def main(out):
         else:
             print("    GPU busy: not measured (NVML did not list the device)")
     for mode in ("eager", "compile"):
-        path = os.path.join(out, f"side_by_side_{mode}.json")
-        if not os.path.exists(path):
+        r = read_json(out, f"side_by_side_{mode}.json")
+        if r is None:
             continue
-        with open(path) as f:
-            r = json.load(f)
         ms = r.get("median_step_ms", {})
         goal = {"eager": 3.0, "compile": 1.5}[mode]
         for name, ratio in r.get("speedup", {}).items():
