@@ -3,7 +3,7 @@
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
 # of the scan, and when the whole engine builds a short gpu_quick run, the end-to-end step
-# benchmark (fp32 vs bf16) and the data path's overlap ratio and GPU busy % (`slipstream bench
+# benchmark (fp32 vs bf16; gpu_quick, gpu_standard, production) and the data path's overlap ratio and GPU busy % (`slipstream bench
 # --overlap`) at gpu_quick and gpu_standard, our step against the PyTorch peer at gpu_standard
 # (bench/peers/side_by_side.py --device cuda), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
@@ -107,11 +107,13 @@ step torch_scan python3 bench/peers/selective_scan_torch.py --json "$OUT/torch_s
 expect_file torch_scan "$OUT/torch_scan.json"
 if [ "$MODE" = full ]; then
   step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
-  # The whole step on the GPU, fp32 against bf16 in one process, at two shapes.
-  for p in gpu_quick gpu_standard; do
-    step bench_e2e_$p $B/bin/bench_e2e --preset $p --steps 100 --warmup 20 \
+  # The whole step on the GPU, fp32 against bf16 in one process, at the three GPU presets.
+  for p in gpu_quick gpu_standard production; do
+    n=100; [ $p = production ] && n=30  # production's step is 4 batches (accumulation)
+    step bench_e2e_$p $B/bin/bench_e2e --preset $p --steps $n --warmup $((n / 5)) \
       --precisions fp32 bf16 --json "$OUT/bench_e2e_$p.json"
     expect_file bench_e2e_$p "$OUT/bench_e2e_$p.json"
+    [ $p = production ] && continue  # the step's figures; the data path at the two smaller shapes
     # The data path: loaded against resident batches, alternating; GPU busy % from NVML.
     step overlap_$p $B/bin/slipstream bench --preset $p --steps 100 --warmup 20 --overlap \
       --repeats 2 --json "$OUT/overlap_$p.json"

@@ -55,7 +55,7 @@ def main(out):
                     print(f"    {label:<20} {t[key] * 1000:>10.1f} us  -> ours is {t[key] * 1000 / ours:.1f}x")
             if "compile_error" in t:
                 print(f"    torch.compile failed: {t['compile_error']}")
-    for preset in ("gpu_quick", "gpu_standard"):
+    for preset in ("gpu_quick", "gpu_standard", "production"):
         e2e = read_json(out, f"bench_e2e_{preset}.json")
         if e2e is None:
             continue
