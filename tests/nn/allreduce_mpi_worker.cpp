@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     reducer.finish(1);
     if (rank == 1) {
       reducer.param_ready(0, 2);  // the first bucket goes out: "reached step 2"
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      // Long enough for the helper thread to have posted it, even on a loaded machine.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
       raise(SIGSTOP);
       _exit(4);  // continued by the launcher as it ends the job: say nothing more
     }
