@@ -332,7 +332,7 @@ struct Runner::Impl {
   std::optional<Pending> pending;
 
   void train_batch(std::shared_ptr<Batch> b, uint64_t data_wait_ns) {
-    if (pending && !may_run_past(*pending)) finish_pending();
+    if (pending && !may_run_past()) finish_pending();
     if (run.stop_requested) return;  // the step just finished was the last
     section(*b);
     const uint64_t group = run.exec ? run.exec->close_read_backs() : 0;
@@ -348,8 +348,7 @@ struct Runner::Impl {
   bool run_ahead() const { return run.exec && run.exec->device_ops(); }
 
   // Whether the step the pending batch completes may end after the next batch is enqueued.
-  bool may_run_past(const Pending& p) {
-    (void)p;
+  bool may_run_past() {
     if (run.stop_requested) return false;
     if (micro_in_step + 1 < run.micro_batches_per_step) return true;  // mid-step: no step end
     const uint64_t s = run.step + 1;

@@ -9,10 +9,11 @@
 // A slot is handed to a new batch only when the batch before it has gone (its fence destroyed,
 // so `released` is recorded) and no view of its buffer is left; otherwise the ring takes a new
 // slot, so it grows to the number of batches held between the prefetch stage and the end of
-// their steps at once (at most run.max_in_flight). The host tensors a copy reads stay held
-// until its `copied` event is done: the loader cannot reuse page-locked memory the copy engine
+// their steps at once (run.max_in_flight, one more while the runner's host runs a batch
+// ahead, and the batches RunOptions::resident_batches keeps). The host tensors a copy reads stay
+// held until its `copied` event is done: the loader cannot reuse page-locked memory the copy engine
 // is still reading. That wait — for a copy issued a ring's turn earlier — is the only one the
-// host makes, and it bounds how far the data side runs ahead of the device.
+// ring makes the host do, and it bounds how far the data side runs ahead of the device.
 //
 // On the CPU backend nothing is copied (prefetch does not use the ring); under the emulator the
 // ring runs with host buffers and synchronous copies, so the slot bookkeeping is exercised by

@@ -3,7 +3,9 @@
 // stream of the stage's own, and the batch carries a fence: the compute stream waits for the
 // copies (on the device) before the section's first stage, and the slot is reused only after the
 // compute stream is done with it (stages/data/batch_ring.h). So the copy of batch k+1 overlaps
-// the step of batch k and neither the copy nor the step makes the host wait. Under the emulator
+// the step of batch k; the prefetch thread waits only when a ring's turn later its slot's
+// previous copy is still reading the loader's memory, and the trainer never waits for a copy.
+// Under the emulator
 // the same ring runs with host buffers and synchronous copies; on the CPU the tensors are
 // already where they are used and the stage only counts (its queue depth shows how far the
 // data side runs ahead).
@@ -22,11 +24,11 @@ class PrefetchStage : public Stage {
         .family("data")
         .doc(
             "Copies the batch's tensors to the run's device on a copy stream, overlapping the step "
-            "in progress.")
+            "in progress (on the CPU: nothing to copy).")
         .passthrough()
         .param("depth", int64_t{2},
                "device slots of the copy ring to start with; it grows to the batches held at once "
-               "(at most run.max_in_flight)")
+               "(run.max_in_flight, one more while the host runs ahead)")
         .range(1, 64);
   }
 
