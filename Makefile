@@ -13,7 +13,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps
+.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -71,6 +71,13 @@ bench: build
 # packages such a machine may lack into .gpu-deps/, to be carried along.
 gpu-check:
 	bash tools/gpu_check/gpu_check.sh
+
+# A build for sm_90 made here, packed for a GPU machine (.gpu-carry/prebuilt.tar.xz; carry
+# .gpu-carry and run GPU_CHECK_PREBUILT=.gpu-carry/prebuilt.tar.xz make gpu-check there).
+gpu-bundle: deps
+	cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+	cmake --build build-gpu -j $(JOBS) --target all slipstream_tests slipstream_benchmarks
+	bash tools/gpu_check/bundle.sh build-gpu .gpu-carry/prebuilt.tar.xz
 
 gpu-deps:
 	mkdir -p .gpu-deps && cd .gpu-deps && apt-get download $$(grep -v '^#' ../tools/gpu_check/debs.txt)

@@ -8,16 +8,18 @@
 # (bench/peers/side_by_side.py --device cuda), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
-# Logs and JSON go to $OUT (the device tool's folder) or build-gpu/out. Debian packages the
+# Logs and JSON go to $OUT (the device tool's folder) or build-gpu-out. Debian packages the
 # machine lacks can travel as .deb files in .gpu-deps/ (`make gpu-deps` fetches them here);
 # they are unpacked into .gpu-deps/root and used from there. When the whole engine cannot be
 # configured there (its other dependencies missing; Open MPI alone is left out with
 # -DSLIPSTREAM_MPI=OFF first), the kernels-only build is used instead
-# (-DSLIPSTREAM_KERNELS_ONLY=ON) and the summary says so.
+# (-DSLIPSTREAM_KERNELS_ONLY=ON) and the summary says so. GPU_CHECK_PREBUILT=ARCHIVE skips the
+# build: `make gpu-bundle` packs a build made here (binaries, ctest files, the libraries they
+# load) for the GPU machine, whose lease then goes to tests and benchmarks alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-OUT=${OUT:-$ROOT/build-gpu/out}
+OUT=${OUT:-$ROOT/build-gpu-out}
 mkdir -p "$OUT"
 STEPS=$OUT/steps.tsv
 : >"$STEPS"
@@ -25,14 +27,25 @@ JOBS=$(nproc)
 ARCH=${GPU_CHECK_ARCH:-90}
 EXTRA=()
 
+# GPU_CHECK_ONLY: the groups to run, of tests (the gpu tests), cpu (the kernels' CPU and
+# emulator tests, as CI runs them), sanitize (memcheck,
+# racecheck), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run),
+# e2e (the whole step's benchmarks, the data path), peer (PyTorch side by side), profile (each
+# kernel's time in the gpu_standard step, by Nsight Compute); default all.
+# A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
+ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e peer profile} "
+wants() { [[ "$ONLY" == *" $1 "* ]]; }
+STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-420}
+
 # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records status and seconds.
 step() {
   local name=$1 start rc
   shift
   start=$(date +%s)
   echo "== $name: $*"
-  "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
+  [ $rc -eq 124 ] && echo "(gpu-check: stopped after ${STEP_TIMEOUT} s)" >>"$OUT/$name.log"
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" >>"$STEPS"
   [ $rc -eq 0 ] || { echo "   $name failed (rc $rc); last lines:"; tail -n 15 "$OUT/$name.log"; }
   return $rc
@@ -54,19 +67,6 @@ expect_file() {
   echo "   $1 wrote no $2"
 }
 
-# Carried Debian packages, unpacked beside the checkout (never into /).
-if ls .gpu-deps/*.deb >/dev/null 2>&1; then
-  mkdir -p .gpu-deps/root
-  for f in .gpu-deps/*.deb; do dpkg -x "$f" .gpu-deps/root; done
-  DEPS=$ROOT/.gpu-deps/root/usr
-  export CMAKE_PREFIX_PATH=$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export LIBRARY_PATH=$LD_LIBRARY_PATH
-  export CPATH=$DEPS/include${CPATH:+:$CPATH}
-  export PATH=$DEPS/bin:$PATH  # protoc
-  # Debian's libopenblas.so at the top level is an alternatives link that dpkg -x does not make.
-  EXTRA=(-DCMAKE_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu/openblas-pthread)
-fi
 # cuDNN and NCCL from PyTorch's wheels when the toolkit has none.
 for lib in cudnn nccl; do
   up=$(echo $lib | tr a-z A-Z)
@@ -74,48 +74,92 @@ for lib in cudnn nccl; do
     export ${up}_ROOT=$dir && export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
 
-CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH "${EXTRA[@]}")
 B=build-gpu
 MODE=full
-# The whole engine needs more than a GPU image may have; without it, the kernels-only build is
-# the expected outcome, not a failure (mode.txt and configure_full.log say why).
-echo "== configure (whole engine)"
-if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1 &&
-  ! { echo "   (again without MPI and cairo)" && rm -rf $B/CMakeCache.txt &&
-      cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_MPI=OFF -DSLIPSTREAM_PLOT=OFF >>"$OUT/configure_full.log" 2>&1; }; then
-  B=build-gpu-kernels
-  MODE="kernels-only (the whole engine did not configure: configure_full.log)"
-  grep -m1 -B1 -A3 "CMake Error" "$OUT/configure_full.log"
-  step configure_kernels_only cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_KERNELS_ONLY=ON
+if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
+  # A build made elsewhere (`make gpu-bundle`), unpacked at the path it was built at: its test
+  # binaries name the tools and the sources there. The checkout is linked there when it is not.
+  STAGE=$(mktemp -d)
+  step unpack tar -C "$STAGE" -xJf "$GPU_CHECK_PREBUILT" || { python3 tools/gpu_check/summary.py "$OUT"; exit 1; }
+  BUILT=$(cat "$STAGE/BUILD_PATH")
+  SRC=$(dirname "$BUILT")
+  if [ "$(cd "$SRC" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]; then
+    [ -e "$SRC" ] && { echo "gpu-check: $SRC exists and is not this checkout"; exit 1; }
+    mkdir -p "$(dirname "$SRC")" && ln -s "$ROOT" "$SRC"
+  fi
+  rm -rf "$BUILT" && mv "$STAGE" "$BUILT"
+  B=$BUILT
+  export LD_LIBRARY_PATH=$B/bundled-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d $d ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+  done
+  MODE="full (prebuilt $(cat "$B/COMMIT" 2>/dev/null | cut -c1-10))"
+  step libraries sh -c "ldd $B/bin/slipstream $B/bin/kernels_cuda_gpu_test | grep -E 'not found|cuda|cublas' ; ! ldd $B/bin/* 2>/dev/null | grep -q 'not found'"
+else
+  # Carried Debian packages, unpacked beside the checkout (never into /).
+  if ls .gpu-deps/*.deb >/dev/null 2>&1; then
+    mkdir -p .gpu-deps/root
+    for f in .gpu-deps/*.deb; do dpkg -x "$f" .gpu-deps/root; done
+    DEPS=$ROOT/.gpu-deps/root/usr
+    export CMAKE_PREFIX_PATH=$DEPS${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:$DEPS/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export LIBRARY_PATH=$LD_LIBRARY_PATH
+    export CPATH=$DEPS/include${CPATH:+:$CPATH}
+    export PATH=$DEPS/bin:$PATH  # protoc
+    # Debian's libopenblas.so at the top level is an alternatives link that dpkg -x does not make.
+    EXTRA=(-DCMAKE_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu/openblas-pthread)
+  fi
+  CONFIG=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=$ARCH "${EXTRA[@]}")
+  # The whole engine needs more than a GPU image may have; without it, the kernels-only build is
+  # the expected outcome, not a failure (mode.txt and configure_full.log say why).
+  echo "== configure (whole engine)"
+  if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1 &&
+    ! { echo "   (again without MPI and cairo)" && rm -rf $B/CMakeCache.txt &&
+        cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_MPI=OFF -DSLIPSTREAM_PLOT=OFF >>"$OUT/configure_full.log" 2>&1; }; then
+    B=build-gpu-kernels
+    MODE="kernels-only (the whole engine did not configure: configure_full.log)"
+    grep -m1 -B1 -A3 "CMake Error" "$OUT/configure_full.log"
+    step configure_kernels_only cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_KERNELS_ONLY=ON
+  fi
+  step build cmake --build $B -j "$JOBS" --target all slipstream_tests slipstream_benchmarks
 fi
 echo "$MODE" >"$OUT/mode.txt"
-step build cmake --build $B -j "$JOBS" --target all slipstream_tests slipstream_benchmarks
 
-# A skipped gpu test means the device was not usable from the test: that fails the check.
-step gpu_tests sh -c "cd $B && ctest -L gpu --output-on-failure --timeout 600 >ctest-gpu.txt 2>&1;
-  rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
-step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels_cuda_emulated_test"
+if wants tests; then
+  # A skipped gpu test means the device was not usable from the test: that fails the check.
+  step gpu_tests sh -c "cd $B && ctest -L gpu --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
+    rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
+fi
+wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels_cuda_emulated_test"
 SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*:*GpuGemm*'
-if command -v compute-sanitizer >/dev/null; then
+if wants sanitize && command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
 fi
-step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.2 \
-  --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
-expect_file bench_kernels_cuda "$OUT/bench_kernels_cuda.json"
-step torch_scan python3 bench/peers/selective_scan_torch.py --json "$OUT/torch_scan.json"
-expect_file torch_scan "$OUT/torch_scan.json"
-if [ "$MODE" = full ]; then
-  step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
+if wants kernels; then
+  step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.05 \
+    --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
+  expect_file bench_kernels_cuda "$OUT/bench_kernels_cuda.json"
+  # torch.compile of the 60-step loop takes minutes: only when GPU_CHECK_PEER names compile.
+  compile=--no-compile
+  [[ " ${GPU_CHECK_PEER:-eager} " == *" compile "* ]] && compile=
+  step torch_scan python3 bench/peers/selective_scan_torch.py $compile --json "$OUT/torch_scan.json"
+  expect_file torch_scan "$OUT/torch_scan.json"
+fi
+if [[ "$MODE" == full* ]]; then
+  wants train && step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
   # The whole step on the GPU, fp32 against bf16 in one process, at the three GPU presets.
   for p in gpu_quick gpu_standard production; do
+    wants e2e || break
     n=100; [ $p = production ] && n=30  # production's step is 4 batches (accumulation)
     step bench_e2e_$p $B/bin/bench_e2e --preset $p --steps $n --warmup $((n / 5)) \
       --precisions fp32 bf16 --json "$OUT/bench_e2e_$p.json"
     expect_file bench_e2e_$p "$OUT/bench_e2e_$p.json"
     [ $p = production ] && continue  # the step's figures; the data path at the two smaller shapes
-    # The data path: loaded against resident batches, alternating; GPU busy % from NVML.
-    step overlap_$p $B/bin/slipstream bench --preset $p --steps 100 --warmup 20 --overlap \
+    # The data path: loaded against resident batches, alternating; GPU busy % from NVML, whose
+    # utilization is an average over up to a second: the timed steps must last a few seconds.
+    m=300; [ $p = gpu_quick ] && m=1500
+    step overlap_$p $B/bin/slipstream bench --preset $p --steps $m --warmup 50 --overlap \
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
@@ -123,11 +167,19 @@ if [ "$MODE" = full ]; then
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
   # GPU_CHECK_PEER: the modes (default eager; "eager compile" adds minutes; "none" skips).
   for m in ${GPU_CHECK_PEER:-eager}; do
-    [ "$m" = none ] && break
+    { [ "$m" = none ] || ! wants peer; } && break
     step side_by_side_$m timeout 240 python3 bench/peers/side_by_side.py --device cuda \
       --shape gpu_standard --repeats 2 --steps 20 --warmup 3 --modes $m \
       --slipstream $B/bin/slipstream --json "$OUT/side_by_side_$m.json"
     expect_file side_by_side_$m "$OUT/side_by_side_$m.json"
   done
+fi
+# Where the device's time goes: every kernel's duration (Nsight Compute, one metric) over about
+# ten steps of gpu_standard past its start, summed per kernel by the summary.
+if [[ "$MODE" == full* ]] && wants profile && command -v ncu >/dev/null; then
+  step profile_gpu_standard ncu --csv --log-file "$OUT/profile_gpu_standard.csv" \
+    --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 2000 \
+    $B/bin/slipstream run --preset gpu_standard --set run.steps=200 --set run.log_every=50
+  expect_file profile_gpu_standard "$OUT/profile_gpu_standard.csv"
 fi
 python3 tools/gpu_check/summary.py "$OUT"

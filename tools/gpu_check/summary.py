@@ -4,6 +4,7 @@ GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's 
 the PyTorch peer, the end-to-end step (ms per step, fp32 against bf16), and the data path's
 overlap ratio and GPU busy %, and our step against the PyTorch peer's. Exits 1 when any step
 failed."""
+import csv
 import json
 import os
 import sys
@@ -18,6 +19,36 @@ def read_json(out, name):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def print_profile(out, top=15):
+    """The kernels of the profiled gpu_standard steps by total device time (ncu's CSV rows, one
+    per launch), with launches and the share of the profiled time."""
+    path = os.path.join(out, "profile_gpu_standard.csv")
+    if not os.path.exists(path):
+        return
+    scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        print("\n  profile: no kernel rows in profile_gpu_standard.csv")
+        return
+    totals = {}
+    for row in csv.DictReader(lines[start:]):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        us = float(row["Metric Value"].replace(",", "")) * scale.get(row["Metric Unit"], 1.0)
+        name = row["Kernel Name"]
+        t, n = totals.get(name, (0.0, 0))
+        totals[name] = (t + us, n + 1)
+    whole = sum(t for t, _ in totals.values())
+    launches = sum(n for _, n in totals.values())
+    print(f"\n  profile, gpu_standard: {launches} kernels, {whole / 1000:.2f} ms on the device")
+    print("  kernel                                                        launches   total ms  share")
+    for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
+        short = name if len(name) <= 60 else name[:57] + "..."
+        print(f"  {short:<60} {n:>9} {t / 1000:>10.2f} {t / whole:>6.1%}")
 
 
 def main(out):
@@ -86,6 +117,7 @@ def main(out):
         for name, ratio in r.get("speedup", {}).items():
             print(f"\n  vs PyTorch, {r['shape']} {r['precision']}: ours {ms.get('slipstream', 0):.2f} ms, "
                   f"{name} {ms.get(name, 0):.2f} ms -> ours is {ratio:.2f}x (goal >= {goal}x)")
+    print_profile(out)
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
           (f": {', '.join(failed)}" if failed else ""))
@@ -93,4 +125,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build-gpu/out"))
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "build-gpu-out"))
