@@ -20,7 +20,9 @@ inline void cuda_ok(cudaError_t e, const char* call) {
     throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorString(e));
 }
 
-// Device memory on its own (non-default) stream, freed with the object.
+// Device memory on its own (non-default) stream, freed with the object. Fills and uploads are
+// enqueued on that stream: the legacy stream's cudaMemset and a pageable cudaMemcpy may still be
+// running when they return, and a non-blocking stream does not wait for them.
 class CudaMemory {
  public:
   CudaMemory() { cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"); }
@@ -37,7 +39,7 @@ class CudaMemory {
     void* p = nullptr;
     cuda_ok(cudaMalloc(&p, bytes + 1), "cudaMalloc");
     ptrs_.push_back(p);
-    cuda_ok(cudaMemset(p, 0xff, bytes + 1), "cudaMemset");
+    cuda_ok(cudaMemsetAsync(p, 0xff, bytes + 1, stream_), "cudaMemsetAsync");
     return p;
   }
   template <class T>
@@ -47,7 +49,9 @@ class CudaMemory {
   template <class T>
   T* upload(const std::vector<T>& v) {
     T* p = alloc<T>(v.size());
-    cuda_ok(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    // From pageable memory the call returns once v is staged, so v may go out of scope after.
+    cuda_ok(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, stream_),
+            "upload");
     return p;
   }
   template <class T>

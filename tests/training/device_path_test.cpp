@@ -184,7 +184,9 @@ TEST(DevicePath, GruMatchesCpu) {
 // new host block: the copy ring, the read-back staging and the models reuse theirs), nothing
 // waits for the whole device, and the host waits for the compute stream at most once per step
 // (the step's read-backs; under the emulator there is no stream to wait for). The prefetch
-// ring's wait for an old copy's event is its throttle, allowed.
+// ring's wait for an old copy's event is its throttle, allowed. The first 8 steps are the
+// warm-up: the host pools hold what the loader has in flight, and on many cores the pipeline
+// first fills up to run.max_in_flight a few steps in (seen growing after step 4 on 16 cores).
 TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   TempDir d;
@@ -193,7 +195,7 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
     SCOPED_TRACE(gru ? "gru" : "mamba");
     auto sets = graph_overrides(d.path(), kDevice, "bf16", gru);
     for (const char* s :
-         {"run.steps=10", "run.log_every=5", "run.validate_every=0", "ckpt.every=1000"})
+         {"run.steps=20", "run.log_every=5", "run.validate_every=0", "ckpt.every=1000"})
       sets.push_back(s);
     struct Snapshot {
       std::map<std::string, uint64_t> reserved;
@@ -208,18 +210,18 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
     Snapshot warm, end;
     RunOptions o = quiet_run_options(log);
     o.on_step = [&](uint64_t step, uint64_t) {
-      if (step == 4) warm = snapshot();
-      if (step == 10) end = snapshot();
+      if (step == 8) warm = snapshot();
+      if (step == 20) end = snapshot();
     };
     Runner r(plan_graph(load_config(
                  source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml"), sets)),
              o);
-    ASSERT_EQ(r.run().final_step, 10u);
+    ASSERT_EQ(r.run().final_step, 20u);
     ASSERT_FALSE(warm.reserved.empty());
     for (const auto& [pool, bytes] : end.reserved)
       EXPECT_EQ(bytes, warm.reserved[pool]) << "pool " << pool << " grew in steady state";
     EXPECT_EQ(end.syncs.device, warm.syncs.device) << "a step waited for the whole device";
-    EXPECT_LE(end.syncs.stream + end.syncs.event - warm.syncs.stream - warm.syncs.event, 6u);
+    EXPECT_LE(end.syncs.stream + end.syncs.event - warm.syncs.stream - warm.syncs.event, 12u);
   }
 }
 
