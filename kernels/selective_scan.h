@@ -59,11 +59,12 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // The CUDA scan (kernels/selective_scan_cuda.cu). Same math and layouts as above; T (float or
 // bfloat16) is the type of u, delta, z, out, Bm, Cm and of their gradients; A, Dskip,
 // delta_bias, the states and dA, dDskip, ddelta_bias are fp32, and all arithmetic is fp32.
-// One thread per (batch, channel, state): the state stays in a register, sums over the state
-// are warp shuffles. The backward stores the state at every kScanChunk-th step, then per chunk,
-// last to first, recomputes the chunk's states into registers and runs the adjoint recurrence;
-// sums over channels (dBm, dCm) and over the batch (dA, dDskip, ddelta_bias) go through
-// per-block partials added in a fixed order, so results are deterministic.
+// One thread per (batch, channel) with the channel's states in registers (two threads per
+// channel when N > 16), Bm and Cm rows staged in shared memory. The backward stores the states
+// at the start of every chunk of a few steps, then per chunk, last to first, recomputes the
+// chunk's states into registers and runs the adjoint recurrence; sums over channels (dBm, dCm)
+// and over the batch (dA, dDskip, ddelta_bias) go through per-warp and per-block partials added
+// in a fixed order, so results are deterministic.
 namespace cuda {
 #include "kernels/selective_scan_cuda.inc"
 }  // namespace cuda

@@ -1,11 +1,10 @@
 // Selective scan on CUDA; the math, layouts and gradient conventions are those of the CPU
 // reference (kernels/selective_scan_cpu.cpp), against which it is tested.
 //
-// Thread (b, d, n): the lanes of a warp are kLanes states (kLanes = N rounded up to a power of
-// two) of 32 / kLanes consecutive channels, so per-(b, t, d) loads are broadcasts within a lane
-// group and consecutive groups read consecutive channels. A block is kScanWarps warps of one
-// batch row; the grid is (channel tiles, B). Sums over the state (y, d delta, d u) are
-// butterfly shuffles inside the group, which give every lane the same bits.
+// The forward and backward run a thread per (b, d) channel with its states in registers (below,
+// "channel kernels"). The one-frame step for inference runs a thread per (b, d, n): the lanes of
+// a warp are kLanes states (kLanes = N rounded up to a power of two) of 32 / kLanes consecutive
+// channels, sums over the state are butterfly shuffles inside the group.
 #include <type_traits>
 
 #include "kernels/cuda_common.cuh"
@@ -16,7 +15,6 @@ namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 namespace {
 
 constexpr int kScanWarps = 8;
-constexpr int kChunk = cuda::kScanChunk;
 
 template <class DT>
 struct ScanArgs {
@@ -73,28 +71,162 @@ __device__ __forceinline__ StepIn load_step(const ScanArgs<DT>& a, const ScanLan
   return s;
 }
 
-template <class DT, int kLanes>
-__global__ void __launch_bounds__(kScanWarps * 32)
-    scan_forward_kernel(ScanArgs<DT> a, DT* out, float* last_state) {
-  const ScanLane<kLanes> q(a);
-  const int b = int(blockIdx.y);
-  const float A = q.A, Dd = q.Dd, bias = q.bias;
-  float h = 0.f;
-  for (int t = 0; t < a.L; ++t) {
-    const size_t row = size_t(b) * a.L + t;
-    const StepIn s = load_step(a, q, row, bias);
-    h = expf(s.dt * A) * h + s.dt * s.Bn * s.u;
-    const float y = group_sum<kLanes>(s.Cn * h) + Dd * s.u;
-    if (q.n == 0 && q.dok) {
-      const size_t i = row * a.D + q.d;
-      out[i] = from_f32<DT>(a.z ? y * siluf_(to_f32(a.z[i])) : y);
+// ---- Forward and backward: one thread per (b, d) channel, its states in registers ----------
+//
+// A thread holds kNS states of one channel (kG threads per channel when N > kNS), so sums over
+// the state are in-thread (plus one shuffle when kG = 2), per-channel work (softplus, the gate)
+// is done once, and the loads of u, delta, z, dout and the stores of du, ddelta, dz are
+// coalesced across channels. A block is kChanThreads threads of one batch row; B and C rows,
+// shared by the block, are staged in shared memory. exp(dt A) is exp2(dt A log2 e).
+
+constexpr int kChanThreads = 128;
+constexpr int kChanWarps = kChanThreads / 32;
+constexpr int kStage = 32;    // steps of Bm, Cm staged at a time
+constexpr int kPrefetch = 8;  // steps whose inputs are loaded before their recurrence
+constexpr int kMaxPad = cuda::kScanMaxState;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Channels per block for kG threads per channel.
+template <int kG>
+constexpr int kChanPerBlock = kChanThreads / kG;
+
+// Where thread (b, d, state subset s) is, and its channel's constants.
+template <int kNS, int kG>
+struct ChanLane {
+  int tid, lane, warp, s, d, b;
+  bool dok;
+  float A2[kNS];  // A log2(e), zero for padding states
+  float Dd, bias;
+  template <class DT>
+  __device__ explicit ChanLane(const ScanArgs<DT>& a) {
+    tid = int(threadIdx.x);
+    lane = tid & 31;
+    warp = tid >> 5;
+    s = tid % kG;
+    d = int(blockIdx.x) * kChanPerBlock<kG> + tid / kG;
+    b = int(blockIdx.y);
+    dok = d < a.D;
+#pragma unroll
+    for (int i = 0; i < kNS; ++i) {
+      const int n = s * kNS + i;
+      A2[i] = (dok && n < a.N) ? a.A[size_t(d) * a.N + n] * kLog2e : 0.f;
+    }
+    Dd = (dok && a.Dskip) ? a.Dskip[d] : 0.f;
+    bias = (dok && a.delta_bias) ? a.delta_bias[d] : 0.f;
+  }
+};
+
+// Rows t0 .. t0 + tn of the block's Bm and Cm into shared memory, zero past N (padding states).
+template <class DT, int kNP>
+__device__ __forceinline__ void stage_bc(const ScanArgs<DT>& a, int b, int t0, int tn,
+                                         float (*sB)[kMaxPad], float (*sC)[kMaxPad]) {
+  for (int k = int(threadIdx.x); k < tn * kNP; k += kChanThreads) {
+    const int j = k / kNP, n = k - j * kNP;
+    const size_t o = (size_t(b) * a.L + t0 + j) * a.N + n;
+    sB[j][n] = n < a.N ? to_f32(a.Bm[o]) : 0.f;
+    sC[j][n] = n < a.N ? to_f32(a.Cm[o]) : 0.f;
+  }
+}
+
+// One channel's inputs at step t (zeros outside the problem, which keep its state at 0).
+struct ChanIn {
+  float u, raw, dt;
+};
+template <class DT>
+__device__ __forceinline__ ChanIn load_chan(const ScanArgs<DT>& a, bool dok, size_t i, float bias) {
+  ChanIn c{0.f, 0.f, 0.f};
+  if (dok) {
+    c.u = to_f32(a.u[i]);
+    c.raw = to_f32(a.delta[i]) + bias;
+    c.dt = a.softplus ? softplusf_(c.raw) : c.raw;
+  }
+  return c;
+}
+
+// One halving round of channel_sum: lanes with bit kOff keep the upper kHalf values, the others
+// the lower, each adding its partner's copy of the ones it keeps.
+template <int kHalf, int kOff, int kNS>
+__device__ __forceinline__ void channel_sum_round(float (&v)[kNS], int lane, int& idx) {
+  const bool upper = (lane & kOff) != 0;
+#pragma unroll
+  for (int i = 0; i < kHalf; ++i) {
+    const float send = upper ? v[i] : v[i + kHalf];
+    const float keep = upper ? v[i + kHalf] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOff);
+  }
+  if (upper) idx += kHalf;
+  if constexpr (kHalf > 1) channel_sum_round<kHalf / 2, kOff / 2>(v, lane, idx);
+}
+// Sum over the warp's channels of kNS values per lane (lanes with the same state subset
+// s = lane % kG): log2(kNS) rounds that halve the values each lane holds, then plain butterfly
+// rounds over the remaining channel bits. Returns the sum of value `idx` of every channel.
+template <int kNS, int kG>
+__device__ __forceinline__ float channel_sum(float (&v)[kNS], int lane, int& idx) {
+  idx = 0;
+  channel_sum_round<kNS / 2, 16>(v, lane, idx);
+  float sum = v[0];
+#pragma unroll
+  for (int off = 16 / kNS; off >= kG; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  return sum;
+}
+// Lanes whose channel_sum is a copy of another lane's (the plain rounds' partners): the bits
+// of those rounds' offsets.
+template <int kNS, int kG>
+constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
+
+template <class DT, int kNS, int kG>
+__global__ void __launch_bounds__(kChanThreads)
+    scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, float* last_state) {
+  constexpr int kNP = kNS * kG;
+  __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
+  const ChanLane<kNS, kG> q(a);
+  float h[kNS];
+#pragma unroll
+  for (int i = 0; i < kNS; ++i) h[i] = 0.f;
+  for (int t0 = 0; t0 < a.L; t0 += kStage) {
+    const int tn = a.L - t0 < kStage ? a.L - t0 : kStage;
+    __syncthreads();
+    stage_bc<DT, kNP>(a, q.b, t0, tn, sB, sC);
+    __syncthreads();
+    // Steps in groups of kPrefetch: the group's loads are issued before its recurrence.
+    for (int g0 = 0; g0 < tn; g0 += kPrefetch) {
+      ChanIn in[kPrefetch];
+      float zz[kPrefetch];
+#pragma unroll
+      for (int j = 0; j < kPrefetch; ++j) {
+        const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
+        const bool ok = q.dok && g0 + j < tn;
+        in[j] = load_chan(a, ok, i, q.bias);
+        zz[j] = (ok && a.z) ? to_f32(a.z[i]) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kPrefetch; ++j) {
+        if (g0 + j >= tn) break;  // block-uniform
+        const float dtu = in[j].dt * in[j].u;
+        float y = 0.f;
+#pragma unroll
+        for (int k = 0; k < kNS; ++k) {
+          const int n = q.s * kNS + k;
+          h[k] = exp2f(in[j].dt * q.A2[k]) * h[k] + dtu * sB[g0 + j][n];
+          y += sC[g0 + j][n] * h[k];
+        }
+        y = group_sum<kG>(y) + q.Dd * in[j].u;
+        const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
+        if (q.dok && q.s == 0) out[i] = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
+      }
     }
   }
-  if (last_state && q.ok) last_state[(size_t(b) * a.D + q.d) * a.N + q.n] = h;
+  if (last_state && q.dok)
+#pragma unroll
+    for (int k = 0; k < kNS; ++k) {
+      const int n = q.s * kNS + k;
+      if (n < a.N) last_state[(size_t(q.b) * a.D + q.d) * a.N + n] = h[k];
+    }
 }
 
 struct ScanGrads {
-  float* chunk_states;  // (B, nchunk, D, N): h before each chunk's first step
+  float* chunk_states;  // (B, nchunk, N, D): h before each chunk's first step
   float* dA_part;       // (B, D, N)
   float* dD_part;       // (B, D)
   float* dbias_part;    // (B, D)
@@ -102,105 +234,169 @@ struct ScanGrads {
   float* dC_part;       // (tiles, B, L, N)
 };
 
-template <class DT, int kLanes>
-__global__ void __launch_bounds__(kScanWarps * 32)
-    scan_backward_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz, ScanGrads w) {
-  const ScanLane<kLanes> q(a);
-  const int b = int(blockIdx.y), tile = int(blockIdx.x);
-  const int L = a.L, D = a.D, N = a.N;
-  const int nchunk = (L + kChunk - 1) / kChunk;
-  const float A = q.A, Dd = q.Dd, bias = q.bias;
-  auto state_at = [&](int c) { return ((size_t(b) * nchunk + c) * D + q.d) * N + q.n; };
+// Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk; pass 2 takes the
+// chunks last to first, recomputes a chunk's states into registers and runs the adjoint
+// recurrence through it. dBm, dCm are summed over the warp's channels by channel_sum, over the
+// block's warps in shared memory (fixed order), and over blocks by sum_partials.
+template <class DT, int kNS, int kG, int kT>
+__global__ void __launch_bounds__(kChanThreads)
+    scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
+                              ScanGrads w) {
+  constexpr int kNP = kNS * kG;
+  static_assert(kStage % kT == 0, "a window holds whole chunks");
+  __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
+  __shared__ float rB[kChanWarps][kStage][kMaxPad], rC[kChanWarps][kStage][kMaxPad];
+  const ChanLane<kNS, kG> q(a);
+  const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
+  const int nchunk = (L + kT - 1) / kT;
+  auto state_at = [&](int c, int n) { return ((size_t(q.b) * nchunk + c) * N + n) * D + q.d; };
 
-  // Pass 1: forward, keeping h at the start of every chunk.
-  float h = 0.f;
-  for (int t = 0; t < L; ++t) {
-    if (t % kChunk == 0 && t > 0 && q.ok) w.chunk_states[state_at(t / kChunk)] = h;
-    const StepIn s = load_step(a, q, size_t(b) * L + t, bias);
-    h = expf(s.dt * A) * h + s.dt * s.Bn * s.u;
-  }
-
-  // Pass 2: chunks last to first; g is d loss / d h_t flowing back from step t + 1.
-  __shared__ float sdB[kScanWarps][kChunk][32];
-  __shared__ float sdC[kScanWarps][kChunk][32];
-  float g = 0.f, dA_acc = 0.f, dD_acc = 0.f, dbias_acc = 0.f;
-  for (int c = nchunk - 1; c >= 0; --c) {
-    const int t0 = c * kChunk, tn = L - t0 < kChunk ? L - t0 : kChunk;
-    const float h0 = (c > 0 && q.ok) ? w.chunk_states[state_at(c)] : 0.f;
-    float hs[kChunk], eas[kChunk];
-    float hh = h0;
+  // Pass 1.
+  {
+    float h[kNS];
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      if (j < tn) {
-        const StepIn s = load_step(a, q, size_t(b) * L + t0 + j, bias);
-        eas[j] = expf(s.dt * A);
-        hh = eas[j] * hh + s.dt * s.Bn * s.u;
-        hs[j] = hh;
+    for (int k = 0; k < kNS; ++k) h[k] = 0.f;
+    for (int t0 = 0; t0 < L; t0 += kStage) {
+      const int tn = L - t0 < kStage ? L - t0 : kStage;
+      __syncthreads();
+      stage_bc<DT, kNP>(a, q.b, t0, tn, sB, sC);
+      __syncthreads();
+      for (int g0 = 0; g0 < tn; g0 += kPrefetch) {
+        ChanIn in[kPrefetch];
+#pragma unroll
+        for (int j = 0; j < kPrefetch; ++j)
+          in[j] =
+              load_chan(a, q.dok && g0 + j < tn, (size_t(q.b) * L + t0 + g0 + j) * D + q.d, q.bias);
+#pragma unroll
+        for (int j = 0; j < kPrefetch; ++j) {
+          const int t = t0 + g0 + j;
+          if (g0 + j >= tn) break;  // block-uniform
+          if (t % kT == 0 && t > 0 && q.dok)
+#pragma unroll
+            for (int k = 0; k < kNS; ++k) {
+              const int n = q.s * kNS + k;
+              if (n < N) w.chunk_states[state_at(t / kT, n)] = h[k];
+            }
+          const float dtu = in[j].dt * in[j].u;
+#pragma unroll
+          for (int k = 0; k < kNS; ++k)
+            h[k] = exp2f(in[j].dt * q.A2[k]) * h[k] + dtu * sB[g0 + j][q.s * kNS + k];
+        }
       }
     }
+  }
+
+  // Pass 2, over windows of kStage steps (Bm, Cm staged once a window), last to first, and
+  // their chunks last to first. g is d loss / d h_t flowing back from step t + 1.
+  float g[kNS], dA_acc[kNS];
 #pragma unroll
-    for (int j = kChunk - 1; j >= 0; --j) {
-      float cB = 0.f, cC = 0.f;
-      if (j < tn) {  // tn is the same for the whole block: the shuffles below stay uniform
-        const size_t row = size_t(b) * L + t0 + j;
-        const size_t i = row * D + q.d;
-        const StepIn s = load_step(a, q, row, bias);
-        const float go = q.dok ? to_f32(dout[i]) : 0.f;
-        const float hprev = j > 0 ? hs[j - 1] : h0;
-        const float ypre = group_sum<kLanes>(s.Cn * hs[j]) + Dd * s.u;
-        float dy = go, dzv = 0.f;
+  for (int k = 0; k < kNS; ++k) g[k] = dA_acc[k] = 0.f;
+  float dD_acc = 0.f, dbias_acc = 0.f;
+  for (int w0 = (L - 1) / kStage * kStage; w0 >= 0; w0 -= kStage) {
+    const int wn = L - w0 < kStage ? L - w0 : kStage;
+    __syncthreads();
+    stage_bc<DT, kNP>(a, q.b, w0, wn, sB, sC);
+    __syncthreads();
+    for (int jc = (wn - 1) / kT * kT; jc >= 0; jc -= kT) {  // the chunk's first step in the window
+      const int t0 = w0 + jc, c = t0 / kT, tn = wn - jc < kT ? wn - jc : kT;
+      // Everything the chunk reads from memory, issued at once.
+      ChanIn in[kT];
+      float go[kT], zz[kT];
+      float hs[kT + 1][kNS];  // hs[j] = h before step t0 + j
+#pragma unroll
+      for (int k = 0; k < kNS; ++k) {
+        const int n = q.s * kNS + k;
+        hs[0][k] = (c > 0 && q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kT; ++j) {
+        const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
+        const bool ok = q.dok && j < tn;
+        in[j] = load_chan(a, ok, i, q.bias);
+        go[j] = ok ? to_f32(dout[i]) : 0.f;
+        zz[j] = (ok && a.z) ? to_f32(a.z[i]) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kT; ++j) {
+        if (j >= tn) break;  // block-uniform
+        const float dtu = in[j].dt * in[j].u;
+#pragma unroll
+        for (int k = 0; k < kNS; ++k)
+          hs[j + 1][k] = exp2f(in[j].dt * q.A2[k]) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
+      }
+#pragma unroll
+      for (int j = kT - 1; j >= 0; --j) {
+        if (j >= tn) continue;  // block-uniform: the shuffles below stay uniform
+        const ChanIn x = in[j];
+        const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
+        float ypre = 0.f;
+#pragma unroll
+        for (int k = 0; k < kNS; ++k) ypre += sC[jc + j][q.s * kNS + k] * hs[j + 1][k];
+        ypre = group_sum<kG>(ypre) + q.Dd * x.u;
+        float dy = go[j], dzv = 0.f;
         if (a.z) {
-          const float zz = q.dok ? to_f32(a.z[i]) : 0.f;
-          dy = go * siluf_(zz);
-          dzv = go * ypre * silu_gradf_(zz);
+          dy = go[j] * siluf_(zz[j]);
+          dzv = go[j] * ypre * silu_gradf_(zz[j]);
         }
-        dD_acc += dy * s.u;
-        const float gn = g + dy * s.Cn;
-        cC = dy * hs[j];
-        cB = gn * s.dt * s.u;
-        const float da = gn * hprev * eas[j];  // d loss / d (dt A)
-        dA_acc += da * s.dt;
-        const float ddt = group_sum<kLanes>(da * A + gn * s.Bn * s.u);
-        const float dus = group_sum<kLanes>(gn * s.Bn);
-        const float dd = a.softplus ? ddt * softplus_gradf_(s.raw) : ddt;
+        dD_acc += dy * x.u;
+        float cB[kNS], cC[kNS], sa = 0.f, sb = 0.f;
+#pragma unroll
+        for (int k = 0; k < kNS; ++k) {
+          const int n = q.s * kNS + k;
+          const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
+          const float ea = exp2f(x.dt * q.A2[k]);
+          const float gn = g[k] + dy * Cn;
+          cC[k] = dy * hs[j + 1][k];
+          cB[k] = gn * x.dt * x.u;
+          const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
+          dA_acc[k] += da * x.dt;
+          sa += da * q.A2[k];
+          sb += gn * Bn;
+          g[k] = ea * gn;
+        }
+        const float sus = group_sum<kG>(sb);
+        const float ddt = group_sum<kG>(sa) * kLn2 + sus * x.u;
+        const float dd = a.softplus ? ddt * softplus_gradf_(x.raw) : ddt;
         dbias_acc += dd;
-        if (q.n == 0 && q.dok) {
-          du[i] = from_f32<DT>(dus * s.dt + dy * Dd);
+        if (q.s == 0 && q.dok) {
+          du[i] = from_f32<DT>(sus * x.dt + dy * q.Dd);
           ddelta[i] = from_f32<DT>(dd);
           if (dz) dz[i] = from_f32<DT>(dzv);
         }
-        g = eas[j] * gn;
-      }
-      // Sum over this warp's channels: lanes with the same state index.
-#pragma unroll
-      for (int off = kLanes; off < 32; off *= 2) {
-        cB += __shfl_xor_sync(0xffffffffu, cB, off);
-        cC += __shfl_xor_sync(0xffffffffu, cC, off);
-      }
-      if (q.lane < kLanes) {
-        sdB[q.warp][j][q.lane] = cB;
-        sdC[q.warp][j][q.lane] = cC;
+        int idx = 0;
+        const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
+        const float vc = channel_sum<kNS, kG>(cC, q.lane, idx);
+        if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
+          rB[q.warp][jc + j][q.s * kNS + idx] = vb;
+          rC[q.warp][jc + j][q.s * kNS + idx] = vc;
+        }
       }
     }
     __syncthreads();
     // Sum over the block's warps in a fixed order: this tile's partial of dBm, dCm.
-    for (int k = int(threadIdx.x); k < tn * N; k += int(blockDim.x)) {
-      const int j = k / N, n = k % N;
+    for (int k = q.tid; k < wn * N; k += kChanThreads) {
+      const int j = k / N, n = k - j * N;
       float sb = 0.f, sc = 0.f;
-      for (int wi = 0; wi < kScanWarps; ++wi) {
-        sb += sdB[wi][j][n];
-        sc += sdC[wi][j][n];
+#pragma unroll
+      for (int wi = 0; wi < kChanWarps; ++wi) {
+        sb += rB[wi][j][n];
+        sc += rC[wi][j][n];
       }
-      const size_t o = ((size_t(tile) * a.B + b) * L + t0 + j) * N + n;
+      const size_t o = ((size_t(tile) * a.B + q.b) * L + w0 + j) * N + n;
       w.dB_part[o] = sb;
       w.dC_part[o] = sc;
     }
-    __syncthreads();
   }
-  if (q.ok) w.dA_part[(size_t(b) * D + q.d) * N + q.n] = dA_acc;
-  if (q.n == 0 && q.dok) {
-    w.dD_part[size_t(b) * D + q.d] = dD_acc;
-    w.dbias_part[size_t(b) * D + q.d] = dbias_acc;
+  if (q.dok) {
+#pragma unroll
+    for (int k = 0; k < kNS; ++k) {
+      const int n = q.s * kNS + k;
+      if (n < N) w.dA_part[(size_t(q.b) * D + q.d) * N + n] = dA_acc[k];
+    }
+    if (q.s == 0) {
+      w.dD_part[size_t(q.b) * D + q.d] = dD_acc;
+      w.dbias_part[size_t(q.b) * D + q.d] = dbias_acc;
+    }
   }
 }
 
@@ -262,11 +458,45 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   return {dev(u), dev(delta), A, dev(Bm), dev(Cm), Dskip, delta_bias, dev(z), sp, B, L, D, N};
 }
 
+// The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
+// kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
+struct ChanShape {
+  int ns, g, t;
+};
+ChanShape chan_shape(int N, const char* op) {
+  lanes_for(N, op);  // the range check
+  if (N <= 4) return {4, 1, 8};
+  if (N <= 8) return {8, 1, 8};
+  if (N <= 16) return {16, 1, 4};
+  return {16, 2, 4};
+}
+
+// Calls f(kNS, kG, kT) as integral constants for chan_shape(N) (the same chunk lengths).
+template <class F>
+void with_chan(int N, const char* op, F&& f) {
+  using std::integral_constant;
+  const ChanShape c = chan_shape(N, op);
+  if (c.ns == 4)
+    return f(integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 8>{});
+  if (c.ns == 8)
+    return f(integral_constant<int, 8>{}, integral_constant<int, 1>{}, integral_constant<int, 8>{});
+  if (c.g == 1)
+    return f(integral_constant<int, 16>{}, integral_constant<int, 1>{},
+             integral_constant<int, 4>{});
+  return f(integral_constant<int, 16>{}, integral_constant<int, 2>{}, integral_constant<int, 4>{});
+}
+
+int chan_tiles(int D, const ChanShape& c) {
+  const int per_block = kChanThreads / c.g;
+  return (D + per_block - 1) / per_block;
+}
+
 struct WorkspaceLayout {
   size_t chunk_states, dA, dD, dbias, dB, dC, total;  // offsets in floats
   WorkspaceLayout(int B, int L, int D, int N) {
-    const size_t nchunk = size_t((L + kChunk - 1) / kChunk);
-    const size_t tiles = size_t(tiles_for(D, lanes_for(N, "selective_scan_backward")));
+    const ChanShape c = chan_shape(N, "selective_scan_backward");
+    const size_t nchunk = size_t((L + c.t - 1) / c.t);
+    const size_t tiles = size_t(chan_tiles(D, c));
     chunk_states = 0;
     dA = chunk_states + size_t(B) * nchunk * D * N;
     dD = dA + size_t(B) * D * N;
@@ -284,16 +514,17 @@ void selective_scan_forward(const T* u, const T* delta, const float* A, const T*
                             const float* Dskip, const T* z, const float* delta_bias,
                             bool delta_softplus, T* out, float* last_state, int B, int L, int D,
                             int N, cudaStream_t stream) {
-  const int lanes = lanes_for(N, "selective_scan_forward");
+  const char* op = "selective_scan_forward";
+  const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
-  with_lanes(lanes, [&](auto kl) {
-    constexpr int kLanes = decltype(kl)::value;
-    const auto kernel = &scan_forward_kernel<dev_t<T>, kLanes>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles_for(D, kLanes)), unsigned(B)),
-                      dim3(kScanWarps * 32), stream, a, dev(out), last_state);
+  with_chan(N, op, [&](auto ns, auto g, auto) {
+    const auto kernel =
+        &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
+    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
+                      stream, a, dev(out), last_state);
   });
-  check_launch("selective_scan_forward");
+  check_launch(op);
 }
 
 size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N) {
@@ -306,21 +537,22 @@ void selective_scan_backward(const T* u, const T* delta, const float* A, const T
                              bool delta_softplus, const T* dout, T* du, T* ddelta, float* dA,
                              T* dBm, T* dCm, float* dDskip, T* dz, float* ddelta_bias,
                              void* workspace, int B, int L, int D, int N, cudaStream_t stream) {
-  const int lanes = lanes_for(N, "selective_scan_backward");
+  const char* name = "selective_scan_backward";
+  const ChanShape shape = chan_shape(N, name);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const WorkspaceLayout lay(B, L, D, N);
   float* ws = static_cast<float*>(workspace);
   const ScanGrads w{ws + lay.chunk_states, ws + lay.dA, ws + lay.dD,
                     ws + lay.dbias,        ws + lay.dB, ws + lay.dC};
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
-  const int tiles = tiles_for(D, lanes);
-  with_lanes(lanes, [&](auto kl) {
-    constexpr int kLanes = decltype(kl)::value;
-    const auto kernel = &scan_backward_kernel<dev_t<T>, kLanes>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kScanWarps * 32), stream, a,
+  const int tiles = chan_tiles(D, shape);
+  with_chan(N, name, [&](auto ns, auto g, auto t) {
+    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
+                                                   decltype(g)::value, decltype(t)::value>;
+    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kChanThreads), stream, a,
                       dev(dout), dev(du), dev(ddelta), dev(dz), w);
   });
-  check_launch("selective_scan_backward");
+  check_launch(name);
   const char* op = "selective_scan_backward (partial sums)";
   const size_t bln = size_t(B) * L * N;
   sum_partials(w.dB_part, tiles, bln, dev(dBm), false, stream, op);

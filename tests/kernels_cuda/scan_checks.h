@@ -167,10 +167,12 @@ void check_scan_step(const ScanShape& s, uint64_t seed) {
 inline std::vector<ScanShape> scan_shapes() {
   return {
       {2, 37, 40, 16},                          // window not a multiple of the chunk, odd D
-      {1, 16, 16, 16, false, false, false},     // exactly one chunk; no z, D, bias
+      {1, 16, 16, 16, false, false, false},     // whole chunks; no z, D, bias
       {3, 5, 33, 5, true, true, false, false},  // N not a power of two; L below one chunk
-      {1, 33, 9, 32},                           // production d_state, one channel per warp
-      {2, 18, 70, 1, true, false, true, true},  // N = 1: 32 channels per warp
+      {1, 33, 9, 32},                           // production d_state: two threads a channel
+      {2, 18, 70, 1, true, false, true, true},  // N = 1
+      {2, 9, 150, 16},                          // two blocks of channels
+      {1, 7, 70, 32, true, true, true, false},  // two blocks of channels, two threads each
   };
 }
 
