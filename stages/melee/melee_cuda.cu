@@ -17,7 +17,7 @@ using k::ceil_div;
 using k::check_launch;
 
 constexpr int kThreads = 256;
-constexpr size_t kItemsPerChunk = 1024;  // embed_backward: items summed per partial
+constexpr size_t kItemsPerChunk = 512;  // embed_backward: items summed per partial
 
 // ---------------------------------------------------------------- embedding
 
@@ -112,8 +112,10 @@ __global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeri
   }
 }
 
-// One table's gradient, partial per chunk of items: thread (row, k) of the table sums, in item
-// order, dout at the item's columns over the chunk's items whose id is that row.
+// One table's gradient, partial per chunk of items. A block takes one chunk and a slice of the
+// table's columns, held in shared memory; thread c owns column c of the slice and adds, in item
+// order, dout at the item's column into the row of the item's id (ids outside the table are
+// ignored). Each cell is summed by one thread in item order, so partials repeat bit for bit.
 struct TableGrad {
   const int32_t* ids;
   int id_limit;   // rows of the table
@@ -124,22 +126,51 @@ struct TableGrad {
   bool needs_slot;
 };
 
-__global__ void table_partials_kernel(TableGrad t, const float* numeric, const float* dout,
-                                      size_t items, int width, float* part) {
-  const size_t cells = size_t(t.id_limit) * size_t(t.dim);
-  const size_t cell = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (cell >= cells) return;
-  const int row = int(cell / size_t(t.dim)), col = int(cell % size_t(t.dim));
-  const size_t i0 = size_t(blockIdx.y) * kItemsPerChunk;
+constexpr int kTableSlice = 8192;  // floats of a block's table slice (32 KB of shared memory)
+constexpr int kTableThreads = 32;  // columns of a slice at most
+constexpr int kTablePrefetch = 8;  // items whose loads are issued together
+
+__global__ void __launch_bounds__(kTableThreads)
+    table_partials_kernel(TableGrad t, const float* numeric, const float* dout, size_t items,
+                          int width, int slice, float* part) {
+  __shared__ float acc[kTableSlice];
+  const int col0 = int(blockIdx.y) * slice;
+  const int cols = t.dim - col0 < slice ? t.dim - col0 : slice;
+  const int tid = int(threadIdx.x);
+  const size_t i0 = size_t(blockIdx.x) * kItemsPerChunk;
   const size_t i1 = i0 + kItemsPerChunk < items ? i0 + kItemsPerChunk : items;
-  float acc = 0.0f;
-  for (size_t i = i0; i < i1; ++i) {
-    if (t.ids[i] != row) continue;
-    if (t.needs_slot && !exists(numeric, i)) continue;
-    const size_t r = i / size_t(t.per_row), s = i % size_t(t.per_row);
-    acc += dout[r * size_t(width) + size_t(t.col_base) + s * size_t(t.slot_step) + size_t(col)];
+  const int n = t.id_limit * cols;
+  for (int k = tid; k < n; k += kTableThreads) acc[k] = 0.0f;
+  __syncthreads();
+  if (tid < cols) {
+    const size_t col = size_t(t.col_base) + size_t(col0) + size_t(tid);
+    // Items in groups of kTablePrefetch: the group's loads are issued before its additions.
+    for (size_t g = i0; g < i1; g += kTablePrefetch) {
+      int id[kTablePrefetch];
+      float v[kTablePrefetch];
+#pragma unroll
+      for (int j = 0; j < kTablePrefetch; ++j) {
+        const size_t i = g + size_t(j);
+        id[j] = -1;
+        v[j] = 0.0f;
+        if (i >= i1) continue;
+        const int k = t.ids[i];
+        if (k < 0 || k >= t.id_limit || (t.needs_slot && !exists(numeric, i))) continue;
+        const size_t r = i / size_t(t.per_row), s = i % size_t(t.per_row);
+        id[j] = k;
+        v[j] = dout[r * size_t(width) + s * size_t(t.slot_step) + col];
+      }
+#pragma unroll
+      for (int j = 0; j < kTablePrefetch; ++j)
+        if (id[j] >= 0) acc[id[j] * cols + tid] += v[j];
+    }
   }
-  part[size_t(blockIdx.y) * cells + cell] = acc;
+  __syncthreads();
+  float* out = part + size_t(blockIdx.x) * size_t(t.id_limit) * size_t(t.dim) + col0;
+  for (int k = tid; k < n; k += kTableThreads) {
+    const int row = k / cols, c = k - row * cols;
+    out[size_t(row) * size_t(t.dim) + size_t(c)] = acc[k];
+  }
 }
 
 void table_backward(const TableGrad& t, const float* numeric, const float* dout, size_t items,
@@ -147,8 +178,14 @@ void table_backward(const TableGrad& t, const float* numeric, const float* dout,
   if (items == 0) return;
   const size_t cells = size_t(t.id_limit) * size_t(t.dim);
   const unsigned chunks = ceil_div(items, kItemsPerChunk);
-  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(ceil_div(cells, kThreads), chunks), dim3(kThreads),
-                    stream, t, numeric, dout, items, width, part);
+  const int fit = kTableSlice / t.id_limit;
+  if (fit < 1)
+    throw std::invalid_argument("embed_backward: a table of " + std::to_string(t.id_limit) +
+                                " rows does not fit the kernel's shared memory");
+  const int slice = std::min({t.dim, kTableThreads, fit});
+  const unsigned slices = ceil_div(size_t(t.dim), size_t(slice));
+  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(chunks, slices), dim3(kTableThreads), stream, t,
+                    numeric, dout, items, width, slice, part);
   check_launch("embed_backward");
   k::sum_partials(part, int(chunks), cells, dtable, true, stream, "embed_backward");
 }
