@@ -70,7 +70,7 @@ expect_file() {
 # cuDNN and NCCL from PyTorch's wheels when the toolkit has none.
 for lib in cudnn nccl; do
   up=$(echo $lib | tr a-z A-Z)
-  dir=$(python3 -c "import nvidia.$lib, os; print(os.path.dirname(nvidia.$lib.__file__))" 2>/dev/null) &&
+  dir=$(python3 -c "import nvidia.$lib as m; print(list(m.__path__)[0])" 2>/dev/null) &&
     export ${up}_ROOT=$dir && export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 done
 
