@@ -39,7 +39,7 @@ find "$root/bin" "$root/lib" -type f -perm -u+x 2>/dev/null | xargs -r ldd 2>/de
   done
 # Open MPI opens its components by path at MPI_Init; a single-rank run never calls it.
 printf '%s\n' "$BUILD_ABS" >"$root/BUILD_PATH"
-git rev-parse HEAD >"$root/COMMIT" 2>/dev/null || true
+git describe --always --dirty --abbrev=10 >"$root/COMMIT" 2>/dev/null || true  # -dirty: uncommitted changes
 mkdir -p "$(dirname "$ARCHIVE")"
 tar -C "$root" -cf - . | xz -T0 -6 >"$ARCHIVE"
 echo "gpu-bundle: $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1)) from $BUILD_ABS, $(ls "$root/bundled-lib" | wc -l) libraries"

@@ -93,7 +93,7 @@ if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
   for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d $d ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
   done
-  MODE="full (prebuilt $(cat "$B/COMMIT" 2>/dev/null | cut -c1-10))"
+  MODE="full (prebuilt $(cat "$B/COMMIT" 2>/dev/null))"
   step libraries sh -c "ldd $B/bin/slipstream $B/bin/kernels_cuda_gpu_test | grep -E 'not found|cuda|cublas' ; ! ldd $B/bin/* 2>/dev/null | grep -q 'not found'"
 else
   # Carried Debian packages, unpacked beside the checkout (never into /).
