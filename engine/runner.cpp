@@ -782,11 +782,27 @@ struct Runner::Impl {
     int64_t every = plan().run.integer("validate_every");
     if (every > 0 && run.step % static_cast<uint64_t>(every) == 0) validation_pass(b.index);
     for (size_t k = plan().section_begin; k < n(); ++k)
+      if (graph->stage(k).step_end_reads_device(run.step)) {
+        gather_spread_state();
+        break;
+      }
+    for (size_t k = plan().section_begin; k < n(); ++k)
       timed(k, b.index, [&] { graph->stage(k).step_end(b, graph->context(k)); });
     if (last) {
       run.stop_requested = true;
       if (end_reason.empty()) end_reason = "steps";
     }
+  }
+
+  // ZeRO-1 (engine/optimizer_shard.h): the optimizer's state, spread over the ranks, comes
+  // whole to rank 0 where a checkpoint may follow. Every rank calls this at the same points:
+  // before the step ends of a step some stage reads the device at (the checkpoint steps), in
+  // each validation pass, and at the end of a run that was not interrupted.
+  void gather_spread_state() {
+    OptimizerShard* shard = run.optimizer_shard.get();
+    if (!shard || !shard->gather_state || shard->gathered_step == run.step) return;
+    shard->gather_state();
+    shard->gathered_step = run.step;
   }
 
   // A validation pass at run.step: its row, the stages' validation_end (best checkpoints), early
@@ -797,6 +813,7 @@ struct Runner::Impl {
     last_validated_step = run.step;
     write_metrics_row("validation", v, -1, -1);
     log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+    gather_spread_state();
     for (size_t k = 0; k < n(); ++k)
       timed(k, batch_index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });
     int64_t patience = plan().run.integer("early_stop_patience");
@@ -1501,6 +1518,13 @@ RunResult Runner::Impl::execute_steps() {
       plan().run.integer("validate_every") > 0 && last_validated_step != run.step) {
     try {
       validation_pass(run.step);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (!failure && !run.interrupted) {
+    try {
+      gather_spread_state();
     } catch (...) {
       failure = std::current_exception();
     }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/exec_context.h"
+#include "engine/optimizer_shard.h"
 #include "engine/param_arena.h"
 #include "engine/params.h"
 #include "engine/schema.h"
@@ -120,6 +121,9 @@ struct RunState {
   // Set in setup by a source whose validation split is this rank's own share of the data (not
   // one set every rank holds): the runner then validates each rank's own first batches.
   bool validation_per_rank = false;
+  // Set in setup by a stage that splits the optimizer's state over the ranks (allreduce with
+  // shard_optimizer, engine/optimizer_shard.h); null otherwise.
+  std::shared_ptr<OptimizerShard> optimizer_shard;
 };
 
 class StateWriter;

@@ -45,6 +45,10 @@ class AllreduceStage : public Stage {
         .param("overlap", true,
                "start each bucket as soon as the backward pass has made it final (false: "
                "reduce everything after the backward pass)")
+        .param("shard_optimizer", false,
+               "ZeRO-1: gradients reduce-scattered, so each rank averages and updates 1/world of "
+               "the weights and keeps the optimizer's moments for those only; the updated weights "
+               "are all-gathered (mpi backend)")
         .param("timeout_s", 300.0,
                "a rank that does not answer within this many seconds stops the run, every rank "
                "of it, naming the step (and, over MPI, the rank)")
@@ -60,7 +64,9 @@ class AllreduceStage : public Stage {
     world_ = ctx.run().world_size;
     mpi_.reset();
     nccl_.reset();
-    if (backend == "none") return;
+    ctx.run().optimizer_shard.reset();
+    const bool shard = ctx.params().boolean("shard_optimizer");
+    if (backend == "none") return;  // one process: the optimizer holds everything anyway
     ctx.run().gradients_averaged_over_ranks = true;
     const std::string where = " (" + ctx.params().mark("backend").str() + ")";
     if (backend == "nccl" && !dist::nccl_built())
@@ -68,6 +74,12 @@ class AllreduceStage : public Stage {
     if (backend == "nccl" && !ctx.device().is_cuda())
       throw std::runtime_error("allreduce backend nccl reduces GPU gradients and this run is on " +
                                ctx.device().str() + ": use backend mpi (or auto)" + where);
+    if (backend == "nccl" && shard && world_ > 1)
+      throw std::runtime_error(
+          "shard_optimizer is built for the mpi backend (host gradients); with nccl the "
+          "optimizer is not sharded yet: set " +
+          ctx.name() + ".shard_optimizer=false (" + ctx.params().mark("shard_optimizer").str() +
+          ")");
     if (backend == "mpi" || launched) {
       dist::mpi_init_once();
       if (dist::mpi_world_size() != world_)
@@ -96,7 +108,8 @@ class AllreduceStage : public Stage {
       nccl_ = std::make_unique<dist::NcclBucketReducer>(std::move(buckets), ctx.exec().stream(),
                                                         ctx.run().rank, world_, timeout);
     else
-      mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout);
+      mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout, shard);
+    if (mpi_ && shard) publish_shard(ctx.run(), timeout);
     if (ctx.params().boolean("overlap")) {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
@@ -123,6 +136,29 @@ class AllreduceStage : public Stage {
     const auto t = mpi_->finish(ctx.run().step + 1);
     ctx.metric("sync/comm_ms", t.comm_s * 1e3);
     ctx.metric("sync/exposed_ms", t.exposed_s * 1e3);
+  }
+
+  // The optimizer downstream finds which pieces it updates, and the collectives around that.
+  void publish_shard(RunState& run, double timeout) {
+    auto shard = std::make_shared<OptimizerShard>();
+    shard->rank = run.rank;
+    shard->world = world_;
+    for (int r = 0; r < world_; ++r) {
+      std::vector<OptimizerShard::Piece> pieces;
+      for (const auto& range : mpi_->shard_pieces(r))
+        pieces.push_back({range.param, range.begin, range.n});
+      shard->pieces.push_back(std::move(pieces));
+    }
+    shard->sum = [timeout](std::span<double> v) {
+      dist::mpi_reduce(v, RankReduce::sum, timeout, "the gradient norm");
+    };
+    dist::MpiBucketReducer* mpi = mpi_.get();
+    RunState* state = &run;
+    shard->gather_weights = [mpi, state] { mpi->gather_weights(state->step + 1); };
+    shard->gather_to_root = [mpi](std::span<const float> mine, std::vector<float>& all) {
+      mpi->gather_to_root(mine, all, "gathering the optimizer's state for a checkpoint");
+    };
+    run.optimizer_shard = std::move(shard);
   }
 
   void save(StateWriter& w) const override { w.integer("micro", micro_); }

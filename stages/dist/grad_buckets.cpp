@@ -8,7 +8,7 @@ namespace slipstream::dist {
 
 GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_elems,
                          size_t first_bucket_elems)
-    : bucket_(std::max<size_t>(1, bucket_elems)) {
+    : params_(params), bucket_(std::max<size_t>(1, bucket_elems)) {
   const size_t first_cap = first_bucket_elems > 0 ? std::min(first_bucket_elems, bucket_) : bucket_;
   auto cap = [&](size_t i) { return i == 0 ? first_cap : bucket_; };
   of_param_.resize(params.size());
@@ -73,7 +73,8 @@ GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_el
       } else {
         tiled = false;
       }
-      b.pieces.push_back({piece, b.size, take});
+      b.pieces.push_back(
+          {piece, b.size, take, k, static_cast<size_t>(piece - p->grad.data<float>())});
       b.size += take;
       if (of_param_[k].empty() || of_param_[k].back() != buckets_.size() - 1) {
         of_param_[k].push_back(buckets_.size() - 1);
@@ -83,6 +84,65 @@ GradBuckets::GradBuckets(const std::vector<Parameter*>& params, size_t bucket_el
     total_ += static_cast<size_t>(p->grad.numel());
   }
   close();
+  // Weights in the gradients' arrangement: the bucket's values are one block too.
+  for (Bucket& b : buckets_) {
+    if (!b.block) continue;
+    const Piece& first = b.pieces.front();
+    const Tensor* first_value = &params_[first.param]->value;
+    auto usable = [&](const Piece& q) {
+      const Tensor& v = params_[q.param]->value;
+      return v.defined() && v.dtype() == DType::f32 && v.device() == device_ &&
+             v.numel() == params_[q.param]->grad.numel() && v.same_block(*first_value);
+    };
+    if (!usable(first)) continue;
+    float* base = value_of(first) - (first.grad - b.block);
+    const bool same = std::all_of(b.pieces.begin(), b.pieces.end(), [&](const Piece& q) {
+      return usable(q) && value_of(q) == base + (q.grad - b.block);
+    });
+    if (same) b.values = base;
+  }
+}
+
+void GradBuckets::unflatten_range(size_t i, const float* src, size_t begin, size_t n,
+                                  float scale) const {
+  if (float* block = buckets_[i].block) {
+    for (size_t j = 0; j < n; ++j) block[begin + j] = src[j] * scale;
+    return;
+  }
+  for (const Piece& p : buckets_[i].pieces) {
+    const size_t lo = std::max(begin, p.offset), hi = std::min(begin + n, p.offset + p.n);
+    for (size_t j = lo; j < hi; ++j) p.grad[j - p.offset] = src[j - begin] * scale;
+  }
+}
+
+std::vector<GradBuckets::Range> GradBuckets::ranges(size_t i, size_t begin, size_t n) const {
+  std::vector<std::pair<size_t, Range>> found;  // (buffer position, range)
+  for (const Piece& p : buckets_[i].pieces) {
+    const size_t o = buffer_offset(i, p);
+    const size_t lo = std::max(begin, o), hi = std::min(begin + n, o + p.n);
+    if (lo < hi) found.push_back({lo, {params_[p.param], p.at + (lo - o), hi - lo}});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Range> out;
+  for (const auto& [pos, r] : found) {
+    // A parameter walked from its end down gives neighbouring pieces of itself: one range.
+    if (!out.empty() && out.back().param == r.param && out.back().begin + out.back().n == r.begin)
+      out.back().n += r.n;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+void GradBuckets::flatten_values(size_t i, float* dst) const {
+  for (const Piece& p : buckets_[i].pieces)
+    std::memcpy(dst + buffer_offset(i, p), value_of(p), p.n * sizeof(float));
+}
+
+void GradBuckets::unflatten_values(size_t i, const float* src) const {
+  for (const Piece& p : buckets_[i].pieces)
+    std::memcpy(value_of(p), src + buffer_offset(i, p), p.n * sizeof(float));
 }
 
 size_t GradBuckets::staging_elems() const {

@@ -27,6 +27,7 @@ class GradBuckets {
               size_t first_bucket_elems = 0);
 
   size_t total() const { return total_; }
+  const std::vector<Parameter*>& params() const { return params_; }
   const Device& device() const { return device_; }
   size_t count() const { return buckets_.size(); }
   size_t bucket_elems() const { return bucket_; }
@@ -53,15 +54,42 @@ class GradBuckets {
     float* grad;
     size_t offset;  // in the bucket's flat order
     size_t n;
+    size_t param;  // position in the constructor's list
+    size_t at;     // first element within that parameter
   };
   const std::vector<Piece>& pieces(size_t i) const { return buckets_[i].pieces; }
+
+  // ---- ZeRO-1 (host buckets): ranks reduce disjoint ranges of each bucket's buffer ----
+  // A bucket's buffer is its memory when it is one block (memory order), else its staging
+  // buffer (flat order); a reduce-scatter gives each rank one range of it.
+  size_t buffer_offset(size_t i, const Piece& p) const {
+    return buckets_[i].block ? static_cast<size_t>(p.grad - buckets_[i].block) : p.offset;
+  }
+  // gradients at buffer positions [begin, begin + n) of bucket i = src[0, n) * scale.
+  void unflatten_range(size_t i, const float* src, size_t begin, size_t n, float scale) const;
+  // The parameters' element ranges at buffer positions [begin, begin + n) of bucket i, in
+  // buffer order.
+  struct Range {
+    Parameter* param;
+    size_t begin, n;
+  };
+  std::vector<Range> ranges(size_t i, size_t begin, size_t n) const;
+  // The weights (Parameter::value) that bucket i's gradients belong to, when they lie in one
+  // block in the same arrangement (the parameter arena's values mirror its gradients): reduce
+  // them in place; else null, and flatten_values / unflatten_values stage them.
+  float* value_block(size_t i) const { return buckets_[i].values; }
+  void flatten_values(size_t i, float* dst) const;
+  void unflatten_values(size_t i, const float* src) const;
 
  private:
   struct Bucket {
     std::vector<Piece> pieces;
     size_t size = 0, params = 0;
-    float* block = nullptr;  // set when the pieces tile one block of memory
+    float* block = nullptr;   // set when the pieces tile one block of memory
+    float* values = nullptr;  // value_block()
   };
+  float* value_of(const Piece& p) const { return params_[p.param]->value.data<float>() + p.at; }
+  std::vector<Parameter*> params_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> of_param_;
   size_t total_ = 0, bucket_ = 1;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 #include "engine/launch.h"
@@ -142,8 +143,11 @@ struct MpiBucketReducer::Mpi {
   std::vector<MPI_Request> alive_in, alive_out;  // silent_ranks()
 };
 
-MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
-    : buckets_(std::move(buckets)), timeout_s_(timeout_s), mpi_(std::make_unique<Mpi>()) {
+MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard)
+    : buckets_(std::move(buckets)),
+      timeout_s_(timeout_s),
+      mpi_(std::make_unique<Mpi>()),
+      shard_(shard) {
   if (!buckets_.device().is_cpu())
     throw std::runtime_error("allreduce backend mpi reduces host gradients; this run's are on " +
                              buckets_.device().str() + ": use backend nccl (or auto)");
@@ -153,6 +157,36 @@ MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
   staging_.resize(n);
   for (size_t i = 0; i < n; ++i)
     if (!buckets_.contiguous(i)) staging_[i].assign(buckets_.size(i), 0.0f);
+  if (shard_) {
+    // Bucket i's buffer split evenly: rank r takes [size·r/W, size·(r+1)/W).
+    counts_.resize(n);
+    displs_.resize(n);
+    received_.resize(n);
+    value_staging_.resize(n);
+    const auto w = static_cast<size_t>(world_);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t size = buckets_.size(i);
+      if (size > static_cast<size_t>(std::numeric_limits<int>::max()))
+        throw std::runtime_error("allreduce: a bucket of " + std::to_string(size) +
+                                 " floats is more than one MPI message holds: lower bucket_mb");
+      for (size_t r = 0; r < w; ++r) {
+        displs_[i].push_back(static_cast<int>(size * r / w));
+        counts_[i].push_back(static_cast<int>(size * (r + 1) / w - size * r / w));
+      }
+      received_[i].assign(std::max(1, counts_[i][static_cast<size_t>(rank_)]), 0.0f);
+      if (!buckets_.value_block(i)) {
+        for (const auto& p : buckets_.pieces(i)) {
+          const Tensor& v = buckets_.params()[p.param]->value;
+          if (!v.defined() || v.dtype() != DType::f32 || !v.device().is_cpu() ||
+              v.numel() != buckets_.params()[p.param]->grad.numel())
+            throw std::runtime_error("allreduce shard_optimizer: parameter '" +
+                                     buckets_.params()[p.param]->name +
+                                     "' needs f32 weights on the host beside its gradient");
+        }
+        value_staging_[i].assign(size, 0.0f);
+      }
+    }
+  }
   pending_.assign(n, 0);
   param_done_.assign(buckets_.param_count(), 0);
   ready_.assign(n, 0);
@@ -307,6 +341,93 @@ std::vector<int> MpiBucketReducer::silent_ranks(uint64_t step) {
   return silent;
 }
 
+std::vector<GradBuckets::Range> MpiBucketReducer::shard_pieces(int rank) const {
+  std::vector<GradBuckets::Range> out;
+  if (!shard_) return out;
+  const auto r = static_cast<size_t>(rank);
+  for (size_t i = 0; i < buckets_.count(); ++i)
+    for (const auto& piece : buckets_.ranges(i, static_cast<size_t>(displs_[i][r]),
+                                             static_cast<size_t>(counts_[i][r]))) {
+      // A parameter split between two buckets may continue in this rank's next range.
+      if (!out.empty() && out.back().param == piece.param &&
+          out.back().begin + out.back().n == piece.begin)
+        out.back().n += piece.n;
+      else
+        out.push_back(piece);
+    }
+  return out;
+}
+
+namespace {
+
+// Waits for every request until the deadline; false when it passed first.
+bool wait_all(std::vector<MPI_Request>& requests, double timeout_s) {
+  const double deadline = now_s() + timeout_s;
+  for (;;) {
+    int flag = 0;
+    check(
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE),
+        "MPI_Testall");
+    if (flag) return true;
+    if (now_s() > deadline) return false;
+    std::this_thread::sleep_for(kPollPause);
+  }
+}
+
+}  // namespace
+
+void MpiBucketReducer::gather_weights(uint64_t step) {
+  if (!shard_) throw std::logic_error("allreduce: gather_weights without shard_optimizer");
+  // The helper thread is idle between finish() and the next step's first bucket: this thread
+  // may call MPI (MPI_THREAD_SERIALIZED).
+  const size_t n = buckets_.count();
+  std::vector<MPI_Request> requests(n, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < n; ++i) {
+    float* data = buckets_.value_block(i);
+    if (!data) {
+      data = value_staging_[i].data();
+      buckets_.flatten_values(i, data);  // this rank's range is what the others need
+    }
+    check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, counts_[i].data(),
+                          displs_[i].data(), MPI_FLOAT, MPI_COMM_WORLD, &requests[i]),
+          "MPI_Iallgatherv");
+  }
+  if (!wait_all(requests, timeout_s_)) timed_out(step);
+  for (size_t i = 0; i < n; ++i)
+    if (!buckets_.value_block(i)) buckets_.unflatten_values(i, value_staging_[i].data());
+}
+
+void MpiBucketReducer::gather_to_root(std::span<const float> mine, std::vector<float>& all,
+                                      const std::string& what) {
+  if (mine.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
+    throw std::runtime_error(what + ": more than one MPI message holds");
+  auto give_up = [&] {
+    g_broken = true;
+    throw std::runtime_error(what + ": no answer from the other ranks within " +
+                             seconds_text(timeout_s_) + " (sync.timeout_s); rank " +
+                             std::to_string(rank_) + " stops");
+  };
+  // How much each rank sends, then what it sends.
+  int count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(world_), 0), displs(static_cast<size_t>(world_), 0);
+  std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
+  check(MPI_Igather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request[0]),
+        "MPI_Igather");
+  if (!wait_all(request, timeout_s_)) give_up();
+  size_t total = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (total > static_cast<size_t>(std::numeric_limits<int>::max()))
+      throw std::runtime_error(what + ": more than one MPI message holds");
+    displs[r] = static_cast<int>(total);
+    total += static_cast<size_t>(counts[r]);
+  }
+  if (rank_ == 0) all.resize(total);
+  check(MPI_Igatherv(mine.data(), count, MPI_FLOAT, rank_ == 0 ? all.data() : nullptr,
+                     counts.data(), displs.data(), MPI_FLOAT, 0, MPI_COMM_WORLD, &request[0]),
+        "MPI_Igatherv");
+  if (!wait_all(request, timeout_s_)) give_up();
+}
+
 void MpiBucketReducer::worker() {
   Mpi& m = *mpi_;
   const size_t n = ready_.size();
@@ -349,9 +470,14 @@ void MpiBucketReducer::worker() {
         buckets_.flatten(next, staging_[next].data());
         data = staging_[next].data();
       }
-      check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_.size(next)), MPI_FLOAT,
-                           MPI_SUM, MPI_COMM_WORLD, &m.requests[next]),
-            "MPI_Iallreduce");
+      if (shard_)
+        check(MPI_Ireduce_scatter(data, received_[next].data(), counts_[next].data(), MPI_FLOAT,
+                                  MPI_SUM, MPI_COMM_WORLD, &m.requests[next]),
+              "MPI_Ireduce_scatter");
+      else
+        check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_.size(next)), MPI_FLOAT,
+                             MPI_SUM, MPI_COMM_WORLD, &m.requests[next]),
+              "MPI_Iallreduce");
       m.in_flight.push_back(next);
     }
     bool progressed = false;
@@ -364,7 +490,11 @@ void MpiBucketReducer::worker() {
         ++j;
         continue;
       }
-      if (buckets_.contiguous(i))
+      const auto r = static_cast<size_t>(rank_);
+      if (shard_)
+        buckets_.unflatten_range(i, received_[i].data(), static_cast<size_t>(displs_[i][r]),
+                                 static_cast<size_t>(counts_[i][r]), scale);
+      else if (buckets_.contiguous(i))
         buckets_.scale(i, scale);
       else
         buckets_.unflatten(i, staging_[i].data(), scale);
@@ -427,8 +557,18 @@ void mpi_broadcast(void*, size_t, int) {
 void mpi_reduce(std::span<double>, RankReduce, double, const std::string&) {
   no_mpi();
 }
-MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s)
-    : buckets_(std::move(buckets)), timeout_s_(timeout_s) {
+MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard)
+    : buckets_(std::move(buckets)), timeout_s_(timeout_s), shard_(shard) {
+  no_mpi();
+}
+std::vector<GradBuckets::Range> MpiBucketReducer::shard_pieces(int) const {
+  no_mpi();
+}
+void MpiBucketReducer::gather_weights(uint64_t) {
+  no_mpi();
+}
+void MpiBucketReducer::gather_to_root(std::span<const float>, std::vector<float>&,
+                                      const std::string&) {
   no_mpi();
 }
 MpiBucketReducer::~MpiBucketReducer() = default;

@@ -49,9 +49,14 @@ void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s, const
 // layers' gradients. Each rank also tells its right-hand neighbour (rank + 1) which step it has
 // reached; when a wait times out, the rank whose left-hand neighbour never reached the step
 // names that neighbour.
+//
+// With `shard` (ZeRO-1, sync.shard_optimizer) each bucket is reduce-scattered instead: rank r of
+// W receives the average of the bucket's r-th W-th (its buffer split evenly), and only that part
+// of its gradients is averaged. The optimizer updates those pieces (shard_pieces) and
+// gather_weights all-gathers the updated weights bucket by bucket.
 class MpiBucketReducer {
  public:
-  MpiBucketReducer(GradBuckets buckets, double timeout_s);
+  MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard = false);
   ~MpiBucketReducer();
   MpiBucketReducer(const MpiBucketReducer&) = delete;
   MpiBucketReducer& operator=(const MpiBucketReducer&) = delete;
@@ -71,6 +76,18 @@ class MpiBucketReducer {
 
   const GradBuckets& buckets() const { return buckets_; }
 
+  // ---- shard ----
+  // The element ranges of the parameters whose averaged gradients rank `rank` receives, in
+  // bucket order (the same lists on every rank).
+  std::vector<GradBuckets::Range> shard_pieces(int rank) const;
+  // Every rank's shard_pieces of the weights (Parameter::value) into every rank, after each
+  // rank updated its own. Blocking, with the deadline; call after finish(step).
+  void gather_weights(uint64_t step);
+  // Rank 0's `all` = every rank's `mine` in rank order (others' untouched). Blocking, with the
+  // deadline; `what` names it in a timeout.
+  void gather_to_root(std::span<const float> mine, std::vector<float>& all,
+                      const std::string& what);
+
  private:
   struct Mpi;  // the MPI handles (requests, heartbeat buffers), opaque to includers
   void worker();
@@ -84,6 +101,10 @@ class MpiBucketReducer {
   int rank_ = 0, world_ = 1;
   std::unique_ptr<Mpi> mpi_;
   std::vector<std::vector<float>> staging_;  // per bucket that is not one block
+  bool shard_ = false;
+  std::vector<std::vector<int>> counts_, displs_;  // shard: per bucket, each rank's range
+  std::vector<std::vector<float>> received_;       // shard: per bucket, this rank's average
+  std::vector<std::vector<float>> value_staging_;  // shard: per bucket whose weights are apart
 
   // Caller's thread only.
   uint64_t step_ = 0;  // the step whose reductions are collecting (0: none)

@@ -115,7 +115,7 @@ class CheckpointStage : public Stage {
     if (!std::isfinite(loss) || ctx.run().nonfinite_streak > 0) return;
     if (best_.size() >= keep_best_ && loss >= best_.back().first) return;
     std::string name = "best-step-" + std::to_string(ctx.run().step);
-    save(ctx, name);
+    if (!save(ctx, name)) return;
     best_.emplace_back(loss, name);
     prune(ctx);
   }
@@ -150,14 +150,27 @@ class CheckpointStage : public Stage {
     return v;
   }
 
-  void save(StageContext& ctx, const std::string& name) {
-    save_checkpoint(ctx.graph_plan(), ctx.run(), next_batch_, (root(ctx) / name).string());
+  // False when the run's state cannot be complete at this step: an optimizer sharded over the
+  // ranks (sync.shard_optimizer) whose state was not gathered to this rank for it (the ranks
+  // gather at checkpoint steps, validations and the end; an interrupt stops them apart).
+  bool save(StageContext& ctx, const std::string& name) {
+    const RunState& run = ctx.run();
+    if (run.optimizer_shard && run.optimizer_shard->gather_state &&
+        run.optimizer_shard->gathered_step != run.step) {
+      std::cerr << ctx.name() << ": " << name
+                << " not written: the optimizer's state is spread over the ranks "
+                   "(sync.shard_optimizer) and the ranks did not gather it at step "
+                << run.step << "; the last checkpoint written stays the newest\n";
+      return false;
+    }
+    save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
+    return true;
   }
 
   void write(StageContext& ctx, uint64_t step, const std::string& name) {
     // The last good step stays the newest checkpoint while the loss is not finite.
     if (ctx.run().nonfinite_streak > 0) return;
-    save(ctx, name);
+    if (!save(ctx, name)) return;
     last_written_ = step;
     periodic_.push_back(name);
     prune(ctx);

@@ -80,10 +80,10 @@ class AdamWStage : public Stage {
       throw std::runtime_error(
           "no trainable parameters upstream: list the loss stage (or the "
           "allreduce after it) as this stage's input");
-    elements_ = 0;
-    for (const auto& [name, param] : params) elements_ += static_cast<double>(param->value.numel());
     ema_ = c.ema > 0;
-    opt_.attach(std::move(params), c, &ctx.exec());
+    // Sharded (sync.shard_optimizer upstream): this rank updates its pieces of the weights.
+    opt_.attach(std::move(params), c, &ctx.exec(), ctx.run().optimizer_shard);
+    elements_ = static_cast<double>(opt_.elements_updated());
     opt_.refresh_shadows();
   }
 

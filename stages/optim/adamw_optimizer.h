@@ -4,11 +4,17 @@
 // gradients accumulated but not yet applied) round-trips through save/load for exact resume.
 // Given an execution context with device ops, the update runs there (adamw_device.h) on
 // parameters that live on the context's device; the policy is the same.
+//
+// Given an OptimizerShard of several ranks (ZeRO-1, host parameters), it keeps moments for this
+// rank's pieces only and updates only them (their gradients are the ones averaged over the
+// ranks), the global gradient norm summed over the ranks; then every rank's updated weights are
+// gathered. Its state is brought whole to rank 0 before a checkpoint (gather_state), so saved
+// state reads as unsharded, and load() takes this rank's pieces of it.
 #pragma once
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,7 +47,9 @@ class AdamWOptimizer {
   // Parameters are named (the names key the saved state). Allocates moments and EMA copies on
   // the parameters' device. exec: where the update runs (null: the CPU).
   void attach(std::vector<std::pair<std::string, Parameter*>> params, const AdamWConfig& config,
-              const ExecContext* exec = nullptr);
+              const ExecContext* exec = nullptr, std::shared_ptr<OptimizerShard> shard = nullptr);
+  // Weights whose moments this rank keeps (all of them unless sharded over several ranks).
+  size_t elements_updated() const;
 
   // One micro-batch's gradients are in the parameters' grad buffers (summed with those of the
   // earlier micro-batches of this update). Every `accumulate`-th call updates the weights and
@@ -62,8 +70,9 @@ class AdamWOptimizer {
   // start again from them.
   void weights_replaced();
   bool ema_swapped() const { return ema_swapped_; }
-  const Tensor& ema_of(size_t i) const { return slots_[i].ema; }
+  const Tensor& ema_of(size_t i) const { return held_[i].ema; }
 
+  // Sharded: rank 0's save() needs gather_state() (every rank, same step) first.
   void save(StateWriter& w) const;
   // Also rewrites every bf16 shadow from the (just restored) FP32 values.
   void load(StateReader& r);
@@ -71,12 +80,28 @@ class AdamWOptimizer {
   void refresh_shadows() const;
 
  private:
-  struct Slot {
+  struct Held {
     std::string name;
     Parameter* p = nullptr;
-    Tensor m, v, ema;
+    Tensor ema;
   };
+  // Moments of elements [begin, begin + n) of held_[held]'s parameter (the whole of it unless
+  // sharded).
+  struct Slot {
+    size_t held = 0;
+    size_t begin = 0, n = 0;
+    Tensor m, v;
+    Parameter* param = nullptr;  // held_[held].p
+  };
+  bool sharded() const { return shard_ != nullptr; }
+  void gather_state();
+
+  std::vector<Held> held_;
   std::vector<Slot> slots_;
+  std::shared_ptr<OptimizerShard> shard_;  // null: this process updates every weight
+  // Rank 0, after gather_state(): every rank's moments (its slots' m, then their v), rank order.
+  std::vector<float> gathered_;
+  int64_t gathered_at_ = -1;  // step_ when gathered
   AdamWConfig cfg_;
   int64_t step_ = 0, micro_ = 0;
   bool ema_swapped_ = false;

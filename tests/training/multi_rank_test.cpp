@@ -71,13 +71,19 @@ std::vector<nlohmann::json> rows(const std::string& run_dir) {
   return out;
 }
 
-// ||a - b|| / ||a|| of each weight tensor of two checkpoints, the largest.
-double weights_relative_difference(const std::string& a_dir, const std::string& b_dir) {
-  const SafetensorsFile a = read_safetensors(a_dir + "/model.safetensors");
-  const SafetensorsFile b = read_safetensors(b_dir + "/model.safetensors");
+// ||a - b|| / ||a|| of each f32 tensor of two checkpoints' `file` (the weights, or with
+// state.safetensors the optimizer's moments), the largest.
+double weights_relative_difference(const std::string& a_dir, const std::string& b_dir,
+                                   const std::string& file = "model.safetensors") {
+  const SafetensorsFile a = read_safetensors(a_dir + "/" + file);
+  const SafetensorsFile b = read_safetensors(b_dir + "/" + file);
   EXPECT_EQ(a.tensors.size(), b.tensors.size());
   double worst = 0;
   for (const auto& [name, ta] : a.tensors) {
+    if (ta.dtype() != DType::f32 || !b.tensors.contains(name)) {
+      EXPECT_TRUE(b.tensors.contains(name)) << name;
+      continue;
+    }
     const Tensor& tb = b.tensors.at(name);
     double d = 0, n = 0;
     for (int64_t i = 0; i < ta.numel(); ++i) {
@@ -90,23 +96,32 @@ double weights_relative_difference(const std::string& a_dir, const std::string& 
   return worst;
 }
 
+// Six steps with rows and validation at 3 and 6 and checkpoints step-3 and step-6.
+const std::string kSixSteps =
+    " --set run.steps=6 --set ckpt.every=3 --set run.log_every=3 --set run.validate_every=3"
+    " --set run.validate_batches=1000";
+
+// What the multi-rank runs are compared with: one process at batch 12. Its run directory (empty
+// after a failure, which it reports).
+std::string one_process_run(const std::string& dir) {
+  const auto one =
+      run_command(std::string(SLIPSTREAM_CLI) + " " + run_args(dir, "one", 12) + kSixSteps);
+  EXPECT_EQ(one.status, 0) << one.text;
+  return one.status == 0 ? only_run_dir(dir + "/runs", "one") : std::string();
+}
+
 TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   TempDir d;
-  const std::string steps =
-      " --set run.steps=6 --set ckpt.every=6 --set run.log_every=3 --set run.validate_every=3"
-      " --set run.validate_batches=1000";
-  const auto one =
-      run_command(std::string(SLIPSTREAM_CLI) + " " + run_args(d.path(), "one", 12) + steps);
-  ASSERT_EQ(one.status, 0) << one.text;
-  const std::string one_dir = only_run_dir(d.path() + "/runs", "one");
+  const std::string one_dir = one_process_run(d.path());
+  ASSERT_FALSE(one_dir.empty());
   const auto want = rows(one_dir);
   ASSERT_EQ(want.size(), 4u);  // train and validation rows at steps 3 and 6
   for (int ranks : {2, 3}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     const std::string name = "ranks" + std::to_string(ranks);
     const auto many = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " " +
-                                  run_args(d.path(), name, 12 / ranks) + steps);
+                                  run_args(d.path(), name, 12 / ranks) + kSixSteps);
     ASSERT_EQ(many.status, 0) << many.text;
     const std::string dir = only_run_dir(d.path() + "/runs", name);
     EXPECT_LE(
@@ -128,6 +143,46 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
         EXPECT_TRUE(got[i].contains("sync/exposed_ms"));
       }
     }
+  }
+}
+
+// ZeRO-1 (sync.shard_optimizer): each rank keeps the moments of its share of the weights and
+// updates only those; the parameters and the checkpoint's optimizer state equal one process's,
+// and a sharded run resumes from its checkpoint to the same weights it reached without stopping.
+TEST(MultiRank, AShardedOptimizerTrainsWhatOneProcessTrainsAndResumes) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const std::string one_dir = one_process_run(d.path());
+  ASSERT_FALSE(one_dir.empty());
+  const auto want = rows(one_dir);
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const std::string name = "sharded" + std::to_string(ranks);
+    const auto many =
+        run_command(mpirun(ranks) + SLIPSTREAM_CLI + " " + run_args(d.path(), name, 12 / ranks) +
+                    kSixSteps + " --set sync.shard_optimizer=true");
+    ASSERT_EQ(many.status, 0) << many.text;
+    const std::string dir = only_run_dir(d.path() + "/runs", name);
+    for (const char* step : {"/checkpoints/step-3", "/checkpoints/step-6"}) {
+      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
+      // The moments gathered from every rank: the state one process saves.
+      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
+          << step;
+    }
+    const auto got = rows(dir);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_NEAR(double(got[i]["loss"]), double(want[i]["loss"]),
+                  1e-5 * std::max(1.0, std::abs(double(want[i]["loss"]))))
+          << "row " << i;
+    if (ranks != 2) continue;
+    // Resume from step 3: each rank takes its pieces of the saved moments.
+    fs::copy(dir + "/checkpoints/step-6", d.path() + "/straight-6", fs::copy_options::recursive);
+    const auto resumed = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " run --resume " + dir +
+                                     "/checkpoints/step-3 --set run.steps=6");
+    ASSERT_EQ(resumed.status, 0) << resumed.text;
+    EXPECT_LE(weights_relative_difference(d.path() + "/straight-6", dir + "/checkpoints/step-6"),
+              1e-6);
   }
 }
 
