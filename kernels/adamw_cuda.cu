@@ -1,7 +1,7 @@
 // The fused multi-tensor AdamW on CUDA; math of the CPU reference (kernels/adamw_cpu.cpp) and
 // policy of the CPU optimizer (stages/optim/adamw_optimizer.cpp: norm, skip, clip, schedule),
 // against which it is tested. Three launches, no host synchronisation: per-block partial sums
-// of squares, one thread that finishes the norm and decides the step, and the update. Grids are
+// of squares, one block that finishes the norm (thread 0 deciding the step), and the update. Grids are
 // (blocks per segment, segments) with a fixed block count, so the norm's summation order, and
 // with it every result, does not depend on timing.
 #include <cmath>
@@ -39,10 +39,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__global__ void decide_kernel(const float* part, int K, AdamWHyper h, const float* lr_table,
-                              size_t lr_len, AdamWDeviceState* st) {
-  double sq = 0;
-  for (int k = 0; k < K; ++k) sq += double(part[k]);
+// One block: thread t sums partials t, t + kThreads, ... in double, then a tree in shared memory
+// in a fixed order (a serial loop over the thousands of partials of a large model took longer
+// than the update itself); thread 0 decides.
+__global__ void __launch_bounds__(kThreads)
+    decide_kernel(const float* part, int K, AdamWHyper h, const float* lr_table, size_t lr_len,
+                  AdamWDeviceState* st) {
+  __shared__ double sums[kThreads];
+  double acc = 0;
+  for (int k = int(threadIdx.x); k < K; k += kThreads) acc += double(part[k]);
+  sums[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x != 0) return;
+  const double sq = sums[0];
   const double norm = sqrt(sq) * double(h.grad_scale);
   st->grad_norm = float(norm);
   const size_t at = size_t(st->step) < lr_len ? size_t(st->step) : lr_len - 1;
@@ -104,8 +117,8 @@ void adamw_step(const AdamWSegment* segments, int count, size_t max_n, const Ada
   SLIPSTREAM_LAUNCH(norm_partials_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream,
                     segments, part);
   check_launch("adamw_step (gradient norm)");
-  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(1), stream, part, int(bx) * count, hyper, lr_table,
-                    lr_len, state);
+  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(kThreads), stream, part, int(bx) * count, hyper,
+                    lr_table, lr_len, state);
   check_launch("adamw_step (decide)");
   SLIPSTREAM_LAUNCH(update_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream, segments,
                     hyper, state);
