@@ -18,6 +18,7 @@
 #include "kernels/bf16.h"
 #include "kernels/causal_conv1d.h"
 #include "kernels/gru.h"
+#include "kernels/gru_cudnn.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
@@ -238,6 +239,34 @@ void gru(benchmark::State& st, const Shape& sh, bool backward) {
   cublasLtDestroy(lt);
 }
 
+// The same layer in cuDNN's RNN (kernels/gru_cudnn.h): the forward copies the weights into
+// cuDNN's weight space, the backward adds cuDNN's weight gradients into ours, as the stage does.
+void gru_cudnn(benchmark::State& st, const Shape& sh, bool backward) {
+  const int B = sh.B, L = sh.L, In = sh.d_model, H = sh.d_model, G = 3 * H;
+  const size_t M = size_t(B) * L, nw = size_t(G) * (In + H) + 2 * size_t(G);
+  Buffers m;
+  const float *x = m.random<float>(M * In, -1, 1), *dy = m.random<float>(M * H, -1, 1);
+  const float* w = m.random<float>(nw, -0.1f, 0.1f);
+  float *y = m.alloc<float>(M * H), *dx = m.alloc<float>(M * In), *dw = m.random<float>(nw, 0, 0);
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  sk::cuda::CudnnGru gru(s, In, H,
+                         {{0, size_t(G) * In, size_t(G) * (In + H), size_t(G) * (In + H) + G}});
+  const auto needs = gru.describe_batch(B, L);
+  const sk::cuda::CudnnGru::Buffers b{
+      m.alloc<char>(gru.weight_space_bytes()), m.alloc<char>(gru.weight_space_bytes()),
+      m.alloc<char>(needs.work_bytes), m.alloc<char>(needs.reserve_bytes), m.alloc<int>(B)};
+  gru.set_batch(b.seq_lengths);
+  gru.forward(x, w, y, b, true);
+  if (!backward) {
+    time_launches(st, s, 4.0 * (M * (In + H) + nw), [&] { gru.forward(x, w, y, b, true); });
+  } else {
+    time_launches(st, s, 4.0 * (M * (2 * In + 2 * H) + 2 * nw),
+                  [&] { gru.backward(x, y, dy, w, dx, dw, b); });
+  }
+  cudaStreamDestroy(s);
+}
+
 // Host-to-device copy of a batch-sized buffer (prefetch's work) from page-locked memory (what
 // the host pool hands out in a CUDA run) and from ordinary pageable memory: GB/s.
 void host_to_device(benchmark::State& state, size_t bytes, bool pinned) {
@@ -316,6 +345,8 @@ int main(int argc, char** argv) {
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
     add("gru_layer_forward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, false); });
     add("gru_layer_backward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, true); });
+    add("gru_cudnn_forward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, false); });
+    add("gru_cudnn_backward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, true); });
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -1,11 +1,15 @@
 // gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
 // sequence from a zero initial state. The math is GruModel (gru_model.h) over the ops of the
 // run's backend (ops_backend.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
-// gate kernel, kernels/gru_cuda.cu). Under bf16 precision the GRU still computes in FP32 (its
-// GEMMs have no bf16 path yet), so the stage keeps no bf16 shadow (the optimizer then writes
-// none). On a stream (Runner::stream) the forward continues each row's sequence one frame at a
-// time (gru_recurrent.h, CPU).
+// gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device the whole stack
+// in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the GRU
+// still computes in FP32 (its GEMMs have no bf16 path yet), so the stage keeps no bf16 shadow (the
+// optimizer then writes none). On a stream (Runner::stream) the forward continues each row's
+// sequence one frame at a time (gru_recurrent.h, CPU).
 #include "engine/registry.h"
+#if SLIPSTREAM_KERNELS_CUDA
+#include "kernels/gru_cudnn.h"
+#endif
 #include "stages/nn/gru_model.h"
 #include "stages/nn/gru_recurrent.h"
 #include "stages/nn/model_stage_util.h"
@@ -44,6 +48,69 @@ class GruRunnerOn final : public GruRunner {
   nn::GruModel<float, Ops> m_;
 };
 
+#if SLIPSTREAM_KERNELS_CUDA
+// The stack in cuDNN's RNN on the run's CUDA device: its weight spaces, workspace and reserve
+// from the device pool, sized by resize().
+class GruRunnerCudnn final : public GruRunner {
+ public:
+  GruRunnerCudnn(const nn::GruConfig& c, const ExecContext& exec)
+      : c_(c),
+        lay_(c),
+        device_(exec.device()),
+        gru_(static_cast<cudaStream_t>(exec.stream()), c.din, c.hidden, offsets(lay_)) {
+    auto bytes = [&](const char* what) {
+      return Tensor::zeros({static_cast<int64_t>(gru_.weight_space_bytes())}, DType::u8, device_,
+                           what);
+    };
+    weights_ = bytes("gru cuDNN weight space");
+    dweights_ = bytes("gru cuDNN weight gradients");
+  }
+  const nn::GruConfig& config() const override { return c_; }
+  const nn::GruLayout& layout() const override { return lay_; }
+  void resize(int B, int L) override {
+    const auto needs = gru_.describe_batch(B, L);
+    auto bytes = [&](size_t n, const char* what) {
+      return Tensor::zeros({static_cast<int64_t>(std::max<size_t>(n, 1))}, DType::u8, device_,
+                           what);
+    };
+    work_ = bytes(needs.work_bytes, "gru cuDNN workspace");
+    reserve_ = bytes(needs.reserve_bytes, "gru cuDNN reserve");
+    lengths_ = Tensor::zeros({B}, DType::i32, device_, "gru cuDNN sequence lengths");
+    dx_ = Tensor::zeros({int64_t{B} * L * c_.din}, DType::f32, device_, "gru input gradient");
+    gru_.set_batch(lengths_.data<int>());
+  }
+  void forward(const float* x, const float* w, float* y) override {
+    gru_.forward(x, w, y, buffers(), true);
+    y_ = y;
+  }
+  void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
+                const std::function<void(int)>* layer_done) override {
+    // cuDNN writes the input gradient whether or not it is wanted.
+    gru_.backward(x, y_, dy, w, dx ? dx : dx_.data<float>(), g, buffers());
+    // One call computes every layer's gradients: all are final together.
+    if (layer_done)
+      for (int l = c_.layers - 1; l >= 0; --l) (*layer_done)(l);
+  }
+
+ private:
+  static std::vector<kernels::cuda::CudnnGru::LayerOffsets> offsets(const nn::GruLayout& lay) {
+    std::vector<kernels::cuda::CudnnGru::LayerOffsets> o;
+    for (const auto& l : lay.layers) o.push_back({l.w_ih, l.w_hh, l.b_ih, l.b_hh});
+    return o;
+  }
+  kernels::cuda::CudnnGru::Buffers buffers() {
+    return {weights_.raw(), dweights_.raw(), work_.raw(), reserve_.raw(), lengths_.data<int>()};
+  }
+
+  nn::GruConfig c_;
+  nn::GruLayout lay_;
+  Device device_;
+  kernels::cuda::CudnnGru gru_;
+  Tensor weights_, dweights_, work_, reserve_, lengths_, dx_;
+  const float* y_ = nullptr;  // the last forward's output (the backward reads it)
+};
+#endif
+
 class GruStage : public Stage {
  public:
   static StageSchema schema() {
@@ -59,7 +126,11 @@ class GruStage : public Stage {
         .param("hidden", int64_t{128}, "hidden size H")
         .range(1, 65536)
         .param("layers", int64_t{1}, "stacked GRU layers")
-        .range(1, 256);
+        .range(1, 256)
+        .param("backend", std::string("kernels"),
+               "kernels: the run's ops (the CPU's, or on a GPU a cuBLASLt GEMM and a gate kernel "
+               "per step) | cudnn: the whole stack in cuDNN's RNN (CUDA devices, fp32)")
+        .choices({"kernels", "cudnn"});
   }
 
   void setup(StageContext& ctx) override {
@@ -71,10 +142,20 @@ class GruStage : public Stage {
     c.din = static_cast<int>(in[2]);
     c.hidden = static_cast<int>(ctx.params().integer("hidden"));
     c.layers = static_cast<int>(ctx.params().integer("layers"));
-    model_ = nn::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
-                          [&](auto ops) -> std::unique_ptr<GruRunner> {
-                            return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
-                          });
+    if (ctx.params().string("backend") == "cudnn") {
+      if (ctx.exec().backend() != KernelBackend::cuda)
+        throw std::runtime_error("backend cudnn runs on a CUDA device and this run's is " +
+                                 ctx.exec().device().str() + ": use backend kernels (" +
+                                 ctx.params().mark("backend").str() + ")");
+#if SLIPSTREAM_KERNELS_CUDA
+      model_ = std::make_unique<GruRunnerCudnn>(c, ctx.exec());
+#endif
+    } else {
+      model_ = nn::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
+                            [&](auto ops) -> std::unique_ptr<GruRunner> {
+                              return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
+                            });
+    }
     device_ = ctx.exec().device();
     store_.allocate(model_->layout().params, false, device_, ctx.run().param_arena.get());
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
@@ -114,9 +195,13 @@ class GruStage : public Stage {
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
 
-  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+  void stream_begin(StageContext& ctx) override {
+    stream_.begin(ctx, device_);
+  }
 
-  std::vector<Parameter*> parameters() override { return store_.pointers(); }
+  std::vector<Parameter*> parameters() override {
+    return store_.pointers();
+  }
 
   Cost cost() const override {
     if (B_ <= 0) return {};

@@ -13,6 +13,7 @@
 #include "tests/kernels_cuda/cuda_memory.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/gru_checks.h"
+#include "tests/kernels_cuda/gru_cudnn_checks.h"
 #include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
@@ -153,6 +154,15 @@ TEST(GpuGru, LayerMatchesCpu) {
   uint64_t seed = 501;
   for (const auto& s : gru_shapes()) check_gru<Ops, Mem>(s, seed++);
   check_gru<Ops, Mem>({64, 60, 128, 128}, 511);  // a gpu_standard-sized layer
+}
+
+TEST(GpuGru, CudnnStackMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 521;
+  for (const GruStackShape& s : std::vector<GruStackShape>{
+           {1, 1, 3, 2, 1}, {3, 5, 7, 4, 1}, {2, 13, 6, 9, 2}, {5, 4, 4, 70, 3}})
+    check_cudnn_gru<Mem>(s, seed++);
+  check_cudnn_gru<Mem>({64, 60, 128, 128, 2}, 531);  // gpu_standard-sized layers
 }
 
 }  // namespace

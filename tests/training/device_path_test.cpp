@@ -96,7 +96,9 @@ void expect_same_weights(Runner& x, Runner& y, const std::string& when) {
   }
 }
 
-void device_path_matches_cpu(const std::string& precision, bool gru = false) {
+// `device_sets`: more overrides for the device run only (another backend of a stage).
+void device_path_matches_cpu(const std::string& precision, bool gru = false,
+                             const std::vector<std::string>& device_sets = {}) {
   TempDir d;
   std::ostringstream log;
   const std::string graph =
@@ -104,8 +106,9 @@ void device_path_matches_cpu(const std::string& precision, bool gru = false) {
   Runner cpu(plan_graph(load_config(graph, graph_overrides(d.path(), "cpu", precision, gru))),
              quiet_run_options(log));
   const RunResult rc = cpu.run();
-  Runner dev(plan_graph(load_config(graph, graph_overrides(d.path(), kDevice, precision, gru))),
-             quiet_run_options(log));
+  auto sets = graph_overrides(d.path(), kDevice, precision, gru);
+  sets.insert(sets.end(), device_sets.begin(), device_sets.end());
+  Runner dev(plan_graph(load_config(graph, sets)), quiet_run_options(log));
   const RunResult re = dev.run();
   ASSERT_EQ(rc.final_step, 4u);
   ASSERT_EQ(re.final_step, 4u);
@@ -178,6 +181,30 @@ TEST(DevicePath, RunningAheadChangesNoFigure) {
 TEST(DevicePath, GruMatchesCpu) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   device_path_matches_cpu("fp32", true);
+}
+
+// The GRU stack in cuDNN's RNN (core.backend=cudnn) trains as the CPU does. The emulator has
+// no cuDNN: there the stage must refuse it, saying why.
+TEST(DevicePath, GruOnCudnnMatchesCpu) {
+  if (std::string(kDevice) == "emulated") {
+    TempDir d;
+    std::ostringstream log;
+    auto sets = graph_overrides(d.path(), kDevice, "fp32", true);
+    sets.push_back("core.backend=cudnn");
+    Runner r(plan_graph(load_config(source_path("configs/train_bc_gru.yaml"), sets)),
+             quiet_run_options(log));
+    try {
+      r.run();
+      FAIL() << "backend cudnn ran on the emulator";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("backend cudnn runs on a CUDA device"),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  device_path_matches_cpu("fp32", true, {"core.backend=cudnn"});
 }
 
 // Steady state on the device path: after a few steps no memory pool grows (no cudaMalloc, no
