@@ -148,6 +148,15 @@ CudaLibraryVersions cuda_library_versions() {
 #endif
 }
 
+uint64_t cuda_free_memory(int index) {
+#if SLIPSTREAM_HAS_CUDA
+  return cuda_rt::free_memory(index);
+#else
+  (void)index;
+  throw std::runtime_error("this build has no CUDA: no device memory to ask about");
+#endif
+}
+
 CudaSyncCounts cuda_sync_counts() {
 #if SLIPSTREAM_HAS_CUDA
   return cuda_rt::sync_counts();

@@ -83,4 +83,7 @@ struct CudaSyncCounts {
 };
 CudaSyncCounts cuda_sync_counts();
 
+// Bytes of device `index`'s memory free now (cudaMemGetInfo); throws without CUDA.
+uint64_t cuda_free_memory(int index);
+
 }  // namespace slipstream

@@ -59,7 +59,12 @@ const StageSchema& run_schema() {
                "RUN/checkpoints/step-N), with fresh optimizer state and step 0: fine-tuning")
         .path(/*must_exist=*/true)
         .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
-        .range(10, 60000);
+        .range(10, 60000)
+        .param("device_memory", 0.0,
+               "GiB of device memory the run may use: a batch_size of auto fits in 90% of it "
+               "(0: what the device has free when the run starts; device emulated needs a "
+               "number)")
+        .range(0, std::nullopt);
     return s;
   }();
   return schema;
@@ -248,15 +253,17 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
       continue;
     }
     std::string why;
-    auto v = spec->keyword && cv.node.IsScalar() && cv.node.Scalar() == spec->keyword->first
-                 ? std::optional<ParamValue>(spec->keyword->second)
-                 : convert(cv.node, spec->type, why);
+    // A keyword stands for a value its schema chose: no range applies to it.
+    const bool word =
+        spec->keyword && cv.node.IsScalar() && cv.node.Scalar() == spec->keyword->first;
+    auto v =
+        word ? std::optional<ParamValue>(spec->keyword->second) : convert(cv.node, spec->type, why);
     if (!v) {
       if (spec->keyword) why += " (or '" + spec->keyword->first + "')";
       issues.push_back({cv.mark, prefix + "parameter '" + key + "' " + why});
       continue;
     }
-    std::string bad = check_constraints(*spec, *v);
+    std::string bad = word ? std::string() : check_constraints(*spec, *v);
     if (!bad.empty()) {
       issues.push_back({cv.mark, prefix + bad});
       continue;

@@ -40,6 +40,8 @@ class MemoryPool {
   virtual void* allocate(size_t bytes, const char* what, void* stream = nullptr) = 0;
   virtual void deallocate(void* ptr, size_t bytes, void* stream = nullptr) = 0;
   virtual PoolStats stats() const = 0;
+  // peak_bytes starts again from what is in use now (a measurement's window).
+  virtual void reset_peak() = 0;
   virtual const std::string& name() const = 0;
   virtual Device device() const = 0;
   // Returns cached free blocks to the system (not called in the hot loop).

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/auto_batch.h"
 #include "engine/checkpoint.h"
 #include "engine/console_tee.h"
 #include "engine/launch.h"
@@ -1043,6 +1044,9 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   I.device_reason = dc.reason;
+  // batch_size: auto -> the largest batch that fits (probes of this graph: engine/auto_batch.h).
+  if (auto chosen = resolve_auto_batch(plan, dc, launch.world_size))
+    I.device_reason += "\n" + chosen->summary();
   I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
   for (size_t k = 0; k < I.graph->size(); ++k)

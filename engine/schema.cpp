@@ -206,6 +206,12 @@ StageSchema& StageSchema::micro_batches() {
   return *this;
 }
 
+StageSchema& StageSchema::batch_size() {
+  keyword("auto", kAutoBatchSize);
+  params_.back().batch_size = true;
+  return *this;
+}
+
 StageSchema& StageSchema::keyword(std::string word, int64_t value) {
   if (params_.empty() || params_.back().type != ParamType::integer)
     throw std::logic_error("StageSchema::keyword needs an integer parameter before it");

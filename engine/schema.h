@@ -21,6 +21,9 @@ using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<
                                 std::vector<int64_t>, std::vector<double>>;
 std::string param_value_str(const ParamValue& v);  // YAML flow form: 3, 0.5, "a", [a, b]
 
+// What `auto` stands for in a StageSchema::batch_size() parameter until the runner resolves it.
+inline constexpr int64_t kAutoBatchSize = -1;
+
 struct ParamSpec {
   std::string name;
   ParamType type = ParamType::integer;
@@ -32,6 +35,7 @@ struct ParamSpec {
   bool is_path = false;        // names files: see StageSchema::path()
   bool must_exist = false;     // ... that exist at validation (globs excepted)
   bool micro_batches = false;  // batches per optimizer step: see StageSchema::micro_batches()
+  bool batch_size = false;     // samples per batch, may be `auto`: see StageSchema::batch_size()
   // A word accepted for an integer parameter, and the value it stands for ("all" = no limit).
   std::optional<std::pair<std::string, int64_t>> keyword;
   // A stage's own check of a value at validation: the problem, or "" (see StageSchema::check).
@@ -105,6 +109,10 @@ class StageSchema {
   // log_every, validate_every and checkpoints are in optimizer steps, and each step trains on
   // that many batches. Stages that declare one must agree on the value.
   StageSchema& micro_batches();
+  // The most recently declared (integer) parameter is the number of samples in a batch, and also
+  // accepts `auto` (kAutoBatchSize): before the run starts, the runner replaces it by the largest
+  // batch that fits the device's memory (engine/auto_batch.h). One per graph.
+  StageSchema& batch_size();
   // The most recently declared (integer) parameter also accepts `word`, meaning `value` (e.g.
   // validate_batches: all).
   StageSchema& keyword(std::string word, int64_t value);

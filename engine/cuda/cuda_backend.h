@@ -14,6 +14,7 @@ namespace slipstream::cuda_rt {
 
 // The host's waits so far (engine/device.h's cuda_sync_counts).
 CudaSyncCounts sync_counts();
+uint64_t free_memory(int index);
 
 // Uncached; probe_cuda() caches it.
 CudaProbe probe();

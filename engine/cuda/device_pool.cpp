@@ -77,6 +77,7 @@ class DevicePool final : public MemoryPool {
   PoolStats stats() const override {
     return {in_use_.load(), reserved_.load(), peak_.load(), allocations_.load(), failures_.load()};
   }
+  void reset_peak() override { peak_.store(in_use_.load()); }
   const std::string& name() const override { return name_; }
   Device device() const override { return Device::cuda(index_); }
 

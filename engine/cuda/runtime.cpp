@@ -221,6 +221,13 @@ void destroy_stream(void* stream) {
   if (cudaStreamDestroy(static_cast<cudaStream_t>(stream)) != cudaSuccess) cudaGetLastError();
 }
 
+uint64_t free_memory(int index) {
+  DeviceGuard guard(index);
+  size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo", "cuda:" + std::to_string(index));
+  return free_b;
+}
+
 CudaSyncCounts sync_counts() {
   return {device_syncs.load(), stream_syncs.load(), event_syncs.load()};
 }

@@ -544,8 +544,10 @@ StageSchema ReplaysStage::schema() {
       // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
       // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
-             "windows per batch (an epoch's last partial batch is dropped)")
+             "windows per batch (an epoch's last partial batch is dropped); auto: the largest "
+             "that fits the device's memory (run.device_memory)")
       .range(1, 1 << 20)
+      .batch_size()
       .param("window", int64_t{60}, "frames per window")
       .range(1, 1 << 20)
       .param("stride", int64_t{5}, "frames between window starts")

@@ -1,0 +1,132 @@
+#include "engine/auto_batch.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "engine/memory_pool.h"
+#include "engine/runner.h"
+
+namespace slipstream {
+
+namespace {
+
+constexpr double kUse = 0.9;  // of the memory the run may use: room for fragmentation
+constexpr int64_t kSmall = 8, kLarge = 32, kMultiple = 8;
+constexpr int kRetries = 3;
+
+std::string bytes_text(double bytes) {
+  return format_bytes(static_cast<uint64_t>(std::max(0.0, bytes)));
+}
+
+// Two training steps of `base` at `batch` samples; the pool's peak meanwhile.
+double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, int64_t batch,
+                  MemoryPool& pool) {
+  GraphPlan plan = base;
+  plan.stages[stage].params.set(name, ParamValue(batch));
+  plan.run.set("steps", ParamValue(int64_t{2}));
+  plan.run.set("validate_every", ParamValue(int64_t{0}));
+  std::ostringstream log;
+  pool.reset_peak();
+  Runner runner(std::move(plan), RunOptions::embedded(&log));
+  runner.run();
+  return static_cast<double>(pool.stats().peak_bytes);
+}
+
+}  // namespace
+
+std::string AutoBatch::summary() const {
+  return param + ": auto -> " + std::to_string(batch) + " (peak " + bytes_text(peak_bytes) +
+         " of " + bytes_text(budget_bytes) + " allowed; " + bytes_text(fixed_bytes) + " fixed + " +
+         bytes_text(per_sample_bytes) + " a sample)";
+}
+
+std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
+                                            int world_size) {
+  size_t stage = 0;
+  const ParamSpec* spec = nullptr;
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (const ParamSpec& p : plan.stages[k].schema->params())
+      if (p.batch_size && plan.stages[k].params.has(p.name) &&
+          plan.stages[k].params.integer(p.name) == kAutoBatchSize) {
+        if (spec)
+          throw std::runtime_error(plan.stages[stage].name + "." + spec->name + " and " +
+                                   plan.stages[k].name + "." + p.name +
+                                   " are both auto: give one of them a number");
+        stage = k, spec = &p;
+      }
+  if (!spec) return std::nullopt;
+  AutoBatch out;
+  out.param = plan.stages[stage].name + "." + spec->name;
+  const std::string where = " (" + plan.stages[stage].params.mark(spec->name).str() + ")";
+  if (device.device.is_cpu() && !device.emulate_cuda)
+    throw std::runtime_error(out.param +
+                             ": auto sizes a batch to a GPU's memory and this run is on the "
+                             "CPU: give a number" +
+                             where);
+  if (world_size > 1)
+    throw std::runtime_error(out.param + ": auto with " + std::to_string(world_size) +
+                             " ranks is not built yet (each rank could choose another size): "
+                             "give a number" +
+                             where);
+  const double device_gib = plan.run.number("device_memory");
+  if (device_gib <= 0 && device.emulate_cuda)
+    throw std::runtime_error(out.param +
+                             ": auto on device emulated needs run.device_memory (GiB): an "
+                             "emulated device has no memory of its own to measure" +
+                             where);
+  MemoryPool& pool = Pools::for_device(device.device);
+  const double may_use =
+      device_gib > 0 ? device_gib * double(1 << 30) : double(cuda_free_memory(device.device.index));
+  out.budget_bytes = kUse * may_use;
+
+  auto probe = [&](int64_t batch) {
+    try {
+      return probe_peak(plan, stage, spec->name, batch, pool);
+    } catch (const OutOfMemoryError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw std::runtime_error(out.param + ": auto: the probe at " + std::to_string(batch) +
+                               " samples failed: " + e.what());
+    }
+  };
+  const double small = probe(kSmall), large = probe(kLarge);
+  out.per_sample_bytes = (large - small) / double(kLarge - kSmall);
+  if (!(out.per_sample_bytes > 0))
+    throw std::runtime_error(out.param + ": auto: the memory a sample takes could not be " +
+                             "measured (peaks " + bytes_text(small) + " at " +
+                             std::to_string(kSmall) + " samples, " + bytes_text(large) + " at " +
+                             std::to_string(kLarge) + "): give a number" + where);
+  out.fixed_bytes = std::max(0.0, small - double(kSmall) * out.per_sample_bytes);
+  const auto max_batch = static_cast<int64_t>(spec->max.value_or(double(1 << 20)));
+  int64_t batch =
+      static_cast<int64_t>(std::floor((out.budget_bytes - out.fixed_bytes) / out.per_sample_bytes));
+  batch = std::min(batch / kMultiple * kMultiple, max_batch);
+  std::string tried;
+  for (int attempt = 0;; ++attempt) {
+    if (batch < kSmall)
+      throw std::runtime_error(out.param + ": auto: not even " + std::to_string(kSmall) +
+                               " samples fit in " + bytes_text(out.budget_bytes) + " (" +
+                               bytes_text(out.fixed_bytes) + " fixed + " +
+                               bytes_text(out.per_sample_bytes) + " a sample" + tried +
+                               "): lower the model's sizes, or raise run.device_memory" + where);
+    try {
+      out.peak_bytes = probe(batch);
+      if (out.peak_bytes <= out.budget_bytes) break;
+      tried += "; " + std::to_string(batch) + " peaked at " + bytes_text(out.peak_bytes);
+    } catch (const OutOfMemoryError&) {
+      tried += "; " + std::to_string(batch) + " ran out of memory";
+    }
+    if (attempt + 1 == kRetries)
+      throw std::runtime_error(out.param + ": auto: no batch checked out within " +
+                               bytes_text(out.budget_bytes) + tried + ": give a number" + where);
+    batch = static_cast<int64_t>(std::floor(double(batch) * 0.85)) / kMultiple * kMultiple;
+  }
+  out.batch = batch;
+  plan.stages[stage].params.set(spec->name, ParamValue(batch),
+                                plan.stages[stage].params.mark(spec->name));
+  pool.release_cached();  // the run allocates its own, in the memory the probes measured
+  return out;
+}
+
+}  // namespace slipstream

@@ -1,0 +1,39 @@
+// `auto` batch sizes (StageSchema::batch_size(), e.g. replays.batch_size: auto): before a run
+// starts, the largest batch that fits its device's memory.
+//
+// Probes train two steps of the same graph at 8 and at 32 samples (RunOptions::embedded: nothing
+// written) and read the peak of the device's memory pool; the peak is fitted as
+// fixed + batch · per_sample (weights, optimizer state and workspaces; activations, gradients
+// of activations and the prefetch ring), and the batch is the largest multiple of 8 whose fitted
+// peak stays within 90% of the budget — run.device_memory, or what the device has free when the
+// run starts. A probe at that size checks it; one that runs out of memory, or past the budget,
+// takes 15% off and tries again (three times at most). The pool's cache is then given back, so
+// the run starts with the memory the probes measured.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "engine/device.h"
+#include "engine/graph.h"
+
+namespace slipstream {
+
+struct AutoBatch {
+  std::string param;  // "replays.batch_size"
+  int64_t batch = 0;
+  double budget_bytes = 0;      // 90% of the memory the run may use
+  double fixed_bytes = 0;       // the fit's intercept
+  double per_sample_bytes = 0;  // ... and slope
+  double peak_bytes = 0;        // the checking probe's peak at `batch`
+  std::string summary() const;  // one line for the run's log
+};
+
+// Replaces the plan's `auto` batch size (one at most) by the chosen number; nullopt when no
+// parameter is auto. `device` is where the run trains. Throws std::runtime_error naming the
+// parameter when it cannot choose: a CPU run, an emulated device without run.device_memory,
+// several ranks, not even 8 samples fitting, or a probe failing for another reason than memory.
+std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
+                                            int world_size);
+
+}  // namespace slipstream
