@@ -1,7 +1,8 @@
 // replays.batch_size: auto (engine/auto_batch.h) on the emulated device, whose memory is the host
 // pool: with run.device_memory as the budget, the chosen batch is a multiple of 8, the run's
 // peak stays within 90% of the budget, and twice the budget gives a larger batch. A CPU run, and
-// an emulated one without a budget, are refused before any probe, saying why.
+// an emulated one without a budget, are refused before any probe, saying why. An out-of-memory
+// error's hint names the batch size.
 #include <gtest/gtest.h>
 
 #include <sstream>
@@ -69,6 +70,17 @@ TEST(AutoBatch, RefusedWhereThereIsNoDeviceMemoryToMeasure) {
       EXPECT_NE(std::string(e.what()).find("replays.batch_size"), std::string::npos) << e.what();
     }
   }
+}
+
+// An allocation that fails says which knob to turn: the graph's batch size, as it stands.
+TEST(AutoBatch, OutOfMemoryNamesTheBatchSize) {
+  TempDir d;
+  std::ostringstream log;
+  auto sets = tiny_overrides(d.path());
+  sets.push_back("replays.batch_size=24");
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
+  EXPECT_EQ(Pools::oom_hint(), "lower replays.batch_size (now 24)");
 }
 
 }  // namespace
