@@ -238,15 +238,30 @@ struct ScanGrads {
 // chunks last to first, recomputes a chunk's states into registers and runs the adjoint
 // recurrence through it. dBm, dCm are summed over the warp's channels by channel_sum, over the
 // block's warps in shared memory (fixed order), and over blocks by sum_partials.
-template <class DT, int kNS, int kG, int kT>
-__global__ void __launch_bounds__(kChanThreads)
+// kMinBlocks > 1 caps the registers so that many blocks fit an SM, with A·log2 e read from
+// shared memory instead of registers (ScanBackwardVariant::occupancy).
+template <class DT, int kNS, int kG, int kT, int kMinBlocks>
+__global__ void __launch_bounds__(kChanThreads, kMinBlocks)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
+  constexpr bool kSharedA = kMinBlocks > 1;
   static_assert(kStage % kT == 0, "a window holds whole chunks");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   __shared__ float rB[kChanWarps][kStage][kMaxPad], rC[kChanWarps][kStage][kMaxPad];
+  __shared__ float sA2[kSharedA ? kNS : 1][kChanThreads];
   const ChanLane<kNS, kG> q(a);
+  if constexpr (kSharedA) {
+#pragma unroll
+    for (int k = 0; k < kNS; ++k) sA2[k][q.tid] = q.A2[k];  // each thread its own column
+  }
+  // A·log2 e of state k of this thread (its own column: no barrier needed).
+  auto A2 = [&](int k) -> float {
+    if constexpr (kSharedA)
+      return sA2[k][q.tid];
+    else
+      return q.A2[k];
+  };
   const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
   const int nchunk = (L + kT - 1) / kT;
   auto state_at = [&](int c, int n) { return ((size_t(q.b) * nchunk + c) * N + n) * D + q.d; };
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(kChanThreads)
           const float dtu = in[j].dt * in[j].u;
 #pragma unroll
           for (int k = 0; k < kNS; ++k)
-            h[k] = exp2f(in[j].dt * q.A2[k]) * h[k] + dtu * sB[g0 + j][q.s * kNS + k];
+            h[k] = exp2f(in[j].dt * A2(k)) * h[k] + dtu * sB[g0 + j][q.s * kNS + k];
         }
       }
     }
@@ -322,7 +337,7 @@ __global__ void __launch_bounds__(kChanThreads)
         const float dtu = in[j].dt * in[j].u;
 #pragma unroll
         for (int k = 0; k < kNS; ++k)
-          hs[j + 1][k] = exp2f(in[j].dt * q.A2[k]) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
+          hs[j + 1][k] = exp2f(in[j].dt * A2(k)) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
       }
 #pragma unroll
       for (int j = kT - 1; j >= 0; --j) {
@@ -344,13 +359,13 @@ __global__ void __launch_bounds__(kChanThreads)
         for (int k = 0; k < kNS; ++k) {
           const int n = q.s * kNS + k;
           const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
-          const float ea = exp2f(x.dt * q.A2[k]);
+          const float ea = exp2f(x.dt * A2(k));
           const float gn = g[k] + dy * Cn;
           cC[k] = dy * hs[j + 1][k];
           cB[k] = gn * x.dt * x.u;
           const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
           dA_acc[k] += da * x.dt;
-          sa += da * q.A2[k];
+          sa += da * A2(k);
           sb += gn * Bn;
           g[k] = ea * gn;
         }
@@ -458,32 +473,38 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   return {dev(u), dev(delta), A, dev(Bm), dev(Cm), Dskip, delta_bias, dev(z), sp, B, L, D, N};
 }
 
+ScanBackwardVariant g_backward_variant = ScanBackwardVariant::registers;
+
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
-// kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
+// kT steps per backward chunk (fewer for more states: the chunk's states live in registers),
+// and the backward's blocks per SM that its registers are capped for (1: uncapped).
 struct ChanShape {
-  int ns, g, t;
+  int ns, g, t, min_blocks;
 };
 ChanShape chan_shape(int N, const char* op) {
   lanes_for(N, op);  // the range check
-  if (N <= 4) return {4, 1, 8};
-  if (N <= 8) return {8, 1, 8};
-  if (N <= 16) return {16, 1, 4};
-  return {16, 2, 4};
+  if (N <= 4) return {4, 1, 8, 1};
+  if (N <= 8) return {8, 1, 8, 1};
+  if (N <= 16)
+    return g_backward_variant == ScanBackwardVariant::occupancy ? ChanShape{16, 1, 2, 3}
+                                                                : ChanShape{16, 1, 4, 1};
+  return {16, 2, 4, 1};
 }
 
-// Calls f(kNS, kG, kT) as integral constants for chan_shape(N) (the same chunk lengths).
+// Calls f(kNS, kG, kT, kMinBlocks) as integral constants for chan_shape(N).
 template <class F>
 void with_chan(int N, const char* op, F&& f) {
   using std::integral_constant;
+  using One = integral_constant<int, 1>;
   const ChanShape c = chan_shape(N, op);
-  if (c.ns == 4)
-    return f(integral_constant<int, 4>{}, integral_constant<int, 1>{}, integral_constant<int, 8>{});
-  if (c.ns == 8)
-    return f(integral_constant<int, 8>{}, integral_constant<int, 1>{}, integral_constant<int, 8>{});
-  if (c.g == 1)
-    return f(integral_constant<int, 16>{}, integral_constant<int, 1>{},
-             integral_constant<int, 4>{});
-  return f(integral_constant<int, 16>{}, integral_constant<int, 2>{}, integral_constant<int, 4>{});
+  if (c.ns == 4) return f(integral_constant<int, 4>{}, One{}, integral_constant<int, 8>{}, One{});
+  if (c.ns == 8) return f(integral_constant<int, 8>{}, One{}, integral_constant<int, 8>{}, One{});
+  if (c.g == 1 && c.min_blocks == 3)
+    return f(integral_constant<int, 16>{}, One{}, integral_constant<int, 2>{},
+             integral_constant<int, 3>{});
+  if (c.g == 1) return f(integral_constant<int, 16>{}, One{}, integral_constant<int, 4>{}, One{});
+  return f(integral_constant<int, 16>{}, integral_constant<int, 2>{}, integral_constant<int, 4>{},
+           One{});
 }
 
 int chan_tiles(int D, const ChanShape& c) {
@@ -518,13 +539,20 @@ void selective_scan_forward(const T* u, const T* delta, const float* A, const T*
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
-  with_chan(N, op, [&](auto ns, auto g, auto) {
+  with_chan(N, op, [&](auto ns, auto g, auto, auto) {
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
                       stream, a, dev(out), last_state);
   });
   check_launch(op);
+}
+
+void set_scan_backward_variant(ScanBackwardVariant v) {
+  g_backward_variant = v;
+}
+ScanBackwardVariant scan_backward_variant() {
+  return g_backward_variant;
 }
 
 size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N) {
@@ -546,9 +574,10 @@ void selective_scan_backward(const T* u, const T* delta, const float* A, const T
                     ws + lay.dbias,        ws + lay.dB, ws + lay.dC};
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
   const int tiles = chan_tiles(D, shape);
-  with_chan(N, name, [&](auto ns, auto g, auto t) {
-    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
-                                                   decltype(g)::value, decltype(t)::value>;
+  with_chan(N, name, [&](auto ns, auto g, auto t, auto mb) {
+    const auto kernel =
+        &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value,
+                                   decltype(t)::value, decltype(mb)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kChanThreads), stream, a,
                       dev(dout), dev(du), dev(ddelta), dev(dz), w);
   });

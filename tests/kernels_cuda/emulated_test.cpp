@@ -37,6 +37,17 @@ TEST(EmulatedScan, BackwardMatchesCpuBf16) {
   uint64_t seed = 31;
   for (const auto& s : scan_shapes()) check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
 }
+// The backward's other shape for d_state 9..16 (2-step chunks, A in shared memory, registers
+// capped), which the benchmarks compare with the default.
+TEST(EmulatedScan, BackwardOccupancyVariantMatchesCpu) {
+  cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::occupancy);
+  uint64_t seed = 71;
+  for (const auto& s : scan_shapes()) {
+    check_scan_backward<Ops, Mem, float>(s, seed++);
+    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+  }
+  cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::registers);
+}
 TEST(EmulatedScan, StepEqualsParallelForm) {
   uint64_t seed = 41;
   for (const auto& s : scan_shapes()) check_scan_step<Ops, Mem, float>(s, seed++);

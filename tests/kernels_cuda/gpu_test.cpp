@@ -39,6 +39,17 @@ TEST(GpuScan, BackwardMatchesCpu) {
     check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
   }
 }
+TEST(GpuScan, BackwardOccupancyVariantMatchesCpu) {
+  REQUIRE_DEVICE();
+  cuda::set_scan_backward_variant(cuda::ScanBackwardVariant::occupancy);
+  uint64_t seed = 71;
+  for (const auto& s : scan_shapes()) {
+    check_scan_backward<Ops, Mem, float>(s, seed++);
+    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+  }
+  check_scan_backward<Ops, Mem, float>({256, 60, 256, 16}, 91);
+  cuda::set_scan_backward_variant(cuda::ScanBackwardVariant::registers);
+}
 TEST(GpuScan, StepEqualsParallelForm) {
   REQUIRE_DEVICE();
   uint64_t seed = 41;
