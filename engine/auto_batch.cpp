@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "engine/memory_pool.h"
+#include "engine/rank_reduce.h"
 #include "engine/runner.h"
 
 namespace slipstream {
@@ -28,7 +29,9 @@ double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, 
   plan.run.set("validate_every", ParamValue(int64_t{0}));
   std::ostringstream log;
   pool.reset_peak();
-  Runner runner(std::move(plan), RunOptions::embedded(&log));
+  RunOptions options = RunOptions::embedded(&log);
+  options.single_process = true;  // in a multi-rank launch, each rank probes its own device
+  Runner runner(std::move(plan), options);
   runner.run();
   return static_cast<double>(pool.stats().peak_bytes);
 }
@@ -36,9 +39,10 @@ double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, 
 }  // namespace
 
 std::string AutoBatch::summary() const {
-  return param + ": auto -> " + std::to_string(batch) + " (peak " + bytes_text(peak_bytes) +
-         " of " + bytes_text(budget_bytes) + " allowed; " + bytes_text(fixed_bytes) + " fixed + " +
-         bytes_text(per_sample_bytes) + " a sample)";
+  return param + ": auto -> " + std::to_string(batch) +
+         (ranks > 1 ? " (the smallest of " + std::to_string(ranks) + " ranks' choices)" : "") +
+         " (peak " + bytes_text(peak_bytes) + " of " + bytes_text(budget_bytes) + " allowed; " +
+         bytes_text(fixed_bytes) + " fixed + " + bytes_text(per_sample_bytes) + " a sample)";
 }
 
 std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
@@ -64,11 +68,15 @@ std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice&
                              ": auto sizes a batch to a GPU's memory and this run is on the "
                              "CPU: give a number" +
                              where);
-  if (world_size > 1)
-    throw std::runtime_error(out.param + ": auto with " + std::to_string(world_size) +
-                             " ranks is not built yet (each rank could choose another size): "
-                             "give a number" +
-                             where);
+  RankReduceFn over_ranks;
+  if (world_size > 1) {
+    over_ranks = make_rank_reduce();
+    if (!over_ranks)
+      throw std::runtime_error(out.param + ": auto with " + std::to_string(world_size) +
+                               " ranks needs MPI to agree on one size, and this build has none: "
+                               "give a number" +
+                               where);
+  }
   const double device_gib = plan.run.number("device_memory");
   if (device_gib <= 0 && device.emulate_cuda)
     throw std::runtime_error(out.param +
@@ -90,39 +98,72 @@ std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice&
                                " samples failed: " + e.what());
     }
   };
-  const double small = probe(kSmall), large = probe(kLarge);
-  out.per_sample_bytes = (large - small) / double(kLarge - kSmall);
-  if (!(out.per_sample_bytes > 0))
-    throw std::runtime_error(out.param + ": auto: the memory a sample takes could not be " +
-                             "measured (peaks " + bytes_text(small) + " at " +
-                             std::to_string(kSmall) + " samples, " + bytes_text(large) + " at " +
-                             std::to_string(kLarge) + "): give a number" + where);
-  out.fixed_bytes = std::max(0.0, small - double(kSmall) * out.per_sample_bytes);
-  const auto max_batch = static_cast<int64_t>(spec->max.value_or(double(1 << 20)));
-  int64_t batch =
-      static_cast<int64_t>(std::floor((out.budget_bytes - out.fixed_bytes) / out.per_sample_bytes));
-  batch = std::min(batch / kMultiple * kMultiple, max_batch);
-  std::string tried;
-  for (int attempt = 0;; ++attempt) {
-    if (batch < kSmall)
-      throw std::runtime_error(out.param + ": auto: not even " + std::to_string(kSmall) +
-                               " samples fit in " + bytes_text(out.budget_bytes) + " (" +
-                               bytes_text(out.fixed_bytes) + " fixed + " +
-                               bytes_text(out.per_sample_bytes) + " a sample" + tried +
-                               "): lower the model's sizes, or raise run.device_memory" + where);
+  // This rank's choice, checked by a probe at that size.
+  auto choose = [&]() -> int64_t {
+    double small = 0, large = 0;
     try {
-      out.peak_bytes = probe(batch);
-      if (out.peak_bytes <= out.budget_bytes) break;
-      tried += "; " + std::to_string(batch) + " peaked at " + bytes_text(out.peak_bytes);
-    } catch (const OutOfMemoryError&) {
-      tried += "; " + std::to_string(batch) + " ran out of memory";
+      small = probe(kSmall);
+      large = probe(kLarge);
+    } catch (const OutOfMemoryError& e) {
+      throw std::runtime_error(out.param +
+                               ": auto: " + std::to_string(small > 0 ? kLarge : kSmall) +
+                               " samples do not fit (" + e.what() + ")" + where);
     }
-    if (attempt + 1 == kRetries)
-      throw std::runtime_error(out.param + ": auto: no batch checked out within " +
-                               bytes_text(out.budget_bytes) + tried + ": give a number" + where);
-    batch = static_cast<int64_t>(std::floor(double(batch) * 0.85)) / kMultiple * kMultiple;
+    out.per_sample_bytes = (large - small) / double(kLarge - kSmall);
+    if (!(out.per_sample_bytes > 0))
+      throw std::runtime_error(out.param + ": auto: the memory a sample takes could not be " +
+                               "measured (peaks " + bytes_text(small) + " at " +
+                               std::to_string(kSmall) + " samples, " + bytes_text(large) + " at " +
+                               std::to_string(kLarge) + "): give a number" + where);
+    out.fixed_bytes = std::max(0.0, small - double(kSmall) * out.per_sample_bytes);
+    const auto max_batch = static_cast<int64_t>(spec->max.value_or(double(1 << 20)));
+    int64_t batch = static_cast<int64_t>(
+        std::floor((out.budget_bytes - out.fixed_bytes) / out.per_sample_bytes));
+    batch = std::min(batch / kMultiple * kMultiple, max_batch);
+    std::string tried;
+    for (int attempt = 0;; ++attempt) {
+      if (batch < kSmall)
+        throw std::runtime_error(out.param + ": auto: not even " + std::to_string(kSmall) +
+                                 " samples fit in " + bytes_text(out.budget_bytes) + " (" +
+                                 bytes_text(out.fixed_bytes) + " fixed + " +
+                                 bytes_text(out.per_sample_bytes) + " a sample" + tried +
+                                 "): lower the model's sizes, or raise run.device_memory" + where);
+      try {
+        out.peak_bytes = probe(batch);
+        if (out.peak_bytes <= out.budget_bytes) return batch;
+        tried += "; " + std::to_string(batch) + " peaked at " + bytes_text(out.peak_bytes);
+      } catch (const OutOfMemoryError&) {
+        tried += "; " + std::to_string(batch) + " ran out of memory";
+      }
+      if (attempt + 1 == kRetries)
+        throw std::runtime_error(out.param + ": auto: no batch checked out within " +
+                                 bytes_text(out.budget_bytes) + tried + ": give a number" + where);
+      batch = static_cast<int64_t>(std::floor(double(batch) * 0.85)) / kMultiple * kMultiple;
+    }
+  };
+  if (!over_ranks) {
+    out.batch = choose();
+  } else {
+    // Every rank takes the smallest rank's choice; a rank that could not choose offers 0, so
+    // all stop together (each with its own words) rather than wait for it.
+    std::string failure;
+    double v = 0;
+    try {
+      v = static_cast<double>(choose());
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    over_ranks(std::span<double>(&v, 1), RankReduce::min, out.param + ": auto");
+    if (v < double(kSmall))
+      throw std::runtime_error(!failure.empty()
+                                   ? failure
+                                   : out.param +
+                                         ": auto: another rank could not choose a size "
+                                         "(its error says why)");
+    out.ranks = world_size;
+    out.batch = static_cast<int64_t>(v);
   }
-  out.batch = batch;
+  const int64_t batch = out.batch;
   plan.stages[stage].params.set(spec->name, ParamValue(batch),
                                 plan.stages[stage].params.mark(spec->name));
   pool.release_cached();  // the run allocates its own, in the memory the probes measured

@@ -25,14 +25,18 @@ struct AutoBatch {
   double budget_bytes = 0;      // 90% of the memory the run may use
   double fixed_bytes = 0;       // the fit's intercept
   double per_sample_bytes = 0;  // ... and slope
-  double peak_bytes = 0;        // the checking probe's peak at `batch`
+  double peak_bytes = 0;        // the checking probe's peak at `batch` (this rank's choice)
+  int ranks = 1;                // several: each probed its device, all take the smallest choice
   std::string summary() const;  // one line for the run's log
 };
 
 // Replaces the plan's `auto` batch size (one at most) by the chosen number; nullopt when no
-// parameter is auto. `device` is where the run trains. Throws std::runtime_error naming the
-// parameter when it cannot choose: a CPU run, an emulated device without run.device_memory,
-// several ranks, not even 8 samples fitting, or a probe failing for another reason than memory.
+// parameter is auto. `device` is where the run trains. With several ranks each probes its own
+// device as one process (RunOptions::single_process) and all take the smallest choice
+// (RankReduce::min through engine/rank_reduce.h: every rank must call this, as every rank's
+// Runner does). Throws std::runtime_error naming the parameter when it cannot choose: a CPU
+// run, an emulated device without run.device_memory, not even 8 samples fitting, or a probe
+// failing for another reason than memory.
 std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
                                             int world_size);
 

@@ -1026,8 +1026,8 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   auto& I = *impl_;
   I.opt = std::move(options);
   LaunchInfo launch = launch_info();
-  I.run.rank = launch.rank;
-  I.run.world_size = launch.world_size;
+  I.run.rank = I.opt.single_process ? 0 : launch.rank;
+  I.run.world_size = I.opt.single_process ? 1 : launch.world_size;
   if (I.opt.log) I.log = I.opt.log;
   // In a multi-process run only rank 0 reports progress; the others would repeat it.
   if (!I.opt.log && launch.rank != 0) I.log = &I.quiet;
@@ -1045,7 +1045,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   I.device_reason = dc.reason;
   // batch_size: auto -> the largest batch that fits (probes of this graph: engine/auto_batch.h).
-  if (auto chosen = resolve_auto_batch(plan, dc, launch.world_size))
+  if (auto chosen = resolve_auto_batch(plan, dc, I.run.world_size))
     I.device_reason += "\n" + chosen->summary();
   // An allocation that fails names the knob: the graph's batch size.
   for (const auto& s : plan.stages)

@@ -43,6 +43,9 @@ struct RunOptions {
   // in turn, as they arrived (on a device: already copied), skipping the data stages. The step
   // without loading or copies; 0 (the default) trains on the data.
   uint32_t resident_batches = 0;
+  // One process whatever the launcher started (rank 0 of 1, on this rank's device): a probe
+  // inside a multi-rank run (engine/auto_batch.h) that must not meet the other ranks.
+  bool single_process = false;
 
   // A runner inside a command or program that writes nothing: no run directory, no stats
   // record, no signal handlers; its lines go to `log` (default std::cout).

@@ -57,7 +57,8 @@ class AllreduceStage : public Stage {
 
   void setup(StageContext& ctx) override {
     std::string backend = ctx.params().string("backend");
-    const bool launched = dist::launched_with_multiple_ranks();
+    // The run's ranks (a probe inside a multi-rank launch runs as one process).
+    const bool launched = ctx.run().world_size > 1;
     if (backend == "auto") backend = !launched ? "none" : ctx.device().is_cuda() ? "nccl" : "mpi";
     // Gradients are complete once per optimizer step (after that many accumulated batches).
     accumulate_ = static_cast<int64_t>(ctx.run().micro_batches_per_step);
@@ -80,14 +81,14 @@ class AllreduceStage : public Stage {
           "optimizer is not sharded yet: set " +
           ctx.name() + ".shard_optimizer=false (" + ctx.params().mark("shard_optimizer").str() +
           ")");
-    if (backend == "mpi" || launched) {
+    if (backend == "mpi" && world_ <= 1) return;  // one rank: nothing to average
+    if (launched) {
       dist::mpi_init_once();
       if (dist::mpi_world_size() != world_)
         throw std::runtime_error("MPI says " + std::to_string(dist::mpi_world_size()) +
                                  " ranks but the launcher's environment says " +
                                  std::to_string(world_));
     }
-    if (backend == "mpi" && world_ <= 1) return;  // one rank: nothing to average
     const double timeout = ctx.params().number("timeout_s");
     if (world_ > 1)  // the metric sums, with this stage's deadline
       ctx.run().reduce_over_ranks = [timeout](std::span<double> v, RankReduce op,

@@ -363,4 +363,28 @@ TEST(MultiRank, AKilledRankEndsTheRun) {
   EXPECT_NE(status, 0) << read_text(run.log);
 }
 
+#if SLIPSTREAM_CUDA_EMULATOR
+// replays.batch_size: auto with several ranks: each probes its own (here emulated) device as one
+// process, and every rank trains the smallest choice; the run directory records it.
+TEST(MultiRank, AnAutoBatchSizeIsOneSizeOnEveryRank) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  std::string args = run_args(d.path(), "auto", 8);
+  args.replace(args.find("replays.batch_size=8"), 20, "replays.batch_size=auto");
+  const auto out = run_command(mpirun(2) + SLIPSTREAM_CLI + " " + args +
+                               " --set run.device=emulated --set run.device_memory=0.004"
+                               " --set run.steps=2 --set core.layers=1");
+  ASSERT_EQ(out.status, 0) << out.text;
+  const std::regex chosen(R"(replays\.batch_size: auto -> (\d+) \(the smallest of 2 ranks)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out.text, m, chosen)) << out.text;
+  const std::string dir = only_run_dir(d.path() + "/runs", "auto");
+  EXPECT_NE(read_text(dir + "/config.yaml").find("batch_size: " + m[1].str()), std::string::npos);
+  EXPECT_NE(
+      out.text.find("done: 2 steps, " + std::to_string(2 * std::stoi(m[1].str())) + " samples"),
+      std::string::npos)
+      << out.text;
+}
+#endif
+
 }  // namespace
