@@ -288,22 +288,23 @@ std::string read_text(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// A run of `ranks` ranks that would train for hours (sync.timeout_s 3), started in the
-// background, its stats records in `d`; rank 1's pid once it has taken 12 steps (0, and the run
-// killed, when it never does).
+// A run of `ranks` ranks that would train for hours (sync.timeout_s 3, more --set args in
+// `extra`), started in the background, its stats records in `d`; the pid of `watched_rank`
+// (rank 1) once it has taken 12 steps (0, and the run killed, when it never does).
 struct LongRun {
   Launched run;
   pid_t rank1 = 0;
 };
 LongRun start_long_run(const TempDir& d, const std::string& name, int ranks,
-                       const std::string& ckpt_every) {
+                       const std::string& ckpt_every, const std::string& extra = "",
+                       int watched_rank = 1) {
   setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
   const std::string args =
       run_args(d.path(), name, 4) +
       " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=" + ckpt_every +
-      " --set sync.timeout_s=3";
+      " --set sync.timeout_s=3" + extra;
   LongRun r{launch(mpirun(ranks) + SLIPSTREAM_CLI + " " + args, d.path() + "/" + name + ".txt")};
-  r.rank1 = rank_pid_once_stepping(d.path(), 1, 12);
+  r.rank1 = rank_pid_once_stepping(d.path(), watched_rank, 12);
   unsetenv("SLIPSTREAM_STATS_DIR");  // the ranks have it
   if (r.rank1 == 0) {
     kill(r.run.pid, SIGKILL);
@@ -361,6 +362,30 @@ TEST(MultiRank, AKilledRankEndsTheRun) {
   const int status = wait_for(run, 120);
   ASSERT_NE(status, -2) << "still running 120 s after rank 1 was killed:\n" << read_text(run.log);
   EXPECT_NE(status, 0) << read_text(run.log);
+}
+
+// ZeRO-1 after an interrupt: the ranks stop at different steps and cannot gather the optimizer's
+// state, so rank 0 writes no checkpoint of it (saying so) rather than an incomplete one, and no
+// rank fails on the save.
+TEST(MultiRank, AnInterruptedShardedRunWritesNoIncompleteCheckpoint) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const auto [run, rank0] =
+      start_long_run(d, "sharded-stop", 2, "1000000", " --set sync.shard_optimizer=true", 0);
+  ASSERT_NE(rank0, 0) << "rank 0 never took 12 steps:\n" << read_text(run.log);
+  kill(rank0, SIGINT);
+  const int status = wait_for(run, 120);
+  const std::string text = read_text(run.log);
+  ASSERT_NE(status, -2) << "still running 120 s after rank 0 was interrupted:\n" << text;
+  EXPECT_NE(text.find("not written: the optimizer's state is spread over the ranks"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("was not gathered"), std::string::npos) << text;  // adamw's save refusing
+  const std::string dir = only_run_dir(d.path() + "/runs", "sharded-stop");
+  ASSERT_FALSE(dir.empty()) << text;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir + "/checkpoints", ec))
+    ADD_FAILURE() << "a checkpoint was written: " << e.path();
 }
 
 #if SLIPSTREAM_CUDA_EMULATOR
