@@ -277,7 +277,9 @@ void MpiBucketReducer::timed_out(uint64_t step) {
   const int64_t reached = left_step_.load();
   const std::string head = "allreduce of step " + std::to_string(step) + ": no answer within " +
                            seconds_text(timeout_s_) + " (sync.timeout_s): ";
-  const std::string tail = "; every rank stops, and the run resumes from its last checkpoint";
+  const std::string tail =
+      "; every rank stops (slipstream run --resume RUN_DIR continues from the last checkpoint "
+      "written, if any)";
   if (reached < static_cast<int64_t>(step))
     throw std::runtime_error(head + "rank " + std::to_string(left) +
                              " stopped before reaching step " + std::to_string(step) +

@@ -119,8 +119,8 @@ struct NcclBucketReducer::Impl {
         std::fprintf(stderr,
                      "error: allreduce (nccl) of step %llu: not complete on the device within "
                      "%.0f s (sync.timeout_s): a rank stopped and the others wait in the "
-                     "collective (NCCL_DEBUG=INFO may say which); every rank stops, and the run "
-                     "resumes from its last checkpoint\n",
+                     "collective (NCCL_DEBUG=INFO may say which); every rank stops (slipstream "
+                     "run --resume RUN_DIR continues from the last checkpoint written, if any)\n",
                      static_cast<unsigned long long>(s), timeout_s);
         mpi_abort_all(1);
       }
