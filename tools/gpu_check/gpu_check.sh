@@ -2,10 +2,12 @@
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
 # memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
-# of the scan, and when the whole engine builds a short gpu_quick run, the end-to-end step
-# benchmark (fp32 vs bf16; gpu_quick, gpu_standard, production) and the data path's overlap ratio and GPU busy % (`slipstream bench
-# --overlap`) at gpu_quick and gpu_standard, our step against the PyTorch peer at gpu_standard
-# (bench/peers/side_by_side.py --device cuda), and prints one summary. It exits 1
+# of the scan, and when the whole engine builds a short gpu_quick run and a gpu_standard run
+# with `replays.batch_size: auto`, the end-to-end step benchmark (fp32 vs bf16; gpu_quick,
+# gpu_standard, production; the GRU graph on our per-step layer and on cuDNN) and the data
+# path's overlap ratio and GPU busy % (`slipstream bench --overlap`) at gpu_quick and
+# gpu_standard, our step against the PyTorch peer at gpu_standard (bench/peers/side_by_side.py
+# --device cuda), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu-out. Debian packages the
@@ -29,8 +31,8 @@ EXTRA=()
 
 # GPU_CHECK_ONLY: the groups to run, of tests (the gpu tests), cpu (the kernels' CPU and
 # emulator tests, as CI runs them), sanitize (memcheck,
-# racecheck), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run),
-# e2e (the whole step's benchmarks, the data path), peer (PyTorch side by side), profile (each
+# racecheck), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run, an
+# auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e peer profile} "
@@ -148,6 +150,17 @@ if wants kernels; then
 fi
 if [[ "$MODE" == full* ]]; then
   wants train && step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
+  # The largest batch that fits, chosen by probes on the device (docs/memory.md).
+  wants train && step auto_batch $B/bin/slipstream run --preset gpu_standard \
+    --set replays.batch_size=auto --set run.steps=20 --set run.log_every=10
+  # The GRU graph with its stack in cuDNN against our per-step layer (kernels/gru_cudnn.h).
+  for gb in kernels cudnn; do
+    wants e2e || break
+    step bench_e2e_gru_$gb $B/bin/bench_e2e --preset configs/train_bc_gru.yaml --steps 50 \
+      --warmup 10 --precisions fp32 --set run.device=cuda --set core.backend=$gb \
+      --set core.layers=2 --json "$OUT/bench_e2e_gru_$gb.json"
+    expect_file bench_e2e_gru_$gb "$OUT/bench_e2e_gru_$gb.json"
+  done
   # The whole step on the GPU, fp32 against bf16 in one process, at the three GPU presets.
   for p in gpu_quick gpu_standard production; do
     wants e2e || break
