@@ -96,6 +96,22 @@ def main(out):
             ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
             print(f"    {r['precision']:<6} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
                   f"  {r['ratio_to_first']:.2f}x the first")
+    # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc).
+    for dt in ("fp32", "bf16"):
+        a = bench.get(f"scan_backward/{dt}/gpu_standard")
+        b = bench.get(f"scan_backward_occupancy/{dt}/gpu_standard")
+        if a and b:
+            print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
+                  f"occupancy {b['real_time']:.1f} us -> {a['real_time'] / b['real_time']:.2f}x")
+    # The GRU graph's step: our per-step layer against cuDNN's stack.
+    gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
+    step_ms = {gb: 1000.0 / j["runs"][0]["steps_per_s"] for gb, j in gru.items()
+               if j and j.get("runs") and j["runs"][0].get("steps_per_s")}
+    if step_ms:
+        print("\n  GRU graph step (fp32): " +
+              ", ".join(f"{gb} {ms:.2f} ms" for gb, ms in step_ms.items()) +
+              (f" -> cudnn is {step_ms['kernels'] / step_ms['cudnn']:.2f}x" if len(step_ms) == 2
+               else ""))
     for preset in ("gpu_quick", "gpu_standard"):
         o = read_json(out, f"overlap_{preset}.json")
         if o is None:
