@@ -41,5 +41,5 @@ find "$root/bin" "$root/lib" -type f -perm -u+x 2>/dev/null | xargs -r ldd 2>/de
 printf '%s\n' "$BUILD_ABS" >"$root/BUILD_PATH"
 git describe --always --dirty --abbrev=10 >"$root/COMMIT" 2>/dev/null || true  # -dirty: uncommitted changes
 mkdir -p "$(dirname "$ARCHIVE")"
-tar -C "$root" -cf - . | xz -T0 -6 >"$ARCHIVE"
+tar -C "$root" -cf - . | xz -T0 -9e >"$ARCHIVE"  # -9e: under the 64 MiB a device call carries
 echo "gpu-bundle: $ARCHIVE ($(du -h "$ARCHIVE" | cut -f1)) from $BUILD_ABS, $(ls "$root/bundled-lib" | wc -l) libraries"
