@@ -53,9 +53,11 @@ class CapturedStderr final : public std::streambuf {
   std::streambuf* previous_;
 };
 
-// Two training steps of `base` at `batch` samples; the pool's peak meanwhile.
+// Two training steps of `base` at `batch` samples; the pool's peak meanwhile. Running out of
+// memory is thrown as it is; another failure names the probe (`param`) and adds its stages'
+// stderr lines.
 double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, int64_t batch,
-                  MemoryPool& pool) {
+                  MemoryPool& pool, const std::string& param) {
   GraphPlan plan = base;
   plan.stages[stage].params.set(name, ParamValue(batch));
   plan.run.set("steps", ParamValue(int64_t{2}));
@@ -72,7 +74,8 @@ double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, 
     throw;
   } catch (const std::exception& e) {
     const std::string said = lines.text();
-    throw std::runtime_error(std::string(e.what()) + (said.empty() ? "" : "\n" + said));
+    throw std::runtime_error(param + ": auto: the probe at " + std::to_string(batch) +
+                             " samples failed: " + e.what() + (said.empty() ? "" : "\n" + said));
   }
   return static_cast<double>(pool.stats().peak_bytes);
 }
@@ -86,20 +89,26 @@ std::string AutoBatch::summary() const {
          bytes_text(fixed_bytes) + " fixed + " + bytes_text(per_sample_bytes) + " a sample)";
 }
 
+std::vector<std::pair<size_t, const ParamSpec*>> batch_size_params(const GraphPlan& plan) {
+  std::vector<std::pair<size_t, const ParamSpec*>> out;
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    for (const ParamSpec& p : plan.stages[k].schema->params())
+      if (p.batch_size && plan.stages[k].params.has(p.name)) out.emplace_back(k, &p);
+  return out;
+}
+
 std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
                                             int world_size) {
   size_t stage = 0;
   const ParamSpec* spec = nullptr;
-  for (size_t k = 0; k < plan.stages.size(); ++k)
-    for (const ParamSpec& p : plan.stages[k].schema->params())
-      if (p.batch_size && plan.stages[k].params.has(p.name) &&
-          plan.stages[k].params.integer(p.name) == kAutoBatchSize) {
-        if (spec)
-          throw std::runtime_error(plan.stages[stage].name + "." + spec->name + " and " +
-                                   plan.stages[k].name + "." + p.name +
-                                   " are both auto: give one of them a number");
-        stage = k, spec = &p;
-      }
+  for (const auto& [k, p] : batch_size_params(plan)) {
+    if (plan.stages[k].params.integer(p->name) != kAutoBatchSize) continue;
+    if (spec)
+      throw std::runtime_error(plan.stages[stage].name + "." + spec->name + " and " +
+                               plan.stages[k].name + "." + p->name +
+                               " are both auto: give one of them a number");
+    stage = k, spec = p;
+  }
   if (!spec) return std::nullopt;
   AutoBatch out;
   out.param = plan.stages[stage].name + "." + spec->name;
@@ -130,14 +139,7 @@ std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice&
   out.budget_bytes = kUse * may_use;
 
   auto probe = [&](int64_t batch) {
-    try {
-      return probe_peak(plan, stage, spec->name, batch, pool);
-    } catch (const OutOfMemoryError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw std::runtime_error(out.param + ": auto: the probe at " + std::to_string(batch) +
-                               " samples failed: " + e.what());
-    }
+    return probe_peak(plan, stage, spec->name, batch, pool, out.param);
   };
   // This rank's choice, checked by a probe at that size.
   auto choose = [&]() -> int64_t {

@@ -13,6 +13,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/graph.h"
@@ -29,6 +31,10 @@ struct AutoBatch {
   int ranks = 1;                // several: each probed its device, all take the smallest choice
   std::string summary() const;  // one line for the run's log
 };
+
+// The graph's batch-size parameters (StageSchema::batch_size()) that its stages hold: (stage
+// index, spec) in graph order.
+std::vector<std::pair<size_t, const ParamSpec*>> batch_size_params(const GraphPlan& plan);
 
 // Replaces the plan's `auto` batch size (one at most) by the chosen number; nullopt when no
 // parameter is auto. `device` is where the run trains. With several ranks each probes its own

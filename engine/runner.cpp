@@ -1048,12 +1048,12 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   if (auto chosen = resolve_auto_batch(plan, dc, I.run.world_size))
     I.device_reason += "\n" + chosen->summary();
   // An allocation that fails names the knob: the graph's batch size.
-  for (const auto& s : plan.stages)
-    for (const ParamSpec& p : s.schema->params())
-      if (p.batch_size && s.params.has(p.name))
-        Pools::set_oom_hint("lower " + s.name + "." + p.name + " (now " +
-                            std::to_string(s.params.integer(p.name)) + ")" +
-                            (dc.device.is_cuda() ? ", or set it to auto" : ""));
+  for (const auto& [k, p] : batch_size_params(plan)) {
+    const PlannedStage& s = plan.stages[k];
+    Pools::set_oom_hint("lower " + s.name + "." + p->name + " (now " +
+                        std::to_string(s.params.integer(p->name)) + ")" +
+                        (dc.device.is_cuda() ? ", or set it to auto" : ""));
+  }
   I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
   for (size_t k = 0; k < I.graph->size(); ++k)

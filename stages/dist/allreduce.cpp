@@ -144,12 +144,7 @@ class AllreduceStage : public Stage {
     auto shard = std::make_shared<OptimizerShard>();
     shard->rank = run.rank;
     shard->world = world_;
-    for (int r = 0; r < world_; ++r) {
-      std::vector<OptimizerShard::Piece> pieces;
-      for (const auto& range : mpi_->shard_pieces(r))
-        pieces.push_back({range.param, range.begin, range.n});
-      shard->pieces.push_back(std::move(pieces));
-    }
+    for (int r = 0; r < world_; ++r) shard->pieces.push_back(mpi_->shard_pieces(r));
     shard->sum = [timeout](std::span<double> v) {
       dist::mpi_reduce(v, RankReduce::sum, timeout, "the gradient norm");
     };

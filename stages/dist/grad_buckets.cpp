@@ -125,13 +125,7 @@ std::vector<GradBuckets::Range> GradBuckets::ranges(size_t i, size_t begin, size
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<Range> out;
-  for (const auto& [pos, r] : found) {
-    // A parameter walked from its end down gives neighbouring pieces of itself: one range.
-    if (!out.empty() && out.back().param == r.param && out.back().begin + out.back().n == r.begin)
-      out.back().n += r.n;
-    else
-      out.push_back(r);
-  }
+  for (const auto& f : found) out.push_back(f.second);
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "engine/optimizer_shard.h"
 #include "engine/stage.h"
 
 namespace slipstream::dist {
@@ -68,11 +69,8 @@ class GradBuckets {
   // gradients at buffer positions [begin, begin + n) of bucket i = src[0, n) * scale.
   void unflatten_range(size_t i, const float* src, size_t begin, size_t n, float scale) const;
   // The parameters' element ranges at buffer positions [begin, begin + n) of bucket i, in
-  // buffer order.
-  struct Range {
-    Parameter* param;
-    size_t begin, n;
-  };
+  // buffer order (a parameter has one piece in a bucket).
+  using Range = OptimizerShard::Piece;
   std::vector<Range> ranges(size_t i, size_t begin, size_t n) const;
   // The weights (Parameter::value) that bucket i's gradients belong to, when they lie in one
   // block in the same arrangement (the parameter arena's values mirror its gradients): reduce
