@@ -1,7 +1,8 @@
 // A stack of GRU layers run by cuDNN 9's RNN API (cudnnRNNForward, cudnnRNNBackwardData_v8,
 // cudnnRNNBackwardWeights_v8): the math of kernels/gru.h (PyTorch nn.GRU, batch_first, zero
 // initial state, gates r, z, n), every layer of the stack in one call, fp32 data with fp32 FMA
-// math (no TF32), so it matches the CPU reference as the per-step CUDA layer does.
+// math (no TF32), so it can be held to the CPU reference's fp32 tolerance as the per-step CUDA
+// layer is (GpuGru.CudnnStackMatchesCpu; not yet run on a GPU).
 //
 // The weights stay where and how the caller keeps them, in nn.GRU's layout: per layer
 // weight_ih (3H, In), weight_hh (3H, H), bias_ih (3H), bias_hh (3H). Each forward copies them
