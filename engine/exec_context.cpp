@@ -3,6 +3,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kernels/step_recorder.h"
+
 #if SLIPSTREAM_HAS_CUDA
 #include "engine/cuda/cuda_backend.h"
 #endif
@@ -61,6 +63,7 @@ std::string ExecContext::describe() const {
 void ExecContext::read_back(void* host, const void* buffer, size_t bytes) const {
   if (bytes == 0) return;
   if (device_.is_cpu()) {
+    capture::sync_point("a synchronous read-back");
     std::memcpy(host, buffer, bytes);
     return;
   }
@@ -72,6 +75,10 @@ void ExecContext::read_back(void* host, const void* buffer, size_t bytes) const 
 void ExecContext::read_back_later(const void* buffer, size_t bytes,
                                   std::function<void(const void* host)> on_host) const {
   read_backs_->add(buffer, bytes, std::move(on_host), read_back_owner);
+}
+
+void ExecContext::upload_later(void* buffer, const void* host, size_t bytes) const {
+  read_backs_->upload(buffer, host, bytes, read_back_owner);
 }
 
 uint64_t ExecContext::close_read_backs() const {

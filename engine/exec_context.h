@@ -57,6 +57,11 @@ class ExecContext {
   // order everywhere.
   void read_back_later(const void* buffer, size_t bytes,
                        std::function<void(const void* host)> on_host) const;
+  // Host values the device's work reads in stream order (a batch's random key): copied now
+  // into page-locked staging, then to `buffer` on the stream, the staging held until the batch's
+  // read-backs complete. Unlike a synchronous copy this can be part of a CUDA graph of the step
+  // (engine/step_graphs.h): the graph copies from the same staging, which holds this step's value.
+  void upload_later(void* buffer, const void* host, size_t bytes) const;
   // The read-backs asked since the last close become a group (the runner closes one when a
   // batch's work is enqueued); its number, for complete_read_backs_through.
   uint64_t close_read_backs() const;

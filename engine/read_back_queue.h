@@ -33,6 +33,9 @@ class ReadBackQueue {
 
   void add(const void* buffer, size_t bytes, std::function<void(const void* host)> on_host,
            int stage);
+  // The other way: `bytes` of host memory copied now into page-locked staging, then to `buffer`
+  // (the device's) in stream order; the staging is held until the open group completes.
+  void upload(void* buffer, const void* host, size_t bytes, int stage);
   // Ends the open group (an event on the stream after it) and returns its number; with nothing
   // asked since the last close, no group: the number of the last one (0 before any).
   uint64_t close();
@@ -43,9 +46,13 @@ class ReadBackQueue {
   void complete_all(const Each& each = {});
 
  private:
+  void copy(void* dst, const void* src, size_t bytes, bool to_device);  // on the stream
+  void device_copy(void* dst, const void* src, size_t bytes);           // on the stream
+  void* device_staging(size_t bytes);  // this step's next place in device staging
+
   struct Item {
     Tensor staging;
-    std::function<void(const void*)> on_host;
+    std::function<void(const void*)> on_host;  // null for an upload
     int stage = -1;
   };
   struct Group {
@@ -61,6 +68,10 @@ class ReadBackQueue {
   std::deque<Group> closed_;
   std::vector<std::unique_ptr<StreamEvent>> spare_events_;  // events of completed groups
   uint64_t last_id_ = 0;
+  // A recorded step's read-backs and uploads pass through device memory at fixed places
+  // (engine/step_graphs.h): the buffers (the last one in use) and the step's offset in it.
+  std::vector<Tensor> device_staging_;
+  size_t staged_ = 0;
 };
 
 }  // namespace slipstream

@@ -2,6 +2,7 @@
 
 #include <tbb/flow_graph.h>
 #include <tbb/global_control.h>
+#include <tbb/task_arena.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include "engine/registry.h"
 #include "engine/run_info.h"
 #include "engine/stats_record.h"
+#include "engine/step_graphs.h"
 #include "engine/tensorboard/event_writer.h"
 
 namespace fs = std::filesystem;
@@ -148,7 +150,9 @@ struct Runner::Impl {
   std::ostream* log = &std::cout;
   std::ostream quiet{nullptr};  // discards (non-zero ranks)
   bool tty = false;
-  std::string device_reason;          // printed when the run starts
+  std::string device_reason;                // printed when the run starts
+  std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
+  bool graph_off_reported = false;
   std::optional<ConsoleTee> console;  // the run directory's console.log, during run()
 
   // Flow control.
@@ -209,6 +213,7 @@ struct Runner::Impl {
   template <class Fn>
   void as_stage(size_t k, uint64_t batch_index, Fn&& fn) {
     const ExecContext::ReadBackOwner owner(static_cast<int>(k));
+    if (capture::StepRecorder* r = capture::recording_here()) r->set_stage(static_cast<int>(k));
     try {
       fn();
     } catch (const StageError&) {
@@ -299,6 +304,32 @@ struct Runner::Impl {
 
   void section(Batch& b) {
     enter_section(b);
+    section_stages(b);
+  }
+
+  // A training batch's section, as a CUDA graph when run.cuda_graph is on (engine/step_graphs.h):
+  // the stages' work recorded, then replayed, captured or issued.
+  void training_section(Batch& b) {
+    if (!step_graphs || !step_graphs->enabled()) return section(b);
+    enter_section(b);  // the wait for the batch's copies comes before the step's work, as itself
+    try {
+      capture::StepRecorder rec(run.exec->stream());
+      // Isolated: a thread that waits inside a stage takes no other task, whose launches would
+      // join this step's.
+      tbb::this_task_arena::isolate([&] { section_stages(b); });
+      step_graphs->finish(rec, run.step + 1);
+    } catch (const capture::IssueError& e) {
+      if (e.stage() < 0 || static_cast<size_t>(e.stage()) >= n()) throw;
+      const auto& ps = plan().stages[static_cast<size_t>(e.stage())];
+      throw StageError(ps.name, ps.schema->kind(), b.index, e.what());
+    }
+    if (!step_graphs->enabled() && !graph_off_reported) {
+      graph_off_reported = true;
+      log_line("cuda graph: " + step_graphs->off_reason());
+    }
+  }
+
+  void section_stages(Batch& b) {
     size_t begin = plan().section_begin;
     bool has_loss = false;
     for (size_t k = begin; k < n(); ++k) {
@@ -335,7 +366,7 @@ struct Runner::Impl {
   void train_batch(std::shared_ptr<Batch> b, uint64_t data_wait_ns) {
     if (pending && !may_run_past()) finish_pending();
     if (run.stop_requested) return;  // the step just finished was the last
-    section(*b);
+    training_section(*b);
     const uint64_t group = run.exec ? run.exec->close_read_backs() : 0;
     if (pending) {
       if (micro_in_step + 1 == run.micro_batches_per_step) ++steps_ended_ahead;
@@ -1055,6 +1086,16 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
                         (dc.device.is_cuda() ? ", or set it to auto" : ""));
   }
   I.run.exec = std::make_shared<ExecContext>(dc.device, dc.emulate_cuda);
+  const std::string cuda_graph = rp.string("cuda_graph");
+  if (cuda_graph == "on" && !I.run.exec->device_ops())
+    throw std::runtime_error(
+        "run.cuda_graph: on needs a CUDA device (or device: emulated); this run is on the CPU");
+  if (cuda_graph == "on" || (cuda_graph == "auto" && dc.device.is_cuda())) {
+    I.step_graphs = std::make_unique<StepGraphs>(*I.run.exec);
+    I.device_reason +=
+        "\ncuda graph: on (a training step's work is captured once it recurs, then replayed; "
+        "run.cuda_graph=off turns it off)";
+  }
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
   for (size_t k = 0; k < I.graph->size(); ++k)
     I.counters.push_back(std::make_unique<LiveCounters>());
@@ -1587,6 +1628,11 @@ RunResult Runner::Impl::execute_steps() {
 
   result.steps = steps_this_process;
   result.steps_ended_ahead = steps_ended_ahead;
+  if (step_graphs) {
+    const StepGraphs::Counts c = step_graphs->counts();
+    result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
+    result.graph_off_reason = step_graphs->off_reason();
+  }
   result.final_step = run.step;
   result.samples = samples.load();
   result.interrupted = run.interrupted.load();

@@ -66,6 +66,13 @@ struct RunResult {
   // Steps that ended (read-backs, metrics, step_end) after the next batch's work was enqueued:
   // on a device the host runs one batch ahead between metrics rows, validations and checkpoints.
   uint64_t steps_ended_ahead = 0;
+  // run.cuda_graph (engine/step_graphs.h): training batches whose work was a graph replayed, a
+  // graph captured (and launched), issued op by op, issued before a synchronous point; and why
+  // graph mode turned itself off ("" when it did not, or was never on).
+  struct GraphSteps {
+    uint64_t replayed = 0, captured = 0, issued = 0, uncaptured = 0;
+  } graph_steps;
+  std::string graph_off_reason;
   bool interrupted = false;  // stopped by SIGINT, SIGTERM or request_stop(true)
   int stop_signal = 0;       // SIGINT or SIGTERM when one stopped the run
   bool early_stopped = false;

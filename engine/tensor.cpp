@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "engine/memory_pool.h"
+#include "kernels/step_recorder.h"
 
 #if SLIPSTREAM_HAS_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -165,6 +166,8 @@ void Tensor::zero_() {
   require_defined(*this, "zero_");
   if (nbytes() == 0) return;
   if (device_.is_cpu()) {
+    // Under the emulator host memory is the device's: a recorded step's work comes first.
+    capture::sync_point("Tensor::zero_ (a synchronous fill)");
     std::memset(raw(), 0, nbytes());
     return;
   }
@@ -183,6 +186,7 @@ void Tensor::copy_from(const Tensor& src) {
                                 src.describe());
   if (nbytes() == 0 || (raw() == src.raw() && device_ == src.device_)) return;
   if (device_.is_cpu() && src.device_.is_cpu()) {
+    capture::sync_point("Tensor::copy_from (a synchronous copy)");
     std::memmove(raw(), src.raw(), nbytes());  // views of one storage may overlap
     return;
   }
@@ -213,11 +217,15 @@ void add_f32(const Tensor& a, const Tensor& b, const Tensor& out, void* stream) 
     return;
 #endif
   }
-  (void)stream;
   const float* x = a.data<float>();
   const float* y = b.data<float>();
   float* z = out.data<float>();
-  for (size_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+  // On the host in stream order: under the emulator a recorded step keeps it with its work.
+  capture::enqueue(
+      "add_f32", stream, [&] { return capture::key_of(x, y, z, n); },
+      [=] {
+        for (size_t i = 0; i < n; ++i) z[i] = x[i] + y[i];
+      });
 }
 
 }  // namespace slipstream

@@ -10,19 +10,38 @@
 
 #include "kernels/cuda_api.h"
 
+#include "kernels/step_recorder.h"
+
+// SLIPSTREAM_LAUNCH(kernel, grid, block, stream, args...) enqueues kernel(args...) on `stream`
+// through the step recorder (kernels/step_recorder.h): launched at once, or kept with its
+// arguments (copied) while the step is recorded for a CUDA graph. The key is the kernel, the
+// launch shape and the arguments' bytes — padding included, so a struct passed by value is
+// built zero-filled (memset, then its fields): garbage in its padding would make every step's
+// key differ, and the step would never replay.
+#define SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, ...)                                           \
+  [&] {                                                                                           \
+    return ::slipstream::capture::key_of(::slipstream::capture::function_key(kernel), dim3(grid), \
+                                         dim3(block), __VA_ARGS__);                               \
+  }
 #if defined(SLIPSTREAM_CUDA_EMULATION)
 #include "kernels/emulation/cuda_emulator.h"
 #include "kernels/emulation/emulated_kernels.h"  // the entry points' types in cuda_emulated
 #define SLIPSTREAM_KERNEL_NS cuda_emulated
 // kernel(args...) for every thread of the grid, on the CPU.
-#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
-  ((void)(stream), ::slipstream::cuda_emu::launch(grid, block, [&] { kernel(__VA_ARGS__); }))
+#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...)                       \
+  ::slipstream::capture::enqueue(                                                 \
+      #kernel, (stream), SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, __VA_ARGS__), \
+      [=] { ::slipstream::cuda_emu::launch(grid, block, [&] { kernel(__VA_ARGS__); }); })
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define SLIPSTREAM_KERNEL_NS cuda
-#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
-  kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
+#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...)                                     \
+  ::slipstream::capture::enqueue(#kernel, (stream),                                             \
+                                 SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, __VA_ARGS__), [=] { \
+                                   kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);       \
+                                   ::slipstream::kernels::cuda::check_launch(#kernel);          \
+                                 })
 #endif
 
 namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {

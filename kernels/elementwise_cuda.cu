@@ -158,15 +158,18 @@ void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream
 
 void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
+  capture::enqueue(
+      "copy_bytes", stream, [&] { return capture::key_of(dst, src, bytes); },
+      [=] {
 #if defined(SLIPSTREAM_CUDA_EMULATION)
-  (void)stream;
-  std::memcpy(dst, src, bytes);
+        std::memcpy(dst, src, bytes);
 #else
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("copy_bytes: cudaMemcpyAsync failed: ") +
-                             cudaGetErrorString(e));
+        const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+        if (e != cudaSuccess)
+          throw std::runtime_error(std::string("copy_bytes: cudaMemcpyAsync failed: ") +
+                                   cudaGetErrorString(e));
 #endif
+      });
 }
 
 size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N) {

@@ -47,9 +47,10 @@ void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
 // FP32 accumulation and output. fp32 operands use true fp32 arithmetic (no TF32), so they match
 // the CPU to fp32 rounding; bf16 operands are the bf16 GEMM (tensor cores on sm_80+), equal to
 // gemm_bf16 up to summation order. The plan of each shape (layouts, alignment, the heuristic's
-// algorithm) is built once and cached, so the steady state makes no heuristic query (a prerequisite
-// for capturing it in a CUDA graph, which nothing does yet). Errors throw std::runtime_error naming
-// the cuBLASLt call.
+// algorithm) is built once and cached, so the steady state makes no heuristic query, and the
+// matmul itself goes through the step recorder (kernels/step_recorder.h), so a training step's
+// GEMMs can be captured in its CUDA graph. Errors throw std::runtime_error naming the cuBLASLt
+// call.
 namespace cuda {
 #include "kernels/gemm_cuda.inc"
 }  // namespace cuda

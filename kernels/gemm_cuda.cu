@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "kernels/gemm.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::kernels::cuda {
 
@@ -158,10 +159,16 @@ void run_gemm(const GemmContext& ctx, cudaDataType_t type, bool ta, bool tb, int
                     alignment_of(C),
                     ctx.workspace_bytes};
   auto handle = static_cast<cublasLtHandle_t>(ctx.lt_handle);
-  const Plan& p = plan_cache().get(handle, key);
-  check(cublasLtMatmul(handle, p.desc, &alpha, B, p.a, A, p.b, &beta, C, p.c, C, p.c, &p.algo,
-                       p.workspace_bytes ? ctx.workspace : nullptr, p.workspace_bytes, stream),
-        "cublasLtMatmul");
+  const Plan* p = &plan_cache().get(handle, key);  // plans live as long as the process
+  void* workspace = p->workspace_bytes ? ctx.workspace : nullptr;
+  capture::enqueue(
+      "cublasLtMatmul", stream,
+      [&] { return capture::key_of(handle, p, alpha, A, B, beta, C, workspace, stream); },
+      [=] {
+        check(cublasLtMatmul(handle, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,
+                             &p->algo, workspace, p->workspace_bytes, stream),
+              "cublasLtMatmul");
+      });
 }
 
 }  // namespace

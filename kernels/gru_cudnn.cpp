@@ -14,6 +14,7 @@
 #include <string>
 
 #include "kernels/elementwise.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::kernels::cuda {
 
@@ -171,6 +172,10 @@ CudnnGru::Needs CudnnGru::describe_batch(int B, int L) {
   return {d.work, d.reserve};
 }
 
+// cuDNN's calls enqueue on the stream directly: a step recorded for a CUDA graph issues its
+// work first (kernels/step_recorder.h) and runs uncaptured.
+constexpr const char* kNotCaptured = "the cuDNN GRU (core.backend: cudnn), not captured yet";
+
 void CudnnGru::set_batch(int* seq_lengths) {
   const std::vector<int> lengths(static_cast<size_t>(B_), L_);
   check(cudaMemcpyAsync(seq_lengths, lengths.data(), lengths.size() * sizeof(int),
@@ -235,6 +240,7 @@ void CudnnGru::map_weights(const void* weight_space) {
 }
 
 void CudnnGru::forward(const float* x, const float* w, float* y, const Buffers& b, bool training) {
+  capture::sync_point(kNotCaptured);
   if (B_ == 0) throw std::logic_error(std::string(kOp) + ": describe_batch() before forward");
   if (mapped_for_ != b.weight_space) map_weights(b.weight_space);
   auto* ws = static_cast<float*>(b.weight_space);
@@ -254,6 +260,7 @@ void CudnnGru::forward(const float* x, const float* w, float* y, const Buffers& 
 
 void CudnnGru::backward(const float* x, const float* y, const float* dy, const float* w, float* dx,
                         float* dw, const Buffers& b) {
+  capture::sync_point(kNotCaptured);
   (void)w;  // the weight space still holds them from the forward
   if (B_ == 0) throw std::logic_error(std::string(kOp) + ": describe_batch() before backward");
   if (mapped_for_ != b.weight_space)

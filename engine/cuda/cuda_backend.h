@@ -6,9 +6,11 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/device.h"
 #include "engine/memory_pool.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::cuda_rt {
 
@@ -49,6 +51,8 @@ void copy_to_host_on(void* stream, int index, void* host, const void* device, si
 // cudaMemcpyAsync between host memory and `index`'s on `stream`, returning at once (page-locked
 // host memory makes it asynchronous: leave it untouched until the stream has passed the copy).
 void copy_async(int index, void* stream, void* dst, const void* src, size_t bytes, bool to_device);
+// cudaMemcpyAsync device to device on `stream` (recorded with a step: kernels/step_recorder.h).
+void copy_device_async(int index, void* stream, void* dst, const void* src, size_t bytes);
 // Events order one stream after another (or the host after a stream): created without timing.
 void* create_event(int index);  // cudaEvent_t
 void destroy_event(void* event);
@@ -59,6 +63,13 @@ bool event_done(int index, void* event);  // cudaEventQuery: complete (or never 
 void event_synchronize(int index, void* event);
 // out = a + b, n floats of device `index`, enqueued on `stream` (engine/cuda/tensor_add.cu).
 void add_f32(int index, void* stream, const float* a, const float* b, float* out, size_t n);
+// A CUDA graph of `ops` (each enqueues on `stream`), captured on this thread and instantiated
+// (engine/step_graphs.h); null with `why` set when the capture fails: the ops are then not
+// issued. launch_graph enqueues it on `stream`.
+void* capture_graph(int index, void* stream, const std::vector<capture::RecordedOp>& ops,
+                    std::string* why);  // cudaGraphExec_t
+void launch_graph(int index, void* graph, void* stream);
+void destroy_graph(void* graph);
 void* create_blaslt(int index);  // cublasLtHandle_t
 void destroy_blaslt(void* handle);
 

@@ -3,7 +3,10 @@
 // A freed block goes back to its size class with the stream it was last used on and an event
 // recorded on that stream. The same stream may take it again at once: stream order puts the new
 // work after the old. Another stream takes it only once the event has completed, so no host sync
-// is ever needed. cudaMalloc runs only on a cache miss; on failure the cache is released (cudaFree
+// is ever needed. While that stream's work is being recorded for a CUDA graph
+// (kernels/step_recorder.h) the work that used the block is not enqueued yet: the block is
+// marked pending, the same stream may still take it, and its event is recorded once the step's
+// work is issued. cudaMalloc runs only on a cache miss; on failure the cache is released (cudaFree
 // synchronises the device, so blocks still in flight are safe) and the call retried once.
 #include <cuda_runtime.h>
 
@@ -14,6 +17,7 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::cuda_rt {
 
@@ -60,6 +64,15 @@ class DevicePool final : public MemoryPool {
     live_.erase(it);
     in_use_.fetch_sub(b.cls, std::memory_order_relaxed);
     if (stream) b.stream = static_cast<cudaStream_t>(stream);
+    if (capture::recording_for(b.stream)) {
+      b.pending = true;
+      free_[b.cls].push_back(b);
+      if (!pending_scheduled_) {
+        pending_scheduled_ = true;
+        capture::after_enqueued(b.stream, [this] { record_pending(); });
+      }
+      return;
+    }
     // Never throws from here (called from destructors): a block whose event cannot be recorded
     // (runtime shutting down) is simply not cached.
     if (!b.event && cudaEventCreateWithFlags(&b.event, cudaEventDisableTiming) != cudaSuccess) {
@@ -92,7 +105,32 @@ class DevicePool final : public MemoryPool {
     size_t cls = 0;
     cudaStream_t stream = nullptr;
     cudaEvent_t event = nullptr;
+    bool pending = false;  // freed while its stream was recorded: no event yet
   };
+
+  // The recorded step's work is issued: events for the blocks it freed.
+  void record_pending() {
+    std::lock_guard lock(mu_);
+    pending_scheduled_ = false;
+    for (auto& [cls, list] : free_)
+      for (size_t i = 0; i < list.size();) {
+        Block& b = list[i];
+        if (!b.pending) {
+          ++i;
+          continue;
+        }
+        b.pending = false;
+        if (!b.event && cudaEventCreateWithFlags(&b.event, cudaEventDisableTiming) != cudaSuccess)
+          b.event = nullptr;
+        if (!b.event || cudaEventRecord(b.event, b.stream) != cudaSuccess) {
+          cudaGetLastError();
+          free_block(b);
+          list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+          continue;
+        }
+        ++i;
+      }
+  }
 
   bool take_cached(size_t cls, cudaStream_t s, Block* out) {
     auto it = free_.find(cls);
@@ -106,6 +144,7 @@ class DevicePool final : public MemoryPool {
       }
     }
     for (size_t i = 0; i < list.size(); ++i) {  // oldest first: most likely done
+      if (list[i].pending) continue;
       cudaError_t q = cudaEventQuery(list[i].event);
       if (q == cudaSuccess) {
         *out = list[i];
@@ -151,9 +190,16 @@ class DevicePool final : public MemoryPool {
 
   void release_cached_locked() {
     DeviceGuard guard(index_);
-    for (auto& [cls, list] : free_)
-      for (const Block& b : list) free_block(b);
-    free_.clear();
+    for (auto& [cls, list] : free_) {
+      // A pending block's work is still to be enqueued (a recorded step): it stays.
+      std::vector<Block> keep;
+      for (const Block& b : list)
+        if (b.pending)
+          keep.push_back(b);
+        else
+          free_block(b);
+      list.swap(keep);
+    }
   }
 
   const int index_;
@@ -161,6 +207,7 @@ class DevicePool final : public MemoryPool {
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<Block>> free_;  // size class -> cached blocks
   std::unordered_map<void*, Block> live_;
+  bool pending_scheduled_ = false;  // record_pending() is deferred to the recorded step's end
   std::atomic<uint64_t> in_use_{0}, reserved_{0}, peak_{0}, allocations_{0}, failures_{0};
 };
 

@@ -12,6 +12,7 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::cuda_rt {
 
@@ -184,6 +185,7 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
           size_t bytes) {
   const std::string what =
       src_device.str() + " to " + dst_device.str() + ", " + format_bytes(bytes);
+  capture::sync_point("a synchronous copy, " + what);
   for (const Device& d : {dst_device, src_device})
     if (d.is_cuda()) {
       DeviceGuard guard(d.index);
@@ -203,6 +205,7 @@ void copy(void* dst, const Device& dst_device, const void* src, const Device& sr
 }
 
 void zero(void* dst, const Device& device, size_t bytes) {
+  capture::sync_point("a synchronous fill on " + device.str());
   DeviceGuard guard(device.index);
   check(device_synchronize(), "cudaDeviceSynchronize", "before zeroing on " + device.str());
   check(cudaMemset(dst, 0, bytes), "cudaMemset", device.str() + ", " + format_bytes(bytes));
@@ -233,6 +236,7 @@ CudaSyncCounts sync_counts() {
 }
 
 void synchronize_stream(int index, void* stream) {
+  capture::sync_point("the host waits for a stream");
   DeviceGuard guard(index);
   ++stream_syncs;
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize",
@@ -245,13 +249,28 @@ void copy_to_host_on(void* stream, int index, void* host, const void* device, si
 }
 
 void copy_async(int index, void* stream, void* dst, const void* src, size_t bytes, bool to_device) {
-  DeviceGuard guard(index);
-  const std::string dev = "cuda:" + std::to_string(index);
-  check(
-      cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-                      static_cast<cudaStream_t>(stream)),
-      "cudaMemcpyAsync",
-      (to_device ? "host to " + dev : dev + " to host") + ", " + format_bytes(bytes));
+  capture::enqueue(
+      "cudaMemcpyAsync", stream, [&] { return capture::key_of(index, dst, src, bytes, to_device); },
+      [=] {
+        DeviceGuard guard(index);
+        const std::string dev = "cuda:" + std::to_string(index);
+        check(cudaMemcpyAsync(dst, src, bytes,
+                              to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                              static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync",
+              (to_device ? "host to " + dev : dev + " to host") + ", " + format_bytes(bytes));
+      });
+}
+
+void copy_device_async(int index, void* stream, void* dst, const void* src, size_t bytes) {
+  capture::enqueue(
+      "cudaMemcpyAsync", stream, [&] { return capture::key_of(index, dst, src, bytes); },
+      [=] {
+        DeviceGuard guard(index);
+        check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                              static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync", "cuda:" + std::to_string(index) + ", " + format_bytes(bytes));
+      });
 }
 
 void* create_event(int index) {
@@ -267,9 +286,12 @@ void destroy_event(void* event) {
 }
 
 void record_event(int index, void* event, void* stream) {
-  DeviceGuard guard(index);
-  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
-        "cudaEventRecord", "cuda:" + std::to_string(index));
+  // While the stream's work is recorded, after that work: an event marks what precedes it.
+  capture::after_enqueued(stream, [=] {
+    DeviceGuard guard(index);
+    check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+          "cudaEventRecord", "cuda:" + std::to_string(index));
+  });
 }
 
 void stream_wait_event(int index, void* stream, void* event) {
@@ -290,10 +312,57 @@ bool event_done(int index, void* event) {
 }
 
 void event_synchronize(int index, void* event) {
+  capture::sync_point("the host waits for an event");
   DeviceGuard guard(index);
   ++event_syncs;
   check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize",
         "the work before an event on cuda:" + std::to_string(index));
+}
+
+void* capture_graph(int index, void* stream, const std::vector<capture::RecordedOp>& ops,
+                    std::string* why) {
+  DeviceGuard guard(index);
+  const auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(err);
+    return nullptr;
+  }
+  std::string failed;
+  try {
+    capture::issue_ops(ops);
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  err = cudaStreamEndCapture(s, &graph);
+  if (!failed.empty() || err != cudaSuccess || !graph) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    *why = !failed.empty() ? "an operation failed under capture: " + failed
+                           : std::string("cudaStreamEndCapture: ") + cudaGetErrorString(err);
+    return nullptr;
+  }
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(err);
+    return nullptr;
+  }
+  return exec;
+}
+
+void launch_graph(int index, void* graph, void* stream) {
+  DeviceGuard guard(index);
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(stream)),
+        "cudaGraphLaunch", "the training step's CUDA graph on cuda:" + std::to_string(index));
+}
+
+void destroy_graph(void* graph) {
+  if (cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)) != cudaSuccess) cudaGetLastError();
 }
 
 void* create_blaslt(int index) {

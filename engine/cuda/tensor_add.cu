@@ -4,6 +4,7 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::cuda_rt {
 
@@ -20,9 +21,14 @@ void add_f32(int index, void* stream, const float* a, const float* b, float* out
   DeviceGuard guard(index);
   constexpr unsigned kThreads = 256;
   const size_t blocks = (n + kThreads - 1) / kThreads;
-  add_f32_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), kThreads, 0,
-                   static_cast<cudaStream_t>(stream)>>>(a, b, out, n);
-  check(cudaGetLastError(), "add_f32 kernel launch", "cuda:" + std::to_string(index));
+  const unsigned grid = unsigned(blocks < 4096 ? blocks : 4096);
+  capture::enqueue(
+      "add_f32_kernel", stream, [&] { return capture::key_of(index, grid, a, b, out, n); },
+      [=] {
+        DeviceGuard guard(index);
+        add_f32_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a, b, out, n);
+        check(cudaGetLastError(), "add_f32 kernel launch", "cuda:" + std::to_string(index));
+      });
 }
 
 }  // namespace slipstream::cuda_rt

@@ -7,6 +7,7 @@
 
 #include "kernels/emulation/emulated_kernels.h"
 #include "kernels/gemm.h"
+#include "kernels/step_recorder.h"
 
 namespace slipstream::kernels::cuda_emulated {
 
@@ -20,19 +21,33 @@ bool nothing_to_do(int M, int N, int K) {
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
           cudaStream_t stream) {
-  (void)ctx, (void)stream;
+  (void)ctx;
   if (nothing_to_do(M, N, K)) return;
-  kernels::gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  capture::enqueue(
+      "gemm (fp32)", stream,
+      [&] {
+        return capture::key_of(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      },
+      [=] {
+        kernels::gemm<float>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      });
 }
 
 void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta, float* C, int ldc,
           cudaStream_t stream) {
-  (void)ctx, (void)stream;
+  (void)ctx;
   if (nothing_to_do(M, N, K)) return;
-  std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
-  gemm_bf16(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda,
-            reinterpret_cast<const uint16_t*>(B), ldb, beta, C, ldc, ws.data());
+  capture::enqueue(
+      "gemm (bf16)", stream,
+      [&] {
+        return capture::key_of(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      },
+      [=] {
+        std::vector<float> ws(gemm_bf16_workspace_elems(M, N, K));
+        gemm_bf16(trans_a, trans_b, M, N, K, alpha, reinterpret_cast<const uint16_t*>(A), lda,
+                  reinterpret_cast<const uint16_t*>(B), ldb, beta, C, ldc, ws.data());
+      });
 }
 
 }  // namespace slipstream::kernels::cuda_emulated

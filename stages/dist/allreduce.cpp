@@ -16,6 +16,7 @@
 #include "engine/graph.h"
 #include "engine/registry.h"
 #include "engine/state_io.h"
+#include "kernels/step_recorder.h"
 #include "stages/dist/grad_buckets.h"
 #include "stages/dist/mpi_reduce.h"
 #include "stages/dist/nccl_reduce.h"
@@ -115,6 +116,7 @@ class AllreduceStage : public Stage {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
         if (micro_ + 1 < accumulate_) return;  // not the step's last batch: sums still grow
+        not_captured();
         for (Parameter* p : ready) {
           auto it = index_.find(p);
           if (it == index_.end()) continue;
@@ -132,11 +134,19 @@ class AllreduceStage : public Stage {
     if (!ctx.run().training) return;
     if (++micro_ < accumulate_) return;
     micro_ = 0;
+    if (nccl_ || mpi_) not_captured();
     if (nccl_) nccl_->finish(ctx.run().step + 1);  // the device waits, not the host
     if (!mpi_) return;
     const auto t = mpi_->finish(ctx.run().step + 1);
     ctx.metric("sync/comm_ms", t.comm_s * 1e3);
     ctx.metric("sync/exposed_ms", t.exposed_s * 1e3);
+  }
+
+  // A step recorded for a CUDA graph (engine/step_graphs.h) issues its work before the
+  // reduction: the reducers enqueue on other streams and threads, which a graph does not hold.
+  void not_captured() const {
+    capture::sync_point(std::string("the gradients' reduction across ranks (allreduce backend ") +
+                        (nccl_ ? "nccl" : "mpi") + "), not captured yet");
   }
 
   // The optimizer downstream finds which pieces it updates, and the collectives around that.

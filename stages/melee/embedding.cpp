@@ -71,20 +71,24 @@ class EmbedDeviceOn final : public EmbedDevice {
   using K = MeleeKernels<Ops::kBackend>;
 
  public:
-  EmbedDeviceOn(Ops ops, const EmbedLayout& L, TableOffsets off)
-      : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops) {}
+  EmbedDeviceOn(Ops ops, const ExecContext& exec, const EmbedLayout& L, TableOffsets off)
+      : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops), exec_(exec) {
+    key_ = o_.template alloc<uint8_t>(sizeof(uint64_t), "melee_embedding batch key");
+  }
 
   void forward(size_t rows, size_t window, size_t windows, const float* numeric,
                const int32_t* action, const int32_t* character, const int32_t* stage,
                const float* prev, bool mirror, uint64_t key, float noise_sd, const float* tables,
                uint8_t* mirrored, float* out) override {
-    K::embed_mirror_flags(mirrored, windows, key, mirror ? 1 : 0, o_.stream());
+    // The batch's key reaches the kernels through device memory, in stream order: the step's
+    // launches are then the same from batch to batch, as a CUDA graph of the step needs.
+    const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
+    exec_.upload_later(key_.raw(), &key, sizeof key);
+    K::embed_mirror_flags(mirrored, windows, k, mirror ? 1 : 0, o_.stream());
     K::embed_forward(dims_, rows, window, numeric, action, character, stage, prev, mirrored,
                      tables + off_.action, tables + off_.character, tables + off_.stage, out,
                      o_.stream());
-    if (noise_sd > 0)
-      K::embed_add_noise(dims_, rows, numeric, mix64(key ^ 0x6E6F697365ull), noise_sd, out,
-                         o_.stream());
+    if (noise_sd > 0) K::embed_add_noise(dims_, rows, numeric, k, noise_sd, out, o_.stream());
   }
 
   void backward(size_t rows, const float* numeric, const int32_t* action, const int32_t* character,
@@ -100,7 +104,8 @@ class EmbedDeviceOn final : public EmbedDevice {
   typename K::EmbedDims dims_;
   TableOffsets off_;
   Ops o_;
-  Tensor ws_;
+  const ExecContext& exec_;
+  Tensor ws_, key_;
 };
 
 }  // namespace
@@ -175,7 +180,7 @@ class MeleeEmbeddingStage : public Stage {
       }
     });
     dev_ = nn::make_device_path<EmbedDevice, EmbedDeviceOn>(
-        ctx.exec(), "melee_embedding '" + ctx.name() + "'", layout_, off_);
+        ctx.exec(), "melee_embedding '" + ctx.name() + "'", ctx.exec(), layout_, off_);
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }
 
@@ -224,7 +229,7 @@ class MeleeEmbeddingStage : public Stage {
                          prev.data<float>(), m, t + off_.action, t + off_.character, t + off_.stage,
                          out);
     if (training && noise_ > 0)
-      add_noise(numeric.data<float>(), rows, mix64(key ^ 0x6E6F697365ull), out);
+      add_noise(numeric.data<float>(), rows, mix64(key ^ kEmbedNoiseSalt), out);
     publish(b, ctx, B, W);
   }
 

@@ -4,6 +4,7 @@
 // which tests/melee_model compares them; constants come in by value (EmbedDims), so device code
 // calls no host constexpr function.
 #include <algorithm>
+#include <cstring>
 
 #include "kernels/cuda_common.cuh"
 #include "stages/melee/melee_kernels.h"
@@ -48,9 +49,9 @@ __device__ __forceinline__ bool exists(const float* numeric, size_t rs) {
   return numeric[rs * kNumericFeatures + kExists] > 0.5f;
 }
 
-__global__ void mirror_flags_kernel(uint8_t* m, size_t B, uint64_t key, int enabled) {
+__global__ void mirror_flags_kernel(uint8_t* m, size_t B, const uint64_t* key, int enabled) {
   const size_t w = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (w < B) m[w] = enabled ? uint8_t(mix64(key + w) >> 63) : uint8_t(0);
+  if (w < B) m[w] = enabled ? uint8_t(mix64(*key + w) >> 63) : uint8_t(0);
 }
 
 __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, const float* numeric,
@@ -97,8 +98,9 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
   }
 }
 
-__global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeric, uint64_t key,
-                                   float sd, float* out) {
+__global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeric,
+                                   const uint64_t* batch_key, float sd, float* out) {
+  const uint64_t key = mix64(*batch_key ^ kEmbedNoiseSalt);
   const Cols L(d);
   const size_t n = rows * kSlots * kNumericFeatures;
   for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
@@ -125,6 +127,21 @@ struct TableGrad {
   int slot_step;  // column step between slots (the slot width)
   bool needs_slot;
 };
+
+// A TableGrad with its padding zeroed: a launch's key hashes its bytes (kernels/cuda_common.cuh).
+TableGrad table_grad(const int32_t* ids, int id_limit, int dim, int per_row, int col_base,
+                     int slot_step, bool needs_slot) {
+  TableGrad t;
+  std::memset(static_cast<void*>(&t), 0, sizeof t);
+  t.ids = ids;
+  t.id_limit = id_limit;
+  t.dim = dim;
+  t.per_row = per_row;
+  t.col_base = col_base;
+  t.slot_step = slot_step;
+  t.needs_slot = needs_slot;
+  return t;
+}
 
 constexpr int kTableSlice = 8192;  // floats of a block's table slice (32 KB of shared memory)
 constexpr int kTableThreads = 32;  // columns of a slice at most
@@ -324,7 +341,7 @@ __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const 
 
 }  // namespace
 
-void embed_mirror_flags(uint8_t* mirrored, size_t B, uint64_t key, int enabled,
+void embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
                         cudaStream_t stream) {
   if (B == 0) return;
   SLIPSTREAM_LAUNCH(mirror_flags_kernel, dim3(ceil_div(B, kThreads)), dim3(kThreads), stream,
@@ -346,8 +363,8 @@ void embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* 
   check_launch("embed_forward");
 }
 
-void embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric, uint64_t key, float sd,
-                     float* out, cudaStream_t stream) {
+void embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric, const uint64_t* key,
+                     float sd, float* out, cudaStream_t stream) {
   const size_t n = rows * kSlots * kNumericFeatures;
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
@@ -371,10 +388,11 @@ void embed_backward(const EmbedDims& d, size_t rows, const float* numeric, const
                     void* workspace, cudaStream_t stream) {
   const Cols L(d);
   float* part = static_cast<float*>(workspace);
-  const TableGrad a{action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true};
-  const TableGrad c{character,    kCharacters, L.C, kSlots, kNumericFeatures + L.A,
-                    L.slot_width, true};
-  const TableGrad s{stage, kStages, L.S, 1, L.stage_offset, 0, false};
+  const TableGrad a =
+      table_grad(action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true);
+  const TableGrad c =
+      table_grad(character, kCharacters, L.C, kSlots, kNumericFeatures + L.A, L.slot_width, true);
+  const TableGrad s = table_grad(stage, kStages, L.S, 1, L.stage_offset, 0, false);
   // Stream order keeps the shared workspace safe between the three tables.
   table_backward(a, numeric, dout, rows * kSlots, L.width, daction_table, part, stream);
   table_backward(c, numeric, dout, rows * kSlots, L.width, dcharacter_table, part, stream);

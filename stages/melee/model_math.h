@@ -38,6 +38,9 @@ struct EmbedLayout {
 };
 
 // Features a left-right mirror negates: facing, x position and the x speeds.
+// The embedding's noise draws use splitmix64(batch key ^ this), apart from the mirror draws.
+inline constexpr uint64_t kEmbedNoiseSalt = 0x6E6F697365ull;  // "noise"
+
 inline constexpr bool mirrors_numeric(int f) {
   return f == kFacing || f == kX || f == kSpeedAirX || f == kSpeedAttackX || f == kSpeedGroundX;
 }

@@ -68,7 +68,7 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   const uint64_t key = splitmix64(seed);
 
   uint8_t* g_m = mem.template alloc<uint8_t>(B);
-  K::embed_mirror_flags(g_m, B, key, 1, mem.stream());
+  K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key}), 1, mem.stream());
   const auto m = mem.download(g_m, B);
   for (size_t w = 0; w < B; ++w) EXPECT_EQ(m[w], splitmix64(key + w) >> 63) << "window " << w;
 

@@ -207,7 +207,8 @@ TEST(DevicePath, GruOnCudnnMatchesCpu) {
   device_path_matches_cpu("fp32", true, {"core.backend=cudnn"});
 }
 
-// Steady state on the device path: after a few steps no memory pool grows (no cudaMalloc, no
+// Steady state on the device path, its steps replayed from CUDA graphs: after a few steps no
+// memory pool grows (no cudaMalloc, no
 // new host block: the copy ring, the read-back staging and the models reuse theirs), nothing
 // waits for the whole device, and the host waits for the compute stream at most once per step
 // (the step's read-backs; under the emulator there is no stream to wait for). The prefetch
@@ -221,8 +222,9 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
   for (bool gru : {false, true}) {
     SCOPED_TRACE(gru ? "gru" : "mamba");
     auto sets = graph_overrides(d.path(), kDevice, "bf16", gru);
-    for (const char* s :
-         {"run.steps=20", "run.log_every=5", "run.validate_every=0", "ckpt.every=1000"})
+    // Steps replayed from CUDA graphs, as a CUDA run's are by default (cuda_graph: auto).
+    for (const char* s : {"run.steps=20", "run.log_every=5", "run.validate_every=0",
+                          "ckpt.every=1000", "run.cuda_graph=on"})
       sets.push_back(s);
     struct Snapshot {
       std::map<std::string, uint64_t> reserved;
@@ -243,12 +245,61 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
     Runner r(plan_graph(load_config(
                  source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml"), sets)),
              o);
-    ASSERT_EQ(r.run().final_step, 20u);
+    const RunResult result = r.run();
+    ASSERT_EQ(result.final_step, 20u);
+    EXPECT_GE(result.graph_steps.replayed, 8u) << result.graph_off_reason;
     ASSERT_FALSE(warm.reserved.empty());
     for (const auto& [pool, bytes] : end.reserved)
       EXPECT_EQ(bytes, warm.reserved[pool]) << "pool " << pool << " grew in steady state";
     EXPECT_EQ(end.syncs.device, warm.syncs.device) << "a step waited for the whole device";
     EXPECT_LE(end.syncs.stream + end.syncs.event - warm.syncs.stream - warm.syncs.event, 12u);
+  }
+}
+
+// run.cuda_graph: a training step replayed from a graph is the step issued op by op — the same
+// rows and weights, bit for bit — for Mamba and the GRU in bf16, with mirroring and noise (their
+// per-batch key reaches the kernels through device memory), running ahead between rows, across a
+// validation pass. And the steps did replay: a step's work recurs (each slot of the prefetch
+// ring gives its own graph, captured the second time the slot comes round).
+TEST(DevicePath, CudaGraphStepsEqualUncapturedSteps) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  TempDir d;
+  std::ostringstream log;
+  for (bool gru : {false, true}) {
+    SCOPED_TRACE(gru ? "gru" : "mamba");
+    const std::string graph =
+        source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml");
+    auto sets_for = [&](const char* mode) {
+      auto sets = graph_overrides(d.path(), kDevice, "bf16", gru);
+      for (const char* s :
+           {"run.steps=16", "run.log_every=2", "run.validate_every=8", "ckpt.every=1000"})
+        sets.push_back(s);
+      sets.push_back(std::string("run.cuda_graph=") + mode);
+      return sets;
+    };
+    Runner off(plan_graph(load_config(graph, sets_for("off"))), quiet_run_options(log));
+    const RunResult ro = off.run();
+    Runner on(plan_graph(load_config(graph, sets_for("on"))), quiet_run_options(log));
+    const RunResult rn = on.run();
+    EXPECT_EQ(ro.graph_steps.replayed + ro.graph_steps.captured, 0u);
+    EXPECT_EQ(rn.graph_off_reason, "");
+    EXPECT_GE(rn.graph_steps.captured, 1u);
+    EXPECT_GE(rn.graph_steps.replayed, 4u)
+        << "captured " << rn.graph_steps.captured << ", issued " << rn.graph_steps.issued
+        << ", uncaptured " << rn.graph_steps.uncaptured;
+    EXPECT_EQ(rn.graph_steps.replayed + rn.graph_steps.captured + rn.graph_steps.issued +
+                  rn.graph_steps.uncaptured,
+              16u);
+    const Metrics mo = read_metrics(ro.run_dir), mn = read_metrics(rn.run_dir);
+    ASSERT_EQ(mo.train.size(), 8u);
+    ASSERT_EQ(mn.train.size(), 8u);
+    for (const auto& [step, row] : mo.train)
+      expect_close_rows(row, mn.train.at(step), ("train step " + std::to_string(step)).c_str(),
+                        0.0);
+    ASSERT_EQ(mn.validation.size(), mo.validation.size());
+    for (const auto& [step, row] : mo.validation)
+      expect_close_rows(row, mn.validation.at(step), "validation", 0.0);
+    expect_same_weights(off, on, "after 16 steps");
   }
 }
 

@@ -94,8 +94,12 @@ def main(out):
         print(f"\n  whole step, {preset}:")
         for r in runs:
             ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
-            print(f"    {r['precision']:<6} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
+            print(f"    {r['precision']:<12} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
                   f"  {r['ratio_to_first']:.2f}x the first")
+        by = {r["precision"]: r for r in runs if r.get("steps_per_s")}
+        if "bf16" in by and "bf16/nograph" in by:
+            print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "
+                  "the steps/s without it (bf16)")
     # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc).
     for dt in ("fp32", "bf16"):
         a = bench.get(f"scan_backward/{dt}/gpu_standard")

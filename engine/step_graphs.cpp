@@ -1,0 +1,135 @@
+#include "engine/step_graphs.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#if SLIPSTREAM_HAS_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
+
+namespace slipstream {
+
+namespace {
+constexpr size_t kSeenSignatures = 16;
+constexpr int kUncapturedSteps = 3;  // in a row: graph mode goes off
+}  // namespace
+
+StepGraphs::StepGraphs(const ExecContext& exec) : exec_(exec) {
+  if (!exec.device_ops())
+    throw std::logic_error("StepGraphs: CUDA graphs need a CUDA device or the emulator");
+}
+
+StepGraphs::~StepGraphs() {
+  for (Graph& g : graphs_) destroy(g);
+}
+
+void StepGraphs::destroy(Graph& g) {
+#if SLIPSTREAM_HAS_CUDA
+  if (g.exec) cuda_rt::destroy_graph(g.exec);
+#endif
+  g.exec = nullptr;
+  g.replay.clear();
+}
+
+void StepGraphs::launch(const Graph& g) {
+#if SLIPSTREAM_HAS_CUDA
+  if (g.exec) return cuda_rt::launch_graph(exec_.device().index, g.exec, exec_.stream());
+#endif
+  capture::issue_ops(g.replay);
+}
+
+void StepGraphs::turn_off(uint64_t step, const std::string& why) {
+  enabled_ = false;
+  off_reason_ = "off from step " + std::to_string(step) + ": " + why;
+}
+
+StepGraphs::Counts StepGraphs::counts() const {
+  Counts c = counts_;
+  c.graphs = graphs_.size();
+  return c;
+}
+
+StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step) {
+  struct Deferred {  // the recorder's deferred work follows whatever was issued, even on error
+    capture::StepRecorder& r;
+    ~Deferred() {
+      try {
+        r.run_deferred();
+      } catch (...) {
+        // Events that mark memory reusable; the error that matters is on its way.
+      }
+    }
+  } deferred{rec};
+
+  if (!rec.recording()) {  // a synchronous point issued the work already
+    const std::string why = rec.stop_reason();
+    rec.finish();
+    ++counts_.uncaptured;
+    if (++uncaptured_in_a_row_ >= kUncapturedSteps)
+      turn_off(step, std::to_string(kUncapturedSteps) +
+                         " steps in a row met what a graph cannot hold: " + why);
+    return Outcome::uncaptured;
+  }
+  uncaptured_in_a_row_ = 0;
+  const uint64_t signature = rec.signature();
+  std::vector<capture::RecordedOp> ops = rec.finish();
+  const size_t n = ops.size();
+  const bool on_device = exec_.backend() == KernelBackend::cuda;
+
+  for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {
+    if (it->signature != signature || it->ops != n) continue;
+    graphs_.splice(graphs_.begin(), graphs_, it);  // most recently used first
+    launch(graphs_.front());
+    ++counts_.replayed;
+    return Outcome::replayed;
+  }
+
+  const auto key = std::make_pair(signature, n);
+  const auto seen = std::find(seen_.begin(), seen_.end(), key);
+  if (seen == seen_.end() || n == 0) {  // first sight: issue, remember
+    if (n > 0) {
+      seen_.push_back(key);
+      if (seen_.size() > kSeenSignatures) seen_.erase(seen_.begin());
+    }
+    capture::issue_ops(ops);
+    ++counts_.issued;
+    return Outcome::issued;
+  }
+  seen_.erase(seen);
+
+  Graph g;
+  g.signature = signature;
+  g.ops = n;
+  if (on_device) {
+#if SLIPSTREAM_HAS_CUDA
+    std::string why;
+    g.exec = cuda_rt::capture_graph(exec_.device().index, exec_.stream(), ops, &why);
+    if (!g.exec) {
+      capture::issue_ops(ops);
+      ++counts_.issued;
+      turn_off(step, "the step's capture failed: " + why);
+      return Outcome::issued;
+    }
+#endif
+  } else {
+    g.replay = ops;
+  }
+  if (graphs_.size() >= kMaxGraphs) {
+    // The least recently used may still run on the stream: it goes once the stream is past it.
+    exec_.synchronize();
+    destroy(graphs_.back());
+    graphs_.pop_back();
+  }
+  graphs_.push_front(std::move(g));
+  launch(graphs_.front());
+  ++counts_.captured;
+  // Work that recurs replays far more often than it is captured; work that does not (a value
+  // that changes every step among the launches' arguments) would capture every other step.
+  if (counts_.captured >= 3 * kMaxGraphs && counts_.replayed < 2 * counts_.captured)
+    turn_off(step, "the step's work changes from step to step (" +
+                       std::to_string(counts_.captured) + " graphs captured, " +
+                       std::to_string(counts_.replayed) + " replays)");
+  return Outcome::captured;
+}
+
+}  // namespace slipstream

@@ -1,0 +1,153 @@
+// The step recorder and the graph decisions (kernels/step_recorder.h, engine/step_graphs.h) on
+// an emulated context, with operations that log what they do: a step's work is issued the first
+// time, captured the second, replayed from then on with the arguments it was captured with; a
+// synchronous point issues what was recorded before it, in order; graph mode turns itself off
+// with a reason.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/exec_context.h"
+#include "engine/step_graphs.h"
+#include "kernels/step_recorder.h"
+
+using namespace slipstream;
+
+namespace {
+
+std::vector<std::string> trace;
+
+// An operation whose key is `key` and which logs `text` when it runs.
+void op(uint64_t key, const std::string& text) {
+  capture::enqueue(
+      "op", nullptr, [&] { return capture::key_of(key); }, [text] { trace.push_back(text); });
+}
+
+struct Fixture : ::testing::Test {
+  ExecContext exec{Device::cpu(), /*emulate_cuda=*/true};
+  StepGraphs graphs{exec};
+  void SetUp() override { trace.clear(); }
+
+  // One step: ops (key, text) recorded, then finished.
+  StepGraphs::Outcome step(const std::vector<std::pair<uint64_t, std::string>>& ops,
+                           uint64_t n = 1) {
+    capture::StepRecorder rec(nullptr);
+    const size_t before = trace.size();
+    for (const auto& [k, t] : ops) op(k, t);
+    EXPECT_EQ(trace.size(), before) << "an operation ran before the step's end";
+    return graphs.finish(rec, n);
+  }
+};
+
+using StepGraphsTest = Fixture;
+
+TEST_F(StepGraphsTest, WorkIsIssuedThenCapturedThenReplayed) {
+  EXPECT_EQ(step({{1, "a1"}, {2, "b1"}}), StepGraphs::Outcome::issued);
+  EXPECT_EQ(trace, (std::vector<std::string>{"a1", "b1"}));
+  trace.clear();
+  EXPECT_EQ(step({{1, "a2"}, {2, "b2"}}), StepGraphs::Outcome::captured);
+  EXPECT_EQ(trace, (std::vector<std::string>{"a2", "b2"}));
+  trace.clear();
+  // The replay is the captured work: what the key does not cover (the text) is step 2's.
+  EXPECT_EQ(step({{1, "a3"}, {2, "b3"}}), StepGraphs::Outcome::replayed);
+  EXPECT_EQ(trace, (std::vector<std::string>{"a2", "b2"}));
+  trace.clear();
+  // Other arguments, or one more operation: not the graph's work.
+  EXPECT_EQ(step({{1, "a4"}, {3, "c4"}}), StepGraphs::Outcome::issued);
+  EXPECT_EQ(step({{1, "a5"}, {2, "b5"}, {2, "b5"}}), StepGraphs::Outcome::issued);
+  EXPECT_EQ(trace, (std::vector<std::string>{"a4", "c4", "a5", "b5", "b5"}));
+  const auto c = graphs.counts();
+  EXPECT_EQ(c.replayed, 1u);
+  EXPECT_EQ(c.captured, 1u);
+  EXPECT_EQ(c.issued, 3u);
+  EXPECT_EQ(c.graphs, 1u);
+  EXPECT_TRUE(graphs.enabled());
+}
+
+TEST_F(StepGraphsTest, NothingRunsUntilTheStepEnds) {
+  capture::StepRecorder rec(nullptr);
+  op(1, "a");
+  op(2, "b");
+  EXPECT_TRUE(trace.empty());
+  EXPECT_EQ(rec.ops().size(), 2u);
+  // Another stream's work is not the step's: issued at once.
+  int other = 0;
+  capture::enqueue(
+      "other stream", reinterpret_cast<void*>(0x10), [] { return uint64_t{7}; }, [&] { ++other; });
+  EXPECT_EQ(other, 1);
+  // Work that must follow the step's waits for it.
+  capture::after_enqueued(nullptr, [] { trace.push_back("event"); });
+  EXPECT_TRUE(trace.empty());
+  graphs.finish(rec, 1);
+  EXPECT_EQ(trace, (std::vector<std::string>{"a", "b", "event"}));
+}
+
+TEST_F(StepGraphsTest, ASynchronousPointIssuesTheWorkBeforeIt) {
+  for (uint64_t s = 1; s <= 3; ++s) {
+    trace.clear();
+    capture::StepRecorder rec(nullptr);
+    op(1, "before");
+    capture::after_enqueued(nullptr, [] { trace.push_back("event"); });
+    EXPECT_TRUE(trace.empty());
+    capture::sync_point("reads the device");
+    EXPECT_EQ(trace, (std::vector<std::string>{"before", "event"}));
+    EXPECT_FALSE(rec.recording());
+    op(2, "after");  // issued at once now
+    EXPECT_EQ(trace.back(), "after");
+    EXPECT_EQ(graphs.finish(rec, s), StepGraphs::Outcome::uncaptured);
+    EXPECT_EQ(trace.size(), 3u) << "nothing issued twice";
+  }
+  EXPECT_FALSE(graphs.enabled());
+  EXPECT_NE(graphs.off_reason().find("off from step 3"), std::string::npos) << graphs.off_reason();
+  EXPECT_NE(graphs.off_reason().find("reads the device"), std::string::npos) << graphs.off_reason();
+}
+
+TEST_F(StepGraphsTest, WorkThatNeverRecursTurnsGraphsOff) {
+  // Every other step repeats the one before and is captured; none replays.
+  uint64_t n = 0;
+  for (uint64_t k = 0; graphs.enabled() && k < 100; ++k) {
+    step({{1000 + k, "x"}}, ++n);
+    step({{1000 + k, "x"}}, ++n);
+  }
+  EXPECT_FALSE(graphs.enabled());
+  EXPECT_NE(graphs.off_reason().find("changes from step to step"), std::string::npos)
+      << graphs.off_reason();
+  EXPECT_LE(graphs.counts().graphs, StepGraphs::kMaxGraphs);
+}
+
+TEST_F(StepGraphsTest, AFailingOperationNamesItsStage) {
+  capture::StepRecorder rec(nullptr);
+  rec.set_stage(3);
+  capture::enqueue(
+      "broken kernel", nullptr, [] { return uint64_t{1}; },
+      [] { throw std::runtime_error("broken kernel: launch failed"); });
+  try {
+    graphs.finish(rec, 1);
+    FAIL() << "no error";
+  } catch (const capture::IssueError& e) {
+    EXPECT_EQ(e.stage(), 3);
+    EXPECT_NE(std::string(e.what()).find("broken kernel"), std::string::npos);
+  }
+}
+
+TEST(StepRecorder, KeysCoverEveryByte) {
+  struct Args {
+    const float* p;
+    int n;
+    float s;
+  };
+  const float x = 0;
+  EXPECT_EQ(capture::key_of(Args{&x, 3, 1.0f}), capture::key_of(Args{&x, 3, 1.0f}));
+  EXPECT_NE(capture::key_of(Args{&x, 3, 1.0f}), capture::key_of(Args{&x, 3, 2.0f}));
+  EXPECT_NE(capture::key_of(Args{&x, 3, 1.0f}), capture::key_of(Args{&x + 1, 3, 1.0f}));
+  EXPECT_NE(capture::key_of(1, 2), capture::key_of(2, 1));
+  // Outside a recorder an operation runs at once.
+  int ran = 0;
+  capture::enqueue(
+      "now", nullptr, [] { return uint64_t{0}; }, [&] { ++ran; });
+  EXPECT_EQ(ran, 1);
+  capture::sync_point("nothing to issue");
+}
+
+}  // namespace
