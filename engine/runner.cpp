@@ -150,8 +150,9 @@ struct Runner::Impl {
   std::ostream* log = &std::cout;
   std::ostream quiet{nullptr};  // discards (non-zero ranks)
   bool tty = false;
-  std::string device_reason;                // printed when the run starts
-  std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
+  std::string device_reason;                                  // printed when the run starts
+  std::unique_ptr<StepGraphs> step_graphs;                    // run.cuda_graph on
+  std::atomic<uint64_t> graph_batches{0}, graph_replayed{0};  // for the stats record
   bool graph_off_reported = false;
   std::optional<ConsoleTee> console;  // the run directory's console.log, during run()
 
@@ -317,7 +318,10 @@ struct Runner::Impl {
       // Isolated: a thread that waits inside a stage takes no other task, whose launches would
       // join this step's.
       tbb::this_task_arena::isolate([&] { section_stages(b); });
-      step_graphs->finish(rec, run.step + 1);
+      const auto outcome = step_graphs->finish(rec, run.step + 1);
+      graph_batches.fetch_add(1, std::memory_order_relaxed);
+      if (outcome == StepGraphs::Outcome::replayed)
+        graph_replayed.fetch_add(1, std::memory_order_relaxed);
     } catch (const capture::IssueError& e) {
       if (e.stage() < 0 || static_cast<size_t>(e.stage()) >= n()) throw;
       const auto& ps = plan().stages[static_cast<size_t>(e.stage())];
@@ -886,6 +890,8 @@ struct Runner::Impl {
       r.loss = last_loss.load();
       r.steps_per_s = steps_rate;
       r.samples_per_s = samples_rate;
+      r.graph_batches = graph_batches.load(std::memory_order_relaxed);
+      r.graph_replayed = graph_replayed.load(std::memory_order_relaxed);
       r.eta_s = (run.total_steps && steps_rate > 0)
                     ? static_cast<double>(run.total_steps - std::min(run.total_steps, run.step)) /
                           steps_rate
@@ -1630,6 +1636,7 @@ RunResult Runner::Impl::execute_steps() {
   result.steps_ended_ahead = steps_ended_ahead;
   if (step_graphs) {
     const StepGraphs::Counts c = step_graphs->counts();
+    result.cuda_graph = true;
     result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
     result.graph_off_reason = step_graphs->off_reason();
   }
@@ -1646,6 +1653,7 @@ RunResult Runner::Impl::execute_steps() {
   std::snprintf(summary, sizeof summary, ": %llu steps, %llu samples in %.3g s",
                 static_cast<unsigned long long>(result.final_step),
                 static_cast<unsigned long long>(result.samples), result.seconds);
+  if (result.cuda_graph) log_line(graph_steps_summary(result));
   // Every rank says how it ended (the progress lines are rank 0's alone).
   std::ostream& out = log == &quiet ? std::cout : *log;
   out << ((result.interrupted
@@ -1656,6 +1664,18 @@ RunResult Runner::Impl::execute_steps() {
       << "\n"
       << std::flush;
   return result;
+}
+
+std::string graph_steps_summary(const RunResult& r) {
+  if (!r.cuda_graph) return "";
+  const auto& g = r.graph_steps;
+  const uint64_t all = g.replayed + g.captured + g.issued + g.uncaptured;
+  std::string s = "cuda graph: " + std::to_string(g.replayed) + " of " + std::to_string(all) +
+                  " training batches replayed (" + std::to_string(g.captured) + " captured, " +
+                  std::to_string(g.issued) + " issued op by op, " + std::to_string(g.uncaptured) +
+                  " uncaptured)";
+  if (!r.graph_off_reason.empty()) s += "; " + r.graph_off_reason;
+  return s;
 }
 
 }  // namespace slipstream

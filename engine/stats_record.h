@@ -19,7 +19,7 @@
 namespace slipstream::stats {
 
 inline constexpr uint32_t kMagic = 0x53504C53;  // "SLPS" read little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr int kMaxStages = 64;
 inline constexpr int kMaxPools = 4;
 
@@ -83,6 +83,10 @@ struct RunRecord {
   double steps_per_s;    // recent
   double samples_per_s;  // recent
   double eta_s;          // seconds to total_steps at the recent rate; negative when unknown
+  // run.cuda_graph: training batches recorded, and those replayed from a CUDA graph (both 0
+  // when graph mode is off).
+  uint64_t graph_batches;
+  uint64_t graph_replayed;
   StageCounters stages[kMaxStages];
   PoolCounters pools[kMaxPools];
 };

@@ -82,6 +82,8 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   StepBenchmark b;
   b.resident_batches = o.resident_batches;
   b.gpu_busy_pct = gpu_busy;
+  b.cuda_graph = graph_steps_summary(r);
+  b.graph_steps = r.graph_steps;
   b.preset = o.preset_or_file;
   b.device = runner.state().device.str();
   b.precision = runner.state().precision == Precision::bf16 ? "bf16" : "fp32";
@@ -149,6 +151,7 @@ std::string format_step_benchmark(const StepBenchmark& b) {
   if (b.resident_batches > 0)
     out += "(on " + std::to_string(b.resident_batches) +
            " resident batches: nothing loaded or copied after them)\n";
+  if (!b.cuda_graph.empty()) out += b.cuda_graph + "\n";
   std::snprintf(line, sizeof line, "\n%-16s %-18s %8s %12s\n", "stage", "kind", "busy %",
                 "ms/step");
   out += line;
@@ -182,6 +185,12 @@ nlohmann::json step_benchmark_json(const StepBenchmark& b) {
                    {"host_peak_rss_bytes", b.host_peak_rss_bytes},
                    {"resident_batches", b.resident_batches}};
   if (b.gpu_busy_pct >= 0) j["gpu_busy_pct"] = b.gpu_busy_pct;
+  if (!b.cuda_graph.empty())
+    j["cuda_graph"] = {{"summary", b.cuda_graph},
+                       {"replayed", b.graph_steps.replayed},
+                       {"captured", b.graph_steps.captured},
+                       {"issued", b.graph_steps.issued},
+                       {"uncaptured", b.graph_steps.uncaptured}};
   for (const auto& s : b.stages)
     j["stages"].push_back({{"name", s.name},
                            {"kind", s.kind},

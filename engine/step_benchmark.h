@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/runner.h"
 
 namespace slipstream {
 
@@ -54,6 +55,9 @@ struct StepBenchmark {
   std::vector<Pool> pools;        // every memory pool: host, and each device's
   uint32_t resident_batches = 0;  // the options' (0: loaded data)
   double gpu_busy_pct = -1;       // set by a caller that sampled it (NVML); -1: not measured
+  // run.cuda_graph over the whole run (warm-up included): graph_steps_summary(), "" when off.
+  std::string cuda_graph;
+  RunResult::GraphSteps graph_steps;
 };
 
 // The data path's share of the step: `repeats` pairs of benchmarks at the same options,

@@ -372,17 +372,17 @@ TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {
   EXPECT_NE(r.err.find("slipstream-smi: error: " + garbage + ": truncated"), std::string::npos)
       << r.err;
 
-  stats::RunRecord v2 = make_record(live_pid);
-  v2.layout_version = 2;
-  write_record(garbage, v2);
+  stats::RunRecord newer = make_record(live_pid);
+  newer.layout_version = stats::kLayoutVersion + 1;
+  write_record(garbage, newer);
   r = run_smi({"--json"}, env_);
   EXPECT_EQ(r.status, 3);
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["errors"].size(), 1u);
   EXPECT_EQ(j["errors"][0]["error"],
-            garbage +
-                ": stats record layout version 2, this slipstream-smi reads version 1; use the "
-                "slipstream-smi of the same build");
+            garbage + ": stats record layout version " + std::to_string(stats::kLayoutVersion + 1) +
+                ", this slipstream-smi reads version " + std::to_string(stats::kLayoutVersion) +
+                "; use the slipstream-smi of the same build");
   EXPECT_EQ(j["runs"].size(), 1u);
 
   write_file(garbage, "", 0);  // empty

@@ -268,17 +268,18 @@ TEST(StatsRecord, OddSequenceForeverIsAnError) {
 TEST(StatsRecord, LayoutVersionMismatchNamesBothVersions) {
   TempDir dir;
   std::string path = dir.path() + "/r.stats";
-  // A version 2 record may be larger; the version is reported, not the size.
+  // A newer record may be larger; the version is reported, not the size.
   std::vector<char> bytes(sizeof(RunRecord) + 64, 0);
   RunRecord r = make_record(::getpid());
-  r.layout_version = 2;
+  r.layout_version = kLayoutVersion + 1;
   std::memcpy(bytes.data(), &r, sizeof r);
   write_file(path, bytes.data(), bytes.size());
   ReadResult got = read_record(path);
   EXPECT_FALSE(got.record);
-  EXPECT_EQ(got.error, path +
-                           ": stats record layout version 2, this slipstream-smi reads version "
-                           "1; use the slipstream-smi of the same build");
+  EXPECT_EQ(got.error, path + ": stats record layout version " +
+                           std::to_string(kLayoutVersion + 1) +
+                           ", this slipstream-smi reads version " + std::to_string(kLayoutVersion) +
+                           "; use the slipstream-smi of the same build");
 }
 
 TEST(StatsRecord, TruncatedFile) {

@@ -96,6 +96,9 @@ def main(out):
             ms = 1000.0 / r["steps_per_s"] if r.get("steps_per_s") else float("nan")
             print(f"    {r['precision']:<12} {ms:>8.2f} ms/step {r['samples_per_s']:>12.0f} samples/s"
                   f"  {r['ratio_to_first']:.2f}x the first")
+        for r in runs:
+            if r.get("cuda_graph"):
+                print(f"      {r['precision']}: {r['cuda_graph']['summary']}")
         by = {r["precision"]: r for r in runs if r.get("steps_per_s")}
         if "bf16" in by and "bf16/nograph" in by:
             print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "

@@ -133,6 +133,16 @@ std::vector<FieldDef> run_fields() {
        }},
       {"eta", "s", "Seconds to total_steps at the recent rate; [N/A] when unknown.",
        [](const RowContext& c) { return with_unit(bounded(c.run->eta_s, kMaxSeconds, 0), "s"); }},
+      {"cuda_graph", "%",
+       "Share of the training batches replayed from a CUDA graph (run.cuda_graph); [N/A] when "
+       "graph mode is off.",
+       [](const RowContext& c) {
+         const auto& r = *c.run;
+         return with_unit(r.graph_batches
+                              ? percent(double(r.graph_replayed) / double(r.graph_batches))
+                              : std::nullopt,
+                          "%");
+       }},
       {"uptime", "s", "Seconds since the run started.",
        [](const RowContext& c) {
          double start = static_cast<double>(c.run->start_unix_ns) / 1e9;

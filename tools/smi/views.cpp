@@ -340,6 +340,8 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     o["steps_per_s"] = bounded_or_null(r.steps_per_s, kMaxRate);
     o["samples_per_s"] = bounded_or_null(r.samples_per_s, kMaxRate);
     o["eta_s"] = bounded_or_null(r.eta_s, kMaxSeconds);
+    o["cuda_graph_replayed_pct"] =
+        r.graph_batches ? json(100.0 * double(r.graph_replayed) / double(r.graph_batches)) : json();
     o["bottleneck"] = bottleneck >= 0 ? text_json(r.stages[bottleneck].name) : json();
     o["stages"] = json::array();
     for (uint32_t i = 0; i < r.num_stages; ++i) {
