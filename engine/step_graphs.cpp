@@ -10,7 +10,7 @@
 namespace slipstream {
 
 namespace {
-constexpr size_t kSeenSignatures = 16;
+constexpr size_t kSeenSignatures = 2 * StepGraphs::kMaxGraphs;
 constexpr int kUncapturedSteps = 3;  // in a row: graph mode goes off
 }  // namespace
 
@@ -115,8 +115,8 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
     g.replay = ops;
   }
   if (graphs_.size() >= kMaxGraphs) {
-    // The least recently used may still run on the stream: it goes once the stream is past it.
-    exec_.synchronize();
+    // The least recently used goes. One still in flight is freed when it completes
+    // (cuGraphExecDestroy's contract), so the host does not wait for it.
     destroy(graphs_.back());
     graphs_.pop_back();
   }

@@ -52,9 +52,11 @@ class StepGraphs {
   };
   Counts counts() const;
 
-  // At most this many graphs are held (the least recently used goes); a step's work comes in a
-  // few shapes (ring slots, the pools' buffers of alternate steps), each of which replays.
-  static constexpr size_t kMaxGraphs = 8;
+  // At most this many graphs are held (the least recently used goes): a step's work comes in a
+  // few shapes, each of which replays — one per prefetch-ring slot, times two with gradient
+  // accumulation (the micro-batch that ends a step also runs the optimizer). A graph costs
+  // kilobytes of host and device memory; its buffers are the run's own.
+  static constexpr size_t kMaxGraphs = 32;
 
  private:
   struct Graph {
