@@ -1097,7 +1097,11 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
     throw std::runtime_error(
         "run.cuda_graph: on needs a CUDA device (or device: emulated); this run is on the CPU");
   if (cuda_graph == "on" || (cuda_graph == "auto" && dc.device.is_cuda())) {
-    I.step_graphs = std::make_unique<StepGraphs>(*I.run.exec);
+    I.step_graphs = std::make_unique<StepGraphs>(*I.run.exec, [&I](int k) {
+      const bool known = I.graph && k >= 0 && static_cast<size_t>(k) < I.graph->size();
+      return known ? "stage " + I.graph->plan().stages[static_cast<size_t>(k)].name
+                   : "stage " + std::to_string(k);
+    });
     I.device_reason +=
         "\ncuda graph: on (a training step's work is captured once it recurs, then replayed; "
         "run.cuda_graph=off turns it off)";
@@ -1639,6 +1643,7 @@ RunResult Runner::Impl::execute_steps() {
     result.cuda_graph = true;
     result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
     result.graph_off_reason = step_graphs->off_reason();
+    result.graph_difference = step_graphs->difference();
   }
   result.final_step = run.step;
   result.samples = samples.load();
@@ -1674,7 +1679,10 @@ std::string graph_steps_summary(const RunResult& r) {
                   " training batches replayed (" + std::to_string(g.captured) + " captured, " +
                   std::to_string(g.issued) + " issued op by op, " + std::to_string(g.uncaptured) +
                   " uncaptured)";
-  if (!r.graph_off_reason.empty()) s += "; " + r.graph_off_reason;
+  if (!r.graph_off_reason.empty())
+    s += "; " + r.graph_off_reason;
+  else if (2 * g.replayed < all && !r.graph_difference.empty())
+    s += "; steps seen for the first time differ first at " + r.graph_difference;
   return s;
 }
 

@@ -74,8 +74,9 @@ struct RunResult {
   } graph_steps;
   bool cuda_graph = false;  // graph mode was on at the start
   std::string graph_off_reason;
-  bool interrupted = false;  // stopped by SIGINT, SIGTERM or request_stop(true)
-  int stop_signal = 0;       // SIGINT or SIGTERM when one stopped the run
+  std::string graph_difference;  // StepGraphs::difference()
+  bool interrupted = false;      // stopped by SIGINT, SIGTERM or request_stop(true)
+  int stop_signal = 0;           // SIGINT or SIGTERM when one stopped the run
   bool early_stopped = false;
   bool already_complete = false;  // a resumed run that had already reached run.steps
   std::string end_reason;         // "steps", "data end", "early stop", "interrupted (SIGINT)", ...

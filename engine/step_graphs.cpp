@@ -14,7 +14,8 @@ constexpr size_t kSeenSignatures = 2 * StepGraphs::kMaxGraphs;
 constexpr int kUncapturedSteps = 3;  // in a row: graph mode goes off
 }  // namespace
 
-StepGraphs::StepGraphs(const ExecContext& exec) : exec_(exec) {
+StepGraphs::StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name)
+    : exec_(exec), stage_name_(std::move(stage_name)) {
   if (!exec.device_ops())
     throw std::logic_error("StepGraphs: CUDA graphs need a CUDA device or the emulator");
 }
@@ -36,6 +37,21 @@ void StepGraphs::launch(const Graph& g) {
   if (g.exec) return cuda_rt::launch_graph(exec_.device().index, g.exec, exec_.stream());
 #endif
   capture::issue_ops(g.replay);
+}
+
+void StepGraphs::note_difference(const std::vector<capture::RecordedOp>& ops) {
+  if (last_new_.size() == ops.size()) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].key == last_new_[i].key) continue;
+      const int k = ops[i].stage;
+      const std::string stage = stage_name_ ? stage_name_(k) : "stage " + std::to_string(k);
+      difference_ = "operation " + std::to_string(i + 1) + " of " + std::to_string(ops.size()) +
+                    ", " + ops[i].what + " (" + stage + ")";
+      break;
+    }
+  }
+  last_new_.clear();
+  for (const auto& op : ops) last_new_.push_back({op.key, op.what, op.stage});
 }
 
 void StepGraphs::turn_off(uint64_t step, const std::string& why) {
@@ -87,6 +103,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   const auto key = std::make_pair(signature, n);
   const auto seen = std::find(seen_.begin(), seen_.end(), key);
   if (seen == seen_.end() || n == 0) {  // first sight: issue, remember
+    note_difference(ops);
     if (n > 0) {
       seen_.push_back(key);
       if (seen_.size() > kSeenSignatures) seen_.erase(seen_.begin());
@@ -128,7 +145,8 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   if (counts_.captured >= 3 * kMaxGraphs && counts_.replayed < 2 * counts_.captured)
     turn_off(step, "the step's work changes from step to step (" +
                        std::to_string(counts_.captured) + " graphs captured, " +
-                       std::to_string(counts_.replayed) + " replays)");
+                       std::to_string(counts_.replayed) + " replays)" +
+                       (difference_.empty() ? "" : "; new steps differ first at " + difference_));
   return Outcome::captured;
 }
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <string>
 #include <utility>
@@ -30,8 +31,9 @@ namespace slipstream {
 
 class StepGraphs {
  public:
-  // `exec`: a CUDA or emulated context (the graphs run on its stream).
-  explicit StepGraphs(const ExecContext& exec);
+  // `exec`: a CUDA or emulated context (the graphs run on its stream). `stage_name` names graph
+  // stage k in messages (none: "stage k").
+  explicit StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name = {});
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -45,6 +47,10 @@ class StepGraphs {
   // False once graph mode turned itself off; off_reason() says why, in one line.
   bool enabled() const { return enabled_; }
   const std::string& off_reason() const { return off_reason_; }
+  // Where the last two steps seen for the first time differ: "operation 21 of 110,
+  // scan_kernel (stage core)"; "" until two such steps of the same length were seen. What keeps
+  // a step's work from recurring, for a run whose batches hardly replay.
+  const std::string& difference() const { return difference_; }
 
   struct Counts {
     uint64_t replayed = 0, captured = 0, issued = 0, uncaptured = 0;
@@ -66,12 +72,20 @@ class StepGraphs {
     std::vector<capture::RecordedOp> replay;  // the emulator's graph
   };
   void turn_off(uint64_t step, const std::string& why);
+  void note_difference(const std::vector<capture::RecordedOp>& ops);
   void destroy(Graph& g);
   void launch(const Graph& g);  // on the stream; under the emulator, its operations
 
   const ExecContext& exec_;
+  std::function<std::string(int)> stage_name_;
   bool enabled_ = true;
-  std::string off_reason_;
+  std::string off_reason_, difference_;
+  struct OpId {
+    uint64_t key;
+    const char* what;
+    int stage;
+  };
+  std::vector<OpId> last_new_;                     // the last step seen for the first time
   std::list<Graph> graphs_;                        // most recently used first
   std::vector<std::pair<uint64_t, size_t>> seen_;  // signatures issued once, newest last
   Counts counts_;

@@ -113,7 +113,28 @@ TEST_F(StepGraphsTest, WorkThatNeverRecursTurnsGraphsOff) {
   EXPECT_FALSE(graphs.enabled());
   EXPECT_NE(graphs.off_reason().find("changes from step to step"), std::string::npos)
       << graphs.off_reason();
+  // The reason says which operation keeps the steps apart.
+  EXPECT_NE(graphs.off_reason().find("differ first at operation 1 of 1, op (stage -1)"),
+            std::string::npos)
+      << graphs.off_reason();
   EXPECT_LE(graphs.counts().graphs, StepGraphs::kMaxGraphs);
+}
+
+TEST_F(StepGraphsTest, TheDifferenceBetweenNewStepsIsNamed) {
+  StepGraphs named(exec, [](int k) { return k == 4 ? std::string("core") : std::string("?"); });
+  auto new_step = [&](uint64_t middle) {
+    capture::StepRecorder rec(nullptr);
+    rec.set_stage(2);
+    op(1, "a");
+    rec.set_stage(4);
+    op(middle, "b");
+    op(3, "c");
+    return named.finish(rec, 1);
+  };
+  EXPECT_EQ(new_step(10), StepGraphs::Outcome::issued);
+  EXPECT_EQ(named.difference(), "");
+  EXPECT_EQ(new_step(11), StepGraphs::Outcome::issued);
+  EXPECT_EQ(named.difference(), "operation 2 of 3, op (core)");
 }
 
 TEST_F(StepGraphsTest, AFailingOperationNamesItsStage) {
