@@ -150,9 +150,8 @@ struct Runner::Impl {
   std::ostream* log = &std::cout;
   std::ostream quiet{nullptr};  // discards (non-zero ranks)
   bool tty = false;
-  std::string device_reason;                                  // printed when the run starts
-  std::unique_ptr<StepGraphs> step_graphs;                    // run.cuda_graph on
-  std::atomic<uint64_t> graph_batches{0}, graph_replayed{0};  // for the stats record
+  std::string device_reason;                // printed when the run starts
+  std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
   bool graph_off_reported = false;
   std::optional<ConsoleTee> console;  // the run directory's console.log, during run()
 
@@ -318,10 +317,7 @@ struct Runner::Impl {
       // Isolated: a thread that waits inside a stage takes no other task, whose launches would
       // join this step's.
       tbb::this_task_arena::isolate([&] { section_stages(b); });
-      const auto outcome = step_graphs->finish(rec, run.step + 1);
-      graph_batches.fetch_add(1, std::memory_order_relaxed);
-      if (outcome == StepGraphs::Outcome::replayed)
-        graph_replayed.fetch_add(1, std::memory_order_relaxed);
+      step_graphs->finish(rec, run.step + 1);
     } catch (const capture::IssueError& e) {
       if (e.stage() < 0 || static_cast<size_t>(e.stage()) >= n()) throw;
       const auto& ps = plan().stages[static_cast<size_t>(e.stage())];
@@ -890,8 +886,11 @@ struct Runner::Impl {
       r.loss = last_loss.load();
       r.steps_per_s = steps_rate;
       r.samples_per_s = samples_rate;
-      r.graph_batches = graph_batches.load(std::memory_order_relaxed);
-      r.graph_replayed = graph_replayed.load(std::memory_order_relaxed);
+      if (step_graphs) {
+        const StepGraphs::Counts g = step_graphs->counts();
+        r.graph_batches = g.replayed + g.captured + g.issued + g.uncaptured;
+        r.graph_replayed = g.replayed;
+      }
       r.eta_s = (run.total_steps && steps_rate > 0)
                     ? static_cast<double>(run.total_steps - std::min(run.total_steps, run.step)) /
                           steps_rate

@@ -60,9 +60,7 @@ void StepGraphs::turn_off(uint64_t step, const std::string& why) {
 }
 
 StepGraphs::Counts StepGraphs::counts() const {
-  Counts c = counts_;
-  c.graphs = graphs_.size();
-  return c;
+  return {replayed_.load(), captured_.load(), issued_.load(), uncaptured_.load(), held_.load()};
 }
 
 StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step) {
@@ -80,7 +78,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   if (!rec.recording()) {  // a synchronous point issued the work already
     const std::string why = rec.stop_reason();
     rec.finish();
-    ++counts_.uncaptured;
+    ++uncaptured_;
     if (++uncaptured_in_a_row_ >= kUncapturedSteps)
       turn_off(step, std::to_string(kUncapturedSteps) +
                          " steps in a row met what a graph cannot hold: " + why);
@@ -96,7 +94,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
     if (it->signature != signature || it->ops != n) continue;
     graphs_.splice(graphs_.begin(), graphs_, it);  // most recently used first
     launch(graphs_.front());
-    ++counts_.replayed;
+    ++replayed_;
     return Outcome::replayed;
   }
 
@@ -109,7 +107,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
       if (seen_.size() > kSeenSignatures) seen_.erase(seen_.begin());
     }
     capture::issue_ops(ops);
-    ++counts_.issued;
+    ++issued_;
     return Outcome::issued;
   }
   seen_.erase(seen);
@@ -123,7 +121,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
     g.exec = cuda_rt::capture_graph(exec_.device().index, exec_.stream(), ops, &why);
     if (!g.exec) {
       capture::issue_ops(ops);
-      ++counts_.issued;
+      ++issued_;
       turn_off(step, "the step's capture failed: " + why);
       return Outcome::issued;
     }
@@ -138,14 +136,14 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
     graphs_.pop_back();
   }
   graphs_.push_front(std::move(g));
+  held_ = graphs_.size();
   launch(graphs_.front());
-  ++counts_.captured;
+  ++captured_;
   // Work that recurs replays far more often than it is captured; work that does not (a value
   // that changes every step among the launches' arguments) would capture every other step.
-  if (counts_.captured >= 3 * kMaxGraphs && counts_.replayed < 2 * counts_.captured)
-    turn_off(step, "the step's work changes from step to step (" +
-                       std::to_string(counts_.captured) + " graphs captured, " +
-                       std::to_string(counts_.replayed) + " replays)" +
+  if (captured_ >= 3 * kMaxGraphs && replayed_ < 2 * captured_)
+    turn_off(step, "the step's work changes from step to step (" + std::to_string(captured_) +
+                       " graphs captured, " + std::to_string(replayed_) + " replays)" +
                        (difference_.empty() ? "" : "; new steps differ first at " + difference_));
   return Outcome::captured;
 }

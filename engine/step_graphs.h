@@ -17,6 +17,7 @@
 // replayed with their captured arguments, so CI runs the same decisions on the CPU.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -56,7 +57,7 @@ class StepGraphs {
     uint64_t replayed = 0, captured = 0, issued = 0, uncaptured = 0;
     size_t graphs = 0;  // held now
   };
-  Counts counts() const;
+  Counts counts() const;  // from any thread (the stats publisher's)
 
   // At most this many graphs are held (the least recently used goes): a step's work comes in a
   // few shapes, each of which replays — one per prefetch-ring slot, times two with gradient
@@ -88,7 +89,8 @@ class StepGraphs {
   std::vector<OpId> last_new_;                     // the last step seen for the first time
   std::list<Graph> graphs_;                        // most recently used first
   std::vector<std::pair<uint64_t, size_t>> seen_;  // signatures issued once, newest last
-  Counts counts_;
+  std::atomic<uint64_t> replayed_{0}, captured_{0}, issued_{0}, uncaptured_{0};
+  std::atomic<size_t> held_{0};
   int uncaptured_in_a_row_ = 0;
 };
 

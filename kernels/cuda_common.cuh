@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda_api.h"
 
@@ -16,8 +18,8 @@
 // through the step recorder (kernels/step_recorder.h): launched at once, or kept with its
 // arguments (copied) while the step is recorded for a CUDA graph. The key is the kernel, the
 // launch shape and the arguments' bytes — padding included, so a struct passed by value is
-// built zero-filled (memset, then its fields): garbage in its padding would make every step's
-// key differ, and the step would never replay.
+// built zero-filled (zero_filled<T>(), then its fields): garbage in its padding would make every
+// step's key differ, and the step would never replay.
 #define SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, ...)                                           \
   [&] {                                                                                           \
     return ::slipstream::capture::key_of(::slipstream::capture::function_key(kernel), dim3(grid), \
@@ -123,6 +125,16 @@ __device__ __forceinline__ uint16_t fp32_to_bf16_bits(float f) {
 
 inline unsigned ceil_div(size_t a, size_t b) {
   return unsigned((a + b - 1) / b);
+}
+
+// A struct for a kernel's arguments with every byte zero, padding included, its fields to be set
+// after: SLIPSTREAM_LAUNCH's key hashes the bytes it is passed.
+template <class T>
+T zero_filled() {
+  static_assert(std::is_trivially_copyable_v<T>, "kernel arguments are plain values");
+  T t;
+  std::memset(static_cast<void*>(&t), 0, sizeof t);
+  return t;
 }
 
 // Throws when the last launch failed, naming the op (the kernel ran asynchronously: errors

@@ -5,7 +5,6 @@
 // "channel kernels"). The one-frame step for inference runs a thread per (b, d, n): the lanes of
 // a warp are kLanes states (kLanes = N rounded up to a power of two) of 32 / kLanes consecutive
 // channels, sums over the state are butterfly shuffles inside the group.
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda_common.cuh"
@@ -471,8 +470,7 @@ template <class T>
 ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
                              const float* Dskip, const T* z, const float* delta_bias, bool sp,
                              int B, int L, int D, int N) {
-  ScanArgs<dev_t<T>> a;
-  std::memset(static_cast<void*>(&a), 0, sizeof a);  // padding too: a launch's key hashes it
+  auto a = zero_filled<ScanArgs<dev_t<T>>>();  // padding too: a launch's key hashes it
   a.u = dev(u);
   a.delta = dev(delta);
   a.A = A;

@@ -21,7 +21,6 @@ StepRecorder::~StepRecorder() {
 
 std::vector<RecordedOp> StepRecorder::finish() {
   recording_ = false;
-  if (reason_.empty()) reason_ = "finished";
   return std::move(ops_);
 }
 

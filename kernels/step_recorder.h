@@ -62,7 +62,7 @@ class StepRecorder {
 
   // True until a synchronous point ended the recording.
   bool recording() const { return recording_; }
-  // Why the recording ended ("" while recording).
+  // Why a synchronous point ended the recording ("" when none did).
   const std::string& stop_reason() const { return reason_; }
   // The recorded operations' hash (identity and arguments of each, in order) and count.
   uint64_t signature() const { return hash_; }

@@ -4,7 +4,6 @@
 // which tests/melee_model compares them; constants come in by value (EmbedDims), so device code
 // calls no host constexpr function.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/cuda_common.cuh"
 #include "stages/melee/melee_kernels.h"
@@ -131,8 +130,7 @@ struct TableGrad {
 // A TableGrad with its padding zeroed: a launch's key hashes its bytes (kernels/cuda_common.cuh).
 TableGrad table_grad(const int32_t* ids, int id_limit, int dim, int per_row, int col_base,
                      int slot_step, bool needs_slot) {
-  TableGrad t;
-  std::memset(static_cast<void*>(&t), 0, sizeof t);
+  auto t = k::zero_filled<TableGrad>();
   t.ids = ids;
   t.id_limit = id_limit;
   t.dim = dim;
