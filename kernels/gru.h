@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda_api.h"
 #include "kernels/gemm.h"  // cuda::GemmContext
@@ -24,22 +25,38 @@ size_t gru_forward_workspace_elems(int B, int L, int H);
 // two (B, H) state-gradient buffers.
 size_t gru_backward_workspace_elems(int B, int L, int H);
 
-// saved may be null (inference: nothing kept for the backward).
+// The bf16 form of a layer (precision bf16, T = float): every GEMM multiplies bf16 operands with
+// FP32 accumulation (gemm_bf16): the weights' bf16 copies (the optimizer's shadow, nn.GRU's
+// layout) and the activations rounded to bf16 at the product (x, the states W_hh multiplies, the
+// gate-input gradients), as the Mamba GEMMs do. The gates, the states, the saved activations and
+// every sum stay FP32. `workspace` holds those rounded copies and gemm_bf16's own workspace,
+// beside (not inside) the FP32 workspace; one size serves forward and backward.
+struct GruBf16 {
+  const uint16_t* w_ih = nullptr;  // (3H, In)
+  const uint16_t* w_hh = nullptr;  // (3H, H)
+  void* workspace = nullptr;       // gru_bf16_workspace_bytes
+};
+size_t gru_bf16_workspace_bytes(int B, int L, int In, int H);
+
+// saved may be null (inference: nothing kept for the backward). bf16: null for the FP32 form.
 template <class T>
 void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* b_ih,
-                 const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H);
+                 const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H,
+                 const GruBf16* bf16 = nullptr);
 
 // dy (B, L, H) is the gradient of every output step; dh_last (B, H), or null, an extra gradient
 // on the final state (PyTorch's h_n output).
 //   dx (B, L, In) and dh0 (B, H) overwritten (=); dh0 may be null.
 //   dw_ih, dw_hh, db_ih, db_hh accumulated (+=); the biases may be null.
+// bf16: the forward's form (the weights' bf16 copies; w_ih and w_hh are then not read).
 template <class T>
 void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* y, const T* saved,
                   const T* dy, const T* dh_last, T* dx, T* dh0, T* dw_ih, T* dw_hh, T* db_ih,
-                  T* db_hh, T* workspace, int B, int L, int In, int H);
+                  T* db_hh, T* workspace, int B, int L, int In, int H,
+                  const GruBf16* bf16 = nullptr);
 
-// The CUDA GRU layer (kernels/gru_cuda.cu): the math above from a zero initial state, fp32,
-// each step a cuBLASLt GEMM and a gate kernel on the caller's stream.
+// The CUDA GRU layer (kernels/gru_cuda.cu): the math above from a zero initial state, FP32 or
+// the bf16 form, each step a cuBLASLt GEMM and a gate kernel on the caller's stream.
 namespace cuda {
 #include "kernels/gru_cuda.inc"
 }  // namespace cuda

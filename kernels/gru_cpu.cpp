@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
+#include <type_traits>
 
+#include "kernels/bf16.h"
+#include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/parallel.h"
 #include "kernels/vector_math.h"
@@ -24,6 +28,42 @@ size_t gru_backward_workspace_elems(int B, int L, int H) {
 }
 
 namespace {
+
+// The bf16 form's workspace: the layer input, the states W_hh multiplies and the two gate-input
+// gradients rounded to bf16, then gemm_bf16's workspace for the largest of the layer's products.
+struct Bf16Area {
+  uint16_t *x, *h, *dgi, *dgh;
+  float* gemm;
+  static size_t gemm_elems(int B, int L, int In, int H) {
+    const int M = B * L, G = 3 * H;
+    return std::max({gemm_bf16_workspace_elems(M, G, In), gemm_bf16_workspace_elems(B, G, H),
+                     gemm_bf16_workspace_elems(B, H, G), gemm_bf16_workspace_elems(M, In, G),
+                     gemm_bf16_workspace_elems(G, In, M), gemm_bf16_workspace_elems(G, H, M)});
+  }
+  static size_t halves(int B, int L, int In, int H) {
+    const size_t M = size_t(B) * L;
+    return (M * In + M * H + 2 * M * 3 * H + 1) / 2 * 2;  // keeps the floats after it aligned
+  }
+  Bf16Area(void* ws, int B, int L, int In, int H) {
+    const size_t M = size_t(B) * L;
+    x = static_cast<uint16_t*>(ws);
+    h = x + M * In;
+    dgi = h + M * H;
+    dgh = dgi + M * 3 * H;
+    gemm = reinterpret_cast<float*>(x + halves(B, L, In, H));
+  }
+};
+
+template <class T>
+void check_bf16_form(const GruBf16* bf, const char* op) {
+  if (!bf) return;
+  if (!std::is_same_v<T, float>)
+    throw std::invalid_argument(std::string(op) + ": the bf16 form computes in float");
+  if (!bf->w_ih || !bf->w_hh || !bf->workspace)
+    throw std::invalid_argument(std::string(op) +
+                                ": the bf16 form needs both weight copies and its workspace");
+}
+
 template <class T>
 T sigm(T x) {
   return T(1) / (T(1) + std::exp(-x));
@@ -81,12 +121,53 @@ void gate_row<float>(const float* gi, const float* gh, const float* hp, float* y
 }
 }  // namespace
 
+size_t gru_bf16_workspace_bytes(int B, int L, int In, int H) {
+  return Bf16Area::halves(B, L, In, H) * sizeof(uint16_t) +
+         Bf16Area::gemm_elems(B, L, In, H) * sizeof(float);
+}
+
 template <class T>
 void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* b_ih,
-                 const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H) {
+                 const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H,
+                 const GruBf16* bf) {
+  check_bf16_form<T>(bf, "gru_forward");
   const int G = 3 * H;
-  T* gi = workspace;                      // (B, L, 3H)
-  T* gh = workspace + size_t(B) * L * G;  // (B, 3H)
+  const size_t M = size_t(B) * L;
+  T* gi = workspace;          // (B, L, 3H)
+  T* gh = workspace + M * G;  // (B, 3H)
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf) {
+      if (h0) throw std::invalid_argument("gru_forward: the bf16 form starts from a zero state");
+      // a.h keeps each state rounded as the gates write it: the next step's product reads it.
+      const Bf16Area a(bf->workspace, B, L, In, H);
+      fp32_to_bf16(x, a.x, M * size_t(In));
+      gemm_bf16(false, true, B * L, G, In, 1.0f, a.x, In, bf->w_ih, In, 0.0f, gi, G, a.gemm);
+      if (b_ih) add_bias_rows(gi, b_ih, M, size_t(G));
+      for (int t = 0; t < L; ++t) {
+        for (int b = 0; b < B; ++b) {
+          T* row = gh + size_t(b) * G;
+          if (b_hh) {
+            std::copy(b_hh, b_hh + G, row);
+          } else {
+            std::fill(row, row + G, T(0));
+          }
+        }
+        const T* hp = t == 0 ? nullptr : y + size_t(t - 1) * H;
+        if (hp)
+          gemm_bf16(false, true, B, G, H, 1.0f, a.h + size_t(t - 1) * H, L * H, bf->w_hh, H, 1.0f,
+                    gh, G, a.gemm);
+        parallel_blocks(B, 8 * H, [&](size_t b0, size_t b1) {
+          for (size_t b = b0; b < b1; ++b) {
+            const size_t row = b * L + t;
+            gate_row(gi + row * G, gh + b * G, hp ? hp + b * L * H : nullptr, y + row * H,
+                     saved ? saved + row * 4 * H : nullptr, H);
+            fp32_to_bf16_scalar(y + row * H, a.h + row * H, size_t(H));
+          }
+        });
+      }
+      return;
+    }
+  }
   linear_forward(x, w_ih, b_ih, gi, B * L, In, G);
   for (int t = 0; t < L; ++t) {
     // gh = h_{t-1} W_hh^T + b_hh
@@ -114,8 +195,11 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
 template <class T>
 void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T* y, const T* saved,
                   const T* dy, const T* dh_last, T* dx, T* dh0, T* dw_ih, T* dw_hh, T* db_ih,
-                  T* db_hh, T* workspace, int B, int L, int In, int H) {
+                  T* db_hh, T* workspace, int B, int L, int In, int H, const GruBf16* bf) {
+  check_bf16_form<T>(bf, "gru_backward");
+  if (bf && h0) throw std::invalid_argument("gru_backward: the bf16 form starts from a zero state");
   const int G = 3 * H;
+  const size_t M = size_t(B) * L;
   T* dgi = workspace;                    // (B, L, 3H)
   T* dgh = dgi + size_t(B) * L * G;      // (B, L, 3H)
   T* hprev = dgh + size_t(B) * L * G;    // (B, L, H)
@@ -169,20 +253,51 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
       }
     });
     // dh_{t-1} = dh * z + dgh_t W_hh
-    gemm<T>(false, false, B, H, G, T(1), dgh + size_t(t) * G, L * G, w_hh, H, T(1), next, H);
+    if (bf) {
+      if constexpr (std::is_same_v<T, float>) {
+        const Bf16Area a(bf->workspace, B, L, In, H);
+        for (int b = 0; b < B; ++b) {
+          const size_t row = size_t(b) * L + size_t(t);
+          fp32_to_bf16_scalar(dgh + row * G, a.dgh + row * G, size_t(G));
+        }
+        // Nothing flows past t = 0: the initial state is zero.
+        if (t > 0)
+          gemm_bf16(false, false, B, H, G, 1.0f, a.dgh + size_t(t) * G, L * G, bf->w_hh, H, 1.0f,
+                    next, H, a.gemm);
+      }
+    } else {
+      gemm<T>(false, false, B, H, G, T(1), dgh + size_t(t) * G, L * G, w_hh, H, T(1), next, H);
+    }
     std::swap(carry, next);
   }
   if (dh0) std::copy(carry, carry + size_t(B) * H, dh0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf) {
+      const Bf16Area a(bf->workspace, B, L, In, H);
+      fp32_to_bf16(x, a.x, M * size_t(In));
+      fp32_to_bf16(hprev, a.h, M * size_t(H));
+      fp32_to_bf16(dgi, a.dgi, M * size_t(G));
+      if (dx)
+        gemm_bf16(false, false, B * L, In, G, 1.0f, a.dgi, G, bf->w_ih, In, 0.0f, dx, In, a.gemm);
+      if (dw_ih)
+        gemm_bf16(true, false, G, In, B * L, 1.0f, a.dgi, G, a.x, In, 1.0f, dw_ih, In, a.gemm);
+      if (dw_hh)
+        gemm_bf16(true, false, G, H, B * L, 1.0f, a.dgh, G, a.h, H, 1.0f, dw_hh, H, a.gemm);
+      if (db_ih) column_sum_accumulate(dgi, db_ih, M, size_t(G));
+      if (db_hh) column_sum_accumulate(dgh, db_hh, M, size_t(G));
+      return;
+    }
+  }
   linear_backward(x, w_ih, dgi, dx, dw_ih, db_ih, B * L, In, G);
   linear_backward(hprev, w_hh, dgh, static_cast<T*>(nullptr), dw_hh, db_hh, B * L, H, G);
 }
 
 #define INSTANTIATE(T)                                                                             \
   template void gru_forward<T>(const T*, const T*, const T*, const T*, const T*, const T*, T*, T*, \
-                               T*, int, int, int, int);                                            \
+                               T*, int, int, int, int, const GruBf16*);                            \
   template void gru_backward<T>(const T*, const T*, const T*, const T*, const T*, const T*,        \
                                 const T*, const T*, T*, T*, T*, T*, T*, T*, T*, int, int, int,     \
-                                int);
+                                int, const GruBf16*);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

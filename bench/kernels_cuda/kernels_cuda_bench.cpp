@@ -201,9 +201,10 @@ void norm(benchmark::State& st, const Shape& sh, bool backward) {
 }
 
 // One GRU layer (In = H = d_model) over the whole window: the forward, or the backward after it
-// (each step a cuBLASLt GEMM and a gate kernel). GB/s counts the activations read and written
-// once (x, y, the saved gates; and dy, dx, the gate gradients for the backward).
-void gru(benchmark::State& st, const Shape& sh, bool backward) {
+// (each step a cuBLASLt GEMM and a gate kernel), FP32 or the bf16 form (bf16 GEMM operands). GB/s
+// counts the FP32 activations read and written once (x, y, the saved gates; and dy, dx, the gate
+// gradients for the backward).
+void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
   const int B = sh.B, L = sh.L, In = sh.d_model, H = sh.d_model, G = 3 * H;
   const size_t M = size_t(B) * L;
   Buffers m;
@@ -216,23 +217,28 @@ void gru(benchmark::State& st, const Shape& sh, bool backward) {
   float *dw_ih = m.random<float>(size_t(G) * In, 0, 0),
         *dw_hh = m.random<float>(size_t(G) * H, 0, 0);
   float *db_ih = m.random<float>(G, 0, 0), *db_hh = m.random<float>(G, 0, 0);
-  void* ws = m.alloc<char>(std::max(sk::cuda::gru_forward_workspace_bytes(B, L, H),
-                                    sk::cuda::gru_backward_workspace_bytes(B, L, H)));
+  const sk::bfloat16* w_ih_bf =
+      bf16 ? m.random<sk::bfloat16>(size_t(G) * In, -0.1f, 0.1f) : nullptr;
+  const sk::bfloat16* w_hh_bf = bf16 ? m.random<sk::bfloat16>(size_t(G) * H, -0.1f, 0.1f) : nullptr;
+  void* ws = m.alloc<char>(std::max(sk::cuda::gru_forward_workspace_bytes(B, L, In, H, bf16),
+                                    sk::cuda::gru_backward_workspace_bytes(B, L, In, H, bf16)));
   const size_t lt_bytes = size_t(32) << 20;
   cublasLtHandle_t lt = nullptr;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
   const sk::cuda::GemmContext gemm{lt, m.alloc<char>(lt_bytes), lt_bytes};
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
-  sk::cuda::gru_forward(gemm, x, w_ih, w_hh, b_ih, b_hh, y, saved, ws, B, L, In, H, s);
+  const auto forward = [&] {
+    sk::cuda::gru_forward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, b_ih, b_hh, y, saved, ws, B, L, In,
+                          H, s);
+  };
+  forward();
   if (!backward) {
-    time_launches(st, s, 4.0 * M * (In + 5 * H), [&] {
-      sk::cuda::gru_forward(gemm, x, w_ih, w_hh, b_ih, b_hh, y, saved, ws, B, L, In, H, s);
-    });
+    time_launches(st, s, 4.0 * M * (In + 5 * H), forward);
   } else {
     time_launches(st, s, 4.0 * M * (2 * In + 8 * H + 2 * G), [&] {
-      sk::cuda::gru_backward(gemm, x, w_ih, w_hh, y, saved, dy, dx, dw_ih, dw_hh, db_ih, db_hh, ws,
-                             B, L, In, H, s);
+      sk::cuda::gru_backward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, y, saved, dy, dx, dw_ih, dw_hh,
+                             db_ih, db_hh, ws, B, L, In, H, s);
     });
   }
   cudaStreamDestroy(s);
@@ -354,8 +360,11 @@ int main(int argc, char** argv) {
           [=](benchmark::State& st) { norm<sk::bfloat16>(st, sh, bwd); });
     }
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
-    add("gru_layer_forward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, false); });
-    add("gru_layer_backward/fp32/" + p, [=](benchmark::State& st) { gru(st, sh, true); });
+    for (bool bf16 : {false, true}) {
+      const std::string prec = bf16 ? "bf16/" : "fp32/";
+      add("gru_layer_forward/" + prec + p, [=](benchmark::State& st) { gru(st, sh, false, bf16); });
+      add("gru_layer_backward/" + prec + p, [=](benchmark::State& st) { gru(st, sh, true, bf16); });
+    }
     add("gru_cudnn_forward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, false); });
     add("gru_cudnn_backward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, true); });
   }

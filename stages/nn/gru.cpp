@@ -2,10 +2,13 @@
 // sequence from a zero initial state. The math is GruModel (gru_model.h) over the ops of the
 // run's backend (ops_backend.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
 // gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device the whole stack
-// in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the GRU
-// still computes in FP32 (its GEMMs have no bf16 path yet), so the stage keeps no bf16 shadow (the
-// optimizer then writes none). On a stream (Runner::stream) the forward continues each row's
-// sequence one frame at a time (gru_recurrent.h, CPU).
+// in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the
+// kernels backend runs each layer's bf16 form (kernels/gru.h: bf16 GEMM operands, FP32 gates and
+// sums) from the store's bf16 shadow, which the optimizer keeps in step; the cudnn backend
+// computes in FP32 and keeps no shadow. On a stream (Runner::stream) the forward continues each
+// row's sequence one frame at a time (gru_recurrent.h, CPU, FP32 weights).
+#include <iostream>
+
 #include "engine/registry.h"
 #if SLIPSTREAM_KERNELS_CUDA
 #include "kernels/gru_cudnn.h"
@@ -25,10 +28,13 @@ class GruRunner {
   virtual ~GruRunner() = default;
   virtual const nn::GruConfig& config() const = 0;
   virtual const nn::GruLayout& layout() const = 0;
-  virtual void resize(int B, int L) = 0;
-  virtual void forward(const float* x, const float* w, float* y) = 0;
-  virtual void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
-                        const std::function<void(int)>* layer_done) = 0;
+  virtual bool has_bf16_form() const = 0;
+  virtual void resize(int B, int L, bool bf16) = 0;
+  // wb: the bf16 shadow of w when resize() was told bf16, else null.
+  virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
+  virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
+                        float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
+  virtual void refresh_shadow(const nn::ParamStore& store) const = 0;
 };
 
 template <class Ops>
@@ -37,11 +43,17 @@ class GruRunnerOn final : public GruRunner {
   GruRunnerOn(const nn::GruConfig& c, Ops ops) : m_(c, ops) {}
   const nn::GruConfig& config() const override { return m_.config(); }
   const nn::GruLayout& layout() const override { return m_.layout(); }
-  void resize(int B, int L) override { m_.resize(B, L); }
-  void forward(const float* x, const float* w, float* y) override { m_.forward(x, w, y); }
-  void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
-                const std::function<void(int)>* layer_done) override {
-    m_.backward(x, dy, w, g, dx, layer_done);
+  bool has_bf16_form() const override { return true; }
+  void resize(int B, int L, bool bf16) override { m_.resize(B, L, bf16); }
+  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
+    m_.forward(x, w, wb, y);
+  }
+  void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
+                float* dx, const std::function<void(int)>* layer_done) override {
+    m_.backward(x, dy, w, wb, g, dx, layer_done);
+  }
+  void refresh_shadow(const nn::ParamStore& store) const override {
+    store.refresh_shadow(m_.ops());
   }
 
  private:
@@ -67,7 +79,9 @@ class GruRunnerCudnn final : public GruRunner {
   }
   const nn::GruConfig& config() const override { return c_; }
   const nn::GruLayout& layout() const override { return lay_; }
-  void resize(int B, int L) override {
+  bool has_bf16_form() const override { return false; }
+  void refresh_shadow(const nn::ParamStore&) const override {}
+  void resize(int B, int L, bool) override {
     const auto needs = gru_.describe_batch(B, L);
     auto bytes = [&](size_t n, const char* what) {
       return Tensor::zeros({static_cast<int64_t>(std::max<size_t>(n, 1))}, DType::u8, device_,
@@ -79,12 +93,12 @@ class GruRunnerCudnn final : public GruRunner {
     dx_ = Tensor::zeros({int64_t{B} * L * c_.din}, DType::f32, device_, "gru input gradient");
     gru_.set_batch(lengths_.data<int>());
   }
-  void forward(const float* x, const float* w, float* y) override {
+  void forward(const float* x, const float* w, const uint16_t*, float* y) override {
     gru_.forward(x, w, y, buffers(), true);
     y_ = y;
   }
-  void backward(const float* x, const float* dy, const float* w, float* g, float* dx,
-                const std::function<void(int)>* layer_done) override {
+  void backward(const float* x, const float* dy, const float* w, const uint16_t*, float* g,
+                float* dx, const std::function<void(int)>* layer_done) override {
     // cuDNN writes the input gradient whether or not it is wanted.
     gru_.backward(x, y_, dy, w, dx ? dx : dx_.data<float>(), g, buffers());
     // One call computes every layer's gradients: all are final together.
@@ -129,7 +143,8 @@ class GruStage : public Stage {
         .range(1, 256)
         .param("backend", std::string("kernels"),
                "kernels: the run's ops (the CPU's, or on a GPU a cuBLASLt GEMM and a gate kernel "
-               "per step) | cudnn: the whole stack in cuDNN's RNN (CUDA devices, fp32)")
+               "per step; bf16 GEMM operands under precision bf16) | cudnn: the whole stack in "
+               "cuDNN's RNN (CUDA devices, fp32 whatever the precision)")
         .choices({"kernels", "cudnn"});
   }
 
@@ -157,9 +172,16 @@ class GruStage : public Stage {
                             });
     }
     device_ = ctx.exec().device();
-    store_.allocate(model_->layout().params, false, device_, ctx.run().param_arena.get());
+    bf16_ = ctx.run().precision == Precision::bf16 && model_->has_bf16_form();
+    if (ctx.run().precision == Precision::bf16 && !bf16_)
+      std::cerr << "note: gru '" << ctx.name()
+                << "': backend cudnn computes in fp32 under precision bf16 (backend kernels has "
+                   "a bf16 form)\n";
+    store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     store_.initialize([&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); });
+    model_->refresh_shadow(store_);
+    shadow_checked_ = false;
     want_dx_ = nn::input_grad_wanted(ctx, 0);
     ctx.declare_output("y", {in[0], in[1], c.hidden}, DType::f32);
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
@@ -176,7 +198,13 @@ class GruStage : public Stage {
       ctx.set_output(b, "y", y_);
       return;
     }
-    model_->forward(x.data<float>(), store_.values(), y_.data<float>());
+    if (bf16_ && !shadow_checked_) {
+      // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
+      // from here on the optimizer keeps the shadow in step with every update.
+      model_->refresh_shadow(store_);
+      shadow_checked_ = true;
+    }
+    model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
     x_ = x;
     ctx.set_output(b, "y", y_);
   }
@@ -189,8 +217,8 @@ class GruStage : public Stage {
     const std::function<void(int)> layer_done = [&](int l) {
       ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
     };
-    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.grads(),
-                     want_dx_ ? dx_.data<float>() : nullptr,
+    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
+                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
                      ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
@@ -212,7 +240,7 @@ class GruStage : public Stage {
  private:
   void resize(int64_t B, int64_t W) {
     const auto& c = model_->config();
-    model_->resize(static_cast<int>(B), static_cast<int>(W));
+    model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
     B_ = B, W_ = W;
     y_ = Tensor::empty({B, W, c.hidden}, DType::f32, device_, "gru output");
     dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, "gru input gradient");
@@ -224,7 +252,7 @@ class GruStage : public Stage {
   std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
   Tensor x_, y_, dx_;
   int64_t B_ = 0, W_ = 0;
-  bool want_dx_ = true;
+  bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
   nn::FrameStream<nn::GruRecurrent<float>, nn::GruConfig> stream_;  // Runner::stream's state
 };
 SLIPSTREAM_REGISTER_STAGE(GruStage);

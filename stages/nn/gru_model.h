@@ -78,7 +78,8 @@ void gru_init(const GruConfig& c, const GruLayout& lay, T* p, uint64_t seed) {
 }
 
 // The stack over the ops of a backend (model_ops.h on the CPU, device_ops.h on a device): each
-// layer is one ops.gru_forward / gru_backward; buffers come from ops.alloc, sized by resize().
+// layer is one ops.gru_forward / gru_backward, in FP32 or (given the bf16 shadow of the
+// weights) the bf16 form; buffers come from ops.alloc, sized by resize().
 template <class T, class Ops = CpuOps<T>>
 class GruModel {
   static_assert(std::is_same_v<T, typename Ops::Scalar>, "the ops compute in T");
@@ -94,10 +95,12 @@ class GruModel {
   int batch() const { return B_; }
   int length() const { return L_; }
 
-  // Sizes every activation and scratch buffer for (B, L): the only allocating call.
-  void resize(int B, int L) {
-    if (B == B_ && L == L_) return;
-    B_ = B, L_ = L;
+  // Sizes every activation and scratch buffer for (B, L): the only allocating call. `bf16`
+  // (T = float): the layers' bf16 form (kernels/gru.h), its workspace included.
+  void resize(int B, int L, bool bf16 = false) {
+    if (B == B_ && L == L_ && bf16 == bf16_) return;
+    if (bf16 && !std::is_same_v<T, float>) throw std::logic_error("gru: bf16 needs T = float");
+    B_ = B, L_ = L, bf16_ = bf16;
     const size_t nl = static_cast<size_t>(c_.layers), H = static_cast<size_t>(c_.hidden);
     const size_t M = static_cast<size_t>(B) * static_cast<size_t>(L);
     buffers_.clear();
@@ -105,21 +108,23 @@ class GruModel {
     saved_ = buf(nl * kernels::gru_saved_elems(B, L, c_.hidden), "gru saved gates");
     dbuf_[0] = buf(M * H, "gru layer input gradient");
     dbuf_[1] = buf(M * H, "gru layer input gradient");
-    const size_t ws = std::max(ops_.gru_forward_workspace_bytes(B, L, c_.hidden),
-                               ops_.gru_backward_workspace_bytes(B, L, c_.hidden));
+    size_t ws = 0;
+    for (const auto& Lw : lay_.layers)
+      ws = std::max(ws, ops_.gru_workspace_bytes(B, L, Lw.in, c_.hidden, bf16));
     buffers_.push_back(ops_.template alloc<uint8_t>(std::max<size_t>(ws, 1), "gru workspace"));
     ws_ = buffers_.back().raw();
   }
 
-  // x (B, L, Din) -> y (B, L, H), the last layer's states.
-  void forward(const T* x, const T* w, T* y) {
-    check();
+  // x (B, L, Din) -> y (B, L, H), the last layer's states. `wb`: the bf16 shadow of `w` (same
+  // layout) for the bf16 form, null for full precision (as resize() was told).
+  void forward(const T* x, const T* w, const uint16_t* wb, T* y) {
+    check(wb);
     const T* in = x;
     for (int k = 0; k < c_.layers; ++k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       T* out = layer_out(k);
-      ops_.gru_forward(in, w + Lw.w_ih, w + Lw.w_hh, w + Lw.b_ih, w + Lw.b_hh, out, layer_saved(k),
-                       ws_, B_, L_, Lw.in, c_.hidden);
+      ops_.gru_forward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh), w + Lw.b_ih,
+                       w + Lw.b_hh, out, layer_saved(k), ws_, B_, L_, Lw.in, c_.hidden);
       in = out;
     }
     ops_.copy(y, layer_out(c_.layers - 1), elems());
@@ -127,17 +132,17 @@ class GruModel {
 
   // dy (B, L, H) -> dx (=, may be null); parameter gradients accumulate (+=) into g.
   // `layer_done(k)`, when given, is called once layer k's parameter gradients are final.
-  void backward(const T* x, const T* dy, const T* w, T* g, T* dx,
+  void backward(const T* x, const T* dy, const T* w, const uint16_t* wb, T* g, T* dx,
                 const std::function<void(int)>* layer_done = nullptr) {
-    check();
+    check(wb);
     const T* dout = dy;
     for (int k = c_.layers - 1; k >= 0; --k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       const T* in = k == 0 ? x : layer_out(k - 1);
       T* din = k == 0 ? dx : dbuf_[static_cast<size_t>(k) & 1];
-      ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, layer_out(k), layer_saved(k), dout, din,
-                        g + Lw.w_ih, g + Lw.w_hh, g + Lw.b_ih, g + Lw.b_hh, ws_, B_, L_, Lw.in,
-                        c_.hidden);
+      ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh),
+                        layer_out(k), layer_saved(k), dout, din, g + Lw.w_ih, g + Lw.w_hh,
+                        g + Lw.b_ih, g + Lw.b_hh, ws_, B_, L_, Lw.in, c_.hidden);
       if (layer_done) (*layer_done)(k);
       dout = din;
     }
@@ -151,9 +156,12 @@ class GruModel {
   T* layer_saved(int k) const {
     return saved_ + static_cast<size_t>(k) * kernels::gru_saved_elems(B_, L_, c_.hidden);
   }
-  void check() const {
+  void check(const uint16_t* wb) const {
     if (B_ <= 0) throw std::logic_error("gru: resize() before forward/backward");
+    if ((wb != nullptr) != bf16_)
+      throw std::logic_error("gru: bf16 shadow given/absent but buffers sized for the other");
   }
+  static const uint16_t* bf(const uint16_t* wb, size_t off) { return wb ? wb + off : nullptr; }
   T* buf(size_t n, const char* what) {
     buffers_.push_back(ops_.template alloc<T>(std::max<size_t>(n, 1), what));
     return buffers_.back().template data<T>();
@@ -163,6 +171,7 @@ class GruModel {
   GruLayout lay_;
   Ops ops_;
   int B_ = 0, L_ = 0;
+  bool bf16_ = false;
   std::vector<Tensor> buffers_;
   T *ys_ = nullptr, *saved_ = nullptr;
   T* dbuf_[2] = {nullptr, nullptr};

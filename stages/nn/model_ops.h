@@ -115,24 +115,28 @@ class CpuOps {
   }
 
   // One GRU layer from a zero state (kernels/gru.h): y (B, L, H), saved (B, L, 4H) for the
-  // backward; dx (=, may be null), weight and bias gradients (+=). Workspace bytes as below.
-  size_t gru_forward_workspace_bytes(int B, int L, int H) const {
-    return kernels::gru_forward_workspace_elems(B, L, H) * sizeof(T);
+  // backward; dx (=, may be null), weight and bias gradients (+=). w_ih_bf, w_hh_bf: the
+  // weights' bf16 copies for the bf16 form (both null: FP32). The workspace, of
+  // gru_workspace_bytes for the form, serves forward and backward.
+  size_t gru_workspace_bytes(int B, int L, int In, int H, bool bf16) const {
+    return gru_fp32_bytes(B, L, H) + (bf16 ? kernels::gru_bf16_workspace_bytes(B, L, In, H) : 0);
   }
-  size_t gru_backward_workspace_bytes(int B, int L, int H) const {
-    return kernels::gru_backward_workspace_elems(B, L, H) * sizeof(T);
-  }
-  void gru_forward(const T* x, const T* w_ih, const T* w_hh, const T* b_ih, const T* b_hh, T* y,
-                   T* saved, void* ws, int B, int L, int In, int H) const {
+  void gru_forward(const T* x, const T* w_ih, const T* w_hh, const uint16_t* w_ih_bf,
+                   const uint16_t* w_hh_bf, const T* b_ih, const T* b_hh, T* y, T* saved, void* ws,
+                   int B, int L, int In, int H) const {
+    const kernels::GruBf16 bf = bf16_form(w_ih_bf, w_hh_bf, ws, B, L, H);
     kernels::gru_forward(x, static_cast<const T*>(nullptr), w_ih, w_hh, b_ih, b_hh, y, saved,
-                         static_cast<T*>(ws), B, L, In, H);
+                         static_cast<T*>(ws), B, L, In, H, w_ih_bf ? &bf : nullptr);
   }
-  void gru_backward(const T* x, const T* w_ih, const T* w_hh, const T* y, const T* saved,
-                    const T* dy, T* dx, T* dw_ih, T* dw_hh, T* db_ih, T* db_hh, void* ws, int B,
-                    int L, int In, int H) const {
+  void gru_backward(const T* x, const T* w_ih, const T* w_hh, const uint16_t* w_ih_bf,
+                    const uint16_t* w_hh_bf, const T* y, const T* saved, const T* dy, T* dx,
+                    T* dw_ih, T* dw_hh, T* db_ih, T* db_hh, void* ws, int B, int L, int In,
+                    int H) const {
+    const kernels::GruBf16 bf = bf16_form(w_ih_bf, w_hh_bf, ws, B, L, H);
     kernels::gru_backward(x, static_cast<const T*>(nullptr), w_ih, w_hh, y, saved, dy,
                           static_cast<const T*>(nullptr), dx, static_cast<T*>(nullptr), dw_ih,
-                          dw_hh, db_ih, db_hh, static_cast<T*>(ws), B, L, In, H);
+                          dw_hh, db_ih, db_hh, static_cast<T*>(ws), B, L, In, H,
+                          w_ih_bf ? &bf : nullptr);
   }
 
   void scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,
@@ -150,6 +154,18 @@ class CpuOps {
   }
 
  private:
+  // The FP32 workspace of a layer (forward or backward), rounded up so the bf16 form's part
+  // after it starts aligned.
+  static size_t gru_fp32_bytes(int B, int L, int H) {
+    const size_t elems = std::max(kernels::gru_forward_workspace_elems(B, L, H),
+                                  kernels::gru_backward_workspace_elems(B, L, H));
+    return (elems * sizeof(T) + 63) / 64 * 64;
+  }
+  static kernels::GruBf16 bf16_form(const uint16_t* w_ih_bf, const uint16_t* w_hh_bf, void* ws,
+                                    int B, int L, int H) {
+    return {w_ih_bf, w_hh_bf, static_cast<char*>(ws) + gru_fp32_bytes(B, L, H)};
+  }
+
   template <class E>
   static DType dtype_of() {
     if constexpr (std::is_same_v<E, double>) return DType::f64;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "kernels/bf16.h"
 #include "tests/kernels/gradcheck.h"
 
 namespace slipstream::kernels {
@@ -147,6 +148,112 @@ TEST(Gru, GradCheckWithH0AndBias) {
 TEST(Gru, GradCheckZeroStateNoBias) {
   Gru g(2, 6, 3, 4, false, false, 3);
   run_gradcheck(g, 4);
+}
+
+double bf16_round(double v) {
+  return bf16_to_fp32(fp32_to_bf16(float(v)));
+}
+
+// The bf16 form's forward in float64 (zero initial state): torch.nn.GRU's equations with each
+// product's operands rounded to bf16 — x and the weights, and every state before W_hh multiplies
+// it — and nothing else.
+std::vector<double> reference_bf16(const Gru& g) {
+  Gru r = g;
+  for (auto* v : {&r.x, &r.wih, &r.whh})
+    for (double& e : *v) e = bf16_round(e);
+  const int H = g.H, In = g.In, G = 3 * H;
+  std::vector<double> y(size_t(g.B) * g.L * H);
+  auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  for (int b = 0; b < g.B; ++b) {
+    std::vector<double> h(H, 0.0), hr(H, 0.0);
+    for (int t = 0; t < g.L; ++t) {
+      const double* xt = &r.x[(size_t(b) * g.L + t) * In];
+      std::vector<double> gi(G), gh(G);
+      for (int k = 0; k < G; ++k) {
+        gi[k] = g.use_bias ? g.bih[k] : 0.0;
+        gh[k] = g.use_bias ? g.bhh[k] : 0.0;
+        for (int i = 0; i < In; ++i) gi[k] += r.wih[size_t(k) * In + i] * xt[i];
+        for (int i = 0; i < H; ++i) gh[k] += r.whh[size_t(k) * H + i] * hr[i];
+      }
+      for (int j = 0; j < H; ++j) {
+        const double rg = sig(gi[j] + gh[j]), z = sig(gi[H + j] + gh[H + j]);
+        const double n = std::tanh(gi[2 * H + j] + rg * gh[2 * H + j]);
+        h[j] = (1 - z) * n + z * h[j];
+        // The kernel rounds the FP32 state it stored.
+        hr[j] = bf16_round(float(h[j]));
+      }
+      std::copy(h.begin(), h.end(), y.begin() + (size_t(b) * g.L + t) * H);
+    }
+  }
+  return y;
+}
+
+// The bf16 form (precision bf16) rounds each product's operands and nothing else: its forward
+// matches the float64 equations with that rounding to fp32 precision, and is visibly not the
+// FP32 layer; its backward stays within bf16 precision of the FP32 backward. The CUDA form is
+// checked against this one (tests/kernels_cuda/gru_checks.h).
+TEST(Gru, Bf16FormRoundsEachProductsOperands) {
+  Gru g(3, 9, 6, 5, false, true, 21);
+  // Weights of nn.GRU's scale keep the recurrence from amplifying the rounding.
+  for (double& w : g.wih) w /= 2;
+  for (double& w : g.whh) w /= 2;
+  const auto xf = cast<float>(g.x), wihf = cast<float>(g.wih), whhf = cast<float>(g.whh),
+             bihf = cast<float>(g.bih), bhhf = cast<float>(g.bhh);
+  std::vector<uint16_t> wih_bf(wihf.size()), whh_bf(whhf.size());
+  fp32_to_bf16(wihf.data(), wih_bf.data(), wihf.size());
+  fp32_to_bf16(whhf.data(), whh_bf.data(), whhf.size());
+  std::vector<uint8_t> bws(gru_bf16_workspace_bytes(g.B, g.L, g.In, g.H));
+  const GruBf16 bf{wih_bf.data(), whh_bf.data(), bws.data()};
+  const size_t M = size_t(g.B) * g.L, G = 3 * size_t(g.H);
+
+  std::vector<float> y16(M * g.H), saved16(gru_saved_elems(g.B, g.L, g.H)),
+      fws(gru_forward_workspace_elems(g.B, g.L, g.H));
+  gru_forward<float>(xf.data(), nullptr, nullptr, nullptr, bihf.data(), bhhf.data(), y16.data(),
+                     saved16.data(), fws.data(), g.B, g.L, g.In, g.H, &bf);
+  std::vector<float> saved32;
+  const auto y32 = g.forward(xf, {}, wihf, whhf, bihf, bhhf, &saved32);
+  EXPECT_LT(test::rel_diff(reference_bf16(g), y16), 1e-5);
+  EXPECT_GT(test::rel_diff(std::vector<double>(y32.begin(), y32.end()), y16), 1e-4);
+  EXPECT_LT(test::rel_diff(std::vector<double>(y32.begin(), y32.end()), y16), 2e-2);
+
+  std::mt19937_64 rng(22);
+  const auto dy = cast<float>(rand_vec(M * g.H, rng));
+  struct Grads {
+    std::vector<float> dx, dwih, dwhh, dbih, dbhh;
+  };
+  auto backward = [&](const std::vector<float>& y, const std::vector<float>& saved,
+                      const GruBf16* form) {
+    Grads d{std::vector<float>(M * g.In), std::vector<float>(G * g.In, 0.5f),
+            std::vector<float>(G * g.H, 0.5f), std::vector<float>(G, 0.5f),
+            std::vector<float>(G, 0.5f)};
+    std::vector<float> ws(gru_backward_workspace_elems(g.B, g.L, g.H));
+    gru_backward<float>(xf.data(), nullptr, wihf.data(), whhf.data(), y.data(), saved.data(),
+                        dy.data(), nullptr, d.dx.data(), nullptr, d.dwih.data(), d.dwhh.data(),
+                        d.dbih.data(), d.dbhh.data(), ws.data(), g.B, g.L, g.In, g.H, form);
+    return d;
+  };
+  const Grads d32 = backward(y32, saved32, nullptr), d16 = backward(y16, saved16, &bf);
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+    const double e = test::rel_diff(std::vector<double>(a.begin(), a.end()), b);
+    EXPECT_LT(e, 3e-2) << what;
+    EXPECT_GT(e, 1e-5) << what;  // the bf16 form ran
+  };
+  close(d32.dx, d16.dx, "dx");
+  close(d32.dwih, d16.dwih, "dw_ih");
+  close(d32.dwhh, d16.dwhh, "dw_hh");
+  close(d32.dbih, d16.dbih, "db_ih");
+  close(d32.dbhh, d16.dbhh, "db_hh");
+
+  // The bf16 form is float's, from a zero state.
+  std::vector<double> yd(M * g.H), fwsd(gru_forward_workspace_elems(g.B, g.L, g.H));
+  EXPECT_THROW(
+      gru_forward<double>(g.x.data(), nullptr, g.wih.data(), g.whh.data(), nullptr, nullptr,
+                          yd.data(), nullptr, fwsd.data(), g.B, g.L, g.In, g.H, &bf),
+      std::invalid_argument);
+  const auto h0 = cast<float>(g.h0);
+  EXPECT_THROW(gru_forward<float>(xf.data(), h0.data(), nullptr, nullptr, nullptr, nullptr,
+                                  y16.data(), nullptr, fws.data(), g.B, g.L, g.In, g.H, &bf),
+               std::invalid_argument);
 }
 
 TEST(Gru, LargerBatchParallelGates) {

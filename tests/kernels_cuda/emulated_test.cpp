@@ -116,5 +116,11 @@ TEST(EmulatedGru, LayerMatchesCpu) {
   check_gru<Ops, Mem>({4, 60, 128, 128}, 511);  // gpu_standard's width and window, fewer rows
 }
 
+TEST(EmulatedGru, Bf16FormMatchesCpu) {
+  uint64_t seed = 521;
+  for (const auto& s : gru_shapes()) check_gru_bf16<Ops, Mem>(s, seed++);
+  check_gru_bf16<Ops, Mem>({4, 60, 128, 128}, 531);
+}
+
 }  // namespace
 }  // namespace slipstream::kernels::test

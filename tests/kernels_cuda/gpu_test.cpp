@@ -167,6 +167,13 @@ TEST(GpuGru, LayerMatchesCpu) {
   check_gru<Ops, Mem>({64, 60, 128, 128}, 511);  // a gpu_standard-sized layer
 }
 
+TEST(GpuGru, Bf16FormMatchesCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 521;
+  for (const auto& s : gru_shapes()) check_gru_bf16<Ops, Mem>(s, seed++);
+  check_gru_bf16<Ops, Mem>({64, 60, 128, 128}, 531);
+}
+
 TEST(GpuGru, CudnnStackMatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 521;

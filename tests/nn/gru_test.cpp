@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/stage_harness.h"
+#include "kernels/bf16.h"
 #include "stages/nn/gru_model.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/nn/param_gradcheck.h"
@@ -68,7 +69,7 @@ TEST(GruModel, ForwardMatchesTorchEquations) {
   std::mt19937_64 rng(1);
   auto x = rand_vec(size_t(B) * L * c.din, rng);
   std::vector<double> y(size_t(B) * L * c.hidden);
-  m.forward(x.data(), w.data(), y.data());
+  m.forward(x.data(), w.data(), nullptr, y.data());
   EXPECT_LT(kernels::test::rel_diff(reference_forward(c, m.layout(), w, x, B, L), y), 1e-13);
 }
 
@@ -83,16 +84,16 @@ TEST(GruModel, GradientsMatchFiniteDifferences) {
   auto dy = rand_vec(size_t(B) * L * c.hidden, rng);
   std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
   auto loss = [&] {
-    m.forward(x.data(), w.data(), y.data());
+    m.forward(x.data(), w.data(), nullptr, y.data());
     return kernels::test::dot(dy, y);
   };
   loss();
-  m.backward(x.data(), dy.data(), w.data(), g.data(), dx.data());
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
   check_gradient("x", loss, x, dx, 1e-6, 1e-6, 128);
   nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
   std::vector<double> g2 = g;
   loss();
-  m.backward(x.data(), dy.data(), w.data(), g2.data(), nullptr);  // dx not wanted
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g2.data(), nullptr);  // dx not wanted
   EXPECT_DOUBLED(g2, g);
 }
 
@@ -134,7 +135,7 @@ TEST(GruStage, ForwardBackwardThroughStage) {
         for (int64_t i = 0; i < p->value.numel(); ++i)
           w[s.offset + size_t(i)] = p->value.data<float>()[i];
   std::vector<double> y(size_t(out["y"].numel()));
-  m.forward(xv.data(), w.data(), y.data());
+  m.forward(xv.data(), w.data(), nullptr, y.data());
   EXPECT_LT(kernels::test::rel_diff(
                 y, std::vector<float>(out["y"].data<float>(), out["y"].data<float>() + y.size())),
             1e-5);
@@ -143,6 +144,55 @@ TEST(GruStage, ForwardBackwardThroughStage) {
   auto g = h.backward({{"y", dy}});
   EXPECT_TRUE(g.count("grad.x"));
   EXPECT_TRUE(g.count("grad.weight_hh_l1"));
+}
+
+// precision bf16: the kernels backend runs each layer's bf16 form from the store's bf16 shadow;
+// close to fp32 at bf16 precision, and not equal to it (the rounding took place).
+TEST(GruStage, Bf16IsCloseToFp32) {
+  const int B = 4, W = 24, Din = 10;
+  std::mt19937_64 rng(41);
+  auto fill = [&rng](Tensor t) {
+    const auto v = rand_vec(size_t(t.numel()), rng);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = float(v[size_t(i)]);
+    return t;
+  };
+  const Tensor x = fill(Tensor::empty({B, W, Din}, DType::f32));
+  const Tensor dy = fill(Tensor::empty({B, W, 16}, DType::f32));
+  auto run = [&](Precision prec) {
+    StageHarness h("gru", {"hidden=16", "layers=2"}, "core", prec, 9);
+    h.setup({{"x", x}});
+    Tensor y = h.forward({{"x", x}})["y"].clone();
+    auto g = h.backward({{"y", dy}});
+    if (prec == Precision::bf16) {
+      // The shadow is the rounding of the master weights.
+      for (Parameter* p : h.stage().parameters()) {
+        EXPECT_TRUE(p->low_precision.defined()) << p->name;
+        if (!p->low_precision.defined()) continue;
+        int64_t differ = 0;
+        for (int64_t i = 0; i < p->value.numel(); ++i)
+          differ += p->low_precision.data<uint16_t>()[i] !=
+                    kernels::fp32_to_bf16(p->value.data<float>()[i]);
+        EXPECT_EQ(differ, 0) << p->name;
+      }
+    }
+    return std::make_pair(y, g);
+  };
+  auto [y32, g32] = run(Precision::fp32);
+  auto [y16, g16] = run(Precision::bf16);
+  auto rel = [](const Tensor& a, const Tensor& b) {
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      d = std::max(d, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
+      m = std::max(m, double(std::abs(a.data<float>()[i])));
+    }
+    return d / m;
+  };
+  EXPECT_LT(rel(y32, y16), 3e-2);
+  EXPECT_GT(rel(y32, y16), 1e-5);  // the bf16 form did run
+  for (const char* g : {"grad.x", "grad.weight_ih_l0", "grad.weight_hh_l1", "grad.bias_hh_l0"}) {
+    EXPECT_LT(rel(g32[g], g16[g]), 5e-2) << g;
+    EXPECT_GT(rel(g32[g], g16[g]), 1e-5) << g;
+  }
 }
 
 }  // namespace

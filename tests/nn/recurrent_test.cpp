@@ -69,7 +69,7 @@ struct GruCase {
     GruModel<T> m(c);
     m.resize(B, L);
     std::vector<T> y(size_t(B) * L * dout());
-    m.forward(x.data(), w.data(), y.data());
+    m.forward(x.data(), w.data(), nullptr, y.data());
     return y;
   }
 };

@@ -183,6 +183,12 @@ TEST(DevicePath, GruMatchesCpu) {
   device_path_matches_cpu("fp32", true);
 }
 
+// The GRU's bf16 form on the device trains as the CPU's bf16 form does.
+TEST(DevicePath, GruMatchesCpuBf16) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  device_path_matches_cpu("bf16", true);
+}
+
 // The GRU stack in cuDNN's RNN (core.backend=cudnn) trains as the CPU does. The emulator has
 // no cuDNN: there the stage must refuse it, saying why.
 TEST(DevicePath, GruOnCudnnMatchesCpu) {

@@ -119,6 +119,10 @@ def main(out):
               ", ".join(f"{gb} {ms:.2f} ms" for gb, ms in step_ms.items()) +
               (f" -> cudnn is {step_ms['kernels'] / step_ms['cudnn']:.2f}x" if len(step_ms) == 2
                else ""))
+    runs = {r.get("precision"): r.get("steps_per_s") for r in (gru.get("kernels") or {}).get("runs", [])}
+    if runs.get("fp32") and runs.get("bf16"):
+        print(f"  GRU graph step, our layer's bf16 form: {runs['bf16'] / runs['fp32']:.2f}x the "
+              f"steps/s of fp32")
     for preset in ("gpu_quick", "gpu_standard"):
         o = read_json(out, f"overlap_{preset}.json")
         if o is None:
