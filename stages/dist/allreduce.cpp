@@ -134,7 +134,7 @@ class AllreduceStage : public Stage {
     if (!ctx.run().training) return;
     if (++micro_ < accumulate_) return;
     micro_ = 0;
-    if (nccl_ || mpi_) not_captured();
+    not_captured();
     if (nccl_) nccl_->finish(ctx.run().step + 1);  // the device waits, not the host
     if (!mpi_) return;
     const auto t = mpi_->finish(ctx.run().step + 1);
@@ -142,11 +142,13 @@ class AllreduceStage : public Stage {
     ctx.metric("sync/exposed_ms", t.exposed_s * 1e3);
   }
 
-  // A step recorded for a CUDA graph (engine/step_graphs.h) issues its work before the
-  // reduction: the reducers enqueue on other streams and threads, which a graph does not hold.
+  // A step recorded for a CUDA graph (engine/step_graphs.h) issues its work before an mpi
+  // reduction, which reads and writes the gradients from a helper thread on the host. nccl's
+  // collectives are enqueued through the recorder and captured with the step.
   void not_captured() const {
-    capture::sync_point(std::string("the gradients' reduction across ranks (allreduce backend ") +
-                        (nccl_ ? "nccl" : "mpi") + "), not captured yet");
+    if (mpi_)
+      capture::sync_point(
+          "the gradients' reduction across ranks (allreduce backend mpi) runs on the host");
   }
 
   // The optimizer downstream finds which pieces it updates, and the collectives around that.

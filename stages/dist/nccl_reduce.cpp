@@ -15,6 +15,7 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
+#include "kernels/step_recorder.h"
 #include "stages/dist/mpi_reduce.h"
 #endif
 
@@ -81,8 +82,9 @@ struct NcclBucketReducer::Impl {
   cudaStream_t compute = nullptr, comm = nullptr;
   ncclComm_t nc = nullptr;
   std::vector<cudaEvent_t> ready_events;
-  cudaEvent_t done = nullptr;
-  std::vector<Tensor> staging;  // per bucket that is not one block
+  cudaEvent_t joined = nullptr;  // the comm stream's last reduction, for the compute stream
+  cudaEvent_t done = nullptr;    // on the compute stream after the step's work: the watchdog's
+  std::vector<Tensor> staging;   // per bucket that is not one block
   uint64_t step = 0;
   std::vector<size_t> pending;
   std::vector<uint8_t> param_done, ready;
@@ -139,7 +141,17 @@ struct NcclBucketReducer::Impl {
     std::fill(ready.begin(), ready.end(), uint8_t{0});
   }
 
+  // Bucket i's reduction, and below the compute stream's join with the comm stream: each one
+  // operation enqueued on the compute stream through the step recorder (kernels/step_recorder.h),
+  // so in a training step captured as a CUDA graph the fork to the comm stream, NCCL's kernels
+  // and the join are captured with the step (a replay reduces the same buffers again).
   void enqueue(size_t i) {
+    capture::enqueue(
+        "ncclAllReduce (allreduce bucket)", compute,
+        [this, i] { return capture::key_of(kBucketOp, reinterpret_cast<uintptr_t>(this), i); },
+        [this, i] { reduce_bucket(i); });
+  }
+  void reduce_bucket(size_t i) {
     check(cudaEventRecord(ready_events[i], compute), "cudaEventRecord");
     check(cudaStreamWaitEvent(comm, ready_events[i], 0), "cudaStreamWaitEvent");
     float* data = buckets.contiguous(i);
@@ -159,6 +171,16 @@ struct NcclBucketReducer::Impl {
                               cudaMemcpyDeviceToDevice, comm),
               "cudaMemcpyAsync");
   }
+  void enqueue_join() {
+    capture::enqueue(
+        "cudaStreamWaitEvent (allreduce join)", compute,
+        [this] { return capture::key_of(kJoinOp, reinterpret_cast<uintptr_t>(this)); },
+        [this] {
+          check(cudaEventRecord(joined, comm), "cudaEventRecord");
+          check(cudaStreamWaitEvent(compute, joined, 0), "cudaStreamWaitEvent");
+        });
+  }
+  static constexpr uint64_t kBucketOp = 0x6e63636c62756b74ull, kJoinOp = 0x6e63636c6a6f696eull;
 
   void enqueue_ready() {
     while (next < ready.size() && ready[next]) enqueue(next++);
@@ -185,6 +207,7 @@ NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, 
   m.ready_events.assign(n, nullptr);
   for (auto& e : m.ready_events)
     check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  check(cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   check(cudaEventCreateWithFlags(&m.done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   m.staging.resize(n);
   for (size_t i = 0; i < n; ++i)
@@ -210,6 +233,7 @@ NcclBucketReducer::~NcclBucketReducer() {
   if (m.nc) nccl().comm_destroy(m.nc);
   for (auto e : m.ready_events)
     if (e) cudaEventDestroy(e);
+  if (m.joined) cudaEventDestroy(m.joined);
   if (m.done) cudaEventDestroy(m.done);
   if (m.comm) cudaStreamDestroy(m.comm);
 }
@@ -233,16 +257,19 @@ void NcclBucketReducer::finish(uint64_t step) {
   for (size_t k = 0; k < m.param_done.size(); ++k) param_ready(k, step);
   cuda_rt::DeviceGuard guard(m.device);
   m.enqueue_ready();
-  check(cudaEventRecord(m.done, m.comm), "cudaEventRecord");
-  check(cudaStreamWaitEvent(m.compute, m.done, 0), "cudaStreamWaitEvent");
-  if (m.watchdog.joinable()) {
+  m.enqueue_join();
+  // The watchdog's event follows the step's work as issued (after its graph, when it is one), so
+  // it is armed only once that work is on the stream.
+  capture::after_enqueued(m.compute, [&m, step] {
+    check(cudaEventRecord(m.done, m.compute), "cudaEventRecord");
+    if (!m.watchdog.joinable()) return;
     {
       std::lock_guard lock(m.mu);
       m.watched_step = step;
       m.watched_since = std::chrono::steady_clock::now();
     }
     m.cv.notify_one();
-  }
+  });
   m.step = 0;  // the next call starts a new collection, even for the same step number
 }
 

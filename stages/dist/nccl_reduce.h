@@ -3,8 +3,9 @@
 // as the backward pass has enqueued the work that makes it final (an event recorded on the
 // compute stream orders the two), so the device reduces the last layers' gradients while it
 // computes the earlier ones; the compute stream waits for the last bucket before the optimizer's
-// kernels, and the host never waits (a watchdog thread does, for a rank that stops). NCCL is
-// opened at run time (libnccl.so.<major>), so a
+// kernels, and the host never waits (a watchdog thread does, for a rank that stops). The fork,
+// the collectives and the join go through the step recorder, so a training step captured as a
+// CUDA graph holds its reductions too. NCCL is opened at run time (libnccl.so.<major>), so a
 // binary that never chooses this backend does not need it.
 #pragma once
 

@@ -2,8 +2,9 @@
 // GPU gives one rank: the reducer on device buffers (buckets in place and staged, each ordered
 // after the compute stream's writes through an event) leaves the average of one rank, the
 // values themselves; and a training run through `sync.backend=nccl` equals the same run with
-// `backend=none` bit for bit, overlap on (ncclAvg over one rank is exact). Several ranks need
-// several GPUs: docs/distributed.md.
+// `backend=none` bit for bit, overlap on (ncclAvg over one rank is exact), its steps replayed
+// from CUDA graphs that hold the reductions. Several ranks need several GPUs:
+// docs/distributed.md.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -78,8 +79,8 @@ TEST(NcclGpu, TrainingThroughNcclEqualsNone) {
   std::ostringstream log;
   auto sets = tiny_overrides(d.path());
   sets.back() = "run.device=cuda";
-  for (const char* s :
-       {"run.steps=4", "core.layers=2", "sync.bucket_mb=0.01", "sync.first_bucket_mb=0.002"})
+  for (const char* s : {"run.steps=16", "core.layers=2", "sync.bucket_mb=0.01",
+                        "sync.first_bucket_mb=0.002", "run.cuda_graph=on"})
     sets.push_back(s);
   const std::string graph = source_path("configs/train_bc.yaml");
   auto none = sets, nccl = sets;
@@ -88,7 +89,10 @@ TEST(NcclGpu, TrainingThroughNcclEqualsNone) {
   Runner a(plan_graph(load_config(graph, none)), quiet_run_options(log));
   a.run();
   Runner b(plan_graph(load_config(graph, nccl)), quiet_run_options(log));
-  b.run();
+  const RunResult rb = b.run();
+  // The reductions are captured with the step: graph mode stays on and steps replay.
+  EXPECT_EQ(rb.graph_off_reason, "") << log.str();
+  EXPECT_GE(rb.graph_steps.replayed, 4u) << graph_steps_summary(rb);
   for (size_t k = 0; k < a.graph().size(); ++k) {
     auto pa = a.graph().stage(k).parameters(), pb = b.graph().stage(k).parameters();
     ASSERT_EQ(pa.size(), pb.size());
