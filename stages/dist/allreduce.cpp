@@ -1,7 +1,8 @@
 // allreduce: averages every upstream gradient over all ranks before the optimizer. Backends: mpi
 // (host gradients, a helper thread), nccl (device gradients, a communication stream; CUDA
-// builds), none (one process: nothing to do, and MPI is never touched), auto (when a launcher
-// started several ranks: nccl on a GPU, mpi on the CPU; else none).
+// builds, and the emulated device, whose buckets it averages over MPI on the host), none (one
+// process: nothing to do, and MPI is never touched), auto (when a launcher started several ranks:
+// nccl on a GPU, mpi on the CPU; else none).
 //
 // With `overlap` (the default) each bucket starts as soon as the backward pass has announced
 // every parameter in it final (StageContext::gradients_ready), on the reducer's helper thread,
@@ -35,7 +36,8 @@ class AllreduceStage : public Stage {
         .role(StageRole::update)
         .param("backend", std::string("auto"),
                "auto (started by mpirun/srun with >1 ranks: nccl on a GPU, mpi on the CPU; else "
-               "none) | none | mpi | nccl")
+               "none) | none | mpi | nccl (device gradients; on device emulated its collectives "
+               "run over MPI on the host)")
         .choices({"auto", "none", "mpi", "nccl"})
         .param("bucket_mb", 25.0, "size of one reduction message, MiB")
         .range(0.001, 4096)
@@ -71,9 +73,11 @@ class AllreduceStage : public Stage {
     if (backend == "none") return;  // one process: the optimizer holds everything anyway
     ctx.run().gradients_averaged_over_ranks = true;
     const std::string where = " (" + ctx.params().mark("backend").str() + ")";
-    if (backend == "nccl" && !dist::nccl_built())
+    // The emulated device runs the nccl reducer with its collectives over MPI on the host.
+    const bool emulated = ctx.exec().backend() == KernelBackend::emulated;
+    if (backend == "nccl" && !emulated && !dist::nccl_built())
       throw std::runtime_error("allreduce backend nccl needs a CUDA build" + where);
-    if (backend == "nccl" && !ctx.device().is_cuda())
+    if (backend == "nccl" && !emulated && !ctx.device().is_cuda())
       throw std::runtime_error("allreduce backend nccl reduces GPU gradients and this run is on " +
                                ctx.device().str() + ": use backend mpi (or auto)" + where);
     if (backend == "nccl" && shard && world_ > 1)
@@ -108,7 +112,7 @@ class AllreduceStage : public Stage {
     dist::GradBuckets buckets(params, floats("bucket_mb"), floats("first_bucket_mb"));
     if (backend == "nccl")
       nccl_ = std::make_unique<dist::NcclBucketReducer>(std::move(buckets), ctx.exec().stream(),
-                                                        ctx.run().rank, world_, timeout);
+                                                        ctx.run().rank, world_, timeout, emulated);
     else
       mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout, shard);
     if (mpi_ && shard) publish_shard(ctx.run(), timeout);

@@ -96,14 +96,12 @@ void mpi_broadcast(void* data, size_t bytes, int root) {
   check(MPI_Bcast(data, static_cast<int>(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
 }
 
-void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s,
-                const std::string& what) {
+namespace {
+// data = its reduction over all ranks, in place, waiting at most timeout_s.
+void allreduce_in_place(void* data, size_t n, MPI_Datatype type, MPI_Op op, double timeout_s,
+                        const std::string& what) {
   MPI_Request req = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE,
-                       op == RankReduce::min   ? MPI_MIN
-                       : op == RankReduce::max ? MPI_MAX
-                                               : MPI_SUM,
-                       MPI_COMM_WORLD, &req),
+  check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), type, op, MPI_COMM_WORLD, &req),
         "MPI_Iallreduce");
   const double deadline = now_s() + timeout_s;
   for (;;) {
@@ -118,6 +116,22 @@ void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s,
     }
     std::this_thread::sleep_for(kPollPause);
   }
+}
+}  // namespace
+
+void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s,
+                const std::string& what) {
+  allreduce_in_place(values.data(), values.size(), MPI_DOUBLE,
+                     op == RankReduce::min   ? MPI_MIN
+                     : op == RankReduce::max ? MPI_MAX
+                                             : MPI_SUM,
+                     timeout_s, what);
+}
+
+void mpi_average(std::span<float> values, double timeout_s, const std::string& what) {
+  allreduce_in_place(values.data(), values.size(), MPI_FLOAT, MPI_SUM, timeout_s, what);
+  const float inv = 1.0f / static_cast<float>(mpi_world_size());
+  for (float& v : values) v *= inv;
 }
 
 // Runs of several ranks reduce their metric sums (and the loader its step count) through MPI.
@@ -557,6 +571,9 @@ void mpi_broadcast(void*, size_t, int) {
   no_mpi();
 }
 void mpi_reduce(std::span<double>, RankReduce, double, const std::string&) {
+  no_mpi();
+}
+void mpi_average(std::span<float>, double, const std::string&) {
   no_mpi();
 }
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard)

@@ -42,6 +42,8 @@ void mpi_broadcast(void* data, size_t bytes, int root);
 // of several ranks reduce their metric sums with (engine/rank_reduce.h: registered here, with a
 // deadline of 300 s until the allreduce stage sets its own).
 void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s, const std::string& what);
+// values = their average over all ranks (float sum, then times 1/world), as mpi_reduce.
+void mpi_average(std::span<float> values, double timeout_s, const std::string& what);
 
 // Averages the gradients of `buckets` over all ranks, each bucket with MPI_Iallreduce(SUM) as
 // soon as every parameter in it is final, posted in bucket order by a helper thread that also

@@ -4,10 +4,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "kernels/step_recorder.h"
+#include "stages/dist/mpi_reduce.h"
 
 #if SLIPSTREAM_HAS_CUDA
 #include <cuda_runtime.h>
@@ -15,19 +19,62 @@
 
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
-#include "kernels/step_recorder.h"
-#include "stages/dist/mpi_reduce.h"
 #endif
 
 namespace slipstream::dist {
 
-#if SLIPSTREAM_HAS_CUDA
-
 bool nccl_built() {
+#if SLIPSTREAM_HAS_CUDA
   return true;
+#else
+  return false;
+#endif
 }
 
 namespace {
+
+// How the buckets' data moves. Each call is one operation of the compute stream's (recorded by
+// the step recorder when a step is captured): reduce() bucket i's gradients to their average
+// over the ranks, join() the compute stream with every reduction enqueued, and enqueued(step)
+// once the step's work is on the stream.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual void reduce(size_t i) = 0;
+  virtual void join() = 0;
+  virtual void enqueued(uint64_t step) = 0;
+};
+
+// The emulated device (host memory, no streams): the same reductions with MPI on the host,
+// blocking, so a multi-rank run on `device: emulated` takes the reducer's path in CI.
+class MpiHostTransport final : public Transport {
+ public:
+  MpiHostTransport(const GradBuckets& buckets, int world, double timeout_s)
+      : buckets_(buckets), world_(world), timeout_s_(timeout_s) {
+    staging_.resize(buckets.staging_elems());
+  }
+  void reduce(size_t i) override {
+    if (world_ <= 1) return;  // the average of one rank
+    const std::string what = "allreduce (nccl, emulated over MPI) of bucket " + std::to_string(i);
+    if (float* block = buckets_.contiguous(i)) {
+      mpi_average({block, buckets_.size(i)}, timeout_s_, what);
+      return;
+    }
+    buckets_.flatten(i, staging_.data());
+    mpi_average({staging_.data(), buckets_.size(i)}, timeout_s_, what);
+    buckets_.unflatten(i, staging_.data(), 1.0f);
+  }
+  void join() override {}
+  void enqueued(uint64_t) override {}
+
+ private:
+  const GradBuckets& buckets_;
+  int world_;
+  double timeout_s_;
+  std::vector<float> staging_;
+};
+
+#if SLIPSTREAM_HAS_CUDA
 
 // The NCCL functions this backend calls, from the library opened by soname.
 struct NcclApi {
@@ -74,42 +121,109 @@ void check(cudaError_t e, const char* call) {
   cuda_rt::check(e, call, "allreduce");
 }
 
-}  // namespace
+// A CUDA device: ncclAllReduce(ncclAvg) on a communication stream of its own. A bucket's
+// reduction makes the comm stream wait for the compute stream's work so far (the gradients'
+// writes), copies a staged bucket out and back around the collective; the join makes the
+// compute stream wait for the comm stream. Inside a captured step the fork, NCCL's kernels and
+// the join are captured with it, and a replay reduces the same buffers again.
+class NcclTransport final : public Transport {
+ public:
+  NcclTransport(const GradBuckets& buckets, cudaStream_t compute, int rank, int world,
+                double timeout_s)
+      : buckets_(buckets),
+        device_(buckets.device().index),
+        compute_(compute),
+        timeout_s_(timeout_s) {
+    cuda_rt::DeviceGuard guard(device_);
+    ncclUniqueId id{};
+    if (rank == 0) check(nccl().get_unique_id(&id), "ncclGetUniqueId");
+    if (world > 1) mpi_broadcast(&id, sizeof id, 0);
+    check(nccl().comm_init_rank(&nc_, world, id, rank), "ncclCommInitRank");
+    check(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    const size_t n = buckets.count();
+    ready_events_.assign(n, nullptr);
+    for (auto& e : ready_events_)
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    staging_.resize(n);
+    for (size_t i = 0; i < n; ++i)
+      if (!buckets.contiguous(i))
+        staging_[i] = Tensor::empty({static_cast<int64_t>(buckets.size(i))}, DType::f32,
+                                    buckets.device(), "allreduce staging bucket");
+    if (world > 1) watchdog_ = std::thread([this] { watch(); });
+  }
 
-struct NcclBucketReducer::Impl {
-  GradBuckets buckets;
-  int device = 0;
-  cudaStream_t compute = nullptr, comm = nullptr;
-  ncclComm_t nc = nullptr;
-  std::vector<cudaEvent_t> ready_events;
-  cudaEvent_t joined = nullptr;  // the comm stream's last reduction, for the compute stream
-  cudaEvent_t done = nullptr;    // on the compute stream after the step's work: the watchdog's
-  std::vector<Tensor> staging;   // per bucket that is not one block
-  uint64_t step = 0;
-  std::vector<size_t> pending;
-  std::vector<uint8_t> param_done, ready;
-  size_t next = 0;  // buckets enqueued, in order (collectives must match across ranks)
+  ~NcclTransport() override {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (comm_) cudaStreamSynchronize(comm_);
+    if (nc_) nccl().comm_destroy(nc_);
+    for (auto e : ready_events_)
+      if (e) cudaEventDestroy(e);
+    if (joined_) cudaEventDestroy(joined_);
+    if (done_) cudaEventDestroy(done_);
+    if (comm_) cudaStreamDestroy(comm_);
+  }
 
-  // The watchdog: the last step whose reductions were enqueued, and when.
-  double timeout_s = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t watched_step = 0;  // 0: nothing in flight
-  std::chrono::steady_clock::time_point watched_since;
-  bool stop = false;
-  std::thread watchdog;
+  void reduce(size_t i) override {
+    cuda_rt::DeviceGuard guard(device_);
+    check(cudaEventRecord(ready_events_[i], compute_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(comm_, ready_events_[i], 0), "cudaStreamWaitEvent");
+    float* data = buckets_.contiguous(i);
+    const auto& pieces = buckets_.pieces(i);
+    if (!data) {
+      data = staging_[i].data<float>();
+      for (const auto& p : pieces)
+        check(cudaMemcpyAsync(data + p.offset, p.grad, p.n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, comm_),
+              "cudaMemcpyAsync");
+    }
+    check(nccl().all_reduce(data, data, buckets_.size(i), ncclFloat32, ncclAvg, nc_, comm_),
+          "ncclAllReduce");
+    if (!buckets_.contiguous(i))
+      for (const auto& p : pieces)
+        check(cudaMemcpyAsync(p.grad, data + p.offset, p.n * sizeof(float),
+                              cudaMemcpyDeviceToDevice, comm_),
+              "cudaMemcpyAsync");
+  }
 
+  void join() override {
+    cuda_rt::DeviceGuard guard(device_);
+    check(cudaEventRecord(joined_, comm_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(compute_, joined_, 0), "cudaStreamWaitEvent");
+  }
+
+  // The watchdog's event follows the step's work as issued (its graph, when it is one), so it is
+  // armed only once that work is on the stream.
+  void enqueued(uint64_t step) override {
+    cuda_rt::DeviceGuard guard(device_);
+    check(cudaEventRecord(done_, compute_), "cudaEventRecord");
+    if (!watchdog_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      watched_step_ = step;
+      watched_since_ = std::chrono::steady_clock::now();
+    }
+    cv_.notify_one();
+  }
+
+ private:
   // Polls the `done` event of the step last enqueued; past the deadline, ends every rank.
   void watch() {
-    cudaSetDevice(device);
-    std::unique_lock lock(mu);
+    cudaSetDevice(device_);
+    std::unique_lock lock(mu_);
     for (;;) {
-      cv.wait(lock, [&] { return stop || watched_step != 0; });
-      if (stop) return;
-      const uint64_t s = watched_step;
-      const auto since = watched_since;
+      cv_.wait(lock, [&] { return stop_ || watched_step_ != 0; });
+      if (stop_) return;
+      const uint64_t s = watched_step_;
+      const auto since = watched_since_;
       lock.unlock();
-      const cudaError_t e = cudaEventQuery(done);
+      const cudaError_t e = cudaEventQuery(done_);
       const double waited =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
       if (e != cudaSuccess && e != cudaErrorNotReady) {
@@ -117,21 +231,53 @@ struct NcclBucketReducer::Impl {
                      static_cast<unsigned long long>(s), cudaGetErrorString(e));
         mpi_abort_all(1);
       }
-      if (e == cudaErrorNotReady && waited > timeout_s) {
+      if (e == cudaErrorNotReady && waited > timeout_s_) {
         std::fprintf(stderr,
                      "error: allreduce (nccl) of step %llu: not complete on the device within "
                      "%.0f s (sync.timeout_s): a rank stopped and the others wait in the "
                      "collective (NCCL_DEBUG=INFO may say which); every rank stops (slipstream "
                      "run --resume RUN_DIR continues from the last checkpoint written, if any)\n",
-                     static_cast<unsigned long long>(s), timeout_s);
+                     static_cast<unsigned long long>(s), timeout_s_);
         mpi_abort_all(1);
       }
       lock.lock();
-      if (e == cudaSuccess && watched_step == s && watched_since == since) watched_step = 0;
+      if (e == cudaSuccess && watched_step_ == s && watched_since_ == since) watched_step_ = 0;
       if (e == cudaErrorNotReady)
-        cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop; });
+        cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return stop_; });
     }
   }
+
+  const GradBuckets& buckets_;
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  ncclComm_t nc_ = nullptr;
+  std::vector<cudaEvent_t> ready_events_;
+  cudaEvent_t joined_ = nullptr;  // the comm stream's last reduction, for the compute stream
+  cudaEvent_t done_ = nullptr;    // on the compute stream after the step's work: the watchdog's
+  std::vector<Tensor> staging_;   // per bucket that is not one block
+
+  // The watchdog: the last step whose reductions were enqueued, and when.
+  double timeout_s_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t watched_step_ = 0;  // 0: nothing in flight
+  std::chrono::steady_clock::time_point watched_since_;
+  bool stop_ = false;
+  std::thread watchdog_;
+};
+
+#endif  // SLIPSTREAM_HAS_CUDA
+
+}  // namespace
+
+struct NcclBucketReducer::Impl {
+  GradBuckets buckets;
+  void* stream = nullptr;  // the compute stream (null under the emulator)
+  std::unique_ptr<Transport> transport;
+  uint64_t step = 0;
+  std::vector<size_t> pending;
+  std::vector<uint8_t> param_done, ready;
+  size_t next = 0;  // buckets enqueued, in order (collectives must match across ranks)
 
   void start_step(uint64_t s) {
     step = s;
@@ -141,44 +287,20 @@ struct NcclBucketReducer::Impl {
     std::fill(ready.begin(), ready.end(), uint8_t{0});
   }
 
-  // Bucket i's reduction, and below the compute stream's join with the comm stream: each one
-  // operation enqueued on the compute stream through the step recorder (kernels/step_recorder.h),
-  // so in a training step captured as a CUDA graph the fork to the comm stream, NCCL's kernels
-  // and the join are captured with the step (a replay reduces the same buffers again).
+  // Bucket i's reduction and the join: each one operation enqueued on the compute stream through
+  // the step recorder (kernels/step_recorder.h), so a training step captured as a CUDA graph
+  // holds its reductions.
   void enqueue(size_t i) {
     capture::enqueue(
-        "ncclAllReduce (allreduce bucket)", compute,
+        "ncclAllReduce (allreduce bucket)", stream,
         [this, i] { return capture::key_of(kBucketOp, reinterpret_cast<uintptr_t>(this), i); },
-        [this, i] { reduce_bucket(i); });
-  }
-  void reduce_bucket(size_t i) {
-    check(cudaEventRecord(ready_events[i], compute), "cudaEventRecord");
-    check(cudaStreamWaitEvent(comm, ready_events[i], 0), "cudaStreamWaitEvent");
-    float* data = buckets.contiguous(i);
-    const auto& pieces = buckets.pieces(i);
-    if (!data) {
-      data = staging[i].data<float>();
-      for (const auto& p : pieces)
-        check(cudaMemcpyAsync(data + p.offset, p.grad, p.n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, comm),
-              "cudaMemcpyAsync");
-    }
-    check(nccl().all_reduce(data, data, buckets.size(i), ncclFloat32, ncclAvg, nc, comm),
-          "ncclAllReduce");
-    if (!buckets.contiguous(i))
-      for (const auto& p : pieces)
-        check(cudaMemcpyAsync(p.grad, data + p.offset, p.n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, comm),
-              "cudaMemcpyAsync");
+        [this, i] { transport->reduce(i); });
   }
   void enqueue_join() {
     capture::enqueue(
-        "cudaStreamWaitEvent (allreduce join)", compute,
+        "cudaStreamWaitEvent (allreduce join)", stream,
         [this] { return capture::key_of(kJoinOp, reinterpret_cast<uintptr_t>(this)); },
-        [this] {
-          check(cudaEventRecord(joined, comm), "cudaEventRecord");
-          check(cudaStreamWaitEvent(compute, joined, 0), "cudaStreamWaitEvent");
-        });
+        [this] { transport->join(); });
   }
   static constexpr uint64_t kBucketOp = 0x6e63636c62756b74ull, kJoinOp = 0x6e63636c6a6f696eull;
 
@@ -188,55 +310,32 @@ struct NcclBucketReducer::Impl {
 };
 
 NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
-                                     double timeout_s)
+                                     double timeout_s, bool emulated)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.buckets = std::move(buckets);
-  if (!m.buckets.device().is_cuda())
-    throw std::runtime_error("allreduce backend nccl reduces GPU gradients; this run's are on " +
-                             m.buckets.device().str() + ": use backend mpi (or auto)");
-  m.device = m.buckets.device().index;
-  m.compute = static_cast<cudaStream_t>(compute_stream);
-  cuda_rt::DeviceGuard guard(m.device);
-  ncclUniqueId id{};
-  if (rank == 0) check(nccl().get_unique_id(&id), "ncclGetUniqueId");
-  if (world > 1) mpi_broadcast(&id, sizeof id, 0);
-  check(nccl().comm_init_rank(&m.nc, world, id, rank), "ncclCommInitRank");
-  check(cudaStreamCreateWithFlags(&m.comm, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  m.stream = compute_stream;
+  if (emulated) {
+    m.transport = std::make_unique<MpiHostTransport>(m.buckets, world, timeout_s);
+  } else {
+#if SLIPSTREAM_HAS_CUDA
+    if (!m.buckets.device().is_cuda())
+      throw std::runtime_error("allreduce backend nccl reduces GPU gradients; this run's are on " +
+                               m.buckets.device().str() + ": use backend mpi (or auto)");
+    m.transport = std::make_unique<NcclTransport>(
+        m.buckets, static_cast<cudaStream_t>(compute_stream), rank, world, timeout_s);
+#else
+    (void)rank;
+    throw std::runtime_error("allreduce backend nccl needs a CUDA build");
+#endif
+  }
   const size_t n = m.buckets.count();
-  m.ready_events.assign(n, nullptr);
-  for (auto& e : m.ready_events)
-    check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check(cudaEventCreateWithFlags(&m.joined, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  check(cudaEventCreateWithFlags(&m.done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  m.staging.resize(n);
-  for (size_t i = 0; i < n; ++i)
-    if (!m.buckets.contiguous(i))
-      m.staging[i] = Tensor::empty({static_cast<int64_t>(m.buckets.size(i))}, DType::f32,
-                                   m.buckets.device(), "allreduce staging bucket");
   m.pending.assign(n, 0);
   m.param_done.assign(m.buckets.param_count(), 0);
   m.ready.assign(n, 0);
-  m.timeout_s = timeout_s;
-  if (world > 1) m.watchdog = std::thread([&m] { m.watch(); });
 }
 
-NcclBucketReducer::~NcclBucketReducer() {
-  Impl& m = *impl_;
-  {
-    std::lock_guard lock(m.mu);
-    m.stop = true;
-  }
-  m.cv.notify_all();
-  if (m.watchdog.joinable()) m.watchdog.join();
-  if (m.comm) cudaStreamSynchronize(m.comm);
-  if (m.nc) nccl().comm_destroy(m.nc);
-  for (auto e : m.ready_events)
-    if (e) cudaEventDestroy(e);
-  if (m.joined) cudaEventDestroy(m.joined);
-  if (m.done) cudaEventDestroy(m.done);
-  if (m.comm) cudaStreamDestroy(m.comm);
-}
+NcclBucketReducer::~NcclBucketReducer() = default;
 
 void NcclBucketReducer::param_ready(size_t k, uint64_t step) {
   Impl& m = *impl_;
@@ -246,48 +345,18 @@ void NcclBucketReducer::param_ready(size_t k, uint64_t step) {
   bool any = false;
   for (size_t i : m.buckets.buckets_of(k))
     if (--m.pending[i] == 0) m.ready[i] = 1, any = true;
-  if (!any) return;
-  cuda_rt::DeviceGuard guard(m.device);
-  m.enqueue_ready();
+  if (any) m.enqueue_ready();
 }
 
 void NcclBucketReducer::finish(uint64_t step) {
   Impl& m = *impl_;
   if (m.step != step) m.start_step(step);
   for (size_t k = 0; k < m.param_done.size(); ++k) param_ready(k, step);
-  cuda_rt::DeviceGuard guard(m.device);
   m.enqueue_ready();
   m.enqueue_join();
-  // The watchdog's event follows the step's work as issued (after its graph, when it is one), so
-  // it is armed only once that work is on the stream.
-  capture::after_enqueued(m.compute, [&m, step] {
-    check(cudaEventRecord(m.done, m.compute), "cudaEventRecord");
-    if (!m.watchdog.joinable()) return;
-    {
-      std::lock_guard lock(m.mu);
-      m.watched_step = step;
-      m.watched_since = std::chrono::steady_clock::now();
-    }
-    m.cv.notify_one();
-  });
+  Transport* t = m.transport.get();
+  capture::after_enqueued(m.stream, [t, step] { t->enqueued(step); });
   m.step = 0;  // the next call starts a new collection, even for the same step number
 }
-
-#else  // no CUDA: the backend does not exist
-
-bool nccl_built() {
-  return false;
-}
-
-struct NcclBucketReducer::Impl {};
-
-NcclBucketReducer::NcclBucketReducer(GradBuckets, void*, int, int, double) {
-  throw std::runtime_error("allreduce backend nccl needs a CUDA build");
-}
-NcclBucketReducer::~NcclBucketReducer() = default;
-void NcclBucketReducer::param_ready(size_t, uint64_t) {}
-void NcclBucketReducer::finish(uint64_t) {}
-
-#endif
 
 }  // namespace slipstream::dist

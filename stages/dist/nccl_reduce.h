@@ -6,7 +6,9 @@
 // kernels, and the host never waits (a watchdog thread does, for a rank that stops). The fork,
 // the collectives and the join go through the step recorder, so a training step captured as a
 // CUDA graph holds its reductions too. NCCL is opened at run time (libnccl.so.<major>), so a
-// binary that never chooses this backend does not need it.
+// binary that never chooses this backend does not need it. On the emulated device (host memory,
+// no NCCL) the same reducer averages its buckets with MPI on the host, blocking, so the
+// backend's bookkeeping and its capture run multi-rank in CI.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,8 @@
 
 namespace slipstream::dist {
 
-// True in builds with CUDA (where this backend exists).
+// True in builds with CUDA (where this backend exists on GPUs; the emulated device has it in
+// every build).
 bool nccl_built();
 
 class NcclBucketReducer {
@@ -28,8 +31,11 @@ class NcclBucketReducer {
   // With world > 1 a watchdog thread checks that each step's reductions complete on the device
   // within `timeout_s` of being enqueued; when they do not (a rank stopped and the others wait
   // in the collective), it says so naming the step and ends every rank through MPI_Abort.
+  // `emulated`: the run's device is the emulator (compute_stream null, buckets in host memory);
+  // the averages go through MPI (initialised by the caller when world > 1), each wait bounded by
+  // `timeout_s`.
   NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
-                    double timeout_s);
+                    double timeout_s, bool emulated = false);
   ~NcclBucketReducer();
   NcclBucketReducer(const NcclBucketReducer&) = delete;
   NcclBucketReducer& operator=(const NcclBucketReducer&) = delete;

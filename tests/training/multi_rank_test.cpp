@@ -3,7 +3,8 @@
 // seed, and report the same train and validation figures; a rank that hangs stops every rank
 // within sync.timeout_s with one message naming it and the step, and the run resumes from its
 // last checkpoint; a killed rank ends the run; a resume with another number of ranks is refused;
-// shard: games gives each rank its own games.
+// shard: games gives each rank its own games; on the emulated device, the nccl backend's reducer
+// with the steps replayed from CUDA graphs.
 // Skipped (not passed) where mpirun is missing.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -409,6 +410,40 @@ TEST(MultiRank, AnAutoBatchSizeIsOneSizeOnEveryRank) {
       out.text.find("done: 2 steps, " + std::to_string(2 * std::stoi(m[1].str())) + " samples"),
       std::string::npos)
       << out.text;
+}
+
+// The nccl backend on the emulated device (its collectives over MPI on the host) with every
+// step recorded for a CUDA graph: 2 ranks train what one process trains with the same global
+// batch, and the steps replay with their reductions in them (graph mode stays on).
+TEST(MultiRank, NcclStepsReplayFromGraphsOnTheEmulatedDevice) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const std::string device =
+      " --set run.device=emulated --set run.cuda_graph=on --set run.steps=16 --set ckpt.every=16"
+      " --set run.log_every=4";
+  const auto one = run_command(std::string(SLIPSTREAM_CLI) + " " + run_args(d.path(), "one", 8) +
+                               device + " --set sync.backend=none");
+  ASSERT_EQ(one.status, 0) << one.text;
+  const auto two = run_command(mpirun(2) + SLIPSTREAM_CLI + " " + run_args(d.path(), "two", 4) +
+                               device + " --set sync.backend=nccl");
+  ASSERT_EQ(two.status, 0) << two.text;
+  const std::string one_dir = only_run_dir(d.path() + "/runs", "one");
+  const std::string two_dir = only_run_dir(d.path() + "/runs", "two");
+  EXPECT_LE(weights_relative_difference(one_dir + "/checkpoints/step-16",
+                                        two_dir + "/checkpoints/step-16"),
+            1e-6);
+  const auto want = rows(one_dir), got = rows(two_dir);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(want.size(), 4u);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i]["loss"], g = got[i]["loss"];
+    EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << "row " << i;
+  }
+  EXPECT_EQ(two.text.find("cuda graph: off"), std::string::npos) << two.text;
+  const std::regex replayed(R"(cuda graph: (\d+) of 16 training batches replayed)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(two.text, m, replayed)) << two.text;
+  EXPECT_GE(std::stoi(m[1].str()), 4) << two.text;
 }
 #endif
 
