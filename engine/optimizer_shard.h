@@ -32,10 +32,14 @@ struct OptimizerShard {
   std::vector<std::vector<Piece>> pieces;
   const std::vector<Piece>& mine() const { return pieces[static_cast<size_t>(rank)]; }
 
-  // values = their sum over the ranks (in place). Collective.
+  // values = their sum over the ranks (in place). Collective, blocking (host values).
   std::function<void(std::span<double> values)> sum;
+  // Device gradients (the nccl backend): *value, one double in the run's device memory, = its
+  // sum over the ranks, enqueued on the run's compute stream. Null for host gradients.
+  std::function<void(double* value)> sum_on_device;
   // After every rank updated its pieces: every rank's pieces' values into every rank's weights.
-  // Collective.
+  // Collective: blocking for host weights; for device weights enqueued on the compute stream,
+  // which then waits for it.
   std::function<void()> gather_weights;
   // Rank 0's `all` = every rank's `mine` back to back in rank order, resized to fit (other
   // ranks' `all` is left alone). Collective.

@@ -1,7 +1,8 @@
 // The fused multi-tensor AdamW on CUDA; math of the CPU reference (kernels/adamw_cpu.cpp) and
 // policy of the CPU optimizer (stages/optim/adamw_optimizer.cpp: norm, skip, clip, schedule),
-// against which it is tested. Three launches, no host synchronisation: per-block partial sums
-// of squares, one block that finishes the norm (thread 0 deciding the step), and the update. Grids are
+// against which it is tested. Four launches, no host synchronisation: per-block partial sums
+// of squares, one block that sums them, one thread that decides the step (ZeRO-1 sums the
+// ranks' sums between those two), and the update. Grids are
 // (blocks per segment, segments) with a fixed block count, so the norm's summation order, and
 // with it every result, does not depend on timing.
 #include <cmath>
@@ -41,10 +42,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One block: thread t sums partials t, t + kThreads, ... in double, then a tree in shared memory
 // in a fixed order (a serial loop over the thousands of partials of a large model took longer
-// than the update itself); thread 0 decides.
-__global__ void __launch_bounds__(kThreads)
-    decide_kernel(const float* part, int K, AdamWHyper h, const float* lr_table, size_t lr_len,
-                  AdamWDeviceState* st) {
+// than the update itself) into *sq.
+__global__ void __launch_bounds__(kThreads) norm_sum_kernel(const float* part, int K, double* sq) {
   __shared__ double sums[kThreads];
   double acc = 0;
   for (int k = int(threadIdx.x); k < K; k += kThreads) acc += double(part[k]);
@@ -54,8 +53,13 @@ __global__ void __launch_bounds__(kThreads)
     if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x != 0) return;
-  const double sq = sums[0];
+  if (threadIdx.x == 0) *sq = sums[0];
+}
+
+// One thread decides from the sum of squares.
+__global__ void decide_kernel(const double* sum_sq, AdamWHyper h, const float* lr_table,
+                              size_t lr_len, AdamWDeviceState* st) {
+  const double sq = *sum_sq;
   const double norm = sqrt(sq) * double(h.grad_scale);
   st->grad_norm = float(norm);
   const size_t at = size_t(st->step) < lr_len ? size_t(st->step) : lr_len - 1;
@@ -101,28 +105,60 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void __launch_bounds__(kThreads)
+    finish_gathered_kernel(const AdamWSegment* segs, AdamWHyper h, const AdamWDeviceState* st) {
+  const AdamWSegment s = segs[blockIdx.y];
+  const size_t stride = size_t(gridDim.x) * kThreads;
+  const size_t i0 = size_t(blockIdx.x) * kThreads + threadIdx.x;
+  const float d = float(h.ema_decay), keep = float(1.0 - h.ema_decay);
+  const bool taken = st->finite != 0;
+  for (size_t i = i0; i < s.n; i += stride) {
+    if (taken) {
+      const float p = s.param[i];
+      if (s.shadow) s.shadow[i] = bfloat16{fp32_to_bf16_bits(p)};
+      if (s.ema) s.ema[i] = d * s.ema[i] + keep * p;
+    }
+    s.grad[i] = 0.f;
+  }
+}
+
+// The workspace: the sum of squares (a double), then the per-block partials.
+constexpr size_t kSumBytes = 256;
+
 }  // namespace
 
 size_t adamw_workspace_bytes(int count, size_t max_n) {
-  return size_t(count) * blocks_per_segment(max_n) * sizeof(float);
+  return kSumBytes + size_t(count) * blocks_per_segment(max_n) * sizeof(float);
 }
 
 void adamw_step(const AdamWSegment* segments, int count, size_t max_n, const AdamWHyper& hyper,
                 const float* lr_table, size_t lr_len, AdamWDeviceState* state, void* workspace,
-                cudaStream_t stream) {
+                cudaStream_t stream, const std::function<void(double*)>& sum_over_ranks) {
   if (count <= 0) return;
   if (lr_len == 0) throw std::invalid_argument("adamw_step: empty learning-rate table");
   const unsigned bx = blocks_per_segment(max_n);
-  float* part = static_cast<float*>(workspace);
+  double* sq = static_cast<double*>(workspace);
+  float* part = reinterpret_cast<float*>(static_cast<char*>(workspace) + kSumBytes);
   SLIPSTREAM_LAUNCH(norm_partials_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream,
                     segments, part);
   check_launch("adamw_step (gradient norm)");
-  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(kThreads), stream, part, int(bx) * count, hyper,
-                    lr_table, lr_len, state);
+  SLIPSTREAM_LAUNCH(norm_sum_kernel, dim3(1), dim3(kThreads), stream, part, int(bx) * count, sq);
+  check_launch("adamw_step (gradient norm)");
+  if (sum_over_ranks) sum_over_ranks(sq);
+  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(1), stream, sq, hyper, lr_table, lr_len, state);
   check_launch("adamw_step (decide)");
   SLIPSTREAM_LAUNCH(update_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream, segments,
                     hyper, state);
   check_launch("adamw_step (update)");
+}
+
+void adamw_finish_gathered(const AdamWSegment* segments, int count, size_t max_n,
+                           const AdamWHyper& hyper, const AdamWDeviceState* state,
+                           cudaStream_t stream) {
+  if (count <= 0) return;
+  SLIPSTREAM_LAUNCH(finish_gathered_kernel, dim3(blocks_per_segment(max_n), unsigned(count)),
+                    dim3(kThreads), stream, segments, hyper, state);
+  check_launch("adamw_finish_gathered");
 }
 
 }  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -57,6 +57,7 @@
     using AdamWDeviceState = NS::AdamWDeviceState;                                                 \
     static constexpr auto adamw_step = &NS::adamw_step;                                            \
     static constexpr auto adamw_workspace_bytes = &NS::adamw_workspace_bytes;                      \
+    static constexpr auto adamw_finish_gathered = &NS::adamw_finish_gathered;                      \
     static constexpr auto gru_forward = &NS::gru_forward;                                          \
     static constexpr auto gru_backward = &NS::gru_backward;                                        \
     static constexpr auto gru_forward_workspace_bytes = &NS::gru_forward_workspace_bytes;          \

@@ -51,7 +51,7 @@ class AllreduceStage : public Stage {
         .param("shard_optimizer", false,
                "ZeRO-1: gradients reduce-scattered, so each rank averages and updates 1/world of "
                "the weights and keeps the optimizer's moments for those only; the updated weights "
-               "are all-gathered (mpi backend)")
+               "are all-gathered")
         .param("timeout_s", 300.0,
                "a rank that does not answer within this many seconds stops the run, every rank "
                "of it, naming the step (and, over MPI, the rank)")
@@ -80,12 +80,6 @@ class AllreduceStage : public Stage {
     if (backend == "nccl" && !emulated && !ctx.device().is_cuda())
       throw std::runtime_error("allreduce backend nccl reduces GPU gradients and this run is on " +
                                ctx.device().str() + ": use backend mpi (or auto)" + where);
-    if (backend == "nccl" && shard && world_ > 1)
-      throw std::runtime_error(
-          "shard_optimizer is built for the mpi backend (host gradients); with nccl the "
-          "optimizer is not sharded yet: set " +
-          ctx.name() + ".shard_optimizer=false (" + ctx.params().mark("shard_optimizer").str() +
-          ")");
     if (backend == "mpi" && world_ <= 1) return;  // one rank: nothing to average
     if (launched) {
       dist::mpi_init_once();
@@ -112,10 +106,11 @@ class AllreduceStage : public Stage {
     dist::GradBuckets buckets(params, floats("bucket_mb"), floats("first_bucket_mb"));
     if (backend == "nccl")
       nccl_ = std::make_unique<dist::NcclBucketReducer>(std::move(buckets), ctx.exec().stream(),
-                                                        ctx.run().rank, world_, timeout, emulated);
+                                                        ctx.run().rank, world_, timeout, emulated,
+                                                        shard);
     else
       mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout, shard);
-    if (mpi_ && shard) publish_shard(ctx.run(), timeout);
+    if (shard && world_ > 1) publish_shard(ctx.run(), timeout);
     if (ctx.params().boolean("overlap")) {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
@@ -155,20 +150,29 @@ class AllreduceStage : public Stage {
           "the gradients' reduction across ranks (allreduce backend mpi) runs on the host");
   }
 
-  // The optimizer downstream finds which pieces it updates, and the collectives around that.
+  // The optimizer downstream finds which pieces it updates, and the collectives around that:
+  // blocking host collectives (mpi), or enqueued on the compute stream (nccl).
   void publish_shard(RunState& run, double timeout) {
     auto shard = std::make_shared<OptimizerShard>();
     shard->rank = run.rank;
     shard->world = world_;
-    for (int r = 0; r < world_; ++r) shard->pieces.push_back(mpi_->shard_pieces(r));
+    for (int r = 0; r < world_; ++r)
+      shard->pieces.push_back(mpi_ ? mpi_->shard_pieces(r) : nccl_->shard_pieces(r));
     shard->sum = [timeout](std::span<double> v) {
       dist::mpi_reduce(v, RankReduce::sum, timeout, "the gradient norm");
     };
-    dist::MpiBucketReducer* mpi = mpi_.get();
     RunState* state = &run;
-    shard->gather_weights = [mpi, state] { mpi->gather_weights(state->step + 1); };
-    shard->gather_to_root = [mpi](std::span<const float> mine, std::vector<float>& all) {
-      mpi->gather_to_root(mine, all, "gathering the optimizer's state for a checkpoint");
+    if (mpi_) {
+      dist::MpiBucketReducer* mpi = mpi_.get();
+      shard->gather_weights = [mpi, state] { mpi->gather_weights(state->step + 1); };
+    } else {
+      dist::NcclBucketReducer* nccl = nccl_.get();
+      shard->gather_weights = [nccl] { nccl->gather_weights(); };
+      shard->sum_on_device = [nccl](double* v) { nccl->sum(v); };
+    }
+    shard->gather_to_root = [timeout](std::span<const float> mine, std::vector<float>& all) {
+      dist::mpi_gather_to_root(mine, all, timeout,
+                               "gathering the optimizer's state for a checkpoint");
     };
     run.optimizer_shard = std::move(shard);
   }

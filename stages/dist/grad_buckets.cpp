@@ -129,6 +129,19 @@ std::vector<GradBuckets::Range> GradBuckets::ranges(size_t i, size_t begin, size
   return out;
 }
 
+std::vector<GradBuckets::Range> GradBuckets::shard_pieces(int r, int w) const {
+  std::vector<Range> out;
+  for (size_t i = 0; i < count(); ++i)
+    for (const auto& piece : ranges(i, shard_begin(i, r, w), shard_count(i, r, w))) {
+      if (!out.empty() && out.back().param == piece.param &&
+          out.back().begin + out.back().n == piece.begin)
+        out.back().n += piece.n;
+      else
+        out.push_back(piece);
+    }
+  return out;
+}
+
 void GradBuckets::flatten_values(size_t i, float* dst) const {
   for (const Piece& p : buckets_[i].pieces)
     std::memcpy(dst + buffer_offset(i, p), value_of(p), p.n * sizeof(float));

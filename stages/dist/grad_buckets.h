@@ -60,7 +60,7 @@ class GradBuckets {
   };
   const std::vector<Piece>& pieces(size_t i) const { return buckets_[i].pieces; }
 
-  // ---- ZeRO-1 (host buckets): ranks reduce disjoint ranges of each bucket's buffer ----
+  // ---- ZeRO-1: ranks reduce disjoint ranges of each bucket's buffer ----
   // A bucket's buffer is its memory when it is one block (memory order), else its staging
   // buffer (flat order); a reduce-scatter gives each rank one range of it.
   size_t buffer_offset(size_t i, const Piece& p) const {
@@ -72,12 +72,25 @@ class GradBuckets {
   // buffer order (a parameter has one piece in a bucket).
   using Range = OptimizerShard::Piece;
   std::vector<Range> ranges(size_t i, size_t begin, size_t n) const;
+  // Rank r of w reduces buffer positions [shard_begin, shard_begin + shard_count) of bucket i:
+  // the buffer split evenly, [size·r/w, size·(r+1)/w).
+  size_t shard_begin(size_t i, int r, int w) const {
+    return size(i) * static_cast<size_t>(r) / static_cast<size_t>(w);
+  }
+  size_t shard_count(size_t i, int r, int w) const {
+    return shard_begin(i, r + 1, w) - shard_begin(i, r, w);
+  }
+  // Rank r's parameter ranges over every bucket, in bucket order (a parameter split between two
+  // buckets that continues in r's next range is one range).
+  std::vector<Range> shard_pieces(int r, int w) const;
   // The weights (Parameter::value) that bucket i's gradients belong to, when they lie in one
   // block in the same arrangement (the parameter arena's values mirror its gradients): reduce
   // them in place; else null, and flatten_values / unflatten_values stage them.
   float* value_block(size_t i) const { return buckets_[i].values; }
   void flatten_values(size_t i, float* dst) const;
   void unflatten_values(size_t i, const float* src) const;
+  // Buffer position of piece p's values (the same as its gradients').
+  float* value_of(const Piece& p) const { return params_[p.param]->value.data<float>() + p.at; }
 
  private:
   struct Bucket {
@@ -86,7 +99,6 @@ class GradBuckets {
     float* block = nullptr;   // set when the pieces tile one block of memory
     float* values = nullptr;  // value_block()
   };
-  float* value_of(const Piece& p) const { return params_[p.param]->value.data<float>() + p.at; }
   std::vector<Parameter*> params_;
   std::vector<Bucket> buckets_;
   std::vector<std::vector<size_t>> of_param_;

@@ -358,20 +358,8 @@ std::vector<int> MpiBucketReducer::silent_ranks(uint64_t step) {
 }
 
 std::vector<GradBuckets::Range> MpiBucketReducer::shard_pieces(int rank) const {
-  std::vector<GradBuckets::Range> out;
-  if (!shard_) return out;
-  const auto r = static_cast<size_t>(rank);
-  for (size_t i = 0; i < buckets_.count(); ++i)
-    for (const auto& piece : buckets_.ranges(i, static_cast<size_t>(displs_[i][r]),
-                                             static_cast<size_t>(counts_[i][r]))) {
-      // A parameter split between two buckets may continue in this rank's next range.
-      if (!out.empty() && out.back().param == piece.param &&
-          out.back().begin + out.back().n == piece.begin)
-        out.back().n += piece.n;
-      else
-        out.push_back(piece);
-    }
-  return out;
+  if (!shard_) return {};
+  return buckets_.shard_pieces(rank, world_);
 }
 
 namespace {
@@ -415,21 +403,27 @@ void MpiBucketReducer::gather_weights(uint64_t step) {
 
 void MpiBucketReducer::gather_to_root(std::span<const float> mine, std::vector<float>& all,
                                       const std::string& what) {
+  mpi_gather_to_root(mine, all, timeout_s_, what);
+}
+
+void mpi_gather_to_root(std::span<const float> mine, std::vector<float>& all, double timeout_s,
+                        const std::string& what) {
   if (mine.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
     throw std::runtime_error(what + ": more than one MPI message holds");
+  const int rank = mpi_rank();
   auto give_up = [&] {
     g_broken = true;
     throw std::runtime_error(what + ": no answer from the other ranks within " +
-                             seconds_text(timeout_s_) + " (sync.timeout_s); rank " +
-                             std::to_string(rank_) + " stops");
+                             seconds_text(timeout_s) + " (sync.timeout_s); rank " +
+                             std::to_string(rank) + " stops");
   };
   // How much each rank sends, then what it sends.
   int count = static_cast<int>(mine.size());
-  std::vector<int> counts(static_cast<size_t>(world_), 0), displs(static_cast<size_t>(world_), 0);
+  std::vector<int> counts(static_cast<size_t>(mpi_world_size()), 0), displs(counts.size(), 0);
   std::vector<MPI_Request> request(1, MPI_REQUEST_NULL);
   check(MPI_Igather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &request[0]),
         "MPI_Igather");
-  if (!wait_all(request, timeout_s_)) give_up();
+  if (!wait_all(request, timeout_s)) give_up();
   size_t total = 0;
   for (size_t r = 0; r < counts.size(); ++r) {
     if (total > static_cast<size_t>(std::numeric_limits<int>::max()))
@@ -437,11 +431,54 @@ void MpiBucketReducer::gather_to_root(std::span<const float> mine, std::vector<f
     displs[r] = static_cast<int>(total);
     total += static_cast<size_t>(counts[r]);
   }
-  if (rank_ == 0) all.resize(total);
-  check(MPI_Igatherv(mine.data(), count, MPI_FLOAT, rank_ == 0 ? all.data() : nullptr,
-                     counts.data(), displs.data(), MPI_FLOAT, 0, MPI_COMM_WORLD, &request[0]),
+  if (rank == 0) all.resize(total);
+  check(MPI_Igatherv(mine.data(), count, MPI_FLOAT, rank == 0 ? all.data() : nullptr, counts.data(),
+                     displs.data(), MPI_FLOAT, 0, MPI_COMM_WORLD, &request[0]),
         "MPI_Igatherv");
-  if (!wait_all(request, timeout_s_)) give_up();
+  if (!wait_all(request, timeout_s)) give_up();
+}
+
+namespace {
+// Counts and displacements of bucket-sized buffers as MPI's ints.
+std::vector<int> as_ints(std::span<const size_t> v, const std::string& what) {
+  std::vector<int> out;
+  for (size_t x : v) {
+    if (x > static_cast<size_t>(std::numeric_limits<int>::max()))
+      throw std::runtime_error(what + ": more than one MPI message holds: lower bucket_mb");
+    out.push_back(static_cast<int>(x));
+  }
+  return out;
+}
+void wait_or_give_up(MPI_Request& req, double timeout_s, const std::string& what) {
+  std::vector<MPI_Request> one(1, req);
+  if (wait_all(one, timeout_s)) return;
+  g_broken = true;
+  throw std::runtime_error(what + ": no answer from the other ranks within " +
+                           seconds_text(timeout_s) + " (sync.timeout_s); rank " +
+                           std::to_string(mpi_rank()) + " stops");
+}
+}  // namespace
+
+void mpi_reduce_scatter_average(const float* data, std::span<const size_t> counts, float* mine,
+                                double timeout_s, const std::string& what) {
+  const std::vector<int> c = as_ints(counts, what);
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Ireduce_scatter(data, mine, c.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
+        "MPI_Ireduce_scatter");
+  wait_or_give_up(req, timeout_s, what);
+  const float inv = 1.0f / static_cast<float>(mpi_world_size());
+  for (int i = 0; i < c[static_cast<size_t>(mpi_rank())]; ++i) mine[i] *= inv;
+}
+
+void mpi_allgather_in_place(float* data, std::span<const size_t> counts,
+                            std::span<const size_t> displs, double timeout_s,
+                            const std::string& what) {
+  const std::vector<int> c = as_ints(counts, what), d = as_ints(displs, what);
+  MPI_Request req = MPI_REQUEST_NULL;
+  check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, c.data(), d.data(), MPI_FLOAT,
+                        MPI_COMM_WORLD, &req),
+        "MPI_Iallgatherv");
+  wait_or_give_up(req, timeout_s, what);
 }
 
 void MpiBucketReducer::worker() {
@@ -574,6 +611,17 @@ void mpi_reduce(std::span<double>, RankReduce, double, const std::string&) {
   no_mpi();
 }
 void mpi_average(std::span<float>, double, const std::string&) {
+  no_mpi();
+}
+void mpi_gather_to_root(std::span<const float>, std::vector<float>&, double, const std::string&) {
+  no_mpi();
+}
+void mpi_reduce_scatter_average(const float*, std::span<const size_t>, float*, double,
+                                const std::string&) {
+  no_mpi();
+}
+void mpi_allgather_in_place(float*, std::span<const size_t>, std::span<const size_t>, double,
+                            const std::string&) {
   no_mpi();
 }
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard)

@@ -44,6 +44,18 @@ void mpi_broadcast(void* data, size_t bytes, int root);
 void mpi_reduce(std::span<double> values, RankReduce op, double timeout_s, const std::string& what);
 // values = their average over all ranks (float sum, then times 1/world), as mpi_reduce.
 void mpi_average(std::span<float> values, double timeout_s, const std::string& what);
+// Rank 0's `all` = every rank's `mine` back to back in rank order, resized to fit (other ranks'
+// `all` is left alone). Blocking, with the deadline; `what` names it in a timeout.
+void mpi_gather_to_root(std::span<const float> mine, std::vector<float>& all, double timeout_s,
+                        const std::string& what);
+// ZeRO-1's collectives on a buffer split in rank order (rank r: counts[r] elements; displs[r],
+// their position): `mine` = the average over the ranks of this rank's part of `data`; and every
+// rank's part of `data` into every rank's `data`. Blocking, with the deadline.
+void mpi_reduce_scatter_average(const float* data, std::span<const size_t> counts, float* mine,
+                                double timeout_s, const std::string& what);
+void mpi_allgather_in_place(float* data, std::span<const size_t> counts,
+                            std::span<const size_t> displs, double timeout_s,
+                            const std::string& what);
 
 // Averages the gradients of `buckets` over all ranks, each bucket with MPI_Iallreduce(SUM) as
 // soon as every parameter in it is final, posted in bucket order by a helper thread that also

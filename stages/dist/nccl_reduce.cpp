@@ -43,15 +43,24 @@ class Transport {
   virtual void reduce(size_t i) = 0;
   virtual void join() = 0;
   virtual void enqueued(uint64_t step) = 0;
+  // ZeRO-1: bucket i's gradients averaged over the ranks in this rank's range of its buffer
+  // (GradBuckets::shard_begin; the other ranges are left as they were); every rank's range of
+  // bucket i's weights into every rank; one double in device memory summed over the ranks.
+  // gather_weights and sum end joined with the compute stream.
+  virtual void reduce_scatter(size_t i) = 0;
+  virtual void gather_weights(size_t i) = 0;
+  virtual void sum(double* value) = 0;
 };
 
 // The emulated device (host memory, no streams): the same reductions with MPI on the host,
 // blocking, so a multi-rank run on `device: emulated` takes the reducer's path in CI.
 class MpiHostTransport final : public Transport {
  public:
-  MpiHostTransport(const GradBuckets& buckets, int world, double timeout_s)
-      : buckets_(buckets), world_(world), timeout_s_(timeout_s) {
-    staging_.resize(buckets.staging_elems());
+  MpiHostTransport(const GradBuckets& buckets, int rank, int world, double timeout_s)
+      : buckets_(buckets), rank_(rank), world_(world), timeout_s_(timeout_s) {
+    size_t largest = 0;
+    for (size_t i = 0; i < buckets.count(); ++i) largest = std::max(largest, buckets.size(i));
+    staging_.resize(largest);
   }
   void reduce(size_t i) override {
     if (world_ <= 1) return;  // the average of one rank
@@ -67,11 +76,49 @@ class MpiHostTransport final : public Transport {
   void join() override {}
   void enqueued(uint64_t) override {}
 
+  void reduce_scatter(size_t i) override {
+    const std::string what =
+        "reduce-scatter (nccl, emulated over MPI) of bucket " + std::to_string(i);
+    float* data = buckets_.contiguous(i);
+    if (!data) {
+      data = staging_.data();
+      buckets_.flatten(i, data);
+    }
+    const auto [counts, displs] = split(i);
+    const size_t me = static_cast<size_t>(rank_);
+    mine_.resize(std::max<size_t>(1, counts[me]));
+    mpi_reduce_scatter_average(data, counts, mine_.data(), timeout_s_, what);
+    buckets_.unflatten_range(i, mine_.data(), displs[me], counts[me], 1.0f);
+  }
+  void gather_weights(size_t i) override {
+    const std::string what = "all-gather (nccl, emulated over MPI) of bucket " + std::to_string(i);
+    float* data = buckets_.value_block(i);
+    if (!data) {
+      data = staging_.data();
+      buckets_.flatten_values(i, data);  // this rank's range is what the others need
+    }
+    const auto [counts, displs] = split(i);
+    mpi_allgather_in_place(data, counts, displs, timeout_s_, what);
+    if (!buckets_.value_block(i)) buckets_.unflatten_values(i, data);
+  }
+  void sum(double* value) override {
+    mpi_reduce({value, 1}, RankReduce::sum, timeout_s_, "the gradient norm (nccl, emulated)");
+  }
+
  private:
+  std::pair<std::vector<size_t>, std::vector<size_t>> split(size_t i) const {
+    std::vector<size_t> counts, displs;
+    for (int r = 0; r < world_; ++r) {
+      counts.push_back(buckets_.shard_count(i, r, world_));
+      displs.push_back(buckets_.shard_begin(i, r, world_));
+    }
+    return {counts, displs};
+  }
+
   const GradBuckets& buckets_;
-  int world_;
+  int rank_, world_;
   double timeout_s_;
-  std::vector<float> staging_;
+  std::vector<float> staging_, mine_;
 };
 
 #if SLIPSTREAM_HAS_CUDA
@@ -82,6 +129,12 @@ struct NcclApi {
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                              cudaStream_t);
+  ncclResult_t (*reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                         cudaStream_t);
+  ncclResult_t (*broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*group_start)();
+  ncclResult_t (*group_end)();
   ncclResult_t (*comm_destroy)(ncclComm_t);
   const char* (*error_string)(ncclResult_t);
 };
@@ -104,6 +157,10 @@ const NcclApi& nccl() {
     a.get_unique_id = reinterpret_cast<decltype(a.get_unique_id)>(sym("ncclGetUniqueId"));
     a.comm_init_rank = reinterpret_cast<decltype(a.comm_init_rank)>(sym("ncclCommInitRank"));
     a.all_reduce = reinterpret_cast<decltype(a.all_reduce)>(sym("ncclAllReduce"));
+    a.reduce = reinterpret_cast<decltype(a.reduce)>(sym("ncclReduce"));
+    a.broadcast = reinterpret_cast<decltype(a.broadcast)>(sym("ncclBroadcast"));
+    a.group_start = reinterpret_cast<decltype(a.group_start)>(sym("ncclGroupStart"));
+    a.group_end = reinterpret_cast<decltype(a.group_end)>(sym("ncclGroupEnd"));
     a.comm_destroy = reinterpret_cast<decltype(a.comm_destroy)>(sym("ncclCommDestroy"));
     a.error_string = reinterpret_cast<decltype(a.error_string)>(sym("ncclGetErrorString"));
     return a;
@@ -132,6 +189,8 @@ class NcclTransport final : public Transport {
                 double timeout_s)
       : buckets_(buckets),
         device_(buckets.device().index),
+        rank_(rank),
+        world_(world),
         compute_(compute),
         timeout_s_(timeout_s) {
     cuda_rt::DeviceGuard guard(device_);
@@ -147,10 +206,16 @@ class NcclTransport final : public Transport {
     check(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     staging_.resize(n);
-    for (size_t i = 0; i < n; ++i)
+    value_staging_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t size = static_cast<int64_t>(buckets.size(i));
       if (!buckets.contiguous(i))
-        staging_[i] = Tensor::empty({static_cast<int64_t>(buckets.size(i))}, DType::f32,
-                                    buckets.device(), "allreduce staging bucket");
+        staging_[i] =
+            Tensor::empty({size}, DType::f32, buckets.device(), "allreduce staging bucket");
+      if (!buckets.value_block(i))
+        value_staging_[i] =
+            Tensor::empty({size}, DType::f32, buckets.device(), "allreduce staging weights");
+    }
     if (world > 1) watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -172,30 +237,67 @@ class NcclTransport final : public Transport {
 
   void reduce(size_t i) override {
     cuda_rt::DeviceGuard guard(device_);
-    check(cudaEventRecord(ready_events_[i], compute_), "cudaEventRecord");
-    check(cudaStreamWaitEvent(comm_, ready_events_[i], 0), "cudaStreamWaitEvent");
-    float* data = buckets_.contiguous(i);
-    const auto& pieces = buckets_.pieces(i);
-    if (!data) {
-      data = staging_[i].data<float>();
-      for (const auto& p : pieces)
-        check(cudaMemcpyAsync(data + p.offset, p.grad, p.n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, comm_),
-              "cudaMemcpyAsync");
-    }
+    float* data = fork_gradients(i);
     check(nccl().all_reduce(data, data, buckets_.size(i), ncclFloat32, ncclAvg, nc_, comm_),
           "ncclAllReduce");
-    if (!buckets_.contiguous(i))
-      for (const auto& p : pieces)
-        check(cudaMemcpyAsync(p.grad, data + p.offset, p.n * sizeof(float),
-                              cudaMemcpyDeviceToDevice, comm_),
-              "cudaMemcpyAsync");
+    unstage_gradients(i, data);
   }
 
   void join() override {
     cuda_rt::DeviceGuard guard(device_);
     check(cudaEventRecord(joined_, comm_), "cudaEventRecord");
     check(cudaStreamWaitEvent(compute_, joined_, 0), "cudaStreamWaitEvent");
+  }
+
+  // NCCL's reduce-scatter takes equal parts; ours follow the parameters' split (shard_begin), so
+  // each part is an ncclReduce to its rank, grouped into one launch.
+  void reduce_scatter(size_t i) override {
+    cuda_rt::DeviceGuard guard(device_);
+    float* data = fork_gradients(i);
+    check(nccl().group_start(), "ncclGroupStart");
+    for (int r = 0; r < world_; ++r) {
+      float* part = data + buckets_.shard_begin(i, r, world_);
+      check(nccl().reduce(part, part, buckets_.shard_count(i, r, world_), ncclFloat32, ncclAvg, r,
+                          nc_, comm_),
+            "ncclReduce");
+    }
+    check(nccl().group_end(), "ncclGroupEnd");
+    unstage_gradients(i, data);
+  }
+
+  // The all-gather of unequal parts: an ncclBroadcast from each rank, grouped.
+  void gather_weights(size_t i) override {
+    cuda_rt::DeviceGuard guard(device_);
+    fork(i);
+    float* data = buckets_.value_block(i);
+    if (!data) {
+      data = value_staging_[i].data<float>();
+      for (const auto& p : buckets_.pieces(i))
+        check(cudaMemcpyAsync(data + buckets_.buffer_offset(i, p), buckets_.value_of(p),
+                              p.n * sizeof(float), cudaMemcpyDeviceToDevice, comm_),
+              "cudaMemcpyAsync");
+    }
+    check(nccl().group_start(), "ncclGroupStart");
+    for (int r = 0; r < world_; ++r) {
+      float* part = data + buckets_.shard_begin(i, r, world_);
+      check(nccl().broadcast(part, part, buckets_.shard_count(i, r, world_), ncclFloat32, r, nc_,
+                             comm_),
+            "ncclBroadcast");
+    }
+    check(nccl().group_end(), "ncclGroupEnd");
+    if (!buckets_.value_block(i))
+      for (const auto& p : buckets_.pieces(i))
+        check(cudaMemcpyAsync(buckets_.value_of(p), data + buckets_.buffer_offset(i, p),
+                              p.n * sizeof(float), cudaMemcpyDeviceToDevice, comm_),
+              "cudaMemcpyAsync");
+    join();
+  }
+
+  void sum(double* value) override {
+    cuda_rt::DeviceGuard guard(device_);
+    fork(0);
+    check(nccl().all_reduce(value, value, 1, ncclFloat64, ncclSum, nc_, comm_), "ncclAllReduce");
+    join();
   }
 
   // The watchdog's event follows the step's work as issued (its graph, when it is one), so it is
@@ -247,14 +349,40 @@ class NcclTransport final : public Transport {
     }
   }
 
+  // The comm stream waits for the compute stream's work so far (through bucket i's event).
+  void fork(size_t i) {
+    check(cudaEventRecord(ready_events_[i], compute_), "cudaEventRecord");
+    check(cudaStreamWaitEvent(comm_, ready_events_[i], 0), "cudaStreamWaitEvent");
+  }
+  // Bucket i's gradients as one buffer on the comm stream: in place, or copied into staging.
+  float* fork_gradients(size_t i) {
+    fork(i);
+    float* data = buckets_.contiguous(i);
+    if (data) return data;
+    data = staging_[i].data<float>();
+    for (const auto& p : buckets_.pieces(i))
+      check(cudaMemcpyAsync(data + p.offset, p.grad, p.n * sizeof(float), cudaMemcpyDeviceToDevice,
+                            comm_),
+            "cudaMemcpyAsync");
+    return data;
+  }
+  void unstage_gradients(size_t i, const float* data) {
+    if (buckets_.contiguous(i)) return;
+    for (const auto& p : buckets_.pieces(i))
+      check(cudaMemcpyAsync(p.grad, data + p.offset, p.n * sizeof(float), cudaMemcpyDeviceToDevice,
+                            comm_),
+            "cudaMemcpyAsync");
+  }
+
   const GradBuckets& buckets_;
-  int device_ = 0;
+  int device_ = 0, rank_ = 0, world_ = 1;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
   ncclComm_t nc_ = nullptr;
   std::vector<cudaEvent_t> ready_events_;
   cudaEvent_t joined_ = nullptr;  // the comm stream's last reduction, for the compute stream
   cudaEvent_t done_ = nullptr;    // on the compute stream after the step's work: the watchdog's
-  std::vector<Tensor> staging_;   // per bucket that is not one block
+  std::vector<Tensor> staging_;   // per bucket whose gradients are not one block
+  std::vector<Tensor> value_staging_;  // per bucket whose weights are not one block (ZeRO-1)
 
   // The watchdog: the last step whose reductions were enqueued, and when.
   double timeout_s_ = 0;
@@ -274,6 +402,8 @@ struct NcclBucketReducer::Impl {
   GradBuckets buckets;
   void* stream = nullptr;  // the compute stream (null under the emulator)
   std::unique_ptr<Transport> transport;
+  int rank = 0, world = 1;
+  bool shard = false;
   uint64_t step = 0;
   std::vector<size_t> pending;
   std::vector<uint8_t> param_done, ready;
@@ -294,7 +424,12 @@ struct NcclBucketReducer::Impl {
     capture::enqueue(
         "ncclAllReduce (allreduce bucket)", stream,
         [this, i] { return capture::key_of(kBucketOp, reinterpret_cast<uintptr_t>(this), i); },
-        [this, i] { transport->reduce(i); });
+        [this, i] {
+          if (shard)
+            transport->reduce_scatter(i);
+          else
+            transport->reduce(i);
+        });
   }
   void enqueue_join() {
     capture::enqueue(
@@ -302,7 +437,8 @@ struct NcclBucketReducer::Impl {
         [this] { return capture::key_of(kJoinOp, reinterpret_cast<uintptr_t>(this)); },
         [this] { transport->join(); });
   }
-  static constexpr uint64_t kBucketOp = 0x6e63636c62756b74ull, kJoinOp = 0x6e63636c6a6f696eull;
+  static constexpr uint64_t kBucketOp = 0x6e63636c62756b74ull, kJoinOp = 0x6e63636c6a6f696eull,
+                            kGatherOp = 0x6e63636c67617468ull, kSumOp = 0x6e63636c73756d31ull;
 
   void enqueue_ready() {
     while (next < ready.size() && ready[next]) enqueue(next++);
@@ -310,13 +446,16 @@ struct NcclBucketReducer::Impl {
 };
 
 NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
-                                     double timeout_s, bool emulated)
+                                     double timeout_s, bool emulated, bool shard)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.buckets = std::move(buckets);
   m.stream = compute_stream;
+  m.rank = rank;
+  m.world = world;
+  m.shard = shard && world > 1;
   if (emulated) {
-    m.transport = std::make_unique<MpiHostTransport>(m.buckets, world, timeout_s);
+    m.transport = std::make_unique<MpiHostTransport>(m.buckets, rank, world, timeout_s);
   } else {
 #if SLIPSTREAM_HAS_CUDA
     if (!m.buckets.device().is_cuda())
@@ -357,6 +496,34 @@ void NcclBucketReducer::finish(uint64_t step) {
   Transport* t = m.transport.get();
   capture::after_enqueued(m.stream, [t, step] { t->enqueued(step); });
   m.step = 0;  // the next call starts a new collection, even for the same step number
+}
+
+std::vector<GradBuckets::Range> NcclBucketReducer::shard_pieces(int rank) const {
+  const Impl& m = *impl_;
+  if (!m.shard) return {};
+  return m.buckets.shard_pieces(rank, m.world);
+}
+
+void NcclBucketReducer::gather_weights() {
+  Impl& m = *impl_;
+  if (!m.shard) throw std::logic_error("allreduce: gather_weights without shard_optimizer");
+  capture::enqueue(
+      "ncclBroadcast (allreduce all-gather of the weights)", m.stream,
+      [&m] { return capture::key_of(Impl::kGatherOp, reinterpret_cast<uintptr_t>(&m)); },
+      [&m] {
+        for (size_t i = 0; i < m.buckets.count(); ++i) m.transport->gather_weights(i);
+      });
+}
+
+void NcclBucketReducer::sum(double* value) {
+  Impl& m = *impl_;
+  capture::enqueue(
+      "ncclAllReduce (the gradient norm over the ranks)", m.stream,
+      [&m, value] {
+        return capture::key_of(Impl::kSumOp, reinterpret_cast<uintptr_t>(&m),
+                               reinterpret_cast<uintptr_t>(value));
+      },
+      [&m, value] { m.transport->sum(value); });
 }
 
 }  // namespace slipstream::dist

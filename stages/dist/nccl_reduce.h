@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/device.h"
 #include "stages/dist/grad_buckets.h"
@@ -34,8 +35,11 @@ class NcclBucketReducer {
   // `emulated`: the run's device is the emulator (compute_stream null, buckets in host memory);
   // the averages go through MPI (initialised by the caller when world > 1), each wait bounded by
   // `timeout_s`.
+  // `shard` (ZeRO-1, world > 1): each bucket is reduce-scattered instead, rank r of W receiving
+  // the average of its range of the bucket's buffer (GradBuckets::shard_begin); the optimizer
+  // updates those pieces (shard_pieces) and gather_weights all-gathers the weights.
   NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
-                    double timeout_s, bool emulated = false);
+                    double timeout_s, bool emulated = false, bool shard = false);
   ~NcclBucketReducer();
   NcclBucketReducer(const NcclBucketReducer&) = delete;
   NcclBucketReducer& operator=(const NcclBucketReducer&) = delete;
@@ -45,6 +49,17 @@ class NcclBucketReducer {
   void param_ready(size_t k, uint64_t step);
   // Enqueues every bucket not enqueued yet and makes the compute stream wait for all of them.
   void finish(uint64_t step);
+
+  // ---- shard ----
+  // The element ranges of the parameters whose averaged gradients rank `rank` receives, in
+  // bucket order (the same lists on every rank); empty without shard.
+  std::vector<GradBuckets::Range> shard_pieces(int rank) const;
+  // Enqueued on the compute stream after the optimizer's update of this rank's pieces: every
+  // rank's pieces of the weights into every rank; the compute stream then waits for them.
+  void gather_weights();
+  // Enqueued on the compute stream: *value (one double in the run's device memory) = its sum
+  // over the ranks (the gradient norm's squares), the compute stream waiting for it.
+  void sum(double* value);
 
  private:
   struct Impl;

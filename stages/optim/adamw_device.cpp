@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "stages/nn/ops_backend.h"
@@ -33,29 +34,70 @@ class AdamWDeviceOn final : public AdamWDevice {
 
  public:
   AdamWDeviceOn(Ops ops, const ExecContext& exec, const std::vector<AdamWDeviceSlot>& slots,
-                const AdamWConfig& c)
-      : o_(ops), exec_(exec), slots_(slots), cfg_(c) {
-    std::vector<Segment> segs;
-    for (const auto& s : slots_) {
+                const std::vector<std::pair<Parameter*, Tensor*>>& params, const AdamWConfig& c,
+                std::shared_ptr<OptimizerShard> shard)
+      : o_(ops), exec_(exec), params_(params), cfg_(c), shard_(std::move(shard)) {
+    if (shard_ && (!shard_->sum_on_device || !shard_->gather_weights))
+      throw std::logic_error("adamw: a sharded device update needs the device collectives");
+    // Elements [begin, begin + n) of a parameter as a segment; m and v may be null.
+    auto segment = [](const AdamWDeviceSlot& s, float* m, float* v) {
       Parameter& p = *s.p;
-      const size_t n = static_cast<size_t>(p.value.numel());
       auto* shadow = p.low_precision.defined()
                          ? reinterpret_cast<kernels::bfloat16*>(p.low_precision.data<uint16_t>())
                          : nullptr;
-      segs.push_back({p.value.data<float>(), p.grad.data<float>(), s.m->data<float>(),
-                      s.v->data<float>(), shadow, n, p.weight_decay ? 1 : 0,
-                      s.ema && s.ema->defined() ? s.ema->data<float>() : nullptr});
-      max_n_ = std::max(max_n_, n);
+      const bool ema = s.ema && s.ema->defined();
+      return Segment{p.value.data<float>() + s.begin,
+                     p.grad.data<float>() + s.begin,
+                     m,
+                     v,
+                     shadow ? shadow + s.begin : nullptr,
+                     s.n,
+                     p.weight_decay ? 1 : 0,
+                     ema ? s.ema->data<float>() + s.begin : nullptr};
+    };
+    std::vector<Segment> segs;
+    std::map<Parameter*, std::vector<std::pair<size_t, size_t>>> covered;  // sharded: [b, e)
+    for (const auto& s : slots) {
+      segs.push_back(segment(s, s.m->data<float>(), s.v->data<float>()));
+      max_n_ = std::max(max_n_, s.n);
+      covered[s.p].push_back({s.begin, s.begin + s.n});
     }
     count_ = static_cast<int>(segs.size());
     if (segs.empty()) throw std::logic_error("adamw: no parameters for the device update");
     segs_ = o_.template alloc<uint8_t>(segs.size() * sizeof(Segment), "adamw segment table");
     upload(segs_, segs.data(), segs.size() * sizeof(Segment));
+    if (shard_) {
+      // The other ranks' pieces: every parameter minus this rank's ranges.
+      std::vector<Segment> others;
+      for (const auto& pe : params_) {
+        Parameter* param = pe.first;
+        Tensor* ema = pe.second;
+        auto ranges = covered[param];
+        std::sort(ranges.begin(), ranges.end());
+        const size_t total = static_cast<size_t>(param->value.numel());
+        size_t at = 0;
+        auto gap = [&](size_t b, size_t e) {
+          if (e <= b) return;
+          others.push_back(segment({param, b, e - b, nullptr, nullptr, ema}, nullptr, nullptr));
+          others_max_n_ = std::max(others_max_n_, e - b);
+        };
+        for (const auto& [b, e] : ranges) gap(at, b), at = std::max(at, e);
+        gap(at, total);
+      }
+      others_count_ = static_cast<int>(others.size());
+      if (!others.empty()) {
+        others_ = o_.template alloc<uint8_t>(others.size() * sizeof(Segment),
+                                             "adamw gathered segment table");
+        upload(others_, others.data(), others.size() * sizeof(Segment));
+      }
+    }
     state_ = o_.template alloc<uint8_t>(sizeof(State), "adamw device state");
     set_step(0);
     ws_ = o_.template alloc<uint8_t>(std::max<size_t>(1, K::adamw_workspace_bytes(count_, max_n_)),
                                      "adamw workspace");
-    tmp_ = o_.template alloc<float>(std::max<size_t>(1, max_n_), "adamw EMA swap");
+    size_t largest = 1;
+    for (const auto& pe : params_) largest = std::max(largest, size_t(pe.first->value.numel()));
+    tmp_ = o_.template alloc<float>(largest, "adamw EMA swap");
     const LrSchedule& sc = c.schedule;
     grow_lr_table(static_cast<size_t>(std::max<int64_t>({1024, sc.warmup + 1, sc.total + 1})));
     hyper_ = {c.beta1,
@@ -72,8 +114,15 @@ class AdamWDeviceOn final : public AdamWDevice {
     // update behind the device's until the outcome is read back: updates enqueued but not yet
     // heard of count as applied.
     if (static_cast<size_t>(step_ + unheard_) + 1 >= lr_len_) grow_lr_table(2 * lr_len_);
+    std::function<void(double*)> over_ranks;
+    if (shard_) over_ranks = shard_->sum_on_device;
     K::adamw_step(reinterpret_cast<const Segment*>(segs_.raw()), count_, max_n_, hyper_,
-                  lr_.template data<float>(), lr_len_, state(), ws_.raw(), o_.stream());
+                  lr_.template data<float>(), lr_len_, state(), ws_.raw(), o_.stream(), over_ranks);
+    if (shard_) {
+      shard_->gather_weights();
+      K::adamw_finish_gathered(reinterpret_cast<const Segment*>(others_.raw()), others_count_,
+                               others_max_n_, hyper_, state(), o_.stream());
+    }
     ++unheard_;
     exec_.read_back_later(state(), sizeof(State),
                           [this, on_outcome = std::move(on_outcome)](const void* host) {
@@ -92,19 +141,21 @@ class AdamWDeviceOn final : public AdamWDevice {
   }
 
   void refresh_shadows() override {
-    for (const auto& s : slots_)
-      if (s.p->low_precision.defined())
-        o_.to_bf16(s.p->value.data<float>(), s.p->low_precision.data<uint16_t>(),
-                   static_cast<size_t>(s.p->value.numel()));
+    for (const auto& pe : params_)
+      if (Parameter* p = pe.first; p->low_precision.defined())
+        o_.to_bf16(p->value.data<float>(), p->low_precision.data<uint16_t>(),
+                   static_cast<size_t>(p->value.numel()));
   }
 
   void swap_ema() override {
     float* t = tmp_.template data<float>();
-    for (const auto& s : slots_) {
-      if (!s.ema || !s.ema->defined()) continue;
-      float* a = s.p->value.data<float>();
-      float* b = s.ema->data<float>();
-      const size_t n = static_cast<size_t>(s.p->value.numel());
+    for (const auto& pe : params_) {
+      Parameter* p = pe.first;
+      Tensor* ema = pe.second;
+      if (!ema || !ema->defined()) continue;
+      float* a = p->value.data<float>();
+      float* b = ema->data<float>();
+      const size_t n = static_cast<size_t>(p->value.numel());
       o_.copy(t, a, n);
       o_.copy(a, b, n);
       o_.copy(b, t, n);
@@ -125,22 +176,25 @@ class AdamWDeviceOn final : public AdamWDevice {
 
   Ops o_;
   const ExecContext& exec_;
-  std::vector<AdamWDeviceSlot> slots_;
+  std::vector<std::pair<Parameter*, Tensor*>> params_;  // every parameter whole, and its EMA
   AdamWConfig cfg_;
+  std::shared_ptr<OptimizerShard> shard_;
   typename K::AdamWHyper hyper_{};
-  int count_ = 0;
-  size_t max_n_ = 0, lr_len_ = 0;
+  int count_ = 0, others_count_ = 0;
+  size_t max_n_ = 0, others_max_n_ = 0, lr_len_ = 0;
   int64_t step_ = 0;
   int64_t unheard_ = 0;  // updates enqueued whose outcome is not read back yet
-  Tensor segs_, state_, ws_, tmp_, lr_;
+  Tensor segs_, others_, state_, ws_, tmp_, lr_;
 };
 
 }  // namespace
 
-std::unique_ptr<AdamWDevice> make_adamw_device(const ExecContext& exec,
-                                               const std::vector<AdamWDeviceSlot>& slots,
-                                               const AdamWConfig& config) {
-  return nn::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, config);
+std::unique_ptr<AdamWDevice> make_adamw_device(
+    const ExecContext& exec, const std::vector<AdamWDeviceSlot>& slots,
+    const std::vector<std::pair<Parameter*, Tensor*>>& params, const AdamWConfig& config,
+    std::shared_ptr<OptimizerShard> shard) {
+  return nn::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, params,
+                                                          config, std::move(shard));
 }
 
 }  // namespace slipstream::optim

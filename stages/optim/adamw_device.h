@@ -2,15 +2,18 @@
 // AdamW (kernels/adamw.h's adamw_step on CUDA or the emulator) that decides the gradient norm,
 // the skip on a non-finite norm, clipping and the learning rate on the device; the EMA of the
 // weights is updated in the same pass. AdamWOptimizer drives it when its parameters live where
-// device ops run (stages/nn/ops_backend.h).
+// device ops run (stages/nn/ops_backend.h). Sharded over device ranks (ZeRO-1), it updates this
+// rank's pieces and gathers the rest, every collective enqueued on the compute stream.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "engine/exec_context.h"
+#include "engine/optimizer_shard.h"
 #include "engine/stage.h"
 #include "stages/optim/lr_schedule.h"
 
@@ -18,9 +21,12 @@ namespace slipstream::optim {
 
 struct AdamWConfig;
 
-// One parameter and its optimizer tensors (on the parameter's device; ema may be undefined).
+// Elements [begin, begin + n) of a parameter and their moments (n elements each), on the
+// parameter's device; ema, of the whole parameter, may be undefined. Unsharded, a slot is a whole
+// parameter.
 struct AdamWDeviceSlot {
   Parameter* p = nullptr;
+  size_t begin = 0, n = 0;
   Tensor* m = nullptr;
   Tensor* v = nullptr;
   Tensor* ema = nullptr;
@@ -49,8 +55,15 @@ class AdamWDevice {
 // The learning rates of steps [0, n) as the device reads them (float, as the CPU passes them).
 std::vector<float> lr_table(const LrSchedule& schedule, size_t n);
 
-std::unique_ptr<AdamWDevice> make_adamw_device(const ExecContext& exec,
-                                               const std::vector<AdamWDeviceSlot>& slots,
-                                               const AdamWConfig& config);
+// `shard` (ZeRO-1 over device ranks, null otherwise): the slots are this rank's pieces; the
+// gradient norm is summed over the ranks on the device (OptimizerShard::sum_on_device), the
+// other ranks' pieces of the weights are gathered after the update (gather_weights), and their
+// bf16 copies, EMAs and gradients follow (adamw_finish_gathered).
+// `params`: every parameter whole, with its EMA (may be null or undefined), for the bf16 copies
+// and the EMA swap.
+std::unique_ptr<AdamWDevice> make_adamw_device(
+    const ExecContext& exec, const std::vector<AdamWDeviceSlot>& slots,
+    const std::vector<std::pair<Parameter*, Tensor*>>& params, const AdamWConfig& config,
+    std::shared_ptr<OptimizerShard> shard = nullptr);
 
 }  // namespace slipstream::optim

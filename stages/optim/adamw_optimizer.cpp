@@ -47,11 +47,11 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
   ema_swapped_ = false;
   const bool on_device = exec && exec->device_ops();
   const Device where = on_device ? exec->device() : Device::cpu();
-  if (on_device && shard_)
+  if (on_device && shard_ && !shard_->sum_on_device)
     throw std::runtime_error(
-        "adamw: a sharded optimizer (sync.shard_optimizer) updates host "
-        "parameters; this run's are on " +
-        where.str());
+        "adamw: the sharding stage (sync.shard_optimizer) reduces host gradients and this run's "
+        "parameters are on " +
+        where.str() + ": use its nccl backend");
   for (auto& [name, p] : params) {
     for (const Tensor* t : {&p->value, &p->grad})
       if (!t->defined() || t->dtype() != DType::f32 || t->device() != where)
@@ -107,9 +107,10 @@ void AdamWOptimizer::attach(std::vector<std::pair<std::string, Parameter*>> para
   }
   if (on_device) {
     std::vector<AdamWDeviceSlot> ds;
-    for (size_t k = 0; k < held_.size(); ++k)
-      ds.push_back({held_[k].p, &slots_[k].m, &slots_[k].v, &held_[k].ema});
-    device_ = make_adamw_device(*exec, ds, cfg_);
+    for (auto& s : slots_) ds.push_back({s.param, s.begin, s.n, &s.m, &s.v, &held_[s.held].ema});
+    std::vector<std::pair<Parameter*, Tensor*>> whole;
+    for (auto& h : held_) whole.push_back({h.p, &h.ema});
+    device_ = make_adamw_device(*exec, ds, whole, cfg_, shard_);
   }
 }
 
@@ -229,8 +230,12 @@ void AdamWOptimizer::weights_replaced() {
 void AdamWOptimizer::gather_state() {
   std::vector<float> mine;
   mine.reserve(2 * elements_updated());
-  for (const auto& s : slots_) mine.insert(mine.end(), f32(s.m), f32(s.m) + s.n);
-  for (const auto& s : slots_) mine.insert(mine.end(), f32(s.v), f32(s.v) + s.n);
+  // Device moments come to the host first (a checkpoint's phase: the host may wait).
+  for (const Tensor Slot::*t : {&Slot::m, &Slot::v})
+    for (const auto& s : slots_) {
+      const Tensor h = (s.*t).to(Device::cpu());
+      mine.insert(mine.end(), f32(h), f32(h) + s.n);
+    }
   shard_->gather_to_root(mine, gathered_);
   gathered_at_ = step_;
 }
@@ -296,8 +301,8 @@ void AdamWOptimizer::load(StateReader& r) {
       r.tensor_into("v." + held_[k].name, v);
       for (auto& s : slots_) {
         if (s.held != k) continue;
-        std::memcpy(f32(s.m), f32(m) + s.begin, s.n * sizeof(float));
-        std::memcpy(f32(s.v), f32(v) + s.begin, s.n * sizeof(float));
+        s.m.copy_from(Tensor::borrow(f32(m) + s.begin, s.m.shape(), DType::f32, Device::cpu()));
+        s.v.copy_from(Tensor::borrow(f32(v) + s.begin, s.v.shape(), DType::f32, Device::cpu()));
       }
     }
   }

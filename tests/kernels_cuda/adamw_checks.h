@@ -63,7 +63,7 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
       const auto up = mem.upload(g[s]);
       Ops::copy_bytes(dst, up, sizes[s] * sizeof(float), mem.stream());
     }
-    Ops::adamw_step(g_segs, int(S), max_n, h, g_lr, lr_table.size(), g_state, ws, mem.stream());
+    Ops::adamw_step(g_segs, int(S), max_n, h, g_lr, lr_table.size(), g_state, ws, mem.stream(), {});
     // The CPU optimizer's policy (stages/optim/adamw_optimizer.cpp).
     const double norm = std::sqrt(sq) * h.grad_scale;
     const float lr = lr_table[std::min<size_t>(size_t(step), lr_table.size() - 1)];

@@ -412,38 +412,65 @@ TEST(MultiRank, AnAutoBatchSizeIsOneSizeOnEveryRank) {
       << out.text;
 }
 
-// The nccl backend on the emulated device (its collectives over MPI on the host) with every
-// step recorded for a CUDA graph: 2 ranks train what one process trains with the same global
-// batch, and the steps replay with their reductions in them (graph mode stays on).
+// The nccl backend on the emulated device (its collectives over MPI on the host, the reducer's
+// and the device optimizer's code otherwise) with every step recorded for a CUDA graph, in bf16
+// with an EMA: 2 ranks train what one process trains with the same global batch, plain and with
+// the optimizer sharded (ZeRO-1 on the device: reduce-scatter, the update of each rank's pieces,
+// the norm summed on the device, the all-gather, the bf16 copies and EMA of the gathered
+// pieces), save the state one process saves, and resume from a checkpoint to the weights they
+// reached without stopping. The steps replay with their collectives in them (graph mode stays
+// on). Two ranks, not three: in bf16 the per-rank loss scale (1/3 of a batch of 9 against 1/9)
+// rounds the gradients' bf16 operands differently unless the ranks are a power of two.
 TEST(MultiRank, NcclStepsReplayFromGraphsOnTheEmulatedDevice) {
   if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
   TempDir d;
   const std::string device =
-      " --set run.device=emulated --set run.cuda_graph=on --set run.steps=16 --set ckpt.every=16"
-      " --set run.log_every=4";
+      " --set run.device=emulated --set run.cuda_graph=on --set run.steps=16 --set ckpt.every=8"
+      " --set run.log_every=4 --set run.precision=bf16 --set step.ema=0.9";
   const auto one = run_command(std::string(SLIPSTREAM_CLI) + " " + run_args(d.path(), "one", 8) +
                                device + " --set sync.backend=none");
   ASSERT_EQ(one.status, 0) << one.text;
-  const auto two = run_command(mpirun(2) + SLIPSTREAM_CLI + " " + run_args(d.path(), "two", 4) +
-                               device + " --set sync.backend=nccl");
-  ASSERT_EQ(two.status, 0) << two.text;
   const std::string one_dir = only_run_dir(d.path() + "/runs", "one");
-  const std::string two_dir = only_run_dir(d.path() + "/runs", "two");
-  EXPECT_LE(weights_relative_difference(one_dir + "/checkpoints/step-16",
-                                        two_dir + "/checkpoints/step-16"),
-            1e-6);
-  const auto want = rows(one_dir), got = rows(two_dir);
-  ASSERT_EQ(got.size(), want.size());
+  const auto want = rows(one_dir);
   ASSERT_EQ(want.size(), 4u);
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double w = want[i]["loss"], g = got[i]["loss"];
-    EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << "row " << i;
+  const auto replayed_at_least = [](const std::string& text, int n) {
+    EXPECT_EQ(text.find("cuda graph: off"), std::string::npos) << text;
+    const std::regex replayed(R"(cuda graph: (\d+) of 16 training batches replayed)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, replayed)) << text;
+    EXPECT_GE(std::stoi(m[1].str()), n) << text;
+  };
+  const int ranks = 2;
+  for (bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "plain");
+    const std::string name = sharded ? "sharded" : "plain";
+    const auto many = run_command(
+        mpirun(ranks) + SLIPSTREAM_CLI + " " + run_args(d.path(), name, 8 / ranks) + device +
+        " --set sync.backend=nccl --set sync.shard_optimizer=" + (sharded ? "true" : "false"));
+    ASSERT_EQ(many.status, 0) << many.text;
+    replayed_at_least(many.text, 4);
+    const std::string dir = only_run_dir(d.path() + "/runs", name);
+    for (const char* step : {"/checkpoints/step-8", "/checkpoints/step-16"}) {
+      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
+      // Moments and EMA (gathered from every rank when sharded).
+      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
+          << step;
+    }
+    const auto got = rows(dir);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double w = want[i]["loss"], g = got[i]["loss"];
+      EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << "row " << i;
+    }
+    if (!sharded) continue;
+    // Resume from step 8: each rank takes its pieces of the saved moments.
+    fs::copy(dir + "/checkpoints/step-16", d.path() + "/straight-16", fs::copy_options::recursive);
+    const auto resumed = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " run --resume " + dir +
+                                     "/checkpoints/step-8 --set run.steps=16");
+    ASSERT_EQ(resumed.status, 0) << resumed.text;
+    EXPECT_LE(weights_relative_difference(d.path() + "/straight-16", dir + "/checkpoints/step-16"),
+              1e-6);
   }
-  EXPECT_EQ(two.text.find("cuda graph: off"), std::string::npos) << two.text;
-  const std::regex replayed(R"(cuda graph: (\d+) of 16 training batches replayed)");
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(two.text, m, replayed)) << two.text;
-  EXPECT_GE(std::stoi(m[1].str()), 4) << two.text;
 }
 #endif
 
