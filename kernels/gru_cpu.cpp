@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 
@@ -131,44 +132,23 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
                  const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H,
                  const GruBf16* bf) {
   check_bf16_form<T>(bf, "gru_forward");
+  if (bf && h0) throw std::invalid_argument("gru_forward: the bf16 form starts from a zero state");
   const int G = 3 * H;
   const size_t M = size_t(B) * L;
   T* gi = workspace;          // (B, L, 3H)
   T* gh = workspace + M * G;  // (B, 3H)
+  // The bf16 form: a->h keeps each state rounded as the gates write it (the next step's product
+  // reads it).
+  std::optional<Bf16Area> a;
+  if (bf) a.emplace(bf->workspace, B, L, In, H);
   if constexpr (std::is_same_v<T, float>) {
-    if (bf) {
-      if (h0) throw std::invalid_argument("gru_forward: the bf16 form starts from a zero state");
-      // a.h keeps each state rounded as the gates write it: the next step's product reads it.
-      const Bf16Area a(bf->workspace, B, L, In, H);
-      fp32_to_bf16(x, a.x, M * size_t(In));
-      gemm_bf16(false, true, B * L, G, In, 1.0f, a.x, In, bf->w_ih, In, 0.0f, gi, G, a.gemm);
+    if (a) {
+      fp32_to_bf16(x, a->x, M * size_t(In));
+      gemm_bf16(false, true, B * L, G, In, 1.0f, a->x, In, bf->w_ih, In, 0.0f, gi, G, a->gemm);
       if (b_ih) add_bias_rows(gi, b_ih, M, size_t(G));
-      for (int t = 0; t < L; ++t) {
-        for (int b = 0; b < B; ++b) {
-          T* row = gh + size_t(b) * G;
-          if (b_hh) {
-            std::copy(b_hh, b_hh + G, row);
-          } else {
-            std::fill(row, row + G, T(0));
-          }
-        }
-        const T* hp = t == 0 ? nullptr : y + size_t(t - 1) * H;
-        if (hp)
-          gemm_bf16(false, true, B, G, H, 1.0f, a.h + size_t(t - 1) * H, L * H, bf->w_hh, H, 1.0f,
-                    gh, G, a.gemm);
-        parallel_blocks(B, 8 * H, [&](size_t b0, size_t b1) {
-          for (size_t b = b0; b < b1; ++b) {
-            const size_t row = b * L + t;
-            gate_row(gi + row * G, gh + b * G, hp ? hp + b * L * H : nullptr, y + row * H,
-                     saved ? saved + row * 4 * H : nullptr, H);
-            fp32_to_bf16_scalar(y + row * H, a.h + row * H, size_t(H));
-          }
-        });
-      }
-      return;
     }
   }
-  linear_forward(x, w_ih, b_ih, gi, B * L, In, G);
+  if (!a) linear_forward(x, w_ih, b_ih, gi, B * L, In, G);
   for (int t = 0; t < L; ++t) {
     // gh = h_{t-1} W_hh^T + b_hh
     const T* hp = t == 0 ? h0 : y + size_t(t - 1) * H;
@@ -181,12 +161,20 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
         std::fill(row, row + G, T(0));
       }
     }
-    if (hp) gemm<T>(false, true, B, G, H, T(1), hp, ldh, w_hh, H, T(1), gh, G);
+    if constexpr (std::is_same_v<T, float>) {
+      if (a && hp)
+        gemm_bf16(false, true, B, G, H, 1.0f, a->h + size_t(t - 1) * H, L * H, bf->w_hh, H, 1.0f,
+                  gh, G, a->gemm);
+    }
+    if (!a && hp) gemm<T>(false, true, B, G, H, T(1), hp, ldh, w_hh, H, T(1), gh, G);
     parallel_blocks(B, 8 * H, [&](size_t b0, size_t b1) {
       for (size_t b = b0; b < b1; ++b) {
-        T* sb = saved ? saved + (b * L + t) * 4 * H : nullptr;
-        gate_row(gi + (b * L + t) * G, gh + b * G, hp ? hp + b * ldh : nullptr, y + (b * L + t) * H,
-                 sb, H);
+        const size_t row = b * L + t;
+        gate_row(gi + row * G, gh + b * G, hp ? hp + b * ldh : nullptr, y + row * H,
+                 saved ? saved + row * 4 * H : nullptr, H);
+        if constexpr (std::is_same_v<T, float>) {
+          if (a) fp32_to_bf16_scalar(y + row * H, a->h + row * H, size_t(H));
+        }
       }
     });
   }

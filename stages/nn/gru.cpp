@@ -18,47 +18,14 @@
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
+#include "stages/nn/sequence_model.h"
 
 namespace slipstream {
 namespace {
 
-// The model whichever ops it runs on: the stage holds one and calls through this interface.
-class GruRunner {
- public:
-  virtual ~GruRunner() = default;
-  virtual const nn::GruConfig& config() const = 0;
-  virtual const nn::GruLayout& layout() const = 0;
-  virtual bool has_bf16_form() const = 0;
-  virtual void resize(int B, int L, bool bf16) = 0;
-  // wb: the bf16 shadow of w when resize() was told bf16, else null.
-  virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
-  virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
-                        float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
-  virtual void refresh_shadow(const nn::ParamStore& store) const = 0;
-};
-
+using GruRunner = nn::SequenceModel<nn::GruConfig, nn::GruLayout>;
 template <class Ops>
-class GruRunnerOn final : public GruRunner {
- public:
-  GruRunnerOn(const nn::GruConfig& c, Ops ops) : m_(c, ops) {}
-  const nn::GruConfig& config() const override { return m_.config(); }
-  const nn::GruLayout& layout() const override { return m_.layout(); }
-  bool has_bf16_form() const override { return true; }
-  void resize(int B, int L, bool bf16) override { m_.resize(B, L, bf16); }
-  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
-    m_.forward(x, w, wb, y);
-  }
-  void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
-                float* dx, const std::function<void(int)>* layer_done) override {
-    m_.backward(x, dy, w, wb, g, dx, layer_done);
-  }
-  void refresh_shadow(const nn::ParamStore& store) const override {
-    store.refresh_shadow(m_.ops());
-  }
-
- private:
-  nn::GruModel<float, Ops> m_;
-};
+using GruRunnerOn = nn::SequenceModelOn<nn::GruModel<float, Ops>, nn::GruConfig, nn::GruLayout>;
 
 #if SLIPSTREAM_KERNELS_CUDA
 // The stack in cuDNN's RNN on the run's CUDA device: its weight spaces, workspace and reserve
@@ -79,9 +46,12 @@ class GruRunnerCudnn final : public GruRunner {
   }
   const nn::GruConfig& config() const override { return c_; }
   const nn::GruLayout& layout() const override { return lay_; }
+  int batch() const override { return B_; }
+  int length() const override { return L_; }
   bool has_bf16_form() const override { return false; }
   void refresh_shadow(const nn::ParamStore&) const override {}
   void resize(int B, int L, bool) override {
+    B_ = B, L_ = L;
     const auto needs = gru_.describe_batch(B, L);
     auto bytes = [&](size_t n, const char* what) {
       return Tensor::zeros({static_cast<int64_t>(std::max<size_t>(n, 1))}, DType::u8, device_,
@@ -122,6 +92,7 @@ class GruRunnerCudnn final : public GruRunner {
   kernels::cuda::CudnnGru gru_;
   Tensor weights_, dweights_, work_, reserve_, lengths_, dx_;
   const float* y_ = nullptr;  // the last forward's output (the backward reads it)
+  int B_ = 0, L_ = 0;
 };
 #endif
 

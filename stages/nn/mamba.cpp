@@ -12,48 +12,16 @@
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
+#include "stages/nn/sequence_model.h"
 
 namespace slipstream {
 namespace {
 
 // The model whichever ops it runs on: the stage holds one and calls through this interface.
-class MambaRunner {
- public:
-  virtual ~MambaRunner() = default;
-  virtual const nn::MambaConfig& config() const = 0;
-  virtual const nn::MambaLayout& layout() const = 0;
-  virtual int batch() const = 0;
-  virtual int length() const = 0;
-  virtual void resize(int B, int L, bool bf16) = 0;
-  virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
-  virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
-                        float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
-  virtual void refresh_shadow(const nn::ParamStore& store) const = 0;
-};
-
+using MambaRunner = nn::SequenceModel<nn::MambaConfig, nn::MambaLayout>;
 template <class Ops>
-class MambaRunnerOn final : public MambaRunner {
- public:
-  MambaRunnerOn(const nn::MambaConfig& c, Ops ops) : m_(c, ops) {}
-  const nn::MambaConfig& config() const override { return m_.config(); }
-  const nn::MambaLayout& layout() const override { return m_.layout(); }
-  int batch() const override { return m_.batch(); }
-  int length() const override { return m_.length(); }
-  void resize(int B, int L, bool bf16) override { m_.resize(B, L, bf16); }
-  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
-    m_.forward(x, w, wb, y);
-  }
-  void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
-                float* dx, const std::function<void(int)>* layer_done) override {
-    m_.backward(x, dy, w, wb, g, dx, layer_done);
-  }
-  void refresh_shadow(const nn::ParamStore& store) const override {
-    store.refresh_shadow(m_.ops());
-  }
-
- private:
-  nn::MambaModel<float, Ops> m_;
-};
+using MambaRunnerOn =
+    nn::SequenceModelOn<nn::MambaModel<float, Ops>, nn::MambaConfig, nn::MambaLayout>;
 
 class MambaStage : public Stage {
  public:

@@ -120,8 +120,9 @@ class AdamWDeviceOn final : public AdamWDevice {
                   lr_.template data<float>(), lr_len_, state(), ws_.raw(), o_.stream(), over_ranks);
     if (shard_) {
       shard_->gather_weights();
-      K::adamw_finish_gathered(reinterpret_cast<const Segment*>(others_.raw()), others_count_,
-                               others_max_n_, hyper_, state(), o_.stream());
+      if (others_count_ > 0)
+        K::adamw_finish_gathered(reinterpret_cast<const Segment*>(others_.raw()), others_count_,
+                                 others_max_n_, hyper_, state(), o_.stream());
     }
     ++unheard_;
     exec_.read_back_later(state(), sizeof(State),

@@ -11,6 +11,7 @@
 #include "stages/nn/gru_model.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/nn/param_gradcheck.h"
+#include "tests/nn/precision_checks.h"
 
 namespace slipstream::nn {
 namespace {
@@ -163,30 +164,13 @@ TEST(GruStage, Bf16IsCloseToFp32) {
     h.setup({{"x", x}});
     Tensor y = h.forward({{"x", x}})["y"].clone();
     auto g = h.backward({{"y", dy}});
-    if (prec == Precision::bf16) {
-      // The shadow is the rounding of the master weights.
-      for (Parameter* p : h.stage().parameters()) {
-        EXPECT_TRUE(p->low_precision.defined()) << p->name;
-        if (!p->low_precision.defined()) continue;
-        int64_t differ = 0;
-        for (int64_t i = 0; i < p->value.numel(); ++i)
-          differ += p->low_precision.data<uint16_t>()[i] !=
-                    kernels::fp32_to_bf16(p->value.data<float>()[i]);
-        EXPECT_EQ(differ, 0) << p->name;
-      }
-    }
+    // The shadow is the rounding of the master weights.
+    if (prec == Precision::bf16) test::expect_shadows_are_roundings(h.stage());
     return std::make_pair(y, g);
   };
   auto [y32, g32] = run(Precision::fp32);
   auto [y16, g16] = run(Precision::bf16);
-  auto rel = [](const Tensor& a, const Tensor& b) {
-    double d = 0, m = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      d = std::max(d, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-      m = std::max(m, double(std::abs(a.data<float>()[i])));
-    }
-    return d / m;
-  };
+  const auto rel = test::max_relative_difference;
   EXPECT_LT(rel(y32, y16), 3e-2);
   EXPECT_GT(rel(y32, y16), 1e-5);  // the bf16 form did run
   for (const char* g : {"grad.x", "grad.weight_ih_l0", "grad.weight_hh_l1", "grad.bias_hh_l0"}) {

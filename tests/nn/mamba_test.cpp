@@ -14,6 +14,7 @@
 #include "stages/nn/mamba_model.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/nn/param_gradcheck.h"
+#include "tests/nn/precision_checks.h"
 
 namespace slipstream::nn {
 namespace {
@@ -336,14 +337,7 @@ TEST(MambaStage, Bf16IsCloseToFp32) {
   };
   auto [y32, g32] = run(Precision::fp32);
   auto [y16, g16] = run(Precision::bf16);
-  auto rel = [](const Tensor& a, const Tensor& b) {
-    double d = 0, m = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      d = std::max(d, double(std::abs(a.data<float>()[i] - b.data<float>()[i])));
-      m = std::max(m, double(std::abs(a.data<float>()[i])));
-    }
-    return d / m;
-  };
+  const auto rel = test::max_relative_difference;
   EXPECT_LT(rel(y32, y16), 3e-2);
   EXPECT_GT(rel(y32, y16), 0.0);  // the bf16 path did run
   EXPECT_LT(rel(g32["grad.x"], g16["grad.x"]), 5e-2);
@@ -353,12 +347,7 @@ TEST(MambaStage, Bf16IsCloseToFp32) {
   // The shadow is the rounding of the master weights.
   StageHarness h("mamba", {"d_model=32", "layers=1"}, "core", Precision::bf16);
   h.setup({{"x", x}});
-  for (Parameter* p : h.stage().parameters()) {
-    ASSERT_TRUE(p->low_precision.defined()) << p->name;
-    for (int64_t i = 0; i < p->value.numel(); ++i)
-      ASSERT_EQ(p->low_precision.data<uint16_t>()[i],
-                kernels::fp32_to_bf16(p->value.data<float>()[i]));
-  }
+  test::expect_shadows_are_roundings(h.stage());
 }
 
 TEST(MambaStage, NewBatchShapeReallocates) {

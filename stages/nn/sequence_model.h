@@ -1,0 +1,59 @@
+// A sequence model stage's model (mamba, gru) whichever ops it runs on: the stage picks the ops
+// by the run's device once, in setup, and holds the model through this interface.
+// SequenceModelOn adapts a model written over ops (MambaModel<float, Ops>, GruModel<float, Ops>);
+// the GRU's cuDNN stack implements the interface itself.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "stages/nn/param_store.h"
+
+namespace slipstream::nn {
+
+template <class Config, class Layout>
+class SequenceModel {
+ public:
+  virtual ~SequenceModel() = default;
+  virtual const Config& config() const = 0;
+  virtual const Layout& layout() const = 0;
+  virtual int batch() const = 0;
+  virtual int length() const = 0;
+  // False: the model computes in FP32 under precision bf16 (and the stage keeps no shadow).
+  virtual bool has_bf16_form() const { return true; }
+  // Sizes every buffer for (B, L), in the bf16 form or not; the only allocating call.
+  virtual void resize(int B, int L, bool bf16) = 0;
+  // wb: the bf16 shadow of w when resize() was told bf16, else null.
+  virtual void forward(const float* x, const float* w, const uint16_t* wb, float* y) = 0;
+  // Parameter gradients accumulate into g; dx (=) may be null; layer_done(l), when given, hears
+  // each layer's gradients final.
+  virtual void backward(const float* x, const float* dy, const float* w, const uint16_t* wb,
+                        float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
+  // The store's bf16 shadow from its FP32 values, on the model's device.
+  virtual void refresh_shadow(const ParamStore& store) const = 0;
+};
+
+template <class Model, class Config, class Layout>
+class SequenceModelOn final : public SequenceModel<Config, Layout> {
+ public:
+  template <class Ops>
+  SequenceModelOn(const Config& c, Ops ops) : m_(c, ops) {}
+  const Config& config() const override { return m_.config(); }
+  const Layout& layout() const override { return m_.layout(); }
+  int batch() const override { return m_.batch(); }
+  int length() const override { return m_.length(); }
+  void resize(int B, int L, bool bf16) override { m_.resize(B, L, bf16); }
+  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
+    m_.forward(x, w, wb, y);
+  }
+  void backward(const float* x, const float* dy, const float* w, const uint16_t* wb, float* g,
+                float* dx, const std::function<void(int)>* layer_done) override {
+    m_.backward(x, dy, w, wb, g, dx, layer_done);
+  }
+  void refresh_shadow(const ParamStore& store) const override { store.refresh_shadow(m_.ops()); }
+
+ private:
+  Model m_;
+};
+
+}  // namespace slipstream::nn
