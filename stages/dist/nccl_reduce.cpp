@@ -189,7 +189,6 @@ class NcclTransport final : public Transport {
                 double timeout_s)
       : buckets_(buckets),
         device_(buckets.device().index),
-        rank_(rank),
         world_(world),
         compute_(compute),
         timeout_s_(timeout_s) {
@@ -375,7 +374,7 @@ class NcclTransport final : public Transport {
   }
 
   const GradBuckets& buckets_;
-  int device_ = 0, rank_ = 0, world_ = 1;
+  int device_ = 0, world_ = 1;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
   ncclComm_t nc_ = nullptr;
   std::vector<cudaEvent_t> ready_events_;
