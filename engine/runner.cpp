@@ -1038,9 +1038,13 @@ struct Runner::Impl {
       return out;
     };
     if (settings(old) == settings(text)) return;
-    std::error_code ec;
-    fs::rename(cfg, fs::path(run.run_dir) / "config.previous.yaml", ec);
-    std::ofstream(cfg) << text;
+    // The other ranks of a resume read config.yaml as they start, maybe while this runs: the new
+    // file replaces the old in one rename, so a reader gets one or the other, whole (the old one
+    // plus the resume's --set is the new one).
+    std::ofstream(fs::path(run.run_dir) / "config.previous.yaml") << old;
+    const fs::path tmp = fs::path(run.run_dir) / "config.yaml.tmp";
+    std::ofstream(tmp) << text;
+    fs::rename(tmp, cfg);
     log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
   }
 
