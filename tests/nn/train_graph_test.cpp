@@ -102,7 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
     Models, ZeroAllocTest,
     ::testing::Values(ZeroAllocCase{"mamba, params: {d_model: 16, layers: 2}", Precision::fp32},
                       ZeroAllocCase{"mamba, params: {d_model: 16, layers: 2}", Precision::bf16},
-                      ZeroAllocCase{"gru, params: {hidden: 16, layers: 2}", Precision::fp32}),
+                      ZeroAllocCase{"gru, params: {hidden: 16, layers: 2}", Precision::fp32},
+                      ZeroAllocCase{"gru, params: {hidden: 16, layers: 2}", Precision::bf16}),
     [](const auto& info) {
       return std::string(info.param.core.substr(0, info.param.core.find(','))) +
              (info.param.precision == Precision::bf16 ? "Bf16" : "Fp32");
