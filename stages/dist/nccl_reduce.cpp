@@ -442,6 +442,14 @@ struct NcclBucketReducer::Impl {
   void enqueue_ready() {
     while (next < ready.size() && ready[next]) enqueue(next++);
   }
+
+  // The watchdog's event after the work enqueued so far (after the step's graph when it is
+  // recorded), armed for `s`.
+  void arm_watchdog(uint64_t s) {
+    Transport* t = transport.get();
+    capture::after_enqueued(stream, [t, s] { t->enqueued(s); });
+  }
+  uint64_t finished_step = 0;  // the last step finish() enqueued
 };
 
 NcclBucketReducer::NcclBucketReducer(GradBuckets buckets, void* compute_stream, int rank, int world,
@@ -492,8 +500,8 @@ void NcclBucketReducer::finish(uint64_t step) {
   for (size_t k = 0; k < m.param_done.size(); ++k) param_ready(k, step);
   m.enqueue_ready();
   m.enqueue_join();
-  Transport* t = m.transport.get();
-  capture::after_enqueued(m.stream, [t, step] { t->enqueued(step); });
+  m.arm_watchdog(step);
+  m.finished_step = step;
   m.step = 0;  // the next call starts a new collection, even for the same step number
 }
 
@@ -512,6 +520,9 @@ void NcclBucketReducer::gather_weights() {
       [&m] {
         for (size_t i = 0; i < m.buckets.count(); ++i) m.transport->gather_weights(i);
       });
+  // The watchdog watches past the gather too: a rank that stops between the reduce-scatter and
+  // the all-gather leaves the others waiting in the latter.
+  m.arm_watchdog(m.finished_step);
 }
 
 void NcclBucketReducer::sum(double* value) {
