@@ -188,6 +188,9 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
   if (bf && h0) throw std::invalid_argument("gru_backward: the bf16 form starts from a zero state");
   const int G = 3 * H;
   const size_t M = size_t(B) * L;
+  // The bf16 form: a->dgh gets each step's recurrent gate gradients rounded as they are made.
+  std::optional<Bf16Area> a;
+  if (bf) a.emplace(bf->workspace, B, L, In, H);
   T* dgi = workspace;                    // (B, L, 3H)
   T* dgh = dgi + size_t(B) * L * G;      // (B, L, 3H)
   T* hprev = dgh + size_t(B) * L * G;    // (B, L, H)
@@ -238,20 +241,18 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
           dghb[2 * H + j] = dan * r;
           nb[j] = dh * z;
         }
+        if constexpr (std::is_same_v<T, float>) {
+          if (a) fp32_to_bf16_scalar(dghb, a->dgh + row * G, size_t(G));
+        }
       }
     });
     // dh_{t-1} = dh * z + dgh_t W_hh
-    if (bf) {
+    if (a) {
+      // Nothing flows past t = 0: the initial state is zero.
       if constexpr (std::is_same_v<T, float>) {
-        const Bf16Area a(bf->workspace, B, L, In, H);
-        for (int b = 0; b < B; ++b) {
-          const size_t row = size_t(b) * L + size_t(t);
-          fp32_to_bf16_scalar(dgh + row * G, a.dgh + row * G, size_t(G));
-        }
-        // Nothing flows past t = 0: the initial state is zero.
         if (t > 0)
-          gemm_bf16(false, false, B, H, G, 1.0f, a.dgh + size_t(t) * G, L * G, bf->w_hh, H, 1.0f,
-                    next, H, a.gemm);
+          gemm_bf16(false, false, B, H, G, 1.0f, a->dgh + size_t(t) * G, L * G, bf->w_hh, H, 1.0f,
+                    next, H, a->gemm);
       }
     } else {
       gemm<T>(false, false, B, H, G, T(1), dgh + size_t(t) * G, L * G, w_hh, H, T(1), next, H);
@@ -260,17 +261,16 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
   }
   if (dh0) std::copy(carry, carry + size_t(B) * H, dh0);
   if constexpr (std::is_same_v<T, float>) {
-    if (bf) {
-      const Bf16Area a(bf->workspace, B, L, In, H);
-      fp32_to_bf16(x, a.x, M * size_t(In));
-      fp32_to_bf16(hprev, a.h, M * size_t(H));
-      fp32_to_bf16(dgi, a.dgi, M * size_t(G));
+    if (a) {
+      fp32_to_bf16(x, a->x, M * size_t(In));
+      fp32_to_bf16(hprev, a->h, M * size_t(H));
+      fp32_to_bf16(dgi, a->dgi, M * size_t(G));
       if (dx)
-        gemm_bf16(false, false, B * L, In, G, 1.0f, a.dgi, G, bf->w_ih, In, 0.0f, dx, In, a.gemm);
+        gemm_bf16(false, false, B * L, In, G, 1.0f, a->dgi, G, bf->w_ih, In, 0.0f, dx, In, a->gemm);
       if (dw_ih)
-        gemm_bf16(true, false, G, In, B * L, 1.0f, a.dgi, G, a.x, In, 1.0f, dw_ih, In, a.gemm);
+        gemm_bf16(true, false, G, In, B * L, 1.0f, a->dgi, G, a->x, In, 1.0f, dw_ih, In, a->gemm);
       if (dw_hh)
-        gemm_bf16(true, false, G, H, B * L, 1.0f, a.dgh, G, a.h, H, 1.0f, dw_hh, H, a.gemm);
+        gemm_bf16(true, false, G, H, B * L, 1.0f, a->dgh, G, a->h, H, 1.0f, dw_hh, H, a->gemm);
       if (db_ih) column_sum_accumulate(dgi, db_ih, M, size_t(G));
       if (db_hh) column_sum_accumulate(dgh, db_hh, M, size_t(G));
       return;
