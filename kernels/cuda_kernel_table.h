@@ -50,6 +50,8 @@
     static constexpr auto fill = &NS::fill;                                                        \
     static constexpr auto copy_bytes = &NS::copy_bytes;                                            \
     static constexpr auto to_bf16 = &NS::fp32_to_bf16;                                             \
+    static constexpr auto from_bf16 = &NS::bf16_to_fp32;                                           \
+    static constexpr auto accumulate_bf16 = &NS::accumulate_bf16;                                  \
     static constexpr auto column_sum = &NS::column_sum_accumulate;                                 \
     static constexpr auto column_sum_workspace_bytes = &NS::column_sum_accumulate_workspace_bytes; \
     using AdamWSegment = NS::AdamWSegment;                                                         \

@@ -73,6 +73,14 @@ __global__ void fp32_to_bf16_kernel(const float* src, uint16_t* dst, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride()) dst[i] = fp32_to_bf16_bits(src[i]);
 }
 
+__global__ void bf16_to_fp32_kernel(const __nv_bfloat16* src, float* dst, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) dst[i] = to_f32(src[i]);
+}
+
+__global__ void accumulate_bf16_kernel(float* y, const __nv_bfloat16* a, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += to_f32(a[i]);
+}
+
 // Partial column sums of rows [blockIdx.y * kSumRowBlock, +kSumRowBlock): each of the kSumRows
 // lanes of a column sums every kSumRows-th row, then lane 0 adds the lanes in order.
 __global__ void __launch_bounds__(kSumCols* kSumRows)
@@ -154,6 +162,18 @@ void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream
   SLIPSTREAM_LAUNCH(fp32_to_bf16_kernel, grid_for(n), dim3(kThreads), stream, src,
                     reinterpret_cast<uint16_t*>(dst), n);
   check_launch("fp32_to_bf16");
+}
+
+void bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(bf16_to_fp32_kernel, grid_for(n), dim3(kThreads), stream, dev(src), dst, n);
+  check_launch("bf16_to_fp32");
+}
+
+void accumulate_bf16(float* y, const bfloat16* a, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(accumulate_bf16_kernel, grid_for(n), dim3(kThreads), stream, y, dev(a), n);
+  check_launch("accumulate_bf16");
 }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {

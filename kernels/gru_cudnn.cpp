@@ -23,6 +23,7 @@ namespace {
 constexpr const char* kOp = "gru (cuDNN)";
 
 #define SLIPSTREAM_CUDNN_FUNCTIONS(X) \
+  X(cudnnGetVersion)                  \
   X(cudnnCreate)                      \
   X(cudnnDestroy)                     \
   X(cudnnSetStream)                   \
@@ -83,6 +84,15 @@ void check(cudnnStatus_t s, const char* call) {
                            " failed: " + api().cudnnGetErrorString(s));
 }
 
+cudnnDataType_t data_type(bool bf16) {
+  return bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+// Staging areas start on 256-byte boundaries.
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
 void check(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return;
   cudaGetLastError();
@@ -116,14 +126,27 @@ struct CudnnGru::Descriptors {
   }
 };
 
-CudnnGru::CudnnGru(cudaStream_t stream, int in, int hidden, std::vector<LayerOffsets> layers)
+std::string CudnnGru::bf16_unsupported() {
+  const size_t v = api().cudnnGetVersion();  // major * 10000 + minor * 100 + patch (cuDNN 9)
+  if (v >= 91300) return "";
+  return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100) + " has no bf16 RNN (cuDNN 9.13 and later have)";
+}
+
+CudnnGru::CudnnGru(cudaStream_t stream, int in, int hidden, std::vector<LayerOffsets> layers,
+                   bool bf16)
     : d_(std::make_unique<Descriptors>()),
       stream_(stream),
       in_(in),
       hidden_(hidden),
+      bf16_(bf16),
       layers_(std::move(layers)) {
   if (in < 1 || hidden < 1 || layers_.empty())
     throw std::invalid_argument(std::string(kOp) + ": dimensions must be positive");
+  if (bf16) {
+    const std::string why = bf16_unsupported();
+    if (!why.empty()) throw std::runtime_error(std::string(kOp) + ": " + why);
+  }
   const CudnnApi& f = api();
   Descriptors& d = *d_;
   check(f.cudnnCreate(&d.handle), "cudnnCreate");
@@ -133,10 +156,13 @@ CudnnGru::CudnnGru(cudaStream_t stream, int in, int hidden, std::vector<LayerOff
   check(f.cudnnSetDropoutDescriptor(d.dropout, d.handle, 0.0f, nullptr, 0, 0),
         "cudnnSetDropoutDescriptor");
   check(f.cudnnCreateRNNDescriptor(&d.rnn), "cudnnCreateRNNDescriptor");
-  check(f.cudnnSetRNNDescriptor_v8(
-            d.rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
-            CUDNN_LINEAR_INPUT, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT, CUDNN_FMA_MATH, in, hidden,
-            hidden, static_cast<int32_t>(layers_.size()), d.dropout, CUDNN_RNN_PADDED_IO_ENABLED),
+  // fp32: FMA math, so no TF32 rounding; bf16: data, weights and states in bf16, sums in fp32
+  // on tensor cores.
+  check(f.cudnnSetRNNDescriptor_v8(d.rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS,
+                                   CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, data_type(bf16_),
+                                   CUDNN_DATA_FLOAT, bf16_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH,
+                                   in, hidden, hidden, static_cast<int32_t>(layers_.size()),
+                                   d.dropout, CUDNN_RNN_PADDED_IO_ENABLED),
         "cudnnSetRNNDescriptor_v8");
   check(f.cudnnGetRNNWeightSpaceSize(d.handle, d.rnn, &weight_bytes_),
         "cudnnGetRNNWeightSpaceSize");
@@ -155,28 +181,39 @@ CudnnGru::Needs CudnnGru::describe_batch(int B, int L) {
   Descriptors& d = *d_;
   B_ = B, L_ = L;
   const std::vector<int> lengths(static_cast<size_t>(B), L);
-  check(
-      f.cudnnSetRNNDataDescriptor(d.x, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED,
-                                  L, B, in_, lengths.data(), nullptr),
-      "cudnnSetRNNDataDescriptor (x)");
-  check(
-      f.cudnnSetRNNDataDescriptor(d.y, CUDNN_DATA_FLOAT, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED,
-                                  L, B, hidden_, lengths.data(), nullptr),
-      "cudnnSetRNNDataDescriptor (y)");
+  const cudnnDataType_t type = data_type(bf16_);
+  check(f.cudnnSetRNNDataDescriptor(d.x, type, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, L, B,
+                                    in_, lengths.data(), nullptr),
+        "cudnnSetRNNDataDescriptor (x)");
+  check(f.cudnnSetRNNDataDescriptor(d.y, type, CUDNN_RNN_DATA_LAYOUT_BATCH_MAJOR_UNPACKED, L, B,
+                                    hidden_, lengths.data(), nullptr),
+        "cudnnSetRNNDataDescriptor (y)");
   const int dims[3] = {layers(), B, hidden_}, strides[3] = {B * hidden_, hidden_, 1};
-  check(f.cudnnSetTensorNdDescriptor(d.h, CUDNN_DATA_FLOAT, 3, dims, strides),
+  check(f.cudnnSetTensorNdDescriptor(d.h, type, 3, dims, strides),
         "cudnnSetTensorNdDescriptor (h)");
   check(f.cudnnGetRNNTempSpaceSizes(d.handle, d.rnn, CUDNN_FWD_MODE_TRAINING, d.x, &d.work,
                                     &d.reserve),
         "cudnnGetRNNTempSpaceSizes");
-  return {d.work, d.reserve};
+  const size_t M = size_t(B) * L;
+  const size_t staging =
+      bf16_ ? 2 * aligned(M * in_ * sizeof(bfloat16)) + 2 * aligned(M * hidden_ * sizeof(bfloat16))
+            : 0;
+  return {d.work, d.reserve, staging};
 }
 
-// cuDNN's calls enqueue on the stream directly: a step recorded for a CUDA graph issues its
-// work first (kernels/step_recorder.h) and runs uncaptured.
-constexpr const char* kNotCaptured = "the cuDNN GRU (core.backend: cudnn), not captured yet";
+CudnnGru::Staged CudnnGru::staged(const Buffers& b) const {
+  if (!b.staging) throw std::logic_error(std::string(kOp) + ": the bf16 form needs staging");
+  const size_t M = size_t(B_) * L_;
+  const size_t xs = aligned(M * in_ * sizeof(bfloat16)),
+               ys = aligned(M * hidden_ * sizeof(bfloat16));
+  auto* base = static_cast<char*>(b.staging);
+  return {reinterpret_cast<bfloat16*>(base), reinterpret_cast<bfloat16*>(base + xs),
+          reinterpret_cast<bfloat16*>(base + xs + ys),
+          reinterpret_cast<bfloat16*>(base + xs + 2 * ys)};
+}
 
 void CudnnGru::set_batch(int* seq_lengths) {
+  capture::sync_point("gru (cuDNN): the sequence lengths of a new batch shape");
   const std::vector<int> lengths(static_cast<size_t>(B_), L_);
   check(cudaMemcpyAsync(seq_lengths, lengths.data(), lengths.size() * sizeof(int),
                         cudaMemcpyHostToDevice, stream_),
@@ -199,8 +236,9 @@ void CudnnGru::map_weights(const void* weight_space) {
           "cudnnGetTensorNdDescriptor");
     size_t n = 1;
     for (int i = 0; i < nd; ++i) n *= static_cast<size_t>(dims[i]);
-    if (type != CUDNN_DATA_FLOAT)
-      throw std::runtime_error(std::string(kOp) + ": cuDNN keeps " + what + " in another type");
+    if (type != data_type(bf16_))
+      throw std::runtime_error(std::string(kOp) + ": cuDNN keeps " + what +
+                               " in another type than its data's");
     return n;
   };
   const auto* base = static_cast<const char*>(weight_space);
@@ -219,7 +257,7 @@ void CudnnGru::map_weights(const void* weight_space) {
                                  std::to_string(k) + ", linear layer " + std::to_string(id) +
                                  " is not the H x " + std::to_string(cols) + " matrix expected");
       auto offset = [&](const void* p) {
-        return static_cast<size_t>(static_cast<const char*>(p) - base) / sizeof(float);
+        return static_cast<size_t>(static_cast<const char*>(p) - base) / elem_bytes();
       };
       pieces.push_back({(input ? o.w_ih : o.w_hh) + gate * H * cols, offset(m), H * cols});
       pieces.push_back({(input ? o.b_ih : o.b_hh) + gate * H, offset(b), H});
@@ -239,48 +277,105 @@ void CudnnGru::map_weights(const void* weight_space) {
   mapped_for_ = weight_space;
 }
 
-void CudnnGru::forward(const float* x, const float* w, float* y, const Buffers& b, bool training) {
-  capture::sync_point(kNotCaptured);
+// Each cuDNN call is one recorded operation (kernels/step_recorder.h): issued at once, or kept
+// for the step's CUDA graph, its key the call and every pointer and size it passes.
+void CudnnGru::forward(const float* x, const float* w, const bfloat16* w_bf, float* y,
+                       const Buffers& b, bool training) {
   if (B_ == 0) throw std::logic_error(std::string(kOp) + ": describe_batch() before forward");
+  const void* weights = bf16_ ? static_cast<const void*>(w_bf) : static_cast<const void*>(w);
+  if (!weights)
+    throw std::invalid_argument(std::string(kOp) + ": no " + (bf16_ ? "bf16 " : "fp32 ") +
+                                "weights given");
   if (mapped_for_ != b.weight_space) map_weights(b.weight_space);
-  auto* ws = static_cast<float*>(b.weight_space);
+  const size_t es = elem_bytes();
   for (const Piece& p : pieces_)
-    check(cudaMemcpyAsync(ws + p.theirs, w + p.ours, p.n * sizeof(float), cudaMemcpyDeviceToDevice,
-                          stream_),
-          "cudaMemcpyAsync (weights into cuDNN's weight space)");
-  const CudnnApi& f = api();
-  Descriptors& d = *d_;
-  check(f.cudnnRNNForward(d.handle, d.rnn,
-                          training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
-                          b.seq_lengths, d.x, x, d.y, y, d.h, nullptr, nullptr, d.h, nullptr,
-                          nullptr, weight_bytes_, b.weight_space, d.work, b.work,
-                          training ? d.reserve : 0, training ? b.reserve : nullptr),
-        "cudnnRNNForward");
+    copy_bytes(static_cast<char*>(b.weight_space) + p.theirs * es,
+               static_cast<const char*>(weights) + p.ours * es, p.n * es, stream_);
+  const size_t M = size_t(B_) * L_;
+  const void* xin = x;
+  void* yout = y;
+  Staged st{};
+  if (bf16_) {
+    st = staged(b);
+    fp32_to_bf16(x, st.x, M * in_, stream_);
+    xin = st.x, yout = st.y;
+  }
+  Descriptors* d = d_.get();
+  const size_t wbytes = weight_bytes_;
+  capture::enqueue(
+      "cudnnRNNForward", stream_,
+      [&] {
+        return capture::key_of(reinterpret_cast<uintptr_t>(d), xin, yout, b.weight_space, b.work,
+                               b.reserve, b.seq_lengths, B_, L_, training);
+      },
+      [d, xin, yout, b, training, wbytes] {
+        check(api().cudnnRNNForward(d->handle, d->rnn,
+                                    training ? CUDNN_FWD_MODE_TRAINING : CUDNN_FWD_MODE_INFERENCE,
+                                    b.seq_lengths, d->x, xin, d->y, yout, d->h, nullptr, nullptr,
+                                    d->h, nullptr, nullptr, wbytes, b.weight_space, d->work, b.work,
+                                    training ? d->reserve : 0, training ? b.reserve : nullptr),
+              "cudnnRNNForward");
+      });
+  if (bf16_) bf16_to_fp32(st.y, y, M * hidden_, stream_);
 }
 
-void CudnnGru::backward(const float* x, const float* y, const float* dy, const float* w, float* dx,
-                        float* dw, const Buffers& b) {
-  capture::sync_point(kNotCaptured);
-  (void)w;  // the weight space still holds them from the forward
+void CudnnGru::backward(const float* x, const float* y, const float* dy, float* dx, float* dw,
+                        const Buffers& b) {
   if (B_ == 0) throw std::logic_error(std::string(kOp) + ": describe_batch() before backward");
   if (mapped_for_ != b.weight_space)
     throw std::logic_error(std::string(kOp) + ": backward without its forward");
-  const CudnnApi& f = api();
-  Descriptors& d = *d_;
-  check(f.cudnnRNNBackwardData_v8(d.handle, d.rnn, b.seq_lengths, d.y, y, dy, d.x, dx, d.h, nullptr,
-                                  nullptr, nullptr, d.h, nullptr, nullptr, nullptr, weight_bytes_,
-                                  b.weight_space, d.work, b.work, d.reserve, b.reserve),
-        "cudnnRNNBackwardData_v8");
+  const size_t M = size_t(B_) * L_;
+  const void *xin = x, *yin = y, *dyin = dy;
+  void* dxout = dx;
+  Staged st{};
+  if (bf16_) {
+    st = staged(b);  // x and y: the forward's staged copies
+    fp32_to_bf16(dy, st.dy, M * hidden_, stream_);
+    xin = st.x, yin = st.y, dyin = st.dy, dxout = st.dx;
+  }
+  Descriptors* d = d_.get();
+  const size_t wbytes = weight_bytes_;
+  capture::enqueue(
+      "cudnnRNNBackwardData_v8", stream_,
+      [&] {
+        return capture::key_of(reinterpret_cast<uintptr_t>(d), yin, dyin, dxout, b.weight_space,
+                               b.work, b.reserve, b.seq_lengths, B_, L_);
+      },
+      [d, yin, dyin, dxout, b, wbytes] {
+        check(api().cudnnRNNBackwardData_v8(d->handle, d->rnn, b.seq_lengths, d->y, yin, dyin, d->x,
+                                            dxout, d->h, nullptr, nullptr, nullptr, d->h, nullptr,
+                                            nullptr, nullptr, wbytes, b.weight_space, d->work,
+                                            b.work, d->reserve, b.reserve),
+              "cudnnRNNBackwardData_v8");
+      });
+  if (bf16_) bf16_to_fp32(st.dx, dx, M * in_, stream_);
   // cuDNN adds into its weight gradients (the only mode it has): start them at zero, then add
   // them into the caller's.
-  check(cudaMemsetAsync(b.dweight_space, 0, weight_bytes_, stream_),
-        "cudaMemsetAsync (cuDNN's weight gradients)");
-  check(f.cudnnRNNBackwardWeights_v8(d.handle, d.rnn, CUDNN_WGRAD_MODE_ADD, b.seq_lengths, d.x, x,
-                                     d.h, nullptr, d.y, y, weight_bytes_, b.dweight_space, d.work,
-                                     b.work, d.reserve, b.reserve),
-        "cudnnRNNBackwardWeights_v8");
-  const auto* dws = static_cast<const float*>(b.dweight_space);
-  for (const Piece& p : pieces_) add_inplace<float>(dw + p.ours, dws + p.theirs, p.n, stream_);
+  capture::enqueue(
+      "cudaMemsetAsync", stream_, [&] { return capture::key_of(b.dweight_space, wbytes); },
+      [dws = b.dweight_space, wbytes, s = stream_] {
+        check(cudaMemsetAsync(dws, 0, wbytes, s), "cudaMemsetAsync (cuDNN's weight gradients)");
+      });
+  capture::enqueue(
+      "cudnnRNNBackwardWeights_v8", stream_,
+      [&] {
+        return capture::key_of(reinterpret_cast<uintptr_t>(d), xin, yin, b.dweight_space, b.work,
+                               b.reserve, b.seq_lengths, B_, L_);
+      },
+      [d, xin, yin, b, wbytes] {
+        check(api().cudnnRNNBackwardWeights_v8(
+                  d->handle, d->rnn, CUDNN_WGRAD_MODE_ADD, b.seq_lengths, d->x, xin, d->h, nullptr,
+                  d->y, yin, wbytes, b.dweight_space, d->work, b.work, d->reserve, b.reserve),
+              "cudnnRNNBackwardWeights_v8");
+      });
+  for (const Piece& p : pieces_) {
+    if (bf16_)
+      accumulate_bf16(dw + p.ours, static_cast<const bfloat16*>(b.dweight_space) + p.theirs, p.n,
+                      stream_);
+    else
+      add_inplace<float>(dw + p.ours, static_cast<const float*>(b.dweight_space) + p.theirs, p.n,
+                         stream_);
+  }
 }
 
 }  // namespace slipstream::kernels::cuda

@@ -246,29 +246,37 @@ void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
 }
 
 // The same layer in cuDNN's RNN (kernels/gru_cudnn.h): the forward copies the weights into
-// cuDNN's weight space, the backward adds cuDNN's weight gradients into ours, as the stage does.
-void gru_cudnn(benchmark::State& st, const Shape& sh, bool backward) {
+// cuDNN's weight space, the backward adds cuDNN's weight gradients into ours, as the stage does;
+// the bf16 form also rounds x and dy and widens y and dx (cuDNN 9.13 or later).
+void gru_cudnn(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
+  if (bf16) {
+    const std::string why = sk::cuda::CudnnGru::bf16_unsupported();
+    if (!why.empty()) return st.SkipWithError(why.c_str());
+  }
   const int B = sh.B, L = sh.L, In = sh.d_model, H = sh.d_model, G = 3 * H;
   const size_t M = size_t(B) * L, nw = size_t(G) * (In + H) + 2 * size_t(G);
   Buffers m;
   const float *x = m.random<float>(M * In, -1, 1), *dy = m.random<float>(M * H, -1, 1);
   const float* w = m.random<float>(nw, -0.1f, 0.1f);
+  const auto* wb = m.random<sk::bfloat16>(nw, -0.1f, 0.1f);
   float *y = m.alloc<float>(M * H), *dx = m.alloc<float>(M * In), *dw = m.random<float>(nw, 0, 0);
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
-  sk::cuda::CudnnGru gru(s, In, H,
-                         {{0, size_t(G) * In, size_t(G) * (In + H), size_t(G) * (In + H) + G}});
+  sk::cuda::CudnnGru gru(
+      s, In, H, {{0, size_t(G) * In, size_t(G) * (In + H), size_t(G) * (In + H) + G}}, bf16);
   const auto needs = gru.describe_batch(B, L);
   const sk::cuda::CudnnGru::Buffers b{
       m.alloc<char>(gru.weight_space_bytes()), m.alloc<char>(gru.weight_space_bytes()),
-      m.alloc<char>(needs.work_bytes), m.alloc<char>(needs.reserve_bytes), m.alloc<int>(B)};
+      m.alloc<char>(needs.work_bytes),         m.alloc<char>(needs.reserve_bytes),
+      m.alloc<char>(needs.staging_bytes + 1),  m.alloc<int>(B)};
   gru.set_batch(b.seq_lengths);
-  gru.forward(x, w, y, b, true);
+  gru.forward(x, w, wb, y, b, true);
+  const double e = bf16 ? 2.0 : 4.0;  // cuDNN's element: its weights and staged data
   if (!backward) {
-    time_launches(st, s, 4.0 * (M * (In + H) + nw), [&] { gru.forward(x, w, y, b, true); });
+    time_launches(st, s, e * (M * (In + H) + nw), [&] { gru.forward(x, w, wb, y, b, true); });
   } else {
-    time_launches(st, s, 4.0 * (M * (2 * In + 2 * H) + 2 * nw),
-                  [&] { gru.backward(x, y, dy, w, dx, dw, b); });
+    time_launches(st, s, e * (M * (2 * In + 2 * H) + 2 * nw),
+                  [&] { gru.backward(x, y, dy, dx, dw, b); });
   }
   cudaStreamDestroy(s);
 }
@@ -365,8 +373,13 @@ int main(int argc, char** argv) {
       add("gru_layer_forward/" + prec + p, [=](benchmark::State& st) { gru(st, sh, false, bf16); });
       add("gru_layer_backward/" + prec + p, [=](benchmark::State& st) { gru(st, sh, true, bf16); });
     }
-    add("gru_cudnn_forward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, false); });
-    add("gru_cudnn_backward/fp32/" + p, [=](benchmark::State& st) { gru_cudnn(st, sh, true); });
+    for (bool bf16 : {false, true}) {
+      const std::string prec = bf16 ? "bf16/" : "fp32/";
+      add("gru_cudnn_forward/" + prec + p,
+          [=](benchmark::State& st) { gru_cudnn(st, sh, false, bf16); });
+      add("gru_cudnn_backward/" + prec + p,
+          [=](benchmark::State& st) { gru_cudnn(st, sh, true, bf16); });
+    }
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -4,9 +4,10 @@
 // gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device the whole stack
 // in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the
 // kernels backend runs each layer's bf16 form (kernels/gru.h: bf16 GEMM operands, FP32 gates and
-// sums) from the store's bf16 shadow, which the optimizer keeps in step; the cudnn backend
-// computes in FP32 and keeps no shadow. On a stream (Runner::stream) the forward continues each
-// row's sequence one frame at a time (gru_recurrent.h, CPU, FP32 weights).
+// sums) and the cudnn backend cuDNN's bf16 RNN (bf16 data, states and weights, FP32 sums; cuDNN
+// 9.13 or later, else FP32 with a note saying why), both from the store's bf16 shadow, which the
+// optimizer keeps in step. On a stream (Runner::stream) the forward continues each row's
+// sequence one frame at a time (gru_recurrent.h, CPU, FP32 weights).
 #include <iostream>
 
 #include "engine/registry.h"
@@ -28,15 +29,16 @@ template <class Ops>
 using GruRunnerOn = nn::SequenceModelOn<nn::GruModel<float, Ops>, nn::GruConfig, nn::GruLayout>;
 
 #if SLIPSTREAM_KERNELS_CUDA
-// The stack in cuDNN's RNN on the run's CUDA device: its weight spaces, workspace and reserve
-// from the device pool, sized by resize().
+// The stack in cuDNN's RNN on the run's CUDA device, in its fp32 or bf16 form: its weight
+// spaces, workspace, reserve and bf16 staging from the device pool, sized by resize().
 class GruRunnerCudnn final : public GruRunner {
  public:
-  GruRunnerCudnn(const nn::GruConfig& c, const ExecContext& exec)
+  GruRunnerCudnn(const nn::GruConfig& c, const ExecContext& exec, bool bf16)
       : c_(c),
         lay_(c),
         device_(exec.device()),
-        gru_(static_cast<cudaStream_t>(exec.stream()), c.din, c.hidden, offsets(lay_)) {
+        stream_(static_cast<cudaStream_t>(exec.stream())),
+        gru_(stream_, c.din, c.hidden, offsets(lay_), bf16) {
     auto bytes = [&](const char* what) {
       return Tensor::zeros({static_cast<int64_t>(gru_.weight_space_bytes())}, DType::u8, device_,
                            what);
@@ -48,8 +50,16 @@ class GruRunnerCudnn final : public GruRunner {
   const nn::GruLayout& layout() const override { return lay_; }
   int batch() const override { return B_; }
   int length() const override { return L_; }
-  bool has_bf16_form() const override { return false; }
-  void refresh_shadow(const nn::ParamStore&) const override {}
+  bool has_bf16_form() const override { return gru_.bf16(); }
+  void refresh_shadow(const nn::ParamStore& store) const override {
+    struct Rounding {  // the one op ParamStore::refresh_shadow asks of a model's ops
+      cudaStream_t stream;
+      void to_bf16(const float* x, uint16_t* y, size_t n) const {
+        kernels::cuda::fp32_to_bf16(x, reinterpret_cast<kernels::bfloat16*>(y), n, stream);
+      }
+    };
+    store.refresh_shadow(Rounding{stream_});
+  }
   void resize(int B, int L, bool) override {
     B_ = B, L_ = L;
     const auto needs = gru_.describe_batch(B, L);
@@ -59,18 +69,20 @@ class GruRunnerCudnn final : public GruRunner {
     };
     work_ = bytes(needs.work_bytes, "gru cuDNN workspace");
     reserve_ = bytes(needs.reserve_bytes, "gru cuDNN reserve");
+    staging_ =
+        needs.staging_bytes > 0 ? bytes(needs.staging_bytes, "gru cuDNN bf16 staging") : Tensor();
     lengths_ = Tensor::zeros({B}, DType::i32, device_, "gru cuDNN sequence lengths");
     dx_ = Tensor::zeros({int64_t{B} * L * c_.din}, DType::f32, device_, "gru input gradient");
     gru_.set_batch(lengths_.data<int>());
   }
-  void forward(const float* x, const float* w, const uint16_t*, float* y) override {
-    gru_.forward(x, w, y, buffers(), true);
+  void forward(const float* x, const float* w, const uint16_t* wb, float* y) override {
+    gru_.forward(x, w, reinterpret_cast<const kernels::bfloat16*>(wb), y, buffers(), true);
     y_ = y;
   }
-  void backward(const float* x, const float* dy, const float* w, const uint16_t*, float* g,
-                float* dx, const std::function<void(int)>* layer_done) override {
+  void backward(const float* x, const float* dy, const float*, const uint16_t*, float* g, float* dx,
+                const std::function<void(int)>* layer_done) override {
     // cuDNN writes the input gradient whether or not it is wanted.
-    gru_.backward(x, y_, dy, w, dx ? dx : dx_.data<float>(), g, buffers());
+    gru_.backward(x, y_, dy, dx ? dx : dx_.data<float>(), g, buffers());
     // One call computes every layer's gradients: all are final together.
     if (layer_done)
       for (int l = c_.layers - 1; l >= 0; --l) (*layer_done)(l);
@@ -83,14 +95,20 @@ class GruRunnerCudnn final : public GruRunner {
     return o;
   }
   kernels::cuda::CudnnGru::Buffers buffers() {
-    return {weights_.raw(), dweights_.raw(), work_.raw(), reserve_.raw(), lengths_.data<int>()};
+    return {weights_.raw(),
+            dweights_.raw(),
+            work_.raw(),
+            reserve_.raw(),
+            staging_.defined() ? staging_.raw() : nullptr,
+            lengths_.data<int>()};
   }
 
   nn::GruConfig c_;
   nn::GruLayout lay_;
   Device device_;
+  cudaStream_t stream_;
   kernels::cuda::CudnnGru gru_;
-  Tensor weights_, dweights_, work_, reserve_, lengths_, dx_;
+  Tensor weights_, dweights_, work_, reserve_, staging_, lengths_, dx_;
   const float* y_ = nullptr;  // the last forward's output (the backward reads it)
   int B_ = 0, L_ = 0;
 };
@@ -115,7 +133,8 @@ class GruStage : public Stage {
         .param("backend", std::string("kernels"),
                "kernels: the run's ops (the CPU's, or on a GPU a cuBLASLt GEMM and a gate kernel "
                "per step; bf16 GEMM operands under precision bf16) | cudnn: the whole stack in "
-               "cuDNN's RNN (CUDA devices, fp32 whatever the precision)")
+               "cuDNN's RNN (CUDA devices; under precision bf16 cuDNN's bf16 RNN, from cuDNN "
+               "9.13)")
         .choices({"kernels", "cudnn"});
   }
 
@@ -134,7 +153,16 @@ class GruStage : public Stage {
                                  ctx.exec().device().str() + ": use backend kernels (" +
                                  ctx.params().mark("backend").str() + ")");
 #if SLIPSTREAM_KERNELS_CUDA
-      model_ = std::make_unique<GruRunnerCudnn>(c, ctx.exec());
+      bool bf16 = ctx.run().precision == Precision::bf16;
+      if (bf16) {
+        const std::string why = kernels::cuda::CudnnGru::bf16_unsupported();
+        if (!why.empty()) {
+          std::cerr << "note: gru '" << ctx.name() << "': backend cudnn computes in fp32 under "
+                    << "precision bf16: " << why << " (backend kernels has a bf16 form)\n";
+          bf16 = false;
+        }
+      }
+      model_ = std::make_unique<GruRunnerCudnn>(c, ctx.exec(), bf16);
 #endif
     } else {
       model_ = nn::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
@@ -144,10 +172,6 @@ class GruStage : public Stage {
     }
     device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16 && model_->has_bf16_form();
-    if (ctx.run().precision == Precision::bf16 && !bf16_)
-      std::cerr << "note: gru '" << ctx.name()
-                << "': backend cudnn computes in fp32 under precision bf16 (backend kernels has "
-                   "a bf16 form)\n";
     store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
     layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
     store_.initialize([&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); });

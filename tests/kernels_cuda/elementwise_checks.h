@@ -3,6 +3,7 @@
 // a device; nothing under the emulator).
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -64,7 +65,8 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   EXPECT_CLOSE(values(mem.download(g_copy, n)), a, 1e-12, "copy_bytes");
 }
 
-// Rounding to bf16 is bit-identical to the CPU's, specials included.
+// Rounding to bf16 is bit-identical to the CPU's, specials included; widening back is exact, and
+// so is adding the widened values to fp32 ones.
 template <class Ops, class Mem>
 void check_bf16_rounding(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -97,6 +99,31 @@ void check_bf16_rounding(uint64_t seed) {
   size_t mismatches = 0;
   for (size_t i = 0; i < x.size(); ++i) mismatches += got[i].bits != ref[i];
   EXPECT_EQ(mismatches, 0u) << "of " << x.size() << " conversions";
+
+  // Back to fp32: the exact widening (the bits, NaN's included), and y += widened.
+  float* wide = mem.template alloc<float>(x.size());
+  Ops::from_bf16(out, wide, x.size(), mem.stream());
+  const auto back = mem.download(wide, x.size());
+  size_t widened_wrong = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = bf16_to_fp32(ref[i]);
+    widened_wrong += std::memcmp(&back[i], &want, 4) != 0;
+  }
+  EXPECT_EQ(widened_wrong, 0u) << "of " << x.size() << " widenings";
+  std::vector<float> y0(x.size()), sum(x.size());
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    y0[i] = u(rng);
+    sum[i] = y0[i] + bf16_to_fp32(ref[i]);
+  }
+  float* y = mem.upload(y0);
+  Ops::accumulate_bf16(y, out, x.size(), mem.stream());
+  const auto acc = mem.download(y, x.size());
+  size_t summed_wrong = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    summed_wrong +=
+        std::memcmp(&acc[i], &sum[i], 4) != 0 && !(std::isnan(acc[i]) && std::isnan(sum[i]));
+  EXPECT_EQ(summed_wrong, 0u) << "of " << x.size() << " accumulations";
 }
 
 struct GemmShape {

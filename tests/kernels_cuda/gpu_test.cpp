@@ -183,6 +183,19 @@ TEST(GpuGru, CudnnStackMatchesCpu) {
   check_cudnn_gru<Mem>({64, 60, 128, 128, 2}, 531);  // gpu_standard-sized layers
 }
 
+// cuDNN's bf16 RNN: bf16 states, so within bf16's tolerance of the reference given the same
+// rounded weights and inputs. A cuDNN older than 9.13 has none: the test says so and skips.
+TEST(GpuGru, CudnnStackBf16IsCloseToCpu) {
+  REQUIRE_DEVICE();
+  const std::string why = cuda::CudnnGru::bf16_unsupported();
+  if (!why.empty()) GTEST_SKIP() << why;
+  uint64_t seed = 541;
+  for (const GruStackShape& s : std::vector<GruStackShape>{
+           {1, 1, 3, 2, 1}, {3, 5, 7, 4, 1}, {2, 13, 6, 9, 2}, {5, 4, 4, 70, 3}})
+    check_cudnn_gru<Mem>(s, seed++, true);
+  check_cudnn_gru<Mem>({64, 60, 128, 128, 2}, 551, true);
+}
+
 }  // namespace
 }  // namespace slipstream::kernels::test
 

@@ -2,10 +2,14 @@
 // chained layer by layer, as the gru stage's model chains it: the last layer's y, dx, and every
 // weight and bias gradient added onto non-zero starts. The weights lie in nn.GRU's layout in one
 // flat buffer with gaps between layers (a store's offsets, not cuDNN's); the gaps' gradients must
-// stay untouched. Run by the gpu test (cuDNN has no emulation).
+// stay untouched. The bf16 form sees the weights' bf16 copies and x rounded to bf16, so the
+// reference is given those; its states are rounded as it goes, so it is held to bf16's
+// tolerance, and its y must be bf16 values widened. Run by the gpu test (cuDNN has no
+// emulation).
 #pragma once
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -21,10 +25,10 @@ struct GruStackShape {
 };
 
 template <class Mem>
-void check_cudnn_gru(const GruStackShape& s, uint64_t seed) {
+void check_cudnn_gru(const GruStackShape& s, uint64_t seed, bool bf16 = false) {
   SCOPED_TRACE("B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " In" +
                std::to_string(s.In) + " H" + std::to_string(s.H) + " layers " +
-               std::to_string(s.layers));
+               std::to_string(s.layers) + (bf16 ? " bf16" : " fp32"));
   std::mt19937_64 rng(seed);
   const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L, H = size_t(s.H);
   std::vector<cuda::CudnnGru::LayerOffsets> off;
@@ -39,8 +43,9 @@ void check_cudnn_gru(const GruStackShape& s, uint64_t seed) {
   // nn.GRU's scale, 1/sqrt(H), everywhere (gaps included: they must not matter).
   std::vector<double> w = rand_vec(total, rng);
   for (double& e : w) e /= std::sqrt(double(s.H));
-  w = round_trip<float>(w);
-  const auto x = round_trip<float>(rand_vec(M * s.In, rng));
+  w = bf16 ? round_trip<bfloat16>(w) : round_trip<float>(w);
+  const auto x = bf16 ? round_trip<bfloat16>(rand_vec(M * s.In, rng))
+                      : round_trip<float>(rand_vec(M * s.In, rng));
   const auto dy = round_trip<float>(rand_vec(M * H, rng));
   const auto g0 = round_trip<float>(rand_vec(total, rng));
 
@@ -70,24 +75,40 @@ void check_cudnn_gru(const GruStackShape& s, uint64_t seed) {
   }
 
   Mem mem;
-  cuda::CudnnGru gru(mem.stream(), s.In, s.H, off);
+  cuda::CudnnGru gru(mem.stream(), s.In, s.H, off, bf16);
   const auto needs = gru.describe_batch(s.B, s.L);
-  const cuda::CudnnGru::Buffers b{
-      mem.alloc_bytes(gru.weight_space_bytes()), mem.alloc_bytes(gru.weight_space_bytes()),
-      mem.alloc_bytes(needs.work_bytes), mem.alloc_bytes(needs.reserve_bytes),
-      mem.template alloc<int>(size_t(s.B))};
+  EXPECT_EQ(needs.staging_bytes > 0, bf16);
+  const cuda::CudnnGru::Buffers b{mem.alloc_bytes(gru.weight_space_bytes()),
+                                  mem.alloc_bytes(gru.weight_space_bytes()),
+                                  mem.alloc_bytes(needs.work_bytes),
+                                  mem.alloc_bytes(needs.reserve_bytes),
+                                  bf16 ? mem.alloc_bytes(needs.staging_bytes) : nullptr,
+                                  mem.template alloc<int>(size_t(s.B))};
   gru.set_batch(b.seq_lengths);
   const float* g_x = mem.upload(elems<float>(x));
-  const float* g_w = mem.upload(elems<float>(w));
+  // The bf16 form reads only the weights' bf16 copies: its fp32 ones are not given.
+  const float* g_w = bf16 ? nullptr : mem.upload(elems<float>(w));
+  const bfloat16* g_wb = bf16 ? mem.upload(elems<bfloat16>(w)) : nullptr;
   float* g_y = mem.template alloc<float>(M * H);
   float* g_dx = mem.template alloc<float>(M * s.In);
   float* g_g = mem.upload(elems<float>(g0));
-  gru.forward(g_x, g_w, g_y, b, true);
-  gru.backward(g_x, g_y, mem.upload(elems<float>(dy)), g_w, g_dx, g_g, b);
+  gru.forward(g_x, g_w, g_wb, g_y, b, true);
+  gru.backward(g_x, g_y, mem.upload(elems<float>(dy)), g_dx, g_g, b);
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(g_y, M * H)), ys.back(), 1e-5, "y");
-  EXPECT_CLOSE(values(mem.download(g_dx, M * s.In)), dout, 1e-5, "dx");
-  EXPECT_CLOSE(values(mem.download(g_g, total)), g, 1e-5, "weight and bias gradients");
+  const double tol = bf16 ? 2e-2 : 1e-5, grad_tol = bf16 ? 3e-2 : 1e-5;
+  const auto y = mem.download(g_y, M * H);
+  EXPECT_CLOSE(values(y), ys.back(), tol, "y");
+  EXPECT_CLOSE(values(mem.download(g_dx, M * s.In)), dout, tol, "dx");
+  EXPECT_CLOSE(values(mem.download(g_g, total)), g, grad_tol, "weight and bias gradients");
+  if (bf16) {  // y came out of bf16: the low halves of its fp32 bits are zero
+    size_t wide = 0;
+    for (float e : y) {
+      uint32_t u;
+      std::memcpy(&u, &e, 4);
+      wide += (u & 0xffffu) != 0;
+    }
+    EXPECT_EQ(wide, 0u) << "elements of y that are not bf16 values";
+  }
   const auto got = values(mem.download(g_g, total));
   for (int k = 0; k < s.layers; ++k) {  // the gaps after each layer's bias_hh
     const size_t gap = off[size_t(k)].b_hh + G;

@@ -70,6 +70,9 @@ def main(out):
                 bench[b["name"].split("/manual_time")[0]] = b
         print("\n  kernel                                    time (us)    GB/s   of peak")
         for name, b in bench.items():
+            if b.get("error_occurred"):
+                print(f"  {name:<40} skipped: {b.get('error_message', '')}")
+                continue
             gbs = b.get("GB/s", 0.0)
             print(f"  {name:<40} {b['real_time']:>10.1f} {gbs:>8.0f} {gbs / PEAK_GBS:>8.0%}")
     peer = os.path.join(out, "torch_scan.json")
@@ -110,19 +113,27 @@ def main(out):
         if a and b:
             print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
                   f"occupancy {b['real_time']:.1f} us -> {a['real_time'] / b['real_time']:.2f}x")
-    # The GRU graph's step: our per-step layer against cuDNN's stack.
+    # The GRU graph's step: our per-step layer against cuDNN's stack, in fp32 and bf16, and
+    # whether each step ran from a CUDA graph.
     gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
-    step_ms = {gb: 1000.0 / j["runs"][0]["steps_per_s"] for gb, j in gru.items()
-               if j and j.get("runs") and j["runs"][0].get("steps_per_s")}
-    if step_ms:
-        print("\n  GRU graph step (fp32): " +
-              ", ".join(f"{gb} {ms:.2f} ms" for gb, ms in step_ms.items()) +
-              (f" -> cudnn is {step_ms['kernels'] / step_ms['cudnn']:.2f}x" if len(step_ms) == 2
-               else ""))
-    runs = {r.get("precision"): r.get("steps_per_s") for r in (gru.get("kernels") or {}).get("runs", [])}
-    if runs.get("fp32") and runs.get("bf16"):
-        print(f"  GRU graph step, our layer's bf16 form: {runs['bf16'] / runs['fp32']:.2f}x the "
-              f"steps/s of fp32")
+    runs = {gb: {r.get("precision"): r for r in (j or {}).get("runs", [])}
+            for gb, j in gru.items()}
+    for prec in ("fp32", "bf16"):
+        step_ms = {gb: 1000.0 / r[prec]["steps_per_s"] for gb, r in runs.items()
+                   if r.get(prec, {}).get("steps_per_s")}
+        if step_ms:
+            print(f"\n  GRU graph step ({prec}): " +
+                  ", ".join(f"{gb} {ms:.2f} ms" for gb, ms in step_ms.items()) +
+                  (f" -> cudnn is {step_ms['kernels'] / step_ms['cudnn']:.2f}x"
+                   if len(step_ms) == 2 else ""))
+        for gb, r in runs.items():
+            graph = r.get(prec, {}).get("cuda_graph", {}).get("summary")
+            if graph:
+                print(f"    {gb}: {graph}")
+    for gb, r in runs.items():
+        if r.get("fp32", {}).get("steps_per_s") and r.get("bf16", {}).get("steps_per_s"):
+            print(f"  GRU graph step on {gb}, bf16: "
+                  f"{r['bf16']['steps_per_s'] / r['fp32']['steps_per_s']:.2f}x the steps/s of fp32")
     for preset in ("gpu_quick", "gpu_standard"):
         o = read_json(out, f"overlap_{preset}.json")
         if o is None:
