@@ -127,7 +127,10 @@ struct CudnnGru::Descriptors {
 };
 
 std::string CudnnGru::bf16_unsupported() {
-  const size_t v = api().cudnnGetVersion();  // major * 10000 + minor * 100 + patch (cuDNN 9)
+  return bf16_unsupported(api().cudnnGetVersion());
+}
+
+std::string CudnnGru::bf16_unsupported(size_t v) {
   if (v >= 91300) return "";
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
          std::to_string(v % 100) + " has no bf16 RNN (cuDNN 9.13 and later have)";

@@ -47,6 +47,9 @@ class CudnnGru {
 
   // Why the loaded cuDNN has no bf16 RNN ("" when it has one: 9.13 and later). Loads cuDNN.
   static std::string bf16_unsupported();
+  // The same for a cuDNN of version `version` (cudnnGetVersion's major·10000 + minor·100 +
+  // patch).
+  static std::string bf16_unsupported(size_t version);
 
   int layers() const { return static_cast<int>(layers_.size()); }
   bool bf16() const { return bf16_; }

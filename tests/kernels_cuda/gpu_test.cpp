@@ -183,6 +183,15 @@ TEST(GpuGru, CudnnStackMatchesCpu) {
   check_cudnn_gru<Mem>({64, 60, 128, 128, 2}, 531);  // gpu_standard-sized layers
 }
 
+// Which cuDNN has a bf16 RNN, and what the stage's note says of one that has none (no device
+// needed).
+TEST(GpuGru, CudnnBf16NeedsCuDnn913) {
+  EXPECT_EQ(cuda::CudnnGru::bf16_unsupported(91300), "");
+  EXPECT_EQ(cuda::CudnnGru::bf16_unsupported(91900), "");
+  EXPECT_EQ(cuda::CudnnGru::bf16_unsupported(91002),
+            "cuDNN 9.10.2 has no bf16 RNN (cuDNN 9.13 and later have)");
+}
+
 // cuDNN's bf16 RNN: bf16 states, so within bf16's tolerance of the reference given the same
 // rounded weights and inputs. A cuDNN older than 9.13 has none: the test says so and skips.
 TEST(GpuGru, CudnnStackBf16IsCloseToCpu) {
