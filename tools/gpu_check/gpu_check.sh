@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
-# memcheck and racecheck on the kernel gpu tests, the GPU kernel benchmarks, the PyTorch peer
+# memcheck and racecheck on the kernel gpu tests (and memcheck on training steps replayed from
+# CUDA graphs), the GPU kernel benchmarks, the PyTorch peer
 # of the scan, and when the whole engine builds a short gpu_quick run and a gpu_standard run
 # with `replays.batch_size: auto`, the end-to-end step benchmark (fp32 vs bf16; gpu_quick,
 # gpu_standard, production; the GRU graph on our per-step layer and on cuDNN) and the data
@@ -31,7 +32,7 @@ EXTRA=()
 
 # GPU_CHECK_ONLY: the groups to run, of tests (the gpu tests), cpu (the kernels' CPU and
 # emulator tests, as CI runs them), sanitize (memcheck,
-# racecheck), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run, an
+# racecheck; memcheck of graph-replayed steps), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run, an
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
@@ -137,6 +138,10 @@ SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*:*GpuGemm*'
 if wants sanitize && command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
+  # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
+  # on cuDNN), under memcheck; the whole engine's build only.
+  [ -x $B/bin/training_device_gpu_tests ] && step memcheck_graphs sh -c "cd $B && compute-sanitizer --tool memcheck --error-exitcode 1 \
+    bin/training_device_gpu_tests --gtest_filter=DevicePath.CudaGraphStepsEqualUncapturedSteps"
 fi
 if wants kernels; then
   step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.05 \
