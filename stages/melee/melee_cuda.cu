@@ -17,7 +17,10 @@ using k::ceil_div;
 using k::check_launch;
 
 constexpr int kThreads = 256;
-constexpr size_t kItemsPerChunk = 512;  // embed_backward: items summed per partial
+// embed_backward: items summed per partial. Each block's thread per column runs through its
+// chunk in order, so the chunk's length is the kernel's critical path; shorter chunks mean more
+// blocks and more partials to write and sum (gpu_standard's action table: 180 chunks of 256).
+constexpr size_t kItemsPerChunk = 256;
 
 // ---------------------------------------------------------------- embedding
 
@@ -143,7 +146,7 @@ TableGrad table_grad(const int32_t* ids, int id_limit, int dim, int per_row, int
 
 constexpr int kTableSlice = 8192;  // floats of a block's table slice (32 KB of shared memory)
 constexpr int kTableThreads = 32;  // columns of a slice at most
-constexpr int kTablePrefetch = 8;  // items whose loads are issued together
+constexpr int kTablePrefetch = 16;  // items whose loads are issued together
 
 __global__ void __launch_bounds__(kTableThreads)
     table_partials_kernel(TableGrad t, const float* numeric, const float* dout, size_t items,
@@ -159,25 +162,24 @@ __global__ void __launch_bounds__(kTableThreads)
   __syncthreads();
   if (tid < cols) {
     const size_t col = size_t(t.col_base) + size_t(col0) + size_t(tid);
-    // Items in groups of kTablePrefetch: the group's loads are issued before its additions.
+    // Items in groups of kTablePrefetch: the group's loads (id, gradient, slot flag: none
+    // depends on another) are all issued before its additions.
     for (size_t g = i0; g < i1; g += kTablePrefetch) {
       int id[kTablePrefetch];
       float v[kTablePrefetch];
+      bool there[kTablePrefetch];
 #pragma unroll
       for (int j = 0; j < kTablePrefetch; ++j) {
-        const size_t i = g + size_t(j);
-        id[j] = -1;
-        v[j] = 0.0f;
-        if (i >= i1) continue;
-        const int k = t.ids[i];
-        if (k < 0 || k >= t.id_limit || (t.needs_slot && !exists(numeric, i))) continue;
+        const size_t i = g + size_t(j) < i1 ? g + size_t(j) : i1 - 1;  // past the end: unused
         const size_t r = i / size_t(t.per_row), s = i % size_t(t.per_row);
-        id[j] = k;
+        id[j] = t.ids[i];
         v[j] = dout[r * size_t(width) + s * size_t(t.slot_step) + col];
+        there[j] = !t.needs_slot || exists(numeric, i);
       }
 #pragma unroll
       for (int j = 0; j < kTablePrefetch; ++j)
-        if (id[j] >= 0) acc[id[j] * cols + tid] += v[j];
+        if (g + size_t(j) < i1 && id[j] >= 0 && id[j] < t.id_limit && there[j])
+          acc[id[j] * cols + tid] += v[j];
     }
   }
   __syncthreads();
