@@ -10,7 +10,7 @@ namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTimeBlock = 64;  // time steps per backward thread
+constexpr int kTimeBlock = 16;  // time steps per backward thread
 constexpr int kMaxK = kConvMaxWidth;
 
 // bias + sum_k w[k] x[t - K + 1 + k] at (b, t, c), zero left padding.
@@ -88,6 +88,55 @@ __global__ void __launch_bounds__(kThreads)
   db_part[part * C + c] = db;
 }
 
+// The same for a width KC known at compile time (Mamba's 4): the K gradients dx[t] reads and the
+// K inputs dw reads slide through registers, one load of each a step instead of K. Sums in the
+// generic kernel's order; terms past either end are zeros (x + 0 is x).
+template <class DT, int KC>
+__global__ void __launch_bounds__(kThreads)
+    conv_backward_window_kernel(const DT* x, const float* w, const DT* dy, const float* dpre,
+                                DT* dx, float* dw_part, float* db_part, int L, int C) {
+  const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const int tb = int(blockIdx.y), b = int(blockIdx.z);
+  if (c >= C) return;
+  const size_t base = size_t(b) * L * C + c;
+  auto g = [&](int t) {
+    if (t >= L) return 0.f;
+    return dpre ? dpre[base + size_t(t) * C] : to_f32(dy[base + size_t(t) * C]);
+  };
+  auto xs = [&](int t) { return t >= 0 && t < L ? to_f32(x[base + size_t(t) * C]) : 0.f; };
+  const int t0 = tb * kTimeBlock, t1 = L < t0 + kTimeBlock ? L : t0 + kTimeBlock;
+  float wr[KC], dw[KC], gw[KC], xw[KC];  // gw[j] = g[t + j], xw[j] = x[t - KC + 1 + j]
+#pragma unroll
+  for (int k = 0; k < KC; ++k) {
+    wr[k] = w[size_t(c) * KC + k];
+    dw[k] = 0.f;
+    gw[k] = g(t0 + k);
+    xw[k] = xs(t0 - KC + 1 + k);
+  }
+  float db = 0.f;
+  for (int t = t0; t < t1; ++t) {
+    float acc = 0.f;  // dx[t] = sum_k w[k] g[t + K - 1 - k]
+#pragma unroll
+    for (int k = 0; k < KC; ++k) acc += wr[k] * gw[KC - 1 - k];
+    dx[base + size_t(t) * C] = from_f32<DT>(acc);
+    const float gt = gw[0];
+    db += gt;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) dw[k] += gt * xw[k];  // dw[k] += g[t] x[t - K + 1 + k]
+#pragma unroll
+    for (int k = 0; k + 1 < KC; ++k) {
+      gw[k] = gw[k + 1];
+      xw[k] = xw[k + 1];
+    }
+    gw[KC - 1] = g(t + KC);
+    xw[KC - 1] = xs(t + 1);
+  }
+  const size_t part = size_t(b) * gridDim.y + tb;
+#pragma unroll
+  for (int k = 0; k < KC; ++k) dw_part[(part * C + c) * KC + k] = dw[k];
+  db_part[part * C + c] = db;
+}
+
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_step_kernel(DT* state, const DT* x, const float* w, const float* bias, DT* y, int B, int C,
@@ -161,10 +210,27 @@ void causal_conv1d_backward(const T* x, const float* weight, const float* bias, 
     check_launch(op);
   }
   const int tbs = time_blocks(L);
-  const auto kernel = &conv_backward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B)),
-                    dim3(kThreads), stream, dev(x), weight, dev(dy), dpre, dev(dx), ws + lay.dw,
-                    ws + lay.db, L, C, K);
+  const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
+  auto window = [&](auto kernel) {
+    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), weight, dev(dy), dpre, dev(dx),
+                      ws + lay.dw, ws + lay.db, L, C);
+  };
+  switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
+    case 2:
+      window(&conv_backward_window_kernel<dev_t<T>, 2>);
+      break;
+    case 3:
+      window(&conv_backward_window_kernel<dev_t<T>, 3>);
+      break;
+    case 4:
+      window(&conv_backward_window_kernel<dev_t<T>, 4>);
+      break;
+    default: {
+      const auto kernel = &conv_backward_kernel<dev_t<T>>;
+      SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), weight, dev(dy), dpre,
+                        dev(dx), ws + lay.dw, ws + lay.db, L, C, K);
+    }
+  }
   check_launch(op);
   const int parts = B * tbs;
   sum_partials(ws + lay.dw, parts, size_t(C) * K, dweight, true, stream, op);

@@ -118,6 +118,8 @@ inline std::vector<ConvShape> conv_shapes() {
       {1, 130, 33, 4, false, true},  // several time blocks; no SiLU
       {3, 3, 300, 5, true, false},   // L < K, > 256 channels, no bias
       {2, 9, 17, 1},                 // width 1
+      {2, 21, 19, 3},                // width 3 (a sliding-window kernel), L past a time block
+      {1, 5, 7, 2},                  // width 2
   };
 }
 
