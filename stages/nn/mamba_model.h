@@ -188,7 +188,6 @@ class MambaModel {
     h_ = buf((nl + 1) * M * dm, "mamba residual stream");
     rstd_ = buf(nl * M, "mamba norm statistics");
     xn_ = buf(nl * M * dm, "mamba normed input");
-    xz_ = buf(M * 2 * di, "mamba in_proj output");  // split at once: no per-layer copy
     xc_ = buf(nl * M * di, "mamba conv input");
     z_ = buf(nl * M * di, "mamba gate");
     conv_ = buf(Ops::kSavesConvInput ? nl * M * di : 0, "mamba conv output");
@@ -203,7 +202,6 @@ class MambaModel {
     // Backward scratch.
     dh_ = buf(M * dm, "mamba gradient");
     dxn_ = buf(M * dm, "mamba gradient");
-    dxz_ = buf(M * 2 * di, "mamba gradient");
     dys_ = buf(M * di, "mamba gradient");
     du_ = buf(M * di, "mamba gradient");
     ddelta_ = buf(M * di, "mamba gradient");
@@ -261,10 +259,11 @@ class MambaModel {
       T* hn = a.h + Ms * dm_();
       ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps);
       const uint16_t* xnb = round(a.xn, a.xn_bf, Ms * dm_(), wb);
-      mm(false, true, M, 2 * di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
-         xz_, 2 * di);
-      ops_.copy_cols(xz_, 2 * di_(), a.xc, di_(), Ms, di_());
-      ops_.copy_cols(xz_ + di, 2 * di_(), a.z, di_(), Ms, di_());
+      // in_proj's two halves of rows straight into x and z: no (M, 2·d_inner) tensor to split.
+      const size_t in_z = Lw.in_proj + di_() * dm_();
+      mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0), a.xc,
+         di);
+      mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, di);
       ops_.conv_silu_forward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_, di,
                              c_.d_conv);
       const uint16_t* ub = round(a.u, a.u_bf, Ms * di_(), wb);
@@ -326,14 +325,16 @@ class MambaModel {
       mm(true, false, P, di, M, ddbc_, dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
       ops_.conv_silu_backward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_, dxc_,
                               g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_);
-      ops_.copy_cols(dxc_, di_(), dxz_, 2 * di_(), Ms, di_());
-      ops_.copy_cols(dz_, di_(), dxz_ + di, 2 * di_(), Ms, di_());
-      // in_proj, then the block's RMSNorm; its input gradient joins the residual stream (dh).
-      const uint16_t* dxzb = round(dxz_, dyb, Ms * 2 * di_(), wb);
-      mm(false, false, M, dm, 2 * di, dxz_, dxzb, 2 * di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm,
-         T(0), dxn_, dm);
-      mm(true, false, 2 * di, dm, M, dxz_, dxzb, 2 * di, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj,
-         dm);
+      // in_proj, by its two halves of rows (x's and z's), then the block's RMSNorm; its input
+      // gradient joins the residual stream (dh).
+      const size_t in_z = Lw.in_proj + di_() * dm_();
+      const uint16_t* dxcb = round(dxc_, dyb, Ms * di_(), wb);
+      const uint16_t* dzb = round(dz_, dyb ? dyb + Ms * di_() : nullptr, Ms * di_(), wb);
+      mm(false, false, M, dm, di, dxc_, dxcb, di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
+         dxn_, dm);
+      mm(false, false, M, dm, di, dz_, dzb, di, w + in_z, bf(wb, in_z), dm, T(1), dxn_, dm);
+      mm(true, false, di, dm, M, dxc_, dxcb, di, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj, dm);
+      mm(true, false, di, dm, M, dz_, dzb, di, a.xn, a.xn_bf, dm, T(1), g + in_z, dm);
       ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
                             scratch_);
       if (layer_done) (*layer_done)(l);
@@ -415,10 +416,10 @@ class MambaModel {
   std::vector<Tensor> buffers_;  // owns every buffer below
   Tensor scratch_t_;
   void* scratch_ = nullptr;
-  T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xz_ = nullptr, *xc_ = nullptr, *z_ = nullptr;
+  T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xc_ = nullptr, *z_ = nullptr;
   T *conv_ = nullptr, *u_ = nullptr, *dbc_ = nullptr, *delta_ = nullptr, *Bm_ = nullptr;
   T *Cm_ = nullptr, *ys_ = nullptr, *A_ = nullptr, *rstd_f_ = nullptr;
-  T *dh_ = nullptr, *dxn_ = nullptr, *dxz_ = nullptr, *dys_ = nullptr, *du_ = nullptr;
+  T *dh_ = nullptr, *dxn_ = nullptr, *dys_ = nullptr, *du_ = nullptr;
   T *ddelta_ = nullptr, *dz_ = nullptr, *dconv_ = nullptr, *dxc_ = nullptr, *dBm_ = nullptr;
   T *dCm_ = nullptr, *ddbc_ = nullptr, *dA_ = nullptr;
   uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr, *dbc_bf_ = nullptr;
