@@ -159,14 +159,18 @@ CudnnGru::CudnnGru(cudaStream_t stream, int in, int hidden, std::vector<LayerOff
   check(f.cudnnSetDropoutDescriptor(d.dropout, d.handle, 0.0f, nullptr, 0, 0),
         "cudnnSetDropoutDescriptor");
   check(f.cudnnCreateRNNDescriptor(&d.rnn), "cudnnCreateRNNDescriptor");
-  // fp32: FMA math, so no TF32 rounding; bf16: data, weights and states in bf16, sums in fp32
-  // on tensor cores.
-  check(f.cudnnSetRNNDescriptor_v8(d.rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS,
-                                   CUDNN_UNIDIRECTIONAL, CUDNN_LINEAR_INPUT, data_type(bf16_),
-                                   CUDNN_DATA_FLOAT, bf16_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH,
-                                   in, hidden, hidden, static_cast<int32_t>(layers_.size()),
-                                   d.dropout, CUDNN_RNN_PADDED_IO_ENABLED),
-        "cudnnSetRNNDescriptor_v8");
+  // fp32: FMA math, so no TF32 rounding; bf16: data, weights and states in bf16, sums in fp32,
+  // on tensor cores where cuDNN takes that (else its default math).
+  auto describe = [&](cudnnMathType_t math) {
+    return f.cudnnSetRNNDescriptor_v8(
+        d.rnn, CUDNN_RNN_ALGO_STANDARD, CUDNN_GRU, CUDNN_RNN_DOUBLE_BIAS, CUDNN_UNIDIRECTIONAL,
+        CUDNN_LINEAR_INPUT, data_type(bf16_), CUDNN_DATA_FLOAT, math, in, hidden, hidden,
+        static_cast<int32_t>(layers_.size()), d.dropout, CUDNN_RNN_PADDED_IO_ENABLED);
+  };
+  cudnnStatus_t set = describe(bf16_ ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH);
+  if (bf16_ && set != CUDNN_STATUS_SUCCESS && describe(CUDNN_DEFAULT_MATH) == CUDNN_STATUS_SUCCESS)
+    set = CUDNN_STATUS_SUCCESS;
+  check(set, "cudnnSetRNNDescriptor_v8");
   check(f.cudnnGetRNNWeightSpaceSize(d.handle, d.rnn, &weight_bytes_),
         "cudnnGetRNNWeightSpaceSize");
   check(f.cudnnCreateRNNDataDescriptor(&d.x), "cudnnCreateRNNDataDescriptor");
