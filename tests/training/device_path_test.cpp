@@ -273,10 +273,10 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
 
 // run.cuda_graph: a training step replayed from a graph is the step issued op by op — the same
 // rows and weights, bit for bit — for Mamba and the GRU (our kernels, and on a GPU cuDNN's) in
-// bf16, with mirroring and noise (their
-// per-batch key reaches the kernels through device memory), running ahead between rows, across a
-// validation pass. And the steps did replay: a step's work recurs (each slot of the prefetch
-// ring gives its own graph, captured the second time the slot comes round).
+// bf16, with mirroring and noise (their per-batch key reaches the kernels through device
+// memory), running ahead between rows, across a validation pass. And the steps did replay: a
+// step's work recurs (each slot of the prefetch ring gives its own graph, captured the second
+// time the slot comes round).
 TEST(DevicePath, CudaGraphStepsEqualUncapturedSteps) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   TempDir d;
