@@ -14,8 +14,9 @@ constexpr size_t kSeenSignatures = 2 * StepGraphs::kMaxGraphs;
 constexpr int kUncapturedSteps = 3;  // in a row: graph mode goes off
 }  // namespace
 
-StepGraphs::StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name)
-    : exec_(exec), stage_name_(std::move(stage_name)) {
+StepGraphs::StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name,
+                       CaptureFault capture_fault)
+    : exec_(exec), stage_name_(std::move(stage_name)), capture_fault_(std::move(capture_fault)) {
   if (!exec.device_ops())
     throw std::logic_error("StepGraphs: CUDA graphs need a CUDA device or the emulator");
 }
@@ -115,20 +116,20 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   Graph g;
   g.signature = signature;
   g.ops = n;
-  if (on_device) {
+  std::string why = capture_fault_ ? capture_fault_(step) : std::string();
 #if SLIPSTREAM_HAS_CUDA
-    std::string why;
+  if (why.empty() && on_device) {
     g.exec = cuda_rt::capture_graph(exec_.device().index, exec_.stream(), ops, &why);
-    if (!g.exec) {
-      capture::issue_ops(ops);
-      ++issued_;
-      turn_off(step, "the step's capture failed: " + why);
-      return Outcome::issued;
-    }
-#endif
-  } else {
-    g.replay = ops;
+    if (!g.exec && why.empty()) why = "no graph came back";
   }
+#endif
+  if (!why.empty()) {  // nothing ran under the failed capture: the work is issued as it is
+    capture::issue_ops(ops);
+    ++issued_;
+    turn_off(step, "the step's capture failed: " + why);
+    return Outcome::issued;
+  }
+  if (!on_device) g.replay = ops;
   if (graphs_.size() >= kMaxGraphs) {
     // The least recently used goes. One still in flight is freed when it completes
     // (cuGraphExecDestroy's contract), so the host does not wait for it.

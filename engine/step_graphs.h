@@ -32,9 +32,14 @@ namespace slipstream {
 
 class StepGraphs {
  public:
+  // Says why step `step`'s capture fails ("" when it does not): a fault to inject, so the
+  // fallback a device takes when a library refuses capture (the work issued, graph mode off with
+  // the reason) runs under the emulator too.
+  using CaptureFault = std::function<std::string(uint64_t step)>;
   // `exec`: a CUDA or emulated context (the graphs run on its stream). `stage_name` names graph
   // stage k in messages (none: "stage k").
-  explicit StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name = {});
+  explicit StepGraphs(const ExecContext& exec, std::function<std::string(int)> stage_name = {},
+                      CaptureFault capture_fault = {});
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -79,6 +84,7 @@ class StepGraphs {
 
   const ExecContext& exec_;
   std::function<std::string(int)> stage_name_;
+  CaptureFault capture_fault_;
   bool enabled_ = true;
   std::string off_reason_, difference_;
   struct OpId {

@@ -137,6 +137,33 @@ TEST_F(StepGraphsTest, TheDifferenceBetweenNewStepsIsNamed) {
   EXPECT_EQ(named.difference(), "operation 2 of 3, op (core)");
 }
 
+// A capture a library refuses (on a GPU: cuDNN or NCCL returning an error under stream capture)
+// issues the step's work as it is, once, and turns graph mode off naming the refusal; steps
+// after it are issued op by op.
+TEST_F(StepGraphsTest, ARefusedCaptureIssuesTheWorkAndTurnsGraphsOff) {
+  StepGraphs refusing(exec, {}, [](uint64_t s) {
+    return s == 2 ? std::string("cudnnRNNForward failed: CUDNN_STATUS_NOT_SUPPORTED") : "";
+  });
+  auto run = [&](uint64_t n, const std::string& tag) {
+    capture::StepRecorder rec(nullptr);
+    op(1, "a" + tag);
+    op(2, "b" + tag);
+    return refusing.finish(rec, n);
+  };
+  EXPECT_EQ(run(1, "1"), StepGraphs::Outcome::issued);
+  EXPECT_TRUE(refusing.enabled());
+  EXPECT_EQ(run(2, "2"), StepGraphs::Outcome::issued);  // would have been captured
+  EXPECT_EQ(trace, (std::vector<std::string>{"a1", "b1", "a2", "b2"}));
+  EXPECT_FALSE(refusing.enabled());
+  EXPECT_EQ(refusing.off_reason(),
+            "off from step 2: the step's capture failed: cudnnRNNForward failed: "
+            "CUDNN_STATUS_NOT_SUPPORTED");
+  const auto c = refusing.counts();
+  EXPECT_EQ(c.captured, 0u);
+  EXPECT_EQ(c.issued, 2u);
+  EXPECT_EQ(c.graphs, 0u);
+}
+
 TEST_F(StepGraphsTest, AFailingOperationNamesItsStage) {
   capture::StepRecorder rec(nullptr);
   rec.set_stage(3);
