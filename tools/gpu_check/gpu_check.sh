@@ -139,9 +139,11 @@ if wants sanitize && command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
   # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
-  # on cuDNN), under memcheck; the whole engine's build only.
-  [ -x $B/bin/training_device_gpu_tests ] && step memcheck_graphs sh -c "cd $B && compute-sanitizer --tool memcheck --error-exitcode 1 \
-    bin/training_device_gpu_tests --gtest_filter=DevicePath.CudaGraphStepsEqualUncapturedSteps"
+  # on cuDNN), under memcheck; the whole engine's build only. Four minutes at most, so a slow
+  # sanitizer cannot eat a lease's call.
+  [ -x $B/bin/training_device_gpu_tests ] && step memcheck_graphs sh -c "cd $B && timeout 240 \
+    compute-sanitizer --tool memcheck --error-exitcode 1 bin/training_device_gpu_tests \
+    --gtest_filter=DevicePath.CudaGraphStepsEqualUncapturedSteps"
 fi
 if wants kernels; then
   step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.05 \
