@@ -15,6 +15,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -97,6 +98,24 @@ double weights_relative_difference(const std::string& a_dir, const std::string& 
   return worst;
 }
 
+// A multi-rank run against one process's: the weights (1e-6) and the moments and EMA (when
+// sharded, gathered from every rank; 1e-5) at each checkpoint of `steps`, and every row's loss.
+void expect_run_matches_one_process(const std::string& one_dir, const std::string& dir,
+                                    std::initializer_list<const char*> steps,
+                                    const std::vector<nlohmann::json>& want) {
+  for (const char* step : steps) {
+    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
+    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
+        << step;
+  }
+  const auto got = rows(dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double w = want[i]["loss"], g = got[i]["loss"];
+    EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << "row " << i;
+  }
+}
+
 // Six steps with rows and validation at 3 and 6 and checkpoints step-3 and step-6.
 const std::string kSixSteps =
     " --set run.steps=6 --set ckpt.every=3 --set run.log_every=3 --set run.validate_every=3"
@@ -147,6 +166,20 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
   }
 }
 
+// A sharded run resumed from its checkpoint step-`from` on `ranks` ranks (each rank taking its
+// pieces of the saved moments) ends at step-`to` with the weights the straight run had there.
+void expect_sharded_resume_ends_alike(const std::string& tmp, const std::string& dir, int ranks,
+                                      int from, int to) {
+  const std::string straight = tmp + "/straight-" + std::to_string(to);
+  const std::string end = dir + "/checkpoints/step-" + std::to_string(to);
+  fs::copy(end, straight, fs::copy_options::recursive);
+  const auto resumed =
+      run_command(mpirun(ranks) + SLIPSTREAM_CLI + " run --resume " + dir + "/checkpoints/step-" +
+                  std::to_string(from) + " --set run.steps=" + std::to_string(to));
+  ASSERT_EQ(resumed.status, 0) << resumed.text;
+  EXPECT_LE(weights_relative_difference(straight, end), 1e-6);
+}
+
 // ZeRO-1 (sync.shard_optimizer): each rank keeps the moments of its share of the weights and
 // updates only those; the parameters and the checkpoint's optimizer state equal one process's,
 // and a sharded run resumes from its checkpoint to the same weights it reached without stopping.
@@ -164,26 +197,10 @@ TEST(MultiRank, AShardedOptimizerTrainsWhatOneProcessTrainsAndResumes) {
                     kSixSteps + " --set sync.shard_optimizer=true");
     ASSERT_EQ(many.status, 0) << many.text;
     const std::string dir = only_run_dir(d.path() + "/runs", name);
-    for (const char* step : {"/checkpoints/step-3", "/checkpoints/step-6"}) {
-      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
-      // The moments gathered from every rank: the state one process saves.
-      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
-          << step;
-    }
-    const auto got = rows(dir);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i)
-      EXPECT_NEAR(double(got[i]["loss"]), double(want[i]["loss"]),
-                  1e-5 * std::max(1.0, std::abs(double(want[i]["loss"]))))
-          << "row " << i;
+    expect_run_matches_one_process(one_dir, dir, {"/checkpoints/step-3", "/checkpoints/step-6"},
+                                   want);
     if (ranks != 2) continue;
-    // Resume from step 3: each rank takes its pieces of the saved moments.
-    fs::copy(dir + "/checkpoints/step-6", d.path() + "/straight-6", fs::copy_options::recursive);
-    const auto resumed = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " run --resume " + dir +
-                                     "/checkpoints/step-3 --set run.steps=6");
-    ASSERT_EQ(resumed.status, 0) << resumed.text;
-    EXPECT_LE(weights_relative_difference(d.path() + "/straight-6", dir + "/checkpoints/step-6"),
-              1e-6);
+    expect_sharded_resume_ends_alike(d.path(), dir, ranks, 3, 6);
   }
 }
 
@@ -450,26 +467,10 @@ TEST(MultiRank, NcclStepsReplayFromGraphsOnTheEmulatedDevice) {
     ASSERT_EQ(many.status, 0) << many.text;
     replayed_at_least(many.text, 4);
     const std::string dir = only_run_dir(d.path() + "/runs", name);
-    for (const char* step : {"/checkpoints/step-8", "/checkpoints/step-16"}) {
-      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
-      // Moments and EMA (gathered from every rank when sharded).
-      EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
-          << step;
-    }
-    const auto got = rows(dir);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double w = want[i]["loss"], g = got[i]["loss"];
-      EXPECT_NEAR(g, w, 1e-5 * std::max(1.0, std::abs(w))) << "row " << i;
-    }
+    expect_run_matches_one_process(one_dir, dir, {"/checkpoints/step-8", "/checkpoints/step-16"},
+                                   want);
     if (!sharded) continue;
-    // Resume from step 8: each rank takes its pieces of the saved moments.
-    fs::copy(dir + "/checkpoints/step-16", d.path() + "/straight-16", fs::copy_options::recursive);
-    const auto resumed = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " run --resume " + dir +
-                                     "/checkpoints/step-8 --set run.steps=16");
-    ASSERT_EQ(resumed.status, 0) << resumed.text;
-    EXPECT_LE(weights_relative_difference(d.path() + "/straight-16", dir + "/checkpoints/step-16"),
-              1e-6);
+    expect_sharded_resume_ends_alike(d.path(), dir, ranks, 8, 16);
   }
 }
 #endif
