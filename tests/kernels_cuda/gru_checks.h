@@ -115,7 +115,9 @@ void check_gru(const GruShape& s, uint64_t seed) {
 // The bf16 form: the CUDA layer and the CPU's bf16 form round the same operands, so they differ
 // only by FP32 summation order (and the rare state or gradient that order tips to the
 // neighbouring bf16), far less than either differs from FP32 (checked to be so wherever they
-// differ at all; one step's dw_hh is its start, h_{-1} being zero).
+// differ at all; one step's dw_hh is its start, h_{-1} being zero). A tipped state is carried
+// through the rest of the window: over 60 steps an H200's cuBLAS (split-K kernels) came to
+// 2.1e-4 on dx and dw_ih, hence 5e-4, still a tenth of the gap to FP32 or less.
 template <class Ops, class Mem>
 void check_gru_bf16(const GruShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s) + " bf16");
@@ -182,7 +184,7 @@ void check_gru_bf16(const GruShape& s, uint64_t seed) {
     const auto w = values(want);
     const double e = rel_error(values(mem.download(got, want.size())), w);
     const double gap = rel_error(values(f32), w);
-    EXPECT_LT(e, 2e-4) << what << ": relative error " << e;
+    EXPECT_LT(e, 5e-4) << what << ": relative error " << e;
     if (e > 0) {
       EXPECT_GT(gap, 10 * e) << what << ": the bf16 form differs from FP32 by " << gap;
     }
