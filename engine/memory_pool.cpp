@@ -125,6 +125,27 @@ class HostPool final : public MemoryPool {
     release_cached_locked();
   }
 
+  void reserve(size_t bytes, size_t blocks, const char* what) override {
+    const size_t cls = pool_size_class(bytes);
+    std::lock_guard lock(mu_);
+    std::vector<void*>& cached = free_[cls];
+    size_t have = cached.size();
+    for (const auto& [p, b] : live_) have += b.cls == cls && b.pinned == pinned_;
+    for (; have < blocks; ++have) {
+      void* p = system_alloc(cls, pinned_);
+      if (!p) {
+        failures_.fetch_add(1, std::memory_order_relaxed);
+        throw OutOfMemoryError("out of host memory reserving " + std::to_string(blocks) + " x " +
+                               format_bytes(bytes) + " for " + (what ? what : "?") +
+                               (pinned_ ? " (page-locked)" : "") + ": pool reserved " +
+                               format_bytes(reserved_.load()) + ", system available " +
+                               host_available_memory() + "; " + Pools::oom_hint());
+      }
+      reserved_.fetch_add(cls, std::memory_order_relaxed);
+      cached.push_back(p);
+    }
+  }
+
   void set_pinned(bool on) {
     std::lock_guard lock(mu_);
     if (on == pinned_) return;
@@ -188,6 +209,18 @@ Registry& registry() {
 }
 
 }  // namespace
+
+void MemoryPool::reserve(size_t bytes, size_t blocks, const char* what) {
+  std::vector<void*> held;
+  held.reserve(blocks);
+  try {
+    for (size_t i = 0; i < blocks; ++i) held.push_back(allocate(bytes, what));
+  } catch (...) {
+    for (void* p : held) deallocate(p, bytes);
+    throw;
+  }
+  for (void* p : held) deallocate(p, bytes);
+}
 
 MemoryPool& Pools::host() {
   return registry().host;

@@ -46,6 +46,11 @@ class MemoryPool {
   virtual Device device() const = 0;
   // Returns cached free blocks to the system (not called in the hot loop).
   virtual void release_cached() = 0;
+  // Makes sure `blocks` blocks the size of `bytes` can be in use at once without reaching the
+  // system: the high-water mark of a known number of buffers, reached before the hot loop rather
+  // than whenever timing first asks for it. This version allocates `blocks` more and hands them
+  // back (more than needed when some are in use); the host pool counts what it has.
+  virtual void reserve(size_t bytes, size_t blocks, const char* what);
 };
 
 // Size class for caching: requests round up so that freed blocks are reusable by similar sizes.

@@ -1078,6 +1078,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   I.run.precision = rp.string("precision") == "bf16" ? Precision::bf16 : Precision::fp32;
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
+  I.run.max_in_flight = static_cast<uint64_t>(rp.integer("max_in_flight"));
   I.run.total_steps = static_cast<uint64_t>(rp.integer("steps"));
   I.run.metric_sink = [this](std::string_view name, double v, MetricKind kind, double weight) {
     impl_->metric(name, v, kind, weight);

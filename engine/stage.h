@@ -95,6 +95,9 @@ struct RunState {
   // unknown). Without run.steps, total_steps follows from it through the rebatch stages.
   uint64_t source_batches = 0;
   int64_t epochs = 1;
+  // run.max_in_flight: batches between the source and the last stage at once (0: not set, a
+  // stage run alone).
+  uint64_t max_in_flight = 0;
   std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
   int rank = 0;         // this process among world_size (mpirun/srun); see engine/launch.h
   int world_size = 1;

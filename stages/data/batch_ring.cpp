@@ -1,10 +1,13 @@
 #include "stages/data/batch_ring.h"
 
+#include <algorithm>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <vector>
 
 #include "engine/copy_stream.h"
+#include "engine/memory_pool.h"
 
 namespace slipstream {
 
@@ -27,10 +30,25 @@ struct BatchRing::State {
     bool released_once = false;
   };
 
-  State(std::shared_ptr<const ExecContext> e) : exec(std::move(e)), copy(exec->device()) {}
+  State(std::shared_ptr<const ExecContext> e, size_t in_flight)
+      : exec(std::move(e)), copy(exec->device()), max_in_flight(in_flight) {}
+
+  // The host pool holds blocks for as many batches of this layout (size class -> blocks a batch
+  // takes) as can be alive at once (batch_ring.h); reserved again when the ring gains a slot.
+  void reserve_host(const std::map<size_t, size_t>& layout) {
+    if (max_in_flight == 0) return;
+    const size_t batches = max_in_flight + 2 + slots.size();
+    size_t& done = reserved[layout];
+    if (done >= batches) return;
+    for (const auto& [cls, per_batch] : layout)
+      Pools::host().reserve(cls, per_batch * batches, "the loader's batches awaiting their copies");
+    done = batches;
+  }
 
   std::shared_ptr<const ExecContext> exec;
   CopyStream copy;
+  size_t max_in_flight;
+  std::map<std::map<size_t, size_t>, size_t> reserved;  // batch layout -> batches reserved for
   std::mutex mu;
   std::vector<std::unique_ptr<Slot>> slots;
   size_t cursor = 0;
@@ -66,8 +84,8 @@ class SlotFence final : public BatchFence {
 
 }  // namespace
 
-BatchRing::BatchRing(std::shared_ptr<const ExecContext> exec, size_t slots)
-    : state_(std::make_shared<State>(std::move(exec))) {
+BatchRing::BatchRing(std::shared_ptr<const ExecContext> exec, size_t slots, size_t max_in_flight)
+    : state_(std::make_shared<State>(std::move(exec), max_in_flight)) {
   for (size_t i = 0; i < slots; ++i)
     state_->slots.push_back(std::make_unique<State::Slot>(state_->exec->device()));
 }
@@ -84,16 +102,25 @@ uint64_t BatchRing::reallocs() const {
   return state_->reallocs;
 }
 
+size_t BatchRing::host_batches_reserved() const {
+  std::lock_guard lock(state_->mu);
+  size_t most = 0;
+  for (const auto& [layout, batches] : state_->reserved) most = std::max(most, batches);
+  return most;
+}
+
 std::shared_ptr<BatchFence> BatchRing::load(std::span<Tensor* const> tensors) {
   // Where each host tensor goes in the slot.
   std::vector<size_t> offsets;
   std::vector<Tensor*> moved;
+  std::map<size_t, size_t> layout;  // the host pool's size class -> tensors of the batch
   size_t bytes = 0;
   for (Tensor* t : tensors) {
     if (!t->defined() || !t->device().is_cpu()) continue;
     offsets.push_back(bytes);
     moved.push_back(t);
     bytes += align_up(std::max<size_t>(t->nbytes(), 1));
+    ++layout[pool_size_class(t->nbytes())];
   }
   if (moved.empty()) return nullptr;
 
@@ -120,6 +147,7 @@ std::shared_ptr<BatchFence> BatchRing::load(std::span<Tensor* const> tensors) {
     slot = s.slots.back().get();
     s.cursor = 0;
   }
+  s.reserve_host(layout);
 
   void* copy_stream = s.copy.stream();
   // The compute stream is done with the slot's previous batch before the copy stream writes it

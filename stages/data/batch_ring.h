@@ -15,6 +15,13 @@
 // is still reading. That wait — for a copy issued a ring's turn earlier — is the only one the
 // ring makes the host do, and it bounds how far the data side runs ahead of the device.
 //
+// How many batches' host memory is alive at once therefore depends on timing: a step slowed by
+// another process on the GPU leaves more copies unfinished, and the host pool would grow in the
+// middle of a run (a page-locked allocation in the hot loop). So the ring reserves in the host
+// pool, for each batch layout it sees and whenever it gains a slot, the most that can be alive:
+// the batches before the ring (run.max_in_flight, one the source is filling and one waiting at
+// the limiter) and one per slot whose copy may still be reading.
+//
 // On the CPU backend nothing is copied (prefetch does not use the ring); under the emulator the
 // ring runs with host buffers and synchronous copies, so the slot bookkeeping is exercised by
 // every emulated run.
@@ -31,8 +38,8 @@ namespace slipstream {
 class BatchRing {
  public:
   // `exec`: the run's execution context (its device and compute stream); `slots`: the ring's
-  // starting size.
-  BatchRing(std::shared_ptr<const ExecContext> exec, size_t slots);
+  // starting size; `max_in_flight`: run.max_in_flight (0: unknown, nothing is reserved).
+  BatchRing(std::shared_ptr<const ExecContext> exec, size_t slots, size_t max_in_flight = 0);
   ~BatchRing();
   BatchRing(const BatchRing&) = delete;
   BatchRing& operator=(const BatchRing&) = delete;
@@ -45,6 +52,8 @@ class BatchRing {
 
   size_t slots() const;       // slots now
   uint64_t reallocs() const;  // slot buffers (re)allocated: the first fill, and growth of a shape
+  // Host batches of the current layout reserved for in the host pool (0 before the first load).
+  size_t host_batches_reserved() const;
 
   struct State;  // shared with the fences the ring hands out (batch_ring.cpp)
 

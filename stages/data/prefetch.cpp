@@ -36,7 +36,8 @@ class PrefetchStage : public Stage {
     ring_.reset();
     const std::shared_ptr<ExecContext>& exec = ctx.run().exec;
     if (exec && exec->device_ops())
-      ring_ = std::make_unique<BatchRing>(exec, static_cast<size_t>(ctx.params().integer("depth")));
+      ring_ = std::make_unique<BatchRing>(exec, static_cast<size_t>(ctx.params().integer("depth")),
+                                          static_cast<size_t>(ctx.run().max_in_flight));
   }
 
   void forward(Batch& b, StageContext& ctx) override {

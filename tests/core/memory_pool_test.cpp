@@ -95,6 +95,24 @@ TEST_F(HostPoolTest, StatsAndReuse) {
   EXPECT_EQ(pool.stats().failures, s0.failures);
 }
 
+// reserve() counts the blocks of the class in use and cached: afterwards that many can be in
+// use at once without the pool growing.
+TEST_F(HostPoolTest, ReserveCountsWhatItHas) {
+  const PoolStats s0 = pool.stats();
+  void* held = pool.allocate(1500, "reserve test held");  // one 1.5 KiB block in use
+  pool.reserve(1400, 3, "reserve test");                  // the same class: two more
+  EXPECT_EQ(pool.stats().reserved_bytes, s0.reserved_bytes + 3 * 1536);
+  EXPECT_EQ(pool.stats().in_use_bytes, s0.in_use_bytes + 1536);
+  pool.reserve(1536, 2, "reserve test");  // already there: nothing
+  EXPECT_EQ(pool.stats().reserved_bytes, s0.reserved_bytes + 3 * 1536);
+  void* more[2] = {pool.allocate(1536, "a"), pool.allocate(1025, "b")};
+  EXPECT_EQ(pool.stats().reserved_bytes, s0.reserved_bytes + 3 * 1536);  // no growth
+  for (void* p : more) pool.deallocate(p, 1536);
+  pool.deallocate(held, 1500);
+  pool.release_cached();
+  EXPECT_EQ(pool.stats().reserved_bytes, s0.reserved_bytes);
+}
+
 TEST_F(HostPoolTest, HugeRequestFailsWithMessage) {
   Pools::set_oom_hint("lower batches.batch_size (now 256)");
   const PoolStats s0 = pool.stats();

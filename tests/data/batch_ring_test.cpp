@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/device.h"
+#include "engine/memory_pool.h"
 #include "stages/data/batch_ring.h"
 
 namespace slipstream {
@@ -176,6 +177,40 @@ TEST(BatchRing, TheHostMemoryGoesBackOnceCopied) {
   EXPECT_EQ(loader_side.storage_users(), 1);
   expect_batch(*exec, *fence, b, 6, 3);
   expect_batch(*exec, *fence2, c, 6, 4);
+}
+
+// The host pool holds, from the first load, every batch that can be alive at once: max_in_flight,
+// two more before the ring and one per slot (batch_ring.h); a slot more reserves one batch more.
+// So however late the copies finish, taking another host batch grows no pool.
+TEST(BatchRing, ReservesTheHostBatchesThatCanBeAliveAtOnce) {
+  RING_EXEC(exec);
+  BatchRing ring(exec, 2, 4);
+  EXPECT_EQ(ring.host_batches_reserved(), 0u);
+  std::vector<HostBatch> batches;
+  std::vector<std::shared_ptr<BatchFence>> fences;
+  batches.push_back(host_batch(40, 0));
+  fences.push_back(ring.load(batches.back().list()));
+  EXPECT_EQ(ring.host_batches_reserved(), 8u);  // 4 in flight + 2 + 2 slots
+  const uint64_t reserved = Pools::host().stats().reserved_bytes;
+  {
+    std::vector<HostBatch> alive;  // the loader's batches, all alive at once
+    for (int k = 0; k < 7; ++k) alive.push_back(host_batch(40, k));
+    EXPECT_EQ(Pools::host().stats().reserved_bytes, reserved);
+  }
+  for (int k = 1; k < 3; ++k) {  // all held: the ring gains a slot
+    batches.push_back(host_batch(40, k));
+    fences.push_back(ring.load(batches.back().list()));
+  }
+  EXPECT_EQ(ring.slots(), 3u);
+  EXPECT_EQ(ring.host_batches_reserved(), 9u);
+  for (size_t k = 0; k < fences.size(); ++k)
+    expect_batch(*exec, *fences[k], batches[k], 40, int(k));
+
+  BatchRing unknown(exec, 2);  // a ring outside a run reserves nothing
+  HostBatch b = host_batch(40, 9);
+  auto fence = unknown.load(b.list());
+  EXPECT_EQ(unknown.host_batches_reserved(), 0u);
+  expect_batch(*exec, *fence, b, 40, 9);
 }
 
 }  // namespace
