@@ -72,12 +72,14 @@ bench: build
 gpu-check:
 	bash tools/gpu_check/gpu_check.sh
 
-# A build for sm_90 made here, packed for a GPU machine (.gpu-carry/prebuilt.tar.xz; carry
-# .gpu-carry and run GPU_CHECK_PREBUILT=.gpu-carry/prebuilt.tar.xz make gpu-check there).
+# A build for sm_90 made here, packed for a GPU machine (.gpu-carry/prebuilt.tar.xz, and
+# ../shared/replays as .gpu-carry/replays.tar.xz for gpu-check's gpu_quick run; carry .gpu-carry
+# and run GPU_CHECK_PREBUILT=.gpu-carry/prebuilt.tar.xz make gpu-check there).
 gpu-bundle: deps
 	cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 	cmake --build build-gpu -j $(JOBS) --target all slipstream_tests slipstream_benchmarks
 	bash tools/gpu_check/bundle.sh build-gpu .gpu-carry/prebuilt.tar.xz
+	if [ -d ../shared/replays ]; then tar -C ../shared -cf - replays | xz -9 >.gpu-carry/replays.tar.xz; fi
 
 gpu-deps:
 	mkdir -p .gpu-deps && cd .gpu-deps && apt-get download $$(grep -v '^#' ../tools/gpu_check/debs.txt)

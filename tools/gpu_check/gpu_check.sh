@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make gpu-check`: the one call to make on a lent GPU machine. Configures for sm_90, builds
 # with every core, runs the gpu-labelled tests (and the kernel unit tests), compute-sanitizer
-# memcheck and racecheck on the kernel gpu tests (and memcheck on training steps replayed from
-# CUDA graphs), the GPU kernel benchmarks, the PyTorch peer
-# of the scan, and when the whole engine builds a short gpu_quick run and a gpu_standard run
+# memcheck and racecheck (of our kernels) on the kernel gpu tests (and memcheck on training
+# steps replayed from CUDA graphs), the GPU kernel benchmarks, the PyTorch peer of the scan, and
+# when the whole engine builds a short gpu_quick run (on real replays where there are some) and
+# a gpu_standard run
 # with `replays.batch_size: auto`, the end-to-end step benchmark (fp32 vs bf16; gpu_quick,
 # gpu_standard, production; the GRU graph on our per-step layer and on cuDNN) and the data
 # path's overlap ratio and GPU busy % (`slipstream bench --overlap`) at gpu_quick and
@@ -18,7 +19,8 @@
 # -DSLIPSTREAM_MPI=OFF first), the kernels-only build is used instead
 # (-DSLIPSTREAM_KERNELS_ONLY=ON) and the summary says so. GPU_CHECK_PREBUILT=ARCHIVE skips the
 # build: `make gpu-bundle` packs a build made here (binaries, ctest files, the libraries they
-# load) for the GPU machine, whose lease then goes to tests and benchmarks alone.
+# load) for the GPU machine, whose lease then goes to tests and benchmarks alone;
+# GPU_CHECK_PREBUILT=FOLDER uses a bundle an earlier check unpacked there (build-gpu).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -36,6 +38,8 @@ EXTRA=()
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
+# GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `scan` for the
+# scan's figure beside its PyTorch peer's).
 ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e peer profile} "
 wants() { [[ "$ONLY" == *" $1 "* ]]; }
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-420}
@@ -82,16 +86,21 @@ MODE=full
 if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
   # A build made elsewhere (`make gpu-bundle`), unpacked at the path it was built at: its test
   # binaries name the tools and the sources there. The checkout is linked there when it is not.
-  STAGE=$(mktemp -d)
-  step unpack tar -C "$STAGE" -xJf "$GPU_CHECK_PREBUILT" || { python3 tools/gpu_check/summary.py "$OUT"; exit 1; }
-  BUILT=$(cat "$STAGE/BUILD_PATH")
-  SRC=$(dirname "$BUILT")
-  if [ "$(cd "$SRC" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]; then
-    [ -e "$SRC" ] && { echo "gpu-check: $SRC exists and is not this checkout"; exit 1; }
-    mkdir -p "$(dirname "$SRC")" && ln -s "$ROOT" "$SRC"
+  # A folder is a bundle an earlier gpu-check unpacked (two checks in one lease, side by side).
+  if [ -d "$GPU_CHECK_PREBUILT" ]; then
+    B=$(cd "$GPU_CHECK_PREBUILT" && pwd)
+  else
+    STAGE=$(mktemp -d)
+    step unpack tar -C "$STAGE" -xJf "$GPU_CHECK_PREBUILT" || { python3 tools/gpu_check/summary.py "$OUT"; exit 1; }
+    BUILT=$(cat "$STAGE/BUILD_PATH")
+    SRC=$(dirname "$BUILT")
+    if [ "$(cd "$SRC" 2>/dev/null && pwd -P)" != "$(pwd -P)" ]; then
+      [ -e "$SRC" ] && { echo "gpu-check: $SRC exists and is not this checkout"; exit 1; }
+      mkdir -p "$(dirname "$SRC")" && ln -s "$ROOT" "$SRC"
+    fi
+    rm -rf "$BUILT" && mv "$STAGE" "$BUILT"
+    B=$BUILT
   fi
-  rm -rf "$BUILT" && mv "$STAGE" "$BUILT"
-  B=$BUILT
   export LD_LIBRARY_PATH=$B/bundled-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d $d ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
@@ -127,6 +136,7 @@ else
   step build cmake --build $B -j "$JOBS" --target all slipstream_tests slipstream_benchmarks
 fi
 echo "$MODE" >"$OUT/mode.txt"
+echo "$B" >"$OUT/build_dir.txt"  # where the binaries are (tools/gpu_check/phased.sh reuses it)
 
 if wants tests; then
   # A skipped gpu test means the device was not usable from the test: that fails the check.
@@ -137,7 +147,10 @@ wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels
 SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*:*GpuGemm*'
 if wants sanitize && command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
+  # Racecheck judges our kernels (tools/gpu_check/racecheck_ours.py): hazards the libraries'
+  # kernels report (cuBLAS's nvjet split-K GEMMs on an H200) are listed, not failed.
+  step racecheck python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
+    $B/bin/kernels_cuda_gpu_test "$SMALL"
   # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
   # on cuDNN), under memcheck; the whole engine's build only. Four minutes at most, so a slow
   # sanitizer cannot eat a lease's call.
@@ -147,6 +160,7 @@ if wants sanitize && command -v compute-sanitizer >/dev/null; then
 fi
 if wants kernels; then
   step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.05 \
+    --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" \
     --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
   expect_file bench_kernels_cuda "$OUT/bench_kernels_cuda.json"
   # torch.compile of the 60-step loop takes minutes: only when GPU_CHECK_PEER names compile.
@@ -156,7 +170,19 @@ if wants kernels; then
   expect_file torch_scan "$OUT/torch_scan.json"
 fi
 if [[ "$MODE" == full* ]]; then
-  wants train && step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 --set run.log_every=50
+  # On real replays where there are some: ../shared/replays, which no lease carries, or
+  # .gpu-carry/replays.tar.xz (`make gpu-bundle` packs ../shared/replays there), or the folder
+  # GPU_CHECK_REPLAYS names.
+  if wants train; then
+    REPLAYS=${GPU_CHECK_REPLAYS:-}
+    [ -z "$REPLAYS" ] && [ -d ../shared/replays ] && REPLAYS=../shared/replays
+    if [ -z "$REPLAYS" ] && [ -f .gpu-carry/replays.tar.xz ]; then
+      mkdir -p /tmp/gpu-check-replays && tar -C /tmp/gpu-check-replays -xJf .gpu-carry/replays.tar.xz &&
+        REPLAYS=/tmp/gpu-check-replays/replays
+    fi
+    step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 \
+      --set run.log_every=50 ${REPLAYS:+--set "replays.paths=[$REPLAYS]"}
+  fi
   # The largest batch that fits, chosen by probes on the device (docs/memory.md).
   wants train && step auto_batch $B/bin/slipstream run --preset gpu_standard \
     --set replays.batch_size=auto --set run.steps=20 --set run.log_every=10
@@ -187,10 +213,12 @@ if [[ "$MODE" == full* ]]; then
   done
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
-  # GPU_CHECK_PEER: the modes (default eager; "eager compile" adds minutes; "none" skips).
+  # GPU_CHECK_PEER: the modes (default eager; "eager compile" adds minutes; "none" skips);
+  # GPU_CHECK_PEER_TIMEOUT: seconds each mode may take (default 240; torch.compile of the whole
+  # step, checked and then timed twice, took more than 180 s on an H200).
   for m in ${GPU_CHECK_PEER:-eager}; do
     { [ "$m" = none ] || ! wants peer; } && break
-    step side_by_side_$m timeout 240 python3 bench/peers/side_by_side.py --device cuda \
+    step side_by_side_$m timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py --device cuda \
       --shape gpu_standard --repeats 2 --steps 20 --warmup 3 --modes $m \
       --slipstream $B/bin/slipstream --json "$OUT/side_by_side_$m.json"
     expect_file side_by_side_$m "$OUT/side_by_side_$m.json"
