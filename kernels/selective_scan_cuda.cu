@@ -238,30 +238,16 @@ struct ScanGrads {
 // chunks last to first, recomputes a chunk's states into registers and runs the adjoint
 // recurrence through it. dBm, dCm are summed over the warp's channels by channel_sum, over the
 // block's warps in shared memory (fixed order), and over blocks by sum_partials.
-// kMinBlocks > 1 caps the registers so that many blocks fit an SM, with A·log2 e read from
-// shared memory instead of registers (ScanBackwardVariant::occupancy).
-template <class DT, int kNS, int kG, int kT, int kMinBlocks>
-__global__ void __launch_bounds__(kChanThreads, kMinBlocks)
+template <class DT, int kNS, int kG, int kT>
+__global__ void __launch_bounds__(kChanThreads)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
-  constexpr bool kSharedA = kMinBlocks > 1;
   static_assert(kStage % kT == 0, "a window holds whole chunks");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   __shared__ float rB[kChanWarps][kStage][kMaxPad], rC[kChanWarps][kStage][kMaxPad];
-  __shared__ float sA2[kSharedA ? kNS : 1][kChanThreads];
   const ChanLane<kNS, kG> q(a);
-  if constexpr (kSharedA) {
-#pragma unroll
-    for (int k = 0; k < kNS; ++k) sA2[k][q.tid] = q.A2[k];  // each thread its own column
-  }
-  // A·log2 e of state k of this thread (its own column: no barrier needed).
-  auto A2 = [&](int k) -> float {
-    if constexpr (kSharedA)
-      return sA2[k][q.tid];
-    else
-      return q.A2[k];
-  };
+  auto A2 = [&](int k) { return q.A2[k]; };  // A·log2 e of this thread's state k
   const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
   const int nchunk = (L + kT - 1) / kT;
   auto state_at = [&](int c, int n) { return ((size_t(q.b) * nchunk + c) * N + n) * D + q.d; };
@@ -490,35 +476,36 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
 ScanBackwardVariant g_backward_variant = ScanBackwardVariant::registers;
 
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
-// kT steps per backward chunk (fewer for more states: the chunk's states live in registers),
-// and the backward's blocks per SM that its registers are capped for (1: uncapped).
+// kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
+// The backward's split variant gives a thread 8 states of a channel above 8.
 struct ChanShape {
-  int ns, g, t, min_blocks;
+  int ns, g, t;
 };
-ChanShape chan_shape(int N, const char* op) {
+ChanShape chan_shape(int N, const char* op, bool backward = false) {
   lanes_for(N, op);  // the range check
-  if (N <= 4) return {4, 1, 8, 1};
-  if (N <= 8) return {8, 1, 8, 1};
-  if (N <= 16)
-    return g_backward_variant == ScanBackwardVariant::occupancy ? ChanShape{16, 1, 2, 3}
-                                                                : ChanShape{16, 1, 4, 1};
-  return {16, 2, 4, 1};
+  if (N <= 4) return {4, 1, 8};
+  if (N <= 8) return {8, 1, 8};
+  if (backward && g_backward_variant == ScanBackwardVariant::split)
+    return N <= 16 ? ChanShape{8, 2, 4} : ChanShape{8, 4, 4};
+  if (N <= 16) return {16, 1, 4};
+  return {16, 2, 4};
 }
 
-// Calls f(kNS, kG, kT, kMinBlocks) as integral constants for chan_shape(N).
+// Calls f(kNS, kG, kT) as integral constants for chan_shape(N, op, backward).
 template <class F>
-void with_chan(int N, const char* op, F&& f) {
+void with_chan(int N, const char* op, bool backward, F&& f) {
   using std::integral_constant;
   using One = integral_constant<int, 1>;
-  const ChanShape c = chan_shape(N, op);
-  if (c.ns == 4) return f(integral_constant<int, 4>{}, One{}, integral_constant<int, 8>{}, One{});
-  if (c.ns == 8) return f(integral_constant<int, 8>{}, One{}, integral_constant<int, 8>{}, One{});
-  if (c.g == 1 && c.min_blocks == 3)
-    return f(integral_constant<int, 16>{}, One{}, integral_constant<int, 2>{},
-             integral_constant<int, 3>{});
-  if (c.g == 1) return f(integral_constant<int, 16>{}, One{}, integral_constant<int, 4>{}, One{});
-  return f(integral_constant<int, 16>{}, integral_constant<int, 2>{}, integral_constant<int, 4>{},
-           One{});
+  using Four = integral_constant<int, 4>;
+  using Eight = integral_constant<int, 8>;
+  using Sixteen = integral_constant<int, 16>;
+  const ChanShape c = chan_shape(N, op, backward);
+  if (c.ns == 4) return f(Four{}, One{}, Eight{});
+  if (c.ns == 8 && c.g == 1) return f(Eight{}, One{}, Eight{});
+  if (c.ns == 8 && c.g == 2) return f(Eight{}, integral_constant<int, 2>{}, Four{});
+  if (c.ns == 8) return f(Eight{}, Four{}, Four{});
+  if (c.g == 1) return f(Sixteen{}, One{}, Four{});
+  return f(Sixteen{}, integral_constant<int, 2>{}, Four{});
 }
 
 int chan_tiles(int D, const ChanShape& c) {
@@ -529,7 +516,7 @@ int chan_tiles(int D, const ChanShape& c) {
 struct WorkspaceLayout {
   size_t chunk_states, dA, dD, dbias, dB, dC, total;  // offsets in floats
   WorkspaceLayout(int B, int L, int D, int N) {
-    const ChanShape c = chan_shape(N, "selective_scan_backward");
+    const ChanShape c = chan_shape(N, "selective_scan_backward", true);
     const size_t nchunk = size_t((L + c.t - 1) / c.t);
     const size_t tiles = size_t(chan_tiles(D, c));
     chunk_states = 0;
@@ -553,7 +540,7 @@ void selective_scan_forward(const T* u, const T* delta, const float* A, const T*
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
-  with_chan(N, op, [&](auto ns, auto g, auto, auto) {
+  with_chan(N, op, false, [&](auto ns, auto g, auto) {
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
@@ -580,7 +567,7 @@ void selective_scan_backward(const T* u, const T* delta, const float* A, const T
                              T* dBm, T* dCm, float* dDskip, T* dz, float* ddelta_bias,
                              void* workspace, int B, int L, int D, int N, cudaStream_t stream) {
   const char* name = "selective_scan_backward";
-  const ChanShape shape = chan_shape(N, name);
+  const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const WorkspaceLayout lay(B, L, D, N);
   float* ws = static_cast<float*>(workspace);
@@ -588,10 +575,9 @@ void selective_scan_backward(const T* u, const T* delta, const float* A, const T
                     ws + lay.dbias,        ws + lay.dB, ws + lay.dC};
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
   const int tiles = chan_tiles(D, shape);
-  with_chan(N, name, [&](auto ns, auto g, auto t, auto mb) {
-    const auto kernel =
-        &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value,
-                                   decltype(t)::value, decltype(mb)::value>;
+  with_chan(N, name, true, [&](auto ns, auto g, auto t) {
+    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
+                                                   decltype(g)::value, decltype(t)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kChanThreads), stream, a,
                       dev(dout), dev(du), dev(ddelta), dev(dz), w);
   });

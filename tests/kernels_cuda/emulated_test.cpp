@@ -37,15 +37,16 @@ TEST(EmulatedScan, BackwardMatchesCpuBf16) {
   uint64_t seed = 31;
   for (const auto& s : scan_shapes()) check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
 }
-// The backward's other shape for d_state 9..16 (2-step chunks, A in shared memory, registers
-// capped), which the benchmarks compare with the default.
-TEST(EmulatedScan, BackwardOccupancyVariantMatchesCpu) {
-  cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::occupancy);
+// The backward's other shape for d_state 9..32 (8 states a thread, two or four threads a
+// channel), which the benchmarks compare with the default.
+TEST(EmulatedScan, BackwardSplitVariantMatchesCpu) {
+  cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::split);
   uint64_t seed = 71;
   for (const auto& s : scan_shapes()) {
     check_scan_backward<Ops, Mem, float>(s, seed++);
     check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
   }
+  check_scan_backward<Ops, Mem, float>({2, 21, 45, 12}, 90);  // 8 + 4 states: padding in a thread
   cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::registers);
 }
 TEST(EmulatedScan, StepEqualsParallelForm) {

@@ -109,10 +109,10 @@ def main(out):
     # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc).
     for dt in ("fp32", "bf16"):
         a = bench.get(f"scan_backward/{dt}/gpu_standard")
-        b = bench.get(f"scan_backward_occupancy/{dt}/gpu_standard")
+        b = bench.get(f"scan_backward_split/{dt}/gpu_standard")
         if a and b:
             print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
-                  f"occupancy {b['real_time']:.1f} us -> {a['real_time'] / b['real_time']:.2f}x")
+                  f"split {b['real_time']:.1f} us -> {a['real_time'] / b['real_time']:.2f}x")
     # The GRU graph's step: our per-step layer against cuDNN's stack, in fp32 and bf16, and
     # whether each step ran from a CUDA graph.
     gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
