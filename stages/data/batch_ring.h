@@ -52,7 +52,8 @@ class BatchRing {
 
   size_t slots() const;       // slots now
   uint64_t reallocs() const;  // slot buffers (re)allocated: the first fill, and growth of a shape
-  // Host batches of the current layout reserved for in the host pool (0 before the first load).
+  // The most batches of one layout the host pool is reserved for (0 before the first load, and
+  // for a ring that does not know run.max_in_flight).
   size_t host_batches_reserved() const;
 
   struct State;  // shared with the fences the ring hands out (batch_ring.cpp)

@@ -38,7 +38,7 @@ EXTRA=()
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
-# GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `scan` for the
+# GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
 # scan's figure beside its PyTorch peer's).
 ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e peer profile} "
 wants() { [[ "$ONLY" == *" $1 "* ]]; }
