@@ -247,7 +247,6 @@ __global__ void __launch_bounds__(kChanThreads)
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   __shared__ float rB[kChanWarps][kStage][kMaxPad], rC[kChanWarps][kStage][kMaxPad];
   const ChanLane<kNS, kG> q(a);
-  auto A2 = [&](int k) { return q.A2[k]; };  // A·log2 e of this thread's state k
   const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
   const int nchunk = (L + kT - 1) / kT;
   auto state_at = [&](int c, int n) { return ((size_t(q.b) * nchunk + c) * N + n) * D + q.d; };
@@ -281,7 +280,7 @@ __global__ void __launch_bounds__(kChanThreads)
           const float dtu = in[j].dt * in[j].u;
 #pragma unroll
           for (int k = 0; k < kNS; ++k)
-            h[k] = exp2f(in[j].dt * A2(k)) * h[k] + dtu * sB[g0 + j][q.s * kNS + k];
+            h[k] = exp2f(in[j].dt * q.A2[k]) * h[k] + dtu * sB[g0 + j][q.s * kNS + k];
         }
       }
     }
@@ -323,7 +322,7 @@ __global__ void __launch_bounds__(kChanThreads)
         const float dtu = in[j].dt * in[j].u;
 #pragma unroll
         for (int k = 0; k < kNS; ++k)
-          hs[j + 1][k] = exp2f(in[j].dt * A2(k)) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
+          hs[j + 1][k] = exp2f(in[j].dt * q.A2[k]) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
       }
 #pragma unroll
       for (int j = kT - 1; j >= 0; --j) {
@@ -345,13 +344,13 @@ __global__ void __launch_bounds__(kChanThreads)
         for (int k = 0; k < kNS; ++k) {
           const int n = q.s * kNS + k;
           const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
-          const float ea = exp2f(x.dt * A2(k));
+          const float ea = exp2f(x.dt * q.A2[k]);
           const float gn = g[k] + dy * Cn;
           cC[k] = dy * hs[j + 1][k];
           cB[k] = gn * x.dt * x.u;
           const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
           dA_acc[k] += da * x.dt;
-          sa += da * A2(k);
+          sa += da * q.A2[k];
           sb += gn * Bn;
           g[k] = ea * gn;
         }
