@@ -14,14 +14,21 @@ grads.safetensors (every weight's gradient after that step's backward).
 
     python3 bench/peers/bc_model_torch.py --check /tmp/ref
     python3 bench/peers/bc_model_torch.py --bench /tmp/ref --steps 20 --warmup 3 --threads 2 \\
-        [--mode eager|compile] [--precision fp32|bf16] [--device cpu|cuda] [--json OUT.json]
+        [--mode eager|compile|compile-regions] [--precision fp32|bf16] [--device cpu|cuda] \\
+        [--json OUT.json]
 
 --check builds the model in float64 and float32, runs one forward + loss + backward on the
 reference batch from the reference weights and compares the loss and every gradient with
 slipstream's; it exits non-zero when they differ beyond the printed tolerances (1 on a
-mismatch). With --mode compile it also checks the float32 step under torch.compile. The --bench
+mismatch). With a compile mode it also checks the float32 step compiled that way. The --bench
 figures mean nothing unless --check passes for the same directory: a faster model that computes
 something else is not a peer.
+
+Two ways to compile, both what PyTorch users do: `compile` hands the whole forward and loss to
+torch.compile (one graph: the scan loop unrolled for every layer, so compiling takes minutes on a
+GPU); `compile-regions` is PyTorch's regional compilation, which compiles each repeated block
+once (every layer reuses that graph) and the embedding, the heads and the loss as graphs of
+their own: a fraction of the compile time, fusion stopping at the regions' edges.
 
 --bench repeats the reference batch through a full training step (forward, loss, backward,
 gradient clipping, torch.optim.AdamW with the adamw stage's lr/betas/eps/weight decay) and
@@ -427,12 +434,47 @@ TOL = {
 }
 
 
-def one_step(model, parts, b, head_weights, eps, compiled=False):
+COMPILE_MODES = ("compile", "compile-regions")
+
+
+def compile_regions(model):
+    """PyTorch's regional compilation, in place: each of the core's blocks (one compiled graph
+    that every layer reuses: same code, parameters as inputs), the embedding and the heads."""
+    model.embed.compile()
+    model.heads.compile()
+    for block in getattr(model.core, "layers", []):
+        block.compile()
+
+
+def compiled_forward_loss(model, head_weights, eps, mode, autocast=contextlib.nullcontext):
+    """batch -> loss of the forward under `mode`; the loss without the metrics, whose .item()
+    calls would break the graph."""
+    def forward_loss(batch):
+        with autocast():
+            logits = model(batch)
+        return bc_loss(logits, batch, head_weights, eps)[0]
+
+    if mode == "compile":
+        return torch.compile(forward_loss)
+    if mode == "compile-regions":
+        compile_regions(model)
+        loss = torch.compile(lambda logits, batch: bc_loss(logits, batch, head_weights, eps)[0])
+
+        def regional_forward_loss(batch):
+            with autocast():
+                logits = model(batch)
+            return loss(logits, batch)
+
+        return regional_forward_loss
+    return forward_loss
+
+
+def one_step(model, parts, b, head_weights, eps, mode="eager"):
     model.zero_grad(set_to_none=True)
-    if compiled:
-        # The metrics' .item() calls would break the graph: compile the loss alone (as --bench
-        # does) and take the metrics from an eager forward of the same weights.
-        loss = torch.compile(lambda x: bc_loss(model(x), x, head_weights, eps)[0])(b)
+    if mode in COMPILE_MODES:
+        loss = compiled_forward_loss(model, head_weights, eps, mode)(b)
+        # The metrics from an eager forward of the same weights (compile-regions has compiled
+        # the modules in place: their forward here without grad compiles again, for the check).
         with torch.no_grad():
             m = bc_loss(model(b), b, head_weights, eps, metrics=True)[1]
         m["loss"] = loss.item()
@@ -473,7 +515,7 @@ def compare(grads, ref_grads):
     return rows
 
 
-def run_check(ref, compiled=False):
+def run_check(ref, mode="eager"):
     refuse_augmentation(ref)
     head_weights, eps = loss_settings(ref)
     ref_loss = ref.metrics.get("loss")
@@ -486,9 +528,9 @@ def run_check(ref, compiled=False):
           f"{head_weights}")
     ok = True
     results = {}
-    passes = [("float64", torch.float64, False), ("float32", torch.float32, False)]
-    if compiled:
-        passes.append(("float32 torch.compile", torch.float32, True))
+    passes = [("float64", torch.float64, "eager"), ("float32", torch.float32, "eager")]
+    if mode in COMPILE_MODES:
+        passes.append((f"float32 {mode}", torch.float32, mode))
     for name, dtype, comp in passes:
         tol = TOL[dtype]
         model, parts = build_model(ref)
@@ -497,13 +539,13 @@ def run_check(ref, compiled=False):
         b = ref.batch(dtype)
         check_labels(b)
         try:
-            loss, m, grads = one_step(model, parts, b, head_weights, eps, compiled=comp)
+            loss, m, grads = one_step(model, parts, b, head_weights, eps, mode=comp)
         except Exception as e:  # noqa: BLE001 - report like --bench does
-            if not comp:
+            if comp == "eager":
                 raise
             print(f"torch.compile failed: {type(e).__name__}: {e}", file=sys.stderr)
             return 3
-        if not comp:
+        if comp == "eager":
             results[dtype] = (loss, grads)
         dl = abs(loss - ref_loss)
         rl = dl / abs(ref_loss)
@@ -572,18 +614,15 @@ def run_bench(ref, args):
     params = [p for p in model.parameters()]
     bf16 = args.precision == "bf16"
 
-    def forward_loss(batch):
-        with (torch.autocast(DEVICE.type, dtype=torch.bfloat16) if bf16
-              else contextlib.nullcontext()):
-            logits = model(batch)
-        return bc_loss(logits, batch, head_weights, eps)[0]
+    def autocast():
+        return (torch.autocast(DEVICE.type, dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
 
     compile_error = None
-    if args.mode == "compile":
-        try:
-            forward_loss = torch.compile(forward_loss)
-        except Exception as e:  # noqa: BLE001 - any failure means no compiled figure
-            compile_error = e
+    try:
+        forward_loss = compiled_forward_loss(model, head_weights, eps, args.mode, autocast)
+    except Exception as e:  # noqa: BLE001 - any failure means no compiled figure
+        compile_error = e
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -605,7 +644,7 @@ def run_bench(ref, args):
             loss = step()
             sync()
         except Exception as e:  # noqa: BLE001
-            if args.mode != "compile":
+            if args.mode == "eager":
                 raise
             compile_error = e
         if compile_error is not None:
@@ -615,6 +654,7 @@ def run_bench(ref, args):
         t1 = time.perf_counter()
         if i == 0:
             first_loss = loss.item()  # from the reference weights: must equal slipstream's
+            first_step_s = t1 - t0  # under a compile mode, the compile (from the caches if warm)
         if i == args.warmup - 1:
             warmup_s = t1 - t_warm
         if i >= args.warmup:
@@ -648,6 +688,7 @@ def run_bench(ref, args):
         "samples_per_s": B * 1e3 / med,
         "frames_per_s": B * W * 1e3 / med,
         "warmup_s": warmup_s,
+        "first_step_s": first_step_s,
         "first_loss": first_loss,
         "reference_loss": ref_loss,
     }
@@ -658,7 +699,7 @@ def run_bench(ref, args):
         print(f"first step loss {first_loss:.8f} vs slipstream {ref_loss:.8f} (rel diff "
               f"{abs(first_loss - ref_loss) / abs(ref_loss):.2e}; a sanity check only, "
               "--check is the test)")
-    print(f"warm-up {args.warmup} steps: {warmup_s:.2f} s")
+    print(f"warm-up {args.warmup} steps: {warmup_s:.2f} s (the first {first_step_s:.2f} s)")
     print(f"step median {med:.2f} ms, p90 {p90:.2f} ms over {args.steps} steps: "
           f"{res['steps_per_s']:.2f} steps/s, {res['samples_per_s']:.1f} samples/s, "
           f"{res['frames_per_s']:.0f} frames/s")
@@ -681,9 +722,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
                     help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--mode", choices=["eager", "compile"], default="eager",
-                    help="compile: torch.compile the forward + loss (exit 3 if it fails); with "
-                    "--check, also check the compiled step")
+    ap.add_argument("--mode", choices=["eager", *COMPILE_MODES], default="eager",
+                    help="compile: torch.compile the forward + loss as one graph; "
+                    "compile-regions: each block, the embedding, the heads and the loss on their "
+                    "own (exit 3 if compiling fails); with --check, also check the compiled step")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json", metavar="OUT", help="write the bench results here")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
@@ -697,7 +739,7 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     if args.check:
-        return run_check(Reference(args.check), compiled=args.mode == "compile")
+        return run_check(Reference(args.check), mode=args.mode)
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         ap.error("--steps and --threads must be >= 1, --warmup >= 0")
     return run_bench(Reference(args.bench), args)

@@ -9,11 +9,17 @@ the ratio.
 First `slipstream reference-step` writes a batch, the starting weights and their gradients; the
 peer must reproduce the loss and gradients (`bc_model_torch.py --check`) before any time counts.
 Then, per repeat: `slipstream bench` (steady-state step time, start-up excluded) and the peer's
-training loop in each mode (eager, torch.compile; fp32, or bf16 under torch.autocast with
---precision bf16). `--device cuda` runs both on the GPU (the check too, TF32 off) at the GPU
-presets' shapes (gpu_quick, gpu_standard, production). PyTorch comes from the running Python
-when it has it, else from a venv this script creates with pip (skipped, with a message, when that
-fails). Machines are shared and noisy: compare the ratio, measured in the same run.
+training loop in each mode: eager; `compile`, torch.compile of the whole step; `compile-regions`,
+PyTorch's regional compilation; fp32, or bf16 under torch.autocast with --precision bf16. A
+compile mode's first step compiles (or reads torch's compile caches, which later repeats hit):
+its time is reported apart, as our start-up is. The results file is rewritten after every
+repeat, so a run cut short still leaves the repeats it finished.
+
+`--device cuda` runs both on the GPU (the check too, TF32 off) at the GPU presets' shapes
+(gpu_quick, gpu_standard, production). PyTorch comes from the running Python when it has it,
+else from a venv this script creates with pip (skipped, with a message, when that fails).
+Machines are shared and noisy: compare the ratio, measured in the same run. Both sides run with
+glibc's malloc tuned to keep freed memory (`--malloc default` leaves it as is; see MALLOC_ENV).
 
 `--isa avx2` runs both sides at AVX2 on a machine that has AVX-512 (what a laptop or an AVX2-only
 server runs): our kernels through SLIPSTREAM_CPU_ISA, OpenBLAS through OPENBLAS_CORETYPE, PyTorch's
@@ -36,6 +42,18 @@ ISA_ENV = {
     "avx2": {"SLIPSTREAM_CPU_ISA": "avx2", "OPENBLAS_CORETYPE": "Haswell",
              "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
              "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+# glibc's malloc returns a freed block over its mmap threshold (32 MiB at most) to the kernel, so
+# PyTorch's eager loop faults in fresh pages every step: each of the scan loop's steps slices
+# (B, D, L, N) tensors, and a slice's backward allocates a zero tensor of the whole shape. At
+# cpu_large that put more of the eager step in the kernel than in PyTorch (12 M page faults in
+# 4 steps). PyTorch's CPU performance guide has users swap the allocator; glibc's own tunables,
+# which keep freed memory in the heap, beat both jemalloc and tcmalloc on this model (eager
+# 6.1 -> 1.3 s a step, torch.compile 476 -> 421 ms). Both sides run with them; ours draws its
+# tensors from its own pools and does not notice.
+MALLOC_ENV = {
+    "tuned": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184",
+    "default": "",
 }
 PEER = ROOT / "bench" / "peers" / "bc_model_torch.py"
 
@@ -82,7 +100,8 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--modes", default="eager,compile", help="peer modes, comma-separated")
+    ap.add_argument("--modes", default="eager,compile,compile-regions",
+                    help="peer modes, comma-separated (eager, compile, compile-regions)")
     ap.add_argument("--venv", default=str(ROOT / "build" / "peers-venv"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
@@ -90,8 +109,16 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where both sides train (the reference step is always the CPU's)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="tuned",
+                    help="tuned (default): glibc's malloc keeps freed memory (GLIBC_TUNABLES), "
+                    "as PyTorch's CPU tuning advice asks of the allocator; default: glibc as is")
     args = ap.parse_args()
+    if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
+        ap.error("--repeats and --steps must be >= 1, --warmup >= 0")
     os.environ.update(ISA_ENV[args.isa])  # inherited by both sides' processes
+    if MALLOC_ENV[args.malloc]:
+        os.environ["GLIBC_TUNABLES"] = ":".join(
+            t for t in (os.environ.get("GLIBC_TUNABLES"), MALLOC_ENV[args.malloc]) if t)
 
     py = torch_python(args.venv)
     if py is None:
@@ -118,6 +145,11 @@ def main():
 
     modes = [m for m in args.modes.split(",") if m]
     times = {"slipstream": []} | {f"torch {m}": [] for m in modes}
+    # Start-up apart from the step: ours from its start to the end of its warm-up, a peer's
+    # first step (for a compile mode, the compile).
+    startup = {name: [] for name in times}
+    where = "GPU" if args.device == "cuda" else f"{args.isa}, {args.threads} threads"
+    where += f", malloc {args.malloc}"
     for rep in range(args.repeats):
         out = work / f"ours-{rep}.json"
         ours = run_json([args.slipstream, "bench", "--preset", preset, "--steps",
@@ -125,6 +157,7 @@ def main():
                          "--device", args.device, "--set", f"run.precision={args.precision}"]
                         + set_args, out)
         times["slipstream"].append(ours["step_median_ms"])
+        startup["slipstream"].append(ours["startup_s"])
         for m in modes:
             out = work / f"torch-{m}-{rep}.json"
             try:
@@ -133,31 +166,45 @@ def main():
                                  "--mode", m, "--precision", args.precision, "--json", str(out)]
                                 + device, out)
                 times[f"torch {m}"].append(peer["step_ms_median"])
+                startup[f"torch {m}"].append(peer["first_step_s"])
             except RuntimeError as e:
                 print(f"torch {m}: {str(e).splitlines()[0]}")
         print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
-            f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep))
+            f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep), flush=True)
+        result = summarize(args, sets, times, startup, rep + 1)
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
-    ours = statistics.median(times["slipstream"])
-    where = "GPU" if args.device == "cuda" else f"{args.isa}, {args.threads} threads"
     print(f"\n{args.shape}, {where}, {args.precision}, median step of {args.repeats} "
           f"repeats ({args.steps} steps each after {args.warmup} warm-up):")
-    print(f"{'implementation':<18} {'step ms':>10} {'ours is':>10}")
+    print(f"{'implementation':<22} {'step ms':>10} {'ours is':>10} {'start-up s':>12}")
+    for name, med in result["median_step_ms"].items():
+        up = result["startup_s"][name]
+        print(f"{name:<22} {med:>10.2f} {med / result['median_step_ms']['slipstream']:>9.2f}x "
+              f"{up[0]:>12.2f}" + (f" (then {', '.join(f'{u:.2f}' for u in up[1:])})"
+                                  if len(up) > 1 else ""))
+    print("start-up: ours from its start to the end of its warm-up; a peer's first step, which "
+          "under a compile mode compiles (later repeats read torch's compile caches)")
+    return 0
+
+
+def summarize(args, sets, times, startup, done):
+    """The results so far: medians over the repeats each side finished, ratios to ours."""
     result = {"shape": args.shape, "device": args.device, "precision": args.precision,
-              "isa": args.isa, "threads": args.threads, "repeats": args.repeats,
-              "overrides": sets, "median_step_ms": {}, "speedup": {}}
+              "isa": args.isa, "malloc": args.malloc, "threads": args.threads,
+              "repeats": args.repeats,
+              "repeats_done": done, "steps": args.steps, "warmup": args.warmup,
+              "overrides": sets, "median_step_ms": {}, "speedup": {}, "startup_s": {}}
+    ours = statistics.median(times["slipstream"])
     for name, v in times.items():
         if not v:
             continue
         med = statistics.median(v)
         result["median_step_ms"][name] = med
-        ratio = med / ours
+        result["startup_s"][name] = startup[name]
         if name != "slipstream":
-            result["speedup"][name] = ratio
-        print(f"{name:<18} {med:>10.2f} {ratio:>9.2f}x")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+            result["speedup"][name] = med / ours
+    return result
 
 
 if __name__ == "__main__":

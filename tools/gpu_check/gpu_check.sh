@@ -163,9 +163,10 @@ if wants kernels; then
     --benchmark_filter="${GPU_CHECK_BENCH_FILTER:-.}" \
     --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
   expect_file bench_kernels_cuda "$OUT/bench_kernels_cuda.json"
-  # torch.compile of the 60-step loop takes minutes: only when GPU_CHECK_PEER names compile.
+  # torch.compile of the 60-step loop takes minutes: only when GPU_CHECK_PEER names a compile
+  # mode.
   compile=--no-compile
-  [[ " ${GPU_CHECK_PEER:-eager} " == *" compile "* ]] && compile=
+  [[ " ${GPU_CHECK_PEER:-eager} " == *" compile"* ]] && compile=
   step torch_scan python3 bench/peers/selective_scan_torch.py $compile --json "$OUT/torch_scan.json"
   expect_file torch_scan "$OUT/torch_scan.json"
 fi
@@ -213,9 +214,11 @@ if [[ "$MODE" == full* ]]; then
   done
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
-  # GPU_CHECK_PEER: the modes (default eager; "eager compile" adds minutes; "none" skips);
-  # GPU_CHECK_PEER_TIMEOUT: seconds each mode may take (default 240; torch.compile of the whole
-  # step, checked and then timed twice, took more than 180 s on an H200).
+  # GPU_CHECK_PEER: the modes (default eager; "none" skips; compile-regions, PyTorch's regional
+  # compilation, and compile, the whole step as one graph, add minutes: the whole step's first
+  # compile took more than 180 s on an H200); GPU_CHECK_PEER_TIMEOUT: seconds each mode may take
+  # (default 240). side_by_side.py rewrites its JSON after each repeat: a mode cut short by the
+  # timeout still reports the repeats it finished.
   for m in ${GPU_CHECK_PEER:-eager}; do
     { [ "$m" = none ] || ! wants peer; } && break
     step side_by_side_$m timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py --device cuda \

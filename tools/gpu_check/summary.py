@@ -146,15 +146,21 @@ def main(out):
             print(f"    GPU busy while loading: {sum(busy) / len(busy):.1f}% (goal >= 95%)")
         else:
             print("    GPU busy: not measured (NVML did not list the device)")
-    for mode in ("eager", "compile"):
+    for mode in ("eager", "compile", "compile-regions"):
         r = read_json(out, f"side_by_side_{mode}.json")
         if r is None:
             continue
         ms = r.get("median_step_ms", {})
-        goal = {"eager": 3.0, "compile": 1.5}[mode]
+        done = r.get("repeats_done", r.get("repeats"))
         for name, ratio in r.get("speedup", {}).items():
+            goal = 3.0 if name == "torch eager" else 1.5
+            up = r.get("startup_s", {}).get(name, [])
             print(f"\n  vs PyTorch, {r['shape']} {r['precision']}: ours {ms.get('slipstream', 0):.2f} ms, "
-                  f"{name} {ms.get(name, 0):.2f} ms -> ours is {ratio:.2f}x (goal >= {goal}x)")
+                  f"{name} {ms.get(name, 0):.2f} ms -> ours is {ratio:.2f}x (goal >= {goal}x; "
+                  f"{done} of {r.get('repeats')} repeats)")
+            if up and name != "torch eager":
+                print(f"    {name}'s first step (its compile, or torch's caches): "
+                      + ", ".join(f"{u:.1f} s" for u in up))
     print_profile(out)
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
