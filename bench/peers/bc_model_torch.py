@@ -33,6 +33,9 @@ their own: a fraction of the compile time, fusion stopping at the regions' edges
 --bench repeats the reference batch through a full training step (forward, loss, backward,
 gradient clipping, torch.optim.AdamW with the adamw stage's lr/betas/eps/weight decay) and
 reports the median and p90 step time and the derived steps/s, samples/s and frames/s.
+On the CPU, time it with glibc's malloc tuned as side_by_side.py does (its MALLOC_ENV, through
+GLIBC_TUNABLES): as is, glibc makes the eager step page-fault through fresh memory, about 5x
+slower at cpu_large.
 
 Dependencies: torch, numpy, safetensors.
 """
