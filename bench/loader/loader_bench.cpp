@@ -1,13 +1,15 @@
 // slippi_replays throughput: windows/s out of produce() (batch 256, window 60) and setup time
-// (decode + feature extraction), over the shared real replays and a synthetic set, on 1 and 2
-// threads. Run: build/bin/bench_loader [--benchmark_filter=...]
+// (decode + feature extraction), over the shared real replays and a synthetic set, on 1, 2, 4,
+// ... threads up to the machine's cores. Run: build/bin/bench_loader [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "engine/stage_harness.h"
 #include "stages/melee/replays.h"
@@ -98,20 +100,16 @@ void BM_Produce(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(BM_Setup)
-    ->ArgNames({"synthetic", "threads"})
-    ->Args({0, 1})
-    ->Args({0, 2})
-    ->Args({1, 1})
-    ->Args({1, 2})
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK(BM_Produce)
-    ->ArgNames({"synthetic", "threads"})
-    ->Args({0, 1})
-    ->Args({0, 2})
-    ->Args({1, 1})
-    ->Args({1, 2})
-    ->Unit(benchmark::kMicrosecond)
-    ->UseRealTime();
+// Both sets at 1, 2, 4, ... threads up to the machine's cores (and at that count itself).
+void thread_counts(benchmark::internal::Benchmark* b) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  b->ArgNames({"synthetic", "threads"});
+  for (int set = 0; set < 2; ++set) {
+    for (int t = 1; t < cores; t *= 2) b->Args({set, t});
+    b->Args({set, cores});
+  }
+}
+
+BENCHMARK(BM_Setup)->Apply(thread_counts)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Produce)->Apply(thread_counts)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_MAIN();

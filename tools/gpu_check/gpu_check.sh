@@ -8,8 +8,8 @@
 # with `replays.batch_size: auto`, the end-to-end step benchmark (fp32 vs bf16; gpu_quick,
 # gpu_standard, production; the GRU graph on our per-step layer and on cuDNN) and the data
 # path's overlap ratio and GPU busy % (`slipstream bench --overlap`) at gpu_quick and
-# gpu_standard, our step against the PyTorch peer at gpu_standard (bench/peers/side_by_side.py
-# --device cuda), and prints one summary. It exits 1
+# gpu_standard, the loader's windows/s against threads, our step against the PyTorch peer at
+# gpu_standard (bench/peers/side_by_side.py --device cuda), and prints one summary. It exits 1
 # when any step failed, when no device is present, or when the gpu tests were skipped.
 #
 # Logs and JSON go to $OUT (the device tool's folder) or build-gpu-out. Debian packages the
@@ -35,7 +35,8 @@ EXTRA=()
 # GPU_CHECK_ONLY: the groups to run, of tests (the gpu tests), cpu (the kernels' CPU and
 # emulator tests, as CI runs them), sanitize (memcheck,
 # racecheck; memcheck of graph-replayed steps), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run, an
-# auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path), peer (PyTorch side by side), profile (each
+# auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path, the
+# loader), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
@@ -212,19 +213,30 @@ if [[ "$MODE" == full* ]]; then
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
+  # The loader on this machine's cores: windows/s out of produce() and setup time against
+  # threads (what the GPU's step consumes must stay below it); a few seconds.
+  if wants e2e; then
+    step bench_loader $B/bin/bench_loader --benchmark_min_time=0.05 \
+      --benchmark_out="$OUT/bench_loader.json" --benchmark_out_format=json
+    expect_file bench_loader "$OUT/bench_loader.json"
+  fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
   # GPU_CHECK_PEER: the modes (default eager; "none" skips; compile-regions, PyTorch's regional
   # compilation, and compile, the whole step as one graph, add minutes: the whole step's first
   # compile took more than 180 s on an H200); GPU_CHECK_PEER_TIMEOUT: seconds each mode may take
   # (default 240). side_by_side.py rewrites its JSON after each repeat: a mode cut short by the
-  # timeout still reports the repeats it finished.
-  for m in ${GPU_CHECK_PEER:-eager}; do
-    { [ "$m" = none ] || ! wants peer; } && break
-    step side_by_side_$m timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py --device cuda \
-      --shape gpu_standard --repeats 2 --steps 20 --warmup 3 --modes $m \
-      --slipstream $B/bin/slipstream --json "$OUT/side_by_side_$m.json"
-    expect_file side_by_side_$m "$OUT/side_by_side_$m.json"
+  # timeout still reports the repeats it finished. GPU_CHECK_PEER_SHAPES: the shapes (default
+  # gpu_standard; also gpu_quick, production), each mode at each.
+  for shape in ${GPU_CHECK_PEER_SHAPES:-gpu_standard}; do
+    for m in ${GPU_CHECK_PEER:-eager}; do
+      { [ "$m" = none ] || ! wants peer; } && break 2
+      name=side_by_side_$m; [ "$shape" = gpu_standard ] || name=${name}_$shape
+      step $name timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py \
+        --device cuda --shape "$shape" --repeats 2 --steps 20 --warmup 3 --modes $m \
+        --slipstream $B/bin/slipstream --json "$OUT/$name.json"
+      expect_file $name "$OUT/$name.json"
+    done
   done
 fi
 # Where the device's time goes: every kernel's duration (Nsight Compute, one metric) over about
