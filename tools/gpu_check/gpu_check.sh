@@ -227,15 +227,20 @@ if [[ "$MODE" == full* ]]; then
   # compile took more than 180 s on an H200); GPU_CHECK_PEER_TIMEOUT: seconds each mode may take
   # (default 240). side_by_side.py rewrites its JSON after each repeat: a mode cut short by the
   # timeout still reports the repeats it finished. GPU_CHECK_PEER_SHAPES: the shapes (default
-  # gpu_standard; also gpu_quick, production), each mode at each.
-  for shape in ${GPU_CHECK_PEER_SHAPES:-gpu_standard}; do
-    for m in ${GPU_CHECK_PEER:-eager}; do
-      { [ "$m" = none ] || ! wants peer; } && break 2
-      name=side_by_side_$m; [ "$shape" = gpu_standard ] || name=${name}_$shape
-      step $name timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py \
-        --device cuda --shape "$shape" --repeats 2 --steps 20 --warmup 3 --modes $m \
-        --slipstream $B/bin/slipstream --json "$OUT/$name.json"
-      expect_file $name "$OUT/$name.json"
+  # gpu_standard; also gpu_quick, production); GPU_CHECK_PEER_PRECISIONS: fp32 (default) and or
+  # bf16 (ours in bf16, the peer under torch.autocast); each mode at each.
+  for prec in ${GPU_CHECK_PEER_PRECISIONS:-fp32}; do
+    for shape in ${GPU_CHECK_PEER_SHAPES:-gpu_standard}; do
+      for m in ${GPU_CHECK_PEER:-eager}; do
+        { [ "$m" = none ] || ! wants peer; } && break 3
+        name=side_by_side_$m
+        [ "$shape" = gpu_standard ] || name=${name}_$shape
+        [ "$prec" = fp32 ] || name=${name}_$prec
+        step $name timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py \
+          --device cuda --shape "$shape" --precision "$prec" --repeats 2 --steps 20 --warmup 3 \
+          --modes $m --slipstream $B/bin/slipstream --json "$OUT/$name.json"
+        expect_file $name "$OUT/$name.json"
+      done
     done
   done
 fi
