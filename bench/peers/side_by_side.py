@@ -47,7 +47,7 @@ ISA_ENV = {
 # PyTorch's eager loop faults in fresh pages every step: each of the scan loop's steps slices
 # (B, D, L, N) tensors, and a slice's backward allocates a zero tensor of the whole shape. At
 # cpu_large that put more of the eager step in the kernel than in PyTorch (12 M page faults in
-# 4 steps). PyTorch's CPU performance guide has users swap the allocator; glibc's own tunables,
+# 3 steps). PyTorch's CPU performance guide has users swap the allocator; glibc's own tunables,
 # which keep freed memory in the heap, beat both jemalloc and tcmalloc on this model (eager
 # 6.1 -> 1.3 s a step, torch.compile 476 -> 421 ms). Both sides run with them; ours draws its
 # tensors from its own pools and does not notice.
