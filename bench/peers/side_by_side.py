@@ -192,8 +192,8 @@ def summarize(args, sets, times, startup, done):
     """The results so far: medians over the repeats each side finished, ratios to ours."""
     result = {"shape": args.shape, "device": args.device, "precision": args.precision,
               "isa": args.isa, "malloc": args.malloc, "threads": args.threads,
-              "repeats": args.repeats,
-              "repeats_done": done, "steps": args.steps, "warmup": args.warmup,
+              "repeats": args.repeats, "repeats_done": done, "steps": args.steps,
+              "warmup": args.warmup,
               "overrides": sets, "median_step_ms": {}, "speedup": {}, "startup_s": {}}
     ours = statistics.median(times["slipstream"])
     for name, v in times.items():

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Prints `make gpu-check`'s summary from its output folder: each step's status and time, the
 GPU kernel benchmarks (time, GB/s against the device's ~3 TB/s), and the scan's speed against
-the PyTorch peer, the end-to-end step (ms per step, fp32 against bf16), and the data path's
-overlap ratio and GPU busy %, and our step against the PyTorch peer's. Exits 1 when any step
-failed."""
+the PyTorch peer, the end-to-end step (ms per step, fp32 against bf16), the data path's
+overlap ratio and GPU busy %, the loader's windows/s against threads, and our step against the
+PyTorch peer's in each mode, shape and precision run (with the compile times). Exits 1 when any
+step failed."""
 import csv
 import json
 import os
