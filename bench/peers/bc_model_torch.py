@@ -28,8 +28,8 @@ Two ways to compile, both what PyTorch users do: `compile` hands the whole forwa
 torch.compile (one graph: the scan loop unrolled for every layer, so compiling takes minutes on a
 GPU); `compile-regions` is PyTorch's regional compilation, which compiles each repeated block
 once (every layer reuses that graph) and the embedding, the heads and the loss as graphs of
-their own: about half the compile time at two layers (less with more), fusion stopping at the
-regions' edges.
+their own: a half to three quarters of the compile time at two layers on the CPU (less with
+more layers), fusion stopping at the regions' edges.
 
 --bench repeats the reference batch through a full training step (forward, loss, backward,
 gradient clipping, torch.optim.AdamW with the adamw stage's lr/betas/eps/weight decay) and
