@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""summary_test.py SUMMARY: runs gpu-check's summary on output folders written here (the files
+the steps write, in their formats) and checks what it prints and its exit status."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def write(folder, name, obj):
+    with open(os.path.join(folder, name), "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj))
+
+
+def side_by_side(shape, precision, modes, done, repeats=2):
+    ms = {"slipstream": 4.0} | {f"torch {m}": t for m, t in modes.items()}
+    return {"shape": shape, "device": "cuda", "precision": precision, "repeats": repeats,
+            "repeats_done": done, "median_step_ms": ms,
+            "speedup": {k: v / 4.0 for k, v in ms.items() if k != "slipstream"},
+            "startup_s": {k: [95.0, 3.5] if "compile" in k else [0.1, 0.1] for k in ms}}
+
+
+def loader_bench():
+    rows = []
+    for which in (0, 1):
+        for t in (1, 2, 16):
+            base = f"synthetic:{which}/threads:{t}/real_time"
+            rows.append({"name": f"BM_Setup/{base}", "real_time": 50.0 / t})
+            rows.append({"name": f"BM_Produce/{base}", "real_time": 500.0,
+                         "items_per_second": 400000.0 + t})
+    rows[0] = {"name": "BM_Setup/synthetic:0/threads:1/real_time", "error_occurred": True,
+               "error_message": "replays not found"}
+    return {"benchmarks": rows}
+
+
+def run(summary, folder):
+    r = subprocess.run([sys.executable, summary, folder], capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def expect(out, *needles):
+    missing = [n for n in needles if n not in out]
+    if missing:
+        print(out)
+        print(f"FAIL: missing {missing}")
+        sys.exit(1)
+
+
+def main(summary):
+    with tempfile.TemporaryDirectory() as d:
+        write(d, "steps.tsv", "device\t0\t1\nside_by_side_compile\t124\t240\n"
+              "side_by_side_eager_production_bf16\t0\t30\n")
+        write(d, "mode.txt", "full (prebuilt abc1234)\n")
+        write(d, "side_by_side_compile.json", side_by_side("gpu_standard", "fp32",
+                                                           {"compile": 12.0}, done=1))
+        write(d, "side_by_side_eager_production_bf16.json",
+              side_by_side("production", "bf16", {"eager": 400.0}, done=2))
+        write(d, "bench_loader.json", loader_bench())
+        write(d, "bench_e2e_gpu_standard.json",
+              {"runs": [{"precision": "fp32", "steps_per_s": 250.0, "samples_per_s": 64000.0,
+                         "ratio_to_first": 1.0},
+                        {"precision": "bf16", "steps_per_s": 300.0, "samples_per_s": 76800.0,
+                         "ratio_to_first": 1.2}]})
+        rc, out = run(summary, d)
+        expect(out, "=== gpu-check summary: full (prebuilt abc1234) build ===",
+               # A compile mode cut short by its timeout: the repeat it finished, and failed.
+               "torch compile 12.00 ms -> ours is 3.00x (1 of 2 repeats; goal >= 1.5x)",
+               "torch compile's first step (its compile, or torch's caches): 95.0 s, 3.5 s",
+               # Goals only at gpu_standard; the other shape and precision by their names.
+               "vs PyTorch, production bf16: ours 4.00 ms, torch eager 400.00 ms -> ours is "
+               "100.00x (2 of 2 repeats)",
+               "skipped: replays not found", "400,016", "consumes 76,800 windows/s",
+               "2 passed, 1 failed: side_by_side_compile")
+        if "goal >= 3.0x" in out:
+            print(out)
+            print("FAIL: a goal printed for a shape other than gpu_standard")
+            return 1
+        if rc != 1:
+            print(f"FAIL: exit {rc} with a failed step, expected 1")
+            return 1
+        # A side-by-side file from before repeats_done and startup_s, every step passed.
+        old = side_by_side("gpu_standard", "fp32", {"eager": 90.0}, done=2)
+        del old["repeats_done"], old["startup_s"]
+        write(d, "side_by_side_compile.json", old)
+        write(d, "steps.tsv", "device\t0\t1\n")
+        rc, out = run(summary, d)
+        expect(out, "torch eager 90.00 ms -> ours is 22.50x (2 of 2 repeats; goal >= 3.0x)",
+               "1 passed, 0 failed")
+        if rc != 0:
+            print(out)
+            print(f"FAIL: exit {rc} with every step passed, expected 0")
+            return 1
+    print("summary_test: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
