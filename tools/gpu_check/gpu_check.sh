@@ -53,8 +53,16 @@ step() {
   echo "== $name: $*"
   timeout -k 10 "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
   rc=$?
-  [ $rc -eq 124 ] && echo "(gpu-check: stopped after ${STEP_TIMEOUT} s)" >>"$OUT/$name.log"
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" >>"$STEPS"
+  local secs=$(($(date +%s) - start))
+  # 124: gpu-check's timeout, or one the step's command holds (GPU_CHECK_PEER_TIMEOUT).
+  if [ $rc -eq 124 ]; then
+    if [ $secs -ge "$STEP_TIMEOUT" ]; then
+      echo "(gpu-check: stopped after ${STEP_TIMEOUT} s)" >>"$OUT/$name.log"
+    else
+      echo "(gpu-check: the step's own timeout stopped it after ${secs} s)" >>"$OUT/$name.log"
+    fi
+  fi
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$secs" >>"$STEPS"
   [ $rc -eq 0 ] || { echo "   $name failed (rc $rc); last lines:"; tail -n 15 "$OUT/$name.log"; }
   return $rc
 }
@@ -165,9 +173,11 @@ if wants kernels; then
     --benchmark_out="$OUT/bench_kernels_cuda.json" --benchmark_out_format=json
   expect_file bench_kernels_cuda "$OUT/bench_kernels_cuda.json"
   # torch.compile of the 60-step loop takes minutes: only when GPU_CHECK_PEER names a compile
-  # mode.
+  # mode, unless GPU_CHECK_SCAN_COMPILE says 0 or 1 (a lease whose minutes go to the step's
+  # compile).
   compile=--no-compile
   [[ " ${GPU_CHECK_PEER:-eager} " == *" compile"* ]] && compile=
+  case ${GPU_CHECK_SCAN_COMPILE:-} in 0) compile=--no-compile ;; 1) compile= ;; esac
   step torch_scan python3 bench/peers/selective_scan_torch.py $compile --json "$OUT/torch_scan.json"
   expect_file torch_scan "$OUT/torch_scan.json"
 fi

@@ -50,5 +50,8 @@ if [ -n "${PHASE2:-}" ]; then
 fi
 for d in "$OUT"/*/; do
   echo "== $d"
+  # A check its time limit stopped printed no summary: the summary of the steps it finished.
+  grep -q '=== gpu-check summary' "$d/console.txt" ||
+    python3 tools/gpu_check/summary.py "$d" >>"$d/console.txt" 2>&1
   sed -n '/=== gpu-check summary/,$p' "$d/console.txt"
 done

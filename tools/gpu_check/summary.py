@@ -14,12 +14,17 @@ PEAK_GBS = 3000.0  # H100 device-to-device copy, read + write (device/KINDS.md)
 
 
 def read_json(out, name):
-    """$OUT/name parsed, or None when the step that writes it did not run."""
+    """$OUT/name parsed, or None when the step that writes it did not run or was stopped while
+    writing it (said so)."""
     path = os.path.join(out, name)
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            print(f"  {name}: not read ({e}): its step stopped while writing it?")
+            return None
 
 
 def print_profile(out, top=15):
@@ -89,14 +94,14 @@ def main(out):
     mode = open(os.path.join(out, "mode.txt")).read().strip() if os.path.exists(
         os.path.join(out, "mode.txt")) else "no"
     print(f"\n=== gpu-check summary: {mode} build ===")
+    width = max([24] + [len(name) for name, _, _ in steps])
     for name, rc, secs in steps:
-        print(f"  {name:<24} {'ok' if rc == 0 else 'FAILED (rc %d)' % rc:<16} {secs:>5} s")
+        print(f"  {name:<{width}} {'ok' if rc == 0 else 'FAILED (rc %d)' % rc:<16} {secs:>5} s")
     bench = {}
-    path = os.path.join(out, "bench_kernels_cuda.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            for b in json.load(f).get("benchmarks", []):
-                bench[b["name"].split("/manual_time")[0]] = b
+    kernels = read_json(out, "bench_kernels_cuda.json")
+    if kernels is not None:
+        for b in kernels.get("benchmarks", []):
+            bench[b["name"].split("/manual_time")[0]] = b
         print("\n  kernel                                    time (us)    GB/s   of peak")
         for name, b in bench.items():
             if b.get("error_occurred"):
@@ -135,13 +140,16 @@ def main(out):
         if "bf16" in by and "bf16/nograph" in by:
             print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "
                   "the steps/s without it (bf16)")
-    # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc).
+    # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc): the default
+    # against the other one (registers; builds where registers was the default name it split).
     for dt in ("fp32", "bf16"):
         a = bench.get(f"scan_backward/{dt}/gpu_standard")
-        b = bench.get(f"scan_backward_split/{dt}/gpu_standard")
-        if a and b:
-            print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
-                  f"split {b['real_time']:.1f} us -> {a['real_time'] / b['real_time']:.2f}x")
+        for other in ("registers", "split"):
+            b = bench.get(f"scan_backward_{other}/{dt}/gpu_standard")
+            if a and b:
+                print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
+                      f"{other} {b['real_time']:.1f} us: {other} takes "
+                      f"{b['real_time'] / a['real_time']:.2f}x the default's time")
     # The GRU graph's step: our per-step layer against cuDNN's stack, in fp32 and bf16, and
     # whether each step ran from a CUDA graph.
     gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
