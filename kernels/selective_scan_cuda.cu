@@ -1,10 +1,11 @@
 // Selective scan on CUDA; the math, layouts and gradient conventions are those of the CPU
 // reference (kernels/selective_scan_cpu.cpp), against which it is tested.
 //
-// The forward and backward run a thread per (b, d) channel with its states in registers (below,
-// "channel kernels"). The one-frame step for inference runs a thread per (b, d, n): the lanes of
-// a warp are kLanes states (kLanes = N rounded up to a power of two) of 32 / kLanes consecutive
-// channels, sums over the state are butterfly shuffles inside the group.
+// The forward and backward run threads per (b, d) channel with its states in registers (below,
+// "channel kernels"; one thread up to 16 states, the backward's default one up to 8). The one-frame
+// step for inference runs a thread per (b, d, n): the lanes of a warp are kLanes states (kLanes = N
+// rounded up to a power of two) of 32 / kLanes consecutive channels, sums over the state are
+// butterfly shuffles inside the group.
 #include <type_traits>
 
 #include "kernels/cuda_common.cuh"
@@ -472,11 +473,11 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   return a;
 }
 
-ScanBackwardVariant g_backward_variant = ScanBackwardVariant::registers;
+ScanBackwardVariant g_backward_variant = ScanBackwardVariant::split;
 
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
 // kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
-// The backward's split variant gives a thread 8 states of a channel above 8.
+// The backward's split variant, the default, gives a thread 8 states of a channel above 8.
 struct ChanShape {
   int ns, g, t;
 };

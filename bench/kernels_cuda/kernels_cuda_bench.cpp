@@ -347,14 +347,15 @@ int main(int argc, char** argv) {
       add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, bwd); });
       if (bwd && sh.N > 8)  // the backward's other shape (kernels/selective_scan_cuda.inc)
         for (bool bf16 : {false, true})
-          add(std::string("scan_backward_split/") + (bf16 ? "bf16/" : "fp32/") + p,
+          add(std::string("scan_backward_registers/") + (bf16 ? "bf16/" : "fp32/") + p,
               [=](benchmark::State& st) {
-                sk::cuda::set_scan_backward_variant(sk::cuda::ScanBackwardVariant::split);
+                const auto was = sk::cuda::scan_backward_variant();
+                sk::cuda::set_scan_backward_variant(sk::cuda::ScanBackwardVariant::registers);
                 if (bf16)
                   scan<sk::bfloat16>(st, sh, true);
                 else
                   scan<float>(st, sh, true);
-                sk::cuda::set_scan_backward_variant(sk::cuda::ScanBackwardVariant::registers);
+                sk::cuda::set_scan_backward_variant(was);
               });
       add("scan_" + dir + "/bf16/" + p,
           [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, bwd); });
