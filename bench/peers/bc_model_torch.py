@@ -453,24 +453,19 @@ def compile_regions(model):
 def compiled_forward_loss(model, head_weights, eps, mode, autocast=contextlib.nullcontext):
     """batch -> loss of the forward under `mode`; the loss without the metrics, whose .item()
     calls would break the graph."""
+    def loss(logits, batch):
+        return bc_loss(logits, batch, head_weights, eps)[0]
+
+    if mode == "compile-regions":
+        compile_regions(model)
+        loss = torch.compile(loss)
+
     def forward_loss(batch):
         with autocast():
             logits = model(batch)
-        return bc_loss(logits, batch, head_weights, eps)[0]
+        return loss(logits, batch)
 
-    if mode == "compile":
-        return torch.compile(forward_loss)
-    if mode == "compile-regions":
-        compile_regions(model)
-        loss = torch.compile(lambda logits, batch: bc_loss(logits, batch, head_weights, eps)[0])
-
-        def regional_forward_loss(batch):
-            with autocast():
-                logits = model(batch)
-            return loss(logits, batch)
-
-        return regional_forward_loss
-    return forward_loss
+    return torch.compile(forward_loss) if mode == "compile" else forward_loss
 
 
 def one_step(model, parts, b, head_weights, eps, mode="eager"):

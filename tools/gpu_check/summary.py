@@ -188,6 +188,8 @@ def main(out):
     for fname in sorted(f for f in os.listdir(out)
                         if f.startswith("side_by_side_") and f.endswith(".json")):
         r = read_json(out, fname)
+        if r is None:
+            continue
         ms = r.get("median_step_ms", {})
         done = r.get("repeats_done", r.get("repeats"))
         for name, ratio in r.get("speedup", {}).items():
