@@ -38,8 +38,10 @@ build: deps $(BUILD_DIR)/build.ninja
 # Real replays beside the checkout when present; otherwise the loader generates synthetic ones.
 REPLAYS ?= $(if $(wildcard ../shared/replays),../shared/replays,)
 
+# A resume (ARGS="--resume RUN ...") continues with the run's own config.yaml: no preset, no paths.
 run: build
-	$(BUILD_DIR)/bin/slipstream run --preset $(PRESET) $(if $(REPLAYS),--set 'replays.paths=[$(REPLAYS)]') $(ARGS)
+	$(BUILD_DIR)/bin/slipstream run $(if $(findstring --resume,$(ARGS)),,--preset $(PRESET) \
+	  $(if $(REPLAYS),--set 'replays.paths=[$(REPLAYS)]')) $(ARGS)
 
 test: build
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target slipstream_tests

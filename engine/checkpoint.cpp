@@ -1,9 +1,14 @@
 #include "engine/checkpoint.h"
 
+#include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
+#include "engine/atomic_file.h"
+#include "engine/config_diff.h"
 #include "engine/graph.h"
 #include "engine/safetensors.h"
 #include "engine/state_io.h"
@@ -32,22 +37,41 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   meta["run.world_size"] = std::to_string(run.world_size);
   meta["run.precision"] = run.precision == Precision::bf16 ? "bf16" : "fp32";
   // The graph that made the weights rides along: the file alone says how to rebuild the model.
-  write_safetensors((tmp / "model.safetensors").string(), weights,
-                    {{"format", "pt"},
-                     {"step", std::to_string(run.step)},
-                     {"slipstream.config", resolved_config_yaml(graph)}});
+  // Each tensor's checksum too: a damaged file is an error at load, never another model.
+  std::map<std::string, std::string> model_meta = {
+      {"format", "pt"},
+      {"step", std::to_string(run.step)},
+      {"slipstream.config", resolved_config_yaml(graph)}};
+  add_tensor_checksums(weights, model_meta);
+  add_tensor_checksums(state, meta);
+  write_safetensors((tmp / "model.safetensors").string(), weights, model_meta);
   write_safetensors((tmp / "state.safetensors").string(), state, meta);
-  std::ofstream(tmp / "DONE") << run.step << "\n";
+  write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
   fs::remove_all(dir);
   fs::rename(tmp, dir);
 }
 
 namespace {
 
+// A weight that is NaN or infinite: a model that diverged. Scoring it, playing it or training on
+// from it would only spread the NaN; the checkpoint is refused, naming the weight.
+void check_finite(const SafetensorsFile& model, const std::string& path) {
+  for (const auto& [name, t] : model.tensors) {
+    if (t.dtype() != DType::f32) continue;
+    size_t bad = 0;
+    for (float v : t.span<float>()) bad += !std::isfinite(v);
+    if (bad)
+      throw std::runtime_error(path + ": weight '" + name + "' holds " + std::to_string(bad) +
+                               " non-finite value(s) (NaN or Inf): the run had diverged when it "
+                               "was written; use an earlier checkpoint");
+  }
+}
+
 // The trainable parameters of stages [first_stage, end) from the checkpoint's model file.
 void load_parameters(GraphPlan& graph, const std::string& dir, size_t first_stage) {
   const std::string model_path = (fs::path(dir) / "model.safetensors").string();
   SafetensorsFile model = read_safetensors(model_path);
+  check_finite(model, model_path);
   for (size_t k = first_stage; k < graph.stages.size(); ++k) {
     StateReader weights(model.tensors, model.metadata, graph.stages[k].name, model_path);
     for (Parameter* p : graph.instances[k]->parameters()) weights.tensor_into(p->name, p->value);
@@ -81,6 +105,14 @@ uint64_t load_weights(GraphPlan& graph, const std::string& dir) {
       StateReader(state.tensors, state.metadata, "run", state_path).integer("step"));
 }
 
+bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_t& step) {
+  if (!name.starts_with(prefix) || name.size() == prefix.size()) return false;
+  const char* b = name.data() + prefix.size();
+  const char* e = name.data() + name.size();
+  auto r = std::from_chars(b, e, step);
+  return r.ec == std::errc() && r.ptr == e;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   fs::path root = fs::path(run_dir) / "checkpoints";
   std::optional<std::string> best;
@@ -88,9 +120,8 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     std::string name = e.path().filename().string();
-    if (!name.starts_with("step-") || name.ends_with(".tmp") || !fs::exists(e.path() / "DONE"))
-      continue;
-    uint64_t step = std::strtoull(name.c_str() + 5, nullptr, 10);
+    uint64_t step = 0;
+    if (!checkpoint_step(name, "step-", step) || !fs::exists(e.path() / "DONE", ec)) continue;
     if (!best || step >= best_step) best = e.path().string(), best_step = step;
   }
   return best;
@@ -98,22 +129,33 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
 
 namespace {
 
-// The graph that rebuilds a checkpoint: its run's config.yaml; for a checkpoint outside a run,
-// the one its weights carry.
+// The graph that rebuilds a checkpoint: the one its weights carry (the run's config.yaml as it
+// was at that step; a later resume with --set may have changed the file since, and those changes
+// are listed); for checkpoints written before the weights carried it, the run's config.yaml.
 void pick_graph_file(CheckpointPath& c) {
   std::error_code ec;
-  if (!c.run_dir.empty() && fs::exists(fs::path(c.run_dir) / "config.yaml", ec)) {
-    c.graph_file = (fs::path(c.run_dir) / "config.yaml").string();
-    return;
-  }
+  const fs::path run_config = c.run_dir.empty() ? fs::path() : fs::path(c.run_dir) / "config.yaml";
+  const bool have_run_config = !c.run_dir.empty() && fs::exists(run_config, ec);
   const std::string weights = (fs::path(c.checkpoint) / "model.safetensors").string();
   try {
-    if (read_safetensors(weights, SafetensorsRead::metadata).metadata.count("slipstream.config")) {
+    const SafetensorsFile f = read_safetensors(weights, SafetensorsRead::metadata);
+    if (auto it = f.metadata.find("slipstream.config"); it != f.metadata.end()) {
       c.graph_file = weights;
+      if (have_run_config) {
+        std::ifstream in(run_config);
+        const std::string now((std::istreambuf_iterator<char>(in)), {});
+        c.config_changes = config_differences(it->second, now, RunKeys::ignore);
+      }
       return;
     }
   } catch (const std::exception& e) {
-    c.error = e.what();
+    if (!have_run_config) {
+      c.error = e.what();
+      return;
+    }
+  }
+  if (have_run_config) {
+    c.graph_file = run_config.string();
     return;
   }
   c.error = c.checkpoint + ": outside a run directory, and its weights carry no graph (no " +

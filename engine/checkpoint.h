@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace slipstream {
 
@@ -34,6 +35,9 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
 // Loads only the trainable parameters (model.safetensors) of every stage that has some: a warm
 // start. Every parameter must be in the file with its shape. Returns the checkpoint's step.
 uint64_t load_weights(GraphPlan& graph, const std::string& dir);
+// "step-120" -> 120, "best-step-120" -> 120 (with `prefix` "best-step-"): the names checkpoints
+// are written under. Anything else, such as "step-120.bak" or "step-120-good", is none.
+bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_t& step);
 // The newest complete checkpoint under `run_dir/checkpoints/`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
@@ -45,9 +49,13 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 struct CheckpointPath {
   std::string run_dir;     // holds config.yaml
   std::string checkpoint;  // a checkpoint directory, or empty
-  // What rebuilds the model, for load_config: the run's config.yaml, or for a checkpoint
-  // outside a run the graph its model.safetensors carries (`slipstream.config`).
+  // What rebuilds the model, for load_config: the graph its model.safetensors carries
+  // (`slipstream.config`, the run's config.yaml at that step), or for checkpoints written before
+  // the weights carried one, the run's config.yaml.
   std::string graph_file;
+  // How the run's config.yaml now differs from the graph the checkpoint was trained with (a
+  // later resume's --set), one setting a line; run: settings aside. Callers say so.
+  std::vector<std::string> config_changes;
   std::string error;
 };
 CheckpointPath resolve_checkpoint_path(const std::string& path);

@@ -1,7 +1,9 @@
 #include "engine/config.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -39,10 +41,14 @@ SourceMark mark_of(const YAML::Node& n, const std::string& file) {
 
 // yaml-cpp keeps every pair of a mapping but lookups see only the first: a repeated key would
 // silently lose the later value, so it is an error, as in most YAML loaders' strict modes. Keys
-// are names: a list, mapping or null as a key is an error too.
-void check_mapping_keys(const YAML::Node& n, const std::string& file) {
+// are names: a list, mapping or null as a key is an error too. An alias is the node it names,
+// checked once: `checked` holds the text positions of the lists and mappings seen, so a file of
+// aliases of aliases (a "billion laughs") costs its size, not its expansion.
+void check_mapping_keys(const YAML::Node& n, const std::string& file, std::set<int>& checked) {
+  if ((n.IsSequence() || n.IsMap()) && n.Mark().pos >= 0 && !checked.insert(n.Mark().pos).second)
+    return;
   if (n.IsSequence()) {
-    for (const auto& e : n) check_mapping_keys(e, file);
+    for (const auto& e : n) check_mapping_keys(e, file, checked);
   } else if (n.IsMap()) {
     std::map<std::string, YAML::Mark> seen;
     for (auto it = n.begin(); it != n.end(); ++it) {
@@ -56,7 +62,7 @@ void check_mapping_keys(const YAML::Node& n, const std::string& file) {
         fail(mark_of(it->first, file),
              "duplicate key '" + it->first.Scalar() + "' (first at line " +
                  std::to_string(at->second.line + 1) + "); remove one of them");
-      check_mapping_keys(it->second, file);
+      check_mapping_keys(it->second, file, checked);
     }
   }
 }
@@ -145,6 +151,8 @@ std::string graph_of_checkpoint(const std::string& path) {
   return it->second;
 }
 
+constexpr uintmax_t kMaxGraphFileBytes = uintmax_t{4} << 20;
+
 YAML::Node load_yaml(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
@@ -158,8 +166,16 @@ YAML::Node load_yaml(const std::string& path) {
   if (is_checkpoint_weights(path)) {
     text = graph_of_checkpoint(path);
   } else {
+    // yaml-cpp holds a few hundred bytes a byte of a long list: a graph file is small, and a
+    // huge one is refused before it is parsed.
+    if (const auto size = fs::file_size(path, ec); !ec && size > kMaxGraphFileBytes)
+      fail({path}, "is " + std::to_string(size >> 20) + " MiB; a graph file holds at most " +
+                       std::to_string(kMaxGraphFileBytes >> 20) +
+                       " MiB (list replay folders, not every file, in replays.paths)");
+    if (!fs::is_regular_file(path, ec) && fs::exists(path, ec))
+      fail({path}, "is not a regular file");
     std::ifstream in(path, std::ios::binary);
-    if (!in) fail({path}, "cannot read file");
+    if (!in) fail({path}, std::string("cannot read file: ") + std::strerror(errno));
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (in.bad()) fail({path}, "cannot read file");
   }
@@ -185,7 +201,8 @@ YAML::Node load_yaml(const std::string& path) {
       fail({path, second->line + 1, second->column + 1},
            "a second YAML document ('---') is not read; keep the whole graph in one document");
     YAML::Node root = YAML::Load(text);
-    check_mapping_keys(root, path);
+    std::set<int> checked;
+    check_mapping_keys(root, path, checked);
     return root;
   } catch (const YAML::ParserException& e) {
     fail({path, e.mark.line + 1, e.mark.column + 1}, "YAML syntax error: " + e.msg);

@@ -50,6 +50,8 @@ class LineSink {
   bool in_escape_ = false;
 };
 
+// A terminal that stops taking output (a closed pipe: `slipstream run | head`) is dropped; the
+// file goes on, and the stream never turns bad for the run's later lines.
 class TeeBuf : public std::streambuf {
  public:
   TeeBuf(std::streambuf* terminal, LineSink& sink) : terminal_(terminal), sink_(sink) {}
@@ -60,17 +62,23 @@ class TeeBuf : public std::streambuf {
     if (c == traits_type::eof()) return traits_type::not_eof(c);
     const char ch = static_cast<char>(c);
     sink_.put(&ch, 1);
-    return terminal_->sputc(ch);
+    if (!terminal_gone_ && terminal_->sputc(ch) == traits_type::eof()) terminal_gone_ = true;
+    return c;
   }
   std::streamsize xsputn(const char* s, std::streamsize n) override {
     sink_.put(s, n);
-    return terminal_->sputn(s, n);
+    if (!terminal_gone_ && terminal_->sputn(s, n) != n) terminal_gone_ = true;
+    return n;
   }
-  int sync() override { return terminal_->pubsync(); }
+  int sync() override {
+    if (!terminal_gone_ && terminal_->pubsync() != 0) terminal_gone_ = true;
+    return 0;
+  }
 
  private:
   std::streambuf* terminal_;
   LineSink& sink_;
+  bool terminal_gone_ = false;
 };
 
 }  // namespace

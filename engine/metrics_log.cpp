@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "engine/atomic_file.h"
+
 namespace fs = std::filesystem;
 
 namespace slipstream {
@@ -49,37 +51,24 @@ bool MetricsLog::append(const std::string& line) {
   return true;
 }
 
-size_t MetricsLog::drop_rows_after(const std::string& path, uint64_t step) {
+MetricsLog::Split MetricsLog::split_at_step(const std::string& path, uint64_t step) {
+  Split out;
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return 0;
+  if (!fs::is_regular_file(path, ec)) return out;
   std::ifstream in(path);
-  std::vector<std::string> kept;
-  size_t dropped = 0;
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     bool past = j.is_object() && j.contains("step") && j["step"].is_number_unsigned() &&
                 j["step"].get<uint64_t>() > step;
     // A line that does not parse is a row torn by a kill mid-write.
-    if (!j.is_object() || past) {
-      ++dropped;
-      continue;
-    }
-    kept.push_back(line);
+    if (!j.is_object() || past)
+      out.past.push_back(line);
+    else
+      out.kept += line + "\n";
   }
-  if (dropped == 0) return 0;
-  in.close();
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& k : kept) out << k << "\n";
-    out.flush();
-    if (!out)
-      throw std::runtime_error(tmp + ": cannot write (while dropping rows after step " +
-                               std::to_string(step) + ")");
-  }
-  fs::rename(tmp, path);
-  return dropped;
+  if (in.bad()) throw std::runtime_error(path + ": cannot read: " + errno_text(errno));
+  return out;
 }
 
 }  // namespace slipstream

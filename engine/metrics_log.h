@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace slipstream {
 
@@ -24,11 +25,15 @@ class MetricsLog {
   bool append(const std::string& line);
   const std::string& error() const { return error_; }
 
-  // A resumed run continues from a checkpoint at `step`: rows past it (written before a kill,
-  // they will be written again) and a torn last line are dropped. Rewrites the file atomically
-  // when anything is dropped; returns the number of lines dropped. Leaves anything that is not
-  // a regular file alone.
-  static size_t drop_rows_after(const std::string& path, uint64_t step);
+  // A resumed run continues from a checkpoint at `step`: the rows up to it stay (`kept`, the
+  // file's new text), rows past it (written before a kill, or by the later part of a rewound
+  // run) and a torn last line go (`past`, one line each). Reads only; nothing when `path` is not
+  // a regular file.
+  struct Split {
+    std::string kept;
+    std::vector<std::string> past;
+  };
+  static Split split_at_step(const std::string& path, uint64_t step);
 
  private:
   int fd_ = -1;

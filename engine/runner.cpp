@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -23,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/atomic_file.h"
 #include "engine/auto_batch.h"
 #include "engine/checkpoint.h"
 #include "engine/console_tee.h"
@@ -31,9 +34,11 @@
 #include "engine/metrics_log.h"
 #include "engine/rank_reduce.h"
 #include "engine/registry.h"
+#include "engine/run_directory.h"
 #include "engine/run_info.h"
 #include "engine/stats_record.h"
 #include "engine/step_graphs.h"
+#include "engine/stop_signals.h"
 #include "engine/tensorboard/event_writer.h"
 
 namespace fs = std::filesystem;
@@ -41,12 +46,6 @@ namespace fs = std::filesystem;
 namespace slipstream {
 
 namespace {
-
-// The signal that asked the run to stop (SIGINT, SIGTERM), 0 when none.
-std::atomic<int> g_signal{0};
-extern "C" void on_stop_signal(int sig) {
-  g_signal.store(sig);
-}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -121,6 +120,16 @@ void copy_name(char* dst, size_t n, const std::string& src) {
   dst[len] = '\0';
 }
 
+// The process's resident memory (/proc/self/statm), 0 when unknown.
+uint64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int n = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
 std::string timestamp() {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -131,10 +140,6 @@ std::string timestamp() {
 }
 
 }  // namespace
-
-void raise_interrupt_for_testing() {
-  g_signal.store(SIGINT);
-}
 
 StageError::StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what)
     : std::runtime_error("stage '" + stage + "' (" + kind + "), batch " + std::to_string(batch) +
@@ -153,7 +158,10 @@ struct Runner::Impl {
   std::string device_reason;                // printed when the run starts
   std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
   bool graph_off_reported = false;
-  std::optional<ConsoleTee> console;  // the run directory's console.log, during run()
+  std::optional<ConsoleTee> console;      // the run directory's console.log, during run()
+  std::optional<DirectoryLock> dir_lock;  // the run directory's one writer, during run()
+  bool made_run_dir = false;              // this run created run.run_dir (a fresh run)
+  bool steps_began = false;               // setup passed and the steps' graph started
 
   // Flow control.
   std::atomic<int64_t> in_flight{0};
@@ -187,6 +195,11 @@ struct Runner::Impl {
   std::vector<std::unique_ptr<Stage>> eval_stages;
   std::vector<std::unique_ptr<StageContext>> eval_contexts;
   double best_validation = INFINITY;
+  // For the stats record (the publisher's thread reads them).
+  std::atomic<uint64_t> section_wait_total_ns{0};
+  std::atomic<double> last_validation_loss{NAN}, best_validation_loss{NAN};
+  uint64_t prev_pub_wait_ns = 0;
+  double wait_frac = NAN;
   int64_t validations_without_improvement = 0;
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
@@ -775,6 +788,7 @@ struct Runner::Impl {
     interval_samples += b.samples;
     interval_section_wait_ns += data_wait_ns;
     step_section_wait_ns += data_wait_ns;
+    section_wait_total_ns += data_wait_ns;
     if (++micro_in_step < run.micro_batches_per_step) {
       if (tty) progress_line();
       return;
@@ -851,8 +865,10 @@ struct Runner::Impl {
     int64_t patience = plan().run.integer("early_stop_patience");
     auto it = v.find("loss");
     if (it == v.end()) return;
+    last_validation_loss = it->second;
     if (it->second < best_validation) {
       best_validation = it->second;
+      best_validation_loss = it->second;
       validations_without_improvement = 0;
     } else if (patience > 0 && ++validations_without_improvement >= patience) {
       log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
@@ -875,6 +891,13 @@ struct Runner::Impl {
     }
     prev_pub_step = run.step;
     prev_pub_samples = samples.load();
+    const uint64_t waited = section_wait_total_ns.load();
+    if (dt > 0 && run.step > 0) {
+      const double w = std::min(1.0, static_cast<double>(waited - prev_pub_wait_ns) * 1e-9 / dt);
+      wait_frac = std::isnan(wait_frac) ? w : 0.7 * wait_frac + 0.3 * w;
+    }
+    prev_pub_wait_ns = waited;
+    const uint64_t rss = resident_bytes();
     double elapsed = static_cast<double>(t - start_ns);
     int hw = static_cast<int>(std::thread::hardware_concurrency());
     record->update([&](stats::RunRecord& r) {
@@ -938,7 +961,15 @@ struct Runner::Impl {
         c.prev_blocked = blocked;
         c.prev_items = items;
       }
+      r.data_wait_frac_recent = wait_frac;
+      r.host_rss_bytes = rss;
+      r.validation_loss = last_validation_loss.load();
+      r.best_validation_loss = best_validation_loss.load();
       auto pools = Pools::all();
+      r.device_reserved_bytes = 0;
+      for (auto* pool : pools)
+        if (!pool->name().starts_with("host"))
+          r.device_reserved_bytes += pool->stats().reserved_bytes;
       r.num_pools = static_cast<uint32_t>(std::min<size_t>(pools.size(), stats::kMaxPools));
       for (size_t i = 0; i < r.num_pools; ++i) {
         PoolStats ps = pools[i]->stats();
@@ -981,7 +1012,7 @@ struct Runner::Impl {
     publisher = std::thread([this, interval] {
       std::unique_lock lock(pub_mu);
       while (!pub_cv.wait_for(lock, interval, [this] { return pub_stop; })) {
-        if (opt.handle_sigint && g_signal.load() != 0) {
+        if (opt.handle_sigint && StopSignals::received() != 0) {
           run.interrupted = true;
           run.stop_requested = true;
         }
@@ -1000,6 +1031,8 @@ struct Runner::Impl {
     publish(final_state);
   }
 
+  // The run directory: a resume's is locked, and written only once the checkpoint has loaded
+  // into the planned graph (resume_run_dir); a fresh one is made with its config.yaml.
   void make_run_dir() {
     std::string name = plan().run.string("name");
     if (name.empty()) {
@@ -1008,44 +1041,37 @@ struct Runner::Impl {
     }
     if (!opt.resume_dir.empty()) {
       run.run_dir = opt.resume_dir;
-      if (run.writes_outputs()) update_config_yaml();
+      if (run.writes_outputs()) dir_lock.emplace(run.run_dir, "resume it");
     } else if (opt.create_run_dir && run.rank == 0) {  // one run directory, written by rank 0
-      fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
-      fs::path dir = base;
-      for (int i = 2; fs::exists(dir); ++i) dir = base.string() + "-" + std::to_string(i);
-      fs::create_directories(dir);
-      run.run_dir = dir.string();
-      std::ofstream(dir / "config.yaml") << resolved_config_yaml(plan());
+      const fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
+      run.run_dir = create_fresh_directory(base.string());
+      made_run_dir = true;
+      dir_lock.emplace(run.run_dir, "start it");
+      write_file_atomically((fs::path(run.run_dir) / "config.yaml").string(),
+                            resolved_config_yaml(plan()));
     }
   }
 
-  // A resume with --set changes the run: config.yaml says what it now is, the previous one is
-  // kept as config.previous.yaml (run.json has every invocation's command line).
-  void update_config_yaml() {
-    const std::string text = resolved_config_yaml(plan());
-    const fs::path cfg = fs::path(run.run_dir) / "config.yaml";
-    std::ifstream in(cfg);
-    std::string old((std::istreambuf_iterator<char>(in)), {});
-    // Comments differ between a first run and its resume (the source file, "as given").
-    auto settings = [](const std::string& t) {
-      std::istringstream is(t);
-      std::string line, out;
-      while (std::getline(is, line)) {
-        if (line.starts_with("#")) continue;
-        if (auto c = line.find("  # "); c != std::string::npos) line.resize(c);
-        out += line + "\n";
-      }
-      return out;
-    };
-    if (settings(old) == settings(text)) return;
-    // The other ranks of a resume read config.yaml as they start, maybe while this runs: the new
-    // file replaces the old in one rename, so a reader gets one or the other, whole (the old one
-    // plus the resume's --set is the new one).
-    std::ofstream(fs::path(run.run_dir) / "config.previous.yaml") << old;
-    const fs::path tmp = fs::path(run.run_dir) / "config.yaml.tmp";
-    std::ofstream(tmp) << text;
-    fs::rename(tmp, cfg);
-    log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
+  // A resume whose checkpoint loaded: config.yaml says what the run now is (the previous one is
+  // kept as config.previous.yaml; run.json has every invocation's command line), and what the
+  // run wrote past the checkpoint moves aside.
+  void resume_run_dir(const std::string& checkpoint) {
+    if (!run.writes_outputs()) return;
+    if (update_config_yaml(run.run_dir, resolved_config_yaml(plan())))
+      log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
+    const SetAside aside = set_aside_past(run.run_dir, run.step);
+    if (!aside.dir.empty()) log_line(aside.summary());
+    append_run_info(run.run_dir, {opt.command_line, run.device.str(), checkpoint});
+  }
+
+  // A fresh run that failed before its first step leaves no directory behind.
+  void remove_unstarted_run_dir() {
+    if (!made_run_dir || steps_began || run.run_dir.empty()) return;
+    console.reset();
+    dir_lock.reset();
+    std::error_code ec;
+    fs::remove_all(run.run_dir, ec);
+    if (!ec) *log << "removed " << run.run_dir << ": the run failed before its first step\n";
   }
 
   RunResult execute();
@@ -1290,11 +1316,14 @@ RunResult Runner::Impl::execute() {
   try {
     RunResult r = execute_steps();
     console.reset();
+    dir_lock.reset();
     return r;
   } catch (const std::exception& e) {
     // The caller reports the error on the terminal; the run's console.log keeps it too.
     if (console) console->note(std::string("error: ") + e.what());
+    remove_unstarted_run_dir();
     console.reset();
+    dir_lock.reset();
     throw;
   }
 }
@@ -1398,16 +1427,6 @@ RunResult Runner::Impl::execute_steps() {
       idx = graph->stage(k).upstream_seek_index(idx);
     }
     log_line("resumed from " + *ckpt + " at step " + std::to_string(run.step));
-    if (run.writes_outputs())
-      append_run_info(run.run_dir, {opt.command_line, run.device.str(), *ckpt});
-    if (run.writes_outputs()) {
-      std::string path = (fs::path(run.run_dir) / "metrics.jsonl").string();
-      if (size_t dropped = MetricsLog::drop_rows_after(path, run.step))
-        log_line("metrics.jsonl: dropped " + std::to_string(dropped) +
-                 " row(s) written after the checkpoint (or torn); they are written again");
-      // Events files are not rewritten: the resumed run starts a new one (below) whose session
-      // start has TensorBoard drop the older files' steps past the checkpoint.
-    }
     const auto steps_limit = static_cast<uint64_t>(plan().run.integer("steps"));
     if (steps_limit > 0 && run.step >= steps_limit) {
       log_line("nothing to do: the run already reached run.steps = " + std::to_string(steps_limit) +
@@ -1416,6 +1435,9 @@ RunResult Runner::Impl::execute_steps() {
       result.already_complete = true;
       return result;
     }
+    // Events files are not rewritten: the resumed run starts a new one (below) whose session
+    // start has TensorBoard drop the older files' steps past the checkpoint.
+    resume_run_dir(*ckpt);
   }
   if (run.writes_outputs()) {
     if (!ckpt) append_run_info(run.run_dir, {opt.command_line, run.device.str(), ""});
@@ -1438,14 +1460,12 @@ RunResult Runner::Impl::execute_steps() {
     }
   }
 
-  // SIGTERM too: schedulers send it before killing a job, and the step deserves its checkpoint.
-  void (*previous_int)(int) = SIG_DFL;
-  void (*previous_term)(int) = SIG_DFL;
-  if (opt.handle_sigint) {
-    g_signal = 0;
-    previous_int = std::signal(SIGINT, on_stop_signal);
-    previous_term = std::signal(SIGTERM, on_stop_signal);
-  }
+  steps_began = true;
+
+  // SIGTERM and the others too (engine/stop_signals.h): schedulers send them before killing a
+  // job, and the step deserves its checkpoint.
+  std::optional<StopSignals> stop_signals;
+  if (opt.handle_sigint) stop_signals.emplace();
   start_ns = now_ns();
   start_unix = unix_ns();
   interval_start_ns = start_ns;
@@ -1465,7 +1485,7 @@ RunResult Runner::Impl::execute_steps() {
   tbb::flow::input_node<Msg> source(g, [&](tbb::flow_control& fc) -> Msg {
     uint64_t t = now_ns();
     if (head_last_return_ns) counters[head_end - 1]->blocked_ns += t - head_last_return_ns;
-    if (run.stop_requested || (opt.handle_sigint && g_signal.load() != 0)) {
+    if (run.stop_requested || (opt.handle_sigint && StopSignals::received() != 0)) {
       fc.stop();
       return {};
     }
@@ -1573,7 +1593,7 @@ RunResult Runner::Impl::execute_steps() {
     } catch (...) {
     }
   }
-  int stop_signal = opt.handle_sigint ? g_signal.exchange(0) : 0;
+  int stop_signal = opt.handle_sigint ? StopSignals::take() : 0;
   if (stop_signal != 0) run.interrupted = true;
   if (tty) *log << "\n";
 
@@ -1615,9 +1635,7 @@ RunResult Runner::Impl::execute_steps() {
     if (failure)
       end_reason = "error";
     else if (run.interrupted)
-      end_reason = stop_signal == SIGTERM  ? "interrupted (SIGTERM)"
-                   : stop_signal == SIGINT ? "interrupted (SIGINT)"
-                                           : "interrupted";
+      end_reason = stop_signal ? "interrupted (" + signal_name(stop_signal) + ")" : "interrupted";
     else if (early_stopped)
       end_reason = "early stop";
     else
@@ -1634,10 +1652,7 @@ RunResult Runner::Impl::execute_steps() {
   }
   stop_publisher(failure ? stats::RunState::failed : stats::RunState::done);
   record.reset();  // the run is over: its record goes away (slipstream-smi shows live runs)
-  if (opt.handle_sigint) {
-    std::signal(SIGINT, previous_int);
-    std::signal(SIGTERM, previous_term);
-  }
+  stop_signals.reset();
   if (failure) std::rethrow_exception(failure);
 
   result.steps = steps_this_process;
@@ -1665,10 +1680,11 @@ RunResult Runner::Impl::execute_steps() {
   if (result.cuda_graph) log_line(graph_steps_summary(result));
   // Every rank says how it ended (the progress lines are rank 0's alone).
   std::ostream& out = log == &quiet ? std::cout : *log;
-  out << ((result.interrupted
-               ? "interrupted" + std::string(stop_signal == SIGTERM ? " (SIGTERM)" : "")
-           : early_stopped ? std::string("stopped early")
-                           : std::string("done")) +
+  out << ((result.interrupted ? "interrupted" + (stop_signal && stop_signal != SIGINT
+                                                     ? " (" + signal_name(stop_signal) + ")"
+                                                     : std::string())
+           : early_stopped    ? std::string("stopped early")
+                              : std::string("done")) +
           summary + (run.run_dir.empty() ? std::string() : " -> " + run.run_dir))
       << "\n"
       << std::flush;

@@ -75,8 +75,9 @@ struct RunResult {
   bool cuda_graph = false;  // graph mode was on at the start
   std::string graph_off_reason;
   std::string graph_difference;  // StepGraphs::difference()
-  bool interrupted = false;      // stopped by SIGINT, SIGTERM or request_stop(true)
-  int stop_signal = 0;           // SIGINT or SIGTERM when one stopped the run
+  bool interrupted =
+      false;            // stopped by a stop signal (engine/stop_signals.h) or request_stop(true)
+  int stop_signal = 0;  // the signal that stopped the run (SIGINT, SIGTERM, SIGHUP, ...)
   bool early_stopped = false;
   bool already_complete = false;  // a resumed run that had already reached run.steps
   std::string end_reason;         // "steps", "data end", "early stop", "interrupted (SIGINT)", ...
@@ -176,8 +177,5 @@ class Runner {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// The interrupt flag set by the SIGINT handler (exposed for tests).
-void raise_interrupt_for_testing();
 
 }  // namespace slipstream

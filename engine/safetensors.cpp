@@ -5,15 +5,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <stdexcept>
 #include <vector>
+
+#include "engine/atomic_file.h"
+#include "engine/crc32c.h"
 
 namespace slipstream {
 
@@ -48,19 +50,6 @@ class Fd {
   int fd_;
 };
 
-void write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fail_errno(path, "write");
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 void read_all_at(int fd, void* data, size_t n, uint64_t offset, const std::string& path,
                  const std::string& what) {
   char* p = static_cast<char*>(data);
@@ -77,11 +66,10 @@ void read_all_at(int fd, void* data, size_t n, uint64_t offset, const std::strin
   }
 }
 
-std::string temp_name(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  std::random_device rd;
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." +
-         std::to_string(rd());
+std::string checksum_text(const Tensor& t) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", crc32c(t.raw(), t.nbytes()));
+  return buf;
 }
 
 }  // namespace
@@ -118,36 +106,28 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces
 
-  const std::string tmp = temp_name(path);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (fd.get() < 0) fail_errno(path, "creating temporary file " + tmp);
   try {
+    AtomicFile file(path);
     const uint64_t len = text.size();
     unsigned char len_le[8];
     for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(len >> (8 * i));
-    write_all(fd.get(), len_le, 8, path);
-    write_all(fd.get(), text.data(), text.size(), path);
-    for (const auto* kv : order) write_all(fd.get(), kv->second.raw(), kv->second.nbytes(), path);
-    if (::fsync(fd.get()) != 0) fail_errno(path, "fsync");
-    if (::close(fd.release()) != 0) fail_errno(path, "close");
-    if (::rename(tmp.c_str(), path.c_str()) != 0) fail_errno(path, "rename from " + tmp);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
+    file.write(len_le, 8);
+    file.write(text);
+    for (const auto* kv : order) file.write(kv->second.raw(), kv->second.nbytes());
+    file.commit();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("safetensors ") + e.what());
   }
-  // The rename is durable only once the directory entry is on disk.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() < 0) fail_errno(path, "opening directory " + dir.string() + " to fsync it");
-  if (::fsync(dfd.get()) != 0) fail_errno(path, "fsync of directory " + dir.string());
 }
 
 SafetensorsFile read_safetensors(const std::string& path, SafetensorsRead what) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO put in a file's place opens at once and is refused below, instead of
+  // blocking the open until a writer comes.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) fail_errno(path, "open");
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail_errno(path, "stat");
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8)
     fail(path, "file is " + std::to_string(file_size) +
@@ -270,9 +250,21 @@ SafetensorsFile read_safetensors(const std::string& path, SafetensorsRead what) 
     Tensor t = Tensor::empty(e.shape, e.dtype, Device::cpu(), "safetensors tensor");
     read_all_at(fd.get(), t.raw(), t.nbytes(), 8 + header_len + e.begin, path,
                 "tensor '" + e.name + "'");
+    if (auto c = out.metadata.find(kChecksumPrefix + e.name); c != out.metadata.end()) {
+      const std::string got = checksum_text(t);
+      if (got != c->second)
+        fail(path, "tensor '" + e.name + "' does not match its checksum (crc32c " + got +
+                       ", written as " + c->second +
+                       "): the file is damaged; use another checkpoint, or a copy of this one");
+    }
     out.tensors.emplace(e.name, std::move(t));
   }
   return out;
+}
+
+void add_tensor_checksums(const std::map<std::string, Tensor>& tensors,
+                          std::map<std::string, std::string>& metadata) {
+  for (const auto& [name, t] : tensors) metadata[kChecksumPrefix + name] = checksum_text(t);
 }
 
 }  // namespace slipstream

@@ -27,4 +27,11 @@ enum class SafetensorsRead { everything, metadata };
 SafetensorsFile read_safetensors(const std::string& path,
                                  SafetensorsRead what = SafetensorsRead::everything);
 
+// Integrity: a "crc32c:<tensor>" metadata entry (8 hex digits: CRC-32C of the tensor's bytes) for
+// each tensor. read_safetensors checks every tensor that has one and throws naming the file and
+// the tensor when its bytes differ: a flipped bit is an error, never a silently other model.
+inline constexpr const char* kChecksumPrefix = "crc32c:";
+void add_tensor_checksums(const std::map<std::string, Tensor>& tensors,
+                          std::map<std::string, std::string>& metadata);
+
 }  // namespace slipstream

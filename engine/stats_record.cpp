@@ -241,6 +241,9 @@ RecordWriter::RecordWriter(const std::string& dir) {
   init.start_unix_ns = init.update_unix_ns = unix_now_ns();
   init.loss = std::nan("");
   init.eta_s = -1.0;
+  init.data_wait_frac_recent = std::nan("");
+  init.validation_loss = std::nan("");
+  init.best_validation_loss = std::nan("");
   if (::pwrite(fd_, &init, sizeof init, 0) != static_cast<ssize_t>(sizeof init)) fail("write");
 
   void* map = ::mmap(nullptr, sizeof(RunRecord), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
@@ -295,6 +298,40 @@ ReadResult read_record(const std::string& path) {
   return read_record_fd(fd, path);
 }
 
+namespace {
+
+// When process `pid` started, in Unix seconds (/proc/PID/stat's starttime after /proc/stat's
+// btime); 0 when unknown.
+double process_start_unix_s(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE* f = std::fopen(path, "r");
+  if (!f) return 0;
+  char buf[1024];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (!p) return 0;
+  // Fields after the name: state (3rd) ... starttime (22nd).
+  unsigned long long start_ticks = 0;
+  int field = 2;
+  for (const char* q = p + 1; *q && field < 22; ++q)
+    if (*q == ' ' && ++field == 22) start_ticks = std::strtoull(q + 1, nullptr, 10);
+  FILE* st = std::fopen("/proc/stat", "r");
+  if (!st) return 0;
+  unsigned long long btime = 0;
+  char line[256];
+  while (std::fgets(line, sizeof line, st))
+    if (std::sscanf(line, "btime %llu", &btime) == 1) break;
+  std::fclose(st);
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  if (!btime || hz <= 0) return 0;
+  return static_cast<double>(btime) + static_cast<double>(start_ticks) / static_cast<double>(hz);
+}
+
+}  // namespace
+
 std::vector<FoundRecord> find_records(const std::string& dir_in) {
   const std::string dir = dir_in.empty() ? default_dir() : dir_in;
   std::vector<FoundRecord> found;
@@ -324,13 +361,25 @@ std::vector<FoundRecord> find_records(const std::string& dir_in) {
     // run (ours always accept our signals). Either way the writer is gone without cleaning up
     // (crash, SIGKILL). Remove the file, but only if the name still refers to the file we
     // checked, not a new run that reused the pid.
-    if (::kill(pid, 0) != 0 && (errno == ESRCH || errno == EPERM)) {
+    auto remove_stale = [&] {
       struct stat now {};
       if (::lstat(path.c_str(), &now) == 0 && now.st_ino == st.st_ino && now.st_dev == st.st_dev)
         ::unlink(path.c_str());
+    };
+    if (::kill(pid, 0) != 0 && (errno == ESRCH || errno == EPERM)) {
+      remove_stale();
       continue;
     }
     ReadResult r = read_record_fd(fd, path);
+    // A process that started after the run did holds a reused pid: the run is gone. (The run's
+    // start is stamped after its setup, so its own process always started before it.)
+    if (r.record && r.record->start_unix_ns != 0) {
+      const double started = process_start_unix_s(pid);
+      if (started > static_cast<double>(r.record->start_unix_ns) * 1e-9 + 2.0) {
+        remove_stale();
+        continue;
+      }
+    }
     if (r.record && r.record->pid != pid) {
       r.error = path + ": record names pid " + std::to_string(r.record->pid) +
                 ", the file name pid " + std::to_string(pid);

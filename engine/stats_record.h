@@ -1,6 +1,6 @@
 // The per-run statistics record that a running pipeline publishes and slipstream-smi reads.
 //
-// Layout (version 1): one file per run, `<dir>/slipstream-<uid>-<pid>.stats`, where <dir> is
+// Layout (kLayoutVersion): one file per run, `<dir>/slipstream-<uid>-<pid>.stats`, where <dir> is
 // $SLIPSTREAM_STATS_DIR or /dev/shm. Mode 0600: only the owner can read it. The file holds
 // exactly one RunRecord (fixed size, little-endian, no pointers), mapped shared by the writer
 // and updated a few times a second under a sequence lock: the writer makes `sequence` odd,
@@ -19,7 +19,7 @@
 namespace slipstream::stats {
 
 inline constexpr uint32_t kMagic = 0x53504C53;  // "SLPS" read little-endian
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr int kMaxStages = 64;
 inline constexpr int kMaxPools = 4;
 
@@ -87,6 +87,13 @@ struct RunRecord {
   // when graph mode is off).
   uint64_t graph_batches;
   uint64_t graph_replayed;
+  // The share of the recent wall time the trainable section waited for its next batch (the
+  // console's "data wait"); NaN before the first step.
+  double data_wait_frac_recent;
+  uint64_t host_rss_bytes;         // the process's resident memory
+  uint64_t device_reserved_bytes;  // device memory the run's pools hold (0 without a GPU)
+  double validation_loss;          // the latest validation loss; NaN before the first
+  double best_validation_loss;     // the lowest so far in this process; NaN before the first
   StageCounters stages[kMaxStages];
   PoolCounters pools[kMaxPools];
 };
@@ -137,8 +144,9 @@ struct FoundRecord {
   std::string path;
   ReadResult result;
 };
-// Every record of the calling user in dir. Records whose pid no longer exists are removed
-// (stale) and not returned. Other users' files are never opened.
+// Every record of the calling user in dir. Records whose pid no longer exists, or now belongs to
+// a process that started after the run did (a reused pid), are removed (stale) and not
+// returned. Other users' files are never opened.
 std::vector<FoundRecord> find_records(const std::string& dir = {});
 
 }  // namespace slipstream::stats

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "engine/tensorboard/crc32c.h"
+#include "engine/crc32c.h"
 #include "tensorboard/event.pb.h"
 
 namespace slipstream::tensorboard {

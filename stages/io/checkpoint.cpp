@@ -1,7 +1,6 @@
 // checkpoint: writes every stage's weights and state every N steps, at the end of the run and on
 // SIGINT/SIGTERM, and keeps the best checkpoints by validation loss. Layout: engine/checkpoint.h.
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -10,6 +9,7 @@
 #include "engine/checkpoint.h"
 #include "engine/graph.h"
 #include "engine/registry.h"
+#include "engine/run_directory.h"
 
 namespace fs = std::filesystem;
 
@@ -40,8 +40,9 @@ class CheckpointStage : public Stage {
   }
 
   // A resumed run finds its books on disk: checkpoints already written count against `keep`
-  // and `keep_best`, leftovers of an interrupted write or prune go, and checkpoints past the
-  // resume point (a resume from an older checkpoint rewinds the run) are removed.
+  // and `keep_best`, and leftovers of an interrupted write or prune (`step-N.tmp`) go. The
+  // runner has moved checkpoints past the resume point aside (engine/run_directory.h); anything
+  // here that is not a complete checkpoint of this run by name stays as it is.
   void start(StageContext& ctx) override {
     if (!ctx.run().writes_outputs()) return;
     const fs::path dir = root(ctx);
@@ -50,37 +51,51 @@ class CheckpointStage : public Stage {
     const uint64_t at = ctx.run().step;
     std::erase_if(best_, [](const auto& b) { return !std::isfinite(b.first); });
     std::vector<std::pair<uint64_t, std::string>> periodic;
-    std::vector<std::string> removed;
+    std::vector<std::string> foreign;
     for (const auto& e : fs::directory_iterator(dir)) {
       const std::string name = e.path().filename().string();
-      if (name == kLast) continue;  // pointed again below
-      const bool complete = !name.ends_with(".tmp") && fs::exists(e.path() / "DONE", ec);
-      std::optional<uint64_t> step = complete ? step_of(name) : std::nullopt;
-      bool keep = false;
-      if (step && name.starts_with("step-") && *step <= at) {
-        periodic.emplace_back(*step, name);
-        keep = true;
-      } else if (step && name.starts_with("best-step-") && *step <= at) {
-        keep = std::any_of(best_.begin(), best_.end(),
-                           [&](const auto& b) { return b.second == name; });
+      if (name == kLast || name == std::string(kLast) + ".tmp") continue;  // pointed again below
+      uint64_t step = 0;
+      const bool ours =
+          checkpoint_step(name, "step-", step) || checkpoint_step(name, "best-step-", step);
+      if (!ours) {
+        // This stage's leftovers: a write or a removal a kill cut short.
+        const std::string stem = name.ends_with(".tmp") ? name.substr(0, name.size() - 4) : "";
+        if (!stem.empty() &&
+            (checkpoint_step(stem, "step-", step) || checkpoint_step(stem, "best-step-", step))) {
+          fs::remove_all(e.path(), ec);
+          continue;
+        }
+        foreign.push_back(name);
+        continue;
       }
-      if (keep) continue;
-      fs::remove_all(e.path());
-      if (!name.ends_with(".tmp")) removed.push_back(name);
+      if (!fs::exists(e.path() / "DONE", ec) || step > at) {
+        foreign.push_back(name +
+                          (step > at ? " (past step " + std::to_string(at) + ")" : " (no DONE)"));
+        continue;
+      }
+      if (name.starts_with("step-")) periodic.emplace_back(step, name);
+      // A best checkpoint the saved state does not list was not written by this run's history
+      // up to `at` (a copy, or a keep_best of another value): it stays, outside the count.
     }
     std::erase_if(best_, [&](const auto& b) { return !fs::exists(dir / b.second / "DONE", ec); });
     std::sort(periodic.begin(), periodic.end());
     periodic_.clear();
     for (auto& p : periodic) periodic_.push_back(p.second);
     if (!periodic.empty() && periodic.back().first == at) last_written_ = at;
-    prune(ctx);
+    const std::vector<std::string> removed = prune(ctx);
     point_last(ctx);
-    if (!removed.empty()) {
+    auto joined = [](const std::vector<std::string>& v) {
       std::string list;
-      for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
-      std::cerr << ctx.name() << ": removed checkpoints not part of the run at step " << at << ": "
-                << list << "\n";
-    }
+      for (const auto& r : v) list += (list.empty() ? "" : ", ") + r;
+      return list;
+    };
+    if (!removed.empty())
+      std::cerr << ctx.name() << ": keep " << keep_ << " and keep_best " << keep_best_
+                << " (this run's settings) removed " << joined(removed) << "\n";
+    if (!foreign.empty())
+      std::cerr << ctx.name() << ": left alone in " << dir.string()
+                << ", not counted as this run's checkpoints: " << joined(foreign) << "\n";
   }
 
   // The position a checkpoint of this step resumes from (validation batches do not move it).
@@ -140,16 +155,6 @@ class CheckpointStage : public Stage {
   static constexpr const char* kLast = "last";
   static fs::path root(StageContext& ctx) { return fs::path(ctx.run().run_dir) / "checkpoints"; }
 
-  // "step-120" and "best-step-120" -> 120.
-  static std::optional<uint64_t> step_of(const std::string& name) {
-    size_t dash = name.rfind('-');
-    if (dash == std::string::npos || dash + 1 == name.size()) return std::nullopt;
-    uint64_t v = 0;
-    auto r = std::from_chars(name.data() + dash + 1, name.data() + name.size(), v);
-    if (r.ec != std::errc() || r.ptr != name.data() + name.size()) return std::nullopt;
-    return v;
-  }
-
   // False when the run's state cannot be complete at this step: an optimizer sharded over the
   // ranks (sync.shard_optimizer) whose state was not gathered to this rank for it (the ranks
   // gather at checkpoint steps, validations and the end; an interrupt stops them apart).
@@ -201,16 +206,22 @@ class CheckpointStage : public Stage {
     fs::remove_all(ec ? dir : doomed);
   }
 
-  void prune(StageContext& ctx) {
+  // Removes the periodic checkpoints past `keep` (oldest first) and the best past `keep_best`
+  // (worst first); returns their names.
+  std::vector<std::string> prune(StageContext& ctx) {
+    std::vector<std::string> removed;
     while (periodic_.size() > keep_) {
       remove_checkpoint(ctx, periodic_.front());
+      removed.push_back(periodic_.front());
       periodic_.erase(periodic_.begin());
     }
     std::sort(best_.begin(), best_.end());
     while (best_.size() > keep_best_) {
       remove_checkpoint(ctx, best_.back().second);
+      removed.push_back(best_.back().second);
       best_.pop_back();
     }
+    return removed;
   }
 
   uint64_t every_ = 1000, last_written_ = 0, next_batch_ = 0;

@@ -79,6 +79,7 @@ int eval_command(const EvalArgs& a) {
   const std::string& checkpoint = where.checkpoint;
   // With the JSON on stdout, progress goes to stderr so the output stays parseable.
   std::ostream& log = a.json == "-" ? std::cerr : std::cout;
+  note_config_changes(where, log);
   GraphPlan plan;
   try {
     std::vector<std::string> sets = a.sets;

@@ -91,6 +91,7 @@ int infer_command(const InferArgs& a) {
     std::cerr << where.error << "\n";
     return 1;
   }
+  note_config_changes(where, std::cerr);
   // Windows of one frame, every frame, in game order; the replay is the user's choice, so the
   // run's game filters do not apply.
   ReplaySelection sel{{a.replay}, a.port, "infer", {}};

@@ -34,12 +34,19 @@ void setup_replay(CLI::App& parent) {
   auto info_args = std::make_shared<InfoArgs>();
   CLI::App* info = replay->add_subcommand("info", "Summarise replays (exit 1 if any has an error)");
   info->add_flag("--json", info_args->json, "Print one JSON array");
-  info->add_option("files", info_args->files, "Replay files")->required();
+  info->add_option("files", info_args->files, "Replay files, or folders (walked for .slp files)")
+      ->required();
   info->callback([info_args] {
     nlohmann::json all = nlohmann::json::array();
     bool any_error = false;
-    for (const std::string& file : info_args->files) {
-      nlohmann::json j = replay_info_json(std::filesystem::path(file));
+    // Folders are walked as the loader walks them; what it would skip in them is said once.
+    const std::vector<std::filesystem::path> inputs(info_args->files.begin(),
+                                                    info_args->files.end());
+    const ReplayScan scan = scan_replays(inputs);
+    for (const SkippedPath& s : scan.skipped)
+      std::cerr << s.path.string() << ": skipped (" << s.reason << ")\n";
+    for (const std::filesystem::path& file : scan.files) {
+      nlohmann::json j = replay_info_json(file);
       any_error |= replay_info_has_error(j);
       if (info_args->json)
         all.push_back(std::move(j));

@@ -33,6 +33,14 @@ Config config_for_replays(const std::string& graph_file, const std::vector<std::
   return cfg;
 }
 
+void note_config_changes(const CheckpointPath& where, std::ostream& out) {
+  if (where.config_changes.empty()) return;
+  std::string list;
+  for (const auto& c : where.config_changes) list += (list.empty() ? "" : "; ") + c;
+  out << "note: " << where.checkpoint << " was trained with a graph its run's config.yaml no "
+      << "longer holds (" << list << "); it is opened with the graph it was trained with\n";
+}
+
 double metric(const std::map<std::string, double>& metrics, const std::string& name) {
   auto it = metrics.find(name);
   return it == metrics.end() ? NAN : it->second;

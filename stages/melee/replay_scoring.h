@@ -1,14 +1,16 @@
-// What `slipstream eval` and `slipstream infer` share: the run's own graph (RUN/config.yaml, or
-// the one a checkpoint's weights carry, so features, windows and heads are the ones it trained
-// with) with its replay loaders pointed at
-// other replays, all of them in the validation split.
+// What `slipstream eval` and `slipstream infer` share: the graph a checkpoint was trained with
+// (the one its weights carry; RUN/config.yaml for checkpoints written before they carried one),
+// so features, windows and heads are the ones it trained with, with its replay loaders pointed
+// at other replays, all of them in the validation split.
 #pragma once
 
 #include <map>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/config.h"
 
 namespace slipstream::melee {
@@ -21,11 +23,15 @@ struct ReplaySelection {
   std::map<std::string, YAML::Node> loader;
 };
 
-// The checkpoint's graph (CheckpointPath::graph_file: RUN/config.yaml, or its weights'
-// `slipstream.config`) with `sets` (--set, --device) applied and every slippi_replays stage reading
+// The checkpoint's graph (CheckpointPath::graph_file: its weights' `slipstream.config`, or
+// RUN/config.yaml) with `sets` (--set, --device) applied and every slippi_replays stage reading
 // `sel` for validation only. Throws ConfigError (e.g. a graph without such a stage).
 Config config_for_replays(const std::string& graph_file, const std::vector<std::string>& sets,
                           const ReplaySelection& sel);
+
+// One line saying that the run's config.yaml changed since the checkpoint (a later resume's
+// --set) and that the checkpoint's own graph is used; nothing when it did not change.
+void note_config_changes(const CheckpointPath& where, std::ostream& out);
 
 // A metric of a pass, NaN when absent.
 double metric(const std::map<std::string, double>& metrics, const std::string& name);

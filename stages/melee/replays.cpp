@@ -325,6 +325,14 @@ Outcome process_file(const fs::path& path, const Filters& f) {
     o.reason = kUnreadable;
     o.detail = path.string() + " (offset " + std::to_string(e.offset()) + ": " + e.message() + ")";
     return o;
+  } catch (const std::bad_alloc&) {
+    // Out of memory is this machine's state, not the file's: training on what happened to fit
+    // would be a silently smaller dataset.
+    throw std::runtime_error(
+        "out of memory while loading " + path.string() +
+        ": the games' features must fit in RAM (a memory limit, ulimit -v or the container's, "
+        "is lower than the dataset needs); give the run more memory, or fewer replays in "
+        "replays.paths (or shard: games over several ranks)");
   } catch (const std::exception& e) {
     Outcome o;
     o.reason = kUnreadable;
@@ -832,6 +840,45 @@ void ReplaysStage::setup(StageContext& ctx) {
   fp = mix64(fp ^ B ^ (static_cast<uint64_t>(p.integer("stride")) << 20));
   for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
   fingerprint_ = hex64(fp);
+  // Ranks that each read the whole data set (shard: windows) must have read the same one: a
+  // rank whose node lacks some files, or cannot read them, would train on another order of
+  // other windows while the run goes on as one. With shard: games each rank holds its own games
+  // by design, and the ranks compare what they found to share out instead.
+  if (ctx.run().world_size > 1 && ctx.run().reduce_over_ranks) {
+    uint64_t found = mix64(in.files.size() ^ (in.corpora.size() << 40));
+    for (const auto& file : in.files) {
+      std::error_code ec;
+      const std::string key =
+          file.filename().string() + ":" + std::to_string(fs::file_size(file, ec));
+      for (unsigned char c : key) found = mix64(found ^ c);
+    }
+    const uint64_t agreed = by_games ? found : fp;
+    const double games = static_cast<double>(ds.games.size());
+    const double files = static_cast<double>(in.files.size());
+    std::array<double, 8> v = {static_cast<double>(agreed >> 32),
+                               static_cast<double>(agreed & 0xffffffffu),
+                               games,
+                               files,
+                               -static_cast<double>(agreed >> 32),
+                               -static_cast<double>(agreed & 0xffffffffu),
+                               -games,
+                               -files};
+    ctx.run().reduce_over_ranks(std::span<double>(v), RankReduce::min,
+                                who + ": the ranks' data fingerprints");
+    if (v[0] != -v[4] || v[1] != -v[5]) {
+      auto range = [](double lo, double hi) {
+        return lo == hi ? std::to_string(static_cast<int64_t>(lo))
+                        : std::to_string(static_cast<int64_t>(lo)) + " to " +
+                              std::to_string(static_cast<int64_t>(hi));
+      };
+      throw std::runtime_error(
+          who + ": the ranks did not find the same data (replay files found: " +
+          range(v[3], -v[7]) + (by_games ? "" : ", games kept: " + range(v[2], -v[6])) +
+          "; this rank: " + std::to_string(in.files.size()) + " files, " +
+          std::to_string(ds.games.size()) + " games kept). Every rank must see the same " +
+          "replays.paths, readable on its node; each rank's report says what it skipped");
+    }
+  }
 
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   perm_.clear();

@@ -2,6 +2,8 @@
 // per `accumulate` batches), after the backward pass; writes the bf16 shadow under bf16
 // precision; keeps an EMA of the weights for validation. The work is AdamWOptimizer's.
 #include <cmath>
+#include <cstdio>
+#include <iostream>
 
 #include "engine/registry.h"
 #include "stages/optim/adamw_optimizer.h"
@@ -81,6 +83,7 @@ class AdamWStage : public Stage {
           "no trainable parameters upstream: list the loss stage (or the "
           "allreduce after it) as this stage's input");
     ema_ = c.ema > 0;
+    schedule_ = c.schedule;
     // Sharded (sync.shard_optimizer upstream): this rank updates its pieces of the weights.
     opt_.attach(std::move(params), c, &ctx.exec(), ctx.run().optimizer_shard);
     elements_ = static_cast<double>(opt_.elements_updated());
@@ -118,12 +121,39 @@ class AdamWStage : public Stage {
     if (opt_.ema_swapped()) opt_.swap_ema();
   }
 
-  void save(StateWriter& w) const override { opt_.save(w); }
-  void load(StateReader& r) override { opt_.load(r); }
+  // The schedule's length rides along: a resume that changes it (--set run.steps=N on a run
+  // whose cosine ended) says what that does to the LR instead of jumping it silently.
+  void save(StateWriter& w) const override {
+    opt_.save(w);
+    w.integer("schedule_total", schedule_.total);
+  }
+  void load(StateReader& r) override {
+    opt_.load(r);
+    saved_total_ = r.has("schedule_total") ? r.integer("schedule_total") : -1;
+  }
+  void start(StageContext& ctx) override {
+    if (saved_total_ < 0 || saved_total_ == schedule_.total || ctx.run().rank != 0) return;
+    if (schedule_.kind != optim::LrSchedule::Kind::cosine) return;
+    optim::LrSchedule before = schedule_;
+    before.total = saved_total_;
+    const auto step = static_cast<int64_t>(ctx.run().step.load());
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%s: the cosine schedule now decays over %lld steps (the checkpoint's run: "
+                  "%lld): the LR at step %lld goes from %.3g to %.3g. To keep the checkpoint's "
+                  "schedule (min_lr from step %lld on): --set %s.total_steps=%lld\n",
+                  ctx.name().c_str(), static_cast<long long>(schedule_.total),
+                  static_cast<long long>(saved_total_), static_cast<long long>(step),
+                  before.at(step), schedule_.at(step), static_cast<long long>(saved_total_),
+                  ctx.name().c_str(), static_cast<long long>(saved_total_));
+    std::cerr << line;
+  }
 
  private:
   optim::AdamWOptimizer opt_;
-  double elements_ = 0;  // weights updated (cost())
+  optim::LrSchedule schedule_;
+  int64_t saved_total_ = -1;  // the schedule's length in the checkpoint resumed from
+  double elements_ = 0;       // weights updated (cost())
   bool ema_ = false;
 };
 SLIPSTREAM_REGISTER_STAGE(AdamWStage);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 namespace slipstream {
@@ -151,6 +152,35 @@ void expect_rejected(const std::string& path, const std::string& what) {
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
     EXPECT_NE(msg.find(what), std::string::npos) << msg;
   }
+}
+
+// Tensors written with their checksums read back the same; one flipped bit in a tensor's bytes
+// is an error naming the file and that tensor (the header alone still reads, as the graph
+// lookup needs), and a file without checksums reads as before.
+TEST_F(SafetensorsTest, ChecksumsCatchAFlippedBit) {
+  const std::string path = file("sum.safetensors");
+  std::map<std::string, Tensor> tensors = {{"a", pattern(DType::f32, {64})},
+                                           {"b", pattern(DType::u8, {7})}};
+  std::map<std::string, std::string> meta = {{"by", "test"}};
+  add_tensor_checksums(tensors, meta);
+  EXPECT_EQ(meta.size(), 3u);
+  EXPECT_EQ(meta.at("crc32c:b").size(), 8u);
+  write_safetensors(path, tensors, meta);
+  EXPECT_EQ(read_safetensors(path).metadata, meta);
+  const auto size = fs::file_size(path);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size - 20));  // inside a's bytes (b, u8, comes last)
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x04);
+    f.seekp(static_cast<std::streamoff>(size - 20));
+    f.write(&c, 1);
+  }
+  expect_rejected(path, "tensor 'a' does not match its checksum");
+  EXPECT_NO_THROW(read_safetensors(path, SafetensorsRead::metadata));
+  write_safetensors(path, tensors);  // no checksums: nothing to check
+  EXPECT_NO_THROW(read_safetensors(path));
 }
 
 TEST_F(SafetensorsTest, CorruptFilesRejectedWithPath) {

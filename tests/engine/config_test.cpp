@@ -1,6 +1,8 @@
 // Every class of configuration error is reported as FILE:LINE:COL before anything runs.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -401,4 +403,48 @@ TEST(Config, RunDeviceIsCheckedAtValidation) {
             std::string::npos);
   for (const char* ok : {"auto", "cpu", "cuda", "cuda:1", "emulated"})
     EXPECT_EQ(plan_error(d, kGood, {std::string("run.device=") + ok}), "") << ok;
+}
+
+// A "billion laughs" of aliases: each level names the one before nine times. Checked node by
+// node it is 9^12 nodes; each anchored node is checked once, so it takes its size, and a
+// repeated key inside an aliased mapping is still found.
+TEST(Config, AliasesOfAliasesAreCheckedOnce) {
+  TempDir d;
+  std::string bomb = "x0: &a0 {k: v}\n";
+  for (int i = 1; i <= 12; ++i) {
+    bomb += "x" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int j = 0; j < 9; ++j) bomb += (j ? ", *a" : "*a") + std::to_string(i - 1);
+    bomb += "]\n";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(plan_error(d, std::string(kGood) + bomb).find("unknown"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(plan_error(d, std::string(kGood) + "x: &m {k: 1, k: 2}\ny: [*m, *m]\n"),
+            "g.yaml:11:14: duplicate key 'k' (first at line 11); remove one of them");
+}
+
+// A graph file far larger than any graph is refused before yaml-cpp holds it; a FIFO in its
+// place is refused without waiting for a writer.
+TEST(Config, HugeOrNonRegularGraphFilesAreRefused) {
+  TempDir d;
+  std::string big = kGood;
+  big += "description: \"";
+  big.append(size_t{5} << 20, 'x');
+  big += "\"\n";
+  const std::string path = d.write("big.yaml", big);
+  try {
+    load_config(path, {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("a graph file holds at most 4 MiB"), std::string::npos)
+        << e.what();
+  }
+  const std::string fifo = d.path() + "/fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  try {
+    load_config(fifo, {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
 }

@@ -212,7 +212,8 @@ TEST(RunFaults, ResumeAppliesKeepToCheckpointsOnDiskAndClearsLeftovers) {
             (std::vector<std::string>{"best-step-2", "best-step-4", "best-step-6", "step-2",
                                       "step-4", "step-6"}));
   // Leftovers: a write killed before its rename, a prune killed half-way, a best checkpoint
-  // written after the state that was saved (so it names nothing), a directory with no DONE.
+  // written after the state that was saved (past it: moved aside), a directory with no DONE
+  // (not a checkpoint: left alone).
   fs::create_directories(root / "step-8.tmp");
   fs::create_directories(root / "step-0.tmp");
   fs::create_directories(root / "best-step-7");
@@ -222,9 +223,13 @@ TEST(RunFaults, ResumeAppliesKeepToCheckpointsOnDiskAndClearsLeftovers) {
   o.resume_dir = dir;
   Runner second(plan_text(d, g, with({"run.steps=8", "ckpt.keep=2", "ckpt.keep_best=1"})), o);
   second.run();
-  // keep 2 and keep_best 1 counted what was on disk; the leftovers are gone.
+  // keep 2 and keep_best 1 counted what was on disk; the write leftovers are gone.
   auto names = checkpoint_dirs(dir);
-  EXPECT_EQ(names, (std::vector<std::string>{"best-step-2", "step-6", "step-8"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"best-step-2", "step-5", "step-6", "step-8"}));
+  bool aside = false;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "set-aside"))
+    aside = aside || fs::exists(e.path() / "checkpoints" / "best-step-7" / "DONE");
+  EXPECT_TRUE(aside);
   auto ckpt = latest_checkpoint(dir);
   ASSERT_TRUE(ckpt.has_value());
   EXPECT_EQ(fs::path(*ckpt).filename(), "step-8");

@@ -21,8 +21,8 @@
 #include <regex>
 #include <sstream>
 
+#include "engine/crc32c.h"
 #include "engine/runner.h"
-#include "engine/tensorboard/crc32c.h"
 #include "engine/tensorboard/event_writer.h"
 #include "tensorboard/event.pb.h"
 #include "tests/engine/test_stages.h"

@@ -107,7 +107,10 @@ class TestRecorder : public Stage {
         .range(0, 1e7)
         .param("fail_at", int64_t{-1}, "throw on this batch index")
         .param("stop_at", int64_t{-1}, "request a stop (as SIGINT) on this batch index")
-        .param("term_at", int64_t{-1}, "raise SIGTERM on this batch index")
+        .param("term_at", int64_t{-1}, "raise term_signal on this batch index")
+        .param("term_signal", int64_t{SIGTERM}, "the signal term_at raises")
+        .param("then_signal", int64_t{0}, "a second signal raised right after it (0: none)")
+        .param("fail_setup", false, "throw in setup")
         .param("nan_from", int64_t{-1}, "report a NaN loss from this batch index on")
         .param("nan_count", int64_t{1000000}, "... for this many batches")
         .param("validation_nan", false, "validation batches report a NaN loss")
@@ -120,6 +123,9 @@ class TestRecorder : public Stage {
     fail_at_ = ctx.params().integer("fail_at");
     stop_at_ = ctx.params().integer("stop_at");
     term_at_ = ctx.params().integer("term_at");
+    term_signal_ = static_cast<int>(ctx.params().integer("term_signal"));
+    then_signal_ = static_cast<int>(ctx.params().integer("then_signal"));
+    if (ctx.params().boolean("fail_setup")) throw std::runtime_error("injected setup failure");
     nan_from_ = ctx.params().integer("nan_from");
     nan_count_ = ctx.params().integer("nan_count");
     validation_nan_ = ctx.params().boolean("validation_nan");
@@ -147,7 +153,10 @@ class TestRecorder : public Stage {
     }
     if (static_cast<int64_t>(b.index) == fail_at_) throw std::runtime_error("injected failure");
     if (static_cast<int64_t>(b.index) == stop_at_) std::raise(SIGINT);  // the real signal path
-    if (static_cast<int64_t>(b.index) == term_at_) std::raise(SIGTERM);
+    if (static_cast<int64_t>(b.index) == term_at_) {
+      std::raise(term_signal_);
+      if (then_signal_) std::raise(then_signal_);
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_));
     std::lock_guard lock(recorded().mu);
     recorded().values.push_back(ctx.input(b, "y").data<int32_t>()[0]);
@@ -163,6 +172,7 @@ class TestRecorder : public Stage {
 
  private:
   int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
+  int term_signal_ = SIGTERM, then_signal_ = 0;
   bool validation_nan_ = false, report_later_ = false;
   double value_ = 0;
 };

@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -70,11 +72,13 @@ inline const char* kPorts[] = {"numeric",         "action",         "character",
 
 class Loader {
  public:
+  using RankReduceFn = std::function<void(std::span<double>, RankReduce, const std::string&)>;
   explicit Loader(std::vector<std::string> overrides, uint64_t seed = 1, int64_t epochs = 1,
                   bool validation = false, int rank = 0, int world_size = 1, uint64_t steps = 0,
-                  std::string run_dir = "")
+                  std::string run_dir = "", RankReduceFn reduce = {})
       : h_("slippi_replays", overrides, "replays", Precision::fp32, seed) {
     h_.run().run_dir = run_dir;
+    h_.run().reduce_over_ranks = std::move(reduce);
     h_.run().epochs = epochs;
     h_.run().total_steps = steps;  // run.steps
     h_.run().rank = rank;

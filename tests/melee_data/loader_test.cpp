@@ -277,6 +277,46 @@ TEST(Loader, RanksTrainOnDisjointSlicesOfTheSameOrder) {
       }
 }
 
+// Two ranks that each read every game (shard: windows) but found different replays (a file
+// missing on one node): every rank stops before the first step, saying how they differ. Rank 0's
+// reductions are recorded and rank 1's combine with them, as MPI would.
+TEST(Loader, RanksThatFoundDifferentDataStopBeforeTheFirstStep) {
+  TempDir fewer("fewer");
+  for (const auto& e : fs::directory_iterator(synth_dir()))
+    if (e.path().filename() != fs::directory_iterator(synth_dir())->path().filename())
+      fs::copy(e.path(), fewer.path() / e.path().filename(), fs::copy_options::recursive);
+  auto two_ranks = [](const std::string& rank0_paths, const std::string& rank1_paths) {
+    std::vector<std::vector<double>> sent;
+    size_t call = 0;
+    const std::vector<std::string> o = {"batch_size=16", "validation_fraction=0"};
+    auto with = [&](const std::string& p) {
+      auto v = o;
+      v.push_back(p);
+      return v;
+    };
+    Loader r0(with(rank0_paths), 5, 1, false, 0, 2, 0, "",
+              [&](std::span<double> v, RankReduce, const std::string&) {
+                sent.emplace_back(v.begin(), v.end());
+              });
+    Loader r1(with(rank1_paths), 5, 1, false, 1, 2, 0, "",
+              [&](std::span<double> v, RankReduce how, const std::string&) {
+                ASSERT_EQ(how, RankReduce::min);
+                for (size_t i = 0; i < v.size(); ++i) v[i] = std::min(v[i], sent.at(call)[i]);
+                ++call;
+              });
+  };
+  EXPECT_NO_THROW(two_ranks(paths_of(synth_dir()), paths_of(synth_dir())));
+  try {
+    two_ranks(paths_of(synth_dir()), paths_of(fewer.path()));
+    FAIL() << "ranks with different data must not train as one run";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the ranks did not find the same data (replay files "
+                                         "found: 7 to 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
   const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=50",
                                       "validation_fraction=0"};

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/safetensors.h"
 #include "stages/melee/batch_layout.h"
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_scoring.h"
@@ -260,17 +261,19 @@ TEST(Policy, MisuseAndBadCheckpointsAreAStatusAndAMessage) {
   EXPECT_EQ(slipstream_policy_open(t.run_dir.c_str(), "cpu", nullptr), SLIPSTREAM_E_ARGUMENT);
   EXPECT_EQ(slipstream_policy_open(nullptr, "cpu", &p), SLIPSTREAM_E_ARGUMENT);
 
-  // A copy of the run whose config.yaml says `to` where it said `from`.
+  // A copy of the run whose newest checkpoint's graph (the one its weights carry, which it is
+  // opened with) says `to` where it said `from`.
   TempDir d;
   auto edited_copy = [&](const std::string& name, const std::string& from, const std::string& to) {
     const std::string copy = d.path() + "/" + name;
     fs::copy(t.run_dir, copy, fs::copy_options::recursive);
-    std::ifstream in(copy + "/config.yaml");
-    std::string cfg((std::istreambuf_iterator<char>(in)), {});
+    const std::string model = *latest_checkpoint(copy) + "/model.safetensors";
+    SafetensorsFile f = read_safetensors(model);
+    std::string& cfg = f.metadata.at("slipstream.config");
     const size_t at = cfg.find(from);
     EXPECT_NE(at, std::string::npos) << cfg;
     if (at != std::string::npos) cfg.replace(at, from.size(), to);
-    std::ofstream(copy + "/config.yaml") << cfg;
+    write_safetensors(model, f.tensors, f.metadata);
     return copy;
   };
   // A checkpoint of other sizes than the run's config says.

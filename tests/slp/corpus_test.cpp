@@ -1,4 +1,10 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
 
 #include <fstream>
 
@@ -122,6 +128,56 @@ TEST(SlpCorpus, FormatVersionMismatchSaysRebuild) {
     EXPECT_NE(std::string(e.what()).find("rebuild"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Corpus::open(dir / "missing"), CorpusError);
+  std::filesystem::remove_all(src);
+  std::filesystem::remove_all(dir);
+}
+
+// Two builds into one folder: the second is refused naming the first's process, and writes
+// nothing there. A build that fails (here: a file-size limit, as a full disk) leaves no .build/
+// or .tmp files, and says why.
+TEST(SlpCorpus, OneBuildAtATimeAndNothingLeftByAFailedOne) {
+  const auto src = temp_dir("lock_src");
+  write_synthetic_games(src, 2, 5, 600);
+  const auto dir = temp_dir("lock");
+  std::filesystem::create_directories(dir);
+  const std::vector<std::filesystem::path> inputs = {src};
+  {
+    const int fd = ::open((dir / ".build.lock").c_str(), O_RDWR | O_CREAT, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::pwrite(fd, "4242", 4, 0), 4);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);  // another build's hold, as its process would have it
+    try {
+      build_corpus(inputs, dir);
+      FAIL() << "a second build into one folder must be refused";
+    } catch (const CorpusError& e) {
+      EXPECT_NE(std::string(e.what()).find("another corpus build (process 4242)"),
+                std::string::npos)
+          << e.what();
+    }
+    ::close(fd);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / ".build"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "manifest.json"));
+  {
+    rlimit saved{};
+    getrlimit(RLIMIT_FSIZE, &saved);
+    auto previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = saved;
+    small.rlim_cur = 4096;
+    setrlimit(RLIMIT_FSIZE, &small);
+    try {
+      build_corpus(inputs, dir);
+      ADD_FAILURE() << "a build that cannot write must fail";
+    } catch (const CorpusError& e) {
+      EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+    }
+    setrlimit(RLIMIT_FSIZE, &saved);
+    std::signal(SIGXFSZ, previous);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename(), ".build.lock") << e.path();
+  build_corpus(inputs, dir);  // and then it builds
+  EXPECT_EQ(Corpus::open(dir).size(), 2u);
   std::filesystem::remove_all(src);
   std::filesystem::remove_all(dir);
 }

@@ -133,6 +133,11 @@ void publish_demo(stats::RecordWriter& w, uint64_t step, double samples_per_s = 
     r.steps_per_s = 12.5;
     r.samples_per_s = samples_per_s;
     r.eta_s = 304;
+    r.data_wait_frac_recent = 0.03;
+    r.host_rss_bytes = 1500ull << 20;
+    r.device_reserved_bytes = 4ull << 30;
+    r.validation_loss = 0.512;
+    r.best_validation_loss = 0.498;
     r.num_stages = 3;
     auto stage = [&](int i, const char* name, const char* kind, double busy, double wait,
                      double blocked, double rate, double latency, uint32_t depth, uint32_t cap) {
@@ -400,6 +405,47 @@ TEST_F(SmiCli, StaleRecordOfDeadPidRemoved) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, pid() + "\n");
   EXPECT_FALSE(file_exists(stale));
+}
+
+// A run that stopped publishing (SIGSTOP, hung) is "stale", with the age of its last record; a
+// record whose pid now belongs to a process that started after the run is a reused pid: gone.
+TEST_F(SmiCli, SilentRunsAreStaleAndReusedPidsAreRemoved) {
+  const auto now_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
+  writer_->update([&](stats::RunRecord& r) { r.update_unix_ns = now_ns - 83'000'000'000ull; });
+  LiveChild reused;
+  stats::RunRecord old = make_record(reused.pid());
+  old.start_unix_ns = now_ns - 3600'000'000'000ull;  // the run began an hour before this process
+  old.update_unix_ns = now_ns - 3500'000'000'000ull;
+  const std::string path =
+      stats::record_path(dir_.path(), static_cast<uint32_t>(::geteuid()), reused.pid());
+  write_record(path, old);
+  Result r = run_smi({"--query-run=pid,state,heartbeat_age", "--format=csv,noheader"}, env_);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.rfind(pid() + ", stale 8", 0), 0u) << r.out;
+  EXPECT_EQ(lines_of(r.out).size(), 1u) << r.out;
+  EXPECT_FALSE(file_exists(path));
+  Result table = run_smi({}, env_);
+  EXPECT_NE(table.out.find("stale 8"), std::string::npos) << table.out;
+}
+
+// What a run's health needs at a glance: the data wait, host and device memory, and the
+// latest and best validation loss, in the table, the query fields and the JSON.
+TEST_F(SmiCli, RunsShowDataWaitMemoryAndValidationLoss) {
+  Result q = run_smi({"--query-run=pid,data_wait,host_rss,device_memory,validation_loss,"
+                      "best_validation_loss",
+                      "--format=csv,noheader"},
+                     env_);
+  EXPECT_EQ(q.status, 0) << q.err;
+  EXPECT_EQ(q.out, pid() + ", 3.0 %, 1500 MiB, 4096 MiB, 0.512, 0.498\n");
+  Result table = run_smi({}, env_);
+  expect_in_order(table.out, {"Data-Wait", "Host-RSS", "Device-Mem", "Val-Loss", "Best-Val", "3.0%",
+                              "1.46 GiB", "4.00 GiB", "0.5120", "0.4980"});
+  auto j = nlohmann::json::parse(run_smi({"--json"}, env_).out);
+  EXPECT_DOUBLE_EQ(j["runs"][0]["data_wait_frac"].get<double>(), 0.03);
+  EXPECT_EQ(j["runs"][0]["host_rss_bytes"], 1500ull << 20);
+  EXPECT_EQ(j["runs"][0]["best_validation_loss"], 0.498);
 }
 
 TEST_F(SmiCli, OutputToFile) {

@@ -387,6 +387,11 @@ stats::RunRecord hostile_run() {
   r.stages[0].items_per_s_recent = -1;
   r.stages[0].mean_latency_ms_recent = 1e300;
   r.stages[1].wait_input_frac_recent = -0.5;
+  r.data_wait_frac_recent = 1e300;
+  r.host_rss_bytes = UINT64_MAX;
+  r.device_reserved_bytes = UINT64_MAX;
+  r.validation_loss = -INFINITY;
+  r.best_validation_loss = NAN;
   r.num_pools = 1;
   set_text(r.pools[0].name, "pool\x1b[31m");
   return r;

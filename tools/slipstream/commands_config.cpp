@@ -5,6 +5,8 @@
 #include <iostream>
 #include <map>
 
+#include <yaml-cpp/yaml.h>
+
 #include "engine/graph.h"
 #include "engine/registry.h"
 #include "engine/text_match.h"
@@ -67,7 +69,10 @@ static void add_validate(CLI::App& app) {
         std::cout << resolved_config_yaml(plan.config, sp, plan.run);
         return;
       }
-      std::cout << plan.config.graph_file << ": OK, " << plan.stages.size() << " stages:";
+      const Config& c = plan.config;
+      if (!c.preset_file.empty())
+        std::cout << "preset '" << c.preset << "' (" << c.preset_file << "), ";
+      std::cout << c.graph_file << ": OK, " << plan.stages.size() << " stages:";
       // A generated graph may have thousands of stages: name the first few.
       constexpr size_t kShown = 32;
       for (size_t k = 0; k < std::min(kShown, plan.stages.size()); ++k)
@@ -75,6 +80,17 @@ static void add_validate(CLI::App& app) {
       if (plan.stages.size() > kShown)
         std::cout << " ... (" << plan.stages.size() - kShown << " more)";
       std::cout << "\n";
+      // What the preset (and its extends: chain) and --set change from the graph file.
+      auto overridden = [&](const std::string& key, const ConfigValue& v) {
+        if (v.mark.file.empty() || v.mark.file == c.graph_file || v.mark.file == "<default>")
+          return;
+        YAML::Emitter flow;
+        flow << YAML::Flow << v.node;
+        std::cout << "  " << key << ": " << flow.c_str() << "  (" << v.mark.str() << ")\n";
+      };
+      for (const auto& [k, v] : c.run) overridden("run." + k, v);
+      for (const auto& st : c.stages)
+        for (const auto& [k, v] : st.params) overridden(st.name + "." + k, v);
     } catch (const ConfigError& e) {
       std::cerr << e.what() << "\n";
       set_exit_code(kExitConfig);

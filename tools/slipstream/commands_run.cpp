@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "engine/checkpoint.h"
+#include "engine/config_diff.h"
 #include "engine/diagnostics.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
@@ -42,8 +43,33 @@ int run_command(const RunArgs& a) {
     }
     run_dir = where.run_dir;
     checkpoint = where.checkpoint;
-    // A resumed run repeats the configuration it was started with.
-    if (target.empty()) target = (fs::path(run_dir) / "config.yaml").string();
+    // A resumed run repeats the configuration it was started with. A preset or graph file given
+    // as well must say the same (its run: settings aside): another model or other data would
+    // continue the run as something it was not.
+    const std::string recorded = (fs::path(run_dir) / "config.yaml").string();
+    if (!target.empty()) {
+      std::vector<std::string> diffs;
+      const int status = exit_status_of([&] {
+        diffs = config_differences(resolved_config_yaml(plan_graph(load_config(recorded, sets))),
+                                   resolved_config_yaml(plan_graph(load_config(target, sets))),
+                                   RunKeys::ignore);
+        return kExitOk;
+      });
+      if (status != kExitOk) return status;
+      if (!diffs.empty()) {
+        std::cerr << "--resume " << a.resume << " with "
+                  << (a.config.empty() ? "--preset " : "--config ") << target
+                  << ": refused, it is not the graph the run trains (" << recorded << " -> "
+                  << target << "):\n";
+        for (const auto& d : diffs) std::cerr << "  " << d << "\n";
+        std::cerr << "A resume continues the run as configured: drop "
+                  << (a.config.empty() ? "--preset" : "--config")
+                  << " (the run's config.yaml is used) and change single settings with --set, or "
+                  << "train a new run from these weights: --set run.init_from=" << a.resume << "\n";
+        return kExitConfig;
+      }
+    }
+    target = recorded;
   }
   if (target.empty()) target = "cpu_quick";
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);

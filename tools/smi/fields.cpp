@@ -38,6 +38,14 @@ Opt unless_empty(const std::string& s) {
   return s.empty() ? std::nullopt : Opt(s);
 }
 
+// A loss to 6 significant digits; [N/A] when not finite (none yet).
+FieldValue loss_value(double v) {
+  if (!std::isfinite(v)) return FieldValue{};
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return text(buf);
+}
+
 const stats::StageCounters& stage_of(const RowContext& c) {
   return c.run->stages[c.stage];
 }
@@ -105,8 +113,16 @@ std::vector<FieldDef> run_fields() {
        [](const RowContext& c) {
          return FieldValue{unless_empty(c.run->device), {}};
        }},
-      {"state", "", "starting, running, finishing, done or failed.",
-       [](const RowContext& c) { return text(state_name(c.run->state)); }},
+      {"state", "",
+       "starting, running, finishing, done or failed; \"stale 83s\" for a run that has not "
+       "published for that long (stopped or hung: its rates are from before).",
+       [](const RowContext& c) { return text(run_state_text(*c.run, c.now_unix_s)); }},
+      {"heartbeat_age", "s", "Seconds since the run last published its record.",
+       [](const RowContext& c) {
+         return with_unit(
+             c.run->update_unix_ns ? fixed(heartbeat_age_s(*c.run, c.now_unix_s), 1) : std::nullopt,
+             "s");
+       }},
       {"step", "", "Training steps completed.",
        [](const RowContext& c) { return text(std::to_string(c.run->step)); }},
       {"total_steps", "", "Steps the run will take; [N/A] when unknown.",
@@ -125,12 +141,7 @@ std::vector<FieldDef> run_fields() {
          return with_unit(bounded(c.run->samples_per_s, kMaxRate, 1), "samples/s");
        }},
       {"loss", "", "Latest training loss; [N/A] before the first.",
-       [](const RowContext& c) {
-         if (!std::isfinite(c.run->loss)) return FieldValue{};
-         char buf[32];
-         std::snprintf(buf, sizeof buf, "%.6g", c.run->loss);
-         return text(buf);
-       }},
+       [](const RowContext& c) { return loss_value(c.run->loss); }},
       {"eta", "s", "Seconds to total_steps at the recent rate; [N/A] when unknown.",
        [](const RowContext& c) { return with_unit(bounded(c.run->eta_s, kMaxSeconds, 0), "s"); }},
       {"cuda_graph", "%",
@@ -143,6 +154,24 @@ std::vector<FieldDef> run_fields() {
                               : std::nullopt,
                           "%");
        }},
+      {"data_wait", "%",
+       "Share of the recent time the trainable section waited for its next batch (the data "
+       "path is the bottleneck when high); [N/A] before the first step.",
+       [](const RowContext& c) { return with_unit(percent(c.run->data_wait_frac_recent), "%"); }},
+      {"host_rss", "MiB", "Resident host memory of the run's process.",
+       [](const RowContext& c) {
+         return with_unit(c.run->host_rss_bytes ? mib(c.run->host_rss_bytes) : std::nullopt, "MiB");
+       }},
+      {"device_memory", "MiB", "Device memory the run's pools hold; [N/A] on the CPU.",
+       [](const RowContext& c) {
+         return with_unit(
+             c.run->device_reserved_bytes ? mib(c.run->device_reserved_bytes) : std::nullopt,
+             "MiB");
+       }},
+      {"validation_loss", "", "Latest validation loss; [N/A] before the first validation.",
+       [](const RowContext& c) { return loss_value(c.run->validation_loss); }},
+      {"best_validation_loss", "", "Lowest validation loss so far; [N/A] before the first.",
+       [](const RowContext& c) { return loss_value(c.run->best_validation_loss); }},
       {"uptime", "s", "Seconds since the run started.",
        [](const RowContext& c) {
          double start = static_cast<double>(c.run->start_unix_ns) / 1e9;

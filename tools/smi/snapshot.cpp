@@ -1,6 +1,8 @@
 #include "snapshot.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace slipstream::smi {
 
@@ -48,6 +50,24 @@ const char* state_name(stats::RunState state) {
       return "failed";
   }
   return "unknown";
+}
+
+double heartbeat_age_s(const stats::RunRecord& run, double now_unix_s) {
+  return std::max(0.0, now_unix_s - static_cast<double>(run.update_unix_ns) * 1e-9);
+}
+
+std::string run_state_text(const stats::RunRecord& run, double now_unix_s) {
+  const bool live = run.state == stats::RunState::starting ||
+                    run.state == stats::RunState::running ||
+                    run.state == stats::RunState::finishing;
+  const double age = heartbeat_age_s(run, now_unix_s);
+  if (!live || run.update_unix_ns == 0 || age < kStaleAfterS) return state_name(run.state);
+  char buf[32];
+  if (age < 3600)
+    std::snprintf(buf, sizeof buf, "stale %.0fs", age);
+  else
+    std::snprintf(buf, sizeof buf, "stale %.0fh", age / 3600);
+  return buf;
 }
 
 }  // namespace slipstream::smi

@@ -37,4 +37,12 @@ int bottleneck_stage(const stats::RunRecord& run);
 
 const char* state_name(stats::RunState state);
 
+// Seconds since the run last published its record (it does every run.stats_interval_ms).
+double heartbeat_age_s(const stats::RunRecord& run, double now_unix_s);
+// A run that says it is starting, running or finishing but has not published for this long is
+// stale: stopped (SIGSTOP, a debugger), hung, or its machine suspended.
+inline constexpr double kStaleAfterS = 15;
+// state_name, or "stale 83s" for a stale run: its rates and ETA are then from before it stopped.
+std::string run_state_text(const stats::RunRecord& run, double now_unix_s);
+
 }  // namespace slipstream::smi

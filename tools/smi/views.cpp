@@ -105,8 +105,8 @@ std::string step_text(const RunRecord& r) {
 std::string loss_text(double loss) {
   if (!std::isfinite(loss)) return std::string(kNotAvailable);
   char buf[32];
-  std::snprintf(buf, sizeof buf, std::fabs(loss) >= 1e-3 && std::fabs(loss) < 1e5 ? "%.4f" : "%.3e",
-                loss);
+  const bool plain = loss == 0 || (std::fabs(loss) >= 1e-3 && std::fabs(loss) < 1e5);
+  std::snprintf(buf, sizeof buf, plain ? "%.4f" : "%.3e", loss);
   return buf;
 }
 
@@ -118,20 +118,32 @@ std::string runs_section(const Snapshot& snap) {
                pad_left("Steps/s", kSub1) + pad_left("Samples/s", kSub2));
   out += cells("         Preset                 Device", pad_left("Step / Total", kCell2),
                pad_left("Loss", kSub1) + pad_left("ETA", kSub2));
+  out += cells("         Data-Wait   Host-RSS", pad_left("Device-Mem", kCell2),
+               pad_left("Val-Loss", kSub1) + pad_left("Best-Val", kSub2));
   out += cell_rule('=', '|', '+');
   if (snap.runs.empty()) {
     out += row(cat("No running slipstream pipelines found in ", snap.stats_dir));
     return out + rule();
   }
+  const double now = std::chrono::duration<double>(snap.taken.time_since_epoch()).count();
   for (const auto& r : snap.runs) {
     out += cells(pad_left(std::to_string(r.pid), 7) + "  " + fit(printable(r.run_name), kCell1 - 9),
-                 pad_left(state_name(r.state), kCell2),
+                 pad_left(run_state_text(r, now), kCell2),
                  pad_left(compact_rate(r.steps_per_s), kSub1) +
                      pad_left(compact_rate(r.samples_per_s), kSub2));
     out += cells(cat("         ", pad_right(printable(r.preset), 22), " ",
                      fit(printable(r.device), kCell1 - 32)),
                  pad_left(step_text(r), kCell2),
                  pad_left(loss_text(r.loss), kSub1) + pad_left(duration_text(r.eta_s), kSub2));
+    out += cells(
+        cat("         ", pad_left(percent_text(r.data_wait_frac_recent), 9), "   ",
+            pad_left(r.host_rss_bytes ? human_bytes(r.host_rss_bytes) : std::string(kNotAvailable),
+                     8)),
+        pad_left(r.device_reserved_bytes ? human_bytes(r.device_reserved_bytes)
+                                         : std::string(kNotAvailable),
+                 kCell2),
+        pad_left(loss_text(r.validation_loss), kSub1) +
+            pad_left(loss_text(r.best_validation_loss), kSub2));
     out += cell_rule();
   }
   return out;
@@ -321,6 +333,7 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     j["gpus"].push_back(std::move(o));
   }
   j["runs"] = json::array();
+  const double now = std::chrono::duration<double>(snap.taken.time_since_epoch()).count();
   for (const auto& r : snap.runs) {
     const int bottleneck = bottleneck_stage(r);
     json o;
@@ -329,7 +342,8 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     o["name"] = text_json(r.run_name);
     o["preset"] = text_json(r.preset);
     o["device"] = text_json(r.device);
-    o["state"] = state_name(r.state);
+    o["state"] = run_state_text(r, now);
+    o["heartbeat_age_s"] = r.update_unix_ns ? json(heartbeat_age_s(r, now)) : json();
     o["run_dir"] = text_json(r.run_dir);
     o["start_unix_ns"] = r.start_unix_ns;
     o["update_unix_ns"] = r.update_unix_ns;
@@ -340,6 +354,11 @@ nlohmann::json snapshot_json(const Snapshot& snap, std::string_view version) {
     o["steps_per_s"] = bounded_or_null(r.steps_per_s, kMaxRate);
     o["samples_per_s"] = bounded_or_null(r.samples_per_s, kMaxRate);
     o["eta_s"] = bounded_or_null(r.eta_s, kMaxSeconds);
+    o["data_wait_frac"] = bounded_or_null(r.data_wait_frac_recent, kMaxFraction);
+    o["host_rss_bytes"] = r.host_rss_bytes ? json(r.host_rss_bytes) : json();
+    o["device_reserved_bytes"] = r.device_reserved_bytes ? json(r.device_reserved_bytes) : json();
+    o["validation_loss"] = num_or_null(r.validation_loss);
+    o["best_validation_loss"] = num_or_null(r.best_validation_loss);
     o["cuda_graph_replayed_pct"] =
         r.graph_batches ? json(100.0 * double(r.graph_replayed) / double(r.graph_batches)) : json();
     o["bottleneck"] = bottleneck >= 0 ? text_json(r.stages[bottleneck].name) : json();

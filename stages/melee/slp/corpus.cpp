@@ -1,6 +1,7 @@
 #include "stages/melee/slp/corpus.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -123,8 +124,50 @@ File open_file(const std::filesystem::path& p, const char* mode) {
 }
 
 void write_all(FILE* f, const void* data, size_t n, const std::filesystem::path& p) {
-  if (n && std::fwrite(data, 1, n, f) != n) throw CorpusError("cannot write " + p.string());
+  if (n && std::fwrite(data, 1, n, f) != n)
+    throw CorpusError("cannot write " + p.string() + ": " + std::strerror(errno));
 }
+
+// One build at a time into an output folder: an advisory lock on OUT/.build.lock, refused with
+// the holder's PID (two builds would share .build/ and one would report a corpus that does not
+// load). What a build leaves half made (.build/, the .tmp files) goes when it fails.
+class BuildGuard {
+ public:
+  explicit BuildGuard(const std::filesystem::path& out_dir) : out_dir_(out_dir) {
+    const std::string path = (out_dir / ".build.lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0) throw CorpusError("cannot open " + path + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char holder[64] = {};
+      const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+      ::close(fd_);
+      throw CorpusError(out_dir.string() + ": another corpus build (process " +
+                        (n > 0 ? std::string(holder, static_cast<size_t>(n)) : "?") +
+                        ") is writing there; wait for it, or build into another --out");
+    }
+    const std::string pid = std::to_string(::getpid());
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+      // The lock holds without the note; only a refusal's message is poorer.
+    }
+  }
+  BuildGuard(const BuildGuard&) = delete;
+  BuildGuard& operator=(const BuildGuard&) = delete;
+  ~BuildGuard() {
+    if (!done_) {
+      std::error_code ec;
+      std::filesystem::remove_all(out_dir_ / ".build", ec);
+      std::filesystem::remove(out_dir_ / (std::string(kColumnsName) + ".tmp"), ec);
+      std::filesystem::remove(out_dir_ / (std::string(kManifestName) + ".tmp"), ec);
+    }
+    ::close(fd_);
+  }
+  void done() { done_ = true; }
+
+ private:
+  std::filesystem::path out_dir_;
+  int fd_ = -1;
+  bool done_ = false;
+};
 
 std::string hex64(uint64_t v) {
   char buf[17];
@@ -231,6 +274,7 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   namespace fs = std::filesystem;
   const auto& specs = catalog();
   fs::create_directories(out_dir);
+  BuildGuard guard(out_dir);
   const fs::path tmp_dir = out_dir / ".build";
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
@@ -318,7 +362,9 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     report.frames += n;
   }
   for (auto& t : tmp) {
-    if (std::fflush(t.get()) != 0) throw CorpusError("cannot write the corpus build files");
+    if (std::fflush(t.get()) != 0)
+      throw CorpusError("cannot write the corpus build files in " + tmp_dir.string() + ": " +
+                        std::strerror(errno));
     t.reset();
   }
 
@@ -362,7 +408,8 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
                        {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
     offset = aligned + stored_size;
   }
-  if (std::fflush(out.get()) != 0) throw CorpusError("cannot write " + columns_tmp.string());
+  if (std::fflush(out.get()) != 0)
+    throw CorpusError("cannot write " + columns_tmp.string() + ": " + std::strerror(errno));
   out.reset();
   report.output_bytes = offset;
 
@@ -383,11 +430,14 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   {
     std::ofstream m(manifest_tmp);
     m << dump_json(manifest, 1) << "\n";
-    if (!m) throw CorpusError("cannot write " + manifest_tmp.string());
+    m.flush();
+    if (!m)
+      throw CorpusError("cannot write " + manifest_tmp.string() + ": " + std::strerror(errno));
   }
   fs::rename(columns_tmp, columns_path);
   fs::rename(manifest_tmp, out_dir / kManifestName);
   fs::remove_all(tmp_dir);
+  guard.done();
   return report;
 }
 

@@ -367,7 +367,10 @@ class StreamParser {
     const int32_t frame = load_be<int32_t>(e + event::kFrameNumberOffset);
     const uint8_t port = e[event::kPlayerIndexOffset];
     if (port > 3)
-      fail(at + event::kPlayerIndexOffset, "player index " + std::to_string(port) + " is not 0-3");
+      fail(at + event::kPlayerIndexOffset,
+           "player index " + std::to_string(port) +
+               ": a game mode with more than four characters (multi-man modes), which is not "
+               "read (ports 0-3 only)");
     CharacterFrames& ch = slot(port, e[event::kIsFollowerOffset] != 0);
     row = row_for(frame);
     if (ch.present[row] & has_bit) {

@@ -1,11 +1,12 @@
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of TFRecord framing. The
-// SSE4.2 `crc32` instruction computes it where the CPU has one; a table does elsewhere.
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of TFRecord framing and of
+// each tensor of a checkpoint. The SSE4.2 `crc32` instruction computes it where the CPU has one;
+// a table does elsewhere.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-namespace slipstream::tensorboard {
+namespace slipstream {
 
 // The CRC of `n` bytes at `data`, continuing from `crc` (the CRC of what came before; 0 to start).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
@@ -23,4 +24,4 @@ inline uint32_t crc32c_unmask(uint32_t masked) {
   return (rot >> 17) | (rot << 15);
 }
 
-}  // namespace slipstream::tensorboard
+}  // namespace slipstream

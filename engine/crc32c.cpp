@@ -1,4 +1,4 @@
-#include "engine/tensorboard/crc32c.h"
+#include "engine/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -8,7 +8,7 @@
 #define SLIPSTREAM_CRC32C_X86 1
 #endif
 
-namespace slipstream::tensorboard {
+namespace slipstream {
 
 namespace {
 
@@ -75,4 +75,4 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   return crc32c_table(data, n, crc);
 }
 
-}  // namespace slipstream::tensorboard
+}  // namespace slipstream

@@ -1,0 +1,34 @@
+// The signals that ask a run to stop at the end of its step, write a checkpoint and its last
+// metrics row, and exit 130: SIGINT (Ctrl-C), SIGTERM (schedulers, before a kill), SIGHUP (the
+// terminal closed), SIGUSR1 (Slurm's `--signal` warning before the time limit), SIGXCPU (a CPU
+// time limit's soft warning) and SIGALRM. SIGPIPE is ignored while a run holds them: a reader of
+// its output that goes away (`slipstream run | head`) costs the console, never the run.
+#pragma once
+
+#include <string>
+
+namespace slipstream {
+
+class StopSignals {
+ public:
+  // Installs the handlers (the previous ones are restored on destruction) and clears any signal
+  // a run before this one left.
+  StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  ~StopSignals();
+
+  // The signal received since, 0 when none. A second one keeps the first: the stop under way
+  // goes on as it was (its checkpoint is not torn by another request).
+  static int received();
+  // received(), then cleared.
+  static int take();
+};
+
+// "SIGHUP", "SIGUSR1", ... ("signal N" for others).
+std::string signal_name(int sig);
+
+// Records `sig` as if it had been delivered (tests of stop handling without a real signal).
+void raise_stop_signal_for_testing(int sig);
+
+}  // namespace slipstream

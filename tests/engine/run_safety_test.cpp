@@ -1,0 +1,507 @@
+// A run's work is never lost: a resume that fails writes nothing, a rewind moves the later
+// checkpoints and rows aside, names a run did not write are left alone, one writer per run
+// directory, writes that fail leave the old file whole, the stop signals checkpoint, a closed
+// terminal costs only the terminal, and a run that fails before its first step leaves nothing.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "engine/atomic_file.h"
+#include "engine/checkpoint.h"
+#include "engine/config_diff.h"
+#include "engine/console_tee.h"
+#include "engine/run_directory.h"
+#include "engine/runner.h"
+#include "engine/safetensors.h"
+#include "engine/stop_signals.h"
+#include "tests/engine/test_stages.h"
+#include "tests/engine/writing_run_options.h"
+#include "tests/support/temp_dir.h"
+
+using namespace slipstream;
+using slipstream::testing::recorded;
+using slipstream::testing::reset_recorded;
+using slipstream::testing::TempDir;
+using slipstream::testing::writing_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+// src (20 batches) -> acc (a weight and a step count, saved) -> rec -> ckpt; rows every step.
+std::string graph(const TempDir& d, const std::string& ckpt_params,
+                  const std::string& acc_name = "acc") {
+  return std::string(R"(stages:
+  - {name: src, kind: test_counter, params: {count: 20, batch: 2}}
+  - {name: )") +
+         acc_name + R"(, kind: test_accumulator, inputs: [src]}
+  - {name: rec, kind: test_recorder, inputs: [src]}
+  - {name: ckpt, kind: checkpoint, inputs: [rec], params: {)" +
+         ckpt_params + "}}\nrun: {log_every: 1, runs_dir: " + d.path() + "/runs}\n";
+}
+
+GraphPlan plan_text(const TempDir& d, const std::string& text, std::vector<std::string> sets = {}) {
+  return plan_graph(load_config(d.write("g.yaml", text), sets));
+}
+
+RunOptions resume_options(const std::string& dir, const std::string& checkpoint = "") {
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  o.resume_checkpoint = checkpoint;
+  return o;
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+std::vector<nlohmann::json> rows(const fs::path& file) {
+  std::ifstream in(file);
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != "last") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Everything a run directory holds, file by file (path -> bytes), for "nothing changed".
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename() != ".lock" &&
+        e.path().filename() != "console.log")
+      out[fs::relative(e.path(), dir).string()] = read(e.path());
+  return out;
+}
+
+fs::path only_subdirectory(const fs::path& dir) {
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(dir)) found.push_back(e.path());
+  EXPECT_EQ(found.size(), 1u) << dir;
+  return found.empty() ? fs::path() : found.front();
+}
+
+}  // namespace
+
+// The newcomer's `--resume RUN --set core.d_model=...`: the checkpoint does not fit the graph.
+// The run directory is as it was, byte for byte (console.log keeps the error), and a plain
+// resume still works.
+TEST(RunSafety, AResumeThatDoesNotFitItsCheckpointWritesNothing) {
+  reset_recorded();
+  TempDir d;
+  Runner first(plan_text(d, graph(d, "every: 2"), {"run.steps=4"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  const auto before = snapshot(dir);
+  Runner other(plan_text(d, graph(d, "every: 2", "acc2"), {"run.steps=8"}), resume_options(dir));
+  try {
+    other.run();
+    FAIL() << "a checkpoint without the graph's weights must not resume";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("acc2"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(snapshot(dir), before);
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
+  EXPECT_NE(read(fs::path(dir) / "console.log").find("error: "), std::string::npos);
+  Runner again(plan_text(d, graph(d, "every: 2"), {"run.steps=6"}), resume_options(dir));
+  EXPECT_EQ(again.run().final_step, 6u);
+}
+
+// `--resume RUN/checkpoints/step-2` with step-4, step-6 and their rows after it: they move into
+// RUN/set-aside/after-step-2-<time>/, whole, and the run goes on from step 2.
+TEST(RunSafety, ARewindMovesLaterCheckpointsAndRowsAsideAndDeletesNothing) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 10, keep_best: 5");
+  const std::vector<std::string> val = {"run.validate_every=2", "run.validate_batches=1"};
+  auto with = [&](std::string s) {
+    auto v = val;
+    v.push_back(s);
+    return v;
+  };
+  Runner first(plan_text(d, g, with("run.steps=6")), writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  const auto later = names_in(root);
+  ASSERT_EQ(later, (std::vector<std::string>{"best-step-2", "best-step-4", "best-step-6", "step-2",
+                                             "step-4", "step-6"}));
+  const std::string step6_weights = read(root / "step-6" / "model.safetensors");
+  const auto all_rows = rows(fs::path(dir) / "metrics.jsonl");
+
+  Runner back(plan_text(d, g, with("run.steps=4")),
+              resume_options(dir, (root / "step-2").string()));
+  EXPECT_EQ(back.run().final_step, 4u);
+  EXPECT_EQ(names_in(root),
+            (std::vector<std::string>{"best-step-2", "best-step-4", "step-2", "step-4"}));
+  const fs::path aside = only_subdirectory(fs::path(dir) / "set-aside");
+  EXPECT_TRUE(aside.filename().string().starts_with("after-step-2-")) << aside;
+  EXPECT_EQ(names_in(aside / "checkpoints"),
+            (std::vector<std::string>{"best-step-4", "best-step-6", "step-4", "step-6"}));
+  EXPECT_EQ(read(aside / "checkpoints" / "step-6" / "model.safetensors"), step6_weights);
+  // Every row of the first run is in one file or the other.
+  size_t past = 0;
+  for (const auto& r : all_rows) past += r["step"].get<int>() > 2;
+  const auto aside_rows = rows(aside / "metrics.jsonl");
+  EXPECT_EQ(aside_rows.size(), past);
+  for (const auto& r : aside_rows) EXPECT_GT(r["step"].get<int>(), 2) << r.dump();
+  for (const auto& r : rows(fs::path(dir) / "metrics.jsonl"))
+    EXPECT_LE(r["step"].get<int>(), 4) << r.dump();
+}
+
+// What a user put in checkpoints/ is theirs: a plain resume counts only complete checkpoints by
+// their exact names, removes only its own `.tmp` leftovers, and lists what it left alone.
+TEST(RunSafety, APlainResumeLeavesWhatItDidNotWrite) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 2");
+  Runner first(plan_text(d, g, {"run.steps=4"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  fs::copy(root / "step-2", root / "my-favourite", fs::copy_options::recursive);
+  fs::copy(root / "step-2", root / "step-20.bak", fs::copy_options::recursive);
+  fs::copy(root / "step-4", root / "step-40-good", fs::copy_options::recursive);
+  std::ofstream(root / "README.txt") << "notes\n";
+  fs::create_directories(root / "step-3");  // no DONE: not a checkpoint, not ours to remove
+  fs::create_directories(root / "step-6.tmp");
+  EXPECT_EQ(fs::path(*latest_checkpoint(dir)).filename(), "step-4");  // not step-40-good
+
+  Runner second(plan_text(d, g, {"run.steps=8"}), resume_options(dir));
+  EXPECT_EQ(second.run().final_step, 8u);
+  EXPECT_EQ(names_in(root),
+            (std::vector<std::string>{"README.txt", "my-favourite", "step-20.bak", "step-3",
+                                      "step-40-good", "step-6", "step-8"}));
+  EXPECT_EQ(read(root / "README.txt"), "notes\n");
+}
+
+// keep_best lowered on a resume removes the extra best checkpoints, and says which.
+TEST(RunSafety, LoweringKeepBestOnAResumeSaysWhatItRemoves) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 10, keep_best: 3");
+  // Validations at steps 2 and 4: both are kept as best (fewer than keep_best so far).
+  Runner first(plan_text(d, g, {"run.steps=4", "run.validate_every=2", "run.validate_batches=1"}),
+               writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  ASSERT_TRUE(fs::exists(root / "best-step-2"));
+  ::testing::internal::CaptureStderr();
+  Runner second(plan_text(d, g, {"run.steps=6", "ckpt.keep_best=0"}), resume_options(dir));
+  second.run();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(fs::exists(root / "best-step-2"));
+  EXPECT_FALSE(fs::exists(root / "best-step-4"));
+  EXPECT_NE(err.find("keep_best 0 (this run's settings) removed best-step-4, best-step-2"),
+            std::string::npos)
+      << err;
+}
+
+// Two writers of one run directory: the second is refused, naming the holder, and writes nothing.
+TEST(RunSafety, ASecondWriterOfARunDirectoryIsRefusedWithTheHoldersPid) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  const auto before = snapshot(dir);
+  {
+    DirectoryLock holder(dir, "resume it");  // as a run of another process would hold it
+    Runner second(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
+    try {
+      second.run();
+      FAIL() << "a second writer must be refused";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("in use by process " + std::to_string(::getpid())), std::string::npos)
+          << what;
+    }
+    EXPECT_EQ(snapshot(dir), before);
+  }
+  // Released with its holder.
+  Runner third(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
+  EXPECT_EQ(third.run().final_step, 4u);
+  // Fresh directories of one name in one second: mkdir makes each once.
+  const std::string base = d.path() + "/same";
+  EXPECT_EQ(create_fresh_directory(base), base);
+  EXPECT_EQ(create_fresh_directory(base), base + "-2");
+  EXPECT_EQ(create_fresh_directory(base), base + "-3");
+}
+
+namespace {
+
+// A file-size limit makes writes past `bytes` fail with EFBIG, as a full disk fails them with
+// ENOSPC: every write in reach of a test, without a disk to fill.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    getrlimit(RLIMIT_FSIZE, &saved_);
+    previous_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit l = saved_;
+    l.rlim_cur = bytes;
+    setrlimit(RLIMIT_FSIZE, &l);
+  }
+  ~FileSizeLimit() {
+    setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, previous_);
+  }
+
+ private:
+  rlimit saved_{};
+  void (*previous_)(int) = SIG_DFL;
+};
+
+}  // namespace
+
+// A resume with --set on a full disk: the write of config.yaml fails, naming the file and errno,
+// and config.yaml (and the rest of the run) is as it was.
+TEST(RunSafety, AFailedConfigWriteLeavesTheConfigWhole) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  const auto before = snapshot(dir);
+  {
+    GraphPlan longer = plan_text(d, g, {"run.steps=4"});
+    FileSizeLimit full(64);
+    Runner second(std::move(longer), resume_options(dir));
+    try {
+      second.run();
+      FAIL() << "a config that cannot be written must stop the resume";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("config"), std::string::npos) << what;
+      EXPECT_NE(what.find("File too large"), std::string::npos) << what;
+    }
+  }
+  auto after = snapshot(dir);
+  EXPECT_EQ(after, before);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  Runner third(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
+  EXPECT_EQ(third.run().final_step, 4u);
+  EXPECT_NE(read(fs::path(dir) / "config.yaml").find("steps: 4"), std::string::npos);
+  // The same for any file written whole: the old content stays.
+  const std::string file = d.path() + "/whole.txt";
+  write_file_atomically(file, "old\n");
+  {
+    FileSizeLimit full(8);
+    EXPECT_THROW(write_file_atomically(file, std::string(100, 'x')), std::runtime_error);
+  }
+  EXPECT_EQ(read(file), "old\n");
+}
+
+// A fresh run that fails before its first step (its setup, a config it cannot write) leaves no
+// run directory behind.
+TEST(RunSafety, AFreshRunThatFailsBeforeItsFirstStepLeavesNoDirectory) {
+  reset_recorded();
+  TempDir d;
+  Runner failing(plan_text(d, graph(d, "every: 2"), {"rec.fail_setup=true"}), writing_options());
+  EXPECT_THROW(failing.run(), std::exception);
+  EXPECT_TRUE(names_in(d.path() + "/runs").empty());
+  {
+    GraphPlan plan = plan_text(d, graph(d, "every: 2"));
+    FileSizeLimit full(16);
+    Runner no_space(std::move(plan), writing_options());
+    try {
+      no_space.run();
+      FAIL();
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("config.yaml"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(names_in(d.path() + "/runs").empty());
+}
+
+// SIGHUP (a closed terminal), SIGUSR1 (Slurm's warning), SIGXCPU and SIGALRM stop a run as
+// SIGINT does: the step finishes, a checkpoint and the end row say so. SIGPIPE is ignored.
+TEST(RunSafety, EveryStopSignalCheckpointsAndEndsTheRows) {
+  for (int sig : {SIGHUP, SIGUSR1, SIGXCPU, SIGALRM}) {
+    reset_recorded();
+    TempDir d;
+    Runner r(plan_text(d, graph(d, "every: 0"),
+                       {"rec.term_at=3", "rec.term_signal=" + std::to_string(sig),
+                        "run.max_in_flight=2"}),
+             writing_options());
+    RunResult res = r.run();
+    const std::string name = signal_name(sig);
+    EXPECT_TRUE(res.interrupted) << name;
+    EXPECT_EQ(res.stop_signal, sig);
+    EXPECT_EQ(res.end_reason, "interrupted (" + name + ")");
+    auto ckpt = latest_checkpoint(res.run_dir);
+    ASSERT_TRUE(ckpt.has_value()) << name;
+    EXPECT_EQ(fs::path(*ckpt).filename(), "step-" + std::to_string(res.final_step));
+    EXPECT_EQ(rows(fs::path(res.run_dir) / "metrics.jsonl").back()["reason"],
+              "interrupted (" + name + ")");
+  }
+  reset_recorded();
+  TempDir d;
+  Runner piped(plan_text(d, graph(d, "every: 0"),
+                         {"rec.term_at=3", "rec.term_signal=" + std::to_string(SIGPIPE)}),
+               writing_options());
+  RunResult res = piped.run();
+  EXPECT_FALSE(res.interrupted);
+  EXPECT_EQ(res.final_step, 20u);
+}
+
+// A second signal while the first's stop is under way (its checkpoint being written) changes
+// nothing: the first is the one the run reports, and its checkpoint is whole.
+TEST(RunSafety, ASecondSignalDuringTheStopKeepsTheFirst) {
+  reset_recorded();
+  TempDir d;
+  Runner r(plan_text(d, graph(d, "every: 0"),
+                     {"rec.term_at=3", "rec.term_signal=" + std::to_string(SIGTERM),
+                      "rec.then_signal=" + std::to_string(SIGINT), "run.max_in_flight=2"}),
+           writing_options());
+  RunResult res = r.run();
+  EXPECT_EQ(res.stop_signal, SIGTERM);
+  auto ckpt = latest_checkpoint(res.run_dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_NO_THROW(read_safetensors(*ckpt + "/model.safetensors"));
+  {
+    StopSignals s;
+    raise_stop_signal_for_testing(SIGUSR1);
+    raise_stop_signal_for_testing(SIGINT);
+    EXPECT_EQ(StopSignals::received(), SIGUSR1);
+  }
+  EXPECT_EQ(StopSignals::take(), SIGUSR1);
+  EXPECT_EQ(StopSignals::received(), 0);
+}
+
+namespace {
+
+// A terminal that is gone: every write fails, as on a closed pipe with SIGPIPE ignored.
+class ClosedPipe : public std::streambuf {
+ protected:
+  int overflow(int) override { return traits_type::eof(); }
+  std::streamsize xsputn(const char*, std::streamsize) override { return 0; }
+};
+
+}  // namespace
+
+// `slipstream run | head`: the terminal goes away, console.log keeps every line after it and the
+// stream stays good for the run's later output.
+TEST(RunSafety, AClosedTerminalCostsTheTerminalNotTheLog) {
+  TempDir d;
+  const std::string log = d.path() + "/console.log";
+  ClosedPipe gone;
+  std::streambuf* saved = std::cout.rdbuf(&gone);
+  {
+    ConsoleTee tee(log);
+    std::cout << "first line\n" << std::flush;
+    std::cout << "second line\n" << std::flush;
+    std::cerr << "an error line\n";
+    EXPECT_TRUE(std::cout.good());
+  }
+  std::cout.rdbuf(saved);
+  std::cout.clear();
+  EXPECT_EQ(read(log), "first line\nsecond line\nan error line\n");
+}
+
+// A FIFO (or anything not a regular file) where a checkpoint file should be is refused at once,
+// never a blocking open.
+TEST(RunSafety, AFifoInPlaceOfACheckpointFileIsRefusedWithoutWaiting) {
+  TempDir d;
+  const std::string fifo = d.path() + "/model.safetensors";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    read_safetensors(fifo);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// What two resolved configurations differ in, setting by setting; run settings aside on request.
+TEST(RunSafety, ConfigDifferencesNameEachSetting) {
+  const std::string a = R"(# Resolved configuration: preset 'x'
+description: one
+run:
+  steps: 10
+  seed: 1
+stages:
+  - name: replays
+    kind: replays
+    params:
+      paths: [/data/a]  # as given: a
+  - name: core
+    kind: mamba
+    inputs: [replays]
+    params:
+      d_model: 64
+)";
+  std::string b = a;
+  b.replace(b.find("steps: 10"), 9, "steps: 20");
+  b.replace(b.find("description: one"), 16, "description: two");
+  EXPECT_TRUE(config_differences(a, b, RunKeys::ignore).empty());
+  EXPECT_EQ(config_differences(a, b, RunKeys::compare),
+            (std::vector<std::string>{"run.steps: 10 -> 20"}));
+  b.replace(b.find("/data/a]  # as given: a"), 23, "/data/b]");
+  b.replace(b.find("d_model: 64"), 11, "d_model: 128\n      layers: 2");
+  EXPECT_EQ(config_differences(a, b, RunKeys::ignore),
+            (std::vector<std::string>{"replays.paths: [/data/a] -> [/data/b]",
+                                      "core.d_model: 64 -> 128", "core.layers: (not set) -> 2"}));
+}
+
+// A checkpoint whose weights are NaN (a run that diverged as it was written) is refused when it
+// loads, for a resume and a scoring alike, naming the weight.
+TEST(RunSafety, NonFiniteWeightsAreRefusedOnLoad) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  const std::string model = dir + "/checkpoints/step-2/model.safetensors";
+  SafetensorsFile f = read_safetensors(model);
+  f.tensors.at("acc.w").data<float>()[1] = std::nanf("");
+  for (auto it = f.metadata.begin(); it != f.metadata.end();)
+    it = it->first.starts_with(kChecksumPrefix) ? f.metadata.erase(it) : std::next(it);
+  add_tensor_checksums(f.tensors, f.metadata);  // a consistent file: only its values are bad
+  write_safetensors(model, f.tensors, f.metadata);
+  Runner resume(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
+  try {
+    resume.run();
+    FAIL() << "NaN weights must not resume";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("weight 'acc.w' holds 1 non-finite value(s)"),
+              std::string::npos)
+        << e.what();
+  }
+  Runner scoring(plan_text(d, g), RunOptions::embedded(nullptr));
+  EXPECT_THROW(scoring.evaluate(dir + "/checkpoints/step-2"), std::runtime_error);
+}
+
+// A resume that changed the graph's settings: the older checkpoints still open with the graph
+// they were trained with, and the change is listed.
+TEST(RunSafety, AnOlderCheckpointOpensWithItsOwnGraphAndSaysWhatChanged) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 10");
+  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  Runner changed(plan_text(d, g, {"run.steps=4", "rec.sleep_us=5"}), resume_options(dir));
+  changed.run();
+  const CheckpointPath old = find_checkpoint(dir + "/checkpoints/step-2");
+  ASSERT_TRUE(old.error.empty()) << old.error;
+  EXPECT_EQ(fs::path(old.graph_file).filename(), "model.safetensors");
+  EXPECT_EQ(old.config_changes, (std::vector<std::string>{"rec.sleep_us: 0 -> 5"}));
+  const CheckpointPath now = find_checkpoint(dir);
+  EXPECT_TRUE(now.config_changes.empty());
+}

@@ -1,0 +1,125 @@
+// The newcomer's ways to lose a run, through `slipstream run` on the real graph: a resume given
+// another preset, a resume whose --set changes the model's shapes, a reader of the output that
+// goes away.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "tests/support/cli_output.h"
+#include "tests/support/temp_dir.h"
+#include "tests/training/training_fixture.h"
+
+using namespace slipstream;
+using slipstream::testing::source_path;
+using slipstream::testing::TempDir;
+using slipstream::testing::tiny_overrides;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Output = slipstream::testing::CliOutput;
+Output run_cli(const std::string& args) {
+  return slipstream::testing::run_command(std::string(SLIPSTREAM_CLI) + " " + args);
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// A tiny run of configs/train_bc.yaml for `steps` steps, checkpointing every step; its directory.
+std::string first_run(const TempDir& d, int steps, const std::string& extra = "") {
+  std::string args = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
+  args += " --set run.steps=" + std::to_string(steps) + " --set ckpt.every=1" + extra;
+  Output o = run_cli(args);
+  EXPECT_EQ(o.status, 0) << o.text;
+  for (const auto& e : fs::directory_iterator(d.path() + "/runs")) return e.path().string();
+  return {};
+}
+
+}  // namespace
+
+// `--resume RUN --preset cpu_quick` (what `make run ARGS="--resume RUN"` used to do): refused
+// with the differences, exit 2, the run untouched. The run's own config.yaml given as --config
+// is the same graph, and resumes.
+TEST(ResumeSafety, AResumeGivenAnotherPresetIsRefusedWithTheDifferences) {
+  TempDir d;
+  const std::string dir = first_run(d, 2);
+  const std::string config = read(fs::path(dir) / "config.yaml");
+  Output o = run_cli("run --resume " + dir + " --preset cpu_quick --set run.steps=4");
+  EXPECT_EQ(o.status, 2) << o.text;
+  EXPECT_NE(o.text.find("refused, it is not the graph the run trains"), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("core.d_model: 16 -> "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("replays.synthetic: 6 -> "), std::string::npos) << o.text;
+  EXPECT_EQ(read(fs::path(dir) / "config.yaml"), config);
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
+  Output same =
+      run_cli("run --resume " + dir + " --config " + dir + "/config.yaml --set run.steps=3");
+  EXPECT_EQ(same.status, 0) << same.text;
+  EXPECT_NE(same.text.find("done: 3 steps"), std::string::npos) << same.text;
+}
+
+// `--resume RUN --set core.d_model=32`: the checkpoint's shapes do not fit; the error says so,
+// and config.yaml, metrics.jsonl and the checkpoints are as they were: a plain resume and eval
+// still work.
+TEST(ResumeSafety, AResumeWhoseShapesDoNotFitLeavesTheRunUsable) {
+  TempDir d;
+  const std::string dir = first_run(d, 2);
+  const std::string config = read(fs::path(dir) / "config.yaml");
+  const std::string metrics = read(fs::path(dir) / "metrics.jsonl");
+  Output o = run_cli("run --resume " + dir + " --set core.d_model=32 --set run.steps=4");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("core."), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("config.yaml: updated"), std::string::npos) << o.text;
+  EXPECT_EQ(read(fs::path(dir) / "config.yaml"), config);
+  EXPECT_EQ(read(fs::path(dir) / "metrics.jsonl"), metrics);
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
+  Output plain = run_cli("run --resume " + dir + " --set run.steps=3");
+  EXPECT_EQ(plain.status, 0) << plain.text;
+}
+
+// `slipstream run ... | head -1`: the reader goes after one line; the run trains to its end,
+// writes its checkpoint and end row, and exits 0.
+TEST(ResumeSafety, AReaderThatGoesAwayCostsOnlyTheConsole) {
+  TempDir d;
+  std::string args = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
+  args += " --set run.steps=30 --set run.log_every=1";
+  Output o = slipstream::testing::run_command("bash -c 'set -o pipefail; " +
+                                              std::string(SLIPSTREAM_CLI) + " " + args +
+                                              " | head -1; echo \"run exited ${PIPESTATUS[0]}\"'");
+  EXPECT_NE(o.text.find("run exited 0"), std::string::npos) << o.text;
+  std::string dir;
+  for (const auto& e : fs::directory_iterator(d.path() + "/runs")) dir = e.path().string();
+  ASSERT_FALSE(dir.empty());
+  auto ckpt = latest_checkpoint(dir);
+  ASSERT_TRUE(ckpt.has_value());
+  EXPECT_EQ(fs::path(*ckpt).filename(), "step-30");
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  EXPECT_EQ(nlohmann::json::parse(last)["split"], "end");
+  EXPECT_NE(read(fs::path(dir) / "console.log").find("done: 30 steps"), std::string::npos);
+}
+
+// `--resume RUN --set run.steps=N` past a finished cosine schedule: the schedule is rescaled to
+// the new length, and the resume says what that does to the LR and how to keep the old one.
+TEST(ResumeSafety, ExtendingACosineRunSaysWhatItDoesToTheLr) {
+  TempDir d;
+  const std::string dir = first_run(d, 4, " --set step.schedule=cosine");
+  Output o = run_cli("run --resume " + dir + " --set run.steps=8");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("step: the cosine schedule now decays over 8 steps (the checkpoint's "
+                        "run: 4): the LR at step 4 goes from 0 to"),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("--set step.total_steps=4"), std::string::npos) << o.text;
+  Output plain = run_cli("run --resume " + dir + " --set run.steps=10 --set step.total_steps=8");
+  EXPECT_EQ(plain.text.find("cosine schedule now"), std::string::npos) << plain.text;
+}
