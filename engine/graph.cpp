@@ -52,6 +52,11 @@ const StageSchema& run_schema() {
                "stop with an error after this many consecutive steps whose loss or gradient is "
                "not finite (0: never)")
         .range(0, std::nullopt)
+        .param("stop_timeout_s", int64_t{300},
+               "after a stop signal, seconds the step in progress and its checkpoint may take; "
+               "then the process exits without them, naming the newest checkpoint (0: wait "
+               "forever). A run hung in a library still ends on SIGTERM")
+        .range(0, std::nullopt)
         .param("runs_dir", std::string("runs"), "where run directories are created")
         .path()
         .param("init_from", std::string(),

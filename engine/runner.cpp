@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -34,6 +35,7 @@
 #include "engine/metrics_log.h"
 #include "engine/rank_reduce.h"
 #include "engine/registry.h"
+#include "engine/resource_limits.h"
 #include "engine/run_directory.h"
 #include "engine/run_info.h"
 #include "engine/stats_record.h"
@@ -1009,16 +1011,42 @@ struct Runner::Impl {
       });
     }
     auto interval = std::chrono::milliseconds(plan().run.integer("stats_interval_ms"));
-    publisher = std::thread([this, interval] {
+    const int64_t stop_timeout_s = plan().run.integer("stop_timeout_s");
+    publisher = std::thread([this, interval, stop_timeout_s] {
       std::unique_lock lock(pub_mu);
+      std::optional<std::chrono::steady_clock::time_point> signalled;
       while (!pub_cv.wait_for(lock, interval, [this] { return pub_stop; })) {
         if (opt.handle_sigint && StopSignals::received() != 0) {
           run.interrupted = true;
           run.stop_requested = true;
+          if (!signalled) signalled = std::chrono::steady_clock::now();
+          if (stop_timeout_s > 0 &&
+              std::chrono::steady_clock::now() - *signalled > std::chrono::seconds(stop_timeout_s))
+            exit_stuck_after_signal(stop_timeout_s);
         }
         publish(stats::RunState::running);
       }
     });
+  }
+
+  // A stop signal was not followed by the end of the step within run.stop_timeout_s: the step is
+  // stuck (a library spinning on a failed allocation, a hung collective). Its checkpoint would
+  // never come; the process ends now, saying which checkpoint stays the newest.
+  [[noreturn]] void exit_stuck_after_signal(int64_t seconds) {
+    const int sig = StopSignals::received();
+    std::string newest;
+    if (!run.run_dir.empty())
+      if (auto c = latest_checkpoint(run.run_dir)) newest = *c;
+    const std::string line =
+        "error: " + signal_name(sig) + " was received " + std::to_string(seconds) +
+        " s ago and step " + std::to_string(run.step.load() + 1) +
+        " has not finished (stuck; run.stop_timeout_s): exiting without a checkpoint of it; " +
+        (newest.empty() ? std::string("the run has no checkpoint")
+                        : "the newest checkpoint is " + newest) +
+        "\n";
+    if (console) console->note(line.substr(0, line.size() - 1));
+    (void)!::write(STDERR_FILENO, line.data(), line.size());
+    std::_Exit(128 + sig);
   }
 
   void stop_publisher(stats::RunState final_state) {
@@ -1330,6 +1358,9 @@ RunResult Runner::Impl::execute() {
 
 RunResult Runner::Impl::execute_steps() {
   RunResult result;
+  // Before anything is written: a limit that would hang the run instead of failing it.
+  const AddressSpaceCheck address_space = check_address_space_limit();
+  if (!address_space.refusal.empty()) throw std::runtime_error(address_space.refusal);
   std::optional<tbb::global_control> threads;
   if (int64_t t = plan().run.integer("threads"); t > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
@@ -1338,6 +1369,7 @@ RunResult Runner::Impl::execute_steps() {
   if (run.writes_outputs() && !console)
     console.emplace((fs::path(run.run_dir) / "console.log").string());
   *log << "device: " << device_reason << "\n";
+  if (!address_space.note.empty()) log_line(address_space.note);
   if (plan().config.sized_for == "gpu" && !run.device.is_cuda()) {
     log_line("note: '" + plan().config.preset +
              "' is sized for a GPU and runs on the CPU here; the first train row says what its "

@@ -8,6 +8,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -40,6 +41,7 @@ struct slipstream_policy {
   bool stepped = false;
   float temperature = 0;
   std::mt19937_64 rng{0};
+  mutable std::atomic<bool> busy{false};  // a call is using the handle (HandleUse)
 };
 
 namespace {
@@ -184,6 +186,30 @@ void forward(slipstream_policy& p, const FedFrame& f) {
     softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(p.last, h));
 }
 
+// One handle, one thread at a time: a call that finds the handle in use by another thread is
+// refused with SLIPSTREAM_E_BUSY (its message on this thread, slipstream_policy_error(NULL)),
+// never a race on the model's state. The handle's own message stays the other call's.
+class HandleUse {
+ public:
+  explicit HandleUse(const slipstream_policy* p) : p_(p), owned_(!p->busy.exchange(true)) {}
+  HandleUse(const HandleUse&) = delete;
+  HandleUse& operator=(const HandleUse&) = delete;
+  ~HandleUse() {
+    if (owned_) p_->busy = false;
+  }
+  slipstream_status refused(const char* call) const {
+    g_open_error = std::string(call) +
+                   ": the handle is in use by another thread (one handle from one thread at a "
+                   "time; open a handle per thread)";
+    return SLIPSTREAM_E_BUSY;
+  }
+  bool owned() const { return owned_; }
+
+ private:
+  const slipstream_policy* p_;
+  bool owned_;
+};
+
 template <class Fn>
 slipstream_status guarded(slipstream_policy* p, slipstream_status on_error, Fn&& fn) {
   try {
@@ -279,6 +305,8 @@ slipstream_status slipstream_policy_open(const char* checkpoint, const char* dev
 
 slipstream_status slipstream_policy_reset(slipstream_policy* p) {
   if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_reset: policy is NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_reset");
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     p->arena.execute([&] { p->runner->stream_restart(); });
     p->stepped = false;
@@ -289,6 +317,8 @@ slipstream_status slipstream_policy_reset(slipstream_policy* p) {
 slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_game_frame* frame,
                                          slipstream_controller* out) {
   if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: policy is NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_step");
   if (!frame || !out)
     return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: frame or out is NULL");
   FedFrame f;
@@ -320,6 +350,8 @@ slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_
 slipstream_status slipstream_policy_distribution(const slipstream_policy* p,
                                                  slipstream_distribution* out) {
   if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_distribution");
   if (!out) return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: out is NULL");
   if (!p->stepped)
     return fail(p, SLIPSTREAM_E_ARGUMENT,
@@ -331,6 +363,8 @@ slipstream_status slipstream_policy_distribution(const slipstream_policy* p,
 slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float temperature,
                                                  uint64_t seed) {
   if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_set_sampling: NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_set_sampling");
   if (!std::isfinite(temperature) || temperature < 0)
     return fail(p, SLIPSTREAM_E_ARGUMENT,
                 "slipstream_policy_set_sampling: temperature must be finite and >= 0");

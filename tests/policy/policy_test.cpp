@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 #include <slipstream/policy.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -342,4 +346,39 @@ TEST(Policy, MisuseAndBadCheckpointsAreAStatusAndAMessage) {
   EXPECT_EQ(slipstream_policy_set_sampling(a.p, -1.0f, 0), SLIPSTREAM_E_ARGUMENT);
   EXPECT_EQ(slipstream_policy_version(), SLIPSTREAM_POLICY_VERSION);
   slipstream_policy_close(nullptr);
+}
+
+// One handle stepped from two threads at once (documented as forbidden): each call either runs
+// alone or is refused with E_BUSY and a message on its own thread; never a crash or a torn state.
+TEST(Policy, AHandleUsedFromTwoThreadsAtOnceIsRefusedNotRaced) {
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  ASSERT_GT(frames.size(), 50u);
+  Handle h(t.run_dir);
+  ASSERT_TRUE(h.p);
+  std::atomic<int> busy{0}, other{0};
+  std::string busy_message;
+  std::mutex mu;
+  auto hammer = [&] {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (size_t i = 0; std::chrono::steady_clock::now() < until && busy.load() < 3; ++i) {
+      slipstream_controller c;
+      const slipstream_status s = slipstream_policy_step(h.p, &frames[i % frames.size()].frame, &c);
+      if (s == SLIPSTREAM_E_BUSY) {
+        ++busy;
+        std::lock_guard lock(mu);
+        busy_message = slipstream_policy_error(nullptr);
+      } else if (s != SLIPSTREAM_OK) {
+        ++other;
+      }
+    }
+  };
+  std::thread a(hammer), b(hammer);
+  a.join();
+  b.join();
+  EXPECT_GE(busy.load(), 3);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_NE(busy_message.find("in use by another thread"), std::string::npos) << busy_message;
+  slipstream_controller c;
+  EXPECT_EQ(slipstream_policy_step(h.p, &frames[0].frame, &c), SLIPSTREAM_OK);
 }

@@ -98,14 +98,20 @@ double weights_relative_difference(const std::string& a_dir, const std::string& 
   return worst;
 }
 
-// A multi-rank run against one process's: the weights (1e-6) and the moments and EMA (when
-// sharded, gathered from every rank; 1e-5) at each checkpoint of `steps`, and every row's loss.
+// What two equal computations may differ by: the weights, and the moments and EMA.
+struct Tolerance {
+  double weights = 1e-6, state = 1e-5;
+};
+
+// A multi-rank run against one process's: the weights and the moments and EMA (when sharded,
+// gathered from every rank) at each checkpoint of `steps`, and every row's loss.
 void expect_run_matches_one_process(const std::string& one_dir, const std::string& dir,
                                     std::initializer_list<const char*> steps,
-                                    const std::vector<nlohmann::json>& want) {
+                                    const std::vector<nlohmann::json>& want, Tolerance tol = {}) {
   for (const char* step : steps) {
-    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), 1e-6) << step;
-    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"), 1e-5)
+    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step), tol.weights) << step;
+    EXPECT_LE(weights_relative_difference(one_dir + step, dir + step, "state.safetensors"),
+              tol.state)
         << step;
   }
   const auto got = rows(dir);
@@ -467,8 +473,13 @@ TEST(MultiRank, NcclStepsReplayFromGraphsOnTheEmulatedDevice) {
     ASSERT_EQ(many.status, 0) << many.text;
     replayed_at_least(many.text, 4);
     const std::string dir = only_run_dir(d.path() + "/runs", name);
+    // bf16 GEMM operands: the ranks' products of 4 rows and the process's of 8 add in another
+    // order on some BLAS kernels (AMD Zen's OpenBLAS), and a weight that differs in its last
+    // fp32 bits can round to the neighbouring bf16. Measured after 16 steps on an AMD EPYC:
+    // weights 4.5e-6, moments 4.8e-4 (on Intel: below 1e-6 and 1e-5). A wrong average or a lost
+    // bucket is 1e-2 or more.
     expect_run_matches_one_process(one_dir, dir, {"/checkpoints/step-8", "/checkpoints/step-16"},
-                                   want);
+                                   want, {2e-5, 2e-3});
     if (!sharded) continue;
     expect_sharded_resume_ends_alike(d.path(), dir, ranks, 8, 16);
   }

@@ -11,7 +11,8 @@
  * the features are the ones the model trained on (docs/melee_features.md).
  *
  * Threads: thread-compatible. Distinct handles may be used from distinct threads at once; one
- * handle from one thread at a time. A step runs on the calling thread alone.
+ * handle from one thread at a time: a call that finds its handle in use by another thread
+ * returns SLIPSTREAM_E_BUSY and changes nothing. A step runs on the calling thread alone.
  * Errors: no C++ exception crosses this interface. Every call returns a status; the message of
  * the last failed call on a handle is slipstream_policy_error(handle), and of a failed call
  * without one (slipstream_policy_open, a NULL handle) on this thread slipstream_policy_error(NULL).
@@ -34,7 +35,9 @@ typedef enum slipstream_status {
                                   made by another graph or other sizes) */
   SLIPSTREAM_E_CONFIG = 3,     /* the run's config cannot be rebuilt into a policy */
   SLIPSTREAM_E_DEVICE = 4,     /* the device asked for is not available */
-  SLIPSTREAM_E_RUNTIME = 5     /* a stage failed while stepping (the message names it) */
+  SLIPSTREAM_E_RUNTIME = 5,    /* a stage failed while stepping (the message names it) */
+  SLIPSTREAM_E_BUSY = 6        /* the handle is in use by another thread at this moment (the
+                                  message is this thread's: slipstream_policy_error(NULL)) */
 } slipstream_status;
 
 /* Buttons, as bits of slipstream_controller.buttons. */
