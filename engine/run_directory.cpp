@@ -35,15 +35,6 @@ std::string read_text(const fs::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-std::string local_time_stamp() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
-
 // A config's settings: comments differ between a first run and its resume (the source file,
 // "as given").
 std::string settings_of(const std::string& text) {
@@ -58,6 +49,15 @@ std::string settings_of(const std::string& text) {
 }
 
 }  // namespace
+
+std::string run_time_stamp() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
   const std::string path = (fs::path(dir) / ".lock").string();
@@ -146,10 +146,9 @@ SetAside set_aside_past(const std::string& run_dir, uint64_t step) {
   const std::string metrics = (fs::path(run_dir) / "metrics.jsonl").string();
   const MetricsLog::Split rows = MetricsLog::split_at_step(metrics, step);
   if (past.empty() && rows.past.empty()) return out;
-  out.dir =
-      create_fresh_directory((fs::path(run_dir) / "set-aside" /
-                              ("after-step-" + std::to_string(step) + "-" + local_time_stamp()))
-                                 .string());
+  out.dir = create_fresh_directory((fs::path(run_dir) / "set-aside" /
+                                    ("after-step-" + std::to_string(step) + "-" + run_time_stamp()))
+                                       .string());
   if (!past.empty()) {
     fs::create_directory(fs::path(out.dir) / "checkpoints", ec);
     std::sort(past.begin(), past.end());

@@ -27,6 +27,9 @@ class DirectoryLock {
   int fd_ = -1;
 };
 
+// The local time as "20261121-103000": run directories and set-aside folders are named with it.
+std::string run_time_stamp();
+
 // Creates `base`, or `base-2`, `base-3`, ... when taken (parents created); returns the one made.
 std::string create_fresh_directory(const std::string& base);
 

@@ -132,15 +132,6 @@ uint64_t resident_bytes() {
   return n == 2 ? resident * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
-std::string timestamp() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
-}
-
 }  // namespace
 
 StageError::StageError(std::string stage, std::string kind, uint64_t batch, const std::string& what)
@@ -1071,7 +1062,8 @@ struct Runner::Impl {
       run.run_dir = opt.resume_dir;
       if (run.writes_outputs()) dir_lock.emplace(run.run_dir, "resume it");
     } else if (opt.create_run_dir && run.rank == 0) {  // one run directory, written by rank 0
-      const fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + timestamp());
+      const fs::path base =
+          fs::path(plan().run.string("runs_dir")) / (name + "-" + run_time_stamp());
       run.run_dir = create_fresh_directory(base.string());
       made_run_dir = true;
       dir_lock.emplace(run.run_dir, "start it");

@@ -19,6 +19,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config_diff.h"
 #include "engine/console_tee.h"
+#include "engine/resource_limits.h"
 #include "engine/run_directory.h"
 #include "engine/runner.h"
 #include "engine/safetensors.h"
@@ -57,6 +58,23 @@ RunOptions resume_options(const std::string& dir, const std::string& checkpoint 
   o.resume_dir = dir;
   o.resume_checkpoint = checkpoint;
   return o;
+}
+
+// A first run of `steps` steps of graph `g`; its run directory.
+std::string first_run(const TempDir& d, const std::string& g, int steps) {
+  Runner first(plan_text(d, g, {"run.steps=" + std::to_string(steps)}), writing_options());
+  return first.run().run_dir;
+}
+
+// What `fn` throws, "(nothing thrown)" when it returns.
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(nothing thrown)";
 }
 
 std::string read(const fs::path& p) {
@@ -106,16 +124,11 @@ fs::path only_subdirectory(const fs::path& dir) {
 TEST(RunSafety, AResumeThatDoesNotFitItsCheckpointWritesNothing) {
   reset_recorded();
   TempDir d;
-  Runner first(plan_text(d, graph(d, "every: 2"), {"run.steps=4"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, graph(d, "every: 2"), 4);
   const auto before = snapshot(dir);
   Runner other(plan_text(d, graph(d, "every: 2", "acc2"), {"run.steps=8"}), resume_options(dir));
-  try {
-    other.run();
-    FAIL() << "a checkpoint without the graph's weights must not resume";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("acc2"), std::string::npos) << e.what();
-  }
+  const std::string what = error_of([&] { other.run(); });
+  EXPECT_NE(what.find("acc2"), std::string::npos) << what;
   EXPECT_EQ(snapshot(dir), before);
   EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
   EXPECT_NE(read(fs::path(dir) / "console.log").find("error: "), std::string::npos);
@@ -170,8 +183,7 @@ TEST(RunSafety, APlainResumeLeavesWhatItDidNotWrite) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2, keep: 2");
-  Runner first(plan_text(d, g, {"run.steps=4"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, g, 4);
   const fs::path root = fs::path(dir) / "checkpoints";
   fs::copy(root / "step-2", root / "my-favourite", fs::copy_options::recursive);
   fs::copy(root / "step-2", root / "step-20.bak", fs::copy_options::recursive);
@@ -216,20 +228,14 @@ TEST(RunSafety, ASecondWriterOfARunDirectoryIsRefusedWithTheHoldersPid) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2");
-  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, g, 2);
   const auto before = snapshot(dir);
   {
     DirectoryLock holder(dir, "resume it");  // as a run of another process would hold it
     Runner second(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
-    try {
-      second.run();
-      FAIL() << "a second writer must be refused";
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("in use by process " + std::to_string(::getpid())), std::string::npos)
-          << what;
-    }
+    const std::string what = error_of([&] { second.run(); });
+    EXPECT_NE(what.find("in use by process " + std::to_string(::getpid())), std::string::npos)
+        << what;
     EXPECT_EQ(snapshot(dir), before);
   }
   // Released with its holder.
@@ -273,21 +279,15 @@ TEST(RunSafety, AFailedConfigWriteLeavesTheConfigWhole) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2");
-  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, g, 2);
   const auto before = snapshot(dir);
   {
     GraphPlan longer = plan_text(d, g, {"run.steps=4"});
     FileSizeLimit full(64);
     Runner second(std::move(longer), resume_options(dir));
-    try {
-      second.run();
-      FAIL() << "a config that cannot be written must stop the resume";
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find("config"), std::string::npos) << what;
-      EXPECT_NE(what.find("File too large"), std::string::npos) << what;
-    }
+    const std::string what = error_of([&] { second.run(); });
+    EXPECT_NE(what.find("config"), std::string::npos) << what;
+    EXPECT_NE(what.find("File too large"), std::string::npos) << what;
   }
   auto after = snapshot(dir);
   EXPECT_EQ(after, before);
@@ -318,12 +318,8 @@ TEST(RunSafety, AFreshRunThatFailsBeforeItsFirstStepLeavesNoDirectory) {
     GraphPlan plan = plan_text(d, graph(d, "every: 2"));
     FileSizeLimit full(16);
     Runner no_space(std::move(plan), writing_options());
-    try {
-      no_space.run();
-      FAIL();
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("config.yaml"), std::string::npos) << e.what();
-    }
+    const std::string what = error_of([&] { no_space.run(); });
+    EXPECT_NE(what.find("config.yaml"), std::string::npos) << what;
   }
   EXPECT_TRUE(names_in(d.path() + "/runs").empty());
 }
@@ -420,12 +416,8 @@ TEST(RunSafety, AFifoInPlaceOfACheckpointFileIsRefusedWithoutWaiting) {
   const std::string fifo = d.path() + "/model.safetensors";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    read_safetensors(fifo);
-    FAIL();
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
-  }
+  const std::string what = error_of([&] { read_safetensors(fifo); });
+  EXPECT_NE(what.find("not a regular file"), std::string::npos) << what;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
@@ -466,8 +458,7 @@ TEST(RunSafety, NonFiniteWeightsAreRefusedOnLoad) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2");
-  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, g, 2);
   const std::string model = dir + "/checkpoints/step-2/model.safetensors";
   SafetensorsFile f = read_safetensors(model);
   f.tensors.at("acc.w").data<float>()[1] = std::nanf("");
@@ -476,14 +467,8 @@ TEST(RunSafety, NonFiniteWeightsAreRefusedOnLoad) {
   add_tensor_checksums(f.tensors, f.metadata);  // a consistent file: only its values are bad
   write_safetensors(model, f.tensors, f.metadata);
   Runner resume(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
-  try {
-    resume.run();
-    FAIL() << "NaN weights must not resume";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("weight 'acc.w' holds 1 non-finite value(s)"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string what = error_of([&] { resume.run(); });
+  EXPECT_NE(what.find("weight 'acc.w' holds 1 non-finite value(s)"), std::string::npos) << what;
   Runner scoring(plan_text(d, g), RunOptions::embedded(nullptr));
   EXPECT_THROW(scoring.evaluate(dir + "/checkpoints/step-2"), std::runtime_error);
 }
@@ -494,8 +479,7 @@ TEST(RunSafety, AnOlderCheckpointOpensWithItsOwnGraphAndSaysWhatChanged) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2, keep: 10");
-  Runner first(plan_text(d, g, {"run.steps=2"}), writing_options());
-  const std::string dir = first.run().run_dir;
+  const std::string dir = first_run(d, g, 2);
   Runner changed(plan_text(d, g, {"run.steps=4", "rec.sleep_us=5"}), resume_options(dir));
   changed.run();
   const CheckpointPath old = find_checkpoint(dir + "/checkpoints/step-2");
@@ -504,4 +488,49 @@ TEST(RunSafety, AnOlderCheckpointOpensWithItsOwnGraphAndSaysWhatChanged) {
   EXPECT_EQ(old.config_changes, (std::vector<std::string>{"rec.sleep_us: 0 -> 5"}));
   const CheckpointPath now = find_checkpoint(dir);
   EXPECT_TRUE(now.config_changes.empty());
+}
+
+// A step that does not end after a stop signal (a library spinning, a hung collective) would
+// keep the process forever, its checkpoint never coming: after run.stop_timeout_s the process
+// exits with 128 + the signal, saying so and naming the newest checkpoint.
+TEST(RunSafetyDeathTest, AStepStuckAfterAStopSignalEndsTheProcess) {
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
+  TempDir d;
+  const std::string g = graph(d, "every: 1");
+  EXPECT_EXIT(
+      {
+        Runner r(plan_text(d, g,
+                           {"rec.term_at=3", "rec.sleep_us=10000000", "run.stop_timeout_s=1",
+                            "run.stats_interval_ms=50", "run.max_in_flight=1"}),
+                 writing_options());
+        r.run();
+      },
+      ::testing::ExitedWithCode(128 + SIGTERM),
+      "SIGTERM was received 1 s ago and step 4 has not finished.*the newest checkpoint is "
+      ".*step-3");
+}
+
+// A virtual memory limit too low to run is refused before anything starts; a higher one is a
+// note on how to bound memory instead.
+TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
+  rlimit saved{};
+  getrlimit(RLIMIT_AS, &saved);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < (rlim_t{16} << 30))
+    GTEST_SKIP() << "the hard limit is already set";
+  AddressSpaceCheck low, high, none;
+  {
+    rlimit l = saved;
+    l.rlim_cur = rlim_t{3} << 30;
+    setrlimit(RLIMIT_AS, &l);
+    low = check_address_space_limit();
+    l.rlim_cur = rlim_t{16} << 30;
+    setrlimit(RLIMIT_AS, &l);
+    high = check_address_space_limit();
+    setrlimit(RLIMIT_AS, &saved);
+    none = check_address_space_limit();
+  }
+  EXPECT_NE(low.refusal.find("ulimit -v) of 3 GiB"), std::string::npos) << low.refusal;
+  EXPECT_TRUE(high.refusal.empty());
+  EXPECT_NE(high.note.find("cgroup"), std::string::npos) << high.note;
+  EXPECT_TRUE(none.refusal.empty() && none.note.empty());
 }

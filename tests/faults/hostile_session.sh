@@ -197,6 +197,16 @@ rc=$?
 check "replay info of a folder reads the replays in it" \
   bash -c "[ $rc = 0 ] && ! grep -q 'is a directory' '$W/s12.log'"
 
+# 13. A virtual memory limit too low for OpenBLAS's buffers: refused at once, not a spin.
+(
+  ulimit -v 1200000
+  exec timeout 60 "$BIN" run --config "$GRAPH" "${TINY[@]}" --set run.steps=5
+) >"$W/s13.log" 2>&1
+rc=$?
+check "ulimit -v below what a run maps is refused at start with what to do instead" \
+  bash -c "[ $rc = 1 ] && grep -q 'virtual memory limit (ulimit -v)' '$W/s13.log' &&
+    grep -q cgroup '$W/s13.log'"
+
 echo "== $W"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ] && rm -rf "$W"
