@@ -182,5 +182,41 @@ TEST(SlpCorpus, OneBuildAtATimeAndNothingLeftByAFailedOne) {
   std::filesystem::remove_all(dir);
 }
 
+// A flipped byte in columns.bin, or a columns.bin of another build beside the manifest: the
+// corpus does not open, naming the column, instead of training on other data.
+TEST(SlpCorpus, DamagedOrMismatchedColumnsDoNotOpen) {
+  const auto src = temp_dir("hash_src");
+  write_synthetic_games(src, 2, 9, 600);
+  const auto dir = temp_dir("hash");
+  const auto other = temp_dir("hash_other");
+  const std::vector<std::filesystem::path> inputs = {src};
+  build_corpus(inputs, dir);
+  EXPECT_EQ(Corpus::open(dir).size(), 2u);
+  const auto columns = dir / "columns.bin";
+  const auto size = std::filesystem::file_size(columns);
+  {
+    std::fstream f(columns, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.write(&c, 1);
+  }
+  try {
+    Corpus::open(dir);
+    ADD_FAILURE() << "a damaged corpus opened";
+  } catch (const CorpusError& e) {
+    EXPECT_NE(std::string(e.what()).find("does not match its hash"), std::string::npos)
+        << e.what();
+  }
+  write_synthetic_games(src, 1, 77, 600);  // another game: another build's columns
+  build_corpus(inputs, other);
+  std::filesystem::copy_file(other / "columns.bin", columns,
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_THROW(Corpus::open(dir), CorpusError);
+  for (const auto& d : {src, dir, other}) std::filesystem::remove_all(d);
+}
+
 }  // namespace
 }  // namespace slipstream::slp

@@ -34,7 +34,8 @@ EXTRA=()
 
 # GPU_CHECK_ONLY: the groups to run, of tests (the gpu tests), cpu (the kernels' CPU and
 # emulator tests, as CI runs them), sanitize (memcheck,
-# racecheck; memcheck of graph-replayed steps), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run, an
+# racecheck; memcheck of graph-replayed steps), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run,
+# slipstream-smi against nvidia-smi during one, an
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path, the
 # loader), peer (PyTorch side by side), profile (each
 # kernel's time in the gpu_standard step, by Nsight Compute); default all.
@@ -194,6 +195,11 @@ if [[ "$MODE" == full* ]]; then
     fi
     step gpu_quick $B/bin/slipstream run --preset gpu_quick --set run.steps=300 \
       --set run.log_every=50 ${REPLAYS:+--set "replays.paths=[$REPLAYS]"}
+    # slipstream-smi's GPU rows against nvidia-smi's own while a gpu_quick run trains (name,
+    # memory used, utilisation, power), and the run's row (device, device memory).
+    command -v nvidia-smi >/dev/null && [ -x $B/bin/slipstream-smi ] &&
+      step smi_vs_nvidia_smi python3 tools/gpu_check/smi_vs_nvidia_smi.py $B/bin "$OUT" \
+        ${REPLAYS:+--set "replays.paths=[$REPLAYS]"}
   fi
   # The largest batch that fits, chosen by probes on the device (docs/memory.md).
   wants train && step auto_batch $B/bin/slipstream run --preset gpu_standard \

@@ -405,6 +405,8 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
                        {"offset", aligned},
                        {"bytes", data.size()},
                        {"stored_bytes", stored_size},
+                       {"hash", "mix64:" + hex64(content_hash(std::span<const uint8_t>(
+                                               stored, stored_size)))},
                        {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
     offset = aligned + stored_size;
   }
@@ -545,6 +547,17 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
           offset % kAlign != 0 || offset > st->map_size || stored > st->map_size - offset)
         throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
                           "' is inconsistent with columns.bin");
+      // The stored bytes' hash: a flipped bit, or a columns.bin of another build beside this
+      // manifest, is an error naming the column, never other training data.
+      if (c.contains("hash") && bytes) {
+        const std::string got =
+            "mix64:" + hex64(content_hash(std::span<const uint8_t>(bytes + offset, stored)));
+        if (got != c.at("hash").get<std::string>())
+          throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                            "' does not match its hash in " + kManifestName +
+                            " (damaged, or columns.bin of another build): rebuild it with "
+                            "`slipstream corpus build`");
+      }
       if (c.at("compression") == "zstd") {
         const size_t alloc = align_up(std::max<size_t>(size, 1));
         st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)),
