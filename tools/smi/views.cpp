@@ -118,7 +118,7 @@ std::string runs_section(const Snapshot& snap) {
                pad_left("Steps/s", kSub1) + pad_left("Samples/s", kSub2));
   out += cells("         Preset                 Device", pad_left("Step / Total", kCell2),
                pad_left("Loss", kSub1) + pad_left("ETA", kSub2));
-  out += cells("         Data-Wait   Host-RSS", pad_left("Device-Mem", kCell2),
+  out += cells("         Data-Wait     Host-RSS", pad_left("Device-Mem", kCell2),
                pad_left("Val-Loss", kSub1) + pad_left("Best-Val", kSub2));
   out += cell_rule('=', '|', '+');
   if (snap.runs.empty()) {
@@ -138,7 +138,7 @@ std::string runs_section(const Snapshot& snap) {
     out += cells(
         cat("         ", pad_left(percent_text(r.data_wait_frac_recent), 9), "   ",
             pad_left(r.host_rss_bytes ? human_bytes(r.host_rss_bytes) : std::string(kNotAvailable),
-                     8)),
+                     10)),
         pad_left(r.device_reserved_bytes ? human_bytes(r.device_reserved_bytes)
                                          : std::string(kNotAvailable),
                  kCell2),
