@@ -89,11 +89,21 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
     graph.instances[k]->load(r);
   }
   StateReader run(state.tensors, state.metadata, "run", state_path);
+  // Numbers a run writes are never negative (nor a world of no ranks): anything else was
+  // edited or damaged, and would resume at a position that does not exist.
+  auto counted = [&](const std::string& key, int64_t least) {
+    const int64_t v = run.integer(key);
+    if (v < least)
+      throw std::runtime_error(state_path + ": run." + key + " is " + std::to_string(v) +
+                               ", which no run writes (at least " + std::to_string(least) +
+                               "): the file was edited or is damaged; use another checkpoint");
+    return v;
+  };
   CheckpointInfo info;
   info.dir = dir;
-  info.step = static_cast<uint64_t>(run.integer("step"));
-  info.next_batch = static_cast<uint64_t>(run.integer("next_batch"));
-  info.world_size = run.has("world_size") ? static_cast<int>(run.integer("world_size")) : 1;
+  info.step = static_cast<uint64_t>(counted("step", 0));
+  info.next_batch = static_cast<uint64_t>(counted("next_batch", 0));
+  info.world_size = run.has("world_size") ? static_cast<int>(counted("world_size", 1)) : 1;
   return info;
 }
 

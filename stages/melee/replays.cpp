@@ -161,6 +161,7 @@ struct Inputs {
   std::vector<fs::path> corpora;  // corpus directories
   std::vector<std::string> missing;
   std::vector<std::string> unreadable;  // what folder scans passed over, with why
+  std::vector<std::string> ignored;     // replays the inputs hold but are not read, with why
 };
 
 bool is_corpus(const fs::path& dir) {
@@ -187,6 +188,15 @@ Inputs resolve_inputs(const std::vector<std::string>& paths) {
       if (fs::is_directory(e, ec)) {
         if (is_corpus(e)) {
           in.corpora.push_back(e);
+          // A corpus folder is read through its manifest: replays put beside it are not in it.
+          size_t beside = 0;
+          for (const auto& f : fs::directory_iterator(e, ec))
+            beside += f.path().extension() == ".slp";
+          if (beside)
+            in.ignored.push_back(
+                e.string() + ": " + std::to_string(beside) +
+                " .slp file(s) beside its manifest.json are not in the corpus and are not read; "
+                "rebuild it with `slipstream corpus build` to include them");
         } else {
           const fs::path dirs[] = {e};
           slp::ReplayScan scan = slp::scan_replays(dirs);
@@ -792,6 +802,7 @@ void ReplaysStage::setup(StageContext& ctx) {
       rep << ngames[1] << " games, " << nwin[1] << " windows";
     rep << "\n";
   }
+  for (const auto& line : in.ignored) rep << "  warning: " << line << "\n";
   report_ = rep.str();
   if (fresh) std::cerr << report_ << std::flush;
 

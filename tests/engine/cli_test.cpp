@@ -31,6 +31,21 @@ TEST(Cli, ValidateReportsFileLineColumnAndExit2) {
       << o.text;
 }
 
+// `validate PRESET` names the preset, its graph, and each setting the preset (and its
+// extends: chain) and --set change, with where each came from.
+TEST(Cli, ValidateOfAPresetNamesItAndItsOverrides) {
+  Output o = run_cli("validate cpu_quick --set core.d_model=32");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("preset 'cpu_quick' ("), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("configs/train_bc.yaml: OK, 9 stages"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("  replays.batch_size: 32  (" + std::string(SLIPSTREAM_SOURCE_DIR) +
+                        "/presets/cpu_quick.yaml:"),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("  core.d_model: 32  (--set core.d_model=32)"), std::string::npos)
+      << o.text;
+}
+
 TEST(Cli, StagesListsAndDescribesKinds) {
   Output all = run_cli("stages");
   EXPECT_EQ(all.status, 0);

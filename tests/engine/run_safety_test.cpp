@@ -534,3 +534,24 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
   EXPECT_NE(high.note.find("cgroup"), std::string::npos) << high.note;
   EXPECT_TRUE(none.refusal.empty() && none.note.empty());
 }
+
+// A checkpoint whose run position was edited to what no run writes (a negative step, no ranks)
+// is refused naming the key, not resumed at a position that does not exist.
+TEST(RunSafety, ImpossibleRunPositionsInACheckpointAreNamed) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  const std::string dir = first_run(d, g, 2);
+  const std::string state = dir + "/checkpoints/step-2/state.safetensors";
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"run.step", "-1"}, {"run.world_size", "0"}}) {
+    SafetensorsFile f = read_safetensors(state);
+    const SafetensorsFile saved = f;
+    f.metadata[key] = value;
+    write_safetensors(state, f.tensors, f.metadata);
+    Runner resume(plan_text(d, g, {"run.steps=4"}), resume_options(dir));
+    const std::string what = error_of([&] { resume.run(); });
+    EXPECT_NE(what.find(key + " is " + value + ", which no run writes"), std::string::npos) << what;
+    write_safetensors(state, saved.tensors, saved.metadata);
+  }
+}

@@ -517,6 +517,20 @@ TEST(Loader, CorpusGivesTheSameBatchesAsParsing) {
   EXPECT_TRUE(same_batch(vd.batch(0), vc.batch(0)));
 }
 
+// Replays dropped into a corpus folder beside its manifest are not in the corpus: the loader's
+// report says so and how to include them, instead of ignoring them silently.
+TEST(Loader, ReplaysBesideACorpusManifestAreNamedNotSilentlyIgnored) {
+  TempDir corpus("corpus_beside");
+  const fs::path inputs[] = {synth_dir()};
+  slp::build_corpus(inputs, corpus.path());
+  fs::copy_file(*fs::directory_iterator(synth_dir()), corpus.path() / "new.slp");
+  Loader L({paths_of(corpus.path()), "batch_size=8", "validation_fraction=0"});
+  EXPECT_NE(L.stage().report().find("1 .slp file(s) beside its manifest.json are not in the "
+                                    "corpus and are not read"),
+            std::string::npos)
+      << L.stage().report();
+}
+
 TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
   LOADER_REQUIRE_REPLAYS();
   TempDir corpus("realcorpus");
