@@ -17,18 +17,13 @@
 #include "engine/atomic_file.h"
 #include "engine/checkpoint.h"
 #include "engine/metrics_log.h"
+#include "engine/run_info.h"
 
 namespace fs = std::filesystem;
 
 namespace slipstream {
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);
@@ -51,12 +46,7 @@ std::string settings_of(const std::string& text) {
 }  // namespace
 
 std::string run_time_stamp() {
-  std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
-  return buf;
+  return time_text("%Y%m%d-%H%M%S", /*utc=*/false);
 }
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {

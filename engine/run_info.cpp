@@ -16,14 +16,15 @@ namespace fs = std::filesystem;
 
 namespace slipstream {
 
-namespace {
-
-std::string iso_time_utc() {
+std::string time_text(const char* format, bool utc) {
   std::time_t t = std::time(nullptr);
   std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  if (utc)
+    gmtime_r(&t, &tm);
+  else
+    localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
   return buf;
 }
 
@@ -32,8 +33,6 @@ std::string host_name() {
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
   return buf;
 }
-
-}  // namespace
 
 void append_run_info(const std::string& run_dir, const Invocation& inv) {
   const fs::path path = fs::path(run_dir) / "run.json";
@@ -54,7 +53,7 @@ void append_run_info(const std::string& run_dir, const Invocation& inv) {
   e["command"] = inv.command;
   e["cwd"] = fs::current_path(ec).string();
   e["host"] = host_name();
-  e["time"] = iso_time_utc();
+  e["time"] = time_text("%Y-%m-%dT%H:%M:%SZ", true);
   e["version"] = std::string(version());
   e["commit"] = std::string(git_commit());
   e["device"] = inv.device;

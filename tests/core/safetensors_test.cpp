@@ -10,6 +10,8 @@
 #include <map>
 #include <random>
 
+#include "tests/support/flip_bits.h"
+
 namespace slipstream {
 namespace {
 
@@ -168,15 +170,8 @@ TEST_F(SafetensorsTest, ChecksumsCatchAFlippedBit) {
   write_safetensors(path, tensors, meta);
   EXPECT_EQ(read_safetensors(path).metadata, meta);
   const auto size = fs::file_size(path);
-  {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(size - 20));  // inside a's bytes (b, u8, comes last)
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x04);
-    f.seekp(static_cast<std::streamoff>(size - 20));
-    f.write(&c, 1);
-  }
+  // Inside a's bytes (b, u8, comes last).
+  slipstream::testing::flip_bits(path, static_cast<std::streamoff>(size - 20), 0x04);
   expect_rejected(path, "tensor 'a' does not match its checksum");
   EXPECT_NO_THROW(read_safetensors(path, SafetensorsRead::metadata));
   write_safetensors(path, tensors);  // no checksums: nothing to check

@@ -500,7 +500,7 @@ TEST(RunSafetyDeathTest, AStepStuckAfterAStopSignalEndsTheProcess) {
   EXPECT_EXIT(
       {
         Runner r(plan_text(d, g,
-                           {"rec.term_at=3", "rec.sleep_us=10000000", "run.stop_timeout_s=1",
+                           {"rec.term_at=3", "rec.then_sleep_us=30000000", "run.stop_timeout_s=1",
                             "run.stats_interval_ms=50", "run.max_in_flight=1"}),
                  writing_options());
         r.run();

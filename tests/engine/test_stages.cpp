@@ -110,6 +110,8 @@ class TestRecorder : public Stage {
         .param("term_at", int64_t{-1}, "raise term_signal on this batch index")
         .param("term_signal", int64_t{SIGTERM}, "the signal term_at raises")
         .param("then_signal", int64_t{0}, "a second signal raised right after it (0: none)")
+        .param("then_sleep_us", int64_t{0}, "time the batch of term_at then takes (a stuck step)")
+        .range(0, 1e8)
         .param("fail_setup", false, "throw in setup")
         .param("nan_from", int64_t{-1}, "report a NaN loss from this batch index on")
         .param("nan_count", int64_t{1000000}, "... for this many batches")
@@ -125,6 +127,7 @@ class TestRecorder : public Stage {
     term_at_ = ctx.params().integer("term_at");
     term_signal_ = static_cast<int>(ctx.params().integer("term_signal"));
     then_signal_ = static_cast<int>(ctx.params().integer("then_signal"));
+    then_sleep_ = ctx.params().integer("then_sleep_us");
     if (ctx.params().boolean("fail_setup")) throw std::runtime_error("injected setup failure");
     nan_from_ = ctx.params().integer("nan_from");
     nan_count_ = ctx.params().integer("nan_count");
@@ -156,6 +159,7 @@ class TestRecorder : public Stage {
     if (static_cast<int64_t>(b.index) == term_at_) {
       std::raise(term_signal_);
       if (then_signal_) std::raise(then_signal_);
+      std::this_thread::sleep_for(std::chrono::microseconds(then_sleep_));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_));
     std::lock_guard lock(recorded().mu);
@@ -173,6 +177,7 @@ class TestRecorder : public Stage {
  private:
   int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
   int term_signal_ = SIGTERM, then_signal_ = 0;
+  int64_t then_sleep_ = 0;
   bool validation_nan_ = false, report_later_ = false;
   double value_ = 0;
 };

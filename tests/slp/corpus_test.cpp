@@ -14,6 +14,7 @@
 #include "stages/melee/slp/synth.h"
 #include "stages/melee/slp/writer.h"
 #include "tests/slp/replay_files.h"
+#include "tests/support/flip_bits.h"
 
 namespace slipstream::slp {
 namespace {
@@ -194,21 +195,12 @@ TEST(SlpCorpus, DamagedOrMismatchedColumnsDoNotOpen) {
   EXPECT_EQ(Corpus::open(dir).size(), 2u);
   const auto columns = dir / "columns.bin";
   const auto size = std::filesystem::file_size(columns);
-  {
-    std::fstream f(columns, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(size / 2));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(static_cast<std::streamoff>(size / 2));
-    f.write(&c, 1);
-  }
+  slipstream::testing::flip_bits(columns, static_cast<std::streamoff>(size / 2), 0x10);
   try {
     Corpus::open(dir);
     ADD_FAILURE() << "a damaged corpus opened";
   } catch (const CorpusError& e) {
-    EXPECT_NE(std::string(e.what()).find("does not match its hash"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not match its hash"), std::string::npos) << e.what();
   }
   write_synthetic_games(src, 1, 77, 600);  // another game: another build's columns
   build_corpus(inputs, other);

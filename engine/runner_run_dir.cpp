@@ -1,0 +1,187 @@
+// A run's start: its directory (made fresh or resumed, engine/run_directory.h; locked for its
+// life; removed when a fresh run fails before its first step), setup, the resume point or warm
+// start, and each stage's start().
+#include "engine/runner_impl.h"
+
+namespace fs = std::filesystem;
+
+namespace slipstream {
+
+using namespace runner_detail;
+
+// The run directory: a resume's is locked, and written only once the checkpoint has loaded
+// into the planned graph (resume_run_dir); a fresh one is made with its config.yaml.
+void Runner::Impl::make_run_dir() {
+  std::string name = plan().run.string("name");
+  if (name.empty()) {
+    name = plan().config.preset;
+    plan().run.set("name", name, {"<preset>"});
+  }
+  if (!opt.resume_dir.empty()) {
+    run.run_dir = opt.resume_dir;
+    if (run.writes_outputs()) dir_lock.emplace(run.run_dir, "resume it");
+  } else if (opt.create_run_dir && run.rank == 0) {  // one run directory, written by rank 0
+    const fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + run_time_stamp());
+    run.run_dir = create_fresh_directory(base.string());
+    made_run_dir = true;
+    dir_lock.emplace(run.run_dir, "start it");
+    write_file_atomically((fs::path(run.run_dir) / "config.yaml").string(),
+                          resolved_config_yaml(plan()));
+  }
+}
+
+// A resume whose checkpoint loaded: config.yaml says what the run now is (the previous one is
+// kept as config.previous.yaml; run.json has every invocation's command line), and what the
+// run wrote past the checkpoint moves aside.
+void Runner::Impl::resume_run_dir(const std::string& checkpoint) {
+  if (!run.writes_outputs()) return;
+  if (update_config_yaml(run.run_dir, resolved_config_yaml(plan())))
+    log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
+  const SetAside aside = set_aside_past(run.run_dir, run.step);
+  if (!aside.dir.empty()) log_line(aside.summary());
+  append_run_info(run.run_dir, {opt.command_line, run.device.str(), checkpoint});
+}
+
+// A fresh run that failed before its first step leaves no directory behind.
+void Runner::Impl::remove_unstarted_run_dir() {
+  if (!made_run_dir || steps_began || run.run_dir.empty()) return;
+  console.reset();
+  dir_lock.reset();
+  std::error_code ec;
+  fs::remove_all(run.run_dir, ec);
+  if (!ec) *log << "removed " << run.run_dir << ": the run failed before its first step\n";
+}
+
+// Everything before the first batch: setup (which may load a whole dataset), the resume
+// point or warm start, the outputs, each stage's start(). False when a resumed run has
+// nothing left to do (`result` says so).
+bool Runner::Impl::start_steps(RunResult& result) {
+  // Said before setup, which may load a whole dataset.
+  std::optional<std::string> ckpt;
+  if (!opt.resume_dir.empty()) {
+    ckpt = opt.resume_checkpoint.empty() ? latest_checkpoint(opt.resume_dir)
+                                         : std::optional(opt.resume_checkpoint);
+    if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
+  }
+  // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
+  if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
+  graph->setup();
+  if (run.world_size > 1 && !run.gradients_averaged_over_ranks) {
+    bool trainable = false;
+    for (size_t k = 0; k < n() && !trainable; ++k)
+      trainable = !graph->stage(k).parameters().empty();
+    if (trainable)
+      throw std::runtime_error(
+          std::to_string(run.world_size) + " ranks, and nothing averages their gradients: each " +
+          "rank would train a model of its own. Put an allreduce stage between the loss and the " +
+          "optimizer (backend auto, mpi or nccl), or run one process");
+  }
+  if (run.micro_batches_per_step > 1)
+    log_line("gradient accumulation: a step is one optimizer update of " +
+             std::to_string(run.micro_batches_per_step) +
+             " batches; run.steps, log_every, validate_every and checkpoints count updates" +
+             (run.total_steps
+                  ? " (" + std::to_string(run.total_steps) + " steps, " +
+                        std::to_string(run.total_steps * run.micro_batches_per_step) + " batches)"
+                  : std::string()));
+
+  size_t head_end = static_cast<size_t>(plan().head_end);
+  head_next.assign(head_end, 0);
+  if (!ckpt && !plan().run.string("init_from").empty()) warm_start();
+  if (ckpt && !resume_from(*ckpt)) {
+    result.final_step = run.step;
+    result.already_complete = true;
+    return false;
+  }
+  if (run.writes_outputs()) {
+    if (!ckpt) append_run_info(run.run_dir, {opt.command_line, run.device.str(), ""});
+    metrics_file.open((fs::path(run.run_dir) / "metrics.jsonl").string());
+    if (plan().run.boolean("tensorboard")) {
+      events_file.open_in(run.run_dir);
+      // Every process's file starts a session, a fresh run's too: TensorBoard's multiplexer
+      // takes only a START after the first for a restart.
+      if (!events_file.write_session_start(static_cast<int64_t>(run.step.load()) + 1,
+                                           static_cast<double>(unix_ns()) * 1e-9))
+        throw std::runtime_error(events_file.error());
+    }
+  }
+  for (size_t k = 0; k < n(); ++k) {
+    const auto& ps = plan().stages[k];
+    try {
+      graph->stage(k).start(graph->context(k));
+    } catch (const std::exception& e) {
+      throw StageError(ps.name, ps.schema->kind(), run.step, e.what());
+    }
+  }
+
+  return true;
+}
+
+// The run's position from a checkpoint (weights, state, the data stages sought to its next
+// batch); false when the run already reached run.steps (nothing to do).
+bool Runner::Impl::resume_from(const std::string& ckpt) {
+  const size_t head_end = static_cast<size_t>(plan().head_end);
+  CheckpointInfo info = load_checkpoint(graph->plan(), ckpt);
+  // Each rank's windows and the global batch follow from the number of ranks: another number
+  // would continue the run on other data than it was trained on.
+  if (info.world_size != run.world_size) {
+    auto ranks = [](int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); };
+    throw std::runtime_error(
+        ckpt + ": trained by " + ranks(info.world_size) + ", and this resume has " +
+        ranks(run.world_size) +
+        "; a resume needs the same number (the global batch and each rank's share of the data "
+        "follow from it): resume with " +
+        ranks(info.world_size) +
+        ", or start a new run from these weights with --set run.init_from=" + ckpt);
+  }
+  run.step = info.step;
+  // Batches of a step already trained (a stop between an accumulated step's batches).
+  const uint64_t k = run.micro_batches_per_step;
+  if (info.next_batch < info.step * k || info.next_batch - info.step * k >= k)
+    throw std::runtime_error(
+        ckpt + ": step " + std::to_string(info.step) + " at batch " +
+        std::to_string(info.next_batch) + " does not fit " + std::to_string(k) +
+        " batch(es) per optimizer step: the run was trained with another gradient "
+        "accumulation; resume it with the value it had");
+  micro_in_step = info.next_batch - info.step * k;
+  uint64_t idx = info.next_batch;
+  for (size_t k = head_end; k-- > 0;) {
+    head_next[k] = idx;
+    graph->stage(k).seek(idx, graph->context(k));
+    idx = graph->stage(k).upstream_seek_index(idx);
+  }
+  log_line("resumed from " + ckpt + " at step " + std::to_string(run.step));
+  const auto steps_limit = static_cast<uint64_t>(plan().run.integer("steps"));
+  if (steps_limit > 0 && run.step >= steps_limit) {
+    log_line("nothing to do: the run already reached run.steps = " + std::to_string(steps_limit) +
+             " (raise it with --set run.steps=N to go on)");
+    return false;
+  }
+  // Events files are not rewritten: the resumed run starts a new one (below) whose session
+  // start has TensorBoard drop the older files' steps past the checkpoint.
+  resume_run_dir(ckpt);
+  return true;
+}
+
+// run.init_from: a warm start, weights only (a resume has its own weights, and the first
+// run's were these).
+void Runner::Impl::warm_start() {
+  const std::string from = plan().run.string("init_from");
+  {
+    const CheckpointPath where = find_checkpoint(from);
+    if (!where.error.empty()) throw std::runtime_error("run.init_from: " + where.error);
+    const std::string& dir = where.checkpoint;
+    uint64_t from_step = 0;
+    try {
+      from_step = load_weights(graph->plan(), dir);
+    } catch (const std::exception& e) {
+      throw std::runtime_error("run.init_from: " + std::string(e.what()));
+    }
+    for (size_t k = 0; k < n(); ++k)
+      as_stage(k, 0, [&] { graph->stage(k).parameters_replaced(graph->context(k)); });
+    log_line("initialised the weights from " + dir + " (its step " + std::to_string(from_step) +
+             "); optimizer state, schedule and step count start fresh");
+  }
+}
+
+}  // namespace slipstream
