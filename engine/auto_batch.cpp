@@ -23,39 +23,9 @@ std::string bytes_text(double bytes) {
   return format_bytes(static_cast<uint64_t>(std::max(0.0, bytes)));
 }
 
-// What stages write to std::cerr (the loader's summary, its warnings) while it is installed:
-// a probe's lines are kept, and shown only when the probe fails; the run prints its own once.
-// Every write takes the lock: the loader's threads may write at once.
-class CapturedStderr final : public std::streambuf {
- public:
-  CapturedStderr() : previous_(std::cerr.rdbuf(this)) {}
-  ~CapturedStderr() override { std::cerr.rdbuf(previous_); }
-  std::string text() {
-    std::lock_guard lock(mu_);
-    return text_;
-  }
-
- private:
-  int_type overflow(int_type c) override {
-    if (c != traits_type::eof()) {
-      std::lock_guard lock(mu_);
-      text_.push_back(traits_type::to_char_type(c));
-    }
-    return traits_type::not_eof(c);
-  }
-  std::streamsize xsputn(const char* s, std::streamsize n) override {
-    std::lock_guard lock(mu_);
-    text_.append(s, static_cast<size_t>(n));
-    return n;
-  }
-  std::mutex mu_;
-  std::string text_;
-  std::streambuf* previous_;
-};
-
 // Two training steps of `base` at `batch` samples; the pool's peak meanwhile. Running out of
-// memory is thrown as it is; another failure names the probe (`param`) and adds its stages'
-// stderr lines.
+// memory is thrown as it is; another failure names the probe (`param`) and adds what the probe
+// run said (its stages' lines among them: StageContext::log).
 double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, int64_t batch,
                   MemoryPool& pool, const std::string& param) {
   GraphPlan plan = base;
@@ -66,14 +36,13 @@ double probe_peak(const GraphPlan& base, size_t stage, const std::string& name, 
   pool.reset_peak();
   RunOptions options = RunOptions::embedded(&log);
   options.single_process = true;  // in a multi-rank launch, each rank probes its own device
-  CapturedStderr lines;
   try {
     Runner runner(std::move(plan), options);
     runner.run();
   } catch (const OutOfMemoryError&) {
     throw;
   } catch (const std::exception& e) {
-    const std::string said = lines.text();
+    const std::string said = log.str();
     throw std::runtime_error(param + ": auto: the probe at " + std::to_string(batch) +
                              " samples failed: " + e.what() + (said.empty() ? "" : "\n" + said));
   }

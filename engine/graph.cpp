@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <set>
@@ -836,6 +837,13 @@ void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor&
 void StageContext::metric(std::string_view name, double value, MetricKind kind,
                           double weight) const {
   if (run_->metric_sink) run_->metric_sink(name, value, kind, weight);
+}
+
+void StageContext::log(const std::string& line, bool every_rank) const {
+  if (run_->log_sink)
+    run_->log_sink(name_, line, every_rank);
+  else
+    std::cerr << name_ << ": " << line << "\n";
 }
 
 std::vector<Tensor*> StageContext::passthrough_tensors(Batch& b) const {

@@ -1,5 +1,6 @@
 // Runner::Impl: the state of one run and the pieces of the runner, shared by its files:
-//   runner.cpp          construction, the run's steps (execute_steps) and the trainable section
+//   runner.cpp          construction, the run's steps (execute_steps) and their flow graph
+//   runner_section.cpp  the trainable section: a batch's forward, backward and update, a step
 //   runner_metrics.cpp  the metrics book: train and validation rows, the console's lines
 //   runner_stats.cpp    the stats record slipstream-smi reads, and the stop watchdog
 //   runner_run_dir.cpp  the run directory: fresh or resumed, locked, removed when setup fails
@@ -150,6 +151,7 @@ struct Runner::Impl {
   std::vector<std::unique_ptr<LiveCounters>> counters;
   std::ostream* log = &std::cout;
   std::ostream quiet{nullptr};  // discards (non-zero ranks)
+  std::mutex log_mu;            // log_line's, from any thread
   bool tty = false;
   std::string device_reason;                // printed when the run starts
   std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
@@ -216,6 +218,7 @@ struct Runner::Impl {
   uint64_t steps_ended_ahead = 0;  // RunResult::steps_ended_ahead
 
   GraphPlan& plan() { return graph->plan(); }
+  const GraphPlan& plan() const { return graph->plan(); }
   size_t n() const { return graph->size(); }
 
   // ---- stage calls with timing and error context ----
@@ -329,7 +332,7 @@ struct Runner::Impl {
                     const std::string& label, const StreamCallback* on_batch = nullptr,
                     uint64_t first = 0, uint64_t stride = 1);
 
-  void log_line(const std::string& s);
+  void log_line(const std::string& s, bool every_rank = false);
 
   void write_metrics_row(const char* split, const std::map<std::string, double>& values, double sps,
                          double wait_pct, const nlohmann::json& extra = nlohmann::json::object());
@@ -350,7 +353,7 @@ struct Runner::Impl {
   // too; the data wait is this rank's).
   void write_train_row();
 
-  static std::string format_metrics(const std::map<std::string, double>& m, size_t max_items);
+  std::string format_metrics(const std::map<std::string, double>& m, size_t max_items) const;
 
   // After each step: divergence, metrics row, progress line, validation, early stopping, the
   // stages' step_end (checkpoints) and the step limit. Rows come before the checkpoint of the

@@ -53,9 +53,12 @@ void Runner::Impl::sum_over_ranks(std::map<std::string, std::pair<double, double
   }
 }
 
-void Runner::Impl::log_line(const std::string& s) {
-  if (tty) *log << "\r\033[K";
-  *log << s << "\n" << std::flush;
+void Runner::Impl::log_line(const std::string& s, bool every_rank) {
+  std::lock_guard lock(log_mu);  // stages log from their threads too (StageContext::log)
+  // The other ranks' log is quiet; what every rank says goes to their stdout.
+  std::ostream& out = every_rank && log == &quiet ? std::cout : *log;
+  if (tty) out << "\r\033[K";
+  out << s << "\n" << std::flush;
 }
 
 void Runner::Impl::write_metrics_row(const char* split, const std::map<std::string, double>& values,
@@ -153,7 +156,10 @@ void Runner::Impl::write_train_row() {
   interval_samples = interval_steps = interval_section_wait_ns = 0;
 }
 
-std::string Runner::Impl::format_metrics(const std::map<std::string, double>& m, size_t max_items) {
+// "loss" first, then the metrics without a '/' (not one equal to the loss: it would only repeat
+// it), then what the stages' schemas ask to show (StageSchema::console_metric/_family).
+std::string Runner::Impl::format_metrics(const std::map<std::string, double>& m,
+                                         size_t max_items) const {
   std::string s;
   size_t shown = 0;
   auto add = [&](const std::string& k, double v) {
@@ -162,24 +168,28 @@ std::string Runner::Impl::format_metrics(const std::map<std::string, double>& m,
     s += buf;
     ++shown;
   };
-  if (m.count("loss")) add("loss", m.at("loss"));
+  const auto loss = m.find("loss");
+  if (loss != m.end()) add("loss", loss->second);
   for (const auto& [k, v] : m) {
-    // A metric equal to the loss (nll when nothing else is added) would only repeat it.
-    const bool repeats_loss = m.count("loss") && k == "nll" && v == m.at("loss");
+    const bool repeats_loss = loss != m.end() && v == loss->second;
     if (k != "loss" && !repeats_loss && shown < max_items && k.find('/') == std::string::npos)
       add(k, v);
   }
-  // Per-head accuracies ("acc/<head>") shown as their mean and minimum.
-  double sum = 0, lo = INFINITY;
-  int heads = 0;
-  for (const auto& [k, v] : m)
-    if (k.starts_with("acc/")) sum += v, lo = std::min(lo, v), ++heads;
-  if (heads) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, " acc %.3f (min %.3f)", sum / heads, lo);
-    s += buf;
-  }
-  if (m.count("baseline/loss")) add("baseline", m.at("baseline/loss"));
+  for (const auto& stage : plan().stages)
+    for (const auto& c : stage.schema->console_metrics()) {
+      if (!c.family) {
+        if (auto it = m.find(c.name); it != m.end()) add(c.label, it->second);
+        continue;
+      }
+      double sum = 0, lo = INFINITY;
+      int n = 0;
+      for (const auto& [k, v] : m)
+        if (k.starts_with(c.name)) sum += v, lo = std::min(lo, v), ++n;
+      if (n == 0) continue;
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " %s %.3f (min %.3f)", c.label.c_str(), sum / n, lo);
+      s += buf;
+    }
   return s;
 }
 

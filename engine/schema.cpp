@@ -114,6 +114,14 @@ StageSchema& StageSchema::passthrough() {
   passthrough_ = true;
   return *this;
 }
+StageSchema& StageSchema::console_metric(std::string name, std::string label) {
+  console_.push_back({std::move(name), std::move(label), false});
+  return *this;
+}
+StageSchema& StageSchema::console_family(std::string prefix, std::string label) {
+  console_.push_back({std::move(prefix), std::move(label), true});
+  return *this;
+}
 StageSchema& StageSchema::streaming(Streaming s) {
   streaming_ = s;
   return *this;

@@ -120,6 +120,13 @@ class StageSchema {
   // express (e.g. names resolved against a table): returns the problem ("parameter 'x': ...")
   // or "". Runs at validation, so `slipstream validate` reports it with the value's mark.
   StageSchema& check(std::function<std::string(const ParamValue&)> fn);
+  // How the console's train and validation lines show this stage's metrics (metrics.jsonl holds
+  // every one whatever they say). By default a line shows "loss", then the metrics whose names
+  // hold no '/' (not one equal to the loss). `console_metric` adds one with a '/' under a short
+  // label ("baseline/loss" as "baseline"); `console_family` shows the metrics named
+  // "<prefix>..." as one "<label> mean (min lowest)" ("acc/" as "acc 0.91 (min 0.72)").
+  StageSchema& console_metric(std::string name, std::string label);
+  StageSchema& console_family(std::string prefix, std::string label);
 
   const std::string& kind() const { return kind_; }
   const std::string& doc_text() const { return doc_; }
@@ -136,6 +143,12 @@ class StageSchema {
   const std::vector<PortSpec>& inputs() const { return inputs_; }
   const std::vector<PortSpec>& outputs() const { return outputs_; }
   const std::vector<ParamSpec>& params() const { return params_; }
+  struct ConsoleMetric {
+    std::string name;  // a metric, or with `family` the prefix of several
+    std::string label;
+    bool family = false;
+  };
+  const std::vector<ConsoleMetric>& console_metrics() const { return console_; }
   const ParamSpec* find_param(std::string_view name) const;
   const PortSpec* find_input(std::string_view name) const;
   const PortSpec* find_output(std::string_view name) const;
@@ -153,6 +166,7 @@ class StageSchema {
   Streaming streaming_ = Streaming::none;
   std::vector<PortSpec> inputs_, outputs_;
   std::vector<ParamSpec> params_;
+  std::vector<ConsoleMetric> console_;
 };
 
 }  // namespace slipstream

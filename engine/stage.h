@@ -111,6 +111,9 @@ struct RunState {
   // Receives StageContext::metric() calls: name, value, kind, weight (set by the runner;
   // thread-safe).
   std::function<void(std::string_view, double, MetricKind, double)> metric_sink;
+  // Receives StageContext::log() lines: stage name, line, whether every rank says it (set by
+  // the runner: rank 0's console and console.log; the other ranks only what every rank says).
+  std::function<void(const std::string&, const std::string&, bool)> log_sink;
   // Hear StageContext::gradients_ready() announcements during a training batch's backward pass,
   // keyed by the listening stage's position (StageContext::on_gradients_ready).
   std::map<int, std::function<void(std::span<Parameter* const>)>> gradient_listeners;
@@ -265,6 +268,12 @@ class StageContext {
   // the figure over all its positions at once.
   void metric(std::string_view name, double value, MetricKind kind = MetricKind::mean,
               double weight = 1) const;
+  // A line for the run's console and console.log, "<stage>: <line>": printed once, by rank 0,
+  // or with `every_rank` by each rank (what differs between ranks: each one's share of the
+  // data). A stage run alone, without a runner, writes it to stderr. What a stage has to say
+  // goes here, never to std::cerr, so a multi-rank run says it once and a probe run
+  // (batch_size: auto) not at all.
+  void log(const std::string& line, bool every_rank = false) const;
 
   // Backward: these parameters' gradients are final for the batch (nothing later in the pass
   // adds to them). The runner announces each stage's parameters after its backward; a stage with

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <iostream>
 #include <optional>
 
 #include "engine/checkpoint.h"
@@ -91,11 +90,11 @@ class CheckpointStage : public Stage {
       return list;
     };
     if (!removed.empty())
-      std::cerr << ctx.name() << ": keep " << keep_ << " and keep_best " << keep_best_
-                << " (this run's settings) removed " << joined(removed) << "\n";
+      ctx.log("keep " + std::to_string(keep_) + " and keep_best " + std::to_string(keep_best_) +
+              " (this run's settings) removed " + joined(removed));
     if (!foreign.empty())
-      std::cerr << ctx.name() << ": left alone in " << dir.string()
-                << ", not counted as this run's checkpoints: " << joined(foreign) << "\n";
+      ctx.log("left alone in " + dir.string() +
+              ", not counted as this run's checkpoints: " + joined(foreign));
   }
 
   // The position a checkpoint of this step resumes from (validation batches do not move it).
@@ -162,10 +161,10 @@ class CheckpointStage : public Stage {
     const RunState& run = ctx.run();
     if (run.optimizer_shard && run.optimizer_shard->gather_state &&
         run.optimizer_shard->gathered_step != run.step) {
-      std::cerr << ctx.name() << ": " << name
-                << " not written: the optimizer's state is spread over the ranks "
-                   "(sync.shard_optimizer) and the ranks did not gather it at step "
-                << run.step << "; the last checkpoint written stays the newest\n";
+      ctx.log(name +
+              " not written: the optimizer's state is spread over the ranks "
+              "(sync.shard_optimizer) and the ranks did not gather it at step " +
+              std::to_string(run.step) + "; the last checkpoint written stays the newest");
       return false;
     }
     save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());

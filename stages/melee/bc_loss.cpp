@@ -107,7 +107,11 @@ class BcLossStage : public Stage {
         .doc(
             "Behaviour-cloning loss of the controller heads; reports the repeat-last-input "
             "baseline in validation.")
-        .role(StageRole::loss);
+        .role(StageRole::loss)
+        // The console: each head's accuracy as their mean and the weakest head, and the
+        // repeat-the-last-input baseline's loss beside the model's.
+        .console_family("acc/", "acc")
+        .console_metric("baseline/loss", "baseline");
     for (int h = 0; h < kHeads; ++h)
       s.input(kHeadNames[h], DType::f32, 3, "(B, W, " + std::to_string(head_width(h)) + ") logits");
     s.input("target_buttons", DType::f32, 3, "(B, W, 8) 0/1 labels")

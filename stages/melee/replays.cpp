@@ -16,7 +16,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -804,7 +803,14 @@ void ReplaysStage::setup(StageContext& ctx) {
   }
   for (const auto& line : in.ignored) rep << "  warning: " << line << "\n";
   report_ = rep.str();
-  if (fresh) std::cerr << report_ << std::flush;
+  // Through the run's console, the stage's name in front of each line: once (rank 0), or by
+  // every rank when each holds its own games (shard: games).
+  if (fresh) {
+    std::istringstream lines(report_);
+    const std::string self = who + ": ";
+    for (std::string line; std::getline(lines, line);)
+      ctx.log(line.starts_with(self) ? line.substr(self.size()) : line, /*every_rank=*/by_games);
+  }
 
   if (!validation_) {
     if (windows_.empty()) {
@@ -1014,13 +1020,18 @@ void ReplaysStage::save(StateWriter& w) const {
 }
 
 void ReplaysStage::load(StateReader& r) {
+  load_warning_.clear();
   if (r.has("fingerprint") && r.text("fingerprint") != fingerprint_)
-    std::cerr << "slippi_replays: warning: the replays, split or window settings differ from the "
-                 "checkpoint's (windows: "
-              << (r.has("windows") ? std::to_string(r.integer("windows")) : "?") << " then, "
-              << windows_.size()
-              << " now); batches after the resume point will not match the "
-                 "original run\n";
+    load_warning_ =
+        "warning: the replays, split or window settings differ from the checkpoint's "
+        "(windows: " +
+        (r.has("windows") ? std::to_string(r.integer("windows")) : "?") + " then, " +
+        std::to_string(windows_.size()) +
+        " now); batches after the resume point will not match the original run";
+}
+
+void ReplaysStage::start(StageContext& ctx) {
+  if (!load_warning_.empty()) ctx.log(load_warning_);
 }
 
 }  // namespace slipstream::melee

@@ -35,6 +35,7 @@ class ReplaysStage : public Stage {
   void seek(uint64_t next_index, StageContext& ctx) override;
   void save(StateWriter& w) const override;
   void load(StateReader& r) override;
+  void start(StageContext& ctx) override;
 
   // ---- introspection (tests, benchmarks, tools) ----
   struct WindowInfo {
@@ -89,6 +90,7 @@ class ReplaysStage : public Stage {
   mutable int64_t perm_epoch_ = -1;
   std::unique_ptr<tbb::task_arena> arena_;
   std::string report_, synthetic_dir_used_, fingerprint_;
+  std::string load_warning_;  // said at start(): load() has no context to say it with
 };
 
 }  // namespace slipstream::melee

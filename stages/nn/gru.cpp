@@ -8,7 +8,6 @@
 // 9.13 or later, else FP32 with a note saying why), both from the store's bf16 shadow, which the
 // optimizer keeps in step. On a stream (Runner::stream) the forward continues each row's
 // sequence one frame at a time (gru_recurrent.h, CPU, FP32 weights).
-#include <iostream>
 
 #include "engine/registry.h"
 #if SLIPSTREAM_KERNELS_CUDA
@@ -157,8 +156,8 @@ class GruStage : public Stage {
       if (bf16) {
         const std::string why = kernels::cuda::CudnnGru::bf16_unsupported();
         if (!why.empty()) {
-          std::cerr << "note: gru '" << ctx.name() << "': backend cudnn computes in fp32 under "
-                    << "precision bf16: " << why << " (backend kernels has a bf16 form)\n";
+          ctx.log("note: backend cudnn computes in fp32 under precision bf16: " + why +
+                  " (backend kernels has a bf16 form)");
           bf16 = false;
         }
       }

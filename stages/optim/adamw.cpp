@@ -3,7 +3,6 @@
 // precision; keeps an EMA of the weights for validation. The work is AdamWOptimizer's.
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 
 #include "engine/registry.h"
 #include "stages/optim/adamw_optimizer.h"
@@ -132,21 +131,21 @@ class AdamWStage : public Stage {
     saved_total_ = r.has("schedule_total") ? r.integer("schedule_total") : -1;
   }
   void start(StageContext& ctx) override {
-    if (saved_total_ < 0 || saved_total_ == schedule_.total || ctx.run().rank != 0) return;
+    if (saved_total_ < 0 || saved_total_ == schedule_.total) return;
     if (schedule_.kind != optim::LrSchedule::Kind::cosine) return;
     optim::LrSchedule before = schedule_;
     before.total = saved_total_;
     const auto step = static_cast<int64_t>(ctx.run().step.load());
     char line[512];
     std::snprintf(line, sizeof line,
-                  "%s: the cosine schedule now decays over %lld steps (the checkpoint's run: "
-                  "%lld): the LR at step %lld goes from %.3g to %.3g. To keep the checkpoint's "
-                  "schedule (min_lr from step %lld on): --set %s.total_steps=%lld\n",
-                  ctx.name().c_str(), static_cast<long long>(schedule_.total),
-                  static_cast<long long>(saved_total_), static_cast<long long>(step),
-                  before.at(step), schedule_.at(step), static_cast<long long>(saved_total_),
-                  ctx.name().c_str(), static_cast<long long>(saved_total_));
-    std::cerr << line;
+                  "the cosine schedule now decays over %lld steps (the checkpoint's run: %lld): "
+                  "the LR at step %lld goes from %.3g to %.3g. To keep the checkpoint's schedule "
+                  "(min_lr from step %lld on): --set %s.total_steps=%lld",
+                  static_cast<long long>(schedule_.total), static_cast<long long>(saved_total_),
+                  static_cast<long long>(step), before.at(step), schedule_.at(step),
+                  static_cast<long long>(saved_total_), ctx.name().c_str(),
+                  static_cast<long long>(saved_total_));
+    ctx.log(line);
   }
 
  private:

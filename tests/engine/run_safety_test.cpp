@@ -14,6 +14,7 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/atomic_file.h"
 #include "engine/checkpoint.h"
@@ -212,13 +213,16 @@ TEST(RunSafety, LoweringKeepBestOnAResumeSaysWhatItRemoves) {
   const std::string dir = first.run().run_dir;
   const fs::path root = fs::path(dir) / "checkpoints";
   ASSERT_TRUE(fs::exists(root / "best-step-2"));
-  ::testing::internal::CaptureStderr();
-  Runner second(plan_text(d, g, {"run.steps=6", "ckpt.keep_best=0"}), resume_options(dir));
+  RunOptions o = resume_options(dir);
+  std::ostringstream said;  // the stage's lines reach the run's console (StageContext::log)
+  o.log = &said;
+  Runner second(plan_text(d, g, {"run.steps=6", "ckpt.keep_best=0"}), o);
   second.run();
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string err = said.str();
   EXPECT_FALSE(fs::exists(root / "best-step-2"));
   EXPECT_FALSE(fs::exists(root / "best-step-4"));
-  EXPECT_NE(err.find("keep_best 0 (this run's settings) removed best-step-4, best-step-2"),
+  EXPECT_NE(err.find("ckpt: keep 10 and keep_best 0 (this run's settings) removed best-step-4, "
+                     "best-step-2"),
             std::string::npos)
       << err;
 }
