@@ -171,7 +171,7 @@ YAML::Node load_yaml(const std::string& path) {
     if (const auto size = fs::file_size(path, ec); !ec && size > kMaxGraphFileBytes)
       fail({path}, "is " + std::to_string(size >> 20) + " MiB; a graph file holds at most " +
                        std::to_string(kMaxGraphFileBytes >> 20) +
-                       " MiB (list replay folders, not every file, in replays.paths)");
+                       " MiB (name folders in a path list, not every file in them)");
     if (!fs::is_regular_file(path, ec) && fs::exists(path, ec))
       fail({path}, "is not a regular file");
     std::ifstream in(path, std::ios::binary);
