@@ -205,7 +205,8 @@ class Stage {
   virtual void finish(StageContext& ctx) { (void)ctx; }
 
   // Around each validation pass (e.g. an optimizer swaps in its EMA weights, a checkpoint stage
-  // keeps the best). `metrics` holds the pass's averages ("loss", ...).
+  // keeps the best): validation_begin before its first batch, validation_end (below) after its
+  // last, with the pass's averages ("loss", ...) in `metrics`.
   virtual void validation_begin(StageContext& ctx) { (void)ctx; }
   // Parameters were replaced from outside after setup (run.init_from): copies derived from them
   // (an optimizer's EMA, bf16 shadows) start again from the new values.
