@@ -169,12 +169,10 @@ std::string cuda_probe_kernel(int index) {
 #endif
 }
 
-int run_doctor(std::ostream& out, std::string_view device) {
-  Doctor doc(out);
-  out << build_line() << "\n";
-  bool cpu_ok = true, cuda_ok = true;
+namespace {
 
-  // --- the CPU path -------------------------------------------------------------------------
+// The CPU path: the processor, TBB, the host memory pool. False when something failed.
+bool doctor_cpu(Doctor& doc) {
   CpuInfo cpu = probe_cpu();
   doc.ok("cpu", cpu.model + ", " + std::to_string(cpu.threads) + " threads; " + isa_line(cpu));
   doc.ok("tbb", tbb_version());
@@ -184,9 +182,65 @@ int run_doctor(std::ostream& out, std::string_view device) {
     host.deallocate(blk, 1 << 20);
     doc.ok("host memory pool", host.name() + ", 1 MiB allocate/free works");
   } catch (const std::exception& e) {
-    cpu_ok = false;
     doc.fail("host memory pool", e.what(), "free host memory, or lower the batch size");
+    return false;
   }
+  return true;
+}
+
+#if SLIPSTREAM_HAS_CUDA
+// The toolkit's shared libraries: they must come from the toolkit the build used, else a stray
+// LD_LIBRARY_PATH entry may pair this binary with an incompatible cuBLAS or cuDNN. False when one
+// is missing or another.
+bool doctor_cuda_libraries(Doctor& doc, int runtime) {
+  bool ok = true;
+  CudaLibraryVersions v = cuda_library_versions();  // first: it loads the ones opened on demand
+  const auto libs = loaded_libraries();
+  struct Lib {
+    const char* stem;
+    const char* label;
+    std::string version;
+    const char* build_dir;
+  };
+  const Lib wanted[] = {{"libcublas.so", "cublas", v.cublas, SLIPSTREAM_CUDA_LIB_DIR},
+                        {"libcublasLt.so", "cublasLt", v.cublas, SLIPSTREAM_CUDA_LIB_DIR},
+                        {"libcudnn.so", "cudnn", v.cudnn, SLIPSTREAM_CUDNN_LIB_DIR},
+                        {"libnccl.so", "nccl", v.nccl, SLIPSTREAM_NCCL_LIB_DIR}};
+  const std::string cudart = find_loaded(libs, "libcudart.so");
+  doc.ok("cudart",
+         "statically linked (CUDA runtime " + cuda_version_str(runtime) + ")" +
+             (cudart.empty() ? "" : "; note: another libcudart is also loaded: " + cudart));
+  for (const Lib& lib : wanted) {
+    std::string path = find_loaded(libs, lib.stem);
+    if (path.empty()) {
+      ok = false;
+      doc.fail(lib.label, std::string(lib.stem) + "* is not loaded",
+               std::string("reinstall the CUDA toolkit libraries into ") + lib.build_dir);
+      continue;
+    }
+    const std::string dir = std::filesystem::path(real_dir(path)).parent_path().string();
+    const std::string expect = real_dir(lib.build_dir);
+    if (dir != expect) {
+      ok = false;
+      doc.fail(lib.label, path + " (" + lib.version + "), but this build used " + lib.build_dir,
+               "remove the other directory from LD_LIBRARY_PATH, or rebuild against it");
+    } else {
+      doc.ok(lib.label, path + " (" + lib.version + ")");
+    }
+  }
+
+  return ok;
+}
+#endif
+
+}  // namespace
+
+int run_doctor(std::ostream& out, std::string_view device) {
+  Doctor doc(out);
+  out << build_line() << "\n";
+  bool cuda_ok = true;
+
+  bool cpu_ok = doctor_cpu(doc);
 
   // --- the CUDA path: each link from build to kernel ----------------------------------------
   CudaProbe p = probe_cuda();
@@ -249,42 +303,7 @@ int run_doctor(std::ostream& out, std::string_view device) {
              "reinstall the driver if nvidia-smi fails, or use --device cpu");
   }
 
-  // The toolkit's shared libraries: they must come from the toolkit the build used, else a
-  // stray LD_LIBRARY_PATH entry may pair this binary with an incompatible cuBLAS or cuDNN.
-  CudaLibraryVersions v = cuda_library_versions();  // first: it loads the ones opened on demand
-  const auto libs = loaded_libraries();
-  struct Lib {
-    const char* stem;
-    const char* label;
-    std::string version;
-    const char* build_dir;
-  };
-  const Lib wanted[] = {{"libcublas.so", "cublas", v.cublas, SLIPSTREAM_CUDA_LIB_DIR},
-                        {"libcublasLt.so", "cublasLt", v.cublas, SLIPSTREAM_CUDA_LIB_DIR},
-                        {"libcudnn.so", "cudnn", v.cudnn, SLIPSTREAM_CUDNN_LIB_DIR},
-                        {"libnccl.so", "nccl", v.nccl, SLIPSTREAM_NCCL_LIB_DIR}};
-  const std::string cudart = find_loaded(libs, "libcudart.so");
-  doc.ok("cudart",
-         "statically linked (CUDA runtime " + cuda_version_str(runtime) + ")" +
-             (cudart.empty() ? "" : "; note: another libcudart is also loaded: " + cudart));
-  for (const Lib& lib : wanted) {
-    std::string path = find_loaded(libs, lib.stem);
-    if (path.empty()) {
-      cuda_ok = false;
-      doc.fail(lib.label, std::string(lib.stem) + "* is not loaded",
-               std::string("reinstall the CUDA toolkit libraries into ") + lib.build_dir);
-      continue;
-    }
-    const std::string dir = std::filesystem::path(real_dir(path)).parent_path().string();
-    const std::string expect = real_dir(lib.build_dir);
-    if (dir != expect) {
-      cuda_ok = false;
-      doc.fail(lib.label, path + " (" + lib.version + "), but this build used " + lib.build_dir,
-               "remove the other directory from LD_LIBRARY_PATH, or rebuild against it");
-    } else {
-      doc.ok(lib.label, path + " (" + lib.version + ")");
-    }
-  }
+  cuda_ok = doctor_cuda_libraries(doc, runtime) && cuda_ok;
 
   if (!p.available) {
     doc.skip("probe kernel", "no CUDA device");

@@ -314,337 +314,403 @@ std::string port_desc(const PortSpec& p) {
 
 }  // namespace
 
-GraphPlan plan_graph(Config config) {
-  std::vector<ConfigIssue> issues;
-  for (const auto& [path, mark] : config.plugins) {
-    try {
-      StageRegistry::load_plugin(path);
-    } catch (const std::exception& e) {
-      issues.push_back({mark, e.what()});
+namespace {
+
+// plan_graph's passes over one graph file, in order; each adds what it finds wrong to `issues`
+// (a pass whose result the next ones cannot do without throws them at once).
+class GraphPlanner {
+ public:
+  explicit GraphPlanner(const Config& config) : config(config), cs(config.stages) {}
+
+  // Plugins first: their stage kinds are the graph's too.
+  void load_plugins() {
+    for (const auto& [path, mark] : config.plugins) {
+      try {
+        StageRegistry::load_plugin(path);
+      } catch (const std::exception& e) {
+        issues.push_back({mark, e.what()});
+      }
     }
-  }
-  GraphPlan plan;
-  plan.run = resolve_params(run_schema(), config.run, "run: ", {config.graph_file}, issues);
-  if (plan.run.has("device")) {
-    // Said at validation, not when the run reaches device selection.
-    const std::string dev = plan.run.string("device");
-    bool ok = dev == "auto" || dev == "emulated";
-    try {
-      if (!ok) parse_device(dev);
-      ok = true;
-    } catch (const std::exception&) {
-    }
-    if (!ok)
-      issues.push_back(
-          {plan.run.mark("device"), "run: device '" + dev +
-                                        "' is not one of auto, cpu, cuda, cuda:N, emulated" +
-                                        did_you_mean(dev, {"auto", "cpu", "cuda", "emulated"})});
   }
 
-  // Kinds and parameters, in file order.
-  const auto& cs = config.stages;
-  std::vector<const StageSchema*> schemas(cs.size(), nullptr);
-  std::vector<Params> params(cs.size());
-  std::vector<int> concurrency(cs.size(), 1);
-  std::vector<std::string> kinds;
-  for (const auto* s : StageRegistry::all()) kinds.push_back(s->kind());
-  for (size_t i = 0; i < cs.size(); ++i) {
-    schemas[i] = StageRegistry::find(cs[i].kind);
-    if (!schemas[i]) {
-      issues.push_back({cs[i].kind_mark, "stage '" + cs[i].name + "': unknown kind '" + cs[i].kind +
-                                             "'" + did_you_mean(cs[i].kind, kinds) +
-                                             " (see `slipstream stages`)"});
-      continue;
-    }
-    params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues);
-    concurrency[i] = schemas[i]->default_concurrency();
-    if (cs[i].concurrency) {
-      int64_t n = -1;
-      const auto& node = cs[i].concurrency->node;
-      if (!node.IsScalar() || !parse_int(node.Scalar(), n) || n < 0 || n > 1024)
+  // The run: section, and a device name checked here rather than when the run starts.
+  void resolve_run() {
+    plan.run = resolve_params(run_schema(), config.run, "run: ", {config.graph_file}, issues);
+    if (plan.run.has("device")) {
+      // Said at validation, not when the run reaches device selection.
+      const std::string dev = plan.run.string("device");
+      bool ok = dev == "auto" || dev == "emulated";
+      try {
+        if (!ok) parse_device(dev);
+        ok = true;
+      } catch (const std::exception&) {
+      }
+      if (!ok)
         issues.push_back(
-            {cs[i].concurrency->mark, who(cs[i]) + "concurrency must be an int in [0, 1024]"});
-      else
-        concurrency[i] = static_cast<int>(n);
+            {plan.run.mark("device"), "run: device '" + dev +
+                                          "' is not one of auto, cpu, cuda, cuda:N, emulated" +
+                                          did_you_mean(dev, {"auto", "cpu", "cuda", "emulated"})});
     }
   }
 
-  // Edges: inputs must name existing stages; then a topological order that keeps file order
-  // among independent stages.
-  std::map<std::string, size_t> by_name;
-  std::vector<std::string> names;
-  for (size_t i = 0; i < cs.size(); ++i) by_name[cs[i].name] = i, names.push_back(cs[i].name);
-  std::vector<std::vector<size_t>> preds(cs.size());
-  for (size_t i = 0; i < cs.size(); ++i) {
-    for (const auto& r : cs[i].inputs) {
-      auto it = by_name.find(r.stage);
-      if (it == by_name.end()) {
-        issues.push_back({r.mark, who(cs[i]) + "input '" + r.stage +
-                                      "' is not a stage of this graph" +
-                                      did_you_mean(r.stage, names)});
+  // Each stage's kind, parameters and concurrency.
+  void resolve_stages() {
+    // Kinds and parameters, in file order.
+    schemas.assign(cs.size(), nullptr);
+    params.assign(cs.size(), Params());
+    concurrency.assign(cs.size(), 1);
+    std::vector<std::string> kinds;
+    for (const auto* s : StageRegistry::all()) kinds.push_back(s->kind());
+    for (size_t i = 0; i < cs.size(); ++i) {
+      schemas[i] = StageRegistry::find(cs[i].kind);
+      if (!schemas[i]) {
+        issues.push_back({cs[i].kind_mark, "stage '" + cs[i].name + "': unknown kind '" +
+                                               cs[i].kind + "'" + did_you_mean(cs[i].kind, kinds) +
+                                               " (see `slipstream stages`)"});
         continue;
       }
-      if (it->second == i) {
-        issues.push_back({r.mark, who(cs[i]) + "takes its own output as input (cycle)"});
-        continue;
+      params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues);
+      concurrency[i] = schemas[i]->default_concurrency();
+      if (cs[i].concurrency) {
+        int64_t n = -1;
+        const auto& node = cs[i].concurrency->node;
+        if (!node.IsScalar() || !parse_int(node.Scalar(), n) || n < 0 || n > 1024)
+          issues.push_back(
+              {cs[i].concurrency->mark, who(cs[i]) + "concurrency must be an int in [0, 1024]"});
+        else
+          concurrency[i] = static_cast<int>(n);
       }
-      preds[i].push_back(it->second);
-    }
-  }
-  if (!issues.empty()) throw ConfigError(issues);
-
-  std::vector<int> indegree(cs.size(), 0);
-  std::vector<std::vector<size_t>> succs(cs.size());
-  for (size_t i = 0; i < cs.size(); ++i)
-    for (size_t p : std::set<size_t>(preds[i].begin(), preds[i].end()))
-      indegree[i]++, succs[p].push_back(i);
-  std::vector<size_t> order;
-  std::set<size_t> ready;
-  for (size_t i = 0; i < cs.size(); ++i)
-    if (indegree[i] == 0) ready.insert(i);
-  while (!ready.empty()) {
-    size_t i = *ready.begin();
-    ready.erase(ready.begin());
-    order.push_back(i);
-    for (size_t s : succs[i])
-      if (--indegree[s] == 0) ready.insert(s);
-  }
-  if (order.size() != cs.size()) {
-    // Name one cycle: walk predecessors among the stages left over.
-    std::set<size_t> left;
-    for (size_t i = 0; i < cs.size(); ++i)
-      if (indegree[i] > 0) left.insert(i);
-    size_t start = *left.begin(), cur = start;
-    std::vector<size_t> path;
-    std::set<size_t> seen;
-    while (!seen.count(cur)) {
-      seen.insert(cur);
-      path.push_back(cur);
-      for (size_t p : preds[cur])
-        if (left.count(p)) {
-          cur = p;
-          break;
-        }
-    }
-    // path walks against the data flow (each entry feeds the one before); the cycle starts
-    // where the walk came back, and is printed in data-flow order.
-    std::vector<size_t> loop(std::find(path.begin(), path.end(), cur), path.end());
-    std::string cycle;
-    for (auto it = loop.rbegin(); it != loop.rend(); ++it) cycle += cs[*it].name + " -> ";
-    cycle += cs[loop.back()].name;
-    throw ConfigError({{cs[cur].inputs_mark, who(cs[cur]) + "inputs form a cycle: " + cycle}});
-  }
-
-  std::vector<int> pos(cs.size());
-  for (size_t k = 0; k < order.size(); ++k) pos[order[k]] = static_cast<int>(k);
-  plan.stages.resize(cs.size());
-  for (size_t k = 0; k < order.size(); ++k) {
-    size_t i = order[k];
-    auto& ps = plan.stages[k];
-    ps.name = cs[i].name;
-    ps.schema = schemas[i];
-    ps.params = std::move(params[i]);
-    ps.mark = cs[i].mark;
-    ps.concurrency = concurrency[i];
-    for (size_t p : preds[i]) {
-      int pp = pos[p];
-      if (std::find(ps.upstream.begin(), ps.upstream.end(), pp) == ps.upstream.end())
-        ps.upstream.push_back(pp);
-    }
-    for (size_t o = 0; o < ps.schema->outputs().size(); ++o) {
-      ps.output_slots.push_back(static_cast<int>(plan.slots.size()));
-      plan.slots.emplace_back(ps.name + "." + ps.schema->outputs()[o].name);
-      ps.output_grad_slots.push_back(static_cast<int>(plan.slots.size()));
-      plan.slots.emplace_back("grad:" + ps.name + "." + ps.schema->outputs()[o].name);
     }
   }
 
-  // Which (stage, output port) produces each slot: passthrough bindings look it up.
-  std::vector<std::pair<int, int>> slot_owner(plan.slots.size(), {-1, -1});
-  for (size_t k = 0; k < plan.stages.size(); ++k)
-    for (size_t o = 0; o < plan.stages[k].output_slots.size(); ++o)
-      slot_owner[static_cast<size_t>(plan.stages[k].output_slots[o])] = {static_cast<int>(k),
-                                                                         static_cast<int>(o)};
-
-  // Port bindings: explicit `port: stage.out`, else by name, else the single output of a single
-  // upstream feeding a single-input stage.
-  for (size_t k = 0; k < order.size(); ++k) {
-    const StageConfig& c = cs[order[k]];
-    auto& ps = plan.stages[k];
-    const auto& ins = ps.schema->inputs();
-    ps.inputs.assign(ins.size(), {});
-    struct Candidate {
-      int stage;
-      int port;
-      SourceMark mark;
-    };
-    std::vector<Candidate> cands;
-    auto bind = [&](size_t port_idx, int st, int op, const SourceMark& mark) {
-      const PortSpec& want = ins[port_idx];
-      const PortSpec& have = plan.stages[st].schema->outputs()[op];
-      if ((want.dtype && have.dtype && *want.dtype != *have.dtype) ||
-          (want.rank >= 0 && have.rank >= 0 && want.rank != have.rank)) {
-        issues.push_back({mark, who(c) + "input '" + want.name + "' expects " + port_desc(want) +
-                                    " but " + plan.stages[st].name + "." + have.name + " is " +
-                                    port_desc(have)});
-      }
-      ps.inputs[port_idx] = {st, op, plan.stages[st].output_slots[op],
-                             plan.stages[st].output_grad_slots[op]};
-    };
-    for (const auto& r : c.inputs) {
-      int st = pos[by_name[r.stage]];
-      const auto& outs = plan.stages[st].schema->outputs();
-      std::vector<std::string> out_names;
-      for (const auto& o : outs) out_names.push_back(o.name);
-      if (!r.port.empty()) {
-        auto* op = plan.stages[st].schema->find_output(r.port);
-        if (!op) {
-          issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port +
-                                        "'" + did_you_mean(r.port, out_names)});
+  // Which stages feed which; a name that is no stage is an error at once.
+  void find_edges() {
+    // Edges: inputs must name existing stages; then a topological order that keeps file order
+    // among independent stages.
+    std::vector<std::string> names;
+    for (size_t i = 0; i < cs.size(); ++i) by_name[cs[i].name] = i, names.push_back(cs[i].name);
+    preds.assign(cs.size(), {});
+    for (size_t i = 0; i < cs.size(); ++i) {
+      for (const auto& r : cs[i].inputs) {
+        auto it = by_name.find(r.stage);
+        if (it == by_name.end()) {
+          issues.push_back({r.mark, who(cs[i]) + "input '" + r.stage +
+                                        "' is not a stage of this graph" +
+                                        did_you_mean(r.stage, names)});
           continue;
         }
-        int opi = static_cast<int>(op - outs.data());
-        if (!r.as_port.empty()) {
-          auto* ip = ps.schema->find_input(r.as_port);
-          if (!ip) {
-            std::vector<std::string> in_names;
-            for (const auto& x : ins) in_names.push_back(x.name);
-            issues.push_back({r.mark, who(c) + "has no input port '" + r.as_port + "'" +
-                                          did_you_mean(r.as_port, in_names)});
-            continue;
+        if (it->second == i) {
+          issues.push_back({r.mark, who(cs[i]) + "takes its own output as input (cycle)"});
+          continue;
+        }
+        preds[i].push_back(it->second);
+      }
+    }
+    if (!issues.empty()) throw ConfigError(issues);
+  }
+
+  // A topological order that keeps file order among independent stages; a cycle is named.
+  void order_stages() {
+    std::vector<int> indegree(cs.size(), 0);
+    std::vector<std::vector<size_t>> succs(cs.size());
+    for (size_t i = 0; i < cs.size(); ++i)
+      for (size_t p : std::set<size_t>(preds[i].begin(), preds[i].end()))
+        indegree[i]++, succs[p].push_back(i);
+    std::set<size_t> ready;
+    for (size_t i = 0; i < cs.size(); ++i)
+      if (indegree[i] == 0) ready.insert(i);
+    while (!ready.empty()) {
+      size_t i = *ready.begin();
+      ready.erase(ready.begin());
+      order.push_back(i);
+      for (size_t s : succs[i])
+        if (--indegree[s] == 0) ready.insert(s);
+    }
+    if (order.size() != cs.size()) {
+      // Name one cycle: walk predecessors among the stages left over.
+      std::set<size_t> left;
+      for (size_t i = 0; i < cs.size(); ++i)
+        if (indegree[i] > 0) left.insert(i);
+      size_t start = *left.begin(), cur = start;
+      std::vector<size_t> path;
+      std::set<size_t> seen;
+      while (!seen.count(cur)) {
+        seen.insert(cur);
+        path.push_back(cur);
+        for (size_t p : preds[cur])
+          if (left.count(p)) {
+            cur = p;
+            break;
           }
-          bind(static_cast<size_t>(ip - ins.data()), st, opi, r.mark);
-        } else {
-          cands.push_back({st, opi, r.mark});
-        }
-      } else if (plan.stages[st].schema->is_passthrough()) {
-        // Bind through: the candidates are the tensors the passthrough stage carries.
-        for (int slot : plan.stages[st].passthrough_slots) {
-          auto [s2, o] = slot_owner[static_cast<size_t>(slot)];
-          if (s2 >= 0) cands.push_back({s2, o, r.mark});
-        }
-      } else {
-        for (size_t o = 0; o < outs.size(); ++o) cands.push_back({st, static_cast<int>(o), r.mark});
       }
-    }
-    if (ps.schema->is_passthrough()) {
-      for (const auto& cd : cands)
-        ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
-      continue;
-    }
-    for (size_t i = 0; i < ins.size(); ++i) {
-      if (ps.inputs[i].producer >= 0) continue;
-      std::vector<const Candidate*> match;
-      for (const auto& cd : cands)
-        if (plan.stages[cd.stage].schema->outputs()[cd.port].name == ins[i].name)
-          match.push_back(&cd);
-      if (match.size() > 1) {
-        issues.push_back({c.inputs_mark,
-                          who(c) + "input '" + ins[i].name +
-                              "' is ambiguous: " + plan.stages[match[0]->stage].name + " and " +
-                              plan.stages[match[1]->stage].name +
-                              " both output it; write inputs: {" + ins[i].name + ": stage.port}"});
-        continue;
-      }
-      if (match.size() == 1)
-        bind(i, match[0]->stage, match[0]->port, match[0]->mark);
-      else if (ins.size() == 1 && cands.size() == 1)
-        bind(i, cands[0].stage, cands[0].port, cands[0].mark);
-    }
-    for (size_t i = 0; i < ins.size(); ++i) {
-      if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
-      std::string avail;
-      for (const auto& cd : cands)
-        avail += (avail.empty() ? "" : ", ") + plan.stages[cd.stage].name + "." +
-                 plan.stages[cd.stage].schema->outputs()[cd.port].name;
-      issues.push_back(
-          {c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
-                              ") has no producer" +
-                              (avail.empty() ? std::string(": the stage has no inputs")
-                                             : " among its inputs (available: " + avail + ")")});
+      // path walks against the data flow (each entry feeds the one before); the cycle starts
+      // where the walk came back, and is printed in data-flow order.
+      std::vector<size_t> loop(std::find(path.begin(), path.end(), cur), path.end());
+      std::string cycle;
+      for (auto it = loop.rbegin(); it != loop.rend(); ++it) cycle += cs[*it].name + " -> ";
+      cycle += cs[loop.back()].name;
+      throw ConfigError({{cs[cur].inputs_mark, who(cs[cur]) + "inputs form a cycle: " + cycle}});
     }
   }
 
-  // Roles: one source first; rebatchers right after it; the trainable section from the first
-  // differentiable/loss/update stage on; update stages after a loss.
-  int n = static_cast<int>(plan.stages.size());
-  int sources = 0;
-  for (int k = 0; k < n; ++k) {
-    auto& ps = plan.stages[k];
-    StageRole role = ps.schema->stage_role();
-    const StageConfig& c = cs[order[k]];
-    if (role == StageRole::source) {
-      if (++sources > 1)
-        issues.push_back({c.mark, who(c) + "a graph has one source; this is the second"});
-      else if (k != 0 || !ps.upstream.empty())
-        issues.push_back({c.mark, who(c) + "a source takes no inputs"});
-    } else if (role == StageRole::rebatch) {
-      bool ok = ps.upstream.size() == 1 && ps.upstream[0] == k - 1 && k - 1 < plan.head_end;
-      if (!ok)
-        issues.push_back({c.inputs_mark, who(c) +
-                                             "a rebatch stage must take exactly the source (or the "
-                                             "rebatch stage right after it) as input"});
-    } else if (ps.upstream.empty()) {
-      issues.push_back({c.mark, who(c) + "has no inputs; only a source may"});
+  // The plan's stages in that order, each output a value slot and a gradient slot.
+  void lay_out_slots() {
+    pos.assign(cs.size(), 0);
+    for (size_t k = 0; k < order.size(); ++k) pos[order[k]] = static_cast<int>(k);
+    plan.stages.resize(cs.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      size_t i = order[k];
+      auto& ps = plan.stages[k];
+      ps.name = cs[i].name;
+      ps.schema = schemas[i];
+      ps.params = std::move(params[i]);
+      ps.mark = cs[i].mark;
+      ps.concurrency = concurrency[i];
+      for (size_t p : preds[i]) {
+        int pp = pos[p];
+        if (std::find(ps.upstream.begin(), ps.upstream.end(), pp) == ps.upstream.end())
+          ps.upstream.push_back(pp);
+      }
+      for (size_t o = 0; o < ps.schema->outputs().size(); ++o) {
+        ps.output_slots.push_back(static_cast<int>(plan.slots.size()));
+        plan.slots.emplace_back(ps.name + "." + ps.schema->outputs()[o].name);
+        ps.output_grad_slots.push_back(static_cast<int>(plan.slots.size()));
+        plan.slots.emplace_back("grad:" + ps.name + "." + ps.schema->outputs()[o].name);
+      }
     }
-    if (role == StageRole::source || role == StageRole::rebatch) plan.head_end = k + 1;
+
+    // Which (stage, output port) produces each slot: passthrough bindings look it up.
+    slot_owner.assign(plan.slots.size(), {-1, -1});
+    for (size_t k = 0; k < plan.stages.size(); ++k)
+      for (size_t o = 0; o < plan.stages[k].output_slots.size(); ++o)
+        slot_owner[static_cast<size_t>(plan.stages[k].output_slots[o])] = {static_cast<int>(k),
+                                                                           static_cast<int>(o)};
   }
-  if (sources == 0) issues.push_back({{config.graph_file}, "graph has no source stage"});
-  plan.section_begin = n;
-  for (int k = plan.head_end; k < n; ++k) {
-    const auto* s = plan.stages[k].schema;
-    if (s->is_differentiable() || s->stage_role() == StageRole::update) {
-      plan.section_begin = k;
-      break;
-    }
-  }
-  bool has_loss = false;
-  std::string trainable;
-  for (const auto& s : plan.stages) {
-    has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
-    if (s.schema->is_trainable() && trainable.empty()) trainable = s.name;
-  }
-  if (!trainable.empty() && !has_loss)
-    issues.push_back({cs[by_name[trainable]].mark,
-                      "stage '" + trainable +
-                          "' is trainable but the graph has no loss stage: nothing would train it "
-                          "(add one, e.g. bc_loss, after the model)"});
-  for (int k = 0; k < n; ++k) {
-    auto& ps = plan.stages[k];
-    const StageConfig& c = cs[order[k]];
-    ps.in_section = k >= plan.section_begin;
-    for (int u : ps.upstream)
-      if (plan.stages[u].schema->stage_role() == StageRole::loss || plan.stages[u].after_loss)
-        ps.after_loss = true;
-    if (ps.schema->stage_role() == StageRole::update && !ps.after_loss && has_loss)
-      issues.push_back({c.inputs_mark, who(c) + "an update stage must come after the loss stage"});
-    if (ps.after_loss && ps.schema->is_trainable())
-      issues.push_back({c.mark, who(c) + "a trainable stage cannot follow the loss"});
-    // The section runs one batch at a time, in order: a concurrency there would be ignored.
-    if (ps.in_section && c.concurrency && ps.concurrency != 1)
-      issues.push_back({c.concurrency->mark,
-                        who(c) + "concurrency applies to the data stages before the trainable "
-                                 "section; this stage runs in it, one batch at a time"});
-  }
-  // Gradient accumulation: one value for the whole graph, since the runner counts its steps.
-  std::string micro_from;
-  for (int k = 0; k < n; ++k) {
-    const auto& ps = plan.stages[k];
-    for (const ParamSpec& spec : ps.schema->params()) {
-      if (!spec.micro_batches || !ps.params.has(spec.name)) continue;
-      const int64_t v = ps.params.integer(spec.name);
-      const std::string here = "'" + ps.name + "." + spec.name + "' (" + std::to_string(v) + ")";
-      if (micro_from.empty()) {
-        plan.micro_batches = v;
-        micro_from = here;
-      } else if (v != plan.micro_batches) {
+
+  // Each input port to the output that feeds it.
+  void bind_ports() {
+    // Port bindings: explicit `port: stage.out`, else by name, else the single output of a single
+    // upstream feeding a single-input stage.
+    for (size_t k = 0; k < order.size(); ++k) {
+      const StageConfig& c = cs[order[k]];
+      auto& ps = plan.stages[k];
+      const auto& ins = ps.schema->inputs();
+      ps.inputs.assign(ins.size(), {});
+      struct Candidate {
+        int stage;
+        int port;
+        SourceMark mark;
+      };
+      std::vector<Candidate> cands;
+      auto bind = [&](size_t port_idx, int st, int op, const SourceMark& mark) {
+        const PortSpec& want = ins[port_idx];
+        const PortSpec& have = plan.stages[st].schema->outputs()[op];
+        if ((want.dtype && have.dtype && *want.dtype != *have.dtype) ||
+            (want.rank >= 0 && have.rank >= 0 && want.rank != have.rank)) {
+          issues.push_back({mark, who(c) + "input '" + want.name + "' expects " + port_desc(want) +
+                                      " but " + plan.stages[st].name + "." + have.name + " is " +
+                                      port_desc(have)});
+        }
+        ps.inputs[port_idx] = {st, op, plan.stages[st].output_slots[op],
+                               plan.stages[st].output_grad_slots[op]};
+      };
+      for (const auto& r : c.inputs) {
+        int st = pos[by_name[r.stage]];
+        const auto& outs = plan.stages[st].schema->outputs();
+        std::vector<std::string> out_names;
+        for (const auto& o : outs) out_names.push_back(o.name);
+        if (!r.port.empty()) {
+          auto* op = plan.stages[st].schema->find_output(r.port);
+          if (!op) {
+            issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port +
+                                          "'" + did_you_mean(r.port, out_names)});
+            continue;
+          }
+          int opi = static_cast<int>(op - outs.data());
+          if (!r.as_port.empty()) {
+            auto* ip = ps.schema->find_input(r.as_port);
+            if (!ip) {
+              std::vector<std::string> in_names;
+              for (const auto& x : ins) in_names.push_back(x.name);
+              issues.push_back({r.mark, who(c) + "has no input port '" + r.as_port + "'" +
+                                            did_you_mean(r.as_port, in_names)});
+              continue;
+            }
+            bind(static_cast<size_t>(ip - ins.data()), st, opi, r.mark);
+          } else {
+            cands.push_back({st, opi, r.mark});
+          }
+        } else if (plan.stages[st].schema->is_passthrough()) {
+          // Bind through: the candidates are the tensors the passthrough stage carries.
+          for (int slot : plan.stages[st].passthrough_slots) {
+            auto [s2, o] = slot_owner[static_cast<size_t>(slot)];
+            if (s2 >= 0) cands.push_back({s2, o, r.mark});
+          }
+        } else {
+          for (size_t o = 0; o < outs.size(); ++o)
+            cands.push_back({st, static_cast<int>(o), r.mark});
+        }
+      }
+      if (ps.schema->is_passthrough()) {
+        for (const auto& cd : cands)
+          ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
+        continue;
+      }
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (ps.inputs[i].producer >= 0) continue;
+        std::vector<const Candidate*> match;
+        for (const auto& cd : cands)
+          if (plan.stages[cd.stage].schema->outputs()[cd.port].name == ins[i].name)
+            match.push_back(&cd);
+        if (match.size() > 1) {
+          issues.push_back({c.inputs_mark, who(c) + "input '" + ins[i].name + "' is ambiguous: " +
+                                               plan.stages[match[0]->stage].name + " and " +
+                                               plan.stages[match[1]->stage].name +
+                                               " both output it; write inputs: {" + ins[i].name +
+                                               ": stage.port}"});
+          continue;
+        }
+        if (match.size() == 1)
+          bind(i, match[0]->stage, match[0]->port, match[0]->mark);
+        else if (ins.size() == 1 && cands.size() == 1)
+          bind(i, cands[0].stage, cands[0].port, cands[0].mark);
+      }
+      for (size_t i = 0; i < ins.size(); ++i) {
+        if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
+        std::string avail;
+        for (const auto& cd : cands)
+          avail += (avail.empty() ? "" : ", ") + plan.stages[cd.stage].name + "." +
+                   plan.stages[cd.stage].schema->outputs()[cd.port].name;
         issues.push_back(
-            {ps.params.mark(spec.name), who(cs[order[k]]) + "batches per optimizer step " + here +
-                                            " differ from " + micro_from + "; set them alike"});
+            {c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
+                                ") has no producer" +
+                                (avail.empty() ? std::string(": the stage has no inputs")
+                                               : " among its inputs (available: " + avail + ")")});
       }
     }
   }
-  if (!issues.empty()) throw ConfigError(issues);
+
+  // Where the source, rebatchers, trainable section and update stages may be.
+  void check_roles() {
+    // Roles: one source first; rebatchers right after it; the trainable section from the first
+    // differentiable/loss/update stage on; update stages after a loss.
+    int n = static_cast<int>(plan.stages.size());
+    int sources = 0;
+    for (int k = 0; k < n; ++k) {
+      auto& ps = plan.stages[k];
+      StageRole role = ps.schema->stage_role();
+      const StageConfig& c = cs[order[k]];
+      if (role == StageRole::source) {
+        if (++sources > 1)
+          issues.push_back({c.mark, who(c) + "a graph has one source; this is the second"});
+        else if (k != 0 || !ps.upstream.empty())
+          issues.push_back({c.mark, who(c) + "a source takes no inputs"});
+      } else if (role == StageRole::rebatch) {
+        bool ok = ps.upstream.size() == 1 && ps.upstream[0] == k - 1 && k - 1 < plan.head_end;
+        if (!ok)
+          issues.push_back(
+              {c.inputs_mark, who(c) + "a rebatch stage must take exactly the source (or the "
+                                       "rebatch stage right after it) as input"});
+      } else if (ps.upstream.empty()) {
+        issues.push_back({c.mark, who(c) + "has no inputs; only a source may"});
+      }
+      if (role == StageRole::source || role == StageRole::rebatch) plan.head_end = k + 1;
+    }
+    if (sources == 0) issues.push_back({{config.graph_file}, "graph has no source stage"});
+    plan.section_begin = n;
+    for (int k = plan.head_end; k < n; ++k) {
+      const auto* s = plan.stages[k].schema;
+      if (s->is_differentiable() || s->stage_role() == StageRole::update) {
+        plan.section_begin = k;
+        break;
+      }
+    }
+    bool has_loss = false;
+    std::string trainable;
+    for (const auto& s : plan.stages) {
+      has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
+      if (s.schema->is_trainable() && trainable.empty()) trainable = s.name;
+    }
+    if (!trainable.empty() && !has_loss)
+      issues.push_back(
+          {cs[by_name[trainable]].mark,
+           "stage '" + trainable +
+               "' is trainable but the graph has no loss stage: nothing would train it "
+               "(add one, e.g. bc_loss, after the model)"});
+    for (int k = 0; k < n; ++k) {
+      auto& ps = plan.stages[k];
+      const StageConfig& c = cs[order[k]];
+      ps.in_section = k >= plan.section_begin;
+      for (int u : ps.upstream)
+        if (plan.stages[u].schema->stage_role() == StageRole::loss || plan.stages[u].after_loss)
+          ps.after_loss = true;
+      if (ps.schema->stage_role() == StageRole::update && !ps.after_loss && has_loss)
+        issues.push_back(
+            {c.inputs_mark, who(c) + "an update stage must come after the loss stage"});
+      if (ps.after_loss && ps.schema->is_trainable())
+        issues.push_back({c.mark, who(c) + "a trainable stage cannot follow the loss"});
+      // The section runs one batch at a time, in order: a concurrency there would be ignored.
+      if (ps.in_section && c.concurrency && ps.concurrency != 1)
+        issues.push_back({c.concurrency->mark,
+                          who(c) + "concurrency applies to the data stages before the trainable "
+                                   "section; this stage runs in it, one batch at a time"});
+    }
+  }
+
+  // One gradient accumulation value for the whole graph.
+  void check_accumulation() {
+    const int n = static_cast<int>(plan.stages.size());
+    // Gradient accumulation: one value for the whole graph, since the runner counts its steps.
+    std::string micro_from;
+    for (int k = 0; k < n; ++k) {
+      const auto& ps = plan.stages[k];
+      for (const ParamSpec& spec : ps.schema->params()) {
+        if (!spec.micro_batches || !ps.params.has(spec.name)) continue;
+        const int64_t v = ps.params.integer(spec.name);
+        const std::string here = "'" + ps.name + "." + spec.name + "' (" + std::to_string(v) + ")";
+        if (micro_from.empty()) {
+          plan.micro_batches = v;
+          micro_from = here;
+        } else if (v != plan.micro_batches) {
+          issues.push_back(
+              {ps.params.mark(spec.name), who(cs[order[k]]) + "batches per optimizer step " + here +
+                                              " differ from " + micro_from + "; set them alike"});
+        }
+      }
+    }
+  }
+
+  const Config& config;
+  const std::vector<StageConfig>& cs;
+  std::vector<ConfigIssue> issues;
+  GraphPlan plan;
+
+ private:
+  std::vector<const StageSchema*> schemas;
+  std::vector<Params> params;
+  std::vector<int> concurrency;
+  std::map<std::string, size_t> by_name;
+  std::vector<std::vector<size_t>> preds;
+  std::vector<size_t> order;                    // file index of each planned stage
+  std::vector<int> pos;                         // planned position of each file index
+  std::vector<std::pair<int, int>> slot_owner;  // (stage, output) that produces each slot
+};
+
+}  // namespace
+
+GraphPlan plan_graph(Config config) {
+  GraphPlanner p(config);
+  p.load_plugins();
+  p.resolve_run();
+  p.resolve_stages();
+  p.find_edges();
+  p.order_stages();
+  p.lay_out_slots();
+  p.bind_ports();
+  p.check_roles();
+  p.check_accumulation();
+  if (!p.issues.empty()) throw ConfigError(p.issues);
+  GraphPlan plan = std::move(p.plan);
   plan.config = std::move(config);
   return plan;
 }

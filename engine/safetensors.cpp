@@ -72,6 +72,123 @@ std::string checksum_text(const Tensor& t) {
   return buf;
 }
 
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+// One tensor's header entry, checked: fields, dtype, shape, and offsets that hold exactly its
+// bytes inside the `data_len`-byte data section.
+Entry parse_entry(const std::string& name, const nlohmann::json& v, uint64_t data_len,
+                  const std::string& path) {
+  const std::string where = "tensor '" + name + "': ";
+  if (!v.is_object()) fail(path, where + "entry is not an object");
+  for (const auto& [k, unused] : v.items()) {
+    (void)unused;
+    if (k != "dtype" && k != "shape" && k != "data_offsets")
+      fail(path, where + "unexpected field '" + k + "'");
+  }
+  if (!v.contains("dtype") || !v["dtype"].is_string()) fail(path, where + "missing dtype");
+  const std::string dt = v["dtype"].get<std::string>();
+  auto dtype = dtype_from_safetensors_name(dt);
+  if (!dtype)
+    fail(path,
+         where + "unsupported dtype '" + dt + "' (supported: F32 F64 BF16 F16 I32 I64 U8 U16)");
+  if (!v.contains("shape") || !v["shape"].is_array()) fail(path, where + "missing shape");
+  const auto& js = v["shape"];
+  if (js.size() > static_cast<size_t>(Shape::kMaxRank))
+    fail(path, where + "rank " + std::to_string(js.size()) + " exceeds the maximum of " +
+                   std::to_string(Shape::kMaxRank));
+  std::vector<int64_t> dims;
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : js) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 62))
+      fail(path, where + "shape " + js.dump() + " has an invalid dimension");
+    uint64_t dim = d.get<uint64_t>();
+    if (dim && numel > UINT64_MAX / dim) overflow = true;
+    numel *= dim;
+    dims.push_back(static_cast<int64_t>(dim));
+  }
+  const uint64_t esize = dtype_size(*dtype);
+  if (overflow || numel > UINT64_MAX / esize)
+    fail(path, where + "shape " + js.dump() + " is too large");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+      v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
+      !v["data_offsets"][1].is_number_unsigned())
+    fail(path, where + "data_offsets must be two non-negative integers");
+  const uint64_t begin = v["data_offsets"][0].get<uint64_t>();
+  const uint64_t end = v["data_offsets"][1].get<uint64_t>();
+  const std::string offs = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+  if (begin > end) fail(path, where + "data_offsets " + offs + " are reversed");
+  if (end > data_len)
+    fail(path, where + "data_offsets " + offs + " run past the " + std::to_string(data_len) +
+                   "-byte data section (truncated?)");
+  if (end - begin != numel * esize)
+    fail(path, where + "data_offsets " + offs + " hold " + std::to_string(end - begin) +
+                   " bytes but " + dt + js.dump() + " needs " + std::to_string(numel * esize));
+  return {name, *dtype, Shape(std::span<const int64_t>(dims)), begin, end};
+}
+
+// Like the reference reader: tensors must tile the data section, no overlaps, no holes.
+void check_tiling(const std::vector<Entry>& entries, uint64_t data_len, const std::string& path) {
+  std::vector<const Entry*> sorted;
+  for (const auto& e : entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t expect = 0;
+  const Entry* prev = nullptr;
+  for (const Entry* e : sorted) {
+    if (e->begin < expect)
+      fail(path, "tensor '" + e->name + "' data_offsets [" + std::to_string(e->begin) + ", " +
+                     std::to_string(e->end) + "] overlap tensor '" + prev->name + "' [" +
+                     std::to_string(prev->begin) + ", " + std::to_string(prev->end) + "]");
+    if (e->begin > expect)
+      fail(path, "bytes [" + std::to_string(expect) + ", " + std::to_string(e->begin) +
+                     ") of the data section belong to no tensor");
+    expect = e->end;
+    prev = e;
+  }
+  if (expect != data_len)
+    fail(path, std::to_string(data_len - expect) +
+                   " trailing bytes after the last tensor's data (corrupt or truncated header?)");
+}
+
+// The header of the open file `fd`: its length (checked against the file's size) and its JSON.
+nlohmann::json read_header(int fd, uint64_t file_size, uint64_t& header_len,
+                           const std::string& path) {
+  if (file_size < 8)
+    fail(path, "file is " + std::to_string(file_size) +
+                   " bytes, too short for the 8-byte header length (truncated?)");
+  unsigned char len_le[8];
+  read_all_at(fd, len_le, 8, 0, path, "header length");
+  header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= uint64_t{len_le[i]} << (8 * i);
+  if (header_len > kMaxHeaderBytes)
+    fail(path, "header length " + std::to_string(header_len) + " exceeds the " +
+                   std::to_string(kMaxHeaderBytes) + "-byte limit (not a safetensors file?)");
+  if (header_len > file_size - 8)
+    fail(path, "header length " + std::to_string(header_len) + " runs past the end of the " +
+                   std::to_string(file_size) + "-byte file (truncated?)");
+  if (header_len < 2) fail(path, "header of " + std::to_string(header_len) + " bytes is too short");
+  std::string text(header_len, '\0');
+  read_all_at(fd, text.data(), header_len, 8, path, "header");
+  if (text[0] != '{') fail(path, "header does not start with '{' (not a safetensors file?)");
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, "header is not a JSON object");
+
+  return header;
+}
+
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
@@ -129,38 +246,8 @@ SafetensorsFile read_safetensors(const std::string& path, SafetensorsRead what) 
   if (::fstat(fd.get(), &st) != 0) fail_errno(path, "stat");
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8)
-    fail(path, "file is " + std::to_string(file_size) +
-                   " bytes, too short for the 8-byte header length (truncated?)");
-  unsigned char len_le[8];
-  read_all_at(fd.get(), len_le, 8, 0, path, "header length");
   uint64_t header_len = 0;
-  for (int i = 0; i < 8; ++i) header_len |= uint64_t{len_le[i]} << (8 * i);
-  if (header_len > kMaxHeaderBytes)
-    fail(path, "header length " + std::to_string(header_len) + " exceeds the " +
-                   std::to_string(kMaxHeaderBytes) + "-byte limit (not a safetensors file?)");
-  if (header_len > file_size - 8)
-    fail(path, "header length " + std::to_string(header_len) + " runs past the end of the " +
-                   std::to_string(file_size) + "-byte file (truncated?)");
-  if (header_len < 2) fail(path, "header of " + std::to_string(header_len) + " bytes is too short");
-  std::string text(header_len, '\0');
-  read_all_at(fd.get(), text.data(), header_len, 8, path, "header");
-  if (text[0] != '{') fail(path, "header does not start with '{' (not a safetensors file?)");
-
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) fail(path, "header is not a JSON object");
-
-  struct Entry {
-    std::string name;
-    DType dtype;
-    Shape shape;
-    uint64_t begin, end;
-  };
+  const nlohmann::json header = read_header(fd.get(), file_size, header_len, path);
   SafetensorsFile out;
   std::vector<Entry> entries;
   const uint64_t data_len = file_size - 8 - header_len;
@@ -173,77 +260,9 @@ SafetensorsFile read_safetensors(const std::string& path, SafetensorsRead what) 
       }
       continue;
     }
-    const std::string where = "tensor '" + name + "': ";
-    if (!v.is_object()) fail(path, where + "entry is not an object");
-    for (const auto& [k, unused] : v.items()) {
-      (void)unused;
-      if (k != "dtype" && k != "shape" && k != "data_offsets")
-        fail(path, where + "unexpected field '" + k + "'");
-    }
-    if (!v.contains("dtype") || !v["dtype"].is_string()) fail(path, where + "missing dtype");
-    const std::string dt = v["dtype"].get<std::string>();
-    auto dtype = dtype_from_safetensors_name(dt);
-    if (!dtype)
-      fail(path,
-           where + "unsupported dtype '" + dt + "' (supported: F32 F64 BF16 F16 I32 I64 U8 U16)");
-    if (!v.contains("shape") || !v["shape"].is_array()) fail(path, where + "missing shape");
-    const auto& js = v["shape"];
-    if (js.size() > static_cast<size_t>(Shape::kMaxRank))
-      fail(path, where + "rank " + std::to_string(js.size()) + " exceeds the maximum of " +
-                     std::to_string(Shape::kMaxRank));
-    std::vector<int64_t> dims;
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : js) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 62))
-        fail(path, where + "shape " + js.dump() + " has an invalid dimension");
-      uint64_t dim = d.get<uint64_t>();
-      if (dim && numel > UINT64_MAX / dim) overflow = true;
-      numel *= dim;
-      dims.push_back(static_cast<int64_t>(dim));
-    }
-    const uint64_t esize = dtype_size(*dtype);
-    if (overflow || numel > UINT64_MAX / esize)
-      fail(path, where + "shape " + js.dump() + " is too large");
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
-        !v["data_offsets"][1].is_number_unsigned())
-      fail(path, where + "data_offsets must be two non-negative integers");
-    const uint64_t begin = v["data_offsets"][0].get<uint64_t>();
-    const uint64_t end = v["data_offsets"][1].get<uint64_t>();
-    const std::string offs = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-    if (begin > end) fail(path, where + "data_offsets " + offs + " are reversed");
-    if (end > data_len)
-      fail(path, where + "data_offsets " + offs + " run past the " + std::to_string(data_len) +
-                     "-byte data section (truncated?)");
-    if (end - begin != numel * esize)
-      fail(path, where + "data_offsets " + offs + " hold " + std::to_string(end - begin) +
-                     " bytes but " + dt + js.dump() + " needs " + std::to_string(numel * esize));
-    entries.push_back({name, *dtype, Shape(std::span<const int64_t>(dims)), begin, end});
+    entries.push_back(parse_entry(name, v, data_len, path));
   }
-
-  // Like the reference reader: tensors must tile the data section, no overlaps, no holes.
-  std::vector<const Entry*> sorted;
-  for (const auto& e : entries) sorted.push_back(&e);
-  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
-  uint64_t expect = 0;
-  const Entry* prev = nullptr;
-  for (const Entry* e : sorted) {
-    if (e->begin < expect)
-      fail(path, "tensor '" + e->name + "' data_offsets [" + std::to_string(e->begin) + ", " +
-                     std::to_string(e->end) + "] overlap tensor '" + prev->name + "' [" +
-                     std::to_string(prev->begin) + ", " + std::to_string(prev->end) + "]");
-    if (e->begin > expect)
-      fail(path, "bytes [" + std::to_string(expect) + ", " + std::to_string(e->begin) +
-                     ") of the data section belong to no tensor");
-    expect = e->end;
-    prev = e;
-  }
-  if (expect != data_len)
-    fail(path, std::to_string(data_len - expect) +
-                   " trailing bytes after the last tensor's data (corrupt or truncated header?)");
+  check_tiling(entries, data_len, path);
   if (what == SafetensorsRead::metadata) return out;
 
   for (const Entry& e : entries) {
