@@ -11,11 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <sstream>
 #include <stdexcept>
 
 #include "engine/atomic_file.h"
 #include "engine/checkpoint.h"
+#include "engine/config_diff.h"
 #include "engine/metrics_log.h"
 #include "engine/run_info.h"
 
@@ -28,19 +28,6 @@ namespace {
 std::string read_text(const fs::path& p) {
   std::ifstream in(p);
   return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
-// A config's settings: comments differ between a first run and its resume (the source file,
-// "as given").
-std::string settings_of(const std::string& text) {
-  std::istringstream is(text);
-  std::string line, out;
-  while (std::getline(is, line)) {
-    if (line.starts_with("#")) continue;
-    if (auto c = line.find("  # "); c != std::string::npos) line.resize(c);
-    out += line + "\n";
-  }
-  return out;
 }
 
 }  // namespace
@@ -101,7 +88,9 @@ bool update_config_yaml(const std::string& run_dir, const std::string& text) {
   std::ifstream in(cfg);
   if (!in) throw std::runtime_error(cfg.string() + ": cannot read: " + errno_text(errno));
   std::string old((std::istreambuf_iterator<char>(in)), {});
-  if (settings_of(old) == settings_of(text)) return false;
+  // Comments differ between a first run and its resume (the source file, "as given"): only
+  // settings count.
+  if (config_differences(old, text, RunKeys::compare).empty()) return false;
   // The previous one first: a failure here leaves config.yaml as it was.
   write_file_atomically((fs::path(run_dir) / "config.previous.yaml").string(), old);
   // The other ranks of a resume read config.yaml as they start, maybe while this runs: a rename

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "engine/atomic_file.h"
 #include "engine/build_info.h"
 
 namespace fs = std::filesystem;
@@ -60,14 +61,7 @@ void append_run_info(const std::string& run_dir, const Invocation& inv) {
   e["resumed_from"] =
       inv.resumed_from.empty() ? nlohmann::json(nullptr) : nlohmann::json(inv.resumed_from);
   doc["invocations"].push_back(std::move(e));
-  const fs::path tmp = fs::path(run_dir) / "run.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << doc.dump(2) << "\n";
-    out.flush();
-    if (!out) throw std::runtime_error(tmp.string() + ": cannot write");
-  }
-  fs::rename(tmp, path);
+  write_file_atomically(path.string(), doc.dump(2) + "\n");
 }
 
 }  // namespace slipstream
