@@ -24,6 +24,8 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/kernels/ DESTINATION ${SLIPSTREAM_SDK_INCL
         COMPONENT sdk FILES_MATCHING PATTERN "*.h" PATTERN "*.inc")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/stages/nn/ DESTINATION ${SLIPSTREAM_SDK_INCLUDE}/stages/nn
         COMPONENT sdk FILES_MATCHING PATTERN "*.h")
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/stages/ops/ DESTINATION ${SLIPSTREAM_SDK_INCLUDE}/stages/ops
+        COMPONENT sdk FILES_MATCHING PATTERN "*.h")
 
 # What the headers were compiled with; a plugin must see the same (slipstreamConfig.cmake.in).
 if(SLIPSTREAM_HAS_CUDA)

@@ -2,7 +2,7 @@
 // there (the backend) and, on CUDA, the compute stream, a cuBLASLt handle and its workspace.
 // One per process, made by the runner once the device is chosen and offered to stages as
 // StageContext::exec(); the model stages pick their ops from it once, in setup
-// (stages/nn/ops_backend.h), and enqueue every op on its stream.
+// (stages/ops/with_ops.h), and enqueue every op on its stream.
 //
 // The `emulated` backend runs the CUDA code path on the CPU: the .cu kernels compiled for the
 // CPU emulator (kernels/emulation), host memory, no stream. `device: emulated` selects it, so a

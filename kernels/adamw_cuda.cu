@@ -12,6 +12,10 @@
 
 namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 
+using AdamWSegment = Kernels::AdamWSegment;
+using AdamWHyper = Kernels::AdamWHyper;
+using AdamWDeviceState = Kernels::AdamWDeviceState;
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -127,13 +131,14 @@ constexpr size_t kSumBytes = 256;
 
 }  // namespace
 
-size_t adamw_workspace_bytes(int count, size_t max_n) {
+size_t Kernels::adamw_workspace_bytes(int count, size_t max_n) {
   return kSumBytes + size_t(count) * blocks_per_segment(max_n) * sizeof(float);
 }
 
-void adamw_step(const AdamWSegment* segments, int count, size_t max_n, const AdamWHyper& hyper,
-                const float* lr_table, size_t lr_len, AdamWDeviceState* state, void* workspace,
-                cudaStream_t stream, const std::function<void(double*)>& sum_over_ranks) {
+void Kernels::adamw_step(const AdamWSegment* segments, int count, size_t max_n,
+                         const AdamWHyper& hyper, const float* lr_table, size_t lr_len,
+                         AdamWDeviceState* state, void* workspace, cudaStream_t stream,
+                         const std::function<void(double*)>& sum_over_ranks) {
   if (count <= 0) return;
   if (lr_len == 0) throw std::invalid_argument("adamw_step: empty learning-rate table");
   const unsigned bx = blocks_per_segment(max_n);
@@ -152,9 +157,9 @@ void adamw_step(const AdamWSegment* segments, int count, size_t max_n, const Ada
   check_launch("adamw_step (update)");
 }
 
-void adamw_finish_gathered(const AdamWSegment* segments, int count, size_t max_n,
-                           const AdamWHyper& hyper, const AdamWDeviceState* state,
-                           cudaStream_t stream) {
+void Kernels::adamw_finish_gathered(const AdamWSegment* segments, int count, size_t max_n,
+                                    const AdamWHyper& hyper, const AdamWDeviceState* state,
+                                    cudaStream_t stream) {
   if (count <= 0) return;
   SLIPSTREAM_LAUNCH(finish_gathered_kernel, dim3(blocks_per_segment(max_n), unsigned(count)),
                     dim3(kThreads), stream, segments, hyper, state);

@@ -2,7 +2,13 @@
 // Conv1d with groups = C, weight (C, 1, K), padding K - 1, output truncated to the first L):
 //   y[b, t, c] = bias[c] + sum_k weight[c, k] * x[b, t - K + 1 + k, c],  x[b, <0, c] = 0.
 // Layout: x, y (B, L, C) (mamba-ssm uses (B, C, L)); weight (C, K); K <= kConvMaxWidth.
-#pragma once
+//
+// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
+// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
+// and kernels::cuda_emulated::Kernels) as static members.
+#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#ifndef SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
+#define SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
 
 #include <cstddef>
 
@@ -30,13 +36,30 @@ template <class T>
 void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bias, T* y, int B,
                         int C, int K, bool silu);
 
+}  // namespace slipstream::kernels
+
+#endif  // SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
+#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+
 // The CUDA convolution (kernels/causal_conv1d_cuda.cu). T (float or bfloat16) is the type of
 // x, y, dy, dx and the step state; weight, bias and their gradients are fp32, arithmetic is fp32.
 // With `silu` the output is SiLU(conv(x) + bias) (mamba-ssm's fused activation); the backward
 // then takes dy of that output and recomputes the pre-activation instead of storing it.
 // Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
-namespace cuda {
-#include "kernels/causal_conv1d_cuda.inc"
-}  // namespace cuda
+template <class T>
+static void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B,
+                                  int L, int C, int K, bool silu, cudaStream_t stream);
 
-}  // namespace slipstream::kernels
+static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
+
+// dx (=); dweight, dbias (+=, dbias may be null).
+template <class T>
+static void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy,
+                                   T* dx, float* dweight, float* dbias, void* workspace, int B,
+                                   int L, int C, int K, bool silu, cudaStream_t stream);
+
+template <class T>
+static void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias,
+                               T* y, int B, int C, int K, bool silu, cudaStream_t stream);
+
+#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS

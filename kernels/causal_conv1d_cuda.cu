@@ -177,8 +177,8 @@ struct ConvWorkspace {
 }  // namespace
 
 template <class T>
-void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B, int L,
-                           int C, int K, bool silu, cudaStream_t stream) {
+void Kernels::causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B,
+                                    int L, int C, int K, bool silu, cudaStream_t stream) {
   check_width(K, "causal_conv1d_forward");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
@@ -188,14 +188,15 @@ void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T
   check_launch("causal_conv1d_forward");
 }
 
-size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu) {
+size_t Kernels::causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu) {
   return ConvWorkspace(B, L, C, K, silu).total * sizeof(float);
 }
 
 template <class T>
-void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy, T* dx,
-                            float* dweight, float* dbias, void* workspace, int B, int L, int C,
-                            int K, bool silu, cudaStream_t stream) {
+void Kernels::causal_conv1d_backward(const T* x, const float* weight, const float* bias,
+                                     const T* dy, T* dx, float* dweight, float* dbias,
+                                     void* workspace, int B, int L, int C, int K, bool silu,
+                                     cudaStream_t stream) {
   const char* op = "causal_conv1d_backward";
   check_width(K, op);
   const size_t n = size_t(B) * L * C;
@@ -238,8 +239,8 @@ void causal_conv1d_backward(const T* x, const float* weight, const float* bias, 
 }
 
 template <class T>
-void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias, T* y,
-                        int B, int C, int K, bool silu, cudaStream_t stream) {
+void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias,
+                                 T* y, int B, int C, int K, bool silu, cudaStream_t stream) {
   check_width(K, "causal_conv1d_step");
   const size_t n = size_t(B) * C;
   if (n == 0) return;
@@ -250,13 +251,13 @@ void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const fl
 }
 
 #define INSTANTIATE(T)                                                                             \
-  template void causal_conv1d_forward<T>(const T*, const float*, const float*, T*, int, int, int,  \
-                                         int, bool, cudaStream_t);                                 \
-  template void causal_conv1d_backward<T>(const T*, const float*, const float*, const T*, T*,      \
-                                          float*, float*, void*, int, int, int, int, bool,         \
-                                          cudaStream_t);                                           \
-  template void causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int, int, int, \
-                                      bool, cudaStream_t);
+  template void Kernels::causal_conv1d_forward<T>(const T*, const float*, const float*, T*, int,   \
+                                                  int, int, int, bool, cudaStream_t);              \
+  template void Kernels::causal_conv1d_backward<T>(const T*, const float*, const float*, const T*, \
+                                                   T*, float*, float*, void*, int, int, int, int,  \
+                                                   bool, cudaStream_t);                            \
+  template void Kernels::causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int,  \
+                                               int, int, bool, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(bfloat16)
 #undef INSTANTIATE

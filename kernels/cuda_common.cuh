@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kernels/cuda_api.h"
+#include "kernels/cuda_kernels.h"
 
 #include "kernels/step_recorder.h"
 
@@ -27,7 +28,6 @@
   }
 #if defined(SLIPSTREAM_CUDA_EMULATION)
 #include "kernels/emulation/cuda_emulator.h"
-#include "kernels/emulation/emulated_kernels.h"  // the entry points' types in cuda_emulated
 #define SLIPSTREAM_KERNEL_NS cuda_emulated
 // kernel(args...) for every thread of the grid, on the CPU.
 #define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...)                       \
@@ -125,6 +125,22 @@ __device__ __forceinline__ uint16_t fp32_to_bf16_bits(float f) {
 
 inline unsigned ceil_div(size_t a, size_t b) {
   return unsigned((a + b - 1) / b);
+}
+
+// Grid-stride loops for elementwise kernels: kGridThreads threads a block, grid_for(n) blocks
+// (at most kGridMaxBlocks), each thread from grid_start() in steps of grid_stride(); one launch
+// covers any n.
+constexpr int kGridThreads = 256;
+constexpr size_t kGridMaxBlocks = 4096;
+inline dim3 grid_for(size_t n) {
+  const size_t blocks = (n + kGridThreads - 1) / kGridThreads;
+  return dim3(unsigned(blocks < kGridMaxBlocks ? (blocks ? blocks : 1) : kGridMaxBlocks));
+}
+__device__ __forceinline__ size_t grid_start() {
+  return size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ size_t grid_stride() {
+  return size_t(gridDim.x) * blockDim.x;
 }
 
 // A struct for a kernel's arguments with every byte zero, padding included, its fields to be set

@@ -1,6 +1,12 @@
 // The few elementwise and copy operations the Mamba block needs between its kernels.
 // All are parallel over large arrays. Outputs may alias inputs unless stated.
-#pragma once
+//
+// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
+// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
+// and kernels::cuda_emulated::Kernels) as static members.
+#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#ifndef SLIPSTREAM_KERNELS_ELEMENTWISE_H
+#define SLIPSTREAM_KERNELS_ELEMENTWISE_H
 
 #include <cstddef>
 
@@ -45,11 +51,38 @@ void neg_exp(const T* x, T* y, size_t n);
 template <class T>
 void mul_accumulate(T* y, const T* a, const T* b, size_t n);
 
+}  // namespace slipstream::kernels
+
+#endif  // SLIPSTREAM_KERNELS_ELEMENTWISE_H
+#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+
 // The CUDA forms (kernels/elementwise_cuda.cu): same math on device pointers, enqueued on
 // `stream`. column_sum_accumulate sums row blocks into workspace partials, then in a fixed order
 // (deterministic, no atomics).
-namespace cuda {
-#include "kernels/elementwise_cuda.inc"
-}  // namespace cuda
+template <class T>
+static void add_inplace(T* y, const T* a, size_t n, cudaStream_t stream);
+template <class T>
+static void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, size_t cols,
+                      cudaStream_t stream);
+static void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream);
+static void neg_exp(const float* x, float* y, size_t n, cudaStream_t stream);
+static void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream);
+static size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N);
+static void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
+                                  cudaStream_t stream);
+// bf16 rounding with the CPU's semantics (kernels/bf16.h: nearest-even, NaN kept and quietened,
+// denormals to zero), so a GPU and a CPU run round the same operands the same way.
+static void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream);
+// The exact widening back (dst = src), and y += a with a widened: for data a library keeps in
+// bf16 (the cuDNN GRU's bf16 form, kernels/gru_cudnn.h).
+static void bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream);
+static void accumulate_bf16(float* y, const bfloat16* a, size_t n, cudaStream_t stream);
+// y = silu(x) and dx = dy * silu'(x) (dx may alias dy): kernels/activations.h's math.
+static void silu_forward(const float* x, float* y, size_t n, cudaStream_t stream);
+static void silu_backward(const float* x, const float* dy, float* dx, size_t n,
+                          cudaStream_t stream);
+static void fill(float* y, float value, size_t n, cudaStream_t stream);
+// cudaMemcpyAsync device to device (memcpy under the emulator).
+static void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
-}  // namespace slipstream::kernels
+#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS

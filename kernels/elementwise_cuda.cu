@@ -10,23 +10,10 @@ namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr size_t kMaxBlocks = 4096;
+constexpr int kThreads = kGridThreads;
 constexpr int kSumCols = 32;          // columns per column-sum block (one warp wide)
 constexpr int kSumRows = 8;           // row lanes per column-sum block
 constexpr size_t kSumRowBlock = 256;  // rows per column-sum partial
-
-dim3 grid_for(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return dim3(unsigned(blocks < kMaxBlocks ? (blocks ? blocks : 1) : kMaxBlocks));
-}
-
-__device__ __forceinline__ size_t grid_start() {
-  return size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ size_t grid_stride() {
-  return size_t(gridDim.x) * blockDim.x;
-}
 
 template <class DT>
 __global__ void add_inplace_kernel(DT* y, const DT* a, size_t n) {
@@ -104,7 +91,7 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
 }  // namespace
 
 template <class T>
-void add_inplace(T* y, const T* a, size_t n, cudaStream_t stream) {
+void Kernels::add_inplace(T* y, const T* a, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   const auto kernel = &add_inplace_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, grid_for(n), dim3(kThreads), stream, dev(y), dev(a), n);
@@ -112,8 +99,8 @@ void add_inplace(T* y, const T* a, size_t n, cudaStream_t stream) {
 }
 
 template <class T>
-void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, size_t cols,
-               cudaStream_t stream) {
+void Kernels::copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows,
+                        size_t cols, cudaStream_t stream) {
   if (rows * cols == 0) return;
   const auto kernel = &copy_cols_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, grid_for(rows * cols), dim3(kThreads), stream, dev(src), src_ld,
@@ -121,62 +108,64 @@ void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, 
   check_launch("copy_cols");
 }
 
-void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream) {
+void Kernels::add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream) {
   if (M * N == 0) return;
   SLIPSTREAM_LAUNCH(add_bias_rows_kernel, grid_for(M * N), dim3(kThreads), stream, y, b, M, N);
   check_launch("add_bias_rows");
 }
 
-void neg_exp(const float* x, float* y, size_t n, cudaStream_t stream) {
+void Kernels::neg_exp(const float* x, float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(neg_exp_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
   check_launch("neg_exp");
 }
 
-void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream) {
+void Kernels::mul_accumulate(float* y, const float* a, const float* b, size_t n,
+                             cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(mul_accumulate_kernel, grid_for(n), dim3(kThreads), stream, y, a, b, n);
   check_launch("mul_accumulate");
 }
 
-void silu_forward(const float* x, float* y, size_t n, cudaStream_t stream) {
+void Kernels::silu_forward(const float* x, float* y, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(silu_forward_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
   check_launch("silu_forward");
 }
 
-void silu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t stream) {
+void Kernels::silu_backward(const float* x, const float* dy, float* dx, size_t n,
+                            cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(silu_backward_kernel, grid_for(n), dim3(kThreads), stream, x, dy, dx, n);
   check_launch("silu_backward");
 }
 
-void fill(float* y, float value, size_t n, cudaStream_t stream) {
+void Kernels::fill(float* y, float value, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(fill_kernel, grid_for(n), dim3(kThreads), stream, y, value, n);
   check_launch("fill");
 }
 
-void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream) {
+void Kernels::fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(fp32_to_bf16_kernel, grid_for(n), dim3(kThreads), stream, src,
                     reinterpret_cast<uint16_t*>(dst), n);
   check_launch("fp32_to_bf16");
 }
 
-void bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream) {
+void Kernels::bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(bf16_to_fp32_kernel, grid_for(n), dim3(kThreads), stream, dev(src), dst, n);
   check_launch("bf16_to_fp32");
 }
 
-void accumulate_bf16(float* y, const bfloat16* a, size_t n, cudaStream_t stream) {
+void Kernels::accumulate_bf16(float* y, const bfloat16* a, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   SLIPSTREAM_LAUNCH(accumulate_bf16_kernel, grid_for(n), dim3(kThreads), stream, y, dev(a), n);
   check_launch("accumulate_bf16");
 }
 
-void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+void Kernels::copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return;
   capture::enqueue(
       "copy_bytes", stream, [&] { return capture::key_of(dst, src, bytes); },
@@ -192,12 +181,12 @@ void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
       });
 }
 
-size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N) {
+size_t Kernels::column_sum_accumulate_workspace_bytes(size_t M, size_t N) {
   return ((M + kSumRowBlock - 1) / kSumRowBlock) * N * sizeof(float);
 }
 
-void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
-                           cudaStream_t stream) {
+void Kernels::column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
+                                    cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const unsigned row_blocks = ceil_div(M, kSumRowBlock);
   float* part = static_cast<float*>(workspace);
@@ -207,10 +196,11 @@ void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void*
   sum_partials(part, int(row_blocks), N, db, true, stream, "column_sum_accumulate");
 }
 
-template void add_inplace<float>(float*, const float*, size_t, cudaStream_t);
-template void add_inplace<bfloat16>(bfloat16*, const bfloat16*, size_t, cudaStream_t);
-template void copy_cols<float>(const float*, size_t, float*, size_t, size_t, size_t, cudaStream_t);
-template void copy_cols<bfloat16>(const bfloat16*, size_t, bfloat16*, size_t, size_t, size_t,
-                                  cudaStream_t);
+template void Kernels::add_inplace<float>(float*, const float*, size_t, cudaStream_t);
+template void Kernels::add_inplace<bfloat16>(bfloat16*, const bfloat16*, size_t, cudaStream_t);
+template void Kernels::copy_cols<float>(const float*, size_t, float*, size_t, size_t, size_t,
+                                        cudaStream_t);
+template void Kernels::copy_cols<bfloat16>(const bfloat16*, size_t, bfloat16*, size_t, size_t,
+                                           size_t, cudaStream_t);
 
 }  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -1,5 +1,11 @@
 // Dense matrix products on row-major matrices, and the linear layer built on them.
-#pragma once
+//
+// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
+// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
+// and kernels::cuda_emulated::Kernels) as static members.
+#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#ifndef SLIPSTREAM_KERNELS_GEMM_H
+#define SLIPSTREAM_KERNELS_GEMM_H
 
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +49,11 @@ void linear_backward(const T* x, const T* W, const T* dy, T* dx, T* dW, T* db, i
 template <class T>
 void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
 
+}  // namespace slipstream::kernels
+
+#endif  // SLIPSTREAM_KERNELS_GEMM_H
+#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+
 // The CUDA GEMMs (kernels/gemm_cuda.cu): cuBLASLt, the same row-major contract as gemm above,
 // FP32 accumulation and output. fp32 operands use true fp32 arithmetic (no TF32), so they match
 // the CPU to fp32 rounding; bf16 operands are the bf16 GEMM (tensor cores on sm_80+), equal to
@@ -51,8 +62,19 @@ void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
 // matmul itself goes through the step recorder (kernels/step_recorder.h), so a training step's
 // GEMMs can be captured in its CUDA graph. Errors throw std::runtime_error naming the cuBLASLt
 // call.
-namespace cuda {
-#include "kernels/gemm_cuda.inc"
-}  // namespace cuda
+// A cuBLASLt handle and the device workspace its algorithms may use; owned by the caller (the
+// engine's execution context), one per stream that issues GEMMs concurrently.
+struct GemmContext {
+  void* lt_handle = nullptr;  // cublasLtHandle_t
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
 
-}  // namespace slipstream::kernels
+static void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                 float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                 float* C, int ldc, cudaStream_t stream);
+static void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                 float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
+                 float* C, int ldc, cudaStream_t stream);
+
+#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS

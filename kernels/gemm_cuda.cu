@@ -13,10 +13,13 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda_kernels.h"
 #include "kernels/gemm.h"
 #include "kernels/step_recorder.h"
 
 namespace slipstream::kernels::cuda {
+
+using GemmContext = Kernels::GemmContext;
 
 namespace {
 
@@ -173,15 +176,15 @@ void run_gemm(const GemmContext& ctx, cudaDataType_t type, bool ta, bool tb, int
 
 }  // namespace
 
-void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-          cudaStream_t stream) {
+void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                   float* C, int ldc, cudaStream_t stream) {
   run_gemm(ctx, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
-void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta, float* C, int ldc,
-          cudaStream_t stream) {
+void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
+                   float* C, int ldc, cudaStream_t stream) {
   run_gemm(ctx, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
            stream);
 }

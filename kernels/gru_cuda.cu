@@ -173,14 +173,14 @@ struct ForwardSpace {
 
 }  // namespace
 
-size_t gru_forward_workspace_bytes(int B, int L, int In, int H, bool bf16) {
+size_t Kernels::gru_forward_workspace_bytes(int B, int L, int In, int H, bool bf16) {
   return ForwardSpace(nullptr, B, L, In, H, bf16).bytes;
 }
 
-void gru_forward(const GemmContext& gemm_ctx, const float* x, const float* w_ih, const float* w_hh,
-                 const bfloat16* w_ih_bf, const bfloat16* w_hh_bf, const float* b_ih,
-                 const float* b_hh, float* y, float* saved, void* workspace, int B, int L, int In,
-                 int H, cudaStream_t stream) {
+void Kernels::gru_forward(const GemmContext& gemm_ctx, const float* x, const float* w_ih,
+                          const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
+                          const float* b_ih, const float* b_hh, float* y, float* saved,
+                          void* workspace, int B, int L, int In, int H, cudaStream_t stream) {
   check_shape("gru_forward", B, L, In, H);
   check_bf16_form("gru_forward", w_ih_bf, w_hh_bf);
   const int G = 3 * H;
@@ -232,20 +232,20 @@ struct BackwardSpace {
     carry = c.take<float>(size_t(B) * H);
     next = c.take<float>(size_t(B) * H);
     sums = c.at();
-    bytes = c.used() + column_sum_accumulate_workspace_bytes(M, G);
+    bytes = c.used() + Kernels::column_sum_accumulate_workspace_bytes(M, G);
   }
 };
 }  // namespace
 
-size_t gru_backward_workspace_bytes(int B, int L, int In, int H, bool bf16) {
+size_t Kernels::gru_backward_workspace_bytes(int B, int L, int In, int H, bool bf16) {
   return BackwardSpace(nullptr, B, L, In, H, bf16).bytes;
 }
 
-void gru_backward(const GemmContext& gemm_ctx, const float* x, const float* w_ih, const float* w_hh,
-                  const bfloat16* w_ih_bf, const bfloat16* w_hh_bf, const float* y,
-                  const float* saved, const float* dy, float* dx, float* dw_ih, float* dw_hh,
-                  float* db_ih, float* db_hh, void* workspace, int B, int L, int In, int H,
-                  cudaStream_t stream) {
+void Kernels::gru_backward(const GemmContext& gemm_ctx, const float* x, const float* w_ih,
+                           const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
+                           const float* y, const float* saved, const float* dy, float* dx,
+                           float* dw_ih, float* dw_hh, float* db_ih, float* db_hh, void* workspace,
+                           int B, int L, int In, int H, cudaStream_t stream) {
   check_shape("gru_backward", B, L, In, H);
   check_bf16_form("gru_backward", w_ih_bf, w_hh_bf);
   const int G = 3 * H;

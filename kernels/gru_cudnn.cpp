@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/elementwise.h"
+#include "kernels/cuda_kernels.h"
 #include "kernels/step_recorder.h"
 
 namespace slipstream::kernels::cuda {
@@ -296,15 +296,15 @@ void CudnnGru::forward(const float* x, const float* w, const bfloat16* w_bf, flo
   if (mapped_for_ != b.weight_space) map_weights(b.weight_space);
   const size_t es = elem_bytes();
   for (const Piece& p : pieces_)
-    copy_bytes(static_cast<char*>(b.weight_space) + p.theirs * es,
-               static_cast<const char*>(weights) + p.ours * es, p.n * es, stream_);
+    Kernels::copy_bytes(static_cast<char*>(b.weight_space) + p.theirs * es,
+                        static_cast<const char*>(weights) + p.ours * es, p.n * es, stream_);
   const size_t M = size_t(B_) * L_;
   const void* xin = x;
   void* yout = y;
   Staged st{};
   if (bf16_) {
     st = staged(b);
-    fp32_to_bf16(x, st.x, M * in_, stream_);
+    Kernels::fp32_to_bf16(x, st.x, M * in_, stream_);
     xin = st.x, yout = st.y;
   }
   Descriptors* d = d_.get();
@@ -323,7 +323,7 @@ void CudnnGru::forward(const float* x, const float* w, const bfloat16* w_bf, flo
                                     training ? d->reserve : 0, training ? b.reserve : nullptr),
               "cudnnRNNForward");
       });
-  if (bf16_) bf16_to_fp32(st.y, y, M * hidden_, stream_);
+  if (bf16_) Kernels::bf16_to_fp32(st.y, y, M * hidden_, stream_);
 }
 
 void CudnnGru::backward(const float* x, const float* y, const float* dy, float* dx, float* dw,
@@ -337,7 +337,7 @@ void CudnnGru::backward(const float* x, const float* y, const float* dy, float* 
   Staged st{};
   if (bf16_) {
     st = staged(b);  // x and y: the forward's staged copies
-    fp32_to_bf16(dy, st.dy, M * hidden_, stream_);
+    Kernels::fp32_to_bf16(dy, st.dy, M * hidden_, stream_);
     xin = st.x, yin = st.y, dyin = st.dy, dxout = st.dx;
   }
   Descriptors* d = d_.get();
@@ -355,7 +355,7 @@ void CudnnGru::backward(const float* x, const float* y, const float* dy, float* 
                                             b.work, d->reserve, b.reserve),
               "cudnnRNNBackwardData_v8");
       });
-  if (bf16_) bf16_to_fp32(st.dx, dx, M * in_, stream_);
+  if (bf16_) Kernels::bf16_to_fp32(st.dx, dx, M * in_, stream_);
   // cuDNN adds into its weight gradients (the only mode it has): start them at zero, then add
   // them into the caller's.
   capture::enqueue(
@@ -377,11 +377,11 @@ void CudnnGru::backward(const float* x, const float* y, const float* dy, float* 
       });
   for (const Piece& p : pieces_) {
     if (bf16_)
-      accumulate_bf16(dw + p.ours, static_cast<const bfloat16*>(b.dweight_space) + p.theirs, p.n,
-                      stream_);
+      Kernels::accumulate_bf16(
+          dw + p.ours, static_cast<const bfloat16*>(b.dweight_space) + p.theirs, p.n, stream_);
     else
-      add_inplace<float>(dw + p.ours, static_cast<const float*>(b.dweight_space) + p.theirs, p.n,
-                         stream_);
+      Kernels::add_inplace<float>(
+          dw + p.ours, static_cast<const float*>(b.dweight_space) + p.theirs, p.n, stream_);
   }
 }
 

@@ -1,5 +1,11 @@
 // RMSNorm over the last dimension: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
-#pragma once
+//
+// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
+// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
+// and kernels::cuda_emulated::Kernels) as static members.
+#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#ifndef SLIPSTREAM_KERNELS_RMSNORM_H
+#define SLIPSTREAM_KERNELS_RMSNORM_H
 
 #include <cstddef>
 
@@ -29,11 +35,23 @@ template <class T>
 void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* dy, const T* dsum,
                           T* ds, T* dweight, size_t M, size_t D);
 
+}  // namespace slipstream::kernels
+
+#endif  // SLIPSTREAM_KERNELS_RMSNORM_H
+#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+
 // The CUDA norm (kernels/rmsnorm_cuda.cu): T (float or bfloat16) for x, residual, y, sum, dy,
 // dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
 // over row blocks into workspace partials, then in a fixed order.
-namespace cuda {
-#include "kernels/rmsnorm_cuda.inc"
-}  // namespace cuda
+template <class T>
+static void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
+                                float* rstd, size_t M, size_t D, float eps, cudaStream_t stream);
 
-}  // namespace slipstream::kernels
+static size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
+
+template <class T>
+static void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
+                                 const T* dsum, T* ds, float* dweight, void* workspace, size_t M,
+                                 size_t D, cudaStream_t stream);
+
+#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS

@@ -77,8 +77,8 @@ size_t row_blocks(size_t M) {
 }  // namespace
 
 template <class T>
-void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
-                         float* rstd, size_t M, size_t D, float eps, cudaStream_t stream) {
+void Kernels::rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
+                                  float* rstd, size_t M, size_t D, float eps, cudaStream_t stream) {
   if (M == 0 || D == 0) return;
   const auto kernel = &rms_forward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
@@ -86,14 +86,14 @@ void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* 
   check_launch("rmsnorm_add_forward");
 }
 
-size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D) {
+size_t Kernels::rmsnorm_add_backward_workspace_bytes(size_t M, size_t D) {
   return row_blocks(M) * D * sizeof(float);
 }
 
 template <class T>
-void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
-                          const T* dsum, T* ds, float* dweight, void* workspace, size_t M, size_t D,
-                          cudaStream_t stream) {
+void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
+                                   const T* dsum, T* ds, float* dweight, void* workspace, size_t M,
+                                   size_t D, cudaStream_t stream) {
   const char* op = "rmsnorm_add_backward";
   if (M == 0 || D == 0) return;
   float* part = static_cast<float*>(workspace);
@@ -111,10 +111,11 @@ void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, co
 }
 
 #define INSTANTIATE(T)                                                                            \
-  template void rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, T*, float*, size_t,  \
-                                       size_t, float, cudaStream_t);                              \
-  template void rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*, const T*, \
-                                        T*, float*, void*, size_t, size_t, cudaStream_t);
+  template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, T*, float*, \
+                                                size_t, size_t, float, cudaStream_t);             \
+  template void Kernels::rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*,  \
+                                                 const T*, T*, float*, void*, size_t, size_t,     \
+                                                 cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(bfloat16)
 #undef INSTANTIATE

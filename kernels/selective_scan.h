@@ -11,7 +11,13 @@
 // the backward: the backward recomputes the states of one block at a time into caller
 // workspace (it costs one more scan; mamba-ssm's CUDA kernel does the same), so training
 // memory does not grow with L * D * N. Results do not depend on the thread count.
-#pragma once
+//
+// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
+// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
+// and kernels::cuda_emulated::Kernels) as static members.
+#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#ifndef SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
+#define SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
 
 #include <cstddef>
 
@@ -56,6 +62,11 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
                          const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
                          T* out, int B, int D, int N);
 
+}  // namespace slipstream::kernels
+
+#endif  // SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
+#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+
 // The CUDA scan (kernels/selective_scan_cuda.cu). Same math and layouts as above; T (float or
 // bfloat16) is the type of u, delta, z, out, Bm, Cm and of their gradients; A, Dskip,
 // delta_bias, the states and dA, dDskip, ddelta_bias are fp32, and all arithmetic is fp32.
@@ -65,8 +76,42 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // chunk's states into registers and runs the adjoint recurrence; sums over channels (dBm, dCm)
 // and over the batch (dA, dDskip, ddelta_bias) go through per-warp and per-block partials added
 // in a fixed order, so results are deterministic.
-namespace cuda {
-#include "kernels/selective_scan_cuda.inc"
-}  // namespace cuda
+static constexpr int kScanMaxState = 32;
 
-}  // namespace slipstream::kernels
+template <class T>
+static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
+                                   const T* Cm, const float* Dskip, const T* z,
+                                   const float* delta_bias, bool delta_softplus, T* out,
+                                   float* last_state, int B, int L, int D, int N,
+                                   cudaStream_t stream);
+
+static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
+
+// The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
+// the default). split, the default: a thread holds 8 states of a channel (two or four threads a
+// channel; 128 registers on sm_90 in fp32, 4 blocks of 128 threads an SM). registers: a thread
+// holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
+// the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard
+// and 1.2-1.3x at production's shape on an H200. Set it before sizing a workspace: the
+// workspace's size depends on it. Not thread-safe.
+enum class ScanBackwardVariant { registers, split };
+static void set_scan_backward_variant(ScanBackwardVariant v);
+static ScanBackwardVariant scan_backward_variant();
+
+// Gradients as the CPU backward (=, and += for dA, dDskip, ddelta_bias); `workspace` holds
+// selective_scan_backward_workspace_bytes.
+template <class T>
+static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
+                                    const T* Cm, const float* Dskip, const T* z,
+                                    const float* delta_bias, bool delta_softplus, const T* dout,
+                                    T* du, T* ddelta, float* dA, T* dBm, T* dCm, float* dDskip,
+                                    T* dz, float* ddelta_bias, void* workspace, int B, int L, int D,
+                                    int N, cudaStream_t stream);
+
+template <class T>
+static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,
+                                const T* Bm, const T* Cm, const float* Dskip, const T* z,
+                                const float* delta_bias, bool delta_softplus, T* out, int B, int D,
+                                int N, cudaStream_t stream);
+
+#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS

@@ -13,6 +13,8 @@
 
 namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 
+using ScanBackwardVariant = Kernels::ScanBackwardVariant;
+
 namespace {
 
 constexpr int kScanWarps = 8;
@@ -84,7 +86,7 @@ constexpr int kChanThreads = 128;
 constexpr int kChanWarps = kChanThreads / 32;
 constexpr int kStage = 32;    // steps of Bm, Cm staged at a time
 constexpr int kPrefetch = 8;  // steps whose inputs are loaded before their recurrence
-constexpr int kMaxPad = cuda::kScanMaxState;
+constexpr int kMaxPad = Kernels::kScanMaxState;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -420,9 +422,9 @@ __global__ void __launch_bounds__(kScanWarps * 32)
 }
 
 int lanes_for(int N, const char* op) {
-  if (N < 1 || N > cuda::kScanMaxState)
+  if (N < 1 || N > Kernels::kScanMaxState)
     throw std::invalid_argument(std::string(op) + ": d_state " + std::to_string(N) +
-                                " is outside [1, " + std::to_string(cuda::kScanMaxState) +
+                                " is outside [1, " + std::to_string(Kernels::kScanMaxState) +
                                 "] supported by the CUDA scan");
   int lanes = 1;
   while (lanes < N) lanes *= 2;
@@ -532,10 +534,11 @@ struct WorkspaceLayout {
 }  // namespace
 
 template <class T>
-void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
-                            const float* Dskip, const T* z, const float* delta_bias,
-                            bool delta_softplus, T* out, float* last_state, int B, int L, int D,
-                            int N, cudaStream_t stream) {
+void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
+                                     const T* Cm, const float* Dskip, const T* z,
+                                     const float* delta_bias, bool delta_softplus, T* out,
+                                     float* last_state, int B, int L, int D, int N,
+                                     cudaStream_t stream) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -549,23 +552,24 @@ void selective_scan_forward(const T* u, const T* delta, const float* A, const T*
   check_launch(op);
 }
 
-void set_scan_backward_variant(ScanBackwardVariant v) {
+void Kernels::set_scan_backward_variant(ScanBackwardVariant v) {
   g_backward_variant = v;
 }
-ScanBackwardVariant scan_backward_variant() {
+Kernels::ScanBackwardVariant Kernels::scan_backward_variant() {
   return g_backward_variant;
 }
 
-size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N) {
+size_t Kernels::selective_scan_backward_workspace_bytes(int B, int L, int D, int N) {
   return WorkspaceLayout(B, L, D, N).total * sizeof(float);
 }
 
 template <class T>
-void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
-                             const float* Dskip, const T* z, const float* delta_bias,
-                             bool delta_softplus, const T* dout, T* du, T* ddelta, float* dA,
-                             T* dBm, T* dCm, float* dDskip, T* dz, float* ddelta_bias,
-                             void* workspace, int B, int L, int D, int N, cudaStream_t stream) {
+void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
+                                      const T* Cm, const float* Dskip, const T* z,
+                                      const float* delta_bias, bool delta_softplus, const T* dout,
+                                      T* du, T* ddelta, float* dA, T* dBm, T* dCm, float* dDskip,
+                                      T* dz, float* ddelta_bias, void* workspace, int B, int L,
+                                      int D, int N, cudaStream_t stream) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -592,9 +596,10 @@ void selective_scan_backward(const T* u, const T* delta, const float* A, const T
 }
 
 template <class T>
-void selective_scan_step(float* state, const T* u, const T* delta, const float* A, const T* Bm,
-                         const T* Cm, const float* Dskip, const T* z, const float* delta_bias,
-                         bool delta_softplus, T* out, int B, int D, int N, cudaStream_t stream) {
+void Kernels::selective_scan_step(float* state, const T* u, const T* delta, const float* A,
+                                  const T* Bm, const T* Cm, const float* Dskip, const T* z,
+                                  const float* delta_bias, bool delta_softplus, T* out, int B,
+                                  int D, int N, cudaStream_t stream) {
   const int lanes = lanes_for(N, "selective_scan_step");
   if (B <= 0 || D <= 0) return;
   const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, 1, D, N);
@@ -607,17 +612,17 @@ void selective_scan_step(float* state, const T* u, const T* delta, const float* 
   check_launch("selective_scan_step");
 }
 
-#define INSTANTIATE(T)                                                                             \
-  template void selective_scan_forward<T>(const T*, const T*, const float*, const T*, const T*,    \
-                                          const float*, const T*, const float*, bool, T*, float*,  \
-                                          int, int, int, int, cudaStream_t);                       \
-  template void selective_scan_backward<T>(const T*, const T*, const float*, const T*, const T*,   \
-                                           const float*, const T*, const float*, bool, const T*,   \
-                                           T*, T*, float*, T*, T*, float*, T*, float*, void*, int, \
-                                           int, int, int, cudaStream_t);                           \
-  template void selective_scan_step<T>(float*, const T*, const T*, const float*, const T*,         \
-                                       const T*, const float*, const T*, const float*, bool, T*,   \
-                                       int, int, int, cudaStream_t);
+#define INSTANTIATE(T)                                                                            \
+  template void Kernels::selective_scan_forward<T>(                                               \
+      const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
+      bool, T*, float*, int, int, int, int, cudaStream_t);                                        \
+  template void Kernels::selective_scan_backward<T>(                                              \
+      const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
+      bool, const T*, T*, T*, float*, T*, T*, float*, T*, float*, void*, int, int, int, int,      \
+      cudaStream_t);                                                                              \
+  template void Kernels::selective_scan_step<T>(                                                  \
+      float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \
+      const float*, bool, T*, int, int, int, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(bfloat16)
 #undef INSTANTIATE

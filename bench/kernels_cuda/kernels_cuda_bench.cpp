@@ -17,6 +17,7 @@
 
 #include "kernels/bf16.h"
 #include "kernels/causal_conv1d.h"
+#include "kernels/cuda_kernels.h"
 #include "kernels/gru.h"
 #include "kernels/gru_cudnn.h"
 #include "kernels/rmsnorm.h"
@@ -111,21 +112,21 @@ void scan(benchmark::State& st, const Shape& sh, bool backward) {
   T *dB = m.alloc<T>(bln), *dC = m.alloc<T>(bln);
   float *dA = m.random<float>(size_t(sh.D) * sh.N, 0, 0), *dD = m.random<float>(sh.D, 0, 0);
   float* db = m.random<float>(sh.D, 0, 0);
-  void* ws =
-      m.alloc<char>(sk::cuda::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
+  void* ws = m.alloc<char>(
+      sk::CudaKernels::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const double e = sizeof(T);
   if (!backward) {
     time_launches(st, s, (4 * bld + 2 * bln) * e, [&] {
-      sk::cuda::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, out, nullptr,
-                                          sh.B, sh.L, sh.D, sh.N, s);
+      sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, out,
+                                                 nullptr, sh.B, sh.L, sh.D, sh.N, s);
     });
   } else {
     time_launches(st, s, (7 * bld + 4 * bln) * e, [&] {
-      sk::cuda::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, dout, du,
-                                           ddelta, dA, dB, dC, dD, dz, db, ws, sh.B, sh.L, sh.D,
-                                           sh.N, s);
+      sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, dout,
+                                                  du, ddelta, dA, dB, dC, dD, dz, db, ws, sh.B,
+                                                  sh.L, sh.D, sh.N, s);
     });
   }
   cudaStreamDestroy(s);
@@ -145,8 +146,8 @@ void scan_step(benchmark::State& st, const Shape& sh) {
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   time_launches(st, s, (2.0 * bd * sh.N + 4.0 * bd + 2.0 * bn) * 4, [&] {
-    sk::cuda::selective_scan_step<float>(state, u, delta, A, Bm, Cm, Dskip, z, bias, true, out,
-                                         sh.B, sh.D, sh.N, s);
+    sk::CudaKernels::selective_scan_step<float>(state, u, delta, A, Bm, Cm, Dskip, z, bias, true,
+                                                out, sh.B, sh.D, sh.N, s);
   });
   cudaStreamDestroy(s);
 }
@@ -160,18 +161,18 @@ void conv(benchmark::State& st, const Shape& sh, bool backward) {
   const float *w = m.random<float>(size_t(sh.D) * K, -0.5, 0.5), *b = m.random<float>(sh.D, -1, 1);
   T *y = m.alloc<T>(n), *dx = m.alloc<T>(n);
   float *dw = m.random<float>(size_t(sh.D) * K, 0, 0), *dbias = m.random<float>(sh.D, 0, 0);
-  void* ws =
-      m.alloc<char>(sk::cuda::causal_conv1d_backward_workspace_bytes(sh.B, sh.L, sh.D, K, true));
+  void* ws = m.alloc<char>(
+      sk::CudaKernels::causal_conv1d_backward_workspace_bytes(sh.B, sh.L, sh.D, K, true));
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {
     time_launches(st, s, 2.0 * n * sizeof(T), [&] {
-      sk::cuda::causal_conv1d_forward<T>(x, w, b, y, sh.B, sh.L, sh.D, K, true, s);
+      sk::CudaKernels::causal_conv1d_forward<T>(x, w, b, y, sh.B, sh.L, sh.D, K, true, s);
     });
   } else {
     time_launches(st, s, 3.0 * n * sizeof(T), [&] {
-      sk::cuda::causal_conv1d_backward<T>(x, w, b, dy, dx, dw, dbias, ws, sh.B, sh.L, sh.D, K, true,
-                                          s);
+      sk::CudaKernels::causal_conv1d_backward<T>(x, w, b, dy, dx, dw, dbias, ws, sh.B, sh.L, sh.D,
+                                                 K, true, s);
     });
   }
   cudaStreamDestroy(s);
@@ -185,16 +186,16 @@ void norm(benchmark::State& st, const Shape& sh, bool backward) {
   const float* w = m.random<float>(D, 0.5, 1.5);
   T *y = m.alloc<T>(n), *sum = m.random<T>(n, -1, 1), *ds = m.random<T>(n, -1, 1);
   float *rstd = m.random<float>(M, 0.5, 1.5), *dw = m.random<float>(D, 0, 0);
-  void* ws = m.alloc<char>(sk::cuda::rmsnorm_add_backward_workspace_bytes(M, D));
+  void* ws = m.alloc<char>(sk::CudaKernels::rmsnorm_add_backward_workspace_bytes(M, D));
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {
     time_launches(st, s, 4.0 * n * sizeof(T), [&] {
-      sk::cuda::rmsnorm_add_forward<T>(x, res, w, y, sum, rstd, M, D, 1e-5f, s);
+      sk::CudaKernels::rmsnorm_add_forward<T>(x, res, w, y, sum, rstd, M, D, 1e-5f, s);
     });
   } else {
     time_launches(st, s, 4.0 * n * sizeof(T), [&] {
-      sk::cuda::rmsnorm_add_backward<T>(sum, w, rstd, dy, ds, ds, dw, ws, M, D, s);
+      sk::CudaKernels::rmsnorm_add_backward<T>(sum, w, rstd, dy, ds, ds, dw, ws, M, D, s);
     });
   }
   cudaStreamDestroy(s);
@@ -220,25 +221,26 @@ void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
   const sk::bfloat16* w_ih_bf =
       bf16 ? m.random<sk::bfloat16>(size_t(G) * In, -0.1f, 0.1f) : nullptr;
   const sk::bfloat16* w_hh_bf = bf16 ? m.random<sk::bfloat16>(size_t(G) * H, -0.1f, 0.1f) : nullptr;
-  void* ws = m.alloc<char>(std::max(sk::cuda::gru_forward_workspace_bytes(B, L, In, H, bf16),
-                                    sk::cuda::gru_backward_workspace_bytes(B, L, In, H, bf16)));
+  void* ws =
+      m.alloc<char>(std::max(sk::CudaKernels::gru_forward_workspace_bytes(B, L, In, H, bf16),
+                             sk::CudaKernels::gru_backward_workspace_bytes(B, L, In, H, bf16)));
   const size_t lt_bytes = size_t(32) << 20;
   cublasLtHandle_t lt = nullptr;
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
-  const sk::cuda::GemmContext gemm{lt, m.alloc<char>(lt_bytes), lt_bytes};
+  const sk::CudaKernels::GemmContext gemm{lt, m.alloc<char>(lt_bytes), lt_bytes};
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const auto forward = [&] {
-    sk::cuda::gru_forward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, b_ih, b_hh, y, saved, ws, B, L, In,
-                          H, s);
+    sk::CudaKernels::gru_forward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, b_ih, b_hh, y, saved, ws, B,
+                                 L, In, H, s);
   };
   forward();
   if (!backward) {
     time_launches(st, s, 4.0 * M * (In + 5 * H), forward);
   } else {
     time_launches(st, s, 4.0 * M * (2 * In + 8 * H + 2 * G), [&] {
-      sk::cuda::gru_backward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, y, saved, dy, dx, dw_ih, dw_hh,
-                             db_ih, db_hh, ws, B, L, In, H, s);
+      sk::CudaKernels::gru_backward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, y, saved, dy, dx, dw_ih,
+                                    dw_hh, db_ih, db_hh, ws, B, L, In, H, s);
     });
   }
   cudaStreamDestroy(s);
@@ -349,13 +351,14 @@ int main(int argc, char** argv) {
         for (bool bf16 : {false, true})
           add(std::string("scan_backward_registers/") + (bf16 ? "bf16/" : "fp32/") + p,
               [=](benchmark::State& st) {
-                const auto was = sk::cuda::scan_backward_variant();
-                sk::cuda::set_scan_backward_variant(sk::cuda::ScanBackwardVariant::registers);
+                const auto was = sk::CudaKernels::scan_backward_variant();
+                sk::CudaKernels::set_scan_backward_variant(
+                    sk::CudaKernels::ScanBackwardVariant::registers);
                 if (bf16)
                   scan<sk::bfloat16>(st, sh, true);
                 else
                   scan<float>(st, sh, true);
-                sk::cuda::set_scan_backward_variant(was);
+                sk::CudaKernels::set_scan_backward_variant(was);
               });
       add("scan_" + dir + "/bf16/" + p,
           [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, bwd); });

@@ -1,11 +1,11 @@
 // The CUDA GEMM entry points for emulated runs: cuBLASLt cannot run on the CPU, so the
 // emulated namespace multiplies with the CPU references (kernels/gemm_cpu.cpp). Same contract
-// as kernels::cuda::gemm; bf16 operands are widened exactly, as cuBLASLt does, and accumulated
-// in fp32 (summation order differs from the device's, within fp32 rounding).
+// as kernels::CudaKernels::gemm; bf16 operands are widened exactly, as cuBLASLt does, and
+// accumulated in fp32 (summation order differs from the device's, within fp32 rounding).
 #include <stdexcept>
 #include <vector>
 
-#include "kernels/emulation/emulated_kernels.h"
+#include "kernels/cuda_kernels.h"
 #include "kernels/gemm.h"
 #include "kernels/step_recorder.h"
 
@@ -18,9 +18,9 @@ bool nothing_to_do(int M, int N, int K) {
 }
 }  // namespace
 
-void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc,
-          cudaStream_t stream) {
+void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const float* A, int lda, const float* B, int ldb, float beta,
+                   float* C, int ldc, cudaStream_t stream) {
   (void)ctx;
   if (nothing_to_do(M, N, K)) return;
   capture::enqueue(
@@ -33,9 +33,9 @@ void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int 
       });
 }
 
-void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta, float* C, int ldc,
-          cudaStream_t stream) {
+void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
+                   float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
+                   float* C, int ldc, cudaStream_t stream) {
   (void)ctx;
   if (nothing_to_do(M, N, K)) return;
   capture::enqueue(

@@ -13,8 +13,9 @@
 // done when the runner completes the step's read-backs.
 #include "engine/registry.h"
 #include "engine/state_io.h"
-#include "stages/melee/melee_backend.h"
+#include "stages/melee/melee_kernels.h"
 #include "stages/melee/model_math.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -37,7 +38,7 @@ class BcLossDevice {
 
 template <class Ops>
 class BcLossDeviceOn final : public BcLossDevice {
-  using K = MeleeKernels<Ops::kBackend>;
+  using K = typename Ops::Table;
 
  public:
   BcLossDeviceOn(Ops ops, const ExecContext& exec) : o_(ops), exec_(exec) {
@@ -49,7 +50,7 @@ class BcLossDeviceOn final : public BcLossDevice {
     cap_ = M;
     const size_t m = static_cast<size_t>(M);
     stats_ = o_.template alloc<float>(m * kBcStats, "bc_loss statistics");
-    nn::ScratchNeeds need;
+    ops::ScratchNeeds need;
     need.norm_rows = m;
     need.norm_cols = kBcStats;
     scratch_ =
@@ -134,7 +135,7 @@ class BcLossStage : public Stage {
 
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
-    dev_ = nn::make_device_path<BcLossDevice, BcLossDeviceOn>(
+    dev_ = ops::make_device_path<BcLossDevice, BcLossDeviceOn, MeleeKernelFamily>(
         ctx.exec(), "bc_loss '" + ctx.name() + "'", ctx.exec());
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");

@@ -12,8 +12,8 @@
 
 #include "engine/registry.h"
 #include "stages/melee/model_math.h"
-#include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -84,7 +84,7 @@ class HeadsRunnerOn final : public HeadsRunner {
       }
     }
     const int mi = static_cast<int>(M);
-    nn::ScratchNeeds need;
+    ops::ScratchNeeds need;
     auto gemm = [&](int a, int b, int c) {
       need.gemm_ws_elems =
           std::max(need.gemm_ws_elems, kernels::gemm_bf16_workspace_elems(a, b, c));
@@ -234,10 +234,10 @@ class ControllerHeadsStage : public Stage {
       ctx.declare_output(kHeadNames[h], os, DType::f32);
     }
     runner_ =
-        nn::with_ops(ctx.exec(), "controller_heads '" + ctx.name() + "'",
-                     [&](auto ops) -> std::unique_ptr<HeadsRunner> {
-                       return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
-                     });
+        ops::with_ops(ctx.exec(), "controller_heads '" + ctx.name() + "'",
+                      [&](auto ops) -> std::unique_ptr<HeadsRunner> {
+                        return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
+                      });
     store_.allocate(layout_->params, bf16_, device_, ctx.run().param_arena.get());
     // PyTorch nn.Linear's default: weight and bias uniform in ±1/sqrt(fan_in), drawn in the
     // store's order (hidden weight, hidden bias, head weights, head biases).

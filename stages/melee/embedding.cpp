@@ -12,9 +12,10 @@
 #include <random>
 
 #include "engine/registry.h"
-#include "stages/melee/melee_backend.h"
+#include "stages/melee/melee_kernels.h"
 #include "stages/melee/model_math.h"
 #include "stages/nn/param_store.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -68,7 +69,7 @@ struct TableOffsets {
 
 template <class Ops>
 class EmbedDeviceOn final : public EmbedDevice {
-  using K = MeleeKernels<Ops::kBackend>;
+  using K = typename Ops::Table;
 
  public:
   EmbedDeviceOn(Ops ops, const ExecContext& exec, const EmbedLayout& L, TableOffsets off)
@@ -179,7 +180,7 @@ class MeleeEmbeddingStage : public Stage {
         for (size_t i = 0; i < t.numel; ++i) w[t.offset + i] = static_cast<float>(nd(rng) * scale);
       }
     });
-    dev_ = nn::make_device_path<EmbedDevice, EmbedDeviceOn>(
+    dev_ = ops::make_device_path<EmbedDevice, EmbedDeviceOn, MeleeKernelFamily>(
         ctx.exec(), "melee_embedding '" + ctx.name() + "'", ctx.exec(), layout_, off_);
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }

@@ -10,6 +10,11 @@
 
 namespace slipstream::melee::SLIPSTREAM_KERNEL_NS {
 
+using EmbedDims = Kernels::EmbedDims;
+using HeadPointers = Kernels::HeadPointers;
+using HeadGradPointers = Kernels::HeadGradPointers;
+using HeadWeights = Kernels::HeadWeights;
+
 namespace {
 
 namespace k = ::slipstream::kernels::SLIPSTREAM_KERNEL_NS;
@@ -144,8 +149,8 @@ TableGrad table_grad(const int32_t* ids, int id_limit, int dim, int per_row, int
   return t;
 }
 
-constexpr int kTableSlice = 8192;  // floats of a block's table slice (32 KB of shared memory)
-constexpr int kTableThreads = 32;  // columns of a slice at most
+constexpr int kTableSlice = 8192;   // floats of a block's table slice (32 KB of shared memory)
+constexpr int kTableThreads = 32;   // columns of a slice at most
 constexpr int kTablePrefetch = 16;  // items whose loads are issued together
 
 __global__ void __launch_bounds__(kTableThreads)
@@ -341,19 +346,19 @@ __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const 
 
 }  // namespace
 
-void embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
-                        cudaStream_t stream) {
+void Kernels::embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
+                                 cudaStream_t stream) {
   if (B == 0) return;
   SLIPSTREAM_LAUNCH(mirror_flags_kernel, dim3(ceil_div(B, kThreads)), dim3(kThreads), stream,
                     mirrored, B, key, enabled);
   check_launch("embed_mirror_flags");
 }
 
-void embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* numeric,
-                   const int32_t* action, const int32_t* character, const int32_t* stage,
-                   const float* prev_controller, const uint8_t* mirrored, const float* action_table,
-                   const float* character_table, const float* stage_table, float* out,
-                   cudaStream_t stream) {
+void Kernels::embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* numeric,
+                            const int32_t* action, const int32_t* character, const int32_t* stage,
+                            const float* prev_controller, const uint8_t* mirrored,
+                            const float* action_table, const float* character_table,
+                            const float* stage_table, float* out, cudaStream_t stream) {
   const size_t n = rows * size_t(Cols(d).width);
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
@@ -363,8 +368,8 @@ void embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* 
   check_launch("embed_forward");
 }
 
-void embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric, const uint64_t* key,
-                     float sd, float* out, cudaStream_t stream) {
+void Kernels::embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric,
+                              const uint64_t* key, float sd, float* out, cudaStream_t stream) {
   const size_t n = rows * kSlots * kNumericFeatures;
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
@@ -373,7 +378,7 @@ void embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric, cons
   check_launch("embed_add_noise");
 }
 
-size_t embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
+size_t Kernels::embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
   const size_t slot_chunks = ceil_div(rows * kSlots, kItemsPerChunk);
   const size_t stage_chunks = ceil_div(rows, kItemsPerChunk);
   const size_t cells = std::max({slot_chunks * size_t(kActionStates) * size_t(d.action_dim),
@@ -382,10 +387,10 @@ size_t embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
   return cells * sizeof(float);
 }
 
-void embed_backward(const EmbedDims& d, size_t rows, const float* numeric, const int32_t* action,
-                    const int32_t* character, const int32_t* stage, const float* dout,
-                    float* daction_table, float* dcharacter_table, float* dstage_table,
-                    void* workspace, cudaStream_t stream) {
+void Kernels::embed_backward(const EmbedDims& d, size_t rows, const float* numeric,
+                             const int32_t* action, const int32_t* character, const int32_t* stage,
+                             const float* dout, float* daction_table, float* dcharacter_table,
+                             float* dstage_table, void* workspace, cudaStream_t stream) {
   const Cols L(d);
   float* part = static_cast<float*>(workspace);
   const TableGrad a =
@@ -399,10 +404,10 @@ void embed_backward(const EmbedDims& d, size_t rows, const float* numeric, const
   table_backward(s, numeric, dout, rows, L.width, dstage_table, part, stream);
 }
 
-void bc_loss_rows(const HeadPointers& logits, const float* target_buttons,
-                  const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
-                  const float* prev_controller, size_t M, size_t window, float eps, float* stats,
-                  cudaStream_t stream) {
+void Kernels::bc_loss_rows(const HeadPointers& logits, const float* target_buttons,
+                           const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
+                           const float* prev_controller, size_t M, size_t window, float eps,
+                           float* stats, cudaStream_t stream) {
   if (M == 0) return;
   SLIPSTREAM_LAUNCH(bc_loss_rows_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream,
                     logits, target_buttons, target_sticks, mask, mirrored, prev_controller, M,
@@ -410,10 +415,11 @@ void bc_loss_rows(const HeadPointers& logits, const float* target_buttons,
   check_launch("bc_loss_rows");
 }
 
-void bc_loss_backward(const HeadPointers& logits, const float* target_buttons,
-                      const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
-                      size_t M, size_t window, float eps, const HeadWeights& head_weights,
-                      const float* sums, const HeadGradPointers& dlogits, cudaStream_t stream) {
+void Kernels::bc_loss_backward(const HeadPointers& logits, const float* target_buttons,
+                               const int32_t* target_sticks, const float* mask,
+                               const uint8_t* mirrored, size_t M, size_t window, float eps,
+                               const HeadWeights& head_weights, const float* sums,
+                               const HeadGradPointers& dlogits, cudaStream_t stream) {
   if (M == 0) return;
   SLIPSTREAM_LAUNCH(bc_loss_backward_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream,
                     logits, target_buttons, target_sticks, mask, mirrored, M, window, eps,

@@ -1,6 +1,6 @@
-// The Melee model stages' CUDA entry points (melee_cuda.inc) in both kernel namespaces, and the
-// host-side glue of their device path: the embedding's dims by value and the BC loss's
-// per-position statistics, whose column sums the stage turns into bc_loss_forward's result.
+// The Melee model stages' kernel tables (their CUDA entry points, melee_cuda.inc, beside those of
+// kernels/), and the host-side glue of their device path: the embedding's dims by value and the BC
+// loss's per-position statistics, whose column sums the stage turns into bc_loss_forward's result.
 #pragma once
 
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cuda_api.h"
+#include "kernels/cuda_kernels.h"
 #include "stages/melee/model_math.h"
 
 namespace slipstream::melee {
@@ -27,12 +27,24 @@ inline constexpr int kBcBadLabel = 1 + kBcPerHead * kHeads;  // 1: a label out o
 inline constexpr int kBcSame = kBcBadLabel + 1;
 inline constexpr int kBcStats = kBcSame + kRepeatItems;
 
+// The Melee kernel tables: every entry point of kernels/ (inherited) and the game's own, so a
+// Melee stage's device path takes all its kernels from one table (Ops::Table).
 namespace cuda {
+struct Kernels : kernels::cuda::Kernels {
 #include "stages/melee/melee_cuda.inc"
+};
 }  // namespace cuda
 namespace cuda_emulated {
+struct Kernels : kernels::cuda_emulated::Kernels {
 #include "stages/melee/melee_cuda.inc"
+};
 }  // namespace cuda_emulated
+
+// The pair with_ops (stages/ops/with_ops.h) builds a Melee stage's device ops over.
+struct MeleeKernelFamily {
+  using Cuda = cuda::Kernels;
+  using Emulated = cuda_emulated::Kernels;
+};
 
 template <class Dims>
 Dims embed_dims(const EmbedLayout& L) {

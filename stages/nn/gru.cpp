@@ -1,6 +1,6 @@
 // gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
 // sequence from a zero initial state. The math is GruModel (gru_model.h) over the ops of the
-// run's backend (ops_backend.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
+// run's backend (with_ops.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
 // gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device the whole stack
 // in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the
 // kernels backend runs each layer's bf16 form (kernels/gru.h: bf16 GEMM operands, FP32 gates and
@@ -16,9 +16,9 @@
 #include "stages/nn/gru_model.h"
 #include "stages/nn/gru_recurrent.h"
 #include "stages/nn/model_stage_util.h"
-#include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
 #include "stages/nn/sequence_model.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -54,7 +54,7 @@ class GruRunnerCudnn final : public GruRunner {
     struct Rounding {  // the one op ParamStore::refresh_shadow asks of a model's ops
       cudaStream_t stream;
       void to_bf16(const float* x, uint16_t* y, size_t n) const {
-        kernels::cuda::fp32_to_bf16(x, reinterpret_cast<kernels::bfloat16*>(y), n, stream);
+        kernels::CudaKernels::fp32_to_bf16(x, reinterpret_cast<kernels::bfloat16*>(y), n, stream);
       }
     };
     store.refresh_shadow(Rounding{stream_});
@@ -164,10 +164,10 @@ class GruStage : public Stage {
       model_ = std::make_unique<GruRunnerCudnn>(c, ctx.exec(), bf16);
 #endif
     } else {
-      model_ = nn::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
-                            [&](auto ops) -> std::unique_ptr<GruRunner> {
-                              return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
-                            });
+      model_ = ops::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
+                             [&](auto ops) -> std::unique_ptr<GruRunner> {
+                               return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
+                             });
     }
     device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16 && model_->has_bf16_form();

@@ -18,8 +18,8 @@
 
 #include "kernels/gru.h"
 #include "stages/nn/model_flops.h"
-#include "stages/nn/model_ops.h"
 #include "stages/nn/param_layout.h"
+#include "stages/ops/cpu_ops.h"
 
 namespace slipstream::nn {
 
@@ -77,10 +77,10 @@ void gru_init(const GruConfig& c, const GruLayout& lay, T* p, uint64_t seed) {
   for (size_t i = 0; i < lay.params.total(); ++i) p[i] = T(rng.uniform(-bound, bound));
 }
 
-// The stack over the ops of a backend (model_ops.h on the CPU, device_ops.h on a device): each
+// The stack over the ops of a backend (cpu_ops.h on the CPU, device_ops.h on a device): each
 // layer is one ops.gru_forward / gru_backward, in FP32 or (given the bf16 shadow of the
 // weights) the bf16 form; buffers come from ops.alloc, sized by resize().
-template <class T, class Ops = CpuOps<T>>
+template <class T, class Ops = ops::CpuOps<T>>
 class GruModel {
   static_assert(std::is_same_v<T, typename Ops::Scalar>, "the ops compute in T");
 

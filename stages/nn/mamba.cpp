@@ -1,6 +1,6 @@
 // mamba: a stack of Mamba-1 blocks (mamba-ssm's MixerModel without the embedding), sequence to
 // sequence and causal. The math is MambaModel (mamba_model.h) over the ops of the run's backend
-// (ops_backend.h: the CPU kernels, or the CUDA kernels on the run's stream); this file binds it
+// (with_ops.h: the CPU kernels, or the CUDA kernels on the run's stream); this file binds it
 // to the stage API: weights as Parameters on the run's device, buffers sized in setup, bf16
 // under precision bf16. On a stream (Runner::stream) the forward continues each row's sequence
 // one frame at a time from the state the previous batch left (mamba_recurrent.h, CPU, fp32).
@@ -10,9 +10,9 @@
 #include "stages/nn/mamba_model.h"
 #include "stages/nn/mamba_recurrent.h"
 #include "stages/nn/model_stage_util.h"
-#include "stages/nn/ops_backend.h"
 #include "stages/nn/param_store.h"
 #include "stages/nn/sequence_model.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -67,10 +67,10 @@ class MambaStage : public Stage {
     c.dt_rank = static_cast<int>(p.integer("dt_rank"));
     c.layers = static_cast<int>(p.integer("layers"));
     c.eps = p.number("eps");
-    model_ = nn::with_ops(ctx.exec(), "mamba '" + ctx.name() + "'",
-                          [&](auto ops) -> std::unique_ptr<MambaRunner> {
-                            return std::make_unique<MambaRunnerOn<decltype(ops)>>(c, ops);
-                          });
+    model_ = ops::with_ops(ctx.exec(), "mamba '" + ctx.name() + "'",
+                           [&](auto ops) -> std::unique_ptr<MambaRunner> {
+                             return std::make_unique<MambaRunnerOn<decltype(ops)>>(c, ops);
+                           });
     device_ = ctx.exec().device();
     bf16_ = ctx.run().precision == Precision::bf16;
     store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());

@@ -1,6 +1,6 @@
 // The Mamba-1 sequence model (mamba-ssm's MixerModel without the embedding) as math on raw
-// pointers over a set of ops (model_ops.h): CpuOps<T> runs it on the CPU, T = double for the
-// finite-difference tests and float for the stage; DeviceOps (device_ops.h) runs the same code
+// pointers over a set of ops (stages/ops/cpu_ops.h): CpuOps<T> runs it on the CPU, T = double for
+// the finite-difference tests and float for the stage; DeviceOps (device_ops.h) runs the same code
 // on a CUDA device, every op enqueued on one stream.
 //
 //   h_0 = x W_inᵀ + b_in (only when Din != d_model; else h_0 = x)
@@ -29,8 +29,8 @@
 #include "engine/tensor.h"
 #include "kernels/gemm.h"
 #include "stages/nn/model_flops.h"
-#include "stages/nn/model_ops.h"
 #include "stages/nn/param_layout.h"
+#include "stages/ops/cpu_ops.h"
 
 namespace slipstream::nn {
 
@@ -153,7 +153,7 @@ void mamba_init(const MambaConfig& c, const MambaLayout& lay, T* p, uint64_t see
   fill(lay.norm_f, dm, 1.0);
 }
 
-template <class T, class Ops = CpuOps<T>>
+template <class T, class Ops = ops::CpuOps<T>>
 class MambaModel {
   static_assert(std::is_same_v<T, typename Ops::Scalar>, "the ops compute in T");
 
@@ -213,7 +213,7 @@ class MambaModel {
     ddbc_ = buf(M * P, "mamba gradient");
     dA_ = buf(di * N, "mamba gradient");
     const size_t din = static_cast<size_t>(c_.din);
-    ScratchNeeds need;
+    ops::ScratchNeeds need;
     need.B = B, need.L = L, need.channels = static_cast<int>(di), need.state = static_cast<int>(N);
     need.conv_width = c_.d_conv, need.norm_rows = M, need.norm_cols = dm;
     if (bf16) {
@@ -273,8 +273,8 @@ class MambaModel {
       ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
       ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
-      ops_.scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, a.ys, B_, L_, di,
-                        N);
+      ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, a.ys,
+                                  B_, L_, di, N);
       const uint16_t* ysb = round(a.ys, a.ys_bf, Ms * di_(), wb);
       ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
@@ -308,9 +308,9 @@ class MambaModel {
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
       // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
       ops_.zero(dA_, di_() * N_());
-      ops_.scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, dys_, du_,
-                         ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di,
-                         N);
+      ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, dys_,
+                                   du_, ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_, g + Lw.dt_b,
+                                   scratch_, B_, L_, di, N);
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       const uint16_t* ddb = round(ddelta_, dyb, Ms * di_(), wb);

@@ -35,7 +35,7 @@ class ParamStore {
   // Null when there is no shadow (fp32 runs).
   const uint16_t* shadow() const { return shadow_.defined() ? shadow_.data<uint16_t>() : nullptr; }
   // Rewrites the bf16 shadow from the FP32 values (after init or an outside write), with the
-  // ops the model runs on (model_ops.h, device_ops.h).
+  // ops the model runs on (cpu_ops.h, device_ops.h).
   template <class Ops>
   void refresh_shadow(const Ops& ops) const {
     if (shadow_.defined()) ops.to_bf16(values(), shadow_.data<uint16_t>(), size());

@@ -5,7 +5,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "stages/nn/ops_backend.h"
+#include "stages/ops/with_ops.h"
 #include "stages/optim/adamw_optimizer.h"
 
 namespace slipstream::optim {
@@ -194,8 +194,8 @@ std::unique_ptr<AdamWDevice> make_adamw_device(
     const ExecContext& exec, const std::vector<AdamWDeviceSlot>& slots,
     const std::vector<std::pair<Parameter*, Tensor*>>& params, const AdamWConfig& config,
     std::shared_ptr<OptimizerShard> shard) {
-  return nn::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, params,
-                                                          config, std::move(shard));
+  return ops::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, params,
+                                                           config, std::move(shard));
 }
 
 }  // namespace slipstream::optim

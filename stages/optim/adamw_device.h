@@ -2,7 +2,7 @@
 // AdamW (kernels/adamw.h's adamw_step on CUDA or the emulator) that decides the gradient norm,
 // the skip on a non-finite norm, clipping and the learning rate on the device; the EMA of the
 // weights is updated in the same pass. AdamWOptimizer drives it when its parameters live where
-// device ops run (stages/nn/ops_backend.h). Sharded over device ranks (ZeRO-1), it updates this
+// device ops run (stages/ops/with_ops.h). Sharded over device ranks (ZeRO-1), it updates this
 // rank's pieces and gathers the rest, every collective enqueued on the compute stream.
 #pragma once
 

@@ -16,12 +16,12 @@ namespace slipstream::kernels::test {
 
 // steps: gradients per step; a step whose gradients hold a NaN must be skipped. Every other
 // segment keeps an EMA of its weights.
-template <class Ops, class Mem>
+template <class Kernels, class Mem>
 void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int nan_step,
                  uint64_t seed) {
   SCOPED_TRACE("segments " + std::to_string(sizes.size()) + " clip " + std::to_string(clip));
   std::mt19937_64 rng(seed);
-  using Hyper = typename Ops::AdamWHyper;
+  using Hyper = typename Kernels::AdamWHyper;
   const Hyper h{0.9f, 0.95f, 1e-8f, 0.1f, clip, 0.5f, 0.75f};
   const std::vector<float> lr_table = {1e-3f, 2e-3f, 3e-3f, 2.5e-3f};
   const size_t S = sizes.size();
@@ -32,7 +32,7 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
     ema[s] = p[s];
   }
   Mem mem;
-  std::vector<typename Ops::AdamWSegment> segs(S);
+  std::vector<typename Kernels::AdamWSegment> segs(S);
   size_t max_n = 0;
   for (size_t s = 0; s < S; ++s) {
     segs[s] = {mem.upload(p[s]),
@@ -47,9 +47,9 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
   }
   const auto* g_segs = mem.upload(segs);
   const float* g_lr = mem.upload(lr_table);
-  typename Ops::AdamWDeviceState st0{};
-  auto* g_state = mem.upload(std::vector<typename Ops::AdamWDeviceState>{st0});
-  void* ws = mem.alloc_bytes(Ops::adamw_workspace_bytes(int(S), max_n));
+  typename Kernels::AdamWDeviceState st0{};
+  auto* g_state = mem.upload(std::vector<typename Kernels::AdamWDeviceState>{st0});
+  void* ws = mem.alloc_bytes(Kernels::adamw_workspace_bytes(int(S), max_n));
   int64_t step = 0;  // the CPU optimizer's count of applied updates
   for (int k = 0; k < steps; ++k) {
     std::vector<std::vector<float>> g(S);
@@ -61,9 +61,10 @@ void check_adamw(const std::vector<size_t>& sizes, float clip, int steps, int na
       // Upload this step's gradient into the segment's buffer.
       float* dst = segs[s].grad;
       const auto up = mem.upload(g[s]);
-      Ops::copy_bytes(dst, up, sizes[s] * sizeof(float), mem.stream());
+      Kernels::copy_bytes(dst, up, sizes[s] * sizeof(float), mem.stream());
     }
-    Ops::adamw_step(g_segs, int(S), max_n, h, g_lr, lr_table.size(), g_state, ws, mem.stream(), {});
+    Kernels::adamw_step(g_segs, int(S), max_n, h, g_lr, lr_table.size(), g_state, ws, mem.stream(),
+                        {});
     // The CPU optimizer's policy (stages/optim/adamw_optimizer.cpp).
     const double norm = std::sqrt(sq) * h.grad_scale;
     const float lr = lr_table[std::min<size_t>(size_t(step), lr_table.size() - 1)];

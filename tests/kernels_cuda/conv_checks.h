@@ -36,7 +36,7 @@ struct ConvData {
   const double* b() const { return bias.empty() ? nullptr : bias.data(); }
 };
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_conv_forward(const ConvShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ConvData<T> d(s, seed);
@@ -46,14 +46,15 @@ void check_conv_forward(const ConvShape& s, uint64_t seed) {
   if (s.silu) silu_forward(ref.data(), ref.data(), n);
   Mem mem;
   T* y = mem.template alloc<T>(n);
-  Ops::template conv_forward<T>(mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
-                                d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, s.B,
-                                s.L, s.C, s.K, s.silu, mem.stream());
+  Kernels::template causal_conv1d_forward<T>(
+      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, s.B, s.L, s.C, s.K, s.silu,
+      mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(y, n)), ref, tolerance<T>(), "y");
 }
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_conv_backward(const ConvShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ConvData<T> d(s, seed);
@@ -73,18 +74,19 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
   T* g_dx = mem.template alloc<T>(n);
   float* g_dw = mem.upload(elems<float>(dw0));
   float* g_db = mem.upload(elems<float>(db0));
-  void* ws = mem.alloc_bytes(Ops::conv_backward_workspace_bytes(s.B, s.L, s.C, s.K, s.silu));
-  Ops::template conv_backward<T>(mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
-                                 d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)),
-                                 mem.upload(elems<T>(d.dy)), g_dx, g_dw, s.bias ? g_db : nullptr,
-                                 ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
+  void* ws =
+      mem.alloc_bytes(Kernels::causal_conv1d_backward_workspace_bytes(s.B, s.L, s.C, s.K, s.silu));
+  Kernels::template causal_conv1d_backward<T>(
+      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), mem.upload(elems<T>(d.dy)), g_dx,
+      g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(g_dx, n)), dx, tolerance<T>(), "dx");
   EXPECT_CLOSE(values(mem.download(g_dw, ck)), dw, 1e-5, "dweight (+=)");
   EXPECT_CLOSE(values(mem.download(g_db, size_t(s.C))), db, 1e-5, "dbias (+=)");
 }
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_conv_step(const ConvShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ConvData<T> d(s, seed);
@@ -102,8 +104,8 @@ void check_conv_step(const ConvShape& s, uint64_t seed) {
     for (int b = 0; b < s.B; ++b)
       for (int c = 0; c < s.C; ++c) xt.push_back(d.x[(size_t(b) * s.L + t) * s.C + c]);
     T* y = mem.template alloc<T>(bc);
-    Ops::template conv_step<T>(state, mem.upload(elems<T>(xt)), w, bias, y, s.B, s.C, s.K, s.silu,
-                               mem.stream());
+    Kernels::template causal_conv1d_step<T>(state, mem.upload(elems<T>(xt)), w, bias, y, s.B, s.C,
+                                            s.K, s.silu, mem.stream());
     mem.sync();
     const std::vector<double> yt = values(mem.download(y, bc));
     for (int b = 0; b < s.B; ++b)

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "kernels/cuda_kernels.h"
 
 namespace slipstream::kernels::test {
 
@@ -66,7 +66,7 @@ class CudaMemory {
   }
   cudaStream_t stream() const { return stream_; }
   // A cuBLASLt handle and 32 MiB of workspace, made on first use.
-  cuda::GemmContext gemm_context() {
+  CudaKernels::GemmContext gemm_context() {
     if (!lt_) {
       if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
       ctx_.lt_handle = lt_;
@@ -79,7 +79,7 @@ class CudaMemory {
  private:
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-  cuda::GemmContext ctx_;
+  CudaKernels::GemmContext ctx_;
   std::vector<void*> ptrs_;
 };
 

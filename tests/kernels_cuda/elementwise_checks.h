@@ -17,7 +17,7 @@
 
 namespace slipstream::kernels::test {
 
-template <class Ops, class Mem>
+template <class Kernels, class Mem>
 void check_elementwise(size_t M, size_t N, uint64_t seed) {
   SCOPED_TRACE("M" + std::to_string(M) + " N" + std::to_string(N));
   std::mt19937_64 rng(seed);
@@ -29,27 +29,28 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   std::vector<double> ref = b;
   add_inplace<double>(ref.data(), a.data(), n);
   float* y = mem.upload(elems<float>(b));
-  Ops::add_inplace(y, mem.upload(elems<float>(a)), n, mem.stream());
+  Kernels::add_inplace(y, mem.upload(elems<float>(a)), n, mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "add_inplace");
   mul_accumulate<double>(ref.data(), a.data(), b.data(), n);
-  Ops::mul_accumulate(y, mem.upload(elems<float>(a)), mem.upload(elems<float>(b)), n, mem.stream());
+  Kernels::mul_accumulate(y, mem.upload(elems<float>(a)), mem.upload(elems<float>(b)), n,
+                          mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "mul_accumulate");
   add_bias_rows<double>(ref.data(), bias.data(), M, N);
-  Ops::add_bias_rows(y, mem.upload(elems<float>(bias)), M, N, mem.stream());
+  Kernels::add_bias_rows(y, mem.upload(elems<float>(bias)), M, N, mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "add_bias_rows");
   std::vector<double> e(n);
   neg_exp<double>(a.data(), e.data(), n);
   float* ye = mem.template alloc<float>(n);
-  Ops::neg_exp(mem.upload(elems<float>(a)), ye, n, mem.stream());
+  Kernels::neg_exp(mem.upload(elems<float>(a)), ye, n, mem.stream());
   EXPECT_CLOSE(values(mem.download(ye, n)), e, 1e-6, "neg_exp");
-  Ops::fill(ye, 2.5f, n, mem.stream());
+  Kernels::fill(ye, 2.5f, n, mem.stream());
   EXPECT_CLOSE(values(mem.download(ye, n)), std::vector<double>(n, 2.5), 1e-12, "fill");
   // Column sums accumulate onto db, deterministically.
   std::vector<double> db = bias;
   column_sum_accumulate<double>(a.data(), db.data(), M, N);
   float* g_db = mem.upload(elems<float>(bias));
-  void* ws = mem.alloc_bytes(Ops::column_sum_workspace_bytes(M, N));
-  Ops::column_sum(mem.upload(elems<float>(a)), g_db, M, N, ws, mem.stream());
+  void* ws = mem.alloc_bytes(Kernels::column_sum_accumulate_workspace_bytes(M, N));
+  Kernels::column_sum_accumulate(mem.upload(elems<float>(a)), g_db, M, N, ws, mem.stream());
   EXPECT_CLOSE(values(mem.download(g_db, N)), db, 1e-5, "column_sum_accumulate");
   // Column blocks out of and into wider rows (the split and concatenation of the model).
   if (N >= 3) {
@@ -57,17 +58,17 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
     std::vector<double> dst(M * c);
     copy_cols<double>(a.data() + off, N, dst.data(), c, M, c);
     float* g_dst = mem.template alloc<float>(M * c);
-    Ops::copy_cols(mem.upload(elems<float>(a)) + off, N, g_dst, c, M, c, mem.stream());
+    Kernels::copy_cols(mem.upload(elems<float>(a)) + off, N, g_dst, c, M, c, mem.stream());
     EXPECT_CLOSE(values(mem.download(g_dst, M * c)), dst, 1e-12, "copy_cols");
   }
   float* g_copy = mem.template alloc<float>(n);
-  Ops::copy_bytes(g_copy, mem.upload(elems<float>(a)), n * sizeof(float), mem.stream());
+  Kernels::copy_bytes(g_copy, mem.upload(elems<float>(a)), n * sizeof(float), mem.stream());
   EXPECT_CLOSE(values(mem.download(g_copy, n)), a, 1e-12, "copy_bytes");
 }
 
 // Rounding to bf16 is bit-identical to the CPU's, specials included; widening back is exact, and
 // so is adding the widened values to fp32 ones.
-template <class Ops, class Mem>
+template <class Kernels, class Mem>
 void check_bf16_rounding(uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<float> x = {0.0f,
@@ -94,7 +95,7 @@ void check_bf16_rounding(uint64_t seed) {
   fp32_to_bf16_scalar(x.data(), ref.data(), x.size());
   Mem mem;
   bfloat16* out = mem.template alloc<bfloat16>(x.size());
-  Ops::to_bf16(mem.upload(x), out, x.size(), mem.stream());
+  Kernels::fp32_to_bf16(mem.upload(x), out, x.size(), mem.stream());
   const auto got = mem.download(out, x.size());
   size_t mismatches = 0;
   for (size_t i = 0; i < x.size(); ++i) mismatches += got[i].bits != ref[i];
@@ -102,7 +103,7 @@ void check_bf16_rounding(uint64_t seed) {
 
   // Back to fp32: the exact widening (the bits, NaN's included), and y += widened.
   float* wide = mem.template alloc<float>(x.size());
-  Ops::from_bf16(out, wide, x.size(), mem.stream());
+  Kernels::bf16_to_fp32(out, wide, x.size(), mem.stream());
   const auto back = mem.download(wide, x.size());
   size_t widened_wrong = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -117,7 +118,7 @@ void check_bf16_rounding(uint64_t seed) {
     sum[i] = y0[i] + bf16_to_fp32(ref[i]);
   }
   float* y = mem.upload(y0);
-  Ops::accumulate_bf16(y, out, x.size(), mem.stream());
+  Kernels::accumulate_bf16(y, out, x.size(), mem.stream());
   const auto acc = mem.download(y, x.size());
   size_t summed_wrong = 0;
   for (size_t i = 0; i < x.size(); ++i)
@@ -134,7 +135,7 @@ struct GemmShape {
 };
 
 // C = op(A) op(B) + beta C against the float64 product of the same operands.
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_gemm(const GemmShape& s, uint64_t seed) {
   SCOPED_TRACE(std::string(s.ta ? "T" : "N") + (s.tb ? "T" : "N") + " M" + std::to_string(s.M) +
                " N" + std::to_string(s.N) + " K" + std::to_string(s.K) + " beta" +
@@ -152,8 +153,9 @@ void check_gemm(const GemmShape& s, uint64_t seed) {
                C.data() + off, ldc);
   Mem mem;
   float* g_c = mem.upload(elems<float>(C0));
-  Ops::gemm(mem.gemm_context(), s.ta, s.tb, s.M, s.N, s.K, 1.0f, mem.upload(elems<T>(A)) + off, lda,
-            mem.upload(elems<T>(B)) + off, ldb, float(s.beta), g_c + off, ldc, mem.stream());
+  Kernels::gemm(mem.gemm_context(), s.ta, s.tb, s.M, s.N, s.K, 1.0f, mem.upload(elems<T>(A)) + off,
+                lda, mem.upload(elems<T>(B)) + off, ldb, float(s.beta), g_c + off, ldc,
+                mem.stream());
   const auto got = values(mem.download(g_c, C0.size()));
   // Only the M x N block changes; the padding keeps its values.
   EXPECT_CLOSE(got, C, 1e-5, "C");

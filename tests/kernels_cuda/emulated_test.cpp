@@ -4,8 +4,7 @@
 // checks on a device.
 #include <gtest/gtest.h>
 
-#include "kernels/cuda_kernel_table.h"
-#include "kernels/emulation/emulated_kernels.h"
+#include "kernels/cuda_kernels.h"
 #include "tests/kernels_cuda/adamw_checks.h"
 #include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
@@ -16,87 +15,87 @@
 namespace slipstream::kernels::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda_emulated, true);
+using Kernels = EmulatedKernels;
 struct Mem : EmulatedMemory {
-  cuda_emulated::GemmContext gemm_context() const { return {}; }
+  Kernels::GemmContext gemm_context() const { return {}; }
 };
 
 TEST(EmulatedScan, ForwardMatchesCpuFp32) {
   uint64_t seed = 1;
-  for (const auto& s : scan_shapes()) check_scan_forward<Ops, Mem, float>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_forward<Kernels, Mem, float>(s, seed++);
 }
 TEST(EmulatedScan, ForwardMatchesCpuBf16) {
   uint64_t seed = 11;
-  for (const auto& s : scan_shapes()) check_scan_forward<Ops, Mem, bfloat16>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
 }
 TEST(EmulatedScan, BackwardMatchesCpuFp32) {
   uint64_t seed = 21;
-  for (const auto& s : scan_shapes()) check_scan_backward<Ops, Mem, float>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_backward<Kernels, Mem, float>(s, seed++);
   // The default shape gives a thread 8 states: 8 + 4 pads the second thread of a channel.
-  check_scan_backward<Ops, Mem, float>({2, 21, 45, 12}, 90);
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
 }
 TEST(EmulatedScan, BackwardMatchesCpuBf16) {
   uint64_t seed = 31;
-  for (const auto& s : scan_shapes()) check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
 }
 // The backward's other shape for d_state 9..32 (16 states a thread), which the benchmarks
 // compare with the default.
 TEST(EmulatedScan, BackwardRegistersVariantMatchesCpu) {
-  const auto was = cuda_emulated::scan_backward_variant();
-  cuda_emulated::set_scan_backward_variant(cuda_emulated::ScanBackwardVariant::registers);
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
   uint64_t seed = 71;
   for (const auto& s : scan_shapes()) {
-    check_scan_backward<Ops, Mem, float>(s, seed++);
-    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
   }
-  check_scan_backward<Ops, Mem, float>({2, 21, 45, 12}, 90);
-  cuda_emulated::set_scan_backward_variant(was);
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
+  Kernels::set_scan_backward_variant(was);
 }
 TEST(EmulatedScan, StepEqualsParallelForm) {
   uint64_t seed = 41;
-  for (const auto& s : scan_shapes()) check_scan_step<Ops, Mem, float>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
 }
 TEST(EmulatedScan, RejectsLargeState) {
-  EXPECT_THROW(cuda_emulated::selective_scan_forward<float>(
-                   nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, true,
-                   nullptr, nullptr, 1, 1, 1, 33, nullptr),
+  EXPECT_THROW(Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                      nullptr, nullptr, nullptr, true, nullptr,
+                                                      nullptr, 1, 1, 1, 33, nullptr),
                std::invalid_argument);
 }
 
 TEST(EmulatedConv, ForwardMatchesCpu) {
   uint64_t seed = 101;
   for (const auto& s : conv_shapes()) {
-    check_conv_forward<Ops, Mem, float>(s, seed++);
-    check_conv_forward<Ops, Mem, bfloat16>(s, seed++);
+    check_conv_forward<Kernels, Mem, float>(s, seed++);
+    check_conv_forward<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 TEST(EmulatedConv, BackwardMatchesCpu) {
   uint64_t seed = 111;
   for (const auto& s : conv_shapes()) {
-    check_conv_backward<Ops, Mem, float>(s, seed++);
-    check_conv_backward<Ops, Mem, bfloat16>(s, seed++);
+    check_conv_backward<Kernels, Mem, float>(s, seed++);
+    check_conv_backward<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 TEST(EmulatedConv, StepEqualsForward) {
   uint64_t seed = 121;
-  for (const auto& s : conv_shapes()) check_conv_step<Ops, Mem, float>(s, seed++);
+  for (const auto& s : conv_shapes()) check_conv_step<Kernels, Mem, float>(s, seed++);
 }
 
 TEST(EmulatedRmsNorm, ForwardAndBackwardMatchCpu) {
   uint64_t seed = 201;
   for (const auto& s : norm_shapes()) {
-    check_rmsnorm<Ops, Mem, float>(s, seed++);
-    check_rmsnorm<Ops, Mem, bfloat16>(s, seed++);
+    check_rmsnorm<Kernels, Mem, float>(s, seed++);
+    check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 
 TEST(EmulatedElementwise, MatchesCpu) {
   uint64_t seed = 301;
   for (auto [M, N] : {std::pair<size_t, size_t>{1, 1}, {37, 40}, {300, 7}, {513, 130}})
-    check_elementwise<Ops, Mem>(M, N, seed++);
+    check_elementwise<Kernels, Mem>(M, N, seed++);
 }
 TEST(EmulatedElementwise, Bf16RoundingIsBitIdentical) {
-  check_bf16_rounding<Ops, Mem>(311);
+  check_bf16_rounding<Kernels, Mem>(311);
 }
 
 // The emulated GEMM is the CPU reference itself; this checks the row-major contract the device
@@ -104,26 +103,26 @@ TEST(EmulatedElementwise, Bf16RoundingIsBitIdentical) {
 TEST(EmulatedGemm, MatchesCpu) {
   uint64_t seed = 321;
   for (const auto& s : gemm_shapes()) {
-    check_gemm<Ops, Mem, float>(s, seed++);
-    check_gemm<Ops, Mem, bfloat16>(s, seed++);
+    check_gemm<Kernels, Mem, float>(s, seed++);
+    check_gemm<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 
 TEST(EmulatedAdamW, MatchesCpuOptimizer) {
-  check_adamw<Ops, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
-  check_adamw<Ops, Mem>({300, 2000}, 1.0f, 5, 2, 402);  // clipped; step 2 skipped (NaN)
+  check_adamw<Kernels, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
+  check_adamw<Kernels, Mem>({300, 2000}, 1.0f, 5, 2, 402);  // clipped; step 2 skipped (NaN)
 }
 
 TEST(EmulatedGru, LayerMatchesCpu) {
   uint64_t seed = 501;
-  for (const auto& s : gru_shapes()) check_gru<Ops, Mem>(s, seed++);
-  check_gru<Ops, Mem>({4, 60, 128, 128}, 511);  // gpu_standard's width and window, fewer rows
+  for (const auto& s : gru_shapes()) check_gru<Kernels, Mem>(s, seed++);
+  check_gru<Kernels, Mem>({4, 60, 128, 128}, 511);  // gpu_standard's width and window, fewer rows
 }
 
 TEST(EmulatedGru, Bf16FormMatchesCpu) {
   uint64_t seed = 521;
-  for (const auto& s : gru_shapes()) check_gru_bf16<Ops, Mem>(s, seed++);
-  check_gru_bf16<Ops, Mem>({4, 60, 128, 128}, 531);
+  for (const auto& s : gru_shapes()) check_gru_bf16<Kernels, Mem>(s, seed++);
+  check_gru_bf16<Kernels, Mem>({4, 60, 128, 128}, 531);
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 
 #if SLIPSTREAM_KERNELS_CUDA
 #include "kernels/causal_conv1d.h"
-#include "kernels/cuda_kernel_table.h"
+#include "kernels/cuda_kernels.h"
+#include "kernels/gru_cudnn.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 #include "tests/kernels_cuda/adamw_checks.h"
@@ -22,51 +23,51 @@
 namespace slipstream::kernels::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(Ops, ::slipstream::kernels::cuda, false);
+using Kernels = CudaKernels;
 using Mem = CudaMemory;
 
 TEST(GpuScan, ForwardMatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 1;
   for (const auto& s : scan_shapes()) {
-    check_scan_forward<Ops, Mem, float>(s, seed++);
-    check_scan_forward<Ops, Mem, bfloat16>(s, seed++);
+    check_scan_forward<Kernels, Mem, float>(s, seed++);
+    check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 TEST(GpuScan, BackwardMatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 21;
   for (const auto& s : scan_shapes()) {
-    check_scan_backward<Ops, Mem, float>(s, seed++);
-    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
   }
   // The default shape gives a thread 8 states: 8 + 4 pads the second thread of a channel.
-  check_scan_backward<Ops, Mem, float>({2, 21, 45, 12}, 90);
-  check_scan_backward<Ops, Mem, float>({256, 60, 256, 16}, 91);
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
+  check_scan_backward<Kernels, Mem, float>({256, 60, 256, 16}, 91);
 }
 // The backward's other shape for d_state 9..32 (16 states a thread), which the benchmarks
 // compare with the default.
 TEST(GpuScan, BackwardRegistersVariantMatchesCpu) {
   REQUIRE_DEVICE();
-  const auto was = cuda::scan_backward_variant();
-  cuda::set_scan_backward_variant(cuda::ScanBackwardVariant::registers);
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
   uint64_t seed = 71;
   for (const auto& s : scan_shapes()) {
-    check_scan_backward<Ops, Mem, float>(s, seed++);
-    check_scan_backward<Ops, Mem, bfloat16>(s, seed++);
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
   }
-  check_scan_backward<Ops, Mem, float>({256, 60, 256, 16}, 92);
-  cuda::set_scan_backward_variant(was);
+  check_scan_backward<Kernels, Mem, float>({256, 60, 256, 16}, 92);
+  Kernels::set_scan_backward_variant(was);
 }
 TEST(GpuScan, StepEqualsParallelForm) {
   REQUIRE_DEVICE();
   uint64_t seed = 41;
-  for (const auto& s : scan_shapes()) check_scan_step<Ops, Mem, float>(s, seed++);
+  for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
 }
 TEST(GpuScan, GpuStandardShape) {
   REQUIRE_DEVICE();
-  check_scan_forward<Ops, Mem, float>({256, 60, 256, 16}, 51);
-  check_scan_backward<Ops, Mem, float>({256, 60, 256, 16}, 52);
+  check_scan_forward<Kernels, Mem, float>({256, 60, 256, 16}, 51);
+  check_scan_backward<Kernels, Mem, float>({256, 60, 256, 16}, 52);
 }
 // Same inputs twice: bit-identical gradients (no atomics anywhere in the backward).
 TEST(GpuScan, BackwardIsDeterministic) {
@@ -82,8 +83,9 @@ TEST(GpuScan, BackwardIsDeterministic) {
     float* db = mem.upload(std::vector<float>(size_t(s.D), 0.0f));
     float *du = mem.alloc<float>(bld), *ddelta = mem.alloc<float>(bld), *dz = mem.alloc<float>(bld);
     float *dB = mem.alloc<float>(bln), *dC = mem.alloc<float>(bln);
-    void* ws = mem.alloc_bytes(cuda::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
-    cuda::selective_scan_backward<float>(
+    void* ws =
+        mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+    Kernels::selective_scan_backward<float>(
         up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
         up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
         up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, up<Mem, float>(mem, d.dout),
@@ -110,31 +112,31 @@ TEST(GpuConv, ForwardBackwardStepMatchCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 101;
   for (const auto& s : conv_shapes()) {
-    check_conv_forward<Ops, Mem, float>(s, seed++);
-    check_conv_forward<Ops, Mem, bfloat16>(s, seed++);
-    check_conv_backward<Ops, Mem, float>(s, seed++);
-    check_conv_backward<Ops, Mem, bfloat16>(s, seed++);
-    check_conv_step<Ops, Mem, float>(s, seed++);
+    check_conv_forward<Kernels, Mem, float>(s, seed++);
+    check_conv_forward<Kernels, Mem, bfloat16>(s, seed++);
+    check_conv_backward<Kernels, Mem, float>(s, seed++);
+    check_conv_backward<Kernels, Mem, bfloat16>(s, seed++);
+    check_conv_step<Kernels, Mem, float>(s, seed++);
   }
-  check_conv_backward<Ops, Mem, float>({256, 60, 256, 4}, seed++);
+  check_conv_backward<Kernels, Mem, float>({256, 60, 256, 4}, seed++);
 }
 
 TEST(GpuRmsNorm, ForwardAndBackwardMatchCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 201;
   for (const auto& s : norm_shapes()) {
-    check_rmsnorm<Ops, Mem, float>(s, seed++);
-    check_rmsnorm<Ops, Mem, bfloat16>(s, seed++);
+    check_rmsnorm<Kernels, Mem, float>(s, seed++);
+    check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
   }
-  check_rmsnorm<Ops, Mem, float>({256 * 60, 128}, seed++);
+  check_rmsnorm<Kernels, Mem, float>({256 * 60, 128}, seed++);
 }
 
 TEST(GpuElementwise, MatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 301;
   for (auto [M, N] : {std::pair<size_t, size_t>{1, 1}, {37, 40}, {300, 7}, {256 * 60, 256}})
-    check_elementwise<Ops, Mem>(M, N, seed++);
-  check_bf16_rounding<Ops, Mem>(311);
+    check_elementwise<Kernels, Mem>(M, N, seed++);
+  check_bf16_rounding<Kernels, Mem>(311);
 }
 
 TEST(GpuGemm, CublasLtMatchesCpu) {
@@ -144,24 +146,24 @@ TEST(GpuGemm, CublasLtMatchesCpu) {
   shapes.push_back({false, true, 256 * 60, 512, 128, 0.0, 0});  // gpu_standard in_proj
   shapes.push_back({true, false, 512, 128, 256 * 60, 1.0, 0});  // its weight gradient
   for (const auto& s : shapes) {
-    check_gemm<Ops, Mem, float>(s, seed++);
-    check_gemm<Ops, Mem, bfloat16>(s, seed++);
+    check_gemm<Kernels, Mem, float>(s, seed++);
+    check_gemm<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
 
 TEST(GpuAdamW, MatchesCpuOptimizer) {
   REQUIRE_DEVICE();
-  check_adamw<Ops, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
-  check_adamw<Ops, Mem>({300, 2000}, 1.0f, 5, 2, 402);
-  check_adamw<Ops, Mem>({65536 * 8, 128, 256 * 16}, 1.0f, 3, -1, 403);  // gpu_standard-sized
+  check_adamw<Kernels, Mem>({1000, 37, 4096, 5}, 0.0f, 4, -1, 401);
+  check_adamw<Kernels, Mem>({300, 2000}, 1.0f, 5, 2, 402);
+  check_adamw<Kernels, Mem>({65536 * 8, 128, 256 * 16}, 1.0f, 3, -1, 403);  // gpu_standard-sized
 }
 
 TEST(GpuScan, BadStateSizeNamesTheOp) {
   REQUIRE_DEVICE();
   try {
-    cuda::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                        nullptr, nullptr, true, nullptr, nullptr, 1, 1, 1, 64,
-                                        nullptr);
+    Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                           nullptr, nullptr, true, nullptr, nullptr, 1, 1, 1, 64,
+                                           nullptr);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
@@ -171,15 +173,15 @@ TEST(GpuScan, BadStateSizeNamesTheOp) {
 TEST(GpuGru, LayerMatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 501;
-  for (const auto& s : gru_shapes()) check_gru<Ops, Mem>(s, seed++);
-  check_gru<Ops, Mem>({64, 60, 128, 128}, 511);  // a gpu_standard-sized layer
+  for (const auto& s : gru_shapes()) check_gru<Kernels, Mem>(s, seed++);
+  check_gru<Kernels, Mem>({64, 60, 128, 128}, 511);  // a gpu_standard-sized layer
 }
 
 TEST(GpuGru, Bf16FormMatchesCpu) {
   REQUIRE_DEVICE();
   uint64_t seed = 521;
-  for (const auto& s : gru_shapes()) check_gru_bf16<Ops, Mem>(s, seed++);
-  check_gru_bf16<Ops, Mem>({64, 60, 128, 128}, 531);
+  for (const auto& s : gru_shapes()) check_gru_bf16<Kernels, Mem>(s, seed++);
+  check_gru_bf16<Kernels, Mem>({64, 60, 128, 128}, 531);
 }
 
 TEST(GpuGru, CudnnStackMatchesCpu) {

@@ -52,7 +52,7 @@ struct GruData {
   }
 };
 
-template <class Ops, class Mem>
+template <class Kernels, class Mem>
 void check_gru(const GruShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const GruData d(s, seed);
@@ -79,19 +79,21 @@ void check_gru(const GruShape& s, uint64_t seed) {
   const float* w_hh = mem.upload(elems<float>(d.w_hh));
   float* g_y = mem.template alloc<float>(M * s.H);
   float* g_saved = mem.template alloc<float>(saved.size());
-  Ops::gru_forward(mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr,
-                   mem.upload(elems<float>(d.b_ih)), mem.upload(elems<float>(d.b_hh)), g_y, g_saved,
-                   mem.alloc_bytes(Ops::gru_forward_workspace_bytes(s.B, s.L, s.In, s.H, false)),
-                   s.B, s.L, s.In, s.H, mem.stream());
+  Kernels::gru_forward(
+      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, mem.upload(elems<float>(d.b_ih)),
+      mem.upload(elems<float>(d.b_hh)), g_y, g_saved,
+      mem.alloc_bytes(Kernels::gru_forward_workspace_bytes(s.B, s.L, s.In, s.H, false)), s.B, s.L,
+      s.In, s.H, mem.stream());
   float* g_dx = mem.template alloc<float>(M * s.In);
   float* g_dw_ih = mem.upload(elems<float>(dw_ih0));
   float* g_dw_hh = mem.upload(elems<float>(dw_hh0));
   float* g_db_ih = mem.upload(elems<float>(db_ih0));
   float* g_db_hh = mem.upload(elems<float>(db_hh0));
-  Ops::gru_backward(mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
-                    mem.upload(elems<float>(d.dy)), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh,
-                    mem.alloc_bytes(Ops::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)),
-                    s.B, s.L, s.In, s.H, mem.stream());
+  Kernels::gru_backward(
+      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
+      mem.upload(elems<float>(d.dy)), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh,
+      mem.alloc_bytes(Kernels::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)), s.B, s.L,
+      s.In, s.H, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(g_y, y.size())), y, 1e-5, "y");
   EXPECT_CLOSE(values(mem.download(g_saved, saved.size())), saved, 1e-5, "saved gates");
@@ -103,11 +105,11 @@ void check_gru(const GruShape& s, uint64_t seed) {
 
   // dx is optional: the weight gradients do not depend on it.
   float* g_dw_ih2 = mem.upload(elems<float>(dw_ih0));
-  Ops::gru_backward(mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
-                    mem.upload(elems<float>(d.dy)), nullptr, g_dw_ih2,
-                    mem.upload(elems<float>(dw_hh0)), nullptr, nullptr,
-                    mem.alloc_bytes(Ops::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)),
-                    s.B, s.L, s.In, s.H, mem.stream());
+  Kernels::gru_backward(
+      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
+      mem.upload(elems<float>(d.dy)), nullptr, g_dw_ih2, mem.upload(elems<float>(dw_hh0)), nullptr,
+      nullptr, mem.alloc_bytes(Kernels::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)),
+      s.B, s.L, s.In, s.H, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(g_dw_ih2, dw_ih.size())), dw_ih, 1e-5, "dw_ih without dx");
 }
@@ -118,7 +120,7 @@ void check_gru(const GruShape& s, uint64_t seed) {
 // differ at all; one step's dw_hh is its start, h_{-1} being zero). A tipped state is carried
 // through the rest of the window: over 60 steps an H200's cuBLAS (split-K kernels) came to
 // 2.1e-4 on dx and dw_ih, hence 5e-4, still a tenth of the gap to FP32 or less.
-template <class Ops, class Mem>
+template <class Kernels, class Mem>
 void check_gru_bf16(const GruShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s) + " bf16");
   const GruData d(s, seed);
@@ -166,18 +168,20 @@ void check_gru_bf16(const GruShape& s, uint64_t seed) {
   const float* g_x = mem.upload(x);
   float* g_y = mem.template alloc<float>(M * s.H);
   float* g_saved = mem.template alloc<float>(ref.saved.size());
-  const size_t ws_bytes = std::max(Ops::gru_forward_workspace_bytes(s.B, s.L, s.In, s.H, true),
-                                   Ops::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, true));
+  const size_t ws_bytes =
+      std::max(Kernels::gru_forward_workspace_bytes(s.B, s.L, s.In, s.H, true),
+               Kernels::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, true));
   void* ws = mem.alloc_bytes(ws_bytes);
   // The FP32 weights are not read by the bf16 form: null proves it.
-  Ops::gru_forward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf, mem.upload(b_ih),
-                   mem.upload(b_hh), g_y, g_saved, ws, s.B, s.L, s.In, s.H, mem.stream());
+  Kernels::gru_forward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf,
+                       mem.upload(b_ih), mem.upload(b_hh), g_y, g_saved, ws, s.B, s.L, s.In, s.H,
+                       mem.stream());
   float* g_dx = mem.template alloc<float>(M * s.In);
   float *g_dw_ih = mem.upload(dw_ih0), *g_dw_hh = mem.upload(dw_hh0);
   float *g_db_ih = mem.upload(db0), *g_db_hh = mem.upload(db0);
-  Ops::gru_backward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf, g_y, g_saved,
-                    mem.upload(dy), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh, ws, s.B, s.L, s.In,
-                    s.H, mem.stream());
+  Kernels::gru_backward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf, g_y, g_saved,
+                        mem.upload(dy), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh, ws, s.B, s.L,
+                        s.In, s.H, mem.stream());
   mem.sync();
   const auto check = [&](float* got, const std::vector<float>& want, const std::vector<float>& f32,
                          const char* what) {

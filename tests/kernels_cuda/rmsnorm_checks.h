@@ -21,7 +21,7 @@ inline std::string describe(const NormShape& s) {
          (s.dsum ? " dsum" : "");
 }
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_rmsnorm(const NormShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   std::mt19937_64 rng(seed);
@@ -43,9 +43,9 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   T *g_y = mem.template alloc<T>(n), *g_sum = mem.template alloc<T>(n);
   float* g_rstd = mem.template alloc<float>(s.M);
   const float* g_w = mem.upload(elems<float>(w));
-  Ops::template rms_forward<T>(mem.upload(elems<T>(x)),
-                               s.residual ? mem.upload(elems<T>(res)) : nullptr, g_w, g_y, g_sum,
-                               g_rstd, s.M, s.D, 1e-5f, mem.stream());
+  Kernels::template rmsnorm_add_forward<T>(mem.upload(elems<T>(x)),
+                                           s.residual ? mem.upload(elems<T>(res)) : nullptr, g_w,
+                                           g_y, g_sum, g_rstd, s.M, s.D, 1e-5f, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(g_y, n)), y, tolerance<T>(), "y");
   EXPECT_CLOSE(values(mem.download(g_sum, n)), sum_t, tolerance<T>() / 10, "sum");
@@ -53,9 +53,10 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   // Backward in place on the residual gradient (ds aliases dsum), as the model uses it.
   T* g_ds = s.dsum ? mem.upload(elems<T>(dsum)) : mem.template alloc<T>(n);
   float* g_dw = mem.upload(elems<float>(dw0));
-  void* ws = mem.alloc_bytes(Ops::rms_backward_workspace_bytes(s.M, s.D));
-  Ops::template rms_backward<T>(g_sum, g_w, g_rstd, mem.upload(elems<T>(dy)),
-                                s.dsum ? g_ds : nullptr, g_ds, g_dw, ws, s.M, s.D, mem.stream());
+  void* ws = mem.alloc_bytes(Kernels::rmsnorm_add_backward_workspace_bytes(s.M, s.D));
+  Kernels::template rmsnorm_add_backward<T>(g_sum, g_w, g_rstd, mem.upload(elems<T>(dy)),
+                                            s.dsum ? g_ds : nullptr, g_ds, g_dw, ws, s.M, s.D,
+                                            mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(g_ds, n)), ds, tolerance<T>(), "ds");
   EXPECT_CLOSE(values(mem.download(g_dw, s.D)), dw, std::max(1e-5, tolerance<T>() / 10),

@@ -1,5 +1,5 @@
 // Checks of the CUDA selective scan against the CPU reference (float64 instance), run by the
-// emulated tests and the gpu tests. `Ops` names the entry points (namespace cuda or
+// emulated tests and the gpu tests. `Kernels` names the entry points (namespace cuda or
 // cuda_emulated), `Mem` the memory backend (device_checks.h).
 #pragma once
 
@@ -63,7 +63,7 @@ void scan_reference(const ScanShape& s, const ScanData<T>& d, std::vector<double
                                  last.data(), s.B, s.L, s.D, s.N);
 }
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_scan_forward(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
@@ -73,17 +73,17 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
   Mem mem;
   T* out = mem.template alloc<T>(bld);
   float* last = mem.template alloc<float>(bdn);
-  Ops::template scan_forward<T>(up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta),
-                                up<Mem, float>(mem, d.A), up<Mem, T>(mem, d.Bm),
-                                up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-                                up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, out,
-                                last, s.B, s.L, s.D, s.N, mem.stream());
+  Kernels::template selective_scan_forward<T>(
+      up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
+      up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, out, last, s.B, s.L, s.D, s.N,
+      mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(out, bld)), ref, tolerance<T>(), "out");
   EXPECT_CLOSE(values(mem.download(last, bdn)), ref_last, 1e-5, "last_state");
 }
 
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_scan_backward(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
@@ -108,8 +108,8 @@ void check_scan_backward(const ScanShape& s, uint64_t seed) {
   float* g_dA = mem.upload(elems<float>(dA0));
   float* g_dD = mem.upload(elems<float>(dD0));
   float* g_db = mem.upload(elems<float>(db0));
-  void* w = mem.alloc_bytes(Ops::scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
-  Ops::template scan_backward<T>(
+  void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+  Kernels::template selective_scan_backward<T>(
       up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
       up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
       up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, T>(mem, d.dout), g_du,
@@ -129,7 +129,7 @@ void check_scan_backward(const ScanShape& s, uint64_t seed) {
 }
 
 // The stateful single step, frame after frame, equals the parallel forward on the same frames.
-template <class Ops, class Mem, class T>
+template <class Kernels, class Mem, class T>
 void check_scan_step(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
@@ -151,7 +151,7 @@ void check_scan_step(const ScanShape& s, uint64_t seed) {
   std::vector<double> got(bld);
   for (int t = 0; t < s.L; ++t) {
     T* out = mem.template alloc<T>(size_t(s.B) * s.D);
-    Ops::template scan_step<T>(
+    Kernels::template selective_scan_step<T>(
         state, up<Mem, T>(mem, frame(d.u, t, s.D)), up<Mem, T>(mem, frame(d.delta, t, s.D)), A,
         up<Mem, T>(mem, frame(d.Bm, t, s.N)), up<Mem, T>(mem, frame(d.Cm, t, s.N)), Dskip,
         up<Mem, T>(mem, frame(d.z, t, s.D)), bias, s.softplus, out, s.B, s.D, s.N, mem.stream());

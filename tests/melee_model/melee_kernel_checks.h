@@ -2,7 +2,8 @@
 // references in model_math.h, run in float64, on fresh random inputs: the embedding's gather,
 // mirror draws and table gradients; the BC loss's statistics (loss, NLL, accuracy, repeat counts,
 // the baseline from them, the bad-label flag) and its logit gradients. Written against a kernel
-// table K (MeleeKernels<backend>) and a memory backend (tests/kernels_cuda/device_checks.h).
+// table K (melee::cuda::Kernels or its emulated twin) and a memory backend
+// (tests/kernels_cuda/device_checks.h).
 #pragma once
 
 #include <gtest/gtest.h>

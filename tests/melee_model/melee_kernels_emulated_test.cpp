@@ -1,11 +1,11 @@
 // The Melee stages' CUDA kernels on the CPU emulator against model_math.h's references.
-#include "stages/melee/melee_backend.h"
+#include "stages/melee/melee_kernels.h"
 #include "tests/melee_model/melee_kernel_checks.h"
 
 namespace slipstream::melee::test {
 namespace {
 
-using K = MeleeKernels<KernelBackend::emulated>;
+using K = cuda_emulated::Kernels;
 using Mem = kernels::test::EmulatedMemory;
 
 TEST(MeleeKernelsEmulated, EmbeddingMatchesCpu) {

@@ -3,14 +3,14 @@
 #include <gtest/gtest.h>
 
 #if SLIPSTREAM_KERNELS_CUDA
-#include "stages/melee/melee_backend.h"
+#include "stages/melee/melee_kernels.h"
 #include "tests/kernels_cuda/cuda_memory.h"
 #include "tests/melee_model/melee_kernel_checks.h"
 
 namespace slipstream::melee::test {
 namespace {
 
-using K = MeleeKernels<KernelBackend::cuda>;
+using K = cuda::Kernels;
 using Mem = kernels::test::CudaMemory;
 
 TEST(MeleeKernelsGpu, EmbeddingMatchesCpu) {

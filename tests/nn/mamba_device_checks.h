@@ -1,7 +1,7 @@
-// The Mamba model through its device ops (stages/nn/device_ops.h) against the CPU model in
+// The Mamba model through its device ops (stages/ops/device_ops.h) against the CPU model in
 // float64, forward, input gradient and every parameter gradient, fp32 and bf16. Shared by the
 // emulated test (the kernels on the CPU emulator, every build) and the gpu test (a device).
-// `Kernels` is a kernel table (kernels/cuda_kernel_table.h); `memory` where the device ops
+// `Kernels` is a kernel table (kernels/cuda_kernels.h); `memory` where the device ops
 // allocate; `gemm` their cuBLASLt context.
 #pragma once
 
@@ -14,8 +14,8 @@
 
 #include "engine/tensor.h"
 #include "kernels/bf16.h"
-#include "stages/nn/device_ops.h"
 #include "stages/nn/mamba_model.h"
+#include "stages/ops/device_ops.h"
 #include "tests/kernels/gradcheck.h"
 
 namespace slipstream::nn::test {
@@ -75,7 +75,7 @@ void check_mamba_on_device(const MambaDeviceCase& k, const Device& memory, cudaS
   ref.forward(xd.data(), wd.data(), nullptr, y_ref.data());
   ref.backward(xd.data(), dyd.data(), wd.data(), nullptr, g_ref.data(), dx_ref.data());
 
-  using Ops = DeviceOps<Kernels>;
+  using Ops = ops::DeviceOps<Kernels>;
   MambaModel<float, Ops> m(c, Ops(memory, stream, gemm));
   m.resize(k.B, k.L, k.bf16);
   std::vector<uint16_t> wb(w.size());

@@ -1,14 +1,13 @@
 // The Mamba model's device path (DeviceOps over the CUDA kernel sources) on the CPU emulator,
 // against the CPU model in float64: every build runs the code a GPU run executes, except
 // cuBLASLt (the emulated GEMM is the CPU's) and the stream's concurrency.
-#include "kernels/cuda_kernel_table.h"
-#include "kernels/emulation/emulated_kernels.h"
+#include "kernels/cuda_kernels.h"
 #include "tests/nn/mamba_device_checks.h"
 
 namespace slipstream::nn::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(EmulatedKernels, ::slipstream::kernels::cuda_emulated, true);
+using kernels::EmulatedKernels;
 
 TEST(MambaEmulatedDevice, MatchesCpuModel) {
   uint64_t seed = 1;
@@ -19,7 +18,7 @@ TEST(MambaEmulatedDevice, MatchesCpuModel) {
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {
   MambaConfig c;
   c.d_state = 64;
-  using Ops = DeviceOps<EmulatedKernels>;
+  using Ops = ops::DeviceOps<EmulatedKernels>;
   EXPECT_THROW((MambaModel<float, Ops>(c, Ops(Device::cpu(), nullptr, {}))), std::invalid_argument);
 }
 

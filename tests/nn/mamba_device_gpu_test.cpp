@@ -1,5 +1,5 @@
-// The Mamba model on a CUDA device (DeviceOps over kernels::cuda, cuBLASLt GEMMs) against the
-// CPU model in float64. Label gpu; SKIPPED without a device or in builds without CUDA.
+// The Mamba model on a CUDA device (DeviceOps over kernels::CudaKernels, cuBLASLt GEMMs) against
+// the CPU model in float64. Label gpu; SKIPPED without a device or in builds without CUDA.
 #include <gtest/gtest.h>
 
 #if SLIPSTREAM_KERNELS_CUDA
@@ -7,14 +7,14 @@
 #include <cuda_runtime.h>
 
 #include "engine/device.h"
-#include "kernels/cuda_kernel_table.h"
+#include "kernels/cuda_kernels.h"
 #include "kernels/gemm.h"
 #include "tests/nn/mamba_device_checks.h"
 
 namespace slipstream::nn::test {
 namespace {
 
-SLIPSTREAM_CUDA_KERNEL_TABLE(CudaKernels, ::slipstream::kernels::cuda, false);
+using kernels::CudaKernels;
 
 TEST(MambaGpu, MatchesCpuModel) {
   const CudaProbe& probe = probe_cuda();
@@ -25,7 +25,7 @@ TEST(MambaGpu, MatchesCpuModel) {
   ASSERT_EQ(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
   const Device dev = Device::cuda(0);
   Tensor ws = Tensor::empty({int64_t{32} << 20}, DType::u8, dev, "gemm workspace");
-  const kernels::cuda::GemmContext gemm{lt, ws.raw(), size_t(ws.numel())};
+  const CudaKernels::GemmContext gemm{lt, ws.raw(), size_t(ws.numel())};
   uint64_t seed = 1;
   for (const auto& k : mamba_device_cases())
     check_mamba_on_device<CudaKernels>(k, dev, stream, gemm, seed++);

@@ -362,13 +362,13 @@ TEST(MambaStage, NewBatchShapeReallocates) {
 }
 
 // CPU ops that also count the GEMMs' floating-point operations.
-struct GemmCountingOps : CpuOps<double> {
+struct GemmCountingOps : ops::CpuOps<double> {
   std::shared_ptr<double> flops = std::make_shared<double>(0);
   void gemm(bool ta, bool tb, int M, int N, int K, const double* A, const uint16_t* Ab, int lda,
             const double* B, const uint16_t* Bb, int ldb, double beta, double* C, int ldc,
             void* scratch) const {
     *flops += 2.0 * M * N * K;
-    CpuOps<double>::gemm(ta, tb, M, N, K, A, Ab, lda, B, Bb, ldb, beta, C, ldc, scratch);
+    ops::CpuOps<double>::gemm(ta, tb, M, N, K, A, Ab, lda, B, Bb, ldb, beta, C, ldc, scratch);
   }
 };
 

@@ -11,7 +11,7 @@ rm -rf "$prefix" "$work"
 cmake --install "$build" --prefix "$prefix" --component tools >/dev/null
 cmake --install "$build" --prefix "$prefix" --component sdk >/dev/null
 for f in bin/slipstream share/slipstream/presets/cpu_quick.yaml \
-         include/slipstream/sdk/engine/registry.h include/slipstream/sdk/stages/nn/ops_backend.h; do
+         include/slipstream/sdk/engine/registry.h include/slipstream/sdk/stages/ops/with_ops.h; do
   test -f "$prefix/$f" || { echo "not installed: $f"; exit 1; }
 done
 test -f "$(ls -d "$prefix"/lib*/cmake/slipstream | head -n 1)/slipstreamConfig.cmake" ||

@@ -140,7 +140,7 @@ def main(out):
         if "bf16" in by and "bf16/nograph" in by:
             print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "
                   "the steps/s without it (bf16)")
-    # The scan backward's two kernel shapes (kernels/selective_scan_cuda.inc): the default
+    # The scan backward's two kernel shapes (kernels/selective_scan.h): the default
     # against the other one (registers; builds where registers was the default name it split).
     for dt in ("fp32", "bf16"):
         a = bench.get(f"scan_backward/{dt}/gpu_standard")

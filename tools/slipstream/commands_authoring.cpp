@@ -42,12 +42,12 @@ std::string fill(std::string text, const std::string& kind, const std::string& c
 constexpr const char* kStageTemplate = R"tpl(// @KIND@: TODO one line on what this stage computes.
 //
 // The pattern of a device-neutral stage: the math is written once against the model ops
-// (stages/nn/model_ops.h: CpuOps; stages/nn/device_ops.h: DeviceOps), and setup picks the ops of
-// the run's backend with nn::with_ops: the CPU kernels, the CUDA kernels on the run's stream, or
+// (stages/ops/cpu_ops.h: CpuOps; stages/ops/device_ops.h: DeviceOps), and setup picks the ops of
+// the run's backend with ops::with_ops: the CPU kernels, the CUDA kernels on the run's stream, or
 // the CPU emulator (device: emulated). Buffers come from the ops (the run's device); nothing
 // loops over data<T>() on the host, so the same stage trains on a GPU.
 #include "engine/registry.h"
-#include "stages/nn/ops_backend.h"
+#include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
@@ -92,7 +92,7 @@ class @CLASS@ : public Stage {
 
   void setup(StageContext& ctx) override {
     ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
-    math_ = nn::with_ops(ctx.exec(), "@KIND@ '" + ctx.name() + "'",
+    math_ = ops::with_ops(ctx.exec(), "@KIND@ '" + ctx.name() + "'",
                          [](auto ops) -> std::unique_ptr<@CLASS@Math> {
                            return std::make_unique<@CLASS@MathOn<decltype(ops)>>(ops);
                          });

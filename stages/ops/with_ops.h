@@ -1,8 +1,13 @@
 // The one place a stage's ops are chosen by the run's execution context: CpuOps<float> on the
-// CPU, DeviceOps over the CUDA kernels on a GPU (compute stream, cuBLASLt handle and workspace of
-// the context), DeviceOps over the emulated kernels under `device: emulated`. A stage calls
-// with_ops once, in setup, with a generic lambda that builds its model over the ops it is given;
-// from then on every op of the stage is enqueued through them.
+// CPU, DeviceOps over a CUDA kernel table on a GPU (compute stream, cuBLASLt handle and workspace
+// of the context), DeviceOps over the emulated table under `device: emulated`. A stage calls
+// with_ops once, in setup, with a generic lambda that builds its path over the ops it is given
+// (the model of mamba/gru/heads, or a stage's own CPU and device forms); from then on every op
+// of the stage is enqueued through them.
+//
+// `Family` names the pair of tables (kernels/cuda_kernels.h's KernelFamily: the kernels of
+// kernels/; a stage with kernels of its own passes a family whose tables extend those, as the
+// Melee stages do with melee::MeleeKernelFamily). Ops::Table is the table in use.
 #pragma once
 
 #include <memory>
@@ -10,33 +15,23 @@
 #include <string>
 
 #include "engine/exec_context.h"
-#include "kernels/cuda_kernel_table.h"
-#include "stages/nn/device_ops.h"
-#include "stages/nn/model_ops.h"
-#if SLIPSTREAM_CUDA_EMULATOR
-#include "kernels/emulation/emulated_kernels.h"
-#endif
+#include "kernels/cuda_kernels.h"
+#include "stages/ops/cpu_ops.h"
+#include "stages/ops/device_ops.h"
 
-namespace slipstream::nn {
-
-#if SLIPSTREAM_KERNELS_CUDA
-SLIPSTREAM_CUDA_KERNEL_TABLE(CudaKernels, ::slipstream::kernels::cuda, false);
-#endif
-#if SLIPSTREAM_CUDA_EMULATOR
-SLIPSTREAM_CUDA_KERNEL_TABLE(EmulatedKernels, ::slipstream::kernels::cuda_emulated, true);
-#endif
+namespace slipstream::ops {
 
 // f(ops) with the ops of exec's backend; every branch must return the same type (e.g. a
-// unique_ptr to the stage's model interface). `who` names the stage in the error a build
-// without that backend gives.
-template <class F>
+// unique_ptr to the stage's interface). `who` names the stage in the error a build without that
+// backend gives.
+template <class Family = kernels::KernelFamily, class F>
 auto with_ops(const ExecContext& exec, const std::string& who, F&& f) {
   switch (exec.backend()) {
     case KernelBackend::cpu:
       return f(CpuOps<float>());
     case KernelBackend::cuda:
 #if SLIPSTREAM_KERNELS_CUDA
-      return f(DeviceOps<CudaKernels>(
+      return f(DeviceOps<typename Family::Cuda>(
           exec.device(), static_cast<cudaStream_t>(exec.stream()),
           {exec.blas_handle(), exec.blas_workspace(), exec.blas_workspace_bytes()}));
 #else
@@ -45,7 +40,7 @@ auto with_ops(const ExecContext& exec, const std::string& who, F&& f) {
 #endif
     case KernelBackend::emulated:
 #if SLIPSTREAM_CUDA_EMULATOR
-      return f(DeviceOps<EmulatedKernels>(Device::cpu(), nullptr, {}));
+      return f(DeviceOps<typename Family::Emulated>(Device::cpu(), nullptr, {}));
 #else
       throw std::runtime_error(who +
                                ": device emulated needs the CUDA emulator, which sanitizer "
@@ -57,10 +52,11 @@ auto with_ops(const ExecContext& exec, const std::string& who, F&& f) {
 
 // The device path of a stage that keeps its own CPU code: Impl<Ops>(ops, args...) over the device
 // ops of exec's backend, or null on the CPU.
-template <class Base, template <class> class Impl, class... Args>
+template <class Base, template <class> class Impl, class Family = kernels::KernelFamily,
+          class... Args>
 std::unique_ptr<Base> make_device_path(const ExecContext& exec, const std::string& who,
                                        Args&&... args) {
-  return with_ops(exec, who, [&](auto ops) -> std::unique_ptr<Base> {
+  return with_ops<Family>(exec, who, [&](auto ops) -> std::unique_ptr<Base> {
     using Ops = decltype(ops);
     if constexpr (Ops::kBackend == KernelBackend::cpu)
       return nullptr;
@@ -69,4 +65,4 @@ std::unique_ptr<Base> make_device_path(const ExecContext& exec, const std::strin
   });
 }
 
-}  // namespace slipstream::nn
+}  // namespace slipstream::ops

@@ -24,7 +24,7 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 
-namespace slipstream::nn {
+namespace slipstream::ops {
 
 // The sizes an ops' scratch must cover: every product (M rows, in -> out) and the sequence ops.
 struct ScratchNeeds {
@@ -139,15 +139,16 @@ class CpuOps {
                           w_ih_bf ? &bf : nullptr);
   }
 
-  void scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,
-                    const T* z, const T* delta_bias, T* out, int B, int L, int Dc, int N) const {
+  void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                              const T* D, const T* z, const T* delta_bias, T* out, int B, int L,
+                              int Dc, int N) const {
     kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, out,
                                     static_cast<T*>(nullptr), B, L, Dc, N);
   }
-  void scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm, const T* D,
-                     const T* z, const T* delta_bias, const T* dout, T* du, T* ddelta, T* dA,
-                     T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B, int L,
-                     int Dc, int N) const {
+  void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
+                               const T* D, const T* z, const T* delta_bias, const T* dout, T* du,
+                               T* ddelta, T* dA, T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias,
+                               void* scratch, int B, int L, int Dc, int N) const {
     kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, dout, du, ddelta,
                                      dA, dBm, dCm, dD, dz, ddelta_bias, static_cast<T*>(scratch), B,
                                      L, Dc, N);
@@ -175,4 +176,4 @@ class CpuOps {
   }
 };
 
-}  // namespace slipstream::nn
+}  // namespace slipstream::ops

@@ -1,7 +1,7 @@
-// The model ops (the interface of model_ops.h's CpuOps<float>) on a CUDA device: the kernels of
-// a kernel table (kernels/cuda_kernel_table.h) enqueued on one stream, GEMMs through cuBLASLt.
-// `Kernels` is the table of kernels::cuda in a CUDA build, or of kernels::cuda_emulated in the
-// tests that run the device path on the CPU (there, "device" memory is host memory).
+// The model ops (the interface of cpu_ops.h's CpuOps<float>) on a CUDA device: the kernels of
+// a kernel table (kernels/cuda_kernels.h) enqueued on one stream, GEMMs through cuBLASLt.
+// `Kernels` is a CUDA table (kernels::CudaKernels, or a table extending it) in a real run, or its
+// emulated twin where the device path runs on the CPU (there, "device" memory is host memory).
 //
 // Same math as the CPU ops, with two differences the tests allow for: the convolution's SiLU is
 // fused (its backward recomputes the pre-activation instead of reading a saved one), and sums
@@ -16,9 +16,9 @@
 #include "engine/exec_context.h"
 #include "engine/tensor.h"
 #include "kernels/cuda_api.h"
-#include "stages/nn/model_ops.h"
+#include "stages/ops/cpu_ops.h"
 
-namespace slipstream::nn {
+namespace slipstream::ops {
 
 template <class Kernels>
 class DeviceOps {
@@ -45,13 +45,14 @@ class DeviceOps {
   // Sizes left at 0 need nothing (a stage without a scan, a convolution or norms).
   size_t scratch_bytes(const ScratchNeeds& s) const {
     size_t b = 0;
-    if (s.state > 0) b = Kernels::scan_backward_workspace_bytes(s.B, s.L, s.channels, s.state);
+    if (s.state > 0)
+      b = Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.channels, s.state);
     if (s.conv_width > 0)
-      b = std::max(
-          b, Kernels::conv_backward_workspace_bytes(s.B, s.L, s.channels, s.conv_width, true));
+      b = std::max(b, Kernels::causal_conv1d_backward_workspace_bytes(s.B, s.L, s.channels,
+                                                                      s.conv_width, true));
     if (s.norm_rows > 0 && s.norm_cols > 0)
-      b = std::max({b, Kernels::rms_backward_workspace_bytes(s.norm_rows, s.norm_cols),
-                    Kernels::column_sum_workspace_bytes(s.norm_rows, s.norm_cols)});
+      b = std::max({b, Kernels::rmsnorm_add_backward_workspace_bytes(s.norm_rows, s.norm_cols),
+                    Kernels::column_sum_accumulate_workspace_bytes(s.norm_rows, s.norm_cols)});
     return b;
   }
 
@@ -61,13 +62,13 @@ class DeviceOps {
   void zero(float* p, size_t n) const { Kernels::fill(p, 0.0f, n, stream_); }
   void copy_cols(const float* src, size_t src_ld, float* dst, size_t dst_ld, size_t rows,
                  size_t cols) const {
-    Kernels::copy_cols(src, src_ld, dst, dst_ld, rows, cols, stream_);
+    Kernels::template copy_cols<float>(src, src_ld, dst, dst_ld, rows, cols, stream_);
   }
   void add_bias_rows(float* y, const float* b, size_t M, size_t N) const {
     Kernels::add_bias_rows(y, b, M, N, stream_);
   }
   void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* scratch) const {
-    Kernels::column_sum(dy, db, M, N, scratch, stream_);
+    Kernels::column_sum_accumulate(dy, db, M, N, scratch, stream_);
   }
   void neg_exp(const float* x, float* y, size_t n) const { Kernels::neg_exp(x, y, n, stream_); }
   void mul_accumulate(float* y, const float* a, const float* b, size_t n) const {
@@ -80,7 +81,7 @@ class DeviceOps {
     Kernels::silu_backward(x, dy, dx, n, stream_);
   }
   void to_bf16(const float* src, uint16_t* dst, size_t n) const {
-    Kernels::to_bf16(src, bf(dst), n, stream_);
+    Kernels::fp32_to_bf16(src, bf(dst), n, stream_);
   }
 
   void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const uint16_t* Ab, int lda,
@@ -94,26 +95,27 @@ class DeviceOps {
 
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, size_t M, size_t D,
                        double eps) const {
-    Kernels::template rms_forward<float>(x, nullptr, w, y, nullptr, rstd, M, D, float(eps),
-                                         stream_);
+    Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, nullptr, rstd, M, D, float(eps),
+                                                 stream_);
   }
   void rmsnorm_backward(const float* s, const float* w, const float* rstd, const float* dy,
                         const float* dsum, float* ds, float* dw, size_t M, size_t D,
                         void* scratch) const {
-    Kernels::template rms_backward<float>(s, w, rstd, dy, dsum, ds, dw, scratch, M, D, stream_);
+    Kernels::template rmsnorm_add_backward<float>(s, w, rstd, dy, dsum, ds, dw, scratch, M, D,
+                                                  stream_);
   }
 
   void conv_silu_forward(const float* x, const float* w, const float* b, float* pre, float* u,
                          int B, int L, int C, int K) const {
     (void)pre;
-    Kernels::template conv_forward<float>(x, w, b, u, B, L, C, K, true, stream_);
+    Kernels::template causal_conv1d_forward<float>(x, w, b, u, B, L, C, K, true, stream_);
   }
   void conv_silu_backward(const float* x, const float* w, const float* b, const float* pre,
                           const float* du, float* dpre, float* dx, float* dw, float* db, int B,
                           int L, int C, int K, void* scratch) const {
     (void)pre, (void)dpre;
-    Kernels::template conv_backward<float>(x, w, b, du, dx, dw, db, scratch, B, L, C, K, true,
-                                           stream_);
+    Kernels::template causal_conv1d_backward<float>(x, w, b, du, dx, dw, db, scratch, B, L, C, K,
+                                                    true, stream_);
   }
 
   size_t gru_workspace_bytes(int B, int L, int In, int H, bool bf16) const {
@@ -134,20 +136,22 @@ class DeviceOps {
                           dw_hh, db_ih, db_hh, ws, B, L, In, H, stream_);
   }
 
-  void scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
-                    const float* Cm, const float* D, const float* z, const float* delta_bias,
-                    float* out, int B, int L, int Dc, int N) const {
-    Kernels::template scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true, out, nullptr,
-                                          B, L, Dc, N, stream_);
+  void selective_scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
+                              const float* Cm, const float* D, const float* z,
+                              const float* delta_bias, float* out, int B, int L, int Dc,
+                              int N) const {
+    Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
+                                                    out, nullptr, B, L, Dc, N, stream_);
   }
-  void scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
-                     const float* Cm, const float* D, const float* z, const float* delta_bias,
-                     const float* dout, float* du, float* ddelta, float* dA, float* dBm, float* dCm,
-                     float* dD, float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
-                     int N) const {
-    Kernels::template scan_backward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true, dout, du,
-                                           ddelta, dA, dBm, dCm, dD, dz, ddelta_bias, scratch, B, L,
-                                           Dc, N, stream_);
+  void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
+                               const float* Cm, const float* D, const float* z,
+                               const float* delta_bias, const float* dout, float* du, float* ddelta,
+                               float* dA, float* dBm, float* dCm, float* dD, float* dz,
+                               float* ddelta_bias, void* scratch, int B, int L, int Dc,
+                               int N) const {
+    Kernels::template selective_scan_backward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
+                                                     dout, du, ddelta, dA, dBm, dCm, dD, dz,
+                                                     ddelta_bias, scratch, B, L, Dc, N, stream_);
   }
 
  private:
@@ -161,4 +165,4 @@ class DeviceOps {
   typename Kernels::GemmContext gemm_;
 };
 
-}  // namespace slipstream::nn
+}  // namespace slipstream::ops
