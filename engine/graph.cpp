@@ -630,12 +630,16 @@ class GraphPlanner {
       has_loss = has_loss || s.schema->stage_role() == StageRole::loss;
       if (s.schema->is_trainable() && trainable.empty()) trainable = s.name;
     }
-    if (!trainable.empty() && !has_loss)
-      issues.push_back(
-          {cs[by_name[trainable]].mark,
-           "stage '" + trainable +
-               "' is trainable but the graph has no loss stage: nothing would train it "
-               "(add one, e.g. bc_loss, after the model)"});
+    if (!trainable.empty() && !has_loss) {
+      std::string kinds;  // the registered loss kinds, as examples
+      for (const StageSchema* k : StageRegistry::all())
+        if (k->stage_role() == StageRole::loss) kinds += (kinds.empty() ? "" : ", ") + k->kind();
+      issues.push_back({cs[by_name[trainable]].mark,
+                        "stage '" + trainable +
+                            "' is trainable but the graph has no loss stage: nothing would train "
+                            "it (add one after the model" +
+                            (kinds.empty() ? std::string() : ", e.g. " + kinds) + ")"});
+    }
     for (int k = 0; k < n; ++k) {
       auto& ps = plan.stages[k];
       const StageConfig& c = cs[order[k]];

@@ -21,27 +21,92 @@ namespace slipstream {
 namespace {
 using namespace melee;
 
-// The device path: buffers and kernels of one backend.
-class BcLossDevice {
+// One batch as the loss's paths read it: M = B·W positions of windows of W.
+struct BcBatch {
+  uint64_t index = 0;
+  size_t M = 0, W = 0;
+  const float* logits[kHeads] = {};
+  const float* target_buttons = nullptr;
+  const int32_t* target_sticks = nullptr;
+  const float* mask = nullptr;
+  const uint8_t* mirrored = nullptr;  // may be null
+  const float* prev = nullptr;
+};
+
+// The baseline's result for repeat probabilities p (validation), from the batch's data.
+using BaselineOf = std::function<BaselineResult(const double p[kRepeatItems])>;
+// What a path hands back of a batch's forward: the loss statistics, whether it was a training
+// batch, and the baseline. (The stage's and the paths' closures hold two pointers each, which
+// std::function keeps without allocating: a step allocates nothing.)
+using OnBcResult = std::function<void(const BcLossResult&, bool training, const BaselineOf&)>;
+
+// The stage's math on one backend, built once in setup by ops::with_ops: BcLossOnCpu (the
+// reference) or BcLossOnDevice<Ops> (one fused kernel for every position's statistics, their
+// column sums read back without a wait in the step).
+class BcLossPath {
  public:
-  virtual ~BcLossDevice() = default;
+  virtual ~BcLossPath() = default;
   virtual void reserve(int64_t M) = 0;
-  // Enqueues the statistics and their sums, and their read-back: `on_sums` gets the kBcStats
-  // sums when the runner completes the step's read-backs.
-  virtual void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
-                       const float* mask, const uint8_t* mirrored, const float* prev, size_t M,
-                       size_t W, float eps, std::function<void(const float* sums)> on_sums) = 0;
-  virtual void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
-                        const float* mask, const uint8_t* mirrored, size_t M, size_t W, float eps,
-                        const float head_weights[kHeads], float* const dlogits[kHeads]) = 0;
+  // The batch's statistics: `counts` (training; null in validation) gets the batch's repeats,
+  // then `on_result` its loss and baseline — at once on the CPU, on a device when the runner
+  // completes the step's read-backs (ExecContext::read_back_later).
+  virtual void forward(const BcBatch& in, RepeatCounts* counts, OnBcResult on_result) = 0;
+  // dlogits (=) of the batch whose forward reported `weight_sum`.
+  virtual void backward(const BcBatch& in, double weight_sum, float* const dlogits[kHeads]) = 0;
+};
+
+class BcLossOnCpu final : public BcLossPath {
+ public:
+  BcLossOnCpu(const float head_weights[kHeads], float eps) : eps_(eps) {
+    std::copy(head_weights, head_weights + kHeads, hw_);
+  }
+
+  void reserve(int64_t M) override {
+    if (M <= cap_) return;
+    cap_ = M;
+    targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
+    button_weights_ =
+        Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
+  }
+
+  void forward(const BcBatch& in, RepeatCounts* counts, OnBcResult on_result) override {
+    const BcLossScratch<float> s = scratch();
+    bc_loss_prepare<float>(in.M, in.W, in.target_sticks, in.mask, in.mirrored, s);
+    const BcLossResult r =
+        bc_loss_forward<float>(in.M, in.logits, in.target_buttons, in.mask, hw_, eps_, s);
+    if (counts)
+      count_repeats<float>(in.M, in.prev, in.target_buttons, in.target_sticks, in.mask, *counts);
+    on_result(r, counts != nullptr, [&](const double p[kRepeatItems]) {
+      return baseline_forward<float>(in.M, in.prev, in.target_buttons, in.target_sticks, in.mask,
+                                     hw_, p);
+    });
+  }
+
+  void backward(const BcBatch& in, double weight_sum, float* const dlogits[kHeads]) override {
+    bc_loss_backward<float>(in.M, in.logits, in.target_buttons, in.mask, hw_, eps_, weight_sum,
+                            scratch(), dlogits);
+  }
+
+ private:
+  BcLossScratch<float> scratch() {
+    return {targets_.data<int32_t>(), button_weights_.data<float>()};
+  }
+
+  float hw_[kHeads];
+  float eps_;
+  int64_t cap_ = 0;
+  Tensor targets_, button_weights_;
 };
 
 template <class Ops>
-class BcLossDeviceOn final : public BcLossDevice {
+class BcLossOnDevice final : public BcLossPath {
   using K = typename Ops::Table;
 
  public:
-  BcLossDeviceOn(Ops ops, const ExecContext& exec) : o_(ops), exec_(exec) {
+  BcLossOnDevice(Ops ops, const ExecContext& exec, const float head_weights[kHeads], float eps,
+                 std::string who)
+      : o_(ops), exec_(exec), eps_(eps), who_(std::move(who)) {
+    std::copy(head_weights, head_weights + kHeads, hw_);
     sums_ = o_.template alloc<float>(kBcStats, "bc_loss sums");
   }
 
@@ -57,31 +122,37 @@ class BcLossDeviceOn final : public BcLossDevice {
         o_.template alloc<uint8_t>(std::max<size_t>(1, o_.scratch_bytes(need)), "bc_loss scratch");
   }
 
-  void forward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
-               const float* mask, const uint8_t* mirrored, const float* prev, size_t M, size_t W,
-               float eps, std::function<void(const float* sums)> on_sums) override {
-    K::bc_loss_rows(heads(logits), tb, ts, mask, mirrored, prev, M, W, eps,
-                    stats_.template data<float>(), o_.stream());
+  void forward(const BcBatch& in, RepeatCounts* counts, OnBcResult on_result) override {
+    K::bc_loss_rows(heads(in.logits), in.target_buttons, in.target_sticks, in.mask, in.mirrored,
+                    in.prev, in.M, in.W, eps_, stats_.template data<float>(), o_.stream());
     float* s = sums_.template data<float>();
     o_.zero(s, kBcStats);
-    o_.column_sum_accumulate(stats_.template data<float>(), s, M, kBcStats, scratch_.raw());
-    exec_.read_back_later(s, kBcStats * sizeof(float),
-                          [on_sums = std::move(on_sums)](const void* host) {
-                            on_sums(static_cast<const float*>(host));
-                          });
+    o_.column_sum_accumulate(stats_.template data<float>(), s, in.M, kBcStats, scratch_.raw());
+    exec_.read_back_later(
+        s, kBcStats * sizeof(float),
+        [this, counts, index = in.index, on_result = std::move(on_result)](const void* host) {
+          const auto* sums = static_cast<const float*>(host);
+          if (sums[kBcBadLabel] > 0)
+            throw std::runtime_error(who_ + ": target_sticks has " +
+                                     std::to_string(static_cast<int64_t>(sums[kBcBadLabel])) +
+                                     " valid position(s) with a class out of range in batch " +
+                                     std::to_string(index));
+          if (counts) add_repeats(sums, *counts);
+          on_result(bc_loss_result(sums, hw_), counts != nullptr,
+                    [&](const double p[kRepeatItems]) { return baseline_from_sums(sums, hw_, p); });
+        });
   }
 
-  void backward(const float* const logits[kHeads], const float* tb, const int32_t* ts,
-                const float* mask, const uint8_t* mirrored, size_t M, size_t W, float eps,
-                const float head_weights[kHeads], float* const dlogits[kHeads]) override {
+  void backward(const BcBatch& in, double, float* const dlogits[kHeads]) override {
     typename K::HeadWeights hw{};
     typename K::HeadGradPointers dl{};
     for (int h = 0; h < kHeads; ++h) {
-      hw.w[h] = head_weights[h];
+      hw.w[h] = hw_[h];
       dl.dlogits[h] = dlogits[h];
     }
-    K::bc_loss_backward(heads(logits), tb, ts, mask, mirrored, M, W, eps, hw,
-                        sums_.template data<float>(), dl, o_.stream());
+    // The weight sum is read on the device, from the forward's sums.
+    K::bc_loss_backward(heads(in.logits), in.target_buttons, in.target_sticks, in.mask, in.mirrored,
+                        in.M, in.W, eps_, hw, sums_.template data<float>(), dl, o_.stream());
   }
 
  private:
@@ -93,6 +164,9 @@ class BcLossDeviceOn final : public BcLossDevice {
 
   Ops o_;
   const ExecContext& exec_;
+  float hw_[kHeads];
+  float eps_;
+  std::string who_;
   int64_t cap_ = 0;
   Tensor stats_, sums_, scratch_;
 };
@@ -135,8 +209,6 @@ class BcLossStage : public Stage {
 
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
-    dev_ = ops::make_device_path<BcLossDevice, BcLossDeviceOn, MeleeKernelFamily>(
-        ctx.exec(), "bc_loss '" + ctx.name() + "'", ctx.exec());
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");
@@ -147,6 +219,15 @@ class BcLossStage : public Stage {
                                " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder");
     for (int h = 0; h < kHeads; ++h)
       head_weights_[h] = static_cast<float>(hw[static_cast<size_t>(h)]);
+    const std::string who = "bc_loss '" + ctx.name() + "'";
+    path_ = ops::with_ops<MeleeKernelFamily>(
+        ctx.exec(), who, [&](auto o) -> std::unique_ptr<BcLossPath> {
+          using Ops = decltype(o);
+          if constexpr (Ops::kBackend == KernelBackend::cpu)
+            return std::make_unique<BcLossOnCpu>(head_weights_, eps_);
+          else
+            return std::make_unique<BcLossOnDevice<Ops>>(o, ctx.exec(), head_weights_, eps_, who);
+        });
     const Shape& ms = ctx.input_shape("mask");
     for (int h = 0; h < kHeads; ++h) {
       const Shape& s = ctx.input_shape(kHeadNames[h]);
@@ -201,26 +282,21 @@ class BcLossStage : public Stage {
     reserve(static_cast<int64_t>(M));
     const bool training = ctx.run().training;
     ctx.set_output(b, "loss", loss_);
-    if (dev_) {
-      dev_->forward(logits, tb.data<float>(), ts.data<int32_t>(), mask.data<float>(), mirrored,
-                    prev.data<float>(), M, static_cast<size_t>(W), eps_,
-                    [this, &ctx, index = b.index, training](const float* sums) {
-                      device_sums(ctx, sums, index, training);
-                    });
-      return;
-    }
-    const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-    bc_loss_prepare<float>(M, static_cast<size_t>(W), ts.data<int32_t>(), mask.data<float>(),
-                           mirrored, s);
-    const BcLossResult r = bc_loss_forward<float>(M, logits, tb.data<float>(), mask.data<float>(),
-                                                  head_weights_, eps_, s);
-    if (training)
-      count_repeats<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                           mask.data<float>(), counts_);
-    report(ctx, r, training, [&](const double p[kRepeatItems]) {
-      return baseline_forward<float>(M, prev.data<float>(), tb.data<float>(), ts.data<int32_t>(),
-                                     mask.data<float>(), head_weights_, p);
-    });
+    BcBatch in;
+    in.index = b.index;
+    in.M = M;
+    in.W = static_cast<size_t>(W);
+    std::copy(logits, logits + kHeads, in.logits);
+    in.target_buttons = tb.data<float>();
+    in.target_sticks = ts.data<int32_t>();
+    in.mask = mask.data<float>();
+    in.mirrored = mirrored;
+    in.prev = prev.data<float>();
+    path_->forward(
+        in, training ? &counts_ : nullptr,
+        [this, &ctx](const BcLossResult& r, bool in_training, const BaselineOf& baseline) {
+          report(ctx, r, in_training, baseline);
+        });
   }
 
   void backward(Batch& b, StageContext& ctx) override {
@@ -233,17 +309,15 @@ class BcLossStage : public Stage {
       logits[h] = ctx.input(b, kHeadNames[h]).data<float>();
       dlogits[h] = dlogits_[h].data<float>();
     }
-    if (dev_) {
-      const uint8_t* mirrored =
-          ctx.has_input(b, "mirrored") ? ctx.input(b, "mirrored").data<uint8_t>() : nullptr;
-      dev_->backward(logits, ctx.input(b, "target_buttons").data<float>(),
-                     ctx.input(b, "target_sticks").data<int32_t>(), mask.data<float>(), mirrored, M,
-                     static_cast<size_t>(W), eps_, head_weights_, dlogits);
-    } else {
-      const BcLossScratch<float> s{targets_.data<int32_t>(), button_weights_.data<float>()};
-      bc_loss_backward<float>(M, logits, ctx.input(b, "target_buttons").data<float>(),
-                              mask.data<float>(), head_weights_, eps_, weight_sum_, s, dlogits);
-    }
+    BcBatch in;
+    in.M = M;
+    in.W = static_cast<size_t>(W);
+    std::copy(logits, logits + kHeads, in.logits);
+    in.target_buttons = ctx.input(b, "target_buttons").data<float>();
+    in.target_sticks = ctx.input(b, "target_sticks").data<int32_t>();
+    in.mask = mask.data<float>();
+    in.mirrored = ctx.has_input(b, "mirrored") ? ctx.input(b, "mirrored").data<uint8_t>() : nullptr;
+    path_->backward(in, weight_sum_, dlogits);
     for (int h = 0; h < kHeads; ++h)
       ctx.add_input_grad(
           b, kHeadNames[h],
@@ -287,23 +361,10 @@ class BcLossStage : public Stage {
                                std::to_string(b.index) + ")");
   }
 
-  // A batch's sums from the device: the label check, the repeat counts, the report.
-  void device_sums(const StageContext& ctx, const float* sums, uint64_t index, bool training) {
-    if (sums[kBcBadLabel] > 0)
-      throw std::runtime_error("bc_loss '" + ctx.name() + "': target_sticks has " +
-                               std::to_string(static_cast<int64_t>(sums[kBcBadLabel])) +
-                               " valid position(s) with a class out of range in batch " +
-                               std::to_string(index));
-    if (training) add_repeats(sums, counts_);
-    report(ctx, bc_loss_result(sums, head_weights_), training, [&](const double p[kRepeatItems]) {
-      return baseline_from_sums(sums, head_weights_, p);
-    });
-  }
-
   // The batch's loss output and metrics; in validation also the baseline's, from
   // `baseline(p)` with the repeat probabilities p.
-  template <class Baseline>
-  void report(const StageContext& ctx, const BcLossResult& r, bool training, Baseline&& baseline) {
+  void report(const StageContext& ctx, const BcLossResult& r, bool training,
+              const BaselineOf& baseline) {
     weight_sum_ = r.weight_sum;
     loss_.data<float>()[0] = static_cast<float>(r.total);
     if (!(r.weight_sum > 0)) return;  // nothing valid: a 0 would bias the averages
@@ -330,14 +391,9 @@ class BcLossStage : public Stage {
   }
 
   void reserve(int64_t M) {
-    if (dev_) dev_->reserve(M);
+    path_->reserve(M);
     if (M <= rows_cap_) return;
     rows_cap_ = M;
-    if (!dev_) {
-      targets_ = Tensor::empty(Shape{kStickHeads, M}, DType::i32, Device::cpu(), "bc_loss targets");
-      button_weights_ =
-          Tensor::empty(Shape{M, kButtons}, DType::f32, Device::cpu(), "bc_loss button weights");
-    }
     for (int h = 0; h < kHeads; ++h)
       dlogits_[h] = Tensor::empty(Shape{M, head_width(h)}, DType::f32, device_, "bc_loss dlogits");
   }
@@ -350,9 +406,9 @@ class BcLossStage : public Stage {
   } names_;
   RepeatCounts counts_, seen_;  // this rank's training positions; all ranks' at validation
   Device device_;
-  std::unique_ptr<BcLossDevice> dev_;  // null on the CPU
+  std::unique_ptr<BcLossPath> path_;  // the CPU or the device form
   double weight_sum_ = 0;
-  Tensor loss_, targets_, button_weights_, dlogits_[kHeads];
+  Tensor loss_, dlogits_[kHeads];
   int64_t rows_cap_ = 0;
   int64_t rows_setup_ = 0;  // B·W known at setup (cost())
 };

@@ -40,26 +40,14 @@ double gaussian(uint64_t key, uint64_t i) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-void check_ids(const Tensor& t, int32_t limit, const char* port, const std::string& stage) {
-  const int32_t* p = t.data<int32_t>();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    if (p[i] < 0 || p[i] >= limit)
-      throw std::runtime_error("melee_embedding '" + stage + "': " + port + " id " +
-                               std::to_string(p[i]) + " at element " + std::to_string(i) +
-                               " is outside [0, " + std::to_string(limit) + ")");
-}
-
-// The device path: kernels and workspace of one backend.
-class EmbedDevice {
- public:
-  virtual ~EmbedDevice() = default;
-  virtual void forward(size_t rows, size_t window, size_t windows, const float* numeric,
-                       const int32_t* action, const int32_t* character, const int32_t* stage,
-                       const float* prev, bool mirror, uint64_t key, float noise_sd,
-                       const float* tables, uint8_t* mirrored, float* out) = 0;
-  virtual void backward(size_t rows, const float* numeric, const int32_t* action,
-                        const int32_t* character, const int32_t* stage, const float* dout,
-                        float* dtables) = 0;
+// One batch's inputs as the embedding's paths read them.
+struct EmbedBatch {
+  size_t rows = 0, window = 0, windows = 0;  // rows = windows · window
+  const float* numeric = nullptr;
+  const int32_t* action = nullptr;
+  const int32_t* character = nullptr;
+  const int32_t* stage = nullptr;
+  const float* prev = nullptr;
 };
 
 // Offsets of the three tables in the stage's store.
@@ -67,38 +55,103 @@ struct TableOffsets {
   size_t action = 0, character = 0, stage = 0;
 };
 
+// The stage's math on one backend, built once in setup by ops::with_ops: EmbedOnCpu (the
+// reference, ids checked per batch) or EmbedOnDevice<Ops> (the Melee kernels on the ops' stream).
+class EmbedPath {
+ public:
+  virtual ~EmbedPath() = default;
+  // x (rows, E) into `out` and the windows' mirror flags into `mirrored`; `key` is the batch's
+  // draw key (mirror flags, noise).
+  virtual void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd,
+                       const float* tables, uint8_t* mirrored, float* out) = 0;
+  // Table gradients (+=) from dout (rows, E).
+  virtual void backward(const EmbedBatch& in, const float* dout, float* dtables) = 0;
+};
+
+class EmbedOnCpu final : public EmbedPath {
+ public:
+  EmbedOnCpu(const EmbedLayout& L, TableOffsets off, std::string who)
+      : layout_(L), off_(off), who_(std::move(who)) {}
+
+  void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
+               uint8_t* mirrored, float* out) override {
+    const size_t slots = in.rows * kSlots;
+    check_ids(in.action, slots, kActionStates, "action");
+    check_ids(in.character, slots, kCharacters, "character");
+    check_ids(in.stage, in.rows, kStages, "stage");
+    for (size_t w = 0; w < in.windows; ++w)
+      mirrored[w] = mirror ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63) : 0;
+    embed_forward<float>(layout_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
+                         in.prev, mirrored, tables + off_.action, tables + off_.character,
+                         tables + off_.stage, out);
+    if (noise_sd > 0) add_noise(in.numeric, in.rows, mix64(key ^ kEmbedNoiseSalt), noise_sd, out);
+  }
+
+  void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
+    embed_backward<float>(layout_, in.rows, in.numeric, in.action, in.character, in.stage, dout,
+                          dtables + off_.action, dtables + off_.character, dtables + off_.stage);
+  }
+
+ private:
+  void check_ids(const int32_t* p, size_t n, int32_t limit, const char* port) const {
+    for (size_t i = 0; i < n; ++i)
+      if (p[i] < 0 || p[i] >= limit)
+        throw std::runtime_error(who_ + ": " + port + " id " + std::to_string(p[i]) +
+                                 " at element " + std::to_string(i) + " is outside [0, " +
+                                 std::to_string(limit) + ")");
+  }
+
+  // Noise on the normalised numeric columns of existing slots (absent slots stay exactly zero).
+  void add_noise(const float* numeric, size_t rows, uint64_t key, float sd, float* out) const {
+    const size_t E = static_cast<size_t>(layout_.width());
+    kernels::parallel_blocks(rows, 64 * kSlots * kNumericFeatures, [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r)
+        for (int s = 0; s < kSlots; ++s) {
+          const size_t rs = r * kSlots + static_cast<size_t>(s);
+          if (!slot_exists(numeric + rs * kNumericFeatures)) continue;
+          float* o = out + r * E + layout_.slot_offset(s);
+          for (int f = 0; f < kNumericFeatures; ++f)
+            o[f] += sd * static_cast<float>(
+                             gaussian(key, rs * kNumericFeatures + static_cast<size_t>(f)));
+        }
+    });
+  }
+
+  EmbedLayout layout_;
+  TableOffsets off_;
+  std::string who_;
+};
+
 template <class Ops>
-class EmbedDeviceOn final : public EmbedDevice {
+class EmbedOnDevice final : public EmbedPath {
   using K = typename Ops::Table;
 
  public:
-  EmbedDeviceOn(Ops ops, const ExecContext& exec, const EmbedLayout& L, TableOffsets off)
+  EmbedOnDevice(Ops ops, const ExecContext& exec, const EmbedLayout& L, TableOffsets off)
       : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops), exec_(exec) {
     key_ = o_.template alloc<uint8_t>(sizeof(uint64_t), "melee_embedding batch key");
   }
 
-  void forward(size_t rows, size_t window, size_t windows, const float* numeric,
-               const int32_t* action, const int32_t* character, const int32_t* stage,
-               const float* prev, bool mirror, uint64_t key, float noise_sd, const float* tables,
+  void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
                uint8_t* mirrored, float* out) override {
     // The batch's key reaches the kernels through device memory, in stream order: the step's
     // launches are then the same from batch to batch, as a CUDA graph of the step needs.
     const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
     exec_.upload_later(key_.raw(), &key, sizeof key);
-    K::embed_mirror_flags(mirrored, windows, k, mirror ? 1 : 0, o_.stream());
-    K::embed_forward(dims_, rows, window, numeric, action, character, stage, prev, mirrored,
-                     tables + off_.action, tables + off_.character, tables + off_.stage, out,
-                     o_.stream());
-    if (noise_sd > 0) K::embed_add_noise(dims_, rows, numeric, k, noise_sd, out, o_.stream());
+    K::embed_mirror_flags(mirrored, in.windows, k, mirror ? 1 : 0, o_.stream());
+    K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
+                     in.prev, mirrored, tables + off_.action, tables + off_.character,
+                     tables + off_.stage, out, o_.stream());
+    if (noise_sd > 0) K::embed_add_noise(dims_, in.rows, in.numeric, k, noise_sd, out, o_.stream());
   }
 
-  void backward(size_t rows, const float* numeric, const int32_t* action, const int32_t* character,
-                const int32_t* stage, const float* dout, float* dtables) override {
-    const size_t bytes = K::embed_backward_workspace_bytes(dims_, rows);
+  void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
+    const size_t bytes = K::embed_backward_workspace_bytes(dims_, in.rows);
     if (!ws_.defined() || ws_.nbytes() < bytes)
       ws_ = o_.template alloc<uint8_t>(std::max<size_t>(bytes, 1), "melee_embedding workspace");
-    K::embed_backward(dims_, rows, numeric, action, character, stage, dout, dtables + off_.action,
-                      dtables + off_.character, dtables + off_.stage, ws_.raw(), o_.stream());
+    K::embed_backward(dims_, in.rows, in.numeric, in.action, in.character, in.stage, dout,
+                      dtables + off_.action, dtables + off_.character, dtables + off_.stage,
+                      ws_.raw(), o_.stream());
   }
 
  private:
@@ -180,8 +233,15 @@ class MeleeEmbeddingStage : public Stage {
         for (size_t i = 0; i < t.numel; ++i) w[t.offset + i] = static_cast<float>(nd(rng) * scale);
       }
     });
-    dev_ = ops::make_device_path<EmbedDevice, EmbedDeviceOn, MeleeKernelFamily>(
-        ctx.exec(), "melee_embedding '" + ctx.name() + "'", ctx.exec(), layout_, off_);
+    const std::string who = "melee_embedding '" + ctx.name() + "'";
+    path_ = ops::with_ops<MeleeKernelFamily>(
+        ctx.exec(), who, [&](auto o) -> std::unique_ptr<EmbedPath> {
+          using Ops = decltype(o);
+          if constexpr (Ops::kBackend == KernelBackend::cpu)
+            return std::make_unique<EmbedOnCpu>(layout_, off_, who);
+          else
+            return std::make_unique<EmbedOnDevice<Ops>>(o, ctx.exec(), layout_, off_);
+        });
     if (ns[0] > 0 && ns[1] > 0) reserve(ns[0], ns[1]);
   }
 
@@ -204,33 +264,9 @@ class MeleeEmbeddingStage : public Stage {
     reserve(B, W);
     const bool training = ctx.run().training;
     const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
-    const size_t rows = static_cast<size_t>(B * W);
-    if (dev_) {
-      dev_->forward(rows, static_cast<size_t>(W), static_cast<size_t>(B), numeric.data<float>(),
-                    action.data<int32_t>(), character.data<int32_t>(), stage.data<int32_t>(),
-                    prev.data<float>(), training && mirror_, key,
-                    training ? static_cast<float>(noise_) : 0.0f, store_.values(),
-                    mirrored_.data<uint8_t>(), x_.data<float>());
-      publish(b, ctx, B, W);
-      return;
-    }
-    check_ids(action, kActionStates, "action", ctx.name());
-    check_ids(character, kCharacters, "character", ctx.name());
-    check_ids(stage, kStages, "stage", ctx.name());
-    uint8_t* m = mirrored_.data<uint8_t>();
-    for (int64_t w = 0; w < B; ++w)
-      m[w] = (training && mirror_)
-                 ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63)
-                 : 0;
-
-    float* out = x_.data<float>();
-    const float* t = store_.values();
-    embed_forward<float>(layout_, rows, static_cast<size_t>(W), numeric.data<float>(),
-                         action.data<int32_t>(), character.data<int32_t>(), stage.data<int32_t>(),
-                         prev.data<float>(), m, t + off_.action, t + off_.character, t + off_.stage,
-                         out);
-    if (training && noise_ > 0)
-      add_noise(numeric.data<float>(), rows, mix64(key ^ kEmbedNoiseSalt), out);
+    path_->forward(batch_of(ctx, b), training && mirror_, key,
+                   training ? static_cast<float>(noise_) : 0.0f, store_.values(),
+                   mirrored_.data<uint8_t>(), x_.data<float>());
     publish(b, ctx, B, W);
   }
 
@@ -242,20 +278,26 @@ class MeleeEmbeddingStage : public Stage {
     if (g.numel() != static_cast<int64_t>(rows) * layout_.width())
       throw std::runtime_error("melee_embedding '" + ctx.name() + "': gradient " + g.describe() +
                                " does not match x of batch " + std::to_string(b.index));
-    const int32_t* action = ctx.input(b, "action").data<int32_t>();
-    const int32_t* character = ctx.input(b, "character").data<int32_t>();
-    const int32_t* stage = ctx.input(b, "stage").data<int32_t>();
-    float* d = store_.grads();
-    if (dev_)
-      dev_->backward(rows, numeric.data<float>(), action, character, stage, g.data<float>(), d);
-    else
-      embed_backward<float>(layout_, rows, numeric.data<float>(), action, character, stage,
-                            g.data<float>(), d + off_.action, d + off_.character, d + off_.stage);
+    path_->backward(batch_of(ctx, b), g.data<float>(), store_.grads());
   }
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
  private:
+  static EmbedBatch batch_of(const StageContext& ctx, const Batch& b) {
+    const Tensor& numeric = ctx.input(b, "numeric");
+    EmbedBatch in;
+    in.windows = static_cast<size_t>(numeric.dim(0));
+    in.window = static_cast<size_t>(numeric.dim(1));
+    in.rows = in.windows * in.window;
+    in.numeric = numeric.data<float>();
+    in.action = ctx.input(b, "action").data<int32_t>();
+    in.character = ctx.input(b, "character").data<int32_t>();
+    in.stage = ctx.input(b, "stage").data<int32_t>();
+    in.prev = ctx.input(b, "prev_controller").data<float>();
+    return in;
+  }
+
   void publish(Batch& b, StageContext& ctx, int64_t B, int64_t W) {
     ctx.set_output(b, "x", x_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
     ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
@@ -293,30 +335,13 @@ class MeleeEmbeddingStage : public Stage {
     }
   }
 
-  // Noise on the normalised numeric columns of existing slots (absent slots stay exactly zero).
-  void add_noise(const float* numeric, size_t rows, uint64_t key, float* out) const {
-    const size_t E = static_cast<size_t>(layout_.width());
-    const float sd = static_cast<float>(noise_);
-    kernels::parallel_blocks(rows, 64 * kSlots * kNumericFeatures, [&](size_t r0, size_t r1) {
-      for (size_t r = r0; r < r1; ++r)
-        for (int s = 0; s < kSlots; ++s) {
-          const size_t rs = r * kSlots + static_cast<size_t>(s);
-          if (!slot_exists(numeric + rs * kNumericFeatures)) continue;
-          float* o = out + r * E + layout_.slot_offset(s);
-          for (int f = 0; f < kNumericFeatures; ++f)
-            o[f] += sd * static_cast<float>(
-                             gaussian(key, rs * kNumericFeatures + static_cast<size_t>(f)));
-        }
-    });
-  }
-
   EmbedLayout layout_;
   bool mirror_ = false;
   double noise_ = 0;
   nn::ParamStore store_;  // the three tables
   TableOffsets off_;
   Device device_;
-  std::unique_ptr<EmbedDevice> dev_;  // null on the CPU
+  std::unique_ptr<EmbedPath> path_;  // the CPU or the device form
   Tensor x_, mirrored_;
   int64_t rows_cap_ = 0, windows_cap_ = 0;
 };

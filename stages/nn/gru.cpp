@@ -17,7 +17,7 @@
 #include "stages/nn/gru_recurrent.h"
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/param_store.h"
-#include "stages/nn/sequence_model.h"
+#include "stages/nn/sequence_stage.h"
 #include "stages/ops/with_ops.h"
 
 namespace slipstream {
@@ -113,7 +113,8 @@ class GruRunnerCudnn final : public GruRunner {
 };
 #endif
 
-class GruStage : public Stage {
+class GruStage final
+    : public nn::SequenceStage<nn::GruConfig, nn::GruLayout, nn::GruRecurrent<float>> {
  public:
   static StageSchema schema() {
     return StageSchema("gru")
@@ -146,6 +147,7 @@ class GruStage : public Stage {
     c.din = static_cast<int>(in[2]);
     c.hidden = static_cast<int>(ctx.params().integer("hidden"));
     c.layers = static_cast<int>(ctx.params().integer("layers"));
+    std::unique_ptr<Model> model;
     if (ctx.params().string("backend") == "cudnn") {
       if (ctx.exec().backend() != KernelBackend::cuda)
         throw std::runtime_error("backend cudnn runs on a CUDA device and this run's is " +
@@ -161,68 +163,17 @@ class GruStage : public Stage {
           bf16 = false;
         }
       }
-      model_ = std::make_unique<GruRunnerCudnn>(c, ctx.exec(), bf16);
+      model = std::make_unique<GruRunnerCudnn>(c, ctx.exec(), bf16);
 #endif
     } else {
-      model_ = ops::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
-                             [&](auto ops) -> std::unique_ptr<GruRunner> {
-                               return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
-                             });
+      model = ops::with_ops(ctx.exec(), "gru '" + ctx.name() + "'",
+                            [&](auto ops) -> std::unique_ptr<Model> {
+                              return std::make_unique<GruRunnerOn<decltype(ops)>>(c, ops);
+                            });
     }
-    device_ = ctx.exec().device();
-    bf16_ = ctx.run().precision == Precision::bf16 && model_->has_bf16_form();
-    store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
-    layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
-    store_.initialize([&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); });
-    model_->refresh_shadow(store_);
-    shadow_checked_ = false;
-    want_dx_ = nn::input_grad_wanted(ctx, 0);
-    ctx.declare_output("y", {in[0], in[1], c.hidden}, DType::f32);
-    if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
-  }
-
-  void forward(Batch& b, StageContext& ctx) override {
-    const Tensor& x = ctx.input(b, "x");
-    nn::check_sequence(ctx, x, model_->config().din, device_);
-    if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
-    if (ctx.run().streaming) {
-      const auto& c = model_->config();
-      stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
-                      static_cast<size_t>(c.hidden));
-      ctx.set_output(b, "y", y_);
-      return;
-    }
-    if (bf16_ && !shadow_checked_) {
-      // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
-      // from here on the optimizer keeps the shadow in step with every update.
-      model_->refresh_shadow(store_);
-      shadow_checked_ = true;
-    }
-    model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
-    x_ = x;
-    ctx.set_output(b, "y", y_);
-  }
-
-  void backward(Batch& b, StageContext& ctx) override {
-    const Tensor& dy = ctx.output_grad(b, "y");
-    if (!dy.defined()) return;
-    nn::check_output_grad(ctx, dy, y_);
-    // A multi-rank run's reducer hears of each layer as the pass leaves it.
-    const std::function<void(int)> layer_done = [&](int l) {
-      ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
-    };
-    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
-                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
-                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
-    if (want_dx_) ctx.add_input_grad(b, "x", dx_);
-  }
-
-  void stream_begin(StageContext& ctx) override {
-    stream_.begin(ctx, device_);
-  }
-
-  std::vector<Parameter*> parameters() override {
-    return store_.pointers();
+    setup_model(
+        ctx, in, std::move(model),
+        [&](float* w) { nn::gru_init(c, model_->layout(), w, ctx.seed()); }, "gru");
   }
 
   Cost cost() const override {
@@ -232,22 +183,9 @@ class GruStage : public Stage {
   }
 
  private:
-  void resize(int64_t B, int64_t W) {
-    const auto& c = model_->config();
-    model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
-    B_ = B, W_ = W;
-    y_ = Tensor::empty({B, W, c.hidden}, DType::f32, device_, "gru output");
-    dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, "gru input gradient");
+  int output_width(const nn::GruConfig& c) const override {
+    return c.hidden;
   }
-
-  std::unique_ptr<GruRunner> model_;
-  Device device_;
-  nn::ParamStore store_;
-  std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
-  Tensor x_, y_, dx_;
-  int64_t B_ = 0, W_ = 0;
-  bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
-  nn::FrameStream<nn::GruRecurrent<float>, nn::GruConfig> stream_;  // Runner::stream's state
 };
 SLIPSTREAM_REGISTER_STAGE(GruStage);
 

@@ -11,19 +11,19 @@
 #include "stages/nn/mamba_recurrent.h"
 #include "stages/nn/model_stage_util.h"
 #include "stages/nn/param_store.h"
-#include "stages/nn/sequence_model.h"
+#include "stages/nn/sequence_stage.h"
 #include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
 
-// The model whichever ops it runs on: the stage holds one and calls through this interface.
-using MambaRunner = nn::SequenceModel<nn::MambaConfig, nn::MambaLayout>;
+// The model over the ops of the run's backend (the stage holds it as a SequenceModel).
 template <class Ops>
 using MambaRunnerOn =
     nn::SequenceModelOn<nn::MambaModel<float, Ops>, nn::MambaConfig, nn::MambaLayout>;
 
-class MambaStage : public Stage {
+class MambaStage final
+    : public nn::SequenceStage<nn::MambaConfig, nn::MambaLayout, nn::MambaRecurrent<float>> {
  public:
   static StageSchema schema() {
     return StageSchema("mamba")
@@ -67,88 +67,26 @@ class MambaStage : public Stage {
     c.dt_rank = static_cast<int>(p.integer("dt_rank"));
     c.layers = static_cast<int>(p.integer("layers"));
     c.eps = p.number("eps");
-    model_ = ops::with_ops(ctx.exec(), "mamba '" + ctx.name() + "'",
-                           [&](auto ops) -> std::unique_ptr<MambaRunner> {
-                             return std::make_unique<MambaRunnerOn<decltype(ops)>>(c, ops);
-                           });
-    device_ = ctx.exec().device();
-    bf16_ = ctx.run().precision == Precision::bf16;
-    store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
-    layer_params_ = nn::parameters_by_layer(store_.pointers(), model_->config().layers);
+    setup_model(
+        ctx, in,
+        ops::with_ops(ctx.exec(), "mamba '" + ctx.name() + "'",
+                      [&](auto ops) -> std::unique_ptr<Model> {
+                        return std::make_unique<MambaRunnerOn<decltype(ops)>>(c, ops);
+                      }),
+        [&](float* w) { nn::mamba_init(c, model_->layout(), w, ctx.seed()); }, "mamba");
     // The final norm's gradient is the backward pass's first: it goes with the top layer's.
     for (Parameter* p : store_.pointers())
       if (p->name.starts_with("norm_f.")) layer_params_.back().push_back(p);
-    store_.initialize([&](float* w) { nn::mamba_init(c, model_->layout(), w, ctx.seed()); });
-    model_->refresh_shadow(store_);
-    shadow_checked_ = false;
-    want_dx_ = nn::input_grad_wanted(ctx, 0);
-    ctx.declare_output("y", {in[0], in[1], c.d_model}, DType::f32);
-    if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
   }
-
-  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
-
-  void forward(Batch& b, StageContext& ctx) override {
-    const Tensor& x = ctx.input(b, "x");
-    nn::check_sequence(ctx, x, model_->config().din, device_);
-    if (x.dim(0) != model_->batch() || x.dim(1) != model_->length()) resize(x.dim(0), x.dim(1));
-    if (ctx.run().streaming) {
-      const auto& c = model_->config();
-      stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
-                      static_cast<size_t>(c.d_model));
-      ctx.set_output(b, "y", y_);
-      return;
-    }
-    if (bf16_ && !shadow_checked_) {
-      // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
-      // from here on the optimizer keeps the shadow in step with every update.
-      model_->refresh_shadow(store_);
-      shadow_checked_ = true;
-    }
-    model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
-    x_ = x;
-    ctx.set_output(b, "y", y_);
-  }
-
-  void backward(Batch& b, StageContext& ctx) override {
-    const Tensor& dy = ctx.output_grad(b, "y");
-    if (!dy.defined()) return;
-    nn::check_output_grad(ctx, dy, y_);
-    // A multi-rank run's reducer hears of each layer as the pass leaves it.
-    const std::function<void(int)> layer_done = [&](int l) {
-      ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
-    };
-    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
-                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
-                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
-    if (want_dx_) ctx.add_input_grad(b, "x", dx_);
-  }
-
-  std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
   Cost cost() const override {
-    if (model_->batch() <= 0) return {};
-    const nn::ModelFlops f =
-        nn::mamba_flops(model_->config(), model_->batch(), model_->length(), want_dx_);
+    if (B_ <= 0) return {};
+    const nn::ModelFlops f = nn::mamba_flops(model_->config(), int(B_), int(W_), want_dx_);
     return {f.forward(), f.backward(), 0};
   }
 
  private:
-  // The rare path: a batch of a new shape (and setup, when the shape is known).
-  void resize(int64_t B, int64_t W) {
-    const auto& c = model_->config();
-    model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
-    y_ = Tensor::empty({B, W, c.d_model}, DType::f32, device_, "mamba output");
-    dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, "mamba input gradient");
-  }
-
-  std::unique_ptr<MambaRunner> model_;
-  Device device_;
-  nn::ParamStore store_;
-  std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
-  Tensor x_, y_, dx_;
-  bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
-  nn::FrameStream<nn::MambaRecurrent<float>, nn::MambaConfig> stream_;  // Runner::stream's state
+  int output_width(const nn::MambaConfig& c) const override { return c.d_model; }
 };
 SLIPSTREAM_REGISTER_STAGE(MambaStage);
 

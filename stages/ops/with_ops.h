@@ -50,19 +50,4 @@ auto with_ops(const ExecContext& exec, const std::string& who, F&& f) {
   throw std::logic_error(who + ": unknown kernel backend");
 }
 
-// The device path of a stage that keeps its own CPU code: Impl<Ops>(ops, args...) over the device
-// ops of exec's backend, or null on the CPU.
-template <class Base, template <class> class Impl, class Family = kernels::KernelFamily,
-          class... Args>
-std::unique_ptr<Base> make_device_path(const ExecContext& exec, const std::string& who,
-                                       Args&&... args) {
-  return with_ops<Family>(exec, who, [&](auto ops) -> std::unique_ptr<Base> {
-    using Ops = decltype(ops);
-    if constexpr (Ops::kBackend == KernelBackend::cpu)
-      return nullptr;
-    else
-      return std::make_unique<Impl<Ops>>(ops, args...);
-  });
-}
-
 }  // namespace slipstream::ops

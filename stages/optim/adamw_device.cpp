@@ -194,8 +194,14 @@ std::unique_ptr<AdamWDevice> make_adamw_device(
     const ExecContext& exec, const std::vector<AdamWDeviceSlot>& slots,
     const std::vector<std::pair<Parameter*, Tensor*>>& params, const AdamWConfig& config,
     std::shared_ptr<OptimizerShard> shard) {
-  return ops::make_device_path<AdamWDevice, AdamWDeviceOn>(exec, "adamw", exec, slots, params,
-                                                           config, std::move(shard));
+  // The CPU form is AdamWOptimizer's own update (it also serves runs without an ExecContext).
+  return ops::with_ops(exec, "adamw", [&](auto o) -> std::unique_ptr<AdamWDevice> {
+    using Ops = decltype(o);
+    if constexpr (Ops::kBackend == KernelBackend::cpu)
+      return nullptr;
+    else
+      return std::make_unique<AdamWDeviceOn<Ops>>(o, exec, slots, params, config, std::move(shard));
+  });
 }
 
 }  // namespace slipstream::optim

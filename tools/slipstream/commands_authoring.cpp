@@ -39,26 +39,40 @@ std::string fill(std::string text, const std::string& kind, const std::string& c
   return std::regex_replace(text, std::regex("@FAMILY@"), family);
 }
 
-constexpr const char* kStageTemplate = R"tpl(// @KIND@: TODO one line on what this stage computes.
+constexpr const char* kStageTemplate =
+    R"tpl(// @KIND@: y = x Wᵀ + b over the last dimension (a linear layer). TODO: say what yours computes.
 //
-// The pattern of a device-neutral stage: the math is written once against the model ops
-// (stages/ops/cpu_ops.h: CpuOps; stages/ops/device_ops.h: DeviceOps), and setup picks the ops of
-// the run's backend with ops::with_ops: the CPU kernels, the CUDA kernels on the run's stream, or
-// the CPU emulator (device: emulated). Buffers come from the ops (the run's device); nothing
-// loops over data<T>() on the host, so the same stage trains on a GPU.
+// What a real stage needs, in the order the engine asks for it:
+// - schema(): ports, parameters with ranges and docs, .trainable() (it has weights), and
+//   .streaming(...): per_position says a position's output depends on that position alone, so
+//   `slipstream infer` and the policy library can run the trained model frame by frame (a stage
+//   without the declaration makes them refuse the model).
+// - setup(): output shapes, the weights in an nn::ParamStore (nn::ParamLayout names them as the
+//   checkpoint stores them, "NAME.weight"), and the stage's math built once by ops::with_ops for
+//   the run's device: the CPU kernels, the CUDA kernels on the run's stream, or the emulator.
+// - forward()/backward() go through that math only, on buffers from the ops (the run's device),
+//   so one source trains on the CPU and a GPU. Input gradients are written (=), parameter
+//   gradients accumulate (+=): micro-batches add up before the optimizer step.
+#include <cmath>
+
 #include "engine/registry.h"
+#include "stages/nn/param_layout.h"
+#include "stages/nn/param_store.h"
 #include "stages/ops/with_ops.h"
 
 namespace slipstream {
 namespace {
 
-// The stage's math, whichever ops it runs on.
+// The stage's math, whichever ops it runs on. x (M, In), W (Out, In), b (Out), y (M, Out).
 class @CLASS@Math {
  public:
   virtual ~@CLASS@Math() = default;
   virtual Tensor alloc(size_t n, const char* what) const = 0;
-  virtual void forward(const float* x, float* y, size_t n) const = 0;
-  virtual void backward(const float* x, const float* dy, float* dx, size_t n) const = 0;
+  virtual size_t scratch_bytes(int M, int Out) const = 0;
+  virtual void forward(const float* x, const float* w, const float* b, float* y, int M, int In,
+                       int Out) const = 0;
+  virtual void backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
+                        float* db, void* scratch, int M, int In, int Out) const = 0;
 };
 
 template <class Ops>
@@ -68,9 +82,22 @@ class @CLASS@MathOn final : public @CLASS@Math {
   Tensor alloc(size_t n, const char* what) const override {
     return o_.template alloc<float>(n, what);
   }
-  void forward(const float* x, float* y, size_t n) const override { o_.silu_forward(x, y, n); }
-  void backward(const float* x, const float* dy, float* dx, size_t n) const override {
-    o_.silu_backward(x, dy, dx, n);
+  size_t scratch_bytes(int M, int Out) const override {
+    ops::ScratchNeeds need;  // the bias gradient's column sum
+    need.norm_rows = static_cast<size_t>(M);
+    need.norm_cols = static_cast<size_t>(Out);
+    return std::max<size_t>(1, o_.scratch_bytes(need));
+  }
+  void forward(const float* x, const float* w, const float* b, float* y, int M, int In,
+               int Out) const override {
+    o_.gemm(false, true, M, Out, In, x, nullptr, In, w, nullptr, In, 0.0f, y, Out, nullptr);
+    o_.add_bias_rows(y, b, static_cast<size_t>(M), static_cast<size_t>(Out));
+  }
+  void backward(const float* x, const float* w, const float* dy, float* dx, float* dw, float* db,
+                void* scratch, int M, int In, int Out) const override {
+    o_.gemm(false, false, M, In, Out, dy, nullptr, Out, w, nullptr, In, 0.0f, dx, In, nullptr);
+    o_.gemm(true, false, Out, In, M, dy, nullptr, Out, x, nullptr, In, 1.0f, dw, In, nullptr);
+    o_.column_sum_accumulate(dy, db, static_cast<size_t>(M), static_cast<size_t>(Out), scratch);
   }
 
  private:
@@ -84,55 +111,89 @@ class @CLASS@ : public Stage {
   static StageSchema schema() {
     return StageSchema("@KIND@")
         .family("@FAMILY@")
-        .doc("SiLU of its input, x * sigmoid(x). Replace with what the stage does.")
-        .differentiable()
-        .input("x", DType::f32, -1, "input tensor")
-        .output("y", DType::f32, -1, "silu(x)");
+        .doc("y = x W^T + b over the last dimension. Replace with what the stage does.")
+        .trainable()
+        .streaming(Streaming::per_position)
+        .input("x", DType::f32, -1, "(..., In) input")
+        .output("y", DType::f32, -1, "(..., Out) x W^T + b")
+        .param("features", int64_t{0}, "Out, the output width; 0: the input's width")
+        .range(0, 65536);
   }
 
   void setup(StageContext& ctx) override {
-    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
-    math_ = ops::with_ops(ctx.exec(), "@KIND@ '" + ctx.name() + "'",
-                         [](auto ops) -> std::unique_ptr<@CLASS@Math> {
-                           return std::make_unique<@CLASS@MathOn<decltype(ops)>>(ops);
-                         });
+    Shape ys = ctx.input_shape("x");
+    const int last = ys.rank() - 1;
+    if (last < 0 || ys[last] < 1)
+      throw std::runtime_error("@KIND@ '" + ctx.name() + "': x is " + ys.str() +
+                               "; its last dimension must be known when the graph is planned");
+    in_ = ys[last];
+    out_ = ctx.params().integer("features") > 0 ? ctx.params().integer("features") : in_;
+    ys[last] = out_;
+    ctx.declare_output("y", ys, DType::f32);
+
+    nn::ParamLayout layout;
+    w_ = layout.add("weight", {out_, in_}, true);  // weight decay on the matrix
+    b_ = layout.add("bias", {out_}, false);        // none on the bias
     device_ = ctx.exec().device();
+    store_.allocate(layout, false, device_, ctx.run().param_arena.get());
+    store_.initialize([&](float* v) {  // W ~ U(±1/√In), as torch.nn.Linear; b = 0
+      nn::InitRng rng(ctx.seed());
+      const double a = 1.0 / std::sqrt(static_cast<double>(in_));
+      for (int64_t i = 0; i < out_ * in_; ++i) v[w_ + i] = static_cast<float>(rng.uniform(-a, a));
+      for (int64_t i = 0; i < out_; ++i) v[b_ + i] = 0.0f;
+    });
+    math_ = ops::with_ops(ctx.exec(), "@KIND@ '" + ctx.name() + "'",
+                          [](auto o) -> std::unique_ptr<@CLASS@Math> {
+                            return std::make_unique<@CLASS@MathOn<decltype(o)>>(o);
+                          });
   }
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
-    if (x.dtype() != DType::f32 || x.device() != device_)
+    if (x.dtype() != DType::f32 || x.device() != device_ || x.rank() < 1 ||
+        x.dim(x.rank() - 1) != in_)
       throw std::runtime_error("@KIND@ '" + ctx.name() + "': x is " + x.describe() +
-                               ", expected f32 on " + device_.str());
-    const size_t n = static_cast<size_t>(x.numel());
-    reserve(n);
-    math_->forward(x.data<float>(), y_.data<float>(), n);
-    ctx.set_output(b, "y", y_.slice_rows(0, x.numel()).reshape(x.shape()));
+                               ", expected f32 (..., " + std::to_string(in_) + ") on " +
+                               device_.str());
+    const int M = static_cast<int>(x.numel() / in_);
+    reserve(M);
+    const float* v = store_.values();
+    math_->forward(x.data<float>(), v + w_, v + b_, y_.data<float>(), M, int(in_), int(out_));
+    Shape ys = x.shape();
+    ys[ys.rank() - 1] = out_;
+    ctx.set_output(b, "y", y_.slice_rows(0, int64_t{M} * out_).reshape(ys));
   }
 
   void backward(Batch& b, StageContext& ctx) override {
     const Tensor& dy = ctx.output_grad(b, "y");
     if (!dy.defined()) return;
     const Tensor& x = ctx.input(b, "x");
-    math_->backward(x.data<float>(), dy.data<float>(), dx_.data<float>(),
-                    static_cast<size_t>(x.numel()));
-    ctx.add_input_grad(b, "x",
-                       dx_.slice_rows(0, x.numel()).reshape(x.shape()));
+    const int M = static_cast<int>(x.numel() / in_);
+    float* g = store_.grads();
+    math_->backward(x.data<float>(), store_.values() + w_, dy.data<float>(), dx_.data<float>(),
+                    g + w_, g + b_, scratch_.raw(), M, int(in_), int(out_));
+    ctx.add_input_grad(b, "x", dx_.slice_rows(0, x.numel()).reshape(x.shape()));
   }
+
+  std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
  private:
   // Buffers grow to the largest batch seen: steady state allocates nothing.
-  void reserve(size_t n) {
-    if (n <= cap_) return;
-    cap_ = n;
-    y_ = math_->alloc(n, "@KIND@ output");
-    dx_ = math_->alloc(n, "@KIND@ input gradient");
+  void reserve(int M) {
+    if (M <= rows_cap_) return;
+    rows_cap_ = M;
+    y_ = math_->alloc(size_t(M) * size_t(out_), "@KIND@ output");
+    dx_ = math_->alloc(size_t(M) * size_t(in_), "@KIND@ input gradient");
+    scratch_ = math_->alloc((math_->scratch_bytes(M, int(out_)) + 3) / 4, "@KIND@ scratch");
   }
 
+  int64_t in_ = 0, out_ = 0;
+  size_t w_ = 0, b_ = 0;  // offsets of the weight and the bias in the store
+  nn::ParamStore store_;
   std::unique_ptr<@CLASS@Math> math_;
   Device device_;
-  Tensor y_, dx_;
-  size_t cap_ = 0;
+  Tensor y_, dx_, scratch_;
+  int rows_cap_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(@CLASS@);
 
@@ -141,30 +202,36 @@ SLIPSTREAM_REGISTER_STAGE(@CLASS@);
 
 constexpr const char* kTestTemplate = R"tpl(#include <gtest/gtest.h>
 
-#include <cmath>
-
 #include "engine/stage_harness.h"
 
 using namespace slipstream;
 
+// y = x Wᵀ + b with the stage's own initial weights; the backward's dx = dy W. (`slipstream
+// stage check @KIND@ --input x=4,8` checks every gradient against finite differences.)
 TEST(@CLASS@, ForwardAndBackward) {
-  StageHarness h("@KIND@", {});
+  StageHarness h("@KIND@", {"features=2"});
   Tensor x = Tensor::empty({2, 3}, DType::f32);
   for (int i = 0; i < 6; ++i) x.data<float>()[i] = 0.5f * static_cast<float>(i) - 1.0f;
   h.setup({{"x", x}});
   auto out = h.forward({{"x", x}});
-  for (int i = 0; i < 6; ++i) {
-    const double v = x.data<float>()[i], s = 1.0 / (1.0 + std::exp(-v));
-    EXPECT_NEAR(out["y"].data<float>()[i], v * s, 1e-6);
-  }
-  Tensor dy = Tensor::empty({2, 3}, DType::f32);
-  for (int i = 0; i < 6; ++i) dy.data<float>()[i] = 1.0f + static_cast<float>(i);
+  std::map<std::string, Tensor> w = h.weights();
+  const float* W = w.at("weight").data<float>();
+  const float* bias = w.at("bias").data<float>();
+  for (int r = 0; r < 2; ++r)
+    for (int o = 0; o < 2; ++o) {
+      double want = bias[o];
+      for (int i = 0; i < 3; ++i) want += x.data<float>()[r * 3 + i] * W[o * 3 + i];
+      EXPECT_NEAR(out["y"].data<float>()[r * 2 + o], want, 1e-5);
+    }
+  Tensor dy = Tensor::empty({2, 2}, DType::f32);
+  for (int i = 0; i < 4; ++i) dy.data<float>()[i] = 1.0f + static_cast<float>(i);
   auto grads = h.backward({{"y", dy}});
-  for (int i = 0; i < 6; ++i) {
-    const double v = x.data<float>()[i], s = 1.0 / (1.0 + std::exp(-v));
-    EXPECT_NEAR(grads["grad.x"].data<float>()[i], dy.data<float>()[i] * s * (1 + v * (1 - s)),
-                1e-5);
-  }
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < 3; ++i) {
+      double want = 0;
+      for (int o = 0; o < 2; ++o) want += dy.data<float>()[r * 2 + o] * W[o * 3 + i];
+      EXPECT_NEAR(grads["grad.x"].data<float>()[r * 3 + i], want, 1e-5);
+    }
 }
 )tpl";
 

@@ -1,0 +1,111 @@
+// What the sequence-model stages (mamba, gru) share: the stage around a SequenceModel. It holds
+// the weights in a ParamStore on the run's device (with a bf16 shadow under precision bf16 when
+// the model has a bf16 form), sizes the buffers for each new (B, W), runs forward and backward
+// through the model, announces each layer's gradients to a listening reducer, and on a stream
+// (Runner::stream) runs the model frame by frame from the state the previous batch left
+// (`Recurrent`, CPU, fp32). A stage derives from it, declares its schema, builds its model in
+// setup (with ops::with_ops) and hands it to setup_model; it says its output width and cost.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/stage.h"
+#include "stages/nn/model_stage_util.h"
+#include "stages/nn/param_store.h"
+#include "stages/nn/sequence_model.h"
+
+namespace slipstream::nn {
+
+template <class Config, class Layout, class Recurrent>
+class SequenceStage : public Stage {
+ public:
+  using Model = SequenceModel<Config, Layout>;
+
+  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& x = ctx.input(b, "x");
+    check_sequence(ctx, x, model_->config().din, device_);
+    if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
+    if (ctx.run().streaming) {
+      const Config& c = model_->config();
+      stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
+                      static_cast<size_t>(output_width(c)));
+      ctx.set_output(b, "y", y_);
+      return;
+    }
+    if (bf16_ && !shadow_checked_) {
+      // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
+      // from here on the optimizer keeps the shadow in step with every update.
+      model_->refresh_shadow(store_);
+      shadow_checked_ = true;
+    }
+    model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
+    x_ = x;
+    ctx.set_output(b, "y", y_);
+  }
+
+  void backward(Batch& b, StageContext& ctx) override {
+    const Tensor& dy = ctx.output_grad(b, "y");
+    if (!dy.defined()) return;
+    check_output_grad(ctx, dy, y_);
+    // A multi-rank run's reducer hears of each layer as the pass leaves it.
+    const std::function<void(int)> layer_done = [&](int l) {
+      ctx.gradients_ready(layer_params_[static_cast<size_t>(l)]);
+    };
+    model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
+                     store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
+                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
+    if (want_dx_) ctx.add_input_grad(b, "x", dx_);
+  }
+
+  std::vector<Parameter*> parameters() override { return store_.pointers(); }
+
+ protected:
+  // The width of y for a model of config c.
+  virtual int output_width(const Config& c) const = 0;
+
+  // The second half of setup: weights allocated on the run's device and initialised by
+  // init(values) (host memory), the output declared, buffers sized when (B, W) is known.
+  // `in` is the input's planned shape (B, W, Din); `kind` names the stage's buffers.
+  void setup_model(StageContext& ctx, const Shape& in, std::unique_ptr<Model> model,
+                   const std::function<void(float* values)>& init, const std::string& kind) {
+    model_ = std::move(model);
+    kind_ = kind;
+    device_ = ctx.exec().device();
+    bf16_ = ctx.run().precision == Precision::bf16 && model_->has_bf16_form();
+    store_.allocate(model_->layout().params, bf16_, device_, ctx.run().param_arena.get());
+    layer_params_ = parameters_by_layer(store_.pointers(), model_->config().layers);
+    store_.initialize(init);
+    model_->refresh_shadow(store_);
+    shadow_checked_ = false;
+    want_dx_ = input_grad_wanted(ctx, 0);
+    ctx.declare_output("y", {in[0], in[1], output_width(model_->config())}, DType::f32);
+    if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
+  }
+
+  // The rare path: a batch of a new shape (and setup, when the shape is known).
+  void resize(int64_t B, int64_t W) {
+    const Config& c = model_->config();
+    model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
+    B_ = B, W_ = W;
+    y_ = Tensor::empty({B, W, output_width(c)}, DType::f32, device_, (kind_ + " output").c_str());
+    dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, (kind_ + " input gradient").c_str());
+  }
+
+  std::unique_ptr<Model> model_;
+  std::string kind_;
+  Device device_;
+  ParamStore store_;
+  std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
+  Tensor x_, y_, dx_;
+  int64_t B_ = 0, W_ = 0;
+  bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
+  FrameStream<Recurrent, Config> stream_;  // Runner::stream's state
+};
+
+}  // namespace slipstream::nn
