@@ -16,6 +16,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "engine/stage.h"
+#include "stages/melee/replay_split.h"
 #include "stages/melee/window_index.h"
 
 namespace slipstream::melee {
@@ -85,9 +86,7 @@ class ReplaysStage : public Stage {
   // order, so ranks see disjoint windows and the same number of batches. Validation is whole.
   uint64_t rank_ = 0, world_ = 1;
   uint64_t next_ = 0;
-  // The current epoch's order (recomputed when a batch of another epoch is asked for).
-  mutable std::vector<uint32_t> perm_;
-  mutable int64_t perm_epoch_ = -1;
+  WindowOrder order_;  // which window fills each row of each batch
   std::unique_ptr<tbb::task_arena> arena_;
   std::string report_, synthetic_dir_used_, fingerprint_;
   std::string load_warning_;  // said at start(): load() has no context to say it with

@@ -1,0 +1,89 @@
+// The replay loader's games: every input decoded once (TBB threads), filtered, and kept as
+// compact feature arrays (window_index.h's GameFeatures) in identity order; skips counted per
+// reason with examples. Training and validation copies of the stage share one dataset through a
+// process-wide cache keyed by what was read and how it was filtered.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <oneapi/tbb/task_arena.h>
+
+#include "stages/melee/replay_inputs.h"
+#include "stages/melee/window_index.h"
+
+namespace slipstream::melee {
+
+// Why a file or game was left out; the report counts each and shows a few examples.
+enum Reason {
+  kSkipNotFound,
+  kSkipUnreadable,
+  kSkipPlayers,
+  kSkipStage,
+  kSkipNoFrames,
+  kSkipShort,
+  kSkipCharacters,
+  kSkipReasons
+};
+constexpr size_t kSkipExamples = 3;  // file names shown per reason
+// Their short names, as ReplaysStage::skipped() gives them.
+inline constexpr const char* kSkipNames[kSkipReasons] = {
+    "not found", "unreadable", "players", "stage", "no frames", "too short", "characters"};
+
+struct Filters {
+  RollbackMode rollback = RollbackMode::last;
+  bool one_vs_one = true;
+  std::vector<int64_t> stages, characters;
+  int64_t min_frames = 0, min_rows = 0;
+  std::string perspectives;
+  // shard: games with several ranks: this rank decodes only the games whose draw from (seed,
+  // name) falls to it.
+  int shard_rank = 0, shard_world = 1;
+  uint64_t shard_seed = 0;
+
+  std::string key() const {
+    std::ostringstream k;
+    k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
+      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed
+      << "|s";
+    for (auto s : stages) k << ',' << s;
+    k << "|c";
+    for (auto c : characters) k << ',' << c;
+    return k.str();
+  }
+};
+
+// "[a, b, c]".
+inline std::string list_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+struct ReplayDataset {
+  std::vector<GameFeatures> games;            // sorted by identity
+  std::vector<std::vector<uint8_t>> players;  // per game: players whose perspective is used
+  struct Skip {
+    size_t count = 0;
+    std::vector<std::string> examples;
+  };
+  std::array<Skip, kSkipReasons> skips;
+  std::array<std::string, kSkipReasons> reason_text;
+  size_t files = 0, corpus_games = 0, damaged = 0;
+  size_t shard_of = 0;  // with shard: games, the files and corpus games of every rank together
+  std::vector<std::string> damaged_examples;
+  size_t bytes = 0, frames = 0;
+  double seconds = 0;
+  int threads = 1;
+};
+
+// The dataset of `in` under `f`, loaded on `arena`'s threads or found in the cache (`fresh`:
+// loaded by this call).
+std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
+                                                    tbb::task_arena& arena, bool& fresh);
+
+}  // namespace slipstream::melee

@@ -1,0 +1,80 @@
+// The replay loader's setup report: see replay_report.h.
+#include "stages/melee/replay_report.h"
+
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace slipstream::melee {
+
+std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
+  std::ostringstream out;
+  size_t skipped = 0;
+  for (const auto& s : ds.skips) skipped += s.count;
+  out << f.who << ": " << ds.files << " files" << (ds.corpus_games ? " + " : "")
+      << (ds.corpus_games ? std::to_string(ds.corpus_games) + " corpus games" : "")
+      << (f.shard_rank >= 0 ? " (rank " + std::to_string(f.shard_rank) + "'s share of " +
+                                  std::to_string(ds.shard_of) + ")"
+                            : std::string())
+      << " -> " << ds.games.size() << " games, " << ds.frames << " frames, " << (ds.bytes >> 20)
+      << " MiB of features in " << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads
+      << " threads; " << skipped << " skipped\n";
+  for (size_t r = 0; r < kSkipReasons; ++r) {
+    const auto& s = ds.skips[r];
+    if (!s.count) continue;
+    out << "  skipped " << s.count << ' ' << ds.reason_text[r] << ": ";
+    for (size_t i = 0; i < s.examples.size(); ++i) out << (i ? ", " : "") << s.examples[i];
+    out << (s.count > s.examples.size() ? ", ..." : "") << "\n";
+  }
+  if (ds.damaged) {
+    out << "  note: " << ds.damaged << " damaged (rows before the damage used): ";
+    for (size_t i = 0; i < ds.damaged_examples.size(); ++i)
+      out << (i ? ", " : "") << ds.damaged_examples[i];
+    out << (ds.damaged > ds.damaged_examples.size() ? ", ..." : "") << "\n";
+  }
+  if (f.pinned && f.validation_copy) {
+    out << "  validation (validation_paths): " << f.games[1] << " games, " << f.windows[1]
+        << " windows\n";
+  } else {
+    out << "  train: " << f.games[0] << " games, " << f.windows[0] << " windows ("
+        << f.windows[0] / f.batch << " batches of " << f.batch << " per epoch); validation: ";
+    if (f.pinned)
+      out << f.pinned->games.size() << " games from validation_paths"
+          << (f.overlap ? " (" + std::to_string(f.overlap) + " of them also in paths: not trained)"
+                        : std::string());
+    else
+      out << f.games[1] << " games, " << f.windows[1] << " windows";
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string no_windows_error(const ReplayDataset& ds, const std::string& who,
+                             size_t validation_games, double validation_fraction) {
+  std::ostringstream e;
+  e << who << ": no training windows: " << ds.files << " files";
+  if (ds.corpus_games) e << " + " << ds.corpus_games << " corpus games";
+  for (size_t r = 0; r < kSkipReasons; ++r)
+    if (ds.skips[r].count) e << ", " << ds.skips[r].count << ' ' << ds.reason_text[r];
+  e << ", " << ds.games.size() << " games kept (" << validation_games
+    << " of them in validation, validation_fraction=" << validation_fraction << ")";
+  return e.str();
+}
+
+std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& train,
+                        const std::vector<uint32_t>& validation, const ReplayDataset* pinned,
+                        int shard_world) {
+  nlohmann::json splits;
+  if (shard_world > 1)  // the games of rank 0's share (each rank draws its own)
+    splits["shard"] = {{"by", "games"}, {"rank", 0}, {"world", shard_world}};
+  splits["train"] = nlohmann::json::array();
+  splits["validation"] = nlohmann::json::array();
+  for (uint32_t g : train) splits["train"].push_back(ds.games[g].source);
+  if (pinned)
+    for (const GameFeatures& g : pinned->games) splits["validation"].push_back(g.source);
+  else
+    for (uint32_t g : validation) splits["validation"].push_back(ds.games[g].source);
+  return splits.dump(1) + "\n";
+}
+
+}  // namespace slipstream::melee

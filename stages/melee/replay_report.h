@@ -1,0 +1,38 @@
+// The replay loader's setup report: what was loaded, skipped and split, as the stage prints it
+// (once per loaded dataset) and keeps it (ReplaysStage::report()).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stages/melee/replay_dataset.h"
+
+namespace slipstream::melee {
+
+struct ReportFacts {
+  std::string who;                        // "slippi_replays 'NAME'"
+  int shard_rank = -1;                    // shard: games: this rank (its share is reported)
+  bool validation_copy = false;           // the stage serving the validation split
+  const ReplayDataset* pinned = nullptr;  // validation_paths' games, if any
+  uint64_t batch = 1;
+  std::array<size_t, 2> games{}, windows{};  // [0] train, [1] validation
+  size_t overlap = 0;                        // games in both paths and validation_paths
+};
+
+// The lines of the report, each ending in a newline.
+std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f);
+
+// The error of a training split without a window: what was read, skipped and kept.
+std::string no_windows_error(const ReplayDataset& ds, const std::string& who,
+                             size_t validation_games, double validation_fraction);
+
+// RUN/NAME.splits.json: the sources of the games that trained and of those that validated
+// (pinned: validation_paths' games), so a run can be audited and repeated. shard_world > 1:
+// shard: games, the games of this rank's share.
+std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& train,
+                        const std::vector<uint32_t>& validation, const ReplayDataset* pinned,
+                        int shard_world);
+
+}  // namespace slipstream::melee

@@ -1,0 +1,121 @@
+// The replay loader's split and order: see replay_split.h.
+#include "stages/melee/replay_split.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <span>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace slipstream::melee {
+
+GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool validation_copy,
+                      double fraction, uint64_t seed, int window, int stride, int delay) {
+  const size_t ng = ds.games.size();
+  std::vector<char> is_val(ng, 0);
+  GameSplit s;
+  if (pinned) {
+    std::set<uint64_t> ids;
+    for (const auto& g : pinned->games) ids.insert(g.identity);
+    for (size_t g = 0; g < ng; ++g) is_val[g] = validation_copy || ids.count(ds.games[g].identity);
+    if (!validation_copy)
+      s.overlap = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
+  } else {
+    std::vector<double> draw(ng);
+    for (size_t g = 0; g < ng; ++g) {
+      draw[g] = split_draw(seed, ds.games[g].identity);
+      is_val[g] = fraction >= 1 || draw[g] < fraction;
+    }
+    const size_t nval = static_cast<size_t>(std::count(is_val.begin(), is_val.end(), 1));
+    if (ng >= 2 && fraction > 0 && nval == 0)
+      is_val[static_cast<size_t>(std::min_element(draw.begin(), draw.end()) - draw.begin())] = 1;
+    if (ng >= 2 && fraction < 1 && nval == ng)
+      is_val[static_cast<size_t>(std::max_element(draw.begin(), draw.end()) - draw.begin())] = 0;
+  }
+  for (size_t g = 0; g < ng; ++g) {
+    const int side = is_val[g] ? 1 : 0;
+    s.games[side].push_back(static_cast<uint32_t>(g));
+    const auto& players = ds.games[g].players;
+    for (uint8_t pl : ds.players[g])
+      s.perspectives[side].push_back(
+          {static_cast<uint32_t>(g), pl, static_cast<uint8_t>((pl + 1) % players.size())});
+  }
+  for (int side = 0; side < 2; ++side)
+    s.windows[side] = build_windows(ds.games, s.perspectives[side], window, stride, delay).size();
+  return s;
+}
+
+// Validation's fixed order is the permutation of this epoch number.
+constexpr uint64_t kValidationOrder = uint64_t{1} << 40;
+
+void WindowOrder::reset(size_t windows, uint64_t batch, uint64_t batches_per_epoch, bool validation,
+                        bool shuffle, uint64_t seed, uint64_t rank, uint64_t world) {
+  windows_ = windows;
+  batch_ = batch;
+  batches_per_epoch_ = std::max<uint64_t>(1, batches_per_epoch);
+  validation_ = validation;
+  shuffle_ = shuffle;
+  seed_ = seed;
+  rank_ = rank;
+  world_ = world;
+  perm_.clear();
+  perm_epoch_ = -1;
+}
+
+uint64_t WindowOrder::epoch_of(uint64_t k) const {
+  return validation_ ? kValidationOrder : k / batches_per_epoch_;
+}
+
+size_t WindowOrder::window_at(uint64_t k, uint64_t r) const {
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  const uint64_t pos = (j * world_ + rank_) * batch_ + r;
+  if (pos >= windows_) return kPadding;  // validation's last batch
+  if (!shuffle_) return pos;
+  const uint64_t epoch = epoch_of(k);
+  if (perm_epoch_ != static_cast<int64_t>(epoch)) {
+    perm_ = epoch_permutation(windows_, seed_, epoch);
+    perm_epoch_ = static_cast<int64_t>(epoch);
+  }
+  return perm_[pos];
+}
+
+void check_ranks_agree(RunState& run, const Inputs& in, const ReplayDataset& ds, bool by_games,
+                       uint64_t fingerprint, const std::string& who) {
+  uint64_t found = mix64(in.files.size() ^ (in.corpora.size() << 40));
+  for (const auto& file : in.files) {
+    std::error_code ec;
+    const std::string key =
+        file.filename().string() + ":" + std::to_string(fs::file_size(file, ec));
+    for (unsigned char c : key) found = mix64(found ^ c);
+  }
+  const uint64_t agreed = by_games ? found : fingerprint;
+  const double games = static_cast<double>(ds.games.size());
+  const double files = static_cast<double>(in.files.size());
+  std::array<double, 8> v = {static_cast<double>(agreed >> 32),
+                             static_cast<double>(agreed & 0xffffffffu),
+                             games,
+                             files,
+                             -static_cast<double>(agreed >> 32),
+                             -static_cast<double>(agreed & 0xffffffffu),
+                             -games,
+                             -files};
+  run.reduce_over_ranks(std::span<double>(v), RankReduce::min,
+                        who + ": the ranks' data fingerprints");
+  if (v[0] != -v[4] || v[1] != -v[5]) {
+    auto range = [](double lo, double hi) {
+      return lo == hi ? std::to_string(static_cast<int64_t>(lo))
+                      : std::to_string(static_cast<int64_t>(lo)) + " to " +
+                            std::to_string(static_cast<int64_t>(hi));
+    };
+    throw std::runtime_error(
+        who + ": the ranks did not find the same data (replay files found: " + range(v[3], -v[7]) +
+        (by_games ? "" : ", games kept: " + range(v[2], -v[6])) +
+        "; this rank: " + std::to_string(in.files.size()) + " files, " +
+        std::to_string(ds.games.size()) + " games kept). Every rank must see the same " +
+        "replays.paths, readable on its node; each rank's report says what it skipped");
+  }
+}
+
+}  // namespace slipstream::melee

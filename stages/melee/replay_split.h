@@ -1,0 +1,66 @@
+// The replay loader's split and order: which games validate and which train, the windows of each
+// side, and which window fills each row of each batch.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/stage.h"
+#include "stages/melee/replay_dataset.h"
+#include "stages/melee/window_index.h"
+
+namespace slipstream::melee {
+
+// Both sides of the split ([0] train, [1] validation): their games (indexes into the dataset),
+// perspectives and window counts.
+struct GameSplit {
+  std::array<std::vector<uint32_t>, 2> games;
+  std::array<std::vector<Perspective>, 2> perspectives;
+  std::array<size_t, 2> windows{};
+  size_t overlap = 0;  // games in both paths and validation_paths (validated, not trained)
+};
+
+// Whole games, by a draw from (seed, identity) below `fraction`; never a side left empty by
+// chance when there are games enough for both, unless the fraction is 0 or 1. With pinned games
+// (validation_paths) the validation side is exactly those: the validation copy of the stage
+// (`validation_copy`) reads only them, the training copy leaves out any game it also holds.
+GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool validation_copy,
+                      double fraction, uint64_t seed, int window, int stride, int delay);
+
+// Which window fills row r of batch k. Training: epoch e = k / batches_per_epoch reads positions
+// (j·world + rank)·B + r, j = k mod batches_per_epoch, of the permutation drawn from (seed, e)
+// (or of the windows in order without shuffle), so ranks see disjoint windows. Validation: one
+// fixed shuffled order, the same every pass, so a pass of a few batches samples every validation
+// game; positions past the windows are padding.
+class WindowOrder {
+ public:
+  static constexpr size_t kPadding = static_cast<size_t>(-1);
+
+  void reset(size_t windows, uint64_t batch, uint64_t batches_per_epoch, bool validation,
+             bool shuffle, uint64_t seed, uint64_t rank, uint64_t world);
+  uint64_t epoch_of(uint64_t k) const;
+  // The window index of row r of batch k, or kPadding.
+  size_t window_at(uint64_t k, uint64_t r) const;
+
+ private:
+  size_t windows_ = 0;
+  uint64_t batch_ = 1, batches_per_epoch_ = 1, seed_ = 0, rank_ = 0, world_ = 1;
+  bool validation_ = false, shuffle_ = true;
+  // The current epoch's order (recomputed when a batch of another epoch is asked for).
+  mutable std::vector<uint32_t> perm_;
+  mutable int64_t perm_epoch_ = -1;
+};
+
+// Ranks that each read the whole data set (shard: windows) must have read the same one: a rank
+// whose node lacks some files, or cannot read them, would train on another order of other
+// windows while the run goes on as one. They compare `fingerprint` (the split's windows and
+// games); with shard: games (`by_games`) each rank holds its own games by design, and the ranks
+// compare the replay files they found to share out instead. Throws, on every rank, naming the
+// counts each found.
+void check_ranks_agree(RunState& run, const Inputs& in, const ReplayDataset& ds, bool by_games,
+                       uint64_t fingerprint, const std::string& who);
+
+}  // namespace slipstream::melee
