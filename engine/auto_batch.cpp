@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <streambuf>
 
+#include "engine/launch.h"
 #include "engine/memory_pool.h"
 #include "engine/rank_reduce.h"
 #include "engine/runner.h"
@@ -180,6 +181,17 @@ std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice&
                                 plan.stages[stage].params.mark(spec->name));
   pool.release_cached();  // the run allocates its own, in the memory the probes measured
   return out;
+}
+
+void resolve_auto_batch(GraphPlan& plan, RunOptions& options) {
+  bool any = false;
+  for (const auto& [k, p] : batch_size_params(plan))
+    any = any || plan.stages[k].params.integer(p->name) == kAutoBatchSize;
+  if (!any) return;  // no device probe for a plan without auto
+  const LaunchInfo launch = launch_info();
+  const DeviceChoice dc = choose_device(plan.run.string("device"), launch.local_rank);
+  if (auto chosen = resolve_auto_batch(plan, dc, options.single_process ? 1 : launch.world_size))
+    options.notes.push_back(chosen->summary());
 }
 
 }  // namespace slipstream

@@ -46,4 +46,10 @@ std::vector<std::pair<size_t, const ParamSpec*>> batch_size_params(const GraphPl
 std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice& device,
                                             int world_size);
 
+struct RunOptions;
+// The same for a run about to be built with `options`, before its Runner (which refuses an
+// `auto` left in its plan): the device and world size that Runner will have (run.device, the
+// launcher's rank), the choice's line added to options.notes for the run's log.
+void resolve_auto_batch(GraphPlan& plan, RunOptions& options);
+
 }  // namespace slipstream

@@ -90,12 +90,14 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   };
   if (dc.device.is_cuda()) Pools::enable_pinned_host(true);
   I.device_reason = dc.reason;
-  // batch_size: auto -> the largest batch that fits (probes of this graph: engine/auto_batch.h).
-  if (auto chosen = resolve_auto_batch(plan, dc, I.run.world_size))
-    I.device_reason += "\n" + chosen->summary();
+  for (const std::string& note : I.opt.notes) I.device_reason += "\n" + note;
   // An allocation that fails names the knob: the graph's batch size.
   for (const auto& [k, p] : batch_size_params(plan)) {
     const PlannedStage& s = plan.stages[k];
+    if (s.params.integer(p->name) == kAutoBatchSize)
+      throw std::invalid_argument(s.name + "." + p->name +
+                                  ": auto is resolved before the run is built "
+                                  "(resolve_auto_batch, engine/auto_batch.h)");
     Pools::set_oom_hint("lower " + s.name + "." + p->name + " (now " +
                         std::to_string(s.params.integer(p->name)) + ")" +
                         (dc.device.is_cuda() ? ", or set it to auto" : ""));

@@ -35,6 +35,9 @@ struct RunOptions {
   // is a terminal's std::cout.
   std::optional<bool> live_progress;
   std::string command_line;  // recorded in run.json (the CLI passes what was typed)
+  // Lines the run prints under its device line: what was decided for it before it was built
+  // (resolve_auto_batch's choice).
+  std::vector<std::string> notes;
   // Called on the trainable section's thread after every optimizer step, with the step number
   // and the nanoseconds the section waited for the step's batches (slipstream bench).
   std::function<void(uint64_t step, uint64_t data_wait_ns)> on_step;

@@ -110,8 +110,8 @@ class StageSchema {
   // that many batches. Stages that declare one must agree on the value.
   StageSchema& micro_batches();
   // The most recently declared (integer) parameter is the number of samples in a batch, and also
-  // accepts `auto` (kAutoBatchSize): before the run starts, the runner replaces it by the largest
-  // batch that fits the device's memory (engine/auto_batch.h). One per graph.
+  // accepts `auto` (kAutoBatchSize): before the run is built, resolve_auto_batch replaces it by
+  // the largest batch that fits the device's memory (engine/auto_batch.h). One per graph.
   StageSchema& batch_size();
   // The most recently declared (integer) parameter also accepts `word`, meaning `value` (e.g.
   // validate_batches: all).

@@ -1,5 +1,6 @@
 // See step_benchmark.h.
 #include "engine/step_benchmark.h"
+#include "engine/auto_batch.h"
 
 #include <sys/resource.h>
 
@@ -62,6 +63,7 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
     }
     if (step == static_cast<uint64_t>(o.warmup + o.steps)) set_timing(false);
   };
+  resolve_auto_batch(plan, opt);
   Runner runner(std::move(plan), opt);
   runner_ptr = &runner;
   if (o.warmup == 0) set_timing(true);

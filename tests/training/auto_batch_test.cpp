@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "engine/auto_batch.h"
 #include "engine/memory_pool.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -34,9 +35,11 @@ TEST(AutoBatch, FitsTheBudgetAndGrowsWithIt) {
   for (int i = 0; i < 2; ++i) {
     SCOPED_TRACE(std::string("run.device_memory=") + budgets[i]);
     std::ostringstream log;
-    Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"),
-                                    auto_sets(d.path(), "emulated", budgets[i]))),
-             quiet_run_options(log));
+    GraphPlan plan = plan_graph(load_config(source_path("configs/train_bc.yaml"),
+                                            auto_sets(d.path(), "emulated", budgets[i])));
+    RunOptions options = quiet_run_options(log);
+    resolve_auto_batch(plan, options);  // before the Runner is built
+    Runner r(std::move(plan), options);
     for (const auto& s : r.graph().plan().stages)
       if (s.name == "replays") chosen[i] = s.params.integer("batch_size");
     EXPECT_GE(chosen[i], 8);
@@ -61,14 +64,32 @@ TEST(AutoBatch, RefusedWhereThereIsNoDeviceMemoryToMeasure) {
            {"cpu", "auto sizes a batch to a GPU's memory and this run is on the CPU"},
            {"emulated", "auto on device emulated needs run.device_memory"}}) {
     try {
-      Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"),
-                                      auto_sets(d.path(), device, ""))),
-               quiet_run_options(log));
+      GraphPlan plan = plan_graph(
+          load_config(source_path("configs/train_bc.yaml"), auto_sets(d.path(), device, "")));
+      RunOptions options = quiet_run_options(log);
+      resolve_auto_batch(plan, options);
       FAIL() << device << ": the run was accepted";
     } catch (const std::runtime_error& e) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("replays.batch_size"), std::string::npos) << e.what();
     }
+  }
+}
+
+// A Runner is never handed an unresolved auto: it names the parameter and where it is resolved.
+TEST(AutoBatch, TheRunnerRefusesAnUnresolvedAuto) {
+  TempDir d;
+  std::ostringstream log;
+  try {
+    Runner r(plan_graph(
+                 load_config(source_path("configs/train_bc.yaml"), auto_sets(d.path(), "cpu", ""))),
+             quiet_run_options(log));
+    FAIL() << "the Runner took batch_size: auto";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("replays.batch_size: auto is resolved before the run is "
+                                         "built (resolve_auto_batch"),
+              std::string::npos)
+        << e.what();
   }
 }
 

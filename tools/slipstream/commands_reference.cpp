@@ -14,6 +14,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "engine/auto_batch.h"
 #include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
@@ -67,7 +68,9 @@ int reference_command(const ReferenceArgs& a) {
     fs::create_directories(a.out);
     nlohmann::json graph = graph_json(plan);
     std::ostringstream log;
-    Runner runner(std::move(plan), RunOptions::embedded(&log));
+    RunOptions options = RunOptions::embedded(&log);
+    resolve_auto_batch(plan, options);
+    Runner runner(std::move(plan), options);
     // The weights as the step starts (the backward does not change them).
     Batch b;
     const auto metrics = runner.gradient_step(a.checkpoint, b);

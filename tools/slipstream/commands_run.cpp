@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "engine/auto_batch.h"
 #include "engine/checkpoint.h"
 #include "engine/config_diff.h"
 #include "engine/diagnostics.h"
@@ -79,6 +80,7 @@ int run_command(const RunArgs& a) {
     opt.resume_dir = run_dir;
     opt.resume_checkpoint = checkpoint;
     opt.command_line = command_line();
+    resolve_auto_batch(plan, opt);
     Runner runner(std::move(plan), opt);
     RunResult r = runner.run();
     // The runner printed the summary line (and console.log has it).

@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "engine/auto_batch.h"
 #include "engine/graph_summary.h"
 #include "engine/runner.h"
 #include "tools/slipstream/commands.h"
@@ -38,7 +39,10 @@ int summary_command(SummaryArgs a) {
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
     std::ostringstream setup_log;  // the device line; the summary names the device itself
-    Runner runner(plan_graph(load_config(target, sets)), RunOptions::embedded(&setup_log));
+    GraphPlan plan = plan_graph(load_config(target, sets));
+    RunOptions options = RunOptions::embedded(&setup_log);
+    resolve_auto_batch(plan, options);
+    Runner runner(std::move(plan), options);
     const GraphSummary s = summarize_graph(runner);
     std::cout << format_graph_summary(s);
     if (!a.json.empty()) write_json_file(a.json, graph_summary_json(s));
