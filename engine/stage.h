@@ -91,8 +91,9 @@ struct RunState {
   std::atomic<uint64_t> step{0};
   std::atomic<uint64_t> total_steps{0};  // optimizer steps the run will take; 0 when unknown
   uint64_t micro_batches_per_step = 1;   // from the plan (StageSchema::micro_batches())
-  // Batches the source will produce in all (set by the source in setup; 0 when unbounded or
-  // unknown). Without run.steps, total_steps follows from it through the rebatch stages.
+  // Batches the source will produce in all (StageContext::declare_source_batches; 0 when
+  // unbounded or unknown). Without run.steps, total_steps follows from it through the rebatch
+  // stages.
   uint64_t source_batches = 0;
   int64_t epochs = 1;
   // run.max_in_flight: batches between the source and the last stage at once (0: not set, a
@@ -108,6 +109,8 @@ struct RunState {
   // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;
   // a checkpoint stage does not save such a step.
   std::atomic<uint64_t> nonfinite_streak{0};
+  // The fields below are the runner's; stages reach them through StageContext (metric(), log(),
+  // gradients_ready(), and the declare_* calls of their role).
   // Receives StageContext::metric() calls: name, value, kind, weight (set by the runner;
   // thread-safe).
   std::function<void(std::string_view, double, MetricKind, double)> metric_sink;
@@ -121,14 +124,12 @@ struct RunState {
   // stage's setup when several ranks run and the build can (engine/rank_reduce.h: MPI); empty
   // otherwise. `what` names the reduction in a timeout.
   std::function<void(std::span<double>, RankReduce, const std::string& what)> reduce_over_ranks;
-  // Set in setup by a stage that averages the gradients over the ranks (allreduce): without one,
-  // a run of several ranks would train as many different models, and the runner refuses it.
+  // StageContext::declare_gradients_averaged: a stage averages the gradients over the ranks.
   bool gradients_averaged_over_ranks = false;
-  // Set in setup by a source whose validation split is this rank's own share of the data (not
-  // one set every rank holds): the runner then validates each rank's own first batches.
+  // StageContext::declare_validation_per_rank: each rank validates its own first batches.
   bool validation_per_rank = false;
-  // Set in setup by a stage that splits the optimizer's state over the ranks (allreduce with
-  // shard_optimizer, engine/optimizer_shard.h); null otherwise.
+  // StageContext::share_optimizer_state: the optimizer's state split over the ranks
+  // (engine/optimizer_shard.h); null otherwise.
   std::shared_ptr<OptimizerShard> optimizer_shard;
 };
 
@@ -284,6 +285,24 @@ class StageContext {
   // Setup: `listener` hears every announcement of the training batches' backward passes
   // (replacing this stage's earlier listener).
   void on_gradients_ready(std::function<void(std::span<Parameter* const>)> listener) const;
+  // Whether any stage listens: a model need not announce its layers one by one otherwise.
+  bool gradients_heard() const;
+
+  // ---- what a stage tells the run in setup, by its role (a call from another role throws) ----
+  // role source: the batches it will produce in all (0: unbounded or unknown); without
+  // run.steps the run's length follows from it through the rebatch stages.
+  void declare_source_batches(uint64_t batches) const;
+  // role source: its validation split is this rank's own share of the data, not one set every
+  // rank holds; the runner then validates each rank's own first batches.
+  void declare_validation_per_rank() const;
+  // role update: this stage averages the gradients over the ranks. Without one, a run of
+  // several ranks would train as many different models, and the runner refuses it.
+  void declare_gradients_averaged() const;
+  // role update: the optimizer's state is split over the ranks by `shard` (null: not split).
+  void share_optimizer_state(std::shared_ptr<OptimizerShard> shard) const;
+  // The split an update stage shared (null when the optimizer holds all of its state): for the
+  // optimizer and the checkpoint stage.
+  const std::shared_ptr<OptimizerShard>& optimizer_shard() const;
 
   // Stages upstream of this one in the graph, nearest first; for allreduce/optimizers/checkpoints.
   std::vector<std::pair<std::string, Stage*>> upstream_stages() const;

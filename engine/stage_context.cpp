@@ -175,6 +175,46 @@ void StageContext::on_gradients_ready(
   run_->gradient_listeners[index_] = std::move(listener);
 }
 
+bool StageContext::gradients_heard() const {
+  return !run_->gradient_listeners.empty();
+}
+
+namespace {
+
+void require_role(const StageContext& ctx, StageRole role, const char* what) {
+  if (ctx.schema().stage_role() != role)
+    throw std::logic_error("stage '" + ctx.name() + "' (role " +
+                           std::string(stage_role_name(ctx.schema().stage_role())) + ") " + what +
+                           ": only a stage of role " + std::string(stage_role_name(role)) +
+                           " does");
+}
+
+}  // namespace
+
+void StageContext::declare_source_batches(uint64_t batches) const {
+  require_role(*this, StageRole::source, "declared the run's batches");
+  run_->source_batches = batches;
+}
+
+void StageContext::declare_validation_per_rank() const {
+  require_role(*this, StageRole::source, "declared a validation split per rank");
+  run_->validation_per_rank = true;
+}
+
+void StageContext::declare_gradients_averaged() const {
+  require_role(*this, StageRole::update, "declared the gradients averaged over the ranks");
+  run_->gradients_averaged_over_ranks = true;
+}
+
+void StageContext::share_optimizer_state(std::shared_ptr<OptimizerShard> shard) const {
+  require_role(*this, StageRole::update, "split the optimizer's state over the ranks");
+  run_->optimizer_shard = std::move(shard);
+}
+
+const std::shared_ptr<OptimizerShard>& StageContext::optimizer_shard() const {
+  return run_->optimizer_shard;
+}
+
 uint64_t StageContext::seed() const {
   uint64_t h = 1469598103934665603ull;  // FNV-1a of the name, mixed with the run seed
   for (char c : name_) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;

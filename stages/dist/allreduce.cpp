@@ -68,10 +68,10 @@ class AllreduceStage : public Stage {
     world_ = ctx.run().world_size;
     mpi_.reset();
     nccl_.reset();
-    ctx.run().optimizer_shard.reset();
+    ctx.share_optimizer_state(nullptr);
     const bool shard = ctx.params().boolean("shard_optimizer");
     if (backend == "none") return;  // one process: the optimizer holds everything anyway
-    ctx.run().gradients_averaged_over_ranks = true;
+    ctx.declare_gradients_averaged();
     const std::string where = " (" + ctx.params().mark("backend").str() + ")";
     // The emulated device runs the nccl reducer with its collectives over MPI on the host.
     const bool emulated = ctx.exec().backend() == KernelBackend::emulated;
@@ -110,7 +110,7 @@ class AllreduceStage : public Stage {
                                                         shard);
     else
       mpi_ = std::make_unique<dist::MpiBucketReducer>(std::move(buckets), timeout, shard);
-    if (shard && world_ > 1) publish_shard(ctx.run(), timeout);
+    if (shard && world_ > 1) publish_shard(ctx, timeout);
     if (ctx.params().boolean("overlap")) {
       RunState* run = &ctx.run();
       ctx.on_gradients_ready([this, run](std::span<Parameter* const> ready) {
@@ -152,7 +152,8 @@ class AllreduceStage : public Stage {
 
   // The optimizer downstream finds which pieces it updates, and the collectives around that:
   // blocking host collectives (mpi), or enqueued on the compute stream (nccl).
-  void publish_shard(RunState& run, double timeout) {
+  void publish_shard(const StageContext& ctx, double timeout) {
+    RunState& run = ctx.run();
     auto shard = std::make_shared<OptimizerShard>();
     shard->rank = run.rank;
     shard->world = world_;
@@ -174,7 +175,7 @@ class AllreduceStage : public Stage {
       dist::mpi_gather_to_root(mine, all, timeout,
                                "gathering the optimizer's state for a checkpoint");
     };
-    run.optimizer_shard = std::move(shard);
+    ctx.share_optimizer_state(std::move(shard));
   }
 
   void save(StateWriter& w) const override { w.integer("micro", micro_); }

@@ -159,8 +159,8 @@ class CheckpointStage : public Stage {
   // gather at checkpoint steps, validations and the end; an interrupt stops them apart).
   bool save(StageContext& ctx, const std::string& name) {
     const RunState& run = ctx.run();
-    if (run.optimizer_shard && run.optimizer_shard->gather_state &&
-        run.optimizer_shard->gathered_step != run.step) {
+    const OptimizerShard* shard = ctx.optimizer_shard().get();
+    if (shard && shard->gather_state && shard->gathered_step != run.step) {
       ctx.log(name +
               " not written: the optimizer's state is spread over the ranks "
               "(sync.shard_optimizer) and the ranks did not gather it at step " +

@@ -272,7 +272,7 @@ void ReplaysStage::setup(StageContext& ctx) {
     batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
     total_batches_ = batches_per_epoch_;
     // Each rank validates on its own games: the runner takes each rank's first batches.
-    if (by_games) ctx.run().validation_per_rank = true;
+    if (by_games) ctx.declare_validation_per_rank();
   } else {
     // shard: windows: rank r takes rows r·B.. of each world·B of the one shuffled order; shard:
     // games: every row of its own order, as many batches as the rank with the fewest has.
@@ -331,8 +331,8 @@ void ReplaysStage::setup(StageContext& ctx) {
                                "; lower batch_size or stride, or add replays");
     // The run's length when run.steps is not set (the graph divides by rebatching and
     // accumulation); unbounded when it is.
-    ctx.run().source_batches =
-        total_batches_ == std::numeric_limits<uint64_t>::max() ? 0 : total_batches_;
+    ctx.declare_source_batches(
+        total_batches_ == std::numeric_limits<uint64_t>::max() ? 0 : total_batches_);
   }
 
   uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));

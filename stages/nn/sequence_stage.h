@@ -59,7 +59,7 @@ class SequenceStage : public Stage {
     };
     model_->backward(x_.data<float>(), dy.data<float>(), store_.values(), store_.shadow(),
                      store_.grads(), want_dx_ ? dx_.data<float>() : nullptr,
-                     ctx.run().gradient_listeners.empty() ? nullptr : &layer_done);
+                     ctx.gradients_heard() ? &layer_done : nullptr);
     if (want_dx_) ctx.add_input_grad(b, "x", dx_);
   }
 

@@ -84,7 +84,7 @@ class AdamWStage : public Stage {
     ema_ = c.ema > 0;
     schedule_ = c.schedule;
     // Sharded (sync.shard_optimizer upstream): this rank updates its pieces of the weights.
-    opt_.attach(std::move(params), c, &ctx.exec(), ctx.run().optimizer_shard);
+    opt_.attach(std::move(params), c, &ctx.exec(), ctx.optimizer_shard());
     elements_ = static_cast<double>(opt_.elements_updated());
     opt_.refresh_shadows();
   }

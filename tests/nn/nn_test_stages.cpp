@@ -52,7 +52,7 @@ class SequenceSource : public Stage {
     dout_ = p.integer("dout");
     count_ = p.integer("count");
     reuse_ = p.boolean("reuse");
-    if (p.boolean("tells_count")) ctx.run().source_batches = static_cast<uint64_t>(count_);
+    if (p.boolean("tells_count")) ctx.declare_source_batches(static_cast<uint64_t>(count_));
     ctx.declare_output("x", {B_, W_, din_}, DType::f32);
     ctx.declare_output("target", {B_, W_, dout_}, DType::f32);
     x_ = Tensor::empty({B_, W_, din_}, DType::f32);
