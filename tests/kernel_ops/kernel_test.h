@@ -29,6 +29,9 @@
 
 namespace slipstream::kernels::test {
 
+// A device test may add the shapes only hardware runs in reasonable time (gpu_standard's).
+inline constexpr bool kOnDevice = SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_GPU;
+
 #if SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_GPU
 using Kernels = CudaKernels;
 using Mem = CudaMemory;

@@ -9,7 +9,6 @@
 #include "tests/kernels_cuda/conv_checks.h"
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/gru_checks.h"
-#include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
 namespace slipstream::kernels::test {
@@ -79,14 +78,6 @@ TEST(EmulatedConv, BackwardMatchesCpu) {
 TEST(EmulatedConv, StepEqualsForward) {
   uint64_t seed = 121;
   for (const auto& s : conv_shapes()) check_conv_step<Kernels, Mem, float>(s, seed++);
-}
-
-TEST(EmulatedRmsNorm, ForwardAndBackwardMatchCpu) {
-  uint64_t seed = 201;
-  for (const auto& s : norm_shapes()) {
-    check_rmsnorm<Kernels, Mem, float>(s, seed++);
-    check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
-  }
 }
 
 TEST(EmulatedElementwise, MatchesCpu) {

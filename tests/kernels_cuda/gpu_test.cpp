@@ -17,7 +17,6 @@
 #include "tests/kernels_cuda/elementwise_checks.h"
 #include "tests/kernels_cuda/gru_checks.h"
 #include "tests/kernels_cuda/gru_cudnn_checks.h"
-#include "tests/kernels_cuda/rmsnorm_checks.h"
 #include "tests/kernels_cuda/scan_checks.h"
 
 namespace slipstream::kernels::test {
@@ -119,16 +118,6 @@ TEST(GpuConv, ForwardBackwardStepMatchCpu) {
     check_conv_step<Kernels, Mem, float>(s, seed++);
   }
   check_conv_backward<Kernels, Mem, float>({256, 60, 256, 4}, seed++);
-}
-
-TEST(GpuRmsNorm, ForwardAndBackwardMatchCpu) {
-  REQUIRE_DEVICE();
-  uint64_t seed = 201;
-  for (const auto& s : norm_shapes()) {
-    check_rmsnorm<Kernels, Mem, float>(s, seed++);
-    check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
-  }
-  check_rmsnorm<Kernels, Mem, float>({256 * 60, 128}, seed++);
 }
 
 TEST(GpuElementwise, MatchesCpu) {
