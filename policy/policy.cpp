@@ -22,6 +22,7 @@
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "stages/melee/batch_layout.h"
+#include "stages/melee/controller_choice.h"
 #include "stages/melee/frame_feed.h"
 #include "stages/melee/model_math.h"
 
@@ -39,7 +40,11 @@ struct slipstream_policy {
   slipstream_distribution last{};
   float button_logits[kButtons] = {};
   bool stepped = false;
-  float temperature = 0;
+  // Sampling by default: the most likely input of a behaviour-cloned policy is mostly "nothing
+  // pressed, sticks at rest" (docs/policy.md). reset() restarts the generator from `seed`, so a
+  // game replays alike.
+  float temperature = 1;
+  uint64_t seed = 0;
   std::mt19937_64 rng{0};
   mutable std::atomic<bool> busy{false};  // a call is using the handle (HandleUse)
 };
@@ -145,28 +150,9 @@ std::string frame_features(const slipstream_game_frame& g, FedFrame& f) {
   return {};
 }
 
-void softmax(const float* logits, int n, float* p) {
-  const float m = *std::max_element(logits, logits + n);
-  float sum = 0;
-  for (int i = 0; i < n; ++i) sum += p[i] = std::exp(logits[i] - m);
-  for (int i = 0; i < n; ++i) p[i] /= sum;
-}
-
 float* head_probabilities(slipstream_distribution& d, int stick_head) {
   float* heads[kStickHeads] = {d.main_x, d.main_y, d.c_x, d.c_y, d.shoulder};
   return heads[stick_head];
-}
-
-// A class of `n` drawn from probabilities `p` at `temperature` (0: the most likely).
-int choose(const float* p, int n, float temperature, std::mt19937_64& rng) {
-  if (temperature <= 0) return static_cast<int>(std::max_element(p, p + n) - p);
-  double w[kStickClasses], sum = 0;
-  for (int i = 0; i < n; ++i)
-    sum += w[i] = std::pow(std::max(double(p[i]), 1e-30), 1.0 / temperature);
-  double u = std::uniform_real_distribution<double>(0, sum)(rng);
-  for (int i = 0; i < n; ++i)
-    if ((u -= w[i]) < 0) return i;
-  return n - 1;
 }
 
 // One frame through the graph: the distribution of the next input into p.last.
@@ -183,7 +169,7 @@ void forward(slipstream_policy& p, const FedFrame& f) {
   std::copy_n(logits, kButtons, p.button_logits);
   for (int k = 0; k < kButtons; ++k) p.last.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
   for (int h = 0; h < kStickHeads; ++h)
-    softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(p.last, h));
+    head_softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(p.last, h));
 }
 
 // One handle, one thread at a time: a call that finds the handle in use by another thread is
@@ -310,6 +296,7 @@ slipstream_status slipstream_policy_reset(slipstream_policy* p) {
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     p->arena.execute([&] { p->runner->stream_restart(); });
     p->stepped = false;
+    p->rng.seed(p->seed);
     return SLIPSTREAM_OK;
   });
 }
@@ -327,21 +314,16 @@ slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     p->arena.execute([&] { forward(*p, f); });
     p->stepped = true;
+    const float* probabilities[kStickHeads];
+    for (int h = 0; h < kStickHeads; ++h) probabilities[h] = head_probabilities(p->last, h);
+    const ChosenController chosen =
+        choose_controller(p->button_logits, probabilities, p->temperature, p->rng);
     slipstream_controller c{};
-    for (int b = 0; b < kButtons; ++b) {
-      const float z = p->button_logits[b];
-      const bool pressed = p->temperature <= 0
-                               ? z > 0
-                               : std::uniform_real_distribution<float>(0, 1)(p->rng) <
-                                     1.0f / (1.0f + std::exp(-z / p->temperature));
-      if (pressed) c.buttons |= 1u << b;
-    }
+    c.buttons = chosen.buttons;
     float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
-    for (int h = 0; h < kStickHeads; ++h) {
-      const int cls =
-          choose(head_probabilities(p->last, h), head_classes(h), p->temperature, p->rng);
-      *values[h] = h == kShoulder ? shoulder_value(cls) : stick_value(cls);
-    }
+    for (int h = 0; h < kStickHeads; ++h)
+      *values[h] =
+          h == kShoulder ? shoulder_value(chosen.classes[h]) : stick_value(chosen.classes[h]);
     *out = c;
     return SLIPSTREAM_OK;
   });
@@ -369,6 +351,7 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float tem
     return fail(p, SLIPSTREAM_E_ARGUMENT,
                 "slipstream_policy_set_sampling: temperature must be finite and >= 0");
   p->temperature = temperature;
+  p->seed = seed;
   p->rng.seed(seed);
   return SLIPSTREAM_OK;
 }

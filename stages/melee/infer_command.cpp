@@ -2,8 +2,10 @@
 // the game would: the run's graph reads the replay as windows of one frame, in order, for one
 // port's player, and Runner::stream carries the temporal model's state from each frame to the
 // next (Streaming::recurrent). Writes each frame's predicted controller beside the recorded one
-// (--csv), prints per-head accuracy against the recorded inputs and the policy's per-frame
-// latency (the section's stages before the loss: embedding, temporal step, heads).
+// (--csv, the most likely input), prints per-head accuracy against the recorded inputs, how
+// often the policy acts (sampled, as the policy library answers by default, and its most likely
+// input) against how often the player did, and the policy's per-frame latency (the section's
+// stages before the loss: embedding, temporal step, heads).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,7 @@
 #include "engine/graph.h"
 #include "engine/quantile.h"
 #include "engine/runner.h"
+#include "stages/melee/controller_choice.h"
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_scoring.h"
 #include "stages/melee/replays.h"
@@ -34,6 +38,15 @@ struct InferArgs {
   std::string csv;
   std::string device;
   std::vector<std::string> sets;
+  float temperature = 1;  // of the sampled policy whose action rate is reported
+  uint64_t seed = 0;
+};
+
+// How often a policy acts (a button, a stick off centre, the trigger) against the recorded
+// player: a behaviour-cloned policy's most likely input mostly stands still.
+struct ActionRates {
+  size_t frames = 0, recorded = 0, sampled = 0, most_likely = 0;
+  static double pct(size_t n, size_t of) { return of ? 100.0 * double(n) / double(of) : 0.0; }
 };
 
 // The stage of `kind` in the graph (the first one), or -1.
@@ -113,6 +126,8 @@ int infer_command(const InferArgs& a) {
   }
   std::optional<FrameWriter> csv;
   std::vector<double> latency;
+  ActionRates acts;
+  std::mt19937_64 rng(a.seed);
   EvalResult r;
   try {
     if (!a.csv.empty()) csv.emplace(a.csv);
@@ -124,7 +139,6 @@ int infer_command(const InferArgs& a) {
     auto* loader = dynamic_cast<ReplaysStage*>(&g.stage(static_cast<size_t>(src)));
     r = runner.stream(where.checkpoint, [&](const Batch& b, double seconds) {
       latency.push_back(seconds);
-      if (!csv) return;
       const StageContext& hc = g.context(static_cast<size_t>(heads));
       Tensor out[kHeads];
       const float* logits[kHeads];
@@ -135,6 +149,21 @@ int infer_command(const InferArgs& a) {
       const StageContext& sc = g.context(static_cast<size_t>(src));
       const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
       const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
+      float p[kStickHeads][kStickClasses];
+      const float* probabilities[kStickHeads];
+      for (int h = 0; h < kStickHeads; ++h) {
+        head_softmax(logits[h + 1], head_classes(h), p[h]);
+        probabilities[h] = p[h];
+      }
+      ChosenController recorded;
+      for (int k = 0; k < kButtons; ++k)
+        if (tb.data<float>()[k] > 0.5f) recorded.buttons |= 1u << k;
+      std::copy_n(ts.data<int32_t>(), kStickHeads, recorded.classes);
+      ++acts.frames;
+      acts.recorded += recorded.acts();
+      acts.sampled += choose_controller(logits[0], probabilities, a.temperature, rng).acts();
+      acts.most_likely += choose_controller(logits[0], probabilities, 0, rng).acts();
+      if (!csv) return;
       csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
                tb.data<float>(), ts.data<int32_t>(), seconds);
     });
@@ -156,6 +185,12 @@ int infer_command(const InferArgs& a) {
   std::printf("infer: %s, port %d: %zu frames, checkpoint step %llu\n", a.replay.c_str(), a.port,
               latency.size(), static_cast<unsigned long long>(r.step));
   std::cout << head_table(r.metrics);
+  std::printf(
+      "frames acting (a button, a stick off centre, the trigger): recorded %.1f %%, policy "
+      "sampled at temperature %g (seed %llu) %.1f %%, most likely input %.1f %%\n",
+      ActionRates::pct(acts.recorded, acts.frames), double(a.temperature),
+      static_cast<unsigned long long>(a.seed), ActionRates::pct(acts.sampled, acts.frames),
+      ActionRates::pct(acts.most_likely, acts.frames));
   double sum = 0;
   for (double s : latency) sum += s;
   std::printf(
@@ -185,6 +220,12 @@ void setup_infer(CLI::App& parent) {
       ->check(CLI::Range(1, 4));
   infer->add_option("--csv", a->csv, "write each frame's predicted and recorded controller");
   infer->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
+  infer
+      ->add_option("--temperature", a->temperature,
+                   "of the sampled policy whose action rate is reported (the policy library's "
+                   "default: 1; 0 is the most likely input)")
+      ->check(CLI::NonNegativeNumber);
+  infer->add_option("--seed", a->seed, "of the sampled policy's draws");
   infer->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
   infer->callback([a] {
     if (const int code = infer_command(*a); code != 0) throw CLI::RuntimeError(code);

@@ -158,6 +158,7 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
   ASSERT_NE(h.p, nullptr);
   EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
       << slipstream_policy_describe(h.p);
+  ASSERT_EQ(slipstream_policy_set_sampling(h.p, 0.0f, 0), SLIPSTREAM_OK);  // the most likely
   double worst = 0;
   size_t pressed_differs = 0;
   for (size_t i = 0; i < frames.size(); ++i) {
@@ -234,6 +235,21 @@ TEST(Policy, ResetHandlesAndSamplingAreIndependentAndRepeatable) {
                  const std::vector<slipstream_controller>& y) {
     return std::memcmp(x.data(), y.data(), sizeof(x[0]) * x.size()) == 0;
   };
+  // The default is sampling at temperature 1 from seed 0: a fresh handle answers so, and again
+  // after a reset (which restarts the generator).
+  {
+    Handle fresh(t.run_dir);
+    ASSERT_NE(fresh.p, nullptr);
+    std::vector<slipstream_controller> first_game(100), second_game(100);
+    for (size_t i = 0; i < first_game.size(); ++i)
+      EXPECT_EQ(slipstream_policy_step(fresh.p, &frames[i].frame, &first_game[i]), SLIPSTREAM_OK);
+    EXPECT_EQ(slipstream_policy_reset(fresh.p), SLIPSTREAM_OK);
+    for (size_t i = 0; i < second_game.size(); ++i)
+      EXPECT_EQ(slipstream_policy_step(fresh.p, &frames[i].frame, &second_game[i]), SLIPSTREAM_OK);
+    EXPECT_TRUE(same(first_game, second_game));
+    EXPECT_TRUE(same(first_game, answers(a.p, 1.0f, 0)));
+    EXPECT_FALSE(same(first_game, answers(a.p, 0.0f, 0)));
+  }
   EXPECT_TRUE(same(answers(a.p, 1.0f, 7), answers(b.p, 1.0f, 7)));
   EXPECT_FALSE(same(answers(a.p, 1.0f, 7), answers(a.p, 1.0f, 8)));
   const auto greedy = answers(a.p, 0.0f, 0);

@@ -6,8 +6,11 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
 #include "stages/melee/replay_scoring.h"
@@ -215,15 +218,43 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
   std::string header, line;
   std::getline(f, header);
   EXPECT_EQ(header.rfind("frame,pred_A,", 0), 0u) << header;
-  long rows = 0;
+  long rows = 0, pred_acts = 0, rec_acts = 0;
   int32_t prev_frame = -1000;
   while (std::getline(f, line)) {
-    const int32_t frame = std::stoi(line.substr(0, line.find(',')));
-    EXPECT_GT(frame, prev_frame) << "frames in game order";
-    prev_frame = frame;
+    std::vector<double> v;
+    std::stringstream cells(line);
+    for (std::string c; std::getline(cells, c, ',');) v.push_back(std::stod(c));
+    ASSERT_EQ(v.size(), 28u) << line;  // frame, 13 predicted, 13 recorded, latency
+    EXPECT_GT(v[0], prev_frame) << "frames in game order";
+    prev_frame = static_cast<int32_t>(v[0]);
+    // Acting: a button, a stick off centre or the trigger (13 values: 8 buttons, 5 axes).
+    auto acts = [&](size_t at) {
+      for (size_t k = at; k < at + 13; ++k)
+        if (v[k] != 0) return 1;
+      return 0;
+    };
+    pred_acts += acts(1);
+    rec_acts += acts(14);
     ++rows;
   }
   EXPECT_EQ(rows, frames);
+  // The action rates: the recorded player's and the most likely input's as the CSV has them
+  // (pred_* is the most likely input), the sampled policy's at temperature 1 by default.
+  const std::regex rates(
+      R"(frames acting \(a button, a stick off centre, the trigger\): recorded ([0-9.]+) %, )"
+      R"(policy sampled at temperature 1 \(seed 0\) ([0-9.]+) %, most likely input ([0-9.]+) %)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(o.text, m, rates)) << o.text;
+  EXPECT_NEAR(std::stod(m[1]), 100.0 * double(rec_acts) / double(rows), 0.051) << o.text;
+  EXPECT_NEAR(std::stod(m[3]), 100.0 * double(pred_acts) / double(rows), 0.051) << o.text;
+  // At temperature 0 the sampled policy is the most likely input.
+  o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +
+              "/synth_00000.slp --port 2 --temperature 0");
+  ASSERT_TRUE(std::regex_search(o.text, m,
+                                std::regex(R"(temperature 0 \(seed 0\) ([0-9.]+) %, most likely )"
+                                           R"(input ([0-9.]+) %)")))
+      << o.text;
+  EXPECT_EQ(m[1].str(), m[2].str()) << o.text;
 
   // A port nobody played is an error, not an empty success.
   o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +

@@ -123,12 +123,13 @@ int slipstream_policy_version(void);
 slipstream_status slipstream_policy_open(const char* checkpoint, const char* device,
                                          slipstream_policy** out);
 
-/* A new game: clears the temporal model's state. Also the state right after open. */
+/* A new game: clears the temporal model's state and restarts the sampling generator from its
+ * seed (the same frames then give the same answers). Also the state right after open. */
 slipstream_status slipstream_policy_reset(slipstream_policy* policy);
 
-/* One frame: the controller to press next. By default the most likely input (each button
- * pressed when its probability exceeds 1/2, each stick at its most likely class); see
- * slipstream_policy_set_sampling. A frame that fails validation changes no state. */
+/* One frame: the controller to press next, drawn from the model's distribution (temperature 1,
+ * seed 0 by default; see slipstream_policy_set_sampling). A frame that fails validation changes
+ * no state. */
 slipstream_status slipstream_policy_step(slipstream_policy* policy,
                                          const slipstream_game_frame* frame,
                                          slipstream_controller* out);
@@ -137,9 +138,12 @@ slipstream_status slipstream_policy_step(slipstream_policy* policy,
 slipstream_status slipstream_policy_distribution(const slipstream_policy* policy,
                                                  slipstream_distribution* out);
 
-/* temperature 0 (the default): the most likely input. temperature > 0: each step draws buttons
- * and sticks from the distribution sharpened (< 1) or flattened (> 1) by the temperature, with
- * a generator seeded by `seed` (the same seed and frames give the same answers). */
+/* temperature > 0 (1, the default): each step draws buttons and sticks from the distribution
+ * sharpened (< 1) or flattened (> 1) by the temperature, with a generator seeded by `seed` (0 by
+ * default; the same seed and frames give the same answers; give each game or agent its own to
+ * vary them). temperature 0: the most likely input, each button pressed when its probability
+ * exceeds 1/2 and each stick at its most likely class; a behaviour-cloned policy then mostly
+ * stands still, since "no change" is the likeliest input on almost every frame. */
 slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, float temperature,
                                                  uint64_t seed);
 
