@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
     for (bool bwd : {false, true}) {
       const std::string dir = bwd ? "backward" : "forward";
       add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, bwd); });
-      if (bwd && sh.N > 8)  // the backward's other shape (kernels/selective_scan_cuda.inc)
+      if (bwd && sh.N > 8)  // the backward's other shape (kernels/selective_scan.h)
         for (bool bf16 : {false, true})
           add(std::string("scan_backward_registers/") + (bf16 ? "bf16/" : "fp32/") + p,
               [=](benchmark::State& st) {
