@@ -182,6 +182,9 @@ RunResult Runner::Impl::execute_steps() {
   std::optional<tbb::global_control> threads;
   if (int64_t t = plan().run.integer("threads"); t > 0)
     threads.emplace(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
+  // Before the first line: a reader that goes away (`| head -1`) must not end the run.
+  std::optional<PipeSignalIgnored> pipe_ignored;
+  if (opt.handle_sigint) pipe_ignored.emplace();
   make_run_dir();
   result.run_dir = run.run_dir;
   if (run.writes_outputs() && !console)

@@ -13,7 +13,6 @@ constexpr std::array<int, 6> kStopSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, S
 
 std::atomic<int> g_received{0};
 std::array<void (*)(int), kStopSignals.size()> g_previous{};
-void (*g_previous_pipe)(int) = SIG_DFL;
 
 extern "C" void on_stop_signal(int sig) {
   int none = 0;
@@ -26,12 +25,16 @@ StopSignals::StopSignals() {
   g_received = 0;
   for (size_t i = 0; i < kStopSignals.size(); ++i)
     g_previous[i] = std::signal(kStopSignals[i], on_stop_signal);
-  g_previous_pipe = std::signal(SIGPIPE, SIG_IGN);
 }
 
 StopSignals::~StopSignals() {
   for (size_t i = 0; i < kStopSignals.size(); ++i) std::signal(kStopSignals[i], g_previous[i]);
-  std::signal(SIGPIPE, g_previous_pipe);
+}
+
+PipeSignalIgnored::PipeSignalIgnored() : previous_(std::signal(SIGPIPE, SIG_IGN)) {}
+
+PipeSignalIgnored::~PipeSignalIgnored() {
+  std::signal(SIGPIPE, previous_);
 }
 
 int StopSignals::received() {

@@ -1,8 +1,9 @@
 // The signals that ask a run to stop at the end of its step, write a checkpoint and its last
 // metrics row, and exit 130: SIGINT (Ctrl-C), SIGTERM (schedulers, before a kill), SIGHUP (the
 // terminal closed), SIGUSR1 (Slurm's `--signal` warning before the time limit), SIGXCPU (a CPU
-// time limit's soft warning) and SIGALRM. SIGPIPE is ignored while a run holds them: a reader of
-// its output that goes away (`slipstream run | head`) costs the console, never the run.
+// time limit's soft warning) and SIGALRM. And SIGPIPE ignored for the whole run, from before its
+// first line (PipeSignalIgnored): a reader of its output that goes away (`slipstream run |
+// head`) costs the console, never the run.
 #pragma once
 
 #include <string>
@@ -23,6 +24,18 @@ class StopSignals {
   static int received();
   // received(), then cleared.
   static int take();
+};
+
+// SIGPIPE ignored while it lives (the previous disposition restored after).
+class PipeSignalIgnored {
+ public:
+  PipeSignalIgnored();
+  PipeSignalIgnored(const PipeSignalIgnored&) = delete;
+  PipeSignalIgnored& operator=(const PipeSignalIgnored&) = delete;
+  ~PipeSignalIgnored();
+
+ private:
+  void (*previous_)(int);
 };
 
 // "SIGHUP", "SIGUSR1", ... ("signal N" for others).

@@ -1,6 +1,7 @@
 /* libslipstream_policy linked from C (C11, -pedantic): open a trained run, play frames, check
- * that answers are valid inputs and the most likely ones of their distribution, that reset
- * replays a game exactly, and that misuse returns a status with a message.
+ * that answers are valid inputs and, at temperature 0, the most likely ones of their
+ * distribution, that reset replays a game exactly, and that misuse returns a status with a
+ * message.
  *   policy_c_test RUN_DIR */
 #include <slipstream/policy.h>
 
@@ -80,6 +81,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("%s\n", slipstream_policy_describe(p));
+  /* Temperature 0: the most likely input, which play() checks (sampling is the default). */
+  CHECK(slipstream_policy_set_sampling(p, 0.0f, 0) == SLIPSTREAM_OK);
   static slipstream_distribution first[kFrames], again[kFrames];
   play(p, first);
   CHECK(slipstream_policy_reset(p) == SLIPSTREAM_OK);
