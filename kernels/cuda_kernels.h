@@ -2,7 +2,7 @@
 // build, kernels::cuda::Kernels (the device build, kernels/*_cuda.cu) and
 // kernels::cuda_emulated::Kernels (the same sources compiled for the CPU emulator,
 // kernels/emulation). Code that runs on either is a template over the table (the stages' device
-// ops, stages/ops/device_ops.h; the kernel tests, tests/kernels_cuda/kernel_test.h).
+// ops, stages/ops/device_ops.h; the kernel tests, tests/kernel_ops/kernel_test.h).
 //
 // An op declares its entry points once, in the second part of its own header (kernels/OP.h,
 // under SLIPSTREAM_CUDA_ENTRY_POINTS); the one line that registers it is its #include below.

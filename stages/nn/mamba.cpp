@@ -1,9 +1,9 @@
 // mamba: a stack of Mamba-1 blocks (mamba-ssm's MixerModel without the embedding), sequence to
 // sequence and causal. The math is MambaModel (mamba_model.h) over the ops of the run's backend
-// (with_ops.h: the CPU kernels, or the CUDA kernels on the run's stream); this file binds it
-// to the stage API: weights as Parameters on the run's device, buffers sized in setup, bf16
-// under precision bf16. On a stream (Runner::stream) the forward continues each row's sequence
-// one frame at a time from the state the previous batch left (mamba_recurrent.h, CPU, fp32).
+// (with_ops.h: the CPU kernels, or the CUDA kernels on the run's stream); this file declares the
+// stage's schema and builds the model, and sequence_stage.h binds it to the stage API (weights as
+// Parameters on the run's device, buffers, bf16 under precision bf16, and on a stream the frame-
+// by-frame forward from the previous batch's state: mamba_recurrent.h, CPU, fp32).
 #include <cmath>
 
 #include "engine/registry.h"
