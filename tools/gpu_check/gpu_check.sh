@@ -161,6 +161,10 @@ if wants sanitize && command -v compute-sanitizer >/dev/null; then
   # kernels report (cuBLAS's nvjet split-K GEMMs on an H200) are listed, not failed.
   step racecheck python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
     $B/bin/kernels_cuda_gpu_test "$SMALL"
+  # The ops whose one test source builds three ways (tests/kernel_ops: RMSNorm, GELU, ...).
+  step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernel_ops_gpu_test
+  step racecheck_ops python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
+    $B/bin/kernel_ops_gpu_test
   # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
   # on cuDNN), under memcheck; the whole engine's build only. Four minutes at most, so a slow
   # sanitizer cannot eat a lease's call.
