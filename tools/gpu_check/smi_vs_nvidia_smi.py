@@ -22,8 +22,8 @@ import time
 FIELDS = "name,memory.used,utilization.gpu,power.draw"
 
 
-def query(cmd):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+def query(cmd, env=None):
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30)
     if out.returncode != 0:
         raise RuntimeError(" ".join(cmd) + " failed: " + out.stderr.strip())
     return [[c.strip() for c in row] for row in csv.reader(io.StringIO(out.stdout)) if row]
@@ -56,15 +56,20 @@ def main():
     try:
         deadline = time.time() + 180
         row = None
+        rows = []
         while time.time() < deadline and row is None:
             time.sleep(1)
+            # smi reads the records where the run publishes them: the run's environment.
             rows = query([smi, "--query-run=pid,state,device,step,device_memory",
-                          "--format=csv,noheader,nounits"]) if run.poll() is None else []
+                          "--format=csv,noheader,nounits"], env) if run.poll() is None else []
             for r in rows:
                 if r[0] == str(run.pid) and r[1] == "running" and (number(r[3]) or 0) >= 20:
                     row = r
         verdict(row is not None, "slipstream-smi shows the run training (step >= 20)")
         if row is None:
+            print("  the run (pid %d) %s; smi's last rows: %s; %s holds %s" % (
+                run.pid, "is running" if run.poll() is None else "exited %s" % run.returncode,
+                rows, stats, os.listdir(stats)))
             return 1
         verdict(row[2] == "cuda:0", "the run's device is cuda:0 (%s)" % row[2])
         verdict((number(row[4]) or 0) > 0, "the run's device memory is shown (%s MiB)" % row[4])
@@ -75,9 +80,13 @@ def main():
         agree = {"name": 0, "memory": 0, "power": 0, "util": 0}
         samples = 5
         for _ in range(samples):
-            ours = query([smi, "--query-gpu=" + FIELDS, "--format=csv,noheader,nounits"])
+            ours = query([smi, "--query-gpu=" + FIELDS, "--format=csv,noheader,nounits"], env)
             theirs = query(["nvidia-smi", "--query-gpu=" + FIELDS, "--format=csv,noheader,nounits"])
             log.write("\nslipstream-smi %s\nnvidia-smi     %s\n" % (ours, theirs))
+            if not ours or not theirs:
+                verdict(False, "both tools print a GPU row (slipstream-smi %s, nvidia-smi %s)" %
+                        (ours, theirs))
+                return 1
             a, b = ours[0], theirs[0]
             agree["name"] += a[0] == b[0]
             m1, m2 = number(a[1]), number(b[1])
