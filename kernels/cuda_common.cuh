@@ -162,15 +162,35 @@ inline void check_launch(const char* op) {
                              " [" + cudaGetErrorName(e) + "]");
 }
 
-// out[i] = (accumulate ? out[i] : 0) + sum_{k < K} part[k * n + i], k in increasing order.
+// out[i] = (accumulate ? out[i] : 0) + sum_{k < K} part[k * n + i], as a fixed-shape tree: a
+// block of kPartialThreads is `lanes` rows of kPartialThreads / lanes columns; lane l of a column
+// sums partials l, l + lanes, ... in order, then lane 0 adds the lanes in order. `lanes` follows
+// from K alone (the largest power of two <= K, at most kPartialMaxLanes), so the result is the
+// same on every run and every GPU; the serial chain per thread is K / lanes long, not K.
+constexpr int kPartialThreads = 256;
+constexpr int kPartialMaxLanes = 16;
+inline int partial_lanes(int K) {
+  int lanes = 1;
+  while (lanes * 2 <= K && lanes < kPartialMaxLanes) lanes *= 2;
+  return lanes;
+}
+
 template <class Out>
-__global__ void sum_partials_kernel(const float* __restrict__ part, int K, size_t n, Out* out,
-                                    bool accumulate) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float s = accumulate ? to_f32(out[i]) : 0.0f;
-  for (int k = 0; k < K; ++k) s += part[size_t(k) * n + i];
-  out[i] = from_f32<Out>(s);
+__global__ void __launch_bounds__(kPartialThreads)
+    sum_partials_kernel(const float* __restrict__ part, int K, size_t n, Out* out,
+                        bool accumulate) {
+  __shared__ float lane_sums[kPartialThreads];
+  const int cols = blockDim.x, lanes = blockDim.y;
+  const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
+  float s = 0.0f;
+  if (i < n)
+    for (int k = threadIdx.y; k < K; k += lanes) s += part[size_t(k) * n + i];
+  lane_sums[threadIdx.y * cols + threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || i >= n) return;
+  float total = 0.0f;
+  for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
+  out[i] = from_f32<Out>(accumulate ? to_f32(out[i]) + total : total);
 }
 
 template <class Out>
@@ -178,7 +198,9 @@ void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
                   cudaStream_t stream, const char* op) {
   if (n == 0 || out == nullptr) return;
   const auto kernel = &sum_partials_kernel<Out>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, 256)), dim3(256), stream, part, K, n, out, accumulate);
+  const int lanes = partial_lanes(K), cols = kPartialThreads / lanes;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, size_t(cols))), dim3(cols, lanes), stream, part, K, n,
+                    out, accumulate);
   check_launch(op);
 }
 

@@ -38,7 +38,20 @@ On the CPU, time it with glibc's malloc tuned as side_by_side.py does (its MALLO
 GLIBC_TUNABLES): as is, glibc makes the eager step page-fault through fresh memory, about 5x
 slower at cpu_large.
 
-Dependencies: torch, numpy, safetensors.
+`--scan fused` runs each Mamba layer as mamba-ssm's fast path does (`mamba_simple.Mamba.forward`:
+the in_proj GEMM, then `mamba_inner_fn` — causal-conv1d's fused conv + SiLU, the x/dt projections,
+`selective_scan_fn` with the delta bias and softplus inside, the gate and out_proj — from the
+bundle bench/peers/build_mamba_ssm.sh builds, on PYTHONPATH): what people who train Mamba in
+PyTorch run. Its kernels have no float64 form: --check then compares the float64 loop and the
+float32 fused step with slipstream's. `--perturb` scales the D skip by 1 + 1e-3 in the fused path:
+a small real difference that --check must report as a failure (proof that its tolerance, loose
+enough for fast math and the kernels' other rounding, still sees one).
+
+`--mode graph` (CUDA) captures the whole training step — forward, loss, backward, clipping and
+AdamW (capturable) — as one CUDA graph after a few warm-up steps and replays it: the fewest
+launches PyTorch can give the step, as our step replays its own graph.
+
+Dependencies: torch, numpy, safetensors (and mamba-ssm's bundle for --scan fused).
 """
 import argparse
 import contextlib
@@ -97,6 +110,8 @@ INDEX_PORTS = {"action", "character", "stage", "target_sticks"}
 # Where the peer runs (--device): the model, the batch and the step. "cuda" times it on the GPU
 # (TF32 off, so fp32 means fp32 as on our side).
 DEVICE = torch.device("cpu")
+SCAN = "loop"  # --scan: the sequential reference loop, or mamba-ssm's fused path
+PERTURB = False  # --perturb: the fused path's D scaled by 1 + 1e-3
 
 
 # ---------------------------------------------------------------- model
@@ -182,6 +197,8 @@ class Mamba(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
 
     def forward(self, h):  # (B, L, d_model)
+        if SCAN == "fused" and h.dtype != torch.float64:
+            return self.forward_fused(h)
         L = h.shape[1]
         wt = self.A_log.dtype  # the parameters' precision (float32 or float64)
         x, z = self.in_proj(h).transpose(1, 2).chunk(2, dim=1)  # (B, d_inner, L) each
@@ -197,6 +214,20 @@ class Mamba(nn.Module):
             y = selective_scan_ref(x, dt.to(wt), A, B.transpose(1, 2).to(wt),
                                    C.transpose(1, 2).to(wt), self.D, z.to(wt), self.dt_proj.bias)
         return self.out_proj(y.transpose(1, 2))
+
+    def forward_fused(self, h):
+        """mamba_simple.Mamba.forward's fast path (no inference cache)."""
+        from mamba_ssm.ops.selective_scan_interface import mamba_inner_fn
+        batch, L, d = h.shape
+        # The in_proj GEMM writes (d, batch*L): viewed as (batch, 2*d_inner, L) without a copy.
+        xz = (self.in_proj.weight @ h.reshape(batch * L, d).t()).view(-1, batch, L)
+        xz = xz.permute(1, 0, 2)
+        A = -torch.exp(self.A_log.float())
+        D = self.D.float() * (1 + 1e-3) if PERTURB else self.D.float()
+        return mamba_inner_fn(xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
+                              self.dt_proj.weight, self.out_proj.weight, self.out_proj.bias, A,
+                              None, None, D, delta_bias=self.dt_proj.bias.float(),
+                              delta_softplus=True)
 
 
 class Block(nn.Module):
@@ -527,7 +558,8 @@ def run_check(ref, mode="eager"):
           f"{head_weights}")
     ok = True
     results = {}
-    passes = [("float64", torch.float64, "eager"), ("float32", torch.float32, "eager")]
+    f32 = "float32 fused" if SCAN == "fused" else "float32"
+    passes = [("float64", torch.float64, "eager"), (f32, torch.float32, "eager")]
     if mode in COMPILE_MODES:
         passes.append((f"float32 {mode}", torch.float32, mode))
     for name, dtype, comp in passes:
@@ -580,7 +612,7 @@ def run_check(ref, mode="eager"):
 
 # ---------------------------------------------------------------- --bench
 
-def make_optimizer(model, ref):
+def make_optimizer(model, ref, capturable=False):
     """torch.optim.AdamW with the adamw stage's settings. Weight decay on Linear and Conv1d
     weights only (slipstream: none on tables, norms, biases, A_log, D). The lr schedule is not
     reproduced: its cost is nil and it does not change the step's work."""
@@ -595,7 +627,7 @@ def make_optimizer(model, ref):
         [{"params": decay, "weight_decay": float(p.get("weight_decay", 0.01))},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=float(p.get("lr", 1e-4)), betas=(float(p.get("beta1", 0.9)), float(p.get("beta2", 0.999))),
-        eps=float(p.get("eps", 1e-8)))
+        eps=float(p.get("eps", 1e-8)), capturable=capturable)
     return opt, float(p.get("clip", 1.0))
 
 
@@ -609,28 +641,54 @@ def run_bench(ref, args):
     b = ref.batch(torch.float32)
     check_labels(b)
     B, W = b["mask"].shape
-    opt, clip = make_optimizer(model, ref)
+    graph = args.mode == "graph"
+    if graph and DEVICE.type != "cuda":
+        raise SystemExit("--mode graph captures a CUDA graph: it needs --device cuda")
+    opt, clip = make_optimizer(model, ref, capturable=graph)
     params = [p for p in model.parameters()]
     bf16 = args.precision == "bf16"
 
     def autocast():
-        return (torch.autocast(DEVICE.type, dtype=torch.bfloat16) if bf16
-                else contextlib.nullcontext())
+        # A captured graph cannot use autocast's cache of cast weights (PyTorch's advice).
+        return (torch.autocast(DEVICE.type, dtype=torch.bfloat16, cache_enabled=not graph)
+                if bf16 else contextlib.nullcontext())
 
     compile_error = None
     try:
-        forward_loss = compiled_forward_loss(model, head_weights, eps, args.mode, autocast)
+        forward_loss = compiled_forward_loss(model, head_weights, eps,
+                                             "eager" if graph else args.mode, autocast)
     except Exception as e:  # noqa: BLE001 - any failure means no compiled figure
         compile_error = e
 
-    def step():
-        opt.zero_grad(set_to_none=True)
+    def eager_step(zero=True):
+        if zero:
+            opt.zero_grad(set_to_none=True)
         loss = forward_loss(b)
         loss.backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         return loss
+
+    step = eager_step
+    if graph:
+        # PyTorch's whole-network capture: warm-up steps on a side stream, then one step
+        # captured; each later step replays it (the batch stays at its addresses).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                eager_step()
+        torch.cuda.current_stream().wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        # Gradients set to None first: the captured backward allocates them in the graph's pool.
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(captured):
+            graph_loss = eager_step(zero=False)
+
+        def step():
+            captured.replay()
+            return graph_loss
 
     times, first_loss = [], None
     t_warm = time.perf_counter()
@@ -643,7 +701,7 @@ def run_bench(ref, args):
             loss = step()
             sync()
         except Exception as e:  # noqa: BLE001
-            if args.mode == "eager":
+            if args.mode in ("eager", "graph"):
                 raise
             compile_error = e
         if compile_error is not None:
@@ -670,6 +728,7 @@ def run_bench(ref, args):
         "torch": torch.__version__,
         "reference": str(ref.dir),
         "mode": args.mode,
+        "scan": SCAN,
         "device": str(DEVICE),
         "precision": args.precision,
         "threads": args.threads,
@@ -721,17 +780,26 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
                     help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--mode", choices=["eager", *COMPILE_MODES], default="eager",
+    ap.add_argument("--mode", choices=["eager", "graph", *COMPILE_MODES], default="eager",
                     help="compile: torch.compile the forward + loss as one graph; "
                     "compile-regions: each block, the embedding, the heads and the loss on their "
-                    "own (exit 3 if compiling fails); with --check, also check the compiled step")
+                    "own (exit 3 if compiling fails); with --check, also check the compiled step; "
+                    "graph: the whole eager step captured as one CUDA graph and replayed")
+    ap.add_argument("--scan", choices=["loop", "fused"], default="loop",
+                    help="loop: mamba-ssm's sequential reference scan; fused: mamba-ssm's fast "
+                    "path (mamba_inner_fn, causal_conv1d_fn), CUDA only")
+    ap.add_argument("--perturb", action="store_true",
+                    help="with --scan fused: scale D by 1 + 1e-3 (--check must then fail)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--json", metavar="OUT", help="write the bench results here")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the peer runs (cuda: the first GPU, TF32 off)")
     args = ap.parse_args()
-    global DEVICE
+    global DEVICE, SCAN, PERTURB
     DEVICE = torch.device(args.device)
+    SCAN, PERTURB = args.scan, args.perturb
+    if SCAN == "fused" and DEVICE.type != "cuda":
+        ap.error("--scan fused: mamba-ssm's kernels run on CUDA only")
     if DEVICE.type == "cuda":
         if not torch.cuda.is_available():
             ap.error("--device cuda: this PyTorch sees no GPU")

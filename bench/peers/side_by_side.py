@@ -101,7 +101,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--modes", default="eager,compile,compile-regions",
-                    help="peer modes, comma-separated (eager, compile, compile-regions)")
+                    help="peer modes, comma-separated (eager, graph, compile, compile-regions)")
     ap.add_argument("--venv", default=str(ROOT / "build" / "peers-venv"))
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--isa", choices=sorted(ISA_ENV), default="native",
@@ -109,6 +109,9 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where both sides train (the reference step is always the CPU's)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--scan", choices=["loop", "fused"], default="loop",
+                    help="the peer's Mamba: mamba-ssm's sequential loop, or its fused kernels "
+                    "(mamba_inner_fn; the bundle of build_mamba_ssm.sh on PYTHONPATH; CUDA)")
     ap.add_argument("--malloc", choices=sorted(MALLOC_ENV), default="tuned",
                     help="tuned (default): glibc's malloc keeps freed memory (GLIBC_TUNABLES), "
                     "as PyTorch's CPU tuning advice asks of the allocator; default: glibc as is")
@@ -134,7 +137,7 @@ def main():
     subprocess.run([args.slipstream, "reference-step", "--preset", preset, "--out", str(ref),
                     "--set", "run.precision=fp32", "--set", "run.device=cpu"] + set_args,
                    check=True, capture_output=True)
-    device = ["--device", args.device]
+    device = ["--device", args.device, "--scan", args.scan]
     check = subprocess.run([py, str(PEER), "--check", str(ref)] + device, capture_output=True,
                            text=True)
     print(check.stdout.strip().splitlines()[-1] if check.stdout.strip() else "")
@@ -142,9 +145,19 @@ def main():
         print(check.stdout + check.stderr)
         print("the peer does not reproduce our loss and gradients: no times reported")
         return 1
+    if args.scan == "fused":
+        # The fused kernels' rounding needs a tolerance: it must still see a real difference.
+        off = subprocess.run([py, str(PEER), "--check", str(ref), "--perturb"] + device,
+                             capture_output=True, text=True)
+        if off.returncode != 1:
+            print(off.stdout + off.stderr)
+            print("the check did not fail with D scaled by 1 + 1e-3: it proves nothing, no times")
+            return 1
+        print("check FAILED with D scaled by 1 + 1e-3, as it must")
 
     modes = [m for m in args.modes.split(",") if m]
-    times = {"slipstream": []} | {f"torch {m}": [] for m in modes}
+    peer_name = {m: f"torch {m}" + (" fused" if args.scan == "fused" else "") for m in modes}
+    times = {"slipstream": []} | {peer_name[m]: [] for m in modes}
     # Start-up apart from the step: ours from its start to the end of its warm-up, a peer's
     # first step (for a compile mode, the compile).
     startup = {name: [] for name in times}
@@ -165,10 +178,10 @@ def main():
                                  "--warmup", str(args.warmup), "--threads", str(args.threads),
                                  "--mode", m, "--precision", args.precision, "--json", str(out)]
                                 + device, out)
-                times[f"torch {m}"].append(peer["step_ms_median"])
-                startup[f"torch {m}"].append(peer["first_step_s"])
+                times[peer_name[m]].append(peer["step_ms_median"])
+                startup[peer_name[m]].append(peer["first_step_s"])
             except RuntimeError as e:
-                print(f"torch {m}: {str(e).splitlines()[0]}")
+                print(f"{peer_name[m]}: {str(e).splitlines()[0]}")
         print(f"repeat {rep + 1}/{args.repeats}: " + ", ".join(
             f"{k} {v[-1]:.2f} ms" for k, v in times.items() if len(v) > rep), flush=True)
         result = summarize(args, sets, times, startup, rep + 1)
@@ -190,7 +203,7 @@ def main():
 
 def summarize(args, sets, times, startup, done):
     """The results so far: medians over the repeats each side finished, ratios to ours."""
-    result = {"shape": args.shape, "device": args.device, "precision": args.precision,
+    result = {"shape": args.shape, "device": args.device, "precision": args.precision, "scan": args.scan,
               "isa": args.isa, "malloc": args.malloc, "threads": args.threads,
               "repeats": args.repeats, "repeats_done": done, "steps": args.steps,
               "warmup": args.warmup,

@@ -150,27 +150,46 @@ echo "$B" >"$OUT/build_dir.txt"  # where the binaries are (tools/gpu_check/phase
 
 if wants tests; then
   # A skipped gpu test means the device was not usable from the test: that fails the check.
-  step gpu_tests sh -c "cd $B && ctest -L gpu --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
+  # GPU_CHECK_CTEST_JOBS: gpu tests at a time (default 1; they share the one GPU).
+  step gpu_tests sh -c "cd $B && ctest -L gpu -j ${GPU_CHECK_CTEST_JOBS:-1} --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
     rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
 fi
 wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels_cuda_emulated_test"
 SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*:*GpuGemm*'
 if wants sanitize && command -v compute-sanitizer >/dev/null; then
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
-  # Racecheck judges our kernels (tools/gpu_check/racecheck_ours.py): hazards the libraries'
-  # kernels report (cuBLAS's nvjet split-K GEMMs on an H200) are listed, not failed.
-  step racecheck python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
-    $B/bin/kernels_cuda_gpu_test "$SMALL"
   # The ops whose one test source builds three ways (tests/kernel_ops: RMSNorm, GELU, ...).
+  # Racecheck judges our kernels (tools/gpu_check/racecheck_ours.py): hazards the libraries'
+  # kernels report (cuBLAS's nvjet split-K GEMMs on an H200) are listed, not failed. The short
+  # checks first: racecheck of the kernel tests took over 190 s on an H100.
   step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernel_ops_gpu_test
   step racecheck_ops python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
     $B/bin/kernel_ops_gpu_test
+  step racecheck python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
+    $B/bin/kernels_cuda_gpu_test "$SMALL"
   # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
   # on cuDNN), under memcheck; the whole engine's build only. Four minutes at most, so a slow
   # sanitizer cannot eat a lease's call.
   [ -x $B/bin/training_device_gpu_tests ] && step memcheck_graphs sh -c "cd $B && timeout 240 \
     compute-sanitizer --tool memcheck --error-exitcode 1 bin/training_device_gpu_tests \
     --gtest_filter=DevicePath.CudaGraphStepsEqualUncapturedSteps"
+fi
+# mamba-ssm's fused kernels (bench/peers/build_mamba_ssm.sh's bundle; GPU_CHECK_MAMBA_SSM names
+# the archive or an unpacked folder): the scan and conv peers time them beside the loop, and the
+# peer group's Mamba runs mamba_inner_fn (side_by_side.py --scan fused).
+fused=
+scan=loop
+if [ -n "${GPU_CHECK_MAMBA_SSM:-}" ]; then
+  mamba=$GPU_CHECK_MAMBA_SSM
+  if [ -f "$mamba" ]; then
+    mkdir -p /tmp/gpu-check-mamba-ssm && tar -C /tmp/gpu-check-mamba-ssm -xJf "$mamba" &&
+      mamba=$(dirname "$(find /tmp/gpu-check-mamba-ssm -name 'selective_scan_cuda*.so' | head -n 1)")
+  fi
+  export PYTHONPATH=$(cd "$mamba" && pwd)${PYTHONPATH:+:$PYTHONPATH}
+  # Importable here (the bundle's .so against this torch); the peers check the numbers.
+  step mamba_ssm_import python3 -c "from mamba_ssm.ops.selective_scan_interface import \
+mamba_inner_fn, selective_scan_fn; from causal_conv1d import causal_conv1d_fn" &&
+    fused=--fused && scan=fused
 fi
 if wants kernels; then
   step bench_kernels_cuda $B/bin/bench_kernels_cuda --benchmark_min_time=0.05 \
@@ -183,7 +202,8 @@ if wants kernels; then
   compile=--no-compile
   [[ " ${GPU_CHECK_PEER:-eager} " == *" compile"* ]] && compile=
   case ${GPU_CHECK_SCAN_COMPILE:-} in 0) compile=--no-compile ;; 1) compile= ;; esac
-  step torch_scan python3 bench/peers/selective_scan_torch.py $compile --json "$OUT/torch_scan.json"
+  step torch_scan python3 bench/peers/selective_scan_torch.py $compile $fused \
+    --json "$OUT/torch_scan.json"
   expect_file torch_scan "$OUT/torch_scan.json"
 fi
 if [[ "$MODE" == full* ]]; then
@@ -258,7 +278,7 @@ if [[ "$MODE" == full* ]]; then
         [ "$prec" = fp32 ] || name=${name}_$prec
         step $name timeout "${GPU_CHECK_PEER_TIMEOUT:-240}" python3 bench/peers/side_by_side.py \
           --device cuda --shape "$shape" --precision "$prec" --repeats 2 --steps 20 --warmup 3 \
-          --modes $m --slipstream $B/bin/slipstream --json "$OUT/$name.json"
+          --modes $m --scan $scan --slipstream $B/bin/slipstream --json "$OUT/$name.json"
         expect_file $name "$OUT/$name.json"
       done
     done

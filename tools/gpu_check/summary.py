@@ -123,6 +123,23 @@ def main(out):
                     print(f"    {label:<20} {t[key] * 1000:>10.1f} us  -> ours is {t[key] * 1000 / ours:.1f}x")
             if "compile_error" in t:
                 print(f"    torch.compile failed: {t['compile_error']}")
+        # mamba-ssm's fused kernels (selective_scan_torch.py --fused), per shape and precision.
+        if "fused_error" in t:
+            print(f"\n  mamba-ssm's kernels: {t['fused_error']}")
+        for shape, f in sorted(t.get("fused", {}).items()):
+            if not f.get("checked"):
+                print(f"\n  mamba-ssm's kernels at {shape} FAILED their check against float64: "
+                      "not timed")
+            for ours_op, peer in (("scan", "selective_scan_fn"), ("conv1d_silu", "causal_conv1d_fn")):
+                for prec in ("fp32", "bf16"):
+                    keys = [f"{ours_op}_{d}/{prec}/{shape}" for d in ("forward", "backward")]
+                    theirs = f.get(f"{peer}/{prec}/fwd_bwd_ms")
+                    if theirs is None or not all(k in bench for k in keys):
+                        continue
+                    ours = sum(bench[k]["real_time"] for k in keys)
+                    print(f"  {ours_op} fwd+bwd, {shape} {prec}: ours {ours:.1f} us, {peer} "
+                          f"{theirs * 1000:.1f} us -> ours is {theirs * 1000 / ours:.2f}x "
+                          f"(peer's rel. error vs float64 {f.get(f'{peer}/{prec}/rel_err', 0):.1e})")
     for preset in ("gpu_quick", "gpu_standard", "production"):
         e2e = read_json(out, f"bench_e2e_{preset}.json")
         if e2e is None:
