@@ -20,12 +20,23 @@ T0=$(date +%s)
 END=$((T0 + ${LIMIT_S:-540}))
 : "${GPU_CHECK_PREBUILT:?the bundle to unpack (make gpu-bundle)}"
 
-# check NAME GROUPS SECONDS BUNDLE: one gpu-check into $OUT/NAME.
+# check NAME GROUPS SECONDS BUNDLE: one gpu-check into $OUT/NAME, in a session of its own that
+# is ended (TERM, then KILL 5 s later) after SECONDS: everything it started stops with it.
+# (`timeout` alone signals only its child: a compute-sanitizer run cut at phase 1's limit went
+# on beside phase 2's timed kernels, doubling their times, on an H100.) setsid does not fork
+# here (a background job of a shell without job control leads no process group), so $! is the
+# session's id.
 check() {
   mkdir -p "$OUT/$1"
-  OUT=$OUT/$1 GPU_CHECK_PREBUILT=$4 GPU_CHECK_ONLY="$2" timeout -k 5 "$3" \
-    bash tools/gpu_check/gpu_check.sh >"$OUT/$1/console.txt" 2>&1
-  echo "[$(($(date +%s) - T0)) s] $1 ($2): rc $?"
+  OUT=$OUT/$1 GPU_CHECK_PREBUILT=$4 GPU_CHECK_ONLY="$2" \
+    setsid bash tools/gpu_check/gpu_check.sh >"$OUT/$1/console.txt" 2>&1 &
+  local pid=$!
+  (sleep "$3" && kill -TERM -- -$pid && sleep 5 && kill -KILL -- -$pid) >/dev/null 2>&1 &
+  local watchdog=$!
+  wait $pid
+  local rc=$?
+  kill $watchdog 2>/dev/null
+  echo "[$(($(date +%s) - T0)) s] $1 ($2): rc $rc"
 }
 
 # The bundle, unpacked where its binaries expect it; the phases then use that folder.
