@@ -13,7 +13,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   python3 python3-numpy tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle
+.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle gpu-peer-bundle
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -82,6 +82,11 @@ gpu-bundle: deps
 	cmake --build build-gpu -j $(JOBS) --target all slipstream_tests slipstream_benchmarks
 	bash tools/gpu_check/bundle.sh build-gpu .gpu-carry/prebuilt.tar.xz
 	if [ -d ../shared/replays ]; then tar -C ../shared -cf - replays | xz -9 >.gpu-carry/replays.tar.xz; fi
+
+# mamba-ssm's and causal-conv1d's fused kernels for the PyTorch peer, built here for sm_90
+# (.gpu-carry/mamba_peer.tar.xz, ~27 min on 2 cores; GPU_CHECK_MAMBA_SSM names it there).
+gpu-peer-bundle:
+	bash bench/peers/build_mamba_ssm.sh
 
 gpu-deps:
 	mkdir -p .gpu-deps && cd .gpu-deps && apt-get download $$(grep -v '^#' ../tools/gpu_check/debs.txt)
