@@ -10,6 +10,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/parser.h>
@@ -131,6 +132,18 @@ class DocumentCounter : public YAML::EventHandler {
 
 bool is_checkpoint_weights(const std::string& path) {
   return path.ends_with(".safetensors");
+}
+
+// resolved_config_yaml's first line, which tells its files from graphs people write.
+constexpr std::string_view kResolvedHeader = "# Resolved configuration: ";
+
+// A checkpoint's graph is always resolved_config_yaml's; a YAML file when it begins as that does.
+bool written_resolved(const std::string& path) {
+  if (is_checkpoint_weights(path)) return true;
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  return first.starts_with(kResolvedHeader);
 }
 
 // The graph file a checkpoint's weights carry (metadata `slipstream.config`); marks in it name
@@ -500,6 +513,7 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
   if (root.IsMap() && root["stages"]) {
     c.preset = fs::path(path).stem().string();
     load_graph_file(path, c);
+    c.resolved = written_resolved(path);
   } else {
     PresetLayers layers;
     std::vector<std::string> chain;
@@ -526,7 +540,7 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
 std::string resolved_config_yaml(const Config& c, const std::map<std::string, Params>& stage_params,
                                  const Params& run_params) {
   std::ostringstream os;
-  os << "# Resolved configuration: preset '" << c.preset << "'";
+  os << kResolvedHeader << "preset '" << c.preset << "'";
   if (!c.preset_file.empty()) os << " (" << c.preset_file << ")";
   os << ", graph " << c.graph_file << ".\n# Repeat this run: slipstream run --config THIS_FILE\n";
   if (!c.description.empty()) os << "description: " << param_value_str(c.description) << "\n";

@@ -75,6 +75,9 @@ struct Config {
   std::vector<std::pair<std::string, SourceMark>> plugins;  // resolved paths
   std::vector<StageConfig> stages;
   std::map<std::string, ConfigValue> run;  // run-section values, validated against run_schema()
+  // Written by resolved_config_yaml (a run's config.yaml, a checkpoint's graph): a stage
+  // parameter it lacks predates it and takes the value older runs had (in_older_runs).
+  bool resolved = false;
 };
 
 // Where presets are looked for, in order: $SLIPSTREAM_HOME/presets, ./presets, an installed

@@ -250,7 +250,7 @@ void set_param(Params& out, const ParamSpec& spec, ParamValue v, SourceMark mark
 
 Params resolve_params(const StageSchema& schema, const std::map<std::string, ConfigValue>& raw,
                       const std::string& prefix, const SourceMark& owner_mark,
-                      std::vector<ConfigIssue>& issues) {
+                      std::vector<ConfigIssue>& issues, bool resolved_config = false) {
   Params out;
   std::vector<std::string> names;
   for (const auto& p : schema.params()) names.push_back(p.name);
@@ -299,7 +299,10 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
                                         ")"});
       continue;
     }
-    set_param(out, spec, spec.default_value, {"<default>"});
+    if (resolved_config && spec.older_runs_value)
+      set_param(out, spec, *spec.older_runs_value, {"<an older run's value>"});
+    else
+      set_param(out, spec, spec.default_value, {"<default>"});
   }
   return out;
 }
@@ -368,7 +371,8 @@ class GraphPlanner {
                                                " (see `slipstream stages`)"});
         continue;
       }
-      params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues);
+      params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues,
+                                 config.resolved);
       concurrency[i] = schemas[i]->default_concurrency();
       if (cs[i].concurrency) {
         int64_t n = -1;

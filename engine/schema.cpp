@@ -191,6 +191,11 @@ StageSchema& StageSchema::range(std::optional<double> min, std::optional<double>
   params_.back().max = max;
   return *this;
 }
+StageSchema& StageSchema::in_older_runs(ParamValue value) {
+  if (params_.empty()) throw std::logic_error("StageSchema::in_older_runs before any param");
+  params_.back().older_runs_value = std::move(value);
+  return *this;
+}
 StageSchema& StageSchema::choices(std::vector<std::string> allowed) {
   if (params_.empty()) throw std::logic_error("StageSchema::choices before any param");
   params_.back().choices = std::move(allowed);

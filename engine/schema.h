@@ -40,6 +40,9 @@ struct ParamSpec {
   std::optional<std::pair<std::string, int64_t>> keyword;
   // A stage's own check of a value at validation: the problem, or "" (see StageSchema::check).
   std::function<std::string(const ParamValue&)> check;
+  // What a resolved configuration (a run's config.yaml, a checkpoint's graph) that lacks the
+  // parameter meant: it was written before the parameter existed (StageSchema::in_older_runs).
+  std::optional<ParamValue> older_runs_value;
 };
 
 struct PortSpec {
@@ -99,6 +102,10 @@ class StageSchema {
   // Constraints on the most recently declared parameter.
   StageSchema& range(std::optional<double> min, std::optional<double> max);
   StageSchema& choices(std::vector<std::string> allowed);
+  // The most recently declared parameter is newer than some runs, whose resolved configurations
+  // (config.yaml, a checkpoint's graph) lack it: those get `value` (what they did then), not the
+  // default, so they resume and load as they were trained.
+  StageSchema& in_older_runs(ParamValue value);
   // The most recently declared (string or string list) parameter names files or folders: at
   // validation `~/` expands to $HOME and relative paths resolve against the working directory,
   // so a run directory's config.yaml repeats the run from anywhere. With `must_exist`, a name

@@ -8,7 +8,7 @@ namespace slipstream {
 // Defined in graph.cpp: the same validation the graph loader applies.
 Params resolve_params(const StageSchema& schema, const std::map<std::string, ConfigValue>& raw,
                       const std::string& prefix, const SourceMark& owner_mark,
-                      std::vector<ConfigIssue>& issues);
+                      std::vector<ConfigIssue>& issues, bool resolved_config = false);
 
 StageHarness::StageHarness(const std::string& kind, const std::vector<std::string>& overrides,
                            const std::string& name, Precision precision, uint64_t seed) {

@@ -83,6 +83,7 @@ N_SLOTS = 3  # player, opponent, the player's Nana
 N_NUMERIC = 18
 EXISTS = 17  # numeric feature: 1 when the slot has a character this frame
 N_CONTROLLER = 13  # 8 buttons, main x/y, c x/y, shoulder
+N_PREV_CLASSES = 4 * 17 + 5  # the previous input's stick and shoulder classes, one-hot
 NUMERIC_SCALE = [
     0.01,  # percent
     1.0,  # facing
@@ -116,20 +117,33 @@ PERTURB = False  # --perturb: the fused path's D scaled by 1 + 1e-3
 
 # ---------------------------------------------------------------- model
 
+def prev_classes_one_hot(prev_controller):
+    """The previous input in the heads' terms: each stick axis's class (17 bins over [-1, 1]) and
+    the shoulder's (5 over [0, 1]), one-hot, in head order: (..., 73). torch.round rounds half
+    to even, as slipstream's nearbyint."""
+    sticks = torch.round((prev_controller[..., 8:12].clamp(-1, 1) + 1) * 0.5 * 16).long()
+    shoulder = torch.round(prev_controller[..., 12].clamp(0, 1) * 4).long()
+    parts = [F.one_hot(sticks[..., h], 17) for h in range(4)] + [F.one_hot(shoulder, 5)]
+    return torch.cat(parts, dim=-1).to(prev_controller.dtype)
+
+
 class MeleeEmbedding(nn.Module):
     """Game state -> one feature vector per frame (docs/melee_features.md).
 
     Columns per slot: numeric * NUMERIC_SCALE | action embedding | character embedding; then the
-    stage embedding, the previous controller, zero padding to a multiple of 8.
+    stage embedding, the previous controller, its stick and shoulder classes one-hot (with
+    prev_classes), zero padding to a multiple of 8.
     """
 
-    def __init__(self, action_dim, character_dim, stage_dim):
+    def __init__(self, action_dim, character_dim, stage_dim, prev_classes=True):
         super().__init__()
         self.action_table = nn.Embedding(N_ACTION_STATES, action_dim)
         self.character_table = nn.Embedding(N_CHARACTERS, character_dim)
         self.stage_table = nn.Embedding(N_STAGES, stage_dim)
         self.register_buffer("numeric_scale", torch.tensor(NUMERIC_SCALE), persistent=False)
+        self.prev_classes = prev_classes
         raw = N_SLOTS * (N_NUMERIC + action_dim + character_dim) + stage_dim + N_CONTROLLER
+        raw += N_PREV_CLASSES if prev_classes else 0
         self.width = (raw + 7) // 8 * 8
         self.pad = self.width - raw
 
@@ -140,8 +154,10 @@ class MeleeEmbedding(nn.Module):
         slots = torch.cat([numeric * self.numeric_scale,
                            self.action_table(action) * exists,
                            self.character_table(character) * exists], dim=-1)  # (B, W, 3, slot)
-        x = torch.cat([slots.flatten(2), self.stage_table(stage), prev_controller], dim=-1)
-        return F.pad(x, (0, self.pad))
+        parts = [slots.flatten(2), self.stage_table(stage), prev_controller]
+        if self.prev_classes:
+            parts.append(prev_classes_one_hot(prev_controller))
+        return F.pad(torch.cat(parts, dim=-1), (0, self.pad))
 
 
 class RMSNorm(nn.Module):
@@ -410,7 +426,8 @@ def build_model(ref):
     cp = ref.stage("mamba", "gru")
     hp = ref.stage("controller_heads")
     p = ep["params"]
-    embed = MeleeEmbedding(p["action_dim"], p["character_dim"], p["stage_dim"])
+    embed = MeleeEmbedding(p["action_dim"], p["character_dim"], p["stage_dim"],
+                           p.get("prev_classes", False))
     c = cp["params"]
     if cp["kind"] == "mamba":
         core = MambaCore(embed.width, c["d_model"], c["d_state"], c["d_conv"], c["expand"],

@@ -105,4 +105,12 @@ inline float shoulder_value(int cls) {
   return static_cast<float>(cls) / (kShoulderClasses - 1);
 }
 
+// The previous input in the heads' terms (melee_embedding's prev_classes): the class of each
+// stick axis and the shoulder, one-hot, in head order (main x, main y, c x, c y: 17 columns
+// each; shoulder: 5). model_math.h's prev_head_class gives the class.
+inline constexpr int kPrevClassFeatures = 4 * kStickClasses + kShoulderClasses;
+inline constexpr int prev_class_column(int head) {
+  return head * kStickClasses;
+}
+
 }  // namespace slipstream::melee

@@ -1,13 +1,14 @@
 // melee_embedding: the loader's game-state tensors -> one feature vector per frame, x (B, W, E).
 // Per slot: numeric features × kNumericScale, learned action and character embeddings (zero where
-// the slot does not exist); then a stage embedding and the previous controller; zero-padded to a
-// multiple of 8. Training-only augmentation: left-right mirroring per window (published as
-// `mirrored` so bc_loss mirrors the x-stick labels alike) and Gaussian noise on numeric features.
-// The stage takes no label tensor at all, so the label cannot leak into the features.
-// Math: model_math.h; layout and choices: docs/melee_features.md. On a device (CUDA, or the
-// emulator) the same math runs as melee_kernels.h's kernels on the run's stream, the mirror and
-// noise draws included (the same counter-based hashes); ids there are not checked per batch
-// (the loader clamps them; an id out of range gives a zero row, as a missing slot does).
+// the slot does not exist); then a stage embedding and the previous controller (its analog values
+// and, with prev_classes, its stick and shoulder classes one-hot); zero-padded to a multiple of 8.
+// Training-only augmentation: left-right mirroring per window (published as `mirrored` so bc_loss
+// mirrors the x-stick labels alike) and Gaussian noise on numeric features. The stage takes no
+// label tensor at all, so the label cannot leak into the features. Math: model_math.h; layout and
+// choices: docs/melee_features.md. On a device (CUDA, or the emulator) the same math runs as
+// melee_kernels.h's kernels on the run's stream, the mirror and noise draws included (the same
+// counter-based hashes); ids there are not checked per batch (the loader clamps them; an id out of
+// range gives a zero row, as a missing slot does).
 #include <cmath>
 #include <random>
 
@@ -188,6 +189,11 @@ class MeleeEmbeddingStage : public Stage {
         .range(1, 4096)
         .param("stage_dim", int64_t{4}, "width of the stage embedding (64 rows)")
         .range(1, 4096)
+        .param("prev_classes", true,
+               "also give the previous input in the heads' terms: each stick axis's and the "
+               "shoulder's class one-hot (73 columns; false: the analog values alone, as models "
+               "before this feature)")
+        .in_older_runs(false)
         .param("init_scale", 0.1, "tables start as normal(0, 1) * init_scale")
         .range(0, std::nullopt)
         .param("mirror", false, "training only: mirror each window left-right with probability 0.5")
@@ -201,6 +207,7 @@ class MeleeEmbeddingStage : public Stage {
     layout_.action_dim = static_cast<int>(p.integer("action_dim"));
     layout_.character_dim = static_cast<int>(p.integer("character_dim"));
     layout_.stage_dim = static_cast<int>(p.integer("stage_dim"));
+    layout_.prev_classes = p.boolean("prev_classes");
     mirror_ = p.boolean("mirror");
     noise_ = p.number("noise");
 

@@ -30,7 +30,7 @@ constexpr size_t kItemsPerChunk = 256;
 // ---------------------------------------------------------------- embedding
 
 struct Cols {  // EmbedLayout's offsets from the dims
-  int A, C, S, slot_width, stage_offset, controller_offset, raw_width, width;
+  int A, C, S, slot_width, stage_offset, controller_offset, prev_class_offset, raw_width, width;
   __device__ __host__ explicit Cols(const EmbedDims& d)
       : A(d.action_dim),
         C(d.character_dim),
@@ -38,9 +38,19 @@ struct Cols {  // EmbedLayout's offsets from the dims
         slot_width(kNumericFeatures + d.action_dim + d.character_dim),
         stage_offset(kSlots * slot_width),
         controller_offset(stage_offset + d.stage_dim),
-        raw_width(controller_offset + kControllerFeatures),
+        prev_class_offset(controller_offset + kControllerFeatures),
+        raw_width(prev_class_offset + (d.prev_classes ? kPrevClassFeatures : 0)),
         width((raw_width + 7) / 8 * 8) {}
 };
+
+// model_math.h's prev_head_class: the class of head h of the previous input (x axes mirrored as
+// the targets are). rintf rounds half to even, as the CPU's nearbyint.
+__device__ __forceinline__ int prev_class_of(const float* pc, int h, bool m) {
+  const float v = pc[kButtons + h];
+  if (h == kShoulder) return int(rintf(fminf(fmaxf(v, 0.0f), 1.0f) * (kShoulderClasses - 1)));
+  const int c = int(rintf((fminf(fmaxf(v, -1.0f), 1.0f) + 1.0f) * 0.5f * (kStickClasses - 1)));
+  return m && (h == kMainX || h == kCX) ? kStickClasses - 1 - c : c;
+}
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {  // splitmix64, as the CPU stage
   z += 0x9E3779B97F4A7C15ull;
@@ -96,10 +106,15 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
       const int id = stage[r];
       if (id >= 0 && id < kStages)
         v = stage_table[size_t(id) * size_t(L.S) + size_t(col - L.stage_offset)];
-    } else if (col < L.raw_width) {
+    } else if (col < L.prev_class_offset) {
       const int c = col - L.controller_offset;
       v = prev[r * kControllerFeatures + size_t(c)];
       if (m && ((d.mirror_controller >> c) & 1u)) v = -v;
+    } else if (col < L.raw_width) {
+      const int k = col - L.prev_class_offset;
+      const int h = k / kStickClasses < kShoulder ? k / kStickClasses : kShoulder;
+      v = prev_class_of(prev + r * kControllerFeatures, h, m) == k - h * kStickClasses ? 1.0f
+                                                                                       : 0.0f;
     }
     out[e] = v;
   }
@@ -240,13 +255,6 @@ __device__ __forceinline__ bool labels_ok(const int32_t* ts, size_t i) {
   return true;
 }
 
-// The previous input's class of stick head h (model_math.h's prev_class).
-__device__ __forceinline__ int prev_stick_class(const float* pc, int h) {
-  const float v = pc[kButtons + h];
-  if (h == kShoulder) return int(rintf(fminf(fmaxf(v, 0.0f), 1.0f) * (kShoulderClassesDev - 1)));
-  return int(rintf((fminf(fmaxf(v, -1.0f), 1.0f) + 1.0f) * 0.5f * (kStickClassesDev - 1)));
-}
-
 __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
                                     const float* mask, const uint8_t* mirrored, const float* prev,
                                     size_t M, size_t window, float eps, float* stats) {
@@ -269,7 +277,7 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
       st[kBcSame + b] = (tb[i * kButtons + size_t(b)] > 0.5f) == (pc[b] > 0.5f) ? w : 0.0f;
     for (int h = 0; h < kStickHeads; ++h)
       st[kBcSame + kButtons + h] =
-          ts[i * kStickHeads + size_t(h)] == prev_stick_class(pc, h) ? w : 0.0f;
+          ts[i * kStickHeads + size_t(h)] == prev_class_of(pc, h, false) ? w : 0.0f;
   }
   {  // buttons: BCE per button, summed; accuracy the fraction of the 8
     float loss = 0, nll = 0, correct = 0;

@@ -52,6 +52,7 @@ Dims embed_dims(const EmbedLayout& L) {
   d.action_dim = L.action_dim;
   d.character_dim = L.character_dim;
   d.stage_dim = L.stage_dim;
+  d.prev_classes = L.prev_classes ? 1 : 0;
   for (int f = 0; f < kNumericFeatures; ++f) {
     d.numeric_scale[f] = kNumericScale[f];
     if (mirrors_numeric(f)) d.mirror_numeric |= 1u << f;

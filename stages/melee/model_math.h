@@ -24,16 +24,19 @@ namespace slipstream::melee {
 
 // Columns of one position of the embedding output:
 //   per slot s (player, opponent, Nana): [numeric × kNumericScale (18) | action (A) | character
-//   (C)] then stage (S), then prev_controller (13), then zero padding up to a multiple of 8.
+//   (C)] then stage (S), then prev_controller (13), then (prev_classes) the previous input's
+//   stick and shoulder classes one-hot (73), then zero padding up to a multiple of 8.
 struct EmbedLayout {
   int action_dim = 32, character_dim = 8, stage_dim = 4;
+  bool prev_classes = true;  // the previous input's classes, one-hot (batch_layout.h)
   int slot_width() const { return kNumericFeatures + action_dim + character_dim; }
   int slot_offset(int s) const { return s * slot_width(); }
   int action_offset(int s) const { return slot_offset(s) + kNumericFeatures; }
   int character_offset(int s) const { return action_offset(s) + action_dim; }
   int stage_offset() const { return kSlots * slot_width(); }
   int controller_offset() const { return stage_offset() + stage_dim; }
-  int raw_width() const { return controller_offset() + kControllerFeatures; }
+  int prev_class_offset() const { return controller_offset() + kControllerFeatures; }
+  int raw_width() const { return prev_class_offset() + (prev_classes ? kPrevClassFeatures : 0); }
   int width() const { return (raw_width() + 7) / 8 * 8; }  // tensor-core friendly
 };
 
@@ -54,6 +57,14 @@ inline constexpr bool mirrors_head(int stick_head) {
 // stick_class(-v) == 16 - stick_class(v) exactly (round-half-even is symmetric about 8).
 inline constexpr int mirror_stick_class(int c) {
   return kStickClasses - 1 - c;
+}
+// The class of head h in the previous input (prev_controller's row), mirrored as the targets.
+template <class T>
+int prev_head_class(const T* prev_controller, int head, bool mirrored) {
+  const float v = static_cast<float>(prev_controller[kButtons + head]);
+  if (head == kShoulder) return shoulder_class(v);
+  const int c = stick_class(v);
+  return mirrored && mirrors_head(head) ? mirror_stick_class(c) : c;
 }
 
 // A slot's embeddings are used (and trained) only where the slot exists (Nana is absent for
@@ -101,6 +112,12 @@ void embed_forward(const EmbedLayout& L, size_t rows, size_t window, const T* nu
       const T* pc = prev_controller + r * kControllerFeatures;
       for (int c = 0; c < kControllerFeatures; ++c)
         oc[c] = (m && mirrors_controller(c)) ? -pc[c] : pc[c];
+      if (L.prev_classes) {
+        T* op = o + L.prev_class_offset();
+        std::fill_n(op, kPrevClassFeatures, T(0));
+        for (int h = 0; h < kStickHeads; ++h)
+          op[prev_class_column(h) + prev_head_class(pc, h, m)] = T(1);
+      }
       std::fill(o + L.raw_width(), o + E, T(0));
     }
   });

@@ -242,6 +242,31 @@ TEST(Config, ResolvedConfigRoundTrips) {
   EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
 }
 
+// A parameter newer than a run: the run's resolved configuration (config.yaml, a checkpoint's
+// graph) lacks it and gets what older runs had; a graph a person writes gets the default.
+TEST(Config, ResolvedConfigsLackingANewerParameterGetTheOlderRunsValue) {
+  TempDir d;
+  GraphPlan p = plan_graph(load_config(d.write("g.yaml", kGood)));
+  EXPECT_EQ(p.stages[1].params.string("generation"), "new");
+  const std::string text = resolved_config_yaml(p);
+  ASSERT_NE(text.find("generation: new"), std::string::npos) << text;
+  std::string older = text;  // the line removed, as a run's file written before it existed
+  const size_t at = older.find("generation: new");
+  older.erase(older.rfind('\n', at) + 1, older.find('\n', at) - older.rfind('\n', at));
+  GraphPlan run = plan_graph(load_config(d.write("config.yaml", older)));
+  EXPECT_EQ(run.stages[1].params.string("generation"), "old");
+  write_safetensors(d.path() + "/model.safetensors", {}, {{"slipstream.config", older}});
+  EXPECT_EQ(plan_graph(load_config(d.path() + "/model.safetensors"))
+                .stages[1]
+                .params.string("generation"),
+            "old");
+  // Without the resolved header it is a graph like any other.
+  const std::string written = older.substr(older.find('\n') + 1);
+  EXPECT_EQ(
+      plan_graph(load_config(d.write("mine.yaml", written))).stages[1].params.string("generation"),
+      "new");
+}
+
 // A checkpoint's weights file (or its directory) loads as the graph its metadata carries; one
 // without that metadata, or a file that is no safetensors, is an error naming the file.
 TEST(Config, CheckpointWeightsCarryTheirGraph) {

@@ -74,7 +74,10 @@ class TestSleep : public Stage {
         .param("sleep_us", int64_t{0}, "base sleep")
         .range(0, 1e7)
         .param("jitter_us", int64_t{0}, "random extra sleep")
-        .range(0, 1e7);
+        .range(0, 1e7)
+        .param("generation", std::string("new"),
+               "unused: a parameter newer than some runs (config_test's older-run check)")
+        .in_older_runs(std::string("old"));
   }
   void setup(StageContext& ctx) override {
     sleep_ = ctx.params().integer("sleep_us");

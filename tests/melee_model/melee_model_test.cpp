@@ -250,8 +250,8 @@ TEST(MeleeEmbedding, ShapesPaddingAndParams) {
   {
     StageHarness h("melee_embedding", {});
     h.setup(mb.embed_inputs());
-    EXPECT_EQ(h.context().output_shape("x"),
-              (Shape{3, 5, 192}));  // 3·(18+32+8) + 4 + 13 = 191 -> 192
+    // 3·(18+32+8) + 4 + 13 + 73 (the previous input's classes) = 264.
+    EXPECT_EQ(h.context().output_shape("x"), (Shape{3, 5, 264}));
     auto w = h.weights();
     ASSERT_EQ(w.size(), 3u);
     EXPECT_EQ(w.at("action_table.weight").shape(), (Shape{kActionStates, 32}));
@@ -261,6 +261,11 @@ TEST(MeleeEmbedding, ShapesPaddingAndParams) {
     double ss = 0;
     for (float v : w.at("action_table.weight").span<float>()) ss += double(v) * v;
     EXPECT_NEAR(std::sqrt(ss / (kActionStates * 32)), 0.1, 0.005);
+  }
+  {
+    StageHarness h("melee_embedding", {"prev_classes=false"});
+    h.setup(mb.embed_inputs());
+    EXPECT_EQ(h.context().output_shape("x"), (Shape{3, 5, 192}));  // 191 -> 192
   }
   for (int a : {1, 5, 7, 32}) {
     StageHarness h("melee_embedding",
@@ -277,6 +282,40 @@ TEST(MeleeEmbedding, ShapesPaddingAndParams) {
       for (int c = L.raw_width(); c < L.width(); ++c)
         EXPECT_EQ(x.data<float>()[r * L.width() + c], 0.0f);
     EXPECT_EQ(out.at("mirrored").shape(), (Shape{3}));
+  }
+}
+
+// The previous input in the heads' terms: per head exactly one 1, at the class of the analog
+// value in prev_controller (the targets' bins); under a mirror the x axes' classes mirror as
+// the targets do (16 - c, which is the class of the negated value).
+TEST(MeleeEmbedding, PreviousInputClassesOneHot) {
+  std::mt19937_64 rng(5);
+  MeleeBatch mb = random_batch(2, 9, rng);
+  // Values on the bins' edges and outside their range too.
+  const float edges[] = {-1.2f, -1.0f, -0.0625f, 0.0f, 0.0625f, 0.97f, 1.0f, 1.5f};
+  for (size_t i = 0; i < mb.prev.size(); ++i)
+    if (i % kControllerFeatures >= kButtons && i % 3 == 0) mb.prev[i] = edges[i % 8];
+  const EmbedLayout L;
+  const size_t rows = 18, E = static_cast<size_t>(L.width());
+  std::vector<float> tables(size_t(kActionStates) * 32 + kCharacters * 8 + kStages * 4, 0.5f);
+  const std::vector<uint8_t> mirrored = {0, 1};
+  std::vector<float> x(rows * E);
+  embed_forward<float>(L, rows, 9, mb.numeric.data(), mb.action.data(), mb.character.data(),
+                       mb.stage.data(), mb.prev.data(), mirrored.data(), tables.data(),
+                       tables.data() + size_t(kActionStates) * 32,
+                       tables.data() + size_t(kActionStates) * 32 + kCharacters * 8, x.data());
+  for (size_t r = 0; r < rows; ++r) {
+    const float* pc = mb.prev.data() + r * kControllerFeatures;
+    const bool m = mirrored[r / 9];
+    for (int h = 0; h < kStickHeads; ++h) {
+      const float v = pc[kButtons + h];
+      const int want = h == kShoulder                     ? shoulder_class(v)
+                       : (m && (h == kMainX || h == kCX)) ? stick_class(-v)
+                                                          : stick_class(v);
+      const float* col = x.data() + r * E + L.prev_class_offset() + prev_class_column(h);
+      for (int c = 0; c < head_classes(h); ++c)
+        EXPECT_EQ(col[c], c == want ? 1.0f : 0.0f) << "row " << r << " head " << h << " v " << v;
+    }
   }
 }
 
