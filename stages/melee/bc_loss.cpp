@@ -184,9 +184,10 @@ class BcLossStage : public Stage {
             "baseline in validation.")
         .role(StageRole::loss)
         // The console: each head's accuracy as their mean and the weakest head, and the
-        // repeat-the-last-input baseline's loss beside the model's.
+        // repeat-the-last-input baseline's loss and accuracies beside the model's.
         .console_family("acc/", "acc")
-        .console_metric("baseline/loss", "baseline");
+        .console_metric("baseline/loss", "baseline")
+        .console_family("baseline/acc/", "baseline acc");
     for (int h = 0; h < kHeads; ++h)
       s.input(kHeadNames[h], DType::f32, 3, "(B, W, " + std::to_string(head_width(h)) + ") logits");
     s.input("target_buttons", DType::f32, 3, "(B, W, 8) 0/1 labels")
