@@ -80,6 +80,7 @@ int eval_command(const EvalArgs& a) {
   // With the JSON on stdout, progress goes to stderr so the output stays parseable.
   std::ostream& log = a.json == "-" ? std::cerr : std::cout;
   note_config_changes(where, log);
+  note_training_overlap(where, a.replays, std::cerr);
   GraphPlan plan;
   try {
     std::vector<std::string> sets = a.sets;

@@ -105,6 +105,7 @@ int infer_command(const InferArgs& a) {
     return 1;
   }
   note_config_changes(where, std::cerr);
+  note_training_overlap(where, {a.replay}, std::cerr);
   // Windows of one frame, every frame, in game order; the replay is the user's choice, so the
   // run's game filters do not apply.
   ReplaySelection sel{{a.replay}, a.port, "infer", {}};

@@ -4,8 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
 
 #include "stages/melee/model_math.h"
+#include "stages/melee/replay_inputs.h"
 
 namespace slipstream::melee {
 
@@ -31,6 +36,44 @@ Config config_for_replays(const std::string& graph_file, const std::vector<std::
     throw ConfigError({{{cfg.graph_file, 0, 0},
                         "the run's graph has no slippi_replays stage to read replays with"}});
   return cfg;
+}
+
+void note_training_overlap(const CheckpointPath& where, const std::vector<std::string>& replays,
+                           std::ostream& out) {
+  namespace fs = std::filesystem;
+  if (where.run_dir.empty()) return;
+  auto same_file = [](const std::string& p) {
+    std::error_code ec;
+    const fs::path c = fs::weakly_canonical(p, ec);
+    return ec ? p : c.string();
+  };
+  std::set<std::string> trained;
+  std::vector<std::string> split_files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(where.run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.ends_with(".splits.json")) continue;
+    try {
+      std::ifstream in(e.path());
+      const nlohmann::json j = nlohmann::json::parse(in);
+      for (const auto& g : j.at("train")) trained.insert(same_file(g.get<std::string>()));
+      split_files.push_back(e.path().string());
+    } catch (const std::exception&) {
+      // A damaged splits file says nothing either way; the scoring goes on.
+    }
+  }
+  if (trained.empty()) return;
+  const Inputs given = resolve_inputs(replays);
+  std::vector<std::string> overlap;
+  for (const fs::path& f : given.files)
+    if (trained.count(same_file(f.string()))) overlap.push_back(f.string());
+  if (overlap.empty()) return;
+  out << "warning: " << overlap.size() << " of the " << given.files.size()
+      << " replays given were in this run's training split (" << split_files.front()
+      << (split_files.size() > 1 ? ", ..." : "") << "): their figures are not held out:";
+  for (size_t i = 0; i < overlap.size() && i < 5; ++i) out << (i ? ", " : " ") << overlap[i];
+  if (overlap.size() > 5) out << ", ... (" << overlap.size() - 5 << " more)";
+  out << "\n";
 }
 
 void note_config_changes(const CheckpointPath& where, std::ostream& out) {

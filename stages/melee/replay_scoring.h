@@ -33,6 +33,12 @@ Config config_for_replays(const std::string& graph_file, const std::vector<std::
 // --set) and that the checkpoint's own graph is used; nothing when it did not change.
 void note_config_changes(const CheckpointPath& where, std::ostream& out);
 
+// A warning naming the given replays that the checkpoint's run trained on (its loaders'
+// RUN/<stage>.splits.json "train" lists): their figures are not held out. Nothing when none is,
+// or when the checkpoint has no run directory with splits beside it.
+void note_training_overlap(const CheckpointPath& where, const std::vector<std::string>& replays,
+                           std::ostream& out);
+
 // A metric of a pass, NaN when absent.
 double metric(const std::map<std::string, double>& metrics, const std::string& name);
 // "%.*f", or "-" when not finite.

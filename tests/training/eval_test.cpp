@@ -115,6 +115,16 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   EXPECT_DOUBLE_EQ(j["heads"]["main_x"]["nll"].get<double>(), v.at("nll/main_x"));
   EXPECT_DOUBLE_EQ(j["total"]["baseline_nll"].get<double>(), v.at("baseline/loss"));
 
+  // Held-out games draw no warning; a game the run trained on is named as such.
+  EXPECT_EQ(o.text.find("training split"), std::string::npos) << o.text;
+  const std::string trained = d.path() + "/synth";
+  const CliOutput t = run_cli("eval --checkpoint " + run.run_dir + " --replays " + trained);
+  ASSERT_EQ(t.status, 0) << t.text;
+  EXPECT_NE(t.text.find("replays given were in this run's training split (" + run.run_dir +
+                        "/replays.splits.json): their figures are not held out: " + trained),
+            std::string::npos)
+      << t.text;
+
   // The step directory names the same checkpoint; one port's player is half the windows.
   const std::string step_dir = run.run_dir + "/checkpoints/step-6";
   const CliOutput p =
