@@ -1,5 +1,6 @@
 #include "engine/graph.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -559,6 +560,8 @@ class GraphPlanner {
           ps.passthrough_slots.push_back(plan.stages[cd.stage].output_slots[cd.port]);
         continue;
       }
+      const auto required_inputs =
+          std::count_if(ins.begin(), ins.end(), [](const PortSpec& p) { return !p.optional; });
       for (size_t i = 0; i < ins.size(); ++i) {
         if (ps.inputs[i].producer >= 0) continue;
         std::vector<const Candidate*> match;
@@ -573,9 +576,11 @@ class GraphPlanner {
                                                ": stage.port}"});
           continue;
         }
+        // One tensor given for the stage's one required input binds to it whatever its name
+        // (optional inputs, added to a stage later, leave its older graphs as they were).
         if (match.size() == 1)
           bind(i, match[0]->stage, match[0]->port, match[0]->mark);
-        else if (ins.size() == 1 && cands.size() == 1)
+        else if (required_inputs == 1 && !ins[i].optional && cands.size() == 1)
           bind(i, cands[0].stage, cands[0].port, cands[0].mark);
       }
       for (size_t i = 0; i < ins.size(); ++i) {

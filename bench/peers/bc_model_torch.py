@@ -142,8 +142,9 @@ class MeleeEmbedding(nn.Module):
         self.stage_table = nn.Embedding(N_STAGES, stage_dim)
         self.register_buffer("numeric_scale", torch.tensor(NUMERIC_SCALE), persistent=False)
         self.prev_classes = prev_classes
-        raw = N_SLOTS * (N_NUMERIC + action_dim + character_dim) + stage_dim + N_CONTROLLER
-        raw += N_PREV_CLASSES if prev_classes else 0
+        self.controller_offset = N_SLOTS * (N_NUMERIC + action_dim + character_dim) + stage_dim
+        self.prev_width = N_CONTROLLER + (N_PREV_CLASSES if prev_classes else 0)
+        raw = self.controller_offset + self.prev_width
         self.width = (raw + 7) // 8 * 8
         self.pad = self.width - raw
 
@@ -299,19 +300,26 @@ class GruCore(nn.Module):
 
 
 class ControllerHeads(nn.Module):
-    """Six linear heads (optionally after a shared SiLU layer); names as the checkpoint's."""
+    """Six linear heads (optionally after a shared SiLU layer); names as the checkpoint's. With
+    prev_width > 0 (the heads' prev_input connected), a direct linear path (no bias) from the
+    previous-input columns of the embedding to all 81 logits, split by head."""
 
-    def __init__(self, d_in, hidden):
+    def __init__(self, d_in, hidden, prev_width=0):
         super().__init__()
         self.hidden = nn.Linear(d_in, hidden) if hidden > 0 else None
         width = hidden if hidden > 0 else d_in
         for name, k in HEADS:
             setattr(self, name, nn.Linear(width, k))
+        self.prev = nn.Linear(prev_width, sum(k for _, k in HEADS), bias=False) if prev_width else None
 
-    def forward(self, x):
+    def forward(self, x, prev=None):
         if self.hidden is not None:
             x = F.silu(self.hidden(x))
-        return {name: getattr(self, name)(x) for name, _ in HEADS}
+        out = {name: getattr(self, name)(x) for name, _ in HEADS}
+        if self.prev is not None:
+            direct = self.prev(prev).split([k for _, k in HEADS], dim=-1)
+            out = {name: out[name] + d for (name, _), d in zip(HEADS, direct)}
+        return out
 
 
 class BCModel(nn.Module):
@@ -322,7 +330,9 @@ class BCModel(nn.Module):
     def forward(self, b):
         x = self.embed(b["numeric"], b["action"], b["character"], b["stage"],
                        b["prev_controller"])
-        return self.heads(self.core(x))
+        e = self.embed
+        prev = x[..., e.controller_offset:e.controller_offset + e.prev_width]
+        return self.heads(self.core(x), prev)
 
 
 # ---------------------------------------------------------------- loss
@@ -434,7 +444,8 @@ def build_model(ref):
                          c["dt_rank"], c["layers"], c["eps"])
     else:
         core = GruCore(embed.width, c["hidden"], c["layers"])
-    heads = ControllerHeads(core.d_out, hp["params"]["hidden"])
+    direct = "prev_input" in (hp.get("inputs") or {})  # the heads' direct path is wired
+    heads = ControllerHeads(core.d_out, hp["params"]["hidden"], embed.prev_width if direct else 0)
     model = BCModel(embed, core, heads)
     return model, {ep["name"]: embed, cp["name"]: core, hp["name"]: heads}
 

@@ -1,12 +1,14 @@
 // controller_heads: per-frame features x (B, W, H) -> logits of the six controller heads
 // (buttons 8, main/c stick x/y 17 each, shoulder 5). One linear layer per head, or a shared
-// SiLU hidden layer first (`hidden` > 0). The six heads run as one fused (M, 81) GEMM; their
-// parameters are row-views of the fused weight, named like PyTorch modules (buttons.weight, ...).
-// One source for every backend: the math is written against the model ops (stages/nn), so the
-// CPU kernels or the CUDA kernels (on the run's stream, cuBLASLt) run it; the weights live in
-// one flat store on the run's device.
-// bf16 precision: the GEMMs take bf16-rounded operands (the optimizer's shadow of the weights),
-// accumulating in fp32, forward and backward alike.
+// SiLU hidden layer first (`hidden` > 0); with `prev_input` connected (the embedding's previous
+// input: the controller and its classes), a direct linear path from it to every head's logits,
+// so repeating the last input needs no detour through the temporal model. The six heads run as one
+// fused (M, 81) GEMM; their parameters are row-views of the fused weight, named like PyTorch
+// modules (buttons.weight, ...). One source for every backend: the math is written against the
+// model ops (stages/nn), so the CPU kernels or the CUDA kernels (on the run's stream, cuBLASLt) run
+// it; the weights live in one flat store on the run's device. bf16 precision: the GEMMs take
+// bf16-rounded operands (the optimizer's shadow of the weights), accumulating in fp32, forward and
+// backward alike.
 #include <cmath>
 #include <random>
 
@@ -20,12 +22,14 @@ namespace {
 using namespace melee;
 
 // Where each weight sits in the store: the hidden layer, then the fused head weight (81, In)
-// whose rows are the heads' weights in order, then the fused bias (81).
+// whose rows are the heads' weights in order, then the fused bias (81), then (P > 0) the direct
+// path's weight (81, P) from the previous input.
 struct HeadsLayout {
-  int H = 0, hidden = 0, In = 0;
-  size_t wh = 0, bh = 0, wo = 0, bo = 0;
+  int H = 0, hidden = 0, In = 0, P = 0;
+  size_t wh = 0, bh = 0, wo = 0, bo = 0, wp = 0;
   nn::ParamLayout params;
-  HeadsLayout(int H_, int hidden_) : H(H_), hidden(hidden_), In(hidden_ > 0 ? hidden_ : H_) {
+  HeadsLayout(int H_, int hidden_, int P_)
+      : H(H_), hidden(hidden_), In(hidden_ > 0 ? hidden_ : H_), P(P_) {
     if (hidden > 0) {
       wh = params.add("hidden.weight", {hidden, H}, true);
       bh = params.add("hidden.bias", {hidden}, false);
@@ -39,6 +43,7 @@ struct HeadsLayout {
       const size_t off = params.add(std::string(kHeadNames[h]) + ".bias", {head_width(h)}, false);
       if (h == 0) bo = off;
     }
+    if (P > 0) wp = params.add("prev.weight", {kHeadsWidth, P}, true);
   }
 };
 
@@ -47,11 +52,11 @@ class HeadsRunner {
  public:
   virtual ~HeadsRunner() = default;
   virtual void reserve(int64_t M) = 0;
-  // x (M, H) -> out[h] (M, head_width(h)).
-  virtual void forward(const float* x, int M, const nn::ParamStore& st,
+  // x (M, H) and prev (M, P; null when P is 0) -> out[h] (M, head_width(h)).
+  virtual void forward(const float* x, const float* prev, int M, const nn::ParamStore& st,
                        float* const out[kHeads]) = 0;
   // dout[h] may be null (no gradient for that head). dx (M, H) =, weight gradients +=.
-  virtual void backward(const float* x, int M, const nn::ParamStore& st,
+  virtual void backward(const float* x, const float* prev, int M, const nn::ParamStore& st,
                         const float* const dout[kHeads], float* dx) = 0;
   virtual void refresh_shadow(const nn::ParamStore& st) const = 0;
 };
@@ -77,6 +82,9 @@ class HeadsRunnerOn final : public HeadsRunner {
     }
     if (bf16_) {
       x16_ = o_.template alloc<uint16_t>(m * static_cast<size_t>(L_.H), "controller_heads bf16 x");
+      if (L_.P > 0)
+        prev16_ = o_.template alloc<uint16_t>(m * static_cast<size_t>(L_.P),
+                                              "controller_heads bf16 prev_input");
       dl16_ = o_.template alloc<uint16_t>(m * kHeadsWidth, "controller_heads bf16 dlogits");
       if (L_.hidden > 0) {
         act16_ = o_.template alloc<uint16_t>(m * hid, "controller_heads bf16 activation");
@@ -91,6 +99,10 @@ class HeadsRunnerOn final : public HeadsRunner {
     };
     gemm(mi, kHeadsWidth, L_.In);
     gemm(kHeadsWidth, L_.In, mi);
+    if (L_.P > 0) {
+      gemm(mi, kHeadsWidth, L_.P);
+      gemm(kHeadsWidth, L_.P, mi);
+    }
     gemm(mi, L_.In, kHeadsWidth);
     if (L_.hidden > 0) {
       gemm(mi, L_.hidden, L_.H);
@@ -103,7 +115,8 @@ class HeadsRunnerOn final : public HeadsRunner {
                                           "controller_heads scratch");
   }
 
-  void forward(const float* x, int M, const nn::ParamStore& st, float* const out[kHeads]) override {
+  void forward(const float* x, const float* prev, int M, const nn::ParamStore& st,
+               float* const out[kHeads]) override {
     const float* W = st.values();
     const uint16_t* Wb = st.shadow();
     const size_t m = static_cast<size_t>(M);
@@ -129,13 +142,22 @@ class HeadsRunnerOn final : public HeadsRunner {
     o_.gemm(false, true, M, kHeadsWidth, L_.In, in, inb, L_.In, W + L_.wo, bf(Wb, L_.wo), L_.In,
             0.0f, f(logits_), kHeadsWidth, scratch());
     o_.add_bias_rows(f(logits_), W + L_.bo, m, kHeadsWidth);
+    if (L_.P > 0) {  // the direct path: logits += prev Wpᵀ
+      const uint16_t* pb = nullptr;
+      if (bf16_) {
+        o_.to_bf16(prev, b16(prev16_), m * static_cast<size_t>(L_.P));
+        pb = b16(prev16_);
+      }
+      o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
+              1.0f, f(logits_), kHeadsWidth, scratch());
+    }
     for (int h = 0; h < kHeads; ++h)
       o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
                    static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
   }
 
-  void backward(const float* x, int M, const nn::ParamStore& st, const float* const dout[kHeads],
-                float* dx) override {
+  void backward(const float* x, const float* prev, int M, const nn::ParamStore& st,
+                const float* const dout[kHeads], float* dx) override {
     const float* W = st.values();
     const uint16_t* Wb = st.shadow();
     float* G = st.grads();
@@ -159,6 +181,9 @@ class HeadsRunnerOn final : public HeadsRunner {
     o_.gemm(true, false, kHeadsWidth, L_.In, M, dl, dlb, kHeadsWidth, in, inb, L_.In, 1.0f,
             G + L_.wo, L_.In, scratch());
     o_.column_sum_accumulate(dl, G + L_.bo, m, kHeadsWidth, scratch());
+    if (L_.P > 0)  // dWp += dlᵀ prev, with the forward's bf16 copy of prev
+      o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev,
+              bf16_ ? b16(prev16_) : nullptr, L_.P, 1.0f, G + L_.wp, L_.P, scratch());
     if (L_.hidden > 0) {
       const size_t n = m * static_cast<size_t>(L_.hidden);
       float* da = f(dact_);
@@ -192,7 +217,7 @@ class HeadsRunnerOn final : public HeadsRunner {
   bool bf16_;
   Ops o_;
   int64_t cap_ = 0;
-  Tensor logits_, dlogits_, pre_, act_, dact_, x16_, dl16_, act16_, dact16_, scratch_;
+  Tensor logits_, dlogits_, pre_, act_, dact_, x16_, prev16_, dl16_, act16_, dact16_, scratch_;
 };
 
 }  // namespace
@@ -207,7 +232,10 @@ class ControllerHeadsStage : public Stage {
             "Features x (B, W, H) -> controller logits: buttons (8), main_x/main_y/c_x/c_y (17), "
             "shoulder (5).")
         .trainable()
-        .input("x", DType::f32, 3, "(B, W, H) per-frame features");
+        .input("x", DType::f32, 3, "(B, W, H) per-frame features")
+        .optional_input("prev_input", DType::f32, 3,
+                        "(B, W, P) the previous input (melee_embedding's prev_input): when "
+                        "connected, a direct linear path from it to every head's logits");
     for (int h = 0; h < kHeads; ++h)
       s.output(kHeadNames[h], DType::f32, 3,
                "(B, W, " + std::to_string(head_width(h)) + ") logits" +
@@ -224,7 +252,15 @@ class ControllerHeadsStage : public Stage {
       throw std::runtime_error("controller_heads '" + ctx.name() +
                                "': the width of x must be known at setup, got " + xs.str());
     const int hidden = static_cast<int>(ctx.params().integer("hidden"));
-    layout_ = std::make_unique<HeadsLayout>(H, hidden);
+    int P = 0;
+    if (ctx.input_connected("prev_input")) {
+      P = static_cast<int>(ctx.input_shape("prev_input")[2]);
+      if (P <= 0)
+        throw std::runtime_error("controller_heads '" + ctx.name() +
+                                 "': the width of prev_input must be known at setup, got " +
+                                 ctx.input_shape("prev_input").str());
+    }
+    layout_ = std::make_unique<HeadsLayout>(H, hidden, P);
     bf16_ = ctx.run().precision == Precision::bf16;
     device_ = ctx.exec().device();
     for (int h = 0; h < kHeads; ++h) {
@@ -254,6 +290,8 @@ class ControllerHeadsStage : public Stage {
       }
       init(L.wo, static_cast<size_t>(kHeadsWidth) * L.In, L.In);
       init(L.bo, kHeadsWidth, L.In);
+      // The direct path starts at zero: the heads start as they would without it.
+      if (L.P > 0) std::fill_n(w + L.wp, static_cast<size_t>(kHeadsWidth) * L.P, 0.0f);
     });
     runner_->refresh_shadow(store_);
     shadow_checked_ = false;
@@ -278,7 +316,7 @@ class ControllerHeadsStage : public Stage {
     }
     float* out[kHeads];
     for (int h = 0; h < kHeads; ++h) out[h] = out_[h].data<float>();
-    runner_->forward(x.data<float>(), M, store_, out);
+    runner_->forward(x.data<float>(), prev_of(b, ctx, M), M, store_, out);
     for (int h = 0; h < kHeads; ++h)
       ctx.set_output(b, kHeadNames[h],
                      out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
@@ -302,7 +340,7 @@ class ControllerHeadsStage : public Stage {
       any = true;
     }
     if (!any) return;
-    runner_->backward(x.data<float>(), M, store_, dout, dx_.data<float>());
+    runner_->backward(x.data<float>(), prev_of(b, ctx, M), M, store_, dout, dx_.data<float>());
     ctx.add_input_grad(b, "x", dx_.slice_rows(0, M).reshape(Shape{B, W, layout_->H}));
   }
 
@@ -310,7 +348,8 @@ class ControllerHeadsStage : public Stage {
   Cost cost() const override {
     if (rows_setup_ <= 0) return {};
     const double M = static_cast<double>(rows_setup_), H = layout_->H, hid = layout_->hidden;
-    const double gemm = 2 * M * (hid > 0 ? H * hid + hid * kHeadsWidth : H * kHeadsWidth);
+    const double gemm = 2 * M * (hid > 0 ? H * hid + hid * kHeadsWidth : H * kHeadsWidth) +
+                        2 * M * layout_->P * kHeadsWidth;
     return {gemm + M * (kHeadsWidth + 5 * hid), 2 * gemm + M * (kHeadsWidth + 8 * hid), 0};
   }
 
@@ -323,10 +362,24 @@ class ControllerHeadsStage : public Stage {
       out.push_back(all[first + h]);
       out.push_back(all[first + kHeads + h]);
     }
+    if (layout_->P > 0) out.push_back(all.back());  // prev.weight
     return out;
   }
 
  private:
+  // prev_input's rows for the batch, null when the port is not connected.
+  const float* prev_of(const Batch& b, const StageContext& ctx, int M) const {
+    if (layout_->P == 0) return nullptr;
+    const Tensor& p = ctx.input(b, "prev_input");
+    if (p.numel() != static_cast<int64_t>(M) * layout_->P || p.dtype() != DType::f32 ||
+        p.device() != device_)
+      throw std::runtime_error("controller_heads '" + ctx.name() + "': prev_input is " +
+                               p.describe() + ", expected " + std::to_string(M) + " rows of " +
+                               std::to_string(layout_->P) + " f32 on " + device_.str() +
+                               " (batch " + std::to_string(b.index) + ")");
+    return p.data<float>();
+  }
+
   // Output and input-gradient buffers for M = B·W positions, grown to the largest batch seen.
   void reserve(int64_t M) {
     runner_->reserve(M);

@@ -67,6 +67,8 @@ class EmbedPath {
                        const float* tables, uint8_t* mirrored, float* out) = 0;
   // Table gradients (+=) from dout (rows, E).
   virtual void backward(const EmbedBatch& in, const float* dout, float* dtables) = 0;
+  // The previous-input columns of x (rows, E) into prev (rows, P).
+  virtual void copy_prev(const float* x, size_t rows, float* prev) = 0;
 };
 
 class EmbedOnCpu final : public EmbedPath {
@@ -91,6 +93,13 @@ class EmbedOnCpu final : public EmbedPath {
   void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
     embed_backward<float>(layout_, in.rows, in.numeric, in.action, in.character, in.stage, dout,
                           dtables + off_.action, dtables + off_.character, dtables + off_.stage);
+  }
+
+  void copy_prev(const float* x, size_t rows, float* prev) override {
+    const size_t E = static_cast<size_t>(layout_.width()),
+                 P = static_cast<size_t>(layout_.prev_input_width());
+    for (size_t r = 0; r < rows; ++r)
+      std::copy_n(x + r * E + layout_.controller_offset(), P, prev + r * P);
   }
 
  private:
@@ -129,7 +138,7 @@ class EmbedOnDevice final : public EmbedPath {
 
  public:
   EmbedOnDevice(Ops ops, const ExecContext& exec, const EmbedLayout& L, TableOffsets off)
-      : dims_(embed_dims<typename K::EmbedDims>(L)), off_(off), o_(ops), exec_(exec) {
+      : dims_(embed_dims<typename K::EmbedDims>(L)), layout_(L), off_(off), o_(ops), exec_(exec) {
     key_ = o_.template alloc<uint8_t>(sizeof(uint64_t), "melee_embedding batch key");
   }
 
@@ -155,8 +164,15 @@ class EmbedOnDevice final : public EmbedPath {
                       ws_.raw(), o_.stream());
   }
 
+  void copy_prev(const float* x, size_t rows, float* prev) override {
+    const size_t P = static_cast<size_t>(layout_.prev_input_width());
+    o_.copy_cols(x + layout_.controller_offset(), static_cast<size_t>(layout_.width()), prev, P,
+                 rows, P);
+  }
+
  private:
   typename K::EmbedDims dims_;
+  EmbedLayout layout_;
   TableOffsets off_;
   Ops o_;
   const ExecContext& exec_;
@@ -181,6 +197,9 @@ class MeleeEmbeddingStage : public Stage {
         .input("stage", DType::i32, 2, "(B, W) stage id")
         .input("prev_controller", DType::f32, 3, "(B, W, 13) the player's last controller input")
         .output("x", DType::f32, 3, "(B, W, E) features, zero-padded to a multiple of 8")
+        .output("prev_input", DType::f32, 3,
+                "(B, W, P) the previous-input columns of x (the controller's 13, then with "
+                "prev_classes its 73 class columns): controller_heads' direct path")
         .output("mirrored", DType::u8, 1,
                 "(B) 1 where the window was mirrored left-right (for bc_loss)")
         .param("action_dim", int64_t{32}, "width of the action-state embedding (399 rows)")
@@ -222,6 +241,9 @@ class MeleeEmbeddingStage : public Stage {
     xs[0] = ms[0] = ns[0];
     xs[1] = ns[1];
     ctx.declare_output("x", xs, DType::f32);
+    Shape ps = xs;
+    ps[2] = layout_.prev_input_width();
+    ctx.declare_output("prev_input", ps, DType::f32);
     ctx.declare_output("mirrored", ms, DType::u8);
 
     // Lookup tables: no weight decay, which would shrink rare states' rows towards zero.
@@ -274,6 +296,7 @@ class MeleeEmbeddingStage : public Stage {
     path_->forward(batch_of(ctx, b), training && mirror_, key,
                    training ? static_cast<float>(noise_) : 0.0f, store_.values(),
                    mirrored_.data<uint8_t>(), x_.data<float>());
+    path_->copy_prev(x_.data<float>(), static_cast<size_t>(B * W), prev_.data<float>());
     publish(b, ctx, B, W);
   }
 
@@ -307,6 +330,8 @@ class MeleeEmbeddingStage : public Stage {
 
   void publish(Batch& b, StageContext& ctx, int64_t B, int64_t W) {
     ctx.set_output(b, "x", x_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
+    ctx.set_output(b, "prev_input",
+                   prev_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.prev_input_width()}));
     ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
   }
 
@@ -334,6 +359,8 @@ class MeleeEmbeddingStage : public Stage {
       rows_cap_ = B * W;
       x_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::f32, device_,
                          "melee_embedding x");
+      prev_ = Tensor::empty(Shape{rows_cap_, layout_.prev_input_width()}, DType::f32, device_,
+                            "melee_embedding prev_input");
     }
     if (B > windows_cap_) {
       windows_cap_ = B;
@@ -349,7 +376,7 @@ class MeleeEmbeddingStage : public Stage {
   TableOffsets off_;
   Device device_;
   std::unique_ptr<EmbedPath> path_;  // the CPU or the device form
-  Tensor x_, mirrored_;
+  Tensor x_, prev_, mirrored_;
   int64_t rows_cap_ = 0, windows_cap_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(MeleeEmbeddingStage);

@@ -37,6 +37,8 @@ struct EmbedLayout {
   int controller_offset() const { return stage_offset() + stage_dim; }
   int prev_class_offset() const { return controller_offset() + kControllerFeatures; }
   int raw_width() const { return prev_class_offset() + (prev_classes ? kPrevClassFeatures : 0); }
+  // The `prev_input` output: the previous-input columns of x (controller, then its classes).
+  int prev_input_width() const { return raw_width() - controller_offset(); }
   int width() const { return (raw_width() + 7) / 8 * 8; }  // tensor-core friendly
 };
 
@@ -188,6 +190,26 @@ void heads_backward(const T* x, int M, int H, int hidden, const T* Wh, const T* 
   } else {
     kernels::linear_backward(x, Wo, dlogits, dx, dWo, dbo, M, H, kHeadsWidth);
   }
+}
+
+// The heads' direct path from the previous input (controller_heads' `prev_input`, (M, P)):
+// logits += prev Wpᵀ with Wp (81, P); backward dWp += dlogitsᵀ prev (prev is data: no gradient).
+template <class T>
+void heads_prev_forward(const T* prev, int M, int P, const T* Wp, T* logits) {
+  for (int i = 0; i < M; ++i)
+    for (int o = 0; o < kHeadsWidth; ++o) {
+      T s = 0;
+      for (int k = 0; k < P; ++k) s += prev[static_cast<size_t>(i) * P + k] * Wp[o * P + k];
+      logits[static_cast<size_t>(i) * kHeadsWidth + o] += s;
+    }
+}
+template <class T>
+void heads_prev_backward(const T* prev, int M, int P, const T* dlogits, T* dWp) {
+  for (int i = 0; i < M; ++i)
+    for (int o = 0; o < kHeadsWidth; ++o) {
+      const T g = dlogits[static_cast<size_t>(i) * kHeadsWidth + o];
+      for (int k = 0; k < P; ++k) dWp[o * P + k] += g * prev[static_cast<size_t>(i) * P + k];
+    }
 }
 
 // ---------------------------------------------------------------- loss

@@ -659,6 +659,85 @@ TEST(ControllerHeads, StageMatchesReference) {
   }
 }
 
+// The direct path from the previous input: finite differences of the float64 math, then the
+// stage with prev_input connected equals heads_forward + heads_prev_forward, its weight starts
+// at zero, gets heads_prev_backward's gradient, and prev_input (data) gets none; bf16 is close.
+TEST(ControllerHeads, DirectPathFromThePreviousInput) {
+  std::mt19937_64 rng(16);
+  {
+    const int M = 4, P = 7;
+    auto prev = rand_vec(static_cast<size_t>(M * P), rng),
+         Wp = rand_vec(static_cast<size_t>(kHeadsWidth * P), rng),
+         w = rand_vec(static_cast<size_t>(M * kHeadsWidth), rng);
+    std::vector<double> logits(static_cast<size_t>(M * kHeadsWidth));
+    auto loss = [&] {
+      std::fill(logits.begin(), logits.end(), 0.5);
+      heads_prev_forward<double>(prev.data(), M, P, Wp.data(), logits.data());
+      return dot(w, logits);
+    };
+    loss();
+    std::vector<double> dWp(Wp.size(), 0.0);
+    heads_prev_backward<double>(prev.data(), M, P, w.data(), dWp.data());
+    check_gradient("Wp", loss, Wp, dWp);
+  }
+  const int64_t B = 2, W = 3, H = 12, P = 86;
+  const int M = static_cast<int>(B * W);
+  auto xv = rand_vec(static_cast<size_t>(M * H), rng),
+       pv = rand_vec(static_cast<size_t>(M * P), rng);
+  Tensor x = make(Shape{B, W, H}, std::vector<float>(xv.begin(), xv.end()));
+  Tensor prev = make(Shape{B, W, P}, std::vector<float>(pv.begin(), pv.end()));
+  StageHarness st("controller_heads", {});
+  st.setup({{"x", x}, {"prev_input", prev}});
+  EXPECT_EQ(st.stage().parameters().back()->name, "prev.weight");
+  auto wts = st.weights();
+  ASSERT_EQ(wts.at("prev.weight").shape(), (Shape{kHeadsWidth, P}));
+  for (float v : wts.at("prev.weight").span<float>()) ASSERT_EQ(v, 0.0f);
+  // Non-zero direct weights, so the path shows in the outputs.
+  auto wpv = rand_vec(static_cast<size_t>(kHeadsWidth * P), rng);
+  wts["prev.weight"] = make(Shape{kHeadsWidth, P}, std::vector<float>(wpv.begin(), wpv.end()));
+  st.load_weights(wts);
+  std::vector<double> Wo, bo;
+  for (int h = 0; h < kHeads; ++h) {
+    auto w = to_double(wts.at(std::string(kHeadNames[h]) + ".weight"));
+    auto b = to_double(wts.at(std::string(kHeadNames[h]) + ".bias"));
+    Wo.insert(Wo.end(), w.begin(), w.end());
+    bo.insert(bo.end(), b.begin(), b.end());
+  }
+  std::vector<double> logits(static_cast<size_t>(M * kHeadsWidth));
+  heads_forward<double>(xv.data(), M, static_cast<int>(H), 0, nullptr, nullptr, nullptr, nullptr,
+                        Wo.data(), bo.data(), logits.data());
+  heads_prev_forward<double>(pv.data(), M, static_cast<int>(P), wpv.data(), logits.data());
+  auto out = st.forward({{"x", x}, {"prev_input", prev}});
+  TensorMap grads_in;
+  std::vector<double> dl(logits.size());
+  for (int h = 0; h < kHeads; ++h) {
+    std::vector<double> want_h, g = rand_vec(static_cast<size_t>(M * head_width(h)), rng);
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < head_width(h); ++k) {
+        want_h.push_back(logits[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)]);
+        dl[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)] =
+            g[static_cast<size_t>(i * head_width(h) + k)];
+      }
+    expect_close(want_h, out.at(kHeadNames[h]), 1e-5, kHeadNames[h]);
+    grads_in[kHeadNames[h]] =
+        make(out.at(kHeadNames[h]).shape(), std::vector<float>(g.begin(), g.end()));
+  }
+  std::vector<double> dWp(wpv.size(), 0.0);
+  heads_prev_backward<double>(pv.data(), M, static_cast<int>(P), dl.data(), dWp.data());
+  auto g = st.backward(grads_in);
+  expect_close(dWp, g.at("grad.prev.weight"), 1e-5, "dWp");
+  EXPECT_FALSE(g.count("grad.prev_input"));
+  // bf16 GEMM operands: close to fp32.
+  StageHarness b("controller_heads", {}, "heads", Precision::bf16);
+  b.setup({{"x", x}, {"prev_input", prev}});
+  b.load_weights(wts);
+  auto ob = b.forward({{"x", x}, {"prev_input", prev}});
+  for (int h = 0; h < kHeads; ++h)
+    expect_close(to_double(out.at(kHeadNames[h])), ob.at(kHeadNames[h]), 3e-2, kHeadNames[h]);
+  expect_close(to_double(g.at("grad.prev.weight")), b.backward(grads_in).at("grad.prev.weight"),
+               3e-2, "bf16 dWp");
+}
+
 TEST(ControllerHeads, Bf16CloseToFp32) {
   for (int hidden : {0, 16}) {
     SCOPED_TRACE("hidden=" + std::to_string(hidden));
