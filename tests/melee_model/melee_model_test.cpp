@@ -554,6 +554,38 @@ TEST(MeleeEmbedding, NoiseOnlyInTrainingAndOnlyOnNumericOfExistingSlots) {
 
 // ---------------------------------------------------------------- controller_heads
 
+// The heads' weights fused as heads_forward takes them: the (81, In) rows and the 81 biases.
+void fused_head_params(const TensorMap& wts, std::vector<double>& Wo, std::vector<double>& bo) {
+  for (int h = 0; h < kHeads; ++h) {
+    auto w = to_double(wts.at(std::string(kHeadNames[h]) + ".weight"));
+    auto b = to_double(wts.at(std::string(kHeadNames[h]) + ".bias"));
+    Wo.insert(Wo.end(), w.begin(), w.end());
+    bo.insert(bo.end(), b.begin(), b.end());
+  }
+}
+
+// Each head's output against its columns of the reference `logits` (M, 81); draws every head's
+// output gradient: the stage's gradient inputs (returned) and the same as dlogits `dl` (M, 81).
+TensorMap check_heads_draw_grads(const TensorMap& out, const std::vector<double>& logits, int M,
+                                 std::mt19937_64& rng, std::vector<double>& dl) {
+  TensorMap grads_in;
+  dl.assign(logits.size(), 0.0);
+  for (int h = 0; h < kHeads; ++h) {
+    const Tensor& o = out.at(kHeadNames[h]);
+    EXPECT_EQ(o.numel(), int64_t{M} * head_width(h)) << kHeadNames[h];
+    std::vector<double> want_h, g = rand_vec(static_cast<size_t>(M * head_width(h)), rng);
+    for (int i = 0; i < M; ++i)
+      for (int k = 0; k < head_width(h); ++k) {
+        want_h.push_back(logits[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)]);
+        dl[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)] =
+            g[static_cast<size_t>(i * head_width(h) + k)];
+      }
+    expect_close(want_h, o, 1e-5, kHeadNames[h]);
+    grads_in[kHeadNames[h]] = make(o.shape(), std::vector<float>(g.begin(), g.end()));
+  }
+  return grads_in;
+}
+
 TEST(ControllerHeads, GradCheckFloat64) {
   for (int hidden : {0, 4}) {
     SCOPED_TRACE("hidden=" + std::to_string(hidden));
@@ -610,12 +642,7 @@ TEST(ControllerHeads, StageMatchesReference) {
     EXPECT_EQ(wts.at("shoulder.bias").shape(), (Shape{5}));
     // Reference parameters: fused from the per-head views.
     std::vector<double> Wo, bo;
-    for (int h = 0; h < kHeads; ++h) {
-      auto w = to_double(wts.at(std::string(kHeadNames[h]) + ".weight"));
-      auto b = to_double(wts.at(std::string(kHeadNames[h]) + ".bias"));
-      Wo.insert(Wo.end(), w.begin(), w.end());
-      bo.insert(bo.end(), b.begin(), b.end());
-    }
+    fused_head_params(wts, Wo, bo);
     std::vector<double> Wh = hidden ? to_double(wts.at("hidden.weight")) : std::vector<double>{},
                         bh = hidden ? to_double(wts.at("hidden.bias")) : std::vector<double>{};
     std::vector<double> pre(static_cast<size_t>(M * hidden)), act(pre.size()), dact(pre.size()),
@@ -623,21 +650,10 @@ TEST(ControllerHeads, StageMatchesReference) {
     heads_forward<double>(xv.data(), M, static_cast<int>(H), hidden, Wh.data(), bh.data(),
                           pre.data(), act.data(), Wo.data(), bo.data(), logits.data());
     auto out = st.forward({{"x", x}});
-    TensorMap grads_in;
-    std::vector<double> dl(logits.size());
-    for (int h = 0; h < kHeads; ++h) {
-      const Tensor& o = out.at(kHeadNames[h]);
-      ASSERT_EQ(o.shape(), (Shape{B, W, head_width(h)}));
-      std::vector<double> want_h, g = rand_vec(static_cast<size_t>(M * head_width(h)), rng);
-      for (int i = 0; i < M; ++i)
-        for (int k = 0; k < head_width(h); ++k) {
-          want_h.push_back(logits[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)]);
-          dl[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)] =
-              g[static_cast<size_t>(i * head_width(h) + k)];
-        }
-      expect_close(want_h, o, 1e-5, kHeadNames[h]);
-      grads_in[kHeadNames[h]] = make(o.shape(), std::vector<float>(g.begin(), g.end()));
-    }
+    for (int h = 0; h < kHeads; ++h)
+      ASSERT_EQ(out.at(kHeadNames[h]).shape(), (Shape{B, W, head_width(h)}));
+    std::vector<double> dl;
+    const TensorMap grads_in = check_heads_draw_grads(out, logits, M, rng, dl);
     std::vector<double> dx(xv.size()), dWh(Wh.size(), 0.0), dbh(bh.size(), 0.0),
         dWo(Wo.size(), 0.0), dbo(bo.size(), 0.0);
     heads_backward<double>(xv.data(), M, static_cast<int>(H), hidden, Wh.data(), pre.data(),
@@ -697,31 +713,14 @@ TEST(ControllerHeads, DirectPathFromThePreviousInput) {
   wts["prev.weight"] = make(Shape{kHeadsWidth, P}, std::vector<float>(wpv.begin(), wpv.end()));
   st.load_weights(wts);
   std::vector<double> Wo, bo;
-  for (int h = 0; h < kHeads; ++h) {
-    auto w = to_double(wts.at(std::string(kHeadNames[h]) + ".weight"));
-    auto b = to_double(wts.at(std::string(kHeadNames[h]) + ".bias"));
-    Wo.insert(Wo.end(), w.begin(), w.end());
-    bo.insert(bo.end(), b.begin(), b.end());
-  }
+  fused_head_params(wts, Wo, bo);
   std::vector<double> logits(static_cast<size_t>(M * kHeadsWidth));
   heads_forward<double>(xv.data(), M, static_cast<int>(H), 0, nullptr, nullptr, nullptr, nullptr,
                         Wo.data(), bo.data(), logits.data());
   heads_prev_forward<double>(pv.data(), M, static_cast<int>(P), wpv.data(), logits.data());
   auto out = st.forward({{"x", x}, {"prev_input", prev}});
-  TensorMap grads_in;
-  std::vector<double> dl(logits.size());
-  for (int h = 0; h < kHeads; ++h) {
-    std::vector<double> want_h, g = rand_vec(static_cast<size_t>(M * head_width(h)), rng);
-    for (int i = 0; i < M; ++i)
-      for (int k = 0; k < head_width(h); ++k) {
-        want_h.push_back(logits[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)]);
-        dl[static_cast<size_t>(i * kHeadsWidth + head_offset(h) + k)] =
-            g[static_cast<size_t>(i * head_width(h) + k)];
-      }
-    expect_close(want_h, out.at(kHeadNames[h]), 1e-5, kHeadNames[h]);
-    grads_in[kHeadNames[h]] =
-        make(out.at(kHeadNames[h]).shape(), std::vector<float>(g.begin(), g.end()));
-  }
+  std::vector<double> dl;
+  const TensorMap grads_in = check_heads_draw_grads(out, logits, M, rng, dl);
   std::vector<double> dWp(wpv.size(), 0.0);
   heads_prev_backward<double>(pv.data(), M, static_cast<int>(P), dl.data(), dWp.data());
   auto g = st.backward(grads_in);
