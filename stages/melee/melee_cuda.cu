@@ -229,10 +229,8 @@ void table_backward(const TableGrad& t, const float* numeric, const float* dout,
 
 // ---------------------------------------------------------------- BC loss
 
-constexpr int kStickClassesDev = 17;
-constexpr int kShoulderClassesDev = 5;
 __device__ __forceinline__ int classes_of(int stick_head) {
-  return stick_head == kShoulder ? kShoulderClassesDev : kStickClassesDev;
+  return stick_head == kShoulder ? kShoulderClasses : kStickClasses;
 }
 __device__ __forceinline__ bool mirrors_stick(int stick_head) {
   return stick_head == kMainX || stick_head == kCX;
@@ -243,7 +241,7 @@ __device__ __forceinline__ int stick_target(const int32_t* ts, size_t i, int h, 
                                             bool m) {
   if (!valid) return -1;
   int c = ts[i * kStickHeads + size_t(h)];
-  if (m && mirrors_stick(h)) c = kStickClassesDev - 1 - c;
+  if (m && mirrors_stick(h)) c = kStickClasses - 1 - c;
   return c;
 }
 
