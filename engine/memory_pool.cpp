@@ -1,4 +1,5 @@
 #include "engine/memory_pool.h"
+#include "engine/atomic_max.h"
 
 #include <bit>
 #include <cinttypes>
@@ -89,9 +90,7 @@ class HostPool final : public MemoryPool {
     }
     live_.emplace(p, Live{cls, pinned});
     uint64_t now = in_use_.fetch_add(cls, std::memory_order_relaxed) + cls;
-    uint64_t peak = peak_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
+    raise_to(peak_, now);
     return p;
   }
 

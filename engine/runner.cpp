@@ -1,4 +1,5 @@
 #include "engine/runner.h"
+#include "engine/atomic_max.h"
 
 #include "engine/runner_impl.h"
 
@@ -272,10 +273,7 @@ std::exception_ptr Runner::Impl::run_flow_graph(std::vector<Stage*>& stages,
   tbb::flow::make_edge(source, limiter);
   // Counts batches the limiter admitted (the source may hold one more, produced and waiting).
   tbb::flow::function_node<Msg, Msg> admit(g, tbb::flow::unlimited, [&](Msg m) -> Msg {
-    uint64_t now_in_flight = static_cast<uint64_t>(++in_flight);
-    uint64_t seen = max_in_flight_seen.load();
-    while (now_in_flight > seen && !max_in_flight_seen.compare_exchange_weak(seen, now_in_flight)) {
-    }
+    raise_to(max_in_flight_seen, static_cast<uint64_t>(++in_flight));
     return m;
   });
   tbb::flow::make_edge(limiter, admit);
@@ -283,16 +281,6 @@ std::exception_ptr Runner::Impl::run_flow_graph(std::vector<Stage*>& stages,
   // Keep nodes alive for the graph's lifetime.
   std::vector<std::unique_ptr<tbb::flow::graph_node>> nodes;
   tbb::flow::sender<Msg>* prev = &admit;
-  auto note_queue = [&](size_t k) {
-    auto& c = *counters[k];
-    c.started++;
-    c.items_in++;
-    uint32_t q = static_cast<uint32_t>(c.enqueued.load() -
-                                       std::min(c.enqueued.load(), c.started.load()) + 1);
-    uint32_t m = c.max_queue.load();
-    while (q > m && !c.max_queue.compare_exchange_weak(m, q)) {
-    }
-  };
   for (size_t k = head_end; k < static_cast<size_t>(plan().section_begin); ++k) {
     int conc = plan().stages[k].concurrency;
     size_t limit =

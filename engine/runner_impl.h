@@ -35,6 +35,7 @@
 #include <thread>
 
 #include "engine/atomic_file.h"
+#include "engine/atomic_max.h"
 #include "engine/auto_batch.h"
 #include "engine/checkpoint.h"
 #include "engine/console_tee.h"
@@ -234,6 +235,15 @@ struct Runner::Impl {
       const auto& ps = plan().stages[k];
       throw StageError(ps.name, ps.schema->kind(), batch_index, e.what());
     }
+  }
+  // Stage k starts a batch: its queue's depth (batches handed to it, not yet started) counts
+  // toward the deepest seen.
+  void note_queue(size_t k) {
+    auto& c = *counters[k];
+    c.started++;
+    c.items_in++;
+    const uint64_t enqueued = c.enqueued.load(), started = c.started.load();
+    raise_to(c.max_queue, static_cast<uint32_t>(enqueued - std::min(enqueued, started) + 1));
   }
   template <class Fn>
   void timed(size_t k, uint64_t batch_index, Fn&& fn) {

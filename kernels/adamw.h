@@ -3,7 +3,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_ADAMW_H
 #define SLIPSTREAM_KERNELS_ADAMW_H
 
@@ -42,7 +42,7 @@ void scale_inplace(T* x, size_t n, T s);
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_ADAMW_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The fused multi-tensor AdamW on CUDA (kernels/adamw_cuda.cu).
 // One tensor of the update: FP32 value, gradient and moments, optional bf16 copy (may be null).
@@ -100,4 +100,4 @@ static void adamw_finish_gathered(const AdamWSegment* segments, int count, size_
                                   const AdamWHyper& hyper, const AdamWDeviceState* state,
                                   cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

@@ -6,7 +6,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
 #define SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
 
@@ -39,7 +39,7 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_CAUSAL_CONV1D_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA convolution (kernels/causal_conv1d_cuda.cu). T (float or bfloat16) is the type of
 // x, y, dy, dx and the step state; weight, bias and their gradients are fp32, arithmetic is fp32.
@@ -62,4 +62,4 @@ template <class T>
 static void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias,
                                T* y, int B, int C, int K, bool silu, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

@@ -1,10 +1,11 @@
 // The few elementwise and copy operations the Mamba block needs between its kernels.
 // All are parallel over large arrays. Outputs may alias inputs unless stated.
 //
-// Declared once for both builds: the CPU reference below, and the CUDA entry points in the
-// second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
-// and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+// Declared once, in three parts: the CPU reference; the CUDA entry points, which
+// kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels and
+// kernels::cuda_emulated::Kernels) as static members; and the model ops' methods for the ops
+// whose two forms take the same arguments (stages/ops/).
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_ELEMENTWISE_H
 #define SLIPSTREAM_KERNELS_ELEMENTWISE_H
 
@@ -54,7 +55,7 @@ void mul_accumulate(T* y, const T* a, const T* b, size_t n);
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_ELEMENTWISE_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA forms (kernels/elementwise_cuda.cu): same math on device pointers, enqueued on
 // `stream`. column_sum_accumulate sums row blocks into workspace partials, then in a fixed order
@@ -85,4 +86,20 @@ static void fill(float* y, float value, size_t n, cudaStream_t stream);
 // cudaMemcpyAsync device to device (memcpy under the emulator).
 static void copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#else  // SLIPSTREAM_OPS_METHODS
+
+// ops.NAME(args): kernels::NAME(args) on the CPU, Kernels::NAME(args, stream) on a device.
+SLIPSTREAM_OP(copy_cols,
+              (const Scalar* src, size_t src_ld, Scalar* dst, size_t dst_ld, size_t rows,
+               size_t cols),
+              (src, src_ld, dst, dst_ld, rows, cols))
+SLIPSTREAM_OP(add_bias_rows, (Scalar * y, const Scalar* b, size_t M, size_t N), (y, b, M, N))
+SLIPSTREAM_OP(neg_exp, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
+SLIPSTREAM_OP(mul_accumulate, (Scalar * y, const Scalar* a, const Scalar* b, size_t n),
+              (y, a, b, n))
+SLIPSTREAM_OP(silu_forward, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
+// dx = dy * silu'(x); dx may alias dy.
+SLIPSTREAM_OP(silu_backward, (const Scalar* x, const Scalar* dy, Scalar* dx, size_t n),
+              (x, dy, dx, n))
+
+#endif  // the parts

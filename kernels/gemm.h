@@ -3,7 +3,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_GEMM_H
 #define SLIPSTREAM_KERNELS_GEMM_H
 
@@ -52,7 +52,7 @@ void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N);
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_GEMM_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA GEMMs (kernels/gemm_cuda.cu): cuBLASLt, the same row-major contract as gemm above,
 // FP32 accumulation and output. fp32 operands use true fp32 arithmetic (no TF32), so they match
@@ -77,4 +77,4 @@ static void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int 
                  float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
                  float* C, int ldc, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

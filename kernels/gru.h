@@ -10,7 +10,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_GRU_H
 #define SLIPSTREAM_KERNELS_GRU_H
 
@@ -64,7 +64,7 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_GRU_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA GRU layer (kernels/gru_cuda.cu): the math above from a zero initial state, FP32 or
 // the bf16 form, each step a cuBLASLt GEMM and a gate kernel on the caller's stream.
@@ -89,4 +89,4 @@ static void gru_backward(const GemmContext& gemm, const float* x, const float* w
                          float* dw_ih, float* dw_hh, float* db_ih, float* db_hh, void* workspace,
                          int B, int L, int In, int H, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

@@ -3,7 +3,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_RMSNORM_H
 #define SLIPSTREAM_KERNELS_RMSNORM_H
 
@@ -38,7 +38,7 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_RMSNORM_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA norm (kernels/rmsnorm_cuda.cu): T (float or bfloat16) for x, residual, y, sum, dy,
 // dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
@@ -54,4 +54,4 @@ static void rmsnorm_add_backward(const T* s, const float* weight, const float* r
                                  const T* dsum, T* ds, float* dweight, void* workspace, size_t M,
                                  size_t D, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

@@ -15,7 +15,7 @@
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
 // second part, which kernels/cuda_kernels.h includes into its kernel tables (kernels::cuda::Kernels
 // and kernels::cuda_emulated::Kernels) as static members.
-#ifndef SLIPSTREAM_CUDA_ENTRY_POINTS
+#if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
 #ifndef SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
 #define SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
 
@@ -65,7 +65,7 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_SELECTIVE_SCAN_H
-#else   // SLIPSTREAM_CUDA_ENTRY_POINTS
+#elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA scan (kernels/selective_scan_cuda.cu). Same math and layouts as above; T (float or
 // bfloat16) is the type of u, delta, z, out, Bm, Cm and of their gradients; A, Dskip,
@@ -114,4 +114,4 @@ static void selective_scan_step(float* state, const T* u, const T* delta, const 
                                 const float* delta_bias, bool delta_softplus, T* out, int B, int D,
                                 int N, cudaStream_t stream);
 
-#endif  // SLIPSTREAM_CUDA_ENTRY_POINTS
+#endif  // the parts

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/atomic_max.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_check.h"
 #include "kernels/step_recorder.h"
@@ -46,9 +47,7 @@ class DevicePool final : public MemoryPool {
     b.stream = s;
     live_.emplace(b.ptr, b);
     uint64_t now = in_use_.fetch_add(cls, std::memory_order_relaxed) + cls;
-    uint64_t peak = peak_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
+    raise_to(peak_, now);
     return b.ptr;
   }
 

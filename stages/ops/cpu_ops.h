@@ -17,12 +17,7 @@
 #include "engine/tensor.h"
 #include "kernels/activations.h"
 #include "kernels/bf16.h"
-#include "kernels/causal_conv1d.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/gru.h"
-#include "kernels/rmsnorm.h"
-#include "kernels/selective_scan.h"
+#include "kernels/cuda_kernel_list.inc"  // every registered op's reference
 
 namespace slipstream::ops {
 
@@ -54,25 +49,18 @@ class CpuOps {
 
   void copy(T* dst, const T* src, size_t n) const { std::memcpy(dst, src, n * sizeof(T)); }
   void zero(T* p, size_t n) const { std::fill(p, p + n, T(0)); }
-  void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows,
-                 size_t cols) const {
-    kernels::copy_cols(src, src_ld, dst, dst_ld, rows, cols);
-  }
-  void add_bias_rows(T* y, const T* b, size_t M, size_t N) const {
-    kernels::add_bias_rows(y, b, M, N);
-  }
   void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N, void*) const {
     kernels::column_sum_accumulate(dy, db, M, N);
   }
-  void neg_exp(const T* x, T* y, size_t n) const { kernels::neg_exp(x, y, n); }
-  void mul_accumulate(T* y, const T* a, const T* b, size_t n) const {
-    kernels::mul_accumulate(y, a, b, n);
+  // The ops whose header declares their methods (kernels/OP.h's third part): the reference.
+#define SLIPSTREAM_OP(name, params, args) \
+  void name params const {                \
+    kernels::name args;                   \
   }
-  void silu_forward(const T* x, T* y, size_t n) const { kernels::silu_forward(x, y, n); }
-  // dx = dy * silu'(x); dx may alias dy.
-  void silu_backward(const T* x, const T* dy, T* dx, size_t n) const {
-    kernels::silu_backward(x, dy, dx, n);
-  }
+#define SLIPSTREAM_OPS_METHODS
+#include "kernels/cuda_kernel_list.inc"
+#undef SLIPSTREAM_OPS_METHODS
+#undef SLIPSTREAM_OP
   void to_bf16(const T* src, uint16_t* dst, size_t n) const {
     if constexpr (std::is_same_v<T, float>) kernels::fp32_to_bf16(src, dst, n);
   }

@@ -60,26 +60,21 @@ class DeviceOps {
     Kernels::copy_bytes(dst, src, n * sizeof(float), stream_);
   }
   void zero(float* p, size_t n) const { Kernels::fill(p, 0.0f, n, stream_); }
-  void copy_cols(const float* src, size_t src_ld, float* dst, size_t dst_ld, size_t rows,
-                 size_t cols) const {
-    Kernels::template copy_cols<float>(src, src_ld, dst, dst_ld, rows, cols, stream_);
-  }
-  void add_bias_rows(float* y, const float* b, size_t M, size_t N) const {
-    Kernels::add_bias_rows(y, b, M, N, stream_);
-  }
   void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* scratch) const {
     Kernels::column_sum_accumulate(dy, db, M, N, scratch, stream_);
   }
-  void neg_exp(const float* x, float* y, size_t n) const { Kernels::neg_exp(x, y, n, stream_); }
-  void mul_accumulate(float* y, const float* a, const float* b, size_t n) const {
-    Kernels::mul_accumulate(y, a, b, n, stream_);
+  // The ops whose header declares their methods (kernels/OP.h's third part): the entry point
+  // with the same arguments, on this stream.
+#define SLIPSTREAM_OP_ON_STREAM(...) (__VA_ARGS__, stream_)
+#define SLIPSTREAM_OP(name, params, args)       \
+  void name params const {                      \
+    Kernels::name SLIPSTREAM_OP_ON_STREAM args; \
   }
-  void silu_forward(const float* x, float* y, size_t n) const {
-    Kernels::silu_forward(x, y, n, stream_);
-  }
-  void silu_backward(const float* x, const float* dy, float* dx, size_t n) const {
-    Kernels::silu_backward(x, dy, dx, n, stream_);
-  }
+#define SLIPSTREAM_OPS_METHODS
+#include "kernels/cuda_kernel_list.inc"
+#undef SLIPSTREAM_OPS_METHODS
+#undef SLIPSTREAM_OP
+#undef SLIPSTREAM_OP_ON_STREAM
   void to_bf16(const float* src, uint16_t* dst, size_t n) const {
     Kernels::fp32_to_bf16(src, bf(dst), n, stream_);
   }
@@ -155,7 +150,9 @@ class DeviceOps {
   }
 
  private:
-  static kernels::bfloat16* bf(uint16_t* p) { return reinterpret_cast<kernels::bfloat16*>(p); }
+  static kernels::bfloat16* bf(uint16_t* p) {
+    return reinterpret_cast<kernels::bfloat16*>(p);
+  }
   static const kernels::bfloat16* bf(const uint16_t* p) {
     return reinterpret_cast<const kernels::bfloat16*>(p);
   }
