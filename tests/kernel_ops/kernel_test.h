@@ -8,6 +8,11 @@
 //   KERNEL_TEST(Suite, Name) { ... }  runs the op from `Kernels` (the kernel table of this build,
 //                                     kernels/cuda_kernels.h) on memory from `Mem`
 //                                     (tests/kernels_cuda/device_checks.h's interface)
+//   DEVICE_TEST(Suite, Name) { ... }  a KERNEL_TEST of the gpu build alone: the shapes only
+//                                     hardware runs in reasonable time (gpu_standard's)
+//
+// The reference's own tests and their helpers go between `#if SLIPSTREAM_REFERENCE_TESTS` and
+// `#endif`, so the other builds neither compile nor link what only they use.
 //
 // A test source includes this header and writes its checks once; the build it is in decides
 // which of them exist and where the kernels run.
@@ -37,7 +42,10 @@ using Kernels = CudaKernels;
 using Mem = CudaMemory;
 #else
 using Kernels = EmulatedKernels;
-using Mem = EmulatedMemory;
+// The emulated GEMM needs no handle or workspace.
+struct Mem : EmulatedMemory {
+  Kernels::GemmContext gemm_context() const { return {}; }
+};
 #endif
 
 }  // namespace slipstream::kernels::test
@@ -48,12 +56,16 @@ using Mem = EmulatedMemory;
   template <class = void>                   \
   [[maybe_unused]] void suite##_##name##_unused()
 
+#define SLIPSTREAM_REFERENCE_TESTS (SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_CPU)
+
 #if SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_CPU
 #define CPU_TEST(suite, name) TEST(suite, name)
 #define KERNEL_TEST(suite, name) SLIPSTREAM_UNUSED_TEST(suite, name)
+#define DEVICE_TEST(suite, name) SLIPSTREAM_UNUSED_TEST(suite, name)
 #elif SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_EMULATED
 #define CPU_TEST(suite, name) SLIPSTREAM_UNUSED_TEST(suite, name)
 #define KERNEL_TEST(suite, name) TEST(Emulated##suite, name)
+#define DEVICE_TEST(suite, name) SLIPSTREAM_UNUSED_TEST(suite, name)
 #elif SLIPSTREAM_KERNEL_TEST_BUILD == SLIPSTREAM_KERNEL_TEST_GPU
 #define CPU_TEST(suite, name) SLIPSTREAM_UNUSED_TEST(suite, name)
 // The body runs after the device check, which skips the test on a machine without a GPU.
@@ -64,6 +76,7 @@ using Mem = EmulatedMemory;
     suite##_##name##_on_device();           \
   }                                         \
   static void suite##_##name##_on_device()
+#define DEVICE_TEST(suite, name) KERNEL_TEST(suite, name)
 #else
 #error "SLIPSTREAM_KERNEL_TEST_BUILD: 1 (cpu), 2 (emulated) or 3 (gpu)"
 #endif

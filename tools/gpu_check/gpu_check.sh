@@ -116,7 +116,7 @@ if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
     [ -d $d ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
   done
   MODE="full (prebuilt $(cat "$B/COMMIT" 2>/dev/null))"
-  step libraries sh -c "ldd $B/bin/slipstream $B/bin/kernels_cuda_gpu_test | grep -E 'not found|cuda|cublas' ; ! ldd $B/bin/* 2>/dev/null | grep -q 'not found'"
+  step libraries sh -c "ldd $B/bin/slipstream $B/bin/kernel_ops_gpu_test | grep -E 'not found|cuda|cublas' ; ! ldd $B/bin/* 2>/dev/null | grep -q 'not found'"
 else
   # Carried Debian packages, unpacked beside the checkout (never into /).
   if ls .gpu-deps/*.deb >/dev/null 2>&1; then
@@ -154,19 +154,19 @@ if wants tests; then
   step gpu_tests sh -c "cd $B && ctest -L gpu -j ${GPU_CHECK_CTEST_JOBS:-1} --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
     rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
 fi
-wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernels_cuda_emulated_test"
-SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*:*GpuGemm*'
+wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernel_ops_cpu_test && $B/bin/kernel_ops_emulated_test"
+# The kernel tests without the gpu_standard shapes (DEVICE_TEST(..., GpuStandardShape), the
+# determinism reruns): what the sanitizers run in reasonable time.
+SMALL='--gtest_filter=-*GpuStandardShape*:*Deterministic*'
 if wants sanitize && command -v compute-sanitizer >/dev/null; then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernels_cuda_gpu_test "$SMALL"
-  # The ops whose one test source builds three ways (tests/kernel_ops: RMSNorm, GELU, ...).
-  # Racecheck judges our kernels (tools/gpu_check/racecheck_ours.py): hazards the libraries'
-  # kernels report (cuBLAS's nvjet split-K GEMMs on an H200) are listed, not failed. The short
-  # checks first: racecheck of the kernel tests took over 190 s on an H100.
-  step memcheck_ops compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernel_ops_gpu_test
-  step racecheck_ops python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
-    $B/bin/kernel_ops_gpu_test
+  # Our kernels (tests/kernel_ops, one test source an op). Racecheck judges our kernels
+  # (tools/gpu_check/racecheck_ours.py): hazards the libraries' kernels report (cuBLAS's nvjet
+  # split-K GEMMs on an H200) are listed, not failed. Racecheck of the kernel tests took over
+  # 190 s on an H100, so it comes after the memchecks.
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/kernel_ops_gpu_test "$SMALL"
+  step memcheck_cudnn compute-sanitizer --tool memcheck --error-exitcode 1 $B/bin/gru_cudnn_gpu_test
   step racecheck python3 tools/gpu_check/racecheck_ours.py compute-sanitizer --tool racecheck \
-    $B/bin/kernels_cuda_gpu_test "$SMALL"
+    $B/bin/kernel_ops_gpu_test "$SMALL"
   # Whole training steps captured in CUDA graphs and replayed (Mamba, the GRU on our kernels and
   # on cuDNN), under memcheck; the whole engine's build only. Four minutes at most, so a slow
   # sanitizer cannot eat a lease's call.

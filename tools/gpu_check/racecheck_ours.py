@@ -2,7 +2,7 @@
 """Runs compute-sanitizer's racecheck on a test binary and judges our kernels only.
 
 Usage: racecheck_ours.py COMPUTE_SANITIZER_ARGS... (everything after the script's name is the
-command, e.g. `compute-sanitizer --tool racecheck bin/kernels_cuda_gpu_test --gtest_filter=...`).
+command, e.g. `compute-sanitizer --tool racecheck bin/kernel_ops_gpu_test --gtest_filter=...`).
 
 Fails when the tests fail, when the sanitizer breaks down, or when a hazard is reported in one of
 our kernels (their names hold `slipstream`: every kernel of ours is in that namespace). Hazards in

@@ -1,7 +1,6 @@
-// Checks of the CUDA elementwise ops and GEMMs against the CPU references, run by the emulated
-// and the gpu tests. Mem additionally provides gemm_context() (a cuBLASLt handle + workspace on
-// a device; nothing under the emulator).
-#pragma once
+// The elementwise and copy ops (kernels/elementwise.h): the references against their formulas
+// and float64 finite differences; the CUDA kernels (with the bf16 casts and the column sums)
+// against the references on the emulator and on a device (tests/kernel_ops/kernel_test.h).
 
 #include <cmath>
 #include <cstring>
@@ -12,8 +11,65 @@
 #include "kernels/bf16.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "tests/kernels/gradcheck.h"
-#include "tests/kernels_cuda/device_checks.h"
+#include "tests/kernel_ops/kernel_test.h"
+
+// ---- The CPU reference ----
+
+#if SLIPSTREAM_REFERENCE_TESTS
+namespace slipstream::kernels {
+namespace {
+using test::rand_vec;
+
+CPU_TEST(Elementwise, AddMulAndBackward) {
+  std::mt19937_64 rng(1);
+  const size_t n = 20000;  // parallel blocks
+  auto a = rand_vec(n, rng), b = rand_vec(n, rng), g = rand_vec(n, rng);
+  std::vector<double> y(n), da(n), db(n);
+  add(a.data(), b.data(), y.data(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] + b[i]);
+  add_inplace(y.data(), a.data(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], (a[i] + b[i]) + a[i]);
+  mul(a.data(), b.data(), y.data(), n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(y[i], a[i] * b[i]);
+  mul_backward(a.data(), b.data(), g.data(), da.data(), db.data(), n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(da[i], g[i] * b[i]);
+    ASSERT_EQ(db[i], g[i] * a[i]);
+  }
+  // Small case through the gradient checker too.
+  std::vector<double> a5(a.begin(), a.begin() + 5), b5(b.begin(), b.begin() + 5),
+      g5(g.begin(), g.begin() + 5), da5(5), db5(5);
+  auto loss = [&] {
+    std::vector<double> y5(5);
+    mul(a5.data(), b5.data(), y5.data(), 5);
+    return test::dot(g5, y5);
+  };
+  mul_backward(a5.data(), b5.data(), g5.data(), da5.data(), db5.data(), 5);
+  test::check_gradient("a", loss, a5, da5);
+  test::check_gradient("b", loss, b5, db5);
+}
+
+CPU_TEST(Elementwise, SplitAndConcatLastDim) {
+  const size_t M = 4, D1 = 3, D2 = 5;
+  std::vector<float> src(M * (D1 + D2));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+  std::vector<float> p(M * D1), q(M * D2), back(src.size(), -1.0f);
+  copy_cols(src.data(), D1 + D2, p.data(), D1, M, D1);
+  copy_cols(src.data() + D1, D1 + D2, q.data(), D2, M, D2);
+  for (size_t r = 0; r < M; ++r) {
+    for (size_t j = 0; j < D1; ++j) EXPECT_EQ(p[r * D1 + j], src[r * (D1 + D2) + j]);
+    for (size_t j = 0; j < D2; ++j) EXPECT_EQ(q[r * D2 + j], src[r * (D1 + D2) + D1 + j]);
+  }
+  copy_cols(p.data(), D1, back.data(), D1 + D2, M, D1);
+  copy_cols(q.data(), D2, back.data() + D1, D1 + D2, M, D2);
+  EXPECT_EQ(back, src);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+#endif  // SLIPSTREAM_REFERENCE_TESTS
+
+// ---- The CUDA kernels against the reference ----
 
 namespace slipstream::kernels::test {
 
@@ -127,44 +183,23 @@ void check_bf16_rounding(uint64_t seed) {
   EXPECT_EQ(summed_wrong, 0u) << "of " << x.size() << " accumulations";
 }
 
-struct GemmShape {
-  bool ta, tb;
-  int M, N, K;
-  double beta;
-  int pad;  // extra leading-dimension elements (and an odd pointer offset when > 0)
-};
+}  // namespace slipstream::kernels::test
 
-// C = op(A) op(B) + beta C against the float64 product of the same operands.
-template <class Kernels, class Mem, class T>
-void check_gemm(const GemmShape& s, uint64_t seed) {
-  SCOPED_TRACE(std::string(s.ta ? "T" : "N") + (s.tb ? "T" : "N") + " M" + std::to_string(s.M) +
-               " N" + std::to_string(s.N) + " K" + std::to_string(s.K) + " beta" +
-               std::to_string(s.beta) + " pad" + std::to_string(s.pad));
-  std::mt19937_64 rng(seed);
-  const int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
-  const int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
-  const int lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.N + s.pad;
-  const size_t off = s.pad > 0 ? 1 : 0;  // unaligned operand starts
-  const auto A = round_trip<T>(rand_vec(off + size_t(a_rows) * lda, rng));
-  const auto B = round_trip<T>(rand_vec(off + size_t(b_rows) * ldb, rng));
-  const auto C0 = round_trip<float>(rand_vec(off + size_t(s.M) * ldc, rng));
-  std::vector<double> C = C0;
-  gemm<double>(s.ta, s.tb, s.M, s.N, s.K, 1.0, A.data() + off, lda, B.data() + off, ldb, s.beta,
-               C.data() + off, ldc);
-  Mem mem;
-  float* g_c = mem.upload(elems<float>(C0));
-  Kernels::gemm(mem.gemm_context(), s.ta, s.tb, s.M, s.N, s.K, 1.0f, mem.upload(elems<T>(A)) + off,
-                lda, mem.upload(elems<T>(B)) + off, ldb, float(s.beta), g_c + off, ldc,
-                mem.stream());
-  const auto got = values(mem.download(g_c, C0.size()));
-  // Only the M x N block changes; the padding keeps its values.
-  EXPECT_CLOSE(got, C, 1e-5, "C");
+namespace slipstream::kernels::test {
+namespace {
+
+KERNEL_TEST(Elementwise, MatchesCpu) {
+  uint64_t seed = 301;
+  // 4357 rows: 18 partials a column, more than the 16 lanes that sum them.
+  for (auto [M, N] : {std::pair<size_t, size_t>{1, 1}, {37, 40}, {300, 7}, {513, 130}, {4357, 33}})
+    check_elementwise<Kernels, Mem>(M, N, seed++);
+}
+KERNEL_TEST(Elementwise, Bf16RoundingIsBitIdentical) {
+  check_bf16_rounding<Kernels, Mem>(311);
+}
+DEVICE_TEST(Elementwise, GpuStandardShape) {
+  check_elementwise<Kernels, Mem>(256 * 60, 256, 312);
 }
 
-inline std::vector<GemmShape> gemm_shapes() {
-  return {{false, true, 37, 50, 23, 0.0, 0}, {false, false, 64, 32, 48, 1.0, 0},
-          {true, false, 19, 33, 70, 1.0, 3}, {true, true, 8, 8, 8, 0.5, 1},
-          {false, true, 1, 130, 7, 0.0, 2},  {false, false, 300, 5, 129, 0.0, 0}};
-}
-
+}  // namespace
 }  // namespace slipstream::kernels::test

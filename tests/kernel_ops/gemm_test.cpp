@@ -1,14 +1,22 @@
-#include "kernels/gemm.h"
-#include "kernels/gemm_bf16_onednn.h"
-
-#include <gtest/gtest.h>
+// The GEMM (kernels/gemm.h): the reference and its bf16 form against float64 and finite
+// differences; the device GEMM (cuBLASLt; the reference itself under the emulator) against the
+// reference's row-major contract, fp32 and bf16 (tests/kernel_ops/kernel_test.h).
 
 #include <tbb/global_control.h>
+
 #include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "kernels/bf16.h"
-#include "tests/kernels/gradcheck.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_bf16_onednn.h"
+#include "tests/kernel_ops/kernel_test.h"
 
+// ---- The CPU reference ----
+
+#if SLIPSTREAM_REFERENCE_TESTS
 namespace slipstream::kernels {
 namespace {
 using test::cast;
@@ -48,7 +56,7 @@ void each_transpose(int M, int N, int K, int pad, uint64_t seed, More&& more) {
     }
 }
 
-TEST(Gemm, AllTransposesWithLeadingDims) {
+CPU_TEST(Gemm, AllTransposesWithLeadingDims) {
   const int M = 7, N = 5, K = 9;
   each_transpose(M, N, K, 3, 1,
                  [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C,
@@ -62,7 +70,7 @@ TEST(Gemm, AllTransposesWithLeadingDims) {
 
 // One row of C (a recurrent step at batch 1): every transpose, padded leading dimensions (a
 // transposed A's row is strided), and beta 0 overwriting NaNs already in C.
-TEST(Gemm, SingleRowIsAMatrixVectorProduct) {
+CPU_TEST(Gemm, SingleRowIsAMatrixVectorProduct) {
   const int M = 1, N = 37, K = 29;
   each_transpose(
       M, N, K, 4, 2,
@@ -82,7 +90,7 @@ TEST(Gemm, SingleRowIsAMatrixVectorProduct) {
 
 // Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
 // padded leading dimensions): equal to the reference, and bit-identical for any thread count.
-TEST(Gemm, RowBlocksAcrossTasks) {
+CPU_TEST(Gemm, RowBlocksAcrossTasks) {
   const int M = 301, N = 64, K = 48;  // N*K = 3072: blocks of 85 rows, 4 blocks
   each_transpose(
       M, N, K, 5, 3,
@@ -100,7 +108,7 @@ TEST(Gemm, RowBlocksAcrossTasks) {
       });
 }
 
-TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
+CPU_TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
   std::mt19937_64 rng(2);
   const int M = 33, N = 17, K = 40, pad = 2;
   for (int ta = 0; ta < 2; ++ta)
@@ -126,7 +134,7 @@ TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
 // Large enough to be split into blocks of rows (one product per TBB task): every transpose,
 // alpha and beta, against sgemm of the rounded operands. On a CPU with native bf16 GEMMs (and a
 // build with oneDNN) this is oneDNN's kernel; elsewhere the widening path.
-TEST(Gemm, Bf16SplitIntoBlocksOfRows) {
+CPU_TEST(Gemm, Bf16SplitIntoBlocksOfRows) {
   std::printf("bf16 GEMM: %s (%s)\n", onednn_bf16_gemm_native() ? "oneDNN" : "widen + sgemm",
               onednn_bf16_gemm_kernel().c_str());
   std::mt19937_64 rng(5);
@@ -159,7 +167,7 @@ struct LinearCase {
   std::vector<double> x, W, b, w;
 };
 
-TEST(Linear, GradCheckAndAccumulation) {
+CPU_TEST(Linear, GradCheckAndAccumulation) {
   std::mt19937_64 rng(3);
   LinearCase c;
   c.x = rand_vec(c.M * c.In, rng);
@@ -193,7 +201,7 @@ TEST(Linear, GradCheckAndAccumulation) {
   EXPECT_LT(test::rel_diff(yd, yf), 1e-5);
 }
 
-TEST(Linear, NoBiasAndLargeColumnSum) {
+CPU_TEST(Linear, NoBiasAndLargeColumnSum) {
   std::mt19937_64 rng(4);
   const int M = 300, In = 3, Out = 1500;  // several column blocks, parallel
   auto x = rand_vec(M * In, rng), W = rand_vec(Out * In, rng), dy = rand_vec(M * Out, rng);
@@ -215,3 +223,74 @@ TEST(Linear, NoBiasAndLargeColumnSum) {
 
 }  // namespace
 }  // namespace slipstream::kernels
+#endif  // SLIPSTREAM_REFERENCE_TESTS
+
+// ---- The CUDA kernels against the reference ----
+
+namespace slipstream::kernels::test {
+
+struct GemmShape {
+  bool ta, tb;
+  int M, N, K;
+  double beta;
+  int pad;  // extra leading-dimension elements (and an odd pointer offset when > 0)
+};
+
+// C = op(A) op(B) + beta C against the float64 product of the same operands.
+template <class Kernels, class Mem, class T>
+void check_gemm(const GemmShape& s, uint64_t seed) {
+  SCOPED_TRACE(std::string(s.ta ? "T" : "N") + (s.tb ? "T" : "N") + " M" + std::to_string(s.M) +
+               " N" + std::to_string(s.N) + " K" + std::to_string(s.K) + " beta" +
+               std::to_string(s.beta) + " pad" + std::to_string(s.pad));
+  std::mt19937_64 rng(seed);
+  const int a_rows = s.ta ? s.K : s.M, a_cols = s.ta ? s.M : s.K;
+  const int b_rows = s.tb ? s.N : s.K, b_cols = s.tb ? s.K : s.N;
+  const int lda = a_cols + s.pad, ldb = b_cols + s.pad, ldc = s.N + s.pad;
+  const size_t off = s.pad > 0 ? 1 : 0;  // unaligned operand starts
+  const auto A = round_trip<T>(rand_vec(off + size_t(a_rows) * lda, rng));
+  const auto B = round_trip<T>(rand_vec(off + size_t(b_rows) * ldb, rng));
+  const auto C0 = round_trip<float>(rand_vec(off + size_t(s.M) * ldc, rng));
+  std::vector<double> C = C0;
+  gemm<double>(s.ta, s.tb, s.M, s.N, s.K, 1.0, A.data() + off, lda, B.data() + off, ldb, s.beta,
+               C.data() + off, ldc);
+  Mem mem;
+  float* g_c = mem.upload(elems<float>(C0));
+  Kernels::gemm(mem.gemm_context(), s.ta, s.tb, s.M, s.N, s.K, 1.0f, mem.upload(elems<T>(A)) + off,
+                lda, mem.upload(elems<T>(B)) + off, ldb, float(s.beta), g_c + off, ldc,
+                mem.stream());
+  const auto got = values(mem.download(g_c, C0.size()));
+  // Only the M x N block changes; the padding keeps its values.
+  EXPECT_CLOSE(got, C, 1e-5, "C");
+}
+
+inline std::vector<GemmShape> gemm_shapes() {
+  return {{false, true, 37, 50, 23, 0.0, 0}, {false, false, 64, 32, 48, 1.0, 0},
+          {true, false, 19, 33, 70, 1.0, 3}, {true, true, 8, 8, 8, 0.5, 1},
+          {false, true, 1, 130, 7, 0.0, 2},  {false, false, 300, 5, 129, 0.0, 0}};
+}
+
+}  // namespace slipstream::kernels::test
+
+namespace slipstream::kernels::test {
+namespace {
+
+// The emulated GEMM is the CPU reference itself; there this checks the row-major contract the
+// device ops are written against, and on a device cuBLASLt against the reference.
+KERNEL_TEST(Gemm, MatchesCpu) {
+  uint64_t seed = 321;
+  for (const auto& s : gemm_shapes()) {
+    check_gemm<Kernels, Mem, float>(s, seed++);
+    check_gemm<Kernels, Mem, bfloat16>(s, seed++);
+  }
+}
+DEVICE_TEST(Gemm, GpuStandardShape) {
+  uint64_t seed = 341;
+  for (const GemmShape& s : {GemmShape{false, true, 256 * 60, 512, 128, 0.0, 0},     // in_proj
+                             GemmShape{true, false, 512, 128, 256 * 60, 1.0, 0}}) {  // its dW
+    check_gemm<Kernels, Mem, float>(s, seed++);
+    check_gemm<Kernels, Mem, bfloat16>(s, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace slipstream::kernels::test

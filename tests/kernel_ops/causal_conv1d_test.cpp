@@ -1,0 +1,279 @@
+// The causal depthwise convolution (kernels/causal_conv1d.h): the reference against float64
+// finite differences and its recurrent step; the CUDA kernels (SiLU fused) against the reference
+// on the emulator and on a device (tests/kernel_ops/kernel_test.h), fp32 and bf16.
+
+#include <tbb/global_control.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/activations.h"
+#include "kernels/causal_conv1d.h"
+#include "tests/kernel_ops/kernel_test.h"
+
+// ---- The CPU reference ----
+
+#if SLIPSTREAM_REFERENCE_TESTS
+namespace slipstream::kernels {
+namespace {
+using test::cast;
+using test::rand_vec;
+
+// Conv1d(C, C, K, groups=C, padding=K-1)(x)[..., :L] written out directly.
+std::vector<double> ref_conv(const std::vector<double>& x, const std::vector<double>& w,
+                             const std::vector<double>& b, int B, int L, int C, int K) {
+  std::vector<double> y(size_t(B) * L * C);
+  for (int bb = 0; bb < B; ++bb)
+    for (int t = 0; t < L; ++t)
+      for (int c = 0; c < C; ++c) {
+        double s = b[c];
+        for (int k = 0; k < K; ++k) {
+          const int src = t - (K - 1) + k;
+          if (src >= 0) s += w[c * K + k] * x[(size_t(bb) * L + src) * C + c];
+        }
+        y[(size_t(bb) * L + t) * C + c] = s;
+      }
+  return y;
+}
+
+CPU_TEST(CausalConv1d, ForwardMatchesReference) {
+  std::mt19937_64 rng(1);
+  const int B = 3, L = 11, C = 37, K = 4;  // C spans a partial channel block
+  auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
+  std::vector<double> y(x.size());
+  causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+  EXPECT_LT(test::rel_diff(ref_conv(x, w, b, B, L, C, K), y), 1e-15);
+}
+
+CPU_TEST(CausalConv1d, GradCheckAccumulationFloat) {
+  std::mt19937_64 rng(2);
+  const int B = 2, L = 9, C = 20, K = 4;
+  auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
+  auto g = rand_vec(x.size(), rng);
+  auto loss = [&] {
+    std::vector<double> y(x.size());
+    causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    return test::dot(g, y);
+  };
+  std::vector<double> dx(x.size()), dw(w.size(), 0.0), db(b.size(), 0.0);
+  causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data(), B, L, C, K);
+  test::check_gradient("x", loss, x, dx);
+  test::check_gradient("weight", loss, w, dw);
+  test::check_gradient("bias", loss, b, db);
+  auto dx1 = dx, dw1 = dw, db1 = db;
+  causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data(), B, L, C, K);
+  EXPECT_EQ(dx, dx1);
+  EXPECT_DOUBLED(dw, dw1);
+  EXPECT_DOUBLED(db, db1);
+  auto xf = cast<float>(x), wf = cast<float>(w), bf = cast<float>(b), gf = cast<float>(g);
+  std::vector<float> yf(x.size()), dxf(x.size()), dwf(w.size(), 0.0f), dbf(C, 0.0f);
+  causal_conv1d_forward(xf.data(), wf.data(), bf.data(), yf.data(), B, L, C, K);
+  causal_conv1d_backward(xf.data(), wf.data(), gf.data(), dxf.data(), dwf.data(), dbf.data(), B, L,
+                         C, K);
+  EXPECT_LT(test::rel_diff(ref_conv(x, w, b, B, L, C, K), yf), 1e-5);
+  EXPECT_LT(test::rel_diff(dx1, dxf), 1e-5);
+  EXPECT_LT(test::rel_diff(dw1, dwf), 1e-5);
+}
+
+CPU_TEST(CausalConv1d, ShortSequenceAndParallelEqualsSerial) {
+  std::mt19937_64 rng(3);
+  const int B = 8, L = 2, C = 300, K = 4;  // L < K - 1: only part of the window is in range
+  auto x = cast<float>(rand_vec(size_t(B) * L * C, rng));
+  auto w = cast<float>(rand_vec(C * K, rng)), g = cast<float>(rand_vec(x.size(), rng));
+  auto run = [&] {
+    std::vector<float> y(x.size()), dx(x.size()), dw(w.size(), 0.0f);
+    causal_conv1d_forward(x.data(), w.data(), static_cast<const float*>(nullptr), y.data(), B, L, C,
+                          K);
+    causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(),
+                           static_cast<float*>(nullptr), B, L, C, K);
+    y.insert(y.end(), dx.begin(), dx.end());
+    y.insert(y.end(), dw.begin(), dw.end());
+    return y;
+  };
+  const auto par = run();
+  tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);
+  EXPECT_EQ(par, run());
+  std::vector<double> zero(C, 0.0);
+  auto yref = ref_conv(cast<double>(std::vector<double>(x.begin(), x.end())),
+                       std::vector<double>(w.begin(), w.end()), zero, B, L, C, K);
+  EXPECT_LT(test::rel_diff(yref, std::vector<float>(par.begin(), par.begin() + x.size())), 1e-6);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+
+namespace slipstream::kernels {
+namespace {
+
+CPU_TEST(CausalConv1d, StepEqualsForward) {
+  std::mt19937_64 rng(78);
+  for (int K : {1, 2, 4}) {
+    const int B = 2, L = 9, C = 7;
+    auto x = test::rand_vec(size_t(B) * L * C, rng), w = test::rand_vec(size_t(C) * K, rng);
+    auto b = test::rand_vec(C, rng);
+    std::vector<double> y(x.size());
+    causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    silu_forward(y.data(), y.data(), y.size());
+    std::vector<double> state(size_t(B) * (K - 1) * C + 1, 0.0);
+    for (int t = 0; t < L; ++t) {
+      std::vector<double> xt, yt(size_t(B) * C);
+      for (int bb = 0; bb < B; ++bb)
+        for (int c = 0; c < C; ++c) xt.push_back(x[(size_t(bb) * L + t) * C + c]);
+      causal_conv1d_step(state.data(), xt.data(), w.data(), b.data(), yt.data(), B, C, K, true);
+      for (int bb = 0; bb < B; ++bb)
+        for (int c = 0; c < C; ++c)
+          EXPECT_NEAR(yt[size_t(bb) * C + c], y[(size_t(bb) * L + t) * C + c], 1e-12) << K;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+#endif  // SLIPSTREAM_REFERENCE_TESTS
+
+// ---- The CUDA kernels against the reference ----
+
+namespace slipstream::kernels::test {
+
+struct ConvShape {
+  int B, L, C, K;
+  bool silu = true, bias = true;
+};
+
+inline std::string describe(const ConvShape& s) {
+  return "B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " C" + std::to_string(s.C) +
+         " K" + std::to_string(s.K) + (s.silu ? " silu" : "") + (s.bias ? " bias" : "");
+}
+
+template <class T>
+struct ConvData {
+  std::vector<double> x, w, bias, dy;
+  ConvData(const ConvShape& s, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const size_t n = size_t(s.B) * s.L * s.C;
+    x = round_trip<T>(rand_vec(n, rng));
+    w = round_trip<float>(rand_vec(size_t(s.C) * s.K, rng));
+    if (s.bias) bias = round_trip<float>(rand_vec(size_t(s.C), rng));
+    dy = round_trip<T>(rand_vec(n, rng));
+  }
+  const double* b() const { return bias.empty() ? nullptr : bias.data(); }
+};
+
+template <class Kernels, class Mem, class T>
+void check_conv_forward(const ConvShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ConvData<T> d(s, seed);
+  const size_t n = size_t(s.B) * s.L * s.C;
+  std::vector<double> ref(n);
+  causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C, s.K);
+  if (s.silu) silu_forward(ref.data(), ref.data(), n);
+  Mem mem;
+  T* y = mem.template alloc<T>(n);
+  Kernels::template causal_conv1d_forward<T>(
+      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, s.B, s.L, s.C, s.K, s.silu,
+      mem.stream());
+  mem.sync();
+  EXPECT_CLOSE(values(mem.download(y, n)), ref, tolerance<T>(), "y");
+}
+
+template <class Kernels, class Mem, class T>
+void check_conv_backward(const ConvShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ConvData<T> d(s, seed);
+  const size_t n = size_t(s.B) * s.L * s.C, ck = size_t(s.C) * s.K;
+  std::mt19937_64 rng(seed ^ 0xc0);
+  const std::vector<double> dw0 = round_trip<float>(rand_vec(ck, rng));
+  const std::vector<double> db0 = round_trip<float>(rand_vec(size_t(s.C), rng));
+  std::vector<double> dpre = d.dy, dx(n), dw = dw0, db = db0;
+  if (s.silu) {
+    std::vector<double> pre(n);
+    causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), pre.data(), s.B, s.L, s.C, s.K);
+    silu_backward(pre.data(), d.dy.data(), dpre.data(), n);
+  }
+  causal_conv1d_backward<double>(d.x.data(), d.w.data(), dpre.data(), dx.data(), dw.data(),
+                                 s.bias ? db.data() : nullptr, s.B, s.L, s.C, s.K);
+  Mem mem;
+  T* g_dx = mem.template alloc<T>(n);
+  float* g_dw = mem.upload(elems<float>(dw0));
+  float* g_db = mem.upload(elems<float>(db0));
+  void* ws =
+      mem.alloc_bytes(Kernels::causal_conv1d_backward_workspace_bytes(s.B, s.L, s.C, s.K, s.silu));
+  Kernels::template causal_conv1d_backward<T>(
+      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), mem.upload(elems<T>(d.dy)), g_dx,
+      g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
+  mem.sync();
+  EXPECT_CLOSE(values(mem.download(g_dx, n)), dx, tolerance<T>(), "dx");
+  EXPECT_CLOSE(values(mem.download(g_dw, ck)), dw, 1e-5, "dweight (+=)");
+  EXPECT_CLOSE(values(mem.download(g_db, size_t(s.C))), db, 1e-5, "dbias (+=)");
+}
+
+template <class Kernels, class Mem, class T>
+void check_conv_step(const ConvShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ConvData<T> d(s, seed);
+  const size_t n = size_t(s.B) * s.L * s.C, bc = size_t(s.B) * s.C;
+  std::vector<double> ref(n);
+  causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C, s.K);
+  if (s.silu) silu_forward(ref.data(), ref.data(), n);
+  Mem mem;
+  T* state = mem.upload(elems<T>(std::vector<double>(size_t(s.B) * (s.K - 1) * s.C + 1, 0.0)));
+  const float* w = mem.upload(elems<float>(d.w));
+  const float* bias = d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias));
+  std::vector<double> got(n);
+  for (int t = 0; t < s.L; ++t) {
+    std::vector<double> xt;
+    for (int b = 0; b < s.B; ++b)
+      for (int c = 0; c < s.C; ++c) xt.push_back(d.x[(size_t(b) * s.L + t) * s.C + c]);
+    T* y = mem.template alloc<T>(bc);
+    Kernels::template causal_conv1d_step<T>(state, mem.upload(elems<T>(xt)), w, bias, y, s.B, s.C,
+                                            s.K, s.silu, mem.stream());
+    mem.sync();
+    const std::vector<double> yt = values(mem.download(y, bc));
+    for (int b = 0; b < s.B; ++b)
+      for (int c = 0; c < s.C; ++c) got[(size_t(b) * s.L + t) * s.C + c] = yt[size_t(b) * s.C + c];
+  }
+  EXPECT_CLOSE(got, ref, tolerance<T>(), "step outputs vs forward");
+}
+
+inline std::vector<ConvShape> conv_shapes() {
+  return {
+      {2, 37, 40, 4},                // the Mamba shape, odd sizes
+      {1, 130, 33, 4, false, true},  // several time blocks; no SiLU
+      {3, 3, 300, 5, true, false},   // L < K, > 256 channels, no bias
+      {2, 9, 17, 1},                 // width 1
+      {2, 21, 19, 3},                // width 3 (a sliding-window kernel), L past a time block
+      {1, 5, 7, 2},                  // width 2
+  };
+}
+
+}  // namespace slipstream::kernels::test
+
+namespace slipstream::kernels::test {
+namespace {
+
+KERNEL_TEST(Conv, ForwardMatchesCpu) {
+  uint64_t seed = 101;
+  for (const auto& s : conv_shapes()) {
+    check_conv_forward<Kernels, Mem, float>(s, seed++);
+    check_conv_forward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+}
+KERNEL_TEST(Conv, BackwardMatchesCpu) {
+  uint64_t seed = 111;
+  for (const auto& s : conv_shapes()) {
+    check_conv_backward<Kernels, Mem, float>(s, seed++);
+    check_conv_backward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+}
+KERNEL_TEST(Conv, StepEqualsForward) {
+  uint64_t seed = 121;
+  for (const auto& s : conv_shapes()) check_conv_step<Kernels, Mem, float>(s, seed++);
+}
+DEVICE_TEST(Conv, GpuStandardShape) {
+  check_conv_backward<Kernels, Mem, float>({256, 60, 256, 4}, 131);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels::test

@@ -1,0 +1,520 @@
+// The selective scan (kernels/selective_scan.h): the reference against a loop-by-loop form,
+// float64 finite differences, parallel against serial and the recurrent step; the CUDA kernels
+// against the reference on the emulator and on a device (tests/kernel_ops/kernel_test.h), fp32
+// and bf16, both backward variants, and bit-identical reruns on hardware.
+
+#include <tbb/global_control.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/selective_scan.h"
+#include "tests/kernel_ops/kernel_test.h"
+
+// ---- The CPU reference ----
+
+#if SLIPSTREAM_REFERENCE_TESTS
+namespace slipstream::kernels {
+namespace {
+using test::cast;
+using test::rand_vec;
+
+// Inputs of one scan problem, in double.
+struct Scan {
+  int B, L, D, N;
+  bool use_z, use_D, use_bias, softplus;
+  std::vector<double> u, delta, A, Bm, Cm, Dskip, z, bias;
+
+  Scan(int B_, int L_, int D_, int N_, bool z_, bool d_, bool bias_, bool sp, uint64_t seed)
+      : B(B_), L(L_), D(D_), N(N_), use_z(z_), use_D(d_), use_bias(bias_), softplus(sp) {
+    std::mt19937_64 rng(seed);
+    const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
+    u = rand_vec(bld, rng);
+    // With softplus any sign works; without it dt must be positive.
+    delta = sp ? rand_vec(bld, rng) : test::rand_pos(bld, rng, 0.05, 0.8);
+    A = test::rand_pos(size_t(D) * N, rng, 0.1, 1.0);
+    for (auto& a : A) a = -a;  // stable decay, as mamba's A = -exp(A_log)
+    Bm = rand_vec(bln, rng);
+    Cm = rand_vec(bln, rng);
+    Dskip = rand_vec(D, rng);
+    z = rand_vec(bld, rng);
+    bias = sp ? rand_vec(D, rng) : test::rand_pos(D, rng, 0.01, 0.2);
+  }
+  template <class T>
+  void forward(const std::vector<T>& u_, const std::vector<T>& delta_, const std::vector<T>& A_,
+               const std::vector<T>& Bm_, const std::vector<T>& Cm_, const std::vector<T>& D_,
+               const std::vector<T>& z_, const std::vector<T>& bias_, std::vector<T>& out,
+               T* last = nullptr) const {
+    out.assign(size_t(B) * L * D, T(0));
+    selective_scan_forward<T>(u_.data(), delta_.data(), A_.data(), Bm_.data(), Cm_.data(),
+                              use_D ? D_.data() : nullptr, use_z ? z_.data() : nullptr,
+                              use_bias ? bias_.data() : nullptr, softplus, out.data(), last, B, L,
+                              D, N);
+  }
+  std::vector<double> forward() const {
+    std::vector<double> out;
+    forward(u, delta, A, Bm, Cm, Dskip, z, bias, out);
+    return out;
+  }
+};
+
+// selective_scan_ref transcribed loop by loop, layout (B, L, D), in double.
+std::vector<double> reference(const Scan& s, std::vector<double>* last = nullptr) {
+  const int B = s.B, L = s.L, D = s.D, N = s.N;
+  std::vector<double> out(size_t(B) * L * D);
+  if (last) last->assign(size_t(B) * D * N, 0.0);
+  for (int b = 0; b < B; ++b)
+    for (int d = 0; d < D; ++d) {
+      std::vector<double> x(N, 0.0);
+      for (int t = 0; t < L; ++t) {
+        const size_t i = (size_t(b) * L + t) * D + d;
+        double dt = s.delta[i] + (s.use_bias ? s.bias[d] : 0.0);
+        if (s.softplus) dt = dt > 20.0 ? dt : std::log1p(std::exp(dt));
+        double y = 0;
+        for (int n = 0; n < N; ++n) {
+          const double dA = std::exp(dt * s.A[d * N + n]);
+          const double dBu = dt * s.Bm[(size_t(b) * L + t) * N + n] * s.u[i];
+          x[n] = dA * x[n] + dBu;
+          y += x[n] * s.Cm[(size_t(b) * L + t) * N + n];
+        }
+        if (s.use_D) y += s.u[i] * s.Dskip[d];
+        if (s.use_z) y *= s.z[i] / (1.0 + std::exp(-s.z[i]));
+        out[i] = y;
+      }
+      if (last)
+        for (int n = 0; n < N; ++n) (*last)[(size_t(b) * D + d) * N + n] = x[n];
+    }
+  return out;
+}
+
+struct Grads {
+  std::vector<double> du, ddelta, dA, dBm, dCm, dD, dz, dbias;
+};
+
+template <class T>
+Grads backward(const Scan& s, const std::vector<double>& dout_d, int times = 1) {
+  const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+  auto u = cast<T>(s.u), delta = cast<T>(s.delta), A = cast<T>(s.A), Bm = cast<T>(s.Bm),
+       Cm = cast<T>(s.Cm), Dk = cast<T>(s.Dskip), z = cast<T>(s.z), bias = cast<T>(s.bias),
+       dout = cast<T>(dout_d);
+  std::vector<T> du(bld, T(9)), ddelta(bld, T(9)), dA(A.size(), T(0)), dBm(bln, T(9)),
+      dCm(bln, T(9)), dD(s.D, T(0)), dz(bld, T(9)), dbias(s.D, T(0));
+  std::vector<T> ws(selective_scan_backward_workspace_elems(s.B, s.L, s.D, s.N), T(-7));
+  for (int k = 0; k < times; ++k)
+    selective_scan_backward<T>(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(),
+                               s.use_D ? Dk.data() : nullptr, s.use_z ? z.data() : nullptr,
+                               s.use_bias ? bias.data() : nullptr, s.softplus, dout.data(),
+                               du.data(), ddelta.data(), dA.data(), dBm.data(), dCm.data(),
+                               s.use_D ? dD.data() : nullptr, s.use_z ? dz.data() : nullptr,
+                               s.use_bias ? dbias.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
+  auto d = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
+  return {d(du), d(ddelta), d(dA), d(dBm), d(dCm), d(dD), d(dz), d(dbias)};
+}
+
+void gradcheck(Scan& s, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto w = rand_vec(size_t(s.B) * s.L * s.D, rng);
+  auto loss = [&] { return test::dot(w, s.forward()); };
+  const Grads g = backward<double>(s, w);
+  test::check_gradient("u", loss, s.u, g.du);
+  test::check_gradient("delta", loss, s.delta, g.ddelta);
+  test::check_gradient("A", loss, s.A, g.dA);
+  test::check_gradient("B", loss, s.Bm, g.dBm);
+  test::check_gradient("C", loss, s.Cm, g.dCm);
+  if (s.use_D) test::check_gradient("D", loss, s.Dskip, g.dD);
+  if (s.use_z) test::check_gradient("z", loss, s.z, g.dz);
+  if (s.use_bias) test::check_gradient("delta_bias", loss, s.bias, g.dbias);
+  // Accumulation: a second call overwrites input grads and doubles dA, dD, ddelta_bias.
+  const Grads g2 = backward<double>(s, w, 2);
+  EXPECT_EQ(g2.du, g.du);
+  EXPECT_EQ(g2.dBm, g.dBm);
+  EXPECT_EQ(g2.ddelta, g.ddelta);
+  EXPECT_DOUBLED(g2.dA, g.dA);
+  EXPECT_DOUBLED(g2.dD, g.dD);
+  EXPECT_DOUBLED(g2.dbias, g.dbias);
+  // Float path (AVX-512 where available) against double.
+  const Grads gf = backward<float>(s, w);
+  EXPECT_LT(test::rel_diff(g.du, gf.du), 1e-5);
+  EXPECT_LT(test::rel_diff(g.ddelta, gf.ddelta), 1e-5);
+  EXPECT_LT(test::rel_diff(g.dA, gf.dA), 1e-5);
+  EXPECT_LT(test::rel_diff(g.dBm, gf.dBm), 1e-5);
+  EXPECT_LT(test::rel_diff(g.dCm, gf.dCm), 1e-5);
+  if (s.use_D) {
+    EXPECT_LT(test::rel_diff(g.dD, gf.dD), 1e-5);
+  }
+  if (s.use_z) {
+    EXPECT_LT(test::rel_diff(g.dz, gf.dz), 1e-5);
+  }
+  if (s.use_bias) {
+    EXPECT_LT(test::rel_diff(g.dbias, gf.dbias), 1e-5);
+  }
+}
+
+CPU_TEST(SelectiveScan, ForwardMatchesReference) {
+  for (int variant = 0; variant < 2; ++variant) {
+    // D = 37 leaves a partial channel block; N = 16 and 5 (a masked vector tail).
+    for (int N : {16, 5}) {
+      Scan s(3, 70, 37, N, variant == 0, variant == 0, variant == 0, variant == 0, 1 + N);
+      std::vector<double> last_ref, last(size_t(s.B) * s.D * s.N);
+      const auto ref = reference(s, &last_ref);
+      std::vector<double> out;
+      s.forward(s.u, s.delta, s.A, s.Bm, s.Cm, s.Dskip, s.z, s.bias, out, last.data());
+      EXPECT_LT(test::rel_diff(ref, out), 1e-13) << variant << " " << N;
+      EXPECT_LT(test::rel_diff(last_ref, last), 1e-13);
+      std::vector<float> outf;
+      s.forward(cast<float>(s.u), cast<float>(s.delta), cast<float>(s.A), cast<float>(s.Bm),
+                cast<float>(s.Cm), cast<float>(s.Dskip), cast<float>(s.z), cast<float>(s.bias),
+                outf);
+      EXPECT_LT(test::rel_diff(ref, outf), 1e-5) << variant << " " << N;
+    }
+  }
+}
+
+CPU_TEST(SelectiveScan, GradCheckFull) {
+  // z, D, delta_bias, softplus; d_state 16, L 64.
+  Scan s(2, 64, 3, 16, true, true, true, true, 11);
+  gradcheck(s, 12);
+}
+
+CPU_TEST(SelectiveScan, GradCheckPlain) {
+  // no z, no D, no bias, no softplus; two channel blocks (D = 18), N not a multiple of 16.
+  Scan s(1, 64, 18, 12, false, false, false, false, 21);
+  gradcheck(s, 22);
+}
+
+CPU_TEST(SelectiveScan, ParallelEqualsSerial) {
+  Scan s(6, 30, 150, 16, true, true, true, true, 31);
+  std::mt19937_64 rng(32);
+  const auto w = rand_vec(size_t(s.B) * s.L * s.D, rng);
+  auto run = [&] {
+    std::vector<float> out;
+    s.forward(cast<float>(s.u), cast<float>(s.delta), cast<float>(s.A), cast<float>(s.Bm),
+              cast<float>(s.Cm), cast<float>(s.Dskip), cast<float>(s.z), cast<float>(s.bias), out);
+    const Grads g = backward<float>(s, w);
+    std::vector<double> all(out.begin(), out.end());
+    for (const auto* v : {&g.du, &g.ddelta, &g.dA, &g.dBm, &g.dCm, &g.dD, &g.dz, &g.dbias})
+      all.insert(all.end(), v->begin(), v->end());
+    return all;
+  };
+  const auto par = run();
+  tbb::global_control one(tbb::global_control::max_allowed_parallelism, 1);
+  EXPECT_EQ(par, run());
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+
+namespace slipstream::kernels {
+namespace {
+
+// Frame by frame with a carried state, the step form gives the parallel form's outputs and
+// final state.
+CPU_TEST(SelectiveScan, StepEqualsParallelForm) {
+  std::mt19937_64 rng(77);
+  const int B = 2, L = 23, D = 19, N = 5;
+  const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
+  auto u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng), z = test::rand_vec(bld, rng);
+  auto Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
+  auto A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
+  auto bias = test::rand_vec(D, rng);
+  for (double& a : A) a = -a;
+  std::vector<double> out(bld), last(size_t(B) * D * N);
+  selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
+                         z.data(), bias.data(), true, out.data(), last.data(), B, L, D, N);
+  std::vector<double> state(size_t(B) * D * N, 0.0);
+  for (int t = 0; t < L; ++t) {
+    std::vector<double> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
+    for (int b = 0; b < B; ++b) {
+      for (int d = 0; d < D; ++d) {
+        const size_t i = (size_t(b) * L + t) * D + d;
+        ut.push_back(u[i]), dt.push_back(delta[i]), zt.push_back(z[i]);
+      }
+      for (int n = 0; n < N; ++n) {
+        Bt.push_back(Bm[(size_t(b) * L + t) * N + n]);
+        Ct.push_back(Cm[(size_t(b) * L + t) * N + n]);
+      }
+    }
+    selective_scan_step(state.data(), ut.data(), dt.data(), A.data(), Bt.data(), Ct.data(),
+                        Dskip.data(), zt.data(), bias.data(), true, ot.data(), B, D, N);
+    for (int b = 0; b < B; ++b)
+      for (int d = 0; d < D; ++d)
+        EXPECT_NEAR(ot[size_t(b) * D + d], out[(size_t(b) * L + t) * D + d], 1e-12) << t;
+  }
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], last[i], 1e-12);
+}
+
+}  // namespace
+}  // namespace slipstream::kernels
+#endif  // SLIPSTREAM_REFERENCE_TESTS
+
+// ---- The CUDA kernels against the reference ----
+
+namespace slipstream::kernels::test {
+
+struct ScanShape {
+  int B, L, D, N;
+  bool z = true, dskip = true, bias = true, softplus = true;
+};
+
+inline std::string describe(const ScanShape& s) {
+  return "B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " D" + std::to_string(s.D) +
+         " N" + std::to_string(s.N) + (s.z ? " z" : "") + (s.dskip ? " D" : "") +
+         (s.bias ? " bias" : "") + (s.softplus ? " softplus" : "");
+}
+
+// Inputs as float64, already rounded to what T (for the T-typed tensors) and fp32 (for A,
+// Dskip, delta_bias) represent, so the reference sees exactly what the device sees.
+template <class T>
+struct ScanData {
+  std::vector<double> u, delta, A, Bm, Cm, Dskip, z, bias, dout;
+  ScanData(const ScanShape& s, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+    u = round_trip<T>(rand_vec(bld, rng));
+    delta =
+        round_trip<T>(s.softplus ? rand_vec(bld, rng, 0.1, 1.0) : rand_pos(bld, rng, 0.05, 0.5));
+    A = round_trip<float>(rand_pos(size_t(s.D) * s.N, rng, 0.3, 2.0));
+    for (double& a : A) a = -a;
+    Bm = round_trip<T>(rand_vec(bln, rng));
+    Cm = round_trip<T>(rand_vec(bln, rng));
+    if (s.dskip) Dskip = round_trip<float>(rand_vec(size_t(s.D), rng));
+    if (s.z) z = round_trip<T>(rand_vec(bld, rng, 0.1, 2.0));
+    if (s.bias) bias = round_trip<float>(rand_vec(size_t(s.D), rng, 0.1, 0.5));
+    dout = round_trip<T>(rand_vec(bld, rng));
+  }
+};
+
+inline const double* ptr(const std::vector<double>& v) {
+  return v.empty() ? nullptr : v.data();
+}
+
+template <class Mem, class U>
+const U* up(Mem& mem, const std::vector<double>& v) {
+  return v.empty() ? nullptr : mem.upload(elems<U>(v));
+}
+
+// The float64 CPU forward: out and the last state.
+template <class T>
+void scan_reference(const ScanShape& s, const ScanData<T>& d, std::vector<double>& out,
+                    std::vector<double>& last) {
+  selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
+                                 ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, out.data(),
+                                 last.data(), s.B, s.L, s.D, s.N);
+}
+
+template <class Kernels, class Mem, class T>
+void check_scan_forward(const ScanShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ScanData<T> d(s, seed);
+  const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
+  std::vector<double> ref(bld), ref_last(bdn);
+  scan_reference(s, d, ref, ref_last);
+  Mem mem;
+  T* out = mem.template alloc<T>(bld);
+  float* last = mem.template alloc<float>(bdn);
+  Kernels::template selective_scan_forward<T>(
+      up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
+      up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, out, last, s.B, s.L, s.D, s.N,
+      mem.stream());
+  mem.sync();
+  EXPECT_CLOSE(values(mem.download(out, bld)), ref, tolerance<T>(), "out");
+  EXPECT_CLOSE(values(mem.download(last, bdn)), ref_last, 1e-5, "last_state");
+}
+
+template <class Kernels, class Mem, class T>
+void check_scan_backward(const ScanShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ScanData<T> d(s, seed);
+  const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+  const size_t dn = size_t(s.D) * s.N;
+  std::mt19937_64 rng(seed ^ 0x5ca9);
+  // Accumulated gradients start from non-zero values: the kernel must add, not overwrite.
+  const std::vector<double> dA0 = round_trip<float>(rand_vec(dn, rng));
+  const std::vector<double> dD0 = round_trip<float>(rand_vec(size_t(s.D), rng));
+  const std::vector<double> db0 = round_trip<float>(rand_vec(size_t(s.D), rng));
+  std::vector<double> du(bld), ddelta(bld), dz(bld), dB(bln), dC(bln), dA = dA0, dD = dD0, db = db0;
+  std::vector<double> ws(selective_scan_backward_workspace_elems(s.B, s.L, s.D, s.N));
+  selective_scan_backward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
+                                  ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, d.dout.data(),
+                                  du.data(), ddelta.data(), dA.data(), dB.data(), dC.data(),
+                                  s.dskip ? dD.data() : nullptr, s.z ? dz.data() : nullptr,
+                                  s.bias ? db.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
+  Mem mem;
+  T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
+  T *g_dB = mem.template alloc<T>(bln), *g_dC = mem.template alloc<T>(bln);
+  T* g_dz = s.z ? mem.template alloc<T>(bld) : nullptr;
+  float* g_dA = mem.upload(elems<float>(dA0));
+  float* g_dD = mem.upload(elems<float>(dD0));
+  float* g_db = mem.upload(elems<float>(db0));
+  void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+  Kernels::template selective_scan_backward<T>(
+      up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
+      up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, T>(mem, d.dout), g_du,
+      g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, w, s.B,
+      s.L, s.D, s.N, mem.stream());
+  mem.sync();
+  const double tol = tolerance<T>();
+  EXPECT_CLOSE(values(mem.download(g_du, bld)), du, tol, "du");
+  EXPECT_CLOSE(values(mem.download(g_ddelta, bld)), ddelta, tol, "ddelta");
+  EXPECT_CLOSE(values(mem.download(g_dB, bln)), dB, tol, "dBm");
+  EXPECT_CLOSE(values(mem.download(g_dC, bln)), dC, tol, "dCm");
+  if (s.z) EXPECT_CLOSE(values(mem.download(g_dz, bld)), dz, tol, "dz");
+  // fp32 outputs from the same (rounded) inputs: fp32 accuracy whatever T is.
+  EXPECT_CLOSE(values(mem.download(g_dA, dn)), dA, 1e-5, "dA (+=)");
+  EXPECT_CLOSE(values(mem.download(g_dD, size_t(s.D))), dD, 1e-5, "dDskip (+=)");
+  EXPECT_CLOSE(values(mem.download(g_db, size_t(s.D))), db, 1e-5, "ddelta_bias (+=)");
+}
+
+// The stateful single step, frame after frame, equals the parallel forward on the same frames.
+template <class Kernels, class Mem, class T>
+void check_scan_step(const ScanShape& s, uint64_t seed) {
+  SCOPED_TRACE(describe(s));
+  const ScanData<T> d(s, seed);
+  const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
+  std::vector<double> ref(bld), ref_last(bdn);
+  scan_reference(s, d, ref, ref_last);
+  auto frame = [&](const std::vector<double>& v, int t, int C) {
+    std::vector<double> f;
+    if (v.empty()) return f;
+    for (int b = 0; b < s.B; ++b)
+      for (int c = 0; c < C; ++c) f.push_back(v[(size_t(b) * s.L + t) * C + c]);
+    return f;
+  };
+  Mem mem;
+  float* state = mem.upload(std::vector<float>(bdn, 0.0f));
+  const float* A = up<Mem, float>(mem, d.A);
+  const float* Dskip = up<Mem, float>(mem, d.Dskip);
+  const float* bias = up<Mem, float>(mem, d.bias);
+  std::vector<double> got(bld);
+  for (int t = 0; t < s.L; ++t) {
+    T* out = mem.template alloc<T>(size_t(s.B) * s.D);
+    Kernels::template selective_scan_step<T>(
+        state, up<Mem, T>(mem, frame(d.u, t, s.D)), up<Mem, T>(mem, frame(d.delta, t, s.D)), A,
+        up<Mem, T>(mem, frame(d.Bm, t, s.N)), up<Mem, T>(mem, frame(d.Cm, t, s.N)), Dskip,
+        up<Mem, T>(mem, frame(d.z, t, s.D)), bias, s.softplus, out, s.B, s.D, s.N, mem.stream());
+    mem.sync();
+    const std::vector<double> o = values(mem.download(out, size_t(s.B) * s.D));
+    for (int b = 0; b < s.B; ++b)
+      for (int c = 0; c < s.D; ++c) got[(size_t(b) * s.L + t) * s.D + c] = o[size_t(b) * s.D + c];
+  }
+  EXPECT_CLOSE(got, ref, tolerance<T>(), "step outputs vs parallel forward");
+  EXPECT_CLOSE(values(mem.download(state, bdn)), ref_last, 1e-5, "state after L steps");
+}
+
+inline std::vector<ScanShape> scan_shapes() {
+  return {
+      {2, 37, 40, 16},                          // window not a multiple of the chunk, odd D
+      {1, 16, 16, 16, false, false, false},     // whole chunks; no z, D, bias
+      {3, 5, 33, 5, true, true, false, false},  // N not a power of two; L below one chunk
+      {1, 33, 9, 32},                           // production d_state: two threads a channel
+      {2, 18, 70, 1, true, false, true, true},  // N = 1
+      {2, 9, 150, 16},                          // two blocks of channels
+      {1, 7, 70, 32, true, true, true, false},  // two blocks of channels, two threads each
+  };
+}
+
+}  // namespace slipstream::kernels::test
+
+namespace slipstream::kernels::test {
+namespace {
+
+const ScanShape kGpuStandard{256, 60, 256, 16};
+
+KERNEL_TEST(Scan, ForwardMatchesCpuFp32) {
+  uint64_t seed = 1;
+  for (const auto& s : scan_shapes()) check_scan_forward<Kernels, Mem, float>(s, seed++);
+}
+KERNEL_TEST(Scan, ForwardMatchesCpuBf16) {
+  uint64_t seed = 11;
+  for (const auto& s : scan_shapes()) check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
+}
+KERNEL_TEST(Scan, BackwardMatchesCpuFp32) {
+  uint64_t seed = 21;
+  for (const auto& s : scan_shapes()) check_scan_backward<Kernels, Mem, float>(s, seed++);
+  // The default shape gives a thread 8 states: 8 + 4 pads the second thread of a channel.
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
+}
+KERNEL_TEST(Scan, BackwardMatchesCpuBf16) {
+  uint64_t seed = 31;
+  for (const auto& s : scan_shapes()) check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
+}
+// The backward's other shape for d_state 9..32 (16 states a thread), which the benchmarks
+// compare with the default.
+KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
+  uint64_t seed = 71;
+  for (const auto& s : scan_shapes()) {
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
+  Kernels::set_scan_backward_variant(was);
+}
+KERNEL_TEST(Scan, StepEqualsParallelForm) {
+  uint64_t seed = 41;
+  for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
+}
+KERNEL_TEST(Scan, BadStateSizeNamesTheOp) {
+  try {
+    Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                           nullptr, nullptr, true, nullptr, nullptr, 1, 1, 1, 64,
+                                           nullptr);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
+  }
+}
+
+DEVICE_TEST(Scan, GpuStandardShape) {
+  check_scan_forward<Kernels, Mem, float>(kGpuStandard, 51);
+  check_scan_backward<Kernels, Mem, float>(kGpuStandard, 52);
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
+  check_scan_backward<Kernels, Mem, float>(kGpuStandard, 53);
+  Kernels::set_scan_backward_variant(was);
+}
+// Same inputs twice: bit-identical gradients (no atomics anywhere in the backward).
+DEVICE_TEST(Scan, BackwardIsDeterministic) {
+  const ScanShape s{8, 60, 256, 16};
+  const ScanData<float> d(s, 61);
+  const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+  Mem mem;
+  auto run = [&] {
+    std::vector<float> dA_init(size_t(s.D) * s.N, 0.0f);
+    float* dA = mem.upload(dA_init);
+    float* dD = mem.upload(std::vector<float>(size_t(s.D), 0.0f));
+    float* db = mem.upload(std::vector<float>(size_t(s.D), 0.0f));
+    float *du = mem.template alloc<float>(bld), *ddelta = mem.template alloc<float>(bld),
+          *dz = mem.template alloc<float>(bld);
+    float *dB = mem.template alloc<float>(bln), *dC = mem.template alloc<float>(bln);
+    void* ws =
+        mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+    Kernels::selective_scan_backward<float>(
+        up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
+        up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, up<Mem, float>(mem, d.dout),
+        du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N, mem.stream());
+    std::vector<float> all = mem.download(du, bld);
+    for (auto [p, n] : {std::pair<float*, size_t>{ddelta, bld},
+                        {dz, bld},
+                        {dB, bln},
+                        {dC, bln},
+                        {dA, size_t(s.D) * s.N},
+                        {dD, size_t(s.D)},
+                        {db, size_t(s.D)}}) {
+      const auto v = mem.download(p, n);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace slipstream::kernels::test
