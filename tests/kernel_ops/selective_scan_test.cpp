@@ -294,22 +294,24 @@ const U* up(Mem& mem, const std::vector<double>& v) {
   return v.empty() ? nullptr : mem.upload(elems<U>(v));
 }
 
-// The float64 CPU forward: out and the last state.
-template <class T>
-void scan_reference(const ScanShape& s, const ScanData<T>& d, std::vector<double>& out,
-                    std::vector<double>& last) {
-  selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
-                                 ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, out.data(),
-                                 last.data(), s.B, s.L, s.D, s.N);
-}
+// The float64 CPU forward: out (B, L, D) and the last state (B, D, N).
+struct ScanReference {
+  std::vector<double> out, last;
+  template <class T>
+  ScanReference(const ScanShape& s, const ScanData<T>& d)
+      : out(size_t(s.B) * s.L * s.D), last(size_t(s.B) * s.D * s.N) {
+    selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
+                                   ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, out.data(),
+                                   last.data(), s.B, s.L, s.D, s.N);
+  }
+};
 
 template <class Kernels, class Mem, class T>
 void check_scan_forward(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
-  const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
-  std::vector<double> ref(bld), ref_last(bdn);
-  scan_reference(s, d, ref, ref_last);
+  const ScanReference ref(s, d);
+  const size_t bld = ref.out.size(), bdn = ref.last.size();
   Mem mem;
   T* out = mem.template alloc<T>(bld);
   float* last = mem.template alloc<float>(bdn);
@@ -319,8 +321,8 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
       up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, out, last, s.B, s.L, s.D, s.N,
       mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(out, bld)), ref, tolerance<T>(), "out");
-  EXPECT_CLOSE(values(mem.download(last, bdn)), ref_last, 1e-5, "last_state");
+  EXPECT_CLOSE(values(mem.download(out, bld)), ref.out, tolerance<T>(), "out");
+  EXPECT_CLOSE(values(mem.download(last, bdn)), ref.last, 1e-5, "last_state");
 }
 
 template <class Kernels, class Mem, class T>
@@ -373,9 +375,8 @@ template <class Kernels, class Mem, class T>
 void check_scan_step(const ScanShape& s, uint64_t seed) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
-  const size_t bld = size_t(s.B) * s.L * s.D, bdn = size_t(s.B) * s.D * s.N;
-  std::vector<double> ref(bld), ref_last(bdn);
-  scan_reference(s, d, ref, ref_last);
+  const ScanReference ref(s, d);
+  const size_t bld = ref.out.size(), bdn = ref.last.size();
   auto frame = [&](const std::vector<double>& v, int t, int C) {
     std::vector<double> f;
     if (v.empty()) return f;
@@ -400,8 +401,8 @@ void check_scan_step(const ScanShape& s, uint64_t seed) {
     for (int b = 0; b < s.B; ++b)
       for (int c = 0; c < s.D; ++c) got[(size_t(b) * s.L + t) * s.D + c] = o[size_t(b) * s.D + c];
   }
-  EXPECT_CLOSE(got, ref, tolerance<T>(), "step outputs vs parallel forward");
-  EXPECT_CLOSE(values(mem.download(state, bdn)), ref_last, 1e-5, "state after L steps");
+  EXPECT_CLOSE(got, ref.out, tolerance<T>(), "step outputs vs parallel forward");
+  EXPECT_CLOSE(values(mem.download(state, bdn)), ref.last, 1e-5, "state after L steps");
 }
 
 inline std::vector<ScanShape> scan_shapes() {
