@@ -75,12 +75,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Device& device, cons
   storage->device = device;
   storage->pool = &pool;
   storage->stream = stream;
-  Tensor t;
-  t.storage_ = std::move(storage);
-  t.shape_ = shape;
-  t.dtype_ = dtype;
-  t.device_ = device;
-  return t;
+  return over(std::move(storage), shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, const Device& device, const char* what) {
@@ -94,11 +89,15 @@ Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, const Device&
   storage->data = data;
   storage->bytes = static_cast<size_t>(shape.numel()) * dtype_size(dtype);
   storage->device = device;
+  return over(std::move(storage), shape, dtype);
+}
+
+Tensor Tensor::over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
   Tensor t;
+  t.device_ = storage->device;
   t.storage_ = std::move(storage);
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.device_ = device;
   return t;
 }
 

@@ -111,6 +111,9 @@ class Tensor {
   std::string describe() const;  // "f32[256, 60] on cpu"
 
  private:
+  // A whole-storage tensor over `storage`, which holds its bytes and device.
+  static Tensor over(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
+
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;
   Shape shape_;

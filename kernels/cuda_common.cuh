@@ -143,6 +143,16 @@ __device__ __forceinline__ size_t grid_stride() {
   return size_t(gridDim.x) * blockDim.x;
 }
 
+// The launch of an elementwise entry point: one grid-stride launch of `kernel(args...)` over n
+// elements (none for n = 0), a failure named by `op`. A macro because SLIPSTREAM_LAUNCH is.
+#define SLIPSTREAM_LAUNCH_ELEMENTWISE(op, kernel, n, stream, ...)                      \
+  do {                                                                                 \
+    if ((n) > 0) {                                                                     \
+      SLIPSTREAM_LAUNCH(kernel, grid_for(n), dim3(kGridThreads), stream, __VA_ARGS__); \
+      check_launch(op);                                                                \
+    }                                                                                  \
+  } while (0)
+
 // A struct for a kernel's arguments with every byte zero, padding included, its fields to be set
 // after: SLIPSTREAM_LAUNCH's key hashes the bytes it is passed.
 template <class T>

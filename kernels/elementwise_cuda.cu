@@ -115,54 +115,38 @@ void Kernels::add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaSt
 }
 
 void Kernels::neg_exp(const float* x, float* y, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(neg_exp_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
-  check_launch("neg_exp");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("neg_exp", neg_exp_kernel, n, stream, x, y, n);
 }
 
 void Kernels::mul_accumulate(float* y, const float* a, const float* b, size_t n,
                              cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(mul_accumulate_kernel, grid_for(n), dim3(kThreads), stream, y, a, b, n);
-  check_launch("mul_accumulate");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("mul_accumulate", mul_accumulate_kernel, n, stream, y, a, b, n);
 }
 
 void Kernels::silu_forward(const float* x, float* y, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(silu_forward_kernel, grid_for(n), dim3(kThreads), stream, x, y, n);
-  check_launch("silu_forward");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("silu_forward", silu_forward_kernel, n, stream, x, y, n);
 }
 
 void Kernels::silu_backward(const float* x, const float* dy, float* dx, size_t n,
                             cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(silu_backward_kernel, grid_for(n), dim3(kThreads), stream, x, dy, dx, n);
-  check_launch("silu_backward");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("silu_backward", silu_backward_kernel, n, stream, x, dy, dx, n);
 }
 
 void Kernels::fill(float* y, float value, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(fill_kernel, grid_for(n), dim3(kThreads), stream, y, value, n);
-  check_launch("fill");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("fill", fill_kernel, n, stream, y, value, n);
 }
 
 void Kernels::fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(fp32_to_bf16_kernel, grid_for(n), dim3(kThreads), stream, src,
-                    reinterpret_cast<uint16_t*>(dst), n);
-  check_launch("fp32_to_bf16");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("fp32_to_bf16", fp32_to_bf16_kernel, n, stream, src,
+                                reinterpret_cast<uint16_t*>(dst), n);
 }
 
 void Kernels::bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(bf16_to_fp32_kernel, grid_for(n), dim3(kThreads), stream, dev(src), dst, n);
-  check_launch("bf16_to_fp32");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("bf16_to_fp32", bf16_to_fp32_kernel, n, stream, dev(src), dst, n);
 }
 
 void Kernels::accumulate_bf16(float* y, const bfloat16* a, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(accumulate_bf16_kernel, grid_for(n), dim3(kThreads), stream, y, dev(a), n);
-  check_launch("accumulate_bf16");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("accumulate_bf16", accumulate_bf16_kernel, n, stream, y, dev(a), n);
 }
 
 void Kernels::copy_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream) {

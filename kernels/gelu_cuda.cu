@@ -27,16 +27,12 @@ __global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx,
 }  // namespace
 
 void Kernels::gelu_forward(const float* x, float* y, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(gelu_forward_kernel, grid_for(n), dim3(kGridThreads), stream, x, y, n);
-  check_launch("gelu_forward");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("gelu_forward", gelu_forward_kernel, n, stream, x, y, n);
 }
 
 void Kernels::gelu_backward(const float* x, const float* dy, float* dx, size_t n,
                             cudaStream_t stream) {
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(gelu_backward_kernel, grid_for(n), dim3(kGridThreads), stream, x, dy, dx, n);
-  check_launch("gelu_backward");
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("gelu_backward", gelu_backward_kernel, n, stream, x, dy, dx, n);
 }
 
 }  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS
