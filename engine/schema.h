@@ -130,8 +130,8 @@ class StageSchema {
   // How the console's train and validation lines show this stage's metrics (metrics.jsonl holds
   // every one whatever they say). By default a line shows "loss", then the metrics whose names
   // hold no '/' (not one equal to the loss). `console_metric` adds one with a '/' under a short
-  // label ("baseline/loss" as "baseline"); `console_family` shows the metrics named
-  // "<prefix>..." as one "<label> mean (min lowest)" ("acc/" as "acc 0.91 (min 0.72)").
+  // label ("reference/loss" as "ref"); `console_family` shows the metrics named "<prefix>..." as
+  // one "<label> mean (min lowest)" ("top1/" as "top1 0.91 (min 0.72)").
   StageSchema& console_metric(std::string name, std::string label);
   StageSchema& console_family(std::string prefix, std::string label);
 

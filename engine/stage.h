@@ -262,7 +262,7 @@ class StageContext {
   const Tensor& output_grad(const Batch& b, std::string_view port) const;
   // Sets (or, when another consumer already set one, adds to) the gradient of an input.
   void add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const;
-  // Records a scalar for this step's metrics ("loss", "acc/buttons", ...): the runner prefixes
+  // Records a scalar for this step's metrics ("loss", "accuracy/<head>", ...): the runner prefixes
   // nothing; names should be unique across stages. A train row holds the mean over its steps,
   // or with MetricKind::last the value at its last step. `weight` is what the value is a mean
   // over (e.g. the batch's valid positions): rows and validation passes average values weighted
