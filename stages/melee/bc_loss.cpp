@@ -72,10 +72,13 @@ class BcLossOnCpu final : public BcLossPath {
   void forward(const BcBatch& in, RepeatCounts* counts, OnBcResult on_result) override {
     const BcLossScratch<float> s = scratch();
     bc_loss_prepare<float>(in.M, in.W, in.target_sticks, in.mask, in.mirrored, s);
-    const BcLossResult r =
+    BcLossResult r =
         bc_loss_forward<float>(in.M, in.logits, in.target_buttons, in.mask, hw_, eps_, s);
     if (counts)
       count_repeats<float>(in.M, in.prev, in.target_buttons, in.target_sticks, in.mask, *counts);
+    else  // validation: the changed items' figures too
+      bc_change_forward<float>(in.M, in.logits, in.target_buttons, in.target_sticks, in.mask,
+                               in.prev, s, r);
     on_result(r, counts != nullptr, [&](const double p[kRepeatItems]) {
       return baseline_forward<float>(in.M, in.prev, in.target_buttons, in.target_sticks, in.mask,
                                      hw_, p);
@@ -184,10 +187,12 @@ class BcLossStage : public Stage {
             "baseline in validation.")
         .role(StageRole::loss)
         // The console: each head's accuracy as their mean and the weakest head, and the
-        // repeat-the-last-input baseline's loss and accuracies beside the model's.
+        // repeat-the-last-input baseline's loss, accuracies and all-heads-right share beside
+        // the model's (all_right, shown as a metric without '/').
         .console_family("acc/", "acc")
         .console_metric("baseline/loss", "baseline")
-        .console_family("baseline/acc/", "baseline acc");
+        .console_family("baseline/acc/", "baseline acc")
+        .console_metric("baseline/all_right", "baseline all_right");
     for (int h = 0; h < kHeads; ++h)
       s.input(kHeadNames[h], DType::f32, 3, "(B, W, " + std::to_string(head_width(h)) + ") logits");
     s.input("target_buttons", DType::f32, 3, "(B, W, 8) 0/1 labels")
@@ -242,6 +247,10 @@ class BcLossStage : public Stage {
       names_.acc[h] = "acc/" + n;
       names_.base_loss[h] = "baseline/loss/" + n;
       names_.base_acc[h] = "baseline/acc/" + n;
+      names_.changed_share[h] = "changed/share/" + n;
+      names_.changed_acc[h] = "changed/acc/" + n;
+      names_.changed_nll[h] = "changed/nll/" + n;
+      names_.base_changed_nll[h] = "baseline/changed/nll/" + n;
     }
     ctx.declare_output("loss", Shape{1}, DType::f32);
     loss_ = Tensor::zeros(Shape{1}, DType::f32, Device::cpu(), "bc_loss loss");
@@ -389,6 +398,18 @@ class BcLossStage : public Stage {
       ctx.metric(names_.base_loss[h], base.loss[h], MetricKind::mean, n);
       ctx.metric(names_.base_acc[h], base.acc[h], MetricKind::mean, n);
     }
+    // The frames that are hard for repeat-last: every head right, and the items that change
+    // (each figure weighs the changed items it is over; none changed: nothing to report).
+    ctx.metric("all_right", r.all_right, MetricKind::mean, n);
+    ctx.metric("baseline/all_right", base.all_right, MetricKind::mean, n);
+    for (int h = 0; h < kHeads; ++h) {
+      const double items = n * (h == 0 ? kButtons : 1);
+      ctx.metric(names_.changed_share[h], r.changed[h] / items, MetricKind::mean, items);
+      if (!(r.changed[h] > 0)) continue;
+      ctx.metric(names_.changed_acc[h], r.changed_acc[h], MetricKind::mean, r.changed[h]);
+      ctx.metric(names_.changed_nll[h], r.changed_nll[h], MetricKind::mean, r.changed[h]);
+      ctx.metric(names_.base_changed_nll[h], base.changed_nll[h], MetricKind::mean, r.changed[h]);
+    }
   }
 
   void reserve(int64_t M) {
@@ -404,6 +425,8 @@ class BcLossStage : public Stage {
   float head_weights_[kHeads] = {1, 1, 1, 1, 1, 1};
   struct {
     std::string loss[kHeads], nll[kHeads], acc[kHeads], base_loss[kHeads], base_acc[kHeads];
+    std::string changed_share[kHeads], changed_acc[kHeads], changed_nll[kHeads],
+        base_changed_nll[kHeads];
   } names_;
   RepeatCounts counts_, seen_;  // this rank's training positions; all ranks' at validation
   Device device_;

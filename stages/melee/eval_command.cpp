@@ -58,12 +58,18 @@ nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, c
     heads[n] = {{"nll", number(metric(r.metrics, "nll/" + n))},
                 {"acc", number(metric(r.metrics, "acc/" + n))},
                 {"baseline_nll", number(metric(r.metrics, "baseline/loss/" + n))},
-                {"baseline_acc", number(metric(r.metrics, "baseline/acc/" + n))}};
+                {"baseline_acc", number(metric(r.metrics, "baseline/acc/" + n))},
+                {"changed_share", number(metric(r.metrics, "changed/share/" + n))},
+                {"changed_acc", number(metric(r.metrics, "changed/acc/" + n))},
+                {"changed_nll", number(metric(r.metrics, "changed/nll/" + n))},
+                {"baseline_changed_nll", number(metric(r.metrics, "baseline/changed/nll/" + n))}};
   }
   j["heads"] = heads;
   j["total"] = {{"nll", number(metric(r.metrics, "nll"))},
                 {"loss", number(metric(r.metrics, "loss"))},
-                {"baseline_nll", number(metric(r.metrics, "baseline/loss"))}};
+                {"baseline_nll", number(metric(r.metrics, "baseline/loss"))},
+                {"all_right", number(metric(r.metrics, "all_right"))},
+                {"baseline_all_right", number(metric(r.metrics, "baseline/all_right"))}};
   nlohmann::json all = nlohmann::json::object();
   for (const auto& [k, v] : r.metrics) all[k] = number(v);
   j["metrics"] = all;
@@ -129,8 +135,9 @@ void setup_eval(CLI::App& parent) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* eval = parent.add_subcommand(
       "eval",
-      "Score a checkpoint on replays: per-head NLL and accuracy, and the repeat-the-previous-"
-      "input baseline on the same frames (the run's own graph and features)");
+      "Score a checkpoint on replays: per-head NLL and accuracy, on every frame and on the "
+      "items whose input changes, the share of frames with every head right, and the "
+      "repeat-the-previous-input baseline on the same frames (the run's own graph and features)");
   eval->add_option(
           "--checkpoint", a->checkpoint,
           "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "

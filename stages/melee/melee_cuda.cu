@@ -277,19 +277,32 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
       st[kBcSame + kButtons + h] =
           ts[i * kStickHeads + size_t(h)] == prev_class_of(pc, h, false) ? w : 0.0f;
   }
+  // Where an item's label differs from the previous input (kBcSame left 0), its rightness and
+  // NLL count toward the changed items' figures.
+  bool every = true, unchanged = true;
   {  // buttons: BCE per button, summed; accuracy the fraction of the 8
-    float loss = 0, nll = 0, correct = 0;
+    float loss = 0, nll = 0, correct = 0, changed_right = 0, changed_nll = 0;
     for (int b = 0; b < kButtons; ++b) {
       const float x = lg.logits[0][i * kButtons + size_t(b)], y = tb[i * kButtons + size_t(b)];
       const float ys = y * (1.0f - eps) + eps / 2.0f;
       const float soft = log1pf(expf(-fabsf(x)));
+      const float item_nll = fmaxf(x, 0.0f) - x * y + soft;
+      const bool ok = (x > 0.0f) == (y > 0.5f);
       loss += fmaxf(x, 0.0f) - x * ys + soft;
-      nll += fmaxf(x, 0.0f) - x * y + soft;
-      correct += (x > 0.0f) == (y > 0.5f) ? 1.0f : 0.0f;
+      nll += item_nll;
+      correct += ok ? 1.0f : 0.0f;
+      every = every && ok;
+      if (st[kBcSame + b] == 0.0f) {
+        unchanged = false;
+        changed_right += ok ? 1.0f : 0.0f;
+        changed_nll += item_nll;
+      }
     }
     st[kBcLoss] = w * loss;
     st[kBcNll] = w * nll;
     st[kBcCorrect] = w * (correct / kButtons);
+    st[kBcChangedRight] = w * changed_right;
+    st[kBcChangedNll] = w * changed_nll;
   }
   for (int h = 0; h < kStickHeads; ++h) {
     const int K = classes_of(h);
@@ -310,7 +323,15 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
     sh[kBcLoss] = w * (lse - (off * sx + (on - off) * x[c]));
     sh[kBcNll] = w * (lse - x[c]);
     sh[kBcCorrect] = am == c ? w : 0.0f;
+    every = every && am == c;
+    if (st[kBcSame + kButtons + h] == 0.0f) {
+      unchanged = false;
+      st[kBcChangedRight + h + 1] = am == c ? w : 0.0f;
+      st[kBcChangedNll + h + 1] = w * (lse - x[c]);
+    }
   }
+  st[kBcAllRight] = every ? w : 0.0f;
+  st[kBcUnchanged] = unchanged ? w : 0.0f;
 }
 
 __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const int32_t* ts,

@@ -25,7 +25,13 @@ inline constexpr int kBcBadLabel = 1 + kBcPerHead * kHeads;  // 1: a label out o
 // kRepeatItems columns from kBcSame: weight · [the label repeats the previous input] per button
 // and stick head, on the raw (unmirrored) tensors: count_repeats' and the baseline's sums.
 inline constexpr int kBcSame = kBcBadLabel + 1;
-inline constexpr int kBcStats = kBcSame + kRepeatItems;
+// Where the input changes (bc_change_forward's sums): w · [every head right]; w · [no item
+// changed]; per head, w · the changed items the model gets right, and w · their NLL.
+inline constexpr int kBcAllRight = kBcSame + kRepeatItems;
+inline constexpr int kBcUnchanged = kBcAllRight + 1;
+inline constexpr int kBcChangedRight = kBcUnchanged + 1;
+inline constexpr int kBcChangedNll = kBcChangedRight + kHeads;
+inline constexpr int kBcStats = kBcChangedNll + kHeads;
 
 // The Melee kernel tables: every entry point of kernels/ (inherited) and the game's own, so a
 // Melee stage's device path takes all its kernels from one table (Ops::Table).
@@ -62,10 +68,26 @@ Dims embed_dims(const EmbedLayout& L) {
   return d;
 }
 
-// bc_loss_forward's result from the column sums of bc_loss_rows' statistics.
+// Σ w · changed items of head h: the positions' weight, less the repeats, per item.
+inline double changed_weight(const float sums[kBcStats], int h) {
+  const int first = h == 0 ? 0 : kButtons + h - 1, items = h == 0 ? kButtons : 1;
+  double c = 0;
+  for (int k = first; k < first + items; ++k)
+    c += static_cast<double>(sums[kBcWeight]) - sums[kBcSame + k];
+  return std::max(c, 0.0);
+}
+
+// bc_loss_forward's and bc_change_forward's result from the column sums of bc_loss_rows'
+// statistics.
 inline BcLossResult bc_loss_result(const float sums[kBcStats], const float head_weights[kHeads]) {
   BcLossResult r;
   r.weight_sum = sums[kBcWeight];
+  r.all_right = r.weight_sum > 0 ? sums[kBcAllRight] / r.weight_sum : 0.0;
+  for (int h = 0; h < kHeads; ++h) {
+    r.changed[h] = changed_weight(sums, h);
+    r.changed_acc[h] = r.changed[h] > 0 ? sums[kBcChangedRight + h] / r.changed[h] : 0.0;
+    r.changed_nll[h] = r.changed[h] > 0 ? sums[kBcChangedNll + h] / r.changed[h] : 0.0;
+  }
   for (int h = 0; h < kHeads; ++h) {
     const double w = r.weight_sum;
     const float* s = sums + kBcPerHead * h;
@@ -93,20 +115,25 @@ inline BaselineResult baseline_from_sums(const float sums[kBcStats],
   const double W = sums[kBcWeight];
   r.weight_sum = W;
   if (!(W > 0)) return r;
-  double loss[kHeads] = {}, correct[kHeads] = {};
+  double loss[kHeads] = {}, correct[kHeads] = {}, changed_loss[kHeads] = {};
   for (int k = 0; k < kRepeatItems; ++k) {
     const double q = std::clamp(p[k], kBaselinePClamp, 1.0 - kBaselinePClamp);
     const int K = k < kButtons ? 2 : head_classes(k - kButtons);
     const int h = k < kButtons ? 0 : k - kButtons + 1;
     const double S = sums[kBcSame + k];
-    loss[h] += S * -std::log(q) + (W - S) * -std::log((1.0 - q) / (K - 1));
+    const double other = -std::log((1.0 - q) / (K - 1));
+    loss[h] += S * -std::log(q) + (W - S) * other;
+    changed_loss[h] += std::max(W - S, 0.0) * other;
     correct[h] += S;
   }
   for (int h = 0; h < kHeads; ++h) {
     r.loss[h] = loss[h] / W;
     r.acc[h] = correct[h] / (W * (h == 0 ? kButtons : 1));
+    const double changed = changed_weight(sums, h);
+    r.changed_nll[h] = changed > 0 ? changed_loss[h] / changed : 0.0;
     r.total += static_cast<double>(head_weights[h]) * r.loss[h];
   }
+  r.all_right = sums[kBcUnchanged] / W;
   return r;
 }
 

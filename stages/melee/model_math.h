@@ -219,6 +219,12 @@ struct BcLossResult {
   double total = 0;       // Σ_h w_h · loss_h (smoothed: what is optimised)
   double total_nll = 0;   // the same without label smoothing
   double loss[kHeads] = {}, nll[kHeads] = {}, acc[kHeads] = {};
+  // Where the player's input changes (bc_change_forward; validation): an item — one of the 8
+  // buttons, or a stick head — changes when its label differs from the previous input's class.
+  // changed: Σ mask · changed items; changed_acc, changed_nll: the model's accuracy and NLL
+  // over them. all_right: the share of positions with every head right (buttons: all 8).
+  double changed[kHeads] = {}, changed_acc[kHeads] = {}, changed_nll[kHeads] = {};
+  double all_right = 0;
 };
 
 // Scratch for bc_loss_forward/backward, sized for M positions by the caller:
@@ -354,6 +360,10 @@ void count_repeats(size_t M, const T* prev_controller, const T* target_buttons,
 struct BaselineResult {
   double weight_sum = 0, total = 0;
   double loss[kHeads] = {}, acc[kHeads] = {};
+  // Its NLL over the changed items (its accuracy there is 0 by construction), and its share of
+  // positions with every head right: those where no item changes.
+  double changed_nll[kHeads] = {};
+  double all_right = 0;
 };
 
 inline constexpr double kBaselinePClamp = 1e-6;  // keeps the NLL finite when p reaches 0 or 1
@@ -370,26 +380,91 @@ BaselineResult baseline_forward(size_t M, const T* prev_controller, const T* tar
     nll_other[k] = -std::log((1.0 - q) / (K - 1));
   }
   BaselineResult r;
-  double loss[kHeads] = {}, correct[kHeads] = {};
+  double loss[kHeads] = {}, correct[kHeads] = {}, changed[kHeads] = {}, changed_loss[kHeads] = {};
+  double unchanged = 0;
   for (size_t i = 0; i < M; ++i) {
     const double w = static_cast<double>(mask[i]);
     if (!(w > 0)) continue;
     r.weight_sum += w;
     const T* pc = prev_controller + i * kControllerFeatures;
+    bool all_same = true;
     for (int k = 0; k < kRepeatItems; ++k) {
       const bool same = label_class(target_buttons + i * kButtons, target_sticks + i * kStickHeads,
                                     k) == prev_class(pc, k);
       const int h = k < kButtons ? 0 : k - kButtons + 1;
       loss[h] += w * (same ? nll_same[k] : nll_other[k]);
       correct[h] += same ? w : 0.0;
+      if (!same) {
+        changed[h] += w;
+        changed_loss[h] += w * nll_other[k];
+        all_same = false;
+      }
     }
+    unchanged += all_same ? w : 0.0;
   }
   for (int h = 0; h < kHeads; ++h) {
     r.loss[h] = r.weight_sum > 0 ? loss[h] / r.weight_sum : 0.0;
     r.acc[h] = r.weight_sum > 0 ? correct[h] / (r.weight_sum * (h == 0 ? kButtons : 1)) : 0.0;
+    r.changed_nll[h] = changed[h] > 0 ? changed_loss[h] / changed[h] : 0.0;
     r.total += static_cast<double>(head_weights[h]) * r.loss[h];
   }
+  r.all_right = r.weight_sum > 0 ? unchanged / r.weight_sum : 0.0;
   return r;
+}
+
+// BcLossResult's view of the changed items and the all-heads-right share, from the logits (the
+// model is right where a button's logit has the label's sign, a stick head's argmax is its
+// class). `s` holds bc_loss_prepare's targets (mirrored where the window is); whether an item
+// changed is read on the raw tensors, as the baseline reads it.
+template <class T>
+void bc_change_forward(size_t M, const T* const logits[kHeads], const T* target_buttons,
+                       const int32_t* target_sticks, const T* mask, const T* prev_controller,
+                       BcLossScratch<T> s, BcLossResult& r) {
+  double weight = 0, all_right = 0, changed[kHeads] = {}, right[kHeads] = {}, nll[kHeads] = {};
+  for (size_t i = 0; i < M; ++i) {
+    const double w = static_cast<double>(mask[i]);
+    if (!(w > 0)) continue;
+    weight += w;
+    const T* pc = prev_controller + i * kControllerFeatures;
+    const T* tb = target_buttons + i * kButtons;
+    const int32_t* ts = target_sticks + i * kStickHeads;
+    bool every = true;
+    for (int b = 0; b < kButtons; ++b) {
+      const double x = static_cast<double>(logits[0][i * kButtons + static_cast<size_t>(b)]);
+      const double y = static_cast<double>(tb[b]);
+      const bool ok = (x > 0) == (y > 0.5);
+      every = every && ok;
+      if (label_class(tb, ts, b) == prev_class(pc, b)) continue;
+      changed[0] += w;
+      right[0] += ok ? w : 0.0;
+      nll[0] += w * (std::max(x, 0.0) - x * y + std::log1p(std::exp(-std::fabs(x))));
+    }
+    for (int h = 1; h < kHeads; ++h) {
+      const size_t K = static_cast<size_t>(head_width(h));
+      const T* x = logits[h] + i * K;
+      const int32_t c = s.targets[static_cast<size_t>(h - 1) * M + i];
+      size_t am = 0;
+      for (size_t q = 1; q < K; ++q)
+        if (x[q] > x[am]) am = q;
+      const bool ok = static_cast<int32_t>(am) == c;
+      every = every && ok;
+      const int item = kButtons + h - 1;
+      if (label_class(tb, ts, item) == prev_class(pc, item)) continue;
+      const double mx = static_cast<double>(x[am]);
+      double se = 0;
+      for (size_t q = 0; q < K; ++q) se += std::exp(static_cast<double>(x[q]) - mx);
+      changed[h] += w;
+      right[h] += ok ? w : 0.0;
+      nll[h] += w * (mx + std::log(se) - static_cast<double>(x[c]));
+    }
+    all_right += every ? w : 0.0;
+  }
+  for (int h = 0; h < kHeads; ++h) {
+    r.changed[h] = changed[h];
+    r.changed_acc[h] = changed[h] > 0 ? right[h] / changed[h] : 0.0;
+    r.changed_nll[h] = changed[h] > 0 ? nll[h] / changed[h] : 0.0;
+  }
+  r.all_right = weight > 0 ? all_right / weight : 0.0;
 }
 
 }  // namespace slipstream::melee

@@ -126,6 +126,24 @@ std::string head_table(const std::map<std::string, double>& m) {
   out +=
       "(nll: head-weighted, without label smoothing; acc/buttons: per-button mean; baseline: "
       "repeat the previous input)\n";
+  if (!std::isfinite(metric(m, "changed/share/buttons"))) return out;  // not from bc_loss
+  // Where repeat-last is wrong by construction: the items whose label differs from the
+  // previous input (its accuracy there is 0), and the positions with every head right.
+  out += "where the input changes:\n";
+  std::snprintf(line, sizeof line, "%-10s %10s %9s %10s %13s\n", "head", "changed", "acc", "nll",
+                "baseline nll");
+  out += line;
+  for (int h = 0; h < kHeads; ++h) {
+    const std::string n = kHeadNames[h];
+    std::snprintf(line, sizeof line, "%-10s %10s %9s %10s %13s\n", n.c_str(),
+                  percent(metric(m, "changed/share/" + n)).c_str(),
+                  percent(metric(m, "changed/acc/" + n)).c_str(),
+                  fixed(metric(m, "changed/nll/" + n), 4).c_str(),
+                  fixed(metric(m, "baseline/changed/nll/" + n), 4).c_str());
+    out += line;
+  }
+  out += "all heads right: " + percent(metric(m, "all_right")) + " (baseline " +
+         percent(metric(m, "baseline/all_right")) + ")\n";
   return out;
 }
 

@@ -138,6 +138,32 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
     prev[i * kControllerFeatures + kButtons + kMainX] = stick_value(ts[i * kStickHeads + kMainX]);
     prev[i * kControllerFeatures] = tb[i * kButtons];
   }
+  // Some repeat it whole (the baseline gets every head right there), and at some the model gets
+  // every head right (its logits planted at the prepared, mirrored targets).
+  for (size_t i = 0; i < M; i += 4) {
+    for (int b = 0; b < kButtons; ++b)
+      prev[i * kControllerFeatures + size_t(b)] = tb[i * kButtons + size_t(b)];
+    for (int h = 0; h < kStickHeads; ++h) {
+      const int c = ts[i * kStickHeads + size_t(h)];
+      prev[i * kControllerFeatures + kButtons + size_t(h)] =
+          h == kShoulder ? shoulder_value(c) : stick_value(c);
+    }
+  }
+  {
+    std::vector<int32_t> planted(kStickHeads * M);
+    std::vector<double> bw(M * kButtons);
+    bc_loss_prepare<double>(M, W, ts.data(), widen(mask).data(), mirrored.data(),
+                            BcLossScratch<double>{planted.data(), bw.data()});
+    for (size_t i = 1; i < M; i += 3) {
+      for (int b = 0; b < kButtons; ++b)
+        logits[0][i * kButtons + size_t(b)] = tb[i * kButtons + size_t(b)] > 0.5f ? 2.0 : -2.0;
+      for (int h = 1; h < kHeads; ++h) {
+        const int c = planted[size_t(h - 1) * M + i];
+        if (c >= 0) logits[h][i * size_t(head_width(h)) + size_t(c)] = 9.0;
+      }
+    }
+    for (int h = 0; h < kHeads; ++h) g_logits.logits[h] = mem.upload(cast<float>(logits[h]));
+  }
   const float *g_tb = mem.upload(tb), *g_mask = mem.upload(mask), *g_prev = mem.upload(prev);
   const int32_t* g_ts = mem.upload(ts);
   const uint8_t* g_m = mem.upload(mirrored);
@@ -192,6 +218,23 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   for (int h = 0; h < kHeads; ++h) {
     EXPECT_NEAR(bgot.loss[h], bref.loss[h], 1e-5 * bref.loss[h]) << kHeadNames[h];
     EXPECT_NEAR(bgot.acc[h], bref.acc[h], 1e-6) << kHeadNames[h];
+    EXPECT_NEAR(bgot.changed_nll[h], bref.changed_nll[h], 1e-5 * bref.changed_nll[h])
+        << kHeadNames[h];
+  }
+  EXPECT_NEAR(bgot.all_right, bref.all_right, 1e-6);
+  EXPECT_GT(bref.all_right, 0.05);  // the planted whole repeats
+
+  // The changed items and the all-heads-right share, against bc_change_forward in float64.
+  BcLossResult cref = ref;
+  bc_change_forward<double>(M, lp, tb64.data(), ts.data(), mask64.data(), prev64.data(), s, cref);
+  EXPECT_NEAR(got.all_right, cref.all_right, 1e-6);
+  EXPECT_GT(cref.all_right, 0.1);  // the planted right answers
+  for (int h = 0; h < kHeads; ++h) {
+    EXPECT_NEAR(got.changed[h], cref.changed[h], 1e-5 * want.total * kButtons) << kHeadNames[h];
+    EXPECT_GT(cref.changed[h], 0.1 * want.total) << kHeadNames[h];
+    EXPECT_NEAR(got.changed_acc[h], cref.changed_acc[h], 1e-5) << kHeadNames[h];
+    EXPECT_NEAR(got.changed_nll[h], cref.changed_nll[h], 1e-5 * cref.changed_nll[h])
+        << kHeadNames[h];
   }
 
   std::vector<std::vector<double>> dref(kHeads);

@@ -920,6 +920,56 @@ TEST(BcLoss, RejectsBadLabelsAndHeadWeights) {
 }
 
 // "Repeat the previous input": p measured on training positions, NLL on validation positions.
+// Validation's figures where the input changes: position 0 repeats its previous input whole and
+// the model gets every head right; at position 1 the A button changes (0 -> 1) and the model
+// misses it (logit -2), every other item repeating and right.
+TEST(BcLoss, ChangedItemsAndAllHeadsRightKnownValues) {
+  const int64_t B = 1, W = 2;
+  std::vector<float> prev(2 * 13, 0.0f), tb(16, 0.0f);
+  prev[kA] = 1;
+  prev[kButtons + kMainX] = 1.0f;  // class 16
+  prev[13 + kButtons + kMainX] = 1.0f;
+  tb[kA] = 1;      // repeats
+  tb[8 + kA] = 1;  // changes
+  const std::vector<int32_t> ts = {16, 8, 8, 8, 0, 16, 8, 8, 8, 0};
+  TensorMap val;
+  std::vector<float> buttons(16, -3.0f);
+  buttons[kA] = 3.0f;
+  buttons[8 + kA] = -2.0f;
+  val["buttons"] = make(Shape{B, W, 8}, buttons);
+  for (int h = 1; h < kHeads; ++h) {
+    const int K = head_width(h);
+    std::vector<float> x(static_cast<size_t>(2 * K), 0.0f);
+    for (int i = 0; i < 2; ++i)
+      x[static_cast<size_t>(i * K + ts[static_cast<size_t>(i * 5 + h - 1)])] = 5.0f;
+    val[kHeadNames[h]] = make(Shape{B, W, K}, x);
+  }
+  val["prev_controller"] = make(Shape{B, W, 13}, prev);
+  val["target_buttons"] = make(Shape{B, W, 8}, tb);
+  val["target_sticks"] = make(Shape{B, W, 5}, ts);
+  val["mask"] = make(Shape{B, W}, std::vector<float>{1, 1});
+  StageHarness st("bc_loss", {});
+  st.setup(val);
+  st.forward(val, false);
+  auto m = st.metrics();
+  EXPECT_DOUBLE_EQ(m.at("all_right"), 0.5);
+  EXPECT_DOUBLE_EQ(m.at("baseline/all_right"), 0.5);
+  EXPECT_DOUBLE_EQ(m.at("changed/share/buttons"), 1.0 / 16);
+  EXPECT_DOUBLE_EQ(m.at("changed/share/main_x"), 0.0);
+  EXPECT_DOUBLE_EQ(m.at("changed/acc/buttons"), 0.0);
+  EXPECT_NEAR(m.at("changed/nll/buttons"), std::log1p(std::exp(2.0)), 1e-6);
+  EXPECT_NEAR(m.at("baseline/changed/nll/buttons"), -std::log(0.1), 1e-9);  // prior 0.9
+  EXPECT_EQ(m.count("changed/acc/main_x"), 0u);                             // nothing changed there
+  // The model right on the change too: every head right at both positions.
+  buttons[8 + kA] = 2.0f;
+  val["buttons"] = make(Shape{B, W, 8}, buttons);
+  st.forward(val, false);
+  m = st.metrics();
+  EXPECT_DOUBLE_EQ(m.at("all_right"), 1.0);
+  EXPECT_DOUBLE_EQ(m.at("changed/acc/buttons"), 1.0);
+  EXPECT_NEAR(m.at("changed/nll/buttons"), std::log1p(std::exp(-2.0)), 1e-6);
+}
+
 TEST(BcLoss, BaselineKnownValues) {
   const int64_t B = 1, W = 4;
   auto prev_row = [](float a, float mx, float sh) {

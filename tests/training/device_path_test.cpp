@@ -57,10 +57,14 @@ Metrics read_metrics(const std::string& run_dir) {
 // flip between two forms that round differently, so looser comparisons leave them out).
 void expect_close_rows(const nlohmann::json& a, const nlohmann::json& b, const char* what,
                        double rel, bool accuracies = true) {
-  for (const char* key : {"loss", "nll", "grad_norm", "lr", "acc/buttons", "acc/main_x",
-                          "loss/shoulder", "baseline/loss"}) {
+  for (const char* key :
+       {"loss", "nll", "grad_norm", "lr", "acc/buttons", "acc/main_x", "loss/shoulder",
+        "baseline/loss", "all_right", "baseline/all_right", "changed/acc/buttons",
+        "changed/nll/main_x", "baseline/changed/nll/main_x", "changed/share/c_x"}) {
     if (!a.contains(key)) continue;
-    if (!accuracies && std::string(key).starts_with("acc/")) continue;
+    const std::string k = key;
+    if (!accuracies && (k.starts_with("acc/") || k == "all_right" || k == "changed/acc/buttons"))
+      continue;
     ASSERT_TRUE(b.contains(key)) << what << " " << key;
     const double x = a[key].get<double>(), y = b[key].get<double>();
     EXPECT_NEAR(x, y, rel * std::max(1.0, std::abs(x))) << what << " " << key;
