@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <unordered_map>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
@@ -44,12 +45,23 @@ std::string dataset_key(const Inputs& in, const Filters& f) {
 
 struct Outcome {
   std::optional<GameFeatures> game;
+  uint64_t same_game = 0;  // equal for two recordings of one game (same_game_key)
   std::vector<uint8_t> players;
   int reason = -1;
   std::string detail;  // the name shown in the report
   bool damaged = false;
   std::string damage;  // the parser's note on a damaged file (with the byte offset)
 };
+
+// Two files of one game — a copy, or the same game saved by two consoles' recorders — share the
+// game's random seed, stage, players (port, character, type) and length; different games do not.
+uint64_t same_game_key(const slp::GameStart& start, size_t rows) {
+  uint64_t h = mix64(0x5a3e5a3e5a3eull ^ start.random_seed);
+  h = mix64(h ^ start.stage);
+  for (const auto& p : start.players)
+    h = mix64(h ^ (uint64_t{p.port} << 16 | uint64_t{p.character} << 8 | p.type));
+  return mix64(h ^ rows);
+}
 
 Outcome process_view(const slp::GameView& g, const Filters& f, std::string name) {
   Outcome o;
@@ -61,6 +73,19 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
   if (f.one_vs_one ? np != 2 : np < 2) {
     o.reason = kSkipPlayers;
     o.detail += " (" + std::to_string(np) + " players)";
+    return o;
+  }
+  if (f.humans_only)
+    for (const auto& p : start.players)
+      if (p.type != 0) {
+        o.reason = kSkipNotHuman;
+        o.detail +=
+            " (port " + std::to_string(p.port + 1) + ": " + (p.type == 1 ? "CPU" : "demo") + ")";
+        return o;
+      }
+  if (f.min_version && start.version < *f.min_version) {
+    o.reason = kSkipVersion;
+    o.detail += " (Slippi " + start.version.str() + ")";
     return o;
   }
   if (!f.stages.empty() &&
@@ -81,6 +106,7 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
     o.detail += " (" + std::to_string(feat.rows) + " frames)";
     return o;
   }
+  o.same_game = same_game_key(start, feat.rows);
   for (size_t i = 0; i < np; ++i) {
     if (f.perspectives == "first" && i != 0) continue;
     if (f.perspectives == "second" && i != 1) continue;
@@ -150,6 +176,10 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
                                      : ""),
       "no perspective left by characters=" + list_str(f.characters) +
           " / perspectives=" + f.perspectives,
+      "a player not human (humans_only: true)",
+      "recorded before Slippi " + (f.min_version ? f.min_version->str() : std::string("-")) +
+          " (min_version)",
+      "the same game as another file (skip_duplicates: true keeps the first by identity)",
   };
   for (const auto& m : in.missing) {
     auto& s = ds->skips[kSkipNotFound];
@@ -237,6 +267,21 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
   std::stable_sort(kept.begin(), kept.end(), [&](size_t a, size_t b) {
     return out[a].game->identity < out[b].game->identity;
   });
+  if (f.skip_duplicates) {  // the first copy in identity order stays, whatever the file order
+    std::unordered_map<uint64_t, size_t> first;
+    std::vector<size_t> unique;
+    for (size_t i : kept) {
+      const auto [at, fresh] = first.emplace(out[i].same_game, i);
+      if (fresh) {
+        unique.push_back(i);
+        continue;
+      }
+      auto& s = ds->skips[kSkipDuplicate];
+      if (s.count++ < kSkipExamples)
+        s.examples.push_back(out[i].detail + " (the same game as " + out[at->second].detail + ")");
+    }
+    kept = std::move(unique);
+  }
   for (size_t i : kept) {
     ds->bytes += out[i].game->bytes();
     ds->frames += out[i].game->rows;

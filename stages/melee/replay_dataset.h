@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "stages/melee/replay_inputs.h"
+#include "stages/melee/slp/game.h"
 #include "stages/melee/window_index.h"
 
 namespace slipstream::melee {
@@ -27,16 +29,23 @@ enum Reason {
   kSkipNoFrames,
   kSkipShort,
   kSkipCharacters,
+  kSkipNotHuman,
+  kSkipVersion,
+  kSkipDuplicate,
   kSkipReasons
 };
 constexpr size_t kSkipExamples = 3;  // file names shown per reason
 // Their short names, as ReplaysStage::skipped() gives them.
 inline constexpr const char* kSkipNames[kSkipReasons] = {
-    "not found", "unreadable", "players", "stage", "no frames", "too short", "characters"};
+    "not found", "unreadable", "players",   "stage",   "no frames",
+    "too short", "characters", "not human", "version", "duplicate"};
 
 struct Filters {
   RollbackMode rollback = RollbackMode::last;
   bool one_vs_one = true;
+  bool humans_only = false;                 // every player human (type 0)
+  std::optional<slp::Version> min_version;  // recorded by this Slippi or a later one
+  bool skip_duplicates = false;             // one copy of a game recorded twice
   std::vector<int64_t> stages, characters;
   int64_t min_frames = 0, min_rows = 0;
   std::string perspectives;
@@ -48,7 +57,8 @@ struct Filters {
   std::string key() const {
     std::ostringstream k;
     k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
-      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed
+      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed << '|'
+      << humans_only << '|' << (min_version ? min_version->str() : "") << '|' << skip_duplicates
       << "|s";
     for (auto s : stages) k << ',' << s;
     k << "|c";

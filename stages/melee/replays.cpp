@@ -144,6 +144,21 @@ StageSchema ReplaysStage::schema() {
              "stages to keep, as ids or names (battlefield, fd, \"yoshis story\"; empty: all)")
       .check([](const ParamValue& v) { return check_ids("stages", kStageNames, v); })
       .param("one_vs_one", true, "only games with exactly 2 players (Nana is not a player)")
+      .param("humans_only", false,
+             "only games whose every player is human (leaves out games with a CPU or a demo "
+             "player)")
+      .param("min_version", std::string(),
+             "skip replays recorded by a Slippi older than this, e.g. 3.0.0 (empty: any)")
+      .check([](const ParamValue& v) -> std::string {
+        const auto* text = std::get_if<std::string>(&v);
+        if (!text || text->empty() || slp::Version::parse(*text)) return "";
+        return "min_version: '" + *text + "' is not a version (MAJOR[.MINOR[.BUILD]], e.g. 3.0.0)";
+      })
+      .param("skip_duplicates", true,
+             "leave out a game recorded twice (same random seed, stage, players and length: a "
+             "copied file, or two consoles' recordings), keeping the copy first in identity "
+             "order; counted in the report")
+      .in_older_runs(false)
       .param("validation_fraction", 0.1,
              "fraction of whole games held out, by seed and game identity (1: all of them)")
       .range(0, 1)
@@ -188,6 +203,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   Filters f;
   f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
   f.one_vs_one = p.boolean("one_vs_one");
+  f.humans_only = p.boolean("humans_only");
+  if (!p.string("min_version").empty())
+    f.min_version = slp::Version::parse(p.string("min_version"));
+  f.skip_duplicates = p.boolean("skip_duplicates");
   std::string problem;  // none: the schema's checks passed at validation
   f.stages = resolve_ids(p.strings("stages"), "stages", kStageNames, problem);
   f.characters = resolve_ids(p.strings("characters"), "characters", kCharacterNames, problem);

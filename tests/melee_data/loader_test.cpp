@@ -406,6 +406,55 @@ TEST(Loader, RealCorpusFolderReportsSkipsAndDamage) {
   EXPECT_GT(L.stage().windows(), 1000u);
 }
 
+// A game recorded twice (a copied file here) loads once, the copy counted and named; the copy
+// kept is the first in identity order, so the file order does not choose it.
+TEST(Loader, DuplicateGamesAreSkippedAndCounted) {
+  TempDir dir("dups");
+  const auto games = slp::write_synthetic_games(dir.path(), 3, 5, 900);
+  fs::copy_file(games[0], dir.path() / "copy_of_first.slp");
+  Loader L({paths_of(dir.path()), "batch_size=16", "min_frames=100", "validation_fraction=0"});
+  const auto list = L.stage().skipped();
+  std::map<std::string, size_t> skipped(list.begin(), list.end());
+  EXPECT_EQ(skipped["duplicate"], 1u) << L.stage().report();
+  EXPECT_NE(L.stage().report().find("(the same game as "), std::string::npos) << L.stage().report();
+  EXPECT_EQ(L.stage().sources().size(), 3u);
+  Loader all({paths_of(dir.path()), "batch_size=16", "min_frames=100", "validation_fraction=0",
+              "skip_duplicates=false"});
+  EXPECT_EQ(all.stage().sources().size(), 4u);
+  EXPECT_TRUE(all.stage().skipped().empty());
+}
+
+TEST(Loader, MinVersionNeedsAVersion) {
+  try {
+    Loader L({paths_of(synth_dir()), "min_version=3.x"});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a version"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(slp::Version::parse("3.14.0"), (slp::Version{3, 14, 0}));
+  EXPECT_EQ(slp::Version::parse("2"), (slp::Version{2, 0, 0}));
+  for (const char* bad : {"", "3.", "3.1.2.4", "a.b", "300", "3..1"})
+    EXPECT_FALSE(slp::Version::parse(bad).has_value()) << bad;
+}
+
+// On the real replays: games with a CPU and recordings of old Slippi versions are left out when
+// asked, each counted with its reason; the shared folder holds one game twice.
+TEST(Loader, RealCorpusHumanVersionAndDuplicateFilters) {
+  LOADER_REQUIRE_REPLAYS();
+  Loader plain({paths_of(replay_dir()), "batch_size=64"});
+  auto counts = [](Loader& l) {
+    const auto list = l.stage().skipped();
+    return std::map<std::string, size_t>(list.begin(), list.end());
+  };
+  EXPECT_GE(counts(plain)["duplicate"], 1u) << plain.stage().report();
+  Loader humans({paths_of(replay_dir()), "batch_size=64", "humans_only=true"});
+  EXPECT_GT(counts(humans)["not human"], 0u) << humans.stage().report();
+  EXPECT_LT(humans.stage().sources().size(), plain.stage().sources().size());
+  Loader recent({paths_of(replay_dir()), "batch_size=64", "min_version=3.0.0"});
+  EXPECT_GT(counts(recent)["version"], 0u) << recent.stage().report();
+  EXPECT_NE(recent.stage().report().find("(Slippi "), std::string::npos) << recent.stage().report();
+}
+
 TEST(Loader, NoWindowsIsAClearError) {
   try {
     Loader L({paths_of(synth_dir()), "min_frames=100000"});

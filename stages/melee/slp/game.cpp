@@ -11,6 +11,24 @@ std::string Version::str() const {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(build);
 }
 
+std::optional<Version> Version::parse(const std::string& text) {
+  uint8_t parts[3] = {0, 0, 0};
+  size_t i = 0;
+  for (int part = 0; part < 3; ++part) {
+    size_t digits = 0;
+    unsigned v = 0;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9' && digits < 4) {
+      v = v * 10 + static_cast<unsigned>(text[i++] - '0');
+      ++digits;
+    }
+    if (digits == 0 || v > 255) return std::nullopt;
+    parts[part] = static_cast<uint8_t>(v);
+    if (i == text.size()) return Version{parts[0], parts[1], parts[2]};
+    if (text[i++] != '.') return std::nullopt;
+  }
+  return std::nullopt;  // a fourth part, or a trailing '.'
+}
+
 namespace {
 
 template <class Columns, class Views>

@@ -135,6 +135,8 @@ struct Version {
   uint8_t build = 0;
   auto operator<=>(const Version&) const = default;
   std::string str() const;
+  // "3", "3.14" or "3.14.0" (missing parts 0); nothing for anything else.
+  static std::optional<Version> parse(const std::string& text);
 };
 
 inline constexpr uint8_t kNoCharacter = 0xFF;
