@@ -10,7 +10,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   libtbb-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libzstd-dev \
   zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev libdnnl-dev \
-  python3 python3-numpy tmux
+  python3 python3-numpy python3-pip python3-setuptools python3-wheel tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle gpu-peer-bundle

@@ -1,0 +1,104 @@
+"""A trained slipstream checkpoint as a Melee controller policy, from Python.
+
+    with Policy("runs/cpu_quick-...") as policy:
+        controller = policy.step(frame)      # a Frame: the game's state and the last input sent
+
+Each step carries the temporal model's state to the next frame (reset() starts a new game) and
+draws the answer from the model's distribution (temperature 1, seed 0: set_sampling changes
+both; temperature 0 gives the most likely input, which for a behaviour-cloned policy mostly
+stands still). The bindings are ctypes over libslipstream_policy's C interface
+(policy/include/slipstream/policy.h), whose documentation holds for every call here.
+"""
+
+import ctypes
+
+from ._native import (
+    BUTTON_BITS,
+    BUTTONS,
+    STATUS_NAMES,
+    Character,
+    Controller,
+    Distribution,
+    Frame,
+    load_library,
+)
+
+__all__ = [
+    "BUTTONS",
+    "BUTTON_BITS",
+    "Character",
+    "Controller",
+    "Distribution",
+    "Frame",
+    "Policy",
+    "PolicyError",
+]
+
+
+class PolicyError(RuntimeError):
+    """A call the library refused: `status` names why (argument, checkpoint, config, device,
+    runtime, busy), the message is the library's."""
+
+    def __init__(self, status, message):
+        self.status = STATUS_NAMES.get(status, str(status))
+        super().__init__(f"{self.status}: {message}")
+
+
+class Policy:
+    def __init__(self, checkpoint, device="cpu", *, library=None):
+        """Opens `checkpoint`: a run directory (its newest checkpoint), RUN/checkpoints/step-N,
+        or a checkpoint directory copied out of its run. `library`: the .so to use (default:
+        $SLIPSTREAM_POLICY_LIBRARY, else the installed one)."""
+        self._lib = load_library(library)
+        self._handle = ctypes.c_void_p()
+        status = self._lib.slipstream_policy_open(
+            str(checkpoint).encode(), (device or "").encode(), ctypes.byref(self._handle))
+        if status != 0:
+            raise PolicyError(status, self._lib.slipstream_policy_error(None).decode())
+        self._controller = Controller()
+
+    def _check(self, status):
+        if status != 0:
+            handle = self._handle if status != 6 else None  # busy: this thread's message
+            raise PolicyError(status, self._lib.slipstream_policy_error(handle).decode())
+
+    def step(self, frame):
+        """The controller to press next, for `frame` (a Frame). A frame that fails validation
+        raises PolicyError and changes no state."""
+        out = Controller()
+        self._check(self._lib.slipstream_policy_step(self._handle, ctypes.byref(frame),
+                                                     ctypes.byref(out)))
+        return out
+
+    def distribution(self):
+        """The distribution behind the last step's answer (at temperature 1)."""
+        out = Distribution()
+        self._check(self._lib.slipstream_policy_distribution(self._handle, ctypes.byref(out)))
+        return out
+
+    def reset(self):
+        """A new game: clears the model's state and restarts the sampling from its seed."""
+        self._check(self._lib.slipstream_policy_reset(self._handle))
+
+    def set_sampling(self, temperature=1.0, seed=0):
+        self._check(self._lib.slipstream_policy_set_sampling(self._handle, float(temperature),
+                                                             int(seed)))
+
+    def describe(self):
+        """The checkpoint's step, model and device, one line."""
+        return self._lib.slipstream_policy_describe(self._handle).decode()
+
+    def close(self):
+        if self._handle:
+            self._lib.slipstream_policy_close(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None):
+            self.close()

@@ -1,0 +1,151 @@
+"""The Python bindings against the C library and its header (ctest policy.python):
+    SLIPSTREAM_POLICY_LIBRARY  the built libslipstream_policy.so
+    SLIPSTREAM_POLICY_INCLUDE  policy/include (the header the layout is checked against)
+    SLIPSTREAM_POLICY_TEST_RUN a trained run (tests/policy/train_checkpoint.sh)
+The layout test compiles a C program that prints every struct's size and every field's offset
+from the header, so a field declared out of place or with the wrong type fails it."""
+
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import zipfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from slipstream_policy import (  # noqa: E402
+    BUTTON_BITS, Character, Controller, Distribution, Frame, Policy, PolicyError)
+
+RUN = os.environ.get("SLIPSTREAM_POLICY_TEST_RUN", "")
+INCLUDE = os.environ.get("SLIPSTREAM_POLICY_INCLUDE", "")
+
+STRUCTS = {
+    "slipstream_character": Character,
+    "slipstream_controller": Controller,
+    "slipstream_game_frame": Frame,
+    "slipstream_distribution": Distribution,
+}
+
+
+def frame_at(t):
+    """The C test's frames (tests/policy/policy_c_test.c)."""
+    f = Frame(stage=32)
+    p = f.player
+    p.exists, p.character, p.action_state = 1, 1, 14 + t % 30
+    p.action_frame, p.facing = float(t % 20), 1.0 if t % 2 else -1.0
+    p.x, p.on_ground, p.stocks = float(t % 50) - 25.0, 1, 4
+    ctypes.memmove(ctypes.byref(f.opponent), ctypes.byref(f.player), ctypes.sizeof(Character))
+    f.opponent.character, f.opponent.x, f.opponent.percent = 2, -p.x, float(t)
+    f.controller.buttons = BUTTON_BITS["A"] if t % 3 == 0 else 0
+    f.controller.main_x = ((t % 17) - 8) / 8.0
+    return f
+
+
+def argmax(values):
+    return max(range(len(values)), key=lambda i: (values[i], -i))
+
+
+class Layout(unittest.TestCase):
+    def test_every_field_where_the_header_puts_it(self):
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        self.assertTrue(cc, "a C compiler is needed to read the header's layout")
+        self.assertTrue(INCLUDE, "SLIPSTREAM_POLICY_INCLUDE")
+        lines = ["#include <slipstream/policy.h>", "#include <stddef.h>", "#include <stdio.h>",
+                 "int main(void) {"]
+        for c_name, py in STRUCTS.items():
+            lines.append(f'  printf("{c_name} %zu\\n", sizeof({c_name}));')
+            for field, _ in py._fields_:
+                lines.append(f'  printf("{c_name}.{field} %zu\\n", offsetof({c_name}, {field}));')
+        lines += ["  return 0;", "}"]
+        with tempfile.TemporaryDirectory() as d:
+            src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+            pathlib.Path(src).write_text("\n".join(lines) + "\n")
+            subprocess.run([cc, "-std=c11", "-I", INCLUDE, src, "-o", exe], check=True)
+            out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+        header = dict(line.rsplit(" ", 1) for line in out.splitlines())
+        for c_name, py in STRUCTS.items():
+            self.assertEqual(int(header[c_name]), ctypes.sizeof(py), c_name)
+            for field, _ in py._fields_:
+                self.assertEqual(int(header[f"{c_name}.{field}"]), getattr(py, field).offset,
+                                 f"{c_name}.{field}")
+
+
+@unittest.skipUnless(RUN, "SLIPSTREAM_POLICY_TEST_RUN: a trained run")
+class Playing(unittest.TestCase):
+    def play(self, policy, frames=48):
+        answers, dists = [], []
+        for t in range(frames):
+            answers.append(policy.step(frame_at(t)))
+            dists.append(policy.distribution().as_dict())
+        return answers, dists
+
+    def test_most_likely_input_at_temperature_zero_and_reset_replays(self):
+        with Policy(RUN) as policy:
+            self.assertIn("step", policy.describe())
+            policy.set_sampling(0.0, 0)
+            answers, dists = self.play(policy)
+            for c, d in zip(answers, dists):
+                for name in ("buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"):
+                    values = d[name]
+                    self.assertTrue(all(0.0 <= v <= 1.0 for v in values), name)
+                    if name != "buttons":
+                        self.assertAlmostEqual(sum(values), 1.0, places=4, msg=name)
+                self.assertEqual(c.main_x, argmax(d["main_x"]) / 8.0 - 1.0)
+                self.assertEqual(c.c_y, argmax(d["c_y"]) / 8.0 - 1.0)
+                self.assertEqual(c.shoulder, argmax(d["shoulder"]) / 4.0)
+                for i, p in enumerate(d["buttons"]):
+                    self.assertEqual(bool(c.buttons & (1 << i)), p > 0.5)
+            policy.reset()
+            again, dists_again = self.play(policy)
+            self.assertEqual(dists, dists_again)
+            self.assertEqual([bytes(a) for a in answers], [bytes(a) for a in again])
+
+    def test_sampling_follows_the_seed(self):
+        with Policy(RUN) as policy:
+            policy.set_sampling(1.0, 7)
+            a, _ = self.play(policy)
+            policy.reset()
+            b, _ = self.play(policy)
+            policy.set_sampling(1.0, 8)
+            policy.reset()
+            c, _ = self.play(policy)
+        self.assertEqual([bytes(x) for x in a], [bytes(x) for x in b])
+        self.assertNotEqual([bytes(x) for x in a], [bytes(x) for x in c])
+
+    def test_errors_name_the_problem(self):
+        with self.assertRaises(PolicyError) as e:
+            Policy(os.path.join(RUN, "no-such-checkpoint"))
+        self.assertEqual(e.exception.status, "checkpoint")
+        with Policy(RUN) as policy:
+            bad = frame_at(0)
+            bad.stage = 99
+            with self.assertRaises(PolicyError) as e:
+                policy.step(bad)
+            self.assertEqual(e.exception.status, "argument")
+            self.assertIn("stage", str(e.exception))
+            policy.step(frame_at(0))  # the handle still plays
+
+
+class Packaging(unittest.TestCase):
+    def test_a_wheel_builds(self):
+        root = pathlib.Path(__file__).resolve().parents[1]
+        with tempfile.TemporaryDirectory() as d:
+            # A copy: building in place would leave build/ and *.egg-info in the repository.
+            src = os.path.join(d, "src")
+            shutil.copytree(root, src, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+            subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", os.path.join(d, "dist"), src],
+                           check=True)
+            wheels = list(pathlib.Path(d, "dist").glob("slipstream_policy-*.whl"))
+            self.assertEqual(len(wheels), 1)
+            names = zipfile.ZipFile(wheels[0]).namelist()
+        self.assertIn("slipstream_policy/__init__.py", names)
+        self.assertIn("slipstream_policy/_native.py", names)
+
+
+if __name__ == "__main__":
+    unittest.main()
