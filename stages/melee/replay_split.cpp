@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <span>
 #include <stdexcept>
+#include <string>
 
 namespace fs = std::filesystem;
 
@@ -51,7 +53,13 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 constexpr uint64_t kValidationOrder = uint64_t{1} << 40;
 
 void WindowOrder::reset(size_t windows, uint64_t batch, uint64_t batches_per_epoch, bool validation,
-                        bool shuffle, uint64_t seed, uint64_t rank, uint64_t world) {
+                        bool shuffle, bool keyed, uint64_t seed, uint64_t rank, uint64_t world) {
+  if (shuffle && !keyed && windows > std::numeric_limits<uint32_t>::max())
+    throw std::runtime_error(
+        "shuffle_order: table holds at most 2^32 - 1 windows, and the data have " +
+        std::to_string(windows) + "; use shuffle_order: keyed");
+  keyed_ = keyed;
+  keyed_perm_.reset();
   windows_ = windows;
   batch_ = batch;
   batches_per_epoch_ = std::max<uint64_t>(1, batches_per_epoch);
@@ -75,10 +83,13 @@ size_t WindowOrder::window_at(uint64_t k, uint64_t r) const {
   if (!shuffle_) return pos;
   const uint64_t epoch = epoch_of(k);
   if (perm_epoch_ != static_cast<int64_t>(epoch)) {
-    perm_ = epoch_permutation(windows_, seed_, epoch);
+    if (keyed_)
+      keyed_perm_.emplace(windows_, seed_, epoch);
+    else
+      perm_ = epoch_permutation(windows_, seed_, epoch);
     perm_epoch_ = static_cast<int64_t>(epoch);
   }
-  return perm_[pos];
+  return keyed_ ? static_cast<size_t>((*keyed_perm_)(pos)) : perm_[pos];
 }
 
 void check_ranks_agree(RunState& run, const Inputs& in, const ReplayDataset& ds, bool by_games,

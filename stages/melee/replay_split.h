@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,13 +35,15 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 // (j·world + rank)·B + r, j = k mod batches_per_epoch, of the permutation drawn from (seed, e)
 // (or of the windows in order without shuffle), so ranks see disjoint windows. Validation: one
 // fixed shuffled order, the same every pass, so a pass of a few batches samples every validation
-// game; positions past the windows are padding.
+// game; positions past the windows are padding. The permutation is a KeyedPermutation
+// (`keyed`: computed per position, any number of windows) or, for runs from before it, the
+// epoch's table (epoch_permutation: fewer than 2^32 windows).
 class WindowOrder {
  public:
   static constexpr size_t kPadding = static_cast<size_t>(-1);
 
   void reset(size_t windows, uint64_t batch, uint64_t batches_per_epoch, bool validation,
-             bool shuffle, uint64_t seed, uint64_t rank, uint64_t world);
+             bool shuffle, bool keyed, uint64_t seed, uint64_t rank, uint64_t world);
   uint64_t epoch_of(uint64_t k) const;
   // The window index of row r of batch k, or kPadding.
   size_t window_at(uint64_t k, uint64_t r) const;
@@ -48,9 +51,10 @@ class WindowOrder {
  private:
   size_t windows_ = 0;
   uint64_t batch_ = 1, batches_per_epoch_ = 1, seed_ = 0, rank_ = 0, world_ = 1;
-  bool validation_ = false, shuffle_ = true;
+  bool validation_ = false, shuffle_ = true, keyed_ = true;
   // The current epoch's order (recomputed when a batch of another epoch is asked for).
   mutable std::vector<uint32_t> perm_;
+  mutable std::optional<KeyedPermutation> keyed_perm_;
   mutable int64_t perm_epoch_ = -1;
 };
 

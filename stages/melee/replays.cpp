@@ -163,6 +163,12 @@ StageSchema ReplaysStage::schema() {
              "fraction of whole games held out, by seed and game identity (1: all of them)")
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
+      .param("shuffle_order", std::string("keyed"),
+             "keyed: each position's window computed from (seed, epoch) — no table, any number of "
+             "windows, nothing built at an epoch's start; table: the epoch's permutation as a "
+             "table of 32-bit indices (runs from before this parameter; under 2^32 windows)")
+      .choices({"keyed", "table"})
+      .in_older_runs(std::string("table"))
       .param("shard", std::string("windows"),
              "with several ranks, windows: every rank loads every game and trains on its rows of "
              "each global batch (the batches of one process at world x batch_size); games: each "
@@ -193,6 +199,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   window_ = p.integer("window");
   delay_ = p.integer("delay");
   shuffle_ = p.boolean("shuffle");
+  keyed_order_ = p.string("shuffle_order") == "keyed";
   epochs_ = std::max<int64_t>(1, ctx.run().epochs);
   seed_ = ctx.seed();
   const int64_t threads = p.integer("threads");
@@ -363,7 +370,8 @@ void ReplaysStage::setup(StageContext& ctx) {
     check_ranks_agree(ctx.run(), in, ds, by_games, fp, who);
 
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
-  order_.reset(windows_.size(), B, batches_per_epoch_, validation_, shuffle_, seed_, rank_, world_);
+  order_.reset(windows_.size(), B, batches_per_epoch_, validation_, shuffle_, keyed_order_, seed_,
+               rank_, world_);
 }
 
 const GameFeatures& ReplaysStage::game_of(const WindowRef& w) const {

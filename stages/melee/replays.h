@@ -78,6 +78,7 @@ class ReplaysStage : public Stage {
   std::optional<StageContext::Split> forced_split_;
   bool validation_ = false;
   bool shuffle_ = true;
+  bool keyed_order_ = true;  // shuffle_order: keyed (KeyedPermutation) or table
   int64_t batch_ = 256, window_ = 60, delay_ = 0;
   int64_t epochs_ = 1;
   uint64_t seed_ = 0;

@@ -195,6 +195,47 @@ std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, uint64_t epoch)
   return perm;
 }
 
+KeyedPermutation::KeyedPermutation(uint64_t n, uint64_t seed, uint64_t epoch) : n_(n) {
+  while (half_bits_ < 32 && (uint64_t{1} << (2 * half_bits_)) < n) ++half_bits_;
+  half_mask_ = (uint64_t{1} << half_bits_) - 1;
+  uint64_t k = mix64(seed ^ mix64(epoch ^ 0x7F4A7C15F39CC060ull));
+  for (auto& key : keys_) key = k = mix64(k);
+}
+
+// One round maps (left, right) to (right, left ^ F(right)); the inverse undoes the rounds last
+// to first. With 32-bit halves (n > 2^62) the domain is every uint64.
+uint64_t KeyedPermutation::feistel(uint64_t x) const {
+  uint64_t left = (x >> half_bits_) & half_mask_, right = x & half_mask_;
+  for (uint64_t key : keys_) {
+    const uint64_t next = left ^ (mix64(key ^ right) & half_mask_);
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+uint64_t KeyedPermutation::feistel_inverse(uint64_t x) const {
+  uint64_t left = (x >> half_bits_) & half_mask_, right = x & half_mask_;
+  for (int r = kRounds - 1; r >= 0; --r) {
+    const uint64_t prev = right ^ (mix64(keys_[r] ^ left) & half_mask_);
+    right = left;
+    left = prev;
+  }
+  return (left << half_bits_) | right;
+}
+
+uint64_t KeyedPermutation::operator()(uint64_t position) const {
+  uint64_t x = feistel(position);
+  while (x >= n_) x = feistel(x);
+  return x;
+}
+
+uint64_t KeyedPermutation::inverse(uint64_t value) const {
+  uint64_t x = feistel_inverse(value);
+  while (x >= n_) x = feistel_inverse(x);
+  return x;
+}
+
 void fill_window(const GameFeatures& g, const Perspective& p, uint32_t start, int delay,
                  const BatchView& out, int64_t row) {
   const int W = out.window;

@@ -94,8 +94,31 @@ std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
                                      const std::vector<Perspective>& perspectives, int window,
                                      int stride, int delay);
 
-// A permutation of [0, n) that depends only on (seed, epoch): Fisher-Yates over splitmix64.
+// A permutation of [0, n) that depends only on (seed, epoch): Fisher-Yates over splitmix64, as a
+// table of 32-bit indices (n < 2^32; runs written before `shuffle_order` existed use it).
 std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, uint64_t epoch);
+
+// The same kind of permutation of [0, n), any n < 2^64, computed one position at a time: no
+// table, so nothing to build at an epoch's start and no memory that grows with the windows. A
+// balanced Feistel network over the smallest even power of two >= n (six rounds of mix64 keyed
+// by (seed, epoch, round)), cycle-walked into [0, n): each step is a bijection of the larger
+// domain, so the walk from a position in [0, n) lands on a distinct position in [0, n). A few
+// rounds of the network per position on average (the domain is less than 4n).
+class KeyedPermutation {
+ public:
+  KeyedPermutation(uint64_t n, uint64_t seed, uint64_t epoch);
+  uint64_t size() const { return n_; }
+  uint64_t operator()(uint64_t position) const;  // position < n
+  uint64_t inverse(uint64_t value) const;        // value < n
+ private:
+  uint64_t feistel(uint64_t x) const;
+  uint64_t feistel_inverse(uint64_t x) const;
+  static constexpr int kRounds = 6;
+  uint64_t n_ = 0;
+  int half_bits_ = 1;
+  uint64_t half_mask_ = 1;
+  uint64_t keys_[kRounds] = {};
+};
 
 // Pointers to the batch tensors (row-major, shapes of batch_layout.h).
 struct BatchView {
