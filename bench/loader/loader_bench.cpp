@@ -1,6 +1,8 @@
 // slippi_replays throughput: windows/s out of produce() (batch 256, window 60) and setup time
 // (decode + feature extraction), over the shared real replays and a synthetic set, on 1, 2, 4,
-// ... threads up to the machine's cores. Run: build/bin/bench_loader [--benchmark_filter=...]
+// ... threads up to the machine's cores; and the epoch's window order, a table built at the
+// epoch's start against the keyed order computed per position, for one batch's 256 positions.
+// Run: build/bin/bench_loader [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "engine/stage_harness.h"
+#include "stages/melee/replay_split.h"
 #include "stages/melee/replays.h"
 #include "stages/melee/slp/synth.h"
 
@@ -110,6 +113,29 @@ void thread_counts(benchmark::internal::Benchmark* b) {
   }
 }
 
+// The first batch of an epoch over N windows: the table form builds the epoch's permutation
+// first (what stalled the loader at epoch boundaries), the keyed form computes its 256 windows.
+void BM_EpochFirstBatchOrder(benchmark::State& state) {
+  const uint64_t n = static_cast<uint64_t>(state.range(0));
+  const bool keyed = state.range(1) != 0;
+  melee::WindowOrder order;
+  order.reset(n, 256, n / 256, false, true, keyed, 1, 0, 1);
+  uint64_t epoch = 0, sum = 0;
+  for (auto _ : state) {
+    const uint64_t k = (epoch++) * (n / 256);  // batch 0 of the next epoch
+    for (uint64_t r = 0; r < 256; ++r) sum += order.window_at(k, r);
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetLabel(keyed ? "keyed" : "table");
+}
+
+BENCHMARK(BM_EpochFirstBatchOrder)
+    ->ArgNames({"windows", "keyed"})
+    ->Args({1 << 20, 0})
+    ->Args({1 << 20, 1})
+    ->Args({25 << 20, 0})
+    ->Args({25 << 20, 1})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Setup)->Apply(thread_counts)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Produce)->Apply(thread_counts)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_MAIN();
