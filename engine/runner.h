@@ -146,10 +146,12 @@ class Runner {
   // returns its step; each stream_next() pulls the source's next batch into `out` and runs it
   // through the data transforms and the section's stages before the loss (no loss, no
   // metrics), false when the source has none; stream_restart() starts a new stream
-  // (stream_begin on every stage: recurrent state cleared). Call instead of run()/evaluate().
+  // (stream_begin on every stage: recurrent state cleared); stream_restart_row(r) restarts the
+  // sequence of batch row r alone (Stage::stream_reset_row). Call instead of run()/evaluate().
   uint64_t stream_open(const std::string& checkpoint);
   bool stream_next(Batch& out);
   void stream_restart();
+  void stream_restart_row(int64_t row);
 
   // One training step's forward and backward on the first training batch, without the stages
   // after the loss (no update): the figures another implementation of the same graph must

@@ -294,4 +294,11 @@ void Runner::stream_restart() {
   I.begin_stream();
 }
 
+void Runner::stream_restart_row(int64_t row) {
+  auto& I = *impl_;
+  if (!I.fed) throw std::logic_error("Runner::stream_restart_row before stream_open");
+  for (size_t k = 0; k < I.n(); ++k)
+    I.as_stage(k, 0, [&] { I.graph->stage(k).stream_reset_row(row, I.graph->context(k)); });
+}
+
 }  // namespace slipstream

@@ -215,6 +215,12 @@ class Stage {
   // A stream starts (Runner::stream): a recurrent stage sets its carried state to the start of
   // a sequence (what its forward starts every window from).
   virtual void stream_begin(StageContext& ctx) { (void)ctx; }
+  // Row `row` of the stream's batches starts a new sequence (one game of many, restarted); the
+  // other rows carry on. A recurrent stage sets that row's state as stream_begin sets all.
+  virtual void stream_reset_row(int64_t row, StageContext& ctx) {
+    (void)row;
+    (void)ctx;
+  }
   virtual void validation_end(const std::map<std::string, double>& metrics, StageContext& ctx) {
     (void)metrics;
     (void)ctx;

@@ -8,6 +8,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
@@ -25,6 +27,7 @@
 #include "stages/melee/controller_choice.h"
 #include "stages/melee/frame_feed.h"
 #include "stages/melee/model_math.h"
+#include "stages/melee/window_index.h"
 
 using namespace slipstream;
 using namespace slipstream::melee;
@@ -37,15 +40,20 @@ struct slipstream_policy {
   size_t heads = 0;
   std::string description;
   mutable std::string error;  // the last failed call's message
-  slipstream_distribution last{};
-  float button_logits[kButtons] = {};
-  bool stepped = false;
+  // The games of the stream: 0 until the first step after open or reset fixes how many; then
+  // per game (a batch row) its last distribution, button logits, generator and whether it has
+  // stepped since it started.
+  int32_t games = 0;
+  std::vector<slipstream_distribution> last;
+  std::vector<std::array<float, kButtons>> button_logits;
+  std::vector<std::mt19937_64> rngs;
+  std::vector<uint8_t> stepped;
+  std::vector<FedFrame> frames;  // the step's frames, checked
   // Sampling by default: the most likely input of a behaviour-cloned policy is mostly "nothing
-  // pressed, sticks at rest" (docs/policy.md). reset() restarts the generator from `seed`, so a
-  // game replays alike.
+  // pressed, sticks at rest" (docs/policy.md). A game's start restarts its generator from its
+  // seed (game_seed), so a game replays alike.
   float temperature = 1;
   uint64_t seed = 0;
-  std::mt19937_64 rng{0};
   mutable std::atomic<bool> busy{false};  // a call is using the handle (HandleUse)
 };
 
@@ -155,21 +163,59 @@ float* head_probabilities(slipstream_distribution& d, int stick_head) {
   return heads[stick_head];
 }
 
-// One frame through the graph: the distribution of the next input into p.last.
-void forward(slipstream_policy& p, const FedFrame& f) {
-  p.feed->push(f);
+// Game i's generator seed: the handle's seed for game 0 (a single game samples as it always
+// has), a draw from (seed, i) for the others.
+uint64_t game_seed(uint64_t seed, int32_t game) {
+  return game == 0 ? seed
+                   : mix64(seed ^ mix64(0x6A09E667F3BCC909ull + static_cast<uint64_t>(game)));
+}
+
+// The stream's games fixed at n: each starts with its generator at its seed.
+void start_games(slipstream_policy& p, int32_t n) {
+  p.games = n;
+  const size_t g = static_cast<size_t>(n);
+  p.last.assign(g, slipstream_distribution{});
+  p.button_logits.assign(g, {});
+  p.stepped.assign(g, 0);
+  p.rngs.clear();
+  for (int32_t i = 0; i < n; ++i) p.rngs.emplace_back(game_seed(p.seed, i));
+}
+
+// One frame of each game through the graph (batch row i: game i): the distributions of the
+// next inputs into p.last.
+void forward(slipstream_policy& p) {
+  p.feed->push(p.frames);
   Batch b;
   if (!p.runner->stream_next(b)) throw std::logic_error("the frame feed produced no batch");
   const StageContext& hc = p.runner->graph().context(p.heads);
-  float logits[kHeadsWidth];
-  for (int h = 0; h < kHeads; ++h) {
-    const Tensor t = hc.output(b, kHeadNames[h]).to(Device::cpu());
-    std::copy_n(t.data<float>(), head_width(h), logits + head_offset(h));
+  Tensor heads[kHeads];
+  for (int h = 0; h < kHeads; ++h) heads[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
+  for (size_t i = 0; i < p.frames.size(); ++i) {
+    float logits[kHeadsWidth];
+    for (int h = 0; h < kHeads; ++h)
+      std::copy_n(heads[h].data<float>() + i * static_cast<size_t>(head_width(h)), head_width(h),
+                  logits + head_offset(h));
+    std::copy_n(logits, kButtons, p.button_logits[i].data());
+    slipstream_distribution& d = p.last[i];
+    for (int k = 0; k < kButtons; ++k) d.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
+    for (int h = 0; h < kStickHeads; ++h)
+      head_softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(d, h));
   }
-  std::copy_n(logits, kButtons, p.button_logits);
-  for (int k = 0; k < kButtons; ++k) p.last.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
+}
+
+// Game i's answer, drawn from its distribution with its generator.
+slipstream_controller answer(slipstream_policy& p, size_t i) {
+  const float* probabilities[kStickHeads];
+  for (int h = 0; h < kStickHeads; ++h) probabilities[h] = head_probabilities(p.last[i], h);
+  const ChosenController chosen =
+      choose_controller(p.button_logits[i].data(), probabilities, p.temperature, p.rngs[i]);
+  slipstream_controller c{};
+  c.buttons = chosen.buttons;
+  float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
   for (int h = 0; h < kStickHeads; ++h)
-    head_softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(p.last, h));
+    *values[h] =
+        h == kShoulder ? shoulder_value(chosen.classes[h]) : stick_value(chosen.classes[h]);
+  return c;
 }
 
 // One handle, one thread at a time: a call that finds the handle in use by another thread is
@@ -295,51 +341,88 @@ slipstream_status slipstream_policy_reset(slipstream_policy* p) {
   if (!use.owned()) return use.refused("slipstream_policy_reset");
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     p->arena.execute([&] { p->runner->stream_restart(); });
-    p->stepped = false;
-    p->rng.seed(p->seed);
+    p->games = 0;  // the next step fixes the number of games again
+    return SLIPSTREAM_OK;
+  });
+}
+
+slipstream_status slipstream_policy_reset_game(slipstream_policy* p, int32_t game) {
+  if (!p)
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_reset_game: policy is NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_reset_game");
+  if (game < 0 || game >= p->games)
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                "slipstream_policy_reset_game: game " + std::to_string(game) + " of a stream of " +
+                    std::to_string(p->games) + " game(s)" +
+                    (p->games == 0 ? " (no step since open or reset)" : ""));
+  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
+    p->arena.execute([&] { p->runner->stream_restart_row(game); });
+    const size_t g = static_cast<size_t>(game);
+    p->rngs[g].seed(game_seed(p->seed, game));
+    p->stepped[g] = 0;
+    return SLIPSTREAM_OK;
+  });
+}
+
+slipstream_status slipstream_policy_step_batch(slipstream_policy* p, int32_t n,
+                                               const slipstream_game_frame* frames,
+                                               slipstream_controller* out) {
+  if (!p)
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: policy is NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_step_batch");
+  if (!frames || !out)
+    return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: frames or out is NULL");
+  if (n < 1) return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: n must be >= 1");
+  if (p->games != 0 && n != p->games)
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                "slipstream_policy_step_batch: this stream plays " + std::to_string(p->games) +
+                    " game(s), not " + std::to_string(n) +
+                    " (slipstream_policy_reset starts a stream of another number)");
+  p->frames.assign(static_cast<size_t>(n), FedFrame{});
+  for (int32_t i = 0; i < n; ++i)
+    if (std::string e = frame_features(frames[i], p->frames[static_cast<size_t>(i)]); !e.empty())
+      return fail(p, SLIPSTREAM_E_ARGUMENT, n == 1 ? e : "game " + std::to_string(i) + ": " + e);
+  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
+    if (p->games == 0) start_games(*p, n);
+    p->arena.execute([&] { forward(*p); });
+    for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+      p->stepped[i] = 1;
+      out[i] = answer(*p, i);
+    }
     return SLIPSTREAM_OK;
   });
 }
 
 slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_game_frame* frame,
                                          slipstream_controller* out) {
-  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: policy is NULL");
-  const HandleUse use(p);
-  if (!use.owned()) return use.refused("slipstream_policy_step");
-  if (!frame || !out)
-    return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step: frame or out is NULL");
-  FedFrame f;
-  if (std::string e = frame_features(*frame, f); !e.empty())
-    return fail(p, SLIPSTREAM_E_ARGUMENT, e);
-  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
-    p->arena.execute([&] { forward(*p, f); });
-    p->stepped = true;
-    const float* probabilities[kStickHeads];
-    for (int h = 0; h < kStickHeads; ++h) probabilities[h] = head_probabilities(p->last, h);
-    const ChosenController chosen =
-        choose_controller(p->button_logits, probabilities, p->temperature, p->rng);
-    slipstream_controller c{};
-    c.buttons = chosen.buttons;
-    float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
-    for (int h = 0; h < kStickHeads; ++h)
-      *values[h] =
-          h == kShoulder ? shoulder_value(chosen.classes[h]) : stick_value(chosen.classes[h]);
-    *out = c;
-    return SLIPSTREAM_OK;
-  });
+  return slipstream_policy_step_batch(p, 1, frame, out);
 }
 
-slipstream_status slipstream_policy_distribution(const slipstream_policy* p,
-                                                 slipstream_distribution* out) {
+slipstream_status slipstream_policy_distribution_of(const slipstream_policy* p, int32_t game,
+                                                    slipstream_distribution* out) {
   if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: NULL");
   const HandleUse use(p);
   if (!use.owned()) return use.refused("slipstream_policy_distribution");
   if (!out) return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_distribution: out is NULL");
-  if (!p->stepped)
+  if (game < 0 || (p->games > 0 && game >= p->games))
     return fail(p, SLIPSTREAM_E_ARGUMENT,
-                "slipstream_policy_distribution: no step since open or reset");
-  *out = p->last;
+                "slipstream_policy_distribution: game " + std::to_string(game) +
+                    " of a stream of " + std::to_string(p->games) + " game(s)");
+  if (game >= p->games || !p->stepped[static_cast<size_t>(game)])
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                game == 0
+                    ? std::string("slipstream_policy_distribution: no step since open or reset")
+                    : "slipstream_policy_distribution: no step of game " + std::to_string(game) +
+                          " since it started");
+  *out = p->last[static_cast<size_t>(game)];
   return SLIPSTREAM_OK;
+}
+
+slipstream_status slipstream_policy_distribution(const slipstream_policy* p,
+                                                 slipstream_distribution* out) {
+  return slipstream_policy_distribution_of(p, 0, out);
 }
 
 slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float temperature,
@@ -352,7 +435,8 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float tem
                 "slipstream_policy_set_sampling: temperature must be finite and >= 0");
   p->temperature = temperature;
   p->seed = seed;
-  p->rng.seed(seed);
+  for (size_t i = 0; i < p->rngs.size(); ++i)
+    p->rngs[i].seed(game_seed(seed, static_cast<int32_t>(i)));
   return SLIPSTREAM_OK;
 }
 

@@ -3,7 +3,9 @@
 // Mamba's recurrent step, heads; the answer read back and chosen). The checkpoint is a one-step
 // run of configs/train_bc.yaml at the model sizes given (cpu_quick's core, d_model 128 / 2
 // layers, and the production core, 256 / 3 / d_state 32), trained in a temporary directory on
-// synthetic games first. Counters p50_us and p99_us as in infer_bench.cpp.
+// synthetic games first. Counters p50_us and p99_us as in infer_bench.cpp. BM_PolicyStepBatch:
+// slipstream_policy_step_batch of n games per call (n = 1, 64, 256, 1024) at cpu_quick's core,
+// with frames/s over all games (counter frames_per_s) beside the per-call latency.
 #include <benchmark/benchmark.h>
 #include <slipstream/policy.h>
 #include <unistd.h>
@@ -106,5 +108,50 @@ BENCHMARK(BM_PolicyStep)
     ->Args({128, 2, 16})
     ->Args({256, 3, 32})
     ->Unit(benchmark::kMicrosecond);
+
+void BM_PolicyStepBatch(benchmark::State& state) {
+  const int32_t n = static_cast<int32_t>(state.range(0));
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("slipstream-policy-batch-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
+  fs::remove_all(dir);
+  const std::string run = train_checkpoint(dir, 128, 2, 16);
+  slipstream_policy* p = nullptr;
+  if (slipstream_policy_open(run.c_str(), "cpu", &p) != SLIPSTREAM_OK) {
+    state.SkipWithError(slipstream_policy_error(nullptr));
+    fs::remove_all(dir);
+    return;
+  }
+  std::vector<slipstream_controller> pressed(static_cast<size_t>(n));
+  std::vector<slipstream_game_frame> frames(static_cast<size_t>(n));
+  std::vector<double> us;
+  us.reserve(1 << 16);
+  int t = 0;
+  for (auto _ : state) {
+    for (int32_t i = 0; i < n; ++i)
+      frames[static_cast<size_t>(i)] = frame_at(t + 17 * i, pressed[static_cast<size_t>(i)]);
+    ++t;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (slipstream_policy_step_batch(p, n, frames.data(), pressed.data()) != SLIPSTREAM_OK) {
+      state.SkipWithError(slipstream_policy_error(p));
+      break;
+    }
+    us.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+  }
+  report_latency(state, us);
+  state.counters["frames_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * n, benchmark::Counter::kIsRate);
+  slipstream_policy_close(p);
+  fs::remove_all(dir);
+}
+BENCHMARK(BM_PolicyStepBatch)
+    ->ArgNames({"games"})
+    ->Arg(1)
+    ->Arg(64)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace

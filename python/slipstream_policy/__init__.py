@@ -70,15 +70,32 @@ class Policy:
                                                      ctypes.byref(out)))
         return out
 
-    def distribution(self):
-        """The distribution behind the last step's answer (at temperature 1)."""
+    def step_batch(self, frames):
+        """One frame of each of n games (a sequence of Frame, or a ctypes array of them), stepped
+        together: a list of n Controllers. Each game keeps its own state and generator; the
+        first call after open or reset fixes n."""
+        n = len(frames)
+        if not isinstance(frames, ctypes.Array):
+            frames = (Frame * n)(*frames)
+        out = (Controller * n)()
+        self._check(self._lib.slipstream_policy_step_batch(self._handle, n, frames, out))
+        return list(out)
+
+    def distribution(self, game=0):
+        """The distribution behind game `game`'s last answer (at temperature 1)."""
         out = Distribution()
-        self._check(self._lib.slipstream_policy_distribution(self._handle, ctypes.byref(out)))
+        self._check(self._lib.slipstream_policy_distribution_of(self._handle, int(game),
+                                                                ctypes.byref(out)))
         return out
 
     def reset(self):
-        """A new game: clears the model's state and restarts the sampling from its seed."""
+        """A new game (every game of a batch): clears the model's state and restarts the
+        sampling from its seed; the next step fixes the number of games again."""
         self._check(self._lib.slipstream_policy_reset(self._handle))
+
+    def reset_game(self, game):
+        """Game `game` of the batch starts again; the others carry on."""
+        self._check(self._lib.slipstream_policy_reset_game(self._handle, int(game)))
 
     def set_sampling(self, temperature=1.0, seed=0):
         self._check(self._lib.slipstream_policy_set_sampling(self._handle, float(temperature),

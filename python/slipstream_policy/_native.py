@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-INTERFACE_VERSION = 1  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
+INTERFACE_VERSION = 2  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
 
 OK, E_ARGUMENT, E_CHECKPOINT, E_CONFIG, E_DEVICE, E_RUNTIME, E_BUSY = range(7)
 STATUS_NAMES = {
@@ -137,10 +137,10 @@ def load_library(explicit=None):
             continue
         _declare(lib)
         version = lib.slipstream_policy_version()
-        if version != INTERFACE_VERSION:
+        if version < INTERFACE_VERSION:  # a newer library serves older programs
             raise OSError(
-                f"{path} implements interface version {version}; these bindings follow "
-                f"version {INTERFACE_VERSION}"
+                f"{path} implements interface version {version}; these bindings need "
+                f"version {INTERFACE_VERSION} or later"
             )
         return lib
     raise OSError(
@@ -161,12 +161,20 @@ def _declare(lib):
         "slipstream_policy_step": (
             status, [handle, ctypes.POINTER(Frame), ctypes.POINTER(Controller)]),
         "slipstream_policy_distribution": (status, [handle, ctypes.POINTER(Distribution)]),
+        "slipstream_policy_step_batch": (
+            status, [handle, ctypes.c_int32, ctypes.POINTER(Frame), ctypes.POINTER(Controller)]),
+        "slipstream_policy_reset_game": (status, [handle, ctypes.c_int32]),
+        "slipstream_policy_distribution_of": (
+            status, [handle, ctypes.c_int32, ctypes.POINTER(Distribution)]),
         "slipstream_policy_set_sampling": (status, [handle, ctypes.c_float, ctypes.c_uint64]),
         "slipstream_policy_describe": (ctypes.c_char_p, [handle]),
         "slipstream_policy_error": (ctypes.c_char_p, [handle]),
         "slipstream_policy_close": (None, [handle]),
     }
     for name, (restype, argtypes) in signatures.items():
+        if not hasattr(lib, name):
+            raise OSError(f"{lib._name} has no {name}: not a libslipstream_policy of interface "
+                          f"version {INTERFACE_VERSION}")
         fn = getattr(lib, name)
         fn.restype = restype
         fn.argtypes = argtypes

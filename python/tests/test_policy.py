@@ -116,6 +116,26 @@ class Playing(unittest.TestCase):
         self.assertEqual([bytes(x) for x in a], [bytes(x) for x in b])
         self.assertNotEqual([bytes(x) for x in a], [bytes(x) for x in c])
 
+    def test_many_games_per_call(self):
+        with Policy(RUN) as batch, Policy(RUN) as alone:
+            batch.set_sampling(0.0)
+            alone.set_sampling(0.0)
+            for t in range(24):
+                answers = batch.step_batch([frame_at(t), frame_at(t + 7), frame_at(3 * t)])
+                self.assertEqual(len(answers), 3)
+                single = alone.step(frame_at(t + 7))
+                self.assertEqual(bytes(answers[1]), bytes(single))
+                a, b = batch.distribution(1).as_dict(), alone.distribution().as_dict()
+                for name in a:
+                    for x, y in zip(a[name], b[name]):
+                        self.assertAlmostEqual(x, y, delta=1e-5)
+            batch.reset_game(2)
+            with self.assertRaises(PolicyError) as e:
+                batch.step_batch([frame_at(0)])
+            self.assertEqual(e.exception.status, "argument")
+            batch.reset()
+            self.assertEqual(len(batch.step_batch([frame_at(0)])), 1)
+
     def test_errors_name_the_problem(self):
         with self.assertRaises(PolicyError) as e:
             Policy(os.path.join(RUN, "no-such-checkpoint"))

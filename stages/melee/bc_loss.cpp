@@ -399,13 +399,13 @@ class BcLossStage : public Stage {
       ctx.metric(names_.base_acc[h], base.acc[h], MetricKind::mean, n);
     }
     // The frames that are hard for repeat-last: every head right, and the items that change
-    // (each figure weighs the changed items it is over; none changed: nothing to report).
+    // (each figure weighs the changed items it is over: a batch where none changed adds
+    // nothing, but names the metric, as every rank of a run must).
     ctx.metric("all_right", r.all_right, MetricKind::mean, n);
     ctx.metric("baseline/all_right", base.all_right, MetricKind::mean, n);
     for (int h = 0; h < kHeads; ++h) {
       const double items = n * (h == 0 ? kButtons : 1);
       ctx.metric(names_.changed_share[h], r.changed[h] / items, MetricKind::mean, items);
-      if (!(r.changed[h] > 0)) continue;
       ctx.metric(names_.changed_acc[h], r.changed_acc[h], MetricKind::mean, r.changed[h]);
       ctx.metric(names_.changed_nll[h], r.changed_nll[h], MetricKind::mean, r.changed[h]);
       ctx.metric(names_.base_changed_nll[h], base.changed_nll[h], MetricKind::mean, r.changed[h]);

@@ -1,12 +1,13 @@
-// melee_frames: a source fed one frame at a time by the program that holds the graph (the
-// policy library, libslipstream_policy): each produce() hands out the frame pushed since the
-// last one as a batch of one window of one frame, laid out as batch_layout.h says; with nothing
-// pushed it ends the data. The targets are unknown (neutral controller, mask 1): the stages
-// before the loss are what such a graph runs.
+// melee_frames: a source fed by the program that holds the graph (the policy library,
+// libslipstream_policy): each produce() hands out the frames pushed since the last one, one
+// frame of each of n games, as a batch of n windows of one frame (row i: game i), laid out as
+// batch_layout.h says; with nothing pushed it ends the data. The targets are unknown (neutral
+// controller, mask 1): the stages before the loss are what such a graph runs.
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <span>
+#include <vector>
 
 #include "engine/stage.h"
 #include "stages/melee/batch_layout.h"
@@ -26,12 +27,14 @@ class FrameFeedStage : public Stage {
  public:
   static StageSchema schema();
   void setup(StageContext& ctx) override;
-  // The next frame to hand out. Ids out of range throw std::invalid_argument.
-  void push(const FedFrame& frame);
+  // The next frame of each game to hand out (n >= 1). Ids out of range throw
+  // std::invalid_argument, and nothing is pushed.
+  void push(std::span<const FedFrame> frames);
+  void push(const FedFrame& frame) { push(std::span<const FedFrame>(&frame, 1)); }
   bool produce(Batch& out, StageContext& ctx) override;
 
  private:
-  std::optional<FedFrame> pending_;
+  std::vector<FedFrame> pending_;
 };
 
 }  // namespace slipstream::melee

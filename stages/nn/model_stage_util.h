@@ -68,6 +68,12 @@ class FrameStream {
     model_.reset();  // sized, at the start of every sequence, by the first batch
   }
 
+  // Row `row` starts its sequence again; the others keep their state. Before the first batch
+  // (no state yet) every row starts from zero anyway.
+  void reset_row(int64_t row) {
+    if (model_) model_->reset(static_cast<int>(row));
+  }
+
   // y (B, W, dout) from x (B, W, din): each row's W frames in order, state carried.
   void forward(const Config& c, const Tensor& x, const float* w, Tensor& y, size_t din,
                size_t dout) {

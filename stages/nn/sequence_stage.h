@@ -26,6 +26,7 @@ class SequenceStage : public Stage {
   using Model = SequenceModel<Config, Layout>;
 
   void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+  void stream_reset_row(int64_t row, StageContext&) override { stream_.reset_row(row); }
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");

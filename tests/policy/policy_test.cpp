@@ -178,6 +178,85 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
   EXPECT_EQ(pressed_differs, 0u);
 }
 
+// Several games per call are several games: game i of a batch (each from its own frame of the
+// replay) answers as a handle of its own playing the same frames; game 0 from the first frame
+// answers as the training graph's stream; a game restarted mid-stream (reset_game) answers as a
+// fresh handle while the others carry on; game 0 samples as a single game with the same seed.
+TEST(Policy, ManyGamesPerCallAreIndependentGames) {
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  const size_t n = 4, steps = 120, restart_at = 60;
+  const size_t offsets[n] = {0, 100, 250, 400}, restart_offset = 500;
+  ASSERT_GT(frames.size(), restart_offset + steps);
+  Handle batch(t.run_dir);
+  std::vector<std::unique_ptr<Handle>> alone;
+  for (size_t i = 0; i < n; ++i) alone.push_back(std::make_unique<Handle>(t.run_dir));
+  double worst = 0, worst_stream = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    if (step == restart_at) {
+      ASSERT_EQ(slipstream_policy_reset_game(batch.p, 2), SLIPSTREAM_OK)
+          << slipstream_policy_error(batch.p);
+      ASSERT_EQ(slipstream_policy_reset(alone[2]->p), SLIPSTREAM_OK);
+    }
+    std::vector<slipstream_game_frame> in(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at =
+          i == 2 && step >= restart_at ? restart_offset + step - restart_at : offsets[i] + step;
+      in[i] = frames[at].frame;
+    }
+    std::vector<slipstream_controller> out(n);
+    ASSERT_EQ(slipstream_policy_step_batch(batch.p, static_cast<int32_t>(n), in.data(), out.data()),
+              SLIPSTREAM_OK)
+        << step << ": " << slipstream_policy_error(batch.p);
+    for (size_t i = 0; i < n; ++i) {
+      slipstream_controller c;
+      ASSERT_EQ(slipstream_policy_step(alone[i]->p, &in[i], &c), SLIPSTREAM_OK);
+      slipstream_distribution a, b;
+      ASSERT_EQ(slipstream_policy_distribution_of(batch.p, static_cast<int32_t>(i), &a),
+                SLIPSTREAM_OK);
+      ASSERT_EQ(slipstream_policy_distribution(alone[i]->p, &b), SLIPSTREAM_OK);
+      const float* pa = &a.buttons[0];
+      const float* pb = &b.buttons[0];
+      for (size_t k = 0; k < sizeof(a) / sizeof(float); ++k)
+        worst = std::max(worst, static_cast<double>(std::abs(pa[k] - pb[k])));
+      // Same seed (0), same distribution: game 0 draws what a single game draws.
+      if (i == 0) {
+        EXPECT_EQ(out[0].buttons, c.buttons) << step;
+        EXPECT_EQ(out[0].main_x, c.main_x) << step;
+        worst_stream = std::max(worst_stream, distance(a, frames[step].logits));
+      }
+    }
+  }
+  std::printf(
+      "max |batch game - its own handle| over %zu steps of %zu games: %.3g; game 0 "
+      "against the training graph's stream: %.3g\n",
+      steps, n, worst, worst_stream);
+  EXPECT_LT(worst, 1e-5);
+  EXPECT_LT(worst_stream, 1e-5);
+
+  // The number of games is the stream's until a reset; games out of range are refused.
+  std::vector<slipstream_game_frame> two = {frames[0].frame, frames[1].frame};
+  std::vector<slipstream_controller> out(2);
+  EXPECT_EQ(slipstream_policy_step_batch(batch.p, 2, two.data(), out.data()),
+            SLIPSTREAM_E_ARGUMENT);
+  EXPECT_NE(std::string(slipstream_policy_error(batch.p)).find("plays 4 game(s), not 2"),
+            std::string::npos)
+      << slipstream_policy_error(batch.p);
+  EXPECT_EQ(slipstream_policy_reset_game(batch.p, 4), SLIPSTREAM_E_ARGUMENT);
+  slipstream_distribution d;
+  EXPECT_EQ(slipstream_policy_distribution_of(batch.p, -1, &d), SLIPSTREAM_E_ARGUMENT);
+  ASSERT_EQ(slipstream_policy_reset(batch.p), SLIPSTREAM_OK);
+  EXPECT_EQ(slipstream_policy_step_batch(batch.p, 2, two.data(), out.data()), SLIPSTREAM_OK)
+      << slipstream_policy_error(batch.p);
+  // A bad frame names its game and steps none.
+  two[1].stage = 99;
+  EXPECT_EQ(slipstream_policy_step_batch(batch.p, 2, two.data(), out.data()),
+            SLIPSTREAM_E_ARGUMENT);
+  EXPECT_NE(std::string(slipstream_policy_error(batch.p)).find("game 1: frame.stage"),
+            std::string::npos)
+      << slipstream_policy_error(batch.p);
+}
+
 // A checkpoint directory copied out of its run opens alone: its weights carry the graph.
 TEST(Policy, OpensACheckpointCopiedOutOfItsRun) {
   const Trained& t = trained();

@@ -26,7 +26,10 @@
 extern "C" {
 #endif
 
-#define SLIPSTREAM_POLICY_VERSION 1 /* this header's interface; see slipstream_policy_version */
+#define SLIPSTREAM_POLICY_VERSION                              \
+  2 /* this header's interface; see slipstream_policy_version. \
+     2: many games per call (step_batch, reset_game,           \
+     distribution_of); a version-1 program runs unchanged */
 
 typedef enum slipstream_status {
   SLIPSTREAM_OK = 0,
@@ -123,8 +126,9 @@ int slipstream_policy_version(void);
 slipstream_status slipstream_policy_open(const char* checkpoint, const char* device,
                                          slipstream_policy** out);
 
-/* A new game: clears the temporal model's state and restarts the sampling generator from its
- * seed (the same frames then give the same answers). Also the state right after open. */
+/* A new game (every game of a batch stream; the next step fixes their number again): clears the
+ * temporal model's state and restarts the sampling generators from their seeds (the same frames
+ * then give the same answers). Also the state right after open. */
 slipstream_status slipstream_policy_reset(slipstream_policy* policy);
 
 /* One frame: the controller to press next, drawn from the model's distribution (temperature 1,
@@ -134,9 +138,29 @@ slipstream_status slipstream_policy_step(slipstream_policy* policy,
                                          const slipstream_game_frame* frame,
                                          slipstream_controller* out);
 
-/* The distribution behind the last successful step's answer (at temperature 1). */
+/* The distribution behind the last successful step's answer (at temperature 1); game 0's in a
+ * stream of several games. */
 slipstream_status slipstream_policy_distribution(const slipstream_policy* policy,
                                                  slipstream_distribution* out);
+
+/* Many games per call (self-play, evaluation): one frame of each of n independent games,
+ * frames[i] and out[i] game i's, stepped together in one pass through the model (its products
+ * over the n rows at once). Each game carries its own temporal state and its own generator,
+ * seeded from (seed, i) — game 0's from the seed itself, so slipstream_policy_step is the
+ * n = 1 form. The first step after open or reset fixes n; another n is refused
+ * (SLIPSTREAM_E_ARGUMENT) until slipstream_policy_reset. A frame that fails validation (the
+ * message names its game) steps no game. */
+slipstream_status slipstream_policy_step_batch(slipstream_policy* policy, int32_t n,
+                                               const slipstream_game_frame* frames,
+                                               slipstream_controller* out);
+
+/* Game `game` (0 <= game < n) starts again — a new game on that slot: its temporal state
+ * cleared and its generator restarted; the other games carry on. */
+slipstream_status slipstream_policy_reset_game(slipstream_policy* policy, int32_t game);
+
+/* The distribution behind game `game`'s last answer (at temperature 1). */
+slipstream_status slipstream_policy_distribution_of(const slipstream_policy* policy, int32_t game,
+                                                    slipstream_distribution* out);
 
 /* temperature > 0 (1, the default): each step draws buttons and sticks from the distribution
  * sharpened (< 1) or flattened (> 1) by the temperature, with a generator seeded by `seed` (0 by
