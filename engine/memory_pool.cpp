@@ -1,5 +1,6 @@
 #include "engine/memory_pool.h"
 #include "engine/atomic_max.h"
+#include "engine/host_memory.h"
 
 #include <bit>
 #include <cinttypes>
@@ -49,13 +50,8 @@ std::string format_bytes(uint64_t bytes) {
 namespace {
 
 std::string host_available_memory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return format_bytes(kib * 1024);
-  return "unknown";
+  const auto m = usable_host_memory();
+  return m ? format_bytes(m->bytes) + " (" + m->source + ")" : std::string("unknown");
 }
 
 // Caching host allocator. Free lists per size class under one mutex (allocations are few per

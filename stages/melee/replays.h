@@ -68,6 +68,8 @@ class ReplaysStage : public Stage {
   void force_split(StageContext::Split s) { forced_split_ = s; }
 
  private:
+  // Refuses inputs whose features would not fit the memory usable (replays.memory).
+  void check_memory(const StageContext& ctx, const Inputs& in, int ranks) const;
   const GameFeatures& game_of(const WindowRef& w) const;
   void fill(const std::vector<const WindowRef*>& rows, const BatchView& view) const;
 

@@ -455,6 +455,24 @@ TEST(Loader, RealCorpusHumanVersionAndDuplicateFilters) {
   EXPECT_NE(recent.stage().report().find("(Slippi "), std::string::npos) << recent.stage().report();
 }
 
+// Inputs whose features would not fit the memory budget stop setup before any decoding, with
+// the figures and the knobs; a budget that is not a number is a config error.
+TEST(Loader, FeaturesOverTheMemoryBudgetAreRefusedBeforeLoading) {
+  try {
+    Loader L({paths_of(synth_dir()), "memory=0.0001"});  // about 100 KiB
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("8 .slp files ("), std::string::npos) << m;
+    EXPECT_NE(m.find("of features"), std::string::npos) << m;
+    EXPECT_NE(m.find("usable (replays.memory: 0.0001 GiB)"), std::string::npos) << m;
+    EXPECT_NE(m.find("shard: games"), std::string::npos) << m;
+  }
+  EXPECT_THROW(Loader({paths_of(synth_dir()), "memory=lots"}), std::exception);
+  Loader ok({paths_of(synth_dir()), "memory=1"});  // 1 GiB is plenty for 8 small games
+  EXPECT_GT(ok.stage().windows(), 0u);
+}
+
 TEST(Loader, NoWindowsIsAClearError) {
   try {
     Loader L({paths_of(synth_dir()), "min_frames=100000"});

@@ -1,0 +1,61 @@
+// See host_memory.h. cgroup v2 only (the unified hierarchy of current systemd, Docker and Slurm
+// setups); a v1 or absent cgroup leaves MemAvailable as the figure.
+#include "engine/host_memory.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "engine/memory_pool.h"
+
+namespace slipstream {
+namespace {
+
+std::optional<uint64_t> mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return std::nullopt;
+}
+
+// A number from a cgroup file; nothing for "max" (no limit) or an unreadable file.
+std::optional<uint64_t> cgroup_value(const std::string& file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stoull(text);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+// The process's cgroup v2 folder ("0::/path" in /proc/self/cgroup).
+std::optional<std::string> own_cgroup() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("0::")) return "/sys/fs/cgroup" + line.substr(3);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<HostMemory> usable_host_memory() {
+  std::optional<HostMemory> out;
+  if (const auto avail = mem_available()) out = HostMemory{*avail, "MemAvailable"};
+  if (const auto dir = own_cgroup()) {
+    const auto limit = cgroup_value(*dir + "/memory.max");
+    const auto used = cgroup_value(*dir + "/memory.current");
+    if (limit && used) {
+      const uint64_t left = *limit > *used ? *limit - *used : 0;
+      if (!out || left < out->bytes)
+        out = HostMemory{left, "cgroup memory.max (limit " + format_bytes(*limit) + ", in use " +
+                                   format_bytes(*used) + ")"};
+    }
+  }
+  return out;
+}
+
+}  // namespace slipstream

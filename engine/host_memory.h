@@ -1,0 +1,20 @@
+// What memory this process can still take on the host: the kernel's MemAvailable, lowered to
+// what the process's cgroup (a container's, Slurm's) leaves under its memory.max, since a job
+// that passes its cgroup's limit is killed whatever the machine has free.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace slipstream {
+
+struct HostMemory {
+  uint64_t bytes = 0;  // usable now
+  std::string source;  // "MemAvailable", or "cgroup memory.max (limit L, in use U)"
+};
+
+// Nothing when neither can be read (not Linux, no /proc).
+std::optional<HostMemory> usable_host_memory();
+
+}  // namespace slipstream
