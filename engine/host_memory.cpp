@@ -2,6 +2,7 @@
 // setups); a v1 or absent cgroup leaves MemAvailable as the figure.
 #include "engine/host_memory.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +32,17 @@ std::optional<uint64_t> cgroup_value(const std::string& file) {
   }
 }
 
+// A key of a cgroup's memory.stat ("file": its page cache, which the kernel reclaims before it
+// kills anything).
+std::optional<uint64_t> cgroup_stat(const std::string& file, const std::string& key) {
+  std::ifstream in(file);
+  std::string k;
+  uint64_t v = 0;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
 // The process's cgroup v2 folder ("0::/path" in /proc/self/cgroup).
 std::optional<std::string> own_cgroup() {
   std::ifstream in("/proc/self/cgroup");
@@ -47,12 +59,16 @@ std::optional<HostMemory> usable_host_memory() {
   if (const auto avail = mem_available()) out = HostMemory{*avail, "MemAvailable"};
   if (const auto dir = own_cgroup()) {
     const auto limit = cgroup_value(*dir + "/memory.max");
-    const auto used = cgroup_value(*dir + "/memory.current");
+    auto used = cgroup_value(*dir + "/memory.current");
+    // In use less the page cache: cached file pages count in memory.current but are given back
+    // under pressure.
+    if (used)
+      used = *used - std::min(*used, cgroup_stat(*dir + "/memory.stat", "file").value_or(0));
     if (limit && used) {
       const uint64_t left = *limit > *used ? *limit - *used : 0;
       if (!out || left < out->bytes)
-        out = HostMemory{left, "cgroup memory.max (limit " + format_bytes(*limit) + ", in use " +
-                                   format_bytes(*used) + ")"};
+        out = HostMemory{left, "cgroup memory.max (limit " + format_bytes(*limit) +
+                                   ", in use without page cache " + format_bytes(*used) + ")"};
     }
   }
   return out;

@@ -1,6 +1,7 @@
 // What memory this process can still take on the host: the kernel's MemAvailable, lowered to
-// what the process's cgroup (a container's, Slurm's) leaves under its memory.max, since a job
-// that passes its cgroup's limit is killed whatever the machine has free.
+// what the process's cgroup (a container's, Slurm's) leaves under its memory.max — the limit
+// less what the cgroup uses besides page cache — since a job that passes its cgroup's limit is
+// killed whatever the machine has free.
 #pragma once
 
 #include <cstdint>
