@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -211,26 +212,41 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
   }
   ds->files = in.files.size();
   if (f.shard_world > 1) {
-    // Whole games to ranks by a draw from (seed, file name and size; corpus and index): the
-    // same on every rank whatever the order or path prefix each one sees the files under.
-    auto key = [&](const Item& it) {
-      std::string k;
-      if (it.corpus < 0) {
-        std::error_code ec;
-        k = in.files[it.index].filename().string() + ":" +
-            std::to_string(fs::file_size(in.files[it.index], ec));
-      } else {
-        k = corpora[static_cast<size_t>(it.corpus)].dir().filename().string() + "#" +
-            std::to_string(it.index);
+    // Whole games to ranks, the same on every rank whatever the order or path prefix each one
+    // sees the files under: keyed by file name and size, or corpus and index.
+    // `padded`: the corpus index zero-padded, so that keys sort in index order.
+    auto name = [&](const Item& it, bool padded) {
+      if (it.corpus >= 0) {
+        char index[24];
+        std::snprintf(index, sizeof index, padded ? "#%020zu" : "#%zu", it.index);
+        return corpora[static_cast<size_t>(it.corpus)].dir().filename().string() + index;
       }
-      uint64_t h = f.shard_seed ^ 0x5ca1ab1e5eedull;
-      for (unsigned char c : k) h = mix64(h ^ c);
-      return h;
+      std::error_code ec;
+      return in.files[it.index].filename().string() + ":" +
+             std::to_string(fs::file_size(in.files[it.index], ec));
     };
     ds->shard_of = items.size();
-    std::erase_if(items, [&](const Item& it) {
-      return key(it) % static_cast<uint64_t>(f.shard_world) != static_cast<uint64_t>(f.shard_rank);
-    });
+    const uint64_t world = static_cast<uint64_t>(f.shard_world);
+    const uint64_t rank = static_cast<uint64_t>(f.shard_rank);
+    if (f.shard_ranges) {
+      // Contiguous ranges of the inputs in key order: a rank reads one stretch of each corpus
+      // (its pages, nobody else's), and holds 1/world of the games to within one.
+      std::vector<std::pair<std::string, Item>> keyed;
+      for (const Item& it : items) keyed.emplace_back(name(it, true), it);
+      std::stable_sort(keyed.begin(), keyed.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      const size_t n = keyed.size();
+      const size_t begin = static_cast<size_t>(n * rank / world),
+                   end = static_cast<size_t>(n * (rank + 1) / world);
+      items.clear();
+      for (size_t i = begin; i < end; ++i) items.push_back(keyed[i].second);
+    } else {  // runs from before shard_order: a draw from (seed, key), spread over the inputs
+      std::erase_if(items, [&](const Item& it) {
+        uint64_t h = f.shard_seed ^ 0x5ca1ab1e5eedull;
+        for (unsigned char c : name(it, false)) h = mix64(h ^ c);
+        return h % world != rank;
+      });
+    }
     ds->files = 0;
     ds->corpus_games = 0;
     for (const Item& it : items) (it.corpus < 0 ? ds->files : ds->corpus_games)++;

@@ -53,13 +53,14 @@ struct Filters {
   // name) falls to it.
   int shard_rank = 0, shard_world = 1;
   uint64_t shard_seed = 0;
+  bool shard_ranges = true;  // contiguous ranges of the inputs; false: a hashed draw (older runs)
 
   std::string key() const {
     std::ostringstream k;
     k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
-      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed << '|'
-      << humans_only << '|' << (min_version ? min_version->str() : "") << '|' << skip_duplicates
-      << "|s";
+      << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed << '/'
+      << shard_ranges << '|' << humans_only << '|' << (min_version ? min_version->str() : "") << '|'
+      << skip_duplicates << "|s";
     for (auto s : stages) k << ',' << s;
     k << "|c";
     for (auto c : characters) k << ',' << c;

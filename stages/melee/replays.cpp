@@ -177,6 +177,12 @@ StageSchema ReplaysStage::schema() {
              "rank decodes only its own share of the games, drawn from the seed (for corpora "
              "too big for one process's memory; needs MPI)")
       .choices({"windows", "games"})
+      .param("shard_order", std::string("ranges"),
+             "with shard: games, ranges: each rank takes a contiguous range of the inputs in "
+             "name order (one stretch of a corpus per rank); hashed: games spread by a draw from "
+             "the seed (runs from before this parameter)")
+      .choices({"ranges", "hashed"})
+      .in_older_runs(std::string("hashed"))
       .param("perspectives", std::string("both"),
              "both: every player's view; first/second: the lower/higher port's; port1..port4: "
              "that port's")
@@ -289,6 +295,7 @@ void ReplaysStage::setup(StageContext& ctx) {
     f.shard_rank = ctx.run().rank;
     f.shard_world = ctx.run().world_size;
     f.shard_seed = ctx.run().seed;
+    f.shard_ranges = p.string("shard_order") == "ranges";
   }
 
   const std::vector<std::string>& paths = p.strings("paths");
