@@ -1,6 +1,7 @@
 // libslipstream_policy (include/slipstream/policy.h): the run's graph with its slippi_replays
-// source swapped for melee_frames, driven one frame per step through Runner::stream_open /
-// stream_next (the stages before the loss, recurrent state carried), inside a one-thread TBB
+// source swapped for melee_frames, driven one frame of each game per step (a batch row a game)
+// through Runner::stream_open / stream_next (the stages before the loss, each row's recurrent
+// state carried; Runner::stream_restart_row restarts one game), inside a one-thread TBB
 // arena so a step runs on the caller's thread. Every entry point catches everything: no
 // exception crosses the C boundary.
 #include "slipstream/policy.h"
