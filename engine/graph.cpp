@@ -491,6 +491,16 @@ class GraphPlanner {
                                                                            static_cast<int>(o)};
   }
 
+  // The producer of the tensor named `port` that passthrough stage `st` carries; st itself
+  // when it carries none of that name (the caller then reports the missing output).
+  int carried_by(int st, const std::string& port) const {
+    for (int slot : plan.stages[st].passthrough_slots) {
+      auto [owner, o] = slot_owner[static_cast<size_t>(slot)];
+      if (owner >= 0 && plan.stages[owner].schema->outputs()[o].name == port) return owner;
+    }
+    return st;
+  }
+
   // Each input port to the output that feeds it.
   void bind_ports() {
     // Port bindings: explicit `port: stage.out`, else by name, else the single output of a single
@@ -520,6 +530,8 @@ class GraphPlanner {
       };
       for (const auto& r : c.inputs) {
         int st = pos[by_name[r.stage]];
+        if (!r.port.empty() && plan.stages[st].schema->is_passthrough())
+          st = carried_by(st, r.port);  // `h2d.target_buttons`: the tensor h2d carries
         const auto& outs = plan.stages[st].schema->outputs();
         std::vector<std::string> out_names;
         for (const auto& o : outs) out_names.push_back(o.name);

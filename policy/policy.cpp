@@ -42,11 +42,12 @@ struct slipstream_policy {
   std::string description;
   mutable std::string error;  // the last failed call's message
   // The games of the stream: 0 until the first step after open or reset fixes how many; then
-  // per game (a batch row) its last distribution, button logits, generator and whether it has
-  // stepped since it started.
+  // per game (a batch row) its last distribution, the heads' logits, generator and whether it
+  // has stepped since it started.
   int32_t games = 0;
   std::vector<slipstream_distribution> last;
-  std::vector<std::array<float, kButtons>> button_logits;
+  std::vector<std::array<float, kHeadsWidth>> logits;
+  std::vector<float> ar_weight;  // the autoregressive heads' weight, empty for independent heads
   std::vector<std::mt19937_64> rngs;
   std::vector<uint8_t> stepped;
   std::vector<FedFrame> frames;  // the step's frames, checked
@@ -176,7 +177,7 @@ void start_games(slipstream_policy& p, int32_t n) {
   p.games = n;
   const size_t g = static_cast<size_t>(n);
   p.last.assign(g, slipstream_distribution{});
-  p.button_logits.assign(g, {});
+  p.logits.assign(g, {});
   p.stepped.assign(g, 0);
   p.rngs.clear();
   for (int32_t i = 0; i < n; ++i) p.rngs.emplace_back(game_seed(p.seed, i));
@@ -192,11 +193,10 @@ void forward(slipstream_policy& p) {
   Tensor heads[kHeads];
   for (int h = 0; h < kHeads; ++h) heads[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
   for (size_t i = 0; i < p.frames.size(); ++i) {
-    float logits[kHeadsWidth];
+    float* logits = p.logits[i].data();
     for (int h = 0; h < kHeads; ++h)
       std::copy_n(heads[h].data<float>() + i * static_cast<size_t>(head_width(h)), head_width(h),
                   logits + head_offset(h));
-    std::copy_n(logits, kButtons, p.button_logits[i].data());
     slipstream_distribution& d = p.last[i];
     for (int k = 0; k < kButtons; ++k) d.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
     for (int h = 0; h < kStickHeads; ++h)
@@ -204,12 +204,12 @@ void forward(slipstream_policy& p) {
   }
 }
 
-// Game i's answer, drawn from its distribution with its generator.
+// Game i's answer, drawn from its distribution with its generator (autoregressive heads: item by
+// item, each given the ones drawn before it).
 slipstream_controller answer(slipstream_policy& p, size_t i) {
-  const float* probabilities[kStickHeads];
-  for (int h = 0; h < kStickHeads; ++h) probabilities[h] = head_probabilities(p.last[i], h);
   const ChosenController chosen =
-      choose_controller(p.button_logits[i].data(), probabilities, p.temperature, p.rngs[i]);
+      choose_controller(p.logits[i].data(), p.ar_weight.empty() ? nullptr : p.ar_weight.data(),
+                        p.temperature, p.rngs[i]);
   slipstream_controller c{};
   c.buttons = chosen.buttons;
   float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
@@ -301,6 +301,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
       p->runner = std::make_unique<Runner>(std::move(plan), RunOptions::embedded(&p->log));
       p->feed = dynamic_cast<FrameFeedStage*>(&p->runner->graph().stage(0));
       const uint64_t step = p->runner->stream_open(where.checkpoint);
+      p->ar_weight = autoregressive_weight(p->runner->graph().stage(p->heads));
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
                        "), " + chain + ", device " + p->runner->state().device.str();
     } catch (const StageError& e) {

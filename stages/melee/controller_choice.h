@@ -2,15 +2,18 @@
 // button is pressed with probability sigmoid(z / T) and each stick axis and the trigger take a
 // class drawn with weights p^(1/T), p the head's softmax; at T = 0 the most likely input (a
 // button when z > 0, each axis at its most likely class). The policy library answers with it
-// (policy/policy.cpp) and `slipstream infer` measures how often it acts.
+// (policy/policy.cpp) and `slipstream infer` measures how often it acts. Autoregressive heads
+// (controller_heads' `autoregressive`) are drawn item by item, each given the ones before.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <vector>
 
-#include "stages/melee/batch_layout.h"
+#include "engine/stage.h"
+#include "stages/melee/model_math.h"
 
 namespace slipstream::melee {
 
@@ -46,21 +49,63 @@ inline int choose_class(const float* p, int n, float temperature, std::mt19937_6
   return n - 1;
 }
 
-// Buttons first, then the five axes in head order: the draws a seed gives are fixed.
-inline ChosenController choose_controller(const float button_logits[kButtons],
-                                          const float* const probabilities[kStickHeads],
+// The controller's items in order (model_math.h: the 8 buttons, then main x, main y, c x, c y,
+// shoulder), each drawn from its logits. `logits` (81) are the heads' outputs for one position;
+// `ar` the autoregressive heads' weight (81, 81; null for independent heads). Those heads answer,
+// outside training, with each item's logits conditioned on the most likely earlier items; here
+// each item is conditioned on the items actually drawn before it instead (Wa's columns of the
+// drawn items in, of the most likely ones out), so at temperature 0 the answer is the heads' own
+// most likely controller. One uniform draw per button and per axis, in item order: the draws a
+// seed gives are fixed.
+inline ChosenController choose_controller(const float logits[kHeadsWidth], const float* ar,
                                           float temperature, std::mt19937_64& rng) {
-  ChosenController c;
-  for (int b = 0; b < kButtons; ++b) {
-    const float z = button_logits[b];
-    const bool pressed = temperature <= 0 ? z > 0
-                                          : std::uniform_real_distribution<float>(0, 1)(rng) <
-                                                1.0f / (1.0f + std::exp(-z / temperature));
-    if (pressed) c.buttons |= 1u << b;
+  int likely[kArItems], drawn[kArItems];  // a column per item; -1: a button not pressed
+  for (int k = 0; k < kArItems; ++k) {
+    const float* z = logits + ar_item_first_column(k);
+    likely[k] = k < kButtons ? (z[0] > 0 ? k : -1)
+                             : ar_item_first_column(k) +
+                                   static_cast<int>(std::max_element(z, z + ar_item_width(k)) - z);
   }
-  for (int h = 0; h < kStickHeads; ++h)
-    c.classes[h] = choose_class(probabilities[h], head_classes(h), temperature, rng);
+  ChosenController c;
+  for (int k = 0; k < kArItems; ++k) {
+    const int c0 = ar_item_first_column(k), n = ar_item_width(k);
+    float z[kStickClasses];
+    for (int q = 0; q < n; ++q) {
+      z[q] = logits[c0 + q];
+      if (!ar) continue;
+      const float* row = ar + static_cast<size_t>(c0 + q) * kHeadsWidth;
+      for (int j = 0; j < k; ++j) {
+        if (drawn[j] == likely[j]) continue;
+        if (drawn[j] >= 0) z[q] += row[drawn[j]];
+        if (likely[j] >= 0) z[q] -= row[likely[j]];
+      }
+    }
+    if (k < kButtons) {
+      const bool pressed = temperature <= 0 ? z[0] > 0
+                                            : std::uniform_real_distribution<float>(0, 1)(rng) <
+                                                  1.0f / (1.0f + std::exp(-z[0] / temperature));
+      drawn[k] = pressed ? c0 : -1;
+      if (pressed) c.buttons |= 1u << k;
+    } else {
+      float p[kStickClasses];
+      head_softmax(z, n, p);
+      const int cls = choose_class(p, n, temperature, rng);
+      c.classes[k - kButtons] = cls;
+      drawn[k] = c0 + cls;
+    }
+  }
   return c;
+}
+
+// The autoregressive weight (ar.weight, 81 × 81, on the host) of a controller_heads stage, empty
+// when its heads are independent.
+inline std::vector<float> autoregressive_weight(Stage& heads) {
+  for (Parameter* p : heads.parameters())
+    if (p->name == "ar.weight") {
+      const Tensor w = p->value.to(Device::cpu());
+      return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
+    }
+  return {};
 }
 
 }  // namespace slipstream::melee

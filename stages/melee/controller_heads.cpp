@@ -2,7 +2,10 @@
 // (buttons 8, main/c stick x/y 17 each, shoulder 5). One linear layer per head, or a shared
 // SiLU hidden layer first (`hidden` > 0); with `prev_input` connected (the embedding's previous
 // input: the controller and its classes), a direct linear path from it to every head's logits,
-// so repeating the last input needs no detour through the temporal model. The six heads run as one
+// so repeating the last input needs no detour through the temporal model; with `autoregressive`,
+// each of the controller's items (8 buttons, 5 axes, in that order) conditioned on the items
+// before it (model_math.h's heads_ar_*: the recorded ones in training, the model's own most likely
+// ones otherwise; a bot samples them in order, controller_choice.h). The six heads run as one
 // fused (M, 81) GEMM; their parameters are row-views of the fused weight, named like PyTorch
 // modules (buttons.weight, ...). One source for every backend: the math is written against the
 // model ops (stages/nn), so the CPU kernels or the CUDA kernels (on the run's stream, cuBLASLt) run
@@ -13,6 +16,7 @@
 #include <random>
 
 #include "engine/registry.h"
+#include "stages/melee/melee_kernels.h"
 #include "stages/melee/model_math.h"
 #include "stages/nn/param_store.h"
 #include "stages/ops/with_ops.h"
@@ -23,13 +27,14 @@ using namespace melee;
 
 // Where each weight sits in the store: the hidden layer, then the fused head weight (81, In)
 // whose rows are the heads' weights in order, then the fused bias (81), then (P > 0) the direct
-// path's weight (81, P) from the previous input.
+// path's weight (81, P) from the previous input, then (ar) the autoregressive weight (81, 81).
 struct HeadsLayout {
   int H = 0, hidden = 0, In = 0, P = 0;
-  size_t wh = 0, bh = 0, wo = 0, bo = 0, wp = 0;
+  bool ar = false;
+  size_t wh = 0, bh = 0, wo = 0, bo = 0, wp = 0, wa = 0;
   nn::ParamLayout params;
-  HeadsLayout(int H_, int hidden_, int P_)
-      : H(H_), hidden(hidden_), In(hidden_ > 0 ? hidden_ : H_), P(P_) {
+  HeadsLayout(int H_, int hidden_, int P_, bool ar_)
+      : H(H_), hidden(hidden_), In(hidden_ > 0 ? hidden_ : H_), P(P_), ar(ar_) {
     if (hidden > 0) {
       wh = params.add("hidden.weight", {hidden, H}, true);
       bh = params.add("hidden.bias", {hidden}, false);
@@ -44,7 +49,18 @@ struct HeadsLayout {
       if (h == 0) bo = off;
     }
     if (P > 0) wp = params.add("prev.weight", {kHeadsWidth, P}, true);
+    if (ar) wa = params.add("ar.weight", {kHeadsWidth, kHeadsWidth}, true);
   }
+};
+
+// What the autoregressive form conditions on: the recorded items (training: the loader's targets
+// and the embedding's mirror flags), or the model's own most likely ones (every other pass).
+struct ArInputs {
+  bool teacher = false;
+  const float* target_buttons = nullptr;
+  const int32_t* target_sticks = nullptr;
+  const uint8_t* mirrored = nullptr;  // may be null: nothing mirrored
+  size_t window = 1;
 };
 
 // The heads' math over whichever ops the run uses.
@@ -52,10 +68,12 @@ class HeadsRunner {
  public:
   virtual ~HeadsRunner() = default;
   virtual void reserve(int64_t M) = 0;
-  // x (M, H) and prev (M, P; null when P is 0) -> out[h] (M, head_width(h)).
-  virtual void forward(const float* x, const float* prev, int M, const nn::ParamStore& st,
-                       float* const out[kHeads]) = 0;
-  // dout[h] may be null (no gradient for that head). dx (M, H) =, weight gradients +=.
+  // x (M, H) and prev (M, P; null when P is 0) -> out[h] (M, head_width(h)); `ar` is read
+  // only by the autoregressive form.
+  virtual void forward(const float* x, const float* prev, const ArInputs& ar, int M,
+                       const nn::ParamStore& st, float* const out[kHeads]) = 0;
+  // After a teacher-forced forward. dout[h] may be null (no gradient for that head).
+  // dx (M, H) =, weight gradients +=.
   virtual void backward(const float* x, const float* prev, int M, const nn::ParamStore& st,
                         const float* const dout[kHeads], float* dx) = 0;
   virtual void refresh_shadow(const nn::ParamStore& st) const = 0;
@@ -74,6 +92,7 @@ class HeadsRunnerOn final : public HeadsRunner {
     cap_ = M;
     const size_t m = static_cast<size_t>(M), hid = static_cast<size_t>(L_.hidden);
     logits_ = o_.template alloc<float>(m * kHeadsWidth, "controller_heads logits");
+    if (L_.ar) teacher_ = o_.template alloc<float>(m * kHeadsWidth, "controller_heads teacher");
     dlogits_ = o_.template alloc<float>(m * kHeadsWidth, "controller_heads dlogits");
     if (L_.hidden > 0) {
       pre_ = o_.template alloc<float>(m * hid, "controller_heads hidden pre-activation");
@@ -86,6 +105,8 @@ class HeadsRunnerOn final : public HeadsRunner {
         prev16_ = o_.template alloc<uint16_t>(m * static_cast<size_t>(L_.P),
                                               "controller_heads bf16 prev_input");
       dl16_ = o_.template alloc<uint16_t>(m * kHeadsWidth, "controller_heads bf16 dlogits");
+      if (L_.ar)
+        teacher16_ = o_.template alloc<uint16_t>(m * kHeadsWidth, "controller_heads bf16 teacher");
       if (L_.hidden > 0) {
         act16_ = o_.template alloc<uint16_t>(m * hid, "controller_heads bf16 activation");
         dact16_ = o_.template alloc<uint16_t>(m * hid, "controller_heads bf16 hidden grad");
@@ -104,6 +125,10 @@ class HeadsRunnerOn final : public HeadsRunner {
       gemm(kHeadsWidth, L_.P, mi);
     }
     gemm(mi, L_.In, kHeadsWidth);
+    if (L_.ar) {
+      gemm(mi, kHeadsWidth, kHeadsWidth);
+      gemm(kHeadsWidth, kHeadsWidth, mi);
+    }
     if (L_.hidden > 0) {
       gemm(mi, L_.hidden, L_.H);
       gemm(L_.hidden, L_.H, mi);
@@ -115,8 +140,8 @@ class HeadsRunnerOn final : public HeadsRunner {
                                           "controller_heads scratch");
   }
 
-  void forward(const float* x, const float* prev, int M, const nn::ParamStore& st,
-               float* const out[kHeads]) override {
+  void forward(const float* x, const float* prev, const ArInputs& ar, int M,
+               const nn::ParamStore& st, float* const out[kHeads]) override {
     const float* W = st.values();
     const uint16_t* Wb = st.shadow();
     const size_t m = static_cast<size_t>(M);
@@ -151,6 +176,7 @@ class HeadsRunnerOn final : public HeadsRunner {
       o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
               1.0f, f(logits_), kHeadsWidth, scratch());
     }
+    if (L_.ar) autoregressive_forward(ar, M, W + L_.wa, bf(Wb, L_.wa));
     for (int h = 0; h < kHeads; ++h)
       o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
                    static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
@@ -184,6 +210,15 @@ class HeadsRunnerOn final : public HeadsRunner {
     if (L_.P > 0)  // dWp += dlᵀ prev, with the forward's bf16 copy of prev
       o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev,
               bf16_ ? b16(prev16_) : nullptr, L_.P, 1.0f, G + L_.wp, L_.P, scratch());
+    if (L_.ar) {  // dWa += dlᵀ teacher, then Wa's structural zeros get none
+      o_.gemm(true, false, kHeadsWidth, kHeadsWidth, M, dl, dlb, kHeadsWidth, f(teacher_),
+              bf16_ ? b16(teacher16_) : nullptr, kHeadsWidth, 1.0f, G + L_.wa, kHeadsWidth,
+              scratch());
+      if constexpr (kOnDevice)
+        Ops::Table::heads_ar_mask(G + L_.wa, o_.stream());
+      else
+        heads_ar_mask(G + L_.wa);
+    }
     if (L_.hidden > 0) {
       const size_t n = m * static_cast<size_t>(L_.hidden);
       float* da = f(dact_);
@@ -207,6 +242,33 @@ class HeadsRunnerOn final : public HeadsRunner {
   }
 
  private:
+  static constexpr bool kOnDevice = requires { typename Ops::Table; };
+
+  // logits += teacher Waᵀ (training), or the logits conditioned item by item on the most likely
+  // items (every other pass).
+  void autoregressive_forward(const ArInputs& ar, int M, const float* Wa, const uint16_t* Wab) {
+    const size_t m = static_cast<size_t>(M);
+    if (!ar.teacher) {
+      if constexpr (kOnDevice)
+        Ops::Table::heads_ar_decode(m, Wa, f(logits_), o_.stream());
+      else
+        heads_ar_decode(m, Wa, f(logits_));
+      return;
+    }
+    if constexpr (kOnDevice)
+      Ops::Table::heads_ar_teacher(m, ar.window, ar.target_buttons, ar.target_sticks, ar.mirrored,
+                                   f(teacher_), o_.stream());
+    else
+      heads_ar_teacher(m, ar.window, ar.target_buttons, ar.target_sticks, ar.mirrored, f(teacher_));
+    const uint16_t* tb = nullptr;
+    if (bf16_) {
+      o_.to_bf16(f(teacher_), b16(teacher16_), m * kHeadsWidth);
+      tb = b16(teacher16_);
+    }
+    o_.gemm(false, true, M, kHeadsWidth, kHeadsWidth, f(teacher_), tb, kHeadsWidth, Wa, Wab,
+            kHeadsWidth, 1.0f, f(logits_), kHeadsWidth, scratch());
+  }
+
   static float* f(const Tensor& t) { return t.data<float>(); }
   static uint16_t* b16(const Tensor& t) { return t.data<uint16_t>(); }
   static const uint16_t* bf(const uint16_t* wb, size_t off) { return wb ? wb + off : nullptr; }
@@ -218,6 +280,7 @@ class HeadsRunnerOn final : public HeadsRunner {
   Ops o_;
   int64_t cap_ = 0;
   Tensor logits_, dlogits_, pre_, act_, dact_, x16_, prev16_, dl16_, act16_, dact16_, scratch_;
+  Tensor teacher_, teacher16_;
 };
 
 }  // namespace
@@ -235,13 +298,26 @@ class ControllerHeadsStage : public Stage {
         .input("x", DType::f32, 3, "(B, W, H) per-frame features")
         .optional_input("prev_input", DType::f32, 3,
                         "(B, W, P) the previous input (melee_embedding's prev_input): when "
-                        "connected, a direct linear path from it to every head's logits");
+                        "connected, a direct linear path from it to every head's logits")
+        .optional_input("target_buttons", DType::f32, 3,
+                        "(B, W, 8) the recorded buttons (the loader's): what `autoregressive` "
+                        "conditions on in training")
+        .optional_input("target_sticks", DType::i32, 3,
+                        "(B, W, 5) the recorded stick and shoulder classes (the loader's), as "
+                        "target_buttons")
+        .optional_input("mirrored", DType::u8, 1,
+                        "(B) the embedding's mirror flags: the recorded x classes mirror alike");
     for (int h = 0; h < kHeads; ++h)
       s.output(kHeadNames[h], DType::f32, 3,
                "(B, W, " + std::to_string(head_width(h)) + ") logits" +
                    (h == 0 ? " (one per button)" : ""));
     s.param("hidden", int64_t{0}, "width of a shared SiLU hidden layer before the heads (0: none)")
         .range(0, 65536);
+    s.param("autoregressive", false,
+            "condition each controller item (8 buttons, then main x/y, c x/y, shoulder) on the "
+            "items before it: the recorded ones in training (connect target_buttons, "
+            "target_sticks, mirrored), the model's own most likely ones otherwise; bots sample "
+            "them in that order");
     return s;
   }
 
@@ -260,7 +336,13 @@ class ControllerHeadsStage : public Stage {
                                  "': the width of prev_input must be known at setup, got " +
                                  ctx.input_shape("prev_input").str());
     }
-    layout_ = std::make_unique<HeadsLayout>(H, hidden, P);
+    const bool ar = ctx.params().boolean("autoregressive");
+    if (ar && !(ctx.input_connected("target_buttons") && ctx.input_connected("target_sticks")))
+      throw std::runtime_error("controller_heads '" + ctx.name() +
+                               "': autoregressive needs the recorded input: connect "
+                               "target_buttons and target_sticks (the loader's) and mirrored "
+                               "(the embedding's), as configs/train_bc.yaml does");
+    layout_ = std::make_unique<HeadsLayout>(H, hidden, P, ar);
     bf16_ = ctx.run().precision == Precision::bf16;
     device_ = ctx.exec().device();
     for (int h = 0; h < kHeads; ++h) {
@@ -269,11 +351,11 @@ class ControllerHeadsStage : public Stage {
       os[1] = xs[1];
       ctx.declare_output(kHeadNames[h], os, DType::f32);
     }
-    runner_ =
-        ops::with_ops(ctx.exec(), "controller_heads '" + ctx.name() + "'",
-                      [&](auto ops) -> std::unique_ptr<HeadsRunner> {
-                        return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
-                      });
+    runner_ = ops::with_ops<MeleeKernelFamily>(
+        ctx.exec(), "controller_heads '" + ctx.name() + "'",
+        [&](auto ops) -> std::unique_ptr<HeadsRunner> {
+          return std::make_unique<HeadsRunnerOn<decltype(ops)>>(*layout_, bf16_, ops);
+        });
     store_.allocate(layout_->params, bf16_, device_, ctx.run().param_arena.get());
     // PyTorch nn.Linear's default: weight and bias uniform in ±1/sqrt(fan_in), drawn in the
     // store's order (hidden weight, hidden bias, head weights, head biases).
@@ -290,8 +372,10 @@ class ControllerHeadsStage : public Stage {
       }
       init(L.wo, static_cast<size_t>(kHeadsWidth) * L.In, L.In);
       init(L.bo, kHeadsWidth, L.In);
-      // The direct path starts at zero: the heads start as they would without it.
+      // The direct and autoregressive paths start at zero: the heads start as they would
+      // without them (and Wa's structural zeros stay zero: they get no gradient).
       if (L.P > 0) std::fill_n(w + L.wp, static_cast<size_t>(kHeadsWidth) * L.P, 0.0f);
+      if (L.ar) std::fill_n(w + L.wa, static_cast<size_t>(kHeadsWidth) * kHeadsWidth, 0.0f);
     });
     runner_->refresh_shadow(store_);
     shadow_checked_ = false;
@@ -316,7 +400,7 @@ class ControllerHeadsStage : public Stage {
     }
     float* out[kHeads];
     for (int h = 0; h < kHeads; ++h) out[h] = out_[h].data<float>();
-    runner_->forward(x.data<float>(), prev_of(b, ctx, M), M, store_, out);
+    runner_->forward(x.data<float>(), prev_of(b, ctx, M), ar_of(b, ctx, B, W), M, store_, out);
     for (int h = 0; h < kHeads; ++h)
       ctx.set_output(b, kHeadNames[h],
                      out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
@@ -349,7 +433,7 @@ class ControllerHeadsStage : public Stage {
     if (rows_setup_ <= 0) return {};
     const double M = static_cast<double>(rows_setup_), H = layout_->H, hid = layout_->hidden;
     const double gemm = 2 * M * (hid > 0 ? H * hid + hid * kHeadsWidth : H * kHeadsWidth) +
-                        2 * M * layout_->P * kHeadsWidth;
+                        2 * M * (layout_->P + (layout_->ar ? kHeadsWidth : 0)) * kHeadsWidth;
     return {gemm + M * (kHeadsWidth + 5 * hid), 2 * gemm + M * (kHeadsWidth + 8 * hid), 0};
   }
 
@@ -362,11 +446,40 @@ class ControllerHeadsStage : public Stage {
       out.push_back(all[first + h]);
       out.push_back(all[first + kHeads + h]);
     }
-    if (layout_->P > 0) out.push_back(all.back());  // prev.weight
-    return out;
+    const size_t extra = (layout_->P > 0 ? 1 : 0) + (layout_->ar ? 1 : 0);
+    out.insert(out.end(), all.end() - static_cast<std::ptrdiff_t>(extra), all.end());
+    return out;  // then prev.weight, ar.weight
   }
 
  private:
+  // What the autoregressive form conditions on: in training the recorded items of the batch.
+  ArInputs ar_of(const Batch& b, const StageContext& ctx, int64_t B, int64_t W) const {
+    ArInputs a;
+    a.teacher = layout_->ar && ctx.run().training && !ctx.run().streaming;
+    if (!a.teacher) return a;
+    const int64_t M = B * W;
+    const Tensor& tb = ctx.input(b, "target_buttons");
+    const Tensor& ts = ctx.input(b, "target_sticks");
+    if (tb.numel() != M * kButtons || tb.dtype() != DType::f32 || tb.device() != device_ ||
+        ts.numel() != M * kStickHeads || ts.dtype() != DType::i32 || ts.device() != device_)
+      throw std::runtime_error("controller_heads '" + ctx.name() + "': target_buttons is " +
+                               tb.describe() + " and target_sticks " + ts.describe() +
+                               ", expected " + std::to_string(M) + " positions on " +
+                               device_.str() + " (batch " + std::to_string(b.index) + ")");
+    a.target_buttons = tb.data<float>();
+    a.target_sticks = ts.data<int32_t>();
+    if (ctx.input_connected("mirrored")) {
+      const Tensor& mr = ctx.input(b, "mirrored");
+      if (mr.numel() != B || mr.dtype() != DType::u8 || mr.device() != device_)
+        throw std::runtime_error("controller_heads '" + ctx.name() + "': mirrored is " +
+                                 mr.describe() + ", expected " + std::to_string(B) +
+                                 " u8 flags on " + device_.str());
+      a.mirrored = mr.data<uint8_t>();
+    }
+    a.window = static_cast<size_t>(W);
+    return a;
+  }
+
   // prev_input's rows for the batch, null when the port is not connected.
   const float* prev_of(const Batch& b, const StageContext& ctx, int M) const {
     if (layout_->P == 0) return nullptr;

@@ -129,6 +129,8 @@ int infer_command(const InferArgs& a) {
   std::vector<double> latency;
   ActionRates acts;
   std::mt19937_64 rng(a.seed);
+  std::vector<float> ar;  // the autoregressive heads' weight (empty: independent heads)
+  bool ar_read = false;
   EvalResult r;
   try {
     if (!a.csv.empty()) csv.emplace(a.csv);
@@ -143,27 +145,28 @@ int infer_command(const InferArgs& a) {
       const StageContext& hc = g.context(static_cast<size_t>(heads));
       Tensor out[kHeads];
       const float* logits[kHeads];
+      float all[kHeadsWidth];
       for (int h = 0; h < kHeads; ++h) {
         out[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
         logits[h] = out[h].data<float>();
+        std::copy_n(logits[h], head_width(h), all + head_offset(h));
+      }
+      if (!ar_read) {  // the weights are the checkpoint's from the first frame on
+        ar = autoregressive_weight(g.stage(static_cast<size_t>(heads)));
+        ar_read = true;
       }
       const StageContext& sc = g.context(static_cast<size_t>(src));
       const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
       const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
-      float p[kStickHeads][kStickClasses];
-      const float* probabilities[kStickHeads];
-      for (int h = 0; h < kStickHeads; ++h) {
-        head_softmax(logits[h + 1], head_classes(h), p[h]);
-        probabilities[h] = p[h];
-      }
       ChosenController recorded;
       for (int k = 0; k < kButtons; ++k)
         if (tb.data<float>()[k] > 0.5f) recorded.buttons |= 1u << k;
       std::copy_n(ts.data<int32_t>(), kStickHeads, recorded.classes);
       ++acts.frames;
       acts.recorded += recorded.acts();
-      acts.sampled += choose_controller(logits[0], probabilities, a.temperature, rng).acts();
-      acts.most_likely += choose_controller(logits[0], probabilities, 0, rng).acts();
+      const float* w = ar.empty() ? nullptr : ar.data();
+      acts.sampled += choose_controller(all, w, a.temperature, rng).acts();
+      acts.most_likely += choose_controller(all, w, 0, rng).acts();
       if (!csv) return;
       csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
                tb.data<float>(), ts.data<int32_t>(), seconds);

@@ -371,6 +371,74 @@ __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const 
   }
 }
 
+// ---------------------------------------------------------------- autoregressive heads
+
+// model_math.h's item order: the 8 buttons, then main x, main y, c x, c y (17 columns each) and
+// the shoulder (5).
+__device__ __forceinline__ int ar_first_column(int item) {
+  return item < kButtons ? item : kButtons + kStickClasses * (item - kButtons);
+}
+__device__ __forceinline__ int ar_width(int item) {
+  return item < kButtons ? 1 : item == kButtons + kShoulder ? kShoulderClasses : kStickClasses;
+}
+__device__ __forceinline__ int ar_item(int column) {
+  if (column < kButtons) return column;
+  const int h = (column - kButtons) / kStickClasses;  // the shoulder's 5 columns: h = 4
+  return kButtons + (h < kShoulder ? h : kShoulder);
+}
+
+__global__ void ar_teacher_kernel(size_t M, size_t window, const float* tb, const int32_t* ts,
+                                  const uint8_t* mirrored, float* teacher) {
+  const size_t n = M * kHeadsWidth;
+  for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += size_t(gridDim.x) * blockDim.x) {
+    const size_t i = e / kHeadsWidth;
+    const int col = int(e % kHeadsWidth);
+    float v = 0;
+    if (col < kButtons) {
+      v = tb[i * kButtons + col] > 0.5f ? 1.0f : 0.0f;
+    } else {
+      const int h = ar_item(col) - kButtons;
+      int c = ts[i * kStickHeads + h];
+      const int classes = h == kShoulder ? kShoulderClasses : kStickClasses;
+      if (c >= 0 && c < classes) {
+        if (mirrored && mirrored[i / window] && (h == kMainX || h == kCX))
+          c = kStickClasses - 1 - c;
+        v = col - ar_first_column(kButtons + h) == c ? 1.0f : 0.0f;
+      }
+    }
+    teacher[e] = v;
+  }
+}
+
+__global__ void ar_mask_kernel(float* Wa) {
+  const int e = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= kHeadsWidth * kHeadsWidth) return;
+  if (ar_item(e % kHeadsWidth) >= ar_item(e / kHeadsWidth)) Wa[e] = 0;
+}
+
+// One thread a position: the items depend on each other in order, the positions do not.
+__global__ void ar_decode_kernel(size_t M, const float* Wa, float* logits) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= M) return;
+  float* z = logits + i * kHeadsWidth;
+  int chosen[kButtons + kStickHeads];
+  for (int k = 0; k < kButtons + kStickHeads; ++k) {
+    const int c0 = ar_first_column(k), n = ar_width(k);
+    int best = 0;
+    float best_z = 0;
+    for (int q = 0; q < n; ++q) {
+      const int r = c0 + q;
+      float v = z[r];
+      for (int j = 0; j < k; ++j)
+        if (chosen[j] >= 0) v += Wa[r * kHeadsWidth + chosen[j]];
+      z[r] = v;
+      if (q == 0 || v > best_z) best = q, best_z = v;
+    }
+    chosen[k] = k < kButtons ? (best_z > 0.0f ? c0 : -1) : c0 + best;
+  }
+}
+
 }  // namespace
 
 void Kernels::embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
@@ -452,6 +520,30 @@ void Kernels::bc_loss_backward(const HeadPointers& logits, const float* target_b
                     logits, target_buttons, target_sticks, mask, mirrored, M, window, eps,
                     head_weights, sums, dlogits);
   check_launch("bc_loss_backward");
+}
+
+void Kernels::heads_ar_teacher(size_t M, size_t window, const float* target_buttons,
+                               const int32_t* target_sticks, const uint8_t* mirrored,
+                               float* teacher, cudaStream_t stream) {
+  const size_t n = M * kHeadsWidth;
+  if (n == 0) return;
+  const unsigned blocks = ceil_div(n, kThreads);
+  SLIPSTREAM_LAUNCH(ar_teacher_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
+                    stream, M, window, target_buttons, target_sticks, mirrored, teacher);
+  check_launch("heads_ar_teacher");
+}
+
+void Kernels::heads_ar_mask(float* Wa, cudaStream_t stream) {
+  SLIPSTREAM_LAUNCH(ar_mask_kernel, dim3(ceil_div(size_t(kHeadsWidth) * kHeadsWidth, kThreads)),
+                    dim3(kThreads), stream, Wa);
+  check_launch("heads_ar_mask");
+}
+
+void Kernels::heads_ar_decode(size_t M, const float* Wa, float* logits, cudaStream_t stream) {
+  if (M == 0) return;
+  SLIPSTREAM_LAUNCH(ar_decode_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream, M, Wa,
+                    logits);
+  check_launch("heads_ar_decode");
 }
 
 }  // namespace slipstream::melee::SLIPSTREAM_KERNEL_NS

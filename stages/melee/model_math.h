@@ -212,6 +212,88 @@ void heads_prev_backward(const T* prev, int M, int P, const T* dlogits, T* dWp) 
     }
 }
 
+// ---------------------------------------------------------------- autoregressive heads
+//
+// controller_heads' `autoregressive` form orders the controller's items — the 8 buttons one by
+// one, then main x, main y, c x, c y, shoulder (kArItems) — and conditions each item's logits on
+// the items before it: logits += onehot(earlier items) Waᵀ, Wa (81, 81) zero wherever the input
+// column's item is not before the output column's (heads_ar_allowed). An item's one-hot: a
+// button's column is 1 when pressed; an axis has a 1 at its class. Training conditions on the
+// recorded items (teacher forcing: heads_ar_teacher); every other pass on the model's own most
+// likely items, in order (heads_ar_decode), and a bot samples in the same order
+// (controller_choice.h).
+inline constexpr int kArItems = kButtons + kStickHeads;  // 13
+inline constexpr int ar_item_of_column(int c) {
+  if (c < kButtons) return c;
+  int h = 1;
+  while (h + 1 < kHeads && c >= head_offset(h + 1)) ++h;
+  return kButtons + h - 1;
+}
+inline constexpr int ar_item_first_column(int item) {
+  return item < kButtons ? item : head_offset(item - kButtons + 1);
+}
+inline constexpr int ar_item_width(int item) {
+  return item < kButtons ? 1 : head_width(item - kButtons + 1);
+}
+// Wa[r][c] may be non-zero: column c's item comes before row r's.
+inline constexpr bool heads_ar_allowed(int r, int c) {
+  return ar_item_of_column(c) < ar_item_of_column(r);
+}
+
+// teacher (M, 81): the recorded items one-hot at each position, the x axes' classes mirrored
+// where the window is (mirrored (B) may be null; window = W). A class outside its head's range
+// (a masked position) leaves that head's columns zero.
+template <class T>
+void heads_ar_teacher(size_t M, size_t window, const T* target_buttons,
+                      const int32_t* target_sticks, const uint8_t* mirrored, T* teacher) {
+  for (size_t i = 0; i < M; ++i) {
+    T* t = teacher + i * kHeadsWidth;
+    std::fill_n(t, kHeadsWidth, T(0));
+    for (int b = 0; b < kButtons; ++b) t[b] = target_buttons[i * kButtons + b] > T(0.5) ? 1 : 0;
+    const bool m = mirrored && mirrored[i / window];
+    for (int h = 0; h < kStickHeads; ++h) {
+      int c = target_sticks[i * kStickHeads + static_cast<size_t>(h)];
+      if (c < 0 || c >= head_classes(h)) continue;
+      if (m && mirrors_head(h)) c = mirror_stick_class(c);
+      t[head_offset(h + 1) + c] = 1;
+    }
+  }
+}
+
+// Wa's entries outside heads_ar_allowed set to zero (its gradient, after each accumulation).
+template <class T>
+void heads_ar_mask(T* Wa) {
+  for (int r = 0; r < kHeadsWidth; ++r)
+    for (int c = 0; c < kHeadsWidth; ++c)
+      if (!heads_ar_allowed(r, c)) Wa[r * kHeadsWidth + c] = T(0);
+}
+
+// The most likely controller, item by item: each item's logits (M, 81, in place) gain Wa's
+// columns of the items chosen before it; a button is chosen when its logit is > 0, an axis takes
+// its first largest class. On return logits are the conditioned ones, whose most likely items are
+// the decoded controller.
+template <class T>
+void heads_ar_decode(size_t M, const T* Wa, T* logits) {
+  for (size_t i = 0; i < M; ++i) {
+    T* z = logits + i * kHeadsWidth;
+    int chosen[kArItems];  // the column chosen per item, -1: a button not pressed
+    for (int k = 0; k < kArItems; ++k) {
+      const int c0 = ar_item_first_column(k), n = ar_item_width(k);
+      for (int r = c0; r < c0 + n; ++r)
+        for (int j = 0; j < k; ++j)
+          if (chosen[j] >= 0) z[r] += Wa[r * kHeadsWidth + chosen[j]];
+      if (k < kButtons) {
+        chosen[k] = z[c0] > T(0) ? c0 : -1;
+      } else {
+        int best = 0;
+        for (int q = 1; q < n; ++q)
+          if (z[c0 + q] > z[c0 + best]) best = q;
+        chosen[k] = c0 + best;
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- loss
 
 struct BcLossResult {

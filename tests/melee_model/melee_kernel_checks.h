@@ -266,4 +266,43 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   EXPECT_EQ(flagged[bad * kBcStats + kBcWeight], 0.0f);
 }
 
+// The autoregressive heads' kernels: the teacher one-hot (mirrored x classes, classes out of
+// range left out), the weight's mask and the in-order decode, against model_math.h's heads_ar_*.
+template <class K, class Mem>
+void check_autoregressive_heads(size_t B, size_t W, uint64_t seed) {
+  SCOPED_TRACE("autoregressive heads B " + std::to_string(B) + " W " + std::to_string(W));
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  const size_t M = B * W, N = size_t(kHeadsWidth) * kHeadsWidth;
+  std::bernoulli_distribution coin(0.3);
+  std::uniform_int_distribution<int32_t> cls(-1, kStickClasses);
+  std::vector<float> tb(M * kButtons);
+  std::vector<int32_t> ts(M * kStickHeads);
+  std::vector<uint8_t> mirrored(B);
+  for (auto& v : tb) v = coin(rng) ? 1.0f : 0.0f;
+  for (auto& v : ts) v = cls(rng);
+  for (size_t w = 0; w < B; ++w) mirrored[w] = w % 2;  // windows of both kinds
+  std::vector<double> teacher(M * kHeadsWidth), tbd(tb.begin(), tb.end());
+  heads_ar_teacher<double>(M, W, tbd.data(), ts.data(), mirrored.data(), teacher.data());
+  float* g_t = mem.template alloc<float>(M * kHeadsWidth);
+  K::heads_ar_teacher(M, W, mem.upload(tb), mem.upload(ts), mem.upload(mirrored), g_t,
+                      mem.stream());
+  EXPECT_CLOSE(values(mem.download(g_t, M * kHeadsWidth)), teacher, 1e-12, "teacher");
+
+  const auto Wa = cast<float>(rand_vec(N, rng, -3.0, 3.0));
+  std::vector<double> masked(Wa.begin(), Wa.end());
+  heads_ar_mask(masked.data());
+  float* g_w = mem.upload(Wa);
+  K::heads_ar_mask(g_w, mem.stream());
+  EXPECT_CLOSE(values(mem.download(g_w, N)), masked, 1e-12, "mask");
+
+  // Logits near the decision points, so a wrong order or a missed column changes choices.
+  const auto logits = cast<float>(rand_vec(M * kHeadsWidth, rng, -2.0, 2.0));
+  std::vector<float> ref = logits, mw = cast<float>(masked);
+  heads_ar_decode<float>(M, mw.data(), ref.data());
+  float* g_z = mem.upload(logits);
+  K::heads_ar_decode(M, g_w, g_z, mem.stream());
+  EXPECT_CLOSE(values(mem.download(g_z, M * kHeadsWidth)), widen(ref), 1e-6, "decode");
+}
+
 }  // namespace slipstream::melee::test

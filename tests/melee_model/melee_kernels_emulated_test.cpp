@@ -22,5 +22,9 @@ TEST(MeleeKernelsEmulated, BcLossMatchesCpu) {
   check_bc_loss<K, Mem>(4, 16, 0.1, 5);
 }
 
+TEST(MeleeKernelsEmulated, AutoregressiveHeadsMatchCpu) {
+  check_autoregressive_heads<K, Mem>(3, 9, 7);
+}
+
 }  // namespace
 }  // namespace slipstream::melee::test

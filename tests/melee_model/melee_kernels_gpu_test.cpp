@@ -25,6 +25,12 @@ TEST(MeleeKernelsGpu, BcLossMatchesCpu) {
   check_bc_loss<K, Mem>(256, 60, 0.05, 6);
 }
 
+TEST(MeleeKernelsGpu, AutoregressiveHeadsMatchCpu) {
+  REQUIRE_DEVICE();
+  check_autoregressive_heads<K, Mem>(3, 9, 7);
+  check_autoregressive_heads<K, Mem>(256, 60, 8);  // gpu_standard's batch
+}
+
 }  // namespace
 }  // namespace slipstream::melee::test
 #else

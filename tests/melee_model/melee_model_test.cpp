@@ -19,6 +19,7 @@
 #include "engine/stage_harness.h"
 #include "engine/state_io.h"
 #include "stages/melee/batch_layout.h"
+#include "stages/melee/controller_choice.h"
 #include "stages/melee/model_math.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/support/onednn_allocations.h"
@@ -759,6 +760,193 @@ TEST(ControllerHeads, Bf16CloseToFp32) {
     }
     auto gf = f.backward(g), gb = b.backward(g);
     for (const auto& [k, v] : gf) expect_close(to_double(v), gb.at(k), 3e-2, k);
+  }
+}
+
+// ---------------------------------------------------------------- autoregressive heads
+
+// Random recorded items for M positions (some classes out of range: masked positions), and
+// an autoregressive weight with its structural zeros (heads_ar_mask).
+struct ArCase {
+  std::vector<float> tb;
+  std::vector<int32_t> ts;
+  std::vector<double> Wa;
+  ArCase(int M, std::mt19937_64& rng) {
+    std::bernoulli_distribution coin(0.3);
+    std::uniform_int_distribution<int32_t> cls(-1, kStickClasses);
+    for (int i = 0; i < M * kButtons; ++i) tb.push_back(coin(rng) ? 1.0f : 0.0f);
+    for (int i = 0; i < M; ++i)
+      for (int h = 0; h < kStickHeads; ++h)
+        ts.push_back(h == kShoulder ? cls(rng) % (kShoulderClasses + 1) : cls(rng));
+    Wa = rand_vec(static_cast<size_t>(kHeadsWidth * kHeadsWidth), rng, -2.0, 2.0);
+    heads_ar_mask(Wa.data());
+  }
+};
+
+// The item order: 8 buttons one by one, then main x, main y, c x, c y, shoulder; an item sees
+// exactly the items before it; the mask keeps the rest zero.
+TEST(AutoregressiveHeads, ItemOrderAndMask) {
+  EXPECT_EQ(kArItems, 13);
+  EXPECT_EQ(ar_item_of_column(0), 0);
+  EXPECT_EQ(ar_item_of_column(7), 7);
+  EXPECT_EQ(ar_item_of_column(head_offset(1)), 8);
+  EXPECT_EQ(ar_item_of_column(head_offset(2) - 1), 8);
+  EXPECT_EQ(ar_item_of_column(head_offset(2)), 9);
+  EXPECT_EQ(ar_item_of_column(head_offset(5)), 12);
+  EXPECT_EQ(ar_item_of_column(kHeadsWidth - 1), 12);
+  for (int k = 0; k < kArItems; ++k)
+    for (int q = 0; q < ar_item_width(k); ++q)
+      EXPECT_EQ(ar_item_of_column(ar_item_first_column(k) + q), k);
+  std::vector<double> Wa(kHeadsWidth * kHeadsWidth, 1.0);
+  heads_ar_mask(Wa.data());
+  int kept = 0;
+  for (int r = 0; r < kHeadsWidth; ++r)
+    for (int c = 0; c < kHeadsWidth; ++c) {
+      const bool before = ar_item_of_column(c) < ar_item_of_column(r);
+      EXPECT_EQ(Wa[static_cast<size_t>(r * kHeadsWidth + c)], before ? 1.0 : 0.0) << r << "," << c;
+      kept += before;
+    }
+  // A's row sees nothing; the shoulder's 5 rows see all 76 earlier columns.
+  EXPECT_EQ(Wa[0 * kHeadsWidth + 1], 0.0);
+  EXPECT_EQ(Wa[1 * kHeadsWidth + 0], 1.0);
+  EXPECT_GT(kept, 0);
+}
+
+// Teacher forcing: the stage's logits equal heads_forward + teacher Waᵀ (the recorded items
+// one-hot, x classes mirrored with the window), its Wa starts at zero and gets the masked
+// heads_prev_backward gradient (finite differences of the float64 math first); outside training
+// the logits are heads_ar_decode's, and a hand case decodes in order.
+TEST(AutoregressiveHeads, TeacherForcedInTrainingDecodedOtherwise) {
+  std::mt19937_64 rng(41);
+  {
+    const int M = 3;
+    ArCase c(M, rng);
+    std::vector<double> teacher(static_cast<size_t>(M * kHeadsWidth)),
+        tbd(c.tb.begin(), c.tb.end());
+    heads_ar_teacher<double>(M, 3, tbd.data(), c.ts.data(), nullptr, teacher.data());
+    auto w = rand_vec(static_cast<size_t>(M * kHeadsWidth), rng);
+    std::vector<double> logits(static_cast<size_t>(M * kHeadsWidth));
+    auto loss = [&] {
+      std::fill(logits.begin(), logits.end(), 0.25);
+      heads_prev_forward<double>(teacher.data(), M, kHeadsWidth, c.Wa.data(), logits.data());
+      return dot(w, logits);
+    };
+    loss();
+    std::vector<double> dWa(c.Wa.size(), 0.0);
+    heads_prev_backward<double>(teacher.data(), M, kHeadsWidth, w.data(), dWa.data());
+    check_gradient("Wa", loss, c.Wa, dWa);
+  }
+  const int64_t B = 2, W = 3, H = 10;
+  const int M = static_cast<int>(B * W);
+  ArCase c(M, rng);
+  auto xv = rand_vec(static_cast<size_t>(M * H), rng);
+  Tensor x = make(Shape{B, W, H}, std::vector<float>(xv.begin(), xv.end()));
+  const std::vector<uint8_t> mirrored = {0, 1};
+  const TensorMap in = {{"x", x},
+                        {"target_buttons", make(Shape{B, W, kButtons}, c.tb)},
+                        {"target_sticks", make(Shape{B, W, kStickHeads}, c.ts)},
+                        {"mirrored", make(Shape{B}, mirrored)}};
+  StageHarness st("controller_heads", {"autoregressive=true"});
+  st.setup(in);
+  EXPECT_EQ(st.stage().parameters().back()->name, "ar.weight");
+  auto wts = st.weights();
+  for (float v : wts.at("ar.weight").span<float>()) ASSERT_EQ(v, 0.0f);
+  wts["ar.weight"] =
+      make(Shape{kHeadsWidth, kHeadsWidth}, std::vector<float>(c.Wa.begin(), c.Wa.end()));
+  st.load_weights(wts);
+  std::vector<double> Wo, bo, base(static_cast<size_t>(M * kHeadsWidth));
+  fused_head_params(wts, Wo, bo);
+  heads_forward<double>(xv.data(), M, static_cast<int>(H), 0, nullptr, nullptr, nullptr, nullptr,
+                        Wo.data(), bo.data(), base.data());
+  std::vector<double> teacher(base.size()), tbd(c.tb.begin(), c.tb.end()), logits = base;
+  heads_ar_teacher<double>(static_cast<size_t>(M), static_cast<size_t>(W), tbd.data(), c.ts.data(),
+                           mirrored.data(), teacher.data());
+  // The mirrored window's recorded main x class 3 is class 13 in the teacher.
+  for (int i = 0; i < M; ++i) {
+    const int mx = c.ts[static_cast<size_t>(i * kStickHeads + kMainX)];
+    if (mx < 0 || mx >= kStickClasses) continue;
+    const int want = i >= W ? mirror_stick_class(mx) : mx;
+    EXPECT_EQ(teacher[static_cast<size_t>(i * kHeadsWidth + head_offset(1) + want)], 1.0) << i;
+  }
+  heads_prev_forward<double>(teacher.data(), M, kHeadsWidth, c.Wa.data(), logits.data());
+  auto out = st.forward(in);
+  std::vector<double> dl;
+  const TensorMap grads_in = check_heads_draw_grads(out, logits, M, rng, dl);
+  std::vector<double> dWa(c.Wa.size(), 0.0);
+  heads_prev_backward<double>(teacher.data(), M, kHeadsWidth, dl.data(), dWa.data());
+  heads_ar_mask(dWa.data());
+  expect_close(dWa, st.backward(grads_in).at("grad.ar.weight"), 1e-5, "dWa");
+  // Outside training: the most likely items in order.
+  std::vector<double> decoded = base;
+  heads_ar_decode<double>(static_cast<size_t>(M), c.Wa.data(), decoded.data());
+  check_heads_draw_grads(st.forward(in, false), decoded, M, rng, dl);
+  // By hand: A likely pressed; main x's rest class likely unless A is pressed, which sends it to
+  // class 16. Decoded: A, main x 16; without the A column main x would stay at 8.
+  std::vector<double> z(kHeadsWidth, -1.0), Wz(kHeadsWidth * kHeadsWidth, 0.0);
+  z[kA] = 0.5;
+  z[head_offset(1) + 8] = 1.0;
+  Wz[static_cast<size_t>((head_offset(1) + 16) * kHeadsWidth + kA)] = 5.0;
+  Wz[static_cast<size_t>(kA * kHeadsWidth + head_offset(1))] = 9.0;  // not allowed: ignored
+  heads_ar_mask(Wz.data());
+  heads_ar_decode<double>(1, Wz.data(), z.data());
+  EXPECT_EQ(z[head_offset(1) + 16], 4.0);
+  EXPECT_EQ(z[kA], 0.5);
+}
+
+// Autoregressive heads refuse to set up without the recorded input to condition on.
+TEST(AutoregressiveHeads, NeedsTheRecordedInput) {
+  Tensor x = make(Shape{1, 2, 4}, std::vector<float>(8, 0.0f));
+  StageHarness st("controller_heads", {"autoregressive=true"});
+  try {
+    st.setup({{"x", x}});
+    FAIL() << "setup accepted autoregressive heads without targets";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("target_buttons"), std::string::npos) << e.what();
+  }
+}
+
+// A bot's draws in item order: with a weight that moves main x to class 16 exactly when A is
+// pressed, every sampled controller is consistent (independent draws would mix them), and at
+// temperature 0 the choice is the decoded controller; without a weight the draws are the
+// independent heads' (the same generator, the same answers as before the option existed).
+TEST(AutoregressiveHeads, BotDrawsItemsInOrder) {
+  std::vector<float> Wa(kHeadsWidth * kHeadsWidth, 0.0f);
+  Wa[static_cast<size_t>((head_offset(1) + 16) * kHeadsWidth + kA)] = 40.0f;
+  Wa[static_cast<size_t>((head_offset(1) + 8) * kHeadsWidth + kA)] = -40.0f;
+  std::vector<double> base(kHeadsWidth, -30.0);
+  base[kA] = 0.0;  // A: a fair coin
+  base[head_offset(1) + 8] = 20.0;
+  for (int h = 2; h < kHeads; ++h) base[static_cast<size_t>(head_offset(h))] = 0.0;
+  std::vector<double> Wd(Wa.begin(), Wa.end()), z = base;
+  heads_ar_decode<double>(1, Wd.data(), z.data());  // what the heads answer outside training
+  const std::vector<float> logits(z.begin(), z.end());
+  std::mt19937_64 rng(5);
+  int pressed = 0;
+  for (int i = 0; i < 400; ++i) {
+    const ChosenController c = choose_controller(logits.data(), Wa.data(), 1.0f, rng);
+    const bool a = c.buttons & (1u << kA);
+    pressed += a;
+    ASSERT_EQ(c.classes[kMainX], a ? 16 : 8) << i;
+  }
+  EXPECT_GT(pressed, 150);
+  EXPECT_LT(pressed, 250);
+  const ChosenController greedy = choose_controller(logits.data(), Wa.data(), 0.0f, rng);
+  EXPECT_EQ(greedy.buttons, 0u);  // logit 0 is not > 0
+  EXPECT_EQ(greedy.classes[kMainX], 8);
+  // Independent heads: the same draws as sampling each head alone, in item order.
+  std::mt19937_64 r1(9), r2(9);
+  const std::vector<float> flat(base.begin(), base.end());
+  const ChosenController ind = choose_controller(flat.data(), nullptr, 1.0f, r1);
+  uint32_t buttons = 0;
+  for (int b = 0; b < kButtons; ++b)
+    if (std::uniform_real_distribution<float>(0, 1)(r2) <
+        1.0f / (1.0f + std::exp(-flat[static_cast<size_t>(b)])))
+      buttons |= 1u << b;
+  EXPECT_EQ(ind.buttons, buttons);
+  for (int h = 0; h < kStickHeads; ++h) {
+    float p[kStickClasses];
+    head_softmax(flat.data() + head_offset(h + 1), head_classes(h), p);
+    EXPECT_EQ(ind.classes[h], choose_class(p, head_classes(h), 1.0f, r2)) << h;
   }
 }
 

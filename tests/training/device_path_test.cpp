@@ -104,18 +104,22 @@ void expect_same_weights(Runner& x, Runner& y, const std::string& when) {
 }
 
 // `device_sets`: more overrides for the device run only (another backend of a stage); `rel`: the
-// relative tolerance of every figure, accuracies compared only at the default's.
+// relative tolerance of every figure, accuracies compared only at the default's; `both_sets`:
+// overrides of both runs (a model option).
 void device_path_matches_cpu(const std::string& precision, bool gru = false,
-                             const std::vector<std::string>& device_sets = {}, double rel = 2e-4) {
+                             const std::vector<std::string>& device_sets = {}, double rel = 2e-4,
+                             const std::vector<std::string>& both_sets = {}) {
   const bool accuracies = rel <= 2e-4;
   TempDir d;
   std::ostringstream log;
   const std::string graph =
       source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml");
-  Runner cpu(plan_graph(load_config(graph, graph_overrides(d.path(), "cpu", precision, gru))),
-             quiet_run_options(log));
+  auto cpu_sets = graph_overrides(d.path(), "cpu", precision, gru);
+  cpu_sets.insert(cpu_sets.end(), both_sets.begin(), both_sets.end());
+  Runner cpu(plan_graph(load_config(graph, cpu_sets)), quiet_run_options(log));
   const RunResult rc = cpu.run();
   auto sets = graph_overrides(d.path(), kDevice, precision, gru);
+  sets.insert(sets.end(), both_sets.begin(), both_sets.end());
   sets.insert(sets.end(), device_sets.begin(), device_sets.end());
   Runner dev(plan_graph(load_config(graph, sets)), quiet_run_options(log));
   const RunResult re = dev.run();
@@ -142,6 +146,14 @@ TEST(DevicePath, MatchesCpuFp32) {
 TEST(DevicePath, MatchesCpuBf16) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   device_path_matches_cpu("bf16");
+}
+
+// Autoregressive heads: teacher-forced training (mirrored windows included) and the in-order
+// decode of validation on the device kernels, as on the CPU.
+TEST(DevicePath, AutoregressiveHeadsMatchCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  device_path_matches_cpu("fp32", false, {}, 2e-4, {"heads.autoregressive=true"});
+  device_path_matches_cpu("bf16", false, {}, 2e-4, {"heads.autoregressive=true"});
 }
 
 // The host one batch ahead of the device (rows every 4 steps, a validation at 8, a checkpoint at
