@@ -18,6 +18,7 @@
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "stages/melee/batch_layout.h"
+#include "stages/melee/controller_choice.h"
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_scoring.h"
 #include "tests/support/temp_dir.h"
@@ -176,6 +177,45 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
               frames.size(), worst);
   EXPECT_LT(worst, 1e-6);
   EXPECT_EQ(pressed_differs, 0u);
+}
+
+// A checkpoint with autoregressive heads: the policy's distribution is the training graph's
+// stream (the heads' in-order decode), its most likely answer is that decode, and its checkpoint
+// carries the conditioning weight the answers are drawn with.
+TEST(Policy, AutoregressiveHeadsAnswerTheDecodedController) {
+  TempDir dir;
+  const std::string val = dir.path() + "/val";
+  const std::string run =
+      train_with_pinned_validation(
+          dir.path(), val, 3, "train_bc.yaml",
+          {"core.d_model=16", "core.layers=1", "core.d_state=8", "heads.autoregressive=true"})
+          .run_dir;
+  const auto frames = stream_replay(run, val + "/synth_00000.slp");
+  ASSERT_GT(frames.size(), 500u);
+  Handle h(run);
+  ASSERT_NE(h.p, nullptr);
+  ASSERT_EQ(slipstream_policy_set_sampling(h.p, 0.0f, 0), SLIPSTREAM_OK);
+  double worst = 0;
+  size_t differs = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    slipstream_controller c;
+    ASSERT_EQ(slipstream_policy_step(h.p, &frames[i].frame, &c), SLIPSTREAM_OK)
+        << i << ": " << slipstream_policy_error(h.p);
+    slipstream_distribution d;
+    ASSERT_EQ(slipstream_policy_distribution(h.p, &d), SLIPSTREAM_OK);
+    worst = std::max(worst, distance(d, frames[i].logits));
+    float decoded[kHeadsWidth];
+    std::copy_n(frames[i].logits, kHeadsWidth, decoded);
+    std::mt19937_64 unused(0);
+    const ChosenController want = choose_controller(decoded, nullptr, 0.0f, unused);
+    differs += c.buttons != want.buttons || stick_class(c.main_x) != want.classes[kMainX] ||
+               shoulder_class(c.shoulder) != want.classes[kShoulder];
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_EQ(differs, 0u);
+  std::ifstream weights(run + "/checkpoints/step-3/model.safetensors");
+  std::string bytes((std::istreambuf_iterator<char>(weights)), std::istreambuf_iterator<char>());
+  EXPECT_NE(bytes.find("heads.ar.weight"), std::string::npos) << "no ar.weight in the checkpoint";
 }
 
 // Several games per call are several games: game i of a batch (each from its own frame of the
