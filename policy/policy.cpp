@@ -1,8 +1,9 @@
 // libslipstream_policy (include/slipstream/policy.h): the run's graph with its slippi_replays
 // source swapped for melee_frames, driven one frame of each game per step (a batch row a game)
 // through Runner::stream_open / stream_next (the stages before the loss, each row's recurrent
-// state carried; Runner::stream_restart_row restarts one game), inside a one-thread TBB
-// arena so a step runs on the caller's thread. Every entry point catches everything: no
+// state carried; Runner::stream_restart_row restarts one game), inside the handle's TBB arena:
+// the caller's thread alone by default, so a step runs on it; slipstream_policy_set_threads
+// lets the stages' loops spread over more. Every entry point catches everything: no
 // exception crosses the C boundary.
 #include "slipstream/policy.h"
 
@@ -34,8 +35,10 @@ using namespace slipstream;
 using namespace slipstream::melee;
 
 struct slipstream_policy {
-  tbb::task_arena arena{1, 1};  // the caller's thread alone
-  std::ostringstream log;       // the runner's progress lines: a library prints nothing
+  // The stages' loops run here: the caller's thread, and threads - 1 workers with it.
+  std::unique_ptr<tbb::task_arena> arena = std::make_unique<tbb::task_arena>(1, 1);
+  int32_t threads = 1;
+  std::ostringstream log;  // the runner's progress lines: a library prints nothing
   std::unique_ptr<Runner> runner;
   FrameFeedStage* feed = nullptr;
   size_t heads = 0;
@@ -296,7 +299,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   p->heads = static_cast<size_t>(heads);
   slipstream_status s = SLIPSTREAM_OK;
   std::string err;
-  p->arena.execute([&] {
+  p->arena->execute([&] {
     try {
       p->runner = std::make_unique<Runner>(std::move(plan), RunOptions::embedded(&p->log));
       p->feed = dynamic_cast<FrameFeedStage*>(&p->runner->graph().stage(0));
@@ -342,7 +345,7 @@ slipstream_status slipstream_policy_reset(slipstream_policy* p) {
   const HandleUse use(p);
   if (!use.owned()) return use.refused("slipstream_policy_reset");
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
-    p->arena.execute([&] { p->runner->stream_restart(); });
+    p->arena->execute([&] { p->runner->stream_restart(); });
     p->games = 0;  // the next step fixes the number of games again
     return SLIPSTREAM_OK;
   });
@@ -359,7 +362,7 @@ slipstream_status slipstream_policy_reset_game(slipstream_policy* p, int32_t gam
                     std::to_string(p->games) + " game(s)" +
                     (p->games == 0 ? " (no step since open or reset)" : ""));
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
-    p->arena.execute([&] { p->runner->stream_restart_row(game); });
+    p->arena->execute([&] { p->runner->stream_restart_row(game); });
     const size_t g = static_cast<size_t>(game);
     p->rngs[g].seed(game_seed(p->seed, game));
     p->stepped[g] = 0;
@@ -388,10 +391,28 @@ slipstream_status slipstream_policy_step_batch(slipstream_policy* p, int32_t n,
       return fail(p, SLIPSTREAM_E_ARGUMENT, n == 1 ? e : "game " + std::to_string(i) + ": " + e);
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     if (p->games == 0) start_games(*p, n);
-    p->arena.execute([&] { forward(*p); });
+    p->arena->execute([&] { forward(*p); });
     for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
       p->stepped[i] = 1;
       out[i] = answer(*p, i);
+    }
+    return SLIPSTREAM_OK;
+  });
+}
+
+slipstream_status slipstream_policy_set_threads(slipstream_policy* p, int32_t threads) {
+  if (!p)
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_set_threads: policy is NULL");
+  const HandleUse use(p);
+  if (!use.owned()) return use.refused("slipstream_policy_set_threads");
+  if (threads < 1 || threads > 1024)
+    return fail(p, SLIPSTREAM_E_ARGUMENT,
+                "slipstream_policy_set_threads: threads must be in [1, 1024], got " +
+                    std::to_string(threads));
+  return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
+    if (threads != p->threads) {
+      p->arena = std::make_unique<tbb::task_arena>(threads, 1);
+      p->threads = threads;
     }
     return SLIPSTREAM_OK;
   });
@@ -453,7 +474,7 @@ const char* slipstream_policy_error(const slipstream_policy* p) {
 void slipstream_policy_close(slipstream_policy* p) {
   if (!p) return;
   try {
-    p->arena.execute([&] { p->runner.reset(); });
+    p->arena->execute([&] { p->runner.reset(); });
   } catch (...) {
   }
   delete p;

@@ -5,7 +5,8 @@
 // layers, and the production core, 256 / 3 / d_state 32), trained in a temporary directory on
 // synthetic games first. Counters p50_us and p99_us as in infer_bench.cpp. BM_PolicyStepBatch:
 // slipstream_policy_step_batch of n games per call (n = 1, 64, 256, 1024) at cpu_quick's core,
-// with frames/s over all games (counter frames_per_s) beside the per-call latency.
+// with frames/s over all games (counter frames_per_s) beside the per-call latency, on the
+// caller's thread alone and on 2 (slipstream_policy_set_threads).
 #include <benchmark/benchmark.h>
 #include <slipstream/policy.h>
 #include <unistd.h>
@@ -122,6 +123,12 @@ void BM_PolicyStepBatch(benchmark::State& state) {
     fs::remove_all(dir);
     return;
   }
+  if (slipstream_policy_set_threads(p, static_cast<int32_t>(state.range(1))) != SLIPSTREAM_OK) {
+    state.SkipWithError(slipstream_policy_error(p));
+    slipstream_policy_close(p);
+    fs::remove_all(dir);
+    return;
+  }
   std::vector<slipstream_controller> pressed(static_cast<size_t>(n));
   std::vector<slipstream_game_frame> frames(static_cast<size_t>(n));
   std::vector<double> us;
@@ -146,11 +153,8 @@ void BM_PolicyStepBatch(benchmark::State& state) {
   fs::remove_all(dir);
 }
 BENCHMARK(BM_PolicyStepBatch)
-    ->ArgNames({"games"})
-    ->Arg(1)
-    ->Arg(64)
-    ->Arg(256)
-    ->Arg(1024)
+    ->ArgNames({"games", "threads"})
+    ->ArgsProduct({{1, 64, 256, 1024}, {1, 2}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -101,6 +101,11 @@ class Policy:
         self._check(self._lib.slipstream_policy_set_sampling(self._handle, float(temperature),
                                                              int(seed)))
 
+    def set_threads(self, threads):
+        """How many threads the steps use (1, the default: the calling thread alone); more
+        spread a step_batch of many games over a pool of the handle's own, same answers."""
+        self._check(self._lib.slipstream_policy_set_threads(self._handle, int(threads)))
+
     def describe(self):
         """The checkpoint's step, model and device, one line."""
         return self._lib.slipstream_policy_describe(self._handle).decode()

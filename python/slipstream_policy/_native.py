@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-INTERFACE_VERSION = 2  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
+INTERFACE_VERSION = 3  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
 
 OK, E_ARGUMENT, E_CHECKPOINT, E_CONFIG, E_DEVICE, E_RUNTIME, E_BUSY = range(7)
 STATUS_NAMES = {
@@ -167,6 +167,7 @@ def _declare(lib):
         "slipstream_policy_distribution_of": (
             status, [handle, ctypes.c_int32, ctypes.POINTER(Distribution)]),
         "slipstream_policy_set_sampling": (status, [handle, ctypes.c_float, ctypes.c_uint64]),
+        "slipstream_policy_set_threads": (status, [handle, ctypes.c_int32]),
         "slipstream_policy_describe": (ctypes.c_char_p, [handle]),
         "slipstream_policy_error": (ctypes.c_char_p, [handle]),
         "slipstream_policy_close": (None, [handle]),

@@ -136,6 +136,17 @@ class Playing(unittest.TestCase):
             batch.reset()
             self.assertEqual(len(batch.step_batch([frame_at(0)])), 1)
 
+    def test_threads_give_the_same_answers(self):
+        with Policy(RUN) as one, Policy(RUN) as two:
+            two.set_threads(2)
+            for t in range(12):
+                frames = [frame_at(t + 5 * g) for g in range(16)]
+                a, b = one.step_batch(frames), two.step_batch(frames)
+                self.assertEqual([bytes(x) for x in a], [bytes(x) for x in b])
+            with self.assertRaises(PolicyError) as e:
+                two.set_threads(0)
+            self.assertEqual(e.exception.status, "argument")
+
     def test_errors_name_the_problem(self):
         with self.assertRaises(PolicyError) as e:
             Policy(os.path.join(RUN, "no-such-checkpoint"))

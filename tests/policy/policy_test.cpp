@@ -222,6 +222,38 @@ TEST(Policy, AutoregressiveHeadsAnswerTheDecodedController) {
 // replay) answers as a handle of its own playing the same frames; game 0 from the first frame
 // answers as the training graph's stream; a game restarted mid-stream (reset_game) answers as a
 // fresh handle while the others carry on; game 0 samples as a single game with the same seed.
+// Threads spread a batch's loops, never its answers: two handles, one of them on 2 threads,
+// answer 32 games alike (sampled, same seeds) with the same distributions; 0 threads is refused.
+TEST(Policy, ThreadsChangeNoAnswer) {
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  const size_t n = 32;
+  ASSERT_GT(frames.size(), 8 * n + 40);
+  Handle one(t.run_dir), two(t.run_dir);
+  ASSERT_EQ(slipstream_policy_set_threads(two.p, 2), SLIPSTREAM_OK);
+  EXPECT_EQ(slipstream_policy_set_threads(two.p, 0), SLIPSTREAM_E_ARGUMENT);
+  double worst = 0;
+  for (size_t step = 0; step < 40; ++step) {
+    std::vector<slipstream_game_frame> in(n);
+    for (size_t i = 0; i < n; ++i) in[i] = frames[8 * i + step].frame;
+    std::vector<slipstream_controller> a(n), b(n);
+    ASSERT_EQ(slipstream_policy_step_batch(one.p, int32_t(n), in.data(), a.data()), SLIPSTREAM_OK);
+    ASSERT_EQ(slipstream_policy_step_batch(two.p, int32_t(n), in.data(), b.data()), SLIPSTREAM_OK)
+        << slipstream_policy_error(two.p);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(std::memcmp(&a[i], &b[i], sizeof a[i]), 0) << "step " << step << " game " << i;
+      slipstream_distribution da, db;
+      ASSERT_EQ(slipstream_policy_distribution_of(one.p, int32_t(i), &da), SLIPSTREAM_OK);
+      ASSERT_EQ(slipstream_policy_distribution_of(two.p, int32_t(i), &db), SLIPSTREAM_OK);
+      const float* pa = &da.buttons[0];
+      const float* pb = &db.buttons[0];
+      for (size_t k = 0; k < sizeof(da) / sizeof(float); ++k)
+        worst = std::max(worst, static_cast<double>(std::abs(pa[k] - pb[k])));
+    }
+  }
+  EXPECT_EQ(worst, 0.0);
+}
+
 TEST(Policy, ManyGamesPerCallAreIndependentGames) {
   const Trained& t = trained();
   const auto frames = stream_replay(t.run_dir, t.replay);

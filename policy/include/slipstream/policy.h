@@ -27,9 +27,10 @@ extern "C" {
 #endif
 
 #define SLIPSTREAM_POLICY_VERSION                              \
-  2 /* this header's interface; see slipstream_policy_version. \
+  3 /* this header's interface; see slipstream_policy_version. \
      2: many games per call (step_batch, reset_game,           \
-     distribution_of); a version-1 program runs unchanged */
+     distribution_of); 3: set_threads; a program of an         \
+     earlier version runs unchanged */
 
 typedef enum slipstream_status {
   SLIPSTREAM_OK = 0,
@@ -170,6 +171,13 @@ slipstream_status slipstream_policy_distribution_of(const slipstream_policy* pol
  * stands still, since "no change" is the likeliest input on almost every frame. */
 slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, float temperature,
                                                  uint64_t seed);
+
+/* How many threads the handle's steps use (1, the default: the calling thread alone). With
+ * threads > 1 the model's loops over a batch of games (step_batch) are spread over the calling
+ * thread and threads - 1 workers of a pool of the handle's own; the answers are the same as with
+ * one thread. Worth it for many games per call; a single game's step is too small to share.
+ * threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
+slipstream_status slipstream_policy_set_threads(slipstream_policy* policy, int32_t threads);
 
 /* The checkpoint's step, model and device, one line (valid until the handle closes). */
 const char* slipstream_policy_describe(const slipstream_policy* policy);
