@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -123,6 +124,32 @@ double distance(const slipstream_distribution& d, const float* logits) {
   return worst;
 }
 
+// The policy of `run` at temperature 0 over `frames`, one step a frame: the largest distance of
+// its distribution from the stream's logits; `answered(i, c)` sees frame i's answer.
+double play_most_likely(const std::string& run, const std::vector<StreamedFrame>& frames,
+                        const std::function<void(size_t, const slipstream_controller&)>& answered) {
+  slipstream_policy* p = nullptr;
+  EXPECT_EQ(slipstream_policy_open(run.c_str(), "cpu", &p), SLIPSTREAM_OK)
+      << slipstream_policy_error(nullptr);
+  if (!p) return INFINITY;
+  EXPECT_EQ(slipstream_policy_set_sampling(p, 0.0f, 0), SLIPSTREAM_OK);
+  double worst = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    slipstream_controller c;
+    slipstream_distribution d;
+    if (slipstream_policy_step(p, &frames[i].frame, &c) != SLIPSTREAM_OK ||
+        slipstream_policy_distribution(p, &d) != SLIPSTREAM_OK) {
+      ADD_FAILURE() << "frame " << i << ": " << slipstream_policy_error(p);
+      worst = INFINITY;
+      break;
+    }
+    worst = std::max(worst, distance(d, frames[i].logits));
+    answered(i, c);
+  }
+  slipstream_policy_close(p);
+  return worst;
+}
+
 struct Trained {
   TempDir dir;
   std::string run_dir, replay;
@@ -155,24 +182,18 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
   const Trained& t = trained();
   const auto frames = stream_replay(t.run_dir, t.replay);
   ASSERT_GT(frames.size(), 500u);  // a 900-row game
-  Handle h(t.run_dir);
-  ASSERT_NE(h.p, nullptr);
-  EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
-      << slipstream_policy_describe(h.p);
-  ASSERT_EQ(slipstream_policy_set_sampling(h.p, 0.0f, 0), SLIPSTREAM_OK);  // the most likely
-  double worst = 0;
+  {
+    Handle h(t.run_dir);
+    ASSERT_NE(h.p, nullptr);
+    EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
+        << slipstream_policy_describe(h.p);
+  }
   size_t pressed_differs = 0;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    slipstream_controller c;
-    ASSERT_EQ(slipstream_policy_step(h.p, &frames[i].frame, &c), SLIPSTREAM_OK)
-        << i << ": " << slipstream_policy_error(h.p);
-    slipstream_distribution d;
-    ASSERT_EQ(slipstream_policy_distribution(h.p, &d), SLIPSTREAM_OK);
-    worst = std::max(worst, distance(d, frames[i].logits));
+  const double worst = play_most_likely(t.run_dir, frames, [&](size_t i, const auto& c) {
     // The answer is the most likely input of that distribution.
     for (int b = 0; b < kButtons; ++b)
       if (((c.buttons >> b) & 1) != (frames[i].logits[b] > 0 ? 1u : 0u)) ++pressed_differs;
-  }
+  });
   std::printf("max |policy - stream| over %zu frames, every class of 6 heads: %.3g\n",
               frames.size(), worst);
   EXPECT_LT(worst, 1e-6);
@@ -192,25 +213,13 @@ TEST(Policy, AutoregressiveHeadsAnswerTheDecodedController) {
           .run_dir;
   const auto frames = stream_replay(run, val + "/synth_00000.slp");
   ASSERT_GT(frames.size(), 500u);
-  Handle h(run);
-  ASSERT_NE(h.p, nullptr);
-  ASSERT_EQ(slipstream_policy_set_sampling(h.p, 0.0f, 0), SLIPSTREAM_OK);
-  double worst = 0;
   size_t differs = 0;
-  for (size_t i = 0; i < frames.size(); ++i) {
-    slipstream_controller c;
-    ASSERT_EQ(slipstream_policy_step(h.p, &frames[i].frame, &c), SLIPSTREAM_OK)
-        << i << ": " << slipstream_policy_error(h.p);
-    slipstream_distribution d;
-    ASSERT_EQ(slipstream_policy_distribution(h.p, &d), SLIPSTREAM_OK);
-    worst = std::max(worst, distance(d, frames[i].logits));
-    float decoded[kHeadsWidth];
-    std::copy_n(frames[i].logits, kHeadsWidth, decoded);
+  const double worst = play_most_likely(run, frames, [&](size_t i, const auto& c) {
     std::mt19937_64 unused(0);
-    const ChosenController want = choose_controller(decoded, nullptr, 0.0f, unused);
+    const ChosenController want = choose_controller(frames[i].logits, nullptr, 0.0f, unused);
     differs += c.buttons != want.buttons || stick_class(c.main_x) != want.classes[kMainX] ||
                shoulder_class(c.shoulder) != want.classes[kShoulder];
-  }
+  });
   EXPECT_LT(worst, 1e-6);
   EXPECT_EQ(differs, 0u);
   std::ifstream weights(run + "/checkpoints/step-3/model.safetensors");
