@@ -403,6 +403,10 @@ class BcLossStage : public Stage {
     // nothing, but names the metric, as every rank of a run must).
     ctx.metric("all_right", r.all_right, MetricKind::mean, n);
     ctx.metric("baseline/all_right", base.all_right, MetricKind::mean, n);
+    // How often the recorded player and the policy act (controller_choice.h's acts()).
+    ctx.metric("acts/recorded", r.acts_recorded, MetricKind::mean, n);
+    ctx.metric("acts/sampled", r.acts_sampled, MetricKind::mean, n);
+    ctx.metric("acts/most_likely", r.acts_most_likely, MetricKind::mean, n);
     for (int h = 0; h < kHeads; ++h) {
       const double items = n * (h == 0 ? kButtons : 1);
       ctx.metric(names_.changed_share[h], r.changed[h] / items, MetricKind::mean, items);

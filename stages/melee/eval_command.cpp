@@ -69,7 +69,10 @@ nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, c
                 {"loss", number(metric(r.metrics, "loss"))},
                 {"baseline_nll", number(metric(r.metrics, "baseline/loss"))},
                 {"all_right", number(metric(r.metrics, "all_right"))},
-                {"baseline_all_right", number(metric(r.metrics, "baseline/all_right"))}};
+                {"baseline_all_right", number(metric(r.metrics, "baseline/all_right"))},
+                {"acts_recorded", number(metric(r.metrics, "acts/recorded"))},
+                {"acts_sampled", number(metric(r.metrics, "acts/sampled"))},
+                {"acts_most_likely", number(metric(r.metrics, "acts/most_likely"))}};
   nlohmann::json all = nlohmann::json::object();
   for (const auto& [k, v] : r.metrics) all[k] = number(v);
   j["metrics"] = all;

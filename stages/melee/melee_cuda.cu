@@ -279,8 +279,9 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
   }
   // Where an item's label differs from the previous input (kBcSame left 0), its rightness and
   // NLL count toward the changed items' figures.
-  bool every = true, unchanged = true;
-  {  // buttons: BCE per button, summed; accuracy the fraction of the 8
+  bool every = true, unchanged = true, recorded_acts = false, likely_acts = false;
+  float log_still = 0;  // log P(the controller drawn at temperature 1 does nothing)
+  {                     // buttons: BCE per button, summed; accuracy the fraction of the 8
     float loss = 0, nll = 0, correct = 0, changed_right = 0, changed_nll = 0;
     for (int b = 0; b < kButtons; ++b) {
       const float x = lg.logits[0][i * kButtons + size_t(b)], y = tb[i * kButtons + size_t(b)];
@@ -292,6 +293,9 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
       nll += item_nll;
       correct += ok ? 1.0f : 0.0f;
       every = every && ok;
+      recorded_acts = recorded_acts || y > 0.5f;
+      likely_acts = likely_acts || x > 0.0f;
+      log_still -= fmaxf(x, 0.0f) + soft;
       if (st[kBcSame + b] == 0.0f) {
         unchanged = false;
         changed_right += ok ? 1.0f : 0.0f;
@@ -324,6 +328,10 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
     sh[kBcNll] = w * (lse - x[c]);
     sh[kBcCorrect] = am == c ? w : 0.0f;
     every = every && am == c;
+    const int rest = h == kShoulder ? 0 : kStickClasses / 2;  // mirrors to itself
+    recorded_acts = recorded_acts || c != rest;
+    likely_acts = likely_acts || am != rest;
+    log_still += x[rest] - lse;
     if (st[kBcSame + kButtons + h] == 0.0f) {
       unchanged = false;
       st[kBcChangedRight + h + 1] = am == c ? w : 0.0f;
@@ -332,6 +340,9 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
   }
   st[kBcAllRight] = every ? w : 0.0f;
   st[kBcUnchanged] = unchanged ? w : 0.0f;
+  st[kBcActsRecorded] = recorded_acts ? w : 0.0f;
+  st[kBcActsSampled] = w * -expm1f(log_still);
+  st[kBcActsLikely] = likely_acts ? w : 0.0f;
 }
 
 __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const int32_t* ts,

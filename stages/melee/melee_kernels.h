@@ -31,7 +31,12 @@ inline constexpr int kBcAllRight = kBcSame + kRepeatItems;
 inline constexpr int kBcUnchanged = kBcAllRight + 1;
 inline constexpr int kBcChangedRight = kBcUnchanged + 1;
 inline constexpr int kBcChangedNll = kBcChangedRight + kHeads;
-inline constexpr int kBcStats = kBcChangedNll + kHeads;
+// How often the controller acts: w · [the recorded one acts], w · P(the one drawn at temperature
+// 1 acts), w · [the most likely one acts].
+inline constexpr int kBcActsRecorded = kBcChangedNll + kHeads;
+inline constexpr int kBcActsSampled = kBcActsRecorded + 1;
+inline constexpr int kBcActsLikely = kBcActsSampled + 1;
+inline constexpr int kBcStats = kBcActsLikely + 1;
 
 // The Melee kernel tables: every entry point of kernels/ (inherited) and the game's own, so a
 // Melee stage's device path takes all its kernels from one table (Ops::Table).
@@ -83,6 +88,11 @@ inline BcLossResult bc_loss_result(const float sums[kBcStats], const float head_
   BcLossResult r;
   r.weight_sum = sums[kBcWeight];
   r.all_right = r.weight_sum > 0 ? sums[kBcAllRight] / r.weight_sum : 0.0;
+  if (r.weight_sum > 0) {
+    r.acts_recorded = sums[kBcActsRecorded] / r.weight_sum;
+    r.acts_sampled = sums[kBcActsSampled] / r.weight_sum;
+    r.acts_most_likely = sums[kBcActsLikely] / r.weight_sum;
+  }
   for (int h = 0; h < kHeads; ++h) {
     r.changed[h] = changed_weight(sums, h);
     r.changed_acc[h] = r.changed[h] > 0 ? sums[kBcChangedRight + h] / r.changed[h] : 0.0;

@@ -307,6 +307,10 @@ struct BcLossResult {
   // over them. all_right: the share of positions with every head right (buttons: all 8).
   double changed[kHeads] = {}, changed_acc[kHeads] = {}, changed_nll[kHeads] = {};
   double all_right = 0;
+  // How often a controller acts (a button, a stick off centre, the trigger; validation): the
+  // recorded one, the policy's drawn at temperature 1 (the expectation, 1 - P(nothing)), and its
+  // most likely one — shares of the positions.
+  double acts_recorded = 0, acts_sampled = 0, acts_most_likely = 0;
 };
 
 // Scratch for bc_loss_forward/backward, sized for M positions by the caller:
@@ -503,6 +507,7 @@ void bc_change_forward(size_t M, const T* const logits[kHeads], const T* target_
                        const int32_t* target_sticks, const T* mask, const T* prev_controller,
                        BcLossScratch<T> s, BcLossResult& r) {
   double weight = 0, all_right = 0, changed[kHeads] = {}, right[kHeads] = {}, nll[kHeads] = {};
+  double acts_recorded = 0, acts_sampled = 0, acts_likely = 0;
   for (size_t i = 0; i < M; ++i) {
     const double w = static_cast<double>(mask[i]);
     if (!(w > 0)) continue;
@@ -510,12 +515,16 @@ void bc_change_forward(size_t M, const T* const logits[kHeads], const T* target_
     const T* pc = prev_controller + i * kControllerFeatures;
     const T* tb = target_buttons + i * kButtons;
     const int32_t* ts = target_sticks + i * kStickHeads;
-    bool every = true;
+    bool every = true, recorded_acts = false, likely_acts = false;
+    double log_still = 0;  // log P(the drawn controller does nothing)
     for (int b = 0; b < kButtons; ++b) {
       const double x = static_cast<double>(logits[0][i * kButtons + static_cast<size_t>(b)]);
       const double y = static_cast<double>(tb[b]);
       const bool ok = (x > 0) == (y > 0.5);
       every = every && ok;
+      recorded_acts = recorded_acts || y > 0.5;
+      likely_acts = likely_acts || x > 0;
+      log_still -= std::max(x, 0.0) + std::log1p(std::exp(-std::fabs(x)));
       if (label_class(tb, ts, b) == prev_class(pc, b)) continue;
       changed[0] += w;
       right[0] += ok ? w : 0.0;
@@ -531,15 +540,22 @@ void bc_change_forward(size_t M, const T* const logits[kHeads], const T* target_
       const bool ok = static_cast<int32_t>(am) == c;
       every = every && ok;
       const int item = kButtons + h - 1;
-      if (label_class(tb, ts, item) == prev_class(pc, item)) continue;
+      const int rest = h - 1 == kShoulder ? 0 : kStickClasses / 2;
+      recorded_acts = recorded_acts || ts[h - 1] != rest;  // the rest class mirrors to itself
+      likely_acts = likely_acts || static_cast<int>(am) != rest;
       const double mx = static_cast<double>(x[am]);
       double se = 0;
       for (size_t q = 0; q < K; ++q) se += std::exp(static_cast<double>(x[q]) - mx);
+      log_still += static_cast<double>(x[rest]) - mx - std::log(se);
+      if (label_class(tb, ts, item) == prev_class(pc, item)) continue;
       changed[h] += w;
       right[h] += ok ? w : 0.0;
       nll[h] += w * (mx + std::log(se) - static_cast<double>(x[c]));
     }
     all_right += every ? w : 0.0;
+    acts_recorded += recorded_acts ? w : 0.0;
+    acts_likely += likely_acts ? w : 0.0;
+    acts_sampled += w * -std::expm1(log_still);
   }
   for (int h = 0; h < kHeads; ++h) {
     r.changed[h] = changed[h];
@@ -547,6 +563,9 @@ void bc_change_forward(size_t M, const T* const logits[kHeads], const T* target_
     r.changed_nll[h] = changed[h] > 0 ? nll[h] / changed[h] : 0.0;
   }
   r.all_right = weight > 0 ? all_right / weight : 0.0;
+  r.acts_recorded = weight > 0 ? acts_recorded / weight : 0.0;
+  r.acts_sampled = weight > 0 ? acts_sampled / weight : 0.0;
+  r.acts_most_likely = weight > 0 ? acts_likely / weight : 0.0;
 }
 
 }  // namespace slipstream::melee

@@ -144,6 +144,11 @@ std::string head_table(const std::map<std::string, double>& m) {
   }
   out += "all heads right: " + percent(metric(m, "all_right")) + " (baseline " +
          percent(metric(m, "baseline/all_right")) + ")\n";
+  if (std::isfinite(metric(m, "acts/recorded")))
+    out += "positions acting (a button, a stick off centre, the trigger): recorded " +
+           percent(metric(m, "acts/recorded")) + ", policy sampled at temperature 1 " +
+           percent(metric(m, "acts/sampled")) + " (expected), most likely input " +
+           percent(metric(m, "acts/most_likely")) + "\n";
   return out;
 }
 

@@ -229,6 +229,10 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   bc_change_forward<double>(M, lp, tb64.data(), ts.data(), mask64.data(), prev64.data(), s, cref);
   EXPECT_NEAR(got.all_right, cref.all_right, 1e-6);
   EXPECT_GT(cref.all_right, 0.1);  // the planted right answers
+  EXPECT_NEAR(got.acts_recorded, cref.acts_recorded, 1e-6);
+  EXPECT_NEAR(got.acts_sampled, cref.acts_sampled, 1e-5);
+  EXPECT_NEAR(got.acts_most_likely, cref.acts_most_likely, 1e-6);
+  EXPECT_GT(cref.acts_sampled, 0.0);
   for (int h = 0; h < kHeads; ++h) {
     EXPECT_NEAR(got.changed[h], cref.changed[h], 1e-5 * want.total * kButtons) << kHeadNames[h];
     EXPECT_GT(cref.changed[h], 0.1 * want.total) << kHeadNames[h];

@@ -1150,6 +1150,19 @@ TEST(BcLoss, ChangedItemsAndAllHeadsRightKnownValues) {
   // Nothing changed on main_x: its figures are named (every rank of a run names the same
   // metrics) but weigh nothing (the runner leaves a metric measured over nothing out of rows).
   EXPECT_EQ(m.at("changed/acc/main_x"), 0.0);
+  // How often the controller acts: both recorded inputs press A; the most likely input holds
+  // main x full right at both; drawn at temperature 1 the controller does nothing with
+  // probability Π_b σ(-x_b) · Π_h p_h(rest).
+  EXPECT_DOUBLE_EQ(m.at("acts/recorded"), 1.0);
+  EXPECT_DOUBLE_EQ(m.at("acts/most_likely"), 1.0);
+  {
+    const double e5 = std::exp(5.0),
+                 sticks_still = 1.0 / (e5 + 16) * std::pow(e5 / (e5 + 16), 3) * (e5 / (e5 + 4));
+    auto still = [&](double xa) {
+      return 1.0 / (1.0 + std::exp(xa)) * std::pow(1.0 / (1.0 + std::exp(-3.0)), 7) * sticks_still;
+    };
+    EXPECT_NEAR(m.at("acts/sampled"), 1.0 - (still(3.0) + still(-2.0)) / 2, 1e-9);
+  }
   // The model right on the change too: every head right at both positions.
   buttons[8 + kA] = 2.0f;
   val["buttons"] = make(Shape{B, W, 8}, buttons);
