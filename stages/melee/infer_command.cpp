@@ -2,7 +2,8 @@
 // the game would: the run's graph reads the replay as windows of one frame, in order, for one
 // port's player, and Runner::stream carries the temporal model's state from each frame to the
 // next (Streaming::recurrent). Writes each frame's predicted controller beside the recorded one
-// (--csv, the most likely input), prints per-head accuracy against the recorded inputs, how
+// (--csv, the most likely input; with --probabilities also the distribution it came from),
+// prints per-head accuracy against the recorded inputs, how
 // often the policy acts (sampled, as the policy library answers by default, and its most likely
 // input) against how often the player did, and the policy's per-frame latency (the section's
 // stages before the loss: embedding, temporal step, heads).
@@ -36,6 +37,7 @@ struct InferArgs {
   std::string replay;
   int port = 1;
   std::string csv;
+  bool probabilities = false;  // the CSV also holds each frame's distribution
   std::string device;
   std::vector<std::string> sets;
   float temperature = 1;  // of the sampled policy whose action rate is reported
@@ -60,17 +62,25 @@ int argmax(const float* v, int n) {
   return static_cast<int>(std::max_element(v, v + n) - v);
 }
 
-// One CSV row: the frame the policy saw, its predicted controller, the recorded one.
+// One CSV row: the frame the policy saw, its predicted controller, the recorded one, and (with
+// probabilities) the distribution: p_<button> and p_<head>_<class>, as the policy library's.
 class FrameWriter {
  public:
-  explicit FrameWriter(const std::string& path) : out_(path) {
+  FrameWriter(const std::string& path, bool probabilities)
+      : out_(path), probabilities_(probabilities) {
     if (!out_) throw std::runtime_error("cannot write " + path);
+    static constexpr const char* kButtonNames[kButtons] = {"A", "B", "X", "Y",
+                                                           "Z", "L", "R", "DUp"};
     out_ << "frame";
     for (const char* who : {"pred", "rec"}) {
-      for (const char* b : {"A", "B", "X", "Y", "Z", "L", "R", "DUp"})
-        out_ << ',' << who << '_' << b;
+      for (const char* b : kButtonNames) out_ << ',' << who << '_' << b;
       for (const char* s : {"main_x", "main_y", "c_x", "c_y", "shoulder"})
         out_ << ',' << who << '_' << s;
+    }
+    if (probabilities_) {
+      for (const char* b : kButtonNames) out_ << ",p_" << b;
+      for (int h = 1; h < kHeads; ++h)
+        for (int c = 0; c < head_width(h); ++c) out_ << ",p_" << kHeadNames[h] << '_' << c;
     }
     out_ << ",latency_us\n";
   }
@@ -82,6 +92,21 @@ class FrameWriter {
       out_ << ',' << value(h, argmax(logits[h + 1], head_classes(h)));
     for (int b = 0; b < kButtons; ++b) out_ << ',' << (rec_buttons[b] > 0.5f ? 1 : 0);
     for (int h = 0; h < kStickHeads; ++h) out_ << ',' << value(h, rec_sticks[h]);
+    if (probabilities_) {
+      char p[32];
+      for (int b = 0; b < kButtons; ++b) {
+        std::snprintf(p, sizeof p, ",%.9g", 1.0f / (1.0f + std::exp(-logits[0][b])));
+        out_ << p;
+      }
+      for (int h = 0; h < kStickHeads; ++h) {
+        float q[kStickClasses];
+        head_softmax(logits[h + 1], head_classes(h), q);
+        for (int c = 0; c < head_classes(h); ++c) {
+          std::snprintf(p, sizeof p, ",%.9g", q[c]);
+          out_ << p;
+        }
+      }
+    }
     char lat[32];
     std::snprintf(lat, sizeof lat, ",%.1f\n", seconds * 1e6);
     out_ << lat;
@@ -96,6 +121,7 @@ class FrameWriter {
     return head == kShoulder ? shoulder_value(cls) : stick_value(cls);
   }
   std::ofstream out_;
+  bool probabilities_;
 };
 
 int infer_command(const InferArgs& a) {
@@ -133,7 +159,7 @@ int infer_command(const InferArgs& a) {
   bool ar_read = false;
   EvalResult r;
   try {
-    if (!a.csv.empty()) csv.emplace(a.csv);
+    if (!a.csv.empty()) csv.emplace(a.csv, a.probabilities);
     Runner runner(std::move(plan), RunOptions::embedded());
     Graph& g = runner.graph();
     const int src = stage_of_kind(g, "slippi_replays"),
@@ -223,6 +249,9 @@ void setup_infer(CLI::App& parent) {
       ->required()
       ->check(CLI::Range(1, 4));
   infer->add_option("--csv", a->csv, "write each frame's predicted and recorded controller");
+  infer->add_flag("--probabilities", a->probabilities,
+                  "with --csv: also each frame's distribution (p_A .. p_DUp, p_main_x_0 .. "
+                  "p_shoulder_4), as the policy library gives it");
   infer->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
   infer
       ->add_option("--temperature", a->temperature,

@@ -97,7 +97,7 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
         " (stage " + std::to_string(start.stage) + (name ? " " + std::string(*name) : "") + ")";
     return o;
   }
-  GameFeatures feat = extract_features(g, f.rollback);
+  GameFeatures feat = extract_features(g, f.rollback, f.fields);
   if (feat.players.size() != np) {
     o.reason = kSkipNoFrames;
     return o;

@@ -42,6 +42,7 @@ inline constexpr const char* kSkipNames[kSkipReasons] = {
 
 struct Filters {
   RollbackMode rollback = RollbackMode::last;
+  FieldReading fields = FieldReading::slippi;
   bool one_vs_one = true;
   bool humans_only = false;                 // every player human (type 0)
   std::optional<slp::Version> min_version;  // recorded by this Slippi or a later one
@@ -60,7 +61,8 @@ struct Filters {
     k << (rollback == RollbackMode::last ? "last" : "all") << '|' << one_vs_one << '|' << min_rows
       << '|' << perspectives << '|' << shard_rank << '/' << shard_world << '/' << shard_seed << '/'
       << shard_ranges << '|' << humans_only << '|' << (min_version ? min_version->str() : "") << '|'
-      << skip_duplicates << "|s";
+      << skip_duplicates << '|' << (fields == FieldReading::libmelee ? "libmelee" : "slippi")
+      << "|s";
     for (auto s : stages) k << ',' << s;
     k << "|c";
     for (auto c : characters) k << ',' << c;

@@ -189,6 +189,11 @@ StageSchema ReplaysStage::schema() {
       .choices({"both", "first", "second", "port1", "port2", "port3", "port4"})
       .param("rollback", std::string("last"), "last: the last copy of each frame; all: as recorded")
       .choices({"last", "all"})
+      .param("fields", std::string("slippi"),
+             "slippi: the replay's own Post-Frame values; libmelee: as libmelee's GameState "
+             "shows them to a bot (whole-frame counters, hitstun = Misc AS, invulnerable = "
+             "hurtbox state), for a policy played through libmelee (python/)")
+      .choices({"slippi", "libmelee"})
       .param("memory", std::string("auto"),
              "the memory the loaded features may take, checked before decoding: auto (what the "
              "host or the job's cgroup leaves) or a number of GiB")
@@ -272,6 +277,7 @@ void ReplaysStage::setup(StageContext& ctx) {
 
   Filters f;
   f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
+  f.fields = p.string("fields") == "libmelee" ? FieldReading::libmelee : FieldReading::slippi;
   f.one_vs_one = p.boolean("one_vs_one");
   f.humans_only = p.boolean("humans_only");
   if (!p.string("min_version").empty())

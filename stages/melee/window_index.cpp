@@ -1,6 +1,7 @@
 #include "stages/melee/window_index.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -20,8 +21,13 @@ bool has_pre(const slp::CharacterFramesT<slp::View>& ch, size_t r) {
   return r < ch.present.size() && (ch.present[r] & slp::kHasPre);
 }
 
+// A frame counter as libmelee reads it: Python's int() of the float (toward zero; NaN reads 0).
+float whole_frames(float v) {
+  return std::isfinite(v) ? std::trunc(v) : 0.0f;
+}
+
 TrackFeatures extract_track(const slp::CharacterFramesT<slp::View>& ch,
-                            const std::vector<uint32_t>& rows) {
+                            const std::vector<uint32_t>& rows, FieldReading fields) {
   const size_t n = rows.size();
   TrackFeatures t;
   t.numeric.assign(n * kNumericFeatures, 0.0f);
@@ -52,6 +58,14 @@ TrackFeatures extract_track(const slp::CharacterFramesT<slp::View>& ch,
     f[kSpeedGroundX] = get(p.self_ground_x_speed, r);
     f[kStocks] = get(p.stocks, r);
     f[kExists] = 1.0f;
+    if (fields == FieldReading::libmelee) {
+      f[kActionFrame] = whole_frames(f[kActionFrame]);
+      f[kHitlag] = whole_frames(f[kHitlag]);
+      f[kHitstun] = whole_frames(get(p.misc_as, r));
+      f[kInvulnerable] = get(p.hurtbox_state, r) != 0 ? 1.0f : 0.0f;
+      if (p.airborne.empty()) f[kOnGround] = 1.0f;
+      if (p.jumps_remaining.empty()) f[kJumpsLeft] = 1.0f;
+    }
     t.action[i] = static_cast<int16_t>(std::min<int>(get(p.action_state, r), kActionStates - 1));
     t.character[i] = static_cast<uint8_t>(std::min<int>(get(p.character, r), kCharacters - 1));
   }
@@ -113,7 +127,7 @@ std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, Rollback
   return rows;
 }
 
-GameFeatures extract_features(const slp::GameView& game, RollbackMode mode) {
+GameFeatures extract_features(const slp::GameView& game, RollbackMode mode, FieldReading fields) {
   GameFeatures g;
   g.source = game.info.source;
   const auto& fr = game.frames;
@@ -134,10 +148,10 @@ GameFeatures extract_features(const slp::GameView& game, RollbackMode mode) {
     p.port = pl.port;
     p.character = first_character(pf->leader);
     if (p.character == slp::kNoCharacter) continue;  // no Post-Frame at all
-    p.leader = extract_track(pf->leader, g.recorded_row);
+    p.leader = extract_track(pf->leader, g.recorded_row, fields);
     if (pf->follower) {
       p.has_follower = true;
-      p.follower = extract_track(*pf->follower, g.recorded_row);
+      p.follower = extract_track(*pf->follower, g.recorded_row, fields);
     }
     p.controller = extract_controller(pf->leader, g.recorded_row);
     g.players.push_back(std::move(p));

@@ -25,6 +25,12 @@ inline constexpr uint32_t kButtonMask[kButtons] = {0x0100, 0x0200, 0x0400, 0x080
 inline constexpr int kAnalogInputs = 5;  // main x, main y, c x, c y, shoulder
 
 enum class RollbackMode { last, all };
+// Which reading of the Post-Frame fields the numeric features take: slippi, the replay's own
+// values; libmelee, the values libmelee's GameState shows a bot (docs/melee_features.md): the
+// frame counters (action frame, hitlag, hitstun) truncated to whole frames, hitstun the Misc AS
+// value whatever the state, invulnerable the hurtbox state, and libmelee's stand-ins for fields
+// older than the file (on the ground, one jump left).
+enum class FieldReading { slippi, libmelee };
 
 // Post-frame state of one character (a port's leader or its follower) over the game's kept rows.
 // Rows where the character sent no Post-Frame event are zeros (exists = 0).
@@ -65,7 +71,8 @@ std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, Rollback
 
 // Features of every Game Start player that has frames. Players without any frame are left out
 // (callers compare players.size() with info.start.players.size()).
-GameFeatures extract_features(const slp::GameView& game, RollbackMode mode);
+GameFeatures extract_features(const slp::GameView& game, RollbackMode mode,
+                              FieldReading fields = FieldReading::slippi);
 
 // Identity of a game for the train/validation split: file name (not directory), Game Start
 // random seed and last frame number; equal for a file and its corpus copy.

@@ -712,6 +712,59 @@ TEST(Loader, NanaIsSlotTwoForThePlayersPerspective) {
   EXPECT_GT(checked[1], 0);
 }
 
+// fields: libmelee reads the Post-Frame fields as libmelee's GameState shows them: frame
+// counters truncated (toward zero, NaN as 0), hitstun the Misc AS value in any state,
+// invulnerable the hurtbox state; slippi keeps the replay's values.
+TEST(Loader, LibmeleeFieldReading) {
+  TempDir dir("fields");
+  slp::SynthOptions so;
+  so.seed = 4;
+  so.frames = 400;
+  slp::Game g = slp::synthesize_game(so);
+  for (auto& port : g.frames.ports) {
+    auto& p = port.leader.post;
+    for (size_t r = 0; r < p.state_age.size(); ++r) {
+      p.state_age[r] = static_cast<float>(r % 7) + 0.75f;
+      p.hitlag_remaining[r] = r % 3 == 0 ? -1.5f : 2.25f;
+      p.misc_as[r] = r % 5 == 0 ? std::nanf("") : 9.9f;
+      p.state_flags_4[r] = 0;                            // never in hitstun
+      p.state_flags_2[r] = 0;                            // never flagged invulnerable
+      p.hurtbox_state[r] = static_cast<uint8_t>(r % 3);  // 0 vulnerable, 1, 2 not
+    }
+  }
+  slp::write_slp_file(g, dir.path() / "g.slp");
+  const std::vector<std::string> base = {paths_of(dir.path()), "batch_size=4", "min_frames=100",
+                                         "validation_fraction=0", "shuffle=false"};
+  auto with = [&](const char* fields) {
+    auto sets = base;
+    sets.push_back(std::string("fields=") + fields);
+    return sets;
+  };
+  Loader slippi(with("slippi")), lm(with("libmelee"));
+  ASSERT_EQ(slippi.stage().batches_per_epoch(), lm.stage().batches_per_epoch());
+  int checked = 0;
+  for (uint64_t k = 0; k < lm.stage().batches_per_epoch(); ++k) {
+    const Tensors a = slippi.batch(k), b = lm.batch(k);
+    for (int r = 0; r < 4; ++r) {
+      const auto w = lm.stage().window(k, r);
+      const auto& post = g.frames.ports[w.player_port == 0 ? 0 : 1].leader.post;
+      for (int64_t i = 0; i < 60; i += 7) {
+        const size_t row = w.start + static_cast<size_t>(i);  // no rollbacks in synthetic games
+        EXPECT_EQ(num(a, r, i, 0, kActionFrame), post.state_age[row]);
+        EXPECT_EQ(num(b, r, i, 0, kActionFrame), std::trunc(post.state_age[row]));
+        EXPECT_EQ(num(b, r, i, 0, kHitlag), std::trunc(post.hitlag_remaining[row]));
+        EXPECT_EQ(num(a, r, i, 0, kHitstun), 0.0f);  // no hitstun flag
+        EXPECT_EQ(num(b, r, i, 0, kHitstun), std::isnan(post.misc_as[row]) ? 0.0f : 9.0f);
+        EXPECT_EQ(num(a, r, i, 0, kInvulnerable), 0.0f);
+        EXPECT_EQ(num(b, r, i, 0, kInvulnerable), post.hurtbox_state[row] != 0 ? 1.0f : 0.0f);
+        EXPECT_EQ(num(b, r, i, 0, kPosX), num(a, r, i, 0, kPosX));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 50);
+}
+
 TEST(Loader, RealIceClimbersFillSlotTwo) {
   LOADER_REQUIRE_REPLAYS();
   Loader L(

@@ -58,7 +58,9 @@ enum {
 };
 
 /* One character's state after the frame, in the units of a Slippi replay's Post-Frame Update
- * (project-slippi SPEC.md), which is what the model trained on. */
+ * (project-slippi SPEC.md), which is what the model trained on. A run trained with
+ * replays.fields=libmelee read them as libmelee shows them (docs/loader.md): give it libmelee's
+ * values (python/slipstream_policy/libmelee.py builds them). */
 typedef struct slipstream_character {
   int32_t exists;       /* 1: the slot has a character this frame; 0: every other field is
                            ignored (the model sees zeros, as in training) */
