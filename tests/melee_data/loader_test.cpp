@@ -670,14 +670,19 @@ TEST(Loader, SyntheticFallbackWhenNoPaths) {
   EXPECT_TRUE(same_batch(L.batch(1), again.batch(1)));
 }
 
+// A synthetic game of `frames` frames drawn from `seed`, to edit before writing it.
+slp::Game synthetic_game(uint64_t seed, int frames) {
+  slp::SynthOptions so;
+  so.seed = seed;
+  so.frames = frames;
+  return slp::synthesize_game(so);
+}
+
 // A synthetic game whose port 0 has a follower (a copy of the leader, shifted): slot 2 holds it
 // in port 0's perspective only.
 TEST(Loader, NanaIsSlotTwoForThePlayersPerspective) {
   TempDir dir("nana");
-  slp::SynthOptions so;
-  so.seed = 3;
-  so.frames = 800;
-  slp::Game g = slp::synthesize_game(so);
+  slp::Game g = synthetic_game(3, 800);
   auto& p0 = g.frames.ports[0];
   p0.follower = p0.leader;
   for (auto& x : p0.follower->post.x) x += 1000.0f;
@@ -717,10 +722,7 @@ TEST(Loader, NanaIsSlotTwoForThePlayersPerspective) {
 // invulnerable the hurtbox state; slippi keeps the replay's values.
 TEST(Loader, LibmeleeFieldReading) {
   TempDir dir("fields");
-  slp::SynthOptions so;
-  so.seed = 4;
-  so.frames = 400;
-  slp::Game g = slp::synthesize_game(so);
+  slp::Game g = synthetic_game(4, 400);
   for (auto& port : g.frames.ports) {
     auto& p = port.leader.post;
     for (size_t r = 0; r < p.state_age.size(); ++r) {
