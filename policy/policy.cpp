@@ -7,6 +7,7 @@
 // exception crosses the C boundary.
 #include "slipstream/policy.h"
 
+#include <dlfcn.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
@@ -92,6 +93,22 @@ void feed_frames(Config& cfg) {
         "policy feeds frames in that stage's place";
     throw ConfigError({issue});
   }
+}
+
+// A graph that names plugins: they resolve the engine's symbols (Stage, the registry, ...) from
+// this library, which exports them (exports.map). A program may have loaded the library with
+// RTLD_LOCAL (Python's ctypes does), where a plugin loaded later cannot see them: the library
+// is made global first. "" or why that failed.
+std::string share_symbols_with_plugins() {
+  Dl_info self{};
+  if (!dladdr(reinterpret_cast<void*>(&slipstream_policy_open), &self) || !self.dli_fname)
+    return "cannot find libslipstream_policy's own file (dladdr)";
+  if (!dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL)) {
+    const char* err = dlerror();
+    return std::string("cannot make ") + self.dli_fname +
+           "'s symbols visible to plugins: " + (err ? err : "dlopen failed");
+  }
+  return {};
 }
 
 // Slot `s` of `f` from `c`; "" or what is wrong, naming the field under `who`.
@@ -280,6 +297,9 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   GraphPlan plan;
   try {
     Config cfg = load_config(where.graph_file, {"run.device=" + dev});
+    if (!cfg.plugins.empty())
+      if (std::string e = share_symbols_with_plugins(); !e.empty())
+        return fail(nullptr, SLIPSTREAM_E_CONFIG, e);
     feed_frames(cfg);
     plan = plan_graph(std::move(cfg));
   } catch (const std::exception& e) {

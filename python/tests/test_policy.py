@@ -21,6 +21,7 @@ from slipstream_policy import (  # noqa: E402
     BUTTON_BITS, Character, Controller, Distribution, Frame, Policy, PolicyError)
 
 RUN = os.environ.get("SLIPSTREAM_POLICY_TEST_RUN", "")
+PLUGIN_RUN = os.environ.get("SLIPSTREAM_POLICY_PLUGIN_RUN", "")
 INCLUDE = os.environ.get("SLIPSTREAM_POLICY_INCLUDE", "")
 
 STRUCTS = {
@@ -146,6 +147,22 @@ class Playing(unittest.TestCase):
             with self.assertRaises(PolicyError) as e:
                 two.set_threads(0)
             self.assertEqual(e.exception.status, "argument")
+
+    @unittest.skipUnless(PLUGIN_RUN, "SLIPSTREAM_POLICY_PLUGIN_RUN is not set")
+    def test_a_graph_with_a_plugin_stage_plays(self):
+        # ctypes loads the library RTLD_LOCAL; the plugin the run's graph names still finds the
+        # engine in it. The run's config names the plugin by its absolute path.
+        with open(os.path.join(PLUGIN_RUN, "config.yaml")) as f:
+            plugins = [line.strip()[2:].split(" #")[0].strip().strip('"') for line in f
+                       if line.strip().startswith("- ") and line.strip().endswith(".so")]
+        self.assertTrue(plugins and all(os.path.isabs(p) for p in plugins), plugins)
+        with Policy(PLUGIN_RUN) as policy:
+            self.assertIn("policy_test_gain", policy.describe())
+            policy.set_sampling(0.0)
+            for t in range(30):
+                policy.step(frame_at(t))
+            d = policy.distribution().as_dict()
+            self.assertAlmostEqual(sum(d["main_x"]), 1.0, places=5)
 
     def test_errors_name_the_problem(self):
         with self.assertRaises(PolicyError) as e:
