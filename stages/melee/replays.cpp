@@ -26,6 +26,7 @@
 #include "stages/melee/replay_inputs.h"
 #include "stages/melee/replay_report.h"
 #include "stages/melee/replay_split.h"
+#include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/names.h"
 #include "stages/melee/window_batch.h"
 
@@ -223,19 +224,32 @@ StageSchema ReplaysStage::schema() {
 // MiB, 0.68 of RSS per byte on synthetic sets of 500 to 20,000 games, window index included).
 constexpr double kFeatureBytesPerSlpByte = 0.7;
 
-// Before decoding anything: the features the .slp inputs will take (this rank's share with
+// Before decoding anything: the features the inputs will take (this rank's share with
 // shard: games) against what the process can use (replays.memory: auto, what the host or the
-// cgroup leaves; or a budget in GiB). Over it, setup stops with both figures and the knobs,
-// instead of the kernel's OOM kill an hour into decoding; past 80 %, a note.
+// cgroup leaves; or a budget in GiB). A corpus counts the .slp bytes it was built from, and a
+// zstd corpus also its columns, which opening it decompresses into memory (all ranks alike).
+// Over it, setup stops with both figures and the knobs, instead of the kernel's OOM kill an
+// hour into decoding; past 80 %, a note.
 void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int ranks) const {
   const Params& p = ctx.params();
-  uint64_t slp = 0;
+  uint64_t slp = 0, decompressed = 0;
   for (const auto& f : in.files) {
     std::error_code ec;
     const auto n = fs::file_size(f, ec);
     if (!ec) slp += n;
   }
-  const double need = kFeatureBytesPerSlpByte * static_cast<double>(slp) / std::max(1, ranks);
+  for (const auto& dir : in.corpora) {
+    slp::CorpusFootprint c;
+    try {
+      c = slp::corpus_footprint(dir);
+    } catch (const slp::CorpusError& e) {
+      throw ConfigError({{p.mark("paths"), "stage '" + ctx.name() + "': " + e.what()}});
+    }
+    slp += c.source_bytes;
+    decompressed += c.decompressed_bytes;
+  }
+  const double need = kFeatureBytesPerSlpByte * static_cast<double>(slp) / std::max(1, ranks) +
+                      static_cast<double>(decompressed);
   std::optional<HostMemory> have;
   const std::string budget = p.string("memory");
   if (budget == "auto")
@@ -245,9 +259,17 @@ void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int r
                       "replays.memory: " + budget + " GiB"};
   if (!have || need <= 0) return;
   const double avail = static_cast<double>(have->bytes);
-  const std::string figures = std::to_string(in.files.size()) + " .slp files (" +
-                              format_bytes(slp) + ") need about " +
-                              format_bytes(static_cast<uint64_t>(need)) + " of features" +
+  const std::string what =
+      in.corpora.empty()
+          ? std::to_string(in.files.size()) + " .slp files (" + format_bytes(slp) + ")"
+          : std::to_string(in.files.size()) + " .slp files and " +
+                std::to_string(in.corpora.size()) + " corpora (" + format_bytes(slp) +
+                " of replays" +
+                (decompressed ? ", " + format_bytes(decompressed) + " of zstd columns to unpack"
+                              : std::string()) +
+                ")";
+  const std::string figures = what + " need about " + format_bytes(static_cast<uint64_t>(need)) +
+                              " of features" +
                               (ranks > 1 ? " on this rank (1/" + std::to_string(ranks) + ")" : "") +
                               "; " + format_bytes(have->bytes) + " usable (" + have->source + ")";
   if (need > avail)

@@ -473,6 +473,51 @@ TEST(Loader, FeaturesOverTheMemoryBudgetAreRefusedBeforeLoading) {
   EXPECT_GT(ok.stage().windows(), 0u);
 }
 
+// A corpus counts in the check too: the .slp bytes it was built from, and with zstd the columns
+// that opening it unpacks into memory (read from the manifest before anything is opened).
+TEST(Loader, CorpusFootprintIsCheckedBeforeOpening) {
+  const std::vector<fs::path> inputs = {synth_dir()};
+  uint64_t slp_bytes = 0;
+  for (const auto& f : slp::find_replays(inputs)) slp_bytes += fs::file_size(f);
+  TempDir plain("fp-plain"), packed("fp-zstd");
+  slp::build_corpus(inputs, plain.path());
+  slp::CorpusOptions zstd;
+  zstd.zstd = true;
+  slp::build_corpus(inputs, packed.path(), zstd);
+  const slp::CorpusFootprint a = slp::corpus_footprint(plain.path()),
+                             b = slp::corpus_footprint(packed.path());
+  EXPECT_EQ(a.games, 8u);
+  EXPECT_EQ(a.source_bytes, slp_bytes);
+  EXPECT_EQ(a.decompressed_bytes, 0u);
+  EXPECT_EQ(b.source_bytes, slp_bytes);
+  EXPECT_GT(b.decompressed_bytes, slp_bytes / 4);  // every column, unpacked
+  // The budget between the two: the plain corpus loads, the zstd one is refused, naming both.
+  const double gib =
+      (0.7 * static_cast<double>(slp_bytes) + 0.5 * static_cast<double>(b.decompressed_bytes)) /
+      1073741824.0;
+  const std::string budget = "memory=" + std::to_string(gib);
+  Loader ok({paths_of(plain.path()), budget});
+  EXPECT_GT(ok.stage().windows(), 0u);
+  try {
+    Loader L({paths_of(packed.path()), budget});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("1 corpora ("), std::string::npos) << m;
+    EXPECT_NE(m.find("of zstd columns to unpack"), std::string::npos) << m;
+  }
+  // A damaged manifest is named, with what to do.
+  { std::ofstream(plain.path() / "manifest.json") << "{\"sources\": ["; }
+  try {
+    Loader L({paths_of(plain.path()), "memory=1"});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("manifest.json is malformed"), std::string::npos) << m;
+    EXPECT_NE(m.find("slipstream corpus build"), std::string::npos) << m;
+  }
+}
+
 TEST(Loader, NoWindowsIsAClearError) {
   try {
     Loader L({paths_of(synth_dir()), "min_frames=100000"});

@@ -177,6 +177,36 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
+CorpusFootprint corpus_footprint(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / kManifestName;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CorpusError("cannot read " + path.string() + ": " + std::strerror(errno));
+  // Everything but the per-game entries and the skipped list: what the sums below read.
+  const nlohmann::json::parser_callback_t keep = [](int depth, nlohmann::json::parse_event_t e,
+                                                    nlohmann::json& parsed) {
+    return !(depth == 1 && e == nlohmann::json::parse_event_t::key &&
+             (parsed == "games" || parsed == "skipped"));
+  };
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(in, keep);
+  } catch (const nlohmann::json::exception& e) {
+    throw CorpusError("corpus manifest " + path.string() + " is malformed (" + e.what() +
+                      "): rebuild it with `slipstream corpus build`");
+  }
+  CorpusFootprint f;
+  try {
+    for (const auto& s : m.at("sources")) f.source_bytes += s.at("size").get<uint64_t>();
+    f.games = m.at("sources").size();
+    if (m.value("compression", std::string("none")) == "zstd")
+      for (const auto& c : m.at("columns")) f.decompressed_bytes += c.at("bytes").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw CorpusError("corpus manifest " + path.string() + " lacks what it should hold (" +
+                      e.what() + "): rebuild it with `slipstream corpus build`");
+  }
+  return f;
+}
+
 uint64_t content_hash(std::span<const uint8_t> bytes) {
   // 8 bytes per step, multiply-xorshift mixing; plenty to notice a changed replay.
   uint64_t h = 0x9E3779B97F4A7C15ull ^ bytes.size();
@@ -398,16 +428,16 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     const size_t rows = spec.group == Group::kFrame   ? frame_rows
                         : spec.group == Group::kTrack ? track_rows
                                                       : item_rows;
-    columns.push_back({{"name", spec.name},
-                       {"group", group_name(spec.group)},
-                       {"dtype", spec.dtype},
-                       {"rows", rows},
-                       {"offset", aligned},
-                       {"bytes", data.size()},
-                       {"stored_bytes", stored_size},
-                       {"hash", "mix64:" + hex64(content_hash(std::span<const uint8_t>(
-                                               stored, stored_size)))},
-                       {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
+    columns.push_back(
+        {{"name", spec.name},
+         {"group", group_name(spec.group)},
+         {"dtype", spec.dtype},
+         {"rows", rows},
+         {"offset", aligned},
+         {"bytes", data.size()},
+         {"stored_bytes", stored_size},
+         {"hash", "mix64:" + hex64(content_hash(std::span<const uint8_t>(stored, stored_size)))},
+         {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
     offset = aligned + stored_size;
   }
   if (std::fflush(out.get()) != 0)

@@ -72,6 +72,18 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
 // A 64-bit content hash (the manifest records it to detect changed sources).
 uint64_t content_hash(std::span<const uint8_t> bytes);
 
+// What opening a corpus will take, from its manifest alone (before anything is mapped or
+// decompressed): its games' source .slp bytes, and the columns' decompressed bytes a zstd
+// corpus holds in memory while it is open. The manifest's per-game entries are skipped while
+// reading, so a large corpus costs little memory here. Throws CorpusError naming the file on a
+// missing or malformed manifest.
+struct CorpusFootprint {
+  size_t games = 0;
+  uint64_t source_bytes = 0;        // the .slp files it was built from
+  uint64_t decompressed_bytes = 0;  // a zstd corpus's columns, decompressed at open; 0 otherwise
+};
+CorpusFootprint corpus_footprint(const std::filesystem::path& dir);
+
 class Corpus {
  public:
   // Maps the corpus; throws CorpusError on a missing or malformed corpus or another format
