@@ -31,6 +31,7 @@ __all__ = [
     "Distribution",
     "Frame",
     "Policy",
+    "frame_array",
     "PolicyError",
 ]
 
@@ -42,6 +43,13 @@ class PolicyError(RuntimeError):
     def __init__(self, status, message):
         self.status = STATUS_NAMES.get(status, str(status))
         super().__init__(f"{self.status}: {message}")
+
+
+def frame_array(n):
+    """n zeroed frames as a numpy structured array in the Frame layout (a["player"]["x"] is
+    every game's x), for step_batch without a Frame object per game. Needs numpy."""
+    import numpy as np
+    return np.zeros(n, dtype=np.dtype(Frame))
 
 
 class Policy:
@@ -56,6 +64,7 @@ class Policy:
         if status != 0:
             raise PolicyError(status, self._lib.slipstream_policy_error(None).decode())
         self._controller = Controller()
+        self._games = 0  # games in the stream (the last step's n)
 
     def _check(self, status):
         if status != 0:
@@ -68,18 +77,48 @@ class Policy:
         out = Controller()
         self._check(self._lib.slipstream_policy_step(self._handle, ctypes.byref(frame),
                                                      ctypes.byref(out)))
+        self._games = 1
         return out
 
     def step_batch(self, frames):
         """One frame of each of n games (a sequence of Frame, or a ctypes array of them), stepped
         together: a list of n Controllers. Each game keeps its own state and generator; the
-        first call after open or reset fixes n."""
+        first call after open or reset fixes n. `frames` may also be a numpy structured array of
+        frame_array()'s dtype: the answers then come back as a numpy structured array of the
+        Controller layout (fields buttons, main_x, main_y, c_x, c_y, shoulder), no copy per game."""
+        if type(frames).__module__ == "numpy":
+            return self._step_batch_numpy(frames)
         n = len(frames)
         if not isinstance(frames, ctypes.Array):
             frames = (Frame * n)(*frames)
         out = (Controller * n)()
         self._check(self._lib.slipstream_policy_step_batch(self._handle, n, frames, out))
+        self._games = n
         return list(out)
+
+    def _step_batch_numpy(self, frames):
+        import numpy as np
+        if frames.dtype != np.dtype(Frame) or frames.ndim != 1:
+            raise TypeError(f"frames is a numpy array of {frames.dtype} and shape {frames.shape}; "
+                            "step_batch takes a 1-D array of frame_array()'s dtype")
+        frames = np.ascontiguousarray(frames)
+        out = np.zeros(len(frames), dtype=np.dtype(Controller))
+        self._check(self._lib.slipstream_policy_step_batch(
+            self._handle, len(frames), frames.ctypes.data_as(ctypes.POINTER(Frame)),
+            out.ctypes.data_as(ctypes.POINTER(Controller))))
+        self._games = len(frames)
+        return out
+
+    def distributions(self):
+        """Every game's distribution behind its last answer, as one numpy structured array of the
+        Distribution layout (fields buttons (8), main_x, main_y, c_x, c_y (17), shoulder (5))."""
+        import numpy as np
+        out = np.zeros(self._games, dtype=np.dtype(Distribution))
+        for game in range(self._games):
+            self._check(self._lib.slipstream_policy_distribution_of(
+                self._handle, game, out[game:game + 1].ctypes.data_as(
+                    ctypes.POINTER(Distribution))))
+        return out
 
     def distribution(self, game=0):
         """The distribution behind game `game`'s last answer (at temperature 1)."""
@@ -92,6 +131,7 @@ class Policy:
         """A new game (every game of a batch): clears the model's state and restarts the
         sampling from its seed; the next step fixes the number of games again."""
         self._check(self._lib.slipstream_policy_reset(self._handle))
+        self._games = 0
 
     def reset_game(self, game):
         """Game `game` of the batch starts again; the others carry on."""

@@ -164,6 +164,28 @@ class Playing(unittest.TestCase):
             d = policy.distribution().as_dict()
             self.assertAlmostEqual(sum(d["main_x"]), 1.0, places=5)
 
+    def test_numpy_batches(self):
+        import numpy as np
+        from slipstream_policy import frame_array
+        with Policy(RUN) as arrays, Policy(RUN) as objects:
+            for t in range(10):
+                frames = [frame_at(t + 3 * g) for g in range(5)]
+                batch = frame_array(5)
+                for g, f in enumerate(frames):  # the same bytes, field by field
+                    batch[g] = np.frombuffer(bytes(f), dtype=batch.dtype)[0]
+                self.assertEqual(batch["player"]["x"][2], frames[2].player.x)
+                got, want = arrays.step_batch(batch), objects.step_batch(frames)
+                self.assertEqual(got.dtype.names, ("buttons", "main_x", "main_y", "c_x", "c_y",
+                                                   "shoulder"))
+                self.assertEqual([bytes(memoryview(r)) for r in got],
+                                 [bytes(c) for c in want])
+                d = arrays.distributions()
+                self.assertEqual(d.shape, (5,))
+                for g in range(5):
+                    self.assertEqual(bytes(memoryview(d[g])), bytes(objects.distribution(g)))
+            with self.assertRaises(TypeError):
+                arrays.step_batch(np.zeros(5, dtype=np.float32))
+
     def test_errors_name_the_problem(self):
         with self.assertRaises(PolicyError) as e:
             Policy(os.path.join(RUN, "no-such-checkpoint"))
