@@ -176,7 +176,10 @@ class HeadsRunnerOn final : public HeadsRunner {
       o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
               1.0f, f(logits_), kHeadsWidth, scratch());
     }
-    if (L_.ar) autoregressive_forward(ar, M, W + L_.wa, bf(Wb, L_.wa));
+    if (L_.ar) {
+      autoregressive_forward(ar, M, W + L_.wa, bf(Wb, L_.wa));
+      teacher_rows_ = ar.teacher ? M : -1;  // what the backward's dWa reads
+    }
     for (int h = 0; h < kHeads; ++h)
       o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
                    static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
@@ -211,6 +214,10 @@ class HeadsRunnerOn final : public HeadsRunner {
       o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev,
               bf16_ ? b16(prev16_) : nullptr, L_.P, 1.0f, G + L_.wp, L_.P, scratch());
     if (L_.ar) {  // dWa += dlᵀ teacher, then Wa's structural zeros get none
+      if (teacher_rows_ != M)
+        throw std::logic_error(
+            "controller_heads: a backward of autoregressive heads needs the teacher-forced "
+            "forward of the same batch (a training pass) just before it");
       o_.gemm(true, false, kHeadsWidth, kHeadsWidth, M, dl, dlb, kHeadsWidth, f(teacher_),
               bf16_ ? b16(teacher16_) : nullptr, kHeadsWidth, 1.0f, G + L_.wa, kHeadsWidth,
               scratch());
@@ -281,6 +288,7 @@ class HeadsRunnerOn final : public HeadsRunner {
   int64_t cap_ = 0;
   Tensor logits_, dlogits_, pre_, act_, dact_, x16_, prev16_, dl16_, act16_, dact16_, scratch_;
   Tensor teacher_, teacher16_;
+  int teacher_rows_ = -1;  // rows of the last forward's teacher, -1: it decoded instead
 };
 
 }  // namespace

@@ -48,6 +48,19 @@ struct InferArgs {
 // player: a behaviour-cloned policy's most likely input mostly stands still.
 struct ActionRates {
   size_t frames = 0, recorded = 0, sampled = 0, most_likely = 0;
+  // One frame: the recorded controller (the labels) and the policy's from the heads' `logits`
+  // (81; `ar` the autoregressive weight or null), drawn at `temperature` and most likely.
+  void add(const float* rec_buttons, const int32_t* rec_sticks, const float* logits,
+           const float* ar, float temperature, std::mt19937_64& rng) {
+    ChosenController rec;
+    for (int k = 0; k < kButtons; ++k)
+      if (rec_buttons[k] > 0.5f) rec.buttons |= 1u << k;
+    std::copy_n(rec_sticks, kStickHeads, rec.classes);
+    ++frames;
+    recorded += rec.acts();
+    sampled += choose_controller(logits, ar, temperature, rng).acts();
+    most_likely += choose_controller(logits, ar, 0, rng).acts();
+  }
   static double pct(size_t n, size_t of) { return of ? 100.0 * double(n) / double(of) : 0.0; }
 };
 
@@ -184,15 +197,8 @@ int infer_command(const InferArgs& a) {
       const StageContext& sc = g.context(static_cast<size_t>(src));
       const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
       const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
-      ChosenController recorded;
-      for (int k = 0; k < kButtons; ++k)
-        if (tb.data<float>()[k] > 0.5f) recorded.buttons |= 1u << k;
-      std::copy_n(ts.data<int32_t>(), kStickHeads, recorded.classes);
-      ++acts.frames;
-      acts.recorded += recorded.acts();
-      const float* w = ar.empty() ? nullptr : ar.data();
-      acts.sampled += choose_controller(all, w, a.temperature, rng).acts();
-      acts.most_likely += choose_controller(all, w, 0, rng).acts();
+      acts.add(tb.data<float>(), ts.data<int32_t>(), all, ar.empty() ? nullptr : ar.data(),
+               a.temperature, rng);
       if (!csv) return;
       csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
                tb.data<float>(), ts.data<int32_t>(), seconds);

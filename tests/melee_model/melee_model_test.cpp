@@ -880,6 +880,8 @@ TEST(AutoregressiveHeads, TeacherForcedInTrainingDecodedOtherwise) {
   std::vector<double> decoded = base;
   heads_ar_decode<double>(static_cast<size_t>(M), c.Wa.data(), decoded.data());
   check_heads_draw_grads(st.forward(in, false), decoded, M, rng, dl);
+  // No backward from a decoded pass: dWa reads the teacher of a training forward.
+  EXPECT_THROW(st.backward(grads_in), std::logic_error);
   // By hand: A likely pressed; main x's rest class likely unless A is pressed, which sends it to
   // class 16. Decoded: A, main x 16; without the A column main x would stay at 8.
   std::vector<double> z(kHeadsWidth, -1.0), Wz(kHeadsWidth * kHeadsWidth, 0.0);
