@@ -59,8 +59,8 @@ inline int choose_class(const float* p, int n, float temperature, std::mt19937_6
 // seed gives are fixed.
 inline ChosenController choose_controller(const float logits[kHeadsWidth], const float* ar,
                                           float temperature, std::mt19937_64& rng) {
-  int likely[kArItems], drawn[kArItems];  // a column per item; -1: a button not pressed
-  for (int k = 0; k < kArItems; ++k) {
+  int likely[kArItems], drawn[kArItems];      // a column per item; -1: a button not pressed
+  for (int k = 0; ar && k < kArItems; ++k) {  // independent heads condition on nothing
     const float* z = logits + ar_item_first_column(k);
     likely[k] = k < kButtons ? (z[0] > 0 ? k : -1)
                              : ar_item_first_column(k) +
