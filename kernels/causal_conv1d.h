@@ -1,6 +1,10 @@
 // Depthwise causal convolution over time, mamba-ssm's causal_conv1d semantics (a PyTorch
 // Conv1d with groups = C, weight (C, 1, K), padding K - 1, output truncated to the first L):
-//   y[b, t, c] = bias[c] + sum_k weight[c, k] * x[b, t - K + 1 + k, c],  x[b, <0, c] = 0.
+//   y[b, t, c] = bias[c] + sum_k weight[c, k] * x[b, t - K + 1 + k, c],
+//   x[b, -(K - 1) + j, c] = prefix[b, j, c] (j < K - 1) when a prefix is given, else 0.
+// A prefix (B, K - 1, C), oldest first (the step's conv_state layout), holds the inputs before
+// the window: a window that continues the one before it passes that window's last K - 1 inputs.
+// No gradient flows into the prefix (training carries it as a constant: truncated BPTT).
 // Layout: x, y (B, L, C) (mamba-ssm uses (B, C, L)); weight (C, K); K <= kConvMaxWidth.
 //
 // Declared once for both builds: the CPU reference below, and the CUDA entry points in the
@@ -18,15 +22,16 @@ namespace slipstream::kernels {
 
 inline constexpr int kConvMaxWidth = 16;
 
-// bias may be null. y must not alias x.
+// prefix and bias may be null. y must not alias x.
 template <class T>
-void causal_conv1d_forward(const T* x, const T* weight, const T* bias, T* y, int B, int L, int C,
-                           int K);
+void causal_conv1d_forward(const T* x, const T* prefix, const T* weight, const T* bias, T* y, int B,
+                           int L, int C, int K);
 
 // dx (B, L, C) overwritten (=); dweight (C, K) and dbias (C) accumulated (+=); dbias may be null.
+// prefix: the forward's.
 template <class T>
-void causal_conv1d_backward(const T* x, const T* weight, const T* dy, T* dx, T* dweight, T* dbias,
-                            int B, int L, int C, int K);
+void causal_conv1d_backward(const T* x, const T* prefix, const T* weight, const T* dy, T* dx,
+                            T* dweight, T* dbias, int B, int L, int C, int K);
 
 // One frame for inference: conv_state (B, K - 1, C) holds the previous K - 1 inputs, oldest
 // first (zeros before the first frame), and is shifted to include x (B, C). y (B, C) is the
@@ -47,16 +52,18 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 // then takes dy of that output and recomputes the pre-activation instead of storing it.
 // Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
 template <class T>
-static void causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B,
-                                  int L, int C, int K, bool silu, cudaStream_t stream);
+static void causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
+                                  const float* bias, T* y, int B, int L, int C, int K, bool silu,
+                                  cudaStream_t stream);
 
 static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
 
 // dx (=); dweight, dbias (+=, dbias may be null).
 template <class T>
-static void causal_conv1d_backward(const T* x, const float* weight, const float* bias, const T* dy,
-                                   T* dx, float* dweight, float* dbias, void* workspace, int B,
-                                   int L, int C, int K, bool silu, cudaStream_t stream);
+static void causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
+                                   const float* bias, const T* dy, T* dx, float* dweight,
+                                   float* dbias, void* workspace, int B, int L, int C, int K,
+                                   bool silu, cudaStream_t stream);
 
 template <class T>
 static void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias,

@@ -13,27 +13,35 @@ constexpr int kThreads = 256;
 constexpr int kTimeBlock = 16;  // time steps per backward thread
 constexpr int kMaxK = kConvMaxWidth;
 
-// bias + sum_k w[k] x[t - K + 1 + k] at (b, t, c), zero left padding.
+// x at (b, t, c) for t in [-(K - 1), L): x's, the prefix's before it, or zero without one.
 template <class DT>
-__device__ __forceinline__ float conv_at(const DT* x, const float* w, const float* bias, int b,
-                                         int t, int c, int L, int C, int K) {
+__device__ __forceinline__ float input_at(const DT* x, const DT* prefix, int b, int t, int c, int L,
+                                          int C, int K) {
+  if (t >= 0) return to_f32(x[(size_t(b) * L + t) * C + c]);
+  return prefix ? to_f32(prefix[(size_t(b) * (K - 1) + (K - 1 + t)) * C + c]) : 0.f;
+}
+
+// bias + sum_k w[k] x[t - K + 1 + k] at (b, t, c), left padding the prefix or zeros.
+template <class DT>
+__device__ __forceinline__ float conv_at(const DT* x, const DT* prefix, const float* w,
+                                         const float* bias, int b, int t, int c, int L, int C,
+                                         int K) {
   float acc = bias ? bias[c] : 0.f;
-  const DT* xb = x + size_t(b) * L * C + c;
   for (int k = 0; k < K; ++k) {
     const int ts = t - K + 1 + k;
-    if (ts >= 0) acc += w[size_t(c) * K + k] * to_f32(xb[size_t(ts) * C]);
+    if (ts >= 0 || prefix) acc += w[size_t(c) * K + k] * input_at(x, prefix, b, ts, c, L, C, K);
   }
   return acc;
 }
 
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
-    conv_forward_kernel(const DT* x, const float* w, const float* bias, DT* y, int B, int L, int C,
-                        int K, bool silu) {
+    conv_forward_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, DT* y,
+                        int B, int L, int C, int K, bool silu) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
-  const float v = conv_at(x, w, bias, b, t, c, L, C, K);
+  const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K);
   y[i] = from_f32<DT>(silu ? siluf_(v) : v);
 }
 
@@ -41,19 +49,20 @@ __global__ void __launch_bounds__(kThreads)
 // recomputing the convolution K times.
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
-    conv_dpre_kernel(const DT* x, const float* w, const float* bias, const DT* dy, float* dpre,
-                     int B, int L, int C, int K) {
+    conv_dpre_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, const DT* dy,
+                     float* dpre, int B, int L, int C, int K) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
-  dpre[i] = to_f32(dy[i]) * silu_gradf_(conv_at(x, w, bias, b, t, c, L, C, K));
+  dpre[i] = to_f32(dy[i]) * silu_gradf_(conv_at(x, prefix, w, bias, b, t, c, L, C, K));
 }
 
 // Thread (b, time block, c): dx over the block, and its partial of dweight and dbias.
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
-    conv_backward_kernel(const DT* x, const float* w, const DT* dy, const float* dpre, DT* dx,
-                         float* dw_part, float* db_part, int L, int C, int K) {
+    conv_backward_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
+                         const float* dpre, DT* dx, float* dw_part, float* db_part, int L, int C,
+                         int K) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
@@ -78,7 +87,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {  // dw[k] += g[t] x[t - K + 1 + k]
       const int ts = t - K + 1 + k;
-      if (k < K && ts >= 0) dw[k] += gt * to_f32(x[base + size_t(ts) * C]);
+      if (k < K && (ts >= 0 || prefix)) dw[k] += gt * input_at(x, prefix, b, ts, c, L, C, K);
     }
   }
   const size_t part = size_t(b) * gridDim.y + tb;
@@ -93,8 +102,9 @@ __global__ void __launch_bounds__(kThreads)
 // generic kernel's order; terms past either end are zeros (x + 0 is x).
 template <class DT, int KC>
 __global__ void __launch_bounds__(kThreads)
-    conv_backward_window_kernel(const DT* x, const float* w, const DT* dy, const float* dpre,
-                                DT* dx, float* dw_part, float* db_part, int L, int C) {
+    conv_backward_window_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
+                                const float* dpre, DT* dx, float* dw_part, float* db_part, int L,
+                                int C) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
@@ -103,7 +113,7 @@ __global__ void __launch_bounds__(kThreads)
     if (t >= L) return 0.f;
     return dpre ? dpre[base + size_t(t) * C] : to_f32(dy[base + size_t(t) * C]);
   };
-  auto xs = [&](int t) { return t >= 0 && t < L ? to_f32(x[base + size_t(t) * C]) : 0.f; };
+  auto xs = [&](int t) { return t < L ? input_at(x, prefix, b, t, c, L, C, KC) : 0.f; };
   const int t0 = tb * kTimeBlock, t1 = L < t0 + kTimeBlock ? L : t0 + kTimeBlock;
   float wr[KC], dw[KC], gw[KC], xw[KC];  // gw[j] = g[t + j], xw[j] = x[t - KC + 1 + j]
 #pragma unroll
@@ -177,14 +187,15 @@ struct ConvWorkspace {
 }  // namespace
 
 template <class T>
-void Kernels::causal_conv1d_forward(const T* x, const float* weight, const float* bias, T* y, int B,
-                                    int L, int C, int K, bool silu, cudaStream_t stream) {
+void Kernels::causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
+                                    const float* bias, T* y, int B, int L, int C, int K, bool silu,
+                                    cudaStream_t stream) {
   check_width(K, "causal_conv1d_forward");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
   const auto kernel = &conv_forward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x), weight,
-                    bias, dev(y), B, L, C, K, silu);
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
+                    dev(prefix), weight, bias, dev(y), B, L, C, K, silu);
   check_launch("causal_conv1d_forward");
 }
 
@@ -193,10 +204,10 @@ size_t Kernels::causal_conv1d_backward_workspace_bytes(int B, int L, int C, int 
 }
 
 template <class T>
-void Kernels::causal_conv1d_backward(const T* x, const float* weight, const float* bias,
-                                     const T* dy, T* dx, float* dweight, float* dbias,
-                                     void* workspace, int B, int L, int C, int K, bool silu,
-                                     cudaStream_t stream) {
+void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
+                                     const float* bias, const T* dy, T* dx, float* dweight,
+                                     float* dbias, void* workspace, int B, int L, int C, int K,
+                                     bool silu, cudaStream_t stream) {
   const char* op = "causal_conv1d_backward";
   check_width(K, op);
   const size_t n = size_t(B) * L * C;
@@ -206,15 +217,15 @@ void Kernels::causal_conv1d_backward(const T* x, const float* weight, const floa
   float* dpre = silu ? ws + lay.dpre : nullptr;
   if (silu) {
     const auto kernel = &conv_dpre_kernel<dev_t<T>>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x), weight,
-                      bias, dev(dy), dpre, B, L, C, K);
+    SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
+                      dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K);
     check_launch(op);
   }
   const int tbs = time_blocks(L);
   const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
   auto window = [&](auto kernel) {
-    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), weight, dev(dy), dpre, dev(dx),
-                      ws + lay.dw, ws + lay.db, L, C);
+    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
+                      dpre, dev(dx), ws + lay.dw, ws + lay.db, L, C);
   };
   switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
     case 2:
@@ -228,8 +239,8 @@ void Kernels::causal_conv1d_backward(const T* x, const float* weight, const floa
       break;
     default: {
       const auto kernel = &conv_backward_kernel<dev_t<T>>;
-      SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), weight, dev(dy), dpre,
-                        dev(dx), ws + lay.dw, ws + lay.db, L, C, K);
+      SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
+                        dpre, dev(dx), ws + lay.dw, ws + lay.db, L, C, K);
     }
   }
   check_launch(op);
@@ -251,11 +262,11 @@ void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight,
 }
 
 #define INSTANTIATE(T)                                                                             \
-  template void Kernels::causal_conv1d_forward<T>(const T*, const float*, const float*, T*, int,   \
-                                                  int, int, int, bool, cudaStream_t);              \
-  template void Kernels::causal_conv1d_backward<T>(const T*, const float*, const float*, const T*, \
-                                                   T*, float*, float*, void*, int, int, int, int,  \
-                                                   bool, cudaStream_t);                            \
+  template void Kernels::causal_conv1d_forward<T>(const T*, const T*, const float*, const float*,  \
+                                                  T*, int, int, int, int, bool, cudaStream_t);     \
+  template void Kernels::causal_conv1d_backward<T>(const T*, const T*, const float*, const float*, \
+                                                   const T*, T*, float*, float*, void*, int, int,  \
+                                                   int, int, bool, cudaStream_t);                  \
   template void Kernels::causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int,  \
                                                int, int, bool, cudaStream_t);
 INSTANTIATE(float)

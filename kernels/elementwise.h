@@ -52,6 +52,11 @@ void neg_exp(const T* x, T* y, size_t n);
 template <class T>
 void mul_accumulate(T* y, const T* a, const T* b, size_t n);
 
+// y (M, N) = x (M, N) with row r times s[r] (a carried state kept where a batch row continues
+// its sequence, s = 1, and cleared where it starts a new one, s = 0). y may alias x.
+template <class T>
+void scale_rows(const T* x, const T* s, T* y, size_t M, size_t N);
+
 }  // namespace slipstream::kernels
 
 #endif  // SLIPSTREAM_KERNELS_ELEMENTWISE_H
@@ -68,6 +73,8 @@ static void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t
 static void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream);
 static void neg_exp(const float* x, float* y, size_t n, cudaStream_t stream);
 static void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream);
+static void scale_rows(const float* x, const float* s, float* y, size_t M, size_t N,
+                       cudaStream_t stream);
 static size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N);
 static void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
                                   cudaStream_t stream);
@@ -97,6 +104,8 @@ SLIPSTREAM_OP(add_bias_rows, (Scalar * y, const Scalar* b, size_t M, size_t N), 
 SLIPSTREAM_OP(neg_exp, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
 SLIPSTREAM_OP(mul_accumulate, (Scalar * y, const Scalar* a, const Scalar* b, size_t n),
               (y, a, b, n))
+SLIPSTREAM_OP(scale_rows, (const Scalar* x, const Scalar* s, Scalar* y, size_t M, size_t N),
+              (x, s, y, M, N))
 SLIPSTREAM_OP(silu_forward, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
 // dx = dy * silu'(x); dx may alias dy.
 SLIPSTREAM_OP(silu_backward, (const Scalar* x, const Scalar* dy, Scalar* dx, size_t n),

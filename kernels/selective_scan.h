@@ -1,7 +1,9 @@
 // Mamba-1 selective scan, the semantics of mamba-ssm's selective_scan_ref (real A and
 // variable, ungrouped B and C):
 //   dt        = delta + delta_bias;  dt = softplus(dt) if delta_softplus (threshold 20)
-//   h_t[d, n] = exp(dt[t, d] A[d, n]) h_{t-1}[d, n] + dt[t, d] B[t, n] u[t, d],   h_{-1} = 0
+//   h_t[d, n] = exp(dt[t, d] A[d, n]) h_{t-1}[d, n] + dt[t, d] B[t, n] u[t, d]
+//   h_{-1}    = initial_state (B, D, N) when given (a window that continues the one before it:
+//               its last_state), else 0
 //   y[t, d]   = sum_n C[t, n] h_t[d, n] + Dskip[d] u[t, d]
 //   out       = y * silu(z)   when z is given, else y
 // Layout: u, delta, z, out (B, L, D) — mamba-ssm uses (B, D, L); A (D, N); Bm, Cm (B, L, N);
@@ -31,11 +33,12 @@ inline constexpr int kScanChannelBlock = 16;
 // sizes are too); work items are split statically over them.
 inline constexpr int kScanSlots = 64;
 
-// last_state (B, D, N), the final h, may be null.
+// initial_state (B, D, N), h_{-1}, and last_state (B, D, N), the final h, may be null.
 template <class T>
 void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                             const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
-                            T* out, T* last_state, int B, int L, int D, int N);
+                            const T* initial_state, T* out, T* last_state, int B, int L, int D,
+                            int N);
 
 // Elements of T: min(kScanSlots, items) * (2 L kScanChannelBlock N + 4 L kScanChannelBlock)
 // for recomputed states, + B D N + 2 B D for per-batch dA/dD/ddelta_bias partials,
@@ -43,15 +46,17 @@ void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm,
 // items = B nblk. (B=256, L=60, D=256, N=16: about 11.2M elements.)
 size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N);
 
-// Gradients given dout (B, L, D):
+// Gradients given dout (B, L, D), for the forward from the same initial_state (may be null); no
+// gradient flows into initial_state (training carries it as a constant: truncated BPTT):
 //   du, ddelta, dz (B, L, D) and dBm, dCm (B, L, N) overwritten (=); dz ignored when z is null.
 //   dA (D, N), dDskip (D), ddelta_bias (D) accumulated (+=); each may be null when the
 //   matching input is (dDskip, ddelta_bias) or when unwanted.
 template <class T>
 void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                              const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
-                             const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dDskip,
-                             T* dz, T* ddelta_bias, T* workspace, int B, int L, int D, int N);
+                             const T* initial_state, const T* dout, T* du, T* ddelta, T* dA, T* dBm,
+                             T* dCm, T* dDskip, T* dz, T* ddelta_bias, T* workspace, int B, int L,
+                             int D, int N);
 
 // One step of the recurrence for inference, carrying the state across calls: u, delta, z, out
 // (B, D) are one frame; Bm, Cm (B, N); state (B, D, N) holds h_{t-1} on entry and h_t on return
@@ -81,9 +86,9 @@ static constexpr int kScanMaxState = 32;
 template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
-                                   const float* delta_bias, bool delta_softplus, T* out,
-                                   float* last_state, int B, int L, int D, int N,
-                                   cudaStream_t stream);
+                                   const float* delta_bias, bool delta_softplus,
+                                   const float* initial_state, T* out, float* last_state, int B,
+                                   int L, int D, int N, cudaStream_t stream);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
@@ -103,10 +108,11 @@ static ScanBackwardVariant scan_backward_variant();
 template <class T>
 static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                     const T* Cm, const float* Dskip, const T* z,
-                                    const float* delta_bias, bool delta_softplus, const T* dout,
-                                    T* du, T* ddelta, float* dA, T* dBm, T* dCm, float* dDskip,
-                                    T* dz, float* ddelta_bias, void* workspace, int B, int L, int D,
-                                    int N, cudaStream_t stream);
+                                    const float* delta_bias, bool delta_softplus,
+                                    const float* initial_state, const T* dout, T* du, T* ddelta,
+                                    float* dA, T* dBm, T* dCm, float* dDskip, T* dz,
+                                    float* ddelta_bias, void* workspace, int B, int L, int D, int N,
+                                    cudaStream_t stream);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

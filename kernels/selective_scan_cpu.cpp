@@ -24,6 +24,7 @@ template <class T>
 struct ScanArgs {
   const T *u, *delta, *A, *Bm, *Cm, *Dskip, *z, *delta_bias;
   bool softplus;
+  const T* h0;  // (B, D, N) state before the first step, or null: zero
   int B, L, D, N;
 };
 
@@ -80,7 +81,10 @@ __attribute__((always_inline)) inline void scan_item(const ScanArgs<T>& a, int b
   T h[kDB * kScanMaxState];
   T ea[kDB * kScanMaxState];
   T dt[kDB], y[kDB], gate[kDB];
-  std::fill(h, h + w * N, T(0));
+  if (a.h0)
+    std::copy(a.h0 + (size_t(b) * D + d0) * N, a.h0 + (size_t(b) * D + d0 + w) * N, h);
+  else
+    std::fill(h, h + w * N, T(0));
   for (int t = 0; t < L; ++t) {
     const size_t row = size_t(b) * L + t;
     const T* ut = a.u + row * D + d0;
@@ -159,6 +163,7 @@ __attribute__((always_inline)) inline void scan_item_backward(const ScanArgs<T>&
   std::fill(g, g + w * N, T(0));
   std::fill(dAl, dAl + w * N, T(0));
   std::fill(zeros, zeros + N, T(0));
+  const T* h_first = a.h0 ? a.h0 + (size_t(b) * D + d0) * N : nullptr;  // h before step 0
   std::fill(dDl, dDl + w, T(0));
   std::fill(dbl, dbl + w, T(0));
   T* dBp = static_cast<T*>(o.dB_part) + (size_t(blk) * B + b) * L * N;
@@ -189,7 +194,9 @@ __attribute__((always_inline)) inline void scan_item_backward(const ScanArgs<T>&
         du_acc = dy * a.Dskip[d];
       }
       const T* hr = Hs + size_t(t) * kDB * N + i * N;
-      const T* hp = t > 0 ? Hs + size_t(t - 1) * kDB * N + i * N : zeros;
+      const T* hp = t > 0     ? Hs + size_t(t - 1) * kDB * N + i * N
+                    : h_first ? h_first + size_t(i) * N
+                              : zeros;
       const T* er = As + size_t(t) * kDB * N + i * N;
       const T* Ar = a.A + size_t(d) * N;
       T* gr = g + i * N;
@@ -333,9 +340,11 @@ int slots_for(size_t items) {
 template <class T>
 void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                             const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
-                            T* out, T* last_state, int B, int L, int D, int N) {
+                            const T* initial_state, T* out, T* last_state, int B, int L, int D,
+                            int N) {
   check_state(N);
-  const ScanArgs<T> a{u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N};
+  const ScanArgs<T> a{u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, initial_state,
+                      B, L,     D, N};
   const size_t items = size_t(B) * ((D + kDB - 1) / kDB);
   parallel_blocks(items, size_t(L) * kDB * N * 4, [&](size_t i0, size_t i1) {
     if constexpr (kIsFloat<T>) {
@@ -356,10 +365,12 @@ size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N) {
 template <class T>
 void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                              const T* Dskip, const T* z, const T* delta_bias, bool delta_softplus,
-                             const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dDskip,
-                             T* dz, T* ddelta_bias, T* workspace, int B, int L, int D, int N) {
+                             const T* initial_state, const T* dout, T* du, T* ddelta, T* dA, T* dBm,
+                             T* dCm, T* dDskip, T* dz, T* ddelta_bias, T* workspace, int B, int L,
+                             int D, int N) {
   check_state(N);
-  const ScanArgs<T> a{u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N};
+  const ScanArgs<T> a{u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, initial_state,
+                      B, L,     D, N};
   const size_t nblk = (D + kDB - 1) / kDB;
   const size_t items = size_t(B) * nblk;
   const int slots = slots_for(items);
@@ -432,15 +443,15 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
   });
 }
 
-#define INSTANTIATE(T)                                                                           \
-  template void selective_scan_step<T>(T*, const T*, const T*, const T*, const T*, const T*,     \
-                                       const T*, const T*, const T*, bool, T*, int, int, int);   \
-  template void selective_scan_forward<T>(const T*, const T*, const T*, const T*, const T*,      \
-                                          const T*, const T*, const T*, bool, T*, T*, int, int,  \
-                                          int, int);                                             \
-  template void selective_scan_backward<T>(const T*, const T*, const T*, const T*, const T*,     \
-                                           const T*, const T*, const T*, bool, const T*, T*, T*, \
-                                           T*, T*, T*, T*, T*, T*, T*, int, int, int, int);
+#define INSTANTIATE(T)                                                                          \
+  template void selective_scan_step<T>(T*, const T*, const T*, const T*, const T*, const T*,    \
+                                       const T*, const T*, const T*, bool, T*, int, int, int);  \
+  template void selective_scan_forward<T>(const T*, const T*, const T*, const T*, const T*,     \
+                                          const T*, const T*, const T*, bool, const T*, T*, T*, \
+                                          int, int, int, int);                                  \
+  template void selective_scan_backward<T>(                                                     \
+      const T*, const T*, const T*, const T*, const T*, const T*, const T*, const T*, bool,     \
+      const T*, const T*, T*, T*, T*, T*, T*, T*, T*, T*, T*, int, int, int, int);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

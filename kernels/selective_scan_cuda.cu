@@ -26,6 +26,7 @@ struct ScanArgs {
   const DT *Bm, *Cm;
   const float *Dskip, *delta_bias;
   const DT* z;
+  const float* h0;  // (B, D, N) state before the first step, or null: zero
   bool softplus;
   int B, L, D, N;
 };
@@ -118,6 +119,15 @@ struct ChanLane {
     Dd = (dok && a.Dskip) ? a.Dskip[d] : 0.f;
     bias = (dok && a.delta_bias) ? a.delta_bias[d] : 0.f;
   }
+  // The channel's states before the first step: initial_state's, or zeros.
+  template <class DT>
+  __device__ void initial(const ScanArgs<DT>& a, float (&h)[kNS]) const {
+#pragma unroll
+    for (int i = 0; i < kNS; ++i) {
+      const int n = s * kNS + i;
+      h[i] = (a.h0 && dok && n < a.N) ? a.h0[(size_t(b) * a.D + d) * a.N + n] : 0.f;
+    }
+  }
 };
 
 // Rows t0 .. t0 + tn of the block's Bm and Cm into shared memory, zero past N (padding states).
@@ -185,8 +195,7 @@ __global__ void __launch_bounds__(kChanThreads)
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   const ChanLane<kNS, kG> q(a);
   float h[kNS];
-#pragma unroll
-  for (int i = 0; i < kNS; ++i) h[i] = 0.f;
+  q.initial(a, h);
   for (int t0 = 0; t0 < a.L; t0 += kStage) {
     const int tn = a.L - t0 < kStage ? a.L - t0 : kStage;
     __syncthreads();
@@ -257,8 +266,7 @@ __global__ void __launch_bounds__(kChanThreads)
   // Pass 1.
   {
     float h[kNS];
-#pragma unroll
-    for (int k = 0; k < kNS; ++k) h[k] = 0.f;
+    q.initial(a, h);
     for (int t0 = 0; t0 < L; t0 += kStage) {
       const int tn = L - t0 < kStage ? L - t0 : kStage;
       __syncthreads();
@@ -306,10 +314,14 @@ __global__ void __launch_bounds__(kChanThreads)
       ChanIn in[kT];
       float go[kT], zz[kT];
       float hs[kT + 1][kNS];  // hs[j] = h before step t0 + j
+      if (c > 0) {
 #pragma unroll
-      for (int k = 0; k < kNS; ++k) {
-        const int n = q.s * kNS + k;
-        hs[0][k] = (c > 0 && q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
+        for (int k = 0; k < kNS; ++k) {
+          const int n = q.s * kNS + k;
+          hs[0][k] = (q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
+        }
+      } else {
+        q.initial(a, hs[0]);
       }
 #pragma unroll
       for (int j = 0; j < kT; ++j) {
@@ -536,13 +548,14 @@ struct WorkspaceLayout {
 template <class T>
 void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                      const T* Cm, const float* Dskip, const T* z,
-                                     const float* delta_bias, bool delta_softplus, T* out,
-                                     float* last_state, int B, int L, int D, int N,
-                                     cudaStream_t stream) {
+                                     const float* delta_bias, bool delta_softplus,
+                                     const float* initial_state, T* out, float* last_state, int B,
+                                     int L, int D, int N, cudaStream_t stream) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
-  const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  a.h0 = initial_state;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
@@ -566,10 +579,11 @@ size_t Kernels::selective_scan_backward_workspace_bytes(int B, int L, int D, int
 template <class T>
 void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                       const T* Cm, const float* Dskip, const T* z,
-                                      const float* delta_bias, bool delta_softplus, const T* dout,
-                                      T* du, T* ddelta, float* dA, T* dBm, T* dCm, float* dDskip,
-                                      T* dz, float* ddelta_bias, void* workspace, int B, int L,
-                                      int D, int N, cudaStream_t stream) {
+                                      const float* delta_bias, bool delta_softplus,
+                                      const float* initial_state, const T* dout, T* du, T* ddelta,
+                                      float* dA, T* dBm, T* dCm, float* dDskip, T* dz,
+                                      float* ddelta_bias, void* workspace, int B, int L, int D,
+                                      int N, cudaStream_t stream) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -577,7 +591,8 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   float* ws = static_cast<float*>(workspace);
   const ScanGrads w{ws + lay.chunk_states, ws + lay.dA, ws + lay.dD,
                     ws + lay.dbias,        ws + lay.dB, ws + lay.dC};
-  const auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
   with_chan(N, name, true, [&](auto ns, auto g, auto t) {
     const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
@@ -615,11 +630,11 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
 #define INSTANTIATE(T)                                                                            \
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, T*, float*, int, int, int, int, cudaStream_t);                                        \
+      bool, const float*, T*, float*, int, int, int, int, cudaStream_t);                          \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const T*, T*, T*, float*, T*, T*, float*, T*, float*, void*, int, int, int, int,      \
-      cudaStream_t);                                                                              \
+      bool, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*, void*, int, int,  \
+      int, int, cudaStream_t);                                                                    \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \
       const float*, bool, T*, int, int, int, cudaStream_t);

@@ -119,14 +119,14 @@ void scan(benchmark::State& st, const Shape& sh, bool backward) {
   const double e = sizeof(T);
   if (!backward) {
     time_launches(st, s, (4 * bld + 2 * bln) * e, [&] {
-      sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, out,
-                                                 nullptr, sh.B, sh.L, sh.D, sh.N, s);
+      sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
+                                                 out, nullptr, sh.B, sh.L, sh.D, sh.N, s);
     });
   } else {
     time_launches(st, s, (7 * bld + 4 * bln) * e, [&] {
-      sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, dout,
-                                                  du, ddelta, dA, dB, dC, dD, dz, db, ws, sh.B,
-                                                  sh.L, sh.D, sh.N, s);
+      sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true,
+                                                  nullptr, dout, du, ddelta, dA, dB, dC, dD, dz, db,
+                                                  ws, sh.B, sh.L, sh.D, sh.N, s);
     });
   }
   cudaStreamDestroy(s);
@@ -167,12 +167,12 @@ void conv(benchmark::State& st, const Shape& sh, bool backward) {
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {
     time_launches(st, s, 2.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::causal_conv1d_forward<T>(x, w, b, y, sh.B, sh.L, sh.D, K, true, s);
+      sk::CudaKernels::causal_conv1d_forward<T>(x, nullptr, w, b, y, sh.B, sh.L, sh.D, K, true, s);
     });
   } else {
     time_launches(st, s, 3.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::causal_conv1d_backward<T>(x, w, b, dy, dx, dw, dbias, ws, sh.B, sh.L, sh.D,
-                                                 K, true, s);
+      sk::CudaKernels::causal_conv1d_backward<T>(x, nullptr, w, b, dy, dx, dw, dbias, ws, sh.B,
+                                                 sh.L, sh.D, K, true, s);
     });
   }
   cudaStreamDestroy(s);

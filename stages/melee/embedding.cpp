@@ -49,6 +49,7 @@ struct EmbedBatch {
   const int32_t* character = nullptr;
   const int32_t* stage = nullptr;
   const float* prev = nullptr;
+  const float* continues = nullptr;  // (windows) 1: the window continues the row's game; or null
 };
 
 // Offsets of the three tables in the stage's store.
@@ -82,8 +83,10 @@ class EmbedOnCpu final : public EmbedPath {
     check_ids(in.action, slots, kActionStates, "action");
     check_ids(in.character, slots, kCharacters, "character");
     check_ids(in.stage, in.rows, kStages, "stage");
-    for (size_t w = 0; w < in.windows; ++w)
+    for (size_t w = 0; w < in.windows; ++w) {
+      if (mirror && in.continues && in.continues[w] > 0.5f) continue;  // the game's flag stays
       mirrored[w] = mirror ? static_cast<uint8_t>(mix64(key + static_cast<uint64_t>(w)) >> 63) : 0;
+    }
     embed_forward<float>(layout_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
                          in.prev, mirrored, tables + off_.action, tables + off_.character,
                          tables + off_.stage, out);
@@ -148,7 +151,7 @@ class EmbedOnDevice final : public EmbedPath {
     // launches are then the same from batch to batch, as a CUDA graph of the step needs.
     const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
     exec_.upload_later(key_.raw(), &key, sizeof key);
-    K::embed_mirror_flags(mirrored, in.windows, k, mirror ? 1 : 0, o_.stream());
+    K::embed_mirror_flags(mirrored, in.windows, k, mirror ? 1 : 0, in.continues, o_.stream());
     K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
                      in.prev, mirrored, tables + off_.action, tables + off_.character,
                      tables + off_.stage, out, o_.stream());
@@ -196,6 +199,9 @@ class MeleeEmbeddingStage : public Stage {
         .input("character", DType::i32, 3, "(B, W, 3) character ids")
         .input("stage", DType::i32, 2, "(B, W) stage id")
         .input("prev_controller", DType::f32, 3, "(B, W, 13) the player's last controller input")
+        .optional_input("continues", DType::f32, 1,
+                        "(B) the loader's: a window that continues its row's game keeps the "
+                        "game's mirror flag (rows: streams)")
         .output("x", DType::f32, 3, "(B, W, E) features, zero-padded to a multiple of 8")
         .output("prev_input", DType::f32, 3,
                 "(B, W, P) the previous-input columns of x (the controller's 13, then with "
@@ -325,6 +331,13 @@ class MeleeEmbeddingStage : public Stage {
     in.character = ctx.input(b, "character").data<int32_t>();
     in.stage = ctx.input(b, "stage").data<int32_t>();
     in.prev = ctx.input(b, "prev_controller").data<float>();
+    if (ctx.input_connected("continues")) {
+      const Tensor& c = ctx.input(b, "continues");
+      if (c.numel() != numeric.dim(0) || c.dtype() != DType::f32)
+        throw std::runtime_error("melee_embedding '" + ctx.name() +
+                                 "': continues must be (B) f32, " + "got " + c.describe());
+      in.continues = c.data<float>();
+    }
     return in;
   }
 

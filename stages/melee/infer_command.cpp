@@ -152,6 +152,7 @@ int infer_command(const InferArgs& a) {
                 {"window", YAML::Node(1)},
                 {"stride", YAML::Node(1)},
                 {"shuffle", YAML::Node(false)},
+                {"rows", YAML::Node("shuffled")},
                 {"min_frames", YAML::Node(0)},
                 {"characters", YAML::Node(YAML::NodeType::Sequence)},
                 {"stages", YAML::Node(YAML::NodeType::Sequence)}};

@@ -66,9 +66,11 @@ __device__ __forceinline__ bool exists(const float* numeric, size_t rs) {
   return numeric[rs * kNumericFeatures + kExists] > 0.5f;
 }
 
-__global__ void mirror_flags_kernel(uint8_t* m, size_t B, const uint64_t* key, int enabled) {
+__global__ void mirror_flags_kernel(uint8_t* m, size_t B, const uint64_t* key, int enabled,
+                                    const float* continues) {
   const size_t w = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (w < B) m[w] = enabled ? uint8_t(mix64(*key + w) >> 63) : uint8_t(0);
+  if (w >= B || (enabled && continues && continues[w] > 0.5f)) return;
+  m[w] = enabled ? uint8_t(mix64(*key + w) >> 63) : uint8_t(0);
 }
 
 __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, const float* numeric,
@@ -453,10 +455,10 @@ __global__ void ar_decode_kernel(size_t M, const float* Wa, float* logits) {
 }  // namespace
 
 void Kernels::embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
-                                 cudaStream_t stream) {
+                                 const float* continues, cudaStream_t stream) {
   if (B == 0) return;
   SLIPSTREAM_LAUNCH(mirror_flags_kernel, dim3(ceil_div(B, kThreads)), dim3(kThreads), stream,
-                    mirrored, B, key, enabled);
+                    mirrored, B, key, enabled, continues);
   check_launch("embed_mirror_flags");
 }
 

@@ -70,13 +70,53 @@ void WindowOrder::reset(size_t windows, uint64_t batch, uint64_t batches_per_epo
   world_ = world;
   perm_.clear();
   perm_epoch_ = -1;
+  first_.clear();
+  stream_epoch_ = -1;
+}
+
+void WindowOrder::set_streams(std::vector<uint64_t> first) {
+  if (first.empty() || first.back() != windows_)
+    throw std::logic_error("WindowOrder::set_streams: the offsets must end at the windows' count");
+  first_ = std::move(first);
+  stream_epoch_ = -1;
+}
+
+size_t WindowOrder::stream_window_at(uint64_t k, uint64_t r, bool* continues) const {
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  const uint64_t stretch = validation_ ? (windows_ + batch_ - 1) / batch_ : batches_per_epoch_;
+  const uint64_t pos = (rank_ * batch_ + r) * stretch + j;
+  if (continues) *continues = false;
+  if (pos >= windows_) return kPadding;
+  const uint64_t epoch = epoch_of(k);
+  if (stream_epoch_ != static_cast<int64_t>(epoch)) {
+    const uint64_t n = first_.size() - 1;
+    stream_order_.resize(n);
+    stream_start_.resize(n + 1);
+    const KeyedPermutation perm(n, seed_ ^ 0x5732EA45u, epoch);
+    uint64_t at = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      stream_order_[i] = shuffle_ ? perm(i) : i;
+      stream_start_[i] = at;
+      at += first_[stream_order_[i] + 1] - first_[stream_order_[i]];
+    }
+    stream_start_[n] = at;
+    stream_epoch_ = static_cast<int64_t>(epoch);
+  }
+  // The perspective whose windows hold position pos: the last one starting at or before it.
+  const auto it = std::upper_bound(stream_start_.begin(), stream_start_.end(), pos) - 1;
+  const uint64_t i = static_cast<uint64_t>(it - stream_start_.begin());
+  const uint64_t within = pos - *it;
+  if (continues) *continues = j > 0 && within > 0;
+  return static_cast<size_t>(first_[stream_order_[i]] + within);
 }
 
 uint64_t WindowOrder::epoch_of(uint64_t k) const {
   return validation_ ? kValidationOrder : k / batches_per_epoch_;
 }
 
-size_t WindowOrder::window_at(uint64_t k, uint64_t r) const {
+size_t WindowOrder::window_at(uint64_t k, uint64_t r, bool* continues) const {
+  if (streams()) return stream_window_at(k, r, continues);
+  if (continues) *continues = false;
   const uint64_t j = validation_ ? k : k % batches_per_epoch_;
   const uint64_t pos = (j * world_ + rank_) * batch_ + r;
   if (pos >= windows_) return kPadding;  // validation's last batch

@@ -38,17 +38,31 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 // game; positions past the windows are padding. The permutation is a KeyedPermutation
 // (`keyed`: computed per position, any number of windows) or, for runs from before it, the
 // epoch's table (epoch_permutation: fewer than 2^32 windows).
+//
+// Streams (`rows: streams`, set_streams): each batch row walks consecutive windows of one game
+// seen from one player, so a model can carry its state from a row's window to the row's next.
+// An epoch lays the perspectives end to end, in an order drawn from (seed, epoch) (validation: one
+// fixed order; none without shuffle), each one's windows in time order, and cuts that sequence
+// into world·B equal stretches: global row g (rank·B + r) reads position g·P + j of it at the
+// epoch's batch j, P = batches_per_epoch. The windows past world·B·P are left out of the epoch
+// (another tail each epoch); validation's stretches are ceil(windows / B) long, padded.
 class WindowOrder {
  public:
   static constexpr size_t kPadding = static_cast<size_t>(-1);
 
   void reset(size_t windows, uint64_t batch, uint64_t batches_per_epoch, bool validation,
              bool shuffle, bool keyed, uint64_t seed, uint64_t rank, uint64_t world);
+  // Streams, after reset: `first[p]` is perspective p's first window and first.back() the number
+  // of windows (the windows grouped by perspective, each group in time order).
+  void set_streams(std::vector<uint64_t> first);
+  bool streams() const { return !first_.empty(); }
   uint64_t epoch_of(uint64_t k) const;
-  // The window index of row r of batch k, or kPadding.
-  size_t window_at(uint64_t k, uint64_t r) const;
+  // The window index of row r of batch k, or kPadding. `continues`, when given, says whether the
+  // window follows the window row r held in batch k - 1 (streams only; else false).
+  size_t window_at(uint64_t k, uint64_t r, bool* continues = nullptr) const;
 
  private:
+  size_t stream_window_at(uint64_t k, uint64_t r, bool* continues) const;
   size_t windows_ = 0;
   uint64_t batch_ = 1, batches_per_epoch_ = 1, seed_ = 0, rank_ = 0, world_ = 1;
   bool validation_ = false, shuffle_ = true, keyed_ = true;
@@ -56,6 +70,11 @@ class WindowOrder {
   mutable std::vector<uint32_t> perm_;
   mutable std::optional<KeyedPermutation> keyed_perm_;
   mutable int64_t perm_epoch_ = -1;
+  // Streams: each perspective's first window; the epoch's perspective order and where each of
+  // them starts in the epoch's sequence (recomputed for another epoch).
+  std::vector<uint64_t> first_;
+  mutable std::vector<uint64_t> stream_order_, stream_start_;
+  mutable int64_t stream_epoch_ = -1;
 };
 
 // Ranks that each read the whole data set (shard: windows) must have read the same one: a rank

@@ -166,6 +166,13 @@ StageSchema ReplaysStage::schema() {
              "fraction of whole games held out, by seed and game identity (1: all of them)")
       .range(0, 1)
       .param("shuffle", true, "shuffle windows each epoch (permutation from seed and epoch)")
+      .param("rows", std::string("shuffled"),
+             "what a batch row holds: shuffled, any window of the epoch's order; streams, the "
+             "window right after the row's previous one, so each row walks one game (seen from "
+             "one player) window by window, games in an order drawn each epoch, and `continues` "
+             "says which rows go on (a model with it connected carries its state across "
+             "batches); needs stride = window")
+      .choices({"shuffled", "streams"})
       .param("shuffle_order", std::string("keyed"),
              "keyed: each position's window computed from (seed, epoch) — no table, any number of "
              "windows, nothing built at an epoch's start; table: the epoch's permutation as a "
@@ -289,6 +296,12 @@ void ReplaysStage::setup(StageContext& ctx) {
   window_ = p.integer("window");
   delay_ = p.integer("delay");
   shuffle_ = p.boolean("shuffle");
+  streams_ = p.string("rows") == "streams";
+  if (streams_ && p.integer("stride") != window_)
+    throw ConfigError(
+        {{p.mark("stride"), "stage '" + ctx.name() + "': rows: streams needs " +
+                                "windows that abut, stride = window (" + std::to_string(window_) +
+                                "), got stride " + std::to_string(p.integer("stride"))}});
   keyed_order_ = p.string("shuffle_order") == "keyed";
   epochs_ = std::max<int64_t>(1, ctx.run().epochs);
   seed_ = ctx.seed();
@@ -457,6 +470,7 @@ void ReplaysStage::setup(StageContext& ctx) {
 
   uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));
   fp = mix64(fp ^ B ^ (static_cast<uint64_t>(p.integer("stride")) << 20));
+  if (streams_) fp = mix64(fp ^ 0x57AE);
   for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
   fingerprint_ = hex64(fp);
   // Ranks that each read the whole data set (shard: windows) must have read the same one.
@@ -466,6 +480,12 @@ void ReplaysStage::setup(StageContext& ctx) {
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   order_.reset(windows_.size(), B, batches_per_epoch_, validation_, shuffle_, keyed_order_, seed_,
                rank_, world_);
+  if (streams_) {  // windows_ is grouped by perspective, each group in time order
+    std::vector<uint64_t> first(perspectives_.size() + 1, 0);
+    for (const WindowRef& w : windows_) ++first[w.perspective + 1];
+    for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+    order_.set_streams(std::move(first));
+  }
 }
 
 const GameFeatures& ReplaysStage::game_of(const WindowRef& w) const {
@@ -483,16 +503,20 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   if (k >= total_batches_) return false;
   const uint64_t B = static_cast<uint64_t>(batch_);
   std::vector<const WindowRef*> rows(B, nullptr);
+  std::vector<uint8_t> continues(B, 0);
   uint64_t real = 0;
   for (uint64_t r = 0; r < B; ++r) {
-    const size_t w = order_.window_at(k, r);
-    if (w == WindowOrder::kPadding) break;  // validation's last batch: padding
+    bool cont = false;
+    const size_t w = order_.window_at(k, r, &cont);
+    if (w == WindowOrder::kPadding) continue;  // validation's last batches: padding
     rows[r] = &windows_[w];
+    continues[r] = cont;
     ++real;
   }
 
   const WindowBatch t = WindowBatch::allocate(static_cast<int64_t>(B), window_, "slippi_replays");
   fill(rows, t.view);
+  for (uint64_t r = 0; r < B; ++r) t.view.continues[r] = continues[r] ? 1.0f : 0.0f;
   t.publish(out, ctx);
   out.epoch = order_.epoch_of(k);
   out.samples = real;
@@ -521,7 +545,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
     throw std::out_of_range("slippi_replays: no batch " + std::to_string(batch) + " row " +
                             std::to_string(row));
   WindowInfo info;
-  const size_t idx = order_.window_at(batch, static_cast<uint64_t>(row));
+  const size_t idx = order_.window_at(batch, static_cast<uint64_t>(row), &info.continues);
   if (idx == WindowOrder::kPadding) {
     info.padding = true;
     return info;

@@ -48,6 +48,7 @@ class ReplaysStage : public Stage {
     uint32_t recorded_row = 0;  // the same row in the game as decoded (parse or corpus)
     int32_t frame = 0;          // the game's frame number of that row (-123 is the first)
     bool padding = false;       // a padded row (validation's last batch)
+    bool continues = false;     // rows: streams, the window follows the row's previous one
   };
   // Which window fills row `row` of batch `batch` (throws std::out_of_range past the end).
   WindowInfo window(uint64_t batch, int64_t row) const;
@@ -80,6 +81,7 @@ class ReplaysStage : public Stage {
   std::optional<StageContext::Split> forced_split_;
   bool validation_ = false;
   bool shuffle_ = true;
+  bool streams_ = false;     // rows: streams (WindowOrder::set_streams)
   bool keyed_order_ = true;  // shuffle_order: keyed (KeyedPermutation) or table
   int64_t batch_ = 256, window_ = 60, delay_ = 0;
   int64_t epochs_ = 1;

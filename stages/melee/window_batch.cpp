@@ -19,6 +19,7 @@ WindowBatch WindowBatch::allocate(int64_t b, int64_t W, const char* owner) {
   t.target_buttons = make(Shape{b, W, kButtons}, DType::f32, "target_buttons");
   t.target_sticks = make(Shape{b, W, kStickHeads}, DType::i32, "target_sticks");
   t.mask = make(Shape{b, W}, DType::f32, "mask");
+  t.continues = Tensor::zeros(Shape{b}, DType::f32, Device::cpu(), (o + " continues").c_str());
   t.view.window = static_cast<int>(W);
   t.view.numeric = t.numeric.data<float>();
   t.view.action = t.action.data<int32_t>();
@@ -28,6 +29,7 @@ WindowBatch WindowBatch::allocate(int64_t b, int64_t W, const char* owner) {
   t.view.target_buttons = t.target_buttons.data<float>();
   t.view.target_sticks = t.target_sticks.data<int32_t>();
   t.view.mask = t.mask.data<float>();
+  t.view.continues = t.continues.data<float>();
   return t;
 }
 
@@ -40,6 +42,7 @@ void WindowBatch::declare(StageContext& ctx, int64_t b, int64_t W) {
   ctx.declare_output("target_buttons", Shape{b, W, kButtons}, DType::f32);
   ctx.declare_output("target_sticks", Shape{b, W, kStickHeads}, DType::i32);
   ctx.declare_output("mask", Shape{b, W}, DType::f32);
+  ctx.declare_output("continues", Shape{b}, DType::f32);
 }
 
 void WindowBatch::publish(Batch& out, const StageContext& ctx) const {
@@ -51,6 +54,7 @@ void WindowBatch::publish(Batch& out, const StageContext& ctx) const {
   ctx.set_output(out, "target_buttons", target_buttons);
   ctx.set_output(out, "target_sticks", target_sticks);
   ctx.set_output(out, "mask", mask);
+  ctx.set_output(out, "continues", continues);
 }
 
 StageSchema& declare_window_outputs(StageSchema& s) {
@@ -61,7 +65,10 @@ StageSchema& declare_window_outputs(StageSchema& s) {
       .output("prev_controller", DType::f32, 3, "(B, W, 13) the player's controller at t + D")
       .output("target_buttons", DType::f32, 3, "(B, W, 8) buttons at t + D + 1")
       .output("target_sticks", DType::i32, 3, "(B, W, 5) stick/shoulder classes at t + D + 1")
-      .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding");
+      .output("mask", DType::f32, 2, "(B, W) 1 for real data, 0 for padding")
+      .output("continues", DType::f32, 1,
+              "(B) 1 where the row's window starts right after the row's window in the previous "
+              "batch (same game and player: rows: streams), else 0");
 }
 
 }  // namespace slipstream::melee

@@ -12,7 +12,8 @@ namespace slipstream::melee {
 
 struct WindowBatch {
   Tensor numeric, action, character, stage, prev_controller, target_buttons, target_sticks, mask;
-  BatchView view;  // row-major pointers into the tensors above
+  Tensor continues;  // (B) f32: 1 where the row's window follows the row's previous window
+  BatchView view;    // row-major pointers into the tensors above
 
   // B windows of W frames on the CPU; `owner` names the allocations (memory reports).
   static WindowBatch allocate(int64_t batch, int64_t window, const char* owner);

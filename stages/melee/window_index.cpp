@@ -294,6 +294,7 @@ void fill_window(const GameFeatures& g, const Perspective& p, uint32_t start, in
 
 void zero_window(const BatchView& out, int64_t row) {
   const int64_t W = out.window, p0 = row * W;
+  if (out.continues) out.continues[row] = 0.0f;
   std::memset(out.numeric + p0 * kSlots * kNumericFeatures, 0,
               sizeof(float) * W * kSlots * kNumericFeatures);
   std::memset(out.action + p0 * kSlots, 0, sizeof(int32_t) * W * kSlots);

@@ -138,6 +138,7 @@ struct BatchView {
   float* target_buttons = nullptr;   // (B, W, kButtons)
   int32_t* target_sticks = nullptr;  // (B, W, kStickHeads)
   float* mask = nullptr;             // (B, W)
+  float* continues = nullptr;        // (B)
 };
 
 // Writes batch row `row` from the window `w` (frame delay `delay`).

@@ -34,6 +34,11 @@ class MambaStage final
         .trainable()
         .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
+        .optional_input("continues", DType::f32, 1,
+                        "(B) 1 where a row continues the sequence the same row of the previous "
+                        "batch ended (its state is carried over: conv inputs and scan state), 0 "
+                        "where it starts one; connected, the stage carries state (truncated "
+                        "backpropagation through time)")
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")
         .param("d_model", int64_t{128},
                "model width (an input_proj maps Din to it when they differ)")

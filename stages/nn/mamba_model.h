@@ -13,6 +13,12 @@
 // and shapes are mamba-ssm's), on the ops' device. All activations and scratch are sized by
 // resize(B, L) from the device's pool; forward and backward allocate nothing and never wait
 // for the device.
+//
+// Carried state (set_carry(true)): each batch row continues the sequence the same row of the
+// previous batch ended, when forward's `continues` says so (1; 0 starts it afresh): every
+// layer's conv starts from that row's last d_conv - 1 inputs and its scan from that row's last
+// state. The state is a constant to the backward (truncated backpropagation through time: no
+// gradient flows into the previous window).
 #pragma once
 
 #include <functional>
@@ -176,6 +182,23 @@ class MambaModel {
   int batch() const { return B_; }
   int length() const { return L_; }
 
+  // Carry each row's state from one forward to the next (see the top); before resize().
+  void set_carry(bool on) {
+    if (on != carry_) B_ = L_ = 0;  // resize() allocates (or drops) the state buffers
+    carry_ = on;
+  }
+  bool carries() const { return carry_; }
+  // The state the last forward left, as the next carry() reads it (the buffers themselves: a
+  // checkpoint saves them, a resume writes them back): the scan states, then the conv inputs.
+  const std::vector<Tensor>& carried() const { return carried_; }
+  // Forgets every row's carried state (the next forward starts each row afresh whatever its
+  // `continues`): around a validation pass, whose batches are other sequences.
+  void clear_carry() {
+    if (!carry_ || B_ <= 0) return;
+    ops_.zero(scan_last_, carry_scan_elems());
+    ops_.zero(conv_last_, carry_conv_elems());
+  }
+
   // Sizes every activation and scratch buffer for (B, L). The only allocating call; bf16
   // buffers only when `bf16` (T = float).
   void resize(int B, int L, bool bf16) {
@@ -212,6 +235,14 @@ class MambaModel {
     dCm_ = buf(M * N, "mamba gradient");
     ddbc_ = buf(M * P, "mamba gradient");
     dA_ = buf(di * N, "mamba gradient");
+    // The carried state: what the previous forward left (last) and what this one starts from.
+    carried_.clear();
+    scan_last_ = buf(carry_ ? carry_scan_elems() : 0, "mamba carried scan state");
+    if (scan_last_) carried_.push_back(buffers_.back());
+    scan_first_ = buf(carry_ ? carry_scan_elems() : 0, "mamba carried scan state");
+    conv_last_ = buf(carry_ ? carry_conv_elems() : 0, "mamba carried conv inputs");
+    if (conv_last_) carried_.push_back(buffers_.back());
+    conv_first_ = buf(carry_ ? carry_conv_elems() : 0, "mamba carried conv inputs");
     const size_t din = static_cast<size_t>(c_.din);
     ops::ScratchNeeds need;
     need.B = B, need.L = L, need.channels = static_cast<int>(di), need.state = static_cast<int>(N);
@@ -237,8 +268,22 @@ class MambaModel {
     dy_bf_ = bbuf(bf16 ? M * std::max({2 * di, dm, P}) : 0, "mamba bf16 gradients");
   }
 
+  // With a carried state, before each forward: the state it starts from, row by row, the one
+  // the previous forward left where `continues` (B) is 1, zeros where it is 0.
+  void carry(const T* continues) {
+    if (!carry_ || B_ <= 0) throw std::logic_error("mamba: carry() needs set_carry and resize");
+    const size_t B = static_cast<size_t>(B_), scan = carry_scan_elems() / nl_() / B;
+    const size_t conv = carry_conv_elems() / nl_() / B;
+    for (int l = 0; l < c_.layers; ++l) {
+      const Act a = act(l);
+      ops_.scale_rows(a.scan_last, continues, a.scan_first, B, scan);
+      if (conv) ops_.scale_rows(a.conv_last, continues, a.conv_first, B, conv);
+    }
+  }
+
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by
-  // the GEMMs together with bf16-rounded activations; null for full precision.
+  // the GEMMs together with bf16-rounded activations; null for full precision. With a carried
+  // state, each row starts from the state carry() set and leaves its own for the next.
   void forward(const T* x, const T* w, const uint16_t* wb, T* y) {
     check_precision(wb);
     const int M = B_ * L_, dm = c_.d_model, di = c_.d_inner(), N = c_.d_state, R = c_.rank();
@@ -264,8 +309,9 @@ class MambaModel {
       mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0), a.xc,
          di);
       mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, di);
-      ops_.conv_silu_forward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_, di,
-                             c_.d_conv);
+      ops_.conv_silu_forward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_,
+                             di, c_.d_conv);
+      if (a.conv_last) keep_conv_inputs(a);
       const uint16_t* ub = round(a.u, a.u_bf, Ms * di_(), wb);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
@@ -273,8 +319,8 @@ class MambaModel {
       ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
       ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
-      ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, a.ys,
-                                  B_, L_, di, N);
+      ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
+                                  a.scan_first, a.ys, a.scan_last, B_, L_, di, N);
       const uint16_t* ysb = round(a.ys, a.ys_bf, Ms * di_(), wb);
       ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
@@ -308,9 +354,9 @@ class MambaModel {
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
       // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
       ops_.zero(dA_, di_() * N_());
-      ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b, dys_,
-                                   du_, ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_, g + Lw.dt_b,
-                                   scratch_, B_, L_, di, N);
+      ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
+                                   a.scan_first, dys_, du_, ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_,
+                                   g + Lw.dt_b, scratch_, B_, L_, di, N);
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       const uint16_t* ddb = round(ddelta_, dyb, Ms * di_(), wb);
@@ -323,8 +369,8 @@ class MambaModel {
       mm(false, false, M, di, P, ddbc_, dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1), du_,
          di);
       mm(true, false, P, di, M, ddbc_, dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
-      ops_.conv_silu_backward(a.xc, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_, dxc_,
-                              g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_);
+      ops_.conv_silu_backward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_,
+                              dxc_, g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_);
       // in_proj, by its two halves of rows (x's and z's), then the block's RMSNorm; its input
       // gradient joins the residual stream (dh).
       const size_t in_z = Lw.in_proj + di_() * dm_();
@@ -357,17 +403,51 @@ class MambaModel {
   struct Act {
     T *h, *rstd, *xn, *xc, *z, *conv, *u, *dbc, *delta, *Bm, *Cm, *ys, *A;
     uint16_t *xn_bf, *u_bf, *dbc_bf, *ys_bf;
+    T *scan_first, *scan_last, *conv_first, *conv_last;  // carried state; null without
   };
   Act act(int l) const {
     const size_t M = static_cast<size_t>(B_) * static_cast<size_t>(L_), k = static_cast<size_t>(l);
     auto at = [&](T* p, size_t per) { return p ? p + k * per : nullptr; };
     auto atb = [&](uint16_t* p, size_t per) { return p ? p + k * per : nullptr; };
-    return {at(h_, M * dm_()),      at(rstd_, M),           at(xn_, M * dm_()),
-            at(xc_, M * di_()),     at(z_, M * di_()),      at(conv_, M * di_()),
-            at(u_, M * di_()),      at(dbc_, M * P_()),     at(delta_, M * di_()),
-            at(Bm_, M * N_()),      at(Cm_, M * N_()),      at(ys_, M * di_()),
-            at(A_, di_() * N_()),   atb(xn_bf_, M * dm_()), atb(u_bf_, M * di_()),
-            atb(dbc_bf_, M * P_()), atb(ys_bf_, M * di_())};
+    return {at(h_, M * dm_()),
+            at(rstd_, M),
+            at(xn_, M * dm_()),
+            at(xc_, M * di_()),
+            at(z_, M * di_()),
+            at(conv_, M * di_()),
+            at(u_, M * di_()),
+            at(dbc_, M * P_()),
+            at(delta_, M * di_()),
+            at(Bm_, M * N_()),
+            at(Cm_, M * N_()),
+            at(ys_, M * di_()),
+            at(A_, di_() * N_()),
+            atb(xn_bf_, M * dm_()),
+            atb(u_bf_, M * di_()),
+            atb(dbc_bf_, M * P_()),
+            atb(ys_bf_, M * di_()),
+            at(scan_first_, carry_scan_elems() / nl_()),
+            at(scan_last_, carry_scan_elems() / nl_()),
+            at(conv_first_, carry_conv_elems() / nl_()),
+            at(conv_last_, carry_conv_elems() / nl_())};
+  }
+  size_t nl_() const { return static_cast<size_t>(c_.layers); }
+  // The last d_conv - 1 inputs of each row's sequence so far into conv_last: the window's last
+  // rows, after the rows of the carried prefix it did not displace (a window shorter than it).
+  void keep_conv_inputs(const Act& a) const {
+    const size_t K1 = static_cast<size_t>(c_.d_conv - 1), L = static_cast<size_t>(L_);
+    const size_t di = di_(), B = static_cast<size_t>(B_), from_x = std::min(K1, L);
+    if (K1 > from_x)
+      ops_.copy_cols(a.conv_first + from_x * di, K1 * di, a.conv_last, K1 * di, B,
+                     (K1 - from_x) * di);
+    ops_.copy_cols(a.xc + (L - from_x) * di, L * di, a.conv_last + (K1 - from_x) * di, K1 * di, B,
+                   from_x * di);
+  }
+  // Elements of the carried scan states (layers, B, d_inner, d_state) and conv inputs (layers,
+  // B, d_conv - 1, d_inner).
+  size_t carry_scan_elems() const { return nl_() * static_cast<size_t>(B_) * di_() * N_(); }
+  size_t carry_conv_elems() const {
+    return nl_() * static_cast<size_t>(B_) * static_cast<size_t>(c_.d_conv - 1) * di_();
   }
 
   // A zeroed buffer of n elements of T on the ops' device (null when n == 0), kept alive here.
@@ -412,8 +492,9 @@ class MambaModel {
   MambaLayout lay_;
   Ops ops_;
   int B_ = 0, L_ = 0;
-  bool bf16_ = false;
+  bool bf16_ = false, carry_ = false;
   std::vector<Tensor> buffers_;  // owns every buffer below
+  std::vector<Tensor> carried_;  // views of scan_last_ and conv_last_ (carried())
   Tensor scratch_t_;
   void* scratch_ = nullptr;
   T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xc_ = nullptr, *z_ = nullptr;
@@ -422,6 +503,7 @@ class MambaModel {
   T *dh_ = nullptr, *dxn_ = nullptr, *dys_ = nullptr, *du_ = nullptr;
   T *ddelta_ = nullptr, *dz_ = nullptr, *dconv_ = nullptr, *dxc_ = nullptr, *dBm_ = nullptr;
   T *dCm_ = nullptr, *ddbc_ = nullptr, *dA_ = nullptr;
+  T *scan_first_ = nullptr, *scan_last_ = nullptr, *conv_first_ = nullptr, *conv_last_ = nullptr;
   uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr, *dbc_bf_ = nullptr;
   uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
 };

@@ -6,6 +6,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/tensor.h"
 
 #include "stages/nn/param_store.h"
 
@@ -31,6 +35,17 @@ class SequenceModel {
                         float* g, float* dx, const std::function<void(int)>* layer_done) = 0;
   // The store's bf16 shadow from its FP32 values, on the model's device.
   virtual void refresh_shadow(const ParamStore& store) const = 0;
+  // A state carried from one batch to the next, row by row (mamba_model.h): whether the model
+  // can, turning it on (before resize), the next forward's start (continues (B): 1 keeps the
+  // row's state, 0 starts it afresh) and forgetting it.
+  virtual bool can_carry() const { return false; }
+  virtual void set_carry(bool on) {
+    if (on) throw std::logic_error("this model carries no state across batches");
+  }
+  virtual void carry(const float* continues) { (void)continues; }
+  virtual void clear_carry() {}
+  // The carried state's buffers (empty without one), for a checkpoint to save and restore.
+  virtual std::vector<Tensor> carried() const { return {}; }
 };
 
 template <class Model, class Config, class Layout>
@@ -51,8 +66,28 @@ class SequenceModelOn final : public SequenceModel<Config, Layout> {
     m_.backward(x, dy, w, wb, g, dx, layer_done);
   }
   void refresh_shadow(const ParamStore& store) const override { store.refresh_shadow(m_.ops()); }
+  bool can_carry() const override { return kCarries; }
+  void set_carry(bool on) override {
+    if constexpr (kCarries)
+      m_.set_carry(on);
+    else
+      SequenceModel<Config, Layout>::set_carry(on);
+  }
+  void carry(const float* continues) override {
+    if constexpr (kCarries) m_.carry(continues);
+  }
+  void clear_carry() override {
+    if constexpr (kCarries) m_.clear_carry();
+  }
+  std::vector<Tensor> carried() const override {
+    if constexpr (kCarries)
+      return m_.carried();
+    else
+      return {};
+  }
 
  private:
+  static constexpr bool kCarries = requires(Model & m, const float* c) { m.carry(c); };
   Model m_;
 };
 

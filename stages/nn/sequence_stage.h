@@ -5,9 +5,13 @@
 // (Runner::stream) runs the model frame by frame from the state the previous batch left
 // (`Recurrent`, CPU, fp32). A stage derives from it, declares its schema, builds its model in
 // setup (with ops::with_ops) and hands it to setup_model; it says its output width and cost.
+// With its optional input `continues` connected (a model that can carry a state: mamba), each
+// batch row starts where the same row of the previous batch ended when continues says 1: the
+// loader's `rows: streams` order, where a row walks one game's consecutive windows.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,6 +30,14 @@ class SequenceStage : public Stage {
   using Model = SequenceModel<Config, Layout>;
 
   void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+  // A validation pass's batches are other sequences: the training rows start afresh after it,
+  // and its own rows from zero.
+  void validation_begin(StageContext&) override {
+    if (carry_) model_->clear_carry();
+  }
+  void validation_end(const std::map<std::string, double>&, StageContext&) override {
+    if (carry_) model_->clear_carry();
+  }
   void stream_reset_row(int64_t row, StageContext&) override { stream_.reset_row(row); }
 
   void forward(Batch& b, StageContext& ctx) override {
@@ -38,6 +50,14 @@ class SequenceStage : public Stage {
                       static_cast<size_t>(output_width(c)));
       ctx.set_output(b, "y", y_);
       return;
+    }
+    if (carry_) {
+      const Tensor& c = ctx.input(b, "continues");
+      if (c.rank() != 1 || c.dim(0) != x.dim(0) || c.dtype() != DType::f32 || c.device() != device_)
+        throw std::runtime_error(ctx.name() +
+                                 ": continues must be (B = " + std::to_string(x.dim(0)) +
+                                 ") f32 on " + device_.str() + ", got " + c.shape().str());
+      model_->carry(c.data<float>());
     }
     if (bf16_ && !shadow_checked_) {
       // Weights may have been replaced since setup (checkpoint, StageHarness::load_weights);
@@ -66,6 +86,24 @@ class SequenceStage : public Stage {
 
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
+  // The carried state goes into checkpoints, so a resumed run's rows go on from where they were
+  // (the run as if it had not stopped). Restored only into the same batch shape: elsewhere (an
+  // eval, the policy library) the rows start afresh.
+  void save(StateWriter& w) const override {
+    if (!carry_) return;
+    const std::vector<Tensor> c = model_->carried();
+    for (size_t i = 0; i < c.size(); ++i) w.tensor("carried." + std::to_string(i), c[i]);
+  }
+  void load(StateReader& r) override {
+    if (!carry_) return;
+    std::vector<Tensor> c = model_->carried();
+    for (size_t i = 0; i < c.size(); ++i) {
+      const std::string key = "carried." + std::to_string(i);
+      if (!r.has(key) || r.tensor(key).shape() != c[i].shape()) return;
+    }
+    for (size_t i = 0; i < c.size(); ++i) r.tensor_into("carried." + std::to_string(i), c[i]);
+  }
+
  protected:
   // The width of y for a model of config c.
   virtual int output_width(const Config& c) const = 0;
@@ -85,6 +123,8 @@ class SequenceStage : public Stage {
     model_->refresh_shadow(store_);
     shadow_checked_ = false;
     want_dx_ = input_grad_wanted(ctx, 0);
+    carry_ = model_->can_carry() && ctx.input_connected("continues");
+    model_->set_carry(carry_);
     ctx.declare_output("y", {in[0], in[1], output_width(model_->config())}, DType::f32);
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
   }
@@ -106,6 +146,7 @@ class SequenceStage : public Stage {
   Tensor x_, y_, dx_;
   int64_t B_ = 0, W_ = 0;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
+  bool carry_ = false;  // `continues` connected: rows carry their state across batches
   FrameStream<Recurrent, Config> stream_;  // Runner::stream's state
 };
 

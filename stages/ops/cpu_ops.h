@@ -89,17 +89,18 @@ class CpuOps {
   }
 
   // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
-  void conv_silu_forward(const T* x, const T* w, const T* b, T* pre, T* u, int B, int L, int C,
-                         int K) const {
-    kernels::causal_conv1d_forward(x, w, b, pre, B, L, C, K);
+  void conv_silu_forward(const T* x, const T* prefix, const T* w, const T* b, T* pre, T* u, int B,
+                         int L, int C, int K) const {
+    kernels::causal_conv1d_forward(x, prefix, w, b, pre, B, L, C, K);
     kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
   }
   // dx (=), dw and db (+=) from du; `dpre` is (B, L, C) scratch.
-  void conv_silu_backward(const T* x, const T* w, const T* b, const T* pre, const T* du, T* dpre,
-                          T* dx, T* dw, T* db, int B, int L, int C, int K, void*) const {
+  void conv_silu_backward(const T* x, const T* prefix, const T* w, const T* b, const T* pre,
+                          const T* du, T* dpre, T* dx, T* dw, T* db, int B, int L, int C, int K,
+                          void*) const {
     (void)b;
     kernels::silu_backward(pre, du, dpre, static_cast<size_t>(B) * L * C);
-    kernels::causal_conv1d_backward(x, w, dpre, dx, dw, db, B, L, C, K);
+    kernels::causal_conv1d_backward(x, prefix, w, dpre, dx, dw, db, B, L, C, K);
   }
 
   // One GRU layer from a zero state (kernels/gru.h): y (B, L, H), saved (B, L, 4H) for the
@@ -128,18 +129,18 @@ class CpuOps {
   }
 
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
-                              const T* D, const T* z, const T* delta_bias, T* out, int B, int L,
-                              int Dc, int N) const {
-    kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, out,
-                                    static_cast<T*>(nullptr), B, L, Dc, N);
+                              const T* D, const T* z, const T* delta_bias, const T* initial_state,
+                              T* out, T* last_state, int B, int L, int Dc, int N) const {
+    kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out,
+                                    last_state, B, L, Dc, N);
   }
   void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
-                               const T* D, const T* z, const T* delta_bias, const T* dout, T* du,
-                               T* ddelta, T* dA, T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias,
-                               void* scratch, int B, int L, int Dc, int N) const {
-    kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, dout, du, ddelta,
-                                     dA, dBm, dCm, dD, dz, ddelta_bias, static_cast<T*>(scratch), B,
-                                     L, Dc, N);
+                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
+                               const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dD, T* dz,
+                               T* ddelta_bias, void* scratch, int B, int L, int Dc, int N) const {
+    kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state,
+                                     dout, du, ddelta, dA, dBm, dCm, dD, dz, ddelta_bias,
+                                     static_cast<T*>(scratch), B, L, Dc, N);
   }
 
  private:

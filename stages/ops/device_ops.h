@@ -100,17 +100,17 @@ class DeviceOps {
                                                   stream_);
   }
 
-  void conv_silu_forward(const float* x, const float* w, const float* b, float* pre, float* u,
-                         int B, int L, int C, int K) const {
+  void conv_silu_forward(const float* x, const float* prefix, const float* w, const float* b,
+                         float* pre, float* u, int B, int L, int C, int K) const {
     (void)pre;
-    Kernels::template causal_conv1d_forward<float>(x, w, b, u, B, L, C, K, true, stream_);
+    Kernels::template causal_conv1d_forward<float>(x, prefix, w, b, u, B, L, C, K, true, stream_);
   }
-  void conv_silu_backward(const float* x, const float* w, const float* b, const float* pre,
-                          const float* du, float* dpre, float* dx, float* dw, float* db, int B,
-                          int L, int C, int K, void* scratch) const {
+  void conv_silu_backward(const float* x, const float* prefix, const float* w, const float* b,
+                          const float* pre, const float* du, float* dpre, float* dx, float* dw,
+                          float* db, int B, int L, int C, int K, void* scratch) const {
     (void)pre, (void)dpre;
-    Kernels::template causal_conv1d_backward<float>(x, w, b, du, dx, dw, db, scratch, B, L, C, K,
-                                                    true, stream_);
+    Kernels::template causal_conv1d_backward<float>(x, prefix, w, b, du, dx, dw, db, scratch, B, L,
+                                                    C, K, true, stream_);
   }
 
   size_t gru_workspace_bytes(int B, int L, int In, int H, bool bf16) const {
@@ -133,20 +133,21 @@ class DeviceOps {
 
   void selective_scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
                               const float* Cm, const float* D, const float* z,
-                              const float* delta_bias, float* out, int B, int L, int Dc,
-                              int N) const {
+                              const float* delta_bias, const float* initial_state, float* out,
+                              float* last_state, int B, int L, int Dc, int N) const {
     Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
-                                                    out, nullptr, B, L, Dc, N, stream_);
+                                                    initial_state, out, last_state, B, L, Dc, N,
+                                                    stream_);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,
-                               const float* delta_bias, const float* dout, float* du, float* ddelta,
-                               float* dA, float* dBm, float* dCm, float* dD, float* dz,
-                               float* ddelta_bias, void* scratch, int B, int L, int Dc,
-                               int N) const {
-    Kernels::template selective_scan_backward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
-                                                     dout, du, ddelta, dA, dBm, dCm, dD, dz,
-                                                     ddelta_bias, scratch, B, L, Dc, N, stream_);
+                               const float* delta_bias, const float* initial_state,
+                               const float* dout, float* du, float* ddelta, float* dA, float* dBm,
+                               float* dCm, float* dD, float* dz, float* ddelta_bias, void* scratch,
+                               int B, int L, int Dc, int N) const {
+    Kernels::template selective_scan_backward<float>(
+        u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, dout, du, ddelta, dA, dBm, dCm,
+        dD, dz, ddelta_bias, scratch, B, L, Dc, N, stream_);
   }
 
  private:

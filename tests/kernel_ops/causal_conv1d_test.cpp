@@ -41,8 +41,52 @@ CPU_TEST(CausalConv1d, ForwardMatchesReference) {
   const int B = 3, L = 11, C = 37, K = 4;  // C spans a partial channel block
   auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
   std::vector<double> y(x.size());
-  causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+  causal_conv1d_forward(x.data(), static_cast<const double*>(nullptr), w.data(), b.data(), y.data(),
+                        B, L, C, K);
   EXPECT_LT(test::rel_diff(ref_conv(x, w, b, B, L, C, K), y), 1e-15);
+}
+
+// The last K - 1 inputs of a window as the next window's prefix: the two windows' outputs are
+// the whole sequence's.
+CPU_TEST(CausalConv1d, PrefixContinuesTheSequence) {
+  std::mt19937_64 rng(4);
+  const int B = 3, L = 13, C = 37, K = 4, L1 = 5, L2 = L - L1;
+  auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
+  const auto whole = ref_conv(x, w, b, B, L, C, K);
+  auto rows = [&](const std::vector<double>& v, int t0, int t1) {
+    std::vector<double> out;
+    for (int bb = 0; bb < B; ++bb)
+      out.insert(out.end(), v.begin() + (size_t(bb) * L + t0) * C,
+                 v.begin() + (size_t(bb) * L + t1) * C);
+    return out;
+  };
+  const auto x2 = rows(x, L1, L), prefix = rows(x, L1 - (K - 1), L1);
+  std::vector<double> y2(x2.size()), cold(x2.size());
+  causal_conv1d_forward(x2.data(), prefix.data(), w.data(), b.data(), y2.data(), B, L2, C, K);
+  EXPECT_LT(test::rel_diff(rows(whole, L1, L), y2), 1e-15);
+  causal_conv1d_forward(x2.data(), static_cast<const double*>(nullptr), w.data(), b.data(),
+                        cold.data(), B, L2, C, K);
+  EXPECT_GT(test::rel_diff(rows(whole, L1, L), cold), 1e-3);  // the prefix mattered
+}
+
+// The weight gradient takes the prefix's terms; no gradient flows into the prefix.
+CPU_TEST(CausalConv1d, GradCheckWithPrefix) {
+  std::mt19937_64 rng(5);
+  const int B = 2, L = 6, C = 20, K = 4;
+  auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
+  const auto prefix = rand_vec(size_t(B) * (K - 1) * C, rng);
+  auto g = rand_vec(x.size(), rng);
+  auto loss = [&] {
+    std::vector<double> y(x.size());
+    causal_conv1d_forward(x.data(), prefix.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    return test::dot(g, y);
+  };
+  std::vector<double> dx(x.size()), dw(w.size(), 0.0), db(b.size(), 0.0);
+  causal_conv1d_backward(x.data(), prefix.data(), w.data(), g.data(), dx.data(), dw.data(),
+                         db.data(), B, L, C, K);
+  test::check_gradient("x", loss, x, dx);
+  test::check_gradient("weight", loss, w, dw);
+  test::check_gradient("bias", loss, b, db);
 }
 
 CPU_TEST(CausalConv1d, GradCheckAccumulationFloat) {
@@ -52,24 +96,28 @@ CPU_TEST(CausalConv1d, GradCheckAccumulationFloat) {
   auto g = rand_vec(x.size(), rng);
   auto loss = [&] {
     std::vector<double> y(x.size());
-    causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    causal_conv1d_forward(x.data(), static_cast<const double*>(nullptr), w.data(), b.data(),
+                          y.data(), B, L, C, K);
     return test::dot(g, y);
   };
   std::vector<double> dx(x.size()), dw(w.size(), 0.0), db(b.size(), 0.0);
-  causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data(), B, L, C, K);
+  causal_conv1d_backward(x.data(), static_cast<const double*>(nullptr), w.data(), g.data(),
+                         dx.data(), dw.data(), db.data(), B, L, C, K);
   test::check_gradient("x", loss, x, dx);
   test::check_gradient("weight", loss, w, dw);
   test::check_gradient("bias", loss, b, db);
   auto dx1 = dx, dw1 = dw, db1 = db;
-  causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(), db.data(), B, L, C, K);
+  causal_conv1d_backward(x.data(), static_cast<const double*>(nullptr), w.data(), g.data(),
+                         dx.data(), dw.data(), db.data(), B, L, C, K);
   EXPECT_EQ(dx, dx1);
   EXPECT_DOUBLED(dw, dw1);
   EXPECT_DOUBLED(db, db1);
   auto xf = cast<float>(x), wf = cast<float>(w), bf = cast<float>(b), gf = cast<float>(g);
   std::vector<float> yf(x.size()), dxf(x.size()), dwf(w.size(), 0.0f), dbf(C, 0.0f);
-  causal_conv1d_forward(xf.data(), wf.data(), bf.data(), yf.data(), B, L, C, K);
-  causal_conv1d_backward(xf.data(), wf.data(), gf.data(), dxf.data(), dwf.data(), dbf.data(), B, L,
-                         C, K);
+  const float* nf = nullptr;
+  causal_conv1d_forward(xf.data(), nf, wf.data(), bf.data(), yf.data(), B, L, C, K);
+  causal_conv1d_backward(xf.data(), nf, wf.data(), gf.data(), dxf.data(), dwf.data(), dbf.data(), B,
+                         L, C, K);
   EXPECT_LT(test::rel_diff(ref_conv(x, w, b, B, L, C, K), yf), 1e-5);
   EXPECT_LT(test::rel_diff(dx1, dxf), 1e-5);
   EXPECT_LT(test::rel_diff(dw1, dwf), 1e-5);
@@ -82,9 +130,9 @@ CPU_TEST(CausalConv1d, ShortSequenceAndParallelEqualsSerial) {
   auto w = cast<float>(rand_vec(C * K, rng)), g = cast<float>(rand_vec(x.size(), rng));
   auto run = [&] {
     std::vector<float> y(x.size()), dx(x.size()), dw(w.size(), 0.0f);
-    causal_conv1d_forward(x.data(), w.data(), static_cast<const float*>(nullptr), y.data(), B, L, C,
-                          K);
-    causal_conv1d_backward(x.data(), w.data(), g.data(), dx.data(), dw.data(),
+    const float* none = nullptr;
+    causal_conv1d_forward(x.data(), none, w.data(), none, y.data(), B, L, C, K);
+    causal_conv1d_backward(x.data(), none, w.data(), g.data(), dx.data(), dw.data(),
                            static_cast<float*>(nullptr), B, L, C, K);
     y.insert(y.end(), dx.begin(), dx.end());
     y.insert(y.end(), dw.begin(), dw.end());
@@ -112,7 +160,8 @@ CPU_TEST(CausalConv1d, StepEqualsForward) {
     auto x = test::rand_vec(size_t(B) * L * C, rng), w = test::rand_vec(size_t(C) * K, rng);
     auto b = test::rand_vec(C, rng);
     std::vector<double> y(x.size());
-    causal_conv1d_forward(x.data(), w.data(), b.data(), y.data(), B, L, C, K);
+    causal_conv1d_forward(x.data(), static_cast<const double*>(nullptr), w.data(), b.data(),
+                          y.data(), B, L, C, K);
     silu_forward(y.data(), y.data(), y.size());
     std::vector<double> state(size_t(B) * (K - 1) * C + 1, 0.0);
     for (int t = 0; t < L; ++t) {
@@ -138,16 +187,18 @@ namespace slipstream::kernels::test {
 struct ConvShape {
   int B, L, C, K;
   bool silu = true, bias = true;
+  bool prefix = false;  // the inputs before the window given (a window that continues another)
 };
 
 inline std::string describe(const ConvShape& s) {
   return "B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " C" + std::to_string(s.C) +
-         " K" + std::to_string(s.K) + (s.silu ? " silu" : "") + (s.bias ? " bias" : "");
+         " K" + std::to_string(s.K) + (s.silu ? " silu" : "") + (s.bias ? " bias" : "") +
+         (s.prefix ? " prefix" : "");
 }
 
 template <class T>
 struct ConvData {
-  std::vector<double> x, w, bias, dy;
+  std::vector<double> x, w, bias, dy, prefix;
   ConvData(const ConvShape& s, uint64_t seed) {
     std::mt19937_64 rng(seed);
     const size_t n = size_t(s.B) * s.L * s.C;
@@ -155,8 +206,14 @@ struct ConvData {
     w = round_trip<float>(rand_vec(size_t(s.C) * s.K, rng));
     if (s.bias) bias = round_trip<float>(rand_vec(size_t(s.C), rng));
     dy = round_trip<T>(rand_vec(n, rng));
+    if (s.prefix) prefix = round_trip<T>(rand_vec(size_t(s.B) * (s.K - 1) * s.C, rng));
   }
   const double* b() const { return bias.empty() ? nullptr : bias.data(); }
+  const double* pre() const { return prefix.empty() ? nullptr : prefix.data(); }
+  template <class Mem>
+  const T* pre_on(Mem& mem) const {
+    return prefix.empty() ? nullptr : mem.upload(elems<T>(prefix));
+  }
 };
 
 template <class Kernels, class Mem, class T>
@@ -165,12 +222,13 @@ void check_conv_forward(const ConvShape& s, uint64_t seed) {
   const ConvData<T> d(s, seed);
   const size_t n = size_t(s.B) * s.L * s.C;
   std::vector<double> ref(n);
-  causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C, s.K);
+  causal_conv1d_forward<double>(d.x.data(), d.pre(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C,
+                                s.K);
   if (s.silu) silu_forward(ref.data(), ref.data(), n);
   Mem mem;
   T* y = mem.template alloc<T>(n);
   Kernels::template causal_conv1d_forward<T>(
-      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, s.B, s.L, s.C, s.K, s.silu,
       mem.stream());
   mem.sync();
@@ -188,10 +246,11 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
   std::vector<double> dpre = d.dy, dx(n), dw = dw0, db = db0;
   if (s.silu) {
     std::vector<double> pre(n);
-    causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), pre.data(), s.B, s.L, s.C, s.K);
+    causal_conv1d_forward<double>(d.x.data(), d.pre(), d.w.data(), d.b(), pre.data(), s.B, s.L, s.C,
+                                  s.K);
     silu_backward(pre.data(), d.dy.data(), dpre.data(), n);
   }
-  causal_conv1d_backward<double>(d.x.data(), d.w.data(), dpre.data(), dx.data(), dw.data(),
+  causal_conv1d_backward<double>(d.x.data(), d.pre(), d.w.data(), dpre.data(), dx.data(), dw.data(),
                                  s.bias ? db.data() : nullptr, s.B, s.L, s.C, s.K);
   Mem mem;
   T* g_dx = mem.template alloc<T>(n);
@@ -200,7 +259,7 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
   void* ws =
       mem.alloc_bytes(Kernels::causal_conv1d_backward_workspace_bytes(s.B, s.L, s.C, s.K, s.silu));
   Kernels::template causal_conv1d_backward<T>(
-      mem.upload(elems<T>(d.x)), mem.upload(elems<float>(d.w)),
+      mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), mem.upload(elems<T>(d.dy)), g_dx,
       g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
   mem.sync();
@@ -215,10 +274,13 @@ void check_conv_step(const ConvShape& s, uint64_t seed) {
   const ConvData<T> d(s, seed);
   const size_t n = size_t(s.B) * s.L * s.C, bc = size_t(s.B) * s.C;
   std::vector<double> ref(n);
-  causal_conv1d_forward<double>(d.x.data(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C, s.K);
+  causal_conv1d_forward<double>(d.x.data(), d.pre(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C,
+                                s.K);
   if (s.silu) silu_forward(ref.data(), ref.data(), n);
   Mem mem;
-  T* state = mem.upload(elems<T>(std::vector<double>(size_t(s.B) * (s.K - 1) * s.C + 1, 0.0)));
+  std::vector<double> state0 = d.prefix;  // the step's state is the prefix's layout
+  state0.resize(size_t(s.B) * (s.K - 1) * s.C + 1, 0.0);
+  T* state = mem.upload(elems<T>(state0));
   const float* w = mem.upload(elems<float>(d.w));
   const float* bias = d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias));
   std::vector<double> got(n);
@@ -245,6 +307,10 @@ inline std::vector<ConvShape> conv_shapes() {
       {2, 9, 17, 1},                 // width 1
       {2, 21, 19, 3},                // width 3 (a sliding-window kernel), L past a time block
       {1, 5, 7, 2},                  // width 2
+      // Continuing windows: the generic and the sliding-window kernels, L below K - 1.
+      {2, 37, 40, 4, true, true, true},
+      {1, 21, 19, 5, false, true, true},
+      {3, 2, 33, 3, true, false, true},
   };
 }
 

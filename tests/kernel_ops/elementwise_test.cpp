@@ -94,6 +94,13 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   add_bias_rows<double>(ref.data(), bias.data(), M, N);
   Kernels::add_bias_rows(y, mem.upload(elems<float>(bias)), M, N, mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "add_bias_rows");
+  // Rows kept (1), cleared (0) and scaled, in place.
+  std::vector<double> keep(M);
+  for (size_t r = 0; r < M; ++r) keep[r] = r % 3 == 0 ? 0.0 : r % 3 == 1 ? 1.0 : 0.5;
+  scale_rows<double>(ref.data(), keep.data(), ref.data(), M, N);
+  for (size_t c = 0; c < N && M > 0; ++c) EXPECT_EQ(ref[c], 0.0);
+  Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, M, N, mem.stream());
+  EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "scale_rows");
   std::vector<double> e(n);
   neg_exp<double>(a.data(), e.data(), n);
   float* ye = mem.template alloc<float>(n);

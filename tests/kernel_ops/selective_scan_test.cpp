@@ -25,6 +25,7 @@ struct Scan {
   int B, L, D, N;
   bool use_z, use_D, use_bias, softplus;
   std::vector<double> u, delta, A, Bm, Cm, Dskip, z, bias;
+  std::vector<double> h0;  // (B, D, N) initial state; empty: zero
 
   Scan(int B_, int L_, int D_, int N_, bool z_, bool d_, bool bias_, bool sp, uint64_t seed)
       : B(B_), L(L_), D(D_), N(N_), use_z(z_), use_D(d_), use_bias(bias_), softplus(sp) {
@@ -47,10 +48,25 @@ struct Scan {
                const std::vector<T>& z_, const std::vector<T>& bias_, std::vector<T>& out,
                T* last = nullptr) const {
     out.assign(size_t(B) * L * D, T(0));
+    const std::vector<T> h0t = cast<T>(h0);
     selective_scan_forward<T>(u_.data(), delta_.data(), A_.data(), Bm_.data(), Cm_.data(),
                               use_D ? D_.data() : nullptr, use_z ? z_.data() : nullptr,
-                              use_bias ? bias_.data() : nullptr, softplus, out.data(), last, B, L,
-                              D, N);
+                              use_bias ? bias_.data() : nullptr, softplus,
+                              h0.empty() ? nullptr : h0t.data(), out.data(), last, B, L, D, N);
+  }
+  // Steps [t0, t1) of every row as a problem of its own (no initial state).
+  Scan steps(int t0, int t1) const {
+    Scan p = *this;
+    p.L = t1 - t0;
+    p.h0.clear();
+    auto cut = [&](const std::vector<double>& v, std::vector<double>& out, int C) {
+      out.clear();
+      for (int b = 0; b < B; ++b)
+        out.insert(out.end(), v.begin() + (size_t(b) * L + t0) * C,
+                   v.begin() + (size_t(b) * L + t1) * C);
+    };
+    cut(u, p.u, D), cut(delta, p.delta, D), cut(z, p.z, D), cut(Bm, p.Bm, N), cut(Cm, p.Cm, N);
+    return p;
   }
   std::vector<double> forward() const {
     std::vector<double> out;
@@ -101,13 +117,14 @@ Grads backward(const Scan& s, const std::vector<double>& dout_d, int times = 1) 
   std::vector<T> du(bld, T(9)), ddelta(bld, T(9)), dA(A.size(), T(0)), dBm(bln, T(9)),
       dCm(bln, T(9)), dD(s.D, T(0)), dz(bld, T(9)), dbias(s.D, T(0));
   std::vector<T> ws(selective_scan_backward_workspace_elems(s.B, s.L, s.D, s.N), T(-7));
+  const std::vector<T> h0 = cast<T>(s.h0);
   for (int k = 0; k < times; ++k)
-    selective_scan_backward<T>(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(),
-                               s.use_D ? Dk.data() : nullptr, s.use_z ? z.data() : nullptr,
-                               s.use_bias ? bias.data() : nullptr, s.softplus, dout.data(),
-                               du.data(), ddelta.data(), dA.data(), dBm.data(), dCm.data(),
-                               s.use_D ? dD.data() : nullptr, s.use_z ? dz.data() : nullptr,
-                               s.use_bias ? dbias.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
+    selective_scan_backward<T>(
+        u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), s.use_D ? Dk.data() : nullptr,
+        s.use_z ? z.data() : nullptr, s.use_bias ? bias.data() : nullptr, s.softplus,
+        h0.empty() ? nullptr : h0.data(), dout.data(), du.data(), ddelta.data(), dA.data(),
+        dBm.data(), dCm.data(), s.use_D ? dD.data() : nullptr, s.use_z ? dz.data() : nullptr,
+        s.use_bias ? dbias.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
   auto d = [](const std::vector<T>& v) { return std::vector<double>(v.begin(), v.end()); };
   return {d(du), d(ddelta), d(dA), d(dBm), d(dCm), d(dD), d(dz), d(dbias)};
 }
@@ -183,6 +200,45 @@ CPU_TEST(SelectiveScan, GradCheckPlain) {
   gradcheck(s, 22);
 }
 
+// From a carried state: the gradients are still the forward's (the state is a constant), and
+// the backward's recomputation starts from it (a zero start would shift dA and ddelta).
+CPU_TEST(SelectiveScan, GradCheckFromInitialState) {
+  Scan s(2, 40, 3, 16, true, true, true, true, 13);
+  std::mt19937_64 rng(14);
+  s.h0 = rand_vec(size_t(s.B) * s.D * s.N, rng);
+  gradcheck(s, 15);
+}
+
+// A window that starts from the state the window before it left continues the sequence: the
+// two halves' outputs and the second's last state are the whole sequence's.
+CPU_TEST(SelectiveScan, InitialStateContinuesTheSequence) {
+  for (int N : {16, 5}) {
+    const Scan s(3, 50, 37, N, true, true, true, true, 17 + N);
+    std::vector<double> out, last(size_t(s.B) * s.D * N), last1(last.size()), last2(last.size());
+    s.forward(s.u, s.delta, s.A, s.Bm, s.Cm, s.Dskip, s.z, s.bias, out, last.data());
+    Scan first = s.steps(0, 21), second = s.steps(21, 50);
+    std::vector<double> out1, out2;
+    first.forward(first.u, first.delta, first.A, first.Bm, first.Cm, first.Dskip, first.z,
+                  first.bias, out1, last1.data());
+    second.h0 = last1;
+    second.forward(second.u, second.delta, second.A, second.Bm, second.Cm, second.Dskip, second.z,
+                   second.bias, out2, last2.data());
+    const Scan whole_second = s.steps(21, 50);
+    std::vector<double> expect;
+    for (int b = 0; b < s.B; ++b)
+      expect.insert(expect.end(), out.begin() + (size_t(b) * s.L + 21) * s.D,
+                    out.begin() + (size_t(b) * s.L + 50) * s.D);
+    EXPECT_LT(test::rel_diff(expect, out2), 1e-13) << N;
+    EXPECT_LT(test::rel_diff(last, last2), 1e-13) << N;
+    // Without the carried state the second half differs: the test can tell.
+    std::vector<double> cold;
+    whole_second.forward(whole_second.u, whole_second.delta, whole_second.A, whole_second.Bm,
+                         whole_second.Cm, whole_second.Dskip, whole_second.z, whole_second.bias,
+                         cold);
+    EXPECT_GT(test::rel_diff(expect, cold), 1e-3) << N;
+  }
+}
+
 CPU_TEST(SelectiveScan, ParallelEqualsSerial) {
   Scan s(6, 30, 150, 16, true, true, true, true, 31);
   std::mt19937_64 rng(32);
@@ -221,7 +277,8 @@ CPU_TEST(SelectiveScan, StepEqualsParallelForm) {
   for (double& a : A) a = -a;
   std::vector<double> out(bld), last(size_t(B) * D * N);
   selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
-                         z.data(), bias.data(), true, out.data(), last.data(), B, L, D, N);
+                         z.data(), bias.data(), true, static_cast<const double*>(nullptr),
+                         out.data(), last.data(), B, L, D, N);
   std::vector<double> state(size_t(B) * D * N, 0.0);
   for (int t = 0; t < L; ++t) {
     std::vector<double> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
@@ -255,19 +312,21 @@ namespace slipstream::kernels::test {
 struct ScanShape {
   int B, L, D, N;
   bool z = true, dskip = true, bias = true, softplus = true;
+  bool initial = false;  // start from a given state (a window that continues another)
 };
 
 inline std::string describe(const ScanShape& s) {
   return "B" + std::to_string(s.B) + " L" + std::to_string(s.L) + " D" + std::to_string(s.D) +
          " N" + std::to_string(s.N) + (s.z ? " z" : "") + (s.dskip ? " D" : "") +
-         (s.bias ? " bias" : "") + (s.softplus ? " softplus" : "");
+         (s.bias ? " bias" : "") + (s.softplus ? " softplus" : "") +
+         (s.initial ? " initial_state" : "");
 }
 
 // Inputs as float64, already rounded to what T (for the T-typed tensors) and fp32 (for A,
 // Dskip, delta_bias) represent, so the reference sees exactly what the device sees.
 template <class T>
 struct ScanData {
-  std::vector<double> u, delta, A, Bm, Cm, Dskip, z, bias, dout;
+  std::vector<double> u, delta, A, Bm, Cm, Dskip, z, bias, dout, h0;
   ScanData(const ScanShape& s, uint64_t seed) {
     std::mt19937_64 rng(seed);
     const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
@@ -282,6 +341,7 @@ struct ScanData {
     if (s.z) z = round_trip<T>(rand_vec(bld, rng, 0.1, 2.0));
     if (s.bias) bias = round_trip<float>(rand_vec(size_t(s.D), rng, 0.1, 0.5));
     dout = round_trip<T>(rand_vec(bld, rng));
+    if (s.initial) h0 = round_trip<float>(rand_vec(size_t(s.B) * s.D * s.N, rng));
   }
 };
 
@@ -301,8 +361,8 @@ struct ScanReference {
   ScanReference(const ScanShape& s, const ScanData<T>& d)
       : out(size_t(s.B) * s.L * s.D), last(size_t(s.B) * s.D * s.N) {
     selective_scan_forward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
-                                   ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, out.data(),
-                                   last.data(), s.B, s.L, s.D, s.N);
+                                   ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, ptr(d.h0),
+                                   out.data(), last.data(), s.B, s.L, s.D, s.N);
   }
 };
 
@@ -318,8 +378,8 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
   Kernels::template selective_scan_forward<T>(
       up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
       up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, out, last, s.B, s.L, s.D, s.N,
-      mem.stream());
+      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0), out,
+      last, s.B, s.L, s.D, s.N, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(out, bld)), ref.out, tolerance<T>(), "out");
   EXPECT_CLOSE(values(mem.download(last, bdn)), ref.last, 1e-5, "last_state");
@@ -338,11 +398,11 @@ void check_scan_backward(const ScanShape& s, uint64_t seed) {
   const std::vector<double> db0 = round_trip<float>(rand_vec(size_t(s.D), rng));
   std::vector<double> du(bld), ddelta(bld), dz(bld), dB(bln), dC(bln), dA = dA0, dD = dD0, db = db0;
   std::vector<double> ws(selective_scan_backward_workspace_elems(s.B, s.L, s.D, s.N));
-  selective_scan_backward<double>(d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(),
-                                  ptr(d.Dskip), ptr(d.z), ptr(d.bias), s.softplus, d.dout.data(),
-                                  du.data(), ddelta.data(), dA.data(), dB.data(), dC.data(),
-                                  s.dskip ? dD.data() : nullptr, s.z ? dz.data() : nullptr,
-                                  s.bias ? db.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
+  selective_scan_backward<double>(
+      d.u.data(), d.delta.data(), d.A.data(), d.Bm.data(), d.Cm.data(), ptr(d.Dskip), ptr(d.z),
+      ptr(d.bias), s.softplus, ptr(d.h0), d.dout.data(), du.data(), ddelta.data(), dA.data(),
+      dB.data(), dC.data(), s.dskip ? dD.data() : nullptr, s.z ? dz.data() : nullptr,
+      s.bias ? db.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
   Mem mem;
   T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
   T *g_dB = mem.template alloc<T>(bln), *g_dC = mem.template alloc<T>(bln);
@@ -354,9 +414,9 @@ void check_scan_backward(const ScanShape& s, uint64_t seed) {
   Kernels::template selective_scan_backward<T>(
       up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
       up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, T>(mem, d.dout), g_du,
-      g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, w, s.B,
-      s.L, s.D, s.N, mem.stream());
+      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0),
+      up<Mem, T>(mem, d.dout), g_du, g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz,
+      s.bias ? g_db : nullptr, w, s.B, s.L, s.D, s.N, mem.stream());
   mem.sync();
   const double tol = tolerance<T>();
   EXPECT_CLOSE(values(mem.download(g_du, bld)), du, tol, "du");
@@ -385,7 +445,7 @@ void check_scan_step(const ScanShape& s, uint64_t seed) {
     return f;
   };
   Mem mem;
-  float* state = mem.upload(std::vector<float>(bdn, 0.0f));
+  float* state = mem.upload(d.h0.empty() ? std::vector<float>(bdn, 0.0f) : elems<float>(d.h0));
   const float* A = up<Mem, float>(mem, d.A);
   const float* Dskip = up<Mem, float>(mem, d.Dskip);
   const float* bias = up<Mem, float>(mem, d.bias);
@@ -414,6 +474,17 @@ inline std::vector<ScanShape> scan_shapes() {
       {2, 18, 70, 1, true, false, true, true},  // N = 1
       {2, 9, 150, 16},                          // two blocks of channels
       {1, 7, 70, 32, true, true, true, false},  // two blocks of channels, two threads each
+  };
+}
+
+// From a carried state: windows of one and of several backward chunks, one and two threads a
+// channel, the default backward shape's padded second thread.
+inline std::vector<ScanShape> initial_state_shapes() {
+  return {
+      {2, 37, 40, 16, true, true, true, true, true},
+      {3, 3, 33, 5, true, true, false, false, true},
+      {1, 33, 9, 32, true, true, true, true, true},
+      {2, 21, 45, 12, true, true, true, true, true},
   };
 }
 
@@ -458,12 +529,26 @@ KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
   uint64_t seed = 41;
   for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
+  for (const auto& s : initial_state_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
+}
+KERNEL_TEST(Scan, FromInitialStateMatchesCpu) {
+  uint64_t seed = 61;
+  for (const auto& s : initial_state_shapes()) {
+    check_scan_forward<Kernels, Mem, float>(s, seed++);
+    check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
+  for (const auto& s : initial_state_shapes()) check_scan_backward<Kernels, Mem, float>(s, seed++);
+  Kernels::set_scan_backward_variant(was);
 }
 KERNEL_TEST(Scan, BadStateSizeNamesTheOp) {
   try {
     Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                           nullptr, nullptr, true, nullptr, nullptr, 1, 1, 1, 64,
-                                           nullptr);
+                                           nullptr, nullptr, true, nullptr, nullptr, nullptr, 1, 1,
+                                           1, 64, nullptr);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
@@ -497,8 +582,9 @@ DEVICE_TEST(Scan, BackwardIsDeterministic) {
     Kernels::selective_scan_backward<float>(
         up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
         up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, up<Mem, float>(mem, d.dout),
-        du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N, mem.stream());
+        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, nullptr,
+        up<Mem, float>(mem, d.dout), du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N,
+        mem.stream());
     std::vector<float> all = mem.download(du, bld);
     for (auto [p, n] : {std::pair<float*, size_t>{ddelta, bld},
                         {dz, bld},

@@ -68,7 +68,8 @@ inline const fs::path& synth_dir() {
 using Tensors = std::map<std::string, Tensor>;
 
 inline const char* kPorts[] = {"numeric",         "action",         "character",     "stage",
-                               "prev_controller", "target_buttons", "target_sticks", "mask"};
+                               "prev_controller", "target_buttons", "target_sticks", "mask",
+                               "continues"};
 
 class Loader {
  public:

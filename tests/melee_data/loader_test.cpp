@@ -339,6 +339,80 @@ TEST(Loader, EpochsEndAndEachEpochIsAPermutation) {
   EXPECT_TRUE(L.batch(2 * bpe + 5).empty());
 }
 
+// rows: streams: a row walks one perspective's windows in time order (continues = 1 from its
+// second window on, 0 where a new game starts), each epoch holds every window at most once and
+// leaves out fewer than world·B, and the published tensor says what window() says.
+TEST(Loader, StreamsWalkEachGameWindowByWindow) {
+  const int W = 20, B = 8;
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=8",
+                                      "window=20",           "stride=20",
+                                      "rows=streams",        "validation_fraction=0"};
+  Loader L(o, 1, 2);
+  const uint64_t bpe = L.stage().batches_per_epoch();
+  ASSERT_EQ(bpe, L.stage().windows() / B);
+  size_t starts = 0, carried = 0;
+  std::array<std::set<std::tuple<std::string, int, uint32_t>>, 2> seen;
+  std::array<std::vector<std::string>, 2> first_games;
+  for (uint64_t k = 0; k < 2 * bpe; ++k) {
+    const Tensors t = L.batch(k);
+    ASSERT_FALSE(t.empty());
+    const auto cont = t.at("continues").span<float>();
+    for (int r = 0; r < B; ++r) {
+      const auto w = L.stage().window(k, r);
+      ASSERT_FALSE(w.padding);
+      EXPECT_EQ(cont[size_t(r)], w.continues ? 1.0f : 0.0f);
+      EXPECT_TRUE(seen[k / bpe].emplace(w.source, w.player_port, w.start).second)
+          << "a window repeats within an epoch";
+      if (k % bpe == 0) {
+        EXPECT_FALSE(w.continues) << "an epoch's first batch starts every row";
+        first_games[k / bpe].push_back(w.source + std::to_string(w.player_port));
+      }
+      if (!w.continues) {
+        ++starts;
+        continue;
+      }
+      ++carried;
+      const auto prev = L.stage().window(k - 1, r);
+      EXPECT_EQ(w.source, prev.source);
+      EXPECT_EQ(w.player_port, prev.player_port);
+      EXPECT_EQ(w.start, prev.start + W) << "row " << r << " batch " << k;
+    }
+  }
+  EXPECT_GT(carried, 10 * starts) << "rows should mostly go on with their game";
+  EXPECT_GT(seen[0].size() + B, L.stage().windows());
+  EXPECT_NE(first_games[0], first_games[1]) << "epochs should order the games differently";
+}
+
+TEST(Loader, StreamsNeedAbuttingWindows) {
+  try {
+    Loader L({paths_of(synth_dir()), "window=20", "stride=5", "rows=streams"});
+    FAIL() << "expected an error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("stride = window (20)"), std::string::npos) << e.what();
+  }
+}
+
+// Validation under streams: one pass, every window once, rows padded at the end.
+TEST(Loader, StreamsValidationCoversEveryWindowOnce) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=7",
+                                      "window=20",           "stride=20",
+                                      "rows=streams",        "validation_fraction=0.3"};
+  Loader V(o, 1, 1, true);
+  const uint64_t n = V.stage().windows(), batches = V.stage().total_batches();
+  EXPECT_EQ(batches, (n + 6) / 7);
+  std::set<std::tuple<std::string, int, uint32_t>> seen;
+  size_t real = 0;
+  for (uint64_t k = 0; k < batches; ++k)
+    for (int r = 0; r < 7; ++r) {
+      const auto w = V.stage().window(k, r);
+      if (w.padding) continue;
+      ++real;
+      seen.emplace(w.source, w.player_port, w.start);
+    }
+  EXPECT_EQ(real, n);
+  EXPECT_EQ(seen.size(), n);
+}
+
 TEST(Loader, ValidationIsOnePassWithAPaddedLastBatch) {
   const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=100",
                                       "validation_fraction=0.3"};

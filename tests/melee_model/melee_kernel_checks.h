@@ -69,9 +69,18 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   const uint64_t key = splitmix64(seed);
 
   uint8_t* g_m = mem.template alloc<uint8_t>(B);
-  K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key}), 1, mem.stream());
+  K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key}), 1, nullptr, mem.stream());
   const auto m = mem.download(g_m, B);
   for (size_t w = 0; w < B; ++w) EXPECT_EQ(m[w], splitmix64(key + w) >> 63) << "window " << w;
+  {  // rows that continue their game keep their flag; the others draw with the new key
+    std::vector<float> cont(B);
+    for (size_t w = 0; w < B; ++w) cont[w] = w % 2 ? 1.0f : 0.0f;
+    K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key + 7}), 1, mem.upload(cont),
+                          mem.stream());
+    const auto kept = mem.download(g_m, B);
+    for (size_t w = 0; w < B; ++w)
+      EXPECT_EQ(kept[w], w % 2 ? m[w] : uint8_t(splitmix64(key + 7 + w) >> 63)) << "window " << w;
+  }
 
   const float* g_num = mem.upload(in.numeric);
   const int32_t *g_a = mem.upload(in.action), *g_c = mem.upload(in.character),

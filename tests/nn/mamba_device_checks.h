@@ -23,14 +23,15 @@ namespace slipstream::nn::test {
 struct MambaDeviceCase {
   int din, d_model, d_state, layers, B, L;
   bool bf16;
+  bool carry = false;  // the checked window continues a first one on some rows (set_carry)
 };
 
 inline std::vector<MambaDeviceCase> mamba_device_cases() {
   // Odd sizes: L not a multiple of the scan chunk, d_inner not of the block, an input_proj.
-  return {{12, 16, 8, 2, 2, 21, false},
-          {16, 16, 16, 1, 3, 17, false},
-          {12, 16, 8, 2, 2, 21, true},
-          {5, 24, 4, 2, 1, 33, false}};
+  return {{12, 16, 8, 2, 2, 21, false},       {16, 16, 16, 1, 3, 17, false},
+          {12, 16, 8, 2, 2, 21, true},        {5, 24, 4, 2, 1, 33, false},
+          {12, 16, 8, 2, 3, 21, false, true}, {12, 16, 8, 2, 3, 21, true, true},
+          {16, 16, 16, 1, 2, 5, false, true}};
 }
 
 template <class E>
@@ -55,11 +56,13 @@ void check_mamba_on_device(const MambaDeviceCase& k, const Device& memory, cudaS
                            typename Kernels::GemmContext gemm, uint64_t seed) {
   SCOPED_TRACE("din" + std::to_string(k.din) + " d_model" + std::to_string(k.d_model) + " N" +
                std::to_string(k.d_state) + " layers" + std::to_string(k.layers) + " B" +
-               std::to_string(k.B) + " L" + std::to_string(k.L) + (k.bf16 ? " bf16" : " fp32"));
+               std::to_string(k.B) + " L" + std::to_string(k.L) + (k.bf16 ? " bf16" : " fp32") +
+               (k.carry ? " carry" : ""));
   MambaConfig c;
   c.din = k.din, c.d_model = k.d_model, c.d_state = k.d_state, c.layers = k.layers;
   // The CPU reference in float64, on the same (float, or bf16-rounded) inputs.
   MambaModel<double> ref(c);
+  ref.set_carry(k.carry);
   ref.resize(k.B, k.L, false);
   const MambaLayout& lay = ref.layout();
   std::vector<float> w(lay.params.total());
@@ -72,11 +75,24 @@ void check_mamba_on_device(const MambaDeviceCase& k, const Device& memory, cudaS
   const auto dy = kernels::test::cast<float>(kernels::test::rand_vec(ny, rng));
   std::vector<double> wd(w.begin(), w.end()), xd(x.begin(), x.end()), dyd(dy.begin(), dy.end());
   std::vector<double> y_ref(ny), g_ref(w.size(), 0.0), dx_ref(nx);
+  // With carry: a first window from zero state, then the checked one continuing it on the even
+  // rows and starting afresh on the odd ones.
+  const auto x0 = kernels::test::cast<float>(kernels::test::rand_vec(nx, rng));
+  std::vector<float> cont(size_t(k.B));
+  for (int b = 0; b < k.B; ++b) cont[size_t(b)] = b % 2 == 0 ? 1.0f : 0.0f;
+  if (k.carry) {
+    const std::vector<double> zero(size_t(k.B), 0.0), contd(cont.begin(), cont.end());
+    std::vector<double> x0d(x0.begin(), x0.end()), y0(ny);
+    ref.carry(zero.data());
+    ref.forward(x0d.data(), wd.data(), nullptr, y0.data());
+    ref.carry(contd.data());
+  }
   ref.forward(xd.data(), wd.data(), nullptr, y_ref.data());
   ref.backward(xd.data(), dyd.data(), wd.data(), nullptr, g_ref.data(), dx_ref.data());
 
   using Ops = ops::DeviceOps<Kernels>;
   MambaModel<float, Ops> m(c, Ops(memory, stream, gemm));
+  m.set_carry(k.carry);
   m.resize(k.B, k.L, k.bf16);
   std::vector<uint16_t> wb(w.size());
   kernels::fp32_to_bf16(w.data(), wb.data(), w.size());
@@ -87,6 +103,15 @@ void check_mamba_on_device(const MambaDeviceCase& k, const Device& memory, cudaS
   Tensor d_y = Tensor::empty({int64_t(ny)}, DType::f32, memory);
   Tensor d_dx = Tensor::empty({int64_t(nx)}, DType::f32, memory);
   const uint16_t* wbp = k.bf16 ? d_wb.data<uint16_t>() : nullptr;
+  if (k.carry) {
+    Tensor d_x0 = to_device(x0, DType::f32, memory);
+    Tensor d_zero = to_device(std::vector<float>(size_t(k.B), 0.0f), DType::f32, memory);
+    Tensor d_cont = to_device(cont, DType::f32, memory);
+    m.carry(d_zero.data<float>());
+    m.forward(d_x0.data<float>(), d_w.data<float>(), wbp, d_y.data<float>());
+    m.carry(d_cont.data<float>());
+    to_host<float>(d_cont);  // d_cont lives until the work using it is done
+  }
   m.forward(d_x.data<float>(), d_w.data<float>(), wbp, d_y.data<float>());
   m.backward(d_x.data<float>(), d_dy.data<float>(), d_w.data<float>(), wbp, d_g.data<float>(),
              d_dx.data<float>());

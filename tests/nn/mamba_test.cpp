@@ -170,6 +170,94 @@ TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
   EXPECT_EQ(dx2, dx);
 }
 
+// A window that continues the one before it on a row (continues = 1) gives that row's outputs of
+// the two windows as one sequence; a row that starts afresh (0) gives the window's alone.
+TEST(MambaModel, CarriedStateContinuesTheSequence) {
+  const MambaConfig c = small_config(5);
+  const int B = 2, L = 9;
+  MambaModel<double> m(c);
+  m.set_carry(true);
+  m.resize(B, L, false);
+  auto w = random_weights(c, m.layout(), 31);
+  std::mt19937_64 rng(32);
+  const auto x = rand_vec(size_t(B) * 2 * L * c.din, rng);  // (B, 2L, din)
+  const auto whole = reference_forward(c, m.layout(), w, x, B, 2 * L);
+  auto half = [&](const std::vector<double>& v, int cols, int h) {
+    std::vector<double> out;
+    for (int b = 0; b < B; ++b)
+      out.insert(out.end(), v.begin() + (size_t(b) * 2 * L + size_t(h) * L) * cols,
+                 v.begin() + (size_t(b) * 2 * L + size_t(h + 1) * L) * cols);
+    return out;
+  };
+  const auto x1 = half(x, c.din, 0), x2 = half(x, c.din, 1);
+  std::vector<double> y1(size_t(B) * L * c.d_model), y2(y1.size());
+  const std::vector<double> start{0.0, 0.0}, go_on{1.0, 0.0};
+  m.carry(start.data());
+  m.forward(x1.data(), w.data(), nullptr, y1.data());
+  EXPECT_LT(kernels::test::rel_diff(half(whole, c.d_model, 0), y1), 1e-12);
+  m.carry(go_on.data());
+  m.forward(x2.data(), w.data(), nullptr, y2.data());
+  const size_t row = size_t(L) * c.d_model;
+  const auto cont = half(whole, c.d_model, 1);
+  const auto cold = reference_forward(c, m.layout(), w, x2, B, L);
+  EXPECT_LT(kernels::test::rel_diff(std::vector<double>(cont.begin(), cont.begin() + long(row)),
+                                    std::vector<double>(y2.begin(), y2.begin() + long(row))),
+            1e-12);
+  EXPECT_LT(kernels::test::rel_diff(std::vector<double>(cold.begin() + long(row), cold.end()),
+                                    std::vector<double>(y2.begin() + long(row), y2.end())),
+            1e-12);
+  // The carried row is not what a cold start gives: the test can tell the two apart.
+  EXPECT_GT(kernels::test::rel_diff(std::vector<double>(cold.begin(), cold.begin() + long(row)),
+                                    std::vector<double>(y2.begin(), y2.begin() + long(row))),
+            1e-4);
+  // Windows shorter than d_conv - 1 (one frame at a time): the sequence still continues.
+  MambaModel<double> s(c);
+  s.set_carry(true);
+  s.resize(B, 2, false);
+  std::vector<double> ys;
+  for (int t0 = 0; t0 < 2 * L; t0 += 2) {
+    std::vector<double> xs, y(size_t(B) * 2 * c.d_model);
+    for (int b = 0; b < B; ++b)
+      xs.insert(xs.end(), x.begin() + (size_t(b) * 2 * L + t0) * c.din,
+                x.begin() + (size_t(b) * 2 * L + t0 + 2) * c.din);
+    const std::vector<double> go(size_t(B), t0 > 0 ? 1.0 : 0.0);
+    s.carry(go.data());
+    s.forward(xs.data(), w.data(), nullptr, y.data());
+    for (int b = 0; b < B; ++b)
+      for (size_t i = 0; i < size_t(2) * c.d_model; ++i)
+        EXPECT_NEAR(y[size_t(b) * 2 * c.d_model + i],
+                    whole[(size_t(b) * 2 * L + t0) * c.d_model + i], 1e-12)
+            << "row " << b << " step " << t0;
+  }
+}
+
+// From a carried state the gradients are those of the window's loss with the state a constant.
+TEST(MambaModel, CarriedStateGradientsMatchFiniteDifferences) {
+  const MambaConfig c = small_config(5);
+  const int B = 2, L = 12;
+  MambaModel<double> m(c);
+  m.set_carry(true);
+  m.resize(B, L, false);
+  auto w = random_weights(c, m.layout(), 41);
+  std::mt19937_64 rng(42);
+  const auto x0 = rand_vec(size_t(B) * L * c.din, rng);
+  auto x = rand_vec(x0.size(), rng);
+  const auto dy = rand_vec(size_t(B) * L * c.d_model, rng);
+  std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
+  const std::vector<double> start{0.0, 0.0}, go_on{1.0, 1.0};
+  m.carry(start.data());
+  m.forward(x0.data(), w.data(), nullptr, y.data());
+  m.carry(go_on.data());  // fixed from here: forward reads the start, writes the next one
+  auto loss = [&] {
+    m.forward(x.data(), w.data(), nullptr, y.data());
+    return kernels::test::dot(dy, y);
+  };
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
+  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
+  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
+}
+
 INSTANTIATE_TEST_SUITE_P(InputProj, MambaModelTest, ::testing::Values(5, 8), [](const auto& info) {
   return info.param == 8 ? "NoInputProj" : "InputProj";
 });

@@ -156,6 +156,15 @@ TEST(DevicePath, AutoregressiveHeadsMatchCpu) {
   device_path_matches_cpu("bf16", false, {}, 2e-4, {"heads.autoregressive=true"});
 }
 
+// rows: streams: each row's state carried from its window to the next (the scan's initial state,
+// the conv's inputs before the window, mirror flags kept per game) on the device kernels, as on
+// the CPU; two layers, so the second layer's carried state is not the first's.
+TEST(DevicePath, CarriedStateMatchesCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  device_path_matches_cpu("fp32", false, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
+  device_path_matches_cpu("bf16", false, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
+}
+
 // The host one batch ahead of the device (rows every 4 steps, a validation at 8, a checkpoint at
 // 6): the rows, the validation and the checkpoint are the CPU run's, as if every step had
 // waited for the device.

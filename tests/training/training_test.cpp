@@ -49,10 +49,11 @@ void expect_bit_equal(const std::map<std::string, Tensor>& a,
   }
 }
 
-void resume_is_exact(const std::string& precision) {
+void resume_is_exact(const std::string& precision, const std::vector<std::string>& more = {}) {
   TempDir d;
   std::ostringstream log;
   auto sets = tiny_overrides(d.path());
+  sets.insert(sets.end(), more.begin(), more.end());
   sets.push_back("run.precision=" + precision);
   sets.push_back("step.ema=0.9");  // EMA state must survive the resume too
   sets.push_back("ckpt.every=5");
@@ -89,6 +90,45 @@ Output run_cli(const std::string& args) {
 TEST(Training, ResumeIsBitExactFp32) {
   resume_is_exact("fp32");
 }
+// rows: streams: the rows' carried state goes into the checkpoint, so the resumed run's rows go
+// on from where they were.
+TEST(Training, ResumeIsBitExactWithCarriedState) {
+  resume_is_exact("fp32", {"replays.rows=streams"});
+}
+
+// Under rows: streams the model carries each row's state to the row's next window: with the
+// loader's `continues` connected the second step's loss differs from the same run's without it
+// (every row starts afresh), the first step's (nothing carried yet) does not.
+TEST(Training, StreamsCarryTheModelsState) {
+  TempDir d;
+  std::ostringstream log;
+  auto sets = tiny_overrides(d.path());
+  for (const char* s : {"replays.rows=streams", "run.steps=3", "run.log_every=1"})
+    sets.push_back(s);
+  const std::string graph = source_path("configs/train_bc.yaml");
+  auto losses = [&](bool connected) {
+    Config c = load_config(graph, sets);
+    for (auto& s : c.stages)
+      if (s.name == "core" && !connected)
+        std::erase_if(s.inputs, [](const InputRef& r) { return r.stage == "h2d"; });
+    Runner r(plan_graph(c), quiet_run_options(log));
+    const RunResult res = r.run();
+    std::vector<double> out;
+    std::ifstream in(res.run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.value("split", std::string()) == "train" && row.contains("loss"))
+        out.push_back(row["loss"].get<double>());
+    }
+    return out;
+  };
+  const auto carried = losses(true), afresh = losses(false);
+  ASSERT_EQ(carried.size(), 3u);
+  ASSERT_EQ(afresh.size(), 3u);
+  EXPECT_NEAR(carried[0], afresh[0], 1e-6 * std::abs(afresh[0]));
+  EXPECT_GT(std::abs(carried[1] - afresh[1]), 1e-4 * std::abs(afresh[1]));
+}
+
 TEST(Training, ResumeIsBitExactBf16) {
   resume_is_exact("bf16");
 }
