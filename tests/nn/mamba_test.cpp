@@ -128,6 +128,23 @@ std::vector<double> random_weights(const MambaConfig& c, const MambaLayout& lay,
   return w;
 }
 
+// A forward and backward of `m` as it stands (a carried state included), then float64 central
+// differences of the input and of every parameter tensor against them; g (+=) and dx (=) keep
+// the backward's results.
+void check_model_gradients(MambaModel<double>& m, std::vector<double>& w, std::vector<double>& x,
+                           const std::vector<double>& dy, std::vector<double>& g,
+                           std::vector<double>& dx) {
+  std::vector<double> y(dy.size());
+  auto loss = [&] {
+    m.forward(x.data(), w.data(), nullptr, y.data());
+    return kernels::test::dot(dy, y);
+  };
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
+  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
+  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
+}
+
 class MambaModelTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(MambaModelTest, ForwardMatchesSequentialReference) {
@@ -154,20 +171,21 @@ TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
   auto x = rand_vec(size_t(B) * L * c.din, rng);
   auto dy = rand_vec(size_t(B) * L * c.d_model, rng);
   std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
-  auto loss = [&] {
-    m.forward(x.data(), w.data(), nullptr, y.data());
-    return kernels::test::dot(dy, y);
-  };
-  loss();
-  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
-  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
-  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
+  check_model_gradients(m, w, x, dy, g, dx);
   // Parameter gradients accumulate; the input gradient is overwritten.
   std::vector<double> g2 = g, dx2(x.size());
-  loss();
+  m.forward(x.data(), w.data(), nullptr, y.data());
   m.backward(x.data(), dy.data(), w.data(), nullptr, g2.data(), dx2.data());
   EXPECT_DOUBLED(g2, g);
   EXPECT_EQ(dx2, dx);
+}
+
+// A model of config `c` that carries its rows' state from one forward to the next, for (B, L).
+std::unique_ptr<MambaModel<double>> carrying_model(const MambaConfig& c, int B, int L) {
+  auto m = std::make_unique<MambaModel<double>>(c);
+  m->set_carry(true);
+  m->resize(B, L, false);
+  return m;
 }
 
 // A window that continues the one before it on a row (continues = 1) gives that row's outputs of
@@ -175,9 +193,8 @@ TEST_P(MambaModelTest, GradientsMatchFiniteDifferences) {
 TEST(MambaModel, CarriedStateContinuesTheSequence) {
   const MambaConfig c = small_config(5);
   const int B = 2, L = 9;
-  MambaModel<double> m(c);
-  m.set_carry(true);
-  m.resize(B, L, false);
+  const auto pm = carrying_model(c, B, L);
+  MambaModel<double>& m = *pm;
   auto w = random_weights(c, m.layout(), 31);
   std::mt19937_64 rng(32);
   const auto x = rand_vec(size_t(B) * 2 * L * c.din, rng);  // (B, 2L, din)
@@ -211,9 +228,8 @@ TEST(MambaModel, CarriedStateContinuesTheSequence) {
                                     std::vector<double>(y2.begin(), y2.begin() + long(row))),
             1e-4);
   // Windows shorter than d_conv - 1 (one frame at a time): the sequence still continues.
-  MambaModel<double> s(c);
-  s.set_carry(true);
-  s.resize(B, 2, false);
+  const auto ps = carrying_model(c, B, 2);
+  MambaModel<double>& s = *ps;
   std::vector<double> ys;
   for (int t0 = 0; t0 < 2 * L; t0 += 2) {
     std::vector<double> xs, y(size_t(B) * 2 * c.d_model);
@@ -235,9 +251,8 @@ TEST(MambaModel, CarriedStateContinuesTheSequence) {
 TEST(MambaModel, CarriedStateGradientsMatchFiniteDifferences) {
   const MambaConfig c = small_config(5);
   const int B = 2, L = 12;
-  MambaModel<double> m(c);
-  m.set_carry(true);
-  m.resize(B, L, false);
+  const auto pm = carrying_model(c, B, L);
+  MambaModel<double>& m = *pm;
   auto w = random_weights(c, m.layout(), 41);
   std::mt19937_64 rng(42);
   const auto x0 = rand_vec(size_t(B) * L * c.din, rng);
@@ -248,14 +263,7 @@ TEST(MambaModel, CarriedStateGradientsMatchFiniteDifferences) {
   m.carry(start.data());
   m.forward(x0.data(), w.data(), nullptr, y.data());
   m.carry(go_on.data());  // fixed from here: forward reads the start, writes the next one
-  auto loss = [&] {
-    m.forward(x.data(), w.data(), nullptr, y.data());
-    return kernels::test::dot(dy, y);
-  };
-  loss();
-  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
-  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 96);
-  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
+  check_model_gradients(m, w, x, dy, g, dx);
 }
 
 INSTANTIATE_TEST_SUITE_P(InputProj, MambaModelTest, ::testing::Values(5, 8), [](const auto& info) {
