@@ -383,6 +383,25 @@ TEST(Loader, StreamsWalkEachGameWindowByWindow) {
   EXPECT_NE(first_games[0], first_games[1]) << "epochs should order the games differently";
 }
 
+// Streams on two ranks (shard: windows): rank r's rows are rows rB.. of the world's 2B streams,
+// so the ranks walk different games and never share a window.
+TEST(Loader, StreamsOnRanksAreDisjoint) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=4",
+                                      "window=20",           "stride=20",
+                                      "rows=streams",        "validation_fraction=0"};
+  Loader r0(o, 5, 1, false, 0, 2), r1(o, 5, 1, false, 1, 2);
+  const uint64_t bpe = r0.stage().batches_per_epoch();
+  ASSERT_EQ(bpe, r0.stage().windows() / 8);
+  std::set<std::tuple<std::string, int, uint32_t>> seen;
+  for (Loader* L : {&r0, &r1})
+    for (uint64_t k = 0; k < bpe; ++k)
+      for (int r = 0; r < 4; ++r) {
+        const auto w = L->stage().window(k, r);
+        EXPECT_TRUE(seen.emplace(w.source, w.player_port, w.start).second) << "window on two ranks";
+      }
+  EXPECT_EQ(seen.size(), 8 * bpe);
+}
+
 TEST(Loader, StreamsNeedAbuttingWindows) {
   try {
     Loader L({paths_of(synth_dir()), "window=20", "stride=5", "rows=streams"});
