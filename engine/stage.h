@@ -86,6 +86,11 @@ struct RunState {
   // Runner::stream: batches are consecutive pieces of one sequence; recurrent stages continue
   // from the state the previous batch left (schema Streaming::recurrent).
   bool streaming = false;
+  // Set by a source in setup when row r of a batch may continue row r of the batch before (its
+  // `continues` output says which rows do: the Melee loader's `rows: streams`). A sequence stage
+  // with that input connected then carries each row's state across batches; stages are set up
+  // after the source, so they read it in their setup.
+  bool rows_continue = false;
   // Optimizer steps completed; read by the stats thread. A step is `micro_batches_per_step`
   // batches through the trainable section (1 without gradient accumulation).
   std::atomic<uint64_t> step{0};

@@ -88,14 +88,14 @@ struct ScanData {
   }
   void forward() {
     sk::selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dk.data(),
-                               z.data(), bias.data(), true, nullptr, out.data(), nullptr, B, L, D,
-                               N);
+                               z.data(), bias.data(), true, static_cast<const float*>(nullptr),
+                               out.data(), static_cast<float*>(nullptr), B, L, D, N);
   }
   void backward() {
-    sk::selective_scan_backward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dk.data(),
-                                z.data(), bias.data(), true, nullptr, dout.data(), du.data(),
-                                ddelta.data(), dA.data(), dB.data(), dC.data(), dD.data(),
-                                dz.data(), dbias.data(), ws.data(), B, L, D, N);
+    sk::selective_scan_backward(
+        u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dk.data(), z.data(), bias.data(),
+        true, static_cast<const float*>(nullptr), dout.data(), du.data(), ddelta.data(), dA.data(),
+        dB.data(), dC.data(), dD.data(), dz.data(), dbias.data(), ws.data(), B, L, D, N);
   }
 };
 

@@ -1,7 +1,8 @@
 // slippi_replays throughput: windows/s out of produce() (batch 256, window 60) and setup time
 // (decode + feature extraction), over the shared real replays and a synthetic set, on 1, 2, 4,
 // ... threads up to the machine's cores; and the epoch's window order, a table built at the
-// epoch's start against the keyed order computed per position, for one batch's 256 positions.
+// epoch's start against the keyed order computed per position and the streams order (rows: streams,
+// the epoch's game order drawn at its first batch), for one batch's 256 positions.
 // Run: build/bin/bench_loader [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -113,28 +114,68 @@ void thread_counts(benchmark::internal::Benchmark* b) {
   }
 }
 
+// Arg 1 of the order benchmarks: the order's form.
+enum OrderForm { kTable, kKeyed, kStreams };
+const char* const kOrderNames[] = {"table", "keyed", "streams"};
+
+// A window order over n windows; streams: perspectives of 120 windows (a two-minute game at
+// window = stride = 60).
+melee::WindowOrder make_order(uint64_t n, int form) {
+  melee::WindowOrder order;
+  order.reset(n, 256, n / 256, false, true, form != kTable, 1, 0, 1);
+  if (form == kStreams) {
+    std::vector<uint64_t> first;
+    for (uint64_t w = 0; w < n; w += 120) first.push_back(w);
+    first.push_back(n);
+    order.set_streams(std::move(first));
+  }
+  return order;
+}
+
 // The first batch of an epoch over N windows: the table form builds the epoch's permutation
-// first (what stalled the loader at epoch boundaries), the keyed form computes its 256 windows.
+// first (what stalled the loader at epoch boundaries), the keyed form computes its 256 windows,
+// the streams form draws the epoch's game order, then finds its 256 positions in it.
 void BM_EpochFirstBatchOrder(benchmark::State& state) {
   const uint64_t n = static_cast<uint64_t>(state.range(0));
-  const bool keyed = state.range(1) != 0;
-  melee::WindowOrder order;
-  order.reset(n, 256, n / 256, false, true, keyed, 1, 0, 1);
+  const int form = static_cast<int>(state.range(1));
+  melee::WindowOrder order = make_order(n, form);
   uint64_t epoch = 0, sum = 0;
   for (auto _ : state) {
     const uint64_t k = (epoch++) * (n / 256);  // batch 0 of the next epoch
     for (uint64_t r = 0; r < 256; ++r) sum += order.window_at(k, r);
   }
   benchmark::DoNotOptimize(sum);
-  state.SetLabel(keyed ? "keyed" : "table");
+  state.SetLabel(kOrderNames[form]);
+}
+
+// A batch inside an epoch (the epoch's order already drawn): 256 positions.
+void BM_BatchOrder(benchmark::State& state) {
+  const uint64_t n = static_cast<uint64_t>(state.range(0));
+  const int form = static_cast<int>(state.range(1));
+  melee::WindowOrder order = make_order(n, form);
+  uint64_t k = 1, sum = 0;
+  bool cont = false;
+  for (auto _ : state) {
+    for (uint64_t r = 0; r < 256; ++r) sum += order.window_at(k, r, &cont);
+    k = k % (n / 256 - 1) + 1;
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetLabel(kOrderNames[form]);
 }
 
 BENCHMARK(BM_EpochFirstBatchOrder)
-    ->ArgNames({"windows", "keyed"})
-    ->Args({1 << 20, 0})
-    ->Args({1 << 20, 1})
-    ->Args({25 << 20, 0})
-    ->Args({25 << 20, 1})
+    ->ArgNames({"windows", "order"})
+    ->Args({1 << 20, kTable})
+    ->Args({1 << 20, kKeyed})
+    ->Args({1 << 20, kStreams})
+    ->Args({25 << 20, kTable})
+    ->Args({25 << 20, kKeyed})
+    ->Args({25 << 20, kStreams})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BatchOrder)
+    ->ArgNames({"windows", "order"})
+    ->Args({25 << 20, kKeyed})
+    ->Args({25 << 20, kStreams})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Setup)->Apply(thread_counts)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Produce)->Apply(thread_counts)->Unit(benchmark::kMicrosecond)->UseRealTime();

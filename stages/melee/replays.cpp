@@ -478,6 +478,7 @@ void ReplaysStage::setup(StageContext& ctx) {
     check_ranks_agree(ctx.run(), in, ds, by_games, fp, who);
 
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
+  if (streams_) ctx.run().rows_continue = true;
   order_.reset(windows_.size(), B, batches_per_epoch_, validation_, shuffle_, keyed_order_, seed_,
                rank_, world_);
   if (streams_) {  // windows_ is grouped by perspective, each group in time order

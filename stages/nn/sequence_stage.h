@@ -5,9 +5,10 @@
 // (Runner::stream) runs the model frame by frame from the state the previous batch left
 // (`Recurrent`, CPU, fp32). A stage derives from it, declares its schema, builds its model in
 // setup (with ops::with_ops) and hands it to setup_model; it says its output width and cost.
-// With its optional input `continues` connected (a model that can carry a state: mamba), each
-// batch row starts where the same row of the previous batch ended when continues says 1: the
-// loader's `rows: streams` order, where a row walks one game's consecutive windows.
+// With its optional input `continues` connected (a model that can carry a state: mamba) and a
+// source whose rows continue (RunState::rows_continue: the loader's `rows: streams`, where a row
+// walks one game's consecutive windows), each batch row starts where the same row of the
+// previous batch ended when continues says 1. Otherwise continues is ignored: no state is kept.
 #pragma once
 
 #include <functional>
@@ -88,14 +89,16 @@ class SequenceStage : public Stage {
 
   // The carried state goes into checkpoints, so a resumed run's rows go on from where they were
   // (the run as if it had not stopped). Restored only into the same batch shape: elsewhere (an
-  // eval, the policy library) the rows start afresh.
+  // eval, the policy library) the rows start afresh. A multi-rank run's ranks carry different
+  // rows and rank 0 writes the checkpoint: there none is saved, and a resume starts every row
+  // afresh (one window each).
   void save(StateWriter& w) const override {
-    if (!carry_) return;
+    if (!carry_ || !single_process_) return;
     const std::vector<Tensor> c = model_->carried();
     for (size_t i = 0; i < c.size(); ++i) w.tensor("carried." + std::to_string(i), c[i]);
   }
   void load(StateReader& r) override {
-    if (!carry_) return;
+    if (!carry_ || !single_process_) return;
     std::vector<Tensor> c = model_->carried();
     for (size_t i = 0; i < c.size(); ++i) {
       const std::string key = "carried." + std::to_string(i);
@@ -123,7 +126,8 @@ class SequenceStage : public Stage {
     model_->refresh_shadow(store_);
     shadow_checked_ = false;
     want_dx_ = input_grad_wanted(ctx, 0);
-    carry_ = model_->can_carry() && ctx.input_connected("continues");
+    carry_ = model_->can_carry() && ctx.input_connected("continues") && ctx.run().rows_continue;
+    single_process_ = ctx.run().world_size == 1;
     model_->set_carry(carry_);
     ctx.declare_output("y", {in[0], in[1], output_width(model_->config())}, DType::f32);
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
@@ -146,7 +150,8 @@ class SequenceStage : public Stage {
   Tensor x_, y_, dx_;
   int64_t B_ = 0, W_ = 0;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
-  bool carry_ = false;  // `continues` connected: rows carry their state across batches
+  bool carry_ = false;  // `continues` connected and rows continue: state carried across batches
+  bool single_process_ = true;
   FrameStream<Recurrent, Config> stream_;  // Runner::stream's state
 };
 

@@ -75,9 +75,10 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   {  // rows that continue their game keep their flag; the others draw with the new key
     std::vector<float> cont(B);
     for (size_t w = 0; w < B; ++w) cont[w] = w % 2 ? 1.0f : 0.0f;
-    K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key + 7}), 1, mem.upload(cont),
-                          mem.stream());
-    const auto kept = mem.download(g_m, B);
+    uint8_t* g_kept = mem.upload(m);  // a copy: g_m's flags stay the forward's below
+    K::embed_mirror_flags(g_kept, B, mem.upload(std::vector<uint64_t>{key + 7}), 1,
+                          mem.upload(cont), mem.stream());
+    const auto kept = mem.download(g_kept, B);
     for (size_t w = 0; w < B; ++w)
       EXPECT_EQ(kept[w], w % 2 ? m[w] : uint8_t(splitmix64(key + 7 + w) >> 63)) << "window " << w;
   }

@@ -206,8 +206,8 @@ TEST(MeleeEmbedding, SchemaTakesNoLabels) {
   ASSERT_NE(s, nullptr);
   std::set<std::string> ins;
   for (const auto& p : s->inputs()) ins.insert(p.name);
-  EXPECT_EQ(ins,
-            (std::set<std::string>{"numeric", "action", "character", "stage", "prev_controller"}));
+  EXPECT_EQ(ins, (std::set<std::string>{"numeric", "action", "character", "stage",
+                                        "prev_controller", "continues"}));
   for (const auto& p : s->inputs()) {
     EXPECT_EQ(p.name.find("target"), std::string::npos);
     EXPECT_NE(p.name, "mask");

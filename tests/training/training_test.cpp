@@ -587,7 +587,7 @@ TEST(ReferenceStep, IsTheFirstTrainingStep) {
   EXPECT_EQ(graph.at("stages").size(), 9u);
   const auto batch = read_safetensors(d.path() + "/ref/batch.safetensors");
   EXPECT_EQ(batch.tensors.at("replays.numeric").shape(), (Shape{8, 16, 3, 18}));
-  EXPECT_EQ(batch.tensors.size(), 8u);
+  EXPECT_EQ(batch.tensors.size(), 9u);  // the loader's eight ports and `continues`
   const auto weights = read_safetensors(d.path() + "/ref/model.safetensors");
   const auto grads = read_safetensors(d.path() + "/ref/grads.safetensors");
   ASSERT_EQ(weights.tensors.size(), grads.tensors.size());
