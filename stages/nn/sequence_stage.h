@@ -127,6 +127,12 @@ class SequenceStage : public Stage {
     shadow_checked_ = false;
     want_dx_ = input_grad_wanted(ctx, 0);
     carry_ = model_->can_carry() && ctx.input_connected("continues") && ctx.run().rows_continue;
+    if (ctx.run().rows_continue && !carry_)
+      ctx.log(
+          std::string("note: the source's rows go on from batch to batch (rows: streams), but ") +
+          (model_->can_carry() ? "`continues` is not connected to this stage"
+                               : "this model carries no state across batches yet") +
+          ": every window starts from zero state");
     single_process_ = ctx.run().world_size == 1;
     model_->set_carry(carry_);
     ctx.declare_output("y", {in[0], in[1], output_width(model_->config())}, DType::f32);
