@@ -37,6 +37,7 @@ struct EvalArgs {
   std::string json;
   std::string device;
   std::vector<std::string> sets;
+  bool whole_games = false;  // rows: streams, the model's state carried through each game
 };
 
 nlohmann::json number(double v) {
@@ -50,6 +51,7 @@ nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, c
   j["replays"] = a.replays;
   j["perspectives"] = a.port ? "port" + std::to_string(*a.port) : std::string("all");
   j["windows"] = r.samples;
+  j["whole_games"] = a.whole_games;
   j["batches"] = r.batches;
   j["seconds"] = r.seconds;
   nlohmann::json heads = nlohmann::json::object();
@@ -94,7 +96,9 @@ int eval_command(const EvalArgs& a) {
   try {
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
-    plan = plan_graph(config_for_replays(where.graph_file, sets, {a.replays, a.port, "eval", {}}));
+    ReplaySelection sel{a.replays, a.port, "eval", {}};
+    if (a.whole_games) sel.loader = {{"rows", YAML::Node("streams")}, {"stride", YAML::Node(0)}};
+    plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -115,7 +119,8 @@ int eval_command(const EvalArgs& a) {
     return 1;
   }
   log << "eval of " << checkpoint << " (step " << r.step << "): " << r.samples << " windows in "
-      << r.batches << " batches, " << fixed(r.seconds, 1) << " s\n"
+      << r.batches << " batches, " << fixed(r.seconds, 1) << " s"
+      << (a.whole_games ? "; whole games, the state carried from window to window" : "") << "\n"
       << head_table(r.metrics);
   if (!a.json.empty()) {
     const std::string text = report_json(r, checkpoint, a).dump(1) + "\n";
@@ -152,6 +157,10 @@ void setup_eval(CLI::App& parent) {
       ->check(CLI::Range(1, 4));
   eval->add_option("--json", a->json, "also write the figures as JSON to FILE (- for stdout)");
   eval->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
+  eval->add_flag("--whole-games", a->whole_games,
+                 "score each game's windows in order with the model's state carried from one to "
+                 "the next, as a bot plays a whole game (replays.rows: streams, stride = window); "
+                 "default: the run's own windows, each from zero state unless the run trained so");
   eval->add_option("--set,-s", a->sets,
                    "override stage.param=value or run.key=value (e.g. replays.batch_size=64)");
   eval->callback([a] {

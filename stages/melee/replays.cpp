@@ -132,8 +132,8 @@ StageSchema ReplaysStage::schema() {
       .batch_size()
       .param("window", int64_t{60}, "frames per window")
       .range(1, 1 << 20)
-      .param("stride", int64_t{5}, "frames between window starts")
-      .range(1, 1 << 20)
+      .param("stride", int64_t{5}, "frames between window starts (0: the window, so windows abut)")
+      .range(0, 1 << 20)
       .param("delay", int64_t{0},
              "frame delay D: features see the controller of t + D, labels t + D + 1")
       .range(0, 600)
@@ -296,12 +296,13 @@ void ReplaysStage::setup(StageContext& ctx) {
   window_ = p.integer("window");
   delay_ = p.integer("delay");
   shuffle_ = p.boolean("shuffle");
+  stride_ = p.integer("stride") == 0 ? window_ : p.integer("stride");
   streams_ = p.string("rows") == "streams";
-  if (streams_ && p.integer("stride") != window_)
+  if (streams_ && stride_ != window_)
     throw ConfigError(
         {{p.mark("stride"), "stage '" + ctx.name() + "': rows: streams needs " +
                                 "windows that abut, stride = window (" + std::to_string(window_) +
-                                "), got stride " + std::to_string(p.integer("stride"))}});
+                                ") or 0, got stride " + std::to_string(stride_)}});
   keyed_order_ = p.string("shuffle_order") == "keyed";
   epochs_ = std::max<int64_t>(1, ctx.run().epochs);
   seed_ = ctx.seed();
@@ -388,7 +389,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   // Split: whole games (replay_split.h); both sides' windows are counted for the report, the
   // stage keeps its own side's.
   const double frac = p.number("validation_fraction");
-  const int stride = static_cast<int>(p.integer("stride"));
+  const int stride = static_cast<int>(stride_);
   GameSplit split = split_games(ds, pinned.get(), validation_, frac, seed_,
                                 static_cast<int>(window_), stride, static_cast<int>(delay_));
   const std::array<size_t, 2> ngames = {split.games[0].size(), split.games[1].size()};
@@ -469,7 +470,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   }
 
   uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));
-  fp = mix64(fp ^ B ^ (static_cast<uint64_t>(p.integer("stride")) << 20));
+  fp = mix64(fp ^ B ^ (static_cast<uint64_t>(stride_) << 20));
   if (streams_) fp = mix64(fp ^ 0x57AE);
   for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
   fingerprint_ = hex64(fp);

@@ -83,7 +83,7 @@ class ReplaysStage : public Stage {
   bool shuffle_ = true;
   bool streams_ = false;     // rows: streams (WindowOrder::set_streams)
   bool keyed_order_ = true;  // shuffle_order: keyed (KeyedPermutation) or table
-  int64_t batch_ = 256, window_ = 60, delay_ = 0;
+  int64_t batch_ = 256, window_ = 60, delay_ = 0, stride_ = 5;
   int64_t epochs_ = 1;
   uint64_t seed_ = 0;
   uint64_t batches_per_epoch_ = 0, total_batches_ = 0;

@@ -403,6 +403,11 @@ TEST(Loader, StreamsOnRanksAreDisjoint) {
 }
 
 TEST(Loader, StreamsNeedAbuttingWindows) {
+  // stride: 0 is the window.
+  Loader zero({paths_of(synth_dir()), "window=20", "stride=0", "rows=streams"});
+  Loader twenty({paths_of(synth_dir()), "window=20", "stride=20", "rows=streams"});
+  EXPECT_EQ(zero.stage().windows(), twenty.stage().windows());
+  EXPECT_EQ(zero.stage().window(3, 1).start, twenty.stage().window(3, 1).start);
   try {
     Loader L({paths_of(synth_dir()), "window=20", "stride=5", "rows=streams"});
     FAIL() << "expected an error";

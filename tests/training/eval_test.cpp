@@ -160,6 +160,30 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   EXPECT_NE(r.text.find("run.init_from=" + alone), std::string::npos) << r.text;
 }
 
+// --whole-games: each validation game's windows in order, the model's state carried from one to
+// the next (the run's graph connects `continues`): the same windows (the tiny runs' stride is
+// their window) scored with other figures, and said so in the text and the JSON.
+TEST(Eval, WholeGamesCarryTheStateThroughEachGame) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(d.path(), val, 4);
+  ASSERT_EQ(run.final_step, 4u);
+  const CliOutput w =
+      run_cli("eval --checkpoint " + run.run_dir + " --replays " + val + " --whole-games --json -");
+  ASSERT_EQ(w.status, 0) << w.text;
+  EXPECT_NE(w.text.find("whole games, the state carried"), std::string::npos) << w.text;
+  const CliOutput o =
+      run_cli("eval --checkpoint " + run.run_dir + " --replays " + val + " --json -");
+  ASSERT_EQ(o.status, 0) << o.text;
+  const nlohmann::json wj = nlohmann::json::parse(w.text.substr(w.text.find("{\n")));
+  const nlohmann::json oj = nlohmann::json::parse(o.text.substr(o.text.find("{\n")));
+  EXPECT_TRUE(wj["whole_games"].get<bool>());
+  EXPECT_FALSE(oj["whole_games"].get<bool>());
+  EXPECT_EQ(wj["windows"], oj["windows"]);
+  const double a = wj["metrics"]["nll"].get<double>(), b = oj["metrics"]["nll"].get<double>();
+  EXPECT_GT(std::abs(a - b), 1e-6 * std::abs(b)) << "the carried state changed no figure";
+}
+
 TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {
   TempDir d;
   const std::string val = d.path() + "/val";
