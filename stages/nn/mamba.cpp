@@ -37,8 +37,9 @@ class MambaStage final
         .optional_input("continues", DType::f32, 1,
                         "(B) 1 where a row continues the sequence the same row of the previous "
                         "batch ended (its state is carried over: conv inputs and scan state), 0 "
-                        "where it starts one; connected, the stage carries state (truncated "
-                        "backpropagation through time)")
+                        "where it starts one; connected, and with a source whose rows go on (the "
+                        "loader's rows: streams), the stage carries state (truncated "
+                        "backpropagation through time); otherwise it is ignored")
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")
         .param("d_model", int64_t{128},
                "model width (an input_proj maps Din to it when they differ)")
