@@ -66,27 +66,29 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
 #endif  // SLIPSTREAM_KERNELS_GRU_H
 #elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
-// The CUDA GRU layer (kernels/gru_cuda.cu): the math above from a zero initial state, FP32 or
-// the bf16 form, each step a cuBLASLt GEMM and a gate kernel on the caller's stream.
-// One GRU layer from a zero initial state: gru_forward / gru_backward of gru.h (h0 and dh_last
-// null). The input projection of all steps is one GEMM; each step is one (B, H) x (H, 3H) GEMM
-// and one gate kernel (both biases added there). saved (B, L, 4H) as the CPU's.
+// The CUDA GRU layer (kernels/gru_cuda.cu): gru_forward / gru_backward of gru.h from h0 (B, H)
+// or, null, a zero state, FP32 or the bf16 form, each step a cuBLASLt GEMM and a gate kernel on
+// the caller's stream. The state is a constant to the backward (no dh0, no dh_last): a carried
+// state is where truncated backpropagation stops. The input projection of all steps is one GEMM;
+// each step is one (B, H) x (H, 3H) GEMM and one gate kernel (both biases added there). saved
+// (B, L, 4H) as the CPU's.
 // w_ih_bf, w_hh_bf: the weights' bf16 copies for gru.h's bf16 form (both, or both null for
 // FP32); the workspace sizes say which form they are for (`bf16`), the bf16 form's holding the
 // rounded activations too. In the bf16 form w_ih and w_hh are not read.
 static size_t gru_forward_workspace_bytes(int B, int L, int In, int H, bool bf16);
 static void gru_forward(const GemmContext& gemm, const float* x, const float* w_ih,
                         const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
-                        const float* b_ih, const float* b_hh, float* y, float* saved,
-                        void* workspace, int B, int L, int In, int H, cudaStream_t stream);
+                        const float* b_ih, const float* b_hh, const float* h0, float* y,
+                        float* saved, void* workspace, int B, int L, int In, int H,
+                        cudaStream_t stream);
 // dx (=) may be null; dw_ih, dw_hh (+=) and db_ih, db_hh (+=, may be null). Each step one gate
 // kernel and one GEMM; then dx, the weight gradients (GEMMs over all steps) and the bias
 // gradients (column sums in a fixed order).
 static size_t gru_backward_workspace_bytes(int B, int L, int In, int H, bool bf16);
 static void gru_backward(const GemmContext& gemm, const float* x, const float* w_ih,
                          const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
-                         const float* y, const float* saved, const float* dy, float* dx,
-                         float* dw_ih, float* dw_hh, float* db_ih, float* db_hh, void* workspace,
-                         int B, int L, int In, int H, cudaStream_t stream);
+                         const float* h0, const float* y, const float* saved, const float* dy,
+                         float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh,
+                         void* workspace, int B, int L, int In, int H, cudaStream_t stream);
 
 #endif  // the parts

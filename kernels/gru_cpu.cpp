@@ -30,10 +30,11 @@ size_t gru_backward_workspace_elems(int B, int L, int H) {
 
 namespace {
 
-// The bf16 form's workspace: the layer input, the states W_hh multiplies and the two gate-input
-// gradients rounded to bf16, then gemm_bf16's workspace for the largest of the layer's products.
+// The bf16 form's workspace: the layer input, the states W_hh multiplies, the two gate-input
+// gradients and the initial state rounded to bf16, then gemm_bf16's workspace for the largest of
+// the layer's products.
 struct Bf16Area {
-  uint16_t *x, *h, *dgi, *dgh;
+  uint16_t *x, *h, *dgi, *dgh, *h0;
   float* gemm;
   static size_t gemm_elems(int B, int L, int In, int H) {
     const int M = B * L, G = 3 * H;
@@ -43,7 +44,8 @@ struct Bf16Area {
   }
   static size_t halves(int B, int L, int In, int H) {
     const size_t M = size_t(B) * L;
-    return (M * In + M * H + 2 * M * 3 * H + 1) / 2 * 2;  // keeps the floats after it aligned
+    return (M * In + M * H + 2 * M * 3 * H + size_t(B) * H + 1) / 2 *
+           2;  // keeps the floats after it aligned
   }
   Bf16Area(void* ws, int B, int L, int In, int H) {
     const size_t M = size_t(B) * L;
@@ -51,6 +53,7 @@ struct Bf16Area {
     h = x + M * In;
     dgi = h + M * H;
     dgh = dgi + M * 3 * H;
+    h0 = dgh + M * 3 * H;
     gemm = reinterpret_cast<float*>(x + halves(B, L, In, H));
   }
 };
@@ -132,7 +135,6 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
                  const T* b_hh, T* y, T* saved, T* workspace, int B, int L, int In, int H,
                  const GruBf16* bf) {
   check_bf16_form<T>(bf, "gru_forward");
-  if (bf && h0) throw std::invalid_argument("gru_forward: the bf16 form starts from a zero state");
   const int G = 3 * H;
   const size_t M = size_t(B) * L;
   T* gi = workspace;          // (B, L, 3H)
@@ -146,6 +148,7 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
       fp32_to_bf16(x, a->x, M * size_t(In));
       gemm_bf16(false, true, B * L, G, In, 1.0f, a->x, In, bf->w_ih, In, 0.0f, gi, G, a->gemm);
       if (b_ih) add_bias_rows(gi, b_ih, M, size_t(G));
+      if (h0) fp32_to_bf16(h0, a->h0, size_t(B) * H);
     }
   }
   if (!a) linear_forward(x, w_ih, b_ih, gi, B * L, In, G);
@@ -163,8 +166,8 @@ void gru_forward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T*
     }
     if constexpr (std::is_same_v<T, float>) {
       if (a && hp)
-        gemm_bf16(false, true, B, G, H, 1.0f, a->h + size_t(t - 1) * H, L * H, bf->w_hh, H, 1.0f,
-                  gh, G, a->gemm);
+        gemm_bf16(false, true, B, G, H, 1.0f, t == 0 ? a->h0 : a->h + size_t(t - 1) * H, ldh,
+                  bf->w_hh, H, 1.0f, gh, G, a->gemm);
     }
     if (!a && hp) gemm<T>(false, true, B, G, H, T(1), hp, ldh, w_hh, H, T(1), gh, G);
     parallel_blocks(B, 8 * H, [&](size_t b0, size_t b1) {
@@ -185,7 +188,6 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
                   const T* dy, const T* dh_last, T* dx, T* dh0, T* dw_ih, T* dw_hh, T* db_ih,
                   T* db_hh, T* workspace, int B, int L, int In, int H, const GruBf16* bf) {
   check_bf16_form<T>(bf, "gru_backward");
-  if (bf && h0) throw std::invalid_argument("gru_backward: the bf16 form starts from a zero state");
   const int G = 3 * H;
   const size_t M = size_t(B) * L;
   // The bf16 form: a->dgh gets each step's recurrent gate gradients rounded as they are made.
@@ -248,9 +250,9 @@ void gru_backward(const T* x, const T* h0, const T* w_ih, const T* w_hh, const T
     });
     // dh_{t-1} = dh * z + dgh_t W_hh
     if (a) {
-      // Nothing flows past t = 0: the initial state is zero.
+      // Past t = 0 only when dh0 is asked for.
       if constexpr (std::is_same_v<T, float>) {
-        if (t > 0)
+        if (t > 0 || dh0)
           gemm_bf16(false, false, B, H, G, 1.0f, a->dgh + size_t(t) * G, L * G, bf->w_hh, H, 1.0f,
                     next, H, a->gemm);
       }

@@ -1,8 +1,8 @@
-// One GRU layer on CUDA: the math of kernels/gru_cpu.cpp (PyTorch nn.GRU's gates r, z, n; zero
-// initial state), against which it is tested. The recurrence is sequential in time, so each step
-// is a cuBLASLt GEMM of the previous state and one element-wise gate kernel (thread per
-// (batch row, unit)); the projections that do not depend on the recurrence are single GEMMs over
-// every step. No atomics: the bias gradients are column sums in a fixed order. The bf16 form
+// One GRU layer on CUDA: the math of kernels/gru_cpu.cpp (PyTorch nn.GRU's gates r, z, n; from a
+// given or a zero initial state), against which it is tested. The recurrence is sequential in time,
+// so each step is a cuBLASLt GEMM of the previous state and one element-wise gate kernel (thread
+// per (batch row, unit)); the projections that do not depend on the recurrence are single GEMMs
+// over every step. No atomics: the bias gradients are column sums in a fixed order. The bf16 form
 // (gru.h) rounds each GEMM's activation operand where it is written: the gate kernels write the
 // rounded state and gate-input gradients beside the FP32 ones, so no extra pass reads them again.
 #include <algorithm>
@@ -26,11 +26,13 @@ size_t align_up(size_t n) {
   return (n + 255) / 256 * 256;
 }
 
-// Step t: gi = x W_ih^T (row (b, t)), gh = h_{t-1} W_hh^T (row b; null at t = 0: h_{-1} = 0).
+// Step t: gi = x W_ih^T (row (b, t)), gh = h_{t-1} W_hh^T (row b; null when h_{t-1} is zero:
+// t = 0 without h0).
 // y_bf (the bf16 form, else null) gets h_t rounded, what the next step's GEMM multiplies.
 __global__ void gru_gates_forward_kernel(const float* __restrict__ gi, const float* __restrict__ gh,
                                          const float* __restrict__ b_ih,
-                                         const float* __restrict__ b_hh, float* __restrict__ y,
+                                         const float* __restrict__ b_hh,
+                                         const float* __restrict__ h0, float* __restrict__ y,
                                          uint16_t* __restrict__ y_bf, float* __restrict__ saved,
                                          int B, int L, int H, int t) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -47,7 +49,7 @@ __global__ void gru_gates_forward_kernel(const float* __restrict__ gi, const flo
   const float z = sigmoidf_(gir[H + j] + biz + (ghr ? ghr[H + j] : 0.0f) + bhz);
   const float hn = (ghr ? ghr[2 * H + j] : 0.0f) + bhn;
   const float n = tanhf(gir[2 * H + j] + bin + r * hn);
-  const float hp = t > 0 ? y[(row - 1) * size_t(H) + j] : 0.0f;
+  const float hp = t > 0 ? y[(row - 1) * size_t(H) + j] : h0 ? h0[i] : 0.0f;
   const float h = (1.0f - z) * n + z * hp;
   y[row * size_t(H) + j] = h;
   if (y_bf) y_bf[row * size_t(H) + j] = fp32_to_bf16_bits(h);
@@ -62,7 +64,8 @@ __global__ void gru_gates_forward_kernel(const float* __restrict__ gi, const flo
 // and next = dL/dh_{t-1} through the blend (the W_hh path is added by a GEMM after). dgi_bf and
 // dgh_bf (the bf16 form, else null) get the gradients rounded.
 __global__ void gru_gates_backward_kernel(const float* __restrict__ saved,
-                                          const float* __restrict__ y, const float* __restrict__ dy,
+                                          const float* __restrict__ h0, const float* __restrict__ y,
+                                          const float* __restrict__ dy,
                                           const float* __restrict__ carry, float* __restrict__ dgi,
                                           float* __restrict__ dgh, uint16_t* __restrict__ dgi_bf,
                                           uint16_t* __restrict__ dgh_bf, float* __restrict__ next,
@@ -73,7 +76,7 @@ __global__ void gru_gates_backward_kernel(const float* __restrict__ saved,
   const size_t row = b * size_t(L) + size_t(t), G = 3 * size_t(H);
   const float* s = saved + row * 4 * size_t(H);
   const float r = s[j], z = s[H + j], n = s[2 * H + j], hn = s[3 * H + j];
-  const float hp = t > 0 ? y[(row - 1) * size_t(H) + j] : 0.0f;
+  const float hp = t > 0 ? y[(row - 1) * size_t(H) + j] : h0 ? h0[i] : 0.0f;
   const float dh = dy[row * size_t(H) + j] + carry[i];
   const float dn = dh * (1.0f - z);
   const float dz = dh * (hp - n);
@@ -100,16 +103,18 @@ __global__ void gru_gates_backward_kernel(const float* __restrict__ saved,
   next[i] = dh * z;
 }
 
-// hprev[b, t] = h_{t-1} = y[b, t-1], zero at t = 0: what W_hh multiplied at each step, in
-// FP32 or (the bf16 form) rounded.
+// hprev[b, t] = h_{t-1} = y[b, t-1], h0[b] (or zero) at t = 0: what W_hh multiplied at each
+// step, in FP32 or (the bf16 form) rounded.
 template <class Out>
-__global__ void gru_previous_states_kernel(const float* __restrict__ y, Out* __restrict__ hprev,
+__global__ void gru_previous_states_kernel(const float* __restrict__ h0,
+                                           const float* __restrict__ y, Out* __restrict__ hprev,
                                            int B, int L, int H) {
   const size_t n = size_t(B) * L * H;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     const size_t t = (i / size_t(H)) % size_t(L);
-    const float h = t > 0 ? y[i - size_t(H)] : 0.0f;
+    const size_t b = i / (size_t(H) * L), j = i % size_t(H);
+    const float h = t > 0 ? y[i - size_t(H)] : h0 ? h0[b * size_t(H) + j] : 0.0f;
     if constexpr (std::is_same_v<Out, uint16_t>) {
       hprev[i] = fp32_to_bf16_bits(h);
     } else {
@@ -153,10 +158,11 @@ class WorkspaceCursor {
   size_t used_ = 0;
 };
 
-// Forward workspace: gi (B, L, 3H), gh (B, 3H); the bf16 form adds x and every state rounded.
+// Forward workspace: gi (B, L, 3H), gh (B, 3H); the bf16 form adds x, every state and the
+// initial state rounded.
 struct ForwardSpace {
   float *gi, *gh;
-  uint16_t *x_bf = nullptr, *y_bf = nullptr;
+  uint16_t *x_bf = nullptr, *y_bf = nullptr, *h0_bf = nullptr;
   size_t bytes;
   ForwardSpace(void* base, int B, int L, int In, int H, bool bf16) {
     const size_t M = size_t(B) * L, G = 3 * size_t(H);
@@ -166,6 +172,7 @@ struct ForwardSpace {
     if (bf16) {
       x_bf = c.take<uint16_t>(M * size_t(In));
       y_bf = c.take<uint16_t>(M * size_t(H));
+      h0_bf = c.take<uint16_t>(size_t(B) * H);
     }
     bytes = c.used();
   }
@@ -179,8 +186,9 @@ size_t Kernels::gru_forward_workspace_bytes(int B, int L, int In, int H, bool bf
 
 void Kernels::gru_forward(const GemmContext& gemm_ctx, const float* x, const float* w_ih,
                           const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
-                          const float* b_ih, const float* b_hh, float* y, float* saved,
-                          void* workspace, int B, int L, int In, int H, cudaStream_t stream) {
+                          const float* b_ih, const float* b_hh, const float* h0, float* y,
+                          float* saved, void* workspace, int B, int L, int In, int H,
+                          cudaStream_t stream) {
   check_shape("gru_forward", B, L, In, H);
   check_bf16_form("gru_forward", w_ih_bf, w_hh_bf);
   const int G = 3 * H;
@@ -191,19 +199,23 @@ void Kernels::gru_forward(const GemmContext& gemm_ctx, const float* x, const flo
     fp32_to_bf16(x, reinterpret_cast<bfloat16*>(ws.x_bf), size_t(B) * L * In, stream);
     gemm(gemm_ctx, false, true, B * L, G, In, 1.0f, bf(ws.x_bf), In, w_ih_bf, In, 0.0f, ws.gi, G,
          stream);
+    if (h0) fp32_to_bf16(h0, reinterpret_cast<bfloat16*>(ws.h0_bf), size_t(B) * H, stream);
   } else {
     gemm(gemm_ctx, false, true, B * L, G, In, 1.0f, x, In, w_ih, In, 0.0f, ws.gi, G, stream);
   }
   const dim3 grid(ceil_div(size_t(B) * H, kThreads));
   for (int t = 0; t < L; ++t) {
-    if (t > 0 && bf16)
-      gemm(gemm_ctx, false, true, B, G, H, 1.0f, bf(ws.y_bf + size_t(t - 1) * H), L * H, w_hh_bf, H,
+    // h_{t-1}: the previous step's output, h0 at t = 0 (ld H), or nothing (zero).
+    const bool recurrent = t > 0 || h0;
+    const int ldh = t > 0 ? L * H : H;
+    if (recurrent && bf16)
+      gemm(gemm_ctx, false, true, B, G, H, 1.0f, bf(t > 0 ? ws.y_bf + size_t(t - 1) * H : ws.h0_bf),
+           ldh, w_hh_bf, H, 0.0f, ws.gh, G, stream);
+    else if (recurrent)
+      gemm(gemm_ctx, false, true, B, G, H, 1.0f, t > 0 ? y + size_t(t - 1) * H : h0, ldh, w_hh, H,
            0.0f, ws.gh, G, stream);
-    else if (t > 0)
-      gemm(gemm_ctx, false, true, B, G, H, 1.0f, y + size_t(t - 1) * H, L * H, w_hh, H, 0.0f, ws.gh,
-           G, stream);
     SLIPSTREAM_LAUNCH(gru_gates_forward_kernel, grid, dim3(kThreads), stream, ws.gi,
-                      t > 0 ? ws.gh : nullptr, b_ih, b_hh, y, ws.y_bf, saved, B, L, H, t);
+                      recurrent ? ws.gh : nullptr, b_ih, b_hh, h0, y, ws.y_bf, saved, B, L, H, t);
     check_launch("gru_forward");
   }
 }
@@ -243,9 +255,9 @@ size_t Kernels::gru_backward_workspace_bytes(int B, int L, int In, int H, bool b
 
 void Kernels::gru_backward(const GemmContext& gemm_ctx, const float* x, const float* w_ih,
                            const float* w_hh, const bfloat16* w_ih_bf, const bfloat16* w_hh_bf,
-                           const float* y, const float* saved, const float* dy, float* dx,
-                           float* dw_ih, float* dw_hh, float* db_ih, float* db_hh, void* workspace,
-                           int B, int L, int In, int H, cudaStream_t stream) {
+                           const float* h0, const float* y, const float* saved, const float* dy,
+                           float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh,
+                           void* workspace, int B, int L, int In, int H, cudaStream_t stream) {
   check_shape("gru_backward", B, L, In, H);
   check_bf16_form("gru_backward", w_ih_bf, w_hh_bf);
   const int G = 3 * H;
@@ -256,20 +268,20 @@ void Kernels::gru_backward(const GemmContext& gemm_ctx, const float* x, const fl
 
   const dim3 state_grid(std::min(ceil_div(M * size_t(H), kThreads), 4096u));
   if (bf16)
-    SLIPSTREAM_LAUNCH(gru_previous_states_kernel<uint16_t>, state_grid, dim3(kThreads), stream, y,
-                      ws.hprev_bf, B, L, H);
+    SLIPSTREAM_LAUNCH(gru_previous_states_kernel<uint16_t>, state_grid, dim3(kThreads), stream, h0,
+                      y, ws.hprev_bf, B, L, H);
   else
-    SLIPSTREAM_LAUNCH(gru_previous_states_kernel<float>, state_grid, dim3(kThreads), stream, y,
+    SLIPSTREAM_LAUNCH(gru_previous_states_kernel<float>, state_grid, dim3(kThreads), stream, h0, y,
                       ws.hprev, B, L, H);
   check_launch("gru_backward");
   float *carry = ws.carry, *next = ws.next;
   fill(carry, 0.0f, size_t(B) * H, stream);
   const dim3 grid(ceil_div(size_t(B) * H, kThreads));
   for (int t = L - 1; t >= 0; --t) {
-    SLIPSTREAM_LAUNCH(gru_gates_backward_kernel, grid, dim3(kThreads), stream, saved, y, dy, carry,
-                      ws.dgi, ws.dgh, ws.dgi_bf, ws.dgh_bf, next, B, L, H, t);
+    SLIPSTREAM_LAUNCH(gru_gates_backward_kernel, grid, dim3(kThreads), stream, saved, h0, y, dy,
+                      carry, ws.dgi, ws.dgh, ws.dgi_bf, ws.dgh_bf, next, B, L, H, t);
     check_launch("gru_backward");
-    // dL/dh_{t-1} += dgh_t W_hh; nothing flows past t = 0 (the initial state is zero).
+    // dL/dh_{t-1} += dgh_t W_hh; nothing flows past t = 0 (the initial state is a constant).
     if (t > 0 && bf16)
       gemm(gemm_ctx, false, false, B, H, G, 1.0f, bf(ws.dgh_bf + size_t(t) * G), L * G, w_hh_bf, H,
            1.0f, next, H, stream);

@@ -231,16 +231,16 @@ void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const auto forward = [&] {
-    sk::CudaKernels::gru_forward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, b_ih, b_hh, y, saved, ws, B,
-                                 L, In, H, s);
+    sk::CudaKernels::gru_forward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, b_ih, b_hh, nullptr, y,
+                                 saved, ws, B, L, In, H, s);
   };
   forward();
   if (!backward) {
     time_launches(st, s, 4.0 * M * (In + 5 * H), forward);
   } else {
     time_launches(st, s, 4.0 * M * (2 * In + 8 * H + 2 * G), [&] {
-      sk::CudaKernels::gru_backward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, y, saved, dy, dx, dw_ih,
-                                    dw_hh, db_ih, db_hh, ws, B, L, In, H, s);
+      sk::CudaKernels::gru_backward(gemm, x, w_ih, w_hh, w_ih_bf, w_hh_bf, nullptr, y, saved, dy,
+                                    dx, dw_ih, dw_hh, db_ih, db_hh, ws, B, L, In, H, s);
     });
   }
   cudaStreamDestroy(s);

@@ -1,12 +1,13 @@
 // gru: stacked GRU layers with PyTorch nn.GRU's names, layout and initialisation, sequence to
-// sequence from a zero initial state. The math is GruModel (gru_model.h) over the ops of the
-// run's backend (with_ops.h: the CPU kernels, or on a device each step a cuBLASLt GEMM and a
-// gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device the whole stack
-// in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16 precision the
-// kernels backend runs each layer's bf16 form (kernels/gru.h: bf16 GEMM operands, FP32 gates and
-// sums) and the cudnn backend cuDNN's bf16 RNN (bf16 data, states and weights, FP32 sums; cuDNN
-// 9.13 or later, else FP32 with a note saying why), both from the store's bf16 shadow, which the
-// optimizer keeps in step. On a stream (Runner::stream) the forward continues each row's
+// sequence from a zero initial state, or (backend kernels, `continues` connected, the loader's
+// rows: streams) from each row's state the previous batch left. The math is GruModel (gru_model.h)
+// over the ops of the run's backend (with_ops.h: the CPU kernels, or on a device each step a
+// cuBLASLt GEMM and a gate kernel, kernels/gru_cuda.cu), or with `backend: cudnn` on a CUDA device
+// the whole stack in cuDNN's RNN (kernels/gru_cudnn.h), the weights in the same store. Under bf16
+// precision the kernels backend runs each layer's bf16 form (kernels/gru.h: bf16 GEMM operands,
+// FP32 gates and sums) and the cudnn backend cuDNN's bf16 RNN (bf16 data, states and weights, FP32
+// sums; cuDNN 9.13 or later, else FP32 with a note saying why), both from the store's bf16 shadow,
+// which the optimizer keeps in step. On a stream (Runner::stream) the forward continues each row's
 // sequence one frame at a time (gru_recurrent.h, CPU, FP32 weights).
 
 #include "engine/registry.h"
@@ -120,11 +121,14 @@ class GruStage final
     return StageSchema("gru")
         .family("nn")
         .doc(
-            "Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state); causal "
-            "sequence to sequence.")
+            "Stacked GRU (PyTorch nn.GRU names and semantics, zero initial state unless the state "
+            "is carried); causal sequence to sequence.")
         .trainable()
         .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
+        .optional_input("continues", DType::f32, 1,
+                        nn::continues_input_doc("every layer's last state; backend kernels only, "
+                                                "backend cudnn starts each batch from zero"))
         .output("y", DType::f32, 3, "(B, W, hidden) the last layer's state at every step")
         .param("hidden", int64_t{128}, "hidden size H")
         .range(1, 65536)

@@ -2,6 +2,10 @@
 // backend, on raw pointers: CpuOps<T> (T = double for the finite-difference tests) or a device's
 // ops; the `gru` stage wraps the float model of the run's backend. Layer 0 reads Din, later
 // layers the previous layer's H outputs.
+// Carried state (set_carry(true)), as MambaModel's: each batch row continues the sequence the
+// same row of the previous batch ended, where carry()'s `continues` says so (1; 0 starts it
+// afresh): every layer starts from that row's last state. The state is a constant to the
+// backward (truncated backpropagation through time).
 // Parameters in PyTorch's order and names: weight_ih_l{k} (3H, In), weight_hh_l{k} (3H, H),
 // bias_ih_l{k} (3H), bias_hh_l{k} (3H), gate blocks r, z, n.
 #pragma once
@@ -95,6 +99,30 @@ class GruModel {
   int batch() const { return B_; }
   int length() const { return L_; }
 
+  // Carry each row's state from one forward to the next (see the top); before resize().
+  void set_carry(bool on) {
+    if (on != carry_) B_ = L_ = 0;  // resize() allocates (or drops) the state buffers
+    carry_ = on;
+  }
+  bool carries() const { return carry_; }
+  // The states the last forward left (layers, B, H), as the next carry() reads them: the buffer
+  // itself, which a checkpoint saves and a resume writes back.
+  const std::vector<Tensor>& carried() const { return carried_; }
+  // Forgets every row's state (the next forward starts each row afresh whatever its
+  // `continues`): around a validation pass, whose batches are other sequences.
+  void clear_carry() {
+    if (!carry_ || B_ <= 0) return;
+    ops_.zero(h_last_, state_elems());
+  }
+  // With a carried state, before each forward: the states it starts from, row by row, the one
+  // the previous forward left where `continues` (B) is 1, zeros where it is 0.
+  void carry(const T* continues) {
+    if (!carry_ || B_ <= 0) throw std::logic_error("gru: carry() needs set_carry and resize");
+    const size_t B = static_cast<size_t>(B_), H = static_cast<size_t>(c_.hidden);
+    for (size_t k = 0; k < static_cast<size_t>(c_.layers); ++k)
+      ops_.scale_rows(h_last_ + k * B * H, continues, h_first_ + k * B * H, B, H);
+  }
+
   // Sizes every activation and scratch buffer for (B, L): the only allocating call. `bf16`
   // (T = float): the layers' bf16 form (kernels/gru.h), its workspace included.
   void resize(int B, int L, bool bf16 = false) {
@@ -113,18 +141,33 @@ class GruModel {
       ws = std::max(ws, ops_.gru_workspace_bytes(B, L, Lw.in, c_.hidden, bf16));
     buffers_.push_back(ops_.template alloc<uint8_t>(std::max<size_t>(ws, 1), "gru workspace"));
     ws_ = buffers_.back().raw();
+    // The carried states: what the previous forward left (last) and what this one starts from.
+    carried_.clear();
+    h_last_ = h_first_ = nullptr;
+    if (carry_) {
+      h_last_ = buf(state_elems(), "gru carried state");
+      carried_.push_back(buffers_.back());
+      h_first_ = buf(state_elems(), "gru carried state");
+      ops_.zero(h_last_, state_elems());
+      ops_.zero(h_first_, state_elems());
+    }
   }
 
   // x (B, L, Din) -> y (B, L, H), the last layer's states. `wb`: the bf16 shadow of `w` (same
-  // layout) for the bf16 form, null for full precision (as resize() was told).
+  // layout) for the bf16 form, null for full precision (as resize() was told). With a carried
+  // state, each row starts from the state carry() set and leaves its own for the next.
   void forward(const T* x, const T* w, const uint16_t* wb, T* y) {
     check(wb);
     const T* in = x;
+    const size_t H = static_cast<size_t>(c_.hidden), L = static_cast<size_t>(L_);
     for (int k = 0; k < c_.layers; ++k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       T* out = layer_out(k);
       ops_.gru_forward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh), w + Lw.b_ih,
-                       w + Lw.b_hh, out, layer_saved(k), ws_, B_, L_, Lw.in, c_.hidden);
+                       w + Lw.b_hh, first(k), out, layer_saved(k), ws_, B_, L_, Lw.in, c_.hidden);
+      if (carry_)  // the layer's state after the window's last step: y[:, L-1, :]
+        ops_.copy_cols(out + (L - 1) * H, L * H, h_last_ + static_cast<size_t>(k) * B_ * H, H,
+                       static_cast<size_t>(B_), H);
       in = out;
     }
     ops_.copy(y, layer_out(c_.layers - 1), elems());
@@ -140,7 +183,7 @@ class GruModel {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       const T* in = k == 0 ? x : layer_out(k - 1);
       T* din = k == 0 ? dx : dbuf_[static_cast<size_t>(k) & 1];
-      ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh),
+      ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh), first(k),
                         layer_out(k), layer_saved(k), dout, din, g + Lw.w_ih, g + Lw.w_hh,
                         g + Lw.b_ih, g + Lw.b_hh, ws_, B_, L_, Lw.in, c_.hidden);
       if (layer_done) (*layer_done)(k);
@@ -153,6 +196,15 @@ class GruModel {
     return static_cast<size_t>(B_) * static_cast<size_t>(L_) * static_cast<size_t>(c_.hidden);
   }
   T* layer_out(int k) const { return ys_ + static_cast<size_t>(k) * elems(); }
+  // Layer k's initial state: carry()'s, or null (zero) without a carried state.
+  const T* first(int k) const {
+    return carry_ ? h_first_ + static_cast<size_t>(k) * B_ * static_cast<size_t>(c_.hidden)
+                  : nullptr;
+  }
+  size_t state_elems() const {
+    return static_cast<size_t>(c_.layers) * static_cast<size_t>(B_) *
+           static_cast<size_t>(c_.hidden);
+  }
   T* layer_saved(int k) const {
     return saved_ + static_cast<size_t>(k) * kernels::gru_saved_elems(B_, L_, c_.hidden);
   }
@@ -171,8 +223,10 @@ class GruModel {
   GruLayout lay_;
   Ops ops_;
   int B_ = 0, L_ = 0;
-  bool bf16_ = false;
+  bool bf16_ = false, carry_ = false;
   std::vector<Tensor> buffers_;
+  std::vector<Tensor> carried_;  // a view of h_last_ (carried())
+  T *h_last_ = nullptr, *h_first_ = nullptr;
   T *ys_ = nullptr, *saved_ = nullptr;
   T* dbuf_[2] = {nullptr, nullptr};
   void* ws_ = nullptr;

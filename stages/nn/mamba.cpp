@@ -35,11 +35,7 @@ class MambaStage final
         .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
         .optional_input("continues", DType::f32, 1,
-                        "(B) 1 where a row continues the sequence the same row of the previous "
-                        "batch ended (its state is carried over: conv inputs and scan state), 0 "
-                        "where it starts one; connected, and with a source whose rows go on (the "
-                        "loader's rows: streams), the stage carries state (truncated "
-                        "backpropagation through time); otherwise it is ignored")
+                        nn::continues_input_doc("conv inputs and scan state"))
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")
         .param("d_model", int64_t{128},
                "model width (an input_proj maps Din to it when they differ)")

@@ -5,7 +5,8 @@
 // (Runner::stream) runs the model frame by frame from the state the previous batch left
 // (`Recurrent`, CPU, fp32). A stage derives from it, declares its schema, builds its model in
 // setup (with ops::with_ops) and hands it to setup_model; it says its output width and cost.
-// With its optional input `continues` connected (a model that can carry a state: mamba) and a
+// With its optional input `continues` connected (a model that can carry a state: mamba, gru
+// with backend kernels) and a
 // source whose rows continue (RunState::rows_continue: the loader's `rows: streams`, where a row
 // walks one game's consecutive windows), each batch row starts where the same row of the
 // previous batch ended when continues says 1. Otherwise continues is ignored: no state is kept.
@@ -24,6 +25,16 @@
 #include "stages/nn/sequence_model.h"
 
 namespace slipstream::nn {
+
+// The schema's doc of the optional input `continues`; `state`: what the model carries over.
+inline std::string continues_input_doc(const std::string& state) {
+  return "(B) 1 where a row continues the sequence the same row of the previous batch ended (its "
+         "state is carried over: " +
+         state +
+         "), 0 where it starts one; connected, and with a source whose rows go on (the loader's "
+         "rows: streams), the stage carries state (truncated backpropagation through time); "
+         "otherwise it is ignored";
+}
 
 template <class Config, class Layout, class Recurrent>
 class SequenceStage : public Stage {

@@ -103,29 +103,29 @@ class CpuOps {
     kernels::causal_conv1d_backward(x, prefix, w, dpre, dx, dw, db, B, L, C, K);
   }
 
-  // One GRU layer from a zero state (kernels/gru.h): y (B, L, H), saved (B, L, 4H) for the
-  // backward; dx (=, may be null), weight and bias gradients (+=). w_ih_bf, w_hh_bf: the
-  // weights' bf16 copies for the bf16 form (both null: FP32). The workspace, of
-  // gru_workspace_bytes for the form, serves forward and backward.
+  // One GRU layer from h0 (B, H) or, null, a zero state (kernels/gru.h): y (B, L, H), saved
+  // (B, L, 4H) for the backward; dx (=, may be null), weight and bias gradients (+=); h0 is a
+  // constant to the backward (no dh0). w_ih_bf, w_hh_bf: the weights' bf16 copies for the bf16
+  // form (both null: FP32). The workspace, of gru_workspace_bytes for the form, serves forward
+  // and backward.
   size_t gru_workspace_bytes(int B, int L, int In, int H, bool bf16) const {
     return gru_fp32_bytes(B, L, H) + (bf16 ? kernels::gru_bf16_workspace_bytes(B, L, In, H) : 0);
   }
   void gru_forward(const T* x, const T* w_ih, const T* w_hh, const uint16_t* w_ih_bf,
-                   const uint16_t* w_hh_bf, const T* b_ih, const T* b_hh, T* y, T* saved, void* ws,
-                   int B, int L, int In, int H) const {
+                   const uint16_t* w_hh_bf, const T* b_ih, const T* b_hh, const T* h0, T* y,
+                   T* saved, void* ws, int B, int L, int In, int H) const {
     const kernels::GruBf16 bf = bf16_form(w_ih_bf, w_hh_bf, ws, B, L, H);
-    kernels::gru_forward(x, static_cast<const T*>(nullptr), w_ih, w_hh, b_ih, b_hh, y, saved,
-                         static_cast<T*>(ws), B, L, In, H, w_ih_bf ? &bf : nullptr);
+    kernels::gru_forward(x, h0, w_ih, w_hh, b_ih, b_hh, y, saved, static_cast<T*>(ws), B, L, In, H,
+                         w_ih_bf ? &bf : nullptr);
   }
   void gru_backward(const T* x, const T* w_ih, const T* w_hh, const uint16_t* w_ih_bf,
-                    const uint16_t* w_hh_bf, const T* y, const T* saved, const T* dy, T* dx,
-                    T* dw_ih, T* dw_hh, T* db_ih, T* db_hh, void* ws, int B, int L, int In,
+                    const uint16_t* w_hh_bf, const T* h0, const T* y, const T* saved, const T* dy,
+                    T* dx, T* dw_ih, T* dw_hh, T* db_ih, T* db_hh, void* ws, int B, int L, int In,
                     int H) const {
     const kernels::GruBf16 bf = bf16_form(w_ih_bf, w_hh_bf, ws, B, L, H);
-    kernels::gru_backward(x, static_cast<const T*>(nullptr), w_ih, w_hh, y, saved, dy,
-                          static_cast<const T*>(nullptr), dx, static_cast<T*>(nullptr), dw_ih,
-                          dw_hh, db_ih, db_hh, static_cast<T*>(ws), B, L, In, H,
-                          w_ih_bf ? &bf : nullptr);
+    kernels::gru_backward(x, h0, w_ih, w_hh, y, saved, dy, static_cast<const T*>(nullptr), dx,
+                          static_cast<T*>(nullptr), dw_ih, dw_hh, db_ih, db_hh, static_cast<T*>(ws),
+                          B, L, In, H, w_ih_bf ? &bf : nullptr);
   }
 
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,

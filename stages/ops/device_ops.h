@@ -118,17 +118,17 @@ class DeviceOps {
                     Kernels::gru_backward_workspace_bytes(B, L, In, H, bf16));
   }
   void gru_forward(const float* x, const float* w_ih, const float* w_hh, const uint16_t* w_ih_bf,
-                   const uint16_t* w_hh_bf, const float* b_ih, const float* b_hh, float* y,
-                   float* saved, void* ws, int B, int L, int In, int H) const {
-    Kernels::gru_forward(gemm_, x, w_ih, w_hh, bf(w_ih_bf), bf(w_hh_bf), b_ih, b_hh, y, saved, ws,
-                         B, L, In, H, stream_);
+                   const uint16_t* w_hh_bf, const float* b_ih, const float* b_hh, const float* h0,
+                   float* y, float* saved, void* ws, int B, int L, int In, int H) const {
+    Kernels::gru_forward(gemm_, x, w_ih, w_hh, bf(w_ih_bf), bf(w_hh_bf), b_ih, b_hh, h0, y, saved,
+                         ws, B, L, In, H, stream_);
   }
   void gru_backward(const float* x, const float* w_ih, const float* w_hh, const uint16_t* w_ih_bf,
-                    const uint16_t* w_hh_bf, const float* y, const float* saved, const float* dy,
-                    float* dx, float* dw_ih, float* dw_hh, float* db_ih, float* db_hh, void* ws,
-                    int B, int L, int In, int H) const {
-    Kernels::gru_backward(gemm_, x, w_ih, w_hh, bf(w_ih_bf), bf(w_hh_bf), y, saved, dy, dx, dw_ih,
-                          dw_hh, db_ih, db_hh, ws, B, L, In, H, stream_);
+                    const uint16_t* w_hh_bf, const float* h0, const float* y, const float* saved,
+                    const float* dy, float* dx, float* dw_ih, float* dw_hh, float* db_ih,
+                    float* db_hh, void* ws, int B, int L, int In, int H) const {
+    Kernels::gru_backward(gemm_, x, w_ih, w_hh, bf(w_ih_bf), bf(w_hh_bf), h0, y, saved, dy, dx,
+                          dw_ih, dw_hh, db_ih, db_hh, ws, B, L, In, H, stream_);
   }
 
   void selective_scan_forward(const float* u, const float* delta, const float* A, const float* Bm,

@@ -160,9 +160,9 @@ double bf16_round(double v) {
   return bf16_to_fp32(fp32_to_bf16(float(v)));
 }
 
-// The bf16 form's forward in float64 (zero initial state): torch.nn.GRU's equations with each
-// product's operands rounded to bf16 — x and the weights, and every state before W_hh multiplies
-// it — and nothing else.
+// The bf16 form's forward in float64: torch.nn.GRU's equations with each product's operands
+// rounded to bf16 — x and the weights, and every state (the initial one included) before W_hh
+// multiplies it — and nothing else.
 std::vector<double> reference_bf16(const Gru& g) {
   Gru r = g;
   for (auto* v : {&r.x, &r.wih, &r.whh})
@@ -172,6 +172,10 @@ std::vector<double> reference_bf16(const Gru& g) {
   auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
   for (int b = 0; b < g.B; ++b) {
     std::vector<double> h(H, 0.0), hr(H, 0.0);
+    for (int j = 0; j < H && g.use_h0; ++j) {
+      h[j] = float(g.h0[size_t(b) * H + j]);
+      hr[j] = bf16_round(h[j]);
+    }
     for (int t = 0; t < g.L; ++t) {
       const double* xt = &r.x[(size_t(b) * g.L + t) * In];
       std::vector<double> gi(G), gh(G);
@@ -196,15 +200,17 @@ std::vector<double> reference_bf16(const Gru& g) {
 
 // The bf16 form (precision bf16) rounds each product's operands and nothing else: its forward
 // matches the float64 equations with that rounding to fp32 precision, and is visibly not the
-// FP32 layer; its backward stays within bf16 precision of the FP32 backward. The CUDA form is
-// checked against this one (check_gru_bf16, below).
-CPU_TEST(Gru, Bf16FormRoundsEachProductsOperands) {
-  Gru g(3, 9, 6, 5, false, true, 21);
+// FP32 layer; its backward stays within bf16 precision of the FP32 backward, from a zero or a
+// given initial state. The CUDA form is checked against this one (check_gru_bf16, below).
+void check_bf16_form_rounding(bool use_h0, uint64_t seed) {
+  SCOPED_TRACE(use_h0 ? "from h0" : "from zero");
+  Gru g(3, 9, 6, 5, use_h0, true, seed);
   // Weights of nn.GRU's scale keep the recurrence from amplifying the rounding.
   for (double& w : g.wih) w /= 2;
   for (double& w : g.whh) w /= 2;
   const auto xf = cast<float>(g.x), wihf = cast<float>(g.wih), whhf = cast<float>(g.whh),
-             bihf = cast<float>(g.bih), bhhf = cast<float>(g.bhh);
+             bihf = cast<float>(g.bih), bhhf = cast<float>(g.bhh), h0f = cast<float>(g.h0);
+  const float* h0 = use_h0 ? h0f.data() : nullptr;
   std::vector<uint16_t> wih_bf(wihf.size()), whh_bf(whhf.size());
   fp32_to_bf16(wihf.data(), wih_bf.data(), wihf.size());
   fp32_to_bf16(whhf.data(), whh_bf.data(), whhf.size());
@@ -214,10 +220,10 @@ CPU_TEST(Gru, Bf16FormRoundsEachProductsOperands) {
 
   std::vector<float> y16(M * g.H), saved16(gru_saved_elems(g.B, g.L, g.H)),
       fws(gru_forward_workspace_elems(g.B, g.L, g.H));
-  gru_forward<float>(xf.data(), nullptr, nullptr, nullptr, bihf.data(), bhhf.data(), y16.data(),
+  gru_forward<float>(xf.data(), h0, nullptr, nullptr, bihf.data(), bhhf.data(), y16.data(),
                      saved16.data(), fws.data(), g.B, g.L, g.In, g.H, &bf);
   std::vector<float> saved32;
-  const auto y32 = g.forward(xf, {}, wihf, whhf, bihf, bhhf, &saved32);
+  const auto y32 = g.forward(xf, h0f, wihf, whhf, bihf, bhhf, &saved32);
   EXPECT_LT(test::rel_diff(reference_bf16(g), y16), 1e-5);
   EXPECT_GT(test::rel_diff(std::vector<double>(y32.begin(), y32.end()), y16), 1e-4);
   EXPECT_LT(test::rel_diff(std::vector<double>(y32.begin(), y32.end()), y16), 2e-2);
@@ -233,9 +239,9 @@ CPU_TEST(Gru, Bf16FormRoundsEachProductsOperands) {
             std::vector<float>(G * g.H, 0.5f), std::vector<float>(G, 0.5f),
             std::vector<float>(G, 0.5f)};
     std::vector<float> ws(gru_backward_workspace_elems(g.B, g.L, g.H));
-    gru_backward<float>(xf.data(), nullptr, wihf.data(), whhf.data(), y.data(), saved.data(),
-                        dy.data(), nullptr, d.dx.data(), nullptr, d.dwih.data(), d.dwhh.data(),
-                        d.dbih.data(), d.dbhh.data(), ws.data(), g.B, g.L, g.In, g.H, form);
+    gru_backward<float>(xf.data(), h0, wihf.data(), whhf.data(), y.data(), saved.data(), dy.data(),
+                        nullptr, d.dx.data(), nullptr, d.dwih.data(), d.dwhh.data(), d.dbih.data(),
+                        d.dbhh.data(), ws.data(), g.B, g.L, g.In, g.H, form);
     return d;
   };
   const Grads d32 = backward(y32, saved32, nullptr), d16 = backward(y16, saved16, &bf);
@@ -250,16 +256,17 @@ CPU_TEST(Gru, Bf16FormRoundsEachProductsOperands) {
   close(d32.dbih, d16.dbih, "db_ih");
   close(d32.dbhh, d16.dbhh, "db_hh");
 
-  // The bf16 form is float's, from a zero state.
+  // The bf16 form is float's.
   std::vector<double> yd(M * g.H), fwsd(gru_forward_workspace_elems(g.B, g.L, g.H));
   EXPECT_THROW(
       gru_forward<double>(g.x.data(), nullptr, g.wih.data(), g.whh.data(), nullptr, nullptr,
                           yd.data(), nullptr, fwsd.data(), g.B, g.L, g.In, g.H, &bf),
       std::invalid_argument);
-  const auto h0 = cast<float>(g.h0);
-  EXPECT_THROW(gru_forward<float>(xf.data(), h0.data(), nullptr, nullptr, nullptr, nullptr,
-                                  y16.data(), nullptr, fws.data(), g.B, g.L, g.In, g.H, &bf),
-               std::invalid_argument);
+}
+
+CPU_TEST(Gru, Bf16FormRoundsEachProductsOperands) {
+  check_bf16_form_rounding(false, 21);
+  check_bf16_form_rounding(true, 23);
 }
 
 CPU_TEST(Gru, LargerBatchParallelGates) {
@@ -295,7 +302,7 @@ inline std::vector<GruShape> gru_shapes() {
 // is chaotic, and over tens of steps float32 rounding alone moves it away from the float64
 // reference.
 struct GruData {
-  std::vector<double> x, w_ih, w_hh, b_ih, b_hh, dy;
+  std::vector<double> x, w_ih, w_hh, b_ih, b_hh, dy, h0;
   GruData(const GruShape& s, uint64_t seed) {
     std::mt19937_64 rng(seed);
     const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L;
@@ -310,19 +317,22 @@ struct GruData {
     b_ih = round_trip<float>(rand_vec(G, rng));
     b_hh = round_trip<float>(rand_vec(G, rng));
     dy = round_trip<float>(rand_vec(M * s.H, rng));
+    h0 = round_trip<float>(rand_vec(size_t(s.B) * s.H, rng));
   }
 };
 
+// with_h0: from a given initial state (a carried one), else from zero.
 template <class Kernels, class Mem>
-void check_gru(const GruShape& s, uint64_t seed) {
-  SCOPED_TRACE(describe(s));
+void check_gru(const GruShape& s, uint64_t seed, bool with_h0 = false) {
+  SCOPED_TRACE(describe(s) + (with_h0 ? " from h0" : ""));
   const GruData d(s, seed);
+  const double* h0 = with_h0 ? d.h0.data() : nullptr;
   const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L;
   // The reference: forward, then backward onto non-zero parameter-gradient starts.
   std::vector<double> y(M * s.H), saved(gru_saved_elems(s.B, s.L, s.H));
   std::vector<double> fws(gru_forward_workspace_elems(s.B, s.L, s.H));
-  gru_forward<double>(d.x.data(), nullptr, d.w_ih.data(), d.w_hh.data(), d.b_ih.data(),
-                      d.b_hh.data(), y.data(), saved.data(), fws.data(), s.B, s.L, s.In, s.H);
+  gru_forward<double>(d.x.data(), h0, d.w_ih.data(), d.w_hh.data(), d.b_ih.data(), d.b_hh.data(),
+                      y.data(), saved.data(), fws.data(), s.B, s.L, s.In, s.H);
   std::mt19937_64 rng(seed ^ 0x9e);
   const auto dw_ih0 = round_trip<float>(rand_vec(G * s.In, rng));
   const auto dw_hh0 = round_trip<float>(rand_vec(G * s.H, rng));
@@ -330,11 +340,12 @@ void check_gru(const GruShape& s, uint64_t seed) {
   const auto db_hh0 = round_trip<float>(rand_vec(G, rng));
   std::vector<double> dx(M * s.In), dw_ih = dw_ih0, dw_hh = dw_hh0, db_ih = db_ih0, db_hh = db_hh0;
   std::vector<double> bws(gru_backward_workspace_elems(s.B, s.L, s.H));
-  gru_backward<double>(d.x.data(), nullptr, d.w_ih.data(), d.w_hh.data(), y.data(), saved.data(),
+  gru_backward<double>(d.x.data(), h0, d.w_ih.data(), d.w_hh.data(), y.data(), saved.data(),
                        d.dy.data(), nullptr, dx.data(), nullptr, dw_ih.data(), dw_hh.data(),
                        db_ih.data(), db_hh.data(), bws.data(), s.B, s.L, s.In, s.H);
 
   Mem mem;
+  const float* g_h0 = with_h0 ? mem.upload(elems<float>(d.h0)) : nullptr;
   const float* x = mem.upload(elems<float>(d.x));
   const float* w_ih = mem.upload(elems<float>(d.w_ih));
   const float* w_hh = mem.upload(elems<float>(d.w_hh));
@@ -342,7 +353,7 @@ void check_gru(const GruShape& s, uint64_t seed) {
   float* g_saved = mem.template alloc<float>(saved.size());
   Kernels::gru_forward(
       mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, mem.upload(elems<float>(d.b_ih)),
-      mem.upload(elems<float>(d.b_hh)), g_y, g_saved,
+      mem.upload(elems<float>(d.b_hh)), g_h0, g_y, g_saved,
       mem.alloc_bytes(Kernels::gru_forward_workspace_bytes(s.B, s.L, s.In, s.H, false)), s.B, s.L,
       s.In, s.H, mem.stream());
   float* g_dx = mem.template alloc<float>(M * s.In);
@@ -351,7 +362,7 @@ void check_gru(const GruShape& s, uint64_t seed) {
   float* g_db_ih = mem.upload(elems<float>(db_ih0));
   float* g_db_hh = mem.upload(elems<float>(db_hh0));
   Kernels::gru_backward(
-      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
+      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_h0, g_y, g_saved,
       mem.upload(elems<float>(d.dy)), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh,
       mem.alloc_bytes(Kernels::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)), s.B, s.L,
       s.In, s.H, mem.stream());
@@ -367,7 +378,7 @@ void check_gru(const GruShape& s, uint64_t seed) {
   // dx is optional: the weight gradients do not depend on it.
   float* g_dw_ih2 = mem.upload(elems<float>(dw_ih0));
   Kernels::gru_backward(
-      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_y, g_saved,
+      mem.gemm_context(), x, w_ih, w_hh, nullptr, nullptr, g_h0, g_y, g_saved,
       mem.upload(elems<float>(d.dy)), nullptr, g_dw_ih2, mem.upload(elems<float>(dw_hh0)), nullptr,
       nullptr, mem.alloc_bytes(Kernels::gru_backward_workspace_bytes(s.B, s.L, s.In, s.H, false)),
       s.B, s.L, s.In, s.H, mem.stream());
@@ -382,9 +393,11 @@ void check_gru(const GruShape& s, uint64_t seed) {
 // through the rest of the window: over 60 steps an H200's cuBLAS (split-K kernels) came to
 // 2.1e-4 on dx and dw_ih, hence 5e-4, still a tenth of the gap to FP32 or less.
 template <class Kernels, class Mem>
-void check_gru_bf16(const GruShape& s, uint64_t seed) {
-  SCOPED_TRACE(describe(s) + " bf16");
+void check_gru_bf16(const GruShape& s, uint64_t seed, bool with_h0 = false) {
+  SCOPED_TRACE(describe(s) + " bf16" + (with_h0 ? " from h0" : ""));
   const GruData d(s, seed);
+  const auto h0 = elems<float>(d.h0);
+  const float* h0p = with_h0 ? h0.data() : nullptr;
   const size_t G = 3 * size_t(s.H), M = size_t(s.B) * s.L;
   const auto x = elems<float>(d.x), w_ih = elems<float>(d.w_ih), w_hh = elems<float>(d.w_hh),
              b_ih = elems<float>(d.b_ih), b_hh = elems<float>(d.b_hh), dy = elems<float>(d.dy);
@@ -411,11 +424,11 @@ void check_gru_bf16(const GruShape& s, uint64_t seed) {
     std::vector<uint8_t> bws(gru_bf16_workspace_bytes(s.B, s.L, s.In, s.H));
     const GruBf16 form{w_ih_bf.data(), w_hh_bf.data(), bws.data()};
     std::vector<float> fws(gru_forward_workspace_elems(s.B, s.L, s.H));
-    gru_forward<float>(x.data(), nullptr, w_ih.data(), w_hh.data(), b_ih.data(), b_hh.data(),
+    gru_forward<float>(x.data(), h0p, w_ih.data(), w_hh.data(), b_ih.data(), b_hh.data(),
                        o.y.data(), o.saved.data(), fws.data(), s.B, s.L, s.In, s.H,
                        bf16 ? &form : nullptr);
     std::vector<float> ws(gru_backward_workspace_elems(s.B, s.L, s.H));
-    gru_backward<float>(x.data(), nullptr, w_ih.data(), w_hh.data(), o.y.data(), o.saved.data(),
+    gru_backward<float>(x.data(), h0p, w_ih.data(), w_hh.data(), o.y.data(), o.saved.data(),
                         dy.data(), nullptr, o.dx.data(), nullptr, o.dw_ih.data(), o.dw_hh.data(),
                         o.db_ih.data(), o.db_hh.data(), ws.data(), s.B, s.L, s.In, s.H,
                         bf16 ? &form : nullptr);
@@ -427,6 +440,7 @@ void check_gru_bf16(const GruShape& s, uint64_t seed) {
   const auto* g_wih_bf = reinterpret_cast<const bfloat16*>(mem.upload(w_ih_bf));
   const auto* g_whh_bf = reinterpret_cast<const bfloat16*>(mem.upload(w_hh_bf));
   const float* g_x = mem.upload(x);
+  const float* g_h0 = with_h0 ? mem.upload(h0) : nullptr;
   float* g_y = mem.template alloc<float>(M * s.H);
   float* g_saved = mem.template alloc<float>(ref.saved.size());
   const size_t ws_bytes =
@@ -435,14 +449,14 @@ void check_gru_bf16(const GruShape& s, uint64_t seed) {
   void* ws = mem.alloc_bytes(ws_bytes);
   // The FP32 weights are not read by the bf16 form: null proves it.
   Kernels::gru_forward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf,
-                       mem.upload(b_ih), mem.upload(b_hh), g_y, g_saved, ws, s.B, s.L, s.In, s.H,
-                       mem.stream());
+                       mem.upload(b_ih), mem.upload(b_hh), g_h0, g_y, g_saved, ws, s.B, s.L, s.In,
+                       s.H, mem.stream());
   float* g_dx = mem.template alloc<float>(M * s.In);
   float *g_dw_ih = mem.upload(dw_ih0), *g_dw_hh = mem.upload(dw_hh0);
   float *g_db_ih = mem.upload(db0), *g_db_hh = mem.upload(db0);
-  Kernels::gru_backward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf, g_y, g_saved,
-                        mem.upload(dy), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh, ws, s.B, s.L,
-                        s.In, s.H, mem.stream());
+  Kernels::gru_backward(mem.gemm_context(), g_x, nullptr, nullptr, g_wih_bf, g_whh_bf, g_h0, g_y,
+                        g_saved, mem.upload(dy), g_dx, g_dw_ih, g_dw_hh, g_db_ih, g_db_hh, ws, s.B,
+                        s.L, s.In, s.H, mem.stream());
   mem.sync();
   const auto check = [&](float* got, const std::vector<float>& want, const std::vector<float>& f32,
                          const char* what) {
@@ -479,6 +493,15 @@ KERNEL_TEST(Gru, Bf16FormMatchesCpu) {
   uint64_t seed = 521;
   for (const auto& s : gru_shapes()) check_gru_bf16<Kernels, Mem>(s, seed++);
   check_gru_bf16<Kernels, Mem>({4, 60, 128, 128}, 531);
+}
+// From a given initial state (a carried one): the first step's recurrent GEMM, the gates and
+// the backward's previous states read h0.
+KERNEL_TEST(Gru, FromInitialStateMatchesCpu) {
+  uint64_t seed = 541;
+  for (const auto& s : gru_shapes()) {
+    check_gru<Kernels, Mem>(s, seed, true);
+    check_gru_bf16<Kernels, Mem>(s, seed++, true);
+  }
 }
 DEVICE_TEST(Gru, GpuStandardShape) {
   check_gru<Kernels, Mem>({64, 60, 128, 128}, 512);

@@ -98,6 +98,102 @@ TEST(GruModel, GradientsMatchFiniteDifferences) {
   EXPECT_DOUBLED(g2, g);
 }
 
+// Rows (B, 2L) cut into their first or second half (h = 0, 1) of L steps each.
+std::vector<double> half(const std::vector<double>& v, int B, int L, int cols, int h) {
+  std::vector<double> out;
+  for (int b = 0; b < B; ++b)
+    out.insert(out.end(), v.begin() + long((size_t(b) * 2 * L + size_t(h) * L) * cols),
+               v.begin() + long((size_t(b) * 2 * L + size_t(h + 1) * L) * cols));
+  return out;
+}
+std::vector<double> rows(const std::vector<double>& v, size_t from, size_t to) {
+  return std::vector<double>(v.begin() + long(from), v.begin() + long(to));
+}
+
+// A window that continues the one before it on a row (continues = 1) gives that row's outputs of
+// the two windows as one sequence (every layer from its own last state); a row that starts afresh
+// (0) gives the window's alone, as does every row after clear_carry().
+TEST(GruModel, CarriedStateContinuesTheSequence) {
+  const GruConfig c{5, 7, 2};
+  const int B = 2, L = 9;
+  GruModel<double> m(c);
+  m.set_carry(true);
+  m.resize(B, L);
+  ASSERT_EQ(m.carried().size(), 1u);
+  EXPECT_EQ(m.carried()[0].numel(), size_t(c.layers) * B * c.hidden);
+  std::vector<double> w(m.layout().params.total());
+  gru_init(c, m.layout(), w.data(), 31);
+  std::mt19937_64 rng(32);
+  const auto x = rand_vec(size_t(B) * 2 * L * c.din, rng);  // (B, 2L, din)
+  const auto whole = reference_forward(c, m.layout(), w, x, B, 2 * L);
+  const auto x1 = half(x, B, L, c.din, 0), x2 = half(x, B, L, c.din, 1);
+  std::vector<double> y1(size_t(B) * L * c.hidden), y2(y1.size());
+  const std::vector<double> start{0.0, 0.0}, go_on{1.0, 0.0};
+  m.carry(start.data());
+  m.forward(x1.data(), w.data(), nullptr, y1.data());
+  EXPECT_LT(kernels::test::rel_diff(half(whole, B, L, c.hidden, 0), y1), 1e-13);
+  m.carry(go_on.data());
+  m.forward(x2.data(), w.data(), nullptr, y2.data());
+  const size_t row = size_t(L) * c.hidden;
+  const auto cont = half(whole, B, L, c.hidden, 1);
+  const auto cold = reference_forward(c, m.layout(), w, x2, B, L);
+  EXPECT_LT(kernels::test::rel_diff(rows(cont, 0, row), rows(y2, 0, row)), 1e-13);
+  EXPECT_LT(kernels::test::rel_diff(rows(cold, row, 2 * row), rows(y2, row, 2 * row)), 1e-13);
+  // The carried row is not what a cold start gives: the test can tell the two apart.
+  EXPECT_GT(kernels::test::rel_diff(rows(cold, 0, row), rows(y2, 0, row)), 1e-4);
+  // Forgotten: both rows start afresh though continues says 1.
+  m.clear_carry();
+  const std::vector<double> both{1.0, 1.0};
+  m.carry(both.data());
+  m.forward(x2.data(), w.data(), nullptr, y2.data());
+  EXPECT_LT(kernels::test::rel_diff(cold, y2), 1e-13);
+  // One frame at a time, the state carried from frame to frame: the whole sequence.
+  GruModel<double> s(c);
+  s.set_carry(true);
+  s.resize(B, 1);
+  std::vector<double> y(size_t(B) * c.hidden), xs(size_t(B) * c.din);
+  for (int t = 0; t < 2 * L; ++t) {
+    for (int b = 0; b < B; ++b)
+      std::copy_n(x.begin() + long((size_t(b) * 2 * L + t) * c.din), c.din,
+                  xs.begin() + long(size_t(b) * c.din));
+    const std::vector<double> go(size_t(B), t > 0 ? 1.0 : 0.0);
+    s.carry(go.data());
+    s.forward(xs.data(), w.data(), nullptr, y.data());
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < c.hidden; ++j)
+        EXPECT_NEAR(y[size_t(b) * c.hidden + j], whole[(size_t(b) * 2 * L + t) * c.hidden + j],
+                    1e-13)
+            << "row " << b << " step " << t;
+  }
+}
+
+// From a carried state the gradients are those of the window's loss with the state a constant.
+TEST(GruModel, CarriedStateGradientsMatchFiniteDifferences) {
+  const GruConfig c{4, 6, 2};
+  const int B = 2, L = 12;
+  GruModel<double> m(c);
+  m.set_carry(true);
+  m.resize(B, L);
+  std::mt19937_64 rng(42);
+  auto w = rand_vec(m.layout().params.total(), rng, 0.05, 0.5);
+  const auto x0 = rand_vec(size_t(B) * L * c.din, rng);
+  auto x = rand_vec(x0.size(), rng);
+  const auto dy = rand_vec(size_t(B) * L * c.hidden, rng);
+  std::vector<double> y(dy.size()), g(w.size(), 0.0), dx(x.size());
+  const std::vector<double> start{0.0, 0.0}, go_on{1.0, 1.0};
+  m.carry(start.data());
+  m.forward(x0.data(), w.data(), nullptr, y.data());
+  m.carry(go_on.data());  // fixed from here: forward reads the start, writes the next one
+  auto loss = [&] {
+    m.forward(x.data(), w.data(), nullptr, y.data());
+    return kernels::test::dot(dy, y);
+  };
+  loss();
+  m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data());
+  check_gradient("x", loss, x, dx, 1e-6, 1e-6, 64);
+  nn::test::check_parameter_gradients(m.layout().params.slots(), loss, w, g, 64);
+}
+
 TEST(GruStage, NamesShapesAndTorchInit) {
   StageHarness h("gru", {"hidden=16", "layers=2"}, "core");
   h.setup({{"x", Tensor::zeros({2, 5, 9}, DType::f32)}});

@@ -161,8 +161,11 @@ TEST(DevicePath, AutoregressiveHeadsMatchCpu) {
 // the CPU; two layers, so the second layer's carried state is not the first's.
 TEST(DevicePath, CarriedStateMatchesCpu) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
-  device_path_matches_cpu("fp32", false, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
-  device_path_matches_cpu("bf16", false, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
+  for (const bool gru : {false, true}) {
+    SCOPED_TRACE(gru ? "gru" : "mamba");
+    device_path_matches_cpu("fp32", gru, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
+    device_path_matches_cpu("bf16", gru, {}, 2e-4, {"replays.rows=streams", "core.layers=2"});
+  }
 }
 
 // The host one batch ahead of the device (rows every 4 steps, a validation at 8, a checkpoint at

@@ -49,15 +49,29 @@ void expect_bit_equal(const std::map<std::string, Tensor>& a,
   }
 }
 
-void resume_is_exact(const std::string& precision, const std::vector<std::string>& more = {}) {
+// The tiny graph's overrides for train_bc.yaml, or train_bc_gru.yaml (its core a small GRU).
+std::vector<std::string> tiny_graph_overrides(const std::string& dir, bool gru) {
+  auto sets = tiny_overrides(dir);
+  if (gru) {
+    std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
+    sets.push_back("core.hidden=12");
+  }
+  return sets;
+}
+std::string bc_graph(bool gru) {
+  return source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml");
+}
+
+void resume_is_exact(const std::string& precision, const std::vector<std::string>& more = {},
+                     bool gru = false) {
   TempDir d;
   std::ostringstream log;
-  auto sets = tiny_overrides(d.path());
+  auto sets = tiny_graph_overrides(d.path(), gru);
   sets.insert(sets.end(), more.begin(), more.end());
   sets.push_back("run.precision=" + precision);
   sets.push_back("step.ema=0.9");  // EMA state must survive the resume too
   sets.push_back("ckpt.every=5");
-  std::string graph = source_path("configs/train_bc.yaml");
+  const std::string graph = bc_graph(gru);
 
   auto straight_sets = sets;
   straight_sets.push_back("run.steps=12");
@@ -94,18 +108,20 @@ TEST(Training, ResumeIsBitExactFp32) {
 // on from where they were.
 TEST(Training, ResumeIsBitExactWithCarriedState) {
   resume_is_exact("fp32", {"replays.rows=streams"});
+  resume_is_exact("fp32", {"replays.rows=streams", "core.layers=2"}, true);
 }
 
 // Under rows: streams the model carries each row's state to the row's next window: with the
 // loader's `continues` connected the second step's loss differs from the same run's without it
-// (every row starts afresh), the first step's (nothing carried yet) does not.
-TEST(Training, StreamsCarryTheModelsState) {
+// (every row starts afresh), the first step's (nothing carried yet) does not. Mamba and GRU.
+void streams_carry_the_models_state(bool gru) {
+  SCOPED_TRACE(gru ? "gru" : "mamba");
   TempDir d;
   std::ostringstream log;
-  auto sets = tiny_overrides(d.path());
+  auto sets = tiny_graph_overrides(d.path(), gru);
   for (const char* s : {"replays.rows=streams", "run.steps=3", "run.log_every=1"})
     sets.push_back(s);
-  const std::string graph = source_path("configs/train_bc.yaml");
+  const std::string graph = bc_graph(gru);
   auto losses = [&](bool connected) {
     Config c = load_config(graph, sets);
     for (auto& s : c.stages)
@@ -129,6 +145,11 @@ TEST(Training, StreamsCarryTheModelsState) {
   EXPECT_GT(std::abs(carried[1] - afresh[1]), 1e-4 * std::abs(afresh[1]));
 }
 
+TEST(Training, StreamsCarryTheModelsState) {
+  streams_carry_the_models_state(false);
+  streams_carry_the_models_state(true);
+}
+
 TEST(Training, ResumeIsBitExactBf16) {
   resume_is_exact("bf16");
 }
@@ -139,15 +160,11 @@ TEST(Training, ResumeIsBitExactBf16) {
 TEST(Training, TheModelIsOneBlockAndBucketsNeedNoStaging) {
   TempDir d;
   std::ostringstream log;
-  for (const char* graph : {"configs/train_bc.yaml", "configs/train_bc_gru.yaml"}) {
-    SCOPED_TRACE(graph);
-    auto sets = tiny_overrides(d.path());
+  for (const bool gru : {false, true}) {
+    SCOPED_TRACE(gru ? "gru" : "mamba");
+    auto sets = tiny_graph_overrides(d.path(), gru);
     sets.push_back("run.precision=bf16");
-    if (std::string(graph).find("gru") != std::string::npos) {
-      std::erase_if(sets, [](const std::string& s) { return s.starts_with("core."); });
-      sets.push_back("core.hidden=12");
-    }
-    Runner r(plan_graph(load_config(source_path(graph), sets)), quiet_run_options(log));
+    Runner r(plan_graph(load_config(bc_graph(gru), sets)), quiet_run_options(log));
     r.graph().setup();
     std::vector<Parameter*> params;
     for (size_t k = 0; k < r.graph().size(); ++k)
