@@ -9,7 +9,7 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   libtbb-dev libyaml-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libzstd-dev \
-  zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev libdnnl-dev \
+  zlib1g-dev libcairo2-dev libprotobuf-dev protobuf-compiler libsleef-dev libdnnl-dev libonnx-dev \
   python3 python3-numpy python3-pip python3-setuptools python3-wheel tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -27,6 +27,8 @@ deps:
 	  || echo "make deps: python safetensors unavailable; the checkpoint interop test will skip"
 	@python3 -c 'import melee' 2>/dev/null || python3 -m pip install -q melee 2>/dev/null \
 	  || echo "make deps: libmelee (PyPI melee) unavailable; the libmelee adapter test will skip"
+	@python3 -c 'import onnxruntime' 2>/dev/null || python3 -m pip install -q onnxruntime 2>/dev/null \
+	  || echo "make deps: onnxruntime unavailable; the ONNX export's run under it will skip"
 	@python3 -c 'import tensorboard' 2>/dev/null || python3 -m pip install -q tensorboard 2>/dev/null \
 	  || echo "make deps: python tensorboard unavailable; the TensorBoard read-back test will skip"
 
@@ -80,7 +82,8 @@ gpu-check:
 # ../shared/replays as .gpu-carry/replays.tar.xz for gpu-check's gpu_quick run; carry .gpu-carry
 # and run GPU_CHECK_PREBUILT=.gpu-carry/prebuilt.tar.xz make gpu-check there).
 gpu-bundle: deps
-	cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+	cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSLIPSTREAM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+	  -DSLIPSTREAM_ONNX=OFF
 	cmake --build build-gpu -j $(JOBS) --target all slipstream_tests slipstream_benchmarks
 	bash tools/gpu_check/bundle.sh build-gpu .gpu-carry/prebuilt.tar.xz
 	if [ -d ../shared/replays ]; then tar -C ../shared -cf - replays | xz -9 >.gpu-carry/replays.tar.xz; fi

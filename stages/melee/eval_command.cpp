@@ -146,11 +146,7 @@ void setup_eval(CLI::App& parent) {
       "Score a checkpoint on replays: per-head NLL and accuracy, on every frame and on the "
       "items whose input changes, the share of frames with every head right, and the "
       "repeat-the-previous-input baseline on the same frames (the run's own graph and features)");
-  eval->add_option(
-          "--checkpoint", a->checkpoint,
-          "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "
-          "directory copied out of its run")
-      ->required();
+  add_checkpoint_option(*eval, a->checkpoint);
   eval->add_option("--replays", a->replays, "replay files, folders, globs or corpus directories")
       ->required();
   eval->add_option("--port", a->port, "only this port's player (1-4; default: every player)")

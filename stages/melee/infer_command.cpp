@@ -64,13 +64,6 @@ struct ActionRates {
   static double pct(size_t n, size_t of) { return of ? 100.0 * double(n) / double(of) : 0.0; }
 };
 
-// The stage of `kind` in the graph (the first one), or -1.
-int stage_of_kind(Graph& g, const std::string& kind) {
-  for (size_t k = 0; k < g.size(); ++k)
-    if (g.plan().stages[k].schema->kind() == kind) return static_cast<int>(k);
-  return -1;
-}
-
 int argmax(const float* v, int n) {
   return static_cast<int>(std::max_element(v, v + n) - v);
 }
@@ -145,17 +138,7 @@ int infer_command(const InferArgs& a) {
   }
   note_config_changes(where, std::cerr);
   note_training_overlap(where, {a.replay}, std::cerr);
-  // Windows of one frame, every frame, in game order; the replay is the user's choice, so the
-  // run's game filters do not apply.
-  ReplaySelection sel{{a.replay}, a.port, "infer", {}};
-  sel.loader = {{"batch_size", YAML::Node(1)},
-                {"window", YAML::Node(1)},
-                {"stride", YAML::Node(1)},
-                {"shuffle", YAML::Node(false)},
-                {"rows", YAML::Node("shuffled")},
-                {"min_frames", YAML::Node(0)},
-                {"characters", YAML::Node(YAML::NodeType::Sequence)},
-                {"stages", YAML::Node(YAML::NodeType::Sequence)}};
+  const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
   std::vector<std::string> sets = a.sets;
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);
   GraphPlan plan;
@@ -176,8 +159,8 @@ int infer_command(const InferArgs& a) {
     if (!a.csv.empty()) csv.emplace(a.csv, a.probabilities);
     Runner runner(std::move(plan), RunOptions::embedded());
     Graph& g = runner.graph();
-    const int src = stage_of_kind(g, "slippi_replays"),
-              heads = stage_of_kind(g, "controller_heads");
+    const int src = stage_of_kind(g.plan(), "slippi_replays"),
+              heads = stage_of_kind(g.plan(), "controller_heads");
     if (heads < 0) throw std::runtime_error("the run's graph has no controller_heads stage");
     auto* loader = dynamic_cast<ReplaysStage*>(&g.stage(static_cast<size_t>(src)));
     r = runner.stream(where.checkpoint, [&](const Batch& b, double seconds) {
@@ -245,12 +228,7 @@ void setup_infer(CLI::App& parent) {
       "infer",
       "Play a checkpoint's policy over a replay frame by frame (state carried, as a bot would): "
       "accuracy against the recorded inputs, per-frame latency, optionally every prediction");
-  infer
-      ->add_option(
-          "--checkpoint", a->checkpoint,
-          "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "
-          "directory copied out of its run")
-      ->required();
+  add_checkpoint_option(*infer, a->checkpoint);
   infer->add_option("--replay", a->replay, "the replay (.slp) to play")->required();
   infer->add_option("--port", a->port, "the player whose inputs are predicted (1-4)")
       ->required()

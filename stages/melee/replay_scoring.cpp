@@ -1,6 +1,7 @@
 // See replay_scoring.h.
 #include "stages/melee/replay_scoring.h"
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +14,32 @@
 #include "stages/melee/replay_inputs.h"
 
 namespace slipstream::melee {
+
+void add_checkpoint_option(CLI::App& cmd, std::string& checkpoint) {
+  cmd.add_option("--checkpoint", checkpoint,
+                 "a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a checkpoint "
+                 "directory copied out of its run")
+      ->required();
+}
+
+int stage_of_kind(const GraphPlan& plan, const std::string& kind) {
+  for (size_t k = 0; k < plan.stages.size(); ++k)
+    if (plan.stages[k].schema->kind() == kind) return static_cast<int>(k);
+  return -1;
+}
+
+ReplaySelection frame_by_frame(const std::string& replay, int port, std::string origin) {
+  ReplaySelection sel{{replay}, port, std::move(origin), {}};
+  sel.loader = {{"batch_size", YAML::Node(1)},
+                {"window", YAML::Node(1)},
+                {"stride", YAML::Node(1)},
+                {"shuffle", YAML::Node(false)},
+                {"rows", YAML::Node("shuffled")},
+                {"min_frames", YAML::Node(0)},
+                {"characters", YAML::Node(YAML::NodeType::Sequence)},
+                {"stages", YAML::Node(YAML::NodeType::Sequence)}};
+  return sel;
+}
 
 Config config_for_replays(const std::string& graph_file, const std::vector<std::string>& sets,
                           const ReplaySelection& sel) {

@@ -12,8 +12,16 @@
 
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/graph.h"
+
+namespace CLI {
+class App;
+}
 
 namespace slipstream::melee {
+
+// The required --checkpoint option eval, infer and export share (find_checkpoint's forms).
+void add_checkpoint_option(CLI::App& cmd, std::string& checkpoint);
 
 struct ReplaySelection {
   std::vector<std::string> replays;  // files, folders, globs or corpus directories
@@ -22,6 +30,14 @@ struct ReplaySelection {
   // More loader parameters to set (YAML values), e.g. {"window", 1}.
   std::map<std::string, YAML::Node> loader;
 };
+
+// The stage of `kind` in the plan (the first one), or -1.
+int stage_of_kind(const GraphPlan& plan, const std::string& kind);
+
+// One replay's frames of one port, every frame in game order, one at a time (batch 1, window 1):
+// what `infer` plays and `export --replay` records. The replay is the user's choice, so the run's
+// game filters (characters, stages, minimum length) do not apply.
+ReplaySelection frame_by_frame(const std::string& replay, int port, std::string origin);
 
 // The checkpoint's graph (CheckpointPath::graph_file: its weights' `slipstream.config`, or
 // RUN/config.yaml) with `sets` (--set, --device) applied and every slippi_replays stage reading

@@ -136,8 +136,8 @@ else
   # the expected outcome, not a failure (mode.txt and configure_full.log say why).
   echo "== configure (whole engine)"
   if ! cmake -S . -B $B "${CONFIG[@]}" >"$OUT/configure_full.log" 2>&1 &&
-    ! { echo "   (again without MPI and cairo)" && rm -rf $B/CMakeCache.txt &&
-        cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_MPI=OFF -DSLIPSTREAM_PLOT=OFF >>"$OUT/configure_full.log" 2>&1; }; then
+    ! { echo "   (again without MPI, cairo and ONNX)" && rm -rf $B/CMakeCache.txt &&
+        cmake -S . -B $B "${CONFIG[@]}" -DSLIPSTREAM_MPI=OFF -DSLIPSTREAM_PLOT=OFF -DSLIPSTREAM_ONNX=OFF >>"$OUT/configure_full.log" 2>&1; }; then
     B=build-gpu-kernels
     MODE="kernels-only (the whole engine did not configure: configure_full.log)"
     grep -m1 -B1 -A3 "CMake Error" "$OUT/configure_full.log"
