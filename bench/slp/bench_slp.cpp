@@ -145,7 +145,8 @@ void BM_CorpusRead(benchmark::State& state) {
     column_bytes = 0;
     frames = 0;
     for (size_t i = 0; i < corpus.size(); ++i) {
-      const GameView g = corpus.game(i);
+      const CorpusGame game = corpus.game(i);
+      const GameView& g = game.view();
       frames += g.frames.size();
       visit_frame_columns(g.frames, [&](const std::string&, const auto& col) {
         const auto* p = reinterpret_cast<const uint8_t*>(col.data());

@@ -120,7 +120,8 @@ void setup_corpus(CLI::App& parent) {
   auto args = std::make_shared<BuildArgs>();
   CLI::App* build = corpus->add_subcommand("build", "Parse replays into a corpus directory");
   build->add_option("--out", args->out, "Corpus directory")->required();
-  build->add_flag("--zstd", args->zstd, "Compress each column with zstd");
+  build->add_flag("--zstd", args->zstd,
+                  "Compress each game's slice of each column with zstd (read one game at a time)");
   build->add_flag("--keep-rollbacks", args->keep_rollbacks,
                   "Keep every recorded copy of rolled-back frames");
   build->add_option("paths", args->paths, "Replay files or directories")->required();

@@ -261,7 +261,9 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
           out[i] = process_file(in.files[it.index], f);
         } else {
           const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
-          const slp::GameView v = c.game(it.index);
+          // A --zstd corpus decodes this game alone here, freed once its features are out.
+          const slp::CorpusGame game = c.game(it.index);
+          const slp::GameView& v = game.view();
           out[i] = process_view(v, f, (c.dir() / fs::path(v.info.source).filename()).string());
         }
       }

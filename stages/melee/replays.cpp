@@ -234,7 +234,8 @@ constexpr double kFeatureBytesPerSlpByte = 0.7;
 // Before decoding anything: the features the inputs will take (this rank's share with
 // shard: games) against what the process can use (replays.memory: auto, what the host or the
 // cgroup leaves; or a budget in GiB). A corpus counts the .slp bytes it was built from, and a
-// zstd corpus also its columns, which opening it decompresses into memory (all ranks alike).
+// format-version-1 zstd corpus also its columns, which opening it decompresses into memory (all
+// ranks alike); today's zstd corpora decode one game at a time.
 // Over it, setup stops with both figures and the knobs, instead of the kernel's OOM kill an
 // hour into decoding; past 80 %, a note.
 void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int ranks) const {

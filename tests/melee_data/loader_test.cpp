@@ -18,6 +18,7 @@
 #include "stages/melee/slp/parser.h"
 #include "stages/melee/slp/writer.h"
 #include "tests/melee_data/loader_fixture.h"
+#include "tests/slp/corpus_v1.h"
 
 namespace slipstream::melee::testing {
 namespace {
@@ -571,33 +572,42 @@ TEST(Loader, FeaturesOverTheMemoryBudgetAreRefusedBeforeLoading) {
   EXPECT_GT(ok.stage().windows(), 0u);
 }
 
-// A corpus counts in the check too: the .slp bytes it was built from, and with zstd the columns
-// that opening it unpacks into memory (read from the manifest before anything is opened).
+// A corpus counts in the check too: the .slp bytes it was built from, and a format-version-1
+// zstd corpus the columns that opening it unpacks into memory (read from the manifest before
+// anything is opened). Today's --zstd corpus decodes one game at a time: nothing more to count.
 TEST(Loader, CorpusFootprintIsCheckedBeforeOpening) {
   const std::vector<fs::path> inputs = {synth_dir()};
   uint64_t slp_bytes = 0;
   for (const auto& f : slp::find_replays(inputs)) slp_bytes += fs::file_size(f);
-  TempDir plain("fp-plain"), packed("fp-zstd");
+  TempDir plain("fp-plain"), packed("fp-zstd"), whole("fp-zstd-v1");
   slp::build_corpus(inputs, plain.path());
+  slp::build_corpus(inputs, whole.path());
+  slp::testing::rewrite_as_whole_column_zstd(whole.path());
   slp::CorpusOptions zstd;
   zstd.zstd = true;
   slp::build_corpus(inputs, packed.path(), zstd);
   const slp::CorpusFootprint a = slp::corpus_footprint(plain.path()),
-                             b = slp::corpus_footprint(packed.path());
+                             b = slp::corpus_footprint(whole.path()),
+                             c = slp::corpus_footprint(packed.path());
   EXPECT_EQ(a.games, 8u);
   EXPECT_EQ(a.source_bytes, slp_bytes);
   EXPECT_EQ(a.decompressed_bytes, 0u);
   EXPECT_EQ(b.source_bytes, slp_bytes);
   EXPECT_GT(b.decompressed_bytes, slp_bytes / 4);  // every column, unpacked
-  // The budget between the two: the plain corpus loads, the zstd one is refused, naming both.
+  EXPECT_EQ(c.source_bytes, slp_bytes);
+  EXPECT_EQ(c.decompressed_bytes, 0u);
+  // The budget between the two: the plain and today's zstd corpus load, the version-1 zstd one
+  // is refused, naming both figures.
   const double gib =
       (0.7 * static_cast<double>(slp_bytes) + 0.5 * static_cast<double>(b.decompressed_bytes)) /
       1073741824.0;
   const std::string budget = "memory=" + std::to_string(gib);
   Loader ok({paths_of(plain.path()), budget});
   EXPECT_GT(ok.stage().windows(), 0u);
+  Loader ok_zstd({paths_of(packed.path()), budget});
+  EXPECT_EQ(ok_zstd.stage().windows(), ok.stage().windows());
   try {
-    Loader L({paths_of(packed.path()), budget});
+    Loader L({paths_of(whole.path()), budget});
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
     const std::string m = e.what();

@@ -13,6 +13,7 @@
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/synth.h"
 #include "stages/melee/slp/writer.h"
+#include "tests/slp/corpus_v1.h"
 #include "tests/slp/replay_files.h"
 #include "tests/support/flip_bits.h"
 
@@ -40,7 +41,14 @@ void expect_corpus_equals_parse(const std::filesystem::path& dir,
   for (size_t i = 0; i < files.size(); ++i) {
     SCOPED_TRACE(files[i].string());
     const Game parsed = parse_slp_file(files[i], po);
-    const GameView from_corpus = corpus.game(i);
+    const CorpusGame game = corpus.game(i);
+    const GameView& from_corpus = game.view();
+    // A --zstd corpus decodes the game's own columns when the game is read, nothing else.
+    if (options.zstd && parsed.frames.size() > 0) {
+      EXPECT_GT(game.decoded_bytes(), 0u);
+    } else if (!options.zstd) {
+      EXPECT_EQ(game.decoded_bytes(), 0u);
+    }
     EXPECT_EQ(from_corpus.info, parsed.info);
     expect_same_columns(from_corpus, view_of(parsed), files[i].string());
     if (i == 0 && !from_corpus.frames.frame.empty()) {
@@ -57,15 +65,18 @@ void expect_corpus_equals_parse(const std::filesystem::path& dir,
 TEST(SlpCorpus, ReadEqualsParseForAllRealReplays) {
   SLP_REQUIRE_REPLAYS();
   const auto files = testing::all_replays();
-  for (const bool zstd : {false, true}) {
-    SCOPED_TRACE(zstd ? "zstd" : "raw");
-    const auto dir = temp_dir(zstd ? "zstd" : "raw");
+  // Uncompressed; --zstd (a frame per game and column); and format version 1's whole-column
+  // zstd, which older builds wrote and this one still reads.
+  for (const std::string mode : {"raw", "zstd", "zstd_v1"}) {
+    SCOPED_TRACE(mode);
+    const auto dir = temp_dir(mode);
     CorpusOptions options;
-    options.zstd = zstd;
+    options.zstd = mode == "zstd";
     const std::vector<std::filesystem::path> inputs = {testing::replay_dir()};
     const CorpusBuildReport r = build_corpus(inputs, dir, options);
     EXPECT_EQ(r.games, files.size());  // corrupt.slp is partial, still readable
     EXPECT_EQ(r.skipped, 0u);
+    if (mode == "zstd_v1") testing::rewrite_as_whole_column_zstd(dir);
     expect_corpus_equals_parse(dir, files, options);
     std::filesystem::remove_all(dir);
   }
@@ -86,7 +97,7 @@ TEST(SlpCorpus, KeepAllRollbacksAndSkippedFiles) {
   EXPECT_EQ(r.games, 2u);
   EXPECT_EQ(r.skipped, 1u);
   expect_corpus_equals_parse(dir, {src / "a.slp", src / "b.slp"}, options);
-  EXPECT_EQ(Corpus::open(dir).game(0).frames.size(), 9530u);
+  EXPECT_EQ(Corpus::open(dir).game(0).view().frames.size(), 9530u);
 
   std::ifstream in(dir / "manifest.json");
   const auto manifest = nlohmann::json::parse(in);

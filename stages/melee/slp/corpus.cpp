@@ -198,8 +198,11 @@ CorpusFootprint corpus_footprint(const std::filesystem::path& dir) {
   try {
     for (const auto& s : m.at("sources")) f.source_bytes += s.at("size").get<uint64_t>();
     f.games = m.at("sources").size();
-    if (m.value("compression", std::string("none")) == "zstd")
-      for (const auto& c : m.at("columns")) f.decompressed_bytes += c.at("bytes").get<uint64_t>();
+    // Whole-column zstd (format version 1) is unpacked at open; per-game zstd ("zstd_games")
+    // one game at a time, as the game is read.
+    for (const auto& c : m.at("columns"))
+      if (c.value("compression", std::string("none")) == "zstd")
+        f.decompressed_bytes += c.at("bytes").get<uint64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw CorpusError("corpus manifest " + path.string() + " lacks what it should hold (" +
                       e.what() + "): rebuild it with `slipstream corpus build`");
@@ -324,6 +327,39 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   parse_options.rollbacks = options.rollbacks;
   parse_options.items = options.items;
 
+  // --zstd: each game's slice of each column is compressed on its own (a zstd frame per game
+  // and column), so a reader decodes one game without the rest: game_bytes holds the game's
+  // slices until it ends, chunks each column's frame sizes.
+  std::vector<std::vector<uint8_t>> game_bytes(options.zstd ? specs.size() : 0);
+  std::vector<std::vector<uint64_t>> chunks(options.zstd ? specs.size() : 0);
+  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(
+      options.zstd ? ZSTD_createCCtx() : nullptr, &ZSTD_freeCCtx);
+  std::vector<uint8_t> packed;
+  auto write_column = [&](size_t k, const void* data, size_t n) {
+    if (options.zstd) {
+      const auto* b = static_cast<const uint8_t*>(data);
+      game_bytes[k].insert(game_bytes[k].end(), b, b + n);
+    } else {
+      write_all(tmp[k].get(), data, n, tmp_paths[k]);
+    }
+  };
+  auto end_game = [&] {
+    for (size_t k = 0; k < game_bytes.size(); ++k) {
+      const std::vector<uint8_t>& raw = game_bytes[k];
+      size_t stored = 0;
+      if (!raw.empty()) {
+        packed.resize(ZSTD_compressBound(raw.size()));
+        stored = ZSTD_compressCCtx(cctx.get(), packed.data(), packed.size(), raw.data(), raw.size(),
+                                   options.zstd_level);
+        if (ZSTD_isError(stored))
+          throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(stored));
+        write_all(tmp[k].get(), packed.data(), stored, tmp_paths[k]);
+      }
+      chunks[k].push_back(stored);
+      game_bytes[k].clear();
+    }
+  };
+
   const ReplayScan scan = scan_replays(inputs);
   for (const SkippedPath& s : scan.skipped) {
     skipped.push_back({{"path", s.path.string()}, {"reason", s.reason}});
@@ -355,10 +391,10 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
       return [&, rows](const std::string&, const auto& col, Presence) {
         using T = typename std::remove_cvref_t<decltype(col)>::value_type;
         if (col.size() == rows) {
-          write_all(tmp[k].get(), col.data(), rows * sizeof(T), tmp_paths[k]);
+          write_column(k, col.data(), rows * sizeof(T));
         } else {  // absent field: zeros keep the tracks aligned
           zeros.assign(rows * sizeof(T), 0);
-          write_all(tmp[k].get(), zeros.data(), zeros.size(), tmp_paths[k]);
+          write_column(k, zeros.data(), zeros.size());
         }
         ++k;
       };
@@ -378,6 +414,7 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     }
     k = track_begin + kTrackColumns;
     visit_item_group(f.items, append(f.items.size()));
+    if (options.zstd) end_game();
 
     games.push_back({{"source", sources.size() - 1},
                      {"frames", n},
@@ -398,29 +435,34 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     t.reset();
   }
 
-  // Assemble columns.bin: each column at a 64-byte boundary, raw or zstd-compressed.
+  // Assemble columns.bin: each column at a 64-byte boundary, raw, or (--zstd) a table of
+  // games + 1 little-endian u64 offsets (from the end of the table) followed by the games' zstd
+  // frames.
   const fs::path columns_path = out_dir / kColumnsName;
   const fs::path columns_tmp = out_dir / (std::string(kColumnsName) + ".tmp");
   File out = open_file(columns_tmp, "wb");
   nlohmann::json columns = nlohmann::json::array();
   size_t offset = 0;
-  std::vector<uint8_t> data, packed;
+  std::vector<uint8_t> data;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ColumnSpec& spec = specs[i];
-    data.resize(fs::file_size(tmp_paths[i]));
+    size_t head = 0;
+    if (options.zstd) {
+      std::vector<uint64_t> table(1, 0);
+      for (uint64_t c : chunks[i]) table.push_back(table.back() + c);
+      head = table.size() * sizeof(uint64_t);
+      data.resize(head);
+      std::memcpy(data.data(), table.data(), head);
+    } else {
+      data.clear();
+    }
+    data.resize(head + fs::file_size(tmp_paths[i]));
     File in = open_file(tmp_paths[i], "rb");
-    if (!data.empty() && std::fread(data.data(), 1, data.size(), in.get()) != data.size())
+    if (data.size() > head &&
+        std::fread(data.data() + head, 1, data.size() - head, in.get()) != data.size() - head)
       throw CorpusError("cannot read " + tmp_paths[i].string());
     const uint8_t* stored = data.data();
-    size_t stored_size = data.size();
-    if (options.zstd && !data.empty()) {
-      packed.resize(ZSTD_compressBound(data.size()));
-      const size_t r =
-          ZSTD_compress(packed.data(), packed.size(), data.data(), data.size(), options.zstd_level);
-      if (ZSTD_isError(r)) throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(r));
-      stored = packed.data();
-      stored_size = r;
-    }
+    const size_t stored_size = data.size();
     const size_t aligned = align_up(offset);
     zeros.assign(aligned - offset, 0);
     write_all(out.get(), zeros.data(), zeros.size(), columns_tmp);
@@ -434,10 +476,10 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
          {"dtype", spec.dtype},
          {"rows", rows},
          {"offset", aligned},
-         {"bytes", data.size()},
+         {"bytes", rows * spec.elem_size},
          {"stored_bytes", stored_size},
          {"hash", "mix64:" + hex64(content_hash(std::span<const uint8_t>(stored, stored_size)))},
-         {"compression", options.zstd && !data.empty() ? "zstd" : "none"}});
+         {"compression", options.zstd ? "zstd_games" : "none"}});
     offset = aligned + stored_size;
   }
   if (std::fflush(out.get()) != 0)
@@ -479,8 +521,11 @@ struct Corpus::State {
   std::filesystem::path dir;
   void* map = nullptr;
   size_t map_size = 0;
-  std::vector<const uint8_t*> base;  // per catalog column
+  std::vector<const uint8_t*> base;  // per catalog column; null for per-game zstd
   std::vector<std::unique_ptr<uint8_t, decltype(&std::free)>> owned;
+  // Per-game zstd columns: the offsets table (games + 1) and the frames after it.
+  std::vector<const uint64_t*> chunk_table;
+  std::vector<const uint8_t*> chunk_data;
   struct Track {
     uint8_t port;
     bool follower;
@@ -529,7 +574,7 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
   if (m.value("format", std::string()) != kFormatName)
     throw CorpusError(manifest_path.string() + " is not a slipstream slp corpus manifest");
   const int version = m.value("format_version", -1);
-  if (version != kCorpusFormatVersion)
+  if (version != 1 && version != kCorpusFormatVersion)
     throw CorpusError("corpus " + dir.string() + " has format version " + std::to_string(version) +
                       " but this build reads version " + std::to_string(kCorpusFormatVersion) +
                       ": rebuild it with `slipstream corpus build`");
@@ -588,7 +633,17 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
                             " (damaged, or columns.bin of another build): rebuild it with "
                             "`slipstream corpus build`");
       }
-      if (c.at("compression") == "zstd") {
+      const std::string compression = c.at("compression");
+      st->chunk_table.push_back(nullptr);
+      st->chunk_data.push_back(nullptr);
+      if (compression == "zstd_games") {
+        // Checked below, once the games are known: the table's size and order.
+        if (bytes) {
+          st->chunk_table.back() = reinterpret_cast<const uint64_t*>(bytes + offset);
+          st->chunk_data.back() = bytes + offset;  // the table's end is added below
+        }
+        st->base.push_back(nullptr);
+      } else if (compression == "zstd") {
         const size_t alloc = align_up(std::max<size_t>(size, 1));
         st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)),
                                &std::free);
@@ -604,6 +659,19 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
       }
     }
 
+    const size_t n_games = m.at("games").size();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (!st->chunk_table[i]) continue;
+      const size_t stored = columns[i].at("stored_bytes"), head = (n_games + 1) * sizeof(uint64_t);
+      const uint64_t* t = st->chunk_table[i];
+      bool ok = stored >= head && t[0] == 0;
+      for (size_t g = 0; ok && g < n_games; ++g) ok = t[g] <= t[g + 1];
+      if (!ok || t[n_games] > stored - head)
+        throw CorpusError("corpus " + dir.string() + " column '" + specs[i].name +
+                          "' has a damaged table of games: rebuild it with `slipstream corpus "
+                          "build`");
+      st->chunk_data[i] += head;
+    }
     for (const auto& g : m.at("games")) {
       State::GameEntry e;
       e.info = game_info_from_json(g.at("info"));
@@ -618,6 +686,9 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
         State::Track tr{t.at("port"), t.at("follower"), t.at("offset")};
         if (tr.offset > rows_of[1] || e.frames > rows_of[1] - tr.offset)
           throw CorpusError("corpus " + dir.string() + " has a track outside its columns");
+        // A game's tracks follow each other: its slice of a track column is one range.
+        if (!e.tracks.empty() && tr.offset != e.tracks.back().offset + e.frames)
+          throw CorpusError("corpus " + dir.string() + " has a game whose tracks are apart");
         e.tracks.push_back(tr);
       }
       st->games.push_back(std::move(e));
@@ -628,21 +699,54 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
   return Corpus(std::move(st));
 }
 
-GameView Corpus::game(size_t index) const {
+CorpusGame Corpus::game(size_t index) const {
   const State& st = *state_;
   const State::GameEntry& g = st.games.at(index);
-  GameView v;
+  CorpusGame out;
+  GameView& v = out.view_;
   v.info = g.info;
+  // Column k's rows from `offset` on: in the mapping, or in this game's decoded slice of a
+  // per-game zstd column (slice_begin: the slice's first row; decoded once per column).
+  std::vector<const uint8_t*> decoded(st.base.size(), nullptr);
+  const auto& specs = catalog();
+  auto rows_at = [&](size_t k, size_t offset, size_t slice_begin,
+                     size_t slice_rows) -> const uint8_t* {
+    const size_t elem = specs[k].elem_size;
+    if (st.base[k]) return st.base[k] + offset * elem;
+    if (!st.chunk_table[k]) return nullptr;
+    if (!decoded[k]) {
+      const uint64_t* t = st.chunk_table[k];
+      const size_t size = slice_rows * elem;
+      out.owned_.emplace_back(
+          static_cast<uint8_t*>(std::aligned_alloc(kAlign, align_up(std::max<size_t>(size, 1)))),
+          &std::free);
+      if (!out.owned_.back()) throw std::bad_alloc();
+      const size_t r = size ? ZSTD_decompress(out.owned_.back().get(), size,
+                                              st.chunk_data[k] + t[index], t[index + 1] - t[index])
+                            : 0;
+      if (ZSTD_isError(r) || r != size)
+        throw CorpusError("corpus " + st.dir.string() + " column '" + specs[k].name + "' of game " +
+                          std::to_string(index) + " does not decompress");
+      out.decoded_bytes_ += size;
+      decoded[k] = out.owned_.back().get();
+    }
+    return decoded[k] + (offset - slice_begin) * elem;
+  };
   size_t k = 0;
-  auto bind = [&](size_t offset, size_t rows) {
-    return [&, offset, rows](const std::string&, auto& view, Presence presence) {
+  auto bind = [&](size_t offset, size_t rows, size_t slice_begin, size_t slice_rows) {
+    return [&, offset, rows, slice_begin, slice_rows](const std::string&, auto& view,
+                                                      Presence presence) {
       using T = typename std::remove_cvref_t<decltype(view)>::value_type;
-      const auto* base = reinterpret_cast<const T*>(st.base[k++]);
-      view = presence.in(g.info.fields) && base ? View<T>(base + offset, rows) : View<T>();
+      const size_t col = k++;
+      const uint8_t* p =
+          presence.in(g.info.fields) ? rows_at(col, offset, slice_begin, slice_rows) : nullptr;
+      view = p ? View<T>(reinterpret_cast<const T*>(p), rows) : View<T>();
     };
   };
-  visit_frame_group(v.frames, bind(g.frame_offset, g.frames));
+  visit_frame_group(v.frames, bind(g.frame_offset, g.frames, g.frame_offset, g.frames));
   const size_t track_begin = k;
+  const size_t tracks_begin = g.tracks.empty() ? 0 : g.tracks.front().offset;
+  const size_t tracks_rows = g.tracks.size() * g.frames;
   for (const State::Track& t : g.tracks) {
     if (v.frames.ports.empty() || v.frames.ports.back().port != t.port) {
       v.frames.ports.emplace_back();
@@ -651,11 +755,11 @@ GameView Corpus::game(size_t index) const {
     auto& pf = v.frames.ports.back();
     CharacterFramesT<View>& ch = t.follower ? pf.follower.emplace() : pf.leader;
     k = track_begin;
-    visit_track_group(ch, bind(t.offset, g.frames));
+    visit_track_group(ch, bind(t.offset, g.frames, tracks_begin, tracks_rows));
   }
   k = track_begin + kTrackColumns;
-  visit_item_group(v.frames.items, bind(g.item_offset, g.items));
-  return v;
+  visit_item_group(v.frames.items, bind(g.item_offset, g.items, g.item_offset, g.items));
+  return out;
 }
 
 }  // namespace slipstream::slp

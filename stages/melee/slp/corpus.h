@@ -4,7 +4,9 @@
 //                  reasons, per game: GameInfo, frame/item counts and offsets, its tracks
 //                  (one per port leader/follower), and the column directory
 //   columns.bin    each column at a 64-byte-aligned offset: fixed-width little-endian values,
-//                  all games back to back; optionally each column zstd-compressed on its own
+//                  all games back to back; with --zstd, each game's slice of each column is a
+//                  zstd frame of its own (a table of offsets first), so one game is decoded
+//                  without the others (format version 1's whole-column zstd is still read)
 //
 // Three column groups: frame columns (one value per row of every game), track columns (one
 // value per row of every track: "present", "pre.*", "post.*") and item columns. See
@@ -24,7 +26,7 @@
 
 namespace slipstream::slp {
 
-inline constexpr int kCorpusFormatVersion = 1;
+inline constexpr int kCorpusFormatVersion = 2;  // written; 1 and 2 are read
 
 struct CorpusError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -84,6 +86,22 @@ struct CorpusFootprint {
 };
 CorpusFootprint corpus_footprint(const std::filesystem::path& dir);
 
+// One game of a corpus: views into the corpus's mapping or, for a corpus built with --zstd, into
+// the game's columns decoded when it was read (held here, freed with it). Valid while this and
+// the Corpus live.
+class CorpusGame {
+ public:
+  const GameView& view() const { return view_; }
+  // The bytes decoded for this game (0 for an uncompressed corpus).
+  size_t decoded_bytes() const { return decoded_bytes_; }
+
+ private:
+  friend class Corpus;
+  GameView view_;
+  std::vector<std::unique_ptr<uint8_t, void (*)(void*)>> owned_;
+  size_t decoded_bytes_ = 0;
+};
+
 class Corpus {
  public:
   // Maps the corpus; throws CorpusError on a missing or malformed corpus or another format
@@ -95,9 +113,9 @@ class Corpus {
   ~Corpus();
 
   size_t size() const;  // games
-  // Views into the mapping; valid while the Corpus lives. Absent fields give empty columns,
-  // as in a parsed Game.
-  GameView game(size_t index) const;
+  // Game `index` (CorpusGame above). Absent fields give empty columns, as in a parsed Game.
+  // Safe to call from several threads at once.
+  CorpusGame game(size_t index) const;
   size_t total_frames() const;
   const std::filesystem::path& dir() const;
 
