@@ -147,9 +147,7 @@ class GruModel {
     if (carry_) {
       h_last_ = buf(state_elems(), "gru carried state");
       carried_.push_back(buffers_.back());
-      h_first_ = buf(state_elems(), "gru carried state");
-      ops_.zero(h_last_, state_elems());
-      ops_.zero(h_first_, state_elems());
+      h_first_ = buf(state_elems(), "gru carried state");  // alloc() zero-fills both
     }
   }
 

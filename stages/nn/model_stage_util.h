@@ -54,17 +54,14 @@ inline void check_output_grad(const StageContext& ctx, const Tensor& dy, const T
                              ", expected " + y.describe());
 }
 
-// A model stage's state on a stream (Runner::stream): a recurrent form of the model
+// A model stage's state on a stream (Runner::stream) on the CPU: a recurrent form of the model
 // (Recurrent(config, B) with step(x (B, din), w, y (B, dout))) whose row r continues sequence r
-// from batch to batch. begin() starts every sequence afresh.
+// from batch to batch. begin() starts every sequence afresh. (On a device the stage's model
+// carries the state itself: sequence_stage.h.)
 template <class Recurrent, class Config>
 class FrameStream {
  public:
-  void begin(const StageContext& ctx, const Device& device) {
-    if (!device.is_cpu())
-      throw std::runtime_error("stage '" + ctx.name() +
-                               "': frame-by-frame inference runs on the CPU for now (no CUDA "
-                               "single-step path yet); use --device cpu");
+  void begin() {
     model_.reset();  // sized, at the start of every sequence, by the first batch
   }
 

@@ -10,8 +10,13 @@
 // source whose rows continue (RunState::rows_continue: the loader's `rows: streams`, where a row
 // walks one game's consecutive windows), each batch row starts where the same row of the
 // previous batch ended when continues says 1. Otherwise continues is ignored: no state is kept.
+// On a stream on a device (infer, the policy library with a CUDA device) the model itself carries
+// each row's state from batch to batch (its window forward over the batch's frames from the state
+// the last one left: the same computation as the CPU's recurrent step), its rows restarted one by
+// one through `continues`; a model that cannot carry (gru on cuDNN) is refused there.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -41,7 +46,23 @@ class SequenceStage : public Stage {
  public:
   using Model = SequenceModel<Config, Layout>;
 
-  void stream_begin(StageContext& ctx) override { stream_.begin(ctx, device_); }
+  void stream_begin(StageContext& ctx) override {
+    // The device path wherever the ops are CUDA kernels (a GPU, or the emulator checking it).
+    device_stream_ = ctx.exec().backend() != KernelBackend::cpu;
+    if (!device_stream_) {
+      stream_.begin();
+      return;
+    }
+    if (!model_->can_carry())
+      throw std::runtime_error("stage '" + ctx.name() + "': frame-by-frame inference on " +
+                               device_.str() +
+                               " needs a model that carries its state from batch to batch, and "
+                               "this one does not (gru with backend cudnn: use backend kernels, or "
+                               "--device cpu)");
+    model_->set_carry(true);
+    B_ = W_ = 0;  // the next batch sizes the model and its state afresh: every row from zero
+    stream_continues_.clear();
+  }
   // A validation pass's batches are other sequences: the training rows start afresh after it,
   // and its own rows from zero.
   void validation_begin(StageContext&) override {
@@ -50,12 +71,23 @@ class SequenceStage : public Stage {
   void validation_end(const std::map<std::string, double>&, StageContext&) override {
     if (carry_) model_->clear_carry();
   }
-  void stream_reset_row(int64_t row, StageContext&) override { stream_.reset_row(row); }
+  void stream_reset_row(int64_t row, StageContext&) override {
+    if (!device_stream_) {
+      stream_.reset_row(row);
+    } else if (row >= 0 && static_cast<size_t>(row) < stream_continues_.size()) {
+      stream_continues_[static_cast<size_t>(row)] = 0.0f;
+    }
+  }
 
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
+    if (ctx.run().streaming && device_stream_) {
+      forward_stream_on_device(x);
+      ctx.set_output(b, "y", y_);
+      return;
+    }
     if (ctx.run().streaming) {
       const Config& c = model_->config();
       stream_.forward(c, x, store_.values(), y_, static_cast<size_t>(c.din),
@@ -150,6 +182,26 @@ class SequenceStage : public Stage {
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
   }
 
+  // A stream's batch on a device: the window forward from the state the previous batch left,
+  // rows restarted by stream_reset_row (and every row at the stream's first batch) from zero.
+  void forward_stream_on_device(const Tensor& x) {
+    const size_t B = static_cast<size_t>(x.dim(0));
+    if (stream_continues_.size() != B) stream_continues_.assign(B, 0.0f);
+    Tensor host = Tensor::empty({x.dim(0)}, DType::f32);
+    std::copy(stream_continues_.begin(), stream_continues_.end(), host.data<float>());
+    if (!(stream_continues_device_.shape() == host.shape()))
+      stream_continues_device_ =
+          Tensor::empty({x.dim(0)}, DType::f32, device_, (kind_ + " stream rows").c_str());
+    stream_continues_device_.copy_from(host);
+    model_->carry(stream_continues_device_.data<float>());
+    if (bf16_ && !shadow_checked_) {
+      model_->refresh_shadow(store_);
+      shadow_checked_ = true;
+    }
+    model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
+    std::fill(stream_continues_.begin(), stream_continues_.end(), 1.0f);
+  }
+
   // The rare path: a batch of a new shape (and setup, when the shape is known).
   void resize(int64_t B, int64_t W) {
     const Config& c = model_->config();
@@ -169,7 +221,11 @@ class SequenceStage : public Stage {
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
   bool carry_ = false;  // `continues` connected and rows continue: state carried across batches
   bool single_process_ = true;
-  FrameStream<Recurrent, Config> stream_;  // Runner::stream's state
+  FrameStream<Recurrent, Config> stream_;  // Runner::stream's state on the CPU
+  // On a device: the model carries the stream's state; each row's `continues` for the next batch.
+  bool device_stream_ = false;
+  std::vector<float> stream_continues_;
+  Tensor stream_continues_device_;
 };
 
 }  // namespace slipstream::nn

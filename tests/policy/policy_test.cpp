@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/device.h"
 #include "engine/safetensors.h"
 #include "stages/melee/batch_layout.h"
 #include "stages/melee/controller_choice.h"
@@ -169,8 +170,8 @@ const Trained& trained() {
 
 struct Handle {
   slipstream_policy* p = nullptr;
-  explicit Handle(const std::string& ckpt) {
-    EXPECT_EQ(slipstream_policy_open(ckpt.c_str(), "cpu", &p), SLIPSTREAM_OK)
+  explicit Handle(const std::string& ckpt, const char* device = "cpu") {
+    EXPECT_EQ(slipstream_policy_open(ckpt.c_str(), device, &p), SLIPSTREAM_OK)
         << slipstream_policy_error(nullptr);
   }
   ~Handle() { slipstream_policy_close(p); }
@@ -338,6 +339,53 @@ TEST(Policy, ManyGamesPerCallAreIndependentGames) {
       << slipstream_policy_error(batch.p);
 }
 
+// On a device (a GPU when there is one, else the CUDA code path on the emulator) the policy's
+// games answer as on the CPU, a game restarted mid-stream included: the temporal model carries
+// each game's state there (its window forward from the last frame's state) where the CPU steps
+// its recurrent form.
+TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
+  const char* device = probe_cuda().available ? "cuda" : "emulated";
+  try {
+    (void)choose_device(device);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << device << ": " << e.what();
+  }
+  const Trained& t = trained();
+  const auto frames = stream_replay(t.run_dir, t.replay);
+  const size_t n = 3, steps = 60, restart_at = 30;
+  const size_t offsets[n] = {0, 100, 250}, restart_offset = 400;
+  ASSERT_GT(frames.size(), restart_offset + steps);
+  Handle cpu(t.run_dir), dev(t.run_dir, device);
+  double worst = 0;
+  for (size_t step = 0; step < steps; ++step) {
+    if (step == restart_at) {
+      ASSERT_EQ(slipstream_policy_reset_game(cpu.p, 1), SLIPSTREAM_OK);
+      ASSERT_EQ(slipstream_policy_reset_game(dev.p, 1), SLIPSTREAM_OK)
+          << slipstream_policy_error(dev.p);
+    }
+    std::vector<slipstream_game_frame> in(n);
+    for (size_t i = 0; i < n; ++i)
+      in[i] = frames[i == 1 && step >= restart_at ? restart_offset + step - restart_at
+                                                  : offsets[i] + step]
+                  .frame;
+    std::vector<slipstream_controller> a(n), b(n);
+    ASSERT_EQ(slipstream_policy_step_batch(cpu.p, int32_t(n), in.data(), a.data()), SLIPSTREAM_OK);
+    ASSERT_EQ(slipstream_policy_step_batch(dev.p, int32_t(n), in.data(), b.data()), SLIPSTREAM_OK)
+        << slipstream_policy_error(dev.p);
+    for (size_t i = 0; i < n; ++i) {
+      slipstream_distribution da, db;
+      ASSERT_EQ(slipstream_policy_distribution_of(cpu.p, int32_t(i), &da), SLIPSTREAM_OK);
+      ASSERT_EQ(slipstream_policy_distribution_of(dev.p, int32_t(i), &db), SLIPSTREAM_OK);
+      const float* pa = &da.buttons[0];
+      const float* pb = &db.buttons[0];
+      for (size_t k = 0; k < sizeof(da) / sizeof(float); ++k)
+        worst = std::max(worst, static_cast<double>(std::abs(pa[k] - pb[k])));
+    }
+  }
+  std::printf("max |cpu - %s| over %zu steps of %zu games: %.3g\n", device, steps, n, worst);
+  EXPECT_LT(worst, 1e-5);
+}
+
 // A checkpoint directory copied out of its run opens alone: its weights carry the graph.
 TEST(Policy, OpensACheckpointCopiedOutOfItsRun) {
   const Trained& t = trained();
@@ -435,9 +483,11 @@ TEST(Policy, MisuseAndBadCheckpointsAreAStatusAndAMessage) {
   EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
   std::tie(s, msg) = open_error(t.run_dir, "tpu");
   EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
-  // Without a GPU: none to use; with one: the policy steps on the CPU only, and says so.
-  std::tie(s, msg) = open_error(t.run_dir, "cuda");
-  EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
+  // Without a GPU: none to use (with one the policy plays there: OnADeviceAnswersAsOnTheCpu).
+  if (!probe_cuda().available) {
+    std::tie(s, msg) = open_error(t.run_dir, "cuda");
+    EXPECT_EQ(s, SLIPSTREAM_E_DEVICE) << msg;
+  }
   EXPECT_EQ(slipstream_policy_open(t.run_dir.c_str(), "cpu", nullptr), SLIPSTREAM_E_ARGUMENT);
   EXPECT_EQ(slipstream_policy_open(nullptr, "cpu", &p), SLIPSTREAM_E_ARGUMENT);
 

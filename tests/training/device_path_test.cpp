@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -210,6 +212,39 @@ TEST(DevicePath, RunningAheadChangesNoFigure) {
   const RunResult ra = again.run();
   ASSERT_EQ(ra.final_step, 8u);
   expect_same_weights(dev, again, "after resuming from step 6");
+}
+
+// Frame by frame (Runner::stream: `infer`, the policy library) on the device the model carries
+// each row's state itself (its window forward from the state the last batch left) where the CPU
+// steps its recurrent form: the heads' logits agree within float rounding, for Mamba and the GRU.
+TEST(DevicePath, StreamMatchesCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  for (const bool gru : {false, true}) {
+    SCOPED_TRACE(gru ? "gru" : "mamba");
+    TempDir d;
+    std::ostringstream log;
+    const std::string graph =
+        source_path(gru ? "configs/train_bc_gru.yaml" : "configs/train_bc.yaml");
+    Runner train(plan_graph(load_config(graph, graph_overrides(d.path(), "cpu", "fp32", gru))),
+                 quiet_run_options(log));
+    const RunResult run = train.run();
+    // A short game: the stream plays every frame of it (the emulator takes milliseconds each).
+    const int frames = 300;
+    const std::string replay =
+        slp::write_synthetic_games(d.path() + "/play", 1, 7, frames + 150).at(0).string();
+    const auto cpu = head_outputs(run.run_dir, replay, frames, true, "cpu");
+    const auto dev = head_outputs(run.run_dir, replay, frames, true, kDevice);
+    double worst = 0;
+    for (size_t h = 0; h < cpu.size(); ++h) {
+      ASSERT_EQ(cpu[h].size(), dev[h].size()) << h;
+      ASSERT_GT(cpu[h].size(), size_t(frames)) << h;
+      for (size_t i = 0; i < cpu[h].size(); ++i)
+        worst = std::max(worst, std::abs(double(cpu[h][i]) - double(dev[h][i])) /
+                                    std::max(1.0, std::abs(double(cpu[h][i]))));
+    }
+    std::printf("max |cpu - %s| over %d streamed frames, 6 heads: %.3g\n", kDevice, frames, worst);
+    EXPECT_LT(worst, 1e-4);
+  }
 }
 
 TEST(DevicePath, GruMatchesCpu) {

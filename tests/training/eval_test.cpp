@@ -30,48 +30,10 @@ CliOutput run_cli(const std::string& args) {
   return run_command(std::string(SLIPSTREAM_CLI) + " " + args);
 }
 
-// Every head's logits of the first `frames` positions of port 1's view of `replay`: from one
-// window forward (`streaming` false), or frame by frame through Runner::stream.
-std::vector<std::vector<float>> head_outputs(const RunResult& run, const std::string& replay,
-                                             int frames, bool streaming) {
-  const int window = streaming ? 1 : frames;
-  melee::ReplaySelection sel{{replay}, 1, "test", {}};
-  sel.loader = {{"batch_size", YAML::Node(1)},
-                {"window", YAML::Node(window)},
-                {"stride", YAML::Node(window)},
-                {"shuffle", YAML::Node(false)}};
-  std::ostringstream log;
-  RunOptions opt = quiet_run_options(log);
-  opt.create_run_dir = false;
-  opt.handle_sigint = false;
-  Runner r(plan_graph(melee::config_for_replays(run.run_dir + "/config.yaml", {}, sel)), opt);
-  const int heads = r.graph().find("heads");
-  std::vector<std::vector<float>> out(6);
-  const char* names[6] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
-  auto take = [&](const Batch& b, double) {
-    for (int h = 0; h < 6; ++h) {
-      const Tensor& t = r.graph().context(static_cast<size_t>(heads)).output(b, names[h]);
-      const float* p = t.data<float>();
-      out[static_cast<size_t>(h)].insert(out[static_cast<size_t>(h)].end(), p, p + t.numel());
-    }
-  };
-  const std::string ckpt = *latest_checkpoint(run.run_dir);
-  if (streaming) {
-    r.stream(ckpt, [&](const Batch& b, double s) {
-      if (b.index < static_cast<uint64_t>(frames)) take(b, s);
-    });
-  } else {
-    r.evaluate(ckpt, [&](const Batch& b, double s) {
-      if (b.index == 0) take(b, s);
-    });
-  }
-  return out;
-}
-
 void stream_equals_window(const RunResult& run, const std::string& replay) {
   const int frames = 40;
-  const auto window = head_outputs(run, replay, frames, false);
-  const auto stream = head_outputs(run, replay, frames, true);
+  const auto window = head_outputs(run.run_dir, replay, frames, false);
+  const auto stream = head_outputs(run.run_dir, replay, frames, true);
   double worst = 0;
   for (size_t h = 0; h < 6; ++h) {
     ASSERT_EQ(window[h].size(), stream[h].size()) << h;

@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
+#include "stages/melee/replay_scoring.h"
 #include "stages/melee/slp/synth.h"
 
 namespace slipstream::testing {
@@ -44,6 +46,51 @@ inline RunOptions quiet_run_options(std::ostream& log) {
   o.publish_stats = false;
   o.log = &log;
   return o;
+}
+
+// Every head's logits of the first `frames` positions of port 1's view of `replay` under the
+// checkpoint `run_dir` trained last: from one window forward (`streaming` false), or frame by
+// frame through Runner::stream, as `infer` and the policy library play; on `device` ("" for the
+// run's own).
+inline std::vector<std::vector<float>> head_outputs(const std::string& run_dir,
+                                                    const std::string& replay, int frames,
+                                                    bool streaming,
+                                                    const std::string& device = "") {
+  const int window = streaming ? 1 : frames;
+  melee::ReplaySelection sel{{replay}, 1, "test", {}};
+  sel.loader = {{"batch_size", YAML::Node(1)},
+                {"window", YAML::Node(window)},
+                {"stride", YAML::Node(window)},
+                {"shuffle", YAML::Node(false)}};
+  std::vector<std::string> sets;
+  if (!device.empty()) sets.push_back("run.device=" + device);
+  std::ostringstream log;
+  RunOptions opt = quiet_run_options(log);
+  opt.create_run_dir = false;
+  opt.handle_sigint = false;
+  Runner r(plan_graph(melee::config_for_replays(run_dir + "/config.yaml", sets, sel)), opt);
+  const int heads = r.graph().find("heads");
+  std::vector<std::vector<float>> out(6);
+  const char* names[6] = {"buttons", "main_x", "main_y", "c_x", "c_y", "shoulder"};
+  auto take = [&](const Batch& b, double) {
+    for (int h = 0; h < 6; ++h) {
+      const Tensor t =
+          r.graph().context(static_cast<size_t>(heads)).output(b, names[h]).to(Device::cpu());
+      const float* p = t.data<float>();
+      out[static_cast<size_t>(h)].insert(out[static_cast<size_t>(h)].end(), p, p + t.numel());
+    }
+  };
+  const std::string ckpt = *latest_checkpoint(run_dir);
+  if (streaming) {
+    r.stream(ckpt, [&](const Batch& b, double s) {
+      if (b.index < static_cast<uint64_t>(frames)) take(b, s);
+    });
+  } else {
+    r.evaluate(ckpt, [&](const Batch& b, double s) {
+      if (b.index == 0) take(b, s);
+    });
+  }
+  return out;
 }
 
 // A tiny run that validates on two pinned synthetic games; returns its result. `graph` and

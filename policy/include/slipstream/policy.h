@@ -123,8 +123,10 @@ int slipstream_policy_version(void);
 
 /* Opens `checkpoint`: a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a
  * checkpoint directory copied out of its run.
- * `device`: "cpu" (also for NULL or ""); a CUDA device is refused with SLIPSTREAM_E_DEVICE
- * until the frame-by-frame CUDA path exists. On failure *out is NULL and
+ * `device`: "cpu" (also for NULL or ""), "cuda" or "cuda:N" (the weights and the temporal
+ * model's state stay on that GPU; each step copies the frames in and the logits out), or
+ * "emulated" (the CUDA code path on the CPU emulator: for checking, slow); a device that is not
+ * there is refused with SLIPSTREAM_E_DEVICE. On failure *out is NULL and
  * slipstream_policy_error(NULL) says why. */
 slipstream_status slipstream_policy_open(const char* checkpoint, const char* device,
                                          slipstream_policy** out);
