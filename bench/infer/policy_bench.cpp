@@ -6,13 +6,17 @@
 // synthetic games first. Counters p50_us and p99_us as in infer_bench.cpp. BM_PolicyStepBatch:
 // slipstream_policy_step_batch of n games per call (n = 1, 64, 256, 1024) at cpu_quick's core,
 // with frames/s over all games (counter frames_per_s) beside the per-call latency, on the
-// caller's thread alone and on 2 (slipstream_policy_set_threads).
+// caller's thread alone and on 2 (slipstream_policy_set_threads). BM_PolicyStepBatchOnDevice:
+// the same on the device SLIPSTREAM_BENCH_DEVICE names (default cuda; emulated checks it without
+// a GPU, slowly), skipped with a message where there is none; cpu_quick's core is also
+// gpu_standard's (d_model 128, 2 layers).
 #include <benchmark/benchmark.h>
 #include <slipstream/policy.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -110,20 +114,20 @@ BENCHMARK(BM_PolicyStep)
     ->Args({256, 3, 32})
     ->Unit(benchmark::kMicrosecond);
 
-void BM_PolicyStepBatch(benchmark::State& state) {
-  const int32_t n = static_cast<int32_t>(state.range(0));
+// n games per call on `device` with `threads` threads.
+void policy_step_batch(benchmark::State& state, int32_t n, const char* device, int32_t threads) {
   const fs::path dir =
       fs::temp_directory_path() /
       ("slipstream-policy-batch-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n));
   fs::remove_all(dir);
   const std::string run = train_checkpoint(dir, 128, 2, 16);
   slipstream_policy* p = nullptr;
-  if (slipstream_policy_open(run.c_str(), "cpu", &p) != SLIPSTREAM_OK) {
+  if (slipstream_policy_open(run.c_str(), device, &p) != SLIPSTREAM_OK) {
     state.SkipWithError(slipstream_policy_error(nullptr));
     fs::remove_all(dir);
     return;
   }
-  if (slipstream_policy_set_threads(p, static_cast<int32_t>(state.range(1))) != SLIPSTREAM_OK) {
+  if (slipstream_policy_set_threads(p, threads) != SLIPSTREAM_OK) {
     state.SkipWithError(slipstream_policy_error(p));
     slipstream_policy_close(p);
     fs::remove_all(dir);
@@ -152,9 +156,28 @@ void BM_PolicyStepBatch(benchmark::State& state) {
   slipstream_policy_close(p);
   fs::remove_all(dir);
 }
+
+void BM_PolicyStepBatch(benchmark::State& state) {
+  policy_step_batch(state, static_cast<int32_t>(state.range(0)), "cpu",
+                    static_cast<int32_t>(state.range(1)));
+}
 BENCHMARK(BM_PolicyStepBatch)
     ->ArgNames({"games", "threads"})
     ->ArgsProduct({{1, 64, 256, 1024}, {1, 2}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_PolicyStepBatchOnDevice(benchmark::State& state) {
+  const char* device = std::getenv("SLIPSTREAM_BENCH_DEVICE");
+  policy_step_batch(state, static_cast<int32_t>(state.range(0)),
+                    device && *device ? device : "cuda", 1);
+}
+BENCHMARK(BM_PolicyStepBatchOnDevice)
+    ->ArgNames({"games"})
+    ->Args({1})
+    ->Args({64})
+    ->Args({256})
+    ->Args({1024})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

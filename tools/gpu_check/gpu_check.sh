@@ -37,12 +37,13 @@ EXTRA=()
 # racecheck; memcheck of graph-replayed steps), kernels (kernel benchmarks, the scan's PyTorch peer), train (a gpu_quick run,
 # slipstream-smi against nvidia-smi during one, an
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path, the
-# loader), peer (PyTorch side by side), profile (each
-# kernel's time in the gpu_standard step, by Nsight Compute); default all.
+# loader), infer (the policy library's batch step on the GPU beside the CPU's), peer (PyTorch
+# side by side), profile (each kernel's time in the gpu_standard step, by Nsight Compute);
+# default all.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
 # scan's figure beside its PyTorch peer's).
-ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e peer profile} "
+ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e infer peer profile} "
 wants() { [[ "$ONLY" == *" $1 "* ]]; }
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-420}
 
@@ -259,6 +260,16 @@ if [[ "$MODE" == full* ]]; then
     step bench_loader $B/bin/bench_loader --benchmark_min_time=0.05 \
       --benchmark_out="$OUT/bench_loader.json" --benchmark_out_format=json
     expect_file bench_loader "$OUT/bench_loader.json"
+  fi
+  # The policy library stepping n games per call (n = 1, 64, 256, 1024) on the GPU and on one CPU
+  # thread, in one process: latency p50/p99 per call and frames/s (cpu_quick's core, which is
+  # gpu_standard's).
+  if wants infer; then
+    step bench_infer_policy env SLIPSTREAM_BENCH_DEVICE=cuda $B/bin/bench_infer \
+      --benchmark_filter='PolicyStepBatch(OnDevice)?/games:[0-9]+/(threads:1/)?real_time' \
+      --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_policy.json" \
+      --benchmark_out_format=json
+    expect_file bench_infer_policy "$OUT/bench_infer_policy.json"
   fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
