@@ -67,8 +67,9 @@ const StageSchema& run_schema() {
         .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
         .range(10, 60000)
         .param("cuda_graph", std::string("auto"),
-               "run each training step as a CUDA graph once its work recurs (one launch instead "
-               "of hundreds): auto (on for CUDA devices), on (also under device: emulated), off")
+               "run each training step (and each frame of a stream: infer, the policy library) "
+               "as a CUDA graph once its work recurs (one launch instead of hundreds): auto (on "
+               "for CUDA devices), on (also under device: emulated), off")
         .choices({"auto", "on", "off"})
         .param("device_memory", 0.0,
                "GiB of device memory the run may use: a batch_size of auto fits in 90% of it "

@@ -115,7 +115,8 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
                    : "stage " + std::to_string(k);
     });
     I.device_reason +=
-        "\ncuda graph: on (a training step's work is captured once it recurs, then replayed; "
+        "\ncuda graph: on (a training step's or a stream frame's work is captured once it "
+        "recurs, then replayed; "
         "run.cuda_graph=off turns it off)";
   }
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);

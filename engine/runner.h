@@ -101,6 +101,10 @@ struct EvalResult {
   uint64_t batches = 0;
   uint64_t samples = 0;  // examples scored (Batch::samples: padding excluded)
   double seconds = 0;    // the pass alone, without setup
+  // A stream with run.cuda_graph on: its batches' work replayed, captured, issued, uncaptured
+  // (RunResult::graph_steps), and why graph mode turned itself off.
+  RunResult::GraphSteps graph_steps;
+  std::string graph_off_reason;
 };
 
 // Runner::evaluate's and Runner::stream's view of each batch after its forward: the batch (every

@@ -157,6 +157,7 @@ struct Runner::Impl {
   std::string device_reason;                // printed when the run starts
   std::unique_ptr<StepGraphs> step_graphs;  // run.cuda_graph on
   bool graph_off_reported = false;
+  uint64_t stream_frames = 0;  // a stream's batches recorded so far (step_graphs' step numbers)
   std::optional<ConsoleTee> console;      // the run directory's console.log, during run()
   std::optional<DirectoryLock> dir_lock;  // the run directory's one writer, during run()
   bool made_run_dir = false;              // this run created run.run_dir (a fresh run)
@@ -276,6 +277,8 @@ struct Runner::Impl {
   // A training batch's section, as a CUDA graph when run.cuda_graph is on (engine/step_graphs.h):
   // the stages' work recorded, then replayed, captured or issued.
   void training_section(Batch& b);
+  // The recorded work of a step (or a stream's frame) replayed, captured or issued.
+  void finish_recorded(capture::StepRecorder& rec, uint64_t step, uint64_t batch = 0);
 
   void section_stages(Batch& b);
 

@@ -49,7 +49,9 @@ std::map<std::string, double> Runner::Impl::validate() {
 
 // A pulled batch through the data transforms of `st` and the section's forward up to the loss
 // (`with_loss`: through it too, never past it). Returns the nanoseconds the section's stages
-// before the loss took: the model's answer, without scoring it.
+// before the loss took: the model's answer, without scoring it. On a stream with run.cuda_graph
+// on, the section's work for the frame is recorded and replayed as a CUDA graph, as a training
+// step's is (engine/step_graphs.h): a bot's frame is a few hundred small launches.
 uint64_t Runner::Impl::forward_one(std::vector<Stage*>& st, std::vector<StageContext*>& cx,
                                    Batch& b, bool with_loss) {
   for (size_t k = static_cast<size_t>(plan().head_end); k < st.size(); ++k)
@@ -57,13 +59,23 @@ uint64_t Runner::Impl::forward_one(std::vector<Stage*>& st, std::vector<StageCon
   enter_section(b);
   const uint64_t t0 = now_ns();
   uint64_t answer_ns = 0;
-  for (size_t k = plan().section_begin; k < n(); ++k) {
-    if (plan().stages[k].after_loss) continue;
-    if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss) {
-      answer_ns = now_ns() - t0;
-      if (!with_loss) break;
+  auto stages = [&] {
+    for (size_t k = plan().section_begin; k < n(); ++k) {
+      if (plan().stages[k].after_loss) continue;
+      if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss) {
+        answer_ns = now_ns() - t0;
+        if (!with_loss) break;
+      }
+      as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
     }
-    as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+  };
+  if (run.streaming && step_graphs && step_graphs->enabled()) {
+    capture::StepRecorder rec(run.exec->stream());
+    tbb::this_task_arena::isolate(stages);  // no other task's launches join the frame's
+    finish_recorded(rec, ++stream_frames);
+    answer_ns = now_ns() - t0;  // the recorded work is enqueued here, not as the stages ran
+  } else {
+    stages();
   }
   complete_read_backs(b);
   return answer_ns ? answer_ns : now_ns() - t0;
@@ -184,6 +196,11 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
   r.step = info.step;
   r.batches = pass.batches;
   r.samples = pass.samples;
+  if (streaming && step_graphs) {
+    const StepGraphs::Counts c = step_graphs->counts();
+    r.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
+    r.graph_off_reason = step_graphs->off_reason();
+  }
   return r;
 }
 

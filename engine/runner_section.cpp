@@ -30,16 +30,22 @@ void Runner::Impl::section(Batch& b) {
 void Runner::Impl::training_section(Batch& b) {
   if (!step_graphs || !step_graphs->enabled()) return section(b);
   enter_section(b);  // the wait for the batch's copies comes before the step's work, as itself
+  capture::StepRecorder rec(run.exec->stream());
+  // Isolated: a thread that waits inside a stage takes no other task, whose launches would
+  // join this step's.
+  tbb::this_task_arena::isolate([&] { section_stages(b); });
+  finish_recorded(rec, run.step + 1, b.index);
+}
+
+// The recorded work replayed, captured or issued (step_graphs->finish); a failed operation
+// named with its stage; graph mode turning itself off said once.
+void Runner::Impl::finish_recorded(capture::StepRecorder& rec, uint64_t step, uint64_t batch) {
   try {
-    capture::StepRecorder rec(run.exec->stream());
-    // Isolated: a thread that waits inside a stage takes no other task, whose launches would
-    // join this step's.
-    tbb::this_task_arena::isolate([&] { section_stages(b); });
-    step_graphs->finish(rec, run.step + 1);
+    step_graphs->finish(rec, step);
   } catch (const capture::IssueError& e) {
     if (e.stage() < 0 || static_cast<size_t>(e.stage()) >= n()) throw;
     const auto& ps = plan().stages[static_cast<size_t>(e.stage())];
-    throw StageError(ps.name, ps.schema->kind(), b.index, e.what());
+    throw StageError(ps.name, ps.schema->kind(), batch, e.what());
   }
   if (!step_graphs->enabled() && !graph_off_reported) {
     graph_off_reported = true;

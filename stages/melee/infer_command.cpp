@@ -219,6 +219,15 @@ int infer_command(const InferArgs& a) {
       quantile(latency, 0.5) * 1e6, quantile(latency, 0.99) * 1e6,
       sum / static_cast<double>(latency.size()) * 1e6,
       *std::max_element(latency.begin(), latency.end()) * 1e6);
+  const auto& g = r.graph_steps;
+  if (const uint64_t all = g.replayed + g.captured + g.issued + g.uncaptured; all > 0)
+    std::printf(
+        "cuda graph: %llu of %llu frames replayed (%llu captured, %llu issued, %llu "
+        "uncaptured)%s\n",
+        static_cast<unsigned long long>(g.replayed), static_cast<unsigned long long>(all),
+        static_cast<unsigned long long>(g.captured), static_cast<unsigned long long>(g.issued),
+        static_cast<unsigned long long>(g.uncaptured),
+        r.graph_off_reason.empty() ? "" : ("; off: " + r.graph_off_reason).c_str());
   return 0;
 }
 

@@ -76,6 +76,7 @@ class SequenceStage : public Stage {
       stream_.reset_row(row);
     } else if (row >= 0 && static_cast<size_t>(row) < stream_continues_.size()) {
       stream_continues_[static_cast<size_t>(row)] = 0.0f;
+      stream_restarts_ = true;
     }
   }
 
@@ -184,16 +185,30 @@ class SequenceStage : public Stage {
 
   // A stream's batch on a device: the window forward from the state the previous batch left,
   // rows restarted by stream_reset_row (and every row at the stream's first batch) from zero.
+  // Frames without a restart carry every row with a constant tensor of ones, so their work has
+  // no copy from the host (a CUDA graph of the frame replays it); a restart uploads the rows'
+  // flags first (that frame runs uncaptured).
   void forward_stream_on_device(const Tensor& x) {
     const size_t B = static_cast<size_t>(x.dim(0));
-    if (stream_continues_.size() != B) stream_continues_.assign(B, 0.0f);
-    Tensor host = Tensor::empty({x.dim(0)}, DType::f32);
-    std::copy(stream_continues_.begin(), stream_continues_.end(), host.data<float>());
-    if (!(stream_continues_device_.shape() == host.shape()))
+    if (stream_continues_.size() != B) {
+      stream_continues_.assign(B, 0.0f);
+      stream_restarts_ = true;
+      Tensor ones = Tensor::empty({x.dim(0)}, DType::f32);
+      std::fill_n(ones.data<float>(), B, 1.0f);
+      stream_ones_ =
+          Tensor::empty({x.dim(0)}, DType::f32, device_, (kind_ + " stream rows").c_str());
+      stream_ones_.copy_from(ones);
       stream_continues_device_ =
           Tensor::empty({x.dim(0)}, DType::f32, device_, (kind_ + " stream rows").c_str());
-    stream_continues_device_.copy_from(host);
-    model_->carry(stream_continues_device_.data<float>());
+    }
+    if (stream_restarts_) {
+      Tensor host = Tensor::empty({x.dim(0)}, DType::f32);
+      std::copy(stream_continues_.begin(), stream_continues_.end(), host.data<float>());
+      stream_continues_device_.copy_from(host);
+    }
+    model_->carry(stream_restarts_ ? stream_continues_device_.data<float>()
+                                   : stream_ones_.data<float>());
+    stream_restarts_ = false;
     if (bf16_ && !shadow_checked_) {
       model_->refresh_shadow(store_);
       shadow_checked_ = true;
@@ -225,7 +240,8 @@ class SequenceStage : public Stage {
   // On a device: the model carries the stream's state; each row's `continues` for the next batch.
   bool device_stream_ = false;
   std::vector<float> stream_continues_;
-  Tensor stream_continues_device_;
+  bool stream_restarts_ = false;  // some row restarts at the next batch
+  Tensor stream_continues_device_, stream_ones_;
 };
 
 }  // namespace slipstream::nn

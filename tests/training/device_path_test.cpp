@@ -216,7 +216,8 @@ TEST(DevicePath, RunningAheadChangesNoFigure) {
 
 // Frame by frame (Runner::stream: `infer`, the policy library) on the device the model carries
 // each row's state itself (its window forward from the state the last batch left) where the CPU
-// steps its recurrent form: the heads' logits agree within float rounding, for Mamba and the GRU.
+// steps its recurrent form: the heads' logits agree within float rounding, for Mamba and the GRU,
+// with each frame's work as a CUDA graph (run.cuda_graph=on: replayed once it recurs) or not.
 TEST(DevicePath, StreamMatchesCpu) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   for (const bool gru : {false, true}) {
@@ -232,18 +233,35 @@ TEST(DevicePath, StreamMatchesCpu) {
     const int frames = 300;
     const std::string replay =
         slp::write_synthetic_games(d.path() + "/play", 1, 7, frames + 150).at(0).string();
-    const auto cpu = head_outputs(run.run_dir, replay, frames, true, "cpu");
-    const auto dev = head_outputs(run.run_dir, replay, frames, true, kDevice);
-    double worst = 0;
-    for (size_t h = 0; h < cpu.size(); ++h) {
-      ASSERT_EQ(cpu[h].size(), dev[h].size()) << h;
-      ASSERT_GT(cpu[h].size(), size_t(frames)) << h;
-      for (size_t i = 0; i < cpu[h].size(); ++i)
-        worst = std::max(worst, std::abs(double(cpu[h][i]) - double(dev[h][i])) /
-                                    std::max(1.0, std::abs(double(cpu[h][i]))));
+    const auto cpu = head_outputs(run.run_dir, replay, frames, true, {"run.device=cpu"});
+    for (const char* graphs : {"off", "on"}) {
+      EvalResult e;
+      const auto dev = head_outputs(
+          run.run_dir, replay, frames, true,
+          {std::string("run.device=") + kDevice, std::string("run.cuda_graph=") + graphs}, &e);
+      double worst = 0;
+      for (size_t h = 0; h < cpu.size(); ++h) {
+        ASSERT_EQ(cpu[h].size(), dev[h].size()) << h;
+        ASSERT_GT(cpu[h].size(), size_t(frames)) << h;
+        for (size_t i = 0; i < cpu[h].size(); ++i)
+          worst = std::max(worst, std::abs(double(cpu[h][i]) - double(dev[h][i])) /
+                                      std::max(1.0, std::abs(double(cpu[h][i]))));
+      }
+      const auto& g = e.graph_steps;
+      std::printf(
+          "max |cpu - %s| over %d streamed frames, 6 heads, cuda graph %s: %.3g (frames "
+          "replayed %llu, captured %llu, issued %llu, uncaptured %llu)\n",
+          kDevice, frames, graphs, worst, (unsigned long long)g.replayed,
+          (unsigned long long)g.captured, (unsigned long long)g.issued,
+          (unsigned long long)g.uncaptured);
+      EXPECT_LT(worst, 1e-4) << graphs;
+      if (std::string(graphs) == "on") {
+        EXPECT_EQ(e.graph_off_reason, "");
+        EXPECT_GT(g.replayed, uint64_t(frames) / 2) << "the frames' work recurs";
+      } else {
+        EXPECT_EQ(g.replayed + g.captured + g.issued + g.uncaptured, 0u);
+      }
     }
-    std::printf("max |cpu - %s| over %d streamed frames, 6 heads: %.3g\n", kDevice, frames, worst);
-    EXPECT_LT(worst, 1e-4);
   }
 }
 

@@ -50,20 +50,19 @@ inline RunOptions quiet_run_options(std::ostream& log) {
 
 // Every head's logits of the first `frames` positions of port 1's view of `replay` under the
 // checkpoint `run_dir` trained last: from one window forward (`streaming` false), or frame by
-// frame through Runner::stream, as `infer` and the policy library play; on `device` ("" for the
-// run's own).
+// frame through Runner::stream, as `infer` and the policy library play; with `sets` (e.g.
+// run.device=...) over the run's config; `result`, when given, gets the pass's EvalResult.
 inline std::vector<std::vector<float>> head_outputs(const std::string& run_dir,
                                                     const std::string& replay, int frames,
                                                     bool streaming,
-                                                    const std::string& device = "") {
+                                                    const std::vector<std::string>& sets = {},
+                                                    EvalResult* result = nullptr) {
   const int window = streaming ? 1 : frames;
   melee::ReplaySelection sel{{replay}, 1, "test", {}};
   sel.loader = {{"batch_size", YAML::Node(1)},
                 {"window", YAML::Node(window)},
                 {"stride", YAML::Node(window)},
                 {"shuffle", YAML::Node(false)}};
-  std::vector<std::string> sets;
-  if (!device.empty()) sets.push_back("run.device=" + device);
   std::ostringstream log;
   RunOptions opt = quiet_run_options(log);
   opt.create_run_dir = false;
@@ -81,15 +80,15 @@ inline std::vector<std::vector<float>> head_outputs(const std::string& run_dir,
     }
   };
   const std::string ckpt = *latest_checkpoint(run_dir);
-  if (streaming) {
-    r.stream(ckpt, [&](const Batch& b, double s) {
-      if (b.index < static_cast<uint64_t>(frames)) take(b, s);
-    });
-  } else {
-    r.evaluate(ckpt, [&](const Batch& b, double s) {
-      if (b.index == 0) take(b, s);
-    });
-  }
+  const EvalResult e = streaming ? r.stream(ckpt,
+                                            [&](const Batch& b, double s) {
+                                              if (b.index < static_cast<uint64_t>(frames))
+                                                take(b, s);
+                                            })
+                                 : r.evaluate(ckpt, [&](const Batch& b, double s) {
+                                     if (b.index == 0) take(b, s);
+                                   });
+  if (result) *result = e;
   return out;
 }
 
