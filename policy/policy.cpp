@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -476,6 +477,26 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float tem
   p->seed = seed;
   for (size_t i = 0; i < p->rngs.size(); ++i)
     p->rngs[i].seed(game_seed(seed, static_cast<int32_t>(i)));
+  return SLIPSTREAM_OK;
+}
+
+slipstream_status slipstream_policy_frame_tensors(const slipstream_game_frame* frame,
+                                                  slipstream_frame_tensors* out) {
+  if (!frame || !out)
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_frame_tensors: a NULL pointer");
+  FedFrame f;
+  if (std::string e = frame_features(*frame, f); !e.empty())
+    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, e);
+  static_assert(sizeof out->numeric == sizeof f.numeric &&
+                    sizeof out->prev_controller == sizeof f.prev_controller,
+                "slipstream_frame_tensors holds one FedFrame");
+  std::memcpy(out->numeric, f.numeric, sizeof f.numeric);
+  std::memcpy(out->prev_controller, f.prev_controller, sizeof f.prev_controller);
+  for (int s = 0; s < kSlots; ++s) {
+    out->action[s] = f.action[s];
+    out->character[s] = f.character[s];
+  }
+  out->stage = f.stage;
   return SLIPSTREAM_OK;
 }
 

@@ -20,6 +20,7 @@ from ._native import (
     Controller,
     Distribution,
     Frame,
+    FrameTensors,
     load_library,
 )
 
@@ -30,8 +31,10 @@ __all__ = [
     "Controller",
     "Distribution",
     "Frame",
+    "FrameTensors",
     "Policy",
     "frame_array",
+    "frame_tensors",
     "PolicyError",
 ]
 
@@ -50,6 +53,30 @@ def frame_array(n):
     every game's x), for step_batch without a Frame object per game. Needs numpy."""
     import numpy as np
     return np.zeros(n, dtype=np.dtype(Frame))
+
+
+def frame_tensors(frames, *, library=None):
+    """Frames as the inputs of the step `slipstream export --format onnx` writes: a dict of
+    numpy arrays, one row per frame (numeric (n, 3, 18) float32, action and character (n, 3)
+    int64, stage (n,) int64, prev_controller (n, 13) float32), each frame checked as a step
+    checks it (PolicyError names the field). `frames`: a Frame or a sequence of them. The model's
+    state inputs are the caller's (zeros at a game's first frame, then the last `.next`)."""
+    import numpy as np
+    lib = load_library(library)
+    frames = [frames] if isinstance(frames, Frame) else list(frames)
+    rows = []
+    for f in frames:
+        t = FrameTensors()
+        status = lib.slipstream_policy_frame_tensors(ctypes.byref(f), ctypes.byref(t))
+        if status != 0:
+            raise PolicyError(status, lib.slipstream_policy_error(None).decode())
+        rows.append(t)
+    out = {}
+    for name, dtype in (("numeric", np.float32), ("action", np.int64), ("character", np.int64),
+                        ("stage", np.int64), ("prev_controller", np.float32)):
+        out[name] = np.array([np.ctypeslib.as_array(getattr(t, name)) if name != "stage"
+                              else t.stage for t in rows], dtype=dtype)
+    return out
 
 
 class Policy:

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-INTERFACE_VERSION = 3  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
+INTERFACE_VERSION = 4  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
 
 OK, E_ARGUMENT, E_CHECKPOINT, E_CONFIG, E_DEVICE, E_RUNTIME, E_BUSY = range(7)
 STATUS_NAMES = {
@@ -105,6 +105,19 @@ class Distribution(ctypes.Structure):
         return {name: list(getattr(self, name)) for name, _ in self._fields_}
 
 
+class FrameTensors(ctypes.Structure):
+    """One frame as the ONNX step of `slipstream export --format onnx` reads it
+    (slipstream_frame_tensors): row 0 of its inputs of the same names."""
+
+    _fields_ = [
+        ("numeric", (ctypes.c_float * 18) * 3),
+        ("action", ctypes.c_int64 * 3),
+        ("character", ctypes.c_int64 * 3),
+        ("stage", ctypes.c_int64),
+        ("prev_controller", ctypes.c_float * 13),
+    ]
+
+
 def _candidates(explicit):
     if explicit:
         yield explicit
@@ -168,6 +181,8 @@ def _declare(lib):
             status, [handle, ctypes.c_int32, ctypes.POINTER(Distribution)]),
         "slipstream_policy_set_sampling": (status, [handle, ctypes.c_float, ctypes.c_uint64]),
         "slipstream_policy_set_threads": (status, [handle, ctypes.c_int32]),
+        "slipstream_policy_frame_tensors": (
+            status, [ctypes.POINTER(Frame), ctypes.POINTER(FrameTensors)]),
         "slipstream_policy_describe": (ctypes.c_char_p, [handle]),
         "slipstream_policy_error": (ctypes.c_char_p, [handle]),
         "slipstream_policy_close": (None, [handle]),

@@ -18,7 +18,8 @@ import zipfile
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from slipstream_policy import (  # noqa: E402
-    BUTTON_BITS, Character, Controller, Distribution, Frame, Policy, PolicyError)
+    BUTTON_BITS, Character, Controller, Distribution, Frame, FrameTensors, Policy, PolicyError,
+    frame_tensors)
 
 RUN = os.environ.get("SLIPSTREAM_POLICY_TEST_RUN", "")
 PLUGIN_RUN = os.environ.get("SLIPSTREAM_POLICY_PLUGIN_RUN", "")
@@ -29,6 +30,7 @@ STRUCTS = {
     "slipstream_controller": Controller,
     "slipstream_game_frame": Frame,
     "slipstream_distribution": Distribution,
+    "slipstream_frame_tensors": FrameTensors,
 }
 
 
@@ -198,6 +200,47 @@ class Playing(unittest.TestCase):
             self.assertEqual(e.exception.status, "argument")
             self.assertIn("stage", str(e.exception))
             policy.step(frame_at(0))  # the handle still plays
+
+
+class FrameTensorsOf(unittest.TestCase):
+    """A frame as the exported ONNX step's inputs: each field in its column, rows stacked, an
+    invalid frame named."""
+
+    def test_each_field_in_its_column(self):
+        try:
+            import numpy  # noqa: F401
+        except ImportError:
+            self.skipTest("numpy")
+        f = frame_at(7)
+        f.opponent.percent, f.player.shield = 35.5, 48.0
+        f.controller.buttons = BUTTON_BITS["B"] | BUTTON_BITS["Z"]
+        f.controller.shoulder = 1.5  # clamped to 1, as the loader clamps a recorded value
+        t = frame_tensors(f)
+        self.assertEqual(t["numeric"].shape, (1, 3, 18))
+        self.assertEqual(t["numeric"].dtype.name, "float32")
+        self.assertEqual(t["action"].dtype.name, "int64")
+        player, opponent, follower = t["numeric"][0]
+        self.assertEqual(player[4], 48.0)        # shield
+        self.assertEqual(player[2], f.player.x)  # x
+        self.assertEqual(player[17], 1.0)        # exists
+        self.assertEqual(opponent[0], 35.5)      # percent
+        self.assertEqual(list(follower), [0.0] * 18)  # absent: zeros
+        self.assertEqual(list(t["action"][0]), [f.player.action_state, f.opponent.action_state, 0])
+        self.assertEqual(list(t["character"][0]), [1, 2, 0])
+        self.assertEqual(t["stage"][0], 32)
+        prev = list(t["prev_controller"][0])
+        self.assertEqual(prev[:8], [0, 1, 0, 0, 1, 0, 0, 0])  # B and Z
+        self.assertEqual(prev[8], f.controller.main_x)
+        self.assertEqual(prev[12], 1.0)
+        both = frame_tensors([frame_at(1), frame_at(2)])
+        self.assertEqual(both["prev_controller"].shape, (2, 13))
+        self.assertEqual(both["stage"].shape, (2,))
+        bad = frame_at(0)
+        bad.player.character = 99
+        with self.assertRaises(PolicyError) as e:
+            frame_tensors(bad)
+        self.assertEqual(e.exception.status, "argument")
+        self.assertIn("frame.player.character", str(e.exception))
 
 
 class Packaging(unittest.TestCase):

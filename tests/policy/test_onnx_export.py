@@ -5,17 +5,24 @@ its state fed back; every frame's probabilities must equal ours within 1e-5.
     SLIPSTREAM_CLI     the slipstream program
     SLIPSTREAM_SOURCE  the source tree (configs/)
     SLIPSTREAM_REPLAY  a replay (.slp); without one, a synthetic game is written
+    SLIPSTREAM_POLICY_LIBRARY  libslipstream_policy, for the Python bot on ONNX Runtime (its
+                       frames through slipstream_policy.frame_tensors; skipped without it)
 Without onnxruntime installed (pip install onnxruntime) the tests skip, except under CI=true,
 where that fails them."""
 
+import ctypes
 import json
 import os
+import pathlib
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "python"))
 
 try:
     import onnxruntime
@@ -24,6 +31,7 @@ except ImportError as e:  # noqa: F841
     MISSING = str(e)
 
 CLI = os.environ.get("SLIPSTREAM_CLI", "")
+LIBRARY = os.environ.get("SLIPSTREAM_POLICY_LIBRARY", "")
 SOURCE = os.environ.get("SLIPSTREAM_SOURCE", "")
 REPLAY = os.environ.get("SLIPSTREAM_REPLAY", "")
 HEADS = ("buttons", "main_x", "main_y", "c_x", "c_y", "shoulder")
@@ -155,6 +163,45 @@ class OnnxExport(unittest.TestCase):
     def test_gru(self):
         self.export_and_compare("gru", "train_bc_gru.yaml",
                                 ["core.hidden=16", "core.layers=2", "heads.hidden=8"])
+
+    def test_a_python_bot_on_onnx_runtime_answers_as_the_policy(self):
+        """A serving stack's loop: each frame through slipstream_policy.frame_tensors into the
+        exported step, its state fed back; the distribution equals the policy library's own
+        step on the same frames."""
+        if not LIBRARY:
+            self.skipTest("SLIPSTREAM_POLICY_LIBRARY")
+        from slipstream_policy import BUTTON_BITS, Character, Frame, Policy, frame_tensors
+        run_dir = self.train("bot", "train_bc.yaml",
+                             ["core.d_model=16", "core.layers=2", "core.d_state=8"])
+        model = os.path.join(self.dir.name, "bot.onnx")
+        code, out = run(["export", "--checkpoint", run_dir, "--out", model])
+        self.assertEqual(code, 0, out)
+        sess = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+        outputs = [o.name for o in sess.get_outputs()]
+        state = {i.name: np.zeros([1] + list(i.shape[1:]), np.float32)
+                 for i in sess.get_inputs() if i.name.startswith("core.")}
+        worst = 0.0
+        with Policy(run_dir, library=LIBRARY) as policy:
+            for t in range(200):
+                f = Frame(stage=32)
+                p = f.player
+                p.exists, p.character, p.action_state = 1, 9, 14 + t % 40
+                p.action_frame, p.facing, p.x = float(t % 25), 1.0 if t % 2 else -1.0, t % 60 - 30.0
+                p.y, p.on_ground, p.stocks, p.percent = float(t % 7), t % 5 != 0, 4, t * 0.5
+                ctypes.memmove(ctypes.byref(f.opponent), ctypes.byref(p), ctypes.sizeof(Character))
+                f.opponent.character, f.opponent.x = 20, -p.x
+                f.controller.buttons = BUTTON_BITS["A"] if t % 4 == 0 else 0
+                f.controller.main_x = ((t % 17) - 8) / 8.0
+                policy.step(f)
+                want = policy.distribution().as_dict()
+                feed = frame_tensors(f, library=LIBRARY)
+                feed.update(state)
+                got = dict(zip(outputs, sess.run(outputs, feed)))
+                for k in state:
+                    state[k] = got[k + ".next"]
+                for head in HEADS:
+                    worst = max(worst, float(np.abs(got[head][0] - np.array(want[head])).max()))
+        self.assertLessEqual(worst, 1e-5)
 
     def test_autoregressive_heads_are_refused(self):
         run_dir = self.train("ar", "train_bc.yaml",

@@ -27,10 +27,10 @@ extern "C" {
 #endif
 
 #define SLIPSTREAM_POLICY_VERSION                              \
-  3 /* this header's interface; see slipstream_policy_version. \
+  4 /* this header's interface; see slipstream_policy_version. \
      2: many games per call (step_batch, reset_game,           \
-     distribution_of); 3: set_threads; a program of an         \
-     earlier version runs unchanged */
+     distribution_of); 3: set_threads; 4: frame_tensors; a     \
+     program of an earlier version runs unchanged */
 
 typedef enum slipstream_status {
   SLIPSTREAM_OK = 0,
@@ -182,6 +182,26 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, floa
  * one thread. Worth it for many games per call; a single game's step is too small to share.
  * threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
 slipstream_status slipstream_policy_set_threads(slipstream_policy* policy, int32_t threads);
+
+/* One frame as the step exported by `slipstream export --format onnx` reads it (docs/policy.md):
+ * the loader's tensors of one position, for a serving stack that runs the exported model itself.
+ * Row 0 of the ONNX inputs of the same names: the player's, the opponent's and the follower's
+ * raw numeric features (kPercent..kExists order, docs/melee_features.md; zeros for an absent
+ * character), their action and character ids, the stage, the previous controller (8 buttons
+ * 0/1, then main x, main y, c x, c y in [-1, 1] and the shoulder in [0, 1]). */
+typedef struct slipstream_frame_tensors {
+  float numeric[3][18];
+  int64_t action[3];
+  int64_t character[3];
+  int64_t stage;
+  float prev_controller[13];
+} slipstream_frame_tensors;
+
+/* `frame` as those tensors into *out, checked as a step checks its frame; no handle needed.
+ * SLIPSTREAM_E_ARGUMENT for a NULL pointer or an invalid frame, with slipstream_policy_error(NULL)
+ * naming the field. */
+slipstream_status slipstream_policy_frame_tensors(const slipstream_game_frame* frame,
+                                                  slipstream_frame_tensors* out);
 
 /* The checkpoint's step, model and device, one line (valid until the handle closes). */
 const char* slipstream_policy_describe(const slipstream_policy* policy);
