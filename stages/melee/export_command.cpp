@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -92,6 +93,31 @@ void record_samples(const ExportArgs& a, const CheckpointPath& where) {
               a.samples.c_str(), static_cast<long long>(n), a.replay.c_str(), a.port);
 }
 
+// The weights the policy plays with: the checkpoint's, with an optimizer's EMA copy in their
+// place where the run kept one (validation, eval, infer and the policy library swap it in:
+// adamw's `ema`), from its state ("<optimizer>.ema.<stage>.<param>").
+std::map<std::string, Tensor> policy_weights(const CheckpointPath& where, const GraphPlan& plan,
+                                             std::string& note) {
+  auto weights = read_safetensors(where.checkpoint + "/model.safetensors").tensors;
+  const std::string state_file = where.checkpoint + "/state.safetensors";
+  std::error_code ec;
+  if (!std::filesystem::exists(state_file, ec)) return weights;
+  size_t swapped = 0;
+  for (auto& [key, t] : read_safetensors(state_file).tensors)
+    for (const PlannedStage& s : plan.stages) {
+      const std::string prefix = s.name + ".ema.";
+      if (s.schema->kind() != "adamw" || !key.starts_with(prefix)) continue;
+      const auto it = weights.find(key.substr(prefix.size()));
+      if (it == weights.end() || !(it->second.shape() == t.shape())) continue;
+      it->second = t;
+      ++swapped;
+    }
+  if (swapped)
+    note = " (the optimizer's EMA weights, " + std::to_string(swapped) +
+           " parameters, as eval, infer and the policy library play)";
+  return weights;
+}
+
 int export_command(const ExportArgs& a) {
   const CheckpointPath where = find_checkpoint(a.checkpoint);
   if (!where.error.empty()) {
@@ -101,18 +127,19 @@ int export_command(const ExportArgs& a) {
   note_config_changes(where, std::cerr);
   try {
     const GraphPlan plan = plan_graph(load_config(where.graph_file, a.sets));
-    const auto weights = read_safetensors(where.checkpoint + "/model.safetensors").tensors;
+    std::string ema;
+    const auto weights = policy_weights(where, plan, ema);
     const PolicyOnnx m = build_policy_onnx(plan, weights);
     m.graph->write(a.out);
     std::string states;
     for (const std::string& s : m.state_inputs) states += " " + s;
     std::printf(
-        "export: %s: the one-frame step of %s (%s core; %zu nodes, %zu initializers)\n"
+        "export: %s: the one-frame step of %s%s (%s core; %zu nodes, %zu initializers)\n"
         "  inputs: numeric, action, character, stage, prev_controller; state (zeros at a "
         "stream's first frame):%s\n"
         "  outputs: logits, buttons, main_x, main_y, c_x, c_y, shoulder; each state's next "
         "value (NAME.next)\n",
-        a.out.c_str(), where.checkpoint.c_str(), m.core_kind.c_str(), m.graph->nodes(),
+        a.out.c_str(), where.checkpoint.c_str(), ema.c_str(), m.core_kind.c_str(), m.graph->nodes(),
         m.graph->initializers(), states.c_str());
     if (!a.replay.empty()) record_samples(a, where);
   } catch (const ConfigError& e) {

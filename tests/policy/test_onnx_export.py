@@ -149,8 +149,10 @@ class OnnxExport(unittest.TestCase):
         return worst
 
     def test_mamba(self):
+        # With the optimizer's EMA: the policy plays the EMA weights, and so must the export.
         self.export_and_compare("mamba", "train_bc.yaml",
-                                ["core.d_model=16", "core.layers=2", "core.d_state=8"])
+                                ["core.d_model=16", "core.layers=2", "core.d_state=8",
+                                 "step.ema=0.9"])
 
     def test_mamba_without_input_proj_or_classes(self):
         # d_model = the embedding's width without the class columns (192): no input_proj; a conv
