@@ -302,21 +302,124 @@ std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem:
   return scan_replays(inputs).files;
 }
 
+namespace {
+
+// The build's columns, a temporary file each: values appended game by game, raw or (--zstd)
+// each game's slice of a column held until end_game() compresses it into a zstd frame of its
+// own, so a reader decodes one game without the rest. assemble() writes columns.bin, each
+// column at a 64-byte boundary (a zstd column: a table of games + 1 little-endian u64 offsets,
+// from the table's end, then the frames) and returns the manifest's column entries.
+class ColumnFiles {
+ public:
+  ColumnFiles(const std::filesystem::path& dir, const CorpusOptions& options)
+      : options_(options), cctx_(options.zstd ? ZSTD_createCCtx() : nullptr, &ZSTD_freeCCtx) {
+    const size_t n = catalog().size();
+    for (size_t i = 0; i < n; ++i) {
+      paths_.push_back(dir / (std::to_string(i) + ".col"));
+      files_.push_back(open_file(paths_.back(), "wb"));
+    }
+    if (options.zstd) game_bytes_.resize(n), chunks_.resize(n);
+  }
+
+  void write(size_t k, const void* data, size_t n) {
+    if (options_.zstd) {
+      const auto* b = static_cast<const uint8_t*>(data);
+      game_bytes_[k].insert(game_bytes_[k].end(), b, b + n);
+    } else {
+      write_all(files_[k].get(), data, n, paths_[k]);
+    }
+  }
+
+  void end_game() {
+    for (size_t k = 0; k < game_bytes_.size(); ++k) {
+      const std::vector<uint8_t>& raw = game_bytes_[k];
+      size_t stored = 0;
+      if (!raw.empty()) {
+        packed_.resize(ZSTD_compressBound(raw.size()));
+        stored = ZSTD_compressCCtx(cctx_.get(), packed_.data(), packed_.size(), raw.data(),
+                                   raw.size(), options_.zstd_level);
+        if (ZSTD_isError(stored))
+          throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(stored));
+        write_all(files_[k].get(), packed_.data(), stored, paths_[k]);
+      }
+      chunks_[k].push_back(stored);
+      game_bytes_[k].clear();
+    }
+  }
+
+  // Every column into `out`; rows_of: the frame, track and item groups' row counts. `bytes`
+  // gets columns.bin's size.
+  nlohmann::json assemble(const std::filesystem::path& out_path, const size_t rows_of[3],
+                          size_t& bytes) {
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (std::fflush(files_[i].get()) != 0)
+        throw CorpusError("cannot write " + paths_[i].string() + ": " + std::strerror(errno));
+      files_[i].reset();
+    }
+    const auto& specs = catalog();
+    File out = open_file(out_path, "wb");
+    nlohmann::json columns = nlohmann::json::array();
+    size_t offset = 0;
+    std::vector<uint8_t> data, zeros;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ColumnSpec& spec = specs[i];
+      size_t head = 0;
+      data.clear();
+      if (options_.zstd) {
+        std::vector<uint64_t> table(1, 0);
+        for (uint64_t c : chunks_[i]) table.push_back(table.back() + c);
+        head = table.size() * sizeof(uint64_t);
+        data.resize(head);
+        std::memcpy(data.data(), table.data(), head);
+      }
+      data.resize(head + std::filesystem::file_size(paths_[i]));
+      File in = open_file(paths_[i], "rb");
+      if (data.size() > head &&
+          std::fread(data.data() + head, 1, data.size() - head, in.get()) != data.size() - head)
+        throw CorpusError("cannot read " + paths_[i].string());
+      const size_t aligned = align_up(offset);
+      zeros.assign(aligned - offset, 0);
+      write_all(out.get(), zeros.data(), zeros.size(), out_path);
+      write_all(out.get(), data.data(), data.size(), out_path);
+      const size_t rows = rows_of[static_cast<int>(spec.group)];
+      columns.push_back({{"name", spec.name},
+                         {"group", group_name(spec.group)},
+                         {"dtype", spec.dtype},
+                         {"rows", rows},
+                         {"offset", aligned},
+                         {"bytes", rows * spec.elem_size},
+                         {"stored_bytes", data.size()},
+                         {"hash", "mix64:" + hex64(content_hash(data))},
+                         {"compression", options_.zstd ? "zstd_games" : "none"}});
+      offset = aligned + data.size();
+    }
+    if (std::fflush(out.get()) != 0)
+      throw CorpusError("cannot write " + out_path.string() + ": " + std::strerror(errno));
+    bytes = offset;
+    return columns;
+  }
+
+ private:
+  const CorpusOptions& options_;
+  std::vector<File> files_;
+  std::vector<std::filesystem::path> paths_;
+  std::vector<std::vector<uint8_t>> game_bytes_;  // --zstd: this game's slice of each column
+  std::vector<std::vector<uint64_t>> chunks_;     // --zstd: each column's frame sizes
+  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx_;
+  std::vector<uint8_t> packed_;
+};
+
+}  // namespace
+
 CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
                                const std::filesystem::path& out_dir, const CorpusOptions& options) {
   namespace fs = std::filesystem;
-  const auto& specs = catalog();
   fs::create_directories(out_dir);
   BuildGuard guard(out_dir);
   const fs::path tmp_dir = out_dir / ".build";
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  std::vector<File> tmp;
-  std::vector<fs::path> tmp_paths;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    tmp_paths.push_back(tmp_dir / (std::to_string(i) + ".col"));
-    tmp.push_back(open_file(tmp_paths.back(), "wb"));
-  }
+  ColumnFiles columns_out(tmp_dir, options);
 
   CorpusBuildReport report;
   nlohmann::json sources = nlohmann::json::array(), skipped = nlohmann::json::array(),
@@ -326,39 +429,6 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   ParseOptions parse_options;
   parse_options.rollbacks = options.rollbacks;
   parse_options.items = options.items;
-
-  // --zstd: each game's slice of each column is compressed on its own (a zstd frame per game
-  // and column), so a reader decodes one game without the rest: game_bytes holds the game's
-  // slices until it ends, chunks each column's frame sizes.
-  std::vector<std::vector<uint8_t>> game_bytes(options.zstd ? specs.size() : 0);
-  std::vector<std::vector<uint64_t>> chunks(options.zstd ? specs.size() : 0);
-  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(
-      options.zstd ? ZSTD_createCCtx() : nullptr, &ZSTD_freeCCtx);
-  std::vector<uint8_t> packed;
-  auto write_column = [&](size_t k, const void* data, size_t n) {
-    if (options.zstd) {
-      const auto* b = static_cast<const uint8_t*>(data);
-      game_bytes[k].insert(game_bytes[k].end(), b, b + n);
-    } else {
-      write_all(tmp[k].get(), data, n, tmp_paths[k]);
-    }
-  };
-  auto end_game = [&] {
-    for (size_t k = 0; k < game_bytes.size(); ++k) {
-      const std::vector<uint8_t>& raw = game_bytes[k];
-      size_t stored = 0;
-      if (!raw.empty()) {
-        packed.resize(ZSTD_compressBound(raw.size()));
-        stored = ZSTD_compressCCtx(cctx.get(), packed.data(), packed.size(), raw.data(), raw.size(),
-                                   options.zstd_level);
-        if (ZSTD_isError(stored))
-          throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(stored));
-        write_all(tmp[k].get(), packed.data(), stored, tmp_paths[k]);
-      }
-      chunks[k].push_back(stored);
-      game_bytes[k].clear();
-    }
-  };
 
   const ReplayScan scan = scan_replays(inputs);
   for (const SkippedPath& s : scan.skipped) {
@@ -391,10 +461,10 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
       return [&, rows](const std::string&, const auto& col, Presence) {
         using T = typename std::remove_cvref_t<decltype(col)>::value_type;
         if (col.size() == rows) {
-          write_column(k, col.data(), rows * sizeof(T));
+          columns_out.write(k, col.data(), rows * sizeof(T));
         } else {  // absent field: zeros keep the tracks aligned
           zeros.assign(rows * sizeof(T), 0);
-          write_column(k, zeros.data(), zeros.size());
+          columns_out.write(k, zeros.data(), zeros.size());
         }
         ++k;
       };
@@ -414,7 +484,7 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     }
     k = track_begin + kTrackColumns;
     visit_item_group(f.items, append(f.items.size()));
-    if (options.zstd) end_game();
+    if (options.zstd) columns_out.end_game();
 
     games.push_back({{"source", sources.size() - 1},
                      {"frames", n},
@@ -428,64 +498,10 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     ++report.games;
     report.frames += n;
   }
-  for (auto& t : tmp) {
-    if (std::fflush(t.get()) != 0)
-      throw CorpusError("cannot write the corpus build files in " + tmp_dir.string() + ": " +
-                        std::strerror(errno));
-    t.reset();
-  }
-
-  // Assemble columns.bin: each column at a 64-byte boundary, raw, or (--zstd) a table of
-  // games + 1 little-endian u64 offsets (from the end of the table) followed by the games' zstd
-  // frames.
   const fs::path columns_path = out_dir / kColumnsName;
   const fs::path columns_tmp = out_dir / (std::string(kColumnsName) + ".tmp");
-  File out = open_file(columns_tmp, "wb");
-  nlohmann::json columns = nlohmann::json::array();
-  size_t offset = 0;
-  std::vector<uint8_t> data;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const ColumnSpec& spec = specs[i];
-    size_t head = 0;
-    if (options.zstd) {
-      std::vector<uint64_t> table(1, 0);
-      for (uint64_t c : chunks[i]) table.push_back(table.back() + c);
-      head = table.size() * sizeof(uint64_t);
-      data.resize(head);
-      std::memcpy(data.data(), table.data(), head);
-    } else {
-      data.clear();
-    }
-    data.resize(head + fs::file_size(tmp_paths[i]));
-    File in = open_file(tmp_paths[i], "rb");
-    if (data.size() > head &&
-        std::fread(data.data() + head, 1, data.size() - head, in.get()) != data.size() - head)
-      throw CorpusError("cannot read " + tmp_paths[i].string());
-    const uint8_t* stored = data.data();
-    const size_t stored_size = data.size();
-    const size_t aligned = align_up(offset);
-    zeros.assign(aligned - offset, 0);
-    write_all(out.get(), zeros.data(), zeros.size(), columns_tmp);
-    write_all(out.get(), stored, stored_size, columns_tmp);
-    const size_t rows = spec.group == Group::kFrame   ? frame_rows
-                        : spec.group == Group::kTrack ? track_rows
-                                                      : item_rows;
-    columns.push_back(
-        {{"name", spec.name},
-         {"group", group_name(spec.group)},
-         {"dtype", spec.dtype},
-         {"rows", rows},
-         {"offset", aligned},
-         {"bytes", rows * spec.elem_size},
-         {"stored_bytes", stored_size},
-         {"hash", "mix64:" + hex64(content_hash(std::span<const uint8_t>(stored, stored_size)))},
-         {"compression", options.zstd ? "zstd_games" : "none"}});
-    offset = aligned + stored_size;
-  }
-  if (std::fflush(out.get()) != 0)
-    throw CorpusError("cannot write " + columns_tmp.string() + ": " + std::strerror(errno));
-  out.reset();
-  report.output_bytes = offset;
+  const size_t rows_of[3] = {frame_rows, track_rows, item_rows};
+  const nlohmann::json columns = columns_out.assemble(columns_tmp, rows_of, report.output_bytes);
 
   const nlohmann::json manifest = {
       {"format", kFormatName},
@@ -542,7 +558,125 @@ struct Corpus::State {
   ~State() {
     if (map) munmap(map, map_size);
   }
+
+  void map_columns();
+  // Column i of the manifest (`c`) against the mapping: checked (layout, bounds, hash) and bound
+  // (a view into the mapping, a version-1 zstd column unpacked, a per-game zstd column's table).
+  void bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3]);
+  // The per-game zstd columns' tables, once the games are counted: sizes and order.
+  void check_game_tables(const nlohmann::json& columns, size_t n_games);
+  void read_games(const nlohmann::json& games, const size_t rows_of[3]);
 };
+
+void Corpus::State::map_columns() {
+  const auto columns_path = dir / kColumnsName;
+  const int fd = ::open(columns_path.c_str(), O_RDONLY);
+  if (fd < 0)
+    throw CorpusError("cannot open " + columns_path.string() + ": " + std::strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0) {
+    ::close(fd);
+    throw CorpusError("cannot stat " + columns_path.string());
+  }
+  map_size = static_cast<size_t>(sb.st_size);
+  if (map_size > 0) {
+    map = mmap(nullptr, map_size, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+      map = nullptr;
+      ::close(fd);
+      throw CorpusError("cannot map " + columns_path.string());
+    }
+  }
+  ::close(fd);
+}
+
+void Corpus::State::bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3]) {
+  const ColumnSpec& spec = catalog()[i];
+  const auto* bytes = static_cast<const uint8_t*>(map);
+  if (c.at("name") != spec.name || c.at("dtype") != spec.dtype ||
+      c.at("group") != group_name(spec.group))
+    throw CorpusError("corpus " + dir.string() + " column " + std::to_string(i) +
+                      " differs from this build's layout: rebuild it with `slipstream corpus "
+                      "build`");
+  const size_t offset = c.at("offset"), stored = c.at("stored_bytes"), size = c.at("bytes");
+  const size_t rows = c.at("rows");
+  if (rows != rows_of[static_cast<int>(spec.group)] || size != rows * spec.elem_size ||
+      offset % kAlign != 0 || offset > map_size || stored > map_size - offset)
+    throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                      "' is inconsistent with columns.bin");
+  // The stored bytes' hash: a flipped bit, or a columns.bin of another build beside this
+  // manifest, is an error naming the column, never other training data.
+  if (c.contains("hash") && bytes) {
+    const std::string got =
+        "mix64:" + hex64(content_hash(std::span<const uint8_t>(bytes + offset, stored)));
+    if (got != c.at("hash").get<std::string>())
+      throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                        "' does not match its hash in " + kManifestName +
+                        " (damaged, or columns.bin of another build): rebuild it with "
+                        "`slipstream corpus build`");
+  }
+  const std::string compression = c.at("compression");
+  chunk_table.push_back(nullptr);
+  chunk_data.push_back(nullptr);
+  if (compression == "zstd_games") {
+    if (bytes) {  // checked by check_game_tables
+      chunk_table.back() = reinterpret_cast<const uint64_t*>(bytes + offset);
+      chunk_data.back() = bytes + offset;  // the table's end is added there
+    }
+    base.push_back(nullptr);
+  } else if (compression == "zstd") {
+    const size_t alloc = align_up(std::max<size_t>(size, 1));
+    owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)), &std::free);
+    if (!owned.back()) throw std::bad_alloc();
+    const size_t r = ZSTD_decompress(owned.back().get(), size, bytes + offset, stored);
+    if (ZSTD_isError(r) || r != size)
+      throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
+                        "' does not decompress");
+    base.push_back(owned.back().get());
+  } else {
+    if (stored != size) throw CorpusError("corpus column '" + spec.name + "' has a wrong size");
+    base.push_back(bytes ? bytes + offset : nullptr);
+  }
+}
+
+void Corpus::State::check_game_tables(const nlohmann::json& columns, size_t n_games) {
+  for (size_t i = 0; i < chunk_table.size(); ++i) {
+    if (!chunk_table[i]) continue;
+    const size_t stored = columns[i].at("stored_bytes"), head = (n_games + 1) * sizeof(uint64_t);
+    const uint64_t* t = chunk_table[i];
+    bool ok = stored >= head && t[0] == 0;
+    for (size_t g = 0; ok && g < n_games; ++g) ok = t[g] <= t[g + 1];
+    if (!ok || t[n_games] > stored - head)
+      throw CorpusError("corpus " + dir.string() + " column '" + catalog()[i].name +
+                        "' has a damaged table of games: rebuild it with `slipstream corpus "
+                        "build`");
+    chunk_data[i] += head;
+  }
+}
+
+void Corpus::State::read_games(const nlohmann::json& entries, const size_t rows_of[3]) {
+  for (const auto& g : entries) {
+    GameEntry e;
+    e.info = game_info_from_json(g.at("info"));
+    e.frames = g.at("frames");
+    e.frame_offset = g.at("frame_offset");
+    e.items = g.at("items");
+    e.item_offset = g.at("item_offset");
+    if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset ||
+        e.item_offset > rows_of[2] || e.items > rows_of[2] - e.item_offset)
+      throw CorpusError("corpus " + dir.string() + " has a game outside its columns");
+    for (const auto& t : g.at("tracks")) {
+      Track tr{t.at("port"), t.at("follower"), t.at("offset")};
+      if (tr.offset > rows_of[1] || e.frames > rows_of[1] - tr.offset)
+        throw CorpusError("corpus " + dir.string() + " has a track outside its columns");
+      // A game's tracks follow each other: its slice of a track column is one range.
+      if (!e.tracks.empty() && tr.offset != e.tracks.back().offset + e.frames)
+        throw CorpusError("corpus " + dir.string() + " has a game whose tracks are apart");
+      e.tracks.push_back(tr);
+    }
+    games.push_back(std::move(e));
+  }
+}
 
 Corpus::Corpus(std::unique_ptr<State> state) : state_(std::move(state)) {}
 Corpus::Corpus(Corpus&&) noexcept = default;
@@ -587,112 +721,10 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
     const size_t rows_of[3] = {m.at("frame_rows"), m.at("track_rows"), m.at("item_rows")};
     st->frame_rows = rows_of[0];
 
-    const auto columns_path = dir / kColumnsName;
-    const int fd = ::open(columns_path.c_str(), O_RDONLY);
-    if (fd < 0)
-      throw CorpusError("cannot open " + columns_path.string() + ": " + std::strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-      ::close(fd);
-      throw CorpusError("cannot stat " + columns_path.string());
-    }
-    st->map_size = static_cast<size_t>(sb.st_size);
-    if (st->map_size > 0) {
-      st->map = mmap(nullptr, st->map_size, PROT_READ, MAP_SHARED, fd, 0);
-      if (st->map == MAP_FAILED) {
-        st->map = nullptr;
-        ::close(fd);
-        throw CorpusError("cannot map " + columns_path.string());
-      }
-    }
-    ::close(fd);
-    const auto* bytes = static_cast<const uint8_t*>(st->map);
-
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const auto& c = columns[i];
-      const ColumnSpec& spec = specs[i];
-      if (c.at("name") != spec.name || c.at("dtype") != spec.dtype ||
-          c.at("group") != group_name(spec.group))
-        throw CorpusError(
-            "corpus " + dir.string() + " column " + std::to_string(i) +
-            " differs from this build's layout: rebuild it with `slipstream corpus build`");
-      const size_t offset = c.at("offset"), stored = c.at("stored_bytes"), size = c.at("bytes");
-      const size_t rows = c.at("rows");
-      if (rows != rows_of[static_cast<int>(spec.group)] || size != rows * spec.elem_size ||
-          offset % kAlign != 0 || offset > st->map_size || stored > st->map_size - offset)
-        throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
-                          "' is inconsistent with columns.bin");
-      // The stored bytes' hash: a flipped bit, or a columns.bin of another build beside this
-      // manifest, is an error naming the column, never other training data.
-      if (c.contains("hash") && bytes) {
-        const std::string got =
-            "mix64:" + hex64(content_hash(std::span<const uint8_t>(bytes + offset, stored)));
-        if (got != c.at("hash").get<std::string>())
-          throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
-                            "' does not match its hash in " + kManifestName +
-                            " (damaged, or columns.bin of another build): rebuild it with "
-                            "`slipstream corpus build`");
-      }
-      const std::string compression = c.at("compression");
-      st->chunk_table.push_back(nullptr);
-      st->chunk_data.push_back(nullptr);
-      if (compression == "zstd_games") {
-        // Checked below, once the games are known: the table's size and order.
-        if (bytes) {
-          st->chunk_table.back() = reinterpret_cast<const uint64_t*>(bytes + offset);
-          st->chunk_data.back() = bytes + offset;  // the table's end is added below
-        }
-        st->base.push_back(nullptr);
-      } else if (compression == "zstd") {
-        const size_t alloc = align_up(std::max<size_t>(size, 1));
-        st->owned.emplace_back(static_cast<uint8_t*>(std::aligned_alloc(kAlign, alloc)),
-                               &std::free);
-        if (!st->owned.back()) throw std::bad_alloc();
-        const size_t r = ZSTD_decompress(st->owned.back().get(), size, bytes + offset, stored);
-        if (ZSTD_isError(r) || r != size)
-          throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
-                            "' does not decompress");
-        st->base.push_back(st->owned.back().get());
-      } else {
-        if (stored != size) throw CorpusError("corpus column '" + spec.name + "' has a wrong size");
-        st->base.push_back(bytes ? bytes + offset : nullptr);
-      }
-    }
-
-    const size_t n_games = m.at("games").size();
-    for (size_t i = 0; i < specs.size(); ++i) {
-      if (!st->chunk_table[i]) continue;
-      const size_t stored = columns[i].at("stored_bytes"), head = (n_games + 1) * sizeof(uint64_t);
-      const uint64_t* t = st->chunk_table[i];
-      bool ok = stored >= head && t[0] == 0;
-      for (size_t g = 0; ok && g < n_games; ++g) ok = t[g] <= t[g + 1];
-      if (!ok || t[n_games] > stored - head)
-        throw CorpusError("corpus " + dir.string() + " column '" + specs[i].name +
-                          "' has a damaged table of games: rebuild it with `slipstream corpus "
-                          "build`");
-      st->chunk_data[i] += head;
-    }
-    for (const auto& g : m.at("games")) {
-      State::GameEntry e;
-      e.info = game_info_from_json(g.at("info"));
-      e.frames = g.at("frames");
-      e.frame_offset = g.at("frame_offset");
-      e.items = g.at("items");
-      e.item_offset = g.at("item_offset");
-      if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset ||
-          e.item_offset > rows_of[2] || e.items > rows_of[2] - e.item_offset)
-        throw CorpusError("corpus " + dir.string() + " has a game outside its columns");
-      for (const auto& t : g.at("tracks")) {
-        State::Track tr{t.at("port"), t.at("follower"), t.at("offset")};
-        if (tr.offset > rows_of[1] || e.frames > rows_of[1] - tr.offset)
-          throw CorpusError("corpus " + dir.string() + " has a track outside its columns");
-        // A game's tracks follow each other: its slice of a track column is one range.
-        if (!e.tracks.empty() && tr.offset != e.tracks.back().offset + e.frames)
-          throw CorpusError("corpus " + dir.string() + " has a game whose tracks are apart");
-        e.tracks.push_back(tr);
-      }
-      st->games.push_back(std::move(e));
-    }
+    st->map_columns();
+    for (size_t i = 0; i < specs.size(); ++i) st->bind_column(i, columns[i], rows_of);
+    st->check_game_tables(columns, m.at("games").size());
+    st->read_games(m.at("games"), rows_of);
   } catch (const nlohmann::json::exception& e) {
     throw CorpusError(manifest_path.string() + " is malformed: " + e.what());
   }
