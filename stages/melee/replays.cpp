@@ -290,6 +290,102 @@ void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int r
   if (need > 0.8 * avail) ctx.log("note: " + figures + ": memory is tight");
 }
 
+Filters ReplaysStage::filters(const StageContext& ctx, bool by_games) const {
+  const Params& p = ctx.params();
+  Filters f;
+  f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
+  f.fields = p.string("fields") == "libmelee" ? FieldReading::libmelee : FieldReading::slippi;
+  f.one_vs_one = p.boolean("one_vs_one");
+  f.humans_only = p.boolean("humans_only");
+  if (!p.string("min_version").empty())
+    f.min_version = slp::Version::parse(p.string("min_version"));
+  f.skip_duplicates = p.boolean("skip_duplicates");
+  std::string problem;  // none: the schema's checks passed at validation
+  f.stages = resolve_ids(p.strings("stages"), "stages", kStageNames, problem);
+  f.characters = resolve_ids(p.strings("characters"), "characters", kCharacterNames, problem);
+  if (!problem.empty()) throw ConfigError({{p.mark("characters"), problem}});
+  f.min_frames = p.integer("min_frames");
+  f.min_rows = std::max(f.min_frames, window_ + delay_ + 1);
+  f.perspectives = p.string("perspectives");
+  if (by_games) {
+    if (!ctx.run().reduce_over_ranks)
+      throw ConfigError({{p.mark("shard"), "stage '" + ctx.name() +
+                                               "': shard: games with several ranks needs MPI "
+                                               "(this build has none); use shard: windows"}});
+    f.shard_rank = ctx.run().rank;
+    f.shard_world = ctx.run().world_size;
+    f.shard_seed = ctx.run().seed;
+    f.shard_ranges = p.string("shard_order") == "ranges";
+  }
+  return f;
+}
+
+Inputs ReplaysStage::inputs_or_synthetic(const StageContext& ctx, const std::string& who,
+                                         std::ostringstream& rep) {
+  const Params& p = ctx.params();
+  const std::vector<std::string>& paths = p.strings("paths");
+  Inputs in = resolve_inputs(paths);
+  if (in.files.empty() && in.corpora.empty()) {
+    const int64_t n = p.integer("synthetic");
+    // Paths the user gave that hold nothing are a mistake to report, never a reason to train on
+    // generated games instead.
+    if (n <= 0 || !paths.empty())
+      throw ConfigError(
+          {{p.mark("paths"),
+            "stage '" + ctx.name() + "': no replays in paths" +
+                (paths.empty() ? std::string(" []; set paths, or synthetic: N to train on N "
+                                             "generated games")
+                               : ": " + describe_empty_paths(paths) +
+                                     "; point paths at .slp files, folders, globs or a corpus")}});
+    bool generated = false;
+    const fs::path dir = synthetic_games(p.string("synthetic_dir"), ctx.run().seed, n, generated);
+    synthetic_dir_used_ = dir.string();
+    rep << who << ": no replays in paths " << paths_str(paths) << "; using " << n
+        << " synthetic games in " << dir.string() << (generated ? " (generated)" : " (cached)")
+        << "\n";
+    in = resolve_inputs({dir.string()});
+  }
+  return in;
+}
+
+void ReplaysStage::count_batches(StageContext& ctx, bool by_games, const std::string& who) {
+  const uint64_t B = static_cast<uint64_t>(batch_);
+  if (validation_) {
+    batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
+    total_batches_ = batches_per_epoch_;
+    // Each rank validates on its own games: the runner takes each rank's first batches.
+    if (by_games) ctx.declare_validation_per_rank();
+  } else {
+    // shard: windows: rank r takes rows r·B.. of each world·B of the one shuffled order; shard:
+    // games: every row of its own order, as many batches as the rank with the fewest has.
+    rank_ = by_games ? 0 : static_cast<uint64_t>(ctx.run().rank);
+    world_ = by_games ? 1 : static_cast<uint64_t>(ctx.run().world_size);
+    batches_per_epoch_ = windows_.size() / (B * world_);
+    if (by_games) {
+      double fewest = static_cast<double>(batches_per_epoch_);
+      ctx.run().reduce_over_ranks(std::span<double>(&fewest, 1), RankReduce::min,
+                                  who + ": the ranks' batches per epoch");
+      batches_per_epoch_ = static_cast<uint64_t>(fewest);
+    }
+    // run.steps set: the run stops there, so epochs repeat until it does (run.epochs bounds only
+    // runs without a step count).
+    total_batches_ = ctx.run().total_steps > 0
+                         ? std::numeric_limits<uint64_t>::max()
+                         : batches_per_epoch_ * static_cast<uint64_t>(epochs_);
+  }
+}
+
+void ReplaysStage::set_order() {
+  order_.reset(windows_.size(), static_cast<uint64_t>(batch_), batches_per_epoch_, validation_,
+               shuffle_, keyed_order_, seed_, rank_, world_);
+  if (streams_) {  // windows_ is grouped by perspective, each group in time order
+    std::vector<uint64_t> first(perspectives_.size() + 1, 0);
+    for (const WindowRef& w : windows_) ++first[w.perspective + 1];
+    for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
+    order_.set_streams(std::move(first));
+  }
+}
+
 void ReplaysStage::setup(StageContext& ctx) {
   const Params& p = ctx.params();
   validation_ = forced_split_.value_or(ctx.split()) == StageContext::Split::validation;
@@ -311,60 +407,12 @@ void ReplaysStage::setup(StageContext& ctx) {
   arena_ = std::make_unique<tbb::task_arena>(threads > 0 ? static_cast<int>(threads)
                                                          : tbb::task_arena::automatic);
   const std::string who = "slippi_replays '" + ctx.name() + "'";
-
-  Filters f;
-  f.rollback = p.string("rollback") == "all" ? RollbackMode::all : RollbackMode::last;
-  f.fields = p.string("fields") == "libmelee" ? FieldReading::libmelee : FieldReading::slippi;
-  f.one_vs_one = p.boolean("one_vs_one");
-  f.humans_only = p.boolean("humans_only");
-  if (!p.string("min_version").empty())
-    f.min_version = slp::Version::parse(p.string("min_version"));
-  f.skip_duplicates = p.boolean("skip_duplicates");
-  std::string problem;  // none: the schema's checks passed at validation
-  f.stages = resolve_ids(p.strings("stages"), "stages", kStageNames, problem);
-  f.characters = resolve_ids(p.strings("characters"), "characters", kCharacterNames, problem);
-  if (!problem.empty()) throw ConfigError({{p.mark("characters"), problem}});
-  f.min_frames = p.integer("min_frames");
-  f.min_rows = std::max(f.min_frames, window_ + delay_ + 1);
-  f.perspectives = p.string("perspectives");
   // shard: games with several ranks: each rank decodes only its own games, and the ranks agree
   // on the step count through the run's rank reduction.
   const bool by_games = p.string("shard") == "games" && ctx.run().world_size > 1;
-  if (by_games) {
-    if (!ctx.run().reduce_over_ranks)
-      throw ConfigError({{p.mark("shard"), "stage '" + ctx.name() +
-                                               "': shard: games with several ranks needs MPI "
-                                               "(this build has none); use shard: windows"}});
-    f.shard_rank = ctx.run().rank;
-    f.shard_world = ctx.run().world_size;
-    f.shard_seed = ctx.run().seed;
-    f.shard_ranges = p.string("shard_order") == "ranges";
-  }
-
-  const std::vector<std::string>& paths = p.strings("paths");
-  Inputs in = resolve_inputs(paths);
+  const Filters f = filters(ctx, by_games);
   std::ostringstream rep;
-  if (in.files.empty() && in.corpora.empty()) {
-    const int64_t n = p.integer("synthetic");
-    // Paths the user gave that hold nothing are a mistake to report, never a reason to train on
-    // generated games instead.
-    if (n <= 0 || !paths.empty())
-      throw ConfigError(
-          {{p.mark("paths"),
-            "stage '" + ctx.name() + "': no replays in paths" +
-                (paths.empty() ? std::string(" []; set paths, or synthetic: N to train on N "
-                                             "generated games")
-                               : ": " + describe_empty_paths(paths) +
-                                     "; point paths at .slp files, folders, globs or a corpus")}});
-    bool generated = false;
-    const fs::path dir = synthetic_games(p.string("synthetic_dir"), ctx.run().seed, n, generated);
-    synthetic_dir_used_ = dir.string();
-    rep << who << ": no replays in paths " << paths_str(paths) << "; using " << n
-        << " synthetic games in " << dir.string() << (generated ? " (generated)" : " (cached)")
-        << "\n";
-    in = resolve_inputs({dir.string()});
-  }
-
+  const Inputs in = inputs_or_synthetic(ctx, who, rep);
   if (!validation_) check_memory(ctx, in, by_games ? ctx.run().world_size : 1);
 
   // Pinned validation games: their own dataset. The validation copy reads only it; the training
@@ -403,29 +451,7 @@ void ReplaysStage::setup(StageContext& ctx) {
                            static_cast<int>(delay_));
 
   const uint64_t B = static_cast<uint64_t>(batch_);
-  if (validation_) {
-    batches_per_epoch_ = (windows_.size() + B - 1) / B;  // last batch padded, mask 0
-    total_batches_ = batches_per_epoch_;
-    // Each rank validates on its own games: the runner takes each rank's first batches.
-    if (by_games) ctx.declare_validation_per_rank();
-  } else {
-    // shard: windows: rank r takes rows r·B.. of each world·B of the one shuffled order; shard:
-    // games: every row of its own order, as many batches as the rank with the fewest has.
-    rank_ = by_games ? 0 : static_cast<uint64_t>(ctx.run().rank);
-    world_ = by_games ? 1 : static_cast<uint64_t>(ctx.run().world_size);
-    batches_per_epoch_ = windows_.size() / (B * world_);
-    if (by_games) {
-      double fewest = static_cast<double>(batches_per_epoch_);
-      ctx.run().reduce_over_ranks(std::span<double>(&fewest, 1), RankReduce::min,
-                                  who + ": the ranks' batches per epoch");
-      batches_per_epoch_ = static_cast<uint64_t>(fewest);
-    }
-    // run.steps set: the run stops there, so epochs repeat until it does (run.epochs bounds only
-    // runs without a step count).
-    total_batches_ = ctx.run().total_steps > 0
-                         ? std::numeric_limits<uint64_t>::max()
-                         : batches_per_epoch_ * static_cast<uint64_t>(epochs_);
-  }
+  count_batches(ctx, by_games, who);
 
   // The report: once per loaded dataset (the validation copy reuses the training copy's).
   ReportFacts facts;
@@ -481,14 +507,7 @@ void ReplaysStage::setup(StageContext& ctx) {
 
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   if (streams_) ctx.run().rows_continue = true;
-  order_.reset(windows_.size(), B, batches_per_epoch_, validation_, shuffle_, keyed_order_, seed_,
-               rank_, world_);
-  if (streams_) {  // windows_ is grouped by perspective, each group in time order
-    std::vector<uint64_t> first(perspectives_.size() + 1, 0);
-    for (const WindowRef& w : windows_) ++first[w.perspective + 1];
-    for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
-    order_.set_streams(std::move(first));
-  }
+  set_order();
 }
 
 const GameFeatures& ReplaysStage::game_of(const WindowRef& w) const {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,14 @@ class ReplaysStage : public Stage {
   void force_split(StageContext::Split s) { forced_split_ = s; }
 
  private:
+  // setup's parts: the game filters (this rank's share with shard: games, `by_games`); the
+  // inputs, or the synthetic games when paths is empty (a line for the report in `rep`); the
+  // batches of an epoch and of the run; the window order.
+  Filters filters(const StageContext& ctx, bool by_games) const;
+  Inputs inputs_or_synthetic(const StageContext& ctx, const std::string& who,
+                             std::ostringstream& rep);
+  void count_batches(StageContext& ctx, bool by_games, const std::string& who);
+  void set_order();
   // Refuses inputs whose features would not fit the memory usable (replays.memory).
   void check_memory(const StageContext& ctx, const Inputs& in, int ranks) const;
   const GameFeatures& game_of(const WindowRef& w) const;
