@@ -82,15 +82,12 @@ nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, c
 }
 
 int eval_command(const EvalArgs& a) {
-  const CheckpointPath where = find_checkpoint(a.checkpoint);
-  if (!where.error.empty()) {
-    std::cerr << where.error << "\n";
-    return 1;
-  }
-  const std::string& checkpoint = where.checkpoint;
   // With the JSON on stdout, progress goes to stderr so the output stays parseable.
   std::ostream& log = a.json == "-" ? std::cerr : std::cout;
-  note_config_changes(where, log);
+  const auto found = command_checkpoint(a.checkpoint, std::cerr, log);
+  if (!found) return 1;
+  const CheckpointPath& where = *found;
+  const std::string& checkpoint = where.checkpoint;
   note_training_overlap(where, a.replays, std::cerr);
   GraphPlan plan;
   try {

@@ -119,12 +119,9 @@ std::map<std::string, Tensor> policy_weights(const CheckpointPath& where, const 
 }
 
 int export_command(const ExportArgs& a) {
-  const CheckpointPath where = find_checkpoint(a.checkpoint);
-  if (!where.error.empty()) {
-    std::cerr << where.error << "\n";
-    return 1;
-  }
-  note_config_changes(where, std::cerr);
+  const auto found = command_checkpoint(a.checkpoint, std::cerr, std::cerr);
+  if (!found) return 1;
+  const CheckpointPath& where = *found;
   try {
     const GraphPlan plan = plan_graph(load_config(where.graph_file, a.sets));
     std::string ema;

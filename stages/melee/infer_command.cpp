@@ -131,12 +131,9 @@ class FrameWriter {
 };
 
 int infer_command(const InferArgs& a) {
-  const CheckpointPath where = find_checkpoint(a.checkpoint);
-  if (!where.error.empty()) {
-    std::cerr << where.error << "\n";
-    return 1;
-  }
-  note_config_changes(where, std::cerr);
+  const auto found = command_checkpoint(a.checkpoint, std::cerr, std::cerr);
+  if (!found) return 1;
+  const CheckpointPath& where = *found;
   note_training_overlap(where, {a.replay}, std::cerr);
   const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
   std::vector<std::string> sets = a.sets;

@@ -22,6 +22,17 @@ void add_checkpoint_option(CLI::App& cmd, std::string& checkpoint) {
       ->required();
 }
 
+std::optional<CheckpointPath> command_checkpoint(const std::string& path, std::ostream& err,
+                                                 std::ostream& notes) {
+  CheckpointPath where = find_checkpoint(path);
+  if (!where.error.empty()) {
+    err << where.error << "\n";
+    return std::nullopt;
+  }
+  note_config_changes(where, notes);
+  return where;
+}
+
 int stage_of_kind(const GraphPlan& plan, const std::string& kind) {
   for (size_t k = 0; k < plan.stages.size(); ++k)
     if (plan.stages[k].schema->kind() == kind) return static_cast<int>(k);

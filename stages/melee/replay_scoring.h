@@ -45,6 +45,11 @@ ReplaySelection frame_by_frame(const std::string& replay, int port, std::string 
 Config config_for_replays(const std::string& graph_file, const std::vector<std::string>& sets,
                           const ReplaySelection& sel);
 
+// find_checkpoint(path) for a command: its error printed to `err` (nullopt: the command exits
+// 1), else the checkpoint, with note_config_changes said to `notes`.
+std::optional<CheckpointPath> command_checkpoint(const std::string& path, std::ostream& err,
+                                                 std::ostream& notes);
+
 // One line saying that the run's config.yaml changed since the checkpoint (a later resume's
 // --set) and that the checkpoint's own graph is used; nothing when it did not change.
 void note_config_changes(const CheckpointPath& where, std::ostream& out);
