@@ -1,13 +1,12 @@
-// A stack of GRU layers (PyTorch nn.GRU, batch_first, zero initial state) over the ops of a
-// backend, on raw pointers: CpuOps<T> (T = double for the finite-difference tests) or a device's
-// ops; the `gru` stage wraps the float model of the run's backend. Layer 0 reads Din, later
-// layers the previous layer's H outputs.
-// Carried state (set_carry(true)), as MambaModel's: each batch row continues the sequence the
-// same row of the previous batch ended, where carry()'s `continues` says so (1; 0 starts it
-// afresh): every layer starts from that row's last state. The state is a constant to the
-// backward (truncated backpropagation through time).
-// Parameters in PyTorch's order and names: weight_ih_l{k} (3H, In), weight_hh_l{k} (3H, H),
-// bias_ih_l{k} (3H), bias_hh_l{k} (3H), gate blocks r, z, n.
+// A stack of GRU layers (PyTorch nn.GRU, batch_first, zero initial state unless carried) over the
+// ops of a backend, on raw pointers: CpuOps<T> (T = double for the finite-difference tests) or a
+// device's ops; the `gru` stage wraps the float model of the run's backend. Layer 0 reads Din,
+// later layers the previous layer's H outputs. Carried state (set_carry(true)), as MambaModel's:
+// each batch row continues the sequence the same row of the previous batch ended, where carry()'s
+// `continues` says so (1; 0 starts it afresh): every layer starts from that row's last state. The
+// state is a constant to the backward (truncated backpropagation through time). Parameters in
+// PyTorch's order and names: weight_ih_l{k} (3H, In), weight_hh_l{k} (3H, H), bias_ih_l{k} (3H),
+// bias_hh_l{k} (3H), gate blocks r, z, n.
 #pragma once
 
 #include <functional>

@@ -82,7 +82,7 @@ uint64_t content_hash(std::span<const uint8_t> bytes);
 struct CorpusFootprint {
   size_t games = 0;
   uint64_t source_bytes = 0;        // the .slp files it was built from
-  uint64_t decompressed_bytes = 0;  // a zstd corpus's columns, decompressed at open; 0 otherwise
+  uint64_t decompressed_bytes = 0;  // a version-1 zstd corpus's columns, unpacked at open; else 0
 };
 CorpusFootprint corpus_footprint(const std::filesystem::path& dir);
 
