@@ -1,5 +1,6 @@
 // CLI glue for the Slippi replay library: `replay info`, `replay dump`, `synth` and
-// `corpus build`. The work happens in stages/melee/slp; this file only wires options.
+// `corpus build` (with --features, the loader's feature corpus). The work happens in
+// stages/melee/slp; this file only wires options.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "engine/command_registry.h"
+#include "stages/melee/feature_corpus.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/inspect.h"
 #include "stages/melee/slp/parser.h"
@@ -115,6 +117,9 @@ void setup_corpus(CLI::App& parent) {
     std::string out;
     bool zstd = false;
     bool keep_rollbacks = false;
+    bool features = false;
+    std::string fields = "slippi";
+    int threads = 0;
     std::vector<std::string> paths;
   };
   auto args = std::make_shared<BuildArgs>();
@@ -124,8 +129,42 @@ void setup_corpus(CLI::App& parent) {
                   "Compress each game's slice of each column with zstd (read one game at a time)");
   build->add_flag("--keep-rollbacks", args->keep_rollbacks,
                   "Keep every recorded copy of rolled-back frames");
-  build->add_option("paths", args->paths, "Replay files or directories")->required();
+  build->add_flag("--features", args->features,
+                  "Store the loader's extracted features instead of the parsed columns (a feature "
+                  "corpus: runs open its index and read each game's features on demand)");
+  build
+      ->add_option("--fields", args->fields,
+                   "With --features: how the numeric features read the replay (the loader's "
+                   "fields parameter)")
+      ->check(CLI::IsMember({"slippi", "libmelee"}));
+  build->add_option("--threads", args->threads, "With --features: threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  build
+      ->add_option("paths", args->paths,
+                   "Replay files, directories or globs (with --features, game corpora too)")
+      ->required();
   build->callback([args] {
+    if (args->features) {
+      if (args->zstd) fail("--features stores each game as a zstd frame already; drop --zstd", 2);
+      try {
+        melee::FeatureCorpusOptions options;
+        options.rollback =
+            args->keep_rollbacks ? melee::RollbackMode::all : melee::RollbackMode::last;
+        options.fields = args->fields == "libmelee" ? melee::FieldReading::libmelee
+                                                    : melee::FieldReading::slippi;
+        options.threads = args->threads;
+        const melee::FeatureBuildReport r =
+            melee::build_feature_corpus(args->paths, args->out, options);
+        std::cout << "feature corpus " << args->out << ": " << r.games << " games, " << r.frames
+                  << " frames, " << r.skipped << " skipped, " << r.source_bytes
+                  << " bytes of replays in, " << r.feature_bytes << " bytes of features stored in "
+                  << r.stored_bytes << "\n";
+        for (const std::string& e : r.skipped_examples) std::cout << "  skipped " << e << "\n";
+      } catch (const std::exception& e) {
+        fail(e.what());
+      }
+      return;
+    }
     try {
       std::vector<std::filesystem::path> inputs(args->paths.begin(), args->paths.end());
       CorpusOptions options;

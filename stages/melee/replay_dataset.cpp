@@ -14,6 +14,7 @@
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include "stages/melee/feature_corpus.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
@@ -36,6 +37,7 @@ std::string dataset_key(const Inputs& in, const Filters& f) {
   };
   for (const auto& p : in.files) stamp(p);
   for (const auto& c : in.corpora) stamp(c / "manifest.json");
+  for (const auto& c : in.feature_corpora) stamp(c / kFeatureManifestName);
   for (const auto& m : in.missing) k << "missing:" << m << '\n';
   for (const auto& u : in.unreadable) k << "unreadable:" << u << '\n';
   k << f.key();
@@ -52,6 +54,7 @@ struct Outcome {
   std::string detail;  // the name shown in the report
   bool damaged = false;
   std::string damage;  // the parser's note on a damaged file (with the byte offset)
+  size_t bytes = 0;    // the game's arrays, resident or not
 };
 
 // Two files of one game — a copy, or the same game saved by two consoles' recorders — share the
@@ -64,17 +67,14 @@ uint64_t same_game_key(const slp::GameStart& start, size_t rows) {
   return mix64(h ^ rows);
 }
 
-Outcome process_view(const slp::GameView& g, const Filters& f, std::string name) {
-  Outcome o;
-  o.detail = std::move(name);
-  o.damaged = g.info.partial;
-  if (o.damaged) o.damage = o.detail + " (" + g.info.error + ")";
-  const auto& start = g.info.start;
+// The checks on Game Start alone: players, humans_only, min_version, stages. False (with the
+// reason in `o`) when the game is left out.
+bool check_start(const slp::GameStart& start, const Filters& f, Outcome& o) {
   const size_t np = start.players.size();
   if (f.one_vs_one ? np != 2 : np < 2) {
     o.reason = kSkipPlayers;
     o.detail += " (" + std::to_string(np) + " players)";
-    return o;
+    return false;
   }
   if (f.humans_only)
     for (const auto& p : start.players)
@@ -82,12 +82,12 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
         o.reason = kSkipNotHuman;
         o.detail +=
             " (port " + std::to_string(p.port + 1) + ": " + (p.type == 1 ? "CPU" : "demo") + ")";
-        return o;
+        return false;
       }
   if (f.min_version && start.version < *f.min_version) {
     o.reason = kSkipVersion;
     o.detail += " (Slippi " + start.version.str() + ")";
-    return o;
+    return false;
   }
   if (!f.stages.empty() &&
       std::find(f.stages.begin(), f.stages.end(), int64_t{start.stage}) == f.stages.end()) {
@@ -95,17 +95,23 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
     const auto name = slp::stage_name(start.stage);
     o.detail +=
         " (stage " + std::to_string(start.stage) + (name ? " " + std::string(*name) : "") + ")";
-    return o;
+    return false;
   }
-  GameFeatures feat = extract_features(g, f.rollback, f.fields);
+  return true;
+}
+
+// The checks on the extracted features (a player without frames, length, perspectives and
+// characters); `feat` may be a header without its arrays. Keeps it in `o` when it passes.
+void check_features(const slp::GameStart& start, GameFeatures feat, const Filters& f, Outcome& o) {
+  const size_t np = start.players.size();
   if (feat.players.size() != np) {
     o.reason = kSkipNoFrames;
-    return o;
+    return;
   }
   if (static_cast<int64_t>(feat.rows) < f.min_rows) {
     o.reason = kSkipShort;
     o.detail += " (" + std::to_string(feat.rows) + " frames)";
-    return o;
+    return;
   }
   o.same_game = same_game_key(start, feat.rows);
   for (size_t i = 0; i < np; ++i) {
@@ -123,9 +129,33 @@ Outcome process_view(const slp::GameView& g, const Filters& f, std::string name)
   }
   if (o.players.empty()) {
     o.reason = kSkipCharacters;
-    return o;
+    return;
   }
   o.game = std::move(feat);
+}
+
+Outcome process_view(const slp::GameView& g, const Filters& f, std::string name) {
+  Outcome o;
+  o.detail = std::move(name);
+  o.damaged = g.info.partial;
+  if (o.damaged) o.damage = o.detail + " (" + g.info.error + ")";
+  if (!check_start(g.info.start, f, o)) return o;
+  check_features(g.info.start, extract_features(g, f.rollback, f.fields), f, o);
+  return o;
+}
+
+// A feature corpus's game: filtered on its record, its arrays read only when it is kept and
+// the dataset is resident.
+Outcome process_entry(const FeatureCorpus& c, size_t index, const Filters& f, bool resident) {
+  const FeatureEntry& e = c.entry(index);
+  Outcome o;
+  o.detail = (c.dir() / fs::path(e.source).filename()).string();
+  o.damaged = e.damaged;
+  if (o.damaged) o.damage = o.detail + " (" + e.damage + ")";
+  if (!check_start(e.start, f, o)) return o;
+  check_features(e.start, c.header(index), f, o);
+  if (o.game && resident) o.game = c.load(index);
+  o.bytes = e.feature_bytes;
   return o;
 }
 
@@ -162,8 +192,42 @@ Outcome process_file(const fs::path& path, const Filters& f) {
   }
 }
 
+}  // namespace
+
+// What a dataset needs to read its games again: the inputs it was loaded from, the corpora it
+// opened, and where each kept game is.
+struct ReplayDataset::Sources {
+  Inputs in;
+  Filters filters;
+  std::vector<slp::Corpus> corpora;
+  std::vector<FeatureCorpus> feature_corpora;
+  std::vector<GameItem> items;  // per kept game
+};
+
+GameFeatures ReplayDataset::read_game(size_t g) const {
+  const Sources& s = *sources;
+  const GameItem& it = s.items.at(g);
+  if (it.kind == GameItem::kFeatures)
+    return s.feature_corpora[static_cast<size_t>(it.corpus)].load(it.index);
+  Outcome o;
+  if (it.kind == GameItem::kFile) {
+    o = process_file(s.in.files[it.index], s.filters);
+  } else {
+    const slp::Corpus& c = s.corpora[static_cast<size_t>(it.corpus)];
+    const slp::CorpusGame game = c.game(it.index);
+    o = process_view(game.view(), s.filters, c.dir().string());
+  }
+  if (!o.game)  // the file changed since setup read it
+    throw std::runtime_error(o.detail + ": no longer the game the run's setup read (" +
+                             (o.reason >= 0 ? std::string(kSkipNames[o.reason]) : "?") +
+                             "); replays must not change during a run");
+  return std::move(*o.game);
+}
+
+namespace {
+
 std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
-                                            tbb::task_arena& arena) {
+                                            tbb::task_arena& arena, bool resident) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ds = std::make_shared<ReplayDataset>();
   ds->reason_text = {
@@ -191,24 +255,53 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     if (s.count++ < kSkipExamples) s.examples.push_back(u);
   }
 
-  // Open corpora first (a memory map each); their games join the work list after the files.
-  std::vector<slp::Corpus> corpora;
-  struct Item {
-    int corpus = -1;  // -1: the file
-    size_t index = 0;
-  };
+  // Open corpora first (a memory map each; a feature corpus its index); their games join the
+  // work list after the files.
+  auto src = std::make_shared<ReplayDataset::Sources>();
+  src->in = in;
+  src->filters = f;
+  std::vector<slp::Corpus>& corpora = src->corpora;
+  std::vector<FeatureCorpus>& features = src->feature_corpora;
+  using Item = GameItem;
   std::vector<Item> items;
-  for (size_t i = 0; i < in.files.size(); ++i) items.push_back({-1, i});
+  for (size_t i = 0; i < in.files.size(); ++i) items.push_back({Item::kFile, -1, i});
+  auto unreadable = [&](const fs::path& dir, const std::exception& e) {
+    auto& s = ds->skips[kSkipUnreadable];
+    if (s.count++ < kSkipExamples) s.examples.push_back(dir.string() + " (" + e.what() + ")");
+  };
   for (const auto& dir : in.corpora) {
     try {
       corpora.push_back(slp::Corpus::open(dir));
       for (size_t g = 0; g < corpora.back().size(); ++g)
-        items.push_back({static_cast<int>(corpora.size() - 1), g});
+        items.push_back({Item::kCorpus, static_cast<int>(corpora.size() - 1), g});
       ds->corpus_games += corpora.back().size();
     } catch (const std::exception& e) {
-      auto& s = ds->skips[kSkipUnreadable];
-      if (s.count++ < kSkipExamples) s.examples.push_back(dir.string() + " (" + e.what() + ")");
+      unreadable(dir, e);
     }
+  }
+  for (const auto& dir : in.feature_corpora) {
+    std::optional<FeatureCorpus> c;
+    try {
+      c.emplace(FeatureCorpus::open(dir));
+    } catch (const std::exception& e) {
+      unreadable(dir, e);
+      continue;
+    }
+    // Features extracted under other settings are other features: never mixed in silently.
+    auto name = [](RollbackMode m, FieldReading r) {
+      return std::string("rollback: ") + (m == RollbackMode::last ? "last" : "all") +
+             ", fields: " + (r == FieldReading::slippi ? "slippi" : "libmelee");
+    };
+    if (c->rollback() != f.rollback || c->fields() != f.fields)
+      throw std::runtime_error(
+          dir.string() + ": a feature corpus extracted with " + name(c->rollback(), c->fields()) +
+          "; this run reads " + name(f.rollback, f.fields) +
+          ". Set those parameters to the corpus's, or build another with `slipstream corpus build "
+          "--features --rollback R --fields F`");
+    features.push_back(std::move(*c));
+    for (size_t g = 0; g < features.back().size(); ++g)
+      items.push_back({Item::kFeatures, static_cast<int>(features.size() - 1), g});
+    ds->corpus_games += features.back().size();
   }
   ds->files = in.files.size();
   if (f.shard_world > 1) {
@@ -216,10 +309,13 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     // sees the files under: keyed by file name and size, or corpus and index.
     // `padded`: the corpus index zero-padded, so that keys sort in index order.
     auto name = [&](const Item& it, bool padded) {
-      if (it.corpus >= 0) {
+      if (it.kind != Item::kFile) {
         char index[24];
         std::snprintf(index, sizeof index, padded ? "#%020zu" : "#%zu", it.index);
-        return corpora[static_cast<size_t>(it.corpus)].dir().filename().string() + index;
+        const fs::path& dir = it.kind == Item::kCorpus
+                                  ? corpora[static_cast<size_t>(it.corpus)].dir()
+                                  : features[static_cast<size_t>(it.corpus)].dir();
+        return dir.filename().string() + index;
       }
       std::error_code ec;
       return in.files[it.index].filename().string() + ":" +
@@ -249,7 +345,7 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     }
     ds->files = 0;
     ds->corpus_games = 0;
-    for (const Item& it : items) (it.corpus < 0 ? ds->files : ds->corpus_games)++;
+    for (const Item& it : items) (it.kind == Item::kFile ? ds->files : ds->corpus_games)++;
   }
 
   std::vector<Outcome> out(items.size());
@@ -257,15 +353,20 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size(), 1), [&](const auto& r) {
       for (size_t i = r.begin(); i != r.end(); ++i) {
         const Item& it = items[i];
-        if (it.corpus < 0) {
+        if (it.kind == Item::kFile) {
           out[i] = process_file(in.files[it.index], f);
-        } else {
+        } else if (it.kind == Item::kCorpus) {
           const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
           // A --zstd corpus decodes this game alone here, freed once its features are out.
           const slp::CorpusGame game = c.game(it.index);
           const slp::GameView& v = game.view();
           out[i] = process_view(v, f, (c.dir() / fs::path(v.info.source).filename()).string());
+        } else {
+          out[i] = process_entry(features[static_cast<size_t>(it.corpus)], it.index, f, resident);
         }
+        if (out[i].game && it.kind != Item::kFeatures) out[i].bytes = out[i].game->bytes();
+        // Not resident: the facts the window index needs stay, the arrays go now.
+        if (!resident && out[i].game) *out[i].game = without_arrays(*out[i].game);
       }
     });
   });
@@ -301,11 +402,15 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     kept = std::move(unique);
   }
   for (size_t i : kept) {
-    ds->bytes += out[i].game->bytes();
+    ds->bytes += out[i].bytes;
+    ds->game_bytes.push_back(out[i].bytes);
     ds->frames += out[i].game->rows;
     ds->games.push_back(std::move(*out[i].game));
     ds->players.push_back(std::move(out[i].players));
+    src->items.push_back(items[i]);
   }
+  ds->resident = resident;
+  ds->sources = std::move(src);
   ds->threads = arena.max_concurrency();
   ds->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return ds;
@@ -315,17 +420,26 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
 
 // Training and validation copies load the same inputs: the second reuses the first's games.
 std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
-                                                    tbb::task_arena& arena, bool& fresh) {
+                                                    tbb::task_arena& arena, bool& fresh,
+                                                    uint64_t on_demand, bool any_residency) {
   static std::mutex mu;
   static std::map<std::string, std::weak_ptr<const ReplayDataset>> cache;
-  const std::string key = dataset_key(in, f);
+  const std::string base = dataset_key(in, f) + "|resident ";
+  const std::string key = base + std::to_string(on_demand);
   std::lock_guard lock(mu);
+  if (any_residency)
+    for (auto it = cache.lower_bound(base); it != cache.end() && it->first.starts_with(base); ++it)
+      if (auto ds = it->second.lock()) {
+        fresh = false;
+        return ds;
+      }
   if (auto it = cache.find(key); it != cache.end())
     if (auto ds = it->second.lock()) {
       fresh = false;
       return ds;
     }
-  std::shared_ptr<const ReplayDataset> ds = load_dataset(in, f, arena);
+  std::shared_ptr<const ReplayDataset> ds = load_dataset(in, f, arena, on_demand == 0);
+  std::const_pointer_cast<ReplayDataset>(ds)->resident_games = on_demand;
   cache[key] = ds;
   fresh = true;
   return ds;

@@ -77,8 +77,20 @@ inline std::string list_str(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
+// Where a game of a dataset is read from: a .slp file (Inputs::files[index]), a game of a corpus
+// or of a feature corpus (the dataset's `corpus`-th of that kind, game `index`).
+struct GameItem {
+  enum Kind : uint8_t { kFile, kCorpus, kFeatures };
+  Kind kind = kFile;
+  int corpus = -1;
+  size_t index = 0;
+};
+
 struct ReplayDataset {
-  std::vector<GameFeatures> games;            // sorted by identity
+  // Sorted by identity. Resident: each with its arrays. Not resident (bounded memory, the
+  // stage's resident_games): only the facts the split and the window index need (rows,
+  // players, identity, source); read_game gives the arrays.
+  std::vector<GameFeatures> games;
   std::vector<std::vector<uint8_t>> players;  // per game: players whose perspective is used
   struct Skip {
     size_t count = 0;
@@ -89,14 +101,27 @@ struct ReplayDataset {
   size_t files = 0, corpus_games = 0, damaged = 0;
   size_t shard_of = 0;  // with shard: games, the files and corpus games of every rank together
   std::vector<std::string> damaged_examples;
-  size_t bytes = 0, frames = 0;
+  size_t bytes = 0, frames = 0;      // the games' arrays (resident or not) and rows
+  std::vector<uint64_t> game_bytes;  // each game's arrays
   double seconds = 0;
   int threads = 1;
+  bool resident = true;
+  uint64_t resident_games = 0;  // not resident: at most this many games in memory at once
+
+  // Game g's features read again from its source (a feature corpus: read and decoded; a game
+  // corpus or .slp file: decoded and extracted, as setup did). Safe from several threads.
+  GameFeatures read_game(size_t g) const;
+  struct Sources;  // the inputs, the opened corpora and each game's GameItem
+  std::shared_ptr<const Sources> sources;
 };
 
 // The dataset of `in` under `f`, loaded on `arena`'s threads or found in the cache (`fresh`:
-// loaded by this call).
+// loaded by this call). `on_demand` 0: every game's arrays kept; N: only the facts, the stage
+// reading at most N games at once (read_game). `any_residency`: a cached dataset of the same
+// inputs is taken whatever its residency (the validation copy takes the training copy's).
 std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
-                                                    tbb::task_arena& arena, bool& fresh);
+                                                    tbb::task_arena& arena, bool& fresh,
+                                                    uint64_t on_demand = 0,
+                                                    bool any_residency = false);
 
 }  // namespace slipstream::melee

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "stages/melee/feature_corpus.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/synth.h"
 
@@ -39,7 +40,9 @@ Inputs resolve_inputs(const std::vector<std::string>& paths) {
     for (const fs::path& e : expanded) {
       std::error_code ec;
       if (fs::is_directory(e, ec)) {
-        if (is_corpus(e)) {
+        if (is_feature_corpus(e)) {
+          in.feature_corpora.push_back(e);
+        } else if (is_corpus(e)) {
           in.corpora.push_back(e);
           // A corpus folder is read through its manifest: replays put beside it are not in it.
           size_t beside = 0;

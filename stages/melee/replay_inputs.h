@@ -1,6 +1,6 @@
 // The replay loader's inputs: what `paths` name (.slp files, folders, globs, corpus folders)
-// resolved into files and corpora, with what was missing, unreadable or not read; and the
-// synthetic games a run without replays may train on.
+// resolved into files, corpora and feature corpora, with what was missing, unreadable or not read;
+// and the synthetic games a run without replays may train on.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +11,9 @@
 namespace slipstream::melee {
 
 struct Inputs {
-  std::vector<std::filesystem::path> files;    // .slp files, in the order found
-  std::vector<std::filesystem::path> corpora;  // corpus directories
+  std::vector<std::filesystem::path> files;            // .slp files, in the order found
+  std::vector<std::filesystem::path> corpora;          // corpus directories
+  std::vector<std::filesystem::path> feature_corpora;  // feature corpus directories
   std::vector<std::string> missing;
   std::vector<std::string> unreadable;  // what folder scans passed over, with why
   std::vector<std::string> ignored;     // replays the inputs hold but are not read, with why
@@ -20,6 +21,10 @@ struct Inputs {
 
 // A folder with a corpus manifest (slp/corpus.h).
 bool is_corpus(const std::filesystem::path& dir);
+// Nothing to read: no files, corpora or feature corpora.
+inline bool holds_nothing(const Inputs& in) {
+  return in.files.empty() && in.corpora.empty() && in.feature_corpora.empty();
+}
 // Expands each path (a glob, a folder scanned for .slp files, a corpus folder, a file).
 Inputs resolve_inputs(const std::vector<std::string>& paths);
 // What each of `paths` (which together hold no replays) is, for the error that says so.

@@ -72,6 +72,111 @@ void WindowOrder::reset(size_t windows, uint64_t batch, uint64_t batches_per_epo
   perm_epoch_ = -1;
   first_.clear();
   stream_epoch_ = -1;
+  game_first_.clear();
+  game_epoch_ = -1;
+  pool_perm_.reset();
+}
+
+void WindowOrder::set_pools(std::vector<uint64_t> game_first, uint64_t pool) {
+  if (game_first.empty() || game_first.back() != windows_ || pool == 0)
+    throw std::logic_error("WindowOrder::set_pools: the offsets must end at the windows' count");
+  game_first_ = std::move(game_first);
+  pool_ = pool;
+  game_epoch_ = -1;
+  pool_perm_.reset();
+}
+
+uint64_t WindowOrder::pools() const {
+  const uint64_t games = game_first_.size() - 1;
+  return std::max<uint64_t>(1, (games + pool_ - 1) / pool_);
+}
+
+uint64_t WindowOrder::game_in_order(uint64_t epoch, uint64_t i) const {
+  if (!shuffle_) return i;
+  return KeyedPermutation(game_first_.size() - 1, seed_ ^ 0x9001A11Bu, epoch)(i);
+}
+
+void WindowOrder::order_games(uint64_t epoch) const {
+  if (game_epoch_ == static_cast<int64_t>(epoch)) return;
+  const uint64_t n = game_first_.size() - 1;
+  game_order_.resize(n);
+  game_start_.resize(n + 1);
+  std::optional<KeyedPermutation> perm;
+  if (shuffle_) perm.emplace(n, seed_ ^ 0x9001A11Bu, epoch);
+  uint64_t at = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t g = perm ? (*perm)(i) : i;
+    game_order_[i] = static_cast<uint32_t>(g);
+    game_start_[i] = at;
+    at += game_first_[g + 1] - game_first_[g];
+  }
+  game_start_[n] = at;
+  game_epoch_ = static_cast<int64_t>(epoch);
+}
+
+size_t WindowOrder::pooled_window_at(uint64_t k, uint64_t r) const {
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  const uint64_t pos = (j * world_ + rank_) * batch_ + r;
+  if (pos >= windows_) return kPadding;
+  const uint64_t epoch = epoch_of(k);
+  order_games(epoch);
+  const uint64_t n = game_order_.size();
+  // The game whose windows hold pos in the epoch's sequence, then its pool's span.
+  const uint64_t at = static_cast<uint64_t>(
+      std::upper_bound(game_start_.begin(), game_start_.end(), pos) - game_start_.begin() - 1);
+  const uint64_t q = at / pool_;
+  const uint64_t g0 = q * pool_, g1 = std::min(n, g0 + pool_);
+  const uint64_t begin = game_start_[g0], size = game_start_[g1] - begin;
+  uint64_t target = pos;
+  if (shuffle_) {
+    const Pool key{epoch, q};
+    if (!pool_perm_ || !(pool_perm_of_ == key)) {
+      pool_perm_.emplace(size, mix64(seed_ ^ 0x9001B00Cu ^ mix64(q)), epoch);
+      pool_perm_of_ = key;
+    }
+    target = begin + (*pool_perm_)(pos - begin);
+  }
+  const auto first = game_start_.begin() + static_cast<std::ptrdiff_t>(g0);
+  const auto last = game_start_.begin() + static_cast<std::ptrdiff_t>(g1) + 1;
+  const uint64_t i =
+      static_cast<uint64_t>(std::upper_bound(first, last, target) - game_start_.begin() - 1);
+  return static_cast<size_t>(game_first_[game_order_[i]] + (target - game_start_[i]));
+}
+
+std::vector<WindowOrder::Pool> WindowOrder::pools_of(uint64_t k) const {
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  const uint64_t first = (j * world_ + rank_) * batch_;
+  const uint64_t last = std::min<uint64_t>(first + batch_, windows_);
+  if (first >= last) return {};
+  const uint64_t epoch = epoch_of(k);
+  order_games(epoch);
+  auto pool_at = [&](uint64_t pos) {
+    const uint64_t at = static_cast<uint64_t>(
+        std::upper_bound(game_start_.begin(), game_start_.end(), pos) - game_start_.begin() - 1);
+    return Pool{epoch, at / pool_};
+  };
+  std::vector<Pool> out;
+  for (uint64_t q = pool_at(first).index; q <= pool_at(last - 1).index; ++q)
+    out.push_back({epoch, q});
+  return out;
+}
+
+WindowOrder::Pool WindowOrder::pool_after(Pool p) const {
+  // Training reads positions below batches_per_epoch · world · B of each epoch.
+  const uint64_t read = validation_ ? windows_ : batches_per_epoch_ * world_ * batch_;
+  order_games(p.epoch);
+  const uint64_t n = game_order_.size();
+  const uint64_t next = (p.index + 1) * pool_;
+  if (next < n && game_start_[next] < read) return {p.epoch, p.index + 1};
+  return {validation_ ? p.epoch : p.epoch + 1, 0};
+}
+
+std::vector<uint32_t> WindowOrder::pool_games(Pool p) const {
+  const uint64_t n = game_first_.size() - 1;
+  std::vector<uint32_t> out;
+  for (uint64_t i = p.index * pool_; i < std::min(n, (p.index + 1) * pool_); ++i)
+    out.push_back(static_cast<uint32_t>(game_in_order(p.epoch, i)));
+  return out;
 }
 
 void WindowOrder::set_streams(std::vector<uint64_t> first) {
@@ -117,6 +222,7 @@ uint64_t WindowOrder::epoch_of(uint64_t k) const {
 size_t WindowOrder::window_at(uint64_t k, uint64_t r, bool* continues) const {
   if (streams()) return stream_window_at(k, r, continues);
   if (continues) *continues = false;
+  if (pooled()) return pooled_window_at(k, r);
   const uint64_t j = validation_ ? k : k % batches_per_epoch_;
   const uint64_t pos = (j * world_ + rank_) * batch_ + r;
   if (pos >= windows_) return kPadding;  // validation's last batch

@@ -39,6 +39,13 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 // (`keyed`: computed per position, any number of windows) or, for runs from before it, the
 // epoch's table (epoch_permutation: fewer than 2^32 windows).
 //
+// Pools (bounded memory, `resident_games`, set_pools): the windows grouped by game. An epoch
+// orders the games by a draw from (seed, epoch) (validation: one fixed order; in index order
+// without shuffle) and cuts that order into pools of `pool` games; each pool's windows are
+// read in an order of their own drawn from (seed, epoch, pool), pool after pool, at the same
+// positions as above. So the batches of a pool read only its games, and only the pool being
+// read and the next need to be in memory.
+//
 // Streams (`rows: streams`, set_streams): each batch row walks consecutive windows of one game
 // seen from one player, so a model can carry its state from a row's window to the row's next.
 // An epoch lays the perspectives end to end, in an order drawn from (seed, epoch) (validation: one
@@ -56,6 +63,20 @@ class WindowOrder {
   // of windows (the windows grouped by perspective, each group in time order).
   void set_streams(std::vector<uint64_t> first);
   bool streams() const { return !first_.empty(); }
+  // Pools, after reset: `game_first[g]` is game g's first window, game_first.back() the count.
+  void set_pools(std::vector<uint64_t> game_first, uint64_t pool);
+  bool pooled() const { return !game_first_.empty(); }
+  struct Pool {
+    uint64_t epoch = 0, index = 0;
+    bool operator==(const Pool&) const = default;
+  };
+  // The pools batch k reads (one, or two where it crosses from one to the next), and the pool
+  // read after the last of them (the next epoch's first, past an epoch's last; validation: its
+  // first again).
+  std::vector<Pool> pools_of(uint64_t k) const;
+  Pool pool_after(Pool p) const;
+  // The games (indexes into game_first) of a pool.
+  std::vector<uint32_t> pool_games(Pool p) const;
   uint64_t epoch_of(uint64_t k) const;
   // The window index of row r of batch k, or kPadding. `continues`, when given, says whether the
   // window follows the window row r held in batch k - 1 (streams only; else false).
@@ -75,6 +96,19 @@ class WindowOrder {
   std::vector<uint64_t> first_;
   mutable std::vector<uint64_t> stream_order_, stream_start_;
   mutable int64_t stream_epoch_ = -1;
+  // Pools: each game's first window; the epoch's game order and where each game starts in the
+  // epoch's sequence (recomputed for another epoch); the last pool's own permutation.
+  size_t pooled_window_at(uint64_t k, uint64_t r) const;
+  void order_games(uint64_t epoch) const;
+  uint64_t pools() const;
+  uint64_t game_in_order(uint64_t epoch, uint64_t i) const;
+  std::vector<uint64_t> game_first_;
+  uint64_t pool_ = 1;
+  mutable std::vector<uint32_t> game_order_;
+  mutable std::vector<uint64_t> game_start_;
+  mutable int64_t game_epoch_ = -1;
+  mutable std::optional<KeyedPermutation> pool_perm_;
+  mutable Pool pool_perm_of_{~uint64_t{0}, 0};
 };
 
 // Ranks that each read the whole data set (shard: windows) must have read the same one: a rank

@@ -5,12 +5,14 @@
 #include <array>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_set>
 #include <variant>
 
 #include <oneapi/tbb/blocked_range.h>
@@ -22,10 +24,12 @@
 #include "engine/memory_pool.h"
 #include "engine/registry.h"
 #include "engine/text_match.h"
+#include "stages/melee/feature_corpus.h"
 #include "stages/melee/replay_dataset.h"
 #include "stages/melee/replay_inputs.h"
 #include "stages/melee/replay_report.h"
 #include "stages/melee/replay_split.h"
+#include "stages/melee/resident_games.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/names.h"
 #include "stages/melee/window_batch.h"
@@ -216,6 +220,25 @@ StageSchema ReplaysStage::schema() {
         }
         return "memory: '" + *text + "' is neither auto nor a positive number of GiB";
       })
+      .param("resident_games", std::string("auto"),
+             "how many games' features the training copy holds at once (validation: a third): "
+             "all (every game, read once at "
+             "setup); N (at least 3: games read when their pool comes up, pools of N/3 games "
+             "shuffled each epoch, the next pool read ahead; with rows: streams, at least 2 x "
+             "batch_size); auto: all when they fit the memory budget (memory), else the N that "
+             "fits 40 % of it")
+      .check([](const ParamValue& v) -> std::string {
+        const auto* text = std::get_if<std::string>(&v);
+        if (!text || *text == "auto" || *text == "all") return "";
+        try {
+          size_t used = 0;
+          const long long n = std::stoll(*text, &used);
+          if (used == text->size() && n >= 3) return "";
+        } catch (...) {
+        }
+        return "resident_games: '" + *text + "' is neither all, auto nor a number of games >= 3";
+      })
+      .in_older_runs(std::string("all"))
       .param("threads", int64_t{0}, "decode/assembly threads (0: TBB default)")
       .range(0, 1024)
       .param("synthetic", int64_t{0},
@@ -235,29 +258,42 @@ constexpr double kFeatureBytesPerSlpByte = 0.7;
 // shard: games) against what the process can use (replays.memory: auto, what the host or the
 // cgroup leaves; or a budget in GiB). A corpus counts the .slp bytes it was built from, and a
 // format-version-1 zstd corpus also its columns, which opening it decompresses into memory (all
-// ranks alike); today's zstd corpora decode one game at a time.
-// Over it, setup stops with both figures and the knobs, instead of the kernel's OOM kill an
-// hour into decoding; past 80 %, a note.
-void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int ranks) const {
+// ranks alike); today's zstd corpora decode one game at a time; a feature corpus says exactly.
+// resident_games: all — over the budget, setup stops with both figures and the knobs instead of
+// the kernel's OOM kill an hour into decoding, past 80 % a note; N — games on demand, at most N
+// in memory; auto — all when they fit 80 % of the budget, else the N that fits 40 % of it.
+// Returns N, or 0 for all.
+uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in, int ranks) const {
   const Params& p = ctx.params();
-  uint64_t slp = 0, decompressed = 0;
+  uint64_t slp = 0, decompressed = 0, features = 0;
+  size_t games = in.files.size();
   for (const auto& f : in.files) {
     std::error_code ec;
     const auto n = fs::file_size(f, ec);
     if (!ec) slp += n;
   }
-  for (const auto& dir : in.corpora) {
-    slp::CorpusFootprint c;
-    try {
-      c = slp::corpus_footprint(dir);
-    } catch (const slp::CorpusError& e) {
-      throw ConfigError({{p.mark("paths"), "stage '" + ctx.name() + "': " + e.what()}});
+  try {
+    for (const auto& dir : in.corpora) {
+      const slp::CorpusFootprint c = slp::corpus_footprint(dir);
+      slp += c.source_bytes;
+      decompressed += c.decompressed_bytes;
+      games += c.games;
     }
-    slp += c.source_bytes;
-    decompressed += c.decompressed_bytes;
+    for (const auto& dir : in.feature_corpora) {
+      const FeatureFootprint c = feature_footprint(dir);
+      features += c.feature_bytes;
+      games += c.games;
+    }
+  } catch (const std::exception& e) {
+    throw ConfigError({{p.mark("paths"), "stage '" + ctx.name() + "': " + e.what()}});
   }
-  const double need = kFeatureBytesPerSlpByte * static_cast<double>(slp) / std::max(1, ranks) +
-                      static_cast<double>(decompressed);
+  const double share = 1.0 / std::max(1, ranks);
+  const double arrays =
+      (kFeatureBytesPerSlpByte * static_cast<double>(slp) + static_cast<double>(features)) * share;
+  const double need = arrays + static_cast<double>(decompressed);
+  const std::string setting = p.string("resident_games");
+  const double per_game = games ? arrays / (static_cast<double>(games) * share) : 0;
+  if (setting != "all" && setting != "auto") return std::stoull(setting);
   std::optional<HostMemory> have;
   const std::string budget = p.string("memory");
   if (budget == "auto")
@@ -265,29 +301,40 @@ void ReplaysStage::check_memory(const StageContext& ctx, const Inputs& in, int r
   else
     have = HostMemory{static_cast<uint64_t>(std::stod(budget) * 1073741824.0),
                       "replays.memory: " + budget + " GiB"};
-  if (!have || need <= 0) return;
+  if (!have || need <= 0) return 0;
   const double avail = static_cast<double>(have->bytes);
-  const std::string what =
-      in.corpora.empty()
-          ? std::to_string(in.files.size()) + " .slp files (" + format_bytes(slp) + ")"
-          : std::to_string(in.files.size()) + " .slp files and " +
-                std::to_string(in.corpora.size()) + " corpora (" + format_bytes(slp) +
-                " of replays" +
-                (decompressed ? ", " + format_bytes(decompressed) + " of zstd columns to unpack"
-                              : std::string()) +
-                ")";
+  std::string what = std::to_string(in.files.size()) + " .slp files";
+  if (!in.corpora.empty()) what += ", " + std::to_string(in.corpora.size()) + " corpora";
+  if (!in.feature_corpora.empty())
+    what += ", " + std::to_string(in.feature_corpora.size()) + " feature corpora";
+  what += " (" + format_bytes(slp) + " of replays" +
+          (features ? ", " + format_bytes(features) + " of stored features" : std::string()) +
+          (decompressed ? ", " + format_bytes(decompressed) + " of zstd columns to unpack"
+                        : std::string()) +
+          ")";
   const std::string figures = what + " need about " + format_bytes(static_cast<uint64_t>(need)) +
                               " of features" +
                               (ranks > 1 ? " on this rank (1/" + std::to_string(ranks) + ")" : "") +
                               "; " + format_bytes(have->bytes) + " usable (" + have->source + ")";
+  // A version-1 zstd corpus unpacks whole at open: reading its games on demand saves nothing.
+  if (setting == "auto" && need > 0.8 * avail && per_game > 0 && decompressed == 0) {
+    const double n = std::floor(0.4 * avail / per_game);
+    if (n >= 3 && n < static_cast<double>(games) * share) {
+      ctx.log("note: " + figures + ": games are read on demand, at most " +
+              std::to_string(static_cast<uint64_t>(n)) +
+              " in memory (resident_games: auto; resident_games: N sets it)");
+      return static_cast<uint64_t>(n);
+    }
+  }
   if (need > avail)
     throw ConfigError(
         {{p.mark("paths"),
           "stage '" + ctx.name() + "': " + figures +
-              ". Train on fewer replays (paths), shard: games over more ranks (each holds its "
-              "share), or give the job more memory; replays.memory: N (GiB) sets the budget "
-              "this check uses"}});
+              ". Read games on demand (resident_games: auto, or N games at once), train on fewer "
+              "replays (paths), shard: games over more ranks (each holds its share), or give the "
+              "job more memory; replays.memory: N (GiB) sets the budget this check uses"}});
   if (need > 0.8 * avail) ctx.log("note: " + figures + ": memory is tight");
+  return 0;
 }
 
 Filters ReplaysStage::filters(const StageContext& ctx, bool by_games) const {
@@ -325,7 +372,7 @@ Inputs ReplaysStage::inputs_or_synthetic(const StageContext& ctx, const std::str
   const Params& p = ctx.params();
   const std::vector<std::string>& paths = p.strings("paths");
   Inputs in = resolve_inputs(paths);
-  if (in.files.empty() && in.corpora.empty()) {
+  if (holds_nothing(in)) {
     const int64_t n = p.integer("synthetic");
     // Paths the user gave that hold nothing are a mistake to report, never a reason to train on
     // generated games instead.
@@ -378,6 +425,20 @@ void ReplaysStage::count_batches(StageContext& ctx, bool by_games, const std::st
 void ReplaysStage::set_order() {
   order_.reset(windows_.size(), static_cast<uint64_t>(batch_), batches_per_epoch_, validation_,
                shuffle_, keyed_order_, seed_, rank_, world_);
+  wanted_pools_.clear();
+  if (!data_->resident && !streams_) {  // windows_ is grouped by game (perspectives in game order)
+    std::vector<uint64_t> first;
+    order_games_.clear();
+    for (size_t w = 0; w < windows_.size(); ++w) {
+      const uint32_t g = perspectives_[windows_[w].perspective].game;
+      if (order_games_.empty() || order_games_.back() != g) {
+        order_games_.push_back(g);
+        first.push_back(w);
+      }
+    }
+    first.push_back(windows_.size());
+    order_.set_pools(std::move(first), pool_games());
+  }
   if (streams_) {  // windows_ is grouped by perspective, each group in time order
     std::vector<uint64_t> first(perspectives_.size() + 1, 0);
     for (const WindowRef& w : windows_) ++first[w.perspective + 1];
@@ -413,7 +474,9 @@ void ReplaysStage::setup(StageContext& ctx) {
   const Filters f = filters(ctx, by_games);
   std::ostringstream rep;
   const Inputs in = inputs_or_synthetic(ctx, who, rep);
-  if (!validation_) check_memory(ctx, in, by_games ? ctx.run().world_size : 1);
+  // The validation copy reads the training copy's dataset, resident or not, from the cache.
+  const uint64_t on_demand =
+      validation_ ? 0 : resident_games(ctx, in, by_games ? ctx.run().world_size : 1);
 
   // Pinned validation games: their own dataset. The validation copy reads only it; the training
   // copy leaves out any game it also holds.
@@ -422,7 +485,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   bool fresh_pinned = false;
   if (!vpaths.empty()) {
     Inputs vin = resolve_inputs(vpaths);
-    if (vin.files.empty() && vin.corpora.empty())
+    if (holds_nothing(vin))
       throw ConfigError({{p.mark("validation_paths"), "stage '" + ctx.name() +
                                                           "': validation_paths hold no replays: " +
                                                           describe_empty_paths(vpaths)}});
@@ -432,7 +495,8 @@ void ReplaysStage::setup(StageContext& ctx) {
   }
 
   bool fresh = fresh_pinned;
-  data_ = validation_ && pinned ? pinned : cached_dataset(in, f, *arena_, fresh);
+  data_ = validation_ && pinned ? pinned
+                                : cached_dataset(in, f, *arena_, fresh, on_demand, validation_);
   const ReplayDataset& ds = *data_;
 
   // Split: whole games (replay_split.h); both sides' windows are counted for the report, the
@@ -499,6 +563,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   uint64_t fp = mix64(windows_.size() ^ mix64(static_cast<uint64_t>(window_) << 32 | delay_));
   fp = mix64(fp ^ B ^ (static_cast<uint64_t>(stride_) << 20));
   if (streams_) fp = mix64(fp ^ 0x57AE);
+  if (!ds.resident) fp = mix64(fp ^ 0xB0DED ^ ds.resident_games);
   for (uint32_t g : split_games_) fp = mix64(fp ^ ds.games[g].identity);
   fingerprint_ = hex64(fp);
   // Ranks that each read the whole data set (shard: windows) must have read the same one.
@@ -508,6 +573,58 @@ void ReplaysStage::setup(StageContext& ctx) {
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   if (streams_) ctx.run().rows_continue = true;
   set_order();
+  if (!ds.resident) {
+    if (streams_ && ds.resident_games < 2 * B)
+      throw ConfigError(
+          {{p.mark("resident_games"),
+            "stage '" + ctx.name() + "': rows: streams walks batch_size=" + std::to_string(B) +
+                " games at once; resident_games must be at " + "least 2 x batch_size (" +
+                std::to_string(2 * B) + "), got " + std::to_string(ds.resident_games)}});
+    resident_ = std::make_unique<ResidentGames>(data_);
+    if (!validation_)
+      ctx.log("memory: games read on demand, at most " + std::to_string(ds.resident_games) +
+                  (streams_ ? " resident (each row's game and the next ones read ahead)"
+                            : " resident (pools of " + std::to_string(pool_games()) +
+                                  " games, the next pool read ahead)") +
+                  "; " + format_bytes(ds.bytes) + " of features in all",
+              by_games);
+  }
+}
+
+// Pools of N/3 games (a batch's one or two and the next); the validation copy, which reads a
+// few batches a pass, a third of that, so both copies together hold at most 4N/3 games.
+uint64_t ReplaysStage::pool_games() const {
+  return std::max<uint64_t>(1, data_->resident_games / (validation_ ? 9 : 3));
+}
+
+// Bounded memory: the games the next batch reads, and those read ahead — the pool after the
+// batch's (pools), or the games of the next few batches (streams). Unchanged pools ask nothing.
+void ReplaysStage::want_games(uint64_t k) {
+  std::vector<uint32_t> now, ahead;
+  auto dataset_games = [&](const std::vector<uint32_t>& split_games, std::vector<uint32_t>& out) {
+    for (uint32_t i : split_games) out.push_back(order_games_[i]);
+  };
+  if (order_.pooled()) {
+    const std::vector<WindowOrder::Pool> pools = order_.pools_of(k);
+    if (pools.empty() || pools == wanted_pools_) return;
+    wanted_pools_ = pools;
+    for (const auto& q : pools) dataset_games(order_.pool_games(q), now);
+    dataset_games(order_.pool_games(order_.pool_after(pools.back())), ahead);
+  } else {
+    constexpr uint64_t kAhead = 8;  // batches
+    std::unordered_set<uint32_t> seen;
+    for (uint64_t b = k; b <= k + kAhead && b < total_batches_; ++b)
+      for (uint64_t r = 0; r < static_cast<uint64_t>(batch_); ++r) {
+        const size_t w = order_.window_at(b, r);
+        if (w == WindowOrder::kPadding) continue;
+        const uint32_t g = perspectives_[windows_[w].perspective].game;
+        if (seen.insert(g).second) (b == k ? now : ahead).push_back(g);
+      }
+    // At most resident_games in all: the games needed soonest are read ahead first.
+    const uint64_t room = data_->resident_games - std::min(data_->resident_games, now.size());
+    if (ahead.size() > room) ahead.resize(room);
+  }
+  resident_->want(now, ahead);
 }
 
 const GameFeatures& ReplaysStage::game_of(const WindowRef& w) const {
@@ -536,8 +653,15 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
     ++real;
   }
 
+  // Bounded memory: each row's game, resident or read now, held until the batch is filled.
+  std::vector<std::shared_ptr<const GameFeatures>> held(B);
+  if (resident_) {
+    want_games(k);
+    for (uint64_t r = 0; r < B; ++r)
+      if (rows[r]) held[r] = resident_->get(perspectives_[rows[r]->perspective].game);
+  }
   const WindowBatch t = WindowBatch::allocate(static_cast<int64_t>(B), window_, "slippi_replays");
-  fill(rows, t.view);
+  fill(rows, held, t.view);
   for (uint64_t r = 0; r < B; ++r) t.view.continues[r] = continues[r] ? 1.0f : 0.0f;
   t.publish(out, ctx);
   out.epoch = order_.epoch_of(k);
@@ -545,7 +669,9 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   return true;
 }
 
-void ReplaysStage::fill(const std::vector<const WindowRef*>& rows, const BatchView& view) const {
+void ReplaysStage::fill(const std::vector<const WindowRef*>& rows,
+                        const std::vector<std::shared_ptr<const GameFeatures>>& held,
+                        const BatchView& view) const {
   const int delay = static_cast<int>(delay_);
   arena_->execute([&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, rows.size(), 8), [&](const auto& r) {
@@ -555,8 +681,8 @@ void ReplaysStage::fill(const std::vector<const WindowRef*>& rows, const BatchVi
           continue;
         }
         const WindowRef& w = *rows[i];
-        fill_window(game_of(w), perspectives_[w.perspective], w.start, delay, view,
-                    static_cast<int64_t>(i));
+        fill_window(held[i] ? *held[i] : game_of(w), perspectives_[w.perspective], w.start, delay,
+                    view, static_cast<int64_t>(i));
       }
     });
   });
@@ -574,7 +700,9 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
   }
   const WindowRef& w = windows_[idx];
   const Perspective& p = perspectives_[w.perspective];
-  const GameFeatures& g = data_->games[p.game];
+  std::optional<GameFeatures> read;  // bounded memory: read for the question
+  if (!data_->resident) read = data_->read_game(p.game);
+  const GameFeatures& g = read ? *read : data_->games[p.game];
   info.source = g.source;
   info.player_port = g.players[p.player].port;
   info.opponent_port = g.players[p.opponent].port;
@@ -600,6 +728,11 @@ std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
 
 size_t ReplaysStage::damaged() const {
   return data_->damaged;
+}
+
+std::optional<ResidentGames::Stats> ReplaysStage::resident_stats() const {
+  if (!resident_) return std::nullopt;
+  return resident_->stats();
 }
 
 void ReplaysStage::save(StateWriter& w) const {

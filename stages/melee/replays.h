@@ -18,6 +18,7 @@
 
 #include "engine/stage.h"
 #include "stages/melee/replay_split.h"
+#include "stages/melee/resident_games.h"
 #include "stages/melee/window_index.h"
 
 namespace slipstream::melee {
@@ -62,6 +63,8 @@ class ReplaysStage : public Stage {
   std::vector<std::pair<std::string, size_t>> skipped() const;
   // Damaged files whose rows before the damage were used.
   size_t damaged() const;
+  // Bounded memory: the games read and held (nothing when every game is resident).
+  std::optional<ResidentGames::Stats> resident_stats() const;
   // The setup report (what was loaded, skipped, split), as printed.
   const std::string& report() const { return report_; }
   // Where the synthetic fallback wrote its games ("" when it was not used).
@@ -78,10 +81,16 @@ class ReplaysStage : public Stage {
                              std::ostringstream& rep);
   void count_batches(StageContext& ctx, bool by_games, const std::string& who);
   void set_order();
-  // Refuses inputs whose features would not fit the memory usable (replays.memory).
-  void check_memory(const StageContext& ctx, const Inputs& in, int ranks) const;
+  // How many games may be in memory at once (0: all), from resident_games and the memory the
+  // inputs' features need against replays.memory; refuses what cannot fit.
+  uint64_t resident_games(const StageContext& ctx, const Inputs& in, int ranks) const;
+  uint64_t pool_games() const;
+  void want_games(uint64_t k);
   const GameFeatures& game_of(const WindowRef& w) const;
-  void fill(const std::vector<const WindowRef*>& rows, const BatchView& view) const;
+  // Writes the rows; a row's game is `held[i]` when set (bounded memory), else the dataset's.
+  void fill(const std::vector<const WindowRef*>& rows,
+            const std::vector<std::shared_ptr<const GameFeatures>>& held,
+            const BatchView& view) const;
 
   std::shared_ptr<const ReplayDataset> data_;
   std::vector<Perspective> perspectives_;
@@ -101,6 +110,11 @@ class ReplaysStage : public Stage {
   uint64_t rank_ = 0, world_ = 1;
   uint64_t next_ = 0;
   WindowOrder order_;  // which window fills each row of each batch
+  // Bounded memory (resident_games): the games read on demand, the dataset game of each of the
+  // order's games (pools), and the pools last asked for.
+  std::unique_ptr<ResidentGames> resident_;
+  std::vector<uint32_t> order_games_;
+  std::vector<WindowOrder::Pool> wanted_pools_;
   std::unique_ptr<tbb::task_arena> arena_;
   std::string report_, synthetic_dir_used_, fingerprint_;
   std::string load_warning_;  // said at start(): load() has no context to say it with

@@ -120,6 +120,21 @@ size_t GameFeatures::bytes() const {
   return b;
 }
 
+GameFeatures without_arrays(const GameFeatures& g) {
+  GameFeatures h;
+  h.source = g.source;
+  h.identity = g.identity;
+  h.stage = g.stage;
+  h.rows = g.rows;
+  for (const PlayerFeatures& p : g.players) {
+    PlayerFeatures& q = h.players.emplace_back();
+    q.port = p.port;
+    q.character = p.character;
+    q.has_follower = p.has_follower;
+  }
+  return h;
+}
+
 std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, RollbackMode mode) {
   if (mode == RollbackMode::last) return slp::last_copy_rows(frame_numbers);
   std::vector<uint32_t> rows(frame_numbers.size());

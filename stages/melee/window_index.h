@@ -66,6 +66,10 @@ struct GameFeatures {
   size_t bytes() const;
 };
 
+// `g` without its arrays: source, identity, stage, rows and each player's port, character and
+// follower flag (what the split and the window index read).
+GameFeatures without_arrays(const GameFeatures& g);
+
 // Rows to keep: the last copy of each frame number (what the game finally showed) or all.
 std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, RollbackMode mode);
 

@@ -1,0 +1,311 @@
+// The feature corpus (stages/melee/feature_corpus.h) and bounded memory (resident_games): what
+// a feature corpus stores is what the loader extracts, it gives the batches parsing gives, it
+// is refused when damaged or extracted under other settings; with games read on demand an
+// epoch still reads every window once, batches stay a function of the index, and no more
+// games than asked for are in memory at once.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "stages/melee/feature_corpus.h"
+#include "stages/melee/replay_split.h"
+#include "stages/melee/slp/corpus.h"
+#include "stages/melee/slp/parser.h"
+#include "tests/melee_data/loader_fixture.h"
+
+namespace slipstream::melee::testing {
+namespace {
+
+std::string paths_of(const fs::path& p) {
+  return "paths=[\"" + p.string() + "\"]";
+}
+
+// A feature corpus of the shared synthetic games, built once per process.
+const fs::path& feature_dir() {
+  static TempDir dir("features");
+  static bool made = [] {
+    const FeatureBuildReport r = build_feature_corpus({synth_dir().string()}, dir.path());
+    EXPECT_EQ(r.games, 8u);
+    EXPECT_EQ(r.skipped, 0u);
+    EXPECT_GT(r.feature_bytes, r.stored_bytes);
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
+template <typename T>
+void expect_same(const std::vector<T>& a, const std::vector<T>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_TRUE(a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0) << what;
+}
+
+void expect_same_track(const TrackFeatures& a, const TrackFeatures& b, const std::string& what) {
+  expect_same(a.numeric, b.numeric, what + " numeric");
+  expect_same(a.action, b.action, what + " action");
+  expect_same(a.character, b.character, what + " character");
+}
+
+TEST(FeatureCorpus, StoresWhatTheLoaderExtracts) {
+  const FeatureCorpus c = FeatureCorpus::open(feature_dir());
+  ASSERT_EQ(c.size(), 8u);
+  std::map<std::string, size_t> by_source;
+  for (size_t g = 0; g < c.size(); ++g) by_source[c.entry(g).source] = g;
+  for (const fs::path& file : slp::find_replays(std::vector<fs::path>{synth_dir()})) {
+    slp::ParseOptions opt;
+    opt.items = false;
+    const slp::Game game = slp::parse_slp_file(file.string(), opt);
+    const GameFeatures want = extract_features(slp::view_of(game), RollbackMode::last);
+    ASSERT_TRUE(by_source.count(want.source)) << want.source;
+    const size_t g = by_source[want.source];
+    const GameFeatures got = c.load(g);
+    EXPECT_EQ(got.identity, want.identity);
+    EXPECT_EQ(got.stage, want.stage);
+    ASSERT_EQ(got.rows, want.rows);
+    expect_same(got.frame, want.frame, "frame");
+    expect_same(got.recorded_row, want.recorded_row, "recorded_row");
+    ASSERT_EQ(got.players.size(), want.players.size());
+    for (size_t p = 0; p < got.players.size(); ++p) {
+      const PlayerFeatures &a = got.players[p], &b = want.players[p];
+      EXPECT_EQ(a.port, b.port);
+      EXPECT_EQ(a.character, b.character);
+      EXPECT_EQ(a.has_follower, b.has_follower);
+      expect_same_track(a.leader, b.leader, "leader");
+      expect_same_track(a.follower, b.follower, "follower");
+      expect_same(a.controller.buttons, b.controller.buttons, "buttons");
+      expect_same(a.controller.analog, b.controller.analog, "analog");
+    }
+    // The record holds what the filters read.
+    const FeatureEntry& e = c.entry(g);
+    EXPECT_EQ(e.start.stage, game.info.start.stage);
+    EXPECT_EQ(e.start.random_seed, game.info.start.random_seed);
+    EXPECT_EQ(e.start.version, game.info.start.version);
+    ASSERT_EQ(e.start.players.size(), game.info.start.players.size());
+    for (size_t p = 0; p < e.start.players.size(); ++p) {
+      EXPECT_EQ(e.start.players[p].port, game.info.start.players[p].port);
+      EXPECT_EQ(e.start.players[p].character, game.info.start.players[p].character);
+      EXPECT_EQ(e.start.players[p].type, game.info.start.players[p].type);
+    }
+    EXPECT_EQ(e.feature_bytes, want.bytes());
+  }
+}
+
+// Training, validation and the filters give the same windows from a feature corpus as from
+// the .slp files it was built from.
+TEST(FeatureCorpus, GivesTheBatchesParsingGives) {
+  const std::vector<std::vector<std::string>> settings = {
+      {"batch_size=32", "validation_fraction=0.2", "delay=1"},
+      {"batch_size=16", "perspectives=first", "min_frames=1450", "window=20", "stride=3"},
+      {"batch_size=16", "characters=[fox]", "humans_only=true", "min_version=3.0.0"}};
+  for (const auto& common : settings) {
+    auto with = [&](const fs::path& p) {
+      auto o = common;
+      o.push_back(paths_of(p));
+      return o;
+    };
+    Loader direct(with(synth_dir()), 9, 2), stored(with(feature_dir()), 9, 2);
+    ASSERT_EQ(direct.stage().windows(), stored.stage().windows()) << common[1];
+    ASSERT_EQ(direct.stage().skipped(), stored.stage().skipped()) << common[1];
+    for (uint64_t k : std::vector<uint64_t>{0, 1, direct.stage().batches_per_epoch() + 1})
+      EXPECT_TRUE(same_batch(direct.batch(k), stored.batch(k))) << "batch " << k;
+    Loader vd(with(synth_dir()), 9, 1, true), vs(with(feature_dir()), 9, 1, true);
+    EXPECT_TRUE(same_batch(vd.batch(0), vs.batch(0)));
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FeatureCorpus, OtherExtractionSettingsAreRefused) {
+  const std::string m = error_of([] { Loader L({paths_of(feature_dir()), "fields=libmelee"}); });
+  EXPECT_NE(m.find("extracted with rollback: last, fields: slippi"), std::string::npos) << m;
+  EXPECT_NE(m.find("this run reads rollback: last, fields: libmelee"), std::string::npos) << m;
+  EXPECT_NE(m.find("corpus build --features"), std::string::npos) << m;
+}
+
+// Damage is named with the file (and, inside a game's frame, the byte offset); a build skips
+// what it cannot read, saying why, and keeps the rest.
+TEST(FeatureCorpus, DamageIsNamed) {
+  TempDir dir("features_damaged");
+  fs::copy(synth_dir(), dir.path() / "in");
+  { std::ofstream(dir.path() / "in" / "junk.slp") << "not a replay"; }
+  const FeatureBuildReport r =
+      build_feature_corpus({(dir.path() / "in").string()}, dir.path() / "out");
+  EXPECT_EQ(r.games, 8u);
+  ASSERT_EQ(r.skipped, 1u);
+  EXPECT_NE(r.skipped_examples.at(0).find("junk.slp (offset 0"), std::string::npos)
+      << r.skipped_examples[0];
+  const fs::path out = dir.path() / "out";
+  // One flipped byte in the middle of the arrays: the game whose frame holds it is refused on
+  // reading (zstd's checksum), naming the file, game and offset; the others read.
+  const FeatureCorpus c = FeatureCorpus::open(out);
+  std::vector<char> bytes;
+  {
+    std::ifstream f(out / "features.bin", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  bytes[bytes.size() / 2] ^= 0x5a;
+  { std::ofstream(out / "features.bin", std::ios::binary).write(bytes.data(), bytes.size()); }
+  size_t damaged = 0;
+  for (size_t g = 0; g < c.size(); ++g) {
+    const std::string m = error_of([&] { c.load(g); });
+    if (m.empty()) continue;
+    ++damaged;
+    EXPECT_NE(m.find("features.bin (game " + std::to_string(g) + ", byte offset "),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(damaged, 1u);
+  // Cut short: refused at open, naming the file.
+  fs::resize_file(out / "features.bin", bytes.size() - 10);
+  std::string m = error_of([&] { FeatureCorpus::open(out); });
+  EXPECT_NE(m.find("features.bin"), std::string::npos) << m;
+  EXPECT_NE(m.find("rebuild"), std::string::npos) << m;
+  fs::resize_file(out / "features.index", 100);
+  m = error_of([&] { FeatureCorpus::open(out); });
+  EXPECT_NE(m.find("features.index"), std::string::npos) << m;
+  // The loader counts an unopenable feature corpus as unreadable, naming it.
+  m = error_of([&] { Loader L({paths_of(out)}); });
+  EXPECT_NE(m.find("no training windows"), std::string::npos) << m;
+}
+
+// ---- bounded memory ----
+
+// A checksum of each row's bytes (every port), over one epoch: equal multisets mean the same
+// windows filled the same way, in any order.
+std::multiset<uint64_t> epoch_rows(Loader& L) {
+  std::multiset<uint64_t> rows;
+  for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
+    const Tensors t = L.batch(k);
+    const int64_t B = t.at("mask").dim(0);
+    for (int64_t r = 0; r < B; ++r) {
+      uint64_t h = 0x1234;
+      for (const char* port : kPorts) {
+        if (std::string(port) == "continues") continue;
+        const Tensor& x = t.at(port);
+        const size_t row = x.nbytes() / static_cast<size_t>(B);
+        const auto* p = static_cast<const uint8_t*>(x.raw()) + row * static_cast<size_t>(r);
+        for (size_t i = 0; i < row; ++i) h = mix64(h ^ p[i]);
+      }
+      rows.insert(h);
+    }
+  }
+  return rows;
+}
+
+TEST(BoundedMemory, AnEpochReadsEveryWindowOnceWithFewGamesResident) {
+  for (const fs::path& src : {synth_dir(), feature_dir()}) {
+    const std::vector<std::string> common = {paths_of(src), "batch_size=16", "stride=20",
+                                             "validation_fraction=0.2"};
+    auto with = [&](const std::string& resident) {
+      auto o = common;
+      o.push_back("resident_games=" + resident);
+      return o;
+    };
+    Loader all(with("all"), 5), bounded(with("3"), 5), again(with("3"), 5);
+    ASSERT_EQ(all.stage().windows(), bounded.stage().windows());
+    ASSERT_EQ(all.stage().batches_per_epoch(), bounded.stage().batches_per_epoch());
+    EXPECT_FALSE(all.stage().resident_stats());
+    const std::multiset<uint64_t> a = epoch_rows(all), b = epoch_rows(bounded);
+    EXPECT_EQ(a, b) << src;
+    // One game a pool: a batch reads at most two, and the next one is read ahead.
+    const ResidentGames::Stats s = *bounded.stage().resident_stats();
+    EXPECT_LE(s.peak_games, 3u);
+    EXPECT_GE(s.reads, 6u);  // every training game at least once
+    // A function of the index: another loader, asked in another order, gives the same batches.
+    const uint64_t last = bounded.stage().batches_per_epoch() - 1;
+    for (uint64_t k : std::vector<uint64_t>{last + 3, 2, last, 0})
+      EXPECT_TRUE(same_batch(bounded.batch(k), again.batch(k))) << k;
+    // The validation copy reads the training copy's dataset, on demand too, every window once.
+    Loader va(with("all"), 5, 1, true), vb(with("3"), 5, 1, true);
+    EXPECT_EQ(epoch_rows(va), epoch_rows(vb));
+  }
+}
+
+// rows: streams walks the same windows whether games are resident or read on demand.
+TEST(BoundedMemory, StreamsAreTheSameBatches) {
+  const std::vector<std::string> common = {paths_of(feature_dir()), "batch_size=2", "window=30",
+                                           "stride=0", "rows=streams"};
+  auto with = [&](const std::string& resident) {
+    auto o = common;
+    o.push_back("resident_games=" + resident);
+    return o;
+  };
+  Loader all(with("all"), 3), bounded(with("4"), 3);
+  for (uint64_t k = 0; k < all.stage().batches_per_epoch() + 2; ++k)
+    ASSERT_TRUE(same_batch(all.batch(k), bounded.batch(k))) << k;
+  EXPECT_LE(bounded.stage().resident_stats()->peak_games, 4u);
+  const std::string m = error_of([&] {
+    auto o = with("3");
+    Loader L(o, 3);
+  });
+  EXPECT_NE(m.find("at least 2 x batch_size (4), got 3"), std::string::npos) << m;
+}
+
+// resident_games: auto reads games on demand when the features would not fit the budget.
+TEST(BoundedMemory, AutoReadsOnDemandPastTheBudget) {
+  const FeatureFootprint f = feature_footprint(feature_dir());
+  const double per_game = static_cast<double>(f.feature_bytes) / 8;
+  auto budget = [&](double games) {
+    return "memory=" + std::to_string(games * per_game / 1073741824.0);
+  };
+  // The 8 games under 80 % of the budget: all resident.
+  Loader fits({paths_of(feature_dir()), "batch_size=16", budget(10.5)});
+  EXPECT_FALSE(fits.stage().resident_stats());
+  // Over 80 %: on demand, as many games as fit 40 % of it (3).
+  Loader on_demand({paths_of(feature_dir()), "batch_size=16", budget(9)});
+  ASSERT_TRUE(on_demand.stage().resident_stats());
+  on_demand.batch(0);
+  EXPECT_LE(on_demand.stage().resident_stats()->peak_games, 3u);
+  // all: refused, naming resident_games.
+  const std::string m = error_of([&] {
+    Loader X({paths_of(feature_dir()), "resident_games=all", "memory=0.0001"});
+  });
+  EXPECT_NE(m.find("resident_games: auto"), std::string::npos) << m;
+}
+
+// The pooled order on its own: every window of an epoch once, pools_of names the games a
+// batch reads, games without windows are passed over.
+TEST(WindowOrder, PoolsCoverEveryWindowOnce) {
+  const std::vector<uint64_t> sizes = {5, 0, 17, 3, 0, 9, 11, 1, 8};
+  std::vector<uint64_t> first = {0};
+  for (uint64_t s : sizes) first.push_back(first.back() + s);
+  const uint64_t n = first.back(), B = 4;
+  for (const bool shuffle : {true, false}) {
+    WindowOrder o;
+    o.reset(n, B, n / B, false, shuffle, true, 7, 0, 1);
+    o.set_pools(first, 2);
+    for (uint64_t epoch = 0; epoch < 2; ++epoch) {
+      std::set<size_t> seen;
+      for (uint64_t j = 0; j < n / B; ++j) {
+        const uint64_t k = epoch * (n / B) + j;
+        std::set<uint32_t> games;
+        for (const auto& p : o.pools_of(k))
+          for (uint32_t g : o.pool_games(p)) games.insert(g);
+        for (uint64_t r = 0; r < B; ++r) {
+          const size_t w = o.window_at(k, r);
+          ASSERT_LT(w, n);
+          EXPECT_TRUE(seen.insert(w).second) << "window " << w << " twice";
+          const uint32_t g = static_cast<uint32_t>(std::upper_bound(first.begin(), first.end(), w) -
+                                                   first.begin() - 1);
+          EXPECT_TRUE(games.count(g)) << "batch " << k << " reads game " << g;
+        }
+      }
+      EXPECT_EQ(seen.size(), (n / B) * B);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace slipstream::melee::testing
