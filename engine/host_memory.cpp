@@ -2,6 +2,8 @@
 // setups); a v1 or absent cgroup leaves MemAvailable as the figure.
 #include "engine/host_memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -52,6 +54,15 @@ std::optional<std::string> own_cgroup() {
   return std::nullopt;
 }
 
+// The process's address space in use (VmSize in /proc/self/status).
+std::optional<uint64_t> address_space_in_use() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.starts_with("VmSize:")) return std::stoull(line.substr(7)) * 1024;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<HostMemory> usable_host_memory() {
@@ -71,6 +82,15 @@ std::optional<HostMemory> usable_host_memory() {
                                    ", in use without page cache " + format_bytes(*used) + ")"};
     }
   }
+  // ulimit -v: an allocation past it fails (bad_alloc) whatever the machine has free.
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    if (const auto vm = address_space_in_use()) {
+      const uint64_t limit = as.rlim_cur, left = limit > *vm ? limit - *vm : 0;
+      if (!out || left < out->bytes)
+        out = HostMemory{left, "ulimit -v (address space limit " + format_bytes(limit) +
+                                   ", in use " + format_bytes(*vm) + ")"};
+    }
   return out;
 }
 

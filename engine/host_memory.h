@@ -1,7 +1,8 @@
 // What memory this process can still take on the host: the kernel's MemAvailable, lowered to
 // what the process's cgroup (a container's, Slurm's) leaves under its memory.max — the limit
 // less what the cgroup uses besides page cache — since a job that passes its cgroup's limit is
-// killed whatever the machine has free.
+// killed whatever the machine has free; and lowered to what an address space limit (ulimit -v,
+// RLIMIT_AS) leaves past the process's VmSize, since allocations past it fail.
 #pragma once
 
 #include <cstdint>

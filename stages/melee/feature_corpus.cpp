@@ -195,6 +195,47 @@ Extracted extract_one(const slp::GameView& g, const std::string& name,
   return x;
 }
 
+struct BuildItem {
+  int corpus = -1;  // -1: the file
+  size_t index = 0;
+};
+
+// One file or corpus game, parsed (or decoded), extracted and compressed; skipped with why.
+Extracted extract_item(const BuildItem& it, const Inputs& in,
+                       const std::vector<slp::Corpus>& corpora, const FeatureCorpusOptions& o) {
+  thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(),
+                                                                         &ZSTD_freeCCtx);
+  Extracted x;
+  std::string name;
+  try {
+    if (it.corpus < 0) {
+      const fs::path& path = in.files[it.index];
+      name = path.string();
+      slp::ParseOptions opt;
+      opt.rollbacks =
+          o.rollback == RollbackMode::last ? slp::Rollbacks::kLastCopy : slp::Rollbacks::kKeepAll;
+      opt.items = false;
+      thread_local slp::Game game;  // parsed into again and again: no allocation per file
+      const std::vector<uint8_t> bytes = slp::read_file_bytes(path);
+      slp::parse_slp_into(game, bytes, path.string(), opt);
+      x = extract_one(slp::view_of(game), name, o, cctx.get());
+      x.source_bytes = bytes.size();
+    } else {
+      const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
+      const slp::CorpusGame game = c.game(it.index);
+      name = (c.dir() / fs::path(game.view().info.source).filename()).string();
+      x = extract_one(game.view(), name, o, cctx.get());
+    }
+  } catch (const slp::ParseError& e) {
+    x.skip = name + " (offset " + std::to_string(e.offset()) + ": " + e.message() + ")";
+  } catch (const FeatureCorpusError&) {
+    throw;
+  } catch (const std::exception& e) {
+    x.skip = name + " (" + e.what() + ")";
+  }
+  return x;
+}
+
 void put_record(std::vector<uint8_t>& out, const FeatureEntry& e, uint64_t offset,
                 uint64_t stored) {
   const size_t at = out.size();
@@ -254,11 +295,7 @@ FeatureBuildReport build_feature_corpus(const std::vector<std::string>& inputs,
 
   // Work items: each file, then each game of each game corpus.
   std::vector<slp::Corpus> corpora;
-  struct Item {
-    int corpus = -1;
-    size_t index = 0;
-  };
-  std::vector<Item> items;
+  std::vector<BuildItem> items;
   for (size_t i = 0; i < in.files.size(); ++i) items.push_back({-1, i});
   for (const auto& dir : in.corpora) {
     try {
@@ -280,39 +317,8 @@ FeatureBuildReport build_feature_corpus(const std::vector<std::string>& inputs,
     std::vector<Extracted> done(c1 - c0);
     arena.execute([&] {
       tbb::parallel_for(tbb::blocked_range<size_t>(c0, c1, 1), [&](const auto& r) {
-        thread_local std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(),
-                                                                               &ZSTD_freeCCtx);
-        for (size_t i = r.begin(); i != r.end(); ++i) {
-          Extracted& x = done[i - c0];
-          const Item& it = items[i];
-          std::string name;
-          try {
-            if (it.corpus < 0) {
-              const fs::path& path = in.files[it.index];
-              name = path.string();
-              slp::ParseOptions opt;
-              opt.rollbacks = options.rollback == RollbackMode::last ? slp::Rollbacks::kLastCopy
-                                                                     : slp::Rollbacks::kKeepAll;
-              opt.items = false;
-              thread_local slp::Game game;
-              const std::vector<uint8_t> bytes = slp::read_file_bytes(path);
-              slp::parse_slp_into(game, bytes, path.string(), opt);
-              x = extract_one(slp::view_of(game), name, options, cctx.get());
-              x.source_bytes = bytes.size();
-            } else {
-              const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
-              const slp::CorpusGame game = c.game(it.index);
-              name = (c.dir() / fs::path(game.view().info.source).filename()).string();
-              x = extract_one(game.view(), name, options, cctx.get());
-            }
-          } catch (const slp::ParseError& e) {
-            x.skip = name + " (offset " + std::to_string(e.offset()) + ": " + e.message() + ")";
-          } catch (const FeatureCorpusError&) {
-            throw;
-          } catch (const std::exception& e) {
-            x.skip = name + " (" + e.what() + ")";
-          }
-        }
+        for (size_t i = r.begin(); i != r.end(); ++i)
+          done[i - c0] = extract_item(items[i], in, corpora, options);
       });
     });
     for (Extracted& x : done) {
@@ -404,6 +410,43 @@ nlohmann::json read_manifest(const fs::path& dir) {
   return m;
 }
 
+// One game's record (put_record's layout); its names from `names`.
+FeatureEntry read_record(Reader& r, Reader& names, uint64_t& offset, uint64_t& stored) {
+  FeatureEntry e;
+  e.identity = r.get<uint64_t>();
+  offset = r.get<uint64_t>();
+  stored = r.get<uint64_t>();
+  e.feature_bytes = r.get<uint64_t>();
+  e.rows = r.get<uint32_t>();
+  e.start.random_seed = r.get<uint32_t>();
+  e.start.stage = r.get<uint16_t>();
+  e.start.version.major = r.get<uint8_t>();
+  e.start.version.minor = r.get<uint8_t>();
+  e.start.version.build = r.get<uint8_t>();
+  e.damaged = r.get<uint8_t>() != 0;
+  const size_t start_players = std::min<size_t>(4, r.get<uint8_t>());
+  const size_t players = std::min<size_t>(4, r.get<uint8_t>());
+  for (size_t i = 0; i < 4; ++i) {
+    slp::Player p;
+    p.port = r.get<uint8_t>();
+    p.character = r.get<uint8_t>();
+    p.type = r.get<uint8_t>();
+    if (i < start_players) e.start.players.push_back(p);
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    FeatureEntry::Player p;
+    p.port = r.get<uint8_t>();
+    p.character = r.get<uint8_t>();
+    p.has_follower = r.get<uint8_t>() != 0;
+    if (i < players) e.players.push_back(p);
+  }
+  const auto source_len = r.get<uint32_t>();
+  const auto damage_len = r.get<uint32_t>();
+  e.source = names.text(source_len);
+  e.damage = names.text(damage_len);
+  return e;
+}
+
 }  // namespace
 
 FeatureFootprint feature_footprint(const fs::path& dir) {
@@ -467,38 +510,7 @@ FeatureCorpus FeatureCorpus::open(const fs::path& dir) {
   s->offset.resize(n);
   s->stored.resize(n);
   for (size_t g = 0; g < n; ++g) {
-    FeatureEntry& e = s->entries[g];
-    e.identity = r.get<uint64_t>();
-    s->offset[g] = r.get<uint64_t>();
-    s->stored[g] = r.get<uint64_t>();
-    e.feature_bytes = r.get<uint64_t>();
-    e.rows = r.get<uint32_t>();
-    e.start.random_seed = r.get<uint32_t>();
-    e.start.stage = r.get<uint16_t>();
-    e.start.version.major = r.get<uint8_t>();
-    e.start.version.minor = r.get<uint8_t>();
-    e.start.version.build = r.get<uint8_t>();
-    e.damaged = r.get<uint8_t>() != 0;
-    const size_t start_players = std::min<size_t>(4, r.get<uint8_t>());
-    const size_t players = std::min<size_t>(4, r.get<uint8_t>());
-    for (size_t i = 0; i < 4; ++i) {
-      slp::Player p;
-      p.port = r.get<uint8_t>();
-      p.character = r.get<uint8_t>();
-      p.type = r.get<uint8_t>();
-      if (i < start_players) e.start.players.push_back(p);
-    }
-    for (size_t i = 0; i < 4; ++i) {
-      FeatureEntry::Player p;
-      p.port = r.get<uint8_t>();
-      p.character = r.get<uint8_t>();
-      p.has_follower = r.get<uint8_t>() != 0;
-      if (i < players) e.players.push_back(p);
-    }
-    const auto source_len = r.get<uint32_t>();
-    const auto damage_len = r.get<uint32_t>();
-    e.source = names.text(source_len);
-    e.damage = names.text(damage_len);
+    s->entries[g] = read_record(r, names, s->offset[g], s->stored[g]);
     if (s->offset[g] + s->stored[g] > stored_bytes)
       throw FeatureCorpusError(index_path.string() + ": game " + std::to_string(g) +
                                " lies past the end of " + kArraysName + "; rebuild the corpus");

@@ -192,6 +192,10 @@ Outcome process_file(const fs::path& path, const Filters& f) {
   }
 }
 
+// One item of the work list: decoded (or, from a feature corpus, its record read) and
+// filtered; its arrays dropped unless `resident`, its size kept either way.
+Outcome process_item(const GameItem& it, const ReplayDataset::Sources& s, bool resident);
+
 }  // namespace
 
 // What a dataset needs to read its games again: the inputs it was loaded from, the corpora it
@@ -205,18 +209,7 @@ struct ReplayDataset::Sources {
 };
 
 GameFeatures ReplayDataset::read_game(size_t g) const {
-  const Sources& s = *sources;
-  const GameItem& it = s.items.at(g);
-  if (it.kind == GameItem::kFeatures)
-    return s.feature_corpora[static_cast<size_t>(it.corpus)].load(it.index);
-  Outcome o;
-  if (it.kind == GameItem::kFile) {
-    o = process_file(s.in.files[it.index], s.filters);
-  } else {
-    const slp::Corpus& c = s.corpora[static_cast<size_t>(it.corpus)];
-    const slp::CorpusGame game = c.game(it.index);
-    o = process_view(game.view(), s.filters, c.dir().string());
-  }
+  Outcome o = process_item(sources->items.at(g), *sources, /*resident=*/true);
   if (!o.game)  // the file changed since setup read it
     throw std::runtime_error(o.detail + ": no longer the game the run's setup read (" +
                              (o.reason >= 0 ? std::string(kSkipNames[o.reason]) : "?") +
@@ -226,11 +219,34 @@ GameFeatures ReplayDataset::read_game(size_t g) const {
 
 namespace {
 
-std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
-                                            tbb::task_arena& arena, bool resident) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto ds = std::make_shared<ReplayDataset>();
-  ds->reason_text = {
+Outcome process_item(const GameItem& it, const ReplayDataset::Sources& s, bool resident) {
+  Outcome o;
+  if (it.kind == GameItem::kFile) {
+    o = process_file(s.in.files[it.index], s.filters);
+  } else if (it.kind == GameItem::kCorpus) {
+    const slp::Corpus& c = s.corpora[static_cast<size_t>(it.corpus)];
+    // A --zstd corpus decodes this game alone here, freed once its features are out.
+    const slp::CorpusGame game = c.game(it.index);
+    const slp::GameView& v = game.view();
+    o = process_view(v, s.filters, (c.dir() / fs::path(v.info.source).filename()).string());
+  } else {
+    return process_entry(s.feature_corpora[static_cast<size_t>(it.corpus)], it.index, s.filters,
+                         resident);
+  }
+  if (o.game) o.bytes = o.game->bytes();
+  // Not resident: the facts the window index needs stay, the arrays go now.
+  if (!resident && o.game) *o.game = without_arrays(*o.game);
+  return o;
+}
+
+// A skip counted under `reason`, with the first few examples kept for the report.
+void note_skip(ReplayDataset& ds, int reason, std::string example) {
+  auto& s = ds.skips[static_cast<size_t>(reason)];
+  if (s.count++ < kSkipExamples) s.examples.push_back(std::move(example));
+}
+
+std::array<std::string, kSkipReasons> reason_texts(const Filters& f) {
+  return {
       "not found",
       "unreadable",
       f.one_vs_one ? "not 1v1 (one_vs_one: true keeps 2-player games)" : "fewer than 2 players",
@@ -246,37 +262,24 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
           " (min_version)",
       "the same game as another file (skip_duplicates: true keeps the first by identity)",
   };
-  for (const auto& m : in.missing) {
-    auto& s = ds->skips[kSkipNotFound];
-    if (s.count++ < kSkipExamples) s.examples.push_back(m);
-  }
-  for (const auto& u : in.unreadable) {
-    auto& s = ds->skips[kSkipUnreadable];
-    if (s.count++ < kSkipExamples) s.examples.push_back(u);
-  }
+}
 
-  // Open corpora first (a memory map each; a feature corpus its index); their games join the
-  // work list after the files.
-  auto src = std::make_shared<ReplayDataset::Sources>();
-  src->in = in;
-  src->filters = f;
-  std::vector<slp::Corpus>& corpora = src->corpora;
-  std::vector<FeatureCorpus>& features = src->feature_corpora;
-  using Item = GameItem;
-  std::vector<Item> items;
-  for (size_t i = 0; i < in.files.size(); ++i) items.push_back({Item::kFile, -1, i});
-  auto unreadable = [&](const fs::path& dir, const std::exception& e) {
-    auto& s = ds->skips[kSkipUnreadable];
-    if (s.count++ < kSkipExamples) s.examples.push_back(dir.string() + " (" + e.what() + ")");
-  };
+// The work list: each file, then each game of each corpus and feature corpus (opened into `s`:
+// a memory map each, or an index). What cannot be opened is counted as unreadable; a feature
+// corpus extracted under other settings is refused.
+std::vector<GameItem> open_inputs(ReplayDataset::Sources& s, ReplayDataset& ds) {
+  const Inputs& in = s.in;
+  const Filters& f = s.filters;
+  std::vector<GameItem> items;
+  for (size_t i = 0; i < in.files.size(); ++i) items.push_back({GameItem::kFile, -1, i});
   for (const auto& dir : in.corpora) {
     try {
-      corpora.push_back(slp::Corpus::open(dir));
-      for (size_t g = 0; g < corpora.back().size(); ++g)
-        items.push_back({Item::kCorpus, static_cast<int>(corpora.size() - 1), g});
-      ds->corpus_games += corpora.back().size();
+      s.corpora.push_back(slp::Corpus::open(dir));
+      for (size_t g = 0; g < s.corpora.back().size(); ++g)
+        items.push_back({GameItem::kCorpus, static_cast<int>(s.corpora.size() - 1), g});
+      ds.corpus_games += s.corpora.back().size();
     } catch (const std::exception& e) {
-      unreadable(dir, e);
+      note_skip(ds, kSkipUnreadable, dir.string() + " (" + e.what() + ")");
     }
   }
   for (const auto& dir : in.feature_corpora) {
@@ -284,7 +287,7 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
     try {
       c.emplace(FeatureCorpus::open(dir));
     } catch (const std::exception& e) {
-      unreadable(dir, e);
+      note_skip(ds, kSkipUnreadable, dir.string() + " (" + e.what() + ")");
       continue;
     }
     // Features extracted under other settings are other features: never mixed in silently.
@@ -297,111 +300,114 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
           dir.string() + ": a feature corpus extracted with " + name(c->rollback(), c->fields()) +
           "; this run reads " + name(f.rollback, f.fields) +
           ". Set those parameters to the corpus's, or build another with `slipstream corpus build "
-          "--features --rollback R --fields F`");
-    features.push_back(std::move(*c));
-    for (size_t g = 0; g < features.back().size(); ++g)
-      items.push_back({Item::kFeatures, static_cast<int>(features.size() - 1), g});
-    ds->corpus_games += features.back().size();
+          "--features [--keep-rollbacks] [--fields libmelee]`");
+    s.feature_corpora.push_back(std::move(*c));
+    for (size_t g = 0; g < s.feature_corpora.back().size(); ++g)
+      items.push_back({GameItem::kFeatures, static_cast<int>(s.feature_corpora.size() - 1), g});
+    ds.corpus_games += s.feature_corpora.back().size();
   }
-  ds->files = in.files.size();
-  if (f.shard_world > 1) {
-    // Whole games to ranks, the same on every rank whatever the order or path prefix each one
-    // sees the files under: keyed by file name and size, or corpus and index.
-    // `padded`: the corpus index zero-padded, so that keys sort in index order.
-    auto name = [&](const Item& it, bool padded) {
-      if (it.kind != Item::kFile) {
-        char index[24];
-        std::snprintf(index, sizeof index, padded ? "#%020zu" : "#%zu", it.index);
-        const fs::path& dir = it.kind == Item::kCorpus
-                                  ? corpora[static_cast<size_t>(it.corpus)].dir()
-                                  : features[static_cast<size_t>(it.corpus)].dir();
-        return dir.filename().string() + index;
-      }
-      std::error_code ec;
-      return in.files[it.index].filename().string() + ":" +
-             std::to_string(fs::file_size(in.files[it.index], ec));
-    };
-    ds->shard_of = items.size();
-    const uint64_t world = static_cast<uint64_t>(f.shard_world);
-    const uint64_t rank = static_cast<uint64_t>(f.shard_rank);
-    if (f.shard_ranges) {
-      // Contiguous ranges of the inputs in key order: a rank reads one stretch of each corpus
-      // (its pages, nobody else's), and holds 1/world of the games to within one.
-      std::vector<std::pair<std::string, Item>> keyed;
-      for (const Item& it : items) keyed.emplace_back(name(it, true), it);
-      std::stable_sort(keyed.begin(), keyed.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-      const size_t n = keyed.size();
-      const size_t begin = static_cast<size_t>(n * rank / world),
-                   end = static_cast<size_t>(n * (rank + 1) / world);
-      items.clear();
-      for (size_t i = begin; i < end; ++i) items.push_back(keyed[i].second);
-    } else {  // runs from before shard_order: a draw from (seed, key), spread over the inputs
-      std::erase_if(items, [&](const Item& it) {
-        uint64_t h = f.shard_seed ^ 0x5ca1ab1e5eedull;
-        for (unsigned char c : name(it, false)) h = mix64(h ^ c);
-        return h % world != rank;
-      });
+  ds.files = in.files.size();
+  return items;
+}
+
+// shard: games with several ranks: this rank's whole games, the same on every rank whatever the
+// order or path prefix each one sees the files under (keyed by file name and size, or corpus
+// and index).
+void keep_this_ranks_share(std::vector<GameItem>& items, const ReplayDataset::Sources& s,
+                           ReplayDataset& ds) {
+  const Filters& f = s.filters;
+  // `padded`: the corpus index zero-padded, so that keys sort in index order.
+  auto name = [&](const GameItem& it, bool padded) {
+    if (it.kind != GameItem::kFile) {
+      char index[24];
+      std::snprintf(index, sizeof index, padded ? "#%020zu" : "#%zu", it.index);
+      const fs::path& dir = it.kind == GameItem::kCorpus
+                                ? s.corpora[static_cast<size_t>(it.corpus)].dir()
+                                : s.feature_corpora[static_cast<size_t>(it.corpus)].dir();
+      return dir.filename().string() + index;
     }
-    ds->files = 0;
-    ds->corpus_games = 0;
-    for (const Item& it : items) (it.kind == Item::kFile ? ds->files : ds->corpus_games)++;
+    std::error_code ec;
+    return s.in.files[it.index].filename().string() + ":" +
+           std::to_string(fs::file_size(s.in.files[it.index], ec));
+  };
+  ds.shard_of = items.size();
+  const uint64_t world = static_cast<uint64_t>(f.shard_world);
+  const uint64_t rank = static_cast<uint64_t>(f.shard_rank);
+  if (f.shard_ranges) {
+    // Contiguous ranges of the inputs in key order: a rank reads one stretch of each corpus
+    // (its pages, nobody else's), and holds 1/world of the games to within one.
+    std::vector<std::pair<std::string, GameItem>> keyed;
+    for (const GameItem& it : items) keyed.emplace_back(name(it, true), it);
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    const size_t n = keyed.size();
+    const size_t begin = static_cast<size_t>(n * rank / world),
+                 end = static_cast<size_t>(n * (rank + 1) / world);
+    items.clear();
+    for (size_t i = begin; i < end; ++i) items.push_back(keyed[i].second);
+  } else {  // runs from before shard_order: a draw from (seed, key), spread over the inputs
+    std::erase_if(items, [&](const GameItem& it) {
+      uint64_t h = f.shard_seed ^ 0x5ca1ab1e5eedull;
+      for (unsigned char c : name(it, false)) h = mix64(h ^ c);
+      return h % world != rank;
+    });
   }
+  ds.files = 0;
+  ds.corpus_games = 0;
+  for (const GameItem& it : items) (it.kind == GameItem::kFile ? ds.files : ds.corpus_games)++;
+}
+
+// The games that passed, in identity order (independent of path spelling, argument order and
+// parse-vs-corpus), without a second recording of one game when skip_duplicates asks.
+std::vector<size_t> kept_in_identity_order(std::vector<Outcome>& out, const Filters& f,
+                                           ReplayDataset& ds) {
+  std::vector<size_t> kept;
+  for (size_t i = 0; i < out.size(); ++i) {
+    Outcome& o = out[i];
+    if (o.damaged && ds.damaged++ < kSkipExamples) ds.damaged_examples.push_back(o.damage);
+    if (o.reason >= 0)
+      note_skip(ds, o.reason, o.detail);
+    else
+      kept.push_back(i);
+  }
+  std::stable_sort(kept.begin(), kept.end(), [&](size_t a, size_t b) {
+    return out[a].game->identity < out[b].game->identity;
+  });
+  if (!f.skip_duplicates) return kept;
+  // The first copy in identity order stays, whatever the file order.
+  std::unordered_map<uint64_t, size_t> first;
+  std::vector<size_t> unique;
+  for (size_t i : kept) {
+    const auto [at, fresh] = first.emplace(out[i].same_game, i);
+    if (fresh)
+      unique.push_back(i);
+    else
+      note_skip(ds, kSkipDuplicate,
+                out[i].detail + " (the same game as " + out[at->second].detail + ")");
+  }
+  return unique;
+}
+
+std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
+                                            tbb::task_arena& arena, bool resident) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ds = std::make_shared<ReplayDataset>();
+  ds->reason_text = reason_texts(f);
+  for (const auto& m : in.missing) note_skip(*ds, kSkipNotFound, m);
+  for (const auto& u : in.unreadable) note_skip(*ds, kSkipUnreadable, u);
+  auto src = std::make_shared<ReplayDataset::Sources>();
+  src->in = in;
+  src->filters = f;
+  std::vector<GameItem> items = open_inputs(*src, *ds);
+  if (f.shard_world > 1) keep_this_ranks_share(items, *src, *ds);
 
   std::vector<Outcome> out(items.size());
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, items.size(), 1), [&](const auto& r) {
-      for (size_t i = r.begin(); i != r.end(); ++i) {
-        const Item& it = items[i];
-        if (it.kind == Item::kFile) {
-          out[i] = process_file(in.files[it.index], f);
-        } else if (it.kind == Item::kCorpus) {
-          const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
-          // A --zstd corpus decodes this game alone here, freed once its features are out.
-          const slp::CorpusGame game = c.game(it.index);
-          const slp::GameView& v = game.view();
-          out[i] = process_view(v, f, (c.dir() / fs::path(v.info.source).filename()).string());
-        } else {
-          out[i] = process_entry(features[static_cast<size_t>(it.corpus)], it.index, f, resident);
-        }
-        if (out[i].game && it.kind != Item::kFeatures) out[i].bytes = out[i].game->bytes();
-        // Not resident: the facts the window index needs stay, the arrays go now.
-        if (!resident && out[i].game) *out[i].game = without_arrays(*out[i].game);
-      }
+      for (size_t i = r.begin(); i != r.end(); ++i) out[i] = process_item(items[i], *src, resident);
     });
   });
-
-  std::vector<size_t> kept;
-  for (size_t i = 0; i < out.size(); ++i) {
-    Outcome& o = out[i];
-    if (o.damaged && ds->damaged++ < kSkipExamples) ds->damaged_examples.push_back(o.damage);
-    if (o.reason >= 0) {
-      auto& s = ds->skips[static_cast<size_t>(o.reason)];
-      if (s.count++ < kSkipExamples) s.examples.push_back(o.detail);
-    } else {
-      kept.push_back(i);
-    }
-  }
-  // Identity order: independent of path spelling, argument order and parse-vs-corpus.
-  std::stable_sort(kept.begin(), kept.end(), [&](size_t a, size_t b) {
-    return out[a].game->identity < out[b].game->identity;
-  });
-  if (f.skip_duplicates) {  // the first copy in identity order stays, whatever the file order
-    std::unordered_map<uint64_t, size_t> first;
-    std::vector<size_t> unique;
-    for (size_t i : kept) {
-      const auto [at, fresh] = first.emplace(out[i].same_game, i);
-      if (fresh) {
-        unique.push_back(i);
-        continue;
-      }
-      auto& s = ds->skips[kSkipDuplicate];
-      if (s.count++ < kSkipExamples)
-        s.examples.push_back(out[i].detail + " (the same game as " + out[at->second].detail + ")");
-    }
-    kept = std::move(unique);
-  }
-  for (size_t i : kept) {
+  for (size_t i : kept_in_identity_order(out, f, *ds)) {
     ds->bytes += out[i].bytes;
     ds->game_bytes.push_back(out[i].bytes);
     ds->frames += out[i].game->rows;

@@ -17,8 +17,9 @@ std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
                                   std::to_string(ds.shard_of) + ")"
                             : std::string())
       << " -> " << ds.games.size() << " games, " << ds.frames << " frames, " << (ds.bytes >> 20)
-      << " MiB of features in " << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads
-      << " threads; " << skipped << " skipped\n";
+      << " MiB of features" << (ds.resident ? "" : " (read on demand)") << " in "
+      << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; " << skipped
+      << " skipped\n";
   for (size_t r = 0; r < kSkipReasons; ++r) {
     const auto& s = ds.skips[r];
     if (!s.count) continue;

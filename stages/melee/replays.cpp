@@ -263,37 +263,66 @@ constexpr double kFeatureBytesPerSlpByte = 0.7;
 // the kernel's OOM kill an hour into decoding, past 80 % a note; N — games on demand, at most N
 // in memory; auto — all when they fit 80 % of the budget, else the N that fits 40 % of it.
 // Returns N, or 0 for all.
-uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in, int ranks) const {
-  const Params& p = ctx.params();
-  uint64_t slp = 0, decompressed = 0, features = 0;
-  size_t games = in.files.size();
+namespace {
+
+// What the inputs' features will take, from file sizes and manifests alone.
+struct FeatureEstimate {
+  uint64_t slp = 0, decompressed = 0, stored = 0;  // .slp bytes, zstd v1 columns, feature corpora
+  size_t games = 0;
+  double arrays = 0, need = 0, per_game = 0;  // this rank's arrays, with the columns; a game's
+  std::string what;                           // "8 .slp files (1 MiB of replays)"
+};
+
+FeatureEstimate estimate_features(const Inputs& in, int ranks) {
+  FeatureEstimate e;
+  e.games = in.files.size();
   for (const auto& f : in.files) {
     std::error_code ec;
     const auto n = fs::file_size(f, ec);
-    if (!ec) slp += n;
+    if (!ec) e.slp += n;
   }
-  try {
-    for (const auto& dir : in.corpora) {
-      const slp::CorpusFootprint c = slp::corpus_footprint(dir);
-      slp += c.source_bytes;
-      decompressed += c.decompressed_bytes;
-      games += c.games;
-    }
-    for (const auto& dir : in.feature_corpora) {
-      const FeatureFootprint c = feature_footprint(dir);
-      features += c.feature_bytes;
-      games += c.games;
-    }
-  } catch (const std::exception& e) {
-    throw ConfigError({{p.mark("paths"), "stage '" + ctx.name() + "': " + e.what()}});
+  for (const auto& dir : in.corpora) {
+    const slp::CorpusFootprint c = slp::corpus_footprint(dir);
+    e.slp += c.source_bytes;
+    e.decompressed += c.decompressed_bytes;
+    e.games += c.games;
+  }
+  for (const auto& dir : in.feature_corpora) {
+    const FeatureFootprint c = feature_footprint(dir);
+    e.stored += c.feature_bytes;
+    e.games += c.games;
   }
   const double share = 1.0 / std::max(1, ranks);
-  const double arrays =
-      (kFeatureBytesPerSlpByte * static_cast<double>(slp) + static_cast<double>(features)) * share;
-  const double need = arrays + static_cast<double>(decompressed);
+  const double all =
+      kFeatureBytesPerSlpByte * static_cast<double>(e.slp) + static_cast<double>(e.stored);
+  e.arrays = all * share;
+  e.need = e.arrays + static_cast<double>(e.decompressed);
+  e.per_game = e.games ? all / static_cast<double>(e.games) : 0;
+  e.what = std::to_string(in.files.size()) + " .slp files";
+  if (!in.corpora.empty()) e.what += ", " + std::to_string(in.corpora.size()) + " corpora";
+  if (!in.feature_corpora.empty())
+    e.what += ", " + std::to_string(in.feature_corpora.size()) + " feature corpora";
+  e.what += " (" + format_bytes(e.slp) + " of replays" +
+            (e.stored ? ", " + format_bytes(e.stored) + " of stored features" : std::string()) +
+            (e.decompressed ? ", " + format_bytes(e.decompressed) + " of zstd columns to unpack"
+                            : std::string()) +
+            ")";
+  return e;
+}
+
+}  // namespace
+
+uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in, int ranks) const {
+  const Params& p = ctx.params();
+  FeatureEstimate e;
+  try {
+    e = estimate_features(in, ranks);
+  } catch (const std::exception& err) {
+    throw ConfigError({{p.mark("paths"), "stage '" + ctx.name() + "': " + err.what()}});
+  }
   const std::string setting = p.string("resident_games");
-  const double per_game = games ? arrays / (static_cast<double>(games) * share) : 0;
   if (setting != "all" && setting != "auto") return std::stoull(setting);
+  const double need = e.need;
   std::optional<HostMemory> have;
   const std::string budget = p.string("memory");
   if (budget == "auto")
@@ -303,23 +332,15 @@ uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in,
                       "replays.memory: " + budget + " GiB"};
   if (!have || need <= 0) return 0;
   const double avail = static_cast<double>(have->bytes);
-  std::string what = std::to_string(in.files.size()) + " .slp files";
-  if (!in.corpora.empty()) what += ", " + std::to_string(in.corpora.size()) + " corpora";
-  if (!in.feature_corpora.empty())
-    what += ", " + std::to_string(in.feature_corpora.size()) + " feature corpora";
-  what += " (" + format_bytes(slp) + " of replays" +
-          (features ? ", " + format_bytes(features) + " of stored features" : std::string()) +
-          (decompressed ? ", " + format_bytes(decompressed) + " of zstd columns to unpack"
-                        : std::string()) +
-          ")";
+  const std::string& what = e.what;
   const std::string figures = what + " need about " + format_bytes(static_cast<uint64_t>(need)) +
                               " of features" +
                               (ranks > 1 ? " on this rank (1/" + std::to_string(ranks) + ")" : "") +
                               "; " + format_bytes(have->bytes) + " usable (" + have->source + ")";
   // A version-1 zstd corpus unpacks whole at open: reading its games on demand saves nothing.
-  if (setting == "auto" && need > 0.8 * avail && per_game > 0 && decompressed == 0) {
-    const double n = std::floor(0.4 * avail / per_game);
-    if (n >= 3 && n < static_cast<double>(games) * share) {
+  if (setting == "auto" && need > 0.8 * avail && e.per_game > 0 && e.decompressed == 0) {
+    const double n = std::floor(0.4 * avail / e.per_game);
+    if (n >= 3 && n < static_cast<double>(e.games) / std::max(1, ranks)) {
       ctx.log("note: " + figures + ": games are read on demand, at most " +
               std::to_string(static_cast<uint64_t>(n)) +
               " in memory (resident_games: auto; resident_games: N sets it)");
@@ -573,22 +594,27 @@ void ReplaysStage::setup(StageContext& ctx) {
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   if (streams_) ctx.run().rows_continue = true;
   set_order();
-  if (!ds.resident) {
-    if (streams_ && ds.resident_games < 2 * B)
-      throw ConfigError(
-          {{p.mark("resident_games"),
-            "stage '" + ctx.name() + "': rows: streams walks batch_size=" + std::to_string(B) +
-                " games at once; resident_games must be at " + "least 2 x batch_size (" +
-                std::to_string(2 * B) + "), got " + std::to_string(ds.resident_games)}});
-    resident_ = std::make_unique<ResidentGames>(data_);
-    if (!validation_)
-      ctx.log("memory: games read on demand, at most " + std::to_string(ds.resident_games) +
-                  (streams_ ? " resident (each row's game and the next ones read ahead)"
-                            : " resident (pools of " + std::to_string(pool_games()) +
-                                  " games, the next pool read ahead)") +
-                  "; " + format_bytes(ds.bytes) + " of features in all",
-              by_games);
-  }
+  if (!ds.resident) read_on_demand(ctx, by_games);
+}
+
+// Bounded memory: the games read as the order reaches them (ResidentGames).
+void ReplaysStage::read_on_demand(StageContext& ctx, bool by_games) {
+  const Params& p = ctx.params();
+  const uint64_t B = static_cast<uint64_t>(batch_), n = data_->resident_games;
+  if (streams_ && n < 2 * B)
+    throw ConfigError(
+        {{p.mark("resident_games"),
+          "stage '" + ctx.name() + "': rows: streams walks batch_size=" + std::to_string(B) +
+              " games at once; resident_games must be at " + "least 2 x batch_size (" +
+              std::to_string(2 * B) + "), got " + std::to_string(n)}});
+  resident_ = std::make_unique<ResidentGames>(data_);
+  if (!validation_)
+    ctx.log("memory: games read on demand, at most " + std::to_string(n) +
+                (streams_ ? " resident (each row's game and the next ones read ahead)"
+                          : " resident (pools of " + std::to_string(pool_games()) +
+                                " games, the next pool read ahead)") +
+                "; " + format_bytes(data_->bytes) + " of features in all",
+            by_games);
 }
 
 // Pools of N/3 games (a batch's one or two and the next); the validation copy, which reads a

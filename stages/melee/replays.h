@@ -84,6 +84,7 @@ class ReplaysStage : public Stage {
   // How many games may be in memory at once (0: all), from resident_games and the memory the
   // inputs' features need against replays.memory; refuses what cannot fit.
   uint64_t resident_games(const StageContext& ctx, const Inputs& in, int ranks) const;
+  void read_on_demand(StageContext& ctx, bool by_games);
   uint64_t pool_games() const;
   void want_games(uint64_t k);
   const GameFeatures& game_of(const WindowRef& w) const;

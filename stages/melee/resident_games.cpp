@@ -43,9 +43,12 @@ void ResidentGames::want(const std::vector<uint32_t>& now, const std::vector<uin
       it = games_.erase(it);
     }
     stats_.games = games_.size();
+    // The current games first (a batch reads only some of them; the rest are read here before
+    // a later batch needs them), then those ahead.
     queue_.clear();
-    for (uint32_t g : ahead)
-      if (!games_.count(g)) queue_.push_back(g);
+    for (const auto* list : {&now, &ahead})
+      for (uint32_t g : *list)
+        if (!games_.count(g)) queue_.push_back(g);
   }
   cv_.notify_all();
 }

@@ -26,9 +26,10 @@ class ResidentGames {
   ResidentGames(const ResidentGames&) = delete;
   ResidentGames& operator=(const ResidentGames&) = delete;
 
-  // The games wanted from now on: `now` (the next batch's, read by get) and `ahead` (read in the
-  // background, in order). Any other game is dropped; a batch being filled keeps its own
-  // references until it is done.
+  // The games wanted from now on: `now` (those the batches being read may need) and `ahead`
+  // (those after them); what is not resident is read in the background in that order, and a
+  // batch that needs a game before then reads it itself (get). Any other game is dropped; a
+  // batch being filled keeps its own references until it is done.
   void want(const std::vector<uint32_t>& now, const std::vector<uint32_t>& ahead);
   // Game g's features: resident, or read now (a wait, counted).
   std::shared_ptr<const GameFeatures> get(uint32_t g);

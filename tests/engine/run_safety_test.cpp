@@ -20,6 +20,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config_diff.h"
 #include "engine/console_tee.h"
+#include "engine/host_memory.h"
 #include "engine/resource_limits.h"
 #include "engine/run_directory.h"
 #include "engine/runner.h"
@@ -537,6 +538,36 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
   EXPECT_TRUE(high.refusal.empty());
   EXPECT_NE(high.note.find("cgroup"), std::string::npos) << high.note;
   EXPECT_TRUE(none.refusal.empty() && none.note.empty());
+}
+
+// The memory a loader may plan on counts an address space limit: what it leaves past the
+// process's VmSize, named, when that is less than the host has free.
+TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
+  rlimit saved{};
+  getrlimit(RLIMIT_AS, &saved);
+  if (saved.rlim_max != RLIM_INFINITY)
+    GTEST_SKIP() << "the hard limit is already set";
+  const std::optional<HostMemory> before = usable_host_memory();
+  ASSERT_TRUE(before);
+  uint64_t vm = 0;
+  {
+    std::ifstream in("/proc/self/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.starts_with("VmSize:")) vm = std::stoull(line.substr(7)) * 1024;
+  }
+  ASSERT_GT(vm, 0u);
+  const uint64_t room = std::min<uint64_t>(before->bytes / 2, uint64_t{1} << 30);
+  rlimit l = saved;
+  l.rlim_cur = vm + room;
+  setrlimit(RLIMIT_AS, &l);
+  const std::optional<HostMemory> limited = usable_host_memory();
+  setrlimit(RLIMIT_AS, &saved);
+  ASSERT_TRUE(limited);
+  EXPECT_LE(limited->bytes, room);
+  EXPECT_GT(limited->bytes, room / 2);
+  EXPECT_NE(limited->source.find("ulimit -v (address space limit"), std::string::npos)
+      << limited->source;
+  EXPECT_EQ(usable_host_memory()->source.find("ulimit"), std::string::npos);
 }
 
 // A checkpoint whose run position was edited to what no run writes (a negative step, no ranks)
