@@ -45,7 +45,7 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
           {static_cast<uint32_t>(g), pl, static_cast<uint8_t>((pl + 1) % players.size())});
   }
   for (int side = 0; side < 2; ++side)
-    s.windows[side] = build_windows(ds.games, s.perspectives[side], window, stride, delay).size();
+    s.windows[side] = count_windows(ds.games, s.perspectives[side], window, stride, delay);
   return s;
 }
 

@@ -211,6 +211,18 @@ std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
   return out;
 }
 
+size_t count_windows(const std::vector<GameFeatures>& games,
+                     const std::vector<Perspective>& perspectives, int window, int stride,
+                     int delay) {
+  const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
+  size_t n = 0;
+  for (const Perspective& p : perspectives) {
+    const size_t rows = games[p.game].rows;
+    if (rows >= need) n += (rows - need) / static_cast<size_t>(stride) + 1;
+  }
+  return n;
+}
+
 std::vector<uint32_t> epoch_permutation(size_t n, uint64_t seed, uint64_t epoch) {
   std::vector<uint32_t> perm(n);
   std::iota(perm.begin(), perm.end(), 0u);

@@ -104,6 +104,10 @@ struct WindowRef {
 std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
                                      const std::vector<Perspective>& perspectives, int window,
                                      int stride, int delay);
+// How many build_windows would list, without listing them.
+size_t count_windows(const std::vector<GameFeatures>& games,
+                     const std::vector<Perspective>& perspectives, int window, int stride,
+                     int delay);
 
 // A permutation of [0, n) that depends only on (seed, epoch): Fisher-Yates over splitmix64, as a
 // table of 32-bit indices (n < 2^32; runs written before `shuffle_order` existed use it).

@@ -30,6 +30,15 @@ TEST(WindowIndex, WindowsLeaveRoomForTheLastLabel) {
     }
     EXPECT_EQ(max_start, last);
   }
+  // Counting them lists none, and agrees at every length, stride and delay.
+  for (uint32_t rows = 0; rows < 60; ++rows)
+    for (int stride : {1, 3, 7})
+      for (int delay : {0, 2}) {
+        games[0].rows = rows;
+        EXPECT_EQ(count_windows(games, ps, 20, stride, delay),
+                  build_windows(games, ps, 20, stride, delay).size())
+            << rows << " " << stride << " " << delay;
+      }
 }
 
 TEST(WindowIndex, EpochPermutationIsAPermutationAndDependsOnSeedAndEpoch) {
