@@ -561,12 +561,7 @@ GameFeatures FeatureCorpus::header(size_t game) const {
   g.identity = e.identity;
   g.stage = std::min<int32_t>(e.start.stage, kStages - 1);
   g.rows = e.rows;
-  for (const auto& p : e.players) {
-    PlayerFeatures& q = g.players.emplace_back();
-    q.port = p.port;
-    q.character = p.character;
-    q.has_follower = p.has_follower;
-  }
+  for (const auto& p : e.players) add_player_facts(g, p.port, p.character, p.has_follower);
   return g;
 }
 

@@ -126,13 +126,16 @@ GameFeatures without_arrays(const GameFeatures& g) {
   h.identity = g.identity;
   h.stage = g.stage;
   h.rows = g.rows;
-  for (const PlayerFeatures& p : g.players) {
-    PlayerFeatures& q = h.players.emplace_back();
-    q.port = p.port;
-    q.character = p.character;
-    q.has_follower = p.has_follower;
-  }
+  for (const PlayerFeatures& p : g.players)
+    add_player_facts(h, p.port, p.character, p.has_follower);
   return h;
+}
+
+void add_player_facts(GameFeatures& g, uint8_t port, uint8_t character, bool has_follower) {
+  PlayerFeatures& q = g.players.emplace_back();
+  q.port = port;
+  q.character = character;
+  q.has_follower = has_follower;
 }
 
 std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, RollbackMode mode) {

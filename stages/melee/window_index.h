@@ -69,6 +69,8 @@ struct GameFeatures {
 // `g` without its arrays: source, identity, stage, rows and each player's port, character and
 // follower flag (what the split and the window index read).
 GameFeatures without_arrays(const GameFeatures& g);
+// A player of such a game: its facts, no arrays.
+void add_player_facts(GameFeatures& g, uint8_t port, uint8_t character, bool has_follower);
 
 // Rows to keep: the last copy of each frame number (what the game finally showed) or all.
 std::vector<uint32_t> kept_rows(std::span<const int32_t> frame_numbers, RollbackMode mode);
