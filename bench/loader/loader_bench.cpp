@@ -2,7 +2,8 @@
 // (decode + feature extraction), over the shared real replays and a synthetic set, on 1, 2, 4,
 // ... threads up to the machine's cores; and the epoch's window order, a table built at the
 // epoch's start against the keyed order computed per position and the streams order (rows: streams,
-// the epoch's game order drawn at its first batch), for one batch's 256 positions.
+// the epoch's game order drawn at its first batch), for one batch's 256 positions; and produce()
+// from a feature corpus, held resident against read on demand (resident_games).
 // Run: build/bin/bench_loader [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "engine/stage_harness.h"
+#include "stages/melee/feature_corpus.h"
 #include "stages/melee/replay_split.h"
 #include "stages/melee/replays.h"
 #include "stages/melee/slp/synth.h"
@@ -42,8 +44,10 @@ const fs::path& synth_dir() {
 struct Cleanup {
   ~Cleanup() {
     std::error_code ec;
-    fs::remove_all(
-        fs::temp_directory_path() / ("slipstream_bench_loader_" + std::to_string(::getpid())), ec);
+    const fs::path d =
+        fs::temp_directory_path() / ("slipstream_bench_loader_" + std::to_string(::getpid()));
+    fs::remove_all(d, ec);
+    fs::remove_all(d.string() + "-features", ec);
   }
 } cleanup;
 
@@ -51,11 +55,22 @@ fs::path set_dir(int which) {
   return which == 0 ? real_dir() : synth_dir();
 }
 
-std::unique_ptr<StageHarness> make_loader(const fs::path& dir, int threads) {
+// The synthetic set as a feature corpus (corpus build --features), built once per process.
+const fs::path& feature_dir() {
+  static const fs::path dir = [] {
+    const fs::path d = synth_dir().string() + "-features";
+    melee::build_feature_corpus({synth_dir().string()}, d);
+    return d;
+  }();
+  return dir;
+}
+
+std::unique_ptr<StageHarness> make_loader(const fs::path& dir, int threads,
+                                          const std::string& resident = "all") {
   auto h = std::make_unique<StageHarness>(
       "slippi_replays",
       std::vector<std::string>{"paths=[\"" + dir.string() + "\"]", "batch_size=256", "window=60",
-                               "threads=" + std::to_string(threads)},
+                               "threads=" + std::to_string(threads), "resident_games=" + resident},
       "replays");
   h->run().epochs = 1000;  // never run out while timing
   h->setup({});
@@ -80,13 +95,8 @@ void BM_Setup(benchmark::State& state) {
   state.counters["windows"] = static_cast<double>(frames);
 }
 
-void BM_Produce(benchmark::State& state) {
-  const fs::path dir = set_dir(static_cast<int>(state.range(0)));
-  if (!fs::is_directory(dir)) {
-    state.SkipWithError("replays not found");
-    return;
-  }
-  auto h = make_loader(dir, static_cast<int>(state.range(1)));
+// Windows/s out of produce() for a loader; `h` already set up.
+void produce_batches(benchmark::State& state, StageHarness* h) {
   auto& stage = dynamic_cast<melee::ReplaysStage&>(h->stage());
   const uint64_t total = stage.total_batches();
   uint64_t k = 0;
@@ -100,6 +110,27 @@ void BM_Produce(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) * 256);  // windows
   state.counters["frames/s"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * 256 * 60, benchmark::Counter::kIsRate);
+}
+
+void BM_Produce(benchmark::State& state) {
+  const fs::path dir = set_dir(static_cast<int>(state.range(0)));
+  if (!fs::is_directory(dir)) {
+    state.SkipWithError("replays not found");
+    return;
+  }
+  auto h = make_loader(dir, static_cast<int>(state.range(1)));
+  produce_batches(state, h.get());
+}
+
+// The 64 synthetic games from a feature corpus on all cores: arg 0 held resident, arg N read on
+// demand with at most N resident (pools of N/3: most batches of a pool find its games read).
+void BM_ProduceFeatureCorpus(benchmark::State& state) {
+  std::FILE* quiet = std::freopen("/dev/null", "w", stderr);
+  (void)quiet;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  auto h = make_loader(feature_dir(), cores,
+                       state.range(0) == 0 ? "all" : std::to_string(state.range(0)));
+  produce_batches(state, h.get());
 }
 
 }  // namespace
@@ -179,4 +210,10 @@ BENCHMARK(BM_BatchOrder)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Setup)->Apply(thread_counts)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Produce)->Apply(thread_counts)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_ProduceFeatureCorpus)
+    ->ArgName("resident")
+    ->Arg(0)
+    ->Arg(12)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK_MAIN();
