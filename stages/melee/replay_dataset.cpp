@@ -210,9 +210,15 @@ struct ReplayDataset::Sources {
 
 GameFeatures ReplayDataset::read_game(size_t g) const {
   Outcome o = process_item(sources->items.at(g), *sources, /*resident=*/true);
-  if (!o.game)  // the file changed since setup read it
+  // A file replaced since setup read it would train on other rows under the same windows.
+  const bool same = o.game && o.game->identity == games.at(g).identity &&
+                    o.game->rows == games[g].rows &&
+                    o.game->players.size() == games[g].players.size();
+  if (!same)
     throw std::runtime_error(o.detail + ": no longer the game the run's setup read (" +
-                             (o.reason >= 0 ? std::string(kSkipNames[o.reason]) : "?") +
+                             (o.reason >= 0
+                                  ? std::string(kSkipNames[o.reason])
+                                  : std::string(o.game ? "another length or identity" : "?")) +
                              "); replays must not change during a run");
   return std::move(*o.game);
 }

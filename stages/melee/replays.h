@@ -2,9 +2,11 @@
 // corpus directories into batches of training windows laid out as in batch_layout.h.
 //
 // Batch k (global across epochs) is a pure function of (stage seed, split, k): at setup the
-// loader decodes every game once (TBB threads) into compact feature arrays kept in memory and
-// indexes every window of its split; epoch e = k / batches_per_epoch reads positions
-// [j*B, (j+1)*B) of a permutation drawn from (seed, e). See docs/loader.md.
+// loader decodes every game once (TBB threads) into compact feature arrays — kept in memory, or
+// with resident_games: N only their facts, the arrays read again when the order reaches them —
+// and indexes every window of its split; epoch e = k / batches_per_epoch reads positions
+// [j*B, (j+1)*B) of a permutation drawn from (seed, e) (pool by pool when on demand). See
+// docs/loader.md.
 #pragma once
 
 #include <cstdint>

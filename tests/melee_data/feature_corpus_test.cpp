@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/run_directory.h"
 #include "stages/melee/feature_corpus.h"
 #include "stages/melee/replay_split.h"
 #include "stages/melee/slp/corpus.h"
@@ -231,6 +232,29 @@ TEST(BoundedMemory, AnEpochReadsEveryWindowOnceWithFewGamesResident) {
     Loader va(with("all"), 5, 1, true), vb(with("3"), 5, 1, true);
     EXPECT_EQ(epoch_rows(va), epoch_rows(vb));
   }
+}
+
+// A replay replaced after setup is named when its game is read again, not trained on.
+TEST(BoundedMemory, AReplayChangedDuringTheRunIsNamed) {
+  TempDir dir("bounded_changed");
+  slp::write_synthetic_games(dir.path() / "games", 4, 11, 600);
+  Loader L({paths_of(dir.path() / "games"), "batch_size=8", "resident_games=3"}, 2);
+  TempDir other("bounded_other");
+  slp::write_synthetic_games(other.path(), 4, 12, 700);  // other games under the same names
+  for (const auto& f : fs::directory_iterator(other.path()))
+    fs::copy_file(f.path(), dir.path() / "games" / f.path().filename(),
+                  fs::copy_options::overwrite_existing);
+  const std::string m = error_of([&] { L.batch(0); });
+  EXPECT_NE(m.find("no longer the game the run's setup read"), std::string::npos) << m;
+}
+
+// One build a folder at a time: a second is refused naming the holder.
+TEST(FeatureCorpus, OneBuildAFolderAtATime) {
+  TempDir dir("features_locked");
+  const DirectoryLock held(dir.str(), "another build");
+  const std::string m = error_of([&] { build_feature_corpus({synth_dir().string()}, dir.path()); });
+  EXPECT_NE(m.find("in use by process"), std::string::npos) << m;
+  EXPECT_FALSE(fs::exists(dir.path() / "features.json"));
 }
 
 // rows: streams walks the same windows whether games are resident or read on demand.
