@@ -32,8 +32,8 @@ run_once auto 5 --set replays.memory=0.0019
 grep -q "games are read on demand, at most 3 in memory (resident_games: auto" "$W/auto.log" ||
   fail "auto: $(grep replays "$W/auto.log")"
 # 10 steps, then a resume to 20: the same step-20 loss as the straight run
-run_once first 10 --set replays.resident_games=3
-dir=$(ls -d "$W"/runs/*/ | sort | tail -1)
+run_once first 10 --set replays.resident_games=3 --set run.runs_dir="$W/first"
+dir=$(ls -d "$W"/first/*/)
 "$BIN" run --resume "$dir" --set run.steps=20 > "$W/resumed.log" 2>&1 ||
   fail "resume: $(tail -5 "$W/resumed.log")"
 a=$(grep -E "^step 20/20" "$W/straight.log" | sed 's/|.*samples\/s.*//; s/lr [^ ]*//')
