@@ -447,25 +447,23 @@ void ReplaysStage::set_order() {
   order_.reset(windows_.size(), static_cast<uint64_t>(batch_), batches_per_epoch_, validation_,
                shuffle_, keyed_order_, seed_, rank_, world_);
   wanted_pools_.clear();
-  if (!data_->resident && !streams_) {  // windows_ is grouped by game (perspectives in game order)
+  const std::vector<uint64_t>& by_perspective = windows_.first();
+  if (!data_->resident && !streams_) {
+    // Windows grouped by game (perspectives in game order); games without windows left out.
     std::vector<uint64_t> first;
     order_games_.clear();
-    for (size_t w = 0; w < windows_.size(); ++w) {
-      const uint32_t g = perspectives_[windows_[w].perspective].game;
+    for (size_t p = 0; p < perspectives_.size(); ++p) {
+      const uint32_t g = perspectives_[p].game;
+      if (by_perspective[p + 1] == by_perspective[p]) continue;
       if (order_games_.empty() || order_games_.back() != g) {
         order_games_.push_back(g);
-        first.push_back(w);
+        first.push_back(by_perspective[p]);
       }
     }
     first.push_back(windows_.size());
     order_.set_pools(std::move(first), pool_games());
   }
-  if (streams_) {  // windows_ is grouped by perspective, each group in time order
-    std::vector<uint64_t> first(perspectives_.size() + 1, 0);
-    for (const WindowRef& w : windows_) ++first[w.perspective + 1];
-    for (size_t i = 1; i < first.size(); ++i) first[i] += first[i - 1];
-    order_.set_streams(std::move(first));
-  }
+  if (streams_) order_.set_streams(by_perspective);
 }
 
 void ReplaysStage::setup(StageContext& ctx) {
@@ -532,8 +530,8 @@ void ReplaysStage::setup(StageContext& ctx) {
   const int mine = validation_ ? 1 : 0;
   perspectives_ = std::move(split.perspectives[mine]);
   split_games_ = std::move(split.games[mine]);
-  windows_ = build_windows(ds.games, perspectives_, static_cast<int>(window_), stride,
-                           static_cast<int>(delay_));
+  windows_ = WindowIndex(ds.games, perspectives_, static_cast<int>(window_), stride,
+                         static_cast<int>(delay_));
 
   const uint64_t B = static_cast<uint64_t>(batch_);
   count_batches(ctx, by_games, who);
@@ -667,14 +665,14 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   next_ = k + 1;
   if (k >= total_batches_) return false;
   const uint64_t B = static_cast<uint64_t>(batch_);
-  std::vector<const WindowRef*> rows(B, nullptr);
+  std::vector<std::optional<WindowRef>> rows(B);
   std::vector<uint8_t> continues(B, 0);
   uint64_t real = 0;
   for (uint64_t r = 0; r < B; ++r) {
     bool cont = false;
     const size_t w = order_.window_at(k, r, &cont);
     if (w == WindowOrder::kPadding) continue;  // validation's last batches: padding
-    rows[r] = &windows_[w];
+    rows[r] = windows_[w];
     continues[r] = cont;
     ++real;
   }
@@ -695,7 +693,7 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
   return true;
 }
 
-void ReplaysStage::fill(const std::vector<const WindowRef*>& rows,
+void ReplaysStage::fill(const std::vector<std::optional<WindowRef>>& rows,
                         const std::vector<std::shared_ptr<const GameFeatures>>& held,
                         const BatchView& view) const {
   const int delay = static_cast<int>(delay_);
@@ -724,7 +722,7 @@ ReplaysStage::WindowInfo ReplaysStage::window(uint64_t batch, int64_t row) const
     info.padding = true;
     return info;
   }
-  const WindowRef& w = windows_[idx];
+  const WindowRef w = windows_[idx];
   const Perspective& p = perspectives_[w.perspective];
   std::optional<GameFeatures> read;  // bounded memory: read for the question
   if (!data_->resident) read = data_->read_game(p.game);

@@ -91,13 +91,13 @@ class ReplaysStage : public Stage {
   void want_games(uint64_t k);
   const GameFeatures& game_of(const WindowRef& w) const;
   // Writes the rows; a row's game is `held[i]` when set (bounded memory), else the dataset's.
-  void fill(const std::vector<const WindowRef*>& rows,
+  void fill(const std::vector<std::optional<WindowRef>>& rows,
             const std::vector<std::shared_ptr<const GameFeatures>>& held,
             const BatchView& view) const;
 
   std::shared_ptr<const ReplayDataset> data_;
   std::vector<Perspective> perspectives_;
-  std::vector<WindowRef> windows_;
+  WindowIndex windows_;
   std::vector<uint32_t> split_games_;  // indexes into the dataset's games
   std::optional<StageContext::Split> forced_split_;
   bool validation_ = false;

@@ -214,6 +214,27 @@ std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
   return out;
 }
 
+WindowIndex::WindowIndex(const std::vector<GameFeatures>& games,
+                         const std::vector<Perspective>& perspectives, int window, int stride,
+                         int delay)
+    : stride_(static_cast<uint32_t>(stride)) {
+  const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
+  first_.reserve(perspectives.size() + 1);
+  uint64_t at = 0;
+  for (const Perspective& p : perspectives) {
+    first_.push_back(at);
+    const size_t rows = games[p.game].rows;
+    if (rows >= need) at += (rows - need) / static_cast<size_t>(stride) + 1;
+  }
+  first_.push_back(at);
+}
+
+WindowRef WindowIndex::operator[](uint64_t w) const {
+  // The last perspective starting at or before w: one with windows, since w < its end.
+  const auto it = std::upper_bound(first_.begin(), first_.end(), w) - 1;
+  return {static_cast<uint32_t>(it - first_.begin()), static_cast<uint32_t>((w - *it) * stride_)};
+}
+
 size_t count_windows(const std::vector<GameFeatures>& games,
                      const std::vector<Perspective>& perspectives, int window, int stride,
                      int delay) {

@@ -30,14 +30,21 @@ TEST(WindowIndex, WindowsLeaveRoomForTheLastLabel) {
     }
     EXPECT_EQ(max_start, last);
   }
-  // Counting them lists none, and agrees at every length, stride and delay.
+  // Counting them, or computing each from its index, lists none, and agrees at every length,
+  // stride and delay (perspectives without windows between others included).
+  const std::vector<Perspective> more = {{1, 0, 1}, {0, 0, 1}, {1, 1, 0}, {0, 1, 0}, {1, 0, 1}};
   for (uint32_t rows = 0; rows < 60; ++rows)
     for (int stride : {1, 3, 7})
       for (int delay : {0, 2}) {
         games[0].rows = rows;
-        EXPECT_EQ(count_windows(games, ps, 20, stride, delay),
-                  build_windows(games, ps, 20, stride, delay).size())
-            << rows << " " << stride << " " << delay;
+        const auto listed = build_windows(games, more, 20, stride, delay);
+        EXPECT_EQ(count_windows(games, more, 20, stride, delay), listed.size());
+        const WindowIndex index(games, more, 20, stride, delay);
+        ASSERT_EQ(index.size(), listed.size()) << rows << " " << stride << " " << delay;
+        for (size_t w = 0; w < listed.size(); ++w) {
+          EXPECT_EQ(index[w].perspective, listed[w].perspective) << w;
+          EXPECT_EQ(index[w].start, listed[w].start) << w;
+        }
       }
 }
 
