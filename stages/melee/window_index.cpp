@@ -201,30 +201,25 @@ double split_draw(uint64_t seed, uint64_t identity) {
   return static_cast<double>(mix64(seed ^ mix64(identity)) >> 11) * 0x1.0p-53;
 }
 
-std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
-                                     const std::vector<Perspective>& perspectives, int window,
-                                     int stride, int delay) {
-  std::vector<WindowRef> out;
+namespace {
+
+// Windows of a perspective of `rows` rows: starts 0, stride, ... while the last label row exists.
+size_t windows_in(size_t rows, int window, int stride, int delay) {
   const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
-  for (size_t pi = 0; pi < perspectives.size(); ++pi) {
-    const size_t n = games[perspectives[pi].game].rows;
-    for (size_t s = 0; s + need <= n; s += static_cast<size_t>(stride))
-      out.push_back({static_cast<uint32_t>(pi), static_cast<uint32_t>(s)});
-  }
-  return out;
+  return rows < need ? 0 : (rows - need) / static_cast<size_t>(stride) + 1;
 }
+
+}  // namespace
 
 WindowIndex::WindowIndex(const std::vector<GameFeatures>& games,
                          const std::vector<Perspective>& perspectives, int window, int stride,
                          int delay)
     : stride_(static_cast<uint32_t>(stride)) {
-  const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
   first_.reserve(perspectives.size() + 1);
   uint64_t at = 0;
   for (const Perspective& p : perspectives) {
     first_.push_back(at);
-    const size_t rows = games[p.game].rows;
-    if (rows >= need) at += (rows - need) / static_cast<size_t>(stride) + 1;
+    at += windows_in(games[p.game].rows, window, stride, delay);
   }
   first_.push_back(at);
 }
@@ -238,12 +233,9 @@ WindowRef WindowIndex::operator[](uint64_t w) const {
 size_t count_windows(const std::vector<GameFeatures>& games,
                      const std::vector<Perspective>& perspectives, int window, int stride,
                      int delay) {
-  const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
   size_t n = 0;
-  for (const Perspective& p : perspectives) {
-    const size_t rows = games[p.game].rows;
-    if (rows >= need) n += (rows - need) / static_cast<size_t>(stride) + 1;
-  }
+  for (const Perspective& p : perspectives)
+    n += windows_in(games[p.game].rows, window, stride, delay);
   return n;
 }
 

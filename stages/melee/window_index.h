@@ -101,18 +101,14 @@ struct WindowRef {
   uint32_t start = 0;  // first kept row of the window
 };
 
-// Windows of `window` rows every `stride` rows such that the last label row (start + window - 1 +
-// delay + 1) exists.
-std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
-                                     const std::vector<Perspective>& perspectives, int window,
-                                     int stride, int delay);
-// How many build_windows would list, without listing them.
+// The windows of a split: for each perspective in turn, windows of `window` rows starting every
+// `stride` rows while the last label row (start + window - 1 + delay + 1) exists. How many:
 size_t count_windows(const std::vector<GameFeatures>& games,
                      const std::vector<Perspective>& perspectives, int window, int stride,
                      int delay);
 
-// build_windows's windows computed rather than listed: 8 bytes a perspective instead of 8 a
-// window (5.7 KB a game at stride 10; gigabytes at a million games). Window w is perspective p's
+// Those windows computed rather than listed: 8 bytes a perspective instead of 8 a window (5.7 KB
+// a game at stride 10; gigabytes at a million games). Window w is perspective p's
 // ((w - first(p)) · stride)-th row, p found by binary search.
 class WindowIndex {
  public:

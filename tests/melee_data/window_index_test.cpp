@@ -12,6 +12,20 @@
 namespace slipstream::melee {
 namespace {
 
+// The windows listed, as the loader kept them before WindowIndex: the reference it must equal.
+std::vector<WindowRef> build_windows(const std::vector<GameFeatures>& games,
+                                     const std::vector<Perspective>& perspectives, int window,
+                                     int stride, int delay) {
+  std::vector<WindowRef> out;
+  const size_t need = static_cast<size_t>(window) + static_cast<size_t>(delay) + 1;
+  for (size_t pi = 0; pi < perspectives.size(); ++pi) {
+    const size_t n = games[perspectives[pi].game].rows;
+    for (size_t s = 0; s + need <= n; s += static_cast<size_t>(stride))
+      out.push_back({static_cast<uint32_t>(pi), static_cast<uint32_t>(s)});
+  }
+  return out;
+}
+
 TEST(WindowIndex, WindowsLeaveRoomForTheLastLabel) {
   std::vector<GameFeatures> games(2);
   games[0].rows = 100;
