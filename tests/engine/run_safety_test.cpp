@@ -545,8 +545,7 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
 TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
   rlimit saved{};
   getrlimit(RLIMIT_AS, &saved);
-  if (saved.rlim_max != RLIM_INFINITY)
-    GTEST_SKIP() << "the hard limit is already set";
+  if (saved.rlim_max != RLIM_INFINITY) GTEST_SKIP() << "the hard limit is already set";
   const std::optional<HostMemory> before = usable_host_memory();
   ASSERT_TRUE(before);
   uint64_t vm = 0;
