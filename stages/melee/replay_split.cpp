@@ -86,14 +86,9 @@ void WindowOrder::set_pools(std::vector<uint64_t> game_first, uint64_t pool) {
   pool_perm_.reset();
 }
 
-uint64_t WindowOrder::pools() const {
-  const uint64_t games = game_first_.size() - 1;
-  return std::max<uint64_t>(1, (games + pool_ - 1) / pool_);
-}
-
-uint64_t WindowOrder::game_in_order(uint64_t epoch, uint64_t i) const {
-  if (!shuffle_) return i;
-  return KeyedPermutation(game_first_.size() - 1, seed_ ^ 0x9001A11Bu, epoch)(i);
+std::optional<KeyedPermutation> WindowOrder::game_order(uint64_t epoch) const {
+  if (!shuffle_) return std::nullopt;  // the games in index order
+  return KeyedPermutation(game_first_.size() - 1, seed_ ^ 0x9001A11Bu, epoch);
 }
 
 void WindowOrder::order_games(uint64_t epoch) const {
@@ -101,8 +96,7 @@ void WindowOrder::order_games(uint64_t epoch) const {
   const uint64_t n = game_first_.size() - 1;
   game_order_.resize(n);
   game_start_.resize(n + 1);
-  std::optional<KeyedPermutation> perm;
-  if (shuffle_) perm.emplace(n, seed_ ^ 0x9001A11Bu, epoch);
+  const std::optional<KeyedPermutation> perm = game_order(epoch);
   uint64_t at = 0;
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t g = perm ? (*perm)(i) : i;
@@ -173,9 +167,10 @@ WindowOrder::Pool WindowOrder::pool_after(Pool p) const {
 
 std::vector<uint32_t> WindowOrder::pool_games(Pool p) const {
   const uint64_t n = game_first_.size() - 1;
+  const std::optional<KeyedPermutation> perm = game_order(p.epoch);
   std::vector<uint32_t> out;
   for (uint64_t i = p.index * pool_; i < std::min(n, (p.index + 1) * pool_); ++i)
-    out.push_back(static_cast<uint32_t>(game_in_order(p.epoch, i)));
+    out.push_back(static_cast<uint32_t>(perm ? (*perm)(i) : i));
   return out;
 }
 

@@ -100,8 +100,7 @@ class WindowOrder {
   // epoch's sequence (recomputed for another epoch); the last pool's own permutation.
   size_t pooled_window_at(uint64_t k, uint64_t r) const;
   void order_games(uint64_t epoch) const;
-  uint64_t pools() const;
-  uint64_t game_in_order(uint64_t epoch, uint64_t i) const;
+  std::optional<KeyedPermutation> game_order(uint64_t epoch) const;  // none: index order
   std::vector<uint64_t> game_first_;
   uint64_t pool_ = 1;
   mutable std::vector<uint32_t> game_order_;
