@@ -94,7 +94,8 @@ static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
-// channel; 128 registers on sm_90 in fp32, 4 blocks of 128 threads an SM). registers: a thread
+// channel; at d_state 16 127 registers on sm_90, 4 blocks of 128 threads an SM, which
+// GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 148 and 3). registers: a thread
 // holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
 // the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard
 // and 1.2-1.3x at production's shape on an H200. Set it before sizing a workspace: the
@@ -102,6 +103,10 @@ static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N
 enum class ScanBackwardVariant { registers, split };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
+// Blocks of the backward kernel for d_state N and element type T that fit an SM of the current
+// device at once (the occupancy calculator's answer); 0 under the emulator, which has no SMs.
+template <class T>
+static int selective_scan_backward_blocks_per_sm(int N);
 
 // Gradients as the CPU backward (=, and += for dA, dDskip, ddelta_bias); `workspace` holds
 // selective_scan_backward_workspace_bytes.

@@ -246,8 +246,10 @@ struct ScanGrads {
   float* dC_part;       // (tiles, B, L, N)
 };
 
-// Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk; pass 2 takes the
-// chunks last to first, recomputes a chunk's states into registers and runs the adjoint
+// Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk (the first chunk's
+// too: pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
+// at 127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); pass 2
+// takes the chunks last to first, recomputes a chunk's states into registers and runs the adjoint
 // recurrence through it. dBm, dCm are summed over the warp's channels by channel_sum, over the
 // block's warps in shared memory (fixed order), and over blocks by sum_partials.
 template <class DT, int kNS, int kG, int kT>
@@ -282,7 +284,7 @@ __global__ void __launch_bounds__(kChanThreads)
         for (int j = 0; j < kPrefetch; ++j) {
           const int t = t0 + g0 + j;
           if (g0 + j >= tn) break;  // block-uniform
-          if (t % kT == 0 && t > 0 && q.dok)
+          if (t % kT == 0 && q.dok)
 #pragma unroll
             for (int k = 0; k < kNS; ++k) {
               const int n = q.s * kNS + k;
@@ -314,14 +316,10 @@ __global__ void __launch_bounds__(kChanThreads)
       ChanIn in[kT];
       float go[kT], zz[kT];
       float hs[kT + 1][kNS];  // hs[j] = h before step t0 + j
-      if (c > 0) {
 #pragma unroll
-        for (int k = 0; k < kNS; ++k) {
-          const int n = q.s * kNS + k;
-          hs[0][k] = (q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
-        }
-      } else {
-        q.initial(a, hs[0]);
+      for (int k = 0; k < kNS; ++k) {
+        const int n = q.s * kNS + k;
+        hs[0][k] = (q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kT; ++j) {
@@ -572,6 +570,26 @@ Kernels::ScanBackwardVariant Kernels::scan_backward_variant() {
   return g_backward_variant;
 }
 
+template <class T>
+int Kernels::selective_scan_backward_blocks_per_sm(int N) {
+  int blocks = 0;
+#if !defined(SLIPSTREAM_CUDA_EMULATION)
+  with_chan(N, "selective_scan_backward", true, [&](auto ns, auto g, auto t) {
+    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
+                                                   decltype(g)::value, decltype(t)::value>;
+    const cudaError_t e =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kChanThreads, 0);
+    if (e != cudaSuccess)
+      throw std::runtime_error(
+          std::string("selective_scan_backward: cudaOccupancyMaxActiveBlocksPerMultiprocessor: ") +
+          cudaGetErrorString(e));
+  });
+#else
+  (void)N;
+#endif
+  return blocks;
+}
+
 size_t Kernels::selective_scan_backward_workspace_bytes(int B, int L, int D, int N) {
   return WorkspaceLayout(B, L, D, N).total * sizeof(float);
 }
@@ -635,6 +653,7 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*, void*, int, int,  \
       int, int, cudaStream_t);                                                                    \
+  template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \
       const float*, bool, T*, int, int, int, cudaStream_t);
