@@ -87,10 +87,22 @@ template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
                                    const float* delta_bias, bool delta_softplus,
-                                   const float* initial_state, T* out, float* last_state, int B,
-                                   int L, int D, int N, cudaStream_t stream);
+                                   const float* initial_state, T* out, float* last_state,
+                                   float* chunk_states, int B, int L, int D, int N,
+                                   cudaStream_t stream);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
+
+// The states the backward starts its chunks from, which it otherwise finds by running the
+// recurrence a second time: a forward given `chunk_states` (this many bytes; null: none) writes
+// them, a backward given the same buffer reads them instead. The layout follows the backward's
+// shape: keep the variant (below) the same from the forward to the backward.
+static size_t selective_scan_chunk_states_bytes(int B, int L, int D, int N);
+// Whether a training step uses that (the model asks; tests and benchmarks set it): off until a
+// GPU has timed it against the backward's own first pass; SLIPSTREAM_SCAN_FORWARD_STATES=1 in the
+// environment turns it on for a process, for an A/B of the whole step (tools/gpu_check/ab_step.sh).
+static void set_scan_forward_keeps_states(bool on);
+static bool scan_forward_keeps_states();
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
@@ -109,15 +121,16 @@ template <class T>
 static int selective_scan_backward_blocks_per_sm(int N);
 
 // Gradients as the CPU backward (=, and += for dA, dDskip, ddelta_bias); `workspace` holds
-// selective_scan_backward_workspace_bytes.
+// selective_scan_backward_workspace_bytes; `chunk_states` is what the forward on the same inputs
+// wrote there, or null (the backward then finds the states itself).
 template <class T>
 static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                     const T* Cm, const float* Dskip, const T* z,
                                     const float* delta_bias, bool delta_softplus,
-                                    const float* initial_state, const T* dout, T* du, T* ddelta,
-                                    float* dA, T* dBm, T* dCm, float* dDskip, T* dz,
-                                    float* ddelta_bias, void* workspace, int B, int L, int D, int N,
-                                    cudaStream_t stream);
+                                    const float* initial_state, const float* chunk_states,
+                                    const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+                                    float* dDskip, T* dz, float* ddelta_bias, void* workspace,
+                                    int B, int L, int D, int N, cudaStream_t stream);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

@@ -6,6 +6,8 @@
 // step for inference runs a thread per (b, d, n): the lanes of a warp are kLanes states (kLanes = N
 // rounded up to a power of two) of 32 / kLanes consecutive channels, sums over the state are
 // butterfly shuffles inside the group.
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda_common.cuh"
@@ -188,12 +190,17 @@ __device__ __forceinline__ float channel_sum(float (&v)[kNS], int lane, int& idx
 template <int kNS, int kG>
 constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 
+// With `chunks` (the layout of ScanGrads::chunk_states for the backward's kT = save_every), the
+// forward also keeps h at the start of every chunk, so the backward need not run the recurrence
+// a second time to find them.
 template <class DT, int kNS, int kG>
 __global__ void __launch_bounds__(kChanThreads)
-    scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, float* last_state) {
+    scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, float* last_state, float* chunks,
+                             int save_every) {
   constexpr int kNP = kNS * kG;
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   const ChanLane<kNS, kG> q(a);
+  const int nchunk = chunks ? (a.L + save_every - 1) / save_every : 0;
   float h[kNS];
   q.initial(a, h);
   for (int t0 = 0; t0 < a.L; t0 += kStage) {
@@ -215,6 +222,14 @@ __global__ void __launch_bounds__(kChanThreads)
 #pragma unroll
       for (int j = 0; j < kPrefetch; ++j) {
         if (g0 + j >= tn) break;  // block-uniform
+        const int t = t0 + g0 + j;
+        if (chunks && t % save_every == 0 && q.dok)
+#pragma unroll
+          for (int k = 0; k < kNS; ++k) {
+            const int n = q.s * kNS + k;
+            if (n < a.N)
+              chunks[((size_t(q.b) * nchunk + t / save_every) * a.N + n) * a.D + q.d] = h[k];
+          }
         const float dtu = in[j].dt * in[j].u;
         float y = 0.f;
 #pragma unroll
@@ -238,7 +253,8 @@ __global__ void __launch_bounds__(kChanThreads)
 }
 
 struct ScanGrads {
-  float* chunk_states;  // (B, nchunk, N, D): h before each chunk's first step
+  float* chunk_states;  // (B, nchunk, N, D): h before each chunk's first step, pass 1's
+  const float* saved;   // the same from the forward (pass 1 skipped), or null
   float* dA_part;       // (B, D, N)
   float* dD_part;       // (B, D)
   float* dbias_part;    // (B, D)
@@ -246,12 +262,13 @@ struct ScanGrads {
   float* dC_part;       // (tiles, B, L, N)
 };
 
-// Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk (the first chunk's
-// too: pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
-// at 127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); pass 2
-// takes the chunks last to first, recomputes a chunk's states into registers and runs the adjoint
-// recurrence through it. dBm, dCm are summed over the warp's channels by channel_sum, over the
-// block's warps in shared memory (fixed order), and over blocks by sum_partials.
+// Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk, the first chunk's
+// too (pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
+// at 127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
+// the forward kept them (w.saved) there is no pass 1. Pass 2 takes the chunks last to first,
+// recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
+// dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
+// memory (fixed order), and over blocks by sum_partials.
 template <class DT, int kNS, int kG, int kT>
 __global__ void __launch_bounds__(kChanThreads)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
@@ -264,9 +281,10 @@ __global__ void __launch_bounds__(kChanThreads)
   const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
   const int nchunk = (L + kT - 1) / kT;
   auto state_at = [&](int c, int n) { return ((size_t(q.b) * nchunk + c) * N + n) * D + q.d; };
+  const float* starts = w.saved ? w.saved : w.chunk_states;
 
   // Pass 1.
-  {
+  if (!w.saved) {
     float h[kNS];
     q.initial(a, h);
     for (int t0 = 0; t0 < L; t0 += kStage) {
@@ -319,7 +337,7 @@ __global__ void __launch_bounds__(kChanThreads)
 #pragma unroll
       for (int k = 0; k < kNS; ++k) {
         const int n = q.s * kNS + k;
-        hs[0][k] = (q.dok && n < N) ? w.chunk_states[state_at(c, n)] : 0.f;
+        hs[0][k] = (q.dok && n < N) ? starts[state_at(c, n)] : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kT; ++j) {
@@ -547,20 +565,42 @@ template <class T>
 void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                      const T* Cm, const float* Dskip, const T* z,
                                      const float* delta_bias, bool delta_softplus,
-                                     const float* initial_state, T* out, float* last_state, int B,
-                                     int L, int D, int N, cudaStream_t stream) {
+                                     const float* initial_state, T* out, float* last_state,
+                                     float* chunk_states, int B, int L, int D, int N,
+                                     cudaStream_t stream) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
   auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
   a.h0 = initial_state;
+  const int save_every = chan_shape(N, op, true).t;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
-                      stream, a, dev(out), last_state);
+                      stream, a, dev(out), last_state, chunk_states, save_every);
   });
   check_launch(op);
+}
+
+size_t Kernels::selective_scan_chunk_states_bytes(int B, int L, int D, int N) {
+  const int t = chan_shape(N, "selective_scan_forward", true).t;
+  return size_t(B) * size_t((L + t - 1) / t) * size_t(N) * size_t(D) * sizeof(float);
+}
+
+namespace {
+bool keeps_states_from_environment() {
+  const char* e = std::getenv("SLIPSTREAM_SCAN_FORWARD_STATES");
+  return e && std::string(e) == "1";
+}
+bool g_forward_keeps_states = keeps_states_from_environment();
+}  // namespace
+
+void Kernels::set_scan_forward_keeps_states(bool on) {
+  g_forward_keeps_states = on;
+}
+bool Kernels::scan_forward_keeps_states() {
+  return g_forward_keeps_states;
 }
 
 void Kernels::set_scan_backward_variant(ScanBackwardVariant v) {
@@ -598,17 +638,17 @@ template <class T>
 void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                       const T* Cm, const float* Dskip, const T* z,
                                       const float* delta_bias, bool delta_softplus,
-                                      const float* initial_state, const T* dout, T* du, T* ddelta,
-                                      float* dA, T* dBm, T* dCm, float* dDskip, T* dz,
-                                      float* ddelta_bias, void* workspace, int B, int L, int D,
-                                      int N, cudaStream_t stream) {
+                                      const float* initial_state, const float* chunk_states,
+                                      const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+                                      float* dDskip, T* dz, float* ddelta_bias, void* workspace,
+                                      int B, int L, int D, int N, cudaStream_t stream) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const WorkspaceLayout lay(B, L, D, N);
   float* ws = static_cast<float*>(workspace);
-  const ScanGrads w{ws + lay.chunk_states, ws + lay.dA, ws + lay.dD,
-                    ws + lay.dbias,        ws + lay.dB, ws + lay.dC};
+  const ScanGrads w{ws + lay.chunk_states, chunk_states, ws + lay.dA, ws + lay.dD,
+                    ws + lay.dbias,        ws + lay.dB,  ws + lay.dC};
   auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
   a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
@@ -648,11 +688,11 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
 #define INSTANTIATE(T)                                                                            \
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const float*, T*, float*, int, int, int, int, cudaStream_t);                          \
+      bool, const float*, T*, float*, float*, int, int, int, int, cudaStream_t);                  \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*, void*, int, int,  \
-      int, int, cudaStream_t);                                                                    \
+      bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
+      void*, int, int, int, int, cudaStream_t);                                                   \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

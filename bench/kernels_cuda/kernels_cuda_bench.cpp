@@ -98,8 +98,11 @@ void time_launches(benchmark::State& st, cudaStream_t s, double bytes, F&& launc
   st.counters["GB/s"].value /= 1e9;
 }
 
+// forward, backward alone, or the pair a training step runs: the backward finding its chunk
+// states itself (pair) or reading the ones the forward kept (pair_kept_states).
+enum class ScanTimed { forward, backward, pair, pair_kept_states };
 template <class T>
-void scan(benchmark::State& st, const Shape& sh, bool backward) {
+void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   const size_t bld = size_t(sh.B) * sh.L * sh.D, bln = size_t(sh.B) * sh.L * sh.N;
   Buffers m;
   const T *u = m.random<T>(bld, -1, 1), *delta = m.random<T>(bld, -1, 1);
@@ -114,19 +117,32 @@ void scan(benchmark::State& st, const Shape& sh, bool backward) {
   float* db = m.random<float>(sh.D, 0, 0);
   void* ws = m.alloc<char>(
       sk::CudaKernels::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
+  float* states = what == ScanTimed::pair_kept_states
+                      ? m.alloc<float>(sk::CudaKernels::selective_scan_chunk_states_bytes(
+                                           sh.B, sh.L, sh.D, sh.N) /
+                                       sizeof(float))
+                      : nullptr;
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const double e = sizeof(T);
-  if (!backward) {
-    time_launches(st, s, (4 * bld + 2 * bln) * e, [&] {
-      sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
-                                                 out, nullptr, sh.B, sh.L, sh.D, sh.N, s);
-    });
+  auto forward = [&] {
+    sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
+                                               out, nullptr, states, sh.B, sh.L, sh.D, sh.N, s);
+  };
+  auto backward = [&] {
+    sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
+                                                states, dout, du, ddelta, dA, dB, dC, dD, dz, db,
+                                                ws, sh.B, sh.L, sh.D, sh.N, s);
+  };
+  const double fwd_bytes = (4 * bld + 2 * bln) * e, bwd_bytes = (7 * bld + 4 * bln) * e;
+  if (what == ScanTimed::forward) {
+    time_launches(st, s, fwd_bytes, forward);
+  } else if (what == ScanTimed::backward) {
+    time_launches(st, s, bwd_bytes, backward);
   } else {
-    time_launches(st, s, (7 * bld + 4 * bln) * e, [&] {
-      sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true,
-                                                  nullptr, dout, du, ddelta, dA, dB, dC, dD, dz, db,
-                                                  ws, sh.B, sh.L, sh.D, sh.N, s);
+    time_launches(st, s, fwd_bytes + bwd_bytes, [&] {
+      forward();
+      backward();
     });
   }
   cudaStreamDestroy(s);
@@ -346,7 +362,8 @@ int main(int argc, char** argv) {
     const std::string p = sh.name;
     for (bool bwd : {false, true}) {
       const std::string dir = bwd ? "backward" : "forward";
-      add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, bwd); });
+      const ScanTimed timed = bwd ? ScanTimed::backward : ScanTimed::forward;
+      add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, timed); });
       if (bwd && sh.N > 8)  // the backward's other shape (kernels/selective_scan.h)
         for (bool bf16 : {false, true})
           add(std::string("scan_backward_registers/") + (bf16 ? "bf16/" : "fp32/") + p,
@@ -355,13 +372,13 @@ int main(int argc, char** argv) {
                 sk::CudaKernels::set_scan_backward_variant(
                     sk::CudaKernels::ScanBackwardVariant::registers);
                 if (bf16)
-                  scan<sk::bfloat16>(st, sh, true);
+                  scan<sk::bfloat16>(st, sh, ScanTimed::backward);
                 else
-                  scan<float>(st, sh, true);
+                  scan<float>(st, sh, ScanTimed::backward);
                 sk::CudaKernels::set_scan_backward_variant(was);
               });
       add("scan_" + dir + "/bf16/" + p,
-          [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, bwd); });
+          [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, timed); });
       add("conv1d_silu_" + dir + "/fp32/" + p,
           [=](benchmark::State& st) { conv<float>(st, sh, bwd); });
       add("conv1d_silu_" + dir + "/bf16/" + p,
@@ -371,6 +388,20 @@ int main(int argc, char** argv) {
       add("rmsnorm_add_" + dir + "/bf16/" + p,
           [=](benchmark::State& st) { norm<sk::bfloat16>(st, sh, bwd); });
     }
+    // A training step's forward + backward, the backward finding its chunk states itself or
+    // reading the forward's (kernels/selective_scan.h: off by default until these two compare).
+    for (bool kept : {false, true})
+      for (bool bf16 : {false, true}) {
+        const ScanTimed timed = kept ? ScanTimed::pair_kept_states : ScanTimed::pair;
+        add(std::string(kept ? "scan_fwd_bwd_kept_states/" : "scan_fwd_bwd/") +
+                (bf16 ? "bf16/" : "fp32/") + p,
+            [=](benchmark::State& st) {
+              if (bf16)
+                scan<sk::bfloat16>(st, sh, timed);
+              else
+                scan<float>(st, sh, timed);
+            });
+      }
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
     for (bool bf16 : {false, true}) {
       const std::string prec = bf16 ? "bf16/" : "fp32/";

@@ -221,6 +221,9 @@ class MambaModel {
     Cm_ = buf(nl * M * N, "mamba C");
     ys_ = buf(nl * M * di, "mamba scan output");
     A_ = buf(nl * di * N, "mamba A");
+    scan_states_elems_ =
+        ops_.scan_chunk_states_elems(B, L, static_cast<int>(di), static_cast<int>(N));
+    scan_states_ = buf(nl * scan_states_elems_, "mamba scan chunk states");
     rstd_f_ = buf(M, "mamba final norm statistics");
     // Backward scratch.
     dh_ = buf(M * dm, "mamba gradient");
@@ -320,7 +323,7 @@ class MambaModel {
       ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
       ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                  a.scan_first, a.ys, a.scan_last, B_, L_, di, N);
+                                  a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N);
       const uint16_t* ysb = round(a.ys, a.ys_bf, Ms * di_(), wb);
       ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
@@ -355,8 +358,8 @@ class MambaModel {
       // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
       ops_.zero(dA_, di_() * N_());
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                   a.scan_first, dys_, du_, ddelta_, dA_, dBm_, dCm_, g + Lw.D, dz_,
-                                   g + Lw.dt_b, scratch_, B_, L_, di, N);
+                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dBm_, dCm_,
+                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N);
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       const uint16_t* ddb = round(ddelta_, dyb, Ms * di_(), wb);
@@ -404,6 +407,7 @@ class MambaModel {
     T *h, *rstd, *xn, *xc, *z, *conv, *u, *dbc, *delta, *Bm, *Cm, *ys, *A;
     uint16_t *xn_bf, *u_bf, *dbc_bf, *ys_bf;
     T *scan_first, *scan_last, *conv_first, *conv_last;  // carried state; null without
+    T* scan_states;  // the scan's chunk starts from the forward for the backward; null: none
   };
   Act act(int l) const {
     const size_t M = static_cast<size_t>(B_) * static_cast<size_t>(L_), k = static_cast<size_t>(l);
@@ -429,7 +433,8 @@ class MambaModel {
             at(scan_first_, carry_scan_elems() / nl_()),
             at(scan_last_, carry_scan_elems() / nl_()),
             at(conv_first_, carry_conv_elems() / nl_()),
-            at(conv_last_, carry_conv_elems() / nl_())};
+            at(conv_last_, carry_conv_elems() / nl_()),
+            at(scan_states_, scan_states_elems_)};
   }
   size_t nl_() const { return static_cast<size_t>(c_.layers); }
   // The last d_conv - 1 inputs of each row's sequence so far into conv_last: the window's last
@@ -504,6 +509,8 @@ class MambaModel {
   T *ddelta_ = nullptr, *dz_ = nullptr, *dconv_ = nullptr, *dxc_ = nullptr, *dBm_ = nullptr;
   T *dCm_ = nullptr, *ddbc_ = nullptr, *dA_ = nullptr;
   T *scan_first_ = nullptr, *scan_last_ = nullptr, *conv_first_ = nullptr, *conv_last_ = nullptr;
+  T* scan_states_ = nullptr;
+  size_t scan_states_elems_ = 0;  // a layer's
   uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr, *dbc_bf_ = nullptr;
   uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
 };

@@ -128,16 +128,22 @@ class CpuOps {
                           B, L, In, H, w_ih_bf ? &bf : nullptr);
   }
 
+  // The CPU backward recomputes its states into the scratch: the forward keeps none for it.
+  size_t scan_chunk_states_elems(int, int, int, int) const {
+    return 0;
+  }
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
-                              T* out, T* last_state, int B, int L, int Dc, int N) const {
+                              T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
+                              int N) const {
     kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out,
                                     last_state, B, L, Dc, N);
   }
   void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                                const T* D, const T* z, const T* delta_bias, const T* initial_state,
-                               const T* dout, T* du, T* ddelta, T* dA, T* dBm, T* dCm, T* dD, T* dz,
-                               T* ddelta_bias, void* scratch, int B, int L, int Dc, int N) const {
+                               const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
+                               T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
+                               int L, int Dc, int N) const {
     kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state,
                                      dout, du, ddelta, dA, dBm, dCm, dD, dz, ddelta_bias,
                                      static_cast<T*>(scratch), B, L, Dc, N);

@@ -131,23 +131,32 @@ class DeviceOps {
                           dw_ih, dw_hh, db_ih, db_hh, ws, B, L, In, H, stream_);
   }
 
+  // Elements of the scan states a training forward keeps for its backward (the start of each of
+  // the backward's chunks), or 0 where the backward finds them itself (the kernel table's
+  // scan_forward_keeps_states).
+  size_t scan_chunk_states_elems(int B, int L, int Dc, int N) const {
+    if (!Kernels::scan_forward_keeps_states()) return 0;
+    return Kernels::selective_scan_chunk_states_bytes(B, L, Dc, N) / sizeof(float);
+  }
   void selective_scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
                               const float* Cm, const float* D, const float* z,
                               const float* delta_bias, const float* initial_state, float* out,
-                              float* last_state, int B, int L, int Dc, int N) const {
+                              float* last_state, float* chunk_states, int B, int L, int Dc,
+                              int N) const {
     Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
-                                                    initial_state, out, last_state, B, L, Dc, N,
-                                                    stream_);
+                                                    initial_state, out, last_state, chunk_states, B,
+                                                    L, Dc, N, stream_);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,
                                const float* delta_bias, const float* initial_state,
-                               const float* dout, float* du, float* ddelta, float* dA, float* dBm,
-                               float* dCm, float* dD, float* dz, float* ddelta_bias, void* scratch,
-                               int B, int L, int Dc, int N) const {
+                               const float* chunk_states, const float* dout, float* du,
+                               float* ddelta, float* dA, float* dBm, float* dCm, float* dD,
+                               float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
+                               int N) const {
     Kernels::template selective_scan_backward<float>(
-        u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, dout, du, ddelta, dA, dBm, dCm,
-        dD, dz, ddelta_bias, scratch, B, L, Dc, N, stream_);
+        u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, chunk_states, dout, du, ddelta,
+        dA, dBm, dCm, dD, dz, ddelta_bias, scratch, B, L, Dc, N, stream_);
   }
 
  private:

@@ -379,14 +379,64 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
       up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
       up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
       up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0), out,
-      last, s.B, s.L, s.D, s.N, mem.stream());
+      last, nullptr, s.B, s.L, s.D, s.N, mem.stream());
   mem.sync();
   EXPECT_CLOSE(values(mem.download(out, bld)), ref.out, tolerance<T>(), "out");
   EXPECT_CLOSE(values(mem.download(last, bdn)), ref.last, 1e-5, "last_state");
 }
 
+// The device backward's gradients on d (from the kernel forward's chunk states when
+// forward_states, else finding them itself), downloaded as du, ddelta, dBm, dCm, dz, dA, dDskip,
+// ddelta_bias; the accumulated three start from dA0, dD0, db0.
+struct DeviceScanGrads {
+  std::vector<double> du, ddelta, dB, dC, dz, dA, dD, db;
+};
 template <class Kernels, class Mem, class T>
-void check_scan_backward(const ScanShape& s, uint64_t seed) {
+DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
+                                     const std::vector<double>& dA0, const std::vector<double>& dD0,
+                                     const std::vector<double>& db0, bool forward_states) {
+  const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
+  const size_t dn = size_t(s.D) * s.N;
+  Mem mem;
+  T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
+  T *g_dB = mem.template alloc<T>(bln), *g_dC = mem.template alloc<T>(bln);
+  T* g_dz = s.z ? mem.template alloc<T>(bld) : nullptr;
+  float* g_dA = mem.upload(elems<float>(dA0));
+  float* g_dD = mem.upload(elems<float>(dD0));
+  float* g_db = mem.upload(elems<float>(db0));
+  void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
+  const T *u = up<Mem, T>(mem, d.u), *delta = up<Mem, T>(mem, d.delta);
+  const T *Bm = up<Mem, T>(mem, d.Bm), *Cm = up<Mem, T>(mem, d.Cm), *z = up<Mem, T>(mem, d.z);
+  const float *A = up<Mem, float>(mem, d.A), *Dskip = up<Mem, float>(mem, d.Dskip);
+  const float *bias = up<Mem, float>(mem, d.bias), *h0 = up<Mem, float>(mem, d.h0);
+  float* states = nullptr;
+  if (forward_states) {
+    states = static_cast<float*>(
+        mem.alloc_bytes(Kernels::selective_scan_chunk_states_bytes(s.B, s.L, s.D, s.N)));
+    T* out = mem.template alloc<T>(bld);
+    Kernels::template selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0,
+                                                out, nullptr, states, s.B, s.L, s.D, s.N,
+                                                mem.stream());
+  }
+  Kernels::template selective_scan_backward<T>(
+      u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
+      g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, w, s.B,
+      s.L, s.D, s.N, mem.stream());
+  mem.sync();
+  DeviceScanGrads g;
+  g.du = values(mem.download(g_du, bld));
+  g.ddelta = values(mem.download(g_ddelta, bld));
+  g.dB = values(mem.download(g_dB, bln));
+  g.dC = values(mem.download(g_dC, bln));
+  if (s.z) g.dz = values(mem.download(g_dz, bld));
+  g.dA = values(mem.download(g_dA, dn));
+  g.dD = values(mem.download(g_dD, size_t(s.D)));
+  g.db = values(mem.download(g_db, size_t(s.D)));
+  return g;
+}
+
+template <class Kernels, class Mem, class T>
+void check_scan_backward(const ScanShape& s, uint64_t seed, bool forward_states = false) {
   SCOPED_TRACE(describe(s));
   const ScanData<T> d(s, seed);
   const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
@@ -403,31 +453,18 @@ void check_scan_backward(const ScanShape& s, uint64_t seed) {
       ptr(d.bias), s.softplus, ptr(d.h0), d.dout.data(), du.data(), ddelta.data(), dA.data(),
       dB.data(), dC.data(), s.dskip ? dD.data() : nullptr, s.z ? dz.data() : nullptr,
       s.bias ? db.data() : nullptr, ws.data(), s.B, s.L, s.D, s.N);
-  Mem mem;
-  T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
-  T *g_dB = mem.template alloc<T>(bln), *g_dC = mem.template alloc<T>(bln);
-  T* g_dz = s.z ? mem.template alloc<T>(bld) : nullptr;
-  float* g_dA = mem.upload(elems<float>(dA0));
-  float* g_dD = mem.upload(elems<float>(dD0));
-  float* g_db = mem.upload(elems<float>(db0));
-  void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
-  Kernels::template selective_scan_backward<T>(
-      up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
-      up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0),
-      up<Mem, T>(mem, d.dout), g_du, g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz,
-      s.bias ? g_db : nullptr, w, s.B, s.L, s.D, s.N, mem.stream());
-  mem.sync();
+  const DeviceScanGrads g =
+      device_scan_backward<Kernels, Mem, T>(s, d, dA0, dD0, db0, forward_states);
   const double tol = tolerance<T>();
-  EXPECT_CLOSE(values(mem.download(g_du, bld)), du, tol, "du");
-  EXPECT_CLOSE(values(mem.download(g_ddelta, bld)), ddelta, tol, "ddelta");
-  EXPECT_CLOSE(values(mem.download(g_dB, bln)), dB, tol, "dBm");
-  EXPECT_CLOSE(values(mem.download(g_dC, bln)), dC, tol, "dCm");
-  if (s.z) EXPECT_CLOSE(values(mem.download(g_dz, bld)), dz, tol, "dz");
+  EXPECT_CLOSE(g.du, du, tol, "du");
+  EXPECT_CLOSE(g.ddelta, ddelta, tol, "ddelta");
+  EXPECT_CLOSE(g.dB, dB, tol, "dBm");
+  EXPECT_CLOSE(g.dC, dC, tol, "dCm");
+  if (s.z) EXPECT_CLOSE(g.dz, dz, tol, "dz");
   // fp32 outputs from the same (rounded) inputs: fp32 accuracy whatever T is.
-  EXPECT_CLOSE(values(mem.download(g_dA, dn)), dA, 1e-5, "dA (+=)");
-  EXPECT_CLOSE(values(mem.download(g_dD, size_t(s.D))), dD, 1e-5, "dDskip (+=)");
-  EXPECT_CLOSE(values(mem.download(g_db, size_t(s.D))), db, 1e-5, "ddelta_bias (+=)");
+  EXPECT_CLOSE(g.dA, dA, 1e-5, "dA (+=)");
+  EXPECT_CLOSE(g.dD, dD, 1e-5, "dDskip (+=)");
+  EXPECT_CLOSE(g.db, db, 1e-5, "ddelta_bias (+=)");
 }
 
 // The stateful single step, frame after frame, equals the parallel forward on the same frames.
@@ -526,6 +563,43 @@ KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
   check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
   Kernels::set_scan_backward_variant(was);
 }
+// The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
+// both precisions, from an initial state, and both backward shapes (the layout follows it).
+KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {
+  uint64_t seed = 81;
+  for (const auto& s : scan_shapes()) {
+    check_scan_backward<Kernels, Mem, float>(s, seed++, true);
+    check_scan_backward<Kernels, Mem, bfloat16>(s, seed++, true);
+  }
+  for (const auto& s : initial_state_shapes())
+    check_scan_backward<Kernels, Mem, float>(s, seed++, true);
+  const auto was = Kernels::scan_backward_variant();
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, seed++, true);
+  Kernels::set_scan_backward_variant(was);
+}
+// The forward's states are the ones the backward's own first pass finds, bit for bit (the same
+// recurrence, the same operations): the switch changes the time a step takes, not its results.
+KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
+  uint64_t seed = 91;
+  std::vector<ScanShape> shapes = {{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}};
+  for (const auto& s : initial_state_shapes()) shapes.push_back(s);
+  for (const auto& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    const ScanData<float> d(s, seed++);
+    const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
+    const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
+    const auto kept = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, true);
+    EXPECT_EQ(own.du, kept.du);
+    EXPECT_EQ(own.ddelta, kept.ddelta);
+    EXPECT_EQ(own.dB, kept.dB);
+    EXPECT_EQ(own.dC, kept.dC);
+    EXPECT_EQ(own.dz, kept.dz);
+    EXPECT_EQ(own.dA, kept.dA);
+    EXPECT_EQ(own.dD, kept.dD);
+    EXPECT_EQ(own.db, kept.db);
+  }
+}
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
   uint64_t seed = 41;
   for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);
@@ -547,8 +621,8 @@ KERNEL_TEST(Scan, FromInitialStateMatchesCpu) {
 KERNEL_TEST(Scan, BadStateSizeNamesTheOp) {
   try {
     Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                           nullptr, nullptr, true, nullptr, nullptr, nullptr, 1, 1,
-                                           1, 64, nullptr);
+                                           nullptr, nullptr, true, nullptr, nullptr, nullptr,
+                                           nullptr, 1, 1, 1, 64, nullptr);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
@@ -589,7 +663,7 @@ DEVICE_TEST(Scan, BackwardIsDeterministic) {
     Kernels::selective_scan_backward<float>(
         up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
         up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, nullptr,
+        up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, nullptr, nullptr,
         up<Mem, float>(mem, d.dout), du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N,
         mem.stream());
     std::vector<float> all = mem.download(du, bld);

@@ -15,6 +15,17 @@ TEST(MambaEmulatedDevice, MatchesCpuModel) {
     check_mamba_on_device<EmulatedKernels>(k, Device::cpu(), nullptr, {}, seed++);
 }
 
+// The same with the scan's forward keeping the chunk states its backward reads
+// (kernels/selective_scan.h), carried windows included.
+TEST(MambaEmulatedDevice, MatchesCpuModelWithForwardScanStates) {
+  const bool was = EmulatedKernels::scan_forward_keeps_states();
+  EmulatedKernels::set_scan_forward_keeps_states(true);
+  uint64_t seed = 21;
+  for (const auto& k : mamba_device_cases())
+    check_mamba_on_device<EmulatedKernels>(k, Device::cpu(), nullptr, {}, seed++);
+  EmulatedKernels::set_scan_forward_keeps_states(was);
+}
+
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {
   MambaConfig c;
   c.d_state = 64;

@@ -32,6 +32,13 @@ TEST(MambaGpu, MatchesCpuModel) {
   // The gpu_standard shape, fp32 and bf16.
   check_mamba_on_device<CudaKernels>({128, 128, 16, 2, 32, 60, false}, dev, stream, gemm, 11);
   check_mamba_on_device<CudaKernels>({128, 128, 16, 2, 32, 60, true}, dev, stream, gemm, 12);
+  // With the scan's forward keeping the chunk states its backward reads.
+  const bool was = CudaKernels::scan_forward_keeps_states();
+  CudaKernels::set_scan_forward_keeps_states(true);
+  for (const auto& k : mamba_device_cases())
+    check_mamba_on_device<CudaKernels>(k, dev, stream, gemm, seed++);
+  check_mamba_on_device<CudaKernels>({128, 128, 16, 2, 32, 60, true}, dev, stream, gemm, 13);
+  CudaKernels::set_scan_forward_keeps_states(was);
   cudaStreamSynchronize(stream);
   cublasLtDestroy(lt);
   cudaStreamDestroy(stream);

@@ -38,8 +38,9 @@ EXTRA=()
 # slipstream-smi against nvidia-smi during one, an
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path, the
 # loader), infer (the policy library's batch step on the GPU beside the CPU's), peer (PyTorch
-# side by side), profile (each kernel's time in the gpu_standard step, by Nsight Compute);
-# default all.
+# side by side), profile (each kernel's time in the gpu_standard step, by Nsight Compute), ab
+# (the whole step with a switch of kernels/ not yet the default against without, alternating;
+# not in the default list: a lease names it); default all but ab.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
 # scan's figure beside its PyTorch peer's).
@@ -254,6 +255,18 @@ if [[ "$MODE" == full* ]]; then
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
+  # The scan's forward keeping the chunk states its backward reads (kernels/selective_scan.h,
+  # SLIPSTREAM_SCAN_FORWARD_STATES=1) against the backward finding them itself: the whole step
+  # of one build both ways, alternating (ab_step.sh), at gpu_standard and production.
+  if wants ab; then
+    cand=$OUT/ab_scan_states_bin
+    mkdir -p "$cand"
+    printf '#!/bin/sh\nSLIPSTREAM_SCAN_FORWARD_STATES=1 exec %s/bench_e2e "$@"\n' "$B/bin" \
+      >"$cand/bench_e2e"
+    chmod +x "$cand/bench_e2e"
+    step ab_scan_states env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" AB_PRECISIONS="fp32 bf16" \
+      bash tools/gpu_check/ab_step.sh "$B/bin" "$cand" "$OUT/ab_scan_states"
+  fi
   # The loader on this machine's cores: windows/s out of produce() and setup time against
   # threads (what the GPU's step consumes must stay below it); a few seconds.
   if wants e2e; then
