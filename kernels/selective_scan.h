@@ -110,9 +110,12 @@ static bool scan_forward_keeps_states();
 // GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 148 and 3). registers: a thread
 // holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
 // the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard
-// and 1.2-1.3x at production's shape on an H200. Set it before sizing a workspace: the
-// workspace's size depends on it. Not thread-safe.
-enum class ScanBackwardVariant { registers, split };
+// and 1.2-1.3x at production's shape on an H200. whole_chunks: split's shape with no test
+// between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
+// the next step's arithmetic but takes 168 registers (3 blocks an SM): not yet timed on a GPU.
+// Set it before sizing a workspace (and keep it from a forward that keeps chunk states to its
+// backward): the workspace's size depends on it. Not thread-safe.
+enum class ScanBackwardVariant { registers, split, whole_chunks };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
 // Blocks of the backward kernel for d_state N and element type T that fit an SM of the current

@@ -269,7 +269,7 @@ struct ScanGrads {
 // recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
 // dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
 // memory (fixed order), and over blocks by sum_partials.
-template <class DT, int kNS, int kG, int kT>
+template <class DT, int kNS, int kG, int kT, bool kWhole>
 __global__ void __launch_bounds__(kChanThreads)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
@@ -347,61 +347,73 @@ __global__ void __launch_bounds__(kChanThreads)
         go[j] = ok ? to_f32(dout[i]) : 0.f;
         zz[j] = (ok && a.z) ? to_f32(a.z[i]) : 0.f;
       }
+      // With kWhole a whole chunk runs with no test between its steps (kFull), so the compiler
+      // can overlap one step's shuffles and loads with the next step's arithmetic (at the cost of
+      // registers: 168 at d_state 16, 3 blocks an SM); only a window's last, shorter chunk checks
+      // each step.
+      auto run_chunk = [&](auto full) {
+        constexpr bool kFull = decltype(full)::value;
 #pragma unroll
-      for (int j = 0; j < kT; ++j) {
-        if (j >= tn) break;  // block-uniform
-        const float dtu = in[j].dt * in[j].u;
+        for (int j = 0; j < kT; ++j) {
+          if constexpr (!kFull)
+            if (j >= tn) break;  // block-uniform
+          const float dtu = in[j].dt * in[j].u;
 #pragma unroll
-        for (int k = 0; k < kNS; ++k)
-          hs[j + 1][k] = exp2f(in[j].dt * q.A2[k]) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
-      }
-#pragma unroll
-      for (int j = kT - 1; j >= 0; --j) {
-        if (j >= tn) continue;  // block-uniform: the shuffles below stay uniform
-        const ChanIn x = in[j];
-        const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
-        float ypre = 0.f;
-#pragma unroll
-        for (int k = 0; k < kNS; ++k) ypre += sC[jc + j][q.s * kNS + k] * hs[j + 1][k];
-        ypre = group_sum<kG>(ypre) + q.Dd * x.u;
-        float dy = go[j], dzv = 0.f;
-        if (a.z) {
-          dy = go[j] * siluf_(zz[j]);
-          dzv = go[j] * ypre * silu_gradf_(zz[j]);
+          for (int k = 0; k < kNS; ++k)
+            hs[j + 1][k] = exp2f(in[j].dt * q.A2[k]) * hs[j][k] + dtu * sB[jc + j][q.s * kNS + k];
         }
-        dD_acc += dy * x.u;
-        float cB[kNS], cC[kNS], sa = 0.f, sb = 0.f;
 #pragma unroll
-        for (int k = 0; k < kNS; ++k) {
-          const int n = q.s * kNS + k;
-          const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
-          const float ea = exp2f(x.dt * q.A2[k]);
-          const float gn = g[k] + dy * Cn;
-          cC[k] = dy * hs[j + 1][k];
-          cB[k] = gn * x.dt * x.u;
-          const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
-          dA_acc[k] += da * x.dt;
-          sa += da * q.A2[k];
-          sb += gn * Bn;
-          g[k] = ea * gn;
+        for (int j = kT - 1; j >= 0; --j) {
+          if constexpr (!kFull)
+            if (j >= tn) continue;  // block-uniform: the shuffles below stay uniform
+          const ChanIn x = in[j];
+          const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
+          float ypre = 0.f;
+#pragma unroll
+          for (int k = 0; k < kNS; ++k) ypre += sC[jc + j][q.s * kNS + k] * hs[j + 1][k];
+          ypre = group_sum<kG>(ypre) + q.Dd * x.u;
+          // Selects rather than branches on the (uniform) options keep the steps one block.
+          const float sz = siluf_(zz[j]), gz = silu_gradf_(zz[j]);
+          const float dy = a.z ? go[j] * sz : go[j];
+          const float dzv = a.z ? go[j] * ypre * gz : 0.f;
+          dD_acc += dy * x.u;
+          float cB[kNS], cC[kNS], sa = 0.f, sb = 0.f;
+#pragma unroll
+          for (int k = 0; k < kNS; ++k) {
+            const int n = q.s * kNS + k;
+            const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
+            const float ea = exp2f(x.dt * q.A2[k]);
+            const float gn = g[k] + dy * Cn;
+            cC[k] = dy * hs[j + 1][k];
+            cB[k] = gn * x.dt * x.u;
+            const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
+            dA_acc[k] += da * x.dt;
+            sa += da * q.A2[k];
+            sb += gn * Bn;
+            g[k] = ea * gn;
+          }
+          const float sus = group_sum<kG>(sb);
+          const float ddt = group_sum<kG>(sa) * kLn2 + sus * x.u;
+          const float dd = a.softplus ? ddt * softplus_gradf_(x.raw) : ddt;
+          dbias_acc += dd;
+          if (q.s == 0 && q.dok) {
+            du[i] = from_f32<DT>(sus * x.dt + dy * q.Dd);
+            ddelta[i] = from_f32<DT>(dd);
+            if (dz) dz[i] = from_f32<DT>(dzv);
+          }
+          int idx = 0;
+          const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
+          const float vc = channel_sum<kNS, kG>(cC, q.lane, idx);
+          if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
+            rB[q.warp][jc + j][q.s * kNS + idx] = vb;
+            rC[q.warp][jc + j][q.s * kNS + idx] = vc;
+          }
         }
-        const float sus = group_sum<kG>(sb);
-        const float ddt = group_sum<kG>(sa) * kLn2 + sus * x.u;
-        const float dd = a.softplus ? ddt * softplus_gradf_(x.raw) : ddt;
-        dbias_acc += dd;
-        if (q.s == 0 && q.dok) {
-          du[i] = from_f32<DT>(sus * x.dt + dy * q.Dd);
-          ddelta[i] = from_f32<DT>(dd);
-          if (dz) dz[i] = from_f32<DT>(dzv);
-        }
-        int idx = 0;
-        const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
-        const float vc = channel_sum<kNS, kG>(cC, q.lane, idx);
-        if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
-          rB[q.warp][jc + j][q.s * kNS + idx] = vb;
-          rC[q.warp][jc + j][q.s * kNS + idx] = vc;
-        }
-      }
+      };
+      if (kWhole && tn == kT)
+        run_chunk(std::true_type{});
+      else
+        run_chunk(std::false_type{});
     }
     __syncthreads();
     // Sum over the block's warps in a fixed order: this tile's partial of dBm, dCm.
@@ -515,10 +527,20 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   lanes_for(N, op);  // the range check
   if (N <= 4) return {4, 1, 8};
   if (N <= 8) return {8, 1, 8};
-  if (backward && g_backward_variant == ScanBackwardVariant::split)
+  if (backward && g_backward_variant != ScanBackwardVariant::registers)
     return N <= 16 ? ChanShape{8, 2, 4} : ChanShape{8, 4, 4};
   if (N <= 16) return {16, 1, 4};
   return {16, 2, 4};
+}
+
+// The backward kernel of a shape, whole_chunks's form for the split shapes when that is the
+// variant.
+template <class T, int kNS, int kG, int kT>
+auto backward_kernel() {
+  if constexpr (kNS == 8 && kG > 1)
+    if (g_backward_variant == ScanBackwardVariant::whole_chunks)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
+  return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }
 
 // Calls f(kNS, kG, kT) as integral constants for chan_shape(N, op, backward).
@@ -615,8 +637,8 @@ int Kernels::selective_scan_backward_blocks_per_sm(int N) {
   int blocks = 0;
 #if !defined(SLIPSTREAM_CUDA_EMULATION)
   with_chan(N, "selective_scan_backward", true, [&](auto ns, auto g, auto t) {
-    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
-                                                   decltype(g)::value, decltype(t)::value>;
+    const auto kernel =
+        backward_kernel<T, decltype(ns)::value, decltype(g)::value, decltype(t)::value>();
     const cudaError_t e =
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kChanThreads, 0);
     if (e != cudaSuccess)
@@ -653,8 +675,8 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
   with_chan(N, name, true, [&](auto ns, auto g, auto t) {
-    const auto kernel = &scan_backward_chan_kernel<dev_t<T>, decltype(ns)::value,
-                                                   decltype(g)::value, decltype(t)::value>;
+    const auto kernel =
+        backward_kernel<T, decltype(ns)::value, decltype(g)::value, decltype(t)::value>();
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kChanThreads), stream, a,
                       dev(dout), dev(du), dev(ddelta), dev(dz), w);
   });

@@ -364,19 +364,21 @@ int main(int argc, char** argv) {
       const std::string dir = bwd ? "backward" : "forward";
       const ScanTimed timed = bwd ? ScanTimed::backward : ScanTimed::forward;
       add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, timed); });
-      if (bwd && sh.N > 8)  // the backward's other shape (kernels/selective_scan.h)
-        for (bool bf16 : {false, true})
-          add(std::string("scan_backward_registers/") + (bf16 ? "bf16/" : "fp32/") + p,
-              [=](benchmark::State& st) {
-                const auto was = sk::CudaKernels::scan_backward_variant();
-                sk::CudaKernels::set_scan_backward_variant(
-                    sk::CudaKernels::ScanBackwardVariant::registers);
-                if (bf16)
-                  scan<sk::bfloat16>(st, sh, ScanTimed::backward);
-                else
-                  scan<float>(st, sh, ScanTimed::backward);
-                sk::CudaKernels::set_scan_backward_variant(was);
-              });
+      if (bwd && sh.N > 8)  // the backward's other forms (kernels/selective_scan.h)
+        for (auto [variant, vname] :
+             {std::pair{sk::CudaKernels::ScanBackwardVariant::registers, "registers"},
+              std::pair{sk::CudaKernels::ScanBackwardVariant::whole_chunks, "whole_chunks"}})
+          for (bool bf16 : {false, true})
+            add(std::string("scan_backward_") + vname + (bf16 ? "/bf16/" : "/fp32/") + p,
+                [=](benchmark::State& st) {
+                  const auto was = sk::CudaKernels::scan_backward_variant();
+                  sk::CudaKernels::set_scan_backward_variant(variant);
+                  if (bf16)
+                    scan<sk::bfloat16>(st, sh, ScanTimed::backward);
+                  else
+                    scan<float>(st, sh, ScanTimed::backward);
+                  sk::CudaKernels::set_scan_backward_variant(was);
+                });
       add("scan_" + dir + "/bf16/" + p,
           [=](benchmark::State& st) { scan<sk::bfloat16>(st, sh, timed); });
       add("conv1d_silu_" + dir + "/fp32/" + p,

@@ -550,18 +550,28 @@ KERNEL_TEST(Scan, BackwardMatchesCpuBf16) {
   uint64_t seed = 31;
   for (const auto& s : scan_shapes()) check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
 }
-// The backward's other shape for d_state 9..32 (16 states a thread), which the benchmarks
-// compare with the default.
-KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
+// The backward's other forms for d_state 9..32 (16 states a thread; the split shape without
+// tests between a whole chunk's steps), which the benchmarks compare with the default.
+template <class Kernels, class Mem>
+void check_backward_variant(typename Kernels::ScanBackwardVariant v, uint64_t seed) {
   const auto was = Kernels::scan_backward_variant();
-  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
-  uint64_t seed = 71;
+  Kernels::set_scan_backward_variant(v);
   for (const auto& s : scan_shapes()) {
     check_scan_backward<Kernels, Mem, float>(s, seed++);
     check_scan_backward<Kernels, Mem, bfloat16>(s, seed++);
   }
-  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, 90);
+  check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, seed++);
+  for (const auto& s : initial_state_shapes()) {
+    check_scan_backward<Kernels, Mem, float>(s, seed++);
+    check_scan_backward<Kernels, Mem, float>(s, seed++, true);
+  }
   Kernels::set_scan_backward_variant(was);
+}
+KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::registers, 71);
+}
+KERNEL_TEST(Scan, BackwardWholeChunksVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::whole_chunks, 171);
 }
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
@@ -635,6 +645,9 @@ DEVICE_TEST(Scan, GpuStandardShape) {
   const auto was = Kernels::scan_backward_variant();
   Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::registers);
   check_scan_backward<Kernels, Mem, float>(kGpuStandard, 53);
+  Kernels::set_scan_backward_variant(Kernels::ScanBackwardVariant::whole_chunks);
+  check_scan_backward<Kernels, Mem, float>(kGpuStandard, 54);
+  check_scan_backward<Kernels, Mem, bfloat16>(kGpuStandard, 55, true);
   Kernels::set_scan_backward_variant(was);
 }
 // The backward at gpu_standard's d_state is latency-bound: its time follows the waves of blocks

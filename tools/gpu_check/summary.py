@@ -157,11 +157,19 @@ def main(out):
         if "bf16" in by and "bf16/nograph" in by:
             print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "
                   "the steps/s without it (bf16)")
-    # The scan backward's two kernel shapes (kernels/selective_scan.h): the default
-    # against the other one (registers; builds where registers was the default name it split).
+    # The scan backward's forms (kernels/selective_scan.h): the default against the others
+    # (registers, whole_chunks; builds where registers was the default name it split); and the
+    # forward + backward pair with the forward keeping the chunk states against without.
     for dt in ("fp32", "bf16"):
+        for shape in ("gpu_standard", "production"):
+            a = bench.get(f"scan_fwd_bwd/{dt}/{shape}")
+            b = bench.get(f"scan_fwd_bwd_kept_states/{dt}/{shape}")
+            if a and b:
+                print(f"\n  scan fwd+bwd, {shape} {dt}: {a['real_time']:.1f} us, with the forward's "
+                      f"chunk states {b['real_time']:.1f} us: "
+                      f"{a['real_time'] / b['real_time']:.2f}x faster with them")
         a = bench.get(f"scan_backward/{dt}/gpu_standard")
-        for other in ("registers", "split"):
+        for other in ("registers", "whole_chunks", "split"):
             b = bench.get(f"scan_backward_{other}/{dt}/gpu_standard")
             if a and b:
                 print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
