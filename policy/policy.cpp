@@ -25,6 +25,7 @@
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/device.h"
+#include "engine/exec_context.h"
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "stages/melee/batch_layout.h"
@@ -211,13 +212,29 @@ void forward(slipstream_policy& p) {
   Batch b;
   if (!p.runner->stream_next(b)) throw std::logic_error("the frame feed produced no batch");
   const StageContext& hc = p.runner->graph().context(p.heads);
-  Tensor heads[kHeads];
-  for (int h = 0; h < kHeads; ++h) heads[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
-  for (size_t i = 0; i < p.frames.size(); ++i) {
+  const size_t games = p.frames.size();
+  // Head h's logits (games, width) into each game's row of p.logits.
+  auto take_head = [&](int h, const float* all) {
+    const size_t w = static_cast<size_t>(head_width(h));
+    for (size_t i = 0; i < games; ++i)
+      std::copy_n(all + i * w, w, p.logits[i].data() + head_offset(h));
+  };
+  const ExecContext& exec = hc.exec();
+  if (exec.device_ops()) {
+    // On a device: the six heads copied into page-locked staging in stream order, one wait for
+    // all of them (a synchronous copy a head would wait for the device six times).
+    for (int h = 0; h < kHeads; ++h) {
+      const Tensor& t = hc.output(b, kHeadNames[h]);
+      exec.read_back_later(t.raw(), t.nbytes(), [&take_head, h](const void* host) {
+        take_head(h, static_cast<const float*>(host));
+      });
+    }
+    exec.complete_read_backs();
+  } else {
+    for (int h = 0; h < kHeads; ++h) take_head(h, hc.output(b, kHeadNames[h]).data<float>());
+  }
+  for (size_t i = 0; i < games; ++i) {
     float* logits = p.logits[i].data();
-    for (int h = 0; h < kHeads; ++h)
-      std::copy_n(heads[h].data<float>() + i * static_cast<size_t>(head_width(h)), head_width(h),
-                  logits + head_offset(h));
     slipstream_distribution& d = p.last[i];
     for (int k = 0; k < kButtons; ++k) d.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
     for (int h = 0; h < kStickHeads; ++h)
