@@ -51,10 +51,12 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 // With `silu` the output is SiLU(conv(x) + bias) (mamba-ssm's fused activation); the backward
 // then takes dy of that output and recomputes the pre-activation instead of storing it.
 // Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
+// `y_bf` (may be null) receives y rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16
+// GEMMs' copy without a cast launch.
 template <class T>
 static void causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
-                                  const float* bias, T* y, int B, int L, int C, int K, bool silu,
-                                  cudaStream_t stream);
+                                  const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
+                                  int K, bool silu, cudaStream_t stream);
 
 static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
 

@@ -37,12 +37,14 @@ __device__ __forceinline__ float conv_at(const DT* x, const DT* prefix, const fl
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_forward_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, DT* y,
-                        int B, int L, int C, int K, bool silu) {
+                        __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
   const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K);
-  y[i] = from_f32<DT>(silu ? siluf_(v) : v);
+  const DT yv = from_f32<DT>(silu ? siluf_(v) : v);
+  y[i] = yv;
+  if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
 }
 
 // d loss / d pre-activation, stored once so the backward reads it K times from memory instead of
@@ -188,14 +190,14 @@ struct ConvWorkspace {
 
 template <class T>
 void Kernels::causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
-                                    const float* bias, T* y, int B, int L, int C, int K, bool silu,
-                                    cudaStream_t stream) {
+                                    const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
+                                    int K, bool silu, cudaStream_t stream) {
   check_width(K, "causal_conv1d_forward");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
   const auto kernel = &conv_forward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                    dev(prefix), weight, bias, dev(y), B, L, C, K, silu);
+                    dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K, silu);
   check_launch("causal_conv1d_forward");
 }
 
@@ -263,7 +265,8 @@ void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight,
 
 #define INSTANTIATE(T)                                                                             \
   template void Kernels::causal_conv1d_forward<T>(const T*, const T*, const float*, const float*,  \
-                                                  T*, int, int, int, int, bool, cudaStream_t);     \
+                                                  T*, bfloat16*, int, int, int, int, bool,         \
+                                                  cudaStream_t);                                   \
   template void Kernels::causal_conv1d_backward<T>(const T*, const T*, const float*, const float*, \
                                                    const T*, T*, float*, float*, void*, int, int,  \
                                                    int, int, bool, cudaStream_t);                  \

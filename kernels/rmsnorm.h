@@ -42,10 +42,12 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 
 // The CUDA norm (kernels/rmsnorm_cuda.cu): T (float or bfloat16) for x, residual, y, sum, dy,
 // dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
-// over row blocks into workspace partials, then in a fixed order.
+// over row blocks into workspace partials, then in a fixed order. `y_bf` (may be null) receives y
+// rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16 GEMMs' copy without a cast launch.
 template <class T>
-static void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
-                                float* rstd, size_t M, size_t D, float eps, cudaStream_t stream);
+static void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y,
+                                bfloat16* y_bf, T* sum, float* rstd, size_t M, size_t D, float eps,
+                                cudaStream_t stream);
 
 static size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
 

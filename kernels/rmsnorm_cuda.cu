@@ -15,8 +15,8 @@ constexpr size_t kRowBlock = 256;  // rows per dweight partial
 
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    rms_forward_kernel(const DT* x, const DT* residual, const float* w, DT* y, DT* sum, float* rstd,
-                       size_t M, size_t D, float eps) {
+    rms_forward_kernel(const DT* x, const DT* residual, const float* w, DT* y, __nv_bfloat16* y_bf,
+                       DT* sum, float* rstd, size_t M, size_t D, float eps) {
   const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = int(threadIdx.x) & 31;
   if (row >= M) return;  // whole warps leave together: no shuffle loses a lane
@@ -32,7 +32,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (size_t j = lane; j < D; j += 32) {
     const float v = to_f32(x[o + j]) + (residual ? to_f32(residual[o + j]) : 0.f);
     if (sum) sum[o + j] = from_f32<DT>(v);
-    y[o + j] = from_f32<DT>(v * r * w[j]);
+    const DT yv = from_f32<DT>(v * r * w[j]);
+    y[o + j] = yv;
+    // The GEMMs' bf16 copy of y, as fp32_to_bf16 of it would round it: no second pass over y.
+    if (y_bf) y_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(yv));
   }
 }
 
@@ -77,12 +80,13 @@ size_t row_blocks(size_t M) {
 }  // namespace
 
 template <class T>
-void Kernels::rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y, T* sum,
-                                  float* rstd, size_t M, size_t D, float eps, cudaStream_t stream) {
+void Kernels::rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y,
+                                  bfloat16* y_bf, T* sum, float* rstd, size_t M, size_t D,
+                                  float eps, cudaStream_t stream) {
   if (M == 0 || D == 0) return;
   const auto kernel = &rms_forward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
-                    dev(x), dev(residual), weight, dev(y), dev(sum), rstd, M, D, eps);
+                    dev(x), dev(residual), weight, dev(y), dev(y_bf), dev(sum), rstd, M, D, eps);
   check_launch("rmsnorm_add_forward");
 }
 
@@ -111,8 +115,8 @@ void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float*
 }
 
 #define INSTANTIATE(T)                                                                            \
-  template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, T*, float*, \
-                                                size_t, size_t, float, cudaStream_t);             \
+  template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, bfloat16*,  \
+                                                T*, float*, size_t, size_t, float, cudaStream_t); \
   template void Kernels::rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*,  \
                                                  const T*, T*, float*, void*, size_t, size_t,     \
                                                  cudaStream_t);

@@ -87,12 +87,14 @@ template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
                                    const float* delta_bias, bool delta_softplus,
-                                   const float* initial_state, T* out, float* last_state,
-                                   float* chunk_states, int B, int L, int D, int N,
-                                   cudaStream_t stream);
+                                   const float* initial_state, T* out, bfloat16* out_bf,
+                                   float* last_state, float* chunk_states, int B, int L, int D,
+                                   int N, cudaStream_t stream);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
+// out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
+// bf16 GEMMs' copy without a cast launch).
 // The states the backward starts its chunks from, which it otherwise finds by running the
 // recurrence a second time: a forward given `chunk_states` (this many bytes; null: none) writes
 // them, a backward given the same buffer reads them instead. The layout follows the backward's

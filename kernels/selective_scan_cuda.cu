@@ -195,8 +195,8 @@ constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 // a second time to find them.
 template <class DT, int kNS, int kG>
 __global__ void __launch_bounds__(kChanThreads)
-    scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, float* last_state, float* chunks,
-                             int save_every) {
+    scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, __nv_bfloat16* out_bf, float* last_state,
+                             float* chunks, int save_every) {
   constexpr int kNP = kNS * kG;
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   const ChanLane<kNS, kG> q(a);
@@ -240,7 +240,11 @@ __global__ void __launch_bounds__(kChanThreads)
         }
         y = group_sum<kG>(y) + q.Dd * in[j].u;
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
-        if (q.dok && q.s == 0) out[i] = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
+        if (q.dok && q.s == 0) {
+          const DT yv = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
+          out[i] = yv;
+          if (out_bf) out_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as the cast rounds it
+        }
       }
     }
   }
@@ -587,9 +591,9 @@ template <class T>
 void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                      const T* Cm, const float* Dskip, const T* z,
                                      const float* delta_bias, bool delta_softplus,
-                                     const float* initial_state, T* out, float* last_state,
-                                     float* chunk_states, int B, int L, int D, int N,
-                                     cudaStream_t stream) {
+                                     const float* initial_state, T* out, bfloat16* out_bf,
+                                     float* last_state, float* chunk_states, int B, int L, int D,
+                                     int N, cudaStream_t stream) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -600,7 +604,7 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
     SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
-                      stream, a, dev(out), last_state, chunk_states, save_every);
+                      stream, a, dev(out), dev(out_bf), last_state, chunk_states, save_every);
   });
   check_launch(op);
 }
@@ -710,7 +714,7 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
 #define INSTANTIATE(T)                                                                            \
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const float*, T*, float*, float*, int, int, int, int, cudaStream_t);                  \
+      bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t);       \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \

@@ -127,7 +127,8 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   const double e = sizeof(T);
   auto forward = [&] {
     sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
-                                               out, nullptr, states, sh.B, sh.L, sh.D, sh.N, s);
+                                               out, nullptr, nullptr, states, sh.B, sh.L, sh.D,
+                                               sh.N, s);
   };
   auto backward = [&] {
     sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
@@ -183,7 +184,8 @@ void conv(benchmark::State& st, const Shape& sh, bool backward) {
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {
     time_launches(st, s, 2.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::causal_conv1d_forward<T>(x, nullptr, w, b, y, sh.B, sh.L, sh.D, K, true, s);
+      sk::CudaKernels::causal_conv1d_forward<T>(x, nullptr, w, b, y, nullptr, sh.B, sh.L, sh.D, K,
+                                                true, s);
     });
   } else {
     time_launches(st, s, 3.0 * n * sizeof(T), [&] {
@@ -207,7 +209,7 @@ void norm(benchmark::State& st, const Shape& sh, bool backward) {
   ok(cudaStreamCreate(&s), "stream");
   if (!backward) {
     time_launches(st, s, 4.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::rmsnorm_add_forward<T>(x, res, w, y, sum, rstd, M, D, 1e-5f, s);
+      sk::CudaKernels::rmsnorm_add_forward<T>(x, res, w, y, nullptr, sum, rstd, M, D, 1e-5f, s);
     });
   } else {
     time_launches(st, s, 4.0 * n * sizeof(T), [&] {

@@ -305,26 +305,28 @@ class MambaModel {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
       T* hn = a.h + Ms * dm_();
-      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps);
-      const uint16_t* xnb = round(a.xn, a.xn_bf, Ms * dm_(), wb);
+      // The norm writes the GEMMs' bf16 copy itself.
+      uint16_t* xnb = wb ? a.xn_bf : nullptr;
+      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb);
       // in_proj's two halves of rows straight into x and z: no (M, 2·d_inner) tensor to split.
       const size_t in_z = Lw.in_proj + di_() * dm_();
       mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0), a.xc,
          di);
       mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, di);
+      uint16_t* ub = wb ? a.u_bf : nullptr;  // written by the convolution itself
       ops_.conv_silu_forward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_,
-                             di, c_.d_conv);
+                             di, c_.d_conv, ub);
       if (a.conv_last) keep_conv_inputs(a);
-      const uint16_t* ub = round(a.u, a.u_bf, Ms * di_(), wb);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
       mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
       ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
       ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
+      uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
       ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                  a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N);
-      const uint16_t* ysb = round(a.ys, a.ys_bf, Ms * di_(), wb);
+                                  a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N,
+                                  ysb);
       ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);

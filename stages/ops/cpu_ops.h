@@ -78,9 +78,11 @@ class CpuOps {
     kernels::gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
   }
 
-  void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, size_t M, size_t D,
-                       double eps) const {
+  // y_bf (may be null): y rounded to bf16 too.
+  void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, size_t M, size_t D, double eps,
+                       uint16_t* y_bf = nullptr) const {
     kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, nullptr, rstd, M, D, T(eps));
+    if (y_bf) to_bf16(y, y_bf, M * D);
   }
   // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=.
   void rmsnorm_backward(const T* s, const T* w, const T* rstd, const T* dy, const T* dsum, T* ds,
@@ -89,10 +91,12 @@ class CpuOps {
   }
 
   // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
+  // u_bf (may be null): u rounded to bf16 too.
   void conv_silu_forward(const T* x, const T* prefix, const T* w, const T* b, T* pre, T* u, int B,
-                         int L, int C, int K) const {
+                         int L, int C, int K, uint16_t* u_bf = nullptr) const {
     kernels::causal_conv1d_forward(x, prefix, w, b, pre, B, L, C, K);
     kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
+    if (u_bf) to_bf16(u, u_bf, static_cast<size_t>(B) * L * C);
   }
   // dx (=), dw and db (+=) from du; `dpre` is (B, L, C) scratch.
   void conv_silu_backward(const T* x, const T* prefix, const T* w, const T* b, const T* pre,
@@ -135,9 +139,10 @@ class CpuOps {
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
                               T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
-                              int N) const {
+                              int N, uint16_t* out_bf = nullptr) const {
     kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out,
                                     last_state, B, L, Dc, N);
+    if (out_bf) to_bf16(out, out_bf, static_cast<size_t>(B) * L * Dc);
   }
   void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                                const T* D, const T* z, const T* delta_bias, const T* initial_state,

@@ -88,10 +88,11 @@ class DeviceOps {
       Kernels::gemm(gemm_, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, stream_);
   }
 
+  // y_bf (may be null): y rounded to bf16 too, by the norm's own kernel.
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, size_t M, size_t D,
-                       double eps) const {
-    Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, nullptr, rstd, M, D, float(eps),
-                                                 stream_);
+                       double eps, uint16_t* y_bf = nullptr) const {
+    Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, bf(y_bf), nullptr, rstd, M, D,
+                                                 float(eps), stream_);
   }
   void rmsnorm_backward(const float* s, const float* w, const float* rstd, const float* dy,
                         const float* dsum, float* ds, float* dw, size_t M, size_t D,
@@ -100,10 +101,13 @@ class DeviceOps {
                                                   stream_);
   }
 
+  // u_bf (may be null): u rounded to bf16 too, by the convolution's own kernel.
   void conv_silu_forward(const float* x, const float* prefix, const float* w, const float* b,
-                         float* pre, float* u, int B, int L, int C, int K) const {
+                         float* pre, float* u, int B, int L, int C, int K,
+                         uint16_t* u_bf = nullptr) const {
     (void)pre;
-    Kernels::template causal_conv1d_forward<float>(x, prefix, w, b, u, B, L, C, K, true, stream_);
+    Kernels::template causal_conv1d_forward<float>(x, prefix, w, b, u, bf(u_bf), B, L, C, K, true,
+                                                   stream_);
   }
   void conv_silu_backward(const float* x, const float* prefix, const float* w, const float* b,
                           const float* pre, const float* du, float* dpre, float* dx, float* dw,
@@ -141,11 +145,11 @@ class DeviceOps {
   void selective_scan_forward(const float* u, const float* delta, const float* A, const float* Bm,
                               const float* Cm, const float* D, const float* z,
                               const float* delta_bias, const float* initial_state, float* out,
-                              float* last_state, float* chunk_states, int B, int L, int Dc,
-                              int N) const {
+                              float* last_state, float* chunk_states, int B, int L, int Dc, int N,
+                              uint16_t* out_bf = nullptr) const {
     Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
-                                                    initial_state, out, last_state, chunk_states, B,
-                                                    L, Dc, N, stream_);
+                                                    initial_state, out, bf(out_bf), last_state,
+                                                    chunk_states, B, L, Dc, N, stream_);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,

@@ -227,12 +227,18 @@ void check_conv_forward(const ConvShape& s, uint64_t seed) {
   if (s.silu) silu_forward(ref.data(), ref.data(), n);
   Mem mem;
   T* y = mem.template alloc<T>(n);
+  bfloat16* ybf = mem.template alloc<bfloat16>(n);
   Kernels::template causal_conv1d_forward<T>(
       mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
-      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, s.B, s.L, s.C, s.K, s.silu,
-      mem.stream());
+      d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, ybf, s.B, s.L, s.C, s.K,
+      s.silu, mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(y, n)), ref, tolerance<T>(), "y");
+  const std::vector<T> y_dev = mem.download(y, n);
+  EXPECT_CLOSE(values(y_dev), ref, tolerance<T>(), "y");
+  // The bf16 copy is y rounded as the cast rounds it, bit for bit.
+  const std::vector<bfloat16> y_bf = mem.download(ybf, n);
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(y_bf[i].bits, fp32_to_bf16(float(value(y_dev[i])))) << "y_bf[" << i << "]";
 }
 
 template <class Kernels, class Mem, class T>

@@ -116,13 +116,20 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
                                s.dsum ? dsum.data() : nullptr, ds.data(), dw.data(), s.M, s.D);
   Mem mem;
   T *g_y = mem.template alloc<T>(n), *g_sum = mem.template alloc<T>(n);
+  bfloat16* g_ybf = mem.template alloc<bfloat16>(n);
   float* g_rstd = mem.template alloc<float>(s.M);
   const float* g_w = mem.upload(elems<float>(w));
-  Kernels::template rmsnorm_add_forward<T>(mem.upload(elems<T>(x)),
-                                           s.residual ? mem.upload(elems<T>(res)) : nullptr, g_w,
-                                           g_y, g_sum, g_rstd, s.M, s.D, 1e-5f, mem.stream());
+  Kernels::template rmsnorm_add_forward<T>(
+      mem.upload(elems<T>(x)), s.residual ? mem.upload(elems<T>(res)) : nullptr, g_w, g_y, g_ybf,
+      g_sum, g_rstd, s.M, s.D, 1e-5f, mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(g_y, n)), y, tolerance<T>(), "y");
+  const std::vector<T> y_dev = mem.download(g_y, n);
+  EXPECT_CLOSE(values(y_dev), y, tolerance<T>(), "y");
+  // The bf16 copy is y rounded as the cast rounds it, bit for bit.
+  const std::vector<bfloat16> ybf = mem.download(g_ybf, n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(ybf[i].bits, fp32_to_bf16(float(value(y_dev[i])))) << "y_bf[" << i << "]";
+  }
   EXPECT_CLOSE(values(mem.download(g_sum, n)), sum_t, tolerance<T>() / 10, "sum");
   EXPECT_CLOSE(values(mem.download(g_rstd, s.M)), rstd, 1e-5, "rstd");
   // Backward in place on the residual gradient (ds aliases dsum), as the model uses it.

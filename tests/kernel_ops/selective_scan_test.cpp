@@ -374,14 +374,20 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
   const size_t bld = ref.out.size(), bdn = ref.last.size();
   Mem mem;
   T* out = mem.template alloc<T>(bld);
+  bfloat16* out_bf = mem.template alloc<bfloat16>(bld);
   float* last = mem.template alloc<float>(bdn);
   Kernels::template selective_scan_forward<T>(
       up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
       up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
       up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0), out,
-      last, nullptr, s.B, s.L, s.D, s.N, mem.stream());
+      out_bf, last, nullptr, s.B, s.L, s.D, s.N, mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(out, bld)), ref.out, tolerance<T>(), "out");
+  const std::vector<T> out_dev = mem.download(out, bld);
+  EXPECT_CLOSE(values(out_dev), ref.out, tolerance<T>(), "out");
+  // The bf16 copy is out rounded as the cast rounds it, bit for bit.
+  const std::vector<bfloat16> obf = mem.download(out_bf, bld);
+  for (size_t i = 0; i < bld; ++i)
+    ASSERT_EQ(obf[i].bits, fp32_to_bf16(float(value(out_dev[i])))) << "out_bf[" << i << "]";
   EXPECT_CLOSE(values(mem.download(last, bdn)), ref.last, 1e-5, "last_state");
 }
 
@@ -415,7 +421,7 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
         mem.alloc_bytes(Kernels::selective_scan_chunk_states_bytes(s.B, s.L, s.D, s.N)));
     T* out = mem.template alloc<T>(bld);
     Kernels::template selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0,
-                                                out, nullptr, states, s.B, s.L, s.D, s.N,
+                                                out, nullptr, nullptr, states, s.B, s.L, s.D, s.N,
                                                 mem.stream());
   }
   Kernels::template selective_scan_backward<T>(
@@ -632,7 +638,7 @@ KERNEL_TEST(Scan, BadStateSizeNamesTheOp) {
   try {
     Kernels::selective_scan_forward<float>(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
                                            nullptr, nullptr, true, nullptr, nullptr, nullptr,
-                                           nullptr, 1, 1, 1, 64, nullptr);
+                                           nullptr, nullptr, 1, 1, 1, 64, nullptr);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("selective_scan_forward"), std::string::npos);
