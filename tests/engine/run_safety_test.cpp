@@ -545,7 +545,10 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
 TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
   rlimit saved{};
   getrlimit(RLIMIT_AS, &saved);
-  if (saved.rlim_max != RLIM_INFINITY) GTEST_SKIP() << "the hard limit is already set";
+  // The comparison needs a process without a limit of its own: one already in force would be in
+  // `before` and in the last check too.
+  if (saved.rlim_cur != RLIM_INFINITY)
+    GTEST_SKIP() << "an address space limit (ulimit -v) is already in force";
   const std::optional<HostMemory> before = usable_host_memory();
   ASSERT_TRUE(before);
   uint64_t vm = 0;
@@ -556,9 +559,11 @@ TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
   }
   ASSERT_GT(vm, 0u);
   const uint64_t room = std::min<uint64_t>(before->bytes / 2, uint64_t{1} << 30);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < vm + room)
+    GTEST_SKIP() << "the hard limit (" << saved.rlim_max << " bytes) is below the one to set";
   rlimit l = saved;
   l.rlim_cur = vm + room;
-  setrlimit(RLIMIT_AS, &l);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &l), 0);
   const std::optional<HostMemory> limited = usable_host_memory();
   setrlimit(RLIMIT_AS, &saved);
   ASSERT_TRUE(limited);
