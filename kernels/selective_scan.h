@@ -83,6 +83,8 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // in a fixed order, so results are deterministic.
 static constexpr int kScanMaxState = 32;
 
+// out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
+// bf16 GEMMs' copy without a cast launch); chunk_states: below.
 template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
@@ -93,8 +95,6 @@ static void selective_scan_forward(const T* u, const T* delta, const float* A, c
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
-// out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
-// bf16 GEMMs' copy without a cast launch).
 // The states the backward starts its chunks from, which it otherwise finds by running the
 // recurrence a second time: a forward given `chunk_states` (this many bytes; null: none) writes
 // them, a backward given the same buffer reads them instead. The layout follows the backward's
@@ -108,7 +108,7 @@ static bool scan_forward_keeps_states();
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
-// channel; at d_state 16 127 registers on sm_90, 4 blocks of 128 threads an SM, which
+// channel; at d_state 16 126-127 registers on sm_90, 4 blocks of 128 threads an SM, which
 // GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 148 and 3). registers: a thread
 // holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
 // the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard

@@ -275,7 +275,7 @@ struct ScanGrads {
 
 // Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk, the first chunk's
 // too (pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
-// at 127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
+// at 126-127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
 // the forward kept them (w.saved) there is no pass 1. Pass 2 takes the chunks last to first,
 // recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
 // dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
@@ -617,9 +617,10 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
   check_launch(op);
 }
 
+// The workspace's first part, which the backward's pass 1 would fill.
 size_t Kernels::selective_scan_chunk_states_bytes(int B, int L, int D, int N) {
-  const int t = chan_shape(N, "selective_scan_forward", true).t;
-  return size_t(B) * size_t((L + t - 1) / t) * size_t(N) * size_t(D) * sizeof(float);
+  const WorkspaceLayout lay(B, L, D, N);
+  return (lay.dA - lay.chunk_states) * sizeof(float);
 }
 
 namespace {

@@ -659,8 +659,8 @@ DEVICE_TEST(Scan, GpuStandardShape) {
   Kernels::set_scan_backward_variant(was);
 }
 // The backward at gpu_standard's d_state is latency-bound: its time follows the waves of blocks
-// (1,024 blocks at gpu_standard), so 4 blocks an SM (127 registers) against 3 is a third fewer
-// waves. A change that adds registers past 128 fails here, not unnoticed in a benchmark.
+// (1,024 blocks at gpu_standard), so 4 blocks an SM (at most 128 registers) against 3 is a third
+// fewer waves. A change that adds registers past 128 fails here, not unnoticed in a benchmark.
 DEVICE_TEST(Scan, BackwardKeepsFourBlocksAnSm) {
   EXPECT_GE(Kernels::template selective_scan_backward_blocks_per_sm<float>(16), 4);
   EXPECT_GE(Kernels::template selective_scan_backward_blocks_per_sm<bfloat16>(16), 4);
