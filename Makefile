@@ -25,6 +25,8 @@ deps:
 	else echo "make deps: all Debian packages present"; fi
 	@python3 -c 'import safetensors, numpy' 2>/dev/null || python3 -m pip install -q safetensors numpy 2>/dev/null \
 	  || echo "make deps: python safetensors unavailable; the checkpoint interop test will skip"
+	@python3 -c 'import setuptools, wheel' 2>/dev/null || python3 -m pip install -q setuptools wheel 2>/dev/null \
+	  || echo "make deps: python setuptools/wheel unavailable; the Python package's wheel test will fail"
 	@python3 -c 'import melee' 2>/dev/null || python3 -m pip install -q melee 2>/dev/null \
 	  || echo "make deps: libmelee (PyPI melee) unavailable; the libmelee adapter test will skip"
 	@python3 -c 'import onnxruntime' 2>/dev/null || python3 -m pip install -q onnxruntime 2>/dev/null \

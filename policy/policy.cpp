@@ -17,7 +17,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +29,7 @@
 #include "engine/runner.h"
 #include "stages/melee/batch_layout.h"
 #include "stages/melee/controller_choice.h"
+#include "stages/melee/controller_sampler.h"
 #include "stages/melee/frame_feed.h"
 #include "stages/melee/model_math.h"
 #include "stages/melee/window_index.h"
@@ -48,18 +48,18 @@ struct slipstream_policy {
   std::string description;
   mutable std::string error;  // the last failed call's message
   // The games of the stream: 0 until the first step after open or reset fixes how many; then
-  // per game (a batch row) its last distribution, the heads' logits, generator and whether it
-  // has stepped since it started.
+  // per game (a batch row) its last distribution, its draws' key (game_seed), the frames it has
+  // drawn since it started (its next frame_draws_key) and whether it has stepped.
   int32_t games = 0;
   std::vector<slipstream_distribution> last;
-  std::vector<std::array<float, kHeadsWidth>> logits;
-  std::vector<float> ar_weight;  // the autoregressive heads' weight, empty for independent heads
-  std::vector<std::mt19937_64> rngs;
+  std::vector<uint64_t> game_keys, frames_drawn, frame_keys;
+  std::vector<ChosenController> chosen;
+  std::unique_ptr<ControllerSampler> sampler;  // where the heads' logits are: CPU or device
   std::vector<uint8_t> stepped;
   std::vector<FedFrame> frames;  // the step's frames, checked
   // Sampling by default: the most likely input of a behaviour-cloned policy is mostly "nothing
-  // pressed, sticks at rest" (docs/policy.md). A game's start restarts its generator from its
-  // seed (game_seed), so a game replays alike.
+  // pressed, sticks at rest" (docs/policy.md). A game's start restarts its draws from its
+  // first frame's, so a game replays alike.
   float temperature = 1;
   uint64_t seed = 0;
   mutable std::atomic<bool> busy{false};  // a call is using the handle (HandleUse)
@@ -182,11 +182,6 @@ std::string frame_features(const slipstream_game_frame& g, FedFrame& f) {
   return {};
 }
 
-float* head_probabilities(slipstream_distribution& d, int stick_head) {
-  float* heads[kStickHeads] = {d.main_x, d.main_y, d.c_x, d.c_y, d.shoulder};
-  return heads[stick_head];
-}
-
 // Game i's generator seed: the handle's seed for game 0 (a single game samples as it always
 // has), a draw from (seed, i) for the others.
 uint64_t game_seed(uint64_t seed, int32_t game) {
@@ -199,55 +194,39 @@ void start_games(slipstream_policy& p, int32_t n) {
   p.games = n;
   const size_t g = static_cast<size_t>(n);
   p.last.assign(g, slipstream_distribution{});
-  p.logits.assign(g, {});
+  p.chosen.assign(g, ChosenController{});
   p.stepped.assign(g, 0);
-  p.rngs.clear();
-  for (int32_t i = 0; i < n; ++i) p.rngs.emplace_back(game_seed(p.seed, i));
+  p.frames_drawn.assign(g, 0);
+  p.frame_keys.assign(g, 0);
+  p.game_keys.clear();
+  for (int32_t i = 0; i < n; ++i) p.game_keys.push_back(game_seed(p.seed, i));
 }
 
-// One frame of each game through the graph (batch row i: game i): the distributions of the
-// next inputs into p.last.
+// One frame of each game through the graph (batch row i: game i), then each game's distribution
+// of the next input into p.last and its controller drawn from it into p.chosen, where the heads'
+// logits are (on a device only those come back).
 void forward(slipstream_policy& p) {
   p.feed->push(p.frames);
   Batch b;
   if (!p.runner->stream_next(b)) throw std::logic_error("the frame feed produced no batch");
   const StageContext& hc = p.runner->graph().context(p.heads);
   const size_t games = p.frames.size();
-  // Head h's logits (games, width) into each game's row of p.logits.
-  auto take_head = [&](int h, const float* all) {
-    const size_t w = static_cast<size_t>(head_width(h));
-    for (size_t i = 0; i < games; ++i)
-      std::copy_n(all + i * w, w, p.logits[i].data() + head_offset(h));
-  };
-  const ExecContext& exec = hc.exec();
-  if (exec.device_ops()) {
-    // On a device: the six heads copied into page-locked staging in stream order, one wait for
-    // all of them (a synchronous copy a head would wait for the device six times).
-    for (int h = 0; h < kHeads; ++h) {
-      const Tensor& t = hc.output(b, kHeadNames[h]);
-      exec.read_back_later(t.raw(), t.nbytes(), [&take_head, h](const void* host) {
-        take_head(h, static_cast<const float*>(host));
-      });
-    }
-    exec.complete_read_backs();
-  } else {
-    for (int h = 0; h < kHeads; ++h) take_head(h, hc.output(b, kHeadNames[h]).data<float>());
-  }
-  for (size_t i = 0; i < games; ++i) {
-    float* logits = p.logits[i].data();
-    slipstream_distribution& d = p.last[i];
-    for (int k = 0; k < kButtons; ++k) d.buttons[k] = 1.0f / (1.0f + std::exp(-logits[k]));
-    for (int h = 0; h < kStickHeads; ++h)
-      head_softmax(logits + head_offset(h + 1), head_classes(h), head_probabilities(d, h));
-  }
+  const float* logits[kHeads];
+  for (int h = 0; h < kHeads; ++h)
+    logits[h] = static_cast<const float*>(hc.output(b, kHeadNames[h]).raw());
+  for (size_t i = 0; i < games; ++i)
+    p.frame_keys[i] = frame_draws_key(p.game_keys[i], p.frames_drawn[i]);
+  static_assert(sizeof(slipstream_distribution) == kHeadsWidth * sizeof(float),
+                "slipstream_distribution is the heads' 81 columns in order");
+  p.sampler->draw(logits, p.temperature, p.frame_keys.data(), games,
+                  reinterpret_cast<float*>(p.last.data()), p.chosen.data());
+  for (size_t i = 0; i < games; ++i) ++p.frames_drawn[i];
 }
 
-// Game i's answer, drawn from its distribution with its generator (autoregressive heads: item by
-// item, each given the ones drawn before it).
-slipstream_controller answer(slipstream_policy& p, size_t i) {
-  const ChosenController chosen =
-      choose_controller(p.logits[i].data(), p.ar_weight.empty() ? nullptr : p.ar_weight.data(),
-                        p.temperature, p.rngs[i]);
+// Game i's answer: the controller drawn for it (autoregressive heads: item by item, each given
+// the ones drawn before it).
+slipstream_controller answer(const slipstream_policy& p, size_t i) {
+  const ChosenController& chosen = p.chosen[i];
   slipstream_controller c{};
   c.buttons = chosen.buttons;
   float* values[kStickHeads] = {&c.main_x, &c.main_y, &c.c_x, &c.c_y, &c.shoulder};
@@ -338,7 +317,8 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
       p->runner = std::make_unique<Runner>(std::move(plan), RunOptions::embedded(&p->log));
       p->feed = dynamic_cast<FrameFeedStage*>(&p->runner->graph().stage(0));
       const uint64_t step = p->runner->stream_open(where.checkpoint);
-      p->ar_weight = autoregressive_weight(p->runner->graph().stage(p->heads));
+      p->sampler = make_controller_sampler(p->runner->graph().context(p->heads).exec(),
+                                           p->runner->graph().stage(p->heads));
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
                        "), " + chain + ", device " + p->runner->state().device.str();
     } catch (const StageError& e) {
@@ -398,7 +378,7 @@ slipstream_status slipstream_policy_reset_game(slipstream_policy* p, int32_t gam
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
     p->arena->execute([&] { p->runner->stream_restart_row(game); });
     const size_t g = static_cast<size_t>(game);
-    p->rngs[g].seed(game_seed(p->seed, game));
+    p->frames_drawn[g] = 0;
     p->stepped[g] = 0;
     return SLIPSTREAM_OK;
   });
@@ -492,8 +472,10 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* p, float tem
                 "slipstream_policy_set_sampling: temperature must be finite and >= 0");
   p->temperature = temperature;
   p->seed = seed;
-  for (size_t i = 0; i < p->rngs.size(); ++i)
-    p->rngs[i].seed(game_seed(seed, static_cast<int32_t>(i)));
+  for (size_t i = 0; i < p->game_keys.size(); ++i) {
+    p->game_keys[i] = game_seed(seed, static_cast<int32_t>(i));
+    p->frames_drawn[i] = 0;
+  }
   return SLIPSTREAM_OK;
 }
 

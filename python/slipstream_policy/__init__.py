@@ -109,7 +109,7 @@ class Policy:
 
     def step_batch(self, frames):
         """One frame of each of n games (a sequence of Frame, or a ctypes array of them), stepped
-        together: a list of n Controllers. Each game keeps its own state and generator; the
+        together: a list of n Controllers. Each game keeps its own state and draws; the
         first call after open or reset fixes n. `frames` may also be a numpy structured array of
         frame_array()'s dtype: the answers then come back as a numpy structured array of the
         Controller layout (fields buttons, main_x, main_y, c_x, c_y, shoulder), no copy per game."""

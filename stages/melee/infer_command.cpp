@@ -15,7 +15,6 @@
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -49,17 +48,19 @@ struct InferArgs {
 struct ActionRates {
   size_t frames = 0, recorded = 0, sampled = 0, most_likely = 0;
   // One frame: the recorded controller (the labels) and the policy's from the heads' `logits`
-  // (81; `ar` the autoregressive weight or null), drawn at `temperature` and most likely.
+  // (81; `ar` the autoregressive weight or null), drawn at `temperature` and most likely. The
+  // draws of frame f are the policy library's for a game keyed `seed` at its frame f (game 0 of
+  // a handle with that seed).
   void add(const float* rec_buttons, const int32_t* rec_sticks, const float* logits,
-           const float* ar, float temperature, std::mt19937_64& rng) {
+           const float* ar, float temperature, uint64_t seed) {
     ChosenController rec;
     for (int k = 0; k < kButtons; ++k)
       if (rec_buttons[k] > 0.5f) rec.buttons |= 1u << k;
     std::copy_n(rec_sticks, kStickHeads, rec.classes);
-    ++frames;
+    const uint64_t key = frame_draws_key(seed, frames++);
     recorded += rec.acts();
-    sampled += choose_controller(logits, ar, temperature, rng).acts();
-    most_likely += choose_controller(logits, ar, 0, rng).acts();
+    sampled += choose_controller(logits, ar, temperature, key).acts();
+    most_likely += choose_controller(logits, ar, 0, key).acts();
   }
   static double pct(size_t n, size_t of) { return of ? 100.0 * double(n) / double(of) : 0.0; }
 };
@@ -148,7 +149,6 @@ int infer_command(const InferArgs& a) {
   std::optional<FrameWriter> csv;
   std::vector<double> latency;
   ActionRates acts;
-  std::mt19937_64 rng(a.seed);
   std::vector<float> ar;  // the autoregressive heads' weight (empty: independent heads)
   bool ar_read = false;
   EvalResult r;
@@ -179,7 +179,7 @@ int infer_command(const InferArgs& a) {
       const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
       const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
       acts.add(tb.data<float>(), ts.data<int32_t>(), all, ar.empty() ? nullptr : ar.data(),
-               a.temperature, rng);
+               a.temperature, a.seed);
       if (!csv) return;
       csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
                tb.data<float>(), ts.data<int32_t>(), seconds);

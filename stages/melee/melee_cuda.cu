@@ -452,6 +452,121 @@ __global__ void ar_decode_kernel(size_t M, const float* Wa, float* logits) {
   }
 }
 
+// ---------------------------------------------------------------- the policy's draws
+
+constexpr int kChooseThreads = 128;  // a warp a game: 4 games a block
+constexpr unsigned kFullWarp = 0xffffffffu;
+
+// controller_choice.h's item_uniform.
+__device__ __forceinline__ float item_uniform(uint64_t frame_key, int item) {
+  return float(mix64(frame_key + uint64_t(item)) >> 40) * 0x1p-24f;
+}
+__device__ __forceinline__ float warp_max(float v) {  // exact in any order
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(kFullWarp, v, off));
+  return v;
+}
+// The lane holding the largest v, the lowest such lane on ties (std::max_element's choice).
+__device__ __forceinline__ int warp_argmax(float v, int lane) {
+  int at = lane;
+  for (int off = 16; off > 0; off /= 2) {
+    const float ov = __shfl_xor_sync(kFullWarp, v, off);
+    const int oat = __shfl_xor_sync(kFullWarp, at, off);
+    if (ov > v || (ov == v && oat < at)) v = ov, at = oat;
+  }
+  return at;
+}
+// Σ lanes 0..n-1 of v, added in lane order as the CPU's loop adds: every lane gets it.
+__device__ __forceinline__ float lane_order_sum(float v, int n) {
+  float s = 0.0f;
+  for (int i = 0; i < n; ++i) s += __shfl_sync(kFullWarp, v, i);
+  return s;
+}
+
+// One warp a game; lane q holds class q of the head or item at hand. The float operations are
+// controller_choice.h's and the policy's softmax in their order (the sums in class order by
+// lane_order_sum, the draw's product unfused by __fmul_rn), so the emulator reproduces the CPU
+// bit for bit and a GPU differs only by its expf's last bits.
+__global__ void policy_choose_kernel(HeadPointers L, const float* ar, float temperature,
+                                     const uint64_t* frame_keys, size_t games, float* dist,
+                                     int32_t* chosen) {
+  const int lane = int(threadIdx.x % 32);
+  const size_t g = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (g >= games) return;  // a whole warp: games are whole warps
+  float* d = dist + g * kHeadsWidth;
+  // The distribution: sigmoid of the button logits, softmax of each stick head's.
+  if (lane < kButtons) d[lane] = 1.0f / (1.0f + expf(-L.logits[0][g * kButtons + lane]));
+  for (int h = 1; h < kHeads; ++h) {
+    const int n = classes_of(h - 1);
+    const float v = lane < n ? L.logits[h][g * size_t(n) + lane] : -INFINITY;
+    const float m = warp_max(v);
+    const float e = lane < n ? expf(v - m) : 0.0f;
+    const float sum = lane_order_sum(e, n);
+    if (lane < n) d[ar_first_column(kButtons + h - 1) + lane] = e / sum;
+  }
+  // The most likely item of each kind, which the autoregressive heads' logits are conditioned
+  // on (controller_choice.h's `likely`), then the items drawn in order.
+  int likely[kArItems], drawn[kArItems];
+  auto logit = [&](int k, int q) {  // item k's raw logit of class q (q < its width)
+    return k < kButtons ? L.logits[0][g * kButtons + k]
+                        : L.logits[k - kButtons + 1][g * size_t(ar_width(k)) + q];
+  };
+  if (ar)
+    for (int k = 0; k < kArItems; ++k) {
+      const int n = ar_width(k);
+      const float v = lane < n ? logit(k, lane) : -INFINITY;
+      likely[k] = k < kButtons ? (__shfl_sync(kFullWarp, v, 0) > 0.0f ? k : -1)
+                               : ar_first_column(k) + warp_argmax(v, lane);
+    }
+  const uint64_t key = frame_keys[g];
+  uint32_t buttons = 0;
+  int classes[kStickHeads] = {};
+  for (int k = 0; k < kArItems; ++k) {
+    const int c0 = ar_first_column(k), n = ar_width(k);
+    float z = lane < n ? logit(k, lane) : -INFINITY;
+    if (ar && lane < n) {
+      const float* row = ar + size_t(c0 + lane) * kHeadsWidth;
+      for (int j = 0; j < k; ++j) {
+        if (drawn[j] == likely[j]) continue;
+        if (drawn[j] >= 0) z += row[drawn[j]];
+        if (likely[j] >= 0) z -= row[likely[j]];
+      }
+    }
+    const float u = item_uniform(key, k);
+    if (k < kButtons) {
+      const float z0 = __shfl_sync(kFullWarp, z, 0);
+      const bool pressed =
+          temperature <= 0.0f ? z0 > 0.0f : u < 1.0f / (1.0f + expf(-z0 / temperature));
+      drawn[k] = pressed ? c0 : -1;
+      if (pressed) buttons |= 1u << k;
+      continue;
+    }
+    int cls;
+    if (temperature <= 0.0f) {
+      cls = warp_argmax(z, lane);
+    } else {
+      const float m = warp_max(z);
+      const float w = lane < n ? expf((z - m) / temperature) : 0.0f;
+      float target = __fmul_rn(u, lane_order_sum(w, n));
+      int last = 0;
+      cls = -1;
+      for (int i = 0; i < n; ++i) {  // every lane walks the same weights in class order
+        const float wi = __shfl_sync(kFullWarp, w, i);
+        if (cls >= 0) continue;
+        if (wi > 0.0f) last = i;
+        if ((target -= wi) < 0.0f) cls = i;
+      }
+      if (cls < 0) cls = last;
+    }
+    classes[k - kButtons] = cls;
+    drawn[k] = c0 + cls;
+  }
+  if (lane == 0) {
+    int32_t* c = chosen + g * (1 + kStickHeads);
+    c[0] = int32_t(buttons);
+    for (int h = 0; h < kStickHeads; ++h) c[1 + h] = classes[h];
+  }
+}
+
 }  // namespace
 
 void Kernels::embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
@@ -557,6 +672,16 @@ void Kernels::heads_ar_decode(size_t M, const float* Wa, float* logits, cudaStre
   SLIPSTREAM_LAUNCH(ar_decode_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream, M, Wa,
                     logits);
   check_launch("heads_ar_decode");
+}
+
+void Kernels::policy_choose(const HeadPointers& logits, const float* ar, float temperature,
+                            const uint64_t* frame_keys, size_t games, float* distribution,
+                            int32_t* chosen, cudaStream_t stream) {
+  if (games == 0) return;
+  SLIPSTREAM_LAUNCH(policy_choose_kernel, dim3(ceil_div(games * 32, kChooseThreads)),
+                    dim3(kChooseThreads), stream, logits, ar, temperature, frame_keys, games,
+                    distribution, chosen);
+  check_launch("policy_choose");
 }
 
 }  // namespace slipstream::melee::SLIPSTREAM_KERNEL_NS

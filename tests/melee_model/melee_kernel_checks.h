@@ -8,10 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "stages/melee/controller_choice.h"
 #include "stages/melee/melee_kernels.h"
 #include "tests/kernels/gradcheck.h"
 #include "tests/kernels_cuda/device_checks.h"
@@ -317,6 +320,76 @@ void check_autoregressive_heads(size_t B, size_t W, uint64_t seed) {
   float* g_z = mem.upload(logits);
   K::heads_ar_decode(M, g_w, g_z, mem.stream());
   EXPECT_CLOSE(values(mem.download(g_z, M * kHeadsWidth)), widen(ref), 1e-6, "decode");
+}
+
+// The policy's draws (policy_choose) against controller_choice.h: per game, the distribution
+// (heads_distribution) and the controller choose_controller draws with the game's frame key, at
+// temperatures 0 (the largest logit, a tie placed on purpose), below, at and above 1, with
+// independent heads and with a random autoregressive weight. `bit_exact` (the emulator: the
+// same float operations on the same libm) asks every float and every choice to be equal; a GPU's
+// expf differs in its last bits, so there distributions agree to 1e-6 and a choice may differ
+// only where a uniform falls within that of a decision: at most 2 of them.
+template <class K, class Mem>
+void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
+  SCOPED_TRACE("policy_choose, " + std::to_string(games) + " games");
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  typename K::HeadPointers hp{};
+  std::vector<std::vector<float>> heads(kHeads);
+  for (int h = 0; h < kHeads; ++h) {
+    heads[h] = cast<float>(rand_vec(games * size_t(head_width(h)), rng, -3.0, 3.0));
+    if (h == 1) heads[h][5] = heads[h][3] = 9.0f;  // game 0's main x: a tie at the top
+    hp.logits[h] = mem.upload(heads[h]);
+  }
+  std::vector<double> masked = rand_vec(size_t(kHeadsWidth) * kHeadsWidth, rng, -2.0, 2.0);
+  heads_ar_mask(masked.data());
+  const std::vector<float> ar = cast<float>(masked);
+  const float* g_ar = mem.upload(ar);
+  std::vector<uint64_t> keys(games);
+  for (size_t g = 0; g < games; ++g) keys[g] = frame_draws_key(splitmix64(seed), g);
+  const uint64_t* g_keys = mem.upload(keys);
+  float* g_dist = mem.template alloc<float>(games * kHeadsWidth);
+  int32_t* g_chosen = mem.template alloc<int32_t>(games * (1 + kStickHeads));
+  size_t choices_differ = 0, acting = 0;
+  double worst = 0;
+  for (const bool with_ar : {false, true})
+    for (const float T : {0.0f, 0.6f, 1.0f, 1.7f}) {
+      SCOPED_TRACE(std::string(with_ar ? "autoregressive" : "independent") + " heads, T " +
+                   std::to_string(T));
+      K::policy_choose(hp, with_ar ? g_ar : nullptr, T, g_keys, games, g_dist, g_chosen,
+                       mem.stream());
+      const auto dist = mem.download(g_dist, games * kHeadsWidth);
+      const auto chosen = mem.download(g_chosen, games * (1 + kStickHeads));
+      for (size_t g = 0; g < games; ++g) {
+        float z[kHeadsWidth], d[kHeadsWidth];
+        for (int h = 0; h < kHeads; ++h)
+          std::copy_n(heads[h].data() + g * size_t(head_width(h)), head_width(h),
+                      z + head_offset(h));
+        heads_distribution(z, d);
+        const ChosenController want =
+            choose_controller(z, with_ar ? ar.data() : nullptr, T, keys[g]);
+        acting += want.acts();
+        for (int c = 0; c < kHeadsWidth; ++c) {
+          const float got = dist[g * kHeadsWidth + size_t(c)];
+          ASSERT_TRUE(!bit_exact || got == d[c])
+              << "game " << g << " column " << c << ": " << got << " vs " << d[c];
+          worst = std::max(worst, std::abs(double(got) - d[c]));
+        }
+        const int32_t* c = chosen.data() + g * (1 + kStickHeads);
+        bool same = uint32_t(c[0]) == want.buttons;
+        for (int h = 0; h < kStickHeads; ++h) same = same && c[1 + h] == want.classes[h];
+        if (!same && bit_exact) {
+          ADD_FAILURE() << "game " << g << ": buttons " << c[0] << " vs " << want.buttons
+                        << ", main x " << c[1] << " vs " << want.classes[kMainX];
+        }
+        choices_differ += !same;
+      }
+      EXPECT_TRUE(T != 0.0f || chosen[1] == 3)
+          << "game 0's main x at T 0: " << chosen[1] << ", not the first of a tie (3)";
+    }
+  EXPECT_LE(worst, 1e-6) << "distributions";
+  EXPECT_LE(choices_differ, bit_exact ? 0u : 2u) << "controllers drawn differently";
+  EXPECT_GT(acting, games) << "the draws pressed almost nothing: nothing was compared";
 }
 
 }  // namespace slipstream::melee::test

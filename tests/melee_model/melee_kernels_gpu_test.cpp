@@ -31,6 +31,12 @@ TEST(MeleeKernelsGpu, AutoregressiveHeadsMatchCpu) {
   check_autoregressive_heads<K, Mem>(256, 60, 8);  // gpu_standard's batch
 }
 
+TEST(MeleeKernelsGpu, PolicyDrawsMatchCpu) {
+  REQUIRE_DEVICE();
+  check_policy_choose<K, Mem>(1, 9, false);
+  check_policy_choose<K, Mem>(1024, 10, false);  // a self-play batch
+}
+
 }  // namespace
 }  // namespace slipstream::melee::test
 #else

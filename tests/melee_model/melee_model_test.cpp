@@ -909,8 +909,8 @@ TEST(AutoregressiveHeads, NeedsTheRecordedInput) {
 
 // A bot's draws in item order: with a weight that moves main x to class 16 exactly when A is
 // pressed, every sampled controller is consistent (independent draws would mix them), and at
-// temperature 0 the choice is the decoded controller; without a weight the draws are the
-// independent heads' (the same generator, the same answers as before the option existed).
+// temperature 0 the choice is the decoded controller; without a weight each item is its head's
+// own draw with the item's uniform of the frame's key.
 TEST(AutoregressiveHeads, BotDrawsItemsInOrder) {
   std::vector<float> Wa(kHeadsWidth * kHeadsWidth, 0.0f);
   Wa[static_cast<size_t>((head_offset(1) + 16) * kHeadsWidth + kA)] = 40.0f;
@@ -922,34 +922,60 @@ TEST(AutoregressiveHeads, BotDrawsItemsInOrder) {
   std::vector<double> Wd(Wa.begin(), Wa.end()), z = base;
   heads_ar_decode<double>(1, Wd.data(), z.data());  // what the heads answer outside training
   const std::vector<float> logits(z.begin(), z.end());
-  std::mt19937_64 rng(5);
   int pressed = 0;
-  for (int i = 0; i < 400; ++i) {
-    const ChosenController c = choose_controller(logits.data(), Wa.data(), 1.0f, rng);
+  for (uint64_t f = 0; f < 400; ++f) {
+    const ChosenController c =
+        choose_controller(logits.data(), Wa.data(), 1.0f, frame_draws_key(5, f));
     const bool a = c.buttons & (1u << kA);
     pressed += a;
-    ASSERT_EQ(c.classes[kMainX], a ? 16 : 8) << i;
+    ASSERT_EQ(c.classes[kMainX], a ? 16 : 8) << f;
   }
   EXPECT_GT(pressed, 150);
   EXPECT_LT(pressed, 250);
-  const ChosenController greedy = choose_controller(logits.data(), Wa.data(), 0.0f, rng);
+  const ChosenController greedy = choose_controller(logits.data(), Wa.data(), 0.0f, 0);
   EXPECT_EQ(greedy.buttons, 0u);  // logit 0 is not > 0
   EXPECT_EQ(greedy.classes[kMainX], 8);
-  // Independent heads: the same draws as sampling each head alone, in item order.
-  std::mt19937_64 r1(9), r2(9);
+  // Independent heads: item k drawn alone with the frame's uniform k.
+  const uint64_t key = frame_draws_key(9, 3);
   const std::vector<float> flat(base.begin(), base.end());
-  const ChosenController ind = choose_controller(flat.data(), nullptr, 1.0f, r1);
+  const ChosenController ind = choose_controller(flat.data(), nullptr, 1.0f, key);
   uint32_t buttons = 0;
   for (int b = 0; b < kButtons; ++b)
-    if (std::uniform_real_distribution<float>(0, 1)(r2) <
-        1.0f / (1.0f + std::exp(-flat[static_cast<size_t>(b)])))
+    if (item_uniform(key, b) < 1.0f / (1.0f + std::exp(-flat[static_cast<size_t>(b)])))
       buttons |= 1u << b;
   EXPECT_EQ(ind.buttons, buttons);
-  for (int h = 0; h < kStickHeads; ++h) {
-    float p[kStickClasses];
-    head_softmax(flat.data() + head_offset(h + 1), head_classes(h), p);
-    EXPECT_EQ(ind.classes[h], choose_class(p, head_classes(h), 1.0f, r2)) << h;
+  for (int h = 0; h < kStickHeads; ++h)
+    EXPECT_EQ(ind.classes[h], choose_class(flat.data() + head_offset(h + 1), head_classes(h), 1.0f,
+                                           item_uniform(key, kButtons + h)))
+        << h;
+}
+
+// The tempered draw is the softmax of z / T: over many uniforms each class comes up at its
+// probability (within 4 standard errors), T = 0 takes the largest logit (the first on ties), and
+// a uniform just below 1 still lands on a class of nonzero weight.
+TEST(ControllerChoice, ClassDrawsFollowTheTemperedSoftmax) {
+  const float z[5] = {0.5f, -1.0f, 2.0f, 2.0f, -400.0f};
+  EXPECT_EQ(choose_class(z, 5, 0.0f, 0.3f), 2);
+  for (float T : {0.5f, 1.0f, 2.0f}) {
+    double w[5], sum = 0;
+    for (int i = 0; i < 5; ++i) sum += w[i] = std::exp((z[i] - 2.0) / T);
+    int counts[5] = {};
+    const int n = 200000;
+    for (int i = 0; i < n; ++i)
+      ++counts[choose_class(z, 5, T, item_uniform(frame_draws_key(11, uint64_t(i)), 0))];
+    for (int i = 0; i < 5; ++i) {
+      const double p = w[i] / sum, se = std::sqrt(p * (1 - p) / n);
+      EXPECT_NEAR(double(counts[i]) / n, p, 4 * se + 1e-9) << "T " << T << " class " << i;
+    }
+    EXPECT_LT(choose_class(z, 5, T, 1.0f - 0x1p-24f), 4) << "the last class has weight ~0";
   }
+  // The uniforms are on a 2^-24 grid in [0, 1), and differ between items and frames.
+  const float u = item_uniform(frame_draws_key(1, 2), 3);
+  EXPECT_GE(u, 0.0f);
+  EXPECT_LT(u, 1.0f);
+  EXPECT_EQ(u * 0x1p24f, std::floor(u * 0x1p24f));
+  EXPECT_NE(u, item_uniform(frame_draws_key(1, 2), 4));
+  EXPECT_NE(u, item_uniform(frame_draws_key(1, 3), 3));
 }
 
 // ---------------------------------------------------------------- bc_loss

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -182,6 +183,28 @@ double distribution_gap(slipstream_policy* a, slipstream_policy* b, size_t i) {
   return worst;
 }
 
+bool same_controller(const slipstream_controller& a, const slipstream_controller& b) {
+  return a.buttons == b.buttons && a.main_x == b.main_x && a.main_y == b.main_y && a.c_x == b.c_x &&
+         a.c_y == b.c_y && a.shoulder == b.shoulder;
+}
+
+bool acts(const slipstream_controller& c) {
+  return c.buttons || c.main_x != 0 || c.main_y != 0 || c.c_x != 0 || c.c_y != 0 || c.shoulder != 0;
+}
+
+// The device the device tests play on: a GPU when there is one, else the CUDA code path on the
+// emulator; empty (with why in `skip`) when neither is in this build.
+std::string test_device(std::string& skip) {
+  const char* device = probe_cuda().available ? "cuda" : "emulated";
+  try {
+    (void)choose_device(device);
+  } catch (const std::exception& e) {
+    skip = std::string(device) + ": " + e.what();
+    return {};
+  }
+  return device;
+}
+
 struct Handle {
   slipstream_policy* p = nullptr;
   explicit Handle(const std::string& ckpt, const char* device = "cpu") {
@@ -230,13 +253,55 @@ TEST(Policy, AutoregressiveHeadsAnswerTheDecodedController) {
   ASSERT_GT(frames.size(), 500u);
   size_t differs = 0;
   const double worst = play_most_likely(run, frames, [&](size_t i, const auto& c) {
-    std::mt19937_64 unused(0);
-    const ChosenController want = choose_controller(frames[i].logits, nullptr, 0.0f, unused);
+    const ChosenController want = choose_controller(frames[i].logits, nullptr, 0.0f, 0);
     differs += c.buttons != want.buttons || stick_class(c.main_x) != want.classes[kMainX] ||
                shoulder_class(c.shoulder) != want.classes[kShoulder];
   });
   EXPECT_LT(worst, 1e-6);
   EXPECT_EQ(differs, 0u);
+  {  // sampled on a device with the conditioning weight there: the CPU's answers, with a weight
+     // strong enough (3 steps leave it near 0) that drawing without it would answer otherwise
+    std::string skip;
+    const std::string device = test_device(skip);
+    if (!device.empty()) {
+      const std::string strong = dir.path() + "/strong";
+      fs::copy(run, strong, fs::copy_options::recursive);
+      std::mt19937_64 rng(3);
+      std::uniform_real_distribution<float> strength(-1.5f, 1.5f);
+      std::vector<float> w(size_t(kHeadsWidth) * kHeadsWidth);
+      for (float& v : w) v = strength(rng);
+      heads_ar_mask(w.data());
+      // The weights and their average (which the library plays with) both get it.
+      for (const auto& [file, name] : {std::pair{"model", "heads.ar.weight"},
+                                       std::pair{"state", "step.ema.heads.ar.weight"}}) {
+        const std::string path = *latest_checkpoint(strong) + "/" + file + ".safetensors";
+        SafetensorsFile f = read_safetensors(path);
+        Tensor& wa = f.tensors.at(name);
+        ASSERT_EQ(size_t(wa.numel()), w.size()) << name;
+        std::copy(w.begin(), w.end(), wa.data<float>());
+        add_tensor_checksums(f.tensors, f.metadata);  // the edit is ours, not damage
+        write_safetensors(path, f.tensors, f.metadata);
+      }
+      Handle cpu(strong), dev(strong, device.c_str());
+      // Hot draws, so earlier items often differ from the most likely ones and condition later
+      // items otherwise than the decode did.
+      ASSERT_EQ(slipstream_policy_set_sampling(cpu.p, 1.5f, 5), SLIPSTREAM_OK);
+      ASSERT_EQ(slipstream_policy_set_sampling(dev.p, 1.5f, 5), SLIPSTREAM_OK);
+      size_t answers_differ = 0, acting = 0;
+      const size_t n = std::min<size_t>(frames.size(), 200);
+      for (size_t i = 0; i < n; ++i) {
+        slipstream_controller a, b;
+        ASSERT_EQ(slipstream_policy_step(cpu.p, &frames[i].frame, &a), SLIPSTREAM_OK);
+        ASSERT_EQ(slipstream_policy_step(dev.p, &frames[i].frame, &b), SLIPSTREAM_OK)
+            << slipstream_policy_error(dev.p);
+        EXPECT_LT(distribution_gap(cpu.p, dev.p, 0), 1e-5) << "frame " << i;
+        answers_differ += !same_controller(a, b);
+        acting += acts(a);
+      }
+      EXPECT_LE(answers_differ, 1u) << device;
+      EXPECT_GT(acting, n / 10) << "the sampled answers hardly act: nothing was compared";
+    }
+  }
   std::ifstream weights(run + "/checkpoints/step-3/model.safetensors");
   std::string bytes((std::istreambuf_iterator<char>(weights)), std::istreambuf_iterator<char>());
   EXPECT_NE(bytes.find("heads.ar.weight"), std::string::npos) << "no ar.weight in the checkpoint";
@@ -350,21 +415,21 @@ TEST(Policy, ManyGamesPerCallAreIndependentGames) {
 // On a device (a GPU when there is one, else the CUDA code path on the emulator) the policy's
 // games answer as on the CPU, a game restarted mid-stream included: the temporal model carries
 // each game's state there (its window forward from the last frame's state) where the CPU steps
-// its recurrent form.
+// its recurrent form, and the device draws the controllers (policy_choose) with the CPU's
+// uniforms, so the sampled answers are the CPU's too — all but where logits that differ in their
+// last bits put a uniform on the other side of a decision (at most one answer here).
 TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
-  const char* device = probe_cuda().available ? "cuda" : "emulated";
-  try {
-    (void)choose_device(device);
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << device << ": " << e.what();
-  }
+  std::string skip;
+  const std::string device = test_device(skip);
+  if (device.empty()) GTEST_SKIP() << skip;
   const Trained& t = trained();
   const auto frames = stream_replay(t.run_dir, t.replay);
   const size_t n = 3, steps = 60, restart_at = 30;
   const size_t offsets[n] = {0, 100, 250}, restart_offset = 400;
   ASSERT_GT(frames.size(), restart_offset + steps);
-  Handle cpu(t.run_dir), dev(t.run_dir, device);
+  Handle cpu(t.run_dir), dev(t.run_dir, device.c_str());
   double worst = 0;
+  size_t differ = 0, acting = 0;
   for (size_t step = 0; step < steps; ++step) {
     if (step == restart_at) {
       ASSERT_EQ(slipstream_policy_reset_game(cpu.p, 1), SLIPSTREAM_OK);
@@ -382,10 +447,17 @@ TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
         << slipstream_policy_error(dev.p);
     for (size_t i = 0; i < n; ++i) {
       worst = std::max(worst, distribution_gap(cpu.p, dev.p, i));
+      differ += !same_controller(a[i], b[i]);
+      acting += acts(a[i]);
     }
   }
-  std::printf("max |cpu - %s| over %zu steps of %zu games: %.3g\n", device, steps, n, worst);
+  std::printf(
+      "max |cpu - %s| over %zu steps of %zu games: %.3g; sampled answers differing: %zu "
+      "of %zu (%zu acting)\n",
+      device.c_str(), steps, n, worst, differ, steps * n, acting);
   EXPECT_LT(worst, 1e-5);
+  EXPECT_LE(differ, 1u);
+  EXPECT_GT(acting, steps * n / 10) << "the sampled answers hardly act: nothing was compared";
 }
 
 // A checkpoint directory copied out of its run opens alone: its weights carry the graph.

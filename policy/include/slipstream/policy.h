@@ -124,7 +124,8 @@ int slipstream_policy_version(void);
 /* Opens `checkpoint`: a run directory (its newest checkpoint), RUN/checkpoints/step-N, or a
  * checkpoint directory copied out of its run.
  * `device`: "cpu" (also for NULL or ""), "cuda" or "cuda:N" (the weights and the temporal
- * model's state stay on that GPU; each step copies the frames in and the logits out), or
+ * model's state stay on that GPU; each step copies the frames in, draws the controllers there
+ * and copies them and the distributions out), or
  * "emulated" (the CUDA code path on the CPU emulator: for checking, slow); a device that is not
  * there is refused with SLIPSTREAM_E_DEVICE. On failure *out is NULL and
  * slipstream_policy_error(NULL) says why. */
@@ -132,8 +133,8 @@ slipstream_status slipstream_policy_open(const char* checkpoint, const char* dev
                                          slipstream_policy** out);
 
 /* A new game (every game of a batch stream; the next step fixes their number again): clears the
- * temporal model's state and restarts the sampling generators from their seeds (the same frames
- * then give the same answers). Also the state right after open. */
+ * temporal model's state and starts the sampling draws again from their first frame's (the same
+ * frames then give the same answers). Also the state right after open. */
 slipstream_status slipstream_policy_reset(slipstream_policy* policy);
 
 /* One frame: the controller to press next, drawn from the model's distribution (temperature 1,
@@ -150,7 +151,7 @@ slipstream_status slipstream_policy_distribution(const slipstream_policy* policy
 
 /* Many games per call (self-play, evaluation): one frame of each of n independent games,
  * frames[i] and out[i] game i's, stepped together in one pass through the model (its products
- * over the n rows at once). Each game carries its own temporal state and its own generator,
+ * over the n rows at once). Each game carries its own temporal state and its own draws,
  * seeded from (seed, i) — game 0's from the seed itself, so slipstream_policy_step is the
  * n = 1 form. The first step after open or reset fixes n; another n is refused
  * (SLIPSTREAM_E_ARGUMENT) until slipstream_policy_reset. A frame that fails validation (the
@@ -160,7 +161,7 @@ slipstream_status slipstream_policy_step_batch(slipstream_policy* policy, int32_
                                                slipstream_controller* out);
 
 /* Game `game` (0 <= game < n) starts again — a new game on that slot: its temporal state
- * cleared and its generator restarted; the other games carry on. */
+ * cleared and its draws started again; the other games carry on. */
 slipstream_status slipstream_policy_reset_game(slipstream_policy* policy, int32_t game);
 
 /* The distribution behind game `game`'s last answer (at temperature 1). */
@@ -168,7 +169,7 @@ slipstream_status slipstream_policy_distribution_of(const slipstream_policy* pol
                                                     slipstream_distribution* out);
 
 /* temperature > 0 (1, the default): each step draws buttons and sticks from the distribution
- * sharpened (< 1) or flattened (> 1) by the temperature, with a generator seeded by `seed` (0 by
+ * sharpened (< 1) or flattened (> 1) by the temperature, with draws keyed by `seed` (0 by
  * default; the same seed and frames give the same answers; give each game or agent its own to
  * vary them). temperature 0: the most likely input, each button pressed when its probability
  * exceeds 1/2 and each stick at its most likely class; a behaviour-cloned policy then mostly

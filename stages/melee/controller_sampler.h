@@ -1,0 +1,36 @@
+// A batch of games' answers from the controller heads' logits, where the logits are: on the CPU
+// (controller_choice.h per game, spread over the calling task arena's threads) or on a device
+// (one policy_choose kernel on the run's stream; only the distributions and the drawn
+// controllers come back, through page-locked staging with one wait). Both answer alike: the same
+// float operations in the same order, with counter-based draws (frame_draws_key) that need no
+// generator state on the device. The policy library (policy/policy.cpp) samples with it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "engine/exec_context.h"
+#include "engine/stage.h"
+#include "stages/melee/controller_choice.h"
+#include "stages/melee/model_math.h"
+
+namespace slipstream::melee {
+
+class ControllerSampler {
+ public:
+  virtual ~ControllerSampler() = default;
+  // For each of `games` games (row g of the heads' outputs, in the exec context's memory):
+  // distribution[g] (81 floats, the heads' column order: the buttons' probabilities, then each
+  // stick head's and the shoulder's softmax) and chosen[g], drawn at `temperature` with the
+  // uniforms of frame_keys[g]. The outputs are host memory, complete on return.
+  virtual void draw(const float* const logits[kHeads], float temperature,
+                    const uint64_t* frame_keys, size_t games, float* distribution,
+                    ChosenController* chosen) = 0;
+};
+
+// The sampler of `heads` (a controller_heads stage; its ar.weight, when it has one, conditions
+// the draws) for the exec context's backend.
+std::unique_ptr<ControllerSampler> make_controller_sampler(const ExecContext& exec, Stage& heads);
+
+}  // namespace slipstream::melee
