@@ -22,8 +22,10 @@
 #include "kernels/gru_cudnn.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
+#include "stages/melee/melee_kernels.h"
 
 namespace sk = slipstream::kernels;
+namespace melee = slipstream::melee;
 
 namespace {
 
@@ -338,6 +340,67 @@ void host_to_device(benchmark::State& state, size_t bytes, bool pinned) {
   if (pinned) cudaFreeHost(host);
 }
 
+// The embedding's table gradients (stages/melee/melee_cuda.inc) in one form, at the preset's
+// batch (B × W positions, three slots each) with ids drawn as games have them: a few action
+// states hold most items (u³ over the 399), two characters and one stage a window, the third
+// slot (Nana) mostly absent. GB/s: dout's embedding columns read once, the tables written once.
+void embed_backward(benchmark::State& st, const Shape& sh,
+                    melee::cuda::Kernels::EmbedBackwardVariant v) {
+  using K = melee::cuda::Kernels;
+  const size_t rows = size_t(sh.B) * sh.L;
+  const melee::EmbedLayout L;
+  const auto dims = melee::embed_dims<K::EmbedDims>(L);
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<int32_t> action(rows * melee::kSlots), character(rows * melee::kSlots), stage(rows);
+  std::vector<float> numeric(rows * melee::kSlots * melee::kNumericFeatures, 0.5f);
+  for (size_t w = 0; w < size_t(sh.B); ++w) {
+    const int32_t chars[2] = {int32_t(rng() % melee::kCharacters),
+                              int32_t(rng() % melee::kCharacters)};
+    const int32_t where = int32_t(rng() % 6);
+    for (size_t t = 0; t < size_t(sh.L); ++t) {
+      const size_t r = w * sh.L + t;
+      stage[r] = where;
+      for (int s = 0; s < melee::kSlots; ++s) {
+        const size_t rs = r * melee::kSlots + s;
+        const double x = u(rng);
+        action[rs] = int32_t(x * x * x * (melee::kActionStates - 1));
+        character[rs] = chars[s == 1 ? 1 : 0];
+        numeric[rs * melee::kNumericFeatures + melee::kExists] =
+            s < 2 || u(rng) < 0.1 ? 1.0f : 0.0f;
+      }
+    }
+  }
+  Buffers m;
+  auto upload = [&](const auto& h) {
+    using T = typename std::decay_t<decltype(h)>::value_type;
+    T* p = m.alloc<T>(h.size());
+    ok(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    return p;
+  };
+  const float* g_num = upload(numeric);
+  const int32_t *g_a = upload(action), *g_c = upload(character), *g_s = upload(stage);
+  const float* dout = m.random<float>(rows * size_t(L.width()), -1, 1);
+  float* da = m.alloc<float>(size_t(melee::kActionStates) * L.action_dim);
+  float* dc = m.alloc<float>(size_t(melee::kCharacters) * L.character_dim);
+  float* ds = m.alloc<float>(size_t(melee::kStages) * L.stage_dim);
+  void* ws = m.alloc<char>(K::embed_backward_workspace_bytes(dims, rows));
+  const auto was = K::embed_backward_variant();
+  K::set_embed_backward_variant(v);
+  const double bytes =
+      double(rows) * (melee::kSlots * (L.action_dim + L.character_dim) + L.stage_dim) * 4.0 +
+      (double(melee::kActionStates) * L.action_dim + double(melee::kCharacters) * L.character_dim +
+       double(melee::kStages) * L.stage_dim) *
+          4.0;
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  time_launches(st, s, bytes, [&] {
+    K::embed_backward(dims, rows, g_num, g_a, g_c, g_s, dout, da, dc, ds, ws, s);
+  });
+  K::set_embed_backward_variant(was);
+  cudaStreamDestroy(s);
+}
+
 template <class F>
 void add(const std::string& name, F f) {
   benchmark::RegisterBenchmark(name.c_str(), f)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -407,6 +470,11 @@ int main(int argc, char** argv) {
             });
       }
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
+    // The embedding's table gradients: the default form against the sorted one (melee_cuda.inc).
+    using EV = melee::cuda::Kernels::EmbedBackwardVariant;
+    for (auto [v, vname] : {std::pair{EV::partials, "partials"}, std::pair{EV::sorted, "sorted"}})
+      add(std::string("embed_backward_") + vname + "/" + p,
+          [=](benchmark::State& st) { embed_backward(st, sh, v); });
     for (bool bf16 : {false, true}) {
       const std::string prec = bf16 ? "bf16/" : "fp32/";
       add("gru_layer_forward/" + prec + p, [=](benchmark::State& st) { gru(st, sh, false, bf16); });

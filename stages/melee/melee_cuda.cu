@@ -4,6 +4,9 @@
 // which tests/melee_model compares them; constants come in by value (EmbedDims), so device code
 // calls no host constexpr function.
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/cuda_common.cuh"
 #include "stages/melee/melee_kernels.h"
@@ -22,6 +25,7 @@ using k::ceil_div;
 using k::check_launch;
 
 constexpr int kThreads = 256;
+constexpr unsigned kFullWarp = 0xffffffffu;
 // embed_backward: items summed per partial. Each block's thread per column runs through its
 // chunk in order, so the chunk's length is the kernel's critical path; shorter chunks mean more
 // blocks and more partials to write and sum (gpu_standard's action table: 180 chunks of 256).
@@ -227,6 +231,245 @@ void table_backward(const TableGrad& t, const float* numeric, const float* dout,
                     numeric, dout, items, width, slice, part);
   check_launch("embed_backward");
   k::sum_partials(part, int(chunks), cells, dtable, true, stream, "embed_backward");
+}
+
+// The sorted form (EmbedBackwardVariant::sorted): the three tables at once, no dense partials.
+// A stable counting sort groups each table's items by id (a block ranks a chunk of items among
+// themselves, no atomics; one block a table turns the chunks' counts into offsets), then a warp
+// sums each piece of at most kPieceItems items of one id in item order and a warp per table row
+// adds the row's pieces in order. Every sum has a fixed order: the result repeats bit for bit.
+constexpr int kSortChunk = 256;      // items a block ranks; its threads
+constexpr int kPieceItems = 128;     // items a warp adds in order before the pieces are added
+constexpr int kMaxSortedIds = 1024;  // rows of a table the offsets block handles (a thread each)
+
+struct SortedTable {
+  TableGrad g;
+  size_t items;
+  unsigned chunks;
+  int32_t* counts;      // (chunks, id_limit): each chunk's items per id, then those before it
+  int32_t* perm;        // (items): the valid items, grouped by id, in item order within an id
+  int32_t* seg_start;   // (id_limit): the id's first place in perm
+  int32_t* seg_len;     // (id_limit)
+  int32_t* piece_base;  // (id_limit + 1): the id's first piece; [id_limit] all pieces
+  float* pieces;        // (pieces at most, dim)
+  float* dtable;
+};
+struct SortedTables {
+  SortedTable t[3];
+};
+
+// Item i's table row, or -1 when it adds nothing (an id out of range, an absent character).
+__device__ __forceinline__ int item_key(const TableGrad& g, const float* numeric, size_t i) {
+  const int id = g.ids[i];
+  return id >= 0 && id < g.id_limit && (!g.needs_slot || exists(numeric, i)) ? id : -1;
+}
+
+// The chunk's keys in shared memory; returns this thread's key and sets how many earlier items
+// of the chunk share it, and whether a later one does.
+__device__ __forceinline__ int chunk_rank(const SortedTable& T, const float* numeric, int* keys,
+                                          int& before, bool& last) {
+  const int tid = int(threadIdx.x);
+  const size_t i = size_t(blockIdx.x) * kSortChunk + size_t(tid);
+  keys[tid] = i < T.items ? item_key(T.g, numeric, i) : -1;
+  __syncthreads();
+  const int k = keys[tid];
+  before = 0;
+  last = true;
+  for (int j = 0; j < kSortChunk; ++j) {
+    const bool same = keys[j] == k;
+    before += same && j < tid;
+    last = last && !(same && j > tid);
+  }
+  return k;
+}
+
+__global__ void __launch_bounds__(kSortChunk)
+    table_count_kernel(SortedTables s, const float* numeric) {
+  const SortedTable& T = s.t[blockIdx.y];
+  if (blockIdx.x >= T.chunks) return;  // the whole block: tables have their own chunk counts
+  __shared__ int keys[kSortChunk];
+  int32_t* counts = T.counts + size_t(blockIdx.x) * size_t(T.g.id_limit);
+  for (int r = int(threadIdx.x); r < T.g.id_limit; r += kSortChunk) counts[r] = 0;
+  int before;
+  bool last;
+  const int k = chunk_rank(T, numeric, keys, before, last);  // its barrier orders the zeroing
+  if (k >= 0 && last) counts[k] = before + 1;
+}
+
+// A thread an id: its count in each chunk becomes the count of the chunks before (loads issued
+// kOffsetBatch at a time: the chunks' counts do not depend on each other), then scans over the
+// ids give each id its place in perm and its first piece.
+constexpr int kOffsetBatch = 16;
+__global__ void __launch_bounds__(kMaxSortedIds) table_offsets_kernel(SortedTables s) {
+  const SortedTable& T = s.t[blockIdx.y];
+  const int id = int(threadIdx.x), L = T.g.id_limit;
+  __shared__ int total[kMaxSortedIds], pieces[kMaxSortedIds];
+  int run = 0;  // this id's items in the chunks before
+  if (id < L)
+    for (unsigned c0 = 0; c0 < T.chunks; c0 += kOffsetBatch) {
+      int n[kOffsetBatch];
+#pragma unroll
+      for (int j = 0; j < kOffsetBatch; ++j)
+        n[j] = c0 + j < T.chunks ? T.counts[size_t(c0 + j) * size_t(L) + size_t(id)] : 0;
+#pragma unroll
+      for (int j = 0; j < kOffsetBatch; ++j)
+        if (c0 + j < T.chunks) {
+          T.counts[size_t(c0 + j) * size_t(L) + size_t(id)] = run;
+          run += n[j];
+        }
+    }
+  const int mine = (run + kPieceItems - 1) / kPieceItems;
+  total[id] = run;
+  pieces[id] = mine;
+  __syncthreads();
+  for (int off = 1; off < kMaxSortedIds; off *= 2) {  // inclusive scans over the ids
+    const int a = id >= off ? total[id - off] : 0, b = id >= off ? pieces[id - off] : 0;
+    __syncthreads();
+    total[id] += a;
+    pieces[id] += b;
+    __syncthreads();
+  }
+  if (id >= L) return;
+  T.seg_start[id] = total[id] - run;
+  T.seg_len[id] = run;
+  T.piece_base[id] = pieces[id] - mine;
+  if (id == L - 1) T.piece_base[L] = pieces[id];
+}
+
+__global__ void __launch_bounds__(kSortChunk)
+    table_scatter_kernel(SortedTables s, const float* numeric) {
+  const SortedTable& T = s.t[blockIdx.y];
+  if (blockIdx.x >= T.chunks) return;
+  __shared__ int keys[kSortChunk];
+  int before;
+  bool last;
+  const int k = chunk_rank(T, numeric, keys, before, last);
+  if (k < 0) return;
+  const int at =
+      T.seg_start[k] + T.counts[size_t(blockIdx.x) * size_t(T.g.id_limit) + size_t(k)] + before;
+  T.perm[at] = int32_t(size_t(blockIdx.x) * kSortChunk + threadIdx.x);
+}
+
+// A warp a piece: its id's items from seg_start + kPieceItems · (its rank among the id's pieces),
+// added in order; lanes over the table's columns. The items come 32 at a time, their indices
+// one per lane, so the 32 rows' loads are all in flight before the additions.
+__global__ void table_piece_sums_kernel(SortedTables s, const float* dout, int width) {
+  const SortedTable& T = s.t[blockIdx.y];
+  const int lane = int(threadIdx.x % 32), L = T.g.id_limit;
+  const int p = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  if (p >= T.piece_base[L]) return;  // a whole warp
+  int lo = 0, hi = L - 1;            // the last id whose first piece is at or before p
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (T.piece_base[mid] <= p)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int first = T.seg_start[lo] + (p - T.piece_base[lo]) * kPieceItems;
+  const int seg_end = T.seg_start[lo] + T.seg_len[lo];
+  const int end = first + kPieceItems < seg_end ? first + kPieceItems : seg_end;
+  const size_t per = size_t(T.g.per_row), base = size_t(T.g.col_base);
+  for (int c0 = 0; c0 < T.g.dim; c0 += 32) {
+    const int c = c0 + lane;
+    float acc = 0.0f;
+    for (int b = first; b < end; b += 32) {
+      const int n = end - b < 32 ? end - b : 32;
+      const int mine = lane < n ? T.perm[b + lane] : 0;
+      float v[32];
+#pragma unroll
+      for (int q = 0; q < 32; ++q) {
+        const size_t i = size_t(__shfl_sync(kFullWarp, mine, q));
+        v[q] =
+            q < n && c < T.g.dim
+                ? dout[i / per * size_t(width) + i % per * size_t(T.g.slot_step) + base + size_t(c)]
+                : 0.0f;
+      }
+#pragma unroll
+      for (int q = 0; q < 32; ++q)
+        if (q < n) acc += v[q];
+    }
+    if (c < T.g.dim) T.pieces[size_t(p) * size_t(T.g.dim) + size_t(c)] = acc;
+  }
+}
+
+// A warp a table row: its pieces added in order, then onto the gradient.
+__global__ void table_rows_kernel(SortedTables s) {
+  const SortedTable& T = s.t[blockIdx.y];
+  const int lane = int(threadIdx.x % 32);
+  const int id = int((size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  if (id >= T.g.id_limit) return;
+  const int p0 = T.piece_base[id], p1 = T.piece_base[id + 1];
+  for (int c = lane; c < T.g.dim; c += 32) {
+    float acc = 0.0f;
+    for (int p = p0; p < p1; ++p) acc += T.pieces[size_t(p) * size_t(T.g.dim) + size_t(c)];
+    T.dtable[size_t(id) * size_t(T.g.dim) + size_t(c)] += acc;
+  }
+}
+
+// The sorted form's workspace for one table, laid out from `at` (null: only counted).
+size_t sorted_table_layout(SortedTable& T, char* at) {
+  const size_t L = size_t(T.g.id_limit);
+  const size_t piece_count = ceil_div(T.items, kPieceItems) + L;
+  size_t used = 0;
+  auto take = [&](size_t bytes) {
+    char* p = at ? at + used : nullptr;
+    used += (bytes + 255) / 256 * 256;
+    return p;
+  };
+  T.counts = reinterpret_cast<int32_t*>(take(size_t(T.chunks) * L * sizeof(int32_t)));
+  T.perm = reinterpret_cast<int32_t*>(take(T.items * sizeof(int32_t)));
+  T.seg_start = reinterpret_cast<int32_t*>(take(L * sizeof(int32_t)));
+  T.seg_len = reinterpret_cast<int32_t*>(take(L * sizeof(int32_t)));
+  T.piece_base = reinterpret_cast<int32_t*>(take((L + 1) * sizeof(int32_t)));
+  T.pieces = reinterpret_cast<float*>(take(piece_count * size_t(T.g.dim) * sizeof(float)));
+  return used;
+}
+
+// The three tables' sorted forms over `workspace` (null: sizes only); the bytes they take.
+size_t sorted_tables(SortedTables& s, const TableGrad (&g)[3], const size_t (&items)[3],
+                     float* const (&dtable)[3], void* workspace) {
+  size_t used = 0;
+  for (int k = 0; k < 3; ++k) {
+    SortedTable& T = s.t[k];
+    T.g = g[k];
+    T.items = items[k];
+    T.chunks = ceil_div(items[k], kSortChunk);
+    T.dtable = dtable[k];
+    used += sorted_table_layout(T, workspace ? static_cast<char*>(workspace) + used : nullptr);
+  }
+  return used;
+}
+
+void sorted_backward(const TableGrad (&g)[3], const size_t (&items)[3], const float* numeric,
+                     const float* dout, int width, float* const (&dtable)[3], void* workspace,
+                     cudaStream_t stream) {
+  auto s = k::zero_filled<SortedTables>();
+  sorted_tables(s, g, items, dtable, workspace);
+  unsigned chunks = 0, pieces = 0;
+  int ids = 0;
+  for (const SortedTable& T : s.t) {
+    if (T.g.id_limit > kMaxSortedIds)
+      throw std::invalid_argument("embed_backward: a table of " + std::to_string(T.g.id_limit) +
+                                  " rows is more than the sorted form's " +
+                                  std::to_string(kMaxSortedIds));
+    chunks = std::max(chunks, T.chunks);
+    pieces = std::max(pieces, ceil_div(T.items, kPieceItems) + unsigned(T.g.id_limit));
+    ids = std::max(ids, T.g.id_limit);
+  }
+  if (chunks == 0) return;
+  SLIPSTREAM_LAUNCH(table_count_kernel, dim3(chunks, 3), dim3(kSortChunk), stream, s, numeric);
+  check_launch("embed_backward (count)");
+  SLIPSTREAM_LAUNCH(table_offsets_kernel, dim3(1, 3), dim3(kMaxSortedIds), stream, s);
+  check_launch("embed_backward (offsets)");
+  SLIPSTREAM_LAUNCH(table_scatter_kernel, dim3(chunks, 3), dim3(kSortChunk), stream, s, numeric);
+  check_launch("embed_backward (scatter)");
+  SLIPSTREAM_LAUNCH(table_piece_sums_kernel, dim3(ceil_div(size_t(pieces) * 32, kThreads), 3),
+                    dim3(kThreads), stream, s, dout, width);
+  check_launch("embed_backward (piece sums)");
+  SLIPSTREAM_LAUNCH(table_rows_kernel, dim3(ceil_div(size_t(ids) * 32, kThreads), 3),
+                    dim3(kThreads), stream, s);
+  check_launch("embed_backward (rows)");
 }
 
 // ---------------------------------------------------------------- BC loss
@@ -455,7 +698,6 @@ __global__ void ar_decode_kernel(size_t M, const float* Wa, float* logits) {
 // ---------------------------------------------------------------- the policy's draws
 
 constexpr int kChooseThreads = 128;  // a warp a game: 4 games a block
-constexpr unsigned kFullWarp = 0xffffffffu;
 
 // controller_choice.h's item_uniform.
 __device__ __forceinline__ float item_uniform(uint64_t frame_key, int item) {
@@ -601,13 +843,49 @@ void Kernels::embed_add_noise(const EmbedDims& d, size_t rows, const float* nume
   check_launch("embed_add_noise");
 }
 
+namespace {
+Kernels::EmbedBackwardVariant variant_from_environment() {
+  const char* e = std::getenv("SLIPSTREAM_EMBED_BACKWARD");
+  using V = Kernels::EmbedBackwardVariant;
+  return e && std::string(e) == "sorted" ? V::sorted : V::partials;
+}
+Kernels::EmbedBackwardVariant g_embed_backward = variant_from_environment();
+
+// The three tables' gradients as the kernels see them.
+struct Tables {
+  TableGrad g[3];
+  size_t items[3];
+  Tables(const EmbedDims& d, size_t rows, const int32_t* action, const int32_t* character,
+         const int32_t* stage) {
+    const Cols L(d);
+    g[0] = table_grad(action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true);
+    g[1] =
+        table_grad(character, kCharacters, L.C, kSlots, kNumericFeatures + L.A, L.slot_width, true);
+    g[2] = table_grad(stage, kStages, L.S, 1, L.stage_offset, 0, false);
+    items[0] = items[1] = rows * kSlots;
+    items[2] = rows;
+  }
+};
+}  // namespace
+
+void Kernels::set_embed_backward_variant(EmbedBackwardVariant v) {
+  g_embed_backward = v;
+}
+Kernels::EmbedBackwardVariant Kernels::embed_backward_variant() {
+  return g_embed_backward;
+}
+
 size_t Kernels::embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
   const size_t slot_chunks = ceil_div(rows * kSlots, kItemsPerChunk);
   const size_t stage_chunks = ceil_div(rows, kItemsPerChunk);
   const size_t cells = std::max({slot_chunks * size_t(kActionStates) * size_t(d.action_dim),
                                  slot_chunks * size_t(kCharacters) * size_t(d.character_dim),
                                  stage_chunks * size_t(kStages) * size_t(d.stage_dim)});
-  return cells * sizeof(float);
+  // Either form's: the variant may change between the allocation and a launch.
+  Tables t(d, rows, nullptr, nullptr, nullptr);
+  auto s = k::zero_filled<SortedTables>();
+  float* const none[3] = {nullptr, nullptr, nullptr};
+  return std::max(cells * sizeof(float), sorted_tables(s, t.g, t.items, none, nullptr));
 }
 
 void Kernels::embed_backward(const EmbedDims& d, size_t rows, const float* numeric,
@@ -615,16 +893,16 @@ void Kernels::embed_backward(const EmbedDims& d, size_t rows, const float* numer
                              const float* dout, float* daction_table, float* dcharacter_table,
                              float* dstage_table, void* workspace, cudaStream_t stream) {
   const Cols L(d);
+  const Tables t(d, rows, action, character, stage);
+  float* const dtable[3] = {daction_table, dcharacter_table, dstage_table};
+  if (g_embed_backward == EmbedBackwardVariant::sorted) {
+    sorted_backward(t.g, t.items, numeric, dout, L.width, dtable, workspace, stream);
+    return;
+  }
   float* part = static_cast<float*>(workspace);
-  const TableGrad a =
-      table_grad(action, kActionStates, L.A, kSlots, kNumericFeatures, L.slot_width, true);
-  const TableGrad c =
-      table_grad(character, kCharacters, L.C, kSlots, kNumericFeatures + L.A, L.slot_width, true);
-  const TableGrad s = table_grad(stage, kStages, L.S, 1, L.stage_offset, 0, false);
   // Stream order keeps the shared workspace safe between the three tables.
-  table_backward(a, numeric, dout, rows * kSlots, L.width, daction_table, part, stream);
-  table_backward(c, numeric, dout, rows * kSlots, L.width, dcharacter_table, part, stream);
-  table_backward(s, numeric, dout, rows, L.width, dstage_table, part, stream);
+  for (int k = 0; k < 3; ++k)
+    table_backward(t.g[k], numeric, dout, t.items[k], L.width, dtable[k], part, stream);
 }
 
 void Kernels::bc_loss_rows(const HeadPointers& logits, const float* target_buttons,

@@ -104,19 +104,35 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   std::vector<double> da(at.size(), 0.0), dc(ct.size(), 0.0), ds(st.size(), 0.0);
   embed_backward<double>(L, rows, num64.data(), in.action.data(), in.character.data(),
                          in.stage.data(), dout.data(), da.data(), dc.data(), ds.data());
-  // The kernel accumulates (+=) into what is there: start from ones, subtract after.
+  // The kernel accumulates (+=) into what is there: start from ones, subtract after. Both forms
+  // (EmbedBackwardVariant), the sorted one twice: its result repeats bit for bit.
   const std::vector<float> ones_a(at.size(), 1.f), ones_c(ct.size(), 1.f), ones_s(st.size(), 1.f);
-  float *g_da = mem.upload(ones_a), *g_dc = mem.upload(ones_c), *g_ds = mem.upload(ones_s);
   void* ws = mem.alloc_bytes(K::embed_backward_workspace_bytes(dims, rows));
-  K::embed_backward(dims, rows, g_num, g_a, g_c, g_s, mem.upload(cast<float>(dout)), g_da, g_dc,
-                    g_ds, ws, mem.stream());
+  const float* g_dout = mem.upload(cast<float>(dout));
   auto minus_one = [](std::vector<double> v) {
     for (double& x : v) x -= 1.0;
     return v;
   };
-  EXPECT_CLOSE(minus_one(values(mem.download(g_da, at.size()))), da, 1e-5, "action table grad");
-  EXPECT_CLOSE(minus_one(values(mem.download(g_dc, ct.size()))), dc, 1e-5, "character grad");
-  EXPECT_CLOSE(minus_one(values(mem.download(g_ds, st.size()))), ds, 1e-5, "stage table grad");
+  using Variant = typename K::EmbedBackwardVariant;
+  const Variant was = K::embed_backward_variant();
+  std::vector<float> first_sorted;
+  for (const Variant v : {Variant::partials, Variant::sorted, Variant::sorted}) {
+    SCOPED_TRACE(v == Variant::sorted ? "sorted" : "partials");
+    K::set_embed_backward_variant(v);
+    float *g_da = mem.upload(ones_a), *g_dc = mem.upload(ones_c), *g_ds = mem.upload(ones_s);
+    K::embed_backward(dims, rows, g_num, g_a, g_c, g_s, g_dout, g_da, g_dc, g_ds, ws, mem.stream());
+    const auto got_a = mem.download(g_da, at.size());
+    EXPECT_CLOSE(minus_one(values(got_a)), da, 1e-5, "action table grad");
+    EXPECT_CLOSE(minus_one(values(mem.download(g_dc, ct.size()))), dc, 1e-5, "character grad");
+    EXPECT_CLOSE(minus_one(values(mem.download(g_ds, st.size()))), ds, 1e-5, "stage table grad");
+    if (v != Variant::sorted) continue;
+    if (first_sorted.empty())
+      first_sorted = got_a;
+    else
+      EXPECT_EQ(0, std::memcmp(first_sorted.data(), got_a.data(), got_a.size() * sizeof(float)))
+          << "the sorted form's action table gradient differs between two runs";
+  }
+  K::set_embed_backward_variant(was);
 }
 
 template <class K, class Mem>

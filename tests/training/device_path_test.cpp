@@ -16,6 +16,7 @@
 
 #include "engine/device.h"
 #include "engine/memory_pool.h"
+#include "stages/melee/melee_kernels.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
 
@@ -148,6 +149,30 @@ TEST(DevicePath, MatchesCpuFp32) {
 TEST(DevicePath, MatchesCpuBf16) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
   device_path_matches_cpu("bf16");
+}
+
+// The embedding's table gradients in their sorted form (melee_cuda.inc's EmbedBackwardVariant,
+// off by default until a GPU times it) in the whole step, for this build's device kernels.
+template <class K>
+void matches_cpu_with_sorted_table_gradients() {
+  const auto was = K::embed_backward_variant();
+  K::set_embed_backward_variant(K::EmbedBackwardVariant::sorted);
+  device_path_matches_cpu("fp32");
+  device_path_matches_cpu("bf16");
+  K::set_embed_backward_variant(was);
+}
+
+TEST(DevicePath, SortedTableGradientsMatchCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  if (std::string(kDevice) == "cuda") {
+#if SLIPSTREAM_KERNELS_CUDA
+    matches_cpu_with_sorted_table_gradients<melee::cuda::Kernels>();
+#endif
+  } else {
+#if SLIPSTREAM_CUDA_EMULATOR
+    matches_cpu_with_sorted_table_gradients<melee::cuda_emulated::Kernels>();
+#endif
+  }
 }
 
 // Autoregressive heads: teacher-forced training (mirrored windows included) and the in-order

@@ -155,6 +155,10 @@ if wants tests; then
   # GPU_CHECK_CTEST_JOBS: gpu tests at a time (default 1; they share the one GPU).
   step gpu_tests sh -c "cd $B && ctest -L gpu -j ${GPU_CHECK_CTEST_JOBS:-1} --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
     rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
+  # The policy library on the GPU against the CPU (label integration: these pick the GPU when
+  # there is one): distributions and sampled controllers, the draws made by policy_choose.
+  step policy_on_device $B/bin/policy_tests \
+    --gtest_filter='Policy.OnADeviceAnswersAsOnTheCpu:Policy.AutoregressiveHeadsAnswerTheDecodedController'
 fi
 wants cpu && step kernel_unit_tests sh -c "$B/bin/kernels_test && $B/bin/kernel_ops_cpu_test && $B/bin/kernel_ops_emulated_test"
 # The kernel tests without the gpu_standard shapes (DEVICE_TEST(..., GpuStandardShape), the
@@ -255,17 +259,26 @@ if [[ "$MODE" == full* ]]; then
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
-  # The scan's forward keeping the chunk states its backward reads (kernels/selective_scan.h,
-  # SLIPSTREAM_SCAN_FORWARD_STATES=1) against the backward finding them itself: the whole step
-  # of one build both ways, alternating (ab_step.sh), at gpu_standard and production.
+  # Kernel forms prepared without a GPU, each off by default until timed here: the whole step of
+  # one build with the form switched on against without, alternating (ab_step.sh), at
+  # gpu_standard and production. scan_states: the scan's forward keeping the chunk states its
+  # backward reads (kernels/selective_scan.h, SLIPSTREAM_SCAN_FORWARD_STATES=1); embed_sorted:
+  # the embedding's table gradients by a counting sort (stages/melee/melee_cuda.inc,
+  # SLIPSTREAM_EMBED_BACKWARD=sorted). GPU_CHECK_AB names which (default both).
   if wants ab; then
-    cand=$OUT/ab_scan_states_bin
-    mkdir -p "$cand"
-    printf '#!/bin/sh\nSLIPSTREAM_SCAN_FORWARD_STATES=1 exec %s/bench_e2e "$@"\n' "$B/bin" \
-      >"$cand/bench_e2e"
-    chmod +x "$cand/bench_e2e"
-    step ab_scan_states env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" AB_PRECISIONS="fp32 bf16" \
-      bash tools/gpu_check/ab_step.sh "$B/bin" "$cand" "$OUT/ab_scan_states"
+    for ab in ${GPU_CHECK_AB:-scan_states embed_sorted}; do
+      case $ab in
+        scan_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=1 ;;
+        embed_sorted) switch=SLIPSTREAM_EMBED_BACKWARD=sorted ;;
+        *) echo "gpu_check: unknown GPU_CHECK_AB entry '$ab'"; continue ;;
+      esac
+      cand=$OUT/ab_${ab}_bin
+      mkdir -p "$cand"
+      printf '#!/bin/sh\n%s exec %s/bench_e2e "$@"\n' "$switch" "$B/bin" >"$cand/bench_e2e"
+      chmod +x "$cand/bench_e2e"
+      step ab_$ab env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" AB_PRECISIONS="fp32 bf16" \
+        bash tools/gpu_check/ab_step.sh "$B/bin" "$cand" "$OUT/ab_$ab"
+    done
   fi
   # The loader on this machine's cores: windows/s out of produce() and setup time against
   # threads (what the GPU's step consumes must stay below it); a few seconds.

@@ -175,6 +175,14 @@ def main(out):
                 print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
                       f"{other} {b['real_time']:.1f} us: {other} takes "
                       f"{b['real_time'] / a['real_time']:.2f}x the default's time")
+    # The embedding's table gradients: the default form (dense partials) against the sorted one.
+    for shape in ("gpu_standard", "production"):
+        a = bench.get(f"embed_backward_partials/{shape}")
+        b = bench.get(f"embed_backward_sorted/{shape}")
+        if a and b:
+            print(f"\n  embedding table gradients, {shape}: partials {a['real_time']:.1f} us, "
+                  f"sorted {b['real_time']:.1f} us: {a['real_time'] / b['real_time']:.2f}x faster "
+                  "sorted")
     # The GRU graph's step: our per-step layer against cuDNN's stack, in fp32 and bf16, and
     # whether each step ran from a CUDA graph.
     gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
