@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_backward_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
-                         const float* dpre, DT* dx, float* dw_part, float* db_part, int L, int C,
-                         int K) {
+                         const float* dpre, DT* dx, __nv_bfloat16* dx_bf, float* dw_part,
+                         float* db_part, int L, int C, int K) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
@@ -83,7 +83,9 @@ __global__ void __launch_bounds__(kThreads)
       const int tg = t + K - 1 - k;
       if (tg < L) acc += w[size_t(c) * K + k] * g(tg);
     }
-    dx[base + size_t(t) * C] = from_f32<DT>(acc);
+    const DT dxv = from_f32<DT>(acc);
+    dx[base + size_t(t) * C] = dxv;
+    if (dx_bf) dx_bf[base + size_t(t) * C] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = g(t);
     db += gt;
 #pragma unroll
@@ -105,8 +107,8 @@ __global__ void __launch_bounds__(kThreads)
 template <class DT, int KC>
 __global__ void __launch_bounds__(kThreads)
     conv_backward_window_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
-                                const float* dpre, DT* dx, float* dw_part, float* db_part, int L,
-                                int C) {
+                                const float* dpre, DT* dx, __nv_bfloat16* dx_bf, float* dw_part,
+                                float* db_part, int L, int C) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
@@ -130,7 +132,9 @@ __global__ void __launch_bounds__(kThreads)
     float acc = 0.f;  // dx[t] = sum_k w[k] g[t + K - 1 - k]
 #pragma unroll
     for (int k = 0; k < KC; ++k) acc += wr[k] * gw[KC - 1 - k];
-    dx[base + size_t(t) * C] = from_f32<DT>(acc);
+    const DT dxv = from_f32<DT>(acc);
+    dx[base + size_t(t) * C] = dxv;
+    if (dx_bf) dx_bf[base + size_t(t) * C] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = gw[0];
     db += gt;
 #pragma unroll
@@ -207,9 +211,9 @@ size_t Kernels::causal_conv1d_backward_workspace_bytes(int B, int L, int C, int 
 
 template <class T>
 void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
-                                     const float* bias, const T* dy, T* dx, float* dweight,
-                                     float* dbias, void* workspace, int B, int L, int C, int K,
-                                     bool silu, cudaStream_t stream) {
+                                     const float* bias, const T* dy, T* dx, bfloat16* dx_bf,
+                                     float* dweight, float* dbias, void* workspace, int B, int L,
+                                     int C, int K, bool silu, cudaStream_t stream) {
   const char* op = "causal_conv1d_backward";
   check_width(K, op);
   const size_t n = size_t(B) * L * C;
@@ -227,7 +231,7 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
   const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
   auto window = [&](auto kernel) {
     SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
-                      dpre, dev(dx), ws + lay.dw, ws + lay.db, L, C);
+                      dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C);
   };
   switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
     case 2:
@@ -242,7 +246,7 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
     default: {
       const auto kernel = &conv_backward_kernel<dev_t<T>>;
       SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
-                        dpre, dev(dx), ws + lay.dw, ws + lay.db, L, C, K);
+                        dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, K);
     }
   }
   check_launch(op);
@@ -268,8 +272,8 @@ void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight,
                                                   T*, bfloat16*, int, int, int, int, bool,         \
                                                   cudaStream_t);                                   \
   template void Kernels::causal_conv1d_backward<T>(const T*, const T*, const float*, const float*, \
-                                                   const T*, T*, float*, float*, void*, int, int,  \
-                                                   int, int, bool, cudaStream_t);                  \
+                                                   const T*, T*, bfloat16*, float*, float*, void*, \
+                                                   int, int, int, int, bool, cudaStream_t);        \
   template void Kernels::causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int,  \
                                                int, int, bool, cudaStream_t);
 INSTANTIATE(float)

@@ -51,9 +51,11 @@ static void rmsnorm_add_forward(const T* x, const T* residual, const float* weig
 
 static size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
 
+// `ds_bf` (may be null) receives ds rounded to bf16 as well, as fp32_to_bf16 of ds would (the
+// backward GEMMs' copy of the residual stream's gradient without a cast launch).
 template <class T>
 static void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
-                                 const T* dsum, T* ds, float* dweight, void* workspace, size_t M,
-                                 size_t D, cudaStream_t stream);
+                                 const T* dsum, T* ds, bfloat16* ds_bf, float* dweight,
+                                 void* workspace, size_t M, size_t D, cudaStream_t stream);
 
 #endif  // the parts

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kColThreads)
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     rms_dx_kernel(const DT* s, const float* w, const float* rstd, const DT* dy, const DT* dsum,
-                  DT* ds, size_t M, size_t D) {
+                  DT* ds, __nv_bfloat16* ds_bf, size_t M, size_t D) {
   const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = int(threadIdx.x) & 31;
   if (row >= M) return;
@@ -69,7 +69,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (size_t j = lane; j < D; j += 32) {
     const float v =
         r * w[j] * to_f32(dy[o + j]) - to_f32(s[o + j]) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
-    ds[o + j] = from_f32<DT>(v);
+    const DT dv = from_f32<DT>(v);
+    ds[o + j] = dv;
+    if (ds_bf) ds_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(dv));  // as fp32_to_bf16 of ds
   }
 }
 
@@ -96,8 +98,8 @@ size_t Kernels::rmsnorm_add_backward_workspace_bytes(size_t M, size_t D) {
 
 template <class T>
 void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
-                                   const T* dsum, T* ds, float* dweight, void* workspace, size_t M,
-                                   size_t D, cudaStream_t stream) {
+                                   const T* dsum, T* ds, bfloat16* ds_bf, float* dweight,
+                                   void* workspace, size_t M, size_t D, cudaStream_t stream) {
   const char* op = "rmsnorm_add_backward";
   if (M == 0 || D == 0) return;
   float* part = static_cast<float*>(workspace);
@@ -110,7 +112,7 @@ void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float*
   sum_partials(part, int(nrb), D, dweight, true, stream, op);
   const auto dx_kernel = &rms_dx_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(dx_kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
-                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), M, D);
+                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), M, D);
   check_launch(op);
 }
 
@@ -118,8 +120,8 @@ void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float*
   template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, bfloat16*,  \
                                                 T*, float*, size_t, size_t, float, cudaStream_t); \
   template void Kernels::rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*,  \
-                                                 const T*, T*, float*, void*, size_t, size_t,     \
-                                                 cudaStream_t);
+                                                 const T*, T*, bfloat16*, float*, void*, size_t,  \
+                                                 size_t, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(bfloat16)
 #undef INSTANTIATE

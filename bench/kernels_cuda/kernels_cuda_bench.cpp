@@ -191,8 +191,8 @@ void conv(benchmark::State& st, const Shape& sh, bool backward) {
     });
   } else {
     time_launches(st, s, 3.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::causal_conv1d_backward<T>(x, nullptr, w, b, dy, dx, dw, dbias, ws, sh.B,
-                                                 sh.L, sh.D, K, true, s);
+      sk::CudaKernels::causal_conv1d_backward<T>(x, nullptr, w, b, dy, dx, nullptr, dw, dbias, ws,
+                                                 sh.B, sh.L, sh.D, K, true, s);
     });
   }
   cudaStreamDestroy(s);
@@ -215,7 +215,7 @@ void norm(benchmark::State& st, const Shape& sh, bool backward) {
     });
   } else {
     time_launches(st, s, 4.0 * n * sizeof(T), [&] {
-      sk::CudaKernels::rmsnorm_add_backward<T>(sum, w, rstd, dy, ds, ds, dw, ws, M, D, s);
+      sk::CudaKernels::rmsnorm_add_backward<T>(sum, w, rstd, dy, ds, ds, nullptr, dw, ws, M, D, s);
     });
   }
   cudaStreamDestroy(s);

@@ -346,14 +346,18 @@ class MambaModel {
     const int P = R + 2 * N;
     const size_t Ms = static_cast<size_t>(M);
     T* dh = dh_;
-    ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
-                          rstd_f_, dy, nullptr, dh, g + lay_.norm_f, Ms, dm_(), scratch_);
+    // The bf16 copies the backward GEMMs read share dy_bf_, each written after the GEMMs that
+    // read the one before it (stream order). dh's is written by the norm that produces dh, dxc's
+    // by the convolution: no cast launch for either.
     uint16_t* dyb = dy_bf_;
+    uint16_t* const dh_bf = wb ? dyb : nullptr;
+    ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
+                          rstd_f_, dy, nullptr, dh, g + lay_.norm_f, Ms, dm_(), scratch_, dh_bf);
     for (int l = c_.layers - 1; l >= 0; --l) {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
       // out_proj: hn = h + ys W_outᵀ; the residual passes dh through unchanged.
-      const uint16_t* dhb = round(dh, dyb, Ms * dm_(), wb);
+      const uint16_t* dhb = dh_bf;
       mm(false, false, M, di, dm, dh, dhb, dm, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(0), dys_,
          di);
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
@@ -374,12 +378,13 @@ class MambaModel {
       mm(false, false, M, di, P, ddbc_, dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1), du_,
          di);
       mm(true, false, P, di, M, ddbc_, dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
+      uint16_t* const dxcb = wb ? dyb : nullptr;
       ops_.conv_silu_backward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_,
-                              dxc_, g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_);
+                              dxc_, g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_,
+                              dxcb);
       // in_proj, by its two halves of rows (x's and z's), then the block's RMSNorm; its input
       // gradient joins the residual stream (dh).
       const size_t in_z = Lw.in_proj + di_() * dm_();
-      const uint16_t* dxcb = round(dxc_, dyb, Ms * di_(), wb);
       const uint16_t* dzb = round(dz_, dyb ? dyb + Ms * di_() : nullptr, Ms * di_(), wb);
       mm(false, false, M, dm, di, dxc_, dxcb, di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
          dxn_, dm);
@@ -387,12 +392,12 @@ class MambaModel {
       mm(true, false, di, dm, M, dxc_, dxcb, di, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj, dm);
       mm(true, false, di, dm, M, dz_, dzb, di, a.xn, a.xn_bf, dm, T(1), g + in_z, dm);
       ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
-                            scratch_);
+                            scratch_, dh_bf);
       if (layer_done) (*layer_done)(l);
     }
     if (c_.has_input_proj()) {
       const int din = c_.din;
-      const uint16_t* dhb = round(dh, dyb, Ms * dm_(), wb);
+      const uint16_t* dhb = dh_bf;  // written by layer 0's norm
       if (dx)
         mm(false, false, M, din, dm, dh, dhb, dm, w + lay_.input_proj_w, bf(wb, lay_.input_proj_w),
            din, T(0), dx, din);

@@ -84,10 +84,12 @@ class CpuOps {
     kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, nullptr, rstd, M, D, T(eps));
     if (y_bf) to_bf16(y, y_bf, M * D);
   }
-  // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=.
+  // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=. ds_bf (may be
+  // null): ds rounded to bf16 too.
   void rmsnorm_backward(const T* s, const T* w, const T* rstd, const T* dy, const T* dsum, T* ds,
-                        T* dw, size_t M, size_t D, void*) const {
+                        T* dw, size_t M, size_t D, void*, uint16_t* ds_bf = nullptr) const {
     kernels::rmsnorm_add_backward<T>(s, w, rstd, dy, dsum, ds, dw, M, D);
+    if (ds_bf) to_bf16(ds, ds_bf, M * D);
   }
 
   // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
@@ -98,13 +100,15 @@ class CpuOps {
     kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
     if (u_bf) to_bf16(u, u_bf, static_cast<size_t>(B) * L * C);
   }
-  // dx (=), dw and db (+=) from du; `dpre` is (B, L, C) scratch.
+  // dx (=), dw and db (+=) from du; `dpre` is (B, L, C) scratch. dx_bf (may be null): dx
+  // rounded to bf16 too.
   void conv_silu_backward(const T* x, const T* prefix, const T* w, const T* b, const T* pre,
                           const T* du, T* dpre, T* dx, T* dw, T* db, int B, int L, int C, int K,
-                          void*) const {
+                          void*, uint16_t* dx_bf = nullptr) const {
     (void)b;
     kernels::silu_backward(pre, du, dpre, static_cast<size_t>(B) * L * C);
     kernels::causal_conv1d_backward(x, prefix, w, dpre, dx, dw, db, B, L, C, K);
+    if (dx_bf) to_bf16(dx, dx_bf, static_cast<size_t>(B) * L * C);
   }
 
   // One GRU layer from h0 (B, H) or, null, a zero state (kernels/gru.h): y (B, L, H), saved

@@ -94,11 +94,12 @@ class DeviceOps {
     Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, bf(y_bf), nullptr, rstd, M, D,
                                                  float(eps), stream_);
   }
+  // ds_bf (may be null): ds rounded to bf16 too, by the norm's own kernel.
   void rmsnorm_backward(const float* s, const float* w, const float* rstd, const float* dy,
-                        const float* dsum, float* ds, float* dw, size_t M, size_t D,
-                        void* scratch) const {
-    Kernels::template rmsnorm_add_backward<float>(s, w, rstd, dy, dsum, ds, dw, scratch, M, D,
-                                                  stream_);
+                        const float* dsum, float* ds, float* dw, size_t M, size_t D, void* scratch,
+                        uint16_t* ds_bf = nullptr) const {
+    Kernels::template rmsnorm_add_backward<float>(s, w, rstd, dy, dsum, ds, bf(ds_bf), dw, scratch,
+                                                  M, D, stream_);
   }
 
   // u_bf (may be null): u rounded to bf16 too, by the convolution's own kernel.
@@ -109,12 +110,14 @@ class DeviceOps {
     Kernels::template causal_conv1d_forward<float>(x, prefix, w, b, u, bf(u_bf), B, L, C, K, true,
                                                    stream_);
   }
+  // dx_bf (may be null): dx rounded to bf16 too, by the convolution's own kernel.
   void conv_silu_backward(const float* x, const float* prefix, const float* w, const float* b,
                           const float* pre, const float* du, float* dpre, float* dx, float* dw,
-                          float* db, int B, int L, int C, int K, void* scratch) const {
+                          float* db, int B, int L, int C, int K, void* scratch,
+                          uint16_t* dx_bf = nullptr) const {
     (void)pre, (void)dpre;
-    Kernels::template causal_conv1d_backward<float>(x, prefix, w, b, du, dx, dw, db, scratch, B, L,
-                                                    C, K, true, stream_);
+    Kernels::template causal_conv1d_backward<float>(x, prefix, w, b, du, dx, bf(dx_bf), dw, db,
+                                                    scratch, B, L, C, K, true, stream_);
   }
 
   size_t gru_workspace_bytes(int B, int L, int In, int H, bool bf16) const {

@@ -260,6 +260,7 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
                                  s.bias ? db.data() : nullptr, s.B, s.L, s.C, s.K);
   Mem mem;
   T* g_dx = mem.template alloc<T>(n);
+  bfloat16* g_dxbf = mem.template alloc<bfloat16>(n);
   float* g_dw = mem.upload(elems<float>(dw0));
   float* g_db = mem.upload(elems<float>(db0));
   void* ws =
@@ -267,9 +268,15 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
   Kernels::template causal_conv1d_backward<T>(
       mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), mem.upload(elems<T>(d.dy)), g_dx,
-      g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
+      g_dxbf, g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(g_dx, n)), dx, tolerance<T>(), "dx");
+  const std::vector<T> dx_dev = mem.download(g_dx, n);
+  EXPECT_CLOSE(values(dx_dev), dx, tolerance<T>(), "dx");
+  // The bf16 copy is dx rounded as the cast rounds it, bit for bit.
+  const std::vector<bfloat16> dxbf = mem.download(g_dxbf, n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(dxbf[i].bits, fp32_to_bf16(float(value(dx_dev[i])))) << "dx_bf[" << i << "]";
+  }
   EXPECT_CLOSE(values(mem.download(g_dw, ck)), dw, 1e-5, "dweight (+=)");
   EXPECT_CLOSE(values(mem.download(g_db, size_t(s.C))), db, 1e-5, "dbias (+=)");
 }

@@ -136,11 +136,17 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   T* g_ds = s.dsum ? mem.upload(elems<T>(dsum)) : mem.template alloc<T>(n);
   float* g_dw = mem.upload(elems<float>(dw0));
   void* ws = mem.alloc_bytes(Kernels::rmsnorm_add_backward_workspace_bytes(s.M, s.D));
+  bfloat16* g_dsbf = mem.template alloc<bfloat16>(n);
   Kernels::template rmsnorm_add_backward<T>(g_sum, g_w, g_rstd, mem.upload(elems<T>(dy)),
-                                            s.dsum ? g_ds : nullptr, g_ds, g_dw, ws, s.M, s.D,
-                                            mem.stream());
+                                            s.dsum ? g_ds : nullptr, g_ds, g_dsbf, g_dw, ws, s.M,
+                                            s.D, mem.stream());
   mem.sync();
-  EXPECT_CLOSE(values(mem.download(g_ds, n)), ds, tolerance<T>(), "ds");
+  const std::vector<T> ds_dev = mem.download(g_ds, n);
+  EXPECT_CLOSE(values(ds_dev), ds, tolerance<T>(), "ds");
+  const std::vector<bfloat16> dsbf = mem.download(g_dsbf, n);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(dsbf[i].bits, fp32_to_bf16(float(value(ds_dev[i])))) << "ds_bf[" << i << "]";
+  }
   EXPECT_CLOSE(values(mem.download(g_dw, s.D)), dw, std::max(1e-5, tolerance<T>() / 10),
                "dweight (+=)");
 }
