@@ -251,8 +251,9 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
   }
   check_launch(op);
   const int parts = B * tbs;
-  sum_partials(ws + lay.dw, parts, size_t(C) * K, dweight, true, stream, op);
-  sum_partials(ws + lay.db, parts, size_t(C), dbias, true, stream, op);
+  sum_partials_group<float>(
+      {{ws + lay.dw, size_t(C) * K, dweight}, {ws + lay.db, size_t(C), dbias}}, parts, true, stream,
+      op);
 }
 
 template <class T>

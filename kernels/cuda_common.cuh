@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
 #include "kernels/cuda_api.h"
@@ -211,6 +213,63 @@ void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
   const int lanes = partial_lanes(K), cols = kPartialThreads / lanes;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, size_t(cols))), dim3(cols, lanes), stream, part, K, n,
                     out, accumulate);
+  check_launch(op);
+}
+
+// Up to kMaxPartialSums sums of one kind in one launch (blockIdx.y picks the sum): each exactly
+// sum_partials' tree for its own n, the same K for all (so the same lanes): the bits are those of
+// separate launches, with one launch where an op sums several gradients over the same partials.
+constexpr int kMaxPartialSums = 4;
+template <class Out>
+struct PartialSums {
+  const float* part[kMaxPartialSums];
+  Out* out[kMaxPartialSums];
+  size_t n[kMaxPartialSums];
+};
+
+template <class Out>
+__global__ void __launch_bounds__(kPartialThreads)
+    sum_partials_group_kernel(PartialSums<Out> sums, int K, bool accumulate) {
+  __shared__ float lane_sums[kPartialThreads];
+  const int cols = blockDim.x, lanes = blockDim.y;
+  const float* part = sums.part[blockIdx.y];
+  Out* out = sums.out[blockIdx.y];
+  const size_t n = sums.n[blockIdx.y];
+  if (size_t(blockIdx.x) * cols >= n) return;  // the whole block: this sum is shorter
+  const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
+  float s = 0.0f;
+  if (i < n)
+    for (int k = threadIdx.y; k < K; k += lanes) s += part[size_t(k) * n + i];
+  lane_sums[threadIdx.y * cols + threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y != 0 || i >= n) return;
+  float total = 0.0f;
+  for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
+  out[i] = from_f32<Out>(accumulate ? to_f32(out[i]) + total : total);
+}
+
+// sum_partials for each {part, n, out} of `sums` (entries with a null out or n = 0 are skipped),
+// all over K partials, in one launch.
+template <class Out>
+void sum_partials_group(std::initializer_list<std::tuple<const float*, size_t, Out*>> sums, int K,
+                        bool accumulate, cudaStream_t stream, const char* op) {
+  auto group = zero_filled<PartialSums<Out>>();
+  int count = 0;
+  size_t longest = 0;
+  for (const auto& [part, n, out] : sums) {
+    if (n == 0 || out == nullptr) continue;
+    if (count == kMaxPartialSums) throw std::logic_error(std::string(op) + ": too many sums");
+    group.part[count] = part;
+    group.out[count] = out;
+    group.n[count] = n;
+    longest = n > longest ? n : longest;
+    ++count;
+  }
+  if (count == 0) return;
+  const auto kernel = &sum_partials_group_kernel<Out>;
+  const int lanes = partial_lanes(K), cols = kPartialThreads / lanes;
+  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(longest, size_t(cols)), unsigned(count)),
+                    dim3(cols, lanes), stream, group, K, accumulate);
   check_launch(op);
 }
 

@@ -696,11 +696,14 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   check_launch(name);
   const char* op = "selective_scan_backward (partial sums)";
   const size_t bln = size_t(B) * L * N;
-  sum_partials(w.dB_part, tiles, bln, dev(dBm), false, stream, op);
-  sum_partials(w.dC_part, tiles, bln, dev(dCm), false, stream, op);
-  sum_partials(w.dA_part, B, size_t(D) * N, dA, true, stream, op);
-  if (Dskip) sum_partials(w.dD_part, B, size_t(D), dDskip, true, stream, op);
-  if (delta_bias) sum_partials(w.dbias_part, B, size_t(D), ddelta_bias, true, stream, op);
+  // Two launches for the five sums: dBm and dCm over the channel tiles, dA, dD and the bias over
+  // the batch rows.
+  sum_partials_group<dev_t<T>>({{w.dB_part, bln, dev(dBm)}, {w.dC_part, bln, dev(dCm)}}, tiles,
+                               false, stream, op);
+  sum_partials_group<float>({{w.dA_part, size_t(D) * N, dA},
+                             {w.dD_part, size_t(D), Dskip ? dDskip : nullptr},
+                             {w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr}},
+                            B, true, stream, op);
 }
 
 template <class T>
