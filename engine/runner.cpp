@@ -417,7 +417,7 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
   if (step_graphs) {
     const StepGraphs::Counts c = step_graphs->counts();
     result.cuda_graph = true;
-    result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
+    result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured, c.ops};
     result.graph_off_reason = step_graphs->off_reason();
     result.graph_difference = step_graphs->difference();
   }
@@ -455,6 +455,7 @@ std::string graph_steps_summary(const RunResult& r) {
                   " training batches replayed (" + std::to_string(g.captured) + " captured, " +
                   std::to_string(g.issued) + " issued op by op, " + std::to_string(g.uncaptured) +
                   " uncaptured)";
+  if (g.ops > 0) s += ", " + std::to_string(g.ops) + " operations a batch";
   if (!r.graph_off_reason.empty())
     s += "; " + r.graph_off_reason;
   else if (2 * g.replayed < all && !r.graph_difference.empty())

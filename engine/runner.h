@@ -74,6 +74,7 @@ struct RunResult {
   // graph mode turned itself off ("" when it did not, or was never on).
   struct GraphSteps {
     uint64_t replayed = 0, captured = 0, issued = 0, uncaptured = 0;
+    uint64_t ops = 0;  // operations in the last batch recorded whole: its graph's size
   } graph_steps;
   bool cuda_graph = false;  // graph mode was on at the start
   std::string graph_off_reason;

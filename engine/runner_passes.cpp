@@ -198,7 +198,7 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
   r.samples = pass.samples;
   if (streaming && step_graphs) {
     const StepGraphs::Counts c = step_graphs->counts();
-    r.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured};
+    r.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured, c.ops};
     r.graph_off_reason = step_graphs->off_reason();
   }
   return r;

@@ -191,6 +191,7 @@ nlohmann::json step_benchmark_json(const StepBenchmark& b) {
     j["cuda_graph"] = {{"summary", b.cuda_graph},
                        {"replayed", b.graph_steps.replayed},
                        {"captured", b.graph_steps.captured},
+                       {"operations", b.graph_steps.ops},
                        {"issued", b.graph_steps.issued},
                        {"uncaptured", b.graph_steps.uncaptured}};
   for (const auto& s : b.stages)

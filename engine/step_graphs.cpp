@@ -61,7 +61,8 @@ void StepGraphs::turn_off(uint64_t step, const std::string& why) {
 }
 
 StepGraphs::Counts StepGraphs::counts() const {
-  return {replayed_.load(), captured_.load(), issued_.load(), uncaptured_.load(), held_.load()};
+  return {replayed_.load(),   captured_.load(), issued_.load(),
+          uncaptured_.load(), held_.load(),     last_ops_.load()};
 }
 
 StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step) {
@@ -89,6 +90,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   const uint64_t signature = rec.signature();
   std::vector<capture::RecordedOp> ops = rec.finish();
   const size_t n = ops.size();
+  last_ops_ = n;
   const bool on_device = exec_.backend() == KernelBackend::cuda;
 
   for (auto it = graphs_.begin(); it != graphs_.end(); ++it) {

@@ -61,6 +61,7 @@ class StepGraphs {
   struct Counts {
     uint64_t replayed = 0, captured = 0, issued = 0, uncaptured = 0;
     size_t graphs = 0;  // held now
+    size_t ops = 0;     // operations (kernels, copies, GEMMs) of the last step recorded whole
   };
   Counts counts() const;  // from any thread (the stats publisher's)
 
@@ -96,7 +97,7 @@ class StepGraphs {
   std::list<Graph> graphs_;                        // most recently used first
   std::vector<std::pair<uint64_t, size_t>> seen_;  // signatures issued once, newest last
   std::atomic<uint64_t> replayed_{0}, captured_{0}, issued_{0}, uncaptured_{0};
-  std::atomic<size_t> held_{0};
+  std::atomic<size_t> held_{0}, last_ops_{0};
   int uncaptured_in_a_row_ = 0;
 };
 

@@ -62,6 +62,7 @@ TEST_F(StepGraphsTest, WorkIsIssuedThenCapturedThenReplayed) {
   EXPECT_EQ(c.captured, 1u);
   EXPECT_EQ(c.issued, 3u);
   EXPECT_EQ(c.graphs, 1u);
+  EXPECT_EQ(c.ops, 3u) << "the last step recorded held 3 operations";
   EXPECT_TRUE(graphs.enabled());
 }
 
