@@ -180,9 +180,15 @@ class HeadsRunnerOn final : public HeadsRunner {
       autoregressive_forward(ar, M, W + L_.wa, bf(Wb, L_.wa));
       teacher_rows_ = ar.teacher ? M : -1;  // what the backward's dWa reads
     }
-    for (int h = 0; h < kHeads; ++h)
-      o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
-                   static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
+    if constexpr (kOnDevice) {  // the six outputs in one launch
+      typename Ops::Table::HeadGradPointers split{};
+      for (int h = 0; h < kHeads; ++h) split.dlogits[h] = out[h];
+      Ops::Table::heads_split(f(logits_), m, split, o_.stream());
+    } else {
+      for (int h = 0; h < kHeads; ++h)
+        o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
+                     static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));
+    }
   }
 
   void backward(const float* x, const float* prev, int M, const nn::ParamStore& st,
@@ -192,18 +198,21 @@ class HeadsRunnerOn final : public HeadsRunner {
     float* G = st.grads();
     const size_t m = static_cast<size_t>(M);
     float* dl = f(dlogits_);
-    bool all = true;
-    for (int h = 0; h < kHeads; ++h) all = all && dout[h] != nullptr;
-    if (!all) o_.zero(dl, m * kHeadsWidth);
-    for (int h = 0; h < kHeads; ++h)
-      if (dout[h])
-        o_.copy_cols(dout[h], static_cast<size_t>(head_width(h)), dl + head_offset(h), kHeadsWidth,
-                     m, static_cast<size_t>(head_width(h)));
     // Same operands as the forward: bf16 copies of x / act, of the weights and of dy.
-    const uint16_t* dlb = nullptr;
-    if (bf16_) {
-      o_.to_bf16(dl, b16(dl16_), m * kHeadsWidth);
-      dlb = b16(dl16_);
+    uint16_t* const dlb = bf16_ ? b16(dl16_) : nullptr;
+    if constexpr (kOnDevice) {  // the six gradients in, and dl's bf16 copy, in one launch
+      typename Ops::Table::HeadPointers join{};
+      for (int h = 0; h < kHeads; ++h) join.logits[h] = dout[h];
+      Ops::Table::heads_join(join, m, dl, reinterpret_cast<kernels::bfloat16*>(dlb), o_.stream());
+    } else {
+      bool all = true;
+      for (int h = 0; h < kHeads; ++h) all = all && dout[h] != nullptr;
+      if (!all) o_.zero(dl, m * kHeadsWidth);
+      for (int h = 0; h < kHeads; ++h)
+        if (dout[h])
+          o_.copy_cols(dout[h], static_cast<size_t>(head_width(h)), dl + head_offset(h),
+                       kHeadsWidth, m, static_cast<size_t>(head_width(h)));
+      if (dlb) o_.to_bf16(dl, dlb, m * kHeadsWidth);
     }
     const float* in = L_.hidden > 0 ? f(act_) : x;
     const uint16_t* inb = !bf16_ ? nullptr : L_.hidden > 0 ? b16(act16_) : x16();

@@ -23,6 +23,8 @@ namespace {
 namespace k = ::slipstream::kernels::SLIPSTREAM_KERNEL_NS;
 using k::ceil_div;
 using k::check_launch;
+using k::grid_for;
+using k::kGridThreads;
 
 constexpr int kThreads = 256;
 constexpr unsigned kFullWarp = 0xffffffffu;
@@ -695,6 +697,38 @@ __global__ void ar_decode_kernel(size_t M, const float* Wa, float* logits) {
   }
 }
 
+// ---------------------------------------------------------------- the heads' columns
+
+// Column c of the fused (M, 81) logits: its head and the column within the head.
+__device__ __forceinline__ int head_of_column(int c) {
+  return c < kButtons ? 0 : 1 + ar_item(c) - kButtons;
+}
+__device__ __forceinline__ int head_width_of(int h) {
+  return h == 0 ? kButtons : classes_of(h - 1);
+}
+
+__global__ void heads_split_kernel(const float* logits, size_t M, HeadGradPointers out) {
+  for (size_t i = k::grid_start(); i < M * kHeadsWidth; i += k::grid_stride()) {
+    const size_t row = i / kHeadsWidth;
+    const int c = int(i % kHeadsWidth), h = head_of_column(c), w = head_width_of(h);
+    out.dlogits[h][row * size_t(w) + size_t(c - ar_first_column(h == 0 ? 0 : kButtons + h - 1))] =
+        logits[i];
+  }
+}
+
+__global__ void heads_join_kernel(HeadPointers dout, size_t M, float* dlogits,
+                                  __nv_bfloat16* dlogits_bf) {
+  for (size_t i = k::grid_start(); i < M * kHeadsWidth; i += k::grid_stride()) {
+    const size_t row = i / kHeadsWidth;
+    const int c = int(i % kHeadsWidth), h = head_of_column(c), w = head_width_of(h);
+    const float* d = dout.logits[h];
+    const float v =
+        d ? d[row * size_t(w) + size_t(c - ar_first_column(h == 0 ? 0 : kButtons + h - 1))] : 0.0f;
+    dlogits[i] = v;
+    if (dlogits_bf) dlogits_bf[i] = k::from_f32<__nv_bfloat16>(v);  // as fp32_to_bf16 of it
+  }
+}
+
 // ---------------------------------------------------------------- the policy's draws
 
 constexpr int kChooseThreads = 128;  // a warp a game: 4 games a block
@@ -960,6 +994,18 @@ void Kernels::policy_choose(const HeadPointers& logits, const float* ar, float t
                     dim3(kChooseThreads), stream, logits, ar, temperature, frame_keys, games,
                     distribution, chosen);
   check_launch("policy_choose");
+}
+
+void Kernels::heads_split(const float* logits, size_t M, const HeadGradPointers& out,
+                          cudaStream_t stream) {
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("heads_split", heads_split_kernel, M * kHeadsWidth, stream, logits,
+                                M, out);
+}
+
+void Kernels::heads_join(const HeadPointers& dout, size_t M, float* dlogits,
+                         kernels::bfloat16* dlogits_bf, cudaStream_t stream) {
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("heads_join", heads_join_kernel, M * kHeadsWidth, stream, dout, M,
+                                dlogits, reinterpret_cast<__nv_bfloat16*>(dlogits_bf));
 }
 
 }  // namespace slipstream::melee::SLIPSTREAM_KERNEL_NS

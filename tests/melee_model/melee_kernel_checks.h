@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "stages/melee/controller_choice.h"
 #include "stages/melee/melee_kernels.h"
 #include "tests/kernels/gradcheck.h"
@@ -406,6 +407,42 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
   EXPECT_LE(worst, 1e-6) << "distributions";
   EXPECT_LE(choices_differ, bit_exact ? 0u : 2u) << "controllers drawn differently";
   EXPECT_GT(acting, games) << "the draws pressed almost nothing: nothing was compared";
+}
+
+// The heads' fused logits split into the six outputs and the six gradients joined back (a null
+// one as zeros), with the joined gradient's bf16 copy: exact copies, checked element by element.
+template <class K, class Mem>
+void check_heads_split_join(size_t M, uint64_t seed) {
+  SCOPED_TRACE("heads split/join, M " + std::to_string(M));
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  const auto fused = cast<float>(rand_vec(M * kHeadsWidth, rng, -3.0, 3.0));
+  typename K::HeadGradPointers out{};
+  for (int h = 0; h < kHeads; ++h) out.dlogits[h] = mem.template alloc<float>(M * head_width(h));
+  K::heads_split(mem.upload(fused), M, out, mem.stream());
+  std::vector<std::vector<float>> heads(kHeads);
+  for (int h = 0; h < kHeads; ++h) {
+    const size_t w = size_t(head_width(h));
+    heads[h] = mem.download(out.dlogits[h], M * w);
+    for (size_t r = 0; r < M; ++r)
+      for (size_t c = 0; c < w; ++c)
+        ASSERT_EQ(heads[h][r * w + c], fused[r * kHeadsWidth + size_t(head_offset(h)) + c])
+            << "head " << h << " row " << r << " column " << c;
+  }
+  typename K::HeadPointers in{};
+  for (int h = 0; h < kHeads; ++h)
+    in.logits[h] = h == 2 ? nullptr : mem.upload(heads[h]);  // main y: no gradient
+  float* g_dl = mem.template alloc<float>(M * kHeadsWidth);
+  kernels::bfloat16* g_dlbf = mem.template alloc<kernels::bfloat16>(M * kHeadsWidth);
+  K::heads_join(in, M, g_dl, g_dlbf, mem.stream());
+  const auto dl = mem.download(g_dl, M * kHeadsWidth);
+  const auto dlbf = mem.download(g_dlbf, M * kHeadsWidth);
+  for (size_t i = 0; i < M * kHeadsWidth; ++i) {
+    const int c = int(i % kHeadsWidth);
+    const bool main_y = c >= head_offset(2) && c < head_offset(3);
+    ASSERT_EQ(dl[i], main_y ? 0.0f : fused[i]) << "element " << i;
+    ASSERT_EQ(dlbf[i].bits, kernels::fp32_to_bf16(dl[i])) << "bf16 copy, element " << i;
+  }
 }
 
 }  // namespace slipstream::melee::test

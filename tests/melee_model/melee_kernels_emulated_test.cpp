@@ -26,6 +26,10 @@ TEST(MeleeKernelsEmulated, AutoregressiveHeadsMatchCpu) {
   check_autoregressive_heads<K, Mem>(3, 9, 7);
 }
 
+TEST(MeleeKernelsEmulated, HeadsSplitAndJoinAreExactCopies) {
+  check_heads_split_join<K, Mem>(37, 11);
+}
+
 TEST(MeleeKernelsEmulated, PolicyDrawsMatchCpu) {
   check_policy_choose<K, Mem>(1, 9, true);
   check_policy_choose<K, Mem>(37, 10, true);  // a partial last block

@@ -31,6 +31,12 @@ TEST(MeleeKernelsGpu, AutoregressiveHeadsMatchCpu) {
   check_autoregressive_heads<K, Mem>(256, 60, 8);  // gpu_standard's batch
 }
 
+TEST(MeleeKernelsGpu, HeadsSplitAndJoinAreExactCopies) {
+  REQUIRE_DEVICE();
+  check_heads_split_join<K, Mem>(37, 11);
+  check_heads_split_join<K, Mem>(256 * 60, 12);  // gpu_standard's batch
+}
+
 TEST(MeleeKernelsGpu, PolicyDrawsMatchCpu) {
   REQUIRE_DEVICE();
   check_policy_choose<K, Mem>(1, 9, false);
