@@ -271,6 +271,10 @@ struct ScanGrads {
   float* dbias_part;    // (B, D)
   float* dB_part;       // (tiles, B, L, N)
   float* dC_part;       // (tiles, B, L, N)
+  // dΔ's and dz's bf16 copies for the backward GEMMs (may be null), rounded as fp32_to_bf16 of
+  // the stored values: no cast launches. At d_state 16 the default shape stays at 126 registers.
+  __nv_bfloat16* ddelta_bf;
+  __nv_bfloat16* dz_bf;
 };
 
 // Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk, the first chunk's
@@ -410,8 +414,14 @@ __global__ void __launch_bounds__(kChanThreads)
           dbias_acc += dd;
           if (q.s == 0 && q.dok) {
             du[i] = from_f32<DT>(sus * x.dt + dy * q.Dd);
-            ddelta[i] = from_f32<DT>(dd);
-            if (dz) dz[i] = from_f32<DT>(dzv);
+            const DT ddv = from_f32<DT>(dd);
+            ddelta[i] = ddv;
+            if (w.ddelta_bf) w.ddelta_bf[i] = from_f32<__nv_bfloat16>(to_f32(ddv));
+            if (dz) {
+              const DT dzd = from_f32<DT>(dzv);
+              dz[i] = dzd;
+              if (w.dz_bf) w.dz_bf[i] = from_f32<__nv_bfloat16>(to_f32(dzd));
+            }
           }
           int idx = 0;
           const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
@@ -675,15 +685,24 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
                                       const float* delta_bias, bool delta_softplus,
                                       const float* initial_state, const float* chunk_states,
                                       const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
-                                      float* dDskip, T* dz, float* ddelta_bias, void* workspace,
-                                      int B, int L, int D, int N, cudaStream_t stream) {
+                                      float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
+                                      bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
+                                      cudaStream_t stream) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
   const WorkspaceLayout lay(B, L, D, N);
   float* ws = static_cast<float*>(workspace);
-  const ScanGrads w{ws + lay.chunk_states, chunk_states, ws + lay.dA, ws + lay.dD,
-                    ws + lay.dbias,        ws + lay.dB,  ws + lay.dC};
+  auto w = zero_filled<ScanGrads>();
+  w.chunk_states = ws + lay.chunk_states;
+  w.saved = chunk_states;
+  w.dA_part = ws + lay.dA;
+  w.dD_part = ws + lay.dD;
+  w.dbias_part = ws + lay.dbias;
+  w.dB_part = ws + lay.dB;
+  w.dC_part = ws + lay.dC;
+  w.ddelta_bf = dev(ddelta_bf);
+  w.dz_bf = dz ? dev(dz_bf) : nullptr;
   auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
   a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
@@ -730,7 +749,7 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
-      void*, int, int, int, int, cudaStream_t);                                                   \
+      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t);                             \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

@@ -135,7 +135,7 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   auto backward = [&] {
     sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
                                                 states, dout, du, ddelta, dA, dB, dC, dD, dz, db,
-                                                ws, sh.B, sh.L, sh.D, sh.N, s);
+                                                nullptr, nullptr, ws, sh.B, sh.L, sh.D, sh.N, s);
   };
   const double fwd_bytes = (4 * bld + 2 * bln) * e, bwd_bytes = (7 * bld + 4 * bln) * e;
   if (what == ScanTimed::forward) {

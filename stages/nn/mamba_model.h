@@ -347,8 +347,9 @@ class MambaModel {
     const size_t Ms = static_cast<size_t>(M);
     T* dh = dh_;
     // The bf16 copies the backward GEMMs read share dy_bf_, each written after the GEMMs that
-    // read the one before it (stream order). dh's is written by the norm that produces dh, dxc's
-    // by the convolution: no cast launch for either.
+    // read the one before it (stream order). dh's is written by the norm that produces dh, dΔ's
+    // and dz's by the scan, dxc's by the convolution: no cast launch for them. dz's copy sits
+    // past the first M·d_inner, where the others (dΔ, the x_proj gradient, dxc) come and go.
     uint16_t* dyb = dy_bf_;
     uint16_t* const dh_bf = wb ? dyb : nullptr;
     ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
@@ -363,12 +364,13 @@ class MambaModel {
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
       // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
       ops_.zero(dA_, di_() * N_());
+      uint16_t* const ddb = wb ? dyb : nullptr;
+      uint16_t* const dzb = wb ? dyb + Ms * di_() : nullptr;
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                    a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dBm_, dCm_,
-                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N);
+                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb);
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
-      const uint16_t* ddb = round(ddelta_, dyb, Ms * di_(), wb);
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
       mm(true, false, di, R, M, ddelta_, ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
       ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
@@ -385,7 +387,6 @@ class MambaModel {
       // in_proj, by its two halves of rows (x's and z's), then the block's RMSNorm; its input
       // gradient joins the residual stream (dh).
       const size_t in_z = Lw.in_proj + di_() * dm_();
-      const uint16_t* dzb = round(dz_, dyb ? dyb + Ms * di_() : nullptr, Ms * di_(), wb);
       mm(false, false, M, dm, di, dxc_, dxcb, di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
          dxn_, dm);
       mm(false, false, M, dm, di, dz_, dzb, di, w + in_z, bf(wb, in_z), dm, T(1), dxn_, dm);

@@ -152,10 +152,14 @@ class CpuOps {
                                const T* D, const T* z, const T* delta_bias, const T* initial_state,
                                const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
-                               int L, int Dc, int N) const {
+                               int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
+                               uint16_t* dz_bf = nullptr) const {
     kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state,
                                      dout, du, ddelta, dA, dBm, dCm, dD, dz, ddelta_bias,
                                      static_cast<T*>(scratch), B, L, Dc, N);
+    const size_t n = static_cast<size_t>(B) * L * Dc;
+    if (ddelta_bf) to_bf16(ddelta, ddelta_bf, n);
+    if (dz_bf && dz) to_bf16(dz, dz_bf, n);
   }
 
  private:

@@ -424,14 +424,31 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                                 out, nullptr, nullptr, states, s.B, s.L, s.D, s.N,
                                                 mem.stream());
   }
+  bfloat16* g_ddbf = mem.template alloc<bfloat16>(bld);
+  bfloat16* g_dzbf = s.z ? mem.template alloc<bfloat16>(bld) : nullptr;
   Kernels::template selective_scan_backward<T>(
       u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
-      g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, w, s.B,
-      s.L, s.D, s.N, mem.stream());
+      g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
+      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream());
   mem.sync();
+  // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
+  const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
+  const std::vector<bfloat16> ddbf = mem.download(g_ddbf, bld);
+  for (size_t i = 0; i < bld; ++i) {
+    EXPECT_EQ(ddbf[i].bits, fp32_to_bf16(float(value(ddelta_dev[i])))) << "ddelta_bf[" << i << "]";
+    if (ddbf[i].bits != fp32_to_bf16(float(value(ddelta_dev[i])))) break;
+  }
+  if (s.z) {
+    const std::vector<T> dz_dev = mem.download(g_dz, bld);
+    const std::vector<bfloat16> dzbf = mem.download(g_dzbf, bld);
+    for (size_t i = 0; i < bld; ++i) {
+      EXPECT_EQ(dzbf[i].bits, fp32_to_bf16(float(value(dz_dev[i])))) << "dz_bf[" << i << "]";
+      if (dzbf[i].bits != fp32_to_bf16(float(value(dz_dev[i])))) break;
+    }
+  }
   DeviceScanGrads g;
   g.du = values(mem.download(g_du, bld));
-  g.ddelta = values(mem.download(g_ddelta, bld));
+  g.ddelta = values(ddelta_dev);
   g.dB = values(mem.download(g_dB, bln));
   g.dC = values(mem.download(g_dC, bln));
   if (s.z) g.dz = values(mem.download(g_dz, bld));
@@ -685,8 +702,8 @@ DEVICE_TEST(Scan, BackwardIsDeterministic) {
         up<Mem, float>(mem, d.u), up<Mem, float>(mem, d.delta), up<Mem, float>(mem, d.A),
         up<Mem, float>(mem, d.Bm), up<Mem, float>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
         up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias), true, nullptr, nullptr,
-        up<Mem, float>(mem, d.dout), du, ddelta, dA, dB, dC, dD, dz, db, ws, s.B, s.L, s.D, s.N,
-        mem.stream());
+        up<Mem, float>(mem, d.dout), du, ddelta, dA, dB, dC, dD, dz, db, nullptr, nullptr, ws, s.B,
+        s.L, s.D, s.N, mem.stream());
     std::vector<float> all = mem.download(du, bld);
     for (auto [p, n] : {std::pair<float*, size_t>{ddelta, bld},
                         {dz, bld},
