@@ -187,38 +187,9 @@ inline int partial_lanes(int K) {
   return lanes;
 }
 
-template <class Out>
-__global__ void __launch_bounds__(kPartialThreads)
-    sum_partials_kernel(const float* __restrict__ part, int K, size_t n, Out* out,
-                        bool accumulate) {
-  __shared__ float lane_sums[kPartialThreads];
-  const int cols = blockDim.x, lanes = blockDim.y;
-  const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
-  float s = 0.0f;
-  if (i < n)
-    for (int k = threadIdx.y; k < K; k += lanes) s += part[size_t(k) * n + i];
-  lane_sums[threadIdx.y * cols + threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y != 0 || i >= n) return;
-  float total = 0.0f;
-  for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
-  out[i] = from_f32<Out>(accumulate ? to_f32(out[i]) + total : total);
-}
-
-template <class Out>
-void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
-                  cudaStream_t stream, const char* op) {
-  if (n == 0 || out == nullptr) return;
-  const auto kernel = &sum_partials_kernel<Out>;
-  const int lanes = partial_lanes(K), cols = kPartialThreads / lanes;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, size_t(cols))), dim3(cols, lanes), stream, part, K, n,
-                    out, accumulate);
-  check_launch(op);
-}
-
-// Up to kMaxPartialSums sums of one kind in one launch (blockIdx.y picks the sum): each exactly
-// sum_partials' tree for its own n, the same K for all (so the same lanes): the bits are those of
-// separate launches, with one launch where an op sums several gradients over the same partials.
+// Up to kMaxPartialSums such sums of one kind in one launch (blockIdx.y picks the sum), each the
+// tree above for its own n over the same K (so the same lanes): the bits of separate launches,
+// with one launch where an op sums several gradients over the same number of partials.
 constexpr int kMaxPartialSums = 4;
 template <class Out>
 struct PartialSums {
@@ -271,6 +242,13 @@ void sum_partials_group(std::initializer_list<std::tuple<const float*, size_t, O
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(longest, size_t(cols)), unsigned(count)),
                     dim3(cols, lanes), stream, group, K, accumulate);
   check_launch(op);
+}
+
+// One sum (a group of one).
+template <class Out>
+void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
+                  cudaStream_t stream, const char* op) {
+  sum_partials_group<Out>({{part, n, out}}, K, accumulate, stream, op);
 }
 
 }  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

@@ -157,32 +157,28 @@ def main(out):
         if "bf16" in by and "bf16/nograph" in by:
             print(f"    CUDA graph: {by['bf16']['steps_per_s'] / by['bf16/nograph']['steps_per_s']:.2f}x "
                   "the steps/s without it (bf16)")
-    # The scan backward's forms (kernels/selective_scan.h): the default against the others
-    # (registers, whole_chunks; builds where registers was the default name it split); and the
-    # forward + backward pair with the forward keeping the chunk states against without.
+    # Kernel forms against each other (each figure its own launch, same call): the scan
+    # backward's forward + backward pair with the forward keeping the chunk states against
+    # without; its other forms (registers, whole_chunks; builds where registers was the default
+    # name it split) against the default; the embedding's table gradients, dense partials (the
+    # default) against sorted.
+    def compare(label, base_name, base, cand_name, cand):
+        a, b = bench.get(base), bench.get(cand)
+        if a and b:
+            print(f"\n  {label}: {base_name} {a['real_time']:.1f} us, {cand_name} "
+                  f"{b['real_time']:.1f} us: {cand_name} takes "
+                  f"{b['real_time'] / a['real_time']:.2f}x the time of {base_name}")
     for dt in ("fp32", "bf16"):
         for shape in ("gpu_standard", "production"):
-            a = bench.get(f"scan_fwd_bwd/{dt}/{shape}")
-            b = bench.get(f"scan_fwd_bwd_kept_states/{dt}/{shape}")
-            if a and b:
-                print(f"\n  scan fwd+bwd, {shape} {dt}: {a['real_time']:.1f} us, with the forward's "
-                      f"chunk states {b['real_time']:.1f} us: "
-                      f"{a['real_time'] / b['real_time']:.2f}x faster with them")
-        a = bench.get(f"scan_backward/{dt}/gpu_standard")
+            compare(f"scan fwd+bwd, {shape} {dt}", "pair", f"scan_fwd_bwd/{dt}/{shape}",
+                    "kept states", f"scan_fwd_bwd_kept_states/{dt}/{shape}")
         for other in ("registers", "whole_chunks", "split"):
-            b = bench.get(f"scan_backward_{other}/{dt}/gpu_standard")
-            if a and b:
-                print(f"\n  scan backward, gpu_standard {dt}: default {a['real_time']:.1f} us, "
-                      f"{other} {b['real_time']:.1f} us: {other} takes "
-                      f"{b['real_time'] / a['real_time']:.2f}x the default's time")
-    # The embedding's table gradients: the default form (dense partials) against the sorted one.
+            compare(f"scan backward, gpu_standard {dt}", "default",
+                    f"scan_backward/{dt}/gpu_standard", other,
+                    f"scan_backward_{other}/{dt}/gpu_standard")
     for shape in ("gpu_standard", "production"):
-        a = bench.get(f"embed_backward_partials/{shape}")
-        b = bench.get(f"embed_backward_sorted/{shape}")
-        if a and b:
-            print(f"\n  embedding table gradients, {shape}: partials {a['real_time']:.1f} us, "
-                  f"sorted {b['real_time']:.1f} us: {a['real_time'] / b['real_time']:.2f}x faster "
-                  "sorted")
+        compare(f"embedding table gradients, {shape}", "partials",
+                f"embed_backward_partials/{shape}", "sorted", f"embed_backward_sorted/{shape}")
     # The GRU graph's step: our per-step layer against cuDNN's stack, in fp32 and bf16, and
     # whether each step ran from a CUDA graph.
     gru = {gb: read_json(out, f"bench_e2e_gru_{gb}.json") for gb in ("kernels", "cudnn")}
