@@ -182,8 +182,8 @@ std::string frame_features(const slipstream_game_frame& g, FedFrame& f) {
   return {};
 }
 
-// Game i's generator seed: the handle's seed for game 0 (a single game samples as it always
-// has), a draw from (seed, i) for the others.
+// Game i's draws' key (frame_draws_key's): the handle's seed for game 0 (a single game, and
+// `slipstream infer --seed`, draw with the seed itself), a mix of (seed, i) for the others.
 uint64_t game_seed(uint64_t seed, int32_t game) {
   return game == 0 ? seed
                    : mix64(seed ^ mix64(0x6A09E667F3BCC909ull + static_cast<uint64_t>(game)));
