@@ -52,7 +52,7 @@ struct slipstream_policy {
   // drawn since it started (its next frame_draws_key) and whether it has stepped.
   int32_t games = 0;
   std::vector<slipstream_distribution> last;
-  std::vector<uint64_t> game_keys, frames_drawn, frame_keys;
+  std::vector<uint64_t> game_keys, frames_drawn;
   std::vector<ChosenController> chosen;
   std::unique_ptr<ControllerSampler> sampler;  // where the heads' logits are: CPU or device
   std::vector<uint8_t> stepped;
@@ -197,7 +197,6 @@ void start_games(slipstream_policy& p, int32_t n) {
   p.chosen.assign(g, ChosenController{});
   p.stepped.assign(g, 0);
   p.frames_drawn.assign(g, 0);
-  p.frame_keys.assign(g, 0);
   p.game_keys.clear();
   for (int32_t i = 0; i < n; ++i) p.game_keys.push_back(game_seed(p.seed, i));
 }
@@ -214,11 +213,9 @@ void forward(slipstream_policy& p) {
   const float* logits[kHeads];
   for (int h = 0; h < kHeads; ++h)
     logits[h] = static_cast<const float*>(hc.output(b, kHeadNames[h]).raw());
-  for (size_t i = 0; i < games; ++i)
-    p.frame_keys[i] = frame_draws_key(p.game_keys[i], p.frames_drawn[i]);
   static_assert(sizeof(slipstream_distribution) == kHeadsWidth * sizeof(float),
                 "slipstream_distribution is the heads' 81 columns in order");
-  p.sampler->draw(logits, p.temperature, p.frame_keys.data(), games,
+  p.sampler->draw(logits, p.temperature, p.game_keys.data(), p.frames_drawn.data(), games,
                   reinterpret_cast<float*>(p.last.data()), p.chosen.data());
   for (size_t i = 0; i < games; ++i) ++p.frames_drawn[i];
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "stages/melee/melee_kernels.h"
 #include "stages/ops/with_ops.h"
@@ -29,8 +30,9 @@ constexpr size_t kGamesPerTask = 16;
 class HostSampler final : public ControllerSampler {
  public:
   explicit HostSampler(Stage& heads) : heads_(heads) {}
-  void draw(const float* const logits[kHeads], float temperature, const uint64_t* frame_keys,
-            size_t games, float* distribution, ChosenController* chosen) override {
+  void draw(const float* const logits[kHeads], float temperature, const uint64_t* game_keys,
+            const uint64_t* frames, size_t games, float* distribution,
+            ChosenController* chosen) override {
     const float* ar = ar_weight_of(heads_);  // looked up each call: a resume may reload it
     tbb::parallel_for(tbb::blocked_range<size_t>(0, games, kGamesPerTask), [&](const auto& r) {
       for (size_t g = r.begin(); g < r.end(); ++g) {
@@ -40,7 +42,7 @@ class HostSampler final : public ControllerSampler {
           std::copy_n(logits[h] + g * w, w, z + head_offset(h));
         }
         heads_distribution(z, distribution + g * kHeadsWidth);
-        chosen[g] = choose_controller(z, ar, temperature, frame_keys[g]);
+        chosen[g] = choose_controller(z, ar, temperature, frame_draws_key(game_keys[g], frames[g]));
       }
     });
   }
@@ -49,35 +51,47 @@ class HostSampler final : public ControllerSampler {
   Stage& heads_;
 };
 
-// One policy_choose launch on the run's stream: the keys go in through page-locked staging in
-// stream order, the distributions and the controllers come back the same way, one wait for both.
+// One policy_choose launch on the run's stream. The games' keys and frame counters live on the
+// device (the kernel counts each game's frames on); `held_*` mirror what is there, so they go in
+// (through page-locked staging, in stream order) only when the caller's differ. The
+// distributions and the controllers come back in one copy, one wait.
 template <class Ops>
 class DeviceSampler final : public ControllerSampler {
  public:
   DeviceSampler(Ops ops, const ExecContext& exec, Stage& heads)
       : ops_(ops), exec_(exec), heads_(heads) {}
-  void draw(const float* const logits[kHeads], float temperature, const uint64_t* frame_keys,
-            size_t games, float* distribution, ChosenController* chosen) override {
+  void draw(const float* const logits[kHeads], float temperature, const uint64_t* game_keys,
+            const uint64_t* frames, size_t games, float* distribution,
+            ChosenController* chosen) override {
     if (games == 0) return;
-    if (games_ != games) {  // a stream's number of games is fixed until it restarts
-      keys_ = Tensor::empty(Shape{static_cast<int64_t>(games)}, DType::i64, exec_.device());
-      dist_ = Tensor::empty(Shape{static_cast<int64_t>(games), kHeadsWidth}, DType::f32,
-                            exec_.device());
-      chosen_ = Tensor::empty(Shape{static_cast<int64_t>(games), 1 + kStickHeads}, DType::i32,
-                              exec_.device());
-      games_ = games;
+    const size_t dist_bytes = games * kHeadsWidth * sizeof(float);
+    if (held_keys_.size() != games) {  // a stream's number of games is fixed until it restarts
+      keys_ = Tensor::empty(Shape{2, static_cast<int64_t>(games)}, DType::i64, exec_.device());
+      out_ =
+          Tensor::empty(Shape{static_cast<int64_t>(dist_bytes + games * sizeof(ChosenController))},
+                        DType::u8, exec_.device());
+      held_keys_.assign(games, 0);
+      held_frames_.assign(games, ~uint64_t{0});  // nothing there yet: the first draw uploads
     }
-    exec_.upload_later(keys_.raw(), frame_keys, games * sizeof(uint64_t));
+    auto* device_keys = static_cast<uint64_t*>(keys_.raw());
+    if (!std::equal(game_keys, game_keys + games, held_keys_.begin()) ||
+        !std::equal(frames, frames + games, held_frames_.begin())) {
+      held_keys_.assign(game_keys, game_keys + games);
+      held_frames_.assign(frames, frames + games);
+      exec_.upload_later(device_keys, game_keys, games * sizeof(uint64_t));
+      exec_.upload_later(device_keys + games, frames, games * sizeof(uint64_t));
+    }
     typename Ops::Table::HeadPointers hp{};
     for (int h = 0; h < kHeads; ++h) hp.logits[h] = logits[h];
-    Ops::Table::policy_choose(
-        hp, ar_weight_of(heads_), temperature, static_cast<const uint64_t*>(keys_.raw()), games,
-        static_cast<float*>(dist_.raw()), static_cast<int32_t*>(chosen_.raw()), ops_.stream());
-    exec_.read_back_later(dist_.raw(), dist_.nbytes(), [&](const void* host) {
-      std::memcpy(distribution, host, games * kHeadsWidth * sizeof(float));
-    });
-    exec_.read_back_later(chosen_.raw(), chosen_.nbytes(), [&](const void* host) {
-      std::memcpy(static_cast<void*>(chosen), host, games * sizeof(ChosenController));
+    auto* out = static_cast<char*>(out_.raw());
+    Ops::Table::policy_choose(hp, ar_weight_of(heads_), temperature, device_keys,
+                              device_keys + games, games, reinterpret_cast<float*>(out),
+                              reinterpret_cast<int32_t*>(out + dist_bytes), ops_.stream());
+    for (uint64_t& f : held_frames_) ++f;  // as the kernel counts them
+    exec_.read_back_later(out, out_.nbytes(), [&](const void* host) {
+      std::memcpy(distribution, host, dist_bytes);
+      std::memcpy(static_cast<void*>(chosen), static_cast<const char*>(host) + dist_bytes,
+                  games * sizeof(ChosenController));
     });
     exec_.complete_read_backs();
   }
@@ -86,8 +100,8 @@ class DeviceSampler final : public ControllerSampler {
   Ops ops_;
   const ExecContext& exec_;
   Stage& heads_;
-  size_t games_ = 0;
-  Tensor keys_, dist_, chosen_;
+  Tensor keys_, out_;  // (2, games): the games' keys, then their frame counters; the answers
+  std::vector<uint64_t> held_keys_, held_frames_;
 };
 
 }  // namespace

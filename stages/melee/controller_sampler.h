@@ -1,9 +1,11 @@
 // A batch of games' answers from the controller heads' logits, where the logits are: on the CPU
 // (controller_choice.h per game, spread over the calling task arena's threads) or on a device
 // (one policy_choose kernel on the run's stream; only the distributions and the drawn
-// controllers come back, through page-locked staging with one wait). Both answer alike: the same
-// float operations in the same order, with counter-based draws (frame_draws_key) that need no
-// generator state on the device. The policy library (policy/policy.cpp) samples with it.
+// controllers come back, in one copy through page-locked staging). Both answer alike: the same
+// float operations in the same order, with counter-based draws (frame_draws_key). On a device the
+// games' keys and frame counters stay there, counted on by the kernel; they go in only when the
+// caller's differ (a stream's start, a game restarted, another seed). The policy library
+// (policy/policy.cpp) samples with it.
 #pragma once
 
 #include <cstddef>
@@ -23,9 +25,10 @@ class ControllerSampler {
   // For each of `games` games (row g of the heads' outputs, in the exec context's memory):
   // distribution[g] (81 floats, the heads' column order: the buttons' probabilities, then each
   // stick head's and the shoulder's softmax) and chosen[g], drawn at `temperature` with the
-  // uniforms of frame_keys[g]. The outputs are host memory, complete on return.
-  virtual void draw(const float* const logits[kHeads], float temperature,
-                    const uint64_t* frame_keys, size_t games, float* distribution,
+  // uniforms of frame_draws_key(game_keys[g], frames[g]). The outputs are host memory, complete
+  // on return; the caller then counts frames[g] on by one.
+  virtual void draw(const float* const logits[kHeads], float temperature, const uint64_t* game_keys,
+                    const uint64_t* frames, size_t games, float* distribution,
                     ChosenController* chosen) = 0;
 };
 

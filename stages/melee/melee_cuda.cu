@@ -763,8 +763,8 @@ __device__ __forceinline__ float lane_order_sum(float v, int n) {
 // lane_order_sum, the draw's product unfused by __fmul_rn), so the emulator reproduces the CPU
 // bit for bit and a GPU differs only by its expf's last bits.
 __global__ void policy_choose_kernel(HeadPointers L, const float* ar, float temperature,
-                                     const uint64_t* frame_keys, size_t games, float* dist,
-                                     int32_t* chosen) {
+                                     const uint64_t* game_keys, uint64_t* frames, size_t games,
+                                     float* dist, int32_t* chosen) {
   const int lane = int(threadIdx.x % 32);
   const size_t g = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (g >= games) return;  // a whole warp: games are whole warps
@@ -793,7 +793,8 @@ __global__ void policy_choose_kernel(HeadPointers L, const float* ar, float temp
       likely[k] = k < kButtons ? (__shfl_sync(kFullWarp, v, 0) > 0.0f ? k : -1)
                                : ar_first_column(k) + warp_argmax(v, lane);
     }
-  const uint64_t key = frame_keys[g];
+  const uint64_t frame = frames[g];
+  const uint64_t key = mix64(game_keys[g] ^ mix64(frame));  // controller_choice.h's frame_draws_key
   uint32_t buttons = 0;
   int classes[kStickHeads] = {};
   for (int k = 0; k < kArItems; ++k) {
@@ -837,6 +838,7 @@ __global__ void policy_choose_kernel(HeadPointers L, const float* ar, float temp
     drawn[k] = c0 + cls;
   }
   if (lane == 0) {
+    frames[g] = frame + 1;  // the game's next frame draws with the next key
     int32_t* c = chosen + g * (1 + kStickHeads);
     c[0] = int32_t(buttons);
     for (int h = 0; h < kStickHeads; ++h) c[1 + h] = classes[h];
@@ -987,11 +989,11 @@ void Kernels::heads_ar_decode(size_t M, const float* Wa, float* logits, cudaStre
 }
 
 void Kernels::policy_choose(const HeadPointers& logits, const float* ar, float temperature,
-                            const uint64_t* frame_keys, size_t games, float* distribution,
-                            int32_t* chosen, cudaStream_t stream) {
+                            const uint64_t* game_keys, uint64_t* frames, size_t games,
+                            float* distribution, int32_t* chosen, cudaStream_t stream) {
   if (games == 0) return;
   SLIPSTREAM_LAUNCH(policy_choose_kernel, dim3(ceil_div(games * 32, kChooseThreads)),
-                    dim3(kChooseThreads), stream, logits, ar, temperature, frame_keys, games,
+                    dim3(kChooseThreads), stream, logits, ar, temperature, game_keys, frames, games,
                     distribution, chosen);
   check_launch("policy_choose");
 }

@@ -340,12 +340,12 @@ void check_autoregressive_heads(size_t B, size_t W, uint64_t seed) {
 }
 
 // The policy's draws (policy_choose) against controller_choice.h: per game, the distribution
-// (heads_distribution) and the controller choose_controller draws with the game's frame key, at
-// temperatures 0 (the largest logit, a tie placed on purpose), below, at and above 1, with
-// independent heads and with a random autoregressive weight. `bit_exact` (the emulator: the
-// same float operations on the same libm) asks every float and every choice to be equal; a GPU's
-// expf differs in its last bits, so there distributions agree to 1e-6 and a choice may differ
-// only where a uniform falls within that of a decision: at most 2 of them.
+// (heads_distribution) and the controller choose_controller draws with the game's key at its frame
+// (which the kernel counts on), at temperatures 0 (the largest logit, a tie placed on purpose),
+// below, at and above 1, with independent heads and with a random autoregressive weight.
+// `bit_exact` (the emulator: the same float operations on the same libm) asks every float and every
+// choice to be equal; a GPU's expf differs in its last bits, so there distributions agree to 1e-6
+// and a choice may differ only where a uniform falls within that of a decision: at most 2 of them.
 template <class K, class Mem>
 void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
   SCOPED_TRACE("policy_choose, " + std::to_string(games) + " games");
@@ -362,9 +362,14 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
   heads_ar_mask(masked.data());
   const std::vector<float> ar = cast<float>(masked);
   const float* g_ar = mem.upload(ar);
-  std::vector<uint64_t> keys(games);
-  for (size_t g = 0; g < games; ++g) keys[g] = frame_draws_key(splitmix64(seed), g);
-  const uint64_t* g_keys = mem.upload(keys);
+  // Each game its own key and frame counter; the kernel counts the frames on, on the device.
+  std::vector<uint64_t> game_keys(games), frames(games);
+  for (size_t g = 0; g < games; ++g) {
+    game_keys[g] = splitmix64(seed + g);
+    frames[g] = g % 3 == 0 ? 0 : splitmix64(g) % 1000;
+  }
+  const uint64_t* g_keys = mem.upload(game_keys);
+  uint64_t* g_frames = mem.upload(frames);
   float* g_dist = mem.template alloc<float>(games * kHeadsWidth);
   int32_t* g_chosen = mem.template alloc<int32_t>(games * (1 + kStickHeads));
   size_t choices_differ = 0, acting = 0;
@@ -373,7 +378,7 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
     for (const float T : {0.0f, 0.6f, 1.0f, 1.7f}) {
       SCOPED_TRACE(std::string(with_ar ? "autoregressive" : "independent") + " heads, T " +
                    std::to_string(T));
-      K::policy_choose(hp, with_ar ? g_ar : nullptr, T, g_keys, games, g_dist, g_chosen,
+      K::policy_choose(hp, with_ar ? g_ar : nullptr, T, g_keys, g_frames, games, g_dist, g_chosen,
                        mem.stream());
       const auto dist = mem.download(g_dist, games * kHeadsWidth);
       const auto chosen = mem.download(g_chosen, games * (1 + kStickHeads));
@@ -383,8 +388,8 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
           std::copy_n(heads[h].data() + g * size_t(head_width(h)), head_width(h),
                       z + head_offset(h));
         heads_distribution(z, d);
-        const ChosenController want =
-            choose_controller(z, with_ar ? ar.data() : nullptr, T, keys[g]);
+        const ChosenController want = choose_controller(z, with_ar ? ar.data() : nullptr, T,
+                                                        frame_draws_key(game_keys[g], frames[g]));
         acting += want.acts();
         for (int c = 0; c < kHeadsWidth; ++c) {
           const float got = dist[g * kHeadsWidth + size_t(c)];
@@ -400,6 +405,11 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
                         << ", main x " << c[1] << " vs " << want.classes[kMainX];
         }
         choices_differ += !same;
+      }
+      const auto counted = mem.download(g_frames, games);
+      for (size_t g = 0; g < games; ++g) {
+        ASSERT_EQ(counted[g], frames[g] + 1) << "game " << g << "'s frame counter";
+        frames[g] = counted[g];  // the next call draws the next frame's uniforms
       }
       EXPECT_TRUE(T != 0.0f || chosen[1] == 3)
           << "game 0's main x at T 0: " << chosen[1] << ", not the first of a tie (3)";
