@@ -80,7 +80,9 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // at the start of every chunk of a few steps, then per chunk, last to first, recomputes the
 // chunk's states into registers and runs the adjoint recurrence; sums over channels (dBm, dCm)
 // and over the batch (dA, dDskip, ddelta_bias) go through per-warp and per-block partials added
-// in a fixed order, so results are deterministic.
+// in a fixed order, so results are deterministic. `ldbc` (0: N) is the step from one row (b, t)
+// of Bm and Cm to the next, in elements: the model passes x_proj's output itself, whose rows hold
+// dt, Bm and Cm side by side, instead of copying Bm and Cm out of it.
 static constexpr int kScanMaxState = 32;
 
 // out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
@@ -91,7 +93,7 @@ static void selective_scan_forward(const T* u, const T* delta, const float* A, c
                                    const float* delta_bias, bool delta_softplus,
                                    const float* initial_state, T* out, bfloat16* out_bf,
                                    float* last_state, float* chunk_states, int B, int L, int D,
-                                   int N, cudaStream_t stream);
+                                   int N, cudaStream_t stream, int ldbc = 0);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
@@ -138,7 +140,7 @@ static void selective_scan_backward(const T* u, const T* delta, const float* A, 
                                     const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
                                     float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
                                     bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, int ldbc = 0);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

@@ -31,6 +31,7 @@ struct ScanArgs {
   const float* h0;  // (B, D, N) state before the first step, or null: zero
   bool softplus;
   int B, L, D, N;
+  int ldbc;  // elements from one row (b, t) of Bm and Cm to the next: N, or more in a wider tensor
 };
 
 // Where thread (b, d, n) is, and its channel's constants (zeros outside the problem).
@@ -71,8 +72,8 @@ __device__ __forceinline__ StepIn load_step(const ScanArgs<DT>& a, const ScanLan
     s.dt = a.softplus ? softplusf_(s.raw) : s.raw;
   }
   if (q.ok) {
-    s.Bn = to_f32(a.Bm[row * a.N + q.n]);
-    s.Cn = to_f32(a.Cm[row * a.N + q.n]);
+    s.Bn = to_f32(a.Bm[row * a.ldbc + q.n]);
+    s.Cn = to_f32(a.Cm[row * a.ldbc + q.n]);
   }
   return s;
 }
@@ -138,7 +139,7 @@ __device__ __forceinline__ void stage_bc(const ScanArgs<DT>& a, int b, int t0, i
                                          float (*sB)[kMaxPad], float (*sC)[kMaxPad]) {
   for (int k = int(threadIdx.x); k < tn * kNP; k += kChanThreads) {
     const int j = k / kNP, n = k - j * kNP;
-    const size_t o = (size_t(b) * a.L + t0 + j) * a.N + n;
+    const size_t o = (size_t(b) * a.L + t0 + j) * a.ldbc + n;
     sB[j][n] = n < a.N ? to_f32(a.Bm[o]) : 0.f;
     sC[j][n] = n < a.N ? to_f32(a.Cm[o]) : 0.f;
   }
@@ -531,7 +532,7 @@ void with_lanes(int lanes, F&& f) {
 template <class T>
 ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
                              const float* Dskip, const T* z, const float* delta_bias, bool sp,
-                             int B, int L, int D, int N) {
+                             int B, int L, int D, int N, int ldbc = 0) {
   auto a = zero_filled<ScanArgs<dev_t<T>>>();  // padding too: a launch's key hashes it
   a.u = dev(u);
   a.delta = dev(delta);
@@ -546,6 +547,7 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   a.L = L;
   a.D = D;
   a.N = N;
+  a.ldbc = ldbc > 0 ? ldbc : N;
   return a;
 }
 
@@ -623,11 +625,11 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
                                      const float* delta_bias, bool delta_softplus,
                                      const float* initial_state, T* out, bfloat16* out_bf,
                                      float* last_state, float* chunk_states, int B, int L, int D,
-                                     int N, cudaStream_t stream) {
+                                     int N, cudaStream_t stream, int ldbc) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
-  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc);
   a.h0 = initial_state;
   const int save_every = chan_shape(N, op, true).t;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
@@ -699,7 +701,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
                                       const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
                                       float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
                                       bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, int ldbc) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -715,7 +717,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   w.dC_part = ws + lay.dC;
   w.ddelta_bf = dev(ddelta_bf);
   w.dz_bf = dz ? dev(dz_bf) : nullptr;
-  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N);
+  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc);
   a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
   with_chan(N, name, true, [&](auto ns, auto g, auto t) {
@@ -757,11 +759,11 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
 #define INSTANTIATE(T)                                                                            \
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t);       \
+      bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t, int);  \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
-      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t);                             \
+      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int);                        \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

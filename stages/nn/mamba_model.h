@@ -217,8 +217,8 @@ class MambaModel {
     u_ = buf(nl * M * di, "mamba scan input");
     dbc_ = buf(nl * M * P, "mamba x_proj output");
     delta_ = buf(nl * M * di, "mamba delta");
-    Bm_ = buf(nl * M * N, "mamba B");
-    Cm_ = buf(nl * M * N, "mamba C");
+    Bm_ = buf(kBcInDbc ? 0 : nl * M * N, "mamba B");  // on a device, read inside dbc
+    Cm_ = buf(kBcInDbc ? 0 : nl * M * N, "mamba C");
     ys_ = buf(nl * M * di, "mamba scan output");
     A_ = buf(nl * di * N, "mamba A");
     scan_states_elems_ =
@@ -320,13 +320,15 @@ class MambaModel {
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
       mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
-      ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
-      ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
+      if constexpr (!kBcInDbc) {
+        ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
+        ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
+      }
       ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
       ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                   a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N,
-                                  ysb);
+                                  ysb, bc_ld());
       ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
@@ -368,7 +370,8 @@ class MambaModel {
       uint16_t* const dzb = wb ? dyb + Ms * di_() : nullptr;
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                    a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dBm_, dCm_,
-                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb);
+                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
+                                   bc_ld());
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
@@ -430,8 +433,8 @@ class MambaModel {
             at(u_, M * di_()),
             at(dbc_, M * P_()),
             at(delta_, M * di_()),
-            at(Bm_, M * N_()),
-            at(Cm_, M * N_()),
+            kBcInDbc ? at(dbc_, M * P_()) + c_.rank() : at(Bm_, M * N_()),
+            kBcInDbc ? at(dbc_, M * P_()) + c_.rank() + c_.d_state : at(Cm_, M * N_()),
             at(ys_, M * di_()),
             at(A_, di_() * N_()),
             atb(xn_bf_, M * dm_()),
@@ -479,6 +482,10 @@ class MambaModel {
   size_t di_() const { return static_cast<size_t>(c_.d_inner()); }
   size_t N_() const { return static_cast<size_t>(c_.d_state); }
   size_t P_() const { return static_cast<size_t>(c_.rank() + 2 * c_.d_state); }
+  // On a device the scan reads Bm and Cm inside x_proj's output (dbc's rows: dt, Bm, Cm), rows P
+  // apart, instead of copies of them (two launches a layer fewer); the CPU copies them out.
+  static constexpr bool kBcInDbc = Ops::kBackend != KernelBackend::cpu;
+  int bc_ld() const { return kBcInDbc ? static_cast<int>(P_()) : 0; }
 
   void check_precision(const uint16_t* wb) const {
     if (B_ <= 0) throw std::logic_error("mamba: resize() before forward/backward");

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "engine/exec_context.h"
 #include "engine/tensor.h"
@@ -143,8 +144,11 @@ class CpuOps {
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
                               T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
-                              int N, uint16_t* out_bf = nullptr) const {
-    kernels::selective_scan_forward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out,
+                              int N, uint16_t* out_bf = nullptr, int ldbc = 0) const {
+    std::vector<T> bc;
+    const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
+    const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
+    kernels::selective_scan_forward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state, out,
                                     last_state, B, L, Dc, N);
     if (out_bf) to_bf16(out, out_bf, static_cast<size_t>(B) * L * Dc);
   }
@@ -153,8 +157,11 @@ class CpuOps {
                                const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
                                int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
-                               uint16_t* dz_bf = nullptr) const {
-    kernels::selective_scan_backward(u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state,
+                               uint16_t* dz_bf = nullptr, int ldbc = 0) const {
+    std::vector<T> bc;
+    const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
+    const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
+    kernels::selective_scan_backward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state,
                                      dout, du, ddelta, dA, dBm, dCm, dD, dz, ddelta_bias,
                                      static_cast<T*>(scratch), B, L, Dc, N);
     const size_t n = static_cast<size_t>(B) * L * Dc;
@@ -163,6 +170,18 @@ class CpuOps {
   }
 
  private:
+  // Bm or Cm (rows, N) from rows `ld` apart (0: N, as they are): gathered into `buf` (appended,
+  // reserved for both first, so the first's pointer stays) when they are apart. The model passes
+  // them apart on a device only; this keeps the CPU's contract the same.
+  static const T* rows_of(const T* p, int rows, int N, int ld, std::vector<T>& buf) {
+    if (ld == 0 || ld == N) return p;
+    const size_t n = static_cast<size_t>(rows) * N;
+    if (buf.capacity() < 2 * n) buf.reserve(2 * n);
+    const size_t at = buf.size();
+    for (int r = 0; r < rows; ++r)
+      buf.insert(buf.end(), p + static_cast<size_t>(r) * ld, p + static_cast<size_t>(r) * ld + N);
+    return buf.data() + at;
+  }
   // The FP32 workspace of a layer (forward or backward), rounded up so the bf16 form's part
   // after it starts aligned.
   static size_t gru_fp32_bytes(int B, int L, int H) {

@@ -149,10 +149,10 @@ class DeviceOps {
                               const float* Cm, const float* D, const float* z,
                               const float* delta_bias, const float* initial_state, float* out,
                               float* last_state, float* chunk_states, int B, int L, int Dc, int N,
-                              uint16_t* out_bf = nullptr) const {
+                              uint16_t* out_bf = nullptr, int ldbc = 0) const {
     Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
                                                     initial_state, out, bf(out_bf), last_state,
-                                                    chunk_states, B, L, Dc, N, stream_);
+                                                    chunk_states, B, L, Dc, N, stream_, ldbc);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,
@@ -160,11 +160,12 @@ class DeviceOps {
                                const float* chunk_states, const float* dout, float* du,
                                float* ddelta, float* dA, float* dBm, float* dCm, float* dD,
                                float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
-                               int N, uint16_t* ddelta_bf = nullptr,
-                               uint16_t* dz_bf = nullptr) const {
+                               int N, uint16_t* ddelta_bf = nullptr, uint16_t* dz_bf = nullptr,
+                               int ldbc = 0) const {
     Kernels::template selective_scan_backward<float>(
         u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, chunk_states, dout, du, ddelta,
-        dA, dBm, dCm, dD, dz, ddelta_bias, bf(ddelta_bf), bf(dz_bf), scratch, B, L, Dc, N, stream_);
+        dA, dBm, dCm, dD, dz, ddelta_bias, bf(ddelta_bf), bf(dz_bf), scratch, B, L, Dc, N, stream_,
+        ldbc);
   }
 
  private:

@@ -400,7 +400,8 @@ struct DeviceScanGrads {
 template <class Kernels, class Mem, class T>
 DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                      const std::vector<double>& dA0, const std::vector<double>& dD0,
-                                     const std::vector<double>& db0, bool forward_states) {
+                                     const std::vector<double>& db0, bool forward_states,
+                                     int ldbc = 0) {
   const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
   const size_t dn = size_t(s.D) * s.N;
   Mem mem;
@@ -412,7 +413,15 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   float* g_db = mem.upload(elems<float>(db0));
   void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
   const T *u = up<Mem, T>(mem, d.u), *delta = up<Mem, T>(mem, d.delta);
-  const T *Bm = up<Mem, T>(mem, d.Bm), *Cm = up<Mem, T>(mem, d.Cm), *z = up<Mem, T>(mem, d.z);
+  // With ldbc, Bm and Cm rows ldbc apart, NaN between them: a read past a row's N poisons all.
+  auto rows = [&](const std::vector<double>& v) {
+    if (ldbc == 0) return up<Mem, T>(mem, v);
+    std::vector<double> wide(size_t(s.B) * s.L * ldbc, std::nan(""));
+    for (size_t r = 0; r < size_t(s.B) * s.L; ++r)
+      std::copy_n(v.data() + r * s.N, s.N, wide.data() + r * ldbc);
+    return up<Mem, T>(mem, wide);
+  };
+  const T *Bm = rows(d.Bm), *Cm = rows(d.Cm), *z = up<Mem, T>(mem, d.z);
   const float *A = up<Mem, float>(mem, d.A), *Dskip = up<Mem, float>(mem, d.Dskip);
   const float *bias = up<Mem, float>(mem, d.bias), *h0 = up<Mem, float>(mem, d.h0);
   float* states = nullptr;
@@ -422,14 +431,14 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
     T* out = mem.template alloc<T>(bld);
     Kernels::template selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0,
                                                 out, nullptr, nullptr, states, s.B, s.L, s.D, s.N,
-                                                mem.stream());
+                                                mem.stream(), ldbc);
   }
   bfloat16* g_ddbf = mem.template alloc<bfloat16>(bld);
   bfloat16* g_dzbf = s.z ? mem.template alloc<bfloat16>(bld) : nullptr;
   Kernels::template selective_scan_backward<T>(
       u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
       g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
-      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream());
+      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc);
   mem.sync();
   // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
   const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
@@ -633,6 +642,31 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
                            {"dDskip", &G::dD},
                            {"ddelta_bias", &G::db}})
       EXPECT_EQ(own.*f, kept.*f) << name;
+  }
+}
+// Bm and Cm read from rows wider than N (the model passes x_proj's output, whose rows hold dt, Bm
+// and Cm): the same gradients bit for bit, with the backward's own first pass and with the
+// forward's chunk states.
+KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
+  uint64_t seed = 97;
+  for (const ScanShape& s :
+       std::vector<ScanShape>{{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}}) {
+    SCOPED_TRACE(describe(s));
+    const ScanData<float> d(s, seed++);
+    const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
+    const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
+    for (const bool kept : {false, true}) {
+      const auto wide =
+          device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, kept, s.N + 7);
+      using G = DeviceScanGrads;
+      for (auto [name, f] : {std::pair{"du", &G::du},
+                             {"ddelta", &G::ddelta},
+                             {"dBm", &G::dB},
+                             {"dCm", &G::dC},
+                             {"dz", &G::dz},
+                             {"dA", &G::dA}})
+        EXPECT_EQ(own.*f, wide.*f) << name << (kept ? " (forward's states)" : "");
+    }
   }
 }
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
