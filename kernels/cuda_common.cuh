@@ -9,7 +9,6 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <type_traits>
 
 #include "kernels/cuda_api.h"
@@ -196,6 +195,7 @@ struct PartialSums {
   const float* part[kMaxPartialSums];
   Out* out[kMaxPartialSums];
   size_t n[kMaxPartialSums];
+  size_t cols[kMaxPartialSums], ld[kMaxPartialSums];  // cols 0: out contiguous
 };
 
 template <class Out>
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(kPartialThreads)
   const int cols = blockDim.x, lanes = blockDim.y;
   const float* part = sums.part[blockIdx.y];
   Out* out = sums.out[blockIdx.y];
-  const size_t n = sums.n[blockIdx.y];
+  const size_t n = sums.n[blockIdx.y], cols_out = sums.cols[blockIdx.y], ld = sums.ld[blockIdx.y];
   if (size_t(blockIdx.x) * cols >= n) return;  // the whole block: this sum is shorter
   const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
   float s = 0.0f;
@@ -216,24 +216,37 @@ __global__ void __launch_bounds__(kPartialThreads)
   if (threadIdx.y != 0 || i >= n) return;
   float total = 0.0f;
   for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
-  out[i] = from_f32<Out>(accumulate ? to_f32(out[i]) + total : total);
+  const size_t o = cols_out ? i / cols_out * ld + i % cols_out : i;
+  out[o] = from_f32<Out>(accumulate ? to_f32(out[o]) + total : total);
 }
 
-// sum_partials for each {part, n, out} of `sums` (entries with a null out or n = 0 are skipped),
-// all over K partials, in one launch.
+// One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
+// into rows `ld` apart: element i at out[i / cols * ld + i % cols] (columns of a wider tensor).
 template <class Out>
-void sum_partials_group(std::initializer_list<std::tuple<const float*, size_t, Out*>> sums, int K,
-                        bool accumulate, cudaStream_t stream, const char* op) {
+struct PartialSum {
+  const float* part;
+  size_t n;
+  Out* out;
+  size_t cols = 0, ld = 0;
+};
+
+// sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), all over K
+// partials, in one launch.
+template <class Out>
+void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool accumulate,
+                        cudaStream_t stream, const char* op) {
   auto group = zero_filled<PartialSums<Out>>();
   int count = 0;
   size_t longest = 0;
-  for (const auto& [part, n, out] : sums) {
-    if (n == 0 || out == nullptr) continue;
+  for (const PartialSum<Out>& s : sums) {
+    if (s.n == 0 || s.out == nullptr) continue;
     if (count == kMaxPartialSums) throw std::logic_error(std::string(op) + ": too many sums");
-    group.part[count] = part;
-    group.out[count] = out;
-    group.n[count] = n;
-    longest = n > longest ? n : longest;
+    group.part[count] = s.part;
+    group.out[count] = s.out;
+    group.n[count] = s.n;
+    group.cols[count] = s.cols;
+    group.ld[count] = s.ld;
+    longest = s.n > longest ? s.n : longest;
     ++count;
   }
   if (count == 0) return;

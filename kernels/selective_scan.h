@@ -81,8 +81,9 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // chunk's states into registers and runs the adjoint recurrence; sums over channels (dBm, dCm)
 // and over the batch (dA, dDskip, ddelta_bias) go through per-warp and per-block partials added
 // in a fixed order, so results are deterministic. `ldbc` (0: N) is the step from one row (b, t)
-// of Bm and Cm to the next, in elements: the model passes x_proj's output itself, whose rows hold
-// dt, Bm and Cm side by side, instead of copying Bm and Cm out of it.
+// of Bm and Cm (and the backward's dBm and dCm) to the next, in elements: the model passes
+// x_proj's output itself, whose rows hold dt, Bm and Cm side by side, and the backward writes
+// into x_proj's output gradient, instead of copies in and out.
 static constexpr int kScanMaxState = 32;
 
 // out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the

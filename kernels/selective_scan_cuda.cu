@@ -731,8 +731,10 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   const size_t bln = size_t(B) * L * N;
   // Two launches for the five sums: dBm and dCm over the channel tiles, dA, dD and the bias over
   // the batch rows.
-  sum_partials_group<dev_t<T>>({{w.dB_part, bln, dev(dBm)}, {w.dC_part, bln, dev(dCm)}}, tiles,
-                               false, stream, op);
+  const size_t ld = size_t(a.ldbc), cols = ld == size_t(N) ? 0 : size_t(N);
+  sum_partials_group<dev_t<T>>(
+      {{w.dB_part, bln, dev(dBm), cols, ld}, {w.dC_part, bln, dev(dCm), cols, ld}}, tiles, false,
+      stream, op);
   sum_partials_group<float>({{w.dA_part, size_t(D) * N, dA},
                              {w.dD_part, size_t(D), Dskip ? dDskip : nullptr},
                              {w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr}},

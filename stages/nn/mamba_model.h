@@ -234,8 +234,8 @@ class MambaModel {
     dz_ = buf(M * di, "mamba gradient");
     dconv_ = buf(Ops::kSavesConvInput ? M * di : 0, "mamba gradient");
     dxc_ = buf(M * di, "mamba gradient");
-    dBm_ = buf(M * N, "mamba gradient");
-    dCm_ = buf(M * N, "mamba gradient");
+    dBm_ = buf(kBcInDbc ? 0 : M * N, "mamba gradient");  // on a device, written inside ddbc
+    dCm_ = buf(kBcInDbc ? 0 : M * N, "mamba gradient");
     ddbc_ = buf(M * P, "mamba gradient");
     dA_ = buf(di * N, "mamba gradient");
     // The carried state: what the previous forward left (last) and what this one starts from.
@@ -368,16 +368,21 @@ class MambaModel {
       ops_.zero(dA_, di_() * N_());
       uint16_t* const ddb = wb ? dyb : nullptr;
       uint16_t* const dzb = wb ? dyb + Ms * di_() : nullptr;
+      // On a device dBm and dCm go straight into their columns of x_proj's output gradient.
+      T* const dB = kBcInDbc ? ddbc_ + R : dBm_;
+      T* const dC = kBcInDbc ? ddbc_ + R + N : dCm_;
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dBm_, dCm_,
+                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dB, dC,
                                    g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
                                    bc_ld());
       ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
       mm(true, false, di, R, M, ddelta_, ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
-      ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
-      ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
+      if constexpr (!kBcInDbc) {
+        ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
+        ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
+      }
       // x_proj: dbc = u W_xᵀ; u also feeds the scan, so its gradient adds onto du.
       const uint16_t* dpb = round(ddbc_, dyb, Ms * P_(), wb);
       mm(false, false, M, di, P, ddbc_, dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1), du_,
@@ -483,7 +488,8 @@ class MambaModel {
   size_t N_() const { return static_cast<size_t>(c_.d_state); }
   size_t P_() const { return static_cast<size_t>(c_.rank() + 2 * c_.d_state); }
   // On a device the scan reads Bm and Cm inside x_proj's output (dbc's rows: dt, Bm, Cm), rows P
-  // apart, instead of copies of them (two launches a layer fewer); the CPU copies them out.
+  // apart, and its backward writes dBm and dCm inside x_proj's output gradient, instead of copies
+  // in and out (four launches a layer fewer); the CPU copies them.
   static constexpr bool kBcInDbc = Ops::kBackend != KernelBackend::cpu;
   int bc_ld() const { return kBcInDbc ? static_cast<int>(P_()) : 0; }
 

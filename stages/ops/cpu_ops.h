@@ -158,12 +158,20 @@ class CpuOps {
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
                                int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
                                uint16_t* dz_bf = nullptr, int ldbc = 0) const {
-    std::vector<T> bc;
+    std::vector<T> bc, dbc;
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
+    const bool apart = ldbc != 0 && ldbc != N;
+    const size_t bln = static_cast<size_t>(B) * L * N;
+    if (apart) dbc.resize(2 * bln);
     kernels::selective_scan_backward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state,
-                                     dout, du, ddelta, dA, dBm, dCm, dD, dz, ddelta_bias,
+                                     dout, du, ddelta, dA, apart ? dbc.data() : dBm,
+                                     apart ? dbc.data() + bln : dCm, dD, dz, ddelta_bias,
                                      static_cast<T*>(scratch), B, L, Dc, N);
+    for (size_t r = 0; apart && r < static_cast<size_t>(B) * L; ++r) {  // into the wider rows
+      std::copy_n(dbc.data() + r * N, N, dBm + r * ldbc);
+      std::copy_n(dbc.data() + bln + r * N, N, dCm + r * ldbc);
+    }
     const size_t n = static_cast<size_t>(B) * L * Dc;
     if (ddelta_bf) to_bf16(ddelta, ddelta_bf, n);
     if (dz_bf && dz) to_bf16(dz, dz_bf, n);
@@ -171,8 +179,9 @@ class CpuOps {
 
  private:
   // Bm or Cm (rows, N) from rows `ld` apart (0: N, as they are): gathered into `buf` (appended,
-  // reserved for both first, so the first's pointer stays) when they are apart. The model passes
-  // them apart on a device only; this keeps the CPU's contract the same.
+  // reserved for both first, so the first's pointer stays) when they are apart (the backward
+  // scatters dBm and dCm back the same way). The model passes them apart on a device only; this
+  // keeps the CPU's contract the same.
   static const T* rows_of(const T* p, int rows, int N, int ld, std::vector<T>& buf) {
     if (ld == 0 || ld == N) return p;
     const size_t n = static_cast<size_t>(rows) * N;

@@ -6,6 +6,8 @@
 #include <tbb/global_control.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -406,7 +408,9 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   const size_t dn = size_t(s.D) * s.N;
   Mem mem;
   T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
-  T *g_dB = mem.template alloc<T>(bln), *g_dC = mem.template alloc<T>(bln);
+  // With ldbc, dBm and dCm are written into rows ldbc apart (the alloc's 0xFF bytes between).
+  const size_t rows_bc = size_t(s.B) * s.L, wide_bc = ldbc ? rows_bc * size_t(ldbc) : bln;
+  T *g_dB = mem.template alloc<T>(wide_bc), *g_dC = mem.template alloc<T>(wide_bc);
   T* g_dz = s.z ? mem.template alloc<T>(bld) : nullptr;
   float* g_dA = mem.upload(elems<float>(dA0));
   float* g_dD = mem.upload(elems<float>(dD0));
@@ -458,8 +462,23 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   DeviceScanGrads g;
   g.du = values(mem.download(g_du, bld));
   g.ddelta = values(ddelta_dev);
-  g.dB = values(mem.download(g_dB, bln));
-  g.dC = values(mem.download(g_dC, bln));
+  auto rows_of = [&](const T* p) {
+    const std::vector<T> all = mem.download(p, wide_bc);
+    if (!ldbc) return values(all);
+    std::vector<T> packed;
+    for (size_t r = 0; r < rows_bc; ++r) {
+      const T* row = all.data() + r * size_t(ldbc);
+      packed.insert(packed.end(), row, row + s.N);
+      for (int c = s.N; c < ldbc; ++c) {  // what lies between the rows stays as it was
+        uint8_t bytes[sizeof(T)];
+        std::memcpy(bytes, &row[c], sizeof(T));
+        for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
+      }
+    }
+    return values(packed);
+  };
+  g.dB = rows_of(g_dB);
+  g.dC = rows_of(g_dC);
   if (s.z) g.dz = values(mem.download(g_dz, bld));
   g.dA = values(mem.download(g_dA, dn));
   g.dD = values(mem.download(g_dD, size_t(s.D)));
@@ -644,9 +663,9 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
       EXPECT_EQ(own.*f, kept.*f) << name;
   }
 }
-// Bm and Cm read from rows wider than N (the model passes x_proj's output, whose rows hold dt, Bm
-// and Cm): the same gradients bit for bit, with the backward's own first pass and with the
-// forward's chunk states.
+// Bm and Cm read from rows wider than N, dBm and dCm written into them (the model passes x_proj's
+// output and its gradient, whose rows hold dt, Bm and Cm): the same gradients bit for bit, with
+// the backward's own first pass and with the forward's chunk states, nothing written between.
 KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
   uint64_t seed = 97;
   for (const ScanShape& s :
