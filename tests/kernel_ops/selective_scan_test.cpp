@@ -399,6 +399,21 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
 struct DeviceScanGrads {
   std::vector<double> du, ddelta, dB, dC, dz, dA, dD, db;
 };
+// Every gradient of two device backwards, bit for bit.
+inline void expect_same_gradients(const DeviceScanGrads& a, const DeviceScanGrads& b,
+                                  const std::string& what) {
+  using G = DeviceScanGrads;
+  for (auto [name, f] : {std::pair{"du", &G::du},
+                         {"ddelta", &G::ddelta},
+                         {"dBm", &G::dB},
+                         {"dCm", &G::dC},
+                         {"dz", &G::dz},
+                         {"dA", &G::dA},
+                         {"dDskip", &G::dD},
+                         {"ddelta_bias", &G::db}})
+    EXPECT_EQ(a.*f, b.*f) << name << what;
+}
+
 template <class Kernels, class Mem, class T>
 DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                      const std::vector<double>& dA0, const std::vector<double>& dD0,
@@ -651,16 +666,7 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
     const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
     const auto kept = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, true);
-    using G = DeviceScanGrads;
-    for (auto [name, f] : {std::pair{"du", &G::du},
-                           {"ddelta", &G::ddelta},
-                           {"dBm", &G::dB},
-                           {"dCm", &G::dC},
-                           {"dz", &G::dz},
-                           {"dA", &G::dA},
-                           {"dDskip", &G::dD},
-                           {"ddelta_bias", &G::db}})
-      EXPECT_EQ(own.*f, kept.*f) << name;
+    expect_same_gradients(own, kept, "");
   }
 }
 // Bm and Cm read from rows wider than N, dBm and dCm written into them (the model passes x_proj's
@@ -674,18 +680,10 @@ KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
     const ScanData<float> d(s, seed++);
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
     const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
-    for (const bool kept : {false, true}) {
-      const auto wide =
-          device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, kept, s.N + 7);
-      using G = DeviceScanGrads;
-      for (auto [name, f] : {std::pair{"du", &G::du},
-                             {"ddelta", &G::ddelta},
-                             {"dBm", &G::dB},
-                             {"dCm", &G::dC},
-                             {"dz", &G::dz},
-                             {"dA", &G::dA}})
-        EXPECT_EQ(own.*f, wide.*f) << name << (kept ? " (forward's states)" : "");
-    }
+    for (const bool kept : {false, true})
+      expect_same_gradients(
+          own, device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, kept, s.N + 7),
+          kept ? " (forward's states)" : "");
   }
 }
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
