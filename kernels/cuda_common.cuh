@@ -196,6 +196,7 @@ struct PartialSums {
   Out* out[kMaxPartialSums];
   size_t n[kMaxPartialSums];
   size_t cols[kMaxPartialSums], ld[kMaxPartialSums];  // cols 0: out contiguous
+  const float* scale[kMaxPartialSums];                // null: 1
 };
 
 template <class Out>
@@ -217,17 +218,22 @@ __global__ void __launch_bounds__(kPartialThreads)
   float total = 0.0f;
   for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
   const size_t o = cols_out ? i / cols_out * ld + i % cols_out : i;
+  const float* scale = sums.scale[blockIdx.y];
+  if (scale) total *= scale[i];
   out[o] = from_f32<Out>(accumulate ? to_f32(out[o]) + total : total);
 }
 
 // One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
 // into rows `ld` apart: element i at out[i / cols * ld + i % cols] (columns of a wider tensor).
+// With `scale`, element i's sum is multiplied by scale[i] first (a chain rule applied on the way
+// out: (Σ) · scale, then added or stored).
 template <class Out>
 struct PartialSum {
   const float* part;
   size_t n;
   Out* out;
   size_t cols = 0, ld = 0;
+  const float* scale = nullptr;
 };
 
 // sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), all over K
@@ -246,6 +252,7 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
     group.n[count] = s.n;
     group.cols[count] = s.cols;
     group.ld[count] = s.ld;
+    group.scale[count] = s.scale;
     longest = s.n > longest ? s.n : longest;
     ++count;
   }

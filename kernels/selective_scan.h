@@ -132,16 +132,16 @@ static int selective_scan_backward_blocks_per_sm(int N);
 // selective_scan_backward_workspace_bytes; `chunk_states` is what the forward on the same inputs
 // wrote there, or null (the backward then finds the states itself). `ddelta_bf`, `dz_bf` (may be
 // null) receive ddelta and dz rounded to bf16 as well, as fp32_to_bf16 of them would: the bf16
-// GEMMs' copies without cast launches.
+// GEMMs' copies without cast launches. With `dA_scale` (D, N) dA receives += (its sum) · dA_scale:
+// the model passes dA_log's gradient and A, the chain rule of A = −exp(A_log) applied on the way
+// out, with no dA buffer to zero and no separate product.
 template <class T>
-static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
-                                    const T* Cm, const float* Dskip, const T* z,
-                                    const float* delta_bias, bool delta_softplus,
-                                    const float* initial_state, const float* chunk_states,
-                                    const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
-                                    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
-                                    bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                    cudaStream_t stream, int ldbc = 0);
+static void selective_scan_backward(
+    const T* u, const T* delta, const float* A, const T* Bm, const T* Cm, const float* Dskip,
+    const T* z, const float* delta_bias, bool delta_softplus, const float* initial_state,
+    const float* chunk_states, const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf, bfloat16* dz_bf, void* workspace,
+    int B, int L, int D, int N, cudaStream_t stream, int ldbc = 0, const float* dA_scale = nullptr);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

@@ -701,7 +701,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
                                       const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
                                       float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
                                       bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                      cudaStream_t stream, int ldbc) {
+                                      cudaStream_t stream, int ldbc, const float* dA_scale) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -735,7 +735,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   sum_partials_group<dev_t<T>>(
       {{w.dB_part, bln, dev(dBm), cols, ld}, {w.dC_part, bln, dev(dCm), cols, ld}}, tiles, false,
       stream, op);
-  sum_partials_group<float>({{w.dA_part, size_t(D) * N, dA},
+  sum_partials_group<float>({{w.dA_part, size_t(D) * N, dA, 0, 0, dA_scale},
                              {w.dD_part, size_t(D), Dskip ? dDskip : nullptr},
                              {w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr}},
                             B, true, stream, op);
@@ -765,7 +765,7 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
-      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int);                        \
+      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int, const float*);          \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

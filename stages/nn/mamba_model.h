@@ -217,8 +217,8 @@ class MambaModel {
     u_ = buf(nl * M * di, "mamba scan input");
     dbc_ = buf(nl * M * P, "mamba x_proj output");
     delta_ = buf(nl * M * di, "mamba delta");
-    Bm_ = buf(kBcInDbc ? 0 : nl * M * N, "mamba B");  // on a device, read inside dbc
-    Cm_ = buf(kBcInDbc ? 0 : nl * M * N, "mamba C");
+    Bm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba B");  // on a device, read inside dbc
+    Cm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba C");
     ys_ = buf(nl * M * di, "mamba scan output");
     A_ = buf(nl * di * N, "mamba A");
     scan_states_elems_ =
@@ -234,10 +234,10 @@ class MambaModel {
     dz_ = buf(M * di, "mamba gradient");
     dconv_ = buf(Ops::kSavesConvInput ? M * di : 0, "mamba gradient");
     dxc_ = buf(M * di, "mamba gradient");
-    dBm_ = buf(kBcInDbc ? 0 : M * N, "mamba gradient");  // on a device, written inside ddbc
-    dCm_ = buf(kBcInDbc ? 0 : M * N, "mamba gradient");
+    dBm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");  // on a device, written inside ddbc
+    dCm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");
     ddbc_ = buf(M * P, "mamba gradient");
-    dA_ = buf(di * N, "mamba gradient");
+    dA_ = buf(kOnDevice ? 0 : di * N, "mamba gradient");
     // The carried state: what the previous forward left (last) and what this one starts from.
     carried_.clear();
     scan_last_ = buf(carry_ ? carry_scan_elems() : 0, "mamba carried scan state");
@@ -320,7 +320,7 @@ class MambaModel {
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
       mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
-      if constexpr (!kBcInDbc) {
+      if constexpr (!kOnDevice) {
         ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       }
@@ -364,22 +364,24 @@ class MambaModel {
       mm(false, false, M, di, dm, dh, dhb, dm, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(0), dys_,
          di);
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
-      // Scan; dA is a fresh sum so the chain rule to A_log (dA_log = dA · A) is applied once.
-      ops_.zero(dA_, di_() * N_());
+      // Scan; dA_log += dA · A, on a device by the scan's own sum of dA, on the CPU from a fresh
+      // sum in dA_.
+      T* const dA = kOnDevice ? g + Lw.A_log : dA_;
+      if constexpr (!kOnDevice) ops_.zero(dA_, di_() * N_());
       uint16_t* const ddb = wb ? dyb : nullptr;
       uint16_t* const dzb = wb ? dyb + Ms * di_() : nullptr;
       // On a device dBm and dCm go straight into their columns of x_proj's output gradient.
-      T* const dB = kBcInDbc ? ddbc_ + R : dBm_;
-      T* const dC = kBcInDbc ? ddbc_ + R + N : dCm_;
+      T* const dB = kOnDevice ? ddbc_ + R : dBm_;
+      T* const dC = kOnDevice ? ddbc_ + R + N : dCm_;
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA_, dB, dC,
+                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA, dB, dC,
                                    g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
-                                   bc_ld());
-      ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
+                                   bc_ld(), kOnDevice ? a.A : nullptr);
+      if constexpr (!kOnDevice) ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
       mm(true, false, di, R, M, ddelta_, ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
-      if constexpr (!kBcInDbc) {
+      if constexpr (!kOnDevice) {
         ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
         ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
       }
@@ -438,8 +440,8 @@ class MambaModel {
             at(u_, M * di_()),
             at(dbc_, M * P_()),
             at(delta_, M * di_()),
-            kBcInDbc ? at(dbc_, M * P_()) + c_.rank() : at(Bm_, M * N_()),
-            kBcInDbc ? at(dbc_, M * P_()) + c_.rank() + c_.d_state : at(Cm_, M * N_()),
+            kOnDevice ? at(dbc_, M * P_()) + c_.rank() : at(Bm_, M * N_()),
+            kOnDevice ? at(dbc_, M * P_()) + c_.rank() + c_.d_state : at(Cm_, M * N_()),
             at(ys_, M * di_()),
             at(A_, di_() * N_()),
             atb(xn_bf_, M * dm_()),
@@ -488,10 +490,11 @@ class MambaModel {
   size_t N_() const { return static_cast<size_t>(c_.d_state); }
   size_t P_() const { return static_cast<size_t>(c_.rank() + 2 * c_.d_state); }
   // On a device the scan reads Bm and Cm inside x_proj's output (dbc's rows: dt, Bm, Cm), rows P
-  // apart, and its backward writes dBm and dCm inside x_proj's output gradient, instead of copies
-  // in and out (four launches a layer fewer); the CPU copies them.
-  static constexpr bool kBcInDbc = Ops::kBackend != KernelBackend::cpu;
-  int bc_ld() const { return kBcInDbc ? static_cast<int>(P_()) : 0; }
+  // apart, its backward writes dBm and dCm inside x_proj's output gradient and applies dA_log's
+  // chain rule in its own sum of dA, instead of copies in and out, a zeroed dA and a product (six
+  // launches a layer fewer). The CPU does those steps itself, allocation-free.
+  static constexpr bool kOnDevice = Ops::kBackend != KernelBackend::cpu;
+  int bc_ld() const { return kOnDevice ? static_cast<int>(P_()) : 0; }
 
   void check_precision(const uint16_t* wb) const {
     if (B_ <= 0) throw std::logic_error("mamba: resize() before forward/backward");

@@ -157,17 +157,22 @@ class CpuOps {
                                const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
                                int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
-                               uint16_t* dz_bf = nullptr, int ldbc = 0) const {
-    std::vector<T> bc, dbc;
+                               uint16_t* dz_bf = nullptr, int ldbc = 0,
+                               const T* dA_scale = nullptr) const {
+    std::vector<T> bc, dbc, dA_sum;
+    // dA_scale: the sum first, then scaled on (a vector a call: the model scales dA itself on the
+    // CPU, whose steady state allocates nothing).
+    if (dA_scale) dA_sum.assign(static_cast<size_t>(Dc) * N, T(0));
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
     const bool apart = ldbc != 0 && ldbc != N;
     const size_t bln = static_cast<size_t>(B) * L * N;
     if (apart) dbc.resize(2 * bln);
     kernels::selective_scan_backward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state,
-                                     dout, du, ddelta, dA, apart ? dbc.data() : dBm,
-                                     apart ? dbc.data() + bln : dCm, dD, dz, ddelta_bias,
-                                     static_cast<T*>(scratch), B, L, Dc, N);
+                                     dout, du, ddelta, dA_scale ? dA_sum.data() : dA,
+                                     apart ? dbc.data() : dBm, apart ? dbc.data() + bln : dCm, dD,
+                                     dz, ddelta_bias, static_cast<T*>(scratch), B, L, Dc, N);
+    for (size_t i = 0; i < dA_sum.size(); ++i) dA[i] += dA_sum[i] * dA_scale[i];
     for (size_t r = 0; apart && r < static_cast<size_t>(B) * L; ++r) {  // into the wider rows
       std::copy_n(dbc.data() + r * N, N, dBm + r * ldbc);
       std::copy_n(dbc.data() + bln + r * N, N, dCm + r * ldbc);

@@ -161,11 +161,11 @@ class DeviceOps {
                                float* ddelta, float* dA, float* dBm, float* dCm, float* dD,
                                float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
                                int N, uint16_t* ddelta_bf = nullptr, uint16_t* dz_bf = nullptr,
-                               int ldbc = 0) const {
+                               int ldbc = 0, const float* dA_scale = nullptr) const {
     Kernels::template selective_scan_backward<float>(
         u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, chunk_states, dout, du, ddelta,
         dA, dBm, dCm, dD, dz, ddelta_bias, bf(ddelta_bf), bf(dz_bf), scratch, B, L, Dc, N, stream_,
-        ldbc);
+        ldbc, dA_scale);
   }
 
  private:

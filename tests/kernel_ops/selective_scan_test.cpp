@@ -418,7 +418,7 @@ template <class Kernels, class Mem, class T>
 DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                      const std::vector<double>& dA0, const std::vector<double>& dD0,
                                      const std::vector<double>& db0, bool forward_states,
-                                     int ldbc = 0) {
+                                     int ldbc = 0, const std::vector<double>& dA_scale = {}) {
   const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
   const size_t dn = size_t(s.D) * s.N;
   Mem mem;
@@ -457,7 +457,7 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   Kernels::template selective_scan_backward<T>(
       u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
       g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
-      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc);
+      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, up<Mem, float>(mem, dA_scale));
   mem.sync();
   // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
   const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
@@ -685,6 +685,25 @@ KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
           own, device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, kept, s.N + 7),
           kept ? " (forward's states)" : "");
   }
+}
+// dA_scale applies the chain rule on the way out: dA += (the sum) · scale, as the model's
+// dA_log += dA · A did with a zeroed dA and a separate product.
+KERNEL_TEST(Scan, DAScaleAppliesTheChainRule) {
+  const ScanShape s{2, 21, 45, 16};
+  const ScanData<float> d(s, 99);
+  std::mt19937_64 rng(100);
+  const size_t dn = size_t(s.D) * s.N;
+  const std::vector<double> zeros(dn), dD0(size_t(s.D)), db0(size_t(s.D));
+  const auto dA0 = round_trip<float>(rand_vec(dn, rng));
+  const auto scale = round_trip<float>(rand_vec(dn, rng, -2.0, 2.0));
+  const auto sum = device_scan_backward<Kernels, Mem, float>(s, d, zeros, dD0, db0, false);
+  const auto scaled =
+      device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, scale);
+  for (size_t i = 0; i < dn; ++i) {
+    const float want = float(dA0[i]) + float(sum.dA[i]) * float(scale[i]);
+    EXPECT_NEAR(scaled.dA[i], want, 1e-6 * (1.0 + std::abs(want))) << "dA[" << i << "]";
+  }
+  EXPECT_EQ(sum.du, scaled.du) << "the other gradients do not change";
 }
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
   uint64_t seed = 41;

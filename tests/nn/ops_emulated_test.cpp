@@ -60,5 +60,49 @@ TEST(GeneratedOps, ForwardToTheSameKernelOnEitherBackend) {
               [&](auto ops, auto& y) { ops.copy_cols(x.data() + 5, N, y.data(), 12, M, 12); });
 }
 
+// The scan's forward and backward with Bm and Cm inside wider rows (as x_proj's output holds dt,
+// Bm, Cm) and dA_log's chain rule applied by the backward (dA += sum · A): the CPU's gathering,
+// scattering and scaling agree with the device kernels'; outside the Bm, Cm columns nothing moves.
+TEST(GeneratedOps, ScanWithWideRowsAndAScaleAgrees) {
+  const int B = 2, L = 9, D = 20, N = 8, R = 3, P = R + 2 * N;
+  const size_t bld = size_t(B) * L * D, rows = size_t(B) * L;
+  const auto u = random_values(bld, 11), z = random_values(bld, 12), dout = random_values(bld, 13);
+  auto delta = random_values(bld, 14), A = random_values(size_t(D) * N, 15);
+  for (auto& v : delta) v = 0.1f + 0.2f * std::fabs(v);
+  for (auto& v : A) v = -0.3f - std::fabs(v);
+  const auto Dskip = random_values(size_t(D), 16), bias = random_values(size_t(D), 17);
+  const auto dbc = random_values(rows * P, 18);  // each row: dt (R), Bm (N), Cm (N)
+  ScratchNeeds need;
+  need.B = B, need.L = L, need.channels = D, need.state = N;
+  auto forward = [&](auto ops, auto& y) {
+    ops.selective_scan_forward(u.data(), delta.data(), A.data(), dbc.data() + R, dbc.data() + R + N,
+                               Dskip.data(), z.data(), bias.data(), nullptr, y.data(), nullptr,
+                               nullptr, B, L, D, N, nullptr, P);
+  };
+  expect_same("selective_scan_forward (wide rows)", std::vector<float>(bld, 0.0f), forward);
+  // out: dA (D, N; starting from values, += sum · A) then x_proj's output gradient (rows of P:
+  // dBm and dCm written into their columns, the first R left as they were).
+  auto out0 = random_values(size_t(D) * N + rows * P, 19);
+  auto backward = [&](auto ops, auto& out) {
+    std::vector<float> du(bld), ddelta(bld), dz(bld), dD(static_cast<size_t>(D)),
+        db(static_cast<size_t>(D));
+    std::vector<char> scratch(ops.scratch_bytes(need));
+    float* ddbc = out.data() + size_t(D) * N;
+    ops.selective_scan_backward(u.data(), delta.data(), A.data(), dbc.data() + R,
+                                dbc.data() + R + N, Dskip.data(), z.data(), bias.data(), nullptr,
+                                nullptr, dout.data(), du.data(), ddelta.data(), out.data(),
+                                ddbc + R, ddbc + R + N, dD.data(), dz.data(), db.data(),
+                                scratch.data(), B, L, D, N, nullptr, nullptr, P, A.data());
+  };
+  expect_same("selective_scan_backward (wide rows, dA scale)", out0, backward);
+  auto on_cpu = out0;
+  backward(CpuOps<float>(), on_cpu);
+  for (size_t r = 0; r < rows; ++r)
+    for (int c = 0; c < R; ++c) {
+      const size_t i = size_t(D) * N + r * P + size_t(c);
+      EXPECT_EQ(on_cpu[i], out0[i]) << "row " << r << " column " << c << " (dt's) written";
+    }
+}
+
 }  // namespace
 }  // namespace slipstream::ops::test
