@@ -11,7 +11,6 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>

@@ -125,15 +125,20 @@ inline ChosenController choose_controller(const float logits[kHeadsWidth], const
   return c;
 }
 
-// The autoregressive weight (ar.weight, 81 × 81, on the host) of a controller_heads stage, empty
-// when its heads are independent.
+// The autoregressive weight (ar.weight, 81 × 81) of a controller_heads stage, where its
+// parameters are; null when its heads are independent.
+inline const Parameter* autoregressive_weight_parameter(Stage& heads) {
+  for (const Parameter* p : heads.parameters())
+    if (p->name == "ar.weight") return p;
+  return nullptr;
+}
+
+// The same weight copied to the host, empty when the heads are independent.
 inline std::vector<float> autoregressive_weight(Stage& heads) {
-  for (Parameter* p : heads.parameters())
-    if (p->name == "ar.weight") {
-      const Tensor w = p->value.to(Device::cpu());
-      return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
-    }
-  return {};
+  const Parameter* p = autoregressive_weight_parameter(heads);
+  if (!p) return {};
+  const Tensor w = p->value.to(Device::cpu());
+  return std::vector<float>(w.data<float>(), w.data<float>() + w.numel());
 }
 
 }  // namespace slipstream::melee

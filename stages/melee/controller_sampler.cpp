@@ -19,9 +19,8 @@ static_assert(sizeof(ChosenController) == (1 + kStickHeads) * sizeof(int32_t),
 
 // The heads' ar.weight (81 × 81, the exec context's memory), or null for independent heads.
 const float* ar_weight_of(Stage& heads) {
-  for (Parameter* p : heads.parameters())
-    if (p->name == "ar.weight") return static_cast<const float*>(p->value.raw());
-  return nullptr;
+  const Parameter* p = autoregressive_weight_parameter(heads);
+  return p ? static_cast<const float*>(p->value.raw()) : nullptr;
 }
 
 // Games at a time a worker takes: each is a few microseconds of exps.
@@ -33,7 +32,7 @@ class HostSampler final : public ControllerSampler {
   void draw(const float* const logits[kHeads], float temperature, const uint64_t* game_keys,
             const uint64_t* frames, size_t games, float* distribution,
             ChosenController* chosen) override {
-    const float* ar = ar_weight_of(heads_);  // looked up each call: a resume may reload it
+    const float* ar = ar_weight_of(heads_);  // looked up each call: cheap, never stale
     tbb::parallel_for(tbb::blocked_range<size_t>(0, games, kGamesPerTask), [&](const auto& r) {
       for (size_t g = r.begin(); g < r.end(); ++g) {
         float z[kHeadsWidth];

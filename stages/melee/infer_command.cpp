@@ -91,27 +91,24 @@ class FrameWriter {
     }
     out_ << ",latency_us\n";
   }
-  void row(int32_t frame, const float* const logits[kHeads], const float* rec_buttons,
-           const int32_t* rec_sticks, double seconds) {
+  // `all`: the heads' 81 logits of the frame, in their column order.
+  void row(int32_t frame, const float* all, const float* rec_buttons, const int32_t* rec_sticks,
+           double seconds) {
+    const float* logits[kHeads];
+    for (int h = 0; h < kHeads; ++h) logits[h] = all + head_offset(h);
     out_ << frame;
     for (int b = 0; b < kButtons; ++b) out_ << ',' << (logits[0][b] > 0 ? 1 : 0);
     for (int h = 0; h < kStickHeads; ++h)
       out_ << ',' << value(h, argmax(logits[h + 1], head_classes(h)));
     for (int b = 0; b < kButtons; ++b) out_ << ',' << (rec_buttons[b] > 0.5f ? 1 : 0);
     for (int h = 0; h < kStickHeads; ++h) out_ << ',' << value(h, rec_sticks[h]);
-    if (probabilities_) {
+    if (probabilities_) {  // the policy library's distribution, column by column
+      float d[kHeadsWidth];
+      heads_distribution(all, d);
       char p[32];
-      for (int b = 0; b < kButtons; ++b) {
-        std::snprintf(p, sizeof p, ",%.9g", 1.0f / (1.0f + std::exp(-logits[0][b])));
+      for (const float q : d) {
+        std::snprintf(p, sizeof p, ",%.9g", q);
         out_ << p;
-      }
-      for (int h = 0; h < kStickHeads; ++h) {
-        float q[kStickClasses];
-        head_softmax(logits[h + 1], head_classes(h), q);
-        for (int c = 0; c < head_classes(h); ++c) {
-          std::snprintf(p, sizeof p, ",%.9g", q[c]);
-          out_ << p;
-        }
       }
     }
     char lat[32];
@@ -163,13 +160,10 @@ int infer_command(const InferArgs& a) {
     r = runner.stream(where.checkpoint, [&](const Batch& b, double seconds) {
       latency.push_back(seconds);
       const StageContext& hc = g.context(static_cast<size_t>(heads));
-      Tensor out[kHeads];
-      const float* logits[kHeads];
-      float all[kHeadsWidth];
+      float all[kHeadsWidth];  // the six heads' logits side by side
       for (int h = 0; h < kHeads; ++h) {
-        out[h] = hc.output(b, kHeadNames[h]).to(Device::cpu());
-        logits[h] = out[h].data<float>();
-        std::copy_n(logits[h], head_width(h), all + head_offset(h));
+        const Tensor out = hc.output(b, kHeadNames[h]).to(Device::cpu());
+        std::copy_n(out.data<float>(), head_width(h), all + head_offset(h));
       }
       if (!ar_read) {  // the weights are the checkpoint's from the first frame on
         ar = autoregressive_weight(g.stage(static_cast<size_t>(heads)));
@@ -181,7 +175,7 @@ int infer_command(const InferArgs& a) {
       acts.add(tb.data<float>(), ts.data<int32_t>(), all, ar.empty() ? nullptr : ar.data(),
                a.temperature, a.seed);
       if (!csv) return;
-      csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), logits,
+      csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), all,
                tb.data<float>(), ts.data<int32_t>(), seconds);
     });
   } catch (const ConfigError& e) {
