@@ -1,8 +1,8 @@
 // The fused multi-tensor AdamW on CUDA; math of the CPU reference (kernels/adamw_cpu.cpp) and
 // policy of the CPU optimizer (stages/optim/adamw_optimizer.cpp: norm, skip, clip, schedule),
-// against which it is tested. Four launches, no host synchronisation: per-block partial sums
-// of squares, one block that sums them, one thread that decides the step (ZeRO-1 sums the
-// ranks' sums between those two), and the update. Grids are
+// against which it is tested. Two launches, no host synchronisation: per-block partial sums of
+// squares whose last block sums them and decides the step, and the update (across ranks three:
+// the ranks' sums are summed before a one-thread launch decides). Grids are
 // (blocks per segment, segments) with a fixed block count, so the norm's summation order, and
 // with it every result, does not depend on timing.
 #include <cmath>
@@ -26,9 +26,31 @@ unsigned blocks_per_segment(size_t max_n) {
   return unsigned(b < 1 ? 1 : (b > kMaxBlocksPerSegment ? kMaxBlocksPerSegment : b));
 }
 
+// The step from the sum of squares (one thread).
+__device__ void decide(double sq, const AdamWHyper& h, const float* lr_table, size_t lr_len,
+                       AdamWDeviceState* st) {
+  const double norm = sqrt(sq) * double(h.grad_scale);
+  st->grad_norm = float(norm);
+  const size_t at = size_t(st->step) < lr_len ? size_t(st->step) : lr_len - 1;
+  st->lr = lr_table[at];
+  st->finite = isfinite(norm) ? 1 : 0;
+  double scale = h.grad_scale;
+  if (h.clip > 0 && norm > double(h.clip)) scale *= double(h.clip) / norm;
+  st->scale = float(scale);
+  if (st->finite) st->step += 1;
+}
+
+SLIPSTREAM_BLOCK_COUNTER(norm_blocks);
+
+// Each block's partial sum of squares; the last block to finish sums the partials into *sq
+// (thread t sums partials t, t + kThreads, ... in double, then a tree in shared memory in a fixed
+// order: a serial loop over the thousands of partials of a large model took longer than the
+// update itself) and, with `decide_here` (no sum over ranks in between), decides the step.
 __global__ void __launch_bounds__(kThreads)
-    norm_partials_kernel(const AdamWSegment* segs, float* part) {
+    norm_kernel(const AdamWSegment* segs, float* part, double* sq, AdamWHyper h,
+                const float* lr_table, size_t lr_len, AdamWDeviceState* st, int decide_here) {
   __shared__ float warp_sums[kThreads / 32];
+  __shared__ double sums[kThreads];
   const AdamWSegment s = segs[blockIdx.y];
   const size_t stride = size_t(gridDim.x) * kThreads;
   float acc = 0.f;
@@ -42,37 +64,25 @@ __global__ void __launch_bounds__(kThreads)
     for (int w = 0; w < kThreads / 32; ++w) t += warp_sums[w];
     part[size_t(blockIdx.y) * gridDim.x + blockIdx.x] = t;
   }
-}
-
-// One block: thread t sums partials t, t + kThreads, ... in double, then a tree in shared memory
-// in a fixed order (a serial loop over the thousands of partials of a large model took longer
-// than the update itself) into *sq.
-__global__ void __launch_bounds__(kThreads) norm_sum_kernel(const float* part, int K, double* sq) {
-  __shared__ double sums[kThreads];
-  double acc = 0;
-  for (int k = int(threadIdx.x); k < K; k += kThreads) acc += double(part[k]);
-  sums[threadIdx.x] = acc;
+  if (!last_block(&norm_blocks)) return;
+  const int K = int(gridDim.x * gridDim.y);
+  double total = 0;
+  for (int k = int(threadIdx.x); k < K; k += kThreads) total += double(__ldcg(part + k));
+  sums[threadIdx.x] = total;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
     if (int(threadIdx.x) < half) sums[threadIdx.x] += sums[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *sq = sums[0];
+  if (threadIdx.x != 0) return;
+  *sq = sums[0];
+  if (decide_here) decide(sums[0], h, lr_table, lr_len, st);
 }
 
-// One thread decides from the sum of squares.
+// One thread decides from the sum of squares the ranks summed.
 __global__ void decide_kernel(const double* sum_sq, AdamWHyper h, const float* lr_table,
                               size_t lr_len, AdamWDeviceState* st) {
-  const double sq = *sum_sq;
-  const double norm = sqrt(sq) * double(h.grad_scale);
-  st->grad_norm = float(norm);
-  const size_t at = size_t(st->step) < lr_len ? size_t(st->step) : lr_len - 1;
-  st->lr = lr_table[at];
-  st->finite = isfinite(norm) ? 1 : 0;
-  double scale = h.grad_scale;
-  if (h.clip > 0 && norm > double(h.clip)) scale *= double(h.clip) / norm;
-  st->scale = float(scale);
-  if (st->finite) st->step += 1;
+  decide(*sum_sq, h, lr_table, lr_len, st);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -144,14 +154,15 @@ void Kernels::adamw_step(const AdamWSegment* segments, int count, size_t max_n,
   const unsigned bx = blocks_per_segment(max_n);
   double* sq = static_cast<double*>(workspace);
   float* part = reinterpret_cast<float*>(static_cast<char*>(workspace) + kSumBytes);
-  SLIPSTREAM_LAUNCH(norm_partials_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream,
-                    segments, part);
+  const int decide_here = sum_over_ranks ? 0 : 1;
+  SLIPSTREAM_LAUNCH(norm_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream, segments, part,
+                    sq, hyper, lr_table, lr_len, state, decide_here);
   check_launch("adamw_step (gradient norm)");
-  SLIPSTREAM_LAUNCH(norm_sum_kernel, dim3(1), dim3(kThreads), stream, part, int(bx) * count, sq);
-  check_launch("adamw_step (gradient norm)");
-  if (sum_over_ranks) sum_over_ranks(sq);
-  SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(1), stream, sq, hyper, lr_table, lr_len, state);
-  check_launch("adamw_step (decide)");
+  if (sum_over_ranks) {
+    sum_over_ranks(sq);
+    SLIPSTREAM_LAUNCH(decide_kernel, dim3(1), dim3(1), stream, sq, hyper, lr_table, lr_len, state);
+    check_launch("adamw_step (decide)");
+  }
   SLIPSTREAM_LAUNCH(update_kernel, dim3(bx, unsigned(count)), dim3(kThreads), stream, segments,
                     hyper, state);
   check_launch("adamw_step (update)");

@@ -187,8 +187,8 @@ inline int partial_lanes(int K) {
 }
 
 // Up to kMaxPartialSums such sums of one kind in one launch (blockIdx.y picks the sum), each the
-// tree above for its own n over the same K (so the same lanes): the bits of separate launches,
-// with one launch where an op sums several gradients over the same number of partials.
+// tree above for its own n and K, with the lanes of the largest K: over the same K, the bits of
+// separate launches, with one launch where an op sums several gradients.
 constexpr int kMaxPartialSums = 4;
 template <class Out>
 struct PartialSums {
@@ -197,16 +197,18 @@ struct PartialSums {
   size_t n[kMaxPartialSums];
   size_t cols[kMaxPartialSums], ld[kMaxPartialSums];  // cols 0: out contiguous
   const float* scale[kMaxPartialSums];                // null: 1
+  int K[kMaxPartialSums];                             // partials of each
 };
 
 template <class Out>
 __global__ void __launch_bounds__(kPartialThreads)
-    sum_partials_group_kernel(PartialSums<Out> sums, int K, bool accumulate) {
+    sum_partials_group_kernel(PartialSums<Out> sums, bool accumulate) {
   __shared__ float lane_sums[kPartialThreads];
   const int cols = blockDim.x, lanes = blockDim.y;
   const float* part = sums.part[blockIdx.y];
   Out* out = sums.out[blockIdx.y];
   const size_t n = sums.n[blockIdx.y], cols_out = sums.cols[blockIdx.y], ld = sums.ld[blockIdx.y];
+  const int K = sums.K[blockIdx.y];
   if (size_t(blockIdx.x) * cols >= n) return;  // the whole block: this sum is shorter
   const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
   float s = 0.0f;
@@ -226,7 +228,7 @@ __global__ void __launch_bounds__(kPartialThreads)
 // One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
 // into rows `ld` apart: element i at out[i / cols * ld + i % cols] (columns of a wider tensor).
 // With `scale`, element i's sum is multiplied by scale[i] first (a chain rule applied on the way
-// out: (Σ) · scale, then added or stored).
+// out: (Σ) · scale, then added or stored). K: its own count of partials (0: the group's).
 template <class Out>
 struct PartialSum {
   const float* part;
@@ -234,15 +236,16 @@ struct PartialSum {
   Out* out;
   size_t cols = 0, ld = 0;
   const float* scale = nullptr;
+  int K = 0;
 };
 
-// sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), all over K
-// partials, in one launch.
+// sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), over K
+// partials or their own, in one launch.
 template <class Out>
 void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool accumulate,
                         cudaStream_t stream, const char* op) {
   auto group = zero_filled<PartialSums<Out>>();
-  int count = 0;
+  int count = 0, most = 0;
   size_t longest = 0;
   for (const PartialSum<Out>& s : sums) {
     if (s.n == 0 || s.out == nullptr) continue;
@@ -253,14 +256,16 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
     group.cols[count] = s.cols;
     group.ld[count] = s.ld;
     group.scale[count] = s.scale;
+    group.K[count] = s.K > 0 ? s.K : K;
+    most = group.K[count] > most ? group.K[count] : most;
     longest = s.n > longest ? s.n : longest;
     ++count;
   }
   if (count == 0) return;
   const auto kernel = &sum_partials_group_kernel<Out>;
-  const int lanes = partial_lanes(K), cols = kPartialThreads / lanes;
+  const int lanes = partial_lanes(most), cols = kPartialThreads / lanes;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(longest, size_t(cols)), unsigned(count)),
-                    dim3(cols, lanes), stream, group, K, accumulate);
+                    dim3(cols, lanes), stream, group, accumulate);
   check_launch(op);
 }
 
@@ -269,6 +274,60 @@ template <class Out>
 void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
                   cudaStream_t stream, const char* op) {
   sum_partials_group<Out>({{part, n, out}}, K, accumulate, stream, op);
+}
+
+// A launch's last block: a kernel whose blocks write partials can sum them itself, in its last
+// block to finish, instead of a second launch. A counter is a word of device memory for one
+// kernel, zero when the module loads and put back to zero by each launch's last block (atomicInc
+// wraps), so launches of that kernel on one stream (a step's compute stream, a CUDA graph's
+// replays) take turns with it; two launches of it running at once on two streams of one device
+// would share it, which is why only the training step's kernels use one. Under the emulator a
+// word per OS thread.
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+#define SLIPSTREAM_BLOCK_COUNTER(name) thread_local unsigned name = 0
+#else
+#define SLIPSTREAM_BLOCK_COUNTER(name) __device__ unsigned name = 0
+#endif
+
+// True in the one block that finishes last. Every thread of every block calls it (none may
+// have left the kernel), after its writes; the last block then sees every block's writes, read
+// through L2 (__ldcg: no L1 line of this SM can be older).
+__device__ __forceinline__ bool last_block(unsigned* counter) {
+  __shared__ int last;
+  __threadfence();  // this thread's writes reach the device before the block counts itself
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    last = atomicInc(counter, blocks - 1) == blocks - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  return last != 0;
+}
+
+// In one block (every thread calls it, the block's threads a multiple of 32): out[i] =
+// (accumulate ? out[i] : 0) + sum_{k < K} part[k * n + i], in a fixed order: 32 columns at a
+// time, warp w sums partials w, w + warps, ... in order, then the first warp adds the warps'
+// sums in order. `lanes` is shared memory of one float a thread.
+template <class Out>
+__device__ void sum_partials_in_block(const float* part, int K, size_t n, Out* out, bool accumulate,
+                                      float* lanes) {
+  const int threads = int(blockDim.x * blockDim.y * blockDim.z);
+  const int t = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+  const int lane = t & 31, warp = t >> 5, warps = threads >> 5;
+  for (size_t c0 = 0; c0 < n; c0 += 32) {
+    const size_t i = c0 + size_t(lane);
+    float s = 0.0f;
+    if (i < n)
+      for (int k = warp; k < K; k += warps) s += __ldcg(part + size_t(k) * n + i);
+    lanes[t] = s;
+    __syncthreads();
+    if (warp == 0 && i < n) {
+      float total = 0.0f;
+      for (int w = 0; w < warps; ++w) total += lanes[w * 32 + lane];
+      out[i] = from_f32<Out>(accumulate ? to_f32(out[i]) + total : total);
+    }
+    __syncthreads();
+  }
 }
 
 }  // namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS

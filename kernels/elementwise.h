@@ -44,9 +44,11 @@ void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, 
 template <class T>
 void add_bias_rows(T* y, const T* b, size_t M, size_t N);
 
-// y = -exp(x) (Mamba's A from A_log). y may alias x.
+// y (rows, cols) = -exp(x) of x's rows, x_ld elements apart (Mamba's A from A_log: every
+// layer's in one pass, as the layers' parameters sit a fixed stride apart). y may alias x only
+// where x_ld == cols.
 template <class T>
-void neg_exp(const T* x, T* y, size_t n);
+void neg_exp(const T* x, size_t x_ld, T* y, size_t rows, size_t cols);
 
 // y += a * b (a chain rule applied into an accumulating gradient, e.g. dA_log += dA * A).
 template <class T>
@@ -63,15 +65,16 @@ void scale_rows(const T* x, const T* s, T* y, size_t M, size_t N);
 #elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA forms (kernels/elementwise_cuda.cu): same math on device pointers, enqueued on
-// `stream`. column_sum_accumulate sums row blocks into workspace partials, then in a fixed order
-// (deterministic, no atomics).
+// `stream`. column_sum_accumulate sums row blocks into workspace partials, and its last block
+// adds them onto db in a fixed order, in one launch (deterministic: no float atomics).
 template <class T>
 static void add_inplace(T* y, const T* a, size_t n, cudaStream_t stream);
 template <class T>
 static void copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size_t rows, size_t cols,
                       cudaStream_t stream);
 static void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStream_t stream);
-static void neg_exp(const float* x, float* y, size_t n, cudaStream_t stream);
+static void neg_exp(const float* x, size_t x_ld, float* y, size_t rows, size_t cols,
+                    cudaStream_t stream);
 static void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream);
 static void scale_rows(const float* x, const float* s, float* y, size_t M, size_t N,
                        cudaStream_t stream);
@@ -101,7 +104,8 @@ SLIPSTREAM_OP(copy_cols,
                size_t cols),
               (src, src_ld, dst, dst_ld, rows, cols))
 SLIPSTREAM_OP(add_bias_rows, (Scalar * y, const Scalar* b, size_t M, size_t N), (y, b, M, N))
-SLIPSTREAM_OP(neg_exp, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
+SLIPSTREAM_OP(neg_exp, (const Scalar* x, size_t x_ld, Scalar* y, size_t rows, size_t cols),
+              (x, x_ld, y, rows, cols))
 SLIPSTREAM_OP(mul_accumulate, (Scalar * y, const Scalar* a, const Scalar* b, size_t n),
               (y, a, b, n))
 SLIPSTREAM_OP(scale_rows, (const Scalar* x, const Scalar* s, Scalar* y, size_t M, size_t N),

@@ -67,9 +67,9 @@ void add_bias_rows(T* y, const T* b, size_t M, size_t N) {
 }
 
 template <class T>
-void neg_exp(const T* x, T* y, size_t n) {
-  blocked(n, [&](size_t i0, size_t i1) {
-    for (size_t i = i0; i < i1; ++i) y[i] = -std::exp(x[i]);
+void neg_exp(const T* x, size_t x_ld, T* y, size_t rows, size_t cols) {
+  blocked(rows * cols, [&](size_t i0, size_t i1) {
+    for (size_t i = i0; i < i1; ++i) y[i] = -std::exp(x[i / cols * x_ld + i % cols]);
   });
 }
 
@@ -94,7 +94,7 @@ void scale_rows(const T* x, const T* s, T* y, size_t M, size_t N) {
   template void mul_backward<T>(const T*, const T*, const T*, T*, T*, size_t); \
   template void copy_cols<T>(const T*, size_t, T*, size_t, size_t, size_t);    \
   template void add_bias_rows<T>(T*, const T*, size_t, size_t);                \
-  template void neg_exp<T>(const T*, T*, size_t);                              \
+  template void neg_exp<T>(const T*, size_t, T*, size_t, size_t);              \
   template void mul_accumulate<T>(T*, const T*, const T*, size_t);             \
   template void scale_rows<T>(const T*, const T*, T*, size_t, size_t);
 INSTANTIATE(float)

@@ -36,8 +36,9 @@ __global__ void add_bias_rows_kernel(float* y, const float* b, size_t M, size_t 
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += b[i % N];
 }
 
-__global__ void neg_exp_kernel(const float* x, float* y, size_t n) {
-  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = -expf(x[i]);
+__global__ void neg_exp_kernel(const float* x, size_t x_ld, float* y, size_t cols, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride())
+    y[i] = -expf(x[i / cols * x_ld + i % cols]);
 }
 
 __global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, size_t n) {
@@ -73,10 +74,13 @@ __global__ void accumulate_bf16_kernel(float* y, const __nv_bfloat16* a, size_t 
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += to_f32(a[i]);
 }
 
+SLIPSTREAM_BLOCK_COUNTER(column_sum_blocks);
+
 // Partial column sums of rows [blockIdx.y * kSumRowBlock, +kSumRowBlock): each of the kSumRows
-// lanes of a column sums every kSumRows-th row, then lane 0 adds the lanes in order.
+// lanes of a column sums every kSumRows-th row, then lane 0 adds the lanes in order. The last
+// block to finish adds the partials onto db (sum_partials_in_block's order).
 __global__ void __launch_bounds__(kSumCols* kSumRows)
-    column_partials_kernel(const float* dy, float* part, size_t M, size_t N) {
+    column_sum_kernel(const float* dy, float* part, float* db, size_t M, size_t N) {
   __shared__ float lanes[kSumRows][kSumCols];
   const size_t j = size_t(blockIdx.x) * kSumCols + threadIdx.x;
   const size_t r0 = size_t(blockIdx.y) * kSumRowBlock;
@@ -91,6 +95,8 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
     for (int k = 0; k < kSumRows; ++k) s += lanes[k][threadIdx.x];
     part[size_t(blockIdx.y) * N + j] = s;
   }
+  if (last_block(&column_sum_blocks))
+    sum_partials_in_block(part, int(gridDim.y), N, db, true, &lanes[0][0]);
 }
 
 }  // namespace
@@ -119,8 +125,10 @@ void Kernels::add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaSt
   check_launch("add_bias_rows");
 }
 
-void Kernels::neg_exp(const float* x, float* y, size_t n, cudaStream_t stream) {
-  SLIPSTREAM_LAUNCH_ELEMENTWISE("neg_exp", neg_exp_kernel, n, stream, x, y, n);
+void Kernels::neg_exp(const float* x, size_t x_ld, float* y, size_t rows, size_t cols,
+                      cudaStream_t stream) {
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("neg_exp", neg_exp_kernel, rows * cols, stream, x, x_ld, y, cols,
+                                rows * cols);
 }
 
 void Kernels::mul_accumulate(float* y, const float* a, const float* b, size_t n,
@@ -186,10 +194,9 @@ void Kernels::column_sum_accumulate(const float* dy, float* db, size_t M, size_t
   if (M == 0 || N == 0) return;
   const unsigned row_blocks = ceil_div(M, kSumRowBlock);
   float* part = static_cast<float*>(workspace);
-  SLIPSTREAM_LAUNCH(column_partials_kernel, dim3(ceil_div(N, kSumCols), row_blocks),
-                    dim3(kSumCols, kSumRows), stream, dy, part, M, N);
+  SLIPSTREAM_LAUNCH(column_sum_kernel, dim3(ceil_div(N, kSumCols), row_blocks),
+                    dim3(kSumCols, kSumRows), stream, dy, part, db, M, N);
   check_launch("column_sum_accumulate");
-  sum_partials(part, int(row_blocks), N, db, true, stream, "column_sum_accumulate");
 }
 
 template void Kernels::add_inplace<float>(float*, const float*, size_t, cudaStream_t);

@@ -41,8 +41,9 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 #elif defined(SLIPSTREAM_CUDA_ENTRY_POINTS)
 
 // The CUDA norm (kernels/rmsnorm_cuda.cu): T (float or bfloat16) for x, residual, y, sum, dy,
-// dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; dweight is summed
-// over row blocks into workspace partials, then in a fixed order. `y_bf` (may be null) receives y
+// dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; the backward is
+// one launch: dweight summed over row blocks into workspace partials, which the launch's last
+// block adds in a fixed order. `y_bf` (may be null) receives y
 // rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16 GEMMs' copy without a cast launch.
 template <class T>
 static void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y,

@@ -1,7 +1,8 @@
 // RMSNorm with the fused residual add on CUDA; math of the CPU reference
 // (kernels/rmsnorm_cpu.cpp), against which it is tested. Forward and dx: one warp per row, the
-// row's sum of squares (or of dy * w * s) a warp reduction. dweight: one thread per column over
-// a block of rows, partials summed in a fixed order (deterministic, no atomics).
+// row's sum of squares (or of dy * w * s) a warp reduction. The backward is one launch: each
+// block's rows give a dweight partial (a thread a column), the last block sums the partials in a
+// fixed order (deterministic: no float atomics).
 #include "kernels/cuda_common.cuh"
 #include "kernels/rmsnorm.h"
 
@@ -10,8 +11,7 @@ namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kColThreads = 128;
-constexpr size_t kRowBlock = 256;  // rows per dweight partial
+constexpr size_t kRowBlock = 64;  // rows a backward block: one dweight partial
 
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -39,40 +39,43 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// dweight partial of rows [blockIdx.y * kRowBlock, +kRowBlock) for column j.
-template <class DT>
-__global__ void __launch_bounds__(kColThreads)
-    rms_dweight_kernel(const DT* s, const float* rstd, const DT* dy, float* part, size_t M,
-                       size_t D) {
-  const size_t j = size_t(blockIdx.x) * kColThreads + threadIdx.x;
-  if (j >= D) return;
-  const size_t r0 = size_t(blockIdx.y) * kRowBlock;
-  const size_t r1 = M < r0 + kRowBlock ? M : r0 + kRowBlock;
-  float acc = 0.f;
-  for (size_t i = r0; i < r1; ++i) acc += to_f32(dy[i * D + j]) * to_f32(s[i * D + j]) * rstd[i];
-  part[size_t(blockIdx.y) * D + j] = acc;
-}
+SLIPSTREAM_BLOCK_COUNTER(rms_backward_blocks);
 
+// Rows [blockIdx.x * kRowBlock, +kRowBlock): first the block's dweight partial (thread j of
+// column j over the rows in order; before any ds is written, as ds may alias dy), then ds a warp
+// a row; the last block to finish adds the partials onto dweight.
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    rms_dx_kernel(const DT* s, const float* w, const float* rstd, const DT* dy, const DT* dsum,
-                  DT* ds, __nv_bfloat16* ds_bf, size_t M, size_t D) {
-  const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  const int lane = int(threadIdx.x) & 31;
-  if (row >= M) return;
-  const size_t o = row * D;
-  float dot = 0.f;
-  for (size_t j = lane; j < D; j += 32) dot += to_f32(dy[o + j]) * w[j] * to_f32(s[o + j]);
-  dot = group_sum<32>(dot);
-  const float r = rstd[row];
-  const float c = dot * r * r * r / float(D);
-  for (size_t j = lane; j < D; j += 32) {
-    const float v =
-        r * w[j] * to_f32(dy[o + j]) - to_f32(s[o + j]) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
-    const DT dv = from_f32<DT>(v);
-    ds[o + j] = dv;
-    if (ds_bf) ds_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(dv));  // as fp32_to_bf16 of ds
+    rms_backward_kernel(const DT* s, const float* w, const float* rstd, const DT* dy,
+                        const DT* dsum, DT* ds, __nv_bfloat16* ds_bf, float* part, float* dweight,
+                        size_t M, size_t D) {
+  __shared__ float lanes[kWarpsPerBlock * 32];
+  const size_t r0 = size_t(blockIdx.x) * kRowBlock;
+  const size_t r1 = M < r0 + kRowBlock ? M : r0 + kRowBlock;
+  for (size_t j = threadIdx.x; j < D; j += kWarpsPerBlock * 32) {
+    float acc = 0.f;
+    for (size_t i = r0; i < r1; ++i) acc += to_f32(dy[i * D + j]) * to_f32(s[i * D + j]) * rstd[i];
+    part[size_t(blockIdx.x) * D + j] = acc;
   }
+  __syncthreads();
+  const int lane = int(threadIdx.x) & 31;
+  for (size_t row = r0 + (threadIdx.x >> 5); row < r1; row += kWarpsPerBlock) {
+    const size_t o = row * D;
+    float dot = 0.f;
+    for (size_t j = lane; j < D; j += 32) dot += to_f32(dy[o + j]) * w[j] * to_f32(s[o + j]);
+    dot = group_sum<32>(dot);
+    const float r = rstd[row];
+    const float c = dot * r * r * r / float(D);
+    for (size_t j = lane; j < D; j += 32) {
+      const float v =
+          r * w[j] * to_f32(dy[o + j]) - to_f32(s[o + j]) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
+      const DT dv = from_f32<DT>(v);
+      ds[o + j] = dv;
+      if (ds_bf) ds_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(dv));  // as fp32_to_bf16 of ds
+    }
+  }
+  if (last_block(&rms_backward_blocks))
+    sum_partials_in_block(part, int(gridDim.x), D, dweight, true, lanes);
 }
 
 size_t row_blocks(size_t M) {
@@ -103,16 +106,10 @@ void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float*
   const char* op = "rmsnorm_add_backward";
   if (M == 0 || D == 0) return;
   float* part = static_cast<float*>(workspace);
-  const size_t nrb = row_blocks(M);
-  // dweight first: ds may alias dy.
-  const auto dw_kernel = &rms_dweight_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(dw_kernel, dim3(ceil_div(D, kColThreads), unsigned(nrb)), dim3(kColThreads),
-                    stream, dev(s), rstd, dev(dy), part, M, D);
-  check_launch(op);
-  sum_partials(part, int(nrb), D, dweight, true, stream, op);
-  const auto dx_kernel = &rms_dx_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(dx_kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
-                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), M, D);
+  const auto kernel = &rms_backward_kernel<dev_t<T>>;
+  SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(row_blocks(M))), dim3(kWarpsPerBlock * 32), stream,
+                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), part, dweight, M,
+                    D);
   check_launch(op);
 }
 

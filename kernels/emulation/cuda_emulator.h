@@ -11,7 +11,8 @@
 //
 // Supported: 3-D grids and blocks, static `__shared__` arrays (one copy per kernel, valid since
 // blocks run one at a time), __syncthreads, __syncwarp, __shfl_xor_sync / __shfl_sync on 32-bit
-// and 64-bit values, the float math the kernels use, and __nv_bfloat16 conversions.
+// and 64-bit values, __threadfence and atomicInc (a launch's blocks counting themselves done),
+// the float math the kernels use, and __nv_bfloat16 conversions.
 #pragma once
 
 #include <cmath>
@@ -122,6 +123,18 @@ inline unsigned __float_as_uint(float x) {
 template <class T>
 T __ldg(const T* p) {
   return *p;
+}
+template <class T>
+T __ldcg(const T* p) {
+  return *p;
+}
+// Blocks run one after another on one OS thread: the fence has nothing to order, and the
+// atomic has no other writer.
+inline void __threadfence() {}
+inline unsigned atomicInc(unsigned* address, unsigned limit) {
+  const unsigned old = *address;
+  *address = old >= limit ? 0u : old + 1u;
+  return old;
 }
 
 struct __nv_bfloat16 {

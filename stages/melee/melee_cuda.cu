@@ -176,10 +176,25 @@ constexpr int kTableSlice = 8192;   // floats of a block's table slice (32 KB of
 constexpr int kTableThreads = 32;   // columns of a slice at most
 constexpr int kTablePrefetch = 16;  // items whose loads are issued together
 
+// The three tables of one backward in one launch (blockIdx.z picks the table), each with its
+// items, its launch shape (chunks × column slices) and its own partials.
+struct TablePartials {
+  TableGrad t[3];
+  size_t items[3];
+  int slice[3];
+  unsigned chunks[3], slices[3];
+  float* part[3];
+};
+
 __global__ void __launch_bounds__(kTableThreads)
-    table_partials_kernel(TableGrad t, const float* numeric, const float* dout, size_t items,
-                          int width, int slice, float* part) {
+    table_partials_kernel(TablePartials tables, const float* numeric, const float* dout,
+                          int width) {
   __shared__ float acc[kTableSlice];
+  const int table = int(blockIdx.z);
+  if (blockIdx.x >= tables.chunks[table] || blockIdx.y >= tables.slices[table]) return;
+  const TableGrad& t = tables.t[table];
+  const size_t items = tables.items[table];
+  const int slice = tables.slice[table];
   const int col0 = int(blockIdx.y) * slice;
   const int cols = t.dim - col0 < slice ? t.dim - col0 : slice;
   const int tid = int(threadIdx.x);
@@ -211,28 +226,53 @@ __global__ void __launch_bounds__(kTableThreads)
     }
   }
   __syncthreads();
-  float* out = part + size_t(blockIdx.x) * size_t(t.id_limit) * size_t(t.dim) + col0;
+  float* out = tables.part[table] + size_t(blockIdx.x) * size_t(t.id_limit) * size_t(t.dim) + col0;
   for (int k = tid; k < n; k += kTableThreads) {
     const int row = k / cols, c = k - row * cols;
     out[size_t(row) * size_t(t.dim) + size_t(c)] = acc[k];
   }
 }
 
-void table_backward(const TableGrad& t, const float* numeric, const float* dout, size_t items,
-                    int width, float* dtable, float* part, cudaStream_t stream) {
-  if (items == 0) return;
-  const size_t cells = size_t(t.id_limit) * size_t(t.dim);
-  const unsigned chunks = ceil_div(items, kItemsPerChunk);
-  const int fit = kTableSlice / t.id_limit;
-  if (fit < 1)
-    throw std::invalid_argument("embed_backward: a table of " + std::to_string(t.id_limit) +
-                                " rows does not fit the kernel's shared memory");
-  const int slice = std::min({t.dim, kTableThreads, fit});
-  const unsigned slices = ceil_div(size_t(t.dim), size_t(slice));
-  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(chunks, slices), dim3(kTableThreads), stream, t,
-                    numeric, dout, items, width, slice, part);
+size_t table_cells(const TableGrad& t) {
+  return size_t(t.id_limit) * size_t(t.dim);
+}
+unsigned table_chunks(size_t items) {
+  return ceil_div(items, kItemsPerChunk);
+}
+
+// The three tables' partials (one launch), then their sums (one launch), each table's partials
+// at its own place in the workspace.
+void tables_backward(const TableGrad (&g)[3], const size_t (&items)[3], const float* numeric,
+                     const float* dout, int width, float* const (&dtable)[3], float* part,
+                     cudaStream_t stream) {
+  auto tables = k::zero_filled<TablePartials>();
+  unsigned chunks = 0, slices = 0;
+  size_t offset = 0;
+  for (int k = 0; k < 3; ++k) {
+    const TableGrad& t = g[k];
+    const int fit = kTableSlice / t.id_limit;
+    if (fit < 1)
+      throw std::invalid_argument("embed_backward: a table of " + std::to_string(t.id_limit) +
+                                  " rows does not fit the kernel's shared memory");
+    tables.t[k] = t;
+    tables.items[k] = items[k];
+    tables.slice[k] = std::min({t.dim, kTableThreads, fit});
+    tables.chunks[k] = table_chunks(items[k]);
+    tables.slices[k] = ceil_div(size_t(t.dim), size_t(tables.slice[k]));
+    tables.part[k] = part + offset;
+    offset += size_t(tables.chunks[k]) * table_cells(t);
+    chunks = std::max(chunks, tables.chunks[k]);
+    slices = std::max(slices, tables.slices[k]);
+  }
+  if (chunks == 0) return;
+  SLIPSTREAM_LAUNCH(table_partials_kernel, dim3(chunks, slices, 3), dim3(kTableThreads), stream,
+                    tables, numeric, dout, width);
   check_launch("embed_backward");
-  k::sum_partials(part, int(chunks), cells, dtable, true, stream, "embed_backward");
+  k::sum_partials_group<float>(
+      {{tables.part[0], table_cells(g[0]), dtable[0], 0, 0, nullptr, int(tables.chunks[0])},
+       {tables.part[1], table_cells(g[1]), dtable[1], 0, 0, nullptr, int(tables.chunks[1])},
+       {tables.part[2], table_cells(g[2]), dtable[2], 0, 0, nullptr, int(tables.chunks[2])}},
+      int(chunks), true, stream, "embed_backward");
 }
 
 // The sorted form (EmbedBackwardVariant::sorted): the three tables at once, no dense partials.
@@ -912,13 +952,10 @@ Kernels::EmbedBackwardVariant Kernels::embed_backward_variant() {
 }
 
 size_t Kernels::embed_backward_workspace_bytes(const EmbedDims& d, size_t rows) {
-  const size_t slot_chunks = ceil_div(rows * kSlots, kItemsPerChunk);
-  const size_t stage_chunks = ceil_div(rows, kItemsPerChunk);
-  const size_t cells = std::max({slot_chunks * size_t(kActionStates) * size_t(d.action_dim),
-                                 slot_chunks * size_t(kCharacters) * size_t(d.character_dim),
-                                 stage_chunks * size_t(kStages) * size_t(d.stage_dim)});
   // Either form's: the variant may change between the allocation and a launch.
   Tables t(d, rows, nullptr, nullptr, nullptr);
+  size_t cells = 0;  // the three tables' partials side by side
+  for (int k = 0; k < 3; ++k) cells += size_t(table_chunks(t.items[k])) * table_cells(t.g[k]);
   auto s = k::zero_filled<SortedTables>();
   float* const none[3] = {nullptr, nullptr, nullptr};
   return std::max(cells * sizeof(float), sorted_tables(s, t.g, t.items, none, nullptr));
@@ -935,10 +972,8 @@ void Kernels::embed_backward(const EmbedDims& d, size_t rows, const float* numer
     sorted_backward(t.g, t.items, numeric, dout, L.width, dtable, workspace, stream);
     return;
   }
-  float* part = static_cast<float*>(workspace);
-  // Stream order keeps the shared workspace safe between the three tables.
-  for (int k = 0; k < 3; ++k)
-    table_backward(t.g[k], numeric, dout, t.items[k], L.width, dtable[k], part, stream);
+  tables_backward(t.g, t.items, numeric, dout, L.width, dtable, static_cast<float*>(workspace),
+                  stream);
 }
 
 void Kernels::bc_loss_rows(const HeadPointers& logits, const float* target_buttons,

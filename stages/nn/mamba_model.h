@@ -66,6 +66,9 @@ struct MambaLayout {
   size_t input_proj_w = 0, input_proj_b = 0;
   std::vector<Layer> layers;
   size_t norm_f = 0;
+  // Elements from one layer's parameters to the next's (every layer has the same shapes, added
+  // in the same order): a parameter of every layer is one strided pass.
+  size_t layer_stride = 0;
 
   explicit MambaLayout(const MambaConfig& c) {
     const int64_t dm = c.d_model, di = c.d_inner(), R = c.rank(), N = c.d_state;
@@ -89,6 +92,7 @@ struct MambaLayout {
       layers.push_back(L);
     }
     norm_f = params.add("norm_f.weight", {dm}, false);
+    layer_stride = layers.size() > 1 ? layers[1].norm - layers[0].norm : 0;
   }
 };
 
@@ -301,13 +305,17 @@ class MambaModel {
     } else {
       ops_.copy(h0, x, Ms * dm_());
     }
+    // A = -exp(A_log) of every layer in one pass.
+    ops_.neg_exp(w + lay_.layers[0].A_log, c_.layers > 1 ? lay_.layer_stride : di_() * N_(), A_,
+                 nl_(), di_() * N_());
     for (int l = 0; l < c_.layers; ++l) {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
       T* hn = a.h + Ms * dm_();
-      // The norm writes the GEMMs' bf16 copy itself.
+      // The norm writes the GEMMs' bf16 copy itself, and h's copy into the next layer's stream,
+      // onto which out_proj accumulates (the residual).
       uint16_t* xnb = wb ? a.xn_bf : nullptr;
-      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb);
+      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb, hn);
       // in_proj's two halves of rows straight into x and z: no (M, 2·d_inner) tensor to split.
       const size_t in_z = Lw.in_proj + di_() * dm_();
       mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0), a.xc,
@@ -324,12 +332,10 @@ class MambaModel {
         ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       }
-      ops_.neg_exp(w + Lw.A_log, a.A, di_() * N_());
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
       ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                   a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N,
                                   ysb, bc_ld());
-      ops_.copy(hn, a.h, Ms * dm_());  // residual; out_proj accumulates onto it
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }

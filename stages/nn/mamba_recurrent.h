@@ -78,7 +78,8 @@ class MambaRecurrent {
   // instead of in every step() given `w`, which at batch 1 is half of a step's exponentials.
   void hold_weights(const T* w) {
     for (size_t l = 0; l < static_cast<size_t>(c_.layers); ++l)
-      kernels::neg_exp(w + lay_.layers[l].A_log, A_.data() + l * di() * N(), di() * N());
+      kernels::neg_exp(w + lay_.layers[l].A_log, di() * N(), A_.data() + l * di() * N(), 1,
+                       di() * N());
     held_ = w;
   }
 
@@ -134,7 +135,7 @@ class MambaRecurrent {
       kernels::copy_cols(dbc_.data() + R + Ni, P(), Cm_.data(), N(), rows(), N());
       // A from the weights given to this call (they may change between calls), unless held.
       T* A = A_.data() + (w == held_ ? l * di() * N() : 0);
-      if (w != held_) kernels::neg_exp(w + Lw.A_log, A, di() * N());
+      if (w != held_) kernels::neg_exp(w + Lw.A_log, di() * N(), A, 1, di() * N());
       kernels::selective_scan_step(ssm_layer(l), u_.data(), delta_.data(), A, Bm_.data(),
                                    Cm_.data(), w + Lw.D, z_.data(), w + Lw.dt_b, true, ys_.data(),
                                    B, dii, Ni);

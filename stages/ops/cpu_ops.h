@@ -79,10 +79,10 @@ class CpuOps {
     kernels::gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
   }
 
-  // y_bf (may be null): y rounded to bf16 too.
+  // y_bf (may be null): y rounded to bf16 too; x_copy (may be null): a copy of x.
   void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, size_t M, size_t D, double eps,
-                       uint16_t* y_bf = nullptr) const {
-    kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, nullptr, rstd, M, D, T(eps));
+                       uint16_t* y_bf = nullptr, T* x_copy = nullptr) const {
+    kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, x_copy, rstd, M, D, T(eps));
     if (y_bf) to_bf16(y, y_bf, M * D);
   }
   // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=. ds_bf (may be

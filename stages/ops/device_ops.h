@@ -88,10 +88,11 @@ class DeviceOps {
       Kernels::gemm(gemm_, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, stream_);
   }
 
-  // y_bf (may be null): y rounded to bf16 too, by the norm's own kernel.
+  // y_bf (may be null): y rounded to bf16 too, by the norm's own kernel; x_copy (may be null): a
+  // copy of x, written as the norm reads it (the residual stream's next layer, without a copy).
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, size_t M, size_t D,
-                       double eps, uint16_t* y_bf = nullptr) const {
-    Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, bf(y_bf), nullptr, rstd, M, D,
+                       double eps, uint16_t* y_bf = nullptr, float* x_copy = nullptr) const {
+    Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, bf(y_bf), x_copy, rstd, M, D,
                                                  float(eps), stream_);
   }
   // ds_bf (may be null): ds rounded to bf16 too, by the norm's own kernel.

@@ -102,10 +102,20 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, M, N, mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "scale_rows");
   std::vector<double> e(n);
-  neg_exp<double>(a.data(), e.data(), n);
+  neg_exp<double>(a.data(), N, e.data(), M, N);
   float* ye = mem.template alloc<float>(n);
-  Kernels::neg_exp(mem.upload(elems<float>(a)), ye, n, mem.stream());
+  Kernels::neg_exp(mem.upload(elems<float>(a)), N, ye, M, N, mem.stream());
   EXPECT_CLOSE(values(mem.download(ye, n)), e, 1e-6, "neg_exp");
+  // Rows x_ld apart (every layer's A from its A_log, a parameter stride apart).
+  if (N >= 2) {
+    const size_t cols = N / 2;
+    std::vector<double> er(M * cols);
+    for (size_t r = 0; r < M; ++r)
+      for (size_t c = 0; c < cols; ++c) er[r * cols + c] = -std::exp(a[r * N + c]);
+    float* yr = mem.template alloc<float>(M * cols);
+    Kernels::neg_exp(mem.upload(elems<float>(a)), N, yr, M, cols, mem.stream());
+    EXPECT_CLOSE(values(mem.download(yr, M * cols)), er, 1e-6, "neg_exp rows");
+  }
   Kernels::fill(ye, 2.5f, n, mem.stream());
   EXPECT_CLOSE(values(mem.download(ye, n)), std::vector<double>(n, 2.5), 1e-12, "fill");
   // Column sums accumulate onto db, deterministically.
@@ -113,8 +123,18 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   column_sum_accumulate<double>(a.data(), db.data(), M, N);
   float* g_db = mem.upload(elems<float>(bias));
   void* ws = mem.alloc_bytes(Kernels::column_sum_accumulate_workspace_bytes(M, N));
-  Kernels::column_sum_accumulate(mem.upload(elems<float>(a)), g_db, M, N, ws, mem.stream());
-  EXPECT_CLOSE(values(mem.download(g_db, N)), db, 1e-5, "column_sum_accumulate");
+  const float* g_a = mem.upload(elems<float>(a));
+  Kernels::column_sum_accumulate(g_a, g_db, M, N, ws, mem.stream());
+  const std::vector<float> db_first = mem.download(g_db, N);
+  EXPECT_CLOSE(values(db_first), db, 1e-5, "column_sum_accumulate");
+  // Again: the same bits (the last block to finish sums the partials, in a fixed order).
+  for (int again = 0; again < 3; ++again) {
+    float* g_db2 = mem.upload(elems<float>(bias));
+    Kernels::column_sum_accumulate(g_a, g_db2, M, N, ws, mem.stream());
+    const std::vector<float> db_again = mem.download(g_db2, N);
+    ASSERT_EQ(std::memcmp(db_again.data(), db_first.data(), N * sizeof(float)), 0)
+        << "column sums differ on run " << again + 2;
+  }
   // Column blocks out of and into wider rows (the split and concatenation of the model).
   if (N >= 3) {
     const size_t c = N / 3, off = N - c;

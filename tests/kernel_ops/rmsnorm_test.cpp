@@ -2,6 +2,7 @@
 // float64 finite differences, accumulation and aliasing; the CUDA kernels against the reference
 // on the emulator and on a device (tests/kernel_ops/kernel_test.h), fp32 and bf16.
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -149,6 +150,21 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   }
   EXPECT_CLOSE(values(mem.download(g_dw, s.D)), dw, std::max(1e-5, tolerance<T>() / 10),
                "dweight (+=)");
+  // Again, from the same dweight: the same bits (the launch's last block sums the partials in a
+  // fixed order, whichever block finishes last; a partial read before its block wrote it, on a
+  // GPU, would show here).
+  const std::vector<float> dw_first = mem.download(g_dw, s.D);
+  for (int again = 0; again < 3; ++again) {
+    float* g_dw2 = mem.upload(elems<float>(dw0));
+    T* g_ds2 = s.dsum ? mem.upload(elems<T>(dsum)) : mem.template alloc<T>(n);
+    Kernels::template rmsnorm_add_backward<T>(g_sum, g_w, g_rstd, mem.upload(elems<T>(dy)),
+                                              s.dsum ? g_ds2 : nullptr, g_ds2, nullptr, g_dw2, ws,
+                                              s.M, s.D, mem.stream());
+    mem.sync();
+    const std::vector<float> dw_again = mem.download(g_dw2, s.D);
+    ASSERT_EQ(std::memcmp(dw_again.data(), dw_first.data(), s.D * sizeof(float)), 0)
+        << "dweight differs on run " << again + 2;
+  }
 }
 
 inline std::vector<NormShape> norm_shapes() {

@@ -50,7 +50,10 @@ TEST(GeneratedOps, ForwardToTheSameKernelOnEitherBackend) {
               [&](auto ops, auto& y) { ops.silu_forward(x.data(), y.data(), n); });
   expect_same("silu_backward", zeros,
               [&](auto ops, auto& dx) { ops.silu_backward(x.data(), a.data(), dx.data(), n); });
-  expect_same("neg_exp", zeros, [&](auto ops, auto& y) { ops.neg_exp(x.data(), y.data(), n); });
+  expect_same("neg_exp", zeros,
+              [&](auto ops, auto& y) { ops.neg_exp(x.data(), n, y.data(), 1, n); });
+  expect_same("neg_exp rows", zeros,  // rows of x, N apart, into contiguous rows of y
+              [&](auto ops, auto& y) { ops.neg_exp(x.data(), N, y.data(), M, N - 5); });
   expect_same("mul_accumulate", a,
               [&](auto ops, auto& y) { ops.mul_accumulate(y.data(), x.data(), a.data(), n); });
   expect_same("add_bias_rows", x,
