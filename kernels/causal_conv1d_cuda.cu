@@ -47,8 +47,8 @@ __global__ void __launch_bounds__(kThreads)
   if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
 }
 
-// d loss / d pre-activation, stored once so the backward reads it K times from memory instead of
-// recomputing the convolution K times.
+// d loss / d pre-activation for the generic backward kernel (widths without a window kernel),
+// stored once so it reads it K times from memory instead of recomputing the convolution K times.
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_dpre_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, const DT* dy,
@@ -102,31 +102,47 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The same for a width KC known at compile time (Mamba's 4): the K gradients dx[t] reads and the
-// K inputs dw reads slide through registers, one load of each a step instead of K. Sums in the
-// generic kernel's order; terms past either end are zeros (x + 0 is x).
+// inputs dw reads slide through registers, one load of each a step instead of K. With `silu`
+// the gradient of the pre-activation, dy · silu'(conv(x) + bias), is made here as the window
+// slides (the pre-activation from the inputs already in registers, in conv_at's order), so no
+// separate launch stores it and no pass reads it back. Sums in the generic kernel's order;
+// terms past either end are zeros (x + 0 is x).
 template <class DT, int KC>
 __global__ void __launch_bounds__(kThreads)
-    conv_backward_window_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
-                                const float* dpre, DT* dx, __nv_bfloat16* dx_bf, float* dw_part,
-                                float* db_part, int L, int C) {
+    conv_backward_window_kernel(const DT* x, const DT* prefix, const float* w, const float* bias,
+                                const DT* dy, int silu, DT* dx, __nv_bfloat16* dx_bf,
+                                float* dw_part, float* db_part, int L, int C) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
   const size_t base = size_t(b) * L * C + c;
-  auto g = [&](int t) {
-    if (t >= L) return 0.f;
-    return dpre ? dpre[base + size_t(t) * C] : to_f32(dy[base + size_t(t) * C]);
-  };
   auto xs = [&](int t) { return t < L ? input_at(x, prefix, b, t, c, L, C, KC) : 0.f; };
   const int t0 = tb * kTimeBlock, t1 = L < t0 + kTimeBlock ? L : t0 + kTimeBlock;
-  float wr[KC], dw[KC], gw[KC], xw[KC];  // gw[j] = g[t + j], xw[j] = x[t - KC + 1 + j]
+  constexpr int kSpan = 2 * KC - 1;
+  // At step t: gw[j] = g[t + j]; xw[j] = x[t - KC + 1 + j], the inputs dw[k] reads (j < KC) and
+  // those of the pre-activations of the gradients still to come (j >= KC).
+  float wr[KC], dw[KC], gw[KC], xw[kSpan];
+  const float bc = bias ? bias[c] : 0.f;
+  // g at t0 + j + off, whose inputs are xw[off + j + k]: dy there (zero past the end), times
+  // silu' of the pre-activation with silu.
+  auto g_at = [&](int t, int first) {
+    if (t >= L) return 0.f;
+    const float d = to_f32(dy[base + size_t(t) * C]);
+    if (!silu) return d;
+    float pre = bc;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) pre += wr[k] * xw[first + k];
+    return d * silu_gradf_(pre);
+  };
 #pragma unroll
   for (int k = 0; k < KC; ++k) {
     wr[k] = w[size_t(c) * KC + k];
     dw[k] = 0.f;
-    gw[k] = g(t0 + k);
-    xw[k] = xs(t0 - KC + 1 + k);
   }
+#pragma unroll
+  for (int j = 0; j < kSpan; ++j) xw[j] = xs(t0 - KC + 1 + j);
+#pragma unroll
+  for (int j = 0; j < KC; ++j) gw[j] = g_at(t0 + j, j);
   float db = 0.f;
   for (int t = t0; t < t1; ++t) {
     float acc = 0.f;  // dx[t] = sum_k w[k] g[t + K - 1 - k]
@@ -140,12 +156,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < KC; ++k) dw[k] += gt * xw[k];  // dw[k] += g[t] x[t - K + 1 + k]
 #pragma unroll
-    for (int k = 0; k + 1 < KC; ++k) {
-      gw[k] = gw[k + 1];
-      xw[k] = xw[k + 1];
-    }
-    gw[KC - 1] = g(t + KC);
-    xw[KC - 1] = xs(t + 1);
+    for (int k = 0; k + 1 < KC; ++k) gw[k] = gw[k + 1];
+#pragma unroll
+    for (int j = 0; j + 1 < kSpan; ++j) xw[j] = xw[j + 1];
+    xw[kSpan - 1] = xs(t + KC);
+    gw[KC - 1] = g_at(t + KC, KC - 1);  // its inputs x[t + 1 .. t + KC]
   }
   const size_t part = size_t(b) * gridDim.y + tb;
 #pragma unroll
@@ -179,12 +194,16 @@ int time_blocks(int L) {
   return (L + kTimeBlock - 1) / kTimeBlock;
 }
 
+bool has_window_kernel(int K) {
+  return K >= 2 && K <= 4;
+}
+
 struct ConvWorkspace {
   size_t dpre, dw, db, total;  // offsets in floats
   ConvWorkspace(int B, int L, int C, int K, bool silu) {
     const size_t parts = size_t(B) * time_blocks(L);
-    dpre = 0;
-    dw = silu ? size_t(B) * L * C : 0;
+    dpre = 0;  // the generic kernel's pre-activation gradients (a window kernel makes its own)
+    dw = silu && !has_window_kernel(K) ? size_t(B) * L * C : 0;
     db = dw + parts * C * K;
     total = db + parts * C;
   }
@@ -220,18 +239,11 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
   if (n == 0) return;
   const ConvWorkspace lay(B, L, C, K, silu);
   float* ws = static_cast<float*>(workspace);
-  float* dpre = silu ? ws + lay.dpre : nullptr;
-  if (silu) {
-    const auto kernel = &conv_dpre_kernel<dev_t<T>>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                      dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K);
-    check_launch(op);
-  }
   const int tbs = time_blocks(L);
   const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
-  auto window = [&](auto kernel) {
-    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
-                      dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C);
+  auto window = [&](auto kernel) {  // the pre-activation's gradient made inside
+    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, bias,
+                      dev(dy), silu ? 1 : 0, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C);
   };
   switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
     case 2:
@@ -244,6 +256,13 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
       window(&conv_backward_window_kernel<dev_t<T>, 4>);
       break;
     default: {
+      float* dpre = silu ? ws + lay.dpre : nullptr;
+      if (silu) {
+        const auto kernel = &conv_dpre_kernel<dev_t<T>>;
+        SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
+                          dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K);
+        check_launch(op);
+      }
       const auto kernel = &conv_backward_kernel<dev_t<T>>;
       SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
                         dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, K);

@@ -186,10 +186,10 @@ inline int partial_lanes(int K) {
   return lanes;
 }
 
-// Up to kMaxPartialSums such sums of one kind in one launch (blockIdx.y picks the sum), each the
-// tree above for its own n and K, with the lanes of the largest K: over the same K, the bits of
-// separate launches, with one launch where an op sums several gradients.
-constexpr int kMaxPartialSums = 4;
+// Up to kMaxPartialSums such sums in one launch (blockIdx.y picks the sum), each the tree above
+// for its own n and K (its own lanes: a block's kPartialThreads threads laid out for it), so the
+// bits of separate launches: one launch where an op sums several gradients.
+constexpr int kMaxPartialSums = 5;
 template <class Out>
 struct PartialSums {
   const float* part[kMaxPartialSums];
@@ -197,38 +197,41 @@ struct PartialSums {
   size_t n[kMaxPartialSums];
   size_t cols[kMaxPartialSums], ld[kMaxPartialSums];  // cols 0: out contiguous
   const float* scale[kMaxPartialSums];                // null: 1
-  int K[kMaxPartialSums];                             // partials of each
+  int K[kMaxPartialSums], lanes[kMaxPartialSums];     // partials of each, and its tree's lanes
+  int accumulate[kMaxPartialSums];
 };
 
 template <class Out>
 __global__ void __launch_bounds__(kPartialThreads)
-    sum_partials_group_kernel(PartialSums<Out> sums, bool accumulate) {
+    sum_partials_group_kernel(PartialSums<Out> sums) {
   __shared__ float lane_sums[kPartialThreads];
-  const int cols = blockDim.x, lanes = blockDim.y;
-  const float* part = sums.part[blockIdx.y];
-  Out* out = sums.out[blockIdx.y];
-  const size_t n = sums.n[blockIdx.y], cols_out = sums.cols[blockIdx.y], ld = sums.ld[blockIdx.y];
-  const int K = sums.K[blockIdx.y];
+  const int e = int(blockIdx.y), lanes = sums.lanes[e], cols = kPartialThreads / lanes;
+  const int tx = int(threadIdx.x) % cols, ty = int(threadIdx.x) / cols;
+  const float* part = sums.part[e];
+  Out* out = sums.out[e];
+  const size_t n = sums.n[e], cols_out = sums.cols[e], ld = sums.ld[e];
+  const int K = sums.K[e];
   if (size_t(blockIdx.x) * cols >= n) return;  // the whole block: this sum is shorter
-  const size_t i = size_t(blockIdx.x) * cols + threadIdx.x;
+  const size_t i = size_t(blockIdx.x) * cols + tx;
   float s = 0.0f;
   if (i < n)
-    for (int k = threadIdx.y; k < K; k += lanes) s += part[size_t(k) * n + i];
-  lane_sums[threadIdx.y * cols + threadIdx.x] = s;
+    for (int k = ty; k < K; k += lanes) s += part[size_t(k) * n + i];
+  lane_sums[ty * cols + tx] = s;
   __syncthreads();
-  if (threadIdx.y != 0 || i >= n) return;
+  if (ty != 0 || i >= n) return;
   float total = 0.0f;
-  for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + threadIdx.x];
+  for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + tx];
   const size_t o = cols_out ? i / cols_out * ld + i % cols_out : i;
-  const float* scale = sums.scale[blockIdx.y];
+  const float* scale = sums.scale[e];
   if (scale) total *= scale[i];
-  out[o] = from_f32<Out>(accumulate ? to_f32(out[o]) + total : total);
+  out[o] = from_f32<Out>(sums.accumulate[e] ? to_f32(out[o]) + total : total);
 }
 
 // One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
 // into rows `ld` apart: element i at out[i / cols * ld + i % cols] (columns of a wider tensor).
 // With `scale`, element i's sum is multiplied by scale[i] first (a chain rule applied on the way
-// out: (Σ) · scale, then added or stored). K: its own count of partials (0: the group's).
+// out: (Σ) · scale, then added or stored). K: its own count of partials (0: the group's);
+// accumulate: 0 stores, 1 adds (-1: as the group).
 template <class Out>
 struct PartialSum {
   const float* part;
@@ -237,6 +240,7 @@ struct PartialSum {
   size_t cols = 0, ld = 0;
   const float* scale = nullptr;
   int K = 0;
+  int accumulate = -1;
 };
 
 // sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), over K
@@ -245,8 +249,8 @@ template <class Out>
 void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool accumulate,
                         cudaStream_t stream, const char* op) {
   auto group = zero_filled<PartialSums<Out>>();
-  int count = 0, most = 0;
-  size_t longest = 0;
+  int count = 0;
+  size_t blocks = 0;
   for (const PartialSum<Out>& s : sums) {
     if (s.n == 0 || s.out == nullptr) continue;
     if (count == kMaxPartialSums) throw std::logic_error(std::string(op) + ": too many sums");
@@ -257,15 +261,16 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
     group.ld[count] = s.ld;
     group.scale[count] = s.scale;
     group.K[count] = s.K > 0 ? s.K : K;
-    most = group.K[count] > most ? group.K[count] : most;
-    longest = s.n > longest ? s.n : longest;
+    group.lanes[count] = partial_lanes(group.K[count]);
+    group.accumulate[count] = s.accumulate < 0 ? (accumulate ? 1 : 0) : s.accumulate;
+    const size_t b = ceil_div(s.n, size_t(kPartialThreads / group.lanes[count]));
+    blocks = b > blocks ? b : blocks;
     ++count;
   }
   if (count == 0) return;
   const auto kernel = &sum_partials_group_kernel<Out>;
-  const int lanes = partial_lanes(most), cols = kPartialThreads / lanes;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(longest, size_t(cols)), unsigned(count)),
-                    dim3(cols, lanes), stream, group, accumulate);
+  SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(blocks), unsigned(count)), dim3(kPartialThreads), stream,
+                    group);
   check_launch(op);
 }
 

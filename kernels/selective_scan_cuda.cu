@@ -729,16 +729,25 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   check_launch(name);
   const char* op = "selective_scan_backward (partial sums)";
   const size_t bln = size_t(B) * L * N;
-  // Two launches for the five sums: dBm and dCm over the channel tiles, dA, dD and the bias over
-  // the batch rows.
+  // The five sums: dBm and dCm over the channel tiles (stored), dA, dD and the bias over the batch
+  // rows (added); one launch where dBm and dCm are fp32 like the others, else two.
   const size_t ld = size_t(a.ldbc), cols = ld == size_t(N) ? 0 : size_t(N);
-  sum_partials_group<dev_t<T>>(
-      {{w.dB_part, bln, dev(dBm), cols, ld}, {w.dC_part, bln, dev(dCm), cols, ld}}, tiles, false,
-      stream, op);
-  sum_partials_group<float>({{w.dA_part, size_t(D) * N, dA, 0, 0, dA_scale},
-                             {w.dD_part, size_t(D), Dskip ? dDskip : nullptr},
-                             {w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr}},
-                            B, true, stream, op);
+  const PartialSum<float> dA_sum{w.dA_part, size_t(D) * N, dA, 0, 0, dA_scale};
+  const PartialSum<float> dD_sum{w.dD_part, size_t(D), Dskip ? dDskip : nullptr};
+  const PartialSum<float> dbias_sum{w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr};
+  if constexpr (std::is_same_v<dev_t<T>, float>) {
+    sum_partials_group<float>({{w.dB_part, bln, dBm, cols, ld, nullptr, tiles, 0},
+                               {w.dC_part, bln, dCm, cols, ld, nullptr, tiles, 0},
+                               dA_sum,
+                               dD_sum,
+                               dbias_sum},
+                              B, true, stream, op);
+  } else {
+    sum_partials_group<dev_t<T>>(
+        {{w.dB_part, bln, dev(dBm), cols, ld}, {w.dC_part, bln, dev(dCm), cols, ld}}, tiles, false,
+        stream, op);
+    sum_partials_group<float>({dA_sum, dD_sum, dbias_sum}, B, true, stream, op);
+  }
 }
 
 template <class T>
