@@ -52,11 +52,12 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 // then takes dy of that output and recomputes the pre-activation instead of storing it.
 // Parameter gradients go through per-(batch, time-block) partials summed in a fixed order.
 // `y_bf` (may be null) receives y rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16
-// GEMMs' copy without a cast launch.
+// GEMMs' copy without a cast launch. `x_ld`: elements from one row (b, t) of x (and, in the
+// backward, of dx and dx_bf) to the next: C (0), or more where x is columns of a wider tensor.
 template <class T>
 static void causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
                                   const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
-                                  int K, bool silu, cudaStream_t stream);
+                                  int K, bool silu, cudaStream_t stream, int x_ld = 0);
 
 static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
 
@@ -66,7 +67,7 @@ template <class T>
 static void causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
                                    const float* bias, const T* dy, T* dx, bfloat16* dx_bf,
                                    float* dweight, float* dbias, void* workspace, int B, int L,
-                                   int C, int K, bool silu, cudaStream_t stream);
+                                   int C, int K, bool silu, cudaStream_t stream, int x_ld = 0);
 
 template <class T>
 static void causal_conv1d_step(T* conv_state, const T* x, const float* weight, const float* bias,

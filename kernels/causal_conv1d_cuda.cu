@@ -13,11 +13,12 @@ constexpr int kThreads = 256;
 constexpr int kTimeBlock = 16;  // time steps per backward thread
 constexpr int kMaxK = kConvMaxWidth;
 
-// x at (b, t, c) for t in [-(K - 1), L): x's, the prefix's before it, or zero without one.
+// x at (b, t, c) for t in [-(K - 1), L): x's (rows xld apart), the prefix's before it, or zero
+// without one.
 template <class DT>
 __device__ __forceinline__ float input_at(const DT* x, const DT* prefix, int b, int t, int c, int L,
-                                          int C, int K) {
-  if (t >= 0) return to_f32(x[(size_t(b) * L + t) * C + c]);
+                                          int C, int K, int xld) {
+  if (t >= 0) return to_f32(x[(size_t(b) * L + t) * xld + c]);
   return prefix ? to_f32(prefix[(size_t(b) * (K - 1) + (K - 1 + t)) * C + c]) : 0.f;
 }
 
@@ -25,11 +26,12 @@ __device__ __forceinline__ float input_at(const DT* x, const DT* prefix, int b, 
 template <class DT>
 __device__ __forceinline__ float conv_at(const DT* x, const DT* prefix, const float* w,
                                          const float* bias, int b, int t, int c, int L, int C,
-                                         int K) {
+                                         int K, int xld) {
   float acc = bias ? bias[c] : 0.f;
   for (int k = 0; k < K; ++k) {
     const int ts = t - K + 1 + k;
-    if (ts >= 0 || prefix) acc += w[size_t(c) * K + k] * input_at(x, prefix, b, ts, c, L, C, K);
+    if (ts >= 0 || prefix)
+      acc += w[size_t(c) * K + k] * input_at(x, prefix, b, ts, c, L, C, K, xld);
   }
   return acc;
 }
@@ -37,11 +39,11 @@ __device__ __forceinline__ float conv_at(const DT* x, const DT* prefix, const fl
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_forward_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, DT* y,
-                        __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu) {
+                        __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu, int xld) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
-  const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K);
+  const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K, xld);
   const DT yv = from_f32<DT>(silu ? siluf_(v) : v);
   y[i] = yv;
   if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
@@ -52,11 +54,11 @@ __global__ void __launch_bounds__(kThreads)
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_dpre_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, const DT* dy,
-                     float* dpre, int B, int L, int C, int K) {
+                     float* dpre, int B, int L, int C, int K, int xld) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
-  dpre[i] = to_f32(dy[i]) * silu_gradf_(conv_at(x, prefix, w, bias, b, t, c, L, C, K));
+  dpre[i] = to_f32(dy[i]) * silu_gradf_(conv_at(x, prefix, w, bias, b, t, c, L, C, K, xld));
 }
 
 // Thread (b, time block, c): dx over the block, and its partial of dweight and dbias.
@@ -64,11 +66,12 @@ template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_backward_kernel(const DT* x, const DT* prefix, const float* w, const DT* dy,
                          const float* dpre, DT* dx, __nv_bfloat16* dx_bf, float* dw_part,
-                         float* db_part, int L, int C, int K) {
+                         float* db_part, int L, int C, int K, int xld) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
   const size_t base = size_t(b) * L * C + c;
+  const size_t xbase = size_t(b) * L * xld + c;  // dx's rows, like x's
   auto g = [&](int t) {
     return dpre ? dpre[base + size_t(t) * C] : to_f32(dy[base + size_t(t) * C]);
   };
@@ -84,14 +87,14 @@ __global__ void __launch_bounds__(kThreads)
       if (tg < L) acc += w[size_t(c) * K + k] * g(tg);
     }
     const DT dxv = from_f32<DT>(acc);
-    dx[base + size_t(t) * C] = dxv;
-    if (dx_bf) dx_bf[base + size_t(t) * C] = from_f32<__nv_bfloat16>(to_f32(dxv));
+    dx[xbase + size_t(t) * xld] = dxv;
+    if (dx_bf) dx_bf[xbase + size_t(t) * xld] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = g(t);
     db += gt;
 #pragma unroll
     for (int k = 0; k < kMaxK; ++k) {  // dw[k] += g[t] x[t - K + 1 + k]
       const int ts = t - K + 1 + k;
-      if (k < K && (ts >= 0 || prefix)) dw[k] += gt * input_at(x, prefix, b, ts, c, L, C, K);
+      if (k < K && (ts >= 0 || prefix)) dw[k] += gt * input_at(x, prefix, b, ts, c, L, C, K, xld);
     }
   }
   const size_t part = size_t(b) * gridDim.y + tb;
@@ -111,12 +114,13 @@ template <class DT, int KC>
 __global__ void __launch_bounds__(kThreads)
     conv_backward_window_kernel(const DT* x, const DT* prefix, const float* w, const float* bias,
                                 const DT* dy, int silu, DT* dx, __nv_bfloat16* dx_bf,
-                                float* dw_part, float* db_part, int L, int C) {
+                                float* dw_part, float* db_part, int L, int C, int xld) {
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int tb = int(blockIdx.y), b = int(blockIdx.z);
   if (c >= C) return;
   const size_t base = size_t(b) * L * C + c;
-  auto xs = [&](int t) { return t < L ? input_at(x, prefix, b, t, c, L, C, KC) : 0.f; };
+  const size_t xbase = size_t(b) * L * xld + c;  // dx's rows, like x's
+  auto xs = [&](int t) { return t < L ? input_at(x, prefix, b, t, c, L, C, KC, xld) : 0.f; };
   const int t0 = tb * kTimeBlock, t1 = L < t0 + kTimeBlock ? L : t0 + kTimeBlock;
   constexpr int kSpan = 2 * KC - 1;
   // At step t: gw[j] = g[t + j]; xw[j] = x[t - KC + 1 + j], the inputs dw[k] reads (j < KC) and
@@ -149,8 +153,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < KC; ++k) acc += wr[k] * gw[KC - 1 - k];
     const DT dxv = from_f32<DT>(acc);
-    dx[base + size_t(t) * C] = dxv;
-    if (dx_bf) dx_bf[base + size_t(t) * C] = from_f32<__nv_bfloat16>(to_f32(dxv));
+    dx[xbase + size_t(t) * xld] = dxv;
+    if (dx_bf) dx_bf[xbase + size_t(t) * xld] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = gw[0];
     db += gt;
 #pragma unroll
@@ -214,13 +218,14 @@ struct ConvWorkspace {
 template <class T>
 void Kernels::causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
                                     const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
-                                    int K, bool silu, cudaStream_t stream) {
+                                    int K, bool silu, cudaStream_t stream, int x_ld) {
   check_width(K, "causal_conv1d_forward");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
+  const int xld = x_ld > 0 ? x_ld : C;
   const auto kernel = &conv_forward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                    dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K, silu);
+                    dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K, silu, xld);
   check_launch("causal_conv1d_forward");
 }
 
@@ -232,18 +237,20 @@ template <class T>
 void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
                                      const float* bias, const T* dy, T* dx, bfloat16* dx_bf,
                                      float* dweight, float* dbias, void* workspace, int B, int L,
-                                     int C, int K, bool silu, cudaStream_t stream) {
+                                     int C, int K, bool silu, cudaStream_t stream, int x_ld) {
   const char* op = "causal_conv1d_backward";
   check_width(K, op);
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
+  const int xld = x_ld > 0 ? x_ld : C;
   const ConvWorkspace lay(B, L, C, K, silu);
   float* ws = static_cast<float*>(workspace);
   const int tbs = time_blocks(L);
   const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
   auto window = [&](auto kernel) {  // the pre-activation's gradient made inside
     SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, bias,
-                      dev(dy), silu ? 1 : 0, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C);
+                      dev(dy), silu ? 1 : 0, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C,
+                      xld);
   };
   switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
     case 2:
@@ -260,12 +267,12 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
       if (silu) {
         const auto kernel = &conv_dpre_kernel<dev_t<T>>;
         SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                          dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K);
+                          dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K, xld);
         check_launch(op);
       }
       const auto kernel = &conv_backward_kernel<dev_t<T>>;
       SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
-                        dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, K);
+                        dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, K, xld);
     }
   }
   check_launch(op);
@@ -290,10 +297,10 @@ void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight,
 #define INSTANTIATE(T)                                                                             \
   template void Kernels::causal_conv1d_forward<T>(const T*, const T*, const float*, const float*,  \
                                                   T*, bfloat16*, int, int, int, int, bool,         \
-                                                  cudaStream_t);                                   \
+                                                  cudaStream_t, int);                              \
   template void Kernels::causal_conv1d_backward<T>(const T*, const T*, const float*, const float*, \
                                                    const T*, T*, bfloat16*, float*, float*, void*, \
-                                                   int, int, int, int, bool, cudaStream_t);        \
+                                                   int, int, int, int, bool, cudaStream_t, int);   \
   template void Kernels::causal_conv1d_step<T>(T*, const T*, const float*, const float*, T*, int,  \
                                                int, int, bool, cudaStream_t);
 INSTANTIATE(float)

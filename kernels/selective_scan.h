@@ -83,7 +83,9 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 // in a fixed order, so results are deterministic. `ldbc` (0: N) is the step from one row (b, t)
 // of Bm and Cm (and the backward's dBm and dCm) to the next, in elements: the model passes
 // x_proj's output itself, whose rows hold dt, Bm and Cm side by side, and the backward writes
-// into x_proj's output gradient, instead of copies in and out.
+// into x_proj's output gradient, instead of copies in and out. `z_ld` (0: D) likewise for z and
+// the backward's dz and dz_bf: the model's z is in_proj's output beside x, its gradient beside
+// x's, so that one GEMM makes both and one takes both.
 static constexpr int kScanMaxState = 32;
 
 // out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
@@ -94,7 +96,7 @@ static void selective_scan_forward(const T* u, const T* delta, const float* A, c
                                    const float* delta_bias, bool delta_softplus,
                                    const float* initial_state, T* out, bfloat16* out_bf,
                                    float* last_state, float* chunk_states, int B, int L, int D,
-                                   int N, cudaStream_t stream, int ldbc = 0);
+                                   int N, cudaStream_t stream, int ldbc = 0, int z_ld = 0);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
@@ -136,12 +138,15 @@ static int selective_scan_backward_blocks_per_sm(int N);
 // the model passes dA_log's gradient and A, the chain rule of A = −exp(A_log) applied on the way
 // out, with no dA buffer to zero and no separate product.
 template <class T>
-static void selective_scan_backward(
-    const T* u, const T* delta, const float* A, const T* Bm, const T* Cm, const float* Dskip,
-    const T* z, const float* delta_bias, bool delta_softplus, const float* initial_state,
-    const float* chunk_states, const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
-    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf, bfloat16* dz_bf, void* workspace,
-    int B, int L, int D, int N, cudaStream_t stream, int ldbc = 0, const float* dA_scale = nullptr);
+static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
+                                    const T* Cm, const float* Dskip, const T* z,
+                                    const float* delta_bias, bool delta_softplus,
+                                    const float* initial_state, const float* chunk_states,
+                                    const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+                                    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
+                                    bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
+                                    cudaStream_t stream, int ldbc = 0,
+                                    const float* dA_scale = nullptr, int z_ld = 0);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

@@ -32,6 +32,7 @@ struct ScanArgs {
   bool softplus;
   int B, L, D, N;
   int ldbc;  // elements from one row (b, t) of Bm and Cm to the next: N, or more in a wider tensor
+  int zld;   // the same for z (and the backward's dz): D, or more
 };
 
 // Where thread (b, d, n) is, and its channel's constants (zeros outside the problem).
@@ -225,7 +226,8 @@ __global__ void __launch_bounds__(kChanThreads)
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
         const bool ok = q.dok && g0 + j < tn;
         in[j] = load_chan(a, ok, i, q.bias);
-        zz[j] = (ok && a.z) ? to_f32(a.z[i]) : 0.f;
+        const size_t iz = (size_t(q.b) * a.L + t0 + g0 + j) * a.zld + q.d;
+        zz[j] = (ok && a.z) ? to_f32(a.z[iz]) : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kPrefetch; ++j) {
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(kChanThreads)
         const bool ok = q.dok && j < tn;
         in[j] = load_chan(a, ok, i, q.bias);
         go[j] = ok ? to_f32(dout[i]) : 0.f;
-        zz[j] = (ok && a.z) ? to_f32(a.z[i]) : 0.f;
+        zz[j] = (ok && a.z) ? to_f32(a.z[(size_t(q.b) * L + t0 + j) * a.zld + q.d]) : 0.f;
       }
       // With kWhole a whole chunk runs with no test between its steps (kFull), so the compiler
       // can overlap one step's shuffles and loads with the next step's arithmetic (at the cost of
@@ -432,8 +434,9 @@ __global__ void __launch_bounds__(kChanThreads)
             if (w.ddelta_bf) w.ddelta_bf[i] = from_f32<__nv_bfloat16>(to_f32(ddv));
             if (dz) {
               const DT dzd = from_f32<DT>(dzv);
-              dz[i] = dzd;
-              if (w.dz_bf) w.dz_bf[i] = from_f32<__nv_bfloat16>(to_f32(dzd));
+              const size_t iz = (size_t(q.b) * L + t0 + j) * a.zld + q.d;
+              dz[iz] = dzd;
+              if (w.dz_bf) w.dz_bf[iz] = from_f32<__nv_bfloat16>(to_f32(dzd));
             }
           }
           int idx = 0;
@@ -532,7 +535,7 @@ void with_lanes(int lanes, F&& f) {
 template <class T>
 ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T* Bm, const T* Cm,
                              const float* Dskip, const T* z, const float* delta_bias, bool sp,
-                             int B, int L, int D, int N, int ldbc = 0) {
+                             int B, int L, int D, int N, int ldbc = 0, int zld = 0) {
   auto a = zero_filled<ScanArgs<dev_t<T>>>();  // padding too: a launch's key hashes it
   a.u = dev(u);
   a.delta = dev(delta);
@@ -548,6 +551,7 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   a.D = D;
   a.N = N;
   a.ldbc = ldbc > 0 ? ldbc : N;
+  a.zld = zld > 0 ? zld : D;
   return a;
 }
 
@@ -625,11 +629,12 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
                                      const float* delta_bias, bool delta_softplus,
                                      const float* initial_state, T* out, bfloat16* out_bf,
                                      float* last_state, float* chunk_states, int B, int L, int D,
-                                     int N, cudaStream_t stream, int ldbc) {
+                                     int N, cudaStream_t stream, int ldbc, int z_ld) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
-  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc);
+  auto a =
+      make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;
   const int save_every = chan_shape(N, op, true).t;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
@@ -694,14 +699,12 @@ size_t Kernels::selective_scan_backward_workspace_bytes(int B, int L, int D, int
 }
 
 template <class T>
-void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
-                                      const T* Cm, const float* Dskip, const T* z,
-                                      const float* delta_bias, bool delta_softplus,
-                                      const float* initial_state, const float* chunk_states,
-                                      const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
-                                      float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
-                                      bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                      cudaStream_t stream, int ldbc, const float* dA_scale) {
+void Kernels::selective_scan_backward(
+    const T* u, const T* delta, const float* A, const T* Bm, const T* Cm, const float* Dskip,
+    const T* z, const float* delta_bias, bool delta_softplus, const float* initial_state,
+    const float* chunk_states, const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf, bfloat16* dz_bf, void* workspace,
+    int B, int L, int D, int N, cudaStream_t stream, int ldbc, const float* dA_scale, int z_ld) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -717,7 +720,8 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   w.dC_part = ws + lay.dC;
   w.ddelta_bf = dev(ddelta_bf);
   w.dz_bf = dz ? dev(dz_bf) : nullptr;
-  auto a = make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc);
+  auto a =
+      make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;
   const int tiles = chan_tiles(D, shape);
   with_chan(N, name, true, [&](auto ns, auto g, auto t) {
@@ -770,11 +774,12 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
 #define INSTANTIATE(T)                                                                            \
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
-      bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t, int);  \
+      bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t, int,   \
+      int);                                                                                       \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
-      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int, const float*);          \
+      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int, const float*, int);     \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

@@ -215,8 +215,7 @@ class MambaModel {
     h_ = buf((nl + 1) * M * dm, "mamba residual stream");
     rstd_ = buf(nl * M, "mamba norm statistics");
     xn_ = buf(nl * M * dm, "mamba normed input");
-    xc_ = buf(nl * M * di, "mamba conv input");
-    z_ = buf(nl * M * di, "mamba gate");
+    xz_ = buf(nl * M * 2 * di, "mamba conv input and gate");  // in_proj's two halves
     conv_ = buf(Ops::kSavesConvInput ? nl * M * di : 0, "mamba conv output");
     u_ = buf(nl * M * di, "mamba scan input");
     dbc_ = buf(nl * M * P, "mamba x_proj output");
@@ -235,9 +234,8 @@ class MambaModel {
     dys_ = buf(M * di, "mamba gradient");
     du_ = buf(M * di, "mamba gradient");
     ddelta_ = buf(M * di, "mamba gradient");
-    dz_ = buf(M * di, "mamba gradient");
     dconv_ = buf(Ops::kSavesConvInput ? M * di : 0, "mamba gradient");
-    dxc_ = buf(M * di, "mamba gradient");
+    dxz_ = buf(M * 2 * di, "mamba gradient");             // in_proj's output gradient: dxc and dz
     dBm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");  // on a device, written inside ddbc
     dCm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");
     ddbc_ = buf(M * P, "mamba gradient");
@@ -272,7 +270,10 @@ class MambaModel {
     u_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
     dbc_bf_ = bbuf(bf16 ? nl * M * P : 0, "mamba bf16 activations");
     ys_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
-    dy_bf_ = bbuf(bf16 ? M * std::max({2 * di, dm, P}) : 0, "mamba bf16 gradients");
+    dy_bf_ = bbuf(
+        bf16 ? M * (kOnDevice ? std::max(dm, 2 * di + std::max(di, P)) : std::max({2 * di, dm, P}))
+             : 0,
+        "mamba bf16 gradients");
   }
 
   // With a carried state, before each forward: the state it starts from, row by row, the one
@@ -316,14 +317,22 @@ class MambaModel {
       // onto which out_proj accumulates (the residual).
       uint16_t* xnb = wb ? a.xn_bf : nullptr;
       ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb, hn);
-      // in_proj's two halves of rows straight into x and z: no (M, 2·d_inner) tensor to split.
-      const size_t in_z = Lw.in_proj + di_() * dm_();
-      mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0), a.xc,
-         di);
-      mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, di);
+      // in_proj: on a device one GEMM writes x and z side by side (rows 2·d_inner long, read in
+      // place by the convolution and the scan); on the CPU its two halves of rows go to x and z
+      // apart (its convolution and scan read contiguous rows without copies).
+      const int ld = xz_ld();
+      if constexpr (kOnDevice) {
+        mm(false, true, M, 2 * di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
+           a.xc, ld);
+      } else {
+        const size_t in_z = Lw.in_proj + di_() * dm_();
+        mm(false, true, M, di, dm, a.xn, xnb, dm, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
+           a.xc, ld);
+        mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, ld);
+      }
       uint16_t* ub = wb ? a.u_bf : nullptr;  // written by the convolution itself
       ops_.conv_silu_forward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_,
-                             di, c_.d_conv, ub);
+                             di, c_.d_conv, ub, zero_unless_apart(ld));
       if (a.conv_last) keep_conv_inputs(a);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
@@ -335,7 +344,7 @@ class MambaModel {
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
       ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                   a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N,
-                                  ysb, bc_ld());
+                                  ysb, bc_ld(), zero_unless_apart(ld));
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }
@@ -356,10 +365,16 @@ class MambaModel {
     T* dh = dh_;
     // The bf16 copies the backward GEMMs read share dy_bf_, each written after the GEMMs that
     // read the one before it (stream order). dh's is written by the norm that produces dh, dΔ's
-    // and dz's by the scan, dxc's by the convolution: no cast launch for them. dz's copy sits
-    // past the first M·d_inner, where the others (dΔ, the x_proj gradient, dxc) come and go.
+    // and dz's by the scan, dxc's by the convolution: no cast launch for them. dxc and dz (and
+    // their copies) lie as in the forward's x and z: side by side on a device, where dz's copy
+    // lives from the scan to in_proj, so dΔ's and x_proj's gradient's copies come and go past
+    // them; on the CPU dz's copy sits past the first M·d_inner, where the others come and go.
     uint16_t* dyb = dy_bf_;
     uint16_t* const dh_bf = wb ? dyb : nullptr;
+    const int ld = xz_ld();
+    T* const dxc = dxz_;
+    T* const dz = dxz_ + (kOnDevice ? di_() : Ms * di_());
+    uint16_t* const passing = wb ? dyb + (kOnDevice ? Ms * 2 * di_() : 0) : nullptr;
     ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
                           rstd_f_, dy, nullptr, dh, g + lay_.norm_f, Ms, dm_(), scratch_, dh_bf);
     for (int l = c_.layers - 1; l >= 0; --l) {
@@ -374,15 +389,15 @@ class MambaModel {
       // sum in dA_.
       T* const dA = kOnDevice ? g + Lw.A_log : dA_;
       if constexpr (!kOnDevice) ops_.zero(dA_, di_() * N_());
-      uint16_t* const ddb = wb ? dyb : nullptr;
-      uint16_t* const dzb = wb ? dyb + Ms * di_() : nullptr;
+      uint16_t* const ddb = passing;
+      uint16_t* const dzb = wb ? dyb + (kOnDevice ? di_() : Ms * di_()) : nullptr;
       // On a device dBm and dCm go straight into their columns of x_proj's output gradient.
       T* const dB = kOnDevice ? ddbc_ + R : dBm_;
       T* const dC = kOnDevice ? ddbc_ + R + N : dCm_;
       ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
                                    a.scan_first, a.scan_states, dys_, du_, ddelta_, dA, dB, dC,
-                                   g + Lw.D, dz_, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
-                                   bc_ld(), kOnDevice ? a.A : nullptr);
+                                   g + Lw.D, dz, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
+                                   bc_ld(), kOnDevice ? a.A : nullptr, zero_unless_apart(ld));
       if constexpr (!kOnDevice) ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
@@ -392,22 +407,28 @@ class MambaModel {
         ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
       }
       // x_proj: dbc = u W_xᵀ; u also feeds the scan, so its gradient adds onto du.
-      const uint16_t* dpb = round(ddbc_, dyb, Ms * P_(), wb);
+      const uint16_t* dpb = round(ddbc_, passing, Ms * P_(), wb);
       mm(false, false, M, di, P, ddbc_, dpb, P, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(1), du_,
          di);
       mm(true, false, P, di, M, ddbc_, dpb, P, a.u, a.u_bf, di, T(1), g + Lw.x_proj, di);
       uint16_t* const dxcb = wb ? dyb : nullptr;
       ops_.conv_silu_backward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, du_, dconv_,
-                              dxc_, g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_,
-                              dxcb);
-      // in_proj, by its two halves of rows (x's and z's), then the block's RMSNorm; its input
-      // gradient joins the residual stream (dh).
-      const size_t in_z = Lw.in_proj + di_() * dm_();
-      mm(false, false, M, dm, di, dxc_, dxcb, di, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
-         dxn_, dm);
-      mm(false, false, M, dm, di, dz_, dzb, di, w + in_z, bf(wb, in_z), dm, T(1), dxn_, dm);
-      mm(true, false, di, dm, M, dxc_, dxcb, di, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj, dm);
-      mm(true, false, di, dm, M, dz_, dzb, di, a.xn, a.xn_bf, dm, T(1), g + in_z, dm);
+                              dxc, g + Lw.conv_w, g + Lw.conv_b, B_, L_, di, c_.d_conv, scratch_,
+                              dxcb, zero_unless_apart(ld));
+      // in_proj (on a device one GEMM each way over dxc and dz side by side; on the CPU by its two
+      // halves of rows), then the block's RMSNorm; its input gradient joins the residual stream.
+      if constexpr (kOnDevice) {
+        mm(false, false, M, dm, 2 * di, dxc, dxcb, ld, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
+           dxn_, dm);
+        mm(true, false, 2 * di, dm, M, dxc, dxcb, ld, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj, dm);
+      } else {
+        const size_t in_z = Lw.in_proj + di_() * dm_();
+        mm(false, false, M, dm, di, dxc, dxcb, ld, w + Lw.in_proj, bf(wb, Lw.in_proj), dm, T(0),
+           dxn_, dm);
+        mm(false, false, M, dm, di, dz, dzb, ld, w + in_z, bf(wb, in_z), dm, T(1), dxn_, dm);
+        mm(true, false, di, dm, M, dxc, dxcb, ld, a.xn, a.xn_bf, dm, T(1), g + Lw.in_proj, dm);
+        mm(true, false, di, dm, M, dz, dzb, ld, a.xn, a.xn_bf, dm, T(1), g + in_z, dm);
+      }
       ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
                             scratch_, dh_bf);
       if (layer_done) (*layer_done)(l);
@@ -440,8 +461,8 @@ class MambaModel {
     return {at(h_, M * dm_()),
             at(rstd_, M),
             at(xn_, M * dm_()),
-            at(xc_, M * di_()),
-            at(z_, M * di_()),
+            at(xz_, M * 2 * di_()),
+            at(xz_, M * 2 * di_()) + (kOnDevice ? di_() : M * di_()),
             at(conv_, M * di_()),
             at(u_, M * di_()),
             at(dbc_, M * P_()),
@@ -463,14 +484,23 @@ class MambaModel {
   size_t nl_() const { return static_cast<size_t>(c_.layers); }
   // The last d_conv - 1 inputs of each row's sequence so far into conv_last: the window's last
   // rows, after the rows of the carried prefix it did not displace (a window shorter than it).
+  // x's rows are contiguous on the CPU (one copy of them a batch row) and xz_ld() apart on a
+  // device (a copy a step).
   void keep_conv_inputs(const Act& a) const {
     const size_t K1 = static_cast<size_t>(c_.d_conv - 1), L = static_cast<size_t>(L_);
     const size_t di = di_(), B = static_cast<size_t>(B_), from_x = std::min(K1, L);
+    const size_t ld = static_cast<size_t>(xz_ld());
     if (K1 > from_x)
       ops_.copy_cols(a.conv_first + from_x * di, K1 * di, a.conv_last, K1 * di, B,
                      (K1 - from_x) * di);
-    ops_.copy_cols(a.xc + (L - from_x) * di, L * di, a.conv_last + (K1 - from_x) * di, K1 * di, B,
-                   from_x * di);
+    if (ld == di) {
+      ops_.copy_cols(a.xc + (L - from_x) * di, L * di, a.conv_last + (K1 - from_x) * di, K1 * di, B,
+                     from_x * di);
+      return;
+    }
+    for (size_t j = 0; j < from_x; ++j)
+      ops_.copy_cols(a.xc + (L - from_x + j) * ld, L * ld, a.conv_last + (K1 - from_x + j) * di,
+                     K1 * di, B, di);
   }
   // Elements of the carried scan states (layers, B, d_inner, d_state) and conv inputs (layers,
   // B, d_conv - 1, d_inner).
@@ -501,6 +531,11 @@ class MambaModel {
   // launches a layer fewer). The CPU does those steps itself, allocation-free.
   static constexpr bool kOnDevice = Ops::kBackend != KernelBackend::cpu;
   int bc_ld() const { return kOnDevice ? static_cast<int>(P_()) : 0; }
+  // Elements from one row of x (in_proj's first half) to the next, and of z, dxc and dz: on a
+  // device x and z lie side by side (one GEMM makes both, one takes both gradients), on the CPU
+  // apart. The ops take 0 for contiguous rows.
+  int xz_ld() const { return (kOnDevice ? 2 : 1) * c_.d_inner(); }
+  int zero_unless_apart(int ld) const { return ld == c_.d_inner() ? 0 : ld; }
 
   void check_precision(const uint16_t* wb) const {
     if (B_ <= 0) throw std::logic_error("mamba: resize() before forward/backward");
@@ -532,11 +567,11 @@ class MambaModel {
   std::vector<Tensor> carried_;  // views of scan_last_ and conv_last_ (carried())
   Tensor scratch_t_;
   void* scratch_ = nullptr;
-  T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xc_ = nullptr, *z_ = nullptr;
+  T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xz_ = nullptr;
   T *conv_ = nullptr, *u_ = nullptr, *dbc_ = nullptr, *delta_ = nullptr, *Bm_ = nullptr;
   T *Cm_ = nullptr, *ys_ = nullptr, *A_ = nullptr, *rstd_f_ = nullptr;
   T *dh_ = nullptr, *dxn_ = nullptr, *dys_ = nullptr, *du_ = nullptr;
-  T *ddelta_ = nullptr, *dz_ = nullptr, *dconv_ = nullptr, *dxc_ = nullptr, *dBm_ = nullptr;
+  T *ddelta_ = nullptr, *dconv_ = nullptr, *dxz_ = nullptr, *dBm_ = nullptr;
   T *dCm_ = nullptr, *ddbc_ = nullptr, *dA_ = nullptr;
   T *scan_first_ = nullptr, *scan_last_ = nullptr, *conv_first_ = nullptr, *conv_last_ = nullptr;
   T* scan_states_ = nullptr;

@@ -94,9 +94,12 @@ class CpuOps {
   }
 
   // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
-  // u_bf (may be null): u rounded to bf16 too.
+  // u_bf (may be null): u rounded to bf16 too. x_ld (0: C): x's rows that far apart (and, in the
+  // backward, dx's and dx_bf's).
   void conv_silu_forward(const T* x, const T* prefix, const T* w, const T* b, T* pre, T* u, int B,
-                         int L, int C, int K, uint16_t* u_bf = nullptr) const {
+                         int L, int C, int K, uint16_t* u_bf = nullptr, int x_ld = 0) const {
+    std::vector<T> xc;
+    x = rows_of(x, B * L, C, x_ld, xc);
     kernels::causal_conv1d_forward(x, prefix, w, b, pre, B, L, C, K);
     kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
     if (u_bf) to_bf16(u, u_bf, static_cast<size_t>(B) * L * C);
@@ -105,11 +108,22 @@ class CpuOps {
   // rounded to bf16 too.
   void conv_silu_backward(const T* x, const T* prefix, const T* w, const T* b, const T* pre,
                           const T* du, T* dpre, T* dx, T* dw, T* db, int B, int L, int C, int K,
-                          void*, uint16_t* dx_bf = nullptr) const {
+                          void*, uint16_t* dx_bf = nullptr, int x_ld = 0) const {
     (void)b;
-    kernels::silu_backward(pre, du, dpre, static_cast<size_t>(B) * L * C);
-    kernels::causal_conv1d_backward(x, prefix, w, dpre, dx, dw, db, B, L, C, K);
-    if (dx_bf) to_bf16(dx, dx_bf, static_cast<size_t>(B) * L * C);
+    const size_t n = static_cast<size_t>(B) * L * C;
+    std::vector<T> xc, dxc;
+    x = rows_of(x, B * L, C, x_ld, xc);
+    const bool apart = x_ld != 0 && x_ld != C;
+    if (apart) dxc.resize(n);
+    T* d = apart ? dxc.data() : dx;
+    kernels::silu_backward(pre, du, dpre, n);
+    kernels::causal_conv1d_backward(x, prefix, w, dpre, d, dw, db, B, L, C, K);
+    if (!apart) {
+      if (dx_bf) to_bf16(dx, dx_bf, n);
+      return;
+    }
+    to_rows(d, B * L, C, dx, x_ld);
+    if (dx_bf) to_bf16_rows(d, B * L, C, dx_bf, x_ld);
   }
 
   // One GRU layer from h0 (B, H) or, null, a zero state (kernels/gru.h): y (B, L, H), saved
@@ -144,10 +158,11 @@ class CpuOps {
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
                               T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
-                              int N, uint16_t* out_bf = nullptr, int ldbc = 0) const {
-    std::vector<T> bc;
+                              int N, uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0) const {
+    std::vector<T> bc, zc;
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
+    if (z) z = rows_of(z, B * L, Dc, z_ld, zc);
     kernels::selective_scan_forward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state, out,
                                     last_state, B, L, Dc, N);
     if (out_bf) to_bf16(out, out_bf, static_cast<size_t>(B) * L * Dc);
@@ -157,9 +172,14 @@ class CpuOps {
                                const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
                                int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
-                               uint16_t* dz_bf = nullptr, int ldbc = 0,
-                               const T* dA_scale = nullptr) const {
-    std::vector<T> bc, dbc, dA_sum;
+                               uint16_t* dz_bf = nullptr, int ldbc = 0, const T* dA_scale = nullptr,
+                               int z_ld = 0) const {
+    std::vector<T> bc, dbc, dA_sum, zc, dzc;
+    const bool z_apart = z && z_ld != 0 && z_ld != Dc;
+    if (z) z = rows_of(z, B * L, Dc, z_ld, zc);
+    if (z_apart && dz) dzc.resize(static_cast<size_t>(B) * L * Dc);
+    T* const dz_out = dz;
+    if (z_apart && dz) dz = dzc.data();
     // dA_scale: the sum first, then scaled on (a vector a call: the model scales dA itself on the
     // CPU, whose steady state allocates nothing).
     if (dA_scale) dA_sum.assign(static_cast<size_t>(Dc) * N, T(0));
@@ -179,14 +199,28 @@ class CpuOps {
     }
     const size_t n = static_cast<size_t>(B) * L * Dc;
     if (ddelta_bf) to_bf16(ddelta, ddelta_bf, n);
+    if (z_apart && dz) {  // into the wider rows
+      to_rows(dz, B * L, Dc, dz_out, z_ld);
+      if (dz_bf) to_bf16_rows(dz, B * L, Dc, dz_bf, z_ld);
+      return;
+    }
     if (dz_bf && dz) to_bf16(dz, dz_bf, n);
   }
 
  private:
-  // Bm or Cm (rows, N) from rows `ld` apart (0: N, as they are): gathered into `buf` (appended,
-  // reserved for both first, so the first's pointer stays) when they are apart (the backward
-  // scatters dBm and dCm back the same way). The model passes them apart on a device only; this
-  // keeps the CPU's contract the same.
+  // Rows of N (Bm or Cm, z, x) from rows `ld` apart (0: N, as they are): gathered into `buf`
+  // (appended, reserved for two first, so the first's pointer stays) when they are apart (the
+  // backward scatters their gradients back the same way). The model passes them apart on a device
+  // only (the CPU's steady state allocates nothing); this keeps the CPU's contract the same.
+  // (rows, N) into rows `ld` apart, and the same rounded to bf16: the way back.
+  static void to_rows(const T* src, int rows, int N, T* dst, int ld) {
+    for (size_t r = 0; r < static_cast<size_t>(rows); ++r)
+      std::copy_n(src + r * N, N, dst + r * static_cast<size_t>(ld));
+  }
+  void to_bf16_rows(const T* src, int rows, int N, uint16_t* dst, int ld) const {
+    for (size_t r = 0; r < static_cast<size_t>(rows); ++r)
+      to_bf16(src + r * N, dst + r * static_cast<size_t>(ld), static_cast<size_t>(N));
+  }
   static const T* rows_of(const T* p, int rows, int N, int ld, std::vector<T>& buf) {
     if (ld == 0 || ld == N) return p;
     const size_t n = static_cast<size_t>(rows) * N;

@@ -4,7 +4,12 @@
 
 #include <tbb/global_control.h>
 
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/activations.h"
@@ -214,11 +219,42 @@ struct ConvData {
   const T* pre_on(Mem& mem) const {
     return prefix.empty() ? nullptr : mem.upload(elems<T>(prefix));
   }
+  // x on the device, rows `ld` apart with NaN between them (0: packed): a read past a row's C
+  // channels poisons the results.
+  template <class Mem>
+  const T* x_on(Mem& mem, const ConvShape& s, int ld) const {
+    if (ld == 0) return mem.upload(elems<T>(x));
+    const size_t rows = size_t(s.B) * s.L;
+    std::vector<double> wide(rows * size_t(ld), std::nan(""));
+    for (size_t r = 0; r < rows; ++r)
+      std::copy_n(x.data() + r * s.C, s.C, wide.data() + r * size_t(ld));
+    return mem.upload(elems<T>(wide));
+  }
 };
 
+// Rows of C out of rows `ld` apart on the device (0: packed), checking that nothing was written
+// between them (the allocation's 0xFF bytes stay).
+template <class Mem, class E>
+std::vector<E> packed_rows(Mem& mem, const E* p, size_t rows, size_t C, int ld) {
+  const size_t step = ld ? size_t(ld) : C;
+  const std::vector<E> all = mem.download(p, rows * step);
+  if (!ld) return all;
+  std::vector<E> out;
+  for (size_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), all.begin() + std::ptrdiff_t(r * step),
+               all.begin() + std::ptrdiff_t(r * step + C));
+    for (size_t c = C; c < step; ++c) {
+      uint8_t bytes[sizeof(E)];
+      std::memcpy(bytes, &all[r * step + c], sizeof(E));
+      for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
+    }
+  }
+  return out;
+}
+
 template <class Kernels, class Mem, class T>
-void check_conv_forward(const ConvShape& s, uint64_t seed) {
-  SCOPED_TRACE(describe(s));
+void check_conv_forward(const ConvShape& s, uint64_t seed, int x_ld = 0) {
+  SCOPED_TRACE(describe(s) + (x_ld ? " x_ld " + std::to_string(x_ld) : ""));
   const ConvData<T> d(s, seed);
   const size_t n = size_t(s.B) * s.L * s.C;
   std::vector<double> ref(n);
@@ -229,9 +265,9 @@ void check_conv_forward(const ConvShape& s, uint64_t seed) {
   T* y = mem.template alloc<T>(n);
   bfloat16* ybf = mem.template alloc<bfloat16>(n);
   Kernels::template causal_conv1d_forward<T>(
-      mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
+      d.x_on(mem, s, x_ld), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, ybf, s.B, s.L, s.C, s.K,
-      s.silu, mem.stream());
+      s.silu, mem.stream(), x_ld);
   mem.sync();
   const std::vector<T> y_dev = mem.download(y, n);
   EXPECT_CLOSE(values(y_dev), ref, tolerance<T>(), "y");
@@ -242,8 +278,8 @@ void check_conv_forward(const ConvShape& s, uint64_t seed) {
 }
 
 template <class Kernels, class Mem, class T>
-void check_conv_backward(const ConvShape& s, uint64_t seed) {
-  SCOPED_TRACE(describe(s));
+void check_conv_backward(const ConvShape& s, uint64_t seed, int x_ld = 0) {
+  SCOPED_TRACE(describe(s) + (x_ld ? " x_ld " + std::to_string(x_ld) : ""));
   const ConvData<T> d(s, seed);
   const size_t n = size_t(s.B) * s.L * s.C, ck = size_t(s.C) * s.K;
   std::mt19937_64 rng(seed ^ 0xc0);
@@ -259,21 +295,23 @@ void check_conv_backward(const ConvShape& s, uint64_t seed) {
   causal_conv1d_backward<double>(d.x.data(), d.pre(), d.w.data(), dpre.data(), dx.data(), dw.data(),
                                  s.bias ? db.data() : nullptr, s.B, s.L, s.C, s.K);
   Mem mem;
-  T* g_dx = mem.template alloc<T>(n);
-  bfloat16* g_dxbf = mem.template alloc<bfloat16>(n);
+  // With x_ld, dx and its bf16 copy are written into rows x_ld apart, like x's.
+  const size_t rows = size_t(s.B) * s.L, wide = x_ld ? rows * size_t(x_ld) : n;
+  T* g_dx = mem.template alloc<T>(wide);
+  bfloat16* g_dxbf = mem.template alloc<bfloat16>(wide);
   float* g_dw = mem.upload(elems<float>(dw0));
   float* g_db = mem.upload(elems<float>(db0));
   void* ws =
       mem.alloc_bytes(Kernels::causal_conv1d_backward_workspace_bytes(s.B, s.L, s.C, s.K, s.silu));
   Kernels::template causal_conv1d_backward<T>(
-      mem.upload(elems<T>(d.x)), d.pre_on(mem), mem.upload(elems<float>(d.w)),
+      d.x_on(mem, s, x_ld), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), mem.upload(elems<T>(d.dy)), g_dx,
-      g_dxbf, g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream());
+      g_dxbf, g_dw, s.bias ? g_db : nullptr, ws, s.B, s.L, s.C, s.K, s.silu, mem.stream(), x_ld);
   mem.sync();
-  const std::vector<T> dx_dev = mem.download(g_dx, n);
+  const std::vector<T> dx_dev = packed_rows(mem, g_dx, rows, size_t(s.C), x_ld);
   EXPECT_CLOSE(values(dx_dev), dx, tolerance<T>(), "dx");
   // The bf16 copy is dx rounded as the cast rounds it, bit for bit.
-  const std::vector<bfloat16> dxbf = mem.download(g_dxbf, n);
+  const std::vector<bfloat16> dxbf = packed_rows(mem, g_dxbf, rows, size_t(s.C), x_ld);
   for (size_t i = 0; i < n; ++i) {
     ASSERT_EQ(dxbf[i].bits, fp32_to_bf16(float(value(dx_dev[i])))) << "dx_bf[" << i << "]";
   }
@@ -344,6 +382,16 @@ KERNEL_TEST(Conv, BackwardMatchesCpu) {
   for (const auto& s : conv_shapes()) {
     check_conv_backward<Kernels, Mem, float>(s, seed++);
     check_conv_backward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+}
+// x read from, and dx with its bf16 copy written to, rows x_ld apart (the model's x beside z in
+// in_proj's output, and their gradients): NaN between x's rows, nothing written between dx's.
+KERNEL_TEST(Conv, ReadsXAndWritesDxInWiderRows) {
+  uint64_t seed = 141;
+  for (const auto& s : conv_shapes()) {
+    check_conv_forward<Kernels, Mem, float>(s, seed++, 2 * s.C);
+    check_conv_backward<Kernels, Mem, float>(s, seed++, 2 * s.C + 3);
+    check_conv_backward<Kernels, Mem, bfloat16>(s, seed++, 2 * s.C);
   }
 }
 KERNEL_TEST(Conv, StepEqualsForward) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/selective_scan.h"
@@ -418,47 +419,73 @@ template <class Kernels, class Mem, class T>
 DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                      const std::vector<double>& dA0, const std::vector<double>& dD0,
                                      const std::vector<double>& db0, bool forward_states,
-                                     int ldbc = 0, const std::vector<double>& dA_scale = {}) {
+                                     int ldbc = 0, const std::vector<double>& dA_scale = {},
+                                     int z_ld = 0, std::vector<double>* forward_out = nullptr) {
   const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
   const size_t dn = size_t(s.D) * s.N;
   Mem mem;
   T *g_du = mem.template alloc<T>(bld), *g_ddelta = mem.template alloc<T>(bld);
-  // With ldbc, dBm and dCm are written into rows ldbc apart (the alloc's 0xFF bytes between).
+  // With ldbc, dBm and dCm are written into rows ldbc apart (the alloc's 0xFF bytes between);
+  // with z_ld, dz and its bf16 copy into rows z_ld apart.
   const size_t rows_bc = size_t(s.B) * s.L, wide_bc = ldbc ? rows_bc * size_t(ldbc) : bln;
+  const size_t wide_z = z_ld ? rows_bc * size_t(z_ld) : bld;
   T *g_dB = mem.template alloc<T>(wide_bc), *g_dC = mem.template alloc<T>(wide_bc);
-  T* g_dz = s.z ? mem.template alloc<T>(bld) : nullptr;
+  T* g_dz = s.z ? mem.template alloc<T>(wide_z) : nullptr;
   float* g_dA = mem.upload(elems<float>(dA0));
   float* g_dD = mem.upload(elems<float>(dD0));
   float* g_db = mem.upload(elems<float>(db0));
   void* w = mem.alloc_bytes(Kernels::selective_scan_backward_workspace_bytes(s.B, s.L, s.D, s.N));
   const T *u = up<Mem, T>(mem, d.u), *delta = up<Mem, T>(mem, d.delta);
-  // With ldbc, Bm and Cm rows ldbc apart, NaN between them: a read past a row's N poisons all.
-  auto rows = [&](const std::vector<double>& v) {
-    if (ldbc == 0) return up<Mem, T>(mem, v);
-    std::vector<double> wide(size_t(s.B) * s.L * ldbc, std::nan(""));
-    for (size_t r = 0; r < size_t(s.B) * s.L; ++r)
-      std::copy_n(v.data() + r * s.N, s.N, wide.data() + r * ldbc);
+  // With ldbc, Bm and Cm rows ldbc apart, NaN between them: a read past a row's N poisons all;
+  // z likewise with z_ld.
+  auto rows = [&](const std::vector<double>& v, size_t cols, int ld) {
+    if (ld == 0 || v.empty()) return up<Mem, T>(mem, v);
+    std::vector<double> wide(rows_bc * size_t(ld), std::nan(""));
+    for (size_t r = 0; r < rows_bc; ++r)
+      std::copy_n(v.data() + r * cols, cols, wide.data() + r * size_t(ld));
     return up<Mem, T>(mem, wide);
   };
-  const T *Bm = rows(d.Bm), *Cm = rows(d.Cm), *z = up<Mem, T>(mem, d.z);
+  const T *Bm = rows(d.Bm, size_t(s.N), ldbc), *Cm = rows(d.Cm, size_t(s.N), ldbc);
+  const T* z = rows(d.z, size_t(s.D), z_ld);
   const float *A = up<Mem, float>(mem, d.A), *Dskip = up<Mem, float>(mem, d.Dskip);
   const float *bias = up<Mem, float>(mem, d.bias), *h0 = up<Mem, float>(mem, d.h0);
   float* states = nullptr;
-  if (forward_states) {
-    states = static_cast<float*>(
-        mem.alloc_bytes(Kernels::selective_scan_chunk_states_bytes(s.B, s.L, s.D, s.N)));
+  if (forward_states || forward_out) {
+    if (forward_states)
+      states = static_cast<float*>(
+          mem.alloc_bytes(Kernels::selective_scan_chunk_states_bytes(s.B, s.L, s.D, s.N)));
     T* out = mem.template alloc<T>(bld);
     Kernels::template selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0,
                                                 out, nullptr, nullptr, states, s.B, s.L, s.D, s.N,
-                                                mem.stream(), ldbc);
+                                                mem.stream(), ldbc, z_ld);
+    if (forward_out) *forward_out = values(mem.download(out, bld));
   }
   bfloat16* g_ddbf = mem.template alloc<bfloat16>(bld);
-  bfloat16* g_dzbf = s.z ? mem.template alloc<bfloat16>(bld) : nullptr;
+  bfloat16* g_dzbf = s.z ? mem.template alloc<bfloat16>(wide_z) : nullptr;
   Kernels::template selective_scan_backward<T>(
       u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
       g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
-      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, up<Mem, float>(mem, dA_scale));
+      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, up<Mem, float>(mem, dA_scale), z_ld);
   mem.sync();
+  // Rows of `cols` out of rows `ld` apart (0: packed), checking that what lies between them stays
+  // as it was (0xFF bytes).
+  auto packed = [&](const auto* p, size_t cols, int ld) {
+    using E = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
+    const size_t step = ld ? size_t(ld) : cols;
+    const std::vector<E> all = mem.download(p, rows_bc * step);
+    if (!ld) return all;
+    std::vector<E> out;
+    for (size_t r = 0; r < rows_bc; ++r) {
+      const E* row = all.data() + r * step;
+      out.insert(out.end(), row, row + cols);
+      for (size_t c = cols; c < step; ++c) {
+        uint8_t bytes[sizeof(E)];
+        std::memcpy(bytes, &row[c], sizeof(E));
+        for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
+      }
+    }
+    return out;
+  };
   // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
   const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
   const std::vector<bfloat16> ddbf = mem.download(g_ddbf, bld);
@@ -466,9 +493,10 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
     EXPECT_EQ(ddbf[i].bits, fp32_to_bf16(float(value(ddelta_dev[i])))) << "ddelta_bf[" << i << "]";
     if (ddbf[i].bits != fp32_to_bf16(float(value(ddelta_dev[i])))) break;
   }
+  std::vector<T> dz_dev;
   if (s.z) {
-    const std::vector<T> dz_dev = mem.download(g_dz, bld);
-    const std::vector<bfloat16> dzbf = mem.download(g_dzbf, bld);
+    dz_dev = packed(g_dz, size_t(s.D), z_ld);
+    const std::vector<bfloat16> dzbf = packed(g_dzbf, size_t(s.D), z_ld);
     for (size_t i = 0; i < bld; ++i) {
       EXPECT_EQ(dzbf[i].bits, fp32_to_bf16(float(value(dz_dev[i])))) << "dz_bf[" << i << "]";
       if (dzbf[i].bits != fp32_to_bf16(float(value(dz_dev[i])))) break;
@@ -477,24 +505,9 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   DeviceScanGrads g;
   g.du = values(mem.download(g_du, bld));
   g.ddelta = values(ddelta_dev);
-  auto rows_of = [&](const T* p) {
-    const std::vector<T> all = mem.download(p, wide_bc);
-    if (!ldbc) return values(all);
-    std::vector<T> packed;
-    for (size_t r = 0; r < rows_bc; ++r) {
-      const T* row = all.data() + r * size_t(ldbc);
-      packed.insert(packed.end(), row, row + s.N);
-      for (int c = s.N; c < ldbc; ++c) {  // what lies between the rows stays as it was
-        uint8_t bytes[sizeof(T)];
-        std::memcpy(bytes, &row[c], sizeof(T));
-        for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
-      }
-    }
-    return values(packed);
-  };
-  g.dB = rows_of(g_dB);
-  g.dC = rows_of(g_dC);
-  if (s.z) g.dz = values(mem.download(g_dz, bld));
+  g.dB = values(packed(g_dB, size_t(s.N), ldbc));
+  g.dC = values(packed(g_dC, size_t(s.N), ldbc));
+  if (s.z) g.dz = values(dz_dev);
   g.dA = values(mem.download(g_dA, dn));
   g.dD = values(mem.download(g_dD, size_t(s.D)));
   g.db = values(mem.download(g_db, size_t(s.D)));
@@ -684,6 +697,25 @@ KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
       expect_same_gradients(
           own, device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, kept, s.N + 7),
           kept ? " (forward's states)" : "");
+  }
+}
+// z read from, and dz with its bf16 copy written to, rows z_ld apart (the model's in_proj output
+// and its gradient, x and z side by side): the same forward and gradients bit for bit, nothing
+// written between the rows.
+KERNEL_TEST(Scan, ReadsZAndWritesDzInWiderRows) {
+  uint64_t seed = 131;
+  for (const ScanShape& s :
+       std::vector<ScanShape>{{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}}) {
+    SCOPED_TRACE(describe(s));
+    const ScanData<float> d(s, seed++);
+    const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
+    std::vector<double> out, out_wide;
+    const auto own =
+        device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, {}, 0, &out);
+    const auto wide = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, {},
+                                                                2 * s.D, &out_wide);
+    EXPECT_EQ(out, out_wide) << "forward";
+    expect_same_gradients(own, wide, " (z rows apart)");
   }
 }
 // dA_scale applies the chain rule on the way out: dA += (the sum) · scale, as the model's

@@ -107,5 +107,69 @@ TEST(GeneratedOps, ScanWithWideRowsAndAScaleAgrees) {
     }
 }
 
+// x and z side by side in rows of 2C (in_proj's output as the model keeps it on a device): the
+// convolution reads x and writes dx (and the scan reads z and writes dz) in place in their columns,
+// on both backends alike, and leaves the other half of each row as it was.
+TEST(GeneratedOps, ConvAndScanOnSideBySideRowsAgree) {
+  const int B = 2, L = 9, C = 20, K = 4, N = 8;
+  const size_t rows = size_t(B) * L, n = rows * C, wide = rows * 2 * C;
+  const auto xz = random_values(wide, 21), w = random_values(size_t(C) * K, 22);
+  const auto b = random_values(size_t(C), 23), du = random_values(n, 24);
+  const auto u = random_values(n, 25), dout = random_values(n, 26);
+  auto delta = random_values(n, 27), A = random_values(size_t(C) * N, 28);
+  for (auto& v : delta) v = 0.1f + 0.2f * std::fabs(v);
+  for (auto& v : A) v = -0.3f - std::fabs(v);
+  const auto Bm = random_values(rows * N, 29), Cm = random_values(rows * N, 30);
+  const auto Dskip = random_values(size_t(C), 31), bias = random_values(size_t(C), 32);
+  ScratchNeeds need;
+  need.B = B, need.L = L, need.channels = C, need.state = N, need.conv_width = K;
+  const float* x = xz.data();
+  const float* z = xz.data() + C;
+  expect_same("conv_silu_forward (x rows apart)", std::vector<float>(n, 0.0f),
+              [&](auto ops, auto& y) {
+                std::vector<float> pre(n);
+                ops.conv_silu_forward(x, nullptr, w.data(), b.data(), pre.data(), y.data(), B, L, C,
+                                      K, nullptr, 2 * C);
+              });
+  // out: dxz (dx into x's columns, z's left as they were), then dw and db (+=).
+  const auto out0 = random_values(wide + size_t(C) * K + C, 33);
+  auto conv_backward = [&](auto ops, auto& out) {
+    std::vector<float> pre(n), u_out(n), dpre(n);
+    std::vector<char> scratch(ops.scratch_bytes(need));
+    ops.conv_silu_forward(x, nullptr, w.data(), b.data(), pre.data(), u_out.data(), B, L, C, K,
+                          nullptr, 2 * C);
+    ops.conv_silu_backward(x, nullptr, w.data(), b.data(), pre.data(), du.data(), dpre.data(),
+                           out.data(), out.data() + wide, out.data() + wide + size_t(C) * K, B, L,
+                           C, K, scratch.data(), nullptr, 2 * C);
+  };
+  expect_same("conv_silu_backward (dx rows apart)", out0, conv_backward);
+  expect_same("selective_scan_forward (z rows apart)", std::vector<float>(n, 0.0f),
+              [&](auto ops, auto& y) {
+                ops.selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(),
+                                           Dskip.data(), z, bias.data(), nullptr, y.data(), nullptr,
+                                           nullptr, B, L, C, N, nullptr, 0, 2 * C);
+              });
+  // out: dxz (dz into z's columns, x's left as they were).
+  auto scan_backward = [&](auto ops, auto& out) {
+    std::vector<float> du_s(n), ddelta(n), dA(size_t(C) * N), dB(rows * N), dC(rows * N);
+    std::vector<float> dD(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+    std::vector<char> scratch(ops.scratch_bytes(need));
+    ops.selective_scan_backward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(),
+                                Dskip.data(), z, bias.data(), nullptr, nullptr, dout.data(),
+                                du_s.data(), ddelta.data(), dA.data(), dB.data(), dC.data(),
+                                dD.data(), out.data() + C, db.data(), scratch.data(), B, L, C, N,
+                                nullptr, nullptr, 0, nullptr, 2 * C);
+  };
+  expect_same("selective_scan_backward (dz rows apart)", out0, scan_backward);
+  auto conv_cpu = out0, scan_cpu = out0;
+  conv_backward(CpuOps<float>(), conv_cpu);
+  scan_backward(CpuOps<float>(), scan_cpu);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < size_t(C); ++c) {
+      EXPECT_EQ(conv_cpu[r * 2 * C + C + c], out0[r * 2 * C + C + c]) << "z's columns written";
+      EXPECT_EQ(scan_cpu[r * 2 * C + c], out0[r * 2 * C + c]) << "x's columns written";
+    }
+}
+
 }  // namespace
 }  // namespace slipstream::ops::test
