@@ -129,8 +129,7 @@ class BcLossOnDevice final : public BcLossPath {
     K::bc_loss_rows(heads(in.logits), in.target_buttons, in.target_sticks, in.mask, in.mirrored,
                     in.prev, in.M, in.W, eps_, stats_.template data<float>(), o_.stream());
     float* s = sums_.template data<float>();
-    o_.zero(s, kBcStats);
-    o_.column_sum_accumulate(stats_.template data<float>(), s, in.M, kBcStats, scratch_.raw());
+    o_.column_sum(stats_.template data<float>(), s, in.M, kBcStats, scratch_.raw());
     exec_.read_back_later(
         s, kBcStats * sizeof(float),
         [this, counts, index = in.index, on_result = std::move(on_result)](const void* host) {

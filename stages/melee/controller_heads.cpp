@@ -166,7 +166,6 @@ class HeadsRunnerOn final : public HeadsRunner {
     }
     o_.gemm(false, true, M, kHeadsWidth, L_.In, in, inb, L_.In, W + L_.wo, bf(Wb, L_.wo), L_.In,
             0.0f, f(logits_), kHeadsWidth, scratch());
-    o_.add_bias_rows(f(logits_), W + L_.bo, m, kHeadsWidth);
     if (L_.P > 0) {  // the direct path: logits += prev Wpᵀ
       const uint16_t* pb = nullptr;
       if (bf16_) {
@@ -176,6 +175,10 @@ class HeadsRunnerOn final : public HeadsRunner {
       o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
               1.0f, f(logits_), kHeadsWidth, scratch());
     }
+    // The output bias last, on a device added by the split itself (before the decoding of
+    // autoregressive heads, which reads whole logits).
+    const bool decodes = L_.ar && !ar.teacher;
+    if (decodes) o_.add_bias_rows(f(logits_), W + L_.bo, m, kHeadsWidth);
     if (L_.ar) {
       autoregressive_forward(ar, M, W + L_.wa, bf(Wb, L_.wa));
       teacher_rows_ = ar.teacher ? M : -1;  // what the backward's dWa reads
@@ -183,8 +186,9 @@ class HeadsRunnerOn final : public HeadsRunner {
     if constexpr (kOnDevice) {  // the six outputs in one launch
       typename Ops::Table::HeadGradPointers split{};
       for (int h = 0; h < kHeads; ++h) split.dlogits[h] = out[h];
-      Ops::Table::heads_split(f(logits_), m, split, o_.stream());
+      Ops::Table::heads_split(f(logits_), decodes ? nullptr : W + L_.bo, m, split, o_.stream());
     } else {
+      if (!decodes) o_.add_bias_rows(f(logits_), W + L_.bo, m, kHeadsWidth);
       for (int h = 0; h < kHeads; ++h)
         o_.copy_cols(f(logits_) + head_offset(h), kHeadsWidth, out[h],
                      static_cast<size_t>(head_width(h)), m, static_cast<size_t>(head_width(h)));

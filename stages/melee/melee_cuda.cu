@@ -747,12 +747,13 @@ __device__ __forceinline__ int head_width_of(int h) {
   return h == 0 ? kButtons : classes_of(h - 1);
 }
 
-__global__ void heads_split_kernel(const float* logits, size_t M, HeadGradPointers out) {
+__global__ void heads_split_kernel(const float* logits, const float* bias, size_t M,
+                                   HeadGradPointers out) {
   for (size_t i = k::grid_start(); i < M * kHeadsWidth; i += k::grid_stride()) {
     const size_t row = i / kHeadsWidth;
     const int c = int(i % kHeadsWidth), h = head_of_column(c), w = head_width_of(h);
     out.dlogits[h][row * size_t(w) + size_t(c - ar_first_column(h == 0 ? 0 : kButtons + h - 1))] =
-        logits[i];
+        bias ? logits[i] + bias[c] : logits[i];
   }
 }
 
@@ -1033,10 +1034,10 @@ void Kernels::policy_choose(const HeadPointers& logits, const float* ar, float t
   check_launch("policy_choose");
 }
 
-void Kernels::heads_split(const float* logits, size_t M, const HeadGradPointers& out,
-                          cudaStream_t stream) {
+void Kernels::heads_split(const float* logits, const float* bias, size_t M,
+                          const HeadGradPointers& out, cudaStream_t stream) {
   SLIPSTREAM_LAUNCH_ELEMENTWISE("heads_split", heads_split_kernel, M * kHeadsWidth, stream, logits,
-                                M, out);
+                                bias, M, out);
 }
 
 void Kernels::heads_join(const HeadPointers& dout, size_t M, float* dlogits,

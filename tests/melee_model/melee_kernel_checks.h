@@ -419,25 +419,37 @@ void check_policy_choose(size_t games, uint64_t seed, bool bit_exact) {
   EXPECT_GT(acting, games) << "the draws pressed almost nothing: nothing was compared";
 }
 
-// The heads' fused logits split into the six outputs and the six gradients joined back (a null
-// one as zeros), with the joined gradient's bf16 copy: exact copies, checked element by element.
+// The heads' fused logits split into the six outputs (plus the bias, in one float addition) and
+// the six gradients joined back (a null one as zeros), with the joined gradient's bf16 copy:
+// exact, checked element by element.
 template <class K, class Mem>
 void check_heads_split_join(size_t M, uint64_t seed) {
   SCOPED_TRACE("heads split/join, M " + std::to_string(M));
   std::mt19937_64 rng(seed);
   Mem mem;
   const auto fused = cast<float>(rand_vec(M * kHeadsWidth, rng, -3.0, 3.0));
+  const auto bias = cast<float>(rand_vec(kHeadsWidth, rng, -1.0, 1.0));
   typename K::HeadGradPointers out{};
   for (int h = 0; h < kHeads; ++h) out.dlogits[h] = mem.template alloc<float>(M * head_width(h));
-  K::heads_split(mem.upload(fused), M, out, mem.stream());
+  K::heads_split(mem.upload(fused), mem.upload(bias), M, out, mem.stream());
   std::vector<std::vector<float>> heads(kHeads);
   for (int h = 0; h < kHeads; ++h) {
     const size_t w = size_t(head_width(h));
     heads[h] = mem.download(out.dlogits[h], M * w);
     for (size_t r = 0; r < M; ++r)
       for (size_t c = 0; c < w; ++c)
-        ASSERT_EQ(heads[h][r * w + c], fused[r * kHeadsWidth + size_t(head_offset(h)) + c])
+        ASSERT_EQ(heads[h][r * w + c], fused[r * kHeadsWidth + size_t(head_offset(h)) + c] +
+                                           bias[size_t(head_offset(h)) + c])
             << "head " << h << " row " << r << " column " << c;
+  }
+  K::heads_split(mem.upload(fused), nullptr, M, out, mem.stream());  // no bias: exact copies
+  for (int h = 0; h < kHeads; ++h) {
+    const size_t w = size_t(head_width(h));
+    heads[h] = mem.download(out.dlogits[h], M * w);
+    for (size_t r = 0; r < M; ++r)
+      for (size_t c = 0; c < w; ++c)
+        ASSERT_EQ(heads[h][r * w + c], fused[r * kHeadsWidth + size_t(head_offset(h)) + c])
+            << "head " << h << " row " << r << " column " << c << " (no bias)";
   }
   typename K::HeadPointers in{};
   for (int h = 0; h < kHeads; ++h)

@@ -58,6 +58,15 @@ TEST(GeneratedOps, ForwardToTheSameKernelOnEitherBackend) {
               [&](auto ops, auto& y) { ops.mul_accumulate(y.data(), x.data(), a.data(), n); });
   expect_same("add_bias_rows", x,
               [&](auto ops, auto& y) { ops.add_bias_rows(y.data(), bias.data(), M, N); });
+  // Column sums stored over what the output held (x), and added onto it.
+  expect_same("column_sum", x, [&](auto ops, auto& y) {
+    std::vector<char> scratch(ops.scratch_bytes({.norm_rows = M, .norm_cols = N}));
+    ops.column_sum(a.data(), y.data(), M, N, scratch.data());
+  });
+  expect_same("column_sum_accumulate", x, [&](auto ops, auto& y) {
+    std::vector<char> scratch(ops.scratch_bytes({.norm_rows = M, .norm_cols = N}));
+    ops.column_sum_accumulate(a.data(), y.data(), M, N, scratch.data());
+  });
   // Columns 5..16 of each row of x into a (M, 12) block at the front of y.
   expect_same("copy_cols", zeros,
               [&](auto ops, auto& y) { ops.copy_cols(x.data() + 5, N, y.data(), 12, M, 12); });
