@@ -62,14 +62,12 @@ struct TableOffsets {
 class EmbedPath {
  public:
   virtual ~EmbedPath() = default;
-  // x (rows, E) into `out` and the windows' mirror flags into `mirrored`; `key` is the batch's
-  // draw key (mirror flags, noise).
+  // x (rows, E) into `out`, its previous-input columns into `prev` (rows, P) and the windows'
+  // mirror flags into `mirrored`; `key` is the batch's draw key (mirror flags, noise).
   virtual void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd,
-                       const float* tables, uint8_t* mirrored, float* out) = 0;
+                       const float* tables, uint8_t* mirrored, float* out, float* prev) = 0;
   // Table gradients (+=) from dout (rows, E).
   virtual void backward(const EmbedBatch& in, const float* dout, float* dtables) = 0;
-  // The previous-input columns of x (rows, E) into prev (rows, P).
-  virtual void copy_prev(const float* x, size_t rows, float* prev) = 0;
 };
 
 class EmbedOnCpu final : public EmbedPath {
@@ -78,7 +76,7 @@ class EmbedOnCpu final : public EmbedPath {
       : layout_(L), off_(off), who_(std::move(who)) {}
 
   void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
-               uint8_t* mirrored, float* out) override {
+               uint8_t* mirrored, float* out, float* prev) override {
     const size_t slots = in.rows * kSlots;
     check_ids(in.action, slots, kActionStates, "action");
     check_ids(in.character, slots, kCharacters, "character");
@@ -91,18 +89,15 @@ class EmbedOnCpu final : public EmbedPath {
                          in.prev, mirrored, tables + off_.action, tables + off_.character,
                          tables + off_.stage, out);
     if (noise_sd > 0) add_noise(in.numeric, in.rows, mix64(key ^ kEmbedNoiseSalt), noise_sd, out);
+    const size_t E = static_cast<size_t>(layout_.width()),
+                 P = static_cast<size_t>(layout_.prev_input_width());
+    for (size_t r = 0; r < in.rows; ++r)
+      std::copy_n(out + r * E + layout_.controller_offset(), P, prev + r * P);
   }
 
   void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
     embed_backward<float>(layout_, in.rows, in.numeric, in.action, in.character, in.stage, dout,
                           dtables + off_.action, dtables + off_.character, dtables + off_.stage);
-  }
-
-  void copy_prev(const float* x, size_t rows, float* prev) override {
-    const size_t E = static_cast<size_t>(layout_.width()),
-                 P = static_cast<size_t>(layout_.prev_input_width());
-    for (size_t r = 0; r < rows; ++r)
-      std::copy_n(x + r * E + layout_.controller_offset(), P, prev + r * P);
   }
 
  private:
@@ -146,7 +141,7 @@ class EmbedOnDevice final : public EmbedPath {
   }
 
   void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
-               uint8_t* mirrored, float* out) override {
+               uint8_t* mirrored, float* out, float* prev) override {
     // The batch's key reaches the kernels through device memory, in stream order: the step's
     // launches are then the same from batch to batch, as a CUDA graph of the step needs.
     const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
@@ -154,7 +149,7 @@ class EmbedOnDevice final : public EmbedPath {
     K::embed_mirror_flags(mirrored, in.windows, k, mirror ? 1 : 0, in.continues, o_.stream());
     K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
                      in.prev, mirrored, tables + off_.action, tables + off_.character,
-                     tables + off_.stage, out, o_.stream());
+                     tables + off_.stage, out, prev, o_.stream());
     if (noise_sd > 0) K::embed_add_noise(dims_, in.rows, in.numeric, k, noise_sd, out, o_.stream());
   }
 
@@ -165,12 +160,6 @@ class EmbedOnDevice final : public EmbedPath {
     K::embed_backward(dims_, in.rows, in.numeric, in.action, in.character, in.stage, dout,
                       dtables + off_.action, dtables + off_.character, dtables + off_.stage,
                       ws_.raw(), o_.stream());
-  }
-
-  void copy_prev(const float* x, size_t rows, float* prev) override {
-    const size_t P = static_cast<size_t>(layout_.prev_input_width());
-    o_.copy_cols(x + layout_.controller_offset(), static_cast<size_t>(layout_.width()), prev, P,
-                 rows, P);
   }
 
  private:
@@ -301,8 +290,7 @@ class MeleeEmbeddingStage : public Stage {
     const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
     path_->forward(batch_of(ctx, b), training && mirror_, key,
                    training ? static_cast<float>(noise_) : 0.0f, store_.values(),
-                   mirrored_.data<uint8_t>(), x_.data<float>());
-    path_->copy_prev(x_.data<float>(), static_cast<size_t>(B * W), prev_.data<float>());
+                   mirrored_.data<uint8_t>(), x_.data<float>(), prev_.data<float>());
     publish(b, ctx, B, W);
   }
 

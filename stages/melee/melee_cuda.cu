@@ -84,7 +84,7 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
                                      const int32_t* stage, const float* prev,
                                      const uint8_t* mirrored, const float* action_table,
                                      const float* character_table, const float* stage_table,
-                                     float* out) {
+                                     float* out, float* prev_out) {
   const Cols L(d);
   const size_t n = rows * size_t(L.width);
   for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
@@ -125,6 +125,10 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
                                                                                        : 0.0f;
     }
     out[e] = v;
+    if (prev_out && col >= L.controller_offset && col < L.raw_width) {
+      const int P = L.raw_width - L.controller_offset;
+      prev_out[r * size_t(P) + size_t(col - L.controller_offset)] = v;
+    }
   }
 }
 
@@ -900,13 +904,14 @@ void Kernels::embed_forward(const EmbedDims& d, size_t rows, size_t window, cons
                             const int32_t* action, const int32_t* character, const int32_t* stage,
                             const float* prev_controller, const uint8_t* mirrored,
                             const float* action_table, const float* character_table,
-                            const float* stage_table, float* out, cudaStream_t stream) {
+                            const float* stage_table, float* out, float* prev_out,
+                            cudaStream_t stream) {
   const size_t n = rows * size_t(Cols(d).width);
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
   SLIPSTREAM_LAUNCH(embed_forward_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
                     stream, d, rows, window, numeric, action, character, stage, prev_controller,
-                    mirrored, action_table, character_table, stage_table, out);
+                    mirrored, action_table, character_table, stage_table, out, prev_out);
   check_launch("embed_forward");
 }
 

@@ -91,15 +91,24 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   const int32_t *g_a = mem.upload(in.action), *g_c = mem.upload(in.character),
                 *g_s = mem.upload(in.stage);
   float* g_out = mem.template alloc<float>(rows * E);
+  const size_t P = size_t(L.prev_input_width());
+  float* g_prev = mem.template alloc<float>(rows * P);
   K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, mem.upload(in.prev), g_m,
                    mem.upload(cast<float>(at)), mem.upload(cast<float>(ct)),
-                   mem.upload(cast<float>(st)), g_out, mem.stream());
+                   mem.upload(cast<float>(st)), g_out, g_prev, mem.stream());
   std::vector<double> ref(rows * E);
   const auto num64 = widen(in.numeric), prev64 = widen(in.prev);
   embed_forward<double>(L, rows, W, num64.data(), in.action.data(), in.character.data(),
                         in.stage.data(), prev64.data(), m.data(), at.data(), ct.data(), st.data(),
                         ref.data());
-  EXPECT_CLOSE(values(mem.download(g_out, rows * E)), ref, 1e-6, "embedding forward");
+  const auto out_dev = mem.download(g_out, rows * E);
+  EXPECT_CLOSE(values(out_dev), ref, 1e-6, "embedding forward");
+  // The previous-input columns again, as they are in out.
+  const auto prev_dev = mem.download(g_prev, rows * P);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < P; ++c)
+      ASSERT_EQ(prev_dev[r * P + c], out_dev[r * E + size_t(L.controller_offset()) + c])
+          << "prev_input row " << r << " column " << c;
 
   const auto dout = rand_vec(rows * E, rng);
   std::vector<double> da(at.size(), 0.0), dc(ct.size(), 0.0), ds(st.size(), 0.0);
