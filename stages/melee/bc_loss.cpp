@@ -118,18 +118,16 @@ class BcLossOnDevice final : public BcLossPath {
     cap_ = M;
     const size_t m = static_cast<size_t>(M);
     stats_ = o_.template alloc<float>(m * kBcStats, "bc_loss statistics");
-    ops::ScratchNeeds need;
-    need.norm_rows = m;
-    need.norm_cols = kBcStats;
-    scratch_ =
-        o_.template alloc<uint8_t>(std::max<size_t>(1, o_.scratch_bytes(need)), "bc_loss scratch");
+    scratch_ = o_.template alloc<uint8_t>(std::max<size_t>(1, K::bc_loss_rows_workspace_bytes(m)),
+                                          "bc_loss scratch");
   }
 
   void forward(const BcBatch& in, RepeatCounts* counts, OnBcResult on_result) override {
-    K::bc_loss_rows(heads(in.logits), in.target_buttons, in.target_sticks, in.mask, in.mirrored,
-                    in.prev, in.M, in.W, eps_, stats_.template data<float>(), o_.stream());
+    // The statistics and their column sums in one launch.
     float* s = sums_.template data<float>();
-    o_.column_sum(stats_.template data<float>(), s, in.M, kBcStats, scratch_.raw());
+    K::bc_loss_rows(heads(in.logits), in.target_buttons, in.target_sticks, in.mask, in.mirrored,
+                    in.prev, in.M, in.W, eps_, stats_.template data<float>(), s, scratch_.raw(),
+                    o_.stream());
     exec_.read_back_later(
         s, kBcStats * sizeof(float),
         [this, counts, index = in.index, on_result = std::move(on_result)](const void* host) {

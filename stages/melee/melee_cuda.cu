@@ -544,12 +544,10 @@ __device__ __forceinline__ bool labels_ok(const int32_t* ts, size_t i) {
   return true;
 }
 
-__global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
-                                    const float* mask, const uint8_t* mirrored, const float* prev,
-                                    size_t M, size_t window, float eps, float* stats) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= M) return;
-  float* st = stats + i * kBcStats;
+// Position i's statistics into st (kBcStats).
+__device__ void bc_row_stats(const HeadPointers& lg, const float* tb, const int32_t* ts,
+                             const float* mask, const uint8_t* mirrored, const float* prev,
+                             size_t i, size_t window, float eps, float* st) {
   for (int c = 0; c < kBcStats; ++c) st[c] = 0.0f;
   const bool valid = mask[i] > 0.0f;
   if (!valid) return;
@@ -634,6 +632,39 @@ __global__ void bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int3
   st[kBcActsRecorded] = recorded_acts ? w : 0.0f;
   st[kBcActsSampled] = w * -expm1f(log_still);
   st[kBcActsLikely] = likely_acts ? w : 0.0f;
+}
+
+SLIPSTREAM_BLOCK_COUNTER(bc_rows_blocks);
+
+// A thread a position: its statistics; with `sums`, the block's column sums of its rows into a
+// partial (kGroups lanes a column over every kGroups-th row, then the lanes in order), and the
+// last block to finish stores the partials' sums (k::sum_partials_in_block's order).
+constexpr int kStatCols = 64, kStatGroups = kThreads / kStatCols;
+static_assert(kBcStats <= kStatCols, "a block sums the statistics 64 columns wide");
+__global__ void __launch_bounds__(kThreads)
+    bc_loss_rows_kernel(HeadPointers lg, const float* tb, const int32_t* ts, const float* mask,
+                        const uint8_t* mirrored, const float* prev, size_t M, size_t window,
+                        float eps, float* stats, float* part, float* sums) {
+  __shared__ float lanes[kThreads];
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < M) bc_row_stats(lg, tb, ts, mask, mirrored, prev, i, window, eps, stats + i * kBcStats);
+  if (!sums) return;
+  __syncthreads();  // the block's rows written (visible to the block after the barrier)
+  const int c = int(threadIdx.x) % kStatCols, g = int(threadIdx.x) / kStatCols;
+  const size_t r0 = size_t(blockIdx.x) * kThreads;
+  const size_t r1 = M < r0 + kThreads ? M : r0 + kThreads;
+  float s = 0.0f;
+  if (c < kBcStats)
+    for (size_t r = r0 + size_t(g); r < r1; r += kStatGroups) s += stats[r * kBcStats + size_t(c)];
+  lanes[g * kStatCols + c] = s;
+  __syncthreads();
+  if (g == 0 && c < kBcStats) {
+    float t = 0.0f;
+    for (int l = 0; l < kStatGroups; ++l) t += lanes[l * kStatCols + c];
+    part[size_t(blockIdx.x) * kBcStats + size_t(c)] = t;
+  }
+  if (k::last_block(&bc_rows_blocks))
+    k::sum_partials_in_block(part, int(gridDim.x), size_t(kBcStats), sums, false, lanes);
 }
 
 __global__ void bc_loss_backward_kernel(HeadPointers lg, const float* tb, const int32_t* ts,
@@ -985,12 +1016,16 @@ void Kernels::embed_backward(const EmbedDims& d, size_t rows, const float* numer
 void Kernels::bc_loss_rows(const HeadPointers& logits, const float* target_buttons,
                            const int32_t* target_sticks, const float* mask, const uint8_t* mirrored,
                            const float* prev_controller, size_t M, size_t window, float eps,
-                           float* stats, cudaStream_t stream) {
+                           float* stats, float* sums, void* workspace, cudaStream_t stream) {
   if (M == 0) return;
   SLIPSTREAM_LAUNCH(bc_loss_rows_kernel, dim3(ceil_div(M, kThreads)), dim3(kThreads), stream,
                     logits, target_buttons, target_sticks, mask, mirrored, prev_controller, M,
-                    window, eps, stats);
+                    window, eps, stats, static_cast<float*>(workspace), sums);
   check_launch("bc_loss_rows");
+}
+
+size_t Kernels::bc_loss_rows_workspace_bytes(size_t M) {
+  return size_t(ceil_div(M, kThreads)) * kBcStats * sizeof(float);
 }
 
 void Kernels::bc_loss_backward(const HeadPointers& logits, const float* target_buttons,

@@ -208,14 +208,19 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   const uint8_t* g_m = mem.upload(mirrored);
 
   float* g_stats = mem.template alloc<float>(M * kBcStats);
-  K::bc_loss_rows(g_logits, g_tb, g_ts, g_mask, g_m, g_prev, M, W, float(eps), g_stats,
+  float* g_sums = mem.template alloc<float>(kBcStats);
+  void* ws = mem.alloc_bytes(K::bc_loss_rows_workspace_bytes(M));
+  K::bc_loss_rows(g_logits, g_tb, g_ts, g_mask, g_m, g_prev, M, W, float(eps), g_stats, g_sums, ws,
                   mem.stream());
   const auto stats = mem.download(g_stats, M * kBcStats);
   float sums[kBcStats] = {};
+  const auto dev_sums = mem.download(g_sums, kBcStats);
   for (int c = 0; c < kBcStats; ++c) {
     double s = 0;
     for (size_t i = 0; i < M; ++i) s += stats[i * kBcStats + size_t(c)];
     sums[c] = static_cast<float>(s);
+    // The launch's own column sums (stored over what the buffer held): the rows' sums in its order.
+    EXPECT_NEAR(dev_sums[size_t(c)], s, 1e-5 * (1.0 + std::abs(s))) << "column " << c;
   }
   EXPECT_EQ(sums[kBcBadLabel], 0.0f);
 
@@ -303,7 +308,7 @@ void check_bc_loss(size_t B, size_t W, double eps, uint64_t seed) {
   while (mask[bad] <= 0) ++bad;
   ts[bad * kStickHeads + kCY] = kStickClasses;
   K::bc_loss_rows(g_logits, g_tb, mem.upload(ts), g_mask, g_m, g_prev, M, W, float(eps), g_stats,
-                  mem.stream());
+                  nullptr, nullptr, mem.stream());
   const auto flagged = mem.download(g_stats, M * kBcStats);
   EXPECT_EQ(flagged[bad * kBcStats + kBcBadLabel], 1.0f);
   EXPECT_EQ(flagged[bad * kBcStats + kBcWeight], 0.0f);
