@@ -45,10 +45,13 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 // one launch: dweight summed over row blocks into workspace partials, which the launch's last
 // block adds in a fixed order. `y_bf` (may be null) receives y
 // rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16 GEMMs' copy without a cast launch.
+// `bias` (D; may be null): a row added to every row of x + residual first, bit for bit as an
+// add_bias_rows before (a linear layer's bias folded into the norm that reads its output); the
+// backward then takes the same row as `s_bias`, s being the input without it.
 template <class T>
 static void rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y,
                                 bfloat16* y_bf, T* sum, float* rstd, size_t M, size_t D, float eps,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const float* bias = nullptr);
 
 static size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
 
@@ -57,6 +60,7 @@ static size_t rmsnorm_add_backward_workspace_bytes(size_t M, size_t D);
 template <class T>
 static void rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
                                  const T* dsum, T* ds, bfloat16* ds_bf, float* dweight,
-                                 void* workspace, size_t M, size_t D, cudaStream_t stream);
+                                 void* workspace, size_t M, size_t D, cudaStream_t stream,
+                                 const float* s_bias = nullptr);
 
 #endif  // the parts

@@ -15,22 +15,27 @@ constexpr size_t kRowBlock = 64;  // rows a backward block: one dweight partial
 
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    rms_forward_kernel(const DT* x, const DT* residual, const float* w, DT* y, __nv_bfloat16* y_bf,
-                       DT* sum, float* rstd, size_t M, size_t D, float eps) {
+    rms_forward_kernel(const DT* x, const DT* residual, const float* bias, const float* w, DT* y,
+                       __nv_bfloat16* y_bf, DT* sum, float* rstd, size_t M, size_t D, float eps) {
   const size_t row = size_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   const int lane = int(threadIdx.x) & 31;
   if (row >= M) return;  // whole warps leave together: no shuffle loses a lane
   const size_t o = row * D;
   float ss = 0.f;
-  for (size_t j = lane; j < D; j += 32) {
+  // The normed row: x + residual, plus a bias row where given (as if added to x first).
+  auto value = [&](size_t j) {
     const float v = to_f32(x[o + j]) + (residual ? to_f32(residual[o + j]) : 0.f);
+    return bias ? v + bias[j] : v;
+  };
+  for (size_t j = lane; j < D; j += 32) {
+    const float v = value(j);
     ss += v * v;
   }
   ss = group_sum<32>(ss);
   const float r = rsqrtf(ss / float(D) + eps);
   if (lane == 0) rstd[row] = r;
   for (size_t j = lane; j < D; j += 32) {
-    const float v = to_f32(x[o + j]) + (residual ? to_f32(residual[o + j]) : 0.f);
+    const float v = value(j);
     if (sum) sum[o + j] = from_f32<DT>(v);
     const DT yv = from_f32<DT>(v * r * w[j]);
     y[o + j] = yv;
@@ -46,15 +51,17 @@ SLIPSTREAM_BLOCK_COUNTER(rms_backward_blocks);
 // a row; the last block to finish adds the partials onto dweight.
 template <class DT>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    rms_backward_kernel(const DT* s, const float* w, const float* rstd, const DT* dy,
-                        const DT* dsum, DT* ds, __nv_bfloat16* ds_bf, float* part, float* dweight,
-                        size_t M, size_t D) {
+    rms_backward_kernel(const DT* s, const float* s_bias, const float* w, const float* rstd,
+                        const DT* dy, const DT* dsum, DT* ds, __nv_bfloat16* ds_bf, float* part,
+                        float* dweight, size_t M, size_t D) {
   __shared__ float lanes[kWarpsPerBlock * 32];
+  // The norm's input: s, plus the bias row the forward added where given.
+  auto sv = [&](size_t i, size_t j) { return s_bias ? to_f32(s[i]) + s_bias[j] : to_f32(s[i]); };
   const size_t r0 = size_t(blockIdx.x) * kRowBlock;
   const size_t r1 = M < r0 + kRowBlock ? M : r0 + kRowBlock;
   for (size_t j = threadIdx.x; j < D; j += kWarpsPerBlock * 32) {
     float acc = 0.f;
-    for (size_t i = r0; i < r1; ++i) acc += to_f32(dy[i * D + j]) * to_f32(s[i * D + j]) * rstd[i];
+    for (size_t i = r0; i < r1; ++i) acc += to_f32(dy[i * D + j]) * sv(i * D + j, j) * rstd[i];
     part[size_t(blockIdx.x) * D + j] = acc;
   }
   __syncthreads();
@@ -62,13 +69,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (size_t row = r0 + (threadIdx.x >> 5); row < r1; row += kWarpsPerBlock) {
     const size_t o = row * D;
     float dot = 0.f;
-    for (size_t j = lane; j < D; j += 32) dot += to_f32(dy[o + j]) * w[j] * to_f32(s[o + j]);
+    for (size_t j = lane; j < D; j += 32) dot += to_f32(dy[o + j]) * w[j] * sv(o + j, j);
     dot = group_sum<32>(dot);
     const float r = rstd[row];
     const float c = dot * r * r * r / float(D);
     for (size_t j = lane; j < D; j += 32) {
       const float v =
-          r * w[j] * to_f32(dy[o + j]) - to_f32(s[o + j]) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
+          r * w[j] * to_f32(dy[o + j]) - sv(o + j, j) * c + (dsum ? to_f32(dsum[o + j]) : 0.f);
       const DT dv = from_f32<DT>(v);
       ds[o + j] = dv;
       if (ds_bf) ds_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(dv));  // as fp32_to_bf16 of ds
@@ -87,11 +94,12 @@ size_t row_blocks(size_t M) {
 template <class T>
 void Kernels::rmsnorm_add_forward(const T* x, const T* residual, const float* weight, T* y,
                                   bfloat16* y_bf, T* sum, float* rstd, size_t M, size_t D,
-                                  float eps, cudaStream_t stream) {
+                                  float eps, cudaStream_t stream, const float* bias) {
   if (M == 0 || D == 0) return;
   const auto kernel = &rms_forward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
-                    dev(x), dev(residual), weight, dev(y), dev(y_bf), dev(sum), rstd, M, D, eps);
+                    dev(x), dev(residual), bias, weight, dev(y), dev(y_bf), dev(sum), rstd, M, D,
+                    eps);
   check_launch("rmsnorm_add_forward");
 }
 
@@ -102,23 +110,25 @@ size_t Kernels::rmsnorm_add_backward_workspace_bytes(size_t M, size_t D) {
 template <class T>
 void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float* rstd, const T* dy,
                                    const T* dsum, T* ds, bfloat16* ds_bf, float* dweight,
-                                   void* workspace, size_t M, size_t D, cudaStream_t stream) {
+                                   void* workspace, size_t M, size_t D, cudaStream_t stream,
+                                   const float* s_bias) {
   const char* op = "rmsnorm_add_backward";
   if (M == 0 || D == 0) return;
   float* part = static_cast<float*>(workspace);
   const auto kernel = &rms_backward_kernel<dev_t<T>>;
   SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(row_blocks(M))), dim3(kWarpsPerBlock * 32), stream,
-                    dev(s), weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), part, dweight, M,
-                    D);
+                    dev(s), s_bias, weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), part,
+                    dweight, M, D);
   check_launch(op);
 }
 
-#define INSTANTIATE(T)                                                                            \
-  template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, bfloat16*,  \
-                                                T*, float*, size_t, size_t, float, cudaStream_t); \
-  template void Kernels::rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*,  \
-                                                 const T*, T*, bfloat16*, float*, void*, size_t,  \
-                                                 size_t, cudaStream_t);
+#define INSTANTIATE(T)                                                                           \
+  template void Kernels::rmsnorm_add_forward<T>(const T*, const T*, const float*, T*, bfloat16*, \
+                                                T*, float*, size_t, size_t, float, cudaStream_t, \
+                                                const float*);                                   \
+  template void Kernels::rmsnorm_add_backward<T>(const T*, const float*, const float*, const T*, \
+                                                 const T*, T*, bfloat16*, float*, void*, size_t, \
+                                                 size_t, cudaStream_t, const float*);
 INSTANTIATE(float)
 INSTANTIATE(bfloat16)
 #undef INSTANTIATE

@@ -302,7 +302,9 @@ class MambaModel {
       const uint16_t* xb = round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
       mm(false, true, M, dm, c_.din, x, xb, c_.din, w + lay_.input_proj_w,
          bf(wb, lay_.input_proj_w), c_.din, T(0), h0, dm);
-      ops_.add_bias_rows(h0, w + lay_.input_proj_b, Ms, static_cast<size_t>(dm));
+      // On a device the first norm adds the bias as it reads h_0 (h_0 is kept without it).
+      if constexpr (!kOnDevice)
+        ops_.add_bias_rows(h0, w + lay_.input_proj_b, Ms, static_cast<size_t>(dm));
     } else {
       ops_.copy(h0, x, Ms * dm_());
     }
@@ -316,7 +318,8 @@ class MambaModel {
       // The norm writes the GEMMs' bf16 copy itself, and h's copy into the next layer's stream,
       // onto which out_proj accumulates (the residual).
       uint16_t* xnb = wb ? a.xn_bf : nullptr;
-      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb, hn);
+      ops_.rmsnorm_forward(a.h, w + Lw.norm, a.xn, a.rstd, Ms, dm_(), c_.eps, xnb, hn,
+                           h_bias(w, l));
       // in_proj: on a device one GEMM writes x and z side by side (rows 2·d_inner long, read in
       // place by the convolution and the scan); on the CPU its two halves of rows go to x and z
       // apart (its convolution and scan read contiguous rows without copies).
@@ -430,7 +433,7 @@ class MambaModel {
         mm(true, false, di, dm, M, dz, dzb, ld, a.xn, a.xn_bf, dm, T(1), g + in_z, dm);
       }
       ops_.rmsnorm_backward(a.h, w + Lw.norm, a.rstd, dxn_, dh, dh, g + Lw.norm, Ms, dm_(),
-                            scratch_, dh_bf);
+                            scratch_, dh_bf, h_bias(w, l));
       if (layer_done) (*layer_done)(l);
     }
     if (c_.has_input_proj()) {
@@ -531,6 +534,11 @@ class MambaModel {
   // launches a layer fewer). The CPU does those steps itself, allocation-free.
   static constexpr bool kOnDevice = Ops::kBackend != KernelBackend::cpu;
   int bc_ld() const { return kOnDevice ? static_cast<int>(P_()) : 0; }
+  // The bias row layer l's norm adds to its input: the input projection's, on a device, at layer
+  // 0 (h_0 is kept without it there; on the CPU it is added to h_0 itself).
+  const T* h_bias(const T* w, int l) const {
+    return kOnDevice && l == 0 && c_.has_input_proj() ? w + lay_.input_proj_b : nullptr;
+  }
   // Elements from one row of x (in_proj's first half) to the next, and of z, dxc and dz: on a
   // device x and z lie side by side (one GEMM makes both, one takes both gradients), on the CPU
   // apart. The ops take 0 for contiguous rows.

@@ -83,16 +83,24 @@ class CpuOps {
     kernels::gemm<T>(ta, tb, M, N, K, T(1), A, lda, B, ldb, beta, C, ldc);
   }
 
-  // y_bf (may be null): y rounded to bf16 too; x_copy (may be null): a copy of x.
+  // y_bf (may be null): y rounded to bf16 too; x_copy (may be null): a copy of x; x_bias (may be
+  // null): a row added to x's rows first (x_copy then holds x + x_bias). The model adds its bias
+  // itself on the CPU (this form allocates); the backward's s_bias is the forward's x_bias.
   void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, size_t M, size_t D, double eps,
-                       uint16_t* y_bf = nullptr, T* x_copy = nullptr) const {
+                       uint16_t* y_bf = nullptr, T* x_copy = nullptr,
+                       const T* x_bias = nullptr) const {
+    std::vector<T> xb;
+    if (x_bias) x = biased(x, x_bias, M, D, xb);
     kernels::rmsnorm_add_forward<T>(x, nullptr, w, y, x_copy, rstd, M, D, T(eps));
     if (y_bf) to_bf16(y, y_bf, M * D);
   }
   // ds = RMSNorm'(dy) + dsum (dsum may be null; ds may alias dsum); dw +=. ds_bf (may be
   // null): ds rounded to bf16 too.
   void rmsnorm_backward(const T* s, const T* w, const T* rstd, const T* dy, const T* dsum, T* ds,
-                        T* dw, size_t M, size_t D, void*, uint16_t* ds_bf = nullptr) const {
+                        T* dw, size_t M, size_t D, void*, uint16_t* ds_bf = nullptr,
+                        const T* s_bias = nullptr) const {
+    std::vector<T> sb;
+    if (s_bias) s = biased(s, s_bias, M, D, sb);
     kernels::rmsnorm_add_backward<T>(s, w, rstd, dy, dsum, ds, dw, M, D);
     if (ds_bf) to_bf16(ds, ds_bf, M * D);
   }
@@ -216,6 +224,12 @@ class CpuOps {
   // (appended, reserved for two first, so the first's pointer stays) when they are apart (the
   // backward scatters their gradients back the same way). The model passes them apart on a device
   // only (the CPU's steady state allocates nothing); this keeps the CPU's contract the same.
+  // x (M, D) plus a bias row, into buf.
+  static const T* biased(const T* x, const T* bias, size_t M, size_t D, std::vector<T>& buf) {
+    buf.assign(x, x + M * D);
+    kernels::add_bias_rows(buf.data(), bias, M, D);
+    return buf.data();
+  }
   // (rows, N) into rows `ld` apart, and the same rounded to bf16: the way back.
   static void to_rows(const T* src, int rows, int N, T* dst, int ld) {
     for (size_t r = 0; r < static_cast<size_t>(rows); ++r)

@@ -93,18 +93,21 @@ class DeviceOps {
   }
 
   // y_bf (may be null): y rounded to bf16 too, by the norm's own kernel; x_copy (may be null): a
-  // copy of x, written as the norm reads it (the residual stream's next layer, without a copy).
+  // copy of x, written as the norm reads it (the residual stream's next layer, without a copy);
+  // x_bias (may be null): a row added to x's rows first (and x_copy holds x + x_bias).
   void rmsnorm_forward(const float* x, const float* w, float* y, float* rstd, size_t M, size_t D,
-                       double eps, uint16_t* y_bf = nullptr, float* x_copy = nullptr) const {
+                       double eps, uint16_t* y_bf = nullptr, float* x_copy = nullptr,
+                       const float* x_bias = nullptr) const {
     Kernels::template rmsnorm_add_forward<float>(x, nullptr, w, y, bf(y_bf), x_copy, rstd, M, D,
-                                                 float(eps), stream_);
+                                                 float(eps), stream_, x_bias);
   }
-  // ds_bf (may be null): ds rounded to bf16 too, by the norm's own kernel.
+  // ds_bf (may be null): ds rounded to bf16 too, by the norm's own kernel; s_bias: the forward's
+  // x_bias (s without it).
   void rmsnorm_backward(const float* s, const float* w, const float* rstd, const float* dy,
                         const float* dsum, float* ds, float* dw, size_t M, size_t D, void* scratch,
-                        uint16_t* ds_bf = nullptr) const {
+                        uint16_t* ds_bf = nullptr, const float* s_bias = nullptr) const {
     Kernels::template rmsnorm_add_backward<float>(s, w, rstd, dy, dsum, ds, bf(ds_bf), dw, scratch,
-                                                  M, D, stream_);
+                                                  M, D, stream_, s_bias);
   }
 
   // u_bf (may be null): u rounded to bf16 too, by the convolution's own kernel. x_ld (0: C): rows

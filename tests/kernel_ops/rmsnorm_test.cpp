@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/rmsnorm.h"
@@ -167,6 +168,46 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   }
 }
 
+// A bias row folded into the norm (the input projection's, at the first layer): the forward with
+// `bias` and the backward with `s_bias` give the bits of adding the row to x first.
+template <class Kernels, class Mem>
+void check_rmsnorm_bias(size_t M, size_t D, uint64_t seed) {
+  SCOPED_TRACE("bias row, M" + std::to_string(M) + " D" + std::to_string(D));
+  std::mt19937_64 rng(seed);
+  const size_t n = M * D;
+  const auto x = elems<float>(round_trip<float>(rand_vec(n, rng)));
+  const auto bias = elems<float>(round_trip<float>(rand_vec(D, rng)));
+  const auto w = elems<float>(round_trip<float>(rand_vec(D, rng)));
+  const auto dy = elems<float>(round_trip<float>(rand_vec(n, rng)));
+  std::vector<float> xb(n);  // x + bias, as add_bias_rows makes it
+  for (size_t i = 0; i < n; ++i) xb[i] = x[i] + bias[i % D];
+  Mem mem;
+  const float *g_w = mem.upload(w), *g_bias = mem.upload(bias), *g_dy = mem.upload(dy);
+  void* ws = mem.alloc_bytes(Kernels::rmsnorm_add_backward_workspace_bytes(M, D));
+  struct Out {
+    std::vector<float> y, sum, rstd, ds, dw;
+  };
+  auto run = [&](const std::vector<float>& in, const float* row) {
+    float *g_y = mem.template alloc<float>(n), *g_sum = mem.template alloc<float>(n);
+    float *g_rstd = mem.template alloc<float>(M), *g_ds = mem.template alloc<float>(n);
+    float* g_dw = mem.upload(std::vector<float>(D, 0.0f));
+    const float* g_in = mem.upload(in);
+    Kernels::template rmsnorm_add_forward<float>(g_in, nullptr, g_w, g_y, nullptr, g_sum, g_rstd, M,
+                                                 D, 1e-5f, mem.stream(), row);
+    Kernels::template rmsnorm_add_backward<float>(g_in, g_w, g_rstd, g_dy, nullptr, g_ds, nullptr,
+                                                  g_dw, ws, M, D, mem.stream(), row);
+    mem.sync();
+    return Out{mem.download(g_y, n), mem.download(g_sum, n), mem.download(g_rstd, M),
+               mem.download(g_ds, n), mem.download(g_dw, D)};
+  };
+  const Out folded = run(x, g_bias), added = run(xb, nullptr);
+  EXPECT_EQ(folded.y, added.y) << "y";
+  EXPECT_EQ(folded.sum, added.sum) << "sum (x + bias)";
+  EXPECT_EQ(folded.rstd, added.rstd) << "rstd";
+  EXPECT_EQ(folded.ds, added.ds) << "ds";
+  EXPECT_EQ(folded.dw, added.dw) << "dweight";
+}
+
 inline std::vector<NormShape> norm_shapes() {
   return {{37, 40}, {300, 128, false, false}, {5, 257, true, false}, {1, 3, false, true}};
 }
@@ -178,6 +219,8 @@ KERNEL_TEST(RmsNorm, ForwardAndBackwardMatchCpu) {
     check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
   }
   if (kOnDevice) check_rmsnorm<Kernels, Mem, float>({256 * 60, 128}, seed++);  // gpu_standard
+  check_rmsnorm_bias<Kernels, Mem>(300, 128, seed++);
+  check_rmsnorm_bias<Kernels, Mem>(37, 70, seed++);
 }
 
 }  // namespace
