@@ -85,6 +85,9 @@ static void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N
 // bf16 rounding with the CPU's semantics (kernels/bf16.h: nearest-even, NaN kept and quietened,
 // denormals to zero), so a GPU and a CPU run round the same operands the same way.
 static void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream);
+// Two arrays rounded in one launch (a's n_a elements, then b's n_b), each as fp32_to_bf16.
+static void fp32_to_bf16_two(const float* a, bfloat16* a_bf, size_t n_a, const float* b,
+                             bfloat16* b_bf, size_t n_b, cudaStream_t stream);
 // The exact widening back (dst = src), and y += a with a widened: for data a library keeps in
 // bf16 (the cuDNN GRU's bf16 form, kernels/gru_cudnn.h).
 static void bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream);

@@ -66,6 +66,16 @@ __global__ void fp32_to_bf16_kernel(const float* src, uint16_t* dst, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride()) dst[i] = fp32_to_bf16_bits(src[i]);
 }
 
+__global__ void fp32_to_bf16_two_kernel(const float* a, uint16_t* a_bf, size_t n_a, const float* b,
+                                        uint16_t* b_bf, size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) {
+    if (i < n_a)
+      a_bf[i] = fp32_to_bf16_bits(a[i]);
+    else
+      b_bf[i - n_a] = fp32_to_bf16_bits(b[i - n_a]);
+  }
+}
+
 __global__ void bf16_to_fp32_kernel(const __nv_bfloat16* src, float* dst, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride()) dst[i] = to_f32(src[i]);
 }
@@ -159,6 +169,13 @@ void Kernels::fill(float* y, float value, size_t n, cudaStream_t stream) {
 void Kernels::fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream) {
   SLIPSTREAM_LAUNCH_ELEMENTWISE("fp32_to_bf16", fp32_to_bf16_kernel, n, stream, src,
                                 reinterpret_cast<uint16_t*>(dst), n);
+}
+
+void Kernels::fp32_to_bf16_two(const float* a, bfloat16* a_bf, size_t n_a, const float* b,
+                               bfloat16* b_bf, size_t n_b, cudaStream_t stream) {
+  SLIPSTREAM_LAUNCH_ELEMENTWISE("fp32_to_bf16_two", fp32_to_bf16_two_kernel, n_a + n_b, stream, a,
+                                reinterpret_cast<uint16_t*>(a_bf), n_a, b,
+                                reinterpret_cast<uint16_t*>(b_bf), n_a + n_b);
 }
 
 void Kernels::bf16_to_fp32(const bfloat16* src, float* dst, size_t n, cudaStream_t stream) {

@@ -136,8 +136,9 @@ class HeadsRunnerOn final : public HeadsRunner {
     }
     need.norm_rows = m;
     need.norm_cols = std::max<size_t>(kHeadsWidth, hid);
-    scratch_ = o_.template alloc<uint8_t>(std::max<size_t>(1, o_.scratch_bytes(need)),
-                                          "controller_heads scratch");
+    size_t bytes = o_.scratch_bytes(need);
+    if constexpr (kOnDevice) bytes = std::max(bytes, Ops::Table::heads_join_workspace_bytes(m));
+    scratch_ = o_.template alloc<uint8_t>(std::max<size_t>(1, bytes), "controller_heads scratch");
   }
 
   void forward(const float* x, const float* prev, const ArInputs& ar, int M,
@@ -146,8 +147,12 @@ class HeadsRunnerOn final : public HeadsRunner {
     const uint16_t* Wb = st.shadow();
     const size_t m = static_cast<size_t>(M);
     const uint16_t* xb = nullptr;
-    if (bf16_) {
-      o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H));
+    if (bf16_) {  // x's copy, and the direct path's prev's with it (one launch on a device)
+      if (L_.P > 0)
+        o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H), prev, b16(prev16_),
+                   m * static_cast<size_t>(L_.P));
+      else
+        o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H));
       xb = x16();
     }
     const float* in = x;
@@ -167,11 +172,7 @@ class HeadsRunnerOn final : public HeadsRunner {
     o_.gemm(false, true, M, kHeadsWidth, L_.In, in, inb, L_.In, W + L_.wo, bf(Wb, L_.wo), L_.In,
             0.0f, f(logits_), kHeadsWidth, scratch());
     if (L_.P > 0) {  // the direct path: logits += prev Wpᵀ
-      const uint16_t* pb = nullptr;
-      if (bf16_) {
-        o_.to_bf16(prev, b16(prev16_), m * static_cast<size_t>(L_.P));
-        pb = b16(prev16_);
-      }
+      const uint16_t* pb = bf16_ ? b16(prev16_) : nullptr;
       o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
               1.0f, f(logits_), kHeadsWidth, scratch());
     }
@@ -204,10 +205,11 @@ class HeadsRunnerOn final : public HeadsRunner {
     float* dl = f(dlogits_);
     // Same operands as the forward: bf16 copies of x / act, of the weights and of dy.
     uint16_t* const dlb = bf16_ ? b16(dl16_) : nullptr;
-    if constexpr (kOnDevice) {  // the six gradients in, and dl's bf16 copy, in one launch
+    if constexpr (kOnDevice) {  // the six gradients in, dl's bf16 copy and dbo, in one launch
       typename Ops::Table::HeadPointers join{};
       for (int h = 0; h < kHeads; ++h) join.logits[h] = dout[h];
-      Ops::Table::heads_join(join, m, dl, reinterpret_cast<kernels::bfloat16*>(dlb), o_.stream());
+      Ops::Table::heads_join(join, m, dl, reinterpret_cast<kernels::bfloat16*>(dlb), G + L_.bo,
+                             scratch(), o_.stream());
     } else {
       bool all = true;
       for (int h = 0; h < kHeads; ++h) all = all && dout[h] != nullptr;
@@ -217,12 +219,12 @@ class HeadsRunnerOn final : public HeadsRunner {
           o_.copy_cols(dout[h], static_cast<size_t>(head_width(h)), dl + head_offset(h),
                        kHeadsWidth, m, static_cast<size_t>(head_width(h)));
       if (dlb) o_.to_bf16(dl, dlb, m * kHeadsWidth);
+      o_.column_sum_accumulate(dl, G + L_.bo, m, kHeadsWidth, scratch());
     }
     const float* in = L_.hidden > 0 ? f(act_) : x;
     const uint16_t* inb = !bf16_ ? nullptr : L_.hidden > 0 ? b16(act16_) : x16();
     o_.gemm(true, false, kHeadsWidth, L_.In, M, dl, dlb, kHeadsWidth, in, inb, L_.In, 1.0f,
             G + L_.wo, L_.In, scratch());
-    o_.column_sum_accumulate(dl, G + L_.bo, m, kHeadsWidth, scratch());
     if (L_.P > 0)  // dWp += dlᵀ prev, with the forward's bf16 copy of prev
       o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev,
               bf16_ ? b16(prev16_) : nullptr, L_.P, 1.0f, G + L_.wp, L_.P, scratch());

@@ -146,9 +146,9 @@ class EmbedOnDevice final : public EmbedPath {
     // launches are then the same from batch to batch, as a CUDA graph of the step needs.
     const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
     exec_.upload_later(key_.raw(), &key, sizeof key);
-    K::embed_mirror_flags(mirrored, in.windows, k, mirror ? 1 : 0, in.continues, o_.stream());
+    const typename K::MirrorDraw draw{mirrored, k, in.continues, mirror ? 1 : 0};
     K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
-                     in.prev, mirrored, tables + off_.action, tables + off_.character,
+                     in.prev, draw, tables + off_.action, tables + off_.character,
                      tables + off_.stage, out, prev, o_.stream());
     if (noise_sd > 0) K::embed_add_noise(dims_, in.rows, in.numeric, k, noise_sd, out, o_.stream());
   }

@@ -17,6 +17,7 @@ using EmbedDims = Kernels::EmbedDims;
 using HeadPointers = Kernels::HeadPointers;
 using HeadGradPointers = Kernels::HeadGradPointers;
 using HeadWeights = Kernels::HeadWeights;
+using MirrorDraw = Kernels::MirrorDraw;
 
 namespace {
 
@@ -72,26 +73,28 @@ __device__ __forceinline__ bool exists(const float* numeric, size_t rs) {
   return numeric[rs * kNumericFeatures + kExists] > 0.5f;
 }
 
-__global__ void mirror_flags_kernel(uint8_t* m, size_t B, const uint64_t* key, int enabled,
-                                    const float* continues) {
-  const size_t w = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (w >= B || (enabled && continues && continues[w] > 0.5f)) return;
-  m[w] = enabled ? uint8_t(mix64(*key + w) >> 63) : uint8_t(0);
+// Window w's mirror flag: kept where the window continues its game (read, never written), else
+// drawn from the batch's key (and written by the window's first element alone).
+__device__ __forceinline__ bool mirror_flag(const MirrorDraw& md, size_t w) {
+  if (md.enabled && md.continues && md.continues[w] > 0.5f) return md.mirrored[w] != 0;
+  return md.enabled && (mix64(*md.key + w) >> 63) != 0;
 }
 
 __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, const float* numeric,
                                      const int32_t* action, const int32_t* character,
-                                     const int32_t* stage, const float* prev,
-                                     const uint8_t* mirrored, const float* action_table,
-                                     const float* character_table, const float* stage_table,
-                                     float* out, float* prev_out) {
+                                     const int32_t* stage, const float* prev, MirrorDraw md,
+                                     const float* action_table, const float* character_table,
+                                     const float* stage_table, float* out, float* prev_out) {
   const Cols L(d);
   const size_t n = rows * size_t(L.width);
   for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
        e += size_t(gridDim.x) * blockDim.x) {
     const size_t r = e / size_t(L.width);
     const int col = int(e % size_t(L.width));
-    const bool m = mirrored && mirrored[r / window];
+    const size_t w = r / window;
+    const bool m = mirror_flag(md, w);
+    const bool kept = md.enabled && md.continues && md.continues[w] > 0.5f;
+    if (e == w * window * size_t(L.width) && !kept) md.mirrored[w] = m ? 1 : 0;
     float v = 0.0f;
     if (col < L.stage_offset) {
       const int s = col / L.slot_width, f = col % L.slot_width;
@@ -792,17 +795,39 @@ __global__ void heads_split_kernel(const float* logits, const float* bias, size_
   }
 }
 
-__global__ void heads_join_kernel(HeadPointers dout, size_t M, float* dlogits,
-                                  __nv_bfloat16* dlogits_bf) {
-  for (size_t i = k::grid_start(); i < M * kHeadsWidth; i += k::grid_stride()) {
-    const size_t row = i / kHeadsWidth;
-    const int c = int(i % kHeadsWidth), h = head_of_column(c), w = head_width_of(h);
+constexpr int kJoinThreads = 96;  // a thread a column of the 81 (three warps)
+constexpr size_t kJoinRows = 64;  // rows a block: one partial of the bias gradient
+static_assert(kHeadsWidth <= kJoinThreads, "a block is as wide as the fused logits");
+
+SLIPSTREAM_BLOCK_COUNTER(heads_join_blocks);
+
+// Rows [blockIdx.x * kJoinRows, +kJoinRows), thread c column c: the gradient gathered from its
+// head and its bf16 copy, and (with dbias) the column's sum over the rows in order as a partial,
+// which the launch's last block adds onto dbias (k::sum_partials_in_block's order).
+__global__ void __launch_bounds__(kJoinThreads)
+    heads_join_kernel(HeadPointers dout, size_t M, float* dlogits, __nv_bfloat16* dlogits_bf,
+                      float* part, float* dbias) {
+  __shared__ float lanes[kJoinThreads];
+  const int c = int(threadIdx.x);
+  const size_t r0 = size_t(blockIdx.x) * kJoinRows;
+  const size_t r1 = M < r0 + kJoinRows ? M : r0 + kJoinRows;
+  float acc = 0.0f;
+  if (c < kHeadsWidth) {
+    const int h = head_of_column(c), w = head_width_of(h);
+    const size_t cc = size_t(c - ar_first_column(h == 0 ? 0 : kButtons + h - 1));
     const float* d = dout.logits[h];
-    const float v =
-        d ? d[row * size_t(w) + size_t(c - ar_first_column(h == 0 ? 0 : kButtons + h - 1))] : 0.0f;
-    dlogits[i] = v;
-    if (dlogits_bf) dlogits_bf[i] = k::from_f32<__nv_bfloat16>(v);  // as fp32_to_bf16 of it
+    for (size_t row = r0; row < r1; ++row) {
+      const float v = d ? d[row * size_t(w) + cc] : 0.0f;
+      const size_t i = row * kHeadsWidth + size_t(c);
+      dlogits[i] = v;
+      if (dlogits_bf) dlogits_bf[i] = k::from_f32<__nv_bfloat16>(v);  // as fp32_to_bf16 of it
+      acc += v;
+    }
   }
+  if (!dbias) return;
+  if (c < kHeadsWidth) part[size_t(blockIdx.x) * kHeadsWidth + size_t(c)] = acc;
+  if (k::last_block(&heads_join_blocks))
+    k::sum_partials_in_block(part, int(gridDim.x), size_t(kHeadsWidth), dbias, true, lanes);
 }
 
 // ---------------------------------------------------------------- the policy's draws
@@ -923,17 +948,9 @@ __global__ void policy_choose_kernel(HeadPointers L, const float* ar, float temp
 
 }  // namespace
 
-void Kernels::embed_mirror_flags(uint8_t* mirrored, size_t B, const uint64_t* key, int enabled,
-                                 const float* continues, cudaStream_t stream) {
-  if (B == 0) return;
-  SLIPSTREAM_LAUNCH(mirror_flags_kernel, dim3(ceil_div(B, kThreads)), dim3(kThreads), stream,
-                    mirrored, B, key, enabled, continues);
-  check_launch("embed_mirror_flags");
-}
-
 void Kernels::embed_forward(const EmbedDims& d, size_t rows, size_t window, const float* numeric,
                             const int32_t* action, const int32_t* character, const int32_t* stage,
-                            const float* prev_controller, const uint8_t* mirrored,
+                            const float* prev_controller, const MirrorDraw& mirror,
                             const float* action_table, const float* character_table,
                             const float* stage_table, float* out, float* prev_out,
                             cudaStream_t stream) {
@@ -942,7 +959,7 @@ void Kernels::embed_forward(const EmbedDims& d, size_t rows, size_t window, cons
   const unsigned blocks = ceil_div(n, kThreads);
   SLIPSTREAM_LAUNCH(embed_forward_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
                     stream, d, rows, window, numeric, action, character, stage, prev_controller,
-                    mirrored, action_table, character_table, stage_table, out, prev_out);
+                    mirror, action_table, character_table, stage_table, out, prev_out);
   check_launch("embed_forward");
 }
 
@@ -1081,9 +1098,17 @@ void Kernels::heads_split(const float* logits, const float* bias, size_t M,
 }
 
 void Kernels::heads_join(const HeadPointers& dout, size_t M, float* dlogits,
-                         kernels::bfloat16* dlogits_bf, cudaStream_t stream) {
-  SLIPSTREAM_LAUNCH_ELEMENTWISE("heads_join", heads_join_kernel, M * kHeadsWidth, stream, dout, M,
-                                dlogits, reinterpret_cast<__nv_bfloat16*>(dlogits_bf));
+                         kernels::bfloat16* dlogits_bf, float* dbias, void* workspace,
+                         cudaStream_t stream) {
+  if (M == 0) return;
+  SLIPSTREAM_LAUNCH(heads_join_kernel, dim3(ceil_div(M, kJoinRows)), dim3(kJoinThreads), stream,
+                    dout, M, dlogits, reinterpret_cast<__nv_bfloat16*>(dlogits_bf),
+                    static_cast<float*>(workspace), dbias);
+  check_launch("heads_join");
+}
+
+size_t Kernels::heads_join_workspace_bytes(size_t M) {
+  return size_t(ceil_div(M, kJoinRows)) * kHeadsWidth * sizeof(float);
 }
 
 }  // namespace slipstream::melee::SLIPSTREAM_KERNEL_NS

@@ -69,6 +69,12 @@ class CpuOps {
   void to_bf16(const T* src, uint16_t* dst, size_t n) const {
     if constexpr (std::is_same_v<T, float>) kernels::fp32_to_bf16(src, dst, n);
   }
+  // Two arrays (one launch on a device).
+  void to_bf16(const T* a, uint16_t* a_bf, size_t n_a, const T* b, uint16_t* b_bf,
+               size_t n_b) const {
+    to_bf16(a, a_bf, n_a);
+    to_bf16(b, b_bf, n_b);
+  }
 
   // C = op(A) op(B) + beta C; the bf16 product (fp32 accumulate) when both copies are given.
   void gemm(bool ta, bool tb, int M, int N, int K, const T* A, const uint16_t* Ab, int lda,

@@ -82,6 +82,11 @@ class DeviceOps {
   void to_bf16(const float* src, uint16_t* dst, size_t n) const {
     Kernels::fp32_to_bf16(src, bf(dst), n, stream_);
   }
+  // Two arrays in one launch.
+  void to_bf16(const float* a, uint16_t* a_bf, size_t n_a, const float* b, uint16_t* b_bf,
+               size_t n_b) const {
+    Kernels::fp32_to_bf16_two(a, bf(a_bf), n_a, b, bf(b_bf), n_b, stream_);
+  }
 
   void gemm(bool ta, bool tb, int M, int N, int K, const float* A, const uint16_t* Ab, int lda,
             const float* B, const uint16_t* Bb, int ldb, float beta, float* C, int ldc,

@@ -191,6 +191,18 @@ void check_bf16_rounding(uint64_t seed) {
   size_t mismatches = 0;
   for (size_t i = 0; i < x.size(); ++i) mismatches += got[i].bits != ref[i];
   EXPECT_EQ(mismatches, 0u) << "of " << x.size() << " conversions";
+  // Two arrays in one launch: the first 1,000 values and the rest, each as the single form.
+  {
+    const size_t n_a = 1000, n_b = x.size() - n_a;
+    const float* g_x = mem.upload(x);
+    bfloat16 *a_bf = mem.template alloc<bfloat16>(n_a), *b_bf = mem.template alloc<bfloat16>(n_b);
+    Kernels::fp32_to_bf16_two(g_x, a_bf, n_a, g_x + n_a, b_bf, n_b, mem.stream());
+    const auto got_a = mem.download(a_bf, n_a), got_b = mem.download(b_bf, n_b);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n_a; ++i) wrong += got_a[i].bits != ref[i];
+    for (size_t i = 0; i < n_b; ++i) wrong += got_b[i].bits != ref[n_a + i];
+    EXPECT_EQ(wrong, 0u) << "of " << x.size() << " conversions of two arrays";
+  }
 
   // Back to fp32: the exact widening (the bits, NaN's included), and y += widened.
   float* wide = mem.template alloc<float>(x.size());

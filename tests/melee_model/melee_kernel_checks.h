@@ -72,30 +72,48 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   const auto dims = embed_dims<typename K::EmbedDims>(L);
   const uint64_t key = splitmix64(seed);
 
+  const float* g_num = mem.upload(in.numeric);
+  const int32_t *g_a = mem.upload(in.action), *g_c = mem.upload(in.character),
+                *g_s = mem.upload(in.stage);
+  const float *g_at = mem.upload(cast<float>(at)), *g_ct = mem.upload(cast<float>(ct)),
+              *g_st = mem.upload(cast<float>(st)), *g_pc = mem.upload(in.prev);
+  float* g_out = mem.template alloc<float>(rows * E);
+  const size_t P = size_t(L.prev_input_width());
+  float* g_prev = mem.template alloc<float>(rows * P);
+  // The forward draws the windows' mirror flags as it uses them.
   uint8_t* g_m = mem.template alloc<uint8_t>(B);
-  K::embed_mirror_flags(g_m, B, mem.upload(std::vector<uint64_t>{key}), 1, nullptr, mem.stream());
+  K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
+                   {g_m, mem.upload(std::vector<uint64_t>{key}), nullptr, 1}, g_at, g_ct, g_st,
+                   g_out, g_prev, mem.stream());
   const auto m = mem.download(g_m, B);
   for (size_t w = 0; w < B; ++w) EXPECT_EQ(m[w], splitmix64(key + w) >> 63) << "window " << w;
   {  // rows that continue their game keep their flag; the others draw with the new key
     std::vector<float> cont(B);
     for (size_t w = 0; w < B; ++w) cont[w] = w % 2 ? 1.0f : 0.0f;
-    uint8_t* g_kept = mem.upload(m);  // a copy: g_m's flags stay the forward's below
-    K::embed_mirror_flags(g_kept, B, mem.upload(std::vector<uint64_t>{key + 7}), 1,
-                          mem.upload(cont), mem.stream());
+    uint8_t* g_kept = mem.upload(m);  // a copy: g_m's flags stay the forward's checked below
+    float* scratch_out = mem.template alloc<float>(rows * E);
+    K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
+                     {g_kept, mem.upload(std::vector<uint64_t>{key + 7}), mem.upload(cont), 1},
+                     g_at, g_ct, g_st, scratch_out, nullptr, mem.stream());
     const auto kept = mem.download(g_kept, B);
     for (size_t w = 0; w < B; ++w)
       EXPECT_EQ(kept[w], w % 2 ? m[w] : uint8_t(splitmix64(key + 7 + w) >> 63)) << "window " << w;
+    // ... and the features were made with those flags.
+    std::vector<double> ref_kept(rows * E);
+    const auto num64 = widen(in.numeric), prev64 = widen(in.prev);
+    embed_forward<double>(L, rows, W, num64.data(), in.action.data(), in.character.data(),
+                          in.stage.data(), prev64.data(), kept.data(), at.data(), ct.data(),
+                          st.data(), ref_kept.data());
+    EXPECT_CLOSE(values(mem.download(scratch_out, rows * E)), ref_kept, 1e-6,
+                 "embedding forward with kept flags");
+    // Disabled: no flag, whatever the key.
+    uint8_t* g_none = mem.upload(std::vector<uint8_t>(B, 1));
+    K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
+                     {g_none, mem.upload(std::vector<uint64_t>{key}), nullptr, 0}, g_at, g_ct, g_st,
+                     scratch_out, nullptr, mem.stream());
+    const auto none = mem.download(g_none, B);
+    for (size_t w = 0; w < B; ++w) EXPECT_EQ(none[w], 0) << "window " << w << " (disabled)";
   }
-
-  const float* g_num = mem.upload(in.numeric);
-  const int32_t *g_a = mem.upload(in.action), *g_c = mem.upload(in.character),
-                *g_s = mem.upload(in.stage);
-  float* g_out = mem.template alloc<float>(rows * E);
-  const size_t P = size_t(L.prev_input_width());
-  float* g_prev = mem.template alloc<float>(rows * P);
-  K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, mem.upload(in.prev), g_m,
-                   mem.upload(cast<float>(at)), mem.upload(cast<float>(ct)),
-                   mem.upload(cast<float>(st)), g_out, g_prev, mem.stream());
   std::vector<double> ref(rows * E);
   const auto num64 = widen(in.numeric), prev64 = widen(in.prev);
   embed_forward<double>(L, rows, W, num64.data(), in.action.data(), in.character.data(),
@@ -470,14 +488,26 @@ void check_heads_split_join(size_t M, uint64_t seed) {
     in.logits[h] = h == 2 ? nullptr : mem.upload(heads[h]);  // main y: no gradient
   float* g_dl = mem.template alloc<float>(M * kHeadsWidth);
   kernels::bfloat16* g_dlbf = mem.template alloc<kernels::bfloat16>(M * kHeadsWidth);
-  K::heads_join(in, M, g_dl, g_dlbf, mem.stream());
+  const auto db0 = cast<float>(rand_vec(kHeadsWidth, rng, -1.0, 1.0));
+  float* g_db = mem.upload(db0);
+  void* ws = mem.alloc_bytes(K::heads_join_workspace_bytes(M));
+  K::heads_join(in, M, g_dl, g_dlbf, g_db, ws, mem.stream());
   const auto dl = mem.download(g_dl, M * kHeadsWidth);
   const auto dlbf = mem.download(g_dlbf, M * kHeadsWidth);
+  std::vector<double> col(kHeadsWidth, 0.0), mag(kHeadsWidth, 0.0);
   for (size_t i = 0; i < M * kHeadsWidth; ++i) {
     const int c = int(i % kHeadsWidth);
     const bool main_y = c >= head_offset(2) && c < head_offset(3);
     ASSERT_EQ(dl[i], main_y ? 0.0f : fused[i]) << "element " << i;
     ASSERT_EQ(dlbf[i].bits, kernels::fp32_to_bf16(dl[i])) << "bf16 copy, element " << i;
+    col[size_t(c)] += dl[i];
+    mag[size_t(c)] += std::abs(dl[i]);
+  }
+  // The output bias's gradient: the columns' sums added onto what dbias held.
+  const auto db = mem.download(g_db, kHeadsWidth);
+  for (int c = 0; c < kHeadsWidth; ++c) {
+    const double want = double(db0[size_t(c)]) + col[size_t(c)];
+    EXPECT_NEAR(db[size_t(c)], want, 1e-6 * (1.0 + mag[size_t(c)])) << "dbias " << c;
   }
 }
 
