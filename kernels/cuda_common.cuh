@@ -296,16 +296,21 @@ void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
 
 // True in the one block that finishes last. Every thread of every block calls it (none may
 // have left the kernel), after its writes; the last block then sees every block's writes, read
-// through L2 (__ldcg: no L1 line of this SM can be older).
+// through L2 (__ldcg: no L1 line of this SM can be older). The fences pair as release and
+// acquire around the count: each thread's writes before its block counts itself, the last
+// block's reads after it has seen the others' counts.
 __device__ __forceinline__ bool last_block(unsigned* counter) {
   __shared__ int last;
   __threadfence();  // this thread's writes reach the device before the block counts itself
   __syncthreads();
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
     const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-    last = atomicInc(counter, blocks - 1) == blocks - 1 ? 1 : 0;
+    const unsigned done = atomicInc(counter, blocks - 1);
+    __threadfence();
+    last = done == blocks - 1 ? 1 : 0;
   }
   __syncthreads();
+  if (last) __threadfence();  // the block's reads of the partials after the count it saw
   return last != 0;
 }
 
