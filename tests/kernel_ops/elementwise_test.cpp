@@ -247,6 +247,25 @@ KERNEL_TEST(Elementwise, Bf16RoundingIsBitIdentical) {
 DEVICE_TEST(Elementwise, GpuStandardShape) {
   check_elementwise<Kernels, Mem>(256 * 60, 256, 312);
 }
+// The sums by a launch's last block under load: 4,096 blocks finishing in whatever order, twenty
+// launches, the same bits each time (a partial read before its block's write reached the device
+// would differ from run to run).
+DEVICE_TEST(Elementwise, LastBlockSumsRepeatBitForBit) {
+  const size_t M = size_t(1) << 20, N = 33;
+  std::mt19937_64 rng(313);
+  const auto a = elems<float>(round_trip<float>(rand_vec(M * N, rng)));
+  Mem mem;
+  const float* g_a = mem.upload(a);
+  void* ws = mem.alloc_bytes(Kernels::column_sum_accumulate_workspace_bytes(M, N));
+  std::vector<float> first;
+  for (int run = 0; run < 20; ++run) {
+    float* g_db = mem.upload(std::vector<float>(N, 0.0f));
+    Kernels::column_sum_accumulate(g_a, g_db, M, N, ws, mem.stream());
+    const std::vector<float> db = mem.download(g_db, N);
+    if (run == 0) first = db;
+    ASSERT_EQ(std::memcmp(db.data(), first.data(), N * sizeof(float)), 0) << "run " << run;
+  }
+}
 
 }  // namespace
 }  // namespace slipstream::kernels::test
