@@ -243,8 +243,8 @@ struct PartialSum {
   int accumulate = -1;
 };
 
-// sum_partials for each of `sums` (entries with a null out or n = 0 are skipped), over K
-// partials or their own, in one launch.
+// Each of `sums` (entries with a null out or n = 0 are skipped), over K partials or their own,
+// in one launch.
 template <class Out>
 void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool accumulate,
                         cudaStream_t stream, const char* op) {
@@ -272,13 +272,6 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
   SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(blocks), unsigned(count)), dim3(kPartialThreads), stream,
                     group);
   check_launch(op);
-}
-
-// One sum (a group of one).
-template <class Out>
-void sum_partials(const float* part, int K, size_t n, Out* out, bool accumulate,
-                  cudaStream_t stream, const char* op) {
-  sum_partials_group<Out>({{part, n, out}}, K, accumulate, stream, op);
 }
 
 // A launch's last block: a kernel whose blocks write partials can sum them itself, in its last

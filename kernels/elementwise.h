@@ -79,9 +79,9 @@ static void mul_accumulate(float* y, const float* a, const float* b, size_t n, c
 static void scale_rows(const float* x, const float* s, float* y, size_t M, size_t N,
                        cudaStream_t stream);
 static size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N);
-// db (+)= the column sums of dy (M, N); `accumulate` false stores them instead of adding.
+// db += the column sums of dy (M, N).
 static void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
-                                  cudaStream_t stream, bool accumulate = true);
+                                  cudaStream_t stream);
 // bf16 rounding with the CPU's semantics (kernels/bf16.h: nearest-even, NaN kept and quietened,
 // denormals to zero), so a GPU and a CPU run round the same operands the same way.
 static void fp32_to_bf16(const float* src, bfloat16* dst, size_t n, cudaStream_t stream);

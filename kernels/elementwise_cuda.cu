@@ -88,9 +88,9 @@ SLIPSTREAM_BLOCK_COUNTER(column_sum_blocks);
 
 // Partial column sums of rows [blockIdx.y * kSumRowBlock, +kSumRowBlock): each of the kSumRows
 // lanes of a column sums every kSumRows-th row, then lane 0 adds the lanes in order. The last
-// block to finish adds the partials onto db, or stores them (sum_partials_in_block's order).
+// block to finish adds the partials onto db (sum_partials_in_block's order).
 __global__ void __launch_bounds__(kSumCols* kSumRows)
-    column_sum_kernel(const float* dy, float* part, float* db, size_t M, size_t N, int accumulate) {
+    column_sum_kernel(const float* dy, float* part, float* db, size_t M, size_t N) {
   __shared__ float lanes[kSumRows][kSumCols];
   const size_t j = size_t(blockIdx.x) * kSumCols + threadIdx.x;
   const size_t r0 = size_t(blockIdx.y) * kSumRowBlock;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kSumCols* kSumRows)
     part[size_t(blockIdx.y) * N + j] = s;
   }
   if (last_block(&column_sum_blocks))
-    sum_partials_in_block(part, int(gridDim.y), N, db, accumulate != 0, &lanes[0][0]);
+    sum_partials_in_block(part, int(gridDim.y), N, db, true, &lanes[0][0]);
 }
 
 }  // namespace
@@ -207,12 +207,12 @@ size_t Kernels::column_sum_accumulate_workspace_bytes(size_t M, size_t N) {
 }
 
 void Kernels::column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
-                                    cudaStream_t stream, bool accumulate) {
+                                    cudaStream_t stream) {
   if (M == 0 || N == 0) return;
   const unsigned row_blocks = ceil_div(M, kSumRowBlock);
   float* part = static_cast<float*>(workspace);
   SLIPSTREAM_LAUNCH(column_sum_kernel, dim3(ceil_div(N, kSumCols), row_blocks),
-                    dim3(kSumCols, kSumRows), stream, dy, part, db, M, N, accumulate ? 1 : 0);
+                    dim3(kSumCols, kSumRows), stream, dy, part, db, M, N);
   check_launch("column_sum_accumulate");
 }
 

@@ -73,10 +73,13 @@ __device__ __forceinline__ bool exists(const float* numeric, size_t rs) {
   return numeric[rs * kNumericFeatures + kExists] > 0.5f;
 }
 
-// Window w's mirror flag: kept where the window continues its game (read, never written), else
-// drawn from the batch's key (and written by the window's first element alone).
-__device__ __forceinline__ bool mirror_flag(const MirrorDraw& md, size_t w) {
-  if (md.enabled && md.continues && md.continues[w] > 0.5f) return md.mirrored[w] != 0;
+// Whether window w keeps its mirror flag (it continues its game: the flag is read, never
+// written); otherwise the flag is drawn from the batch's key (and written by the window's first
+// element alone).
+__device__ __forceinline__ bool keeps_flag(const MirrorDraw& md, size_t w) {
+  return md.enabled && md.continues && md.continues[w] > 0.5f;
+}
+__device__ __forceinline__ bool drawn_flag(const MirrorDraw& md, size_t w) {
   return md.enabled && (mix64(*md.key + w) >> 63) != 0;
 }
 
@@ -92,8 +95,8 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
     const size_t r = e / size_t(L.width);
     const int col = int(e % size_t(L.width));
     const size_t w = r / window;
-    const bool m = mirror_flag(md, w);
-    const bool kept = md.enabled && md.continues && md.continues[w] > 0.5f;
+    const bool kept = keeps_flag(md, w);
+    const bool m = kept ? md.mirrored[w] != 0 : drawn_flag(md, w);
     if (e == w * window * size_t(L.width) && !kept) md.mirrored[w] = m ? 1 : 0;
     float v = 0.0f;
     if (col < L.stage_offset) {

@@ -53,10 +53,6 @@ class CpuOps {
   void column_sum_accumulate(const T* dy, T* db, size_t M, size_t N, void*) const {
     kernels::column_sum_accumulate(dy, db, M, N);
   }
-  void column_sum(const T* dy, T* db, size_t M, size_t N, void*) const {
-    zero(db, N);
-    kernels::column_sum_accumulate(dy, db, M, N);
-  }
   // The ops whose header declares their methods (kernels/OP.h's third part): the reference.
 #define SLIPSTREAM_OP(name, params, args) \
   void name params const {                \

@@ -63,10 +63,6 @@ class DeviceOps {
   void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* scratch) const {
     Kernels::column_sum_accumulate(dy, db, M, N, scratch, stream_);
   }
-  // db = the column sums (stored, not added: no zeroing launch before).
-  void column_sum(const float* dy, float* db, size_t M, size_t N, void* scratch) const {
-    Kernels::column_sum_accumulate(dy, db, M, N, scratch, stream_, false);
-  }
   // The ops whose header declares their methods (kernels/OP.h's third part): the entry point
   // with the same arguments, on this stream.
 #define SLIPSTREAM_OP_ON_STREAM(...) (__VA_ARGS__, stream_)

@@ -224,33 +224,9 @@ struct ConvData {
   template <class Mem>
   const T* x_on(Mem& mem, const ConvShape& s, int ld) const {
     if (ld == 0) return mem.upload(elems<T>(x));
-    const size_t rows = size_t(s.B) * s.L;
-    std::vector<double> wide(rows * size_t(ld), std::nan(""));
-    for (size_t r = 0; r < rows; ++r)
-      std::copy_n(x.data() + r * s.C, s.C, wide.data() + r * size_t(ld));
-    return mem.upload(elems<T>(wide));
+    return mem.upload(elems<T>(nan_between_rows(x, size_t(s.B) * s.L, size_t(s.C), size_t(ld))));
   }
 };
-
-// Rows of C out of rows `ld` apart on the device (0: packed), checking that nothing was written
-// between them (the allocation's 0xFF bytes stay).
-template <class Mem, class E>
-std::vector<E> packed_rows(Mem& mem, const E* p, size_t rows, size_t C, int ld) {
-  const size_t step = ld ? size_t(ld) : C;
-  const std::vector<E> all = mem.download(p, rows * step);
-  if (!ld) return all;
-  std::vector<E> out;
-  for (size_t r = 0; r < rows; ++r) {
-    out.insert(out.end(), all.begin() + std::ptrdiff_t(r * step),
-               all.begin() + std::ptrdiff_t(r * step + C));
-    for (size_t c = C; c < step; ++c) {
-      uint8_t bytes[sizeof(E)];
-      std::memcpy(bytes, &all[r * step + c], sizeof(E));
-      for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
-    }
-  }
-  return out;
-}
 
 template <class Kernels, class Mem, class T>
 void check_conv_forward(const ConvShape& s, uint64_t seed, int x_ld = 0) {

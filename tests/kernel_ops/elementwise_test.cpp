@@ -135,14 +135,6 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
     ASSERT_EQ(std::memcmp(db_again.data(), db_first.data(), N * sizeof(float)), 0)
         << "column sums differ on run " << again + 2;
   }
-  // Stored rather than added: the sums alone, over whatever db held.
-  {
-    std::vector<double> sums(N, 0.0);
-    column_sum_accumulate<double>(a.data(), sums.data(), M, N);
-    float* g_s = mem.upload(elems<float>(bias));
-    Kernels::column_sum_accumulate(g_a, g_s, M, N, ws, mem.stream(), false);
-    EXPECT_CLOSE(values(mem.download(g_s, N)), sums, 1e-5, "column sums (stored)");
-  }
   // Column blocks out of and into wider rows (the split and concatenation of the model).
   if (N >= 3) {
     const size_t c = N / 3, off = N - c;

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/selective_scan.h"
@@ -440,10 +439,7 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   // z likewise with z_ld.
   auto rows = [&](const std::vector<double>& v, size_t cols, int ld) {
     if (ld == 0 || v.empty()) return up<Mem, T>(mem, v);
-    std::vector<double> wide(rows_bc * size_t(ld), std::nan(""));
-    for (size_t r = 0; r < rows_bc; ++r)
-      std::copy_n(v.data() + r * cols, cols, wide.data() + r * size_t(ld));
-    return up<Mem, T>(mem, wide);
+    return up<Mem, T>(mem, nan_between_rows(v, rows_bc, cols, size_t(ld)));
   };
   const T *Bm = rows(d.Bm, size_t(s.N), ldbc), *Cm = rows(d.Cm, size_t(s.N), ldbc);
   const T* z = rows(d.z, size_t(s.D), z_ld);
@@ -467,25 +463,6 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
       g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
       g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, up<Mem, float>(mem, dA_scale), z_ld);
   mem.sync();
-  // Rows of `cols` out of rows `ld` apart (0: packed), checking that what lies between them stays
-  // as it was (0xFF bytes).
-  auto packed = [&](const auto* p, size_t cols, int ld) {
-    using E = std::remove_cv_t<std::remove_pointer_t<decltype(p)>>;
-    const size_t step = ld ? size_t(ld) : cols;
-    const std::vector<E> all = mem.download(p, rows_bc * step);
-    if (!ld) return all;
-    std::vector<E> out;
-    for (size_t r = 0; r < rows_bc; ++r) {
-      const E* row = all.data() + r * step;
-      out.insert(out.end(), row, row + cols);
-      for (size_t c = cols; c < step; ++c) {
-        uint8_t bytes[sizeof(E)];
-        std::memcpy(bytes, &row[c], sizeof(E));
-        for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
-      }
-    }
-    return out;
-  };
   // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
   const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
   const std::vector<bfloat16> ddbf = mem.download(g_ddbf, bld);
@@ -495,8 +472,8 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   }
   std::vector<T> dz_dev;
   if (s.z) {
-    dz_dev = packed(g_dz, size_t(s.D), z_ld);
-    const std::vector<bfloat16> dzbf = packed(g_dzbf, size_t(s.D), z_ld);
+    dz_dev = packed_rows(mem, g_dz, rows_bc, size_t(s.D), z_ld);
+    const std::vector<bfloat16> dzbf = packed_rows(mem, g_dzbf, rows_bc, size_t(s.D), z_ld);
     for (size_t i = 0; i < bld; ++i) {
       EXPECT_EQ(dzbf[i].bits, fp32_to_bf16(float(value(dz_dev[i])))) << "dz_bf[" << i << "]";
       if (dzbf[i].bits != fp32_to_bf16(float(value(dz_dev[i])))) break;
@@ -505,8 +482,8 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   DeviceScanGrads g;
   g.du = values(mem.download(g_du, bld));
   g.ddelta = values(ddelta_dev);
-  g.dB = values(packed(g_dB, size_t(s.N), ldbc));
-  g.dC = values(packed(g_dC, size_t(s.N), ldbc));
+  g.dB = values(packed_rows(mem, g_dB, rows_bc, size_t(s.N), ldbc));
+  g.dC = values(packed_rows(mem, g_dC, rows_bc, size_t(s.N), ldbc));
   if (s.z) g.dz = values(dz_dev);
   g.dA = values(mem.download(g_dA, dn));
   g.dD = values(mem.download(g_dD, size_t(s.D)));
@@ -682,13 +659,16 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
     expect_same_gradients(own, kept, "");
   }
 }
+// The shapes of the wide-row checks: the three backward shapes (d_state 12, 16, 32).
+inline std::vector<ScanShape> wide_row_shapes() {
+  return {{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}};
+}
 // Bm and Cm read from rows wider than N, dBm and dCm written into them (the model passes x_proj's
 // output and its gradient, whose rows hold dt, Bm and Cm): the same gradients bit for bit, with
 // the backward's own first pass and with the forward's chunk states, nothing written between.
 KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
   uint64_t seed = 97;
-  for (const ScanShape& s :
-       std::vector<ScanShape>{{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}}) {
+  for (const ScanShape& s : wide_row_shapes()) {
     SCOPED_TRACE(describe(s));
     const ScanData<float> d(s, seed++);
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
@@ -704,8 +684,7 @@ KERNEL_TEST(Scan, ReadsBmAndCmFromWiderRows) {
 // written between the rows.
 KERNEL_TEST(Scan, ReadsZAndWritesDzInWiderRows) {
   uint64_t seed = 131;
-  for (const ScanShape& s :
-       std::vector<ScanShape>{{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}}) {
+  for (const ScanShape& s : wide_row_shapes()) {
     SCOPED_TRACE(describe(s));
     const ScanData<float> d(s, seed++);
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));

@@ -9,8 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -54,6 +56,37 @@ std::vector<double> values(const std::vector<T>& v) {
 template <class T>
 std::vector<double> round_trip(const std::vector<double>& v) {
   return values(elems<T>(v));
+}
+
+// Rows of `cols` values (rows, cols) spread into rows `ld` apart with NaN between them: an input
+// of a kernel that reads columns of a wider tensor (a read past a row's columns poisons the
+// results).
+inline std::vector<double> nan_between_rows(const std::vector<double>& v, size_t rows, size_t cols,
+                                            size_t ld) {
+  std::vector<double> wide(rows * ld, std::nan(""));
+  for (size_t r = 0; r < rows; ++r) std::copy_n(v.data() + r * cols, cols, wide.data() + r * ld);
+  return wide;
+}
+
+// Rows of `cols` out of rows `ld` apart on the device (0: packed), checking that nothing was
+// written between them (alloc's 0xFF bytes stay): an output a kernel writes into columns of a
+// wider tensor.
+template <class Mem, class E>
+std::vector<E> packed_rows(Mem& mem, const E* p, size_t rows, size_t cols, int ld) {
+  const size_t step = ld ? size_t(ld) : cols;
+  const std::vector<E> all = mem.download(p, rows * step);
+  if (!ld) return all;
+  std::vector<E> out;
+  for (size_t r = 0; r < rows; ++r) {
+    const E* row = all.data() + r * step;
+    out.insert(out.end(), row, row + cols);
+    for (size_t c = cols; c < step; ++c) {
+      uint8_t bytes[sizeof(E)];
+      std::memcpy(bytes, &row[c], sizeof(E));
+      for (uint8_t b : bytes) EXPECT_EQ(b, 0xFF) << "row " << r << " column " << c << " written";
+    }
+  }
+  return out;
 }
 
 // Relative tolerance of a comparison with a float64 reference: fp32 arithmetic, or bf16
