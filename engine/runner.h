@@ -111,6 +111,9 @@ struct EvalResult {
 // Runner::evaluate's and Runner::stream's view of each batch after its forward: the batch (every
 // stage's outputs) and the seconds the trainable section's stages before the loss took on it.
 using StreamCallback = std::function<void(const Batch&, double)>;
+// Work on a caller-fed stream's answer (Runner::stream_next): run right after the stages that
+// answer, as the last of them.
+using StreamAnswer = std::function<void(const Batch&)>;
 
 // Thrown for a failure inside a stage; names the stage, its kind and the batch.
 class StageError : public std::runtime_error {
@@ -153,8 +156,12 @@ class Runner {
   // metrics), false when the source has none; stream_restart() starts a new stream
   // (stream_begin on every stage: recurrent state cleared); stream_restart_row(r) restarts the
   // sequence of batch row r alone (Stage::stream_reset_row). Call instead of run()/evaluate().
+  // `answer`, when given, runs after the stages before the loss, as the last of them and inside
+  // the frame's recorded work: what it enqueues on the run's stream joins the frame's CUDA graph
+  // (run.cuda_graph on), and what it asks to read back (ExecContext::read_back_later) has
+  // arrived, its reports run, when stream_next returns.
   uint64_t stream_open(const std::string& checkpoint);
-  bool stream_next(Batch& out);
+  bool stream_next(Batch& out, const StreamAnswer& answer = {});
   void stream_restart();
   void stream_restart_row(int64_t row);
 

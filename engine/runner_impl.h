@@ -324,9 +324,10 @@ struct Runner::Impl {
 
   // A pulled batch through the data transforms of `st` and the section's forward up to the loss
   // (`with_loss`: through it too, never past it). Returns the nanoseconds the section's stages
-  // before the loss took: the model's answer, without scoring it.
+  // before the loss took: the model's answer, without scoring it. `answer` (Runner::stream_next)
+  // runs after those stages, as the last of them.
   uint64_t forward_one(std::vector<Stage*>& st, std::vector<StageContext*>& cx, Batch& b,
-                       bool with_loss);
+                       bool with_loss, const StreamAnswer& answer = {});
 
   // What a forward pass measured: its weighted means, the batches and examples it covered.
   struct Pass {

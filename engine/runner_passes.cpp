@@ -51,23 +51,34 @@ std::map<std::string, double> Runner::Impl::validate() {
 // (`with_loss`: through it too, never past it). Returns the nanoseconds the section's stages
 // before the loss took: the model's answer, without scoring it. On a stream with run.cuda_graph
 // on, the section's work for the frame is recorded and replayed as a CUDA graph, as a training
-// step's is (engine/step_graphs.h): a bot's frame is a few hundred small launches.
+// step's is (engine/step_graphs.h): a bot's frame is a few hundred small launches. `answer`
+// (stream_next's) runs as the last stage before the loss, so its launches and read-backs are
+// part of that recorded work: a policy's draws replay with the frame's graph.
 uint64_t Runner::Impl::forward_one(std::vector<Stage*>& st, std::vector<StageContext*>& cx,
-                                   Batch& b, bool with_loss) {
+                                   Batch& b, bool with_loss, const StreamAnswer& answer) {
   for (size_t k = static_cast<size_t>(plan().head_end); k < st.size(); ++k)
     as_stage(k, b.index, [&] { st[k]->forward(b, *cx[k]); });
   enter_section(b);
   const uint64_t t0 = now_ns();
   uint64_t answer_ns = 0;
   auto stages = [&] {
+    bool answered = false;
+    size_t last = n();  // the last stage that answered
+    auto answer_done = [&] {
+      answered = true;
+      answer_ns = now_ns() - t0;
+      if (answer && last < n()) as_stage(last, b.index, [&] { answer(b); });
+    };
     for (size_t k = plan().section_begin; k < n(); ++k) {
       if (plan().stages[k].after_loss) continue;
-      if (!answer_ns && plan().stages[k].schema->stage_role() == StageRole::loss) {
-        answer_ns = now_ns() - t0;
-        if (!with_loss) break;
+      if (!answered && plan().stages[k].schema->stage_role() == StageRole::loss) {
+        answer_done();
+        if (!with_loss) return;
       }
       as_stage(k, b.index, [&] { graph->stage(k).forward(b, graph->context(k)); });
+      if (!answered) last = k;
     }
+    if (!answered) answer_done();  // a section without a loss
   };
   if (run.streaming && step_graphs && step_graphs->enabled()) {
     capture::StepRecorder rec(run.exec->stream());
@@ -295,13 +306,13 @@ uint64_t Runner::stream_open(const std::string& checkpoint) {
   return step;
 }
 
-bool Runner::stream_next(Batch& out) {
+bool Runner::stream_next(Batch& out, const StreamAnswer& answer) {
   auto& I = *impl_;
   if (!I.fed) throw std::logic_error("Runner::stream_next before stream_open");
   out = I.graph->new_batch();
   if (!I.pull(I.fed_stages, I.fed_contexts, I.fed_next, I.fed_next.size() - 1, out, false))
     return false;
-  I.forward_one(I.fed_stages, I.fed_contexts, out, false);
+  I.forward_one(I.fed_stages, I.fed_contexts, out, false, answer);
   return true;
 }
 

@@ -202,20 +202,24 @@ void start_games(slipstream_policy& p, int32_t n) {
 
 // One frame of each game through the graph (batch row i: game i), then each game's distribution
 // of the next input into p.last and its controller drawn from it into p.chosen, where the heads'
-// logits are (on a device only those come back).
+// logits are (on a device only those come back). The draws are the frame's answer
+// (Runner::stream_next): on a device they replay inside the frame's CUDA graph, and their
+// results have come back when stream_next returns.
 void forward(slipstream_policy& p) {
   p.feed->push(p.frames);
-  Batch b;
-  if (!p.runner->stream_next(b)) throw std::logic_error("the frame feed produced no batch");
-  const StageContext& hc = p.runner->graph().context(p.heads);
   const size_t games = p.frames.size();
-  const float* logits[kHeads];
-  for (int h = 0; h < kHeads; ++h)
-    logits[h] = static_cast<const float*>(hc.output(b, kHeadNames[h]).raw());
   static_assert(sizeof(slipstream_distribution) == kHeadsWidth * sizeof(float),
                 "slipstream_distribution is the heads' 81 columns in order");
-  p.sampler->draw(logits, p.temperature, p.game_keys.data(), p.frames_drawn.data(), games,
-                  reinterpret_cast<float*>(p.last.data()), p.chosen.data());
+  const auto draw = [&](const Batch& b) {
+    const StageContext& hc = p.runner->graph().context(p.heads);
+    const float* logits[kHeads];
+    for (int h = 0; h < kHeads; ++h)
+      logits[h] = static_cast<const float*>(hc.output(b, kHeadNames[h]).raw());
+    p.sampler->draw(logits, p.temperature, p.game_keys.data(), p.frames_drawn.data(), games,
+                    reinterpret_cast<float*>(p.last.data()), p.chosen.data());
+  };
+  Batch b;
+  if (!p.runner->stream_next(b, draw)) throw std::logic_error("the frame feed produced no batch");
   for (size_t i = 0; i < games; ++i) ++p.frames_drawn[i];
 }
 

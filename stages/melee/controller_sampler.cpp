@@ -53,7 +53,8 @@ class HostSampler final : public ControllerSampler {
 // One policy_choose launch on the run's stream. The games' keys and frame counters live on the
 // device (the kernel counts each game's frames on); `held_*` mirror what is there, so they go in
 // (through page-locked staging, in stream order) only when the caller's differ. The
-// distributions and the controllers come back in one copy, one wait.
+// distributions and the controllers come back in one copy, with the frame's other read-backs
+// (one wait, the caller's).
 template <class Ops>
 class DeviceSampler final : public ControllerSampler {
  public:
@@ -87,12 +88,11 @@ class DeviceSampler final : public ControllerSampler {
                               device_keys + games, games, reinterpret_cast<float*>(out),
                               reinterpret_cast<int32_t*>(out + dist_bytes), ops_.stream());
     for (uint64_t& f : held_frames_) ++f;  // as the kernel counts them
-    exec_.read_back_later(out, out_.nbytes(), [&](const void* host) {
+    exec_.read_back_later(out, out_.nbytes(), [=](const void* host) {
       std::memcpy(distribution, host, dist_bytes);
       std::memcpy(static_cast<void*>(chosen), static_cast<const char*>(host) + dist_bytes,
                   games * sizeof(ChosenController));
     });
-    exec_.complete_read_backs();
   }
 
  private:

@@ -418,16 +418,14 @@ TEST(Policy, ManyGamesPerCallAreIndependentGames) {
 // its recurrent form, and the device draws the controllers (policy_choose) with the CPU's
 // uniforms, so the sampled answers are the CPU's too — all but where logits that differ in their
 // last bits put a uniform on the other side of a decision (at most one answer here).
-TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
-  std::string skip;
-  const std::string device = test_device(skip);
-  if (device.empty()) GTEST_SKIP() << skip;
+// `run_dir` the run the device plays (the CPU plays t.run_dir).
+void device_answers_as_the_cpu(const std::string& device, const std::string& run_dir) {
   const Trained& t = trained();
   const auto frames = stream_replay(t.run_dir, t.replay);
   const size_t n = 3, steps = 60, restart_at = 30;
   const size_t offsets[n] = {0, 100, 250}, restart_offset = 400;
   ASSERT_GT(frames.size(), restart_offset + steps);
-  Handle cpu(t.run_dir), dev(t.run_dir, device.c_str());
+  Handle cpu(t.run_dir), dev(run_dir, device.c_str());
   double worst = 0;
   size_t differ = 0, acting = 0;
   for (size_t step = 0; step < steps; ++step) {
@@ -458,6 +456,34 @@ TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
   EXPECT_LT(worst, 1e-5);
   EXPECT_LE(differ, 1u);
   EXPECT_GT(acting, steps * n / 10) << "the sampled answers hardly act: nothing was compared";
+}
+
+TEST(Policy, OnADeviceAnswersAsOnTheCpu) {
+  std::string skip;
+  const std::string device = test_device(skip);
+  if (device.empty()) GTEST_SKIP() << skip;
+  device_answers_as_the_cpu(device, trained().run_dir);
+}
+
+// The same with each frame's work as a CUDA graph (run.cuda_graph: on; on a GPU `auto` is that
+// already): the frame's draws, their keys' uploads and the answers' read-back are recorded with
+// it and replay inside the graph, the kernel counting each game's frames on at every replay.
+TEST(Policy, OnADeviceAnswersAsOnTheCpuFromTheFramesGraph) {
+  std::string skip;
+  const std::string device = test_device(skip);
+  if (device.empty()) GTEST_SKIP() << skip;
+  TempDir d;
+  const std::string copy = d.path() + "/graphs";
+  fs::copy(trained().run_dir, copy, fs::copy_options::recursive);
+  const std::string model = *latest_checkpoint(copy) + "/model.safetensors";
+  SafetensorsFile f = read_safetensors(model);
+  std::string& cfg = f.metadata.at("slipstream.config");
+  const std::string from = "cuda_graph: auto";
+  const size_t at = cfg.find(from);
+  ASSERT_NE(at, std::string::npos) << cfg;
+  cfg.replace(at, from.size(), "cuda_graph: on");
+  write_safetensors(model, f.tensors, f.metadata);
+  device_answers_as_the_cpu(device, copy);
 }
 
 // A checkpoint directory copied out of its run opens alone: its weights carry the graph.
