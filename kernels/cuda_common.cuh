@@ -96,6 +96,22 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// `p ? a : b` as a select instruction. Where a and b are values computed for the choice, the
+// compiler may compute them on two branches instead; with p differing between the lanes of a
+// warp that splits the warp, and a shuffle after it then runs in its slow collective form on
+// each half. PTX's selp is opaque to that rewrite.
+__device__ __forceinline__ float lane_select(bool p, float a, float b) {
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+  return p ? a : b;
+#else
+  float r;
+  asm("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %3, 0;\n\tselp.f32 %0, %1, %2, q;\n\t}"
+      : "=f"(r)
+      : "f"(a), "f"(b), "r"(unsigned(p)));
+  return r;
+#endif
+}
+
 // Numerics shared with the CPU reference (kernels/activations.h): PyTorch's softplus
 // threshold 20, silu = x sigmoid(x).
 __device__ __forceinline__ float sigmoidf_(float x) {

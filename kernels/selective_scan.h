@@ -113,16 +113,23 @@ static bool scan_forward_keeps_states();
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
-// channel; at d_state 16 126-127 registers on sm_90, 4 blocks of 128 threads an SM, which
-// GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 148 and 3). registers: a thread
+// channel; at d_state 16 127-128 registers on sm_90, 4 blocks of 128 threads an SM, which
+// GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 142 in fp32, 3 blocks, and 128 in bf16,
+// where ptxas spills 24 bytes for 4).
+// registers: a thread
 // holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
 // the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard
 // and 1.2-1.3x at production's shape on an H200. whole_chunks: split's shape with no test
 // between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
-// the next step's arithmetic but takes 168 registers (3 blocks an SM): not yet timed on a GPU.
+// the next step's arithmetic; held to 168 registers (3 blocks an SM; at d_state 16 ptxas
+// spills 36-40 bytes to stay there, where it would take 176): not yet timed on a GPU.
+// split_branches: split as it was compiled before 2026-11-27, its sums over a warp's channels
+// choosing what to send with `?:`, which nvcc turned into two branches around shuffles that
+// then ran in their slow collective form (selective_scan_cuda.cu, channel_sum_round): the
+// benchmarks' baseline for that change, the same values.
 // Set it before sizing a workspace (and keep it from a forward that keeps chunk states to its
 // backward): the workspace's size depends on it. Not thread-safe.
-enum class ScanBackwardVariant { registers, split, whole_chunks };
+enum class ScanBackwardVariant { registers, split, whole_chunks, split_branches };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
 // Blocks of the backward kernel for d_state N and element type T that fit an SM of the current

@@ -169,26 +169,36 @@ __device__ __forceinline__ float next_state(float dtA2, float h, float dub) {
 }
 
 // One halving round of channel_sum: lanes with bit kOff keep the upper kHalf values, the others
-// the lower, each adding its partner's copy of the ones it keeps.
-template <int kHalf, int kOff, int kNS>
+// the lower, each adding its partner's copy of the ones it keeps. The choice is lane_select's:
+// written as `?:`, nvcc 13 computed the first round's values on two branches (lanes 0-15 and
+// 16-31), and every shuffle of that round ran in its collective slow form on each half (sm_90
+// SASS: 48 BRA.DIV / 124 WARPSYNC.COLLECTIVE in the default backward; none with selp). kSelp
+// false keeps that form for ScanBackwardVariant::split_branches, the benchmarks' baseline.
+template <int kHalf, int kOff, bool kSelp, int kNS>
 __device__ __forceinline__ void channel_sum_round(float (&v)[kNS], int lane, int& idx) {
   const bool upper = (lane & kOff) != 0;
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) {
-    const float send = upper ? v[i] : v[i + kHalf];
-    const float keep = upper ? v[i + kHalf] : v[i];
+    float send, keep;
+    if constexpr (kSelp) {
+      send = lane_select(upper, v[i], v[i + kHalf]);
+      keep = lane_select(upper, v[i + kHalf], v[i]);
+    } else {
+      send = upper ? v[i] : v[i + kHalf];
+      keep = upper ? v[i + kHalf] : v[i];
+    }
     v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOff);
   }
   if (upper) idx += kHalf;
-  if constexpr (kHalf > 1) channel_sum_round<kHalf / 2, kOff / 2>(v, lane, idx);
+  if constexpr (kHalf > 1) channel_sum_round<kHalf / 2, kOff / 2, kSelp>(v, lane, idx);
 }
 // Sum over the warp's channels of kNS values per lane (lanes with the same state subset
 // s = lane % kG): log2(kNS) rounds that halve the values each lane holds, then plain butterfly
 // rounds over the remaining channel bits. Returns the sum of value `idx` of every channel.
-template <int kNS, int kG>
+template <int kNS, int kG, bool kSelp = true>
 __device__ __forceinline__ float channel_sum(float (&v)[kNS], int lane, int& idx) {
   idx = 0;
-  channel_sum_round<kNS / 2, 16>(v, lane, idx);
+  channel_sum_round<kNS / 2, 16, kSelp>(v, lane, idx);
   float sum = v[0];
 #pragma unroll
   for (int off = 16 / kNS; off >= kG; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -275,20 +285,23 @@ struct ScanGrads {
   float* dB_part;       // (tiles, B, L, N)
   float* dC_part;       // (tiles, B, L, N)
   // dΔ's and dz's bf16 copies for the backward GEMMs (may be null), rounded as fp32_to_bf16 of
-  // the stored values: no cast launches. At d_state 16 the default shape stays at 126 registers.
+  // the stored values: no cast launches. At d_state 16 the default shape stays at 127 registers
+  // (128 in bf16).
   __nv_bfloat16* ddelta_bf;
   __nv_bfloat16* dz_bf;
 };
 
 // Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk, the first chunk's
 // too (pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
-// at 126-127 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
+// at 127-128 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
 // the forward kept them (w.saved) there is no pass 1. Pass 2 takes the chunks last to first,
 // recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
 // dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
 // memory (fixed order), and over blocks by sum_partials.
-template <class DT, int kNS, int kG, int kT, bool kWhole>
-__global__ void __launch_bounds__(kChanThreads)
+// whole_chunks is held to 3 blocks an SM (168 registers); the others keep ptxas's own choice (a
+// minimum of 0 blocks is none: an explicit 1 let the default shape grow from 127 to 162).
+template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true>
+__global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : 0)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
@@ -367,14 +380,14 @@ __global__ void __launch_bounds__(kChanThreads)
       }
       // With kWhole a whole chunk runs with no test between its steps (kFull), so the compiler
       // can overlap one step's shuffles and loads with the next step's arithmetic (at the cost of
-      // registers: 168 at d_state 16, 3 blocks an SM); only a window's last, shorter chunk checks
-      // each step.
+      // registers: held to 168, 3 blocks an SM, by the launch bounds; at d_state 16 ptxas spills
+      // 36-40 bytes for it); only a window's last, shorter chunk checks each step.
       auto run_chunk = [&](auto full) {
         constexpr bool kFull = decltype(full)::value;
         // kWhole keeps each step's exp2(dt A) from the recompute for the adjoint up to d_state 16:
-        // one exp a state-step instead of two, free of registers there (168 either way, ptxas 13,
-        // sm_90), where the default shape would go from 126 to 168 and bf16 at d_state 32 from
-        // 168 to 197. The same values, so the same bits.
+        // one exp a state-step instead of two (measured free of registers there when the
+        // variant came, ptxas 13, sm_90: 168 either way), where the default shape would go from
+        // 126 to 168 and bf16 at d_state 32 from 168 to 197. The same values, so the same bits.
         constexpr bool kKeepExp = kWhole && kG <= 2;
         float step_exp[kKeepExp ? kT : 1][kNS];
 #pragma unroll
@@ -440,8 +453,8 @@ __global__ void __launch_bounds__(kChanThreads)
             }
           }
           int idx = 0;
-          const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
-          const float vc = channel_sum<kNS, kG>(cC, q.lane, idx);
+          const float vb = channel_sum<kNS, kG, kSelp>(cB, q.lane, idx);
+          const float vc = channel_sum<kNS, kG, kSelp>(cC, q.lane, idx);
           if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
             rB[q.warp][jc + j][q.s * kNS + idx] = vb;
             rC[q.warp][jc + j][q.s * kNS + idx] = vc;
@@ -573,13 +586,16 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's form for the split shapes when that is the
-// variant.
+// The backward kernel of a shape, whole_chunks's or split_branches's form for the split shapes
+// when that is the variant.
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
-  if constexpr (kNS == 8 && kG > 1)
+  if constexpr (kNS == 8 && kG > 1) {
     if (g_backward_variant == ScanBackwardVariant::whole_chunks)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
+    if (g_backward_variant == ScanBackwardVariant::split_branches)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, false>;
+  }
   return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }
 

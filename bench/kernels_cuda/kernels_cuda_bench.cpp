@@ -432,7 +432,8 @@ int main(int argc, char** argv) {
       if (bwd && sh.N > 8)  // the backward's other forms (kernels/selective_scan.h)
         for (auto [variant, vname] :
              {std::pair{sk::CudaKernels::ScanBackwardVariant::registers, "registers"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::whole_chunks, "whole_chunks"}})
+              std::pair{sk::CudaKernels::ScanBackwardVariant::whole_chunks, "whole_chunks"},
+              std::pair{sk::CudaKernels::ScanBackwardVariant::split_branches, "split_branches"}})
           for (bool bf16 : {false, true})
             add(std::string("scan_backward_") + vname + (bf16 ? "/bf16/" : "/fp32/") + p,
                 [=](benchmark::State& st) {

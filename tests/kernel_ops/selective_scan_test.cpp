@@ -629,6 +629,9 @@ KERNEL_TEST(Scan, BackwardRegistersVariantMatchesCpu) {
 KERNEL_TEST(Scan, BackwardWholeChunksVariantMatchesCpu) {
   check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::whole_chunks, 171);
 }
+KERNEL_TEST(Scan, BackwardSplitBranchesVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::split_branches, 191);
+}
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
 KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {
