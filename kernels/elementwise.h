@@ -54,10 +54,11 @@ void neg_exp(const T* x, size_t x_ld, T* y, size_t rows, size_t cols);
 template <class T>
 void mul_accumulate(T* y, const T* a, const T* b, size_t n);
 
-// y (M, N) = x (M, N) with row r times s[r] (a carried state kept where a batch row continues
-// its sequence, s = 1, and cleared where it starts a new one, s = 0). y may alias x.
+// y (G, M, N) = x (G, M, N) with row r of each group times s[r] (a carried state kept where a
+// batch row continues its sequence, s = 1, and cleared where it starts a new one, s = 0; the
+// groups are a model's layers, whose states lie one after another). y may alias x.
 template <class T>
-void scale_rows(const T* x, const T* s, T* y, size_t M, size_t N);
+void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N);
 
 }  // namespace slipstream::kernels
 
@@ -76,7 +77,7 @@ static void add_bias_rows(float* y, const float* b, size_t M, size_t N, cudaStre
 static void neg_exp(const float* x, size_t x_ld, float* y, size_t rows, size_t cols,
                     cudaStream_t stream);
 static void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream);
-static void scale_rows(const float* x, const float* s, float* y, size_t M, size_t N,
+static void scale_rows(const float* x, const float* s, float* y, size_t G, size_t M, size_t N,
                        cudaStream_t stream);
 static size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N);
 // db += the column sums of dy (M, N).
@@ -112,8 +113,9 @@ SLIPSTREAM_OP(neg_exp, (const Scalar* x, size_t x_ld, Scalar* y, size_t rows, si
               (x, x_ld, y, rows, cols))
 SLIPSTREAM_OP(mul_accumulate, (Scalar * y, const Scalar* a, const Scalar* b, size_t n),
               (y, a, b, n))
-SLIPSTREAM_OP(scale_rows, (const Scalar* x, const Scalar* s, Scalar* y, size_t M, size_t N),
-              (x, s, y, M, N))
+SLIPSTREAM_OP(scale_rows,
+              (const Scalar* x, const Scalar* s, Scalar* y, size_t G, size_t M, size_t N),
+              (x, s, y, G, M, N))
 SLIPSTREAM_OP(silu_forward, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
 // dx = dy * silu'(x); dx may alias dy.
 SLIPSTREAM_OP(silu_backward, (const Scalar* x, const Scalar* dy, Scalar* dx, size_t n),

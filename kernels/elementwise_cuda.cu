@@ -45,9 +45,9 @@ __global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, 
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += a[i] * b[i];
 }
 
-__global__ void scale_rows_kernel(const float* x, const float* s, float* y, size_t M, size_t N) {
-  const size_t n = M * N;
-  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = x[i] * s[i / N];
+__global__ void scale_rows_kernel(const float* x, const float* s, float* y, size_t M, size_t N,
+                                  size_t n) {
+  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = x[i] * s[i / N % M];
 }
 
 __global__ void silu_forward_kernel(const float* x, float* y, size_t n) {
@@ -146,10 +146,11 @@ void Kernels::mul_accumulate(float* y, const float* a, const float* b, size_t n,
   SLIPSTREAM_LAUNCH_ELEMENTWISE("mul_accumulate", mul_accumulate_kernel, n, stream, y, a, b, n);
 }
 
-void Kernels::scale_rows(const float* x, const float* s, float* y, size_t M, size_t N,
+void Kernels::scale_rows(const float* x, const float* s, float* y, size_t G, size_t M, size_t N,
                          cudaStream_t stream) {
-  if (M * N == 0) return;
-  SLIPSTREAM_LAUNCH(scale_rows_kernel, grid_for(M * N), dim3(kThreads), stream, x, s, y, M, N);
+  const size_t n = G * M * N;
+  if (n == 0) return;
+  SLIPSTREAM_LAUNCH(scale_rows_kernel, grid_for(n), dim3(kThreads), stream, x, s, y, M, N, n);
   check_launch("scale_rows");
 }
 

@@ -118,8 +118,7 @@ class GruModel {
   void carry(const T* continues) {
     if (!carry_ || B_ <= 0) throw std::logic_error("gru: carry() needs set_carry and resize");
     const size_t B = static_cast<size_t>(B_), H = static_cast<size_t>(c_.hidden);
-    for (size_t k = 0; k < static_cast<size_t>(c_.layers); ++k)
-      ops_.scale_rows(h_last_ + k * B * H, continues, h_first_ + k * B * H, B, H);
+    ops_.scale_rows(h_last_, continues, h_first_, static_cast<size_t>(c_.layers), B, H);
   }
 
   // Sizes every activation and scratch buffer for (B, L): the only allocating call. `bf16`

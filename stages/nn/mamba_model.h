@@ -277,16 +277,14 @@ class MambaModel {
   }
 
   // With a carried state, before each forward: the state it starts from, row by row, the one
-  // the previous forward left where `continues` (B) is 1, zeros where it is 0.
+  // the previous forward left where `continues` (B) is 1, zeros where it is 0. Every layer's scan
+  // states at once, then every layer's convolution inputs (each kind lies layer after layer).
   void carry(const T* continues) {
     if (!carry_ || B_ <= 0) throw std::logic_error("mamba: carry() needs set_carry and resize");
     const size_t B = static_cast<size_t>(B_), scan = carry_scan_elems() / nl_() / B;
     const size_t conv = carry_conv_elems() / nl_() / B;
-    for (int l = 0; l < c_.layers; ++l) {
-      const Act a = act(l);
-      ops_.scale_rows(a.scan_last, continues, a.scan_first, B, scan);
-      if (conv) ops_.scale_rows(a.conv_last, continues, a.conv_first, B, conv);
-    }
+    ops_.scale_rows(scan_last_, continues, scan_first_, nl_(), B, scan);
+    if (conv) ops_.scale_rows(conv_last_, continues, conv_first_, nl_(), B, conv);
   }
 
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by

@@ -97,10 +97,26 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   // Rows kept (1), cleared (0) and scaled, in place.
   std::vector<double> keep(M);
   for (size_t r = 0; r < M; ++r) keep[r] = r % 3 == 0 ? 0.0 : r % 3 == 1 ? 1.0 : 0.5;
-  scale_rows<double>(ref.data(), keep.data(), ref.data(), M, N);
+  scale_rows<double>(ref.data(), keep.data(), ref.data(), 1, M, N);
   for (size_t c = 0; c < N && M > 0; ++c) EXPECT_EQ(ref[c], 0.0);
-  Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, M, N, mem.stream());
+  Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, 1, M, N, mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "scale_rows");
+  // Groups of rows sharing the scales (a model's layers): (3, M / 3, N) with M / 3 scales, each
+  // group's row r against its own scaling.
+  if (M >= 3) {
+    const size_t G = 3, R = M / 3, gn = G * R * N;
+    std::vector<double> grouped(ref.begin(), ref.begin() + gn), want = grouped;
+    for (size_t g = 0; g < G; ++g)
+      for (size_t r = 0; r < R; ++r)
+        for (size_t c = 0; c < N; ++c) want[(g * R + r) * N + c] *= keep[r];
+    std::vector<double> cpu(gn);
+    scale_rows<double>(grouped.data(), keep.data(), cpu.data(), G, R, N);
+    EXPECT_EQ(cpu, want) << "scale_rows over groups (CPU)";
+    float* yg = mem.template alloc<float>(gn);
+    Kernels::scale_rows(mem.upload(elems<float>(grouped)), mem.upload(elems<float>(keep)), yg, G, R,
+                        N, mem.stream());
+    EXPECT_CLOSE(values(mem.download(yg, gn)), want, 1e-6, "scale_rows over groups");
+  }
   std::vector<double> e(n);
   neg_exp<double>(a.data(), N, e.data(), M, N);
   float* ye = mem.template alloc<float>(n);
