@@ -214,10 +214,10 @@ int infer_command(const InferArgs& a) {
   if (const uint64_t all = g.replayed + g.captured + g.issued + g.uncaptured; all > 0)
     std::printf(
         "cuda graph: %llu of %llu frames replayed (%llu captured, %llu issued, %llu "
-        "uncaptured)%s\n",
+        "uncaptured), %llu operations a frame%s\n",
         static_cast<unsigned long long>(g.replayed), static_cast<unsigned long long>(all),
         static_cast<unsigned long long>(g.captured), static_cast<unsigned long long>(g.issued),
-        static_cast<unsigned long long>(g.uncaptured),
+        static_cast<unsigned long long>(g.uncaptured), static_cast<unsigned long long>(g.ops),
         r.graph_off_reason.empty() ? "" : ("; off: " + r.graph_off_reason).c_str());
   return 0;
 }
