@@ -81,6 +81,10 @@ void ExecContext::upload_later(void* buffer, const void* host, size_t bytes) con
   read_backs_->upload(buffer, host, bytes, read_back_owner);
 }
 
+void ExecContext::abandon_read_backs() const noexcept {
+  read_backs_->abandon();
+}
+
 uint64_t ExecContext::close_read_backs() const {
   return read_backs_->close();
 }

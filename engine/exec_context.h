@@ -74,6 +74,10 @@ class ExecContext {
   // Everything asked so far: close_read_backs(), then complete through it (forward-only
   // batches: validation, scoring, streaming; tests).
   void complete_read_backs(const ReadBackQueue::Each& each = {}) const;
+  // Everything asked so far dropped after a failed batch: the copies are waited for (their
+  // staging is not freed under them; a failed wait is ignored) and no function runs, so none
+  // writes later into memory its asker may have let go.
+  void abandon_read_backs() const noexcept;
 
   // For its scope, read-backs asked on this thread belong to graph stage `stage` (the runner
   // sets it around every stage call).

@@ -145,4 +145,32 @@ void ReadBackQueue::complete_all(const Each& each) {
   complete_through(close(), each);
 }
 
+void ReadBackQueue::abandon() noexcept {
+  try {
+    close();
+  } catch (...) {  // no event for the open group: its copies are waited for below
+  }
+  std::deque<Group> groups;
+  std::vector<Item> open;
+  {
+    std::lock_guard lock(mu_);
+    groups.swap(closed_);
+    open.swap(open_);
+  }
+  for (Group& g : groups) {
+    try {
+      g.done->synchronize();
+    } catch (...) {
+    }
+  }
+  if (!open.empty()) {
+    try {
+      StreamEvent done(device_);
+      done.record(stream_);
+      done.synchronize();
+    } catch (...) {
+    }
+  }
+}
+
 }  // namespace slipstream

@@ -44,6 +44,8 @@ class ReadBackQueue {
   void complete_through(uint64_t group, const Each& each = {});
   // close(), then complete_through() of everything.
   void complete_all(const Each& each = {});
+  // close(), then every group waited for (a failed wait ignored) and dropped, its reports not run.
+  void abandon() noexcept;
 
  private:
   void copy(void* dst, const void* src, size_t bytes, bool to_device);  // on the stream

@@ -312,7 +312,13 @@ bool Runner::stream_next(Batch& out, const StreamAnswer& answer) {
   out = I.graph->new_batch();
   if (!I.pull(I.fed_stages, I.fed_contexts, I.fed_next, I.fed_next.size() - 1, out, false))
     return false;
-  I.forward_one(I.fed_stages, I.fed_contexts, out, false, answer);
+  try {
+    I.forward_one(I.fed_stages, I.fed_contexts, out, false, answer);
+  } catch (...) {
+    // No report of this frame may run at a later frame's end, into memory the caller has let go.
+    if (I.run.exec) I.run.exec->abandon_read_backs();
+    throw;
+  }
   return true;
 }
 

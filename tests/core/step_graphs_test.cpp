@@ -200,3 +200,29 @@ TEST(StepRecorder, KeysCoverEveryByte) {
 }
 
 }  // namespace
+
+// Read-backs of a failed step are dropped, not reported at a later step's end (a stream's frame
+// that failed: its caller may have let go of the memory its reports write into). Before and
+// after, read-backs report their own values, in a recorded step too.
+TEST(ReadBacks, AFailedStepsReadBacksAreDroppedNotReportedLater) {
+  ExecContext exec{Device::cpu(), /*emulate_cuda=*/true};
+  const float values[2] = {1.5f, 2.5f};
+  std::vector<float> seen;
+  auto report = [&](const void* host) { seen.push_back(*static_cast<const float*>(host)); };
+  exec.read_back_later(&values[0], sizeof(float), report);
+  exec.complete_read_backs();
+  EXPECT_EQ(seen, std::vector<float>{1.5f});
+  // A step recorded, asked to read back, then failed: abandoned, its report never runs.
+  {
+    capture::StepRecorder rec(nullptr);
+    exec.read_back_later(&values[1], sizeof(float), report);
+  }
+  exec.abandon_read_backs();
+  exec.read_back_later(&values[0], sizeof(float), report);
+  exec.complete_read_backs();
+  EXPECT_EQ(seen, (std::vector<float>{1.5f, 1.5f})) << "the failed step's 2.5 was reported";
+  // Abandoned with nothing asked: nothing happens.
+  exec.abandon_read_backs();
+  exec.complete_read_backs();
+  EXPECT_EQ(seen.size(), 2u);
+}
