@@ -115,11 +115,10 @@ static bool scan_forward_keeps_states();
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
 // channel; at d_state 16 127-128 registers on sm_90, 4 blocks of 128 threads an SM, which
 // GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 142 in fp32, 3 blocks, and 128 in bf16,
-// where ptxas spills 24 bytes for 4).
-// registers: a thread
-// holds 16 (241 registers, 2 blocks an SM): half the threads, one shuffle less for each sum over
-// the channel's states and half the partial sums of dBm and dCm, but 1.5x slower at gpu_standard
-// and 1.2-1.3x at production's shape on an H200. whole_chunks: split's shape with no test
+// where ptxas spills 24 bytes for 4). registers: a thread holds 16 (241 registers, 2 blocks an
+// SM): half the threads, one shuffle less for each sum over the channel's states and half the
+// partial sums of dBm and dCm, but 1.5x slower at gpu_standard and 1.2-1.3x at production's
+// shape on an H200. whole_chunks: split's shape with no test
 // between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
 // the next step's arithmetic; held to 168 registers (3 blocks an SM; at d_state 16 ptxas
 // spills 36-40 bytes to stay there, where it would take 176): not yet timed on a GPU.
