@@ -146,16 +146,13 @@ void ReadBackQueue::complete_all(const Each& each) {
 }
 
 void ReadBackQueue::abandon() noexcept {
-  try {
-    close();
-  } catch (...) {  // no event for the open group: its copies are waited for below
-  }
   std::deque<Group> groups;
   std::vector<Item> open;
   {
     std::lock_guard lock(mu_);
     groups.swap(closed_);
     open.swap(open_);
+    staged_ = 0;  // the next step's device staging starts over, as close() has it
   }
   for (Group& g : groups) {
     try {
@@ -163,7 +160,7 @@ void ReadBackQueue::abandon() noexcept {
     } catch (...) {
     }
   }
-  if (!open.empty()) {
+  if (!open.empty()) {  // not closed: no event of theirs yet
     try {
       StreamEvent done(device_);
       done.record(stream_);

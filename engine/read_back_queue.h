@@ -44,7 +44,7 @@ class ReadBackQueue {
   void complete_through(uint64_t group, const Each& each = {});
   // close(), then complete_through() of everything.
   void complete_all(const Each& each = {});
-  // close(), then every group waited for (a failed wait ignored) and dropped, its reports not run.
+  // Everything asked so far waited for (a failed wait ignored) and dropped, no report run.
   void abandon() noexcept;
 
  private:
