@@ -22,10 +22,13 @@ namespace slipstream::kernels {
 
 inline constexpr int kConvMaxWidth = 16;
 
-// prefix and bias may be null. y must not alias x.
+// prefix and bias may be null. y must not alias x. `last` (B, K - 1, C), may be null, receives
+// the window's last K - 1 inputs (the prefix's, or zeros, where the window is shorter): the next
+// window's prefix, kept by the forward itself for a model that carries its state. It must alias
+// neither x nor the prefix.
 template <class T>
 void causal_conv1d_forward(const T* x, const T* prefix, const T* weight, const T* bias, T* y, int B,
-                           int L, int C, int K);
+                           int L, int C, int K, T* last = nullptr);
 
 // dx (B, L, C) overwritten (=); dweight (C, K) and dbias (C) accumulated (+=); dbias may be null.
 // prefix: the forward's.
@@ -54,10 +57,13 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 // `y_bf` (may be null) receives y rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16
 // GEMMs' copy without a cast launch. `x_ld`: elements from one row (b, t) of x (and, in the
 // backward, of dx and dx_bf) to the next: C (0), or more where x is columns of a wider tensor.
+// `last` (may be null): the window's last K - 1 inputs, as the reference keeps them (the threads
+// of the window's last step write them; no copy launches).
 template <class T>
 static void causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
                                   const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
-                                  int K, bool silu, cudaStream_t stream, int x_ld = 0);
+                                  int K, bool silu, cudaStream_t stream, int x_ld = 0,
+                                  T* last = nullptr);
 
 static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
 

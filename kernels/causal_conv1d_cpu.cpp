@@ -30,6 +30,20 @@ __attribute__((always_inline)) inline const T* input_row(const T* x, const T* pr
   return prefix + (static_cast<size_t>(b) * (K - 1) + (K - 1 + t)) * C + c0;
 }
 
+// last (B, K - 1, C) = the inputs at t = L - K + 1 .. L - 1, input_row's (zeros for a null row).
+template <class T>
+void keep_last_inputs(const T* x, const T* prefix, T* last, int B, int L, int C, int K) {
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < K - 1; ++j) {
+      const T* src = input_row(x, prefix, b, L - (K - 1) + j, L, C, K, 0);
+      T* dst = last + (static_cast<size_t>(b) * (K - 1) + j) * C;
+      if (src)
+        std::copy(src, src + C, dst);
+      else
+        std::fill(dst, dst + C, T(0));
+    }
+}
+
 // Output items [i0, i1) of the forward: (batch, block of kCBlock channels).
 template <class T>
 __attribute__((always_inline)) inline void forward_items(const T* x, const T* prefix,
@@ -127,8 +141,9 @@ SLIPSTREAM_FLOAT_CONV(avx512, __attribute__((target("avx512f,avx512dq,avx512vl,f
 
 template <class T>
 void causal_conv1d_forward(const T* x, const T* prefix, const T* weight, const T* bias, T* y, int B,
-                           int L, int C, int K) {
+                           int L, int C, int K, T* last) {
   check_width(K);
+  if (last) keep_last_inputs(x, prefix, last, B, L, C, K);
   const int nblk = (C + kCBlock - 1) / kCBlock;
   parallel_blocks(static_cast<size_t>(B) * nblk, static_cast<size_t>(L) * kCBlock * K,
                   [&](size_t i0, size_t i1) {
@@ -179,7 +194,7 @@ void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bia
 #define INSTANTIATE(T)                                                                             \
   template void causal_conv1d_step<T>(T*, const T*, const T*, const T*, T*, int, int, int, bool);  \
   template void causal_conv1d_forward<T>(const T*, const T*, const T*, const T*, T*, int, int,     \
-                                         int, int);                                                \
+                                         int, int, T*);                                            \
   template void causal_conv1d_backward<T>(const T*, const T*, const T*, const T*, T*, T*, T*, int, \
                                           int, int, int);
 INSTANTIATE(float)

@@ -39,7 +39,8 @@ __device__ __forceinline__ float conv_at(const DT* x, const DT* prefix, const fl
 template <class DT>
 __global__ void __launch_bounds__(kThreads)
     conv_forward_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, DT* y,
-                        __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu, int xld) {
+                        __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu, int xld,
+                        DT* last) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(B) * L * C) return;
   const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
@@ -47,6 +48,12 @@ __global__ void __launch_bounds__(kThreads)
   const DT yv = from_f32<DT>(silu ? siluf_(v) : v);
   y[i] = yv;
   if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
+  // The last step's window holds the next window's prefix (its inputs but the oldest); a value
+  // and back (to_f32, from_f32) is exact.
+  if (last && t == L - 1)
+    for (int j = 0; j < K - 1; ++j)
+      last[(size_t(b) * (K - 1) + j) * C + c] =
+          from_f32<DT>(input_at(x, prefix, b, L - (K - 1) + j, c, L, C, K, xld));
 }
 
 // d loss / d pre-activation for the generic backward kernel (widths without a window kernel),
@@ -218,14 +225,15 @@ struct ConvWorkspace {
 template <class T>
 void Kernels::causal_conv1d_forward(const T* x, const T* prefix, const float* weight,
                                     const float* bias, T* y, bfloat16* y_bf, int B, int L, int C,
-                                    int K, bool silu, cudaStream_t stream, int x_ld) {
+                                    int K, bool silu, cudaStream_t stream, int x_ld, T* last) {
   check_width(K, "causal_conv1d_forward");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
   const int xld = x_ld > 0 ? x_ld : C;
   const auto kernel = &conv_forward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                    dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K, silu, xld);
+  SLIPSTREAM_LAUNCH_AS("conv_forward_kernel", kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads),
+                       stream, dev(x), dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K,
+                       silu, xld, dev(last));
   check_launch("causal_conv1d_forward");
 }
 
@@ -248,9 +256,9 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
   const int tbs = time_blocks(L);
   const dim3 grid(ceil_div(size_t(C), kThreads), unsigned(tbs), unsigned(B));
   auto window = [&](auto kernel) {  // the pre-activation's gradient made inside
-    SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, bias,
-                      dev(dy), silu ? 1 : 0, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C,
-                      xld);
+    SLIPSTREAM_LAUNCH_AS("conv_backward_window_kernel", kernel, grid, dim3(kThreads), stream,
+                         dev(x), dev(prefix), weight, bias, dev(dy), silu ? 1 : 0, dev(dx),
+                         dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, xld);
   };
   switch (K) {  // the widths with a sliding-window kernel; the others take the generic one
     case 2:
@@ -266,13 +274,15 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
       float* dpre = silu ? ws + lay.dpre : nullptr;
       if (silu) {
         const auto kernel = &conv_dpre_kernel<dev_t<T>>;
-        SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(x),
-                          dev(prefix), weight, bias, dev(dy), dpre, B, L, C, K, xld);
+        SLIPSTREAM_LAUNCH_AS("conv_dpre_kernel", kernel, dim3(ceil_div(n, kThreads)),
+                             dim3(kThreads), stream, dev(x), dev(prefix), weight, bias, dev(dy),
+                             dpre, B, L, C, K, xld);
         check_launch(op);
       }
       const auto kernel = &conv_backward_kernel<dev_t<T>>;
-      SLIPSTREAM_LAUNCH(kernel, grid, dim3(kThreads), stream, dev(x), dev(prefix), weight, dev(dy),
-                        dpre, dev(dx), dev(dx_bf), ws + lay.dw, ws + lay.db, L, C, K, xld);
+      SLIPSTREAM_LAUNCH_AS("conv_backward_kernel", kernel, grid, dim3(kThreads), stream, dev(x),
+                           dev(prefix), weight, dev(dy), dpre, dev(dx), dev(dx_bf), ws + lay.dw,
+                           ws + lay.db, L, C, K, xld);
     }
   }
   check_launch(op);
@@ -289,15 +299,15 @@ void Kernels::causal_conv1d_step(T* conv_state, const T* x, const float* weight,
   const size_t n = size_t(B) * C;
   if (n == 0) return;
   const auto kernel = &conv_step_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads), stream, dev(conv_state),
-                    dev(x), weight, bias, dev(y), B, C, K, silu);
+  SLIPSTREAM_LAUNCH_AS("conv_step_kernel", kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads),
+                       stream, dev(conv_state), dev(x), weight, bias, dev(y), B, C, K, silu);
   check_launch("causal_conv1d_step");
 }
 
 #define INSTANTIATE(T)                                                                             \
   template void Kernels::causal_conv1d_forward<T>(const T*, const T*, const float*, const float*,  \
                                                   T*, bfloat16*, int, int, int, int, bool,         \
-                                                  cudaStream_t, int);                              \
+                                                  cudaStream_t, int, T*);                          \
   template void Kernels::causal_conv1d_backward<T>(const T*, const T*, const float*, const float*, \
                                                    const T*, T*, bfloat16*, float*, float*, void*, \
                                                    int, int, int, int, bool, cudaStream_t, int);   \

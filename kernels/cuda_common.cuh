@@ -22,6 +22,8 @@
 // launch shape and the arguments' bytes — padding included, so a struct passed by value is
 // built zero-filled (zero_filled<T>(), then its fields): garbage in its padding would make every
 // step's key differ, and the step would never replay.
+// SLIPSTREAM_LAUNCH_AS(name, kernel, ...) is the same for a kernel held in a variable: `name`
+// (the kernel's, not the variable's) is what a failure and the step's operation list show.
 #define SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, ...)                                           \
   [&] {                                                                                           \
     return ::slipstream::capture::key_of(::slipstream::capture::function_key(kernel), dim3(grid), \
@@ -31,21 +33,23 @@
 #include "kernels/emulation/cuda_emulator.h"
 #define SLIPSTREAM_KERNEL_NS cuda_emulated
 // kernel(args...) for every thread of the grid, on the CPU.
-#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...)                       \
-  ::slipstream::capture::enqueue(                                                 \
-      #kernel, (stream), SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, __VA_ARGS__), \
+#define SLIPSTREAM_LAUNCH_AS(name, kernel, grid, block, stream, ...)           \
+  ::slipstream::capture::enqueue(                                              \
+      name, (stream), SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, __VA_ARGS__), \
       [=] { ::slipstream::cuda_emu::launch(grid, block, [&] { kernel(__VA_ARGS__); }); })
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define SLIPSTREAM_KERNEL_NS cuda
-#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...)                                     \
-  ::slipstream::capture::enqueue(#kernel, (stream),                                             \
+#define SLIPSTREAM_LAUNCH_AS(name, kernel, grid, block, stream, ...)                            \
+  ::slipstream::capture::enqueue(name, (stream),                                                \
                                  SLIPSTREAM_LAUNCH_KEY(kernel, grid, block, __VA_ARGS__), [=] { \
                                    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);       \
-                                   ::slipstream::kernels::cuda::check_launch(#kernel);          \
+                                   ::slipstream::kernels::cuda::check_launch(name);             \
                                  })
 #endif
+#define SLIPSTREAM_LAUNCH(kernel, grid, block, stream, ...) \
+  SLIPSTREAM_LAUNCH_AS(#kernel, kernel, grid, block, stream, __VA_ARGS__)
 
 namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 
@@ -125,6 +129,11 @@ __device__ __forceinline__ float softplus_gradf_(float x) {
 }
 __device__ __forceinline__ float siluf_(float x) {
   return x * sigmoidf_(x);
+}
+// Mamba's A = −exp(A_log): one expression wherever it is made (the elementwise op, the scan's
+// lanes, the sum that applies its chain rule), so the same bits.
+__device__ __forceinline__ float neg_expf_(float x) {
+  return -expf(x);
 }
 __device__ __forceinline__ float silu_gradf_(float x) {
   const float s = sigmoidf_(x);
@@ -213,6 +222,7 @@ struct PartialSums {
   size_t n[kMaxPartialSums];
   size_t cols[kMaxPartialSums], ld[kMaxPartialSums];  // cols 0: out contiguous
   const float* scale[kMaxPartialSums];                // null: 1
+  int scale_neg_exp[kMaxPartialSums];                 // 1: the scale is −exp(scale[i])
   int K[kMaxPartialSums], lanes[kMaxPartialSums];     // partials of each, and its tree's lanes
   int accumulate[kMaxPartialSums];
 };
@@ -239,15 +249,16 @@ __global__ void __launch_bounds__(kPartialThreads)
   for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + tx];
   const size_t o = cols_out ? i / cols_out * ld + i % cols_out : i;
   const float* scale = sums.scale[e];
-  if (scale) total *= scale[i];
+  if (scale) total *= sums.scale_neg_exp[e] ? neg_expf_(scale[i]) : scale[i];
   out[o] = from_f32<Out>(sums.accumulate[e] ? to_f32(out[o]) + total : total);
 }
 
 // One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
 // into rows `ld` apart: element i at out[i / cols * ld + i % cols] (columns of a wider tensor).
 // With `scale`, element i's sum is multiplied by scale[i] first (a chain rule applied on the way
-// out: (Σ) · scale, then added or stored). K: its own count of partials (0: the group's);
-// accumulate: 0 stores, 1 adds (-1: as the group).
+// out: (Σ) · scale, then added or stored); with `scale_neg_exp` by −exp(scale[i]) (Mamba's
+// A = −exp(A_log): dA_log's gradient from dA's sum). K: its own count of partials (0: the
+// group's); accumulate: 0 stores, 1 adds (-1: as the group).
 template <class Out>
 struct PartialSum {
   const float* part;
@@ -257,6 +268,7 @@ struct PartialSum {
   const float* scale = nullptr;
   int K = 0;
   int accumulate = -1;
+  bool scale_neg_exp = false;
 };
 
 // Each of `sums` (entries with a null out or n = 0 are skipped), over K partials or their own,
@@ -276,6 +288,7 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
     group.cols[count] = s.cols;
     group.ld[count] = s.ld;
     group.scale[count] = s.scale;
+    group.scale_neg_exp[count] = s.scale_neg_exp ? 1 : 0;
     group.K[count] = s.K > 0 ? s.K : K;
     group.lanes[count] = partial_lanes(group.K[count]);
     group.accumulate[count] = s.accumulate < 0 ? (accumulate ? 1 : 0) : s.accumulate;
@@ -285,8 +298,8 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
   }
   if (count == 0) return;
   const auto kernel = &sum_partials_group_kernel<Out>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(blocks), unsigned(count)), dim3(kPartialThreads), stream,
-                    group);
+  SLIPSTREAM_LAUNCH_AS("sum_partials_group_kernel", kernel, dim3(unsigned(blocks), unsigned(count)),
+                       dim3(kPartialThreads), stream, group);
   check_launch(op);
 }
 

@@ -38,7 +38,7 @@ __global__ void add_bias_rows_kernel(float* y, const float* b, size_t M, size_t 
 
 __global__ void neg_exp_kernel(const float* x, size_t x_ld, float* y, size_t cols, size_t n) {
   for (size_t i = grid_start(); i < n; i += grid_stride())
-    y[i] = -expf(x[i / cols * x_ld + i % cols]);
+    y[i] = neg_expf_(x[i / cols * x_ld + i % cols]);
 }
 
 __global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, size_t n) {
@@ -115,7 +115,8 @@ template <class T>
 void Kernels::add_inplace(T* y, const T* a, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   const auto kernel = &add_inplace_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, grid_for(n), dim3(kThreads), stream, dev(y), dev(a), n);
+  SLIPSTREAM_LAUNCH_AS("add_inplace_kernel", kernel, grid_for(n), dim3(kThreads), stream, dev(y),
+                       dev(a), n);
   check_launch("add_inplace");
 }
 
@@ -124,8 +125,8 @@ void Kernels::copy_cols(const T* src, size_t src_ld, T* dst, size_t dst_ld, size
                         size_t cols, cudaStream_t stream) {
   if (rows * cols == 0) return;
   const auto kernel = &copy_cols_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, grid_for(rows * cols), dim3(kThreads), stream, dev(src), src_ld,
-                    dev(dst), dst_ld, rows, cols);
+  SLIPSTREAM_LAUNCH_AS("copy_cols_kernel", kernel, grid_for(rows * cols), dim3(kThreads), stream,
+                       dev(src), src_ld, dev(dst), dst_ld, rows, cols);
   check_launch("copy_cols");
 }
 

@@ -97,9 +97,9 @@ void Kernels::rmsnorm_add_forward(const T* x, const T* residual, const float* we
                                   float eps, cudaStream_t stream, const float* bias) {
   if (M == 0 || D == 0) return;
   const auto kernel = &rms_forward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(ceil_div(M, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), stream,
-                    dev(x), dev(residual), bias, weight, dev(y), dev(y_bf), dev(sum), rstd, M, D,
-                    eps);
+  SLIPSTREAM_LAUNCH_AS("rms_forward_kernel", kernel, dim3(ceil_div(M, kWarpsPerBlock)),
+                       dim3(kWarpsPerBlock * 32), stream, dev(x), dev(residual), bias, weight,
+                       dev(y), dev(y_bf), dev(sum), rstd, M, D, eps);
   check_launch("rmsnorm_add_forward");
 }
 
@@ -116,9 +116,9 @@ void Kernels::rmsnorm_add_backward(const T* s, const float* weight, const float*
   if (M == 0 || D == 0) return;
   float* part = static_cast<float*>(workspace);
   const auto kernel = &rms_backward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(row_blocks(M))), dim3(kWarpsPerBlock * 32), stream,
-                    dev(s), s_bias, weight, rstd, dev(dy), dev(dsum), dev(ds), dev(ds_bf), part,
-                    dweight, M, D);
+  SLIPSTREAM_LAUNCH_AS("rms_backward_kernel", kernel, dim3(unsigned(row_blocks(M))),
+                       dim3(kWarpsPerBlock * 32), stream, dev(s), s_bias, weight, rstd, dev(dy),
+                       dev(dsum), dev(ds), dev(ds_bf), part, dweight, M, D);
   check_launch(op);
 }
 

@@ -89,14 +89,17 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 static constexpr int kScanMaxState = 32;
 
 // out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
-// bf16 GEMMs' copy without a cast launch); chunk_states: below.
+// bf16 GEMMs' copy without a cast launch); chunk_states: below. With `a_log`, A holds Mamba's
+// A_log and the kernels take A = −exp(A_log) themselves, as the elementwise neg_exp would make
+// it (the same bits): the model's parameter read in place, no launch a step to make A.
 template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
                                    const float* delta_bias, bool delta_softplus,
                                    const float* initial_state, T* out, bfloat16* out_bf,
                                    float* last_state, float* chunk_states, int B, int L, int D,
-                                   int N, cudaStream_t stream, int ldbc = 0, int z_ld = 0);
+                                   int N, cudaStream_t stream, int ldbc = 0, int z_ld = 0,
+                                   bool a_log = false);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 
@@ -140,9 +143,9 @@ static int selective_scan_backward_blocks_per_sm(int N);
 // selective_scan_backward_workspace_bytes; `chunk_states` is what the forward on the same inputs
 // wrote there, or null (the backward then finds the states itself). `ddelta_bf`, `dz_bf` (may be
 // null) receive ddelta and dz rounded to bf16 as well, as fp32_to_bf16 of them would: the bf16
-// GEMMs' copies without cast launches. With `dA_scale` (D, N) dA receives += (its sum) · dA_scale:
-// the model passes dA_log's gradient and A, the chain rule of A = −exp(A_log) applied on the way
-// out, with no dA buffer to zero and no separate product.
+// GEMMs' copies without cast launches. With `a_log` (A holds A_log, as in the forward) dA is
+// A_log's gradient: it receives += (its sum) · A, the chain rule of A = −exp(A_log) applied on
+// the way out, with no dA buffer to zero and no separate product.
 template <class T>
 static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                     const T* Cm, const float* Dskip, const T* z,
@@ -151,8 +154,8 @@ static void selective_scan_backward(const T* u, const T* delta, const float* A, 
                                     const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
                                     float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
                                     bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
-                                    cudaStream_t stream, int ldbc = 0,
-                                    const float* dA_scale = nullptr, int z_ld = 0);
+                                    cudaStream_t stream, int ldbc = 0, bool a_log = false,
+                                    int z_ld = 0);
 
 template <class T>
 static void selective_scan_step(float* state, const T* u, const T* delta, const float* A,

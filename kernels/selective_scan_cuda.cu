@@ -24,16 +24,23 @@ constexpr int kScanWarps = 8;
 template <class DT>
 struct ScanArgs {
   const DT *u, *delta;
-  const float* A;
+  const float* A;  // (D, N): A, or A_log with a_log (the kernels make A = −exp(A_log))
   const DT *Bm, *Cm;
   const float *Dskip, *delta_bias;
   const DT* z;
   const float* h0;  // (B, D, N) state before the first step, or null: zero
   bool softplus;
+  bool a_log;
   int B, L, D, N;
   int ldbc;  // elements from one row (b, t) of Bm and Cm to the next: N, or more in a wider tensor
   int zld;   // the same for z (and the backward's dz): D, or more
 };
+
+// A at element i of (D, N): given, or made from A_log as the elementwise neg_exp makes it.
+template <class DT>
+__device__ __forceinline__ float a_at(const ScanArgs<DT>& a, size_t i) {
+  return a.a_log ? neg_expf_(a.A[i]) : a.A[i];
+}
 
 // Where thread (b, d, n) is, and its channel's constants (zeros outside the problem).
 template <int kLanes>
@@ -51,7 +58,7 @@ struct ScanLane {
     d = int(blockIdx.x) * kDPerBlock + warp * kDPerWarp + lane / kLanes;
     dok = d < a.D;
     ok = dok && n < a.N;
-    A = ok ? a.A[size_t(d) * a.N + n] : 0.f;
+    A = ok ? a_at(a, size_t(d) * a.N + n) : 0.f;
     Dd = (dok && a.Dskip) ? a.Dskip[d] : 0.f;
     bias = (dok && a.delta_bias) ? a.delta_bias[d] : 0.f;
   }
@@ -115,10 +122,26 @@ struct ChanLane {
     d = int(blockIdx.x) * kChanPerBlock<kG> + tid / kG;
     b = int(blockIdx.y);
     dok = d < a.D;
+    if (a.a_log) {
+      // A = −exp(A_log) made once an element for the block, into shared memory, and read from
+      // there as a given A is from memory: each lane making its own (sm_90, ptxas 13) took the
+      // forward at d_state 32 from 128 registers to 158–167 and the backward to 152.
+      constexpr int kPerChan = kNS * kG;
+      __shared__ float sA[kChanPerBlock<kG> * kPerChan];
+      const int d0 = int(blockIdx.x) * kChanPerBlock<kG>;
+      for (int k = tid; k < kChanPerBlock<kG> * kPerChan; k += kChanThreads) {
+        const int dd = d0 + k / kPerChan, n = k % kPerChan;
+        sA[k] = (dd < a.D && n < a.N) ? neg_expf_(a.A[size_t(dd) * a.N + n]) : 0.f;
+      }
+      __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kNS; ++i) {
-      const int n = s * kNS + i;
-      A2[i] = (dok && n < a.N) ? a.A[size_t(d) * a.N + n] * kLog2e : 0.f;
+      for (int i = 0; i < kNS; ++i) A2[i] = sA[(tid / kG) * kPerChan + s * kNS + i] * kLog2e;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kNS; ++i) {
+        const int n = s * kNS + i;
+        A2[i] = (dok && n < a.N) ? a.A[size_t(d) * a.N + n] * kLog2e : 0.f;
+      }
     }
     Dd = (dok && a.Dskip) ? a.Dskip[d] : 0.f;
     bias = (dok && a.delta_bias) ? a.delta_bias[d] : 0.f;
@@ -213,7 +236,7 @@ constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 // forward also keeps h at the start of every chunk, so the backward need not run the recurrence
 // a second time to find them.
 template <class DT, int kNS, int kG>
-__global__ void __launch_bounds__(kChanThreads)
+__global__ void __launch_bounds__(kChanThreads, 4)
     scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, __nv_bfloat16* out_bf, float* last_state,
                              float* chunks, int save_every) {
   constexpr int kNP = kNS * kG;
@@ -645,19 +668,21 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
                                      const float* delta_bias, bool delta_softplus,
                                      const float* initial_state, T* out, bfloat16* out_bf,
                                      float* last_state, float* chunk_states, int B, int L, int D,
-                                     int N, cudaStream_t stream, int ldbc, int z_ld) {
+                                     int N, cudaStream_t stream, int ldbc, int z_ld, bool a_log) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
   if (B <= 0 || L <= 0 || D <= 0) return;
   auto a =
       make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;
+  a.a_log = a_log;
   const int save_every = chan_shape(N, op, true).t;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
     const auto kernel =
         &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
-                      stream, a, dev(out), dev(out_bf), last_state, chunk_states, save_every);
+    SLIPSTREAM_LAUNCH_AS("scan_forward_chan_kernel", kernel,
+                         dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
+                         stream, a, dev(out), dev(out_bf), last_state, chunk_states, save_every);
   });
   check_launch(op);
 }
@@ -715,12 +740,14 @@ size_t Kernels::selective_scan_backward_workspace_bytes(int B, int L, int D, int
 }
 
 template <class T>
-void Kernels::selective_scan_backward(
-    const T* u, const T* delta, const float* A, const T* Bm, const T* Cm, const float* Dskip,
-    const T* z, const float* delta_bias, bool delta_softplus, const float* initial_state,
-    const float* chunk_states, const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
-    float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf, bfloat16* dz_bf, void* workspace,
-    int B, int L, int D, int N, cudaStream_t stream, int ldbc, const float* dA_scale, int z_ld) {
+void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
+                                      const T* Cm, const float* Dskip, const T* z,
+                                      const float* delta_bias, bool delta_softplus,
+                                      const float* initial_state, const float* chunk_states,
+                                      const T* dout, T* du, T* ddelta, float* dA, T* dBm, T* dCm,
+                                      float* dDskip, T* dz, float* ddelta_bias, bfloat16* ddelta_bf,
+                                      bfloat16* dz_bf, void* workspace, int B, int L, int D, int N,
+                                      cudaStream_t stream, int ldbc, bool a_log, int z_ld) {
   const char* name = "selective_scan_backward";
   const ChanShape shape = chan_shape(N, name, true);
   if (B <= 0 || L <= 0 || D <= 0) return;
@@ -739,12 +766,14 @@ void Kernels::selective_scan_backward(
   auto a =
       make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;
+  a.a_log = a_log;
   const int tiles = chan_tiles(D, shape);
   with_chan(N, name, true, [&](auto ns, auto g, auto t) {
     const auto kernel =
         backward_kernel<T, decltype(ns)::value, decltype(g)::value, decltype(t)::value>();
-    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles), unsigned(B)), dim3(kChanThreads), stream, a,
-                      dev(dout), dev(du), dev(ddelta), dev(dz), w);
+    SLIPSTREAM_LAUNCH_AS("scan_backward_chan_kernel", kernel, dim3(unsigned(tiles), unsigned(B)),
+                         dim3(kChanThreads), stream, a, dev(dout), dev(du), dev(ddelta), dev(dz),
+                         w);
   });
   check_launch(name);
   const char* op = "selective_scan_backward (partial sums)";
@@ -752,7 +781,9 @@ void Kernels::selective_scan_backward(
   // The five sums: dBm and dCm over the channel tiles (stored), dA, dD and the bias over the batch
   // rows (added); one launch where dBm and dCm are fp32 like the others, else two.
   const size_t ld = size_t(a.ldbc), cols = ld == size_t(N) ? 0 : size_t(N);
-  const PartialSum<float> dA_sum{w.dA_part, size_t(D) * N, dA, 0, 0, dA_scale};
+  // With A_log, dA is A_log's gradient: the sum times A = −exp(A_log) (the chain rule).
+  const PartialSum<float> dA_sum{w.dA_part, size_t(D) * N, dA, 0, 0, a_log ? A : nullptr, 0,
+                                 -1,        a_log};
   const PartialSum<float> dD_sum{w.dD_part, size_t(D), Dskip ? dDskip : nullptr};
   const PartialSum<float> dbias_sum{w.dbias_part, size_t(D), delta_bias ? ddelta_bias : nullptr};
   if constexpr (std::is_same_v<dev_t<T>, float>) {
@@ -781,8 +812,9 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
   with_lanes(lanes, [&](auto kl) {
     constexpr int kLanes = decltype(kl)::value;
     const auto kernel = &scan_step_kernel<dev_t<T>, kLanes>;
-    SLIPSTREAM_LAUNCH(kernel, dim3(unsigned(tiles_for(D, kLanes)), unsigned(B)),
-                      dim3(kScanWarps * 32), stream, a, state, dev(out));
+    SLIPSTREAM_LAUNCH_AS("scan_step_kernel", kernel,
+                         dim3(unsigned(tiles_for(D, kLanes)), unsigned(B)), dim3(kScanWarps * 32),
+                         stream, a, state, dev(out));
   });
   check_launch("selective_scan_step");
 }
@@ -791,11 +823,11 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t, int,   \
-      int);                                                                                       \
+      int, bool);                                                                                 \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \
-      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int, const float*, int);     \
+      bfloat16*, bfloat16*, void*, int, int, int, int, cudaStream_t, int, bool, int);             \
   template int Kernels::selective_scan_backward_blocks_per_sm<T>(int);                            \
   template void Kernels::selective_scan_step<T>(                                                  \
       float*, const T*, const T*, const float*, const T*, const T*, const float*, const T*,       \

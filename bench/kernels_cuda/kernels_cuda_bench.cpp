@@ -110,7 +110,9 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   const T *u = m.random<T>(bld, -1, 1), *delta = m.random<T>(bld, -1, 1);
   const T *z = m.random<T>(bld, -2, 2), *Bm = m.random<T>(bln, -1, 1),
           *Cm = m.random<T>(bln, -1, 1);
-  const float* A = m.random<float>(size_t(sh.D) * sh.N, -4.0f, -0.5f);
+  // A_log, as the model passes it (the kernels make A = −exp(A_log): a_log below); A from
+  // −e^1.4 ≈ −4 to −e^−0.7 ≈ −0.5.
+  const float* A = m.random<float>(size_t(sh.D) * sh.N, -0.7f, 1.4f);
   const float *Dskip = m.random<float>(sh.D, -1, 1), *bias = m.random<float>(sh.D, -3, -1);
   const T* dout = m.random<T>(bld, -1, 1);
   T *out = m.alloc<T>(bld), *du = m.alloc<T>(bld), *ddelta = m.alloc<T>(bld), *dz = m.alloc<T>(bld);
@@ -130,12 +132,12 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   auto forward = [&] {
     sk::CudaKernels::selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
                                                out, nullptr, nullptr, states, sh.B, sh.L, sh.D,
-                                               sh.N, s);
+                                               sh.N, s, 0, 0, true);
   };
   auto backward = [&] {
-    sk::CudaKernels::selective_scan_backward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr,
-                                                states, dout, du, ddelta, dA, dB, dC, dD, dz, db,
-                                                nullptr, nullptr, ws, sh.B, sh.L, sh.D, sh.N, s);
+    sk::CudaKernels::selective_scan_backward<T>(
+        u, delta, A, Bm, Cm, Dskip, z, bias, true, nullptr, states, dout, du, ddelta, dA, dB, dC,
+        dD, dz, db, nullptr, nullptr, ws, sh.B, sh.L, sh.D, sh.N, s, 0, true);
   };
   const double fwd_bytes = (4 * bld + 2 * bln) * e, bwd_bytes = (7 * bld + 4 * bln) * e;
   if (what == ScanTimed::forward) {

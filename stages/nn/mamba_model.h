@@ -223,7 +223,7 @@ class MambaModel {
     Bm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba B");  // on a device, read inside dbc
     Cm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba C");
     ys_ = buf(nl * M * di, "mamba scan output");
-    A_ = buf(nl * di * N, "mamba A");
+    A_ = buf(kOnDevice ? 0 : nl * di * N, "mamba A");  // on a device, made by the scan itself
     scan_states_elems_ =
         ops_.scan_chunk_states_elems(B, L, static_cast<int>(di), static_cast<int>(N));
     scan_states_ = buf(nl * scan_states_elems_, "mamba scan chunk states");
@@ -306,9 +306,10 @@ class MambaModel {
     } else {
       ops_.copy(h0, x, Ms * dm_());
     }
-    // A = -exp(A_log) of every layer in one pass.
-    ops_.neg_exp(w + lay_.layers[0].A_log, c_.layers > 1 ? lay_.layer_stride : di_() * N_(), A_,
-                 nl_(), di_() * N_());
+    // A = -exp(A_log) of every layer in one pass (on a device the scan makes A as it reads A_log).
+    if constexpr (!kOnDevice)
+      ops_.neg_exp(w + lay_.layers[0].A_log, c_.layers > 1 ? lay_.layer_stride : di_() * N_(), A_,
+                   nl_(), di_() * N_());
     for (int l = 0; l < c_.layers; ++l) {
       const auto& Lw = lay_.layers[static_cast<size_t>(l)];
       const Act a = act(l);
@@ -332,9 +333,10 @@ class MambaModel {
         mm(false, true, M, di, dm, a.xn, xnb, dm, w + in_z, bf(wb, in_z), dm, T(0), a.z, ld);
       }
       uint16_t* ub = wb ? a.u_bf : nullptr;  // written by the convolution itself
+      // The convolution also keeps each row's last d_conv - 1 inputs (those of its window, or
+      // carried from before it in a window shorter than that) in conv_last for the next window.
       ops_.conv_silu_forward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_,
-                             di, c_.d_conv, ub, zero_unless_apart(ld));
-      if (a.conv_last) keep_conv_inputs(a);
+                             di, c_.d_conv, ub, zero_unless_apart(ld), a.conv_last);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
       const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
       mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
@@ -343,9 +345,9 @@ class MambaModel {
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       }
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
-      ops_.selective_scan_forward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                  a.scan_first, a.ys, a.scan_last, a.scan_states, B_, L_, di, N,
-                                  ysb, bc_ld(), zero_unless_apart(ld));
+      ops_.selective_scan_forward(a.u, a.delta, scan_A(w, Lw, a), a.Bm, a.Cm, w + Lw.D, a.z,
+                                  w + Lw.dt_b, a.scan_first, a.ys, a.scan_last, a.scan_states, B_,
+                                  L_, di, N, ysb, bc_ld(), zero_unless_apart(ld), kOnDevice);
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }
@@ -386,8 +388,8 @@ class MambaModel {
       mm(false, false, M, di, dm, dh, dhb, dm, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(0), dys_,
          di);
       mm(true, false, dm, di, M, dh, dhb, dm, a.ys, a.ys_bf, di, T(1), g + Lw.out_proj, di);
-      // Scan; dA_log += dA · A, on a device by the scan's own sum of dA, on the CPU from a fresh
-      // sum in dA_.
+      // Scan; dA_log += dA · A, on a device by the scan's own sum of dA (given A_log, it makes A
+      // itself), on the CPU from a fresh sum in dA_.
       T* const dA = kOnDevice ? g + Lw.A_log : dA_;
       if constexpr (!kOnDevice) ops_.zero(dA_, di_() * N_());
       uint16_t* const ddb = passing;
@@ -395,10 +397,10 @@ class MambaModel {
       // On a device dBm and dCm go straight into their columns of x_proj's output gradient.
       T* const dB = kOnDevice ? ddbc_ + R : dBm_;
       T* const dC = kOnDevice ? ddbc_ + R + N : dCm_;
-      ops_.selective_scan_backward(a.u, a.delta, a.A, a.Bm, a.Cm, w + Lw.D, a.z, w + Lw.dt_b,
-                                   a.scan_first, a.scan_states, dys_, du_, ddelta_, dA, dB, dC,
-                                   g + Lw.D, dz, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb, dzb,
-                                   bc_ld(), kOnDevice ? a.A : nullptr, zero_unless_apart(ld));
+      ops_.selective_scan_backward(a.u, a.delta, scan_A(w, Lw, a), a.Bm, a.Cm, w + Lw.D, a.z,
+                                   w + Lw.dt_b, a.scan_first, a.scan_states, dys_, du_, ddelta_, dA,
+                                   dB, dC, g + Lw.D, dz, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb,
+                                   dzb, bc_ld(), kOnDevice, zero_unless_apart(ld));
       if constexpr (!kOnDevice) ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
       // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
@@ -483,26 +485,6 @@ class MambaModel {
             at(scan_states_, scan_states_elems_)};
   }
   size_t nl_() const { return static_cast<size_t>(c_.layers); }
-  // The last d_conv - 1 inputs of each row's sequence so far into conv_last: the window's last
-  // rows, after the rows of the carried prefix it did not displace (a window shorter than it).
-  // x's rows are contiguous on the CPU (one copy of them a batch row) and xz_ld() apart on a
-  // device (a copy a step).
-  void keep_conv_inputs(const Act& a) const {
-    const size_t K1 = static_cast<size_t>(c_.d_conv - 1), L = static_cast<size_t>(L_);
-    const size_t di = di_(), B = static_cast<size_t>(B_), from_x = std::min(K1, L);
-    const size_t ld = static_cast<size_t>(xz_ld());
-    if (K1 > from_x)
-      ops_.copy_cols(a.conv_first + from_x * di, K1 * di, a.conv_last, K1 * di, B,
-                     (K1 - from_x) * di);
-    if (ld == di) {
-      ops_.copy_cols(a.xc + (L - from_x) * di, L * di, a.conv_last + (K1 - from_x) * di, K1 * di, B,
-                     from_x * di);
-      return;
-    }
-    for (size_t j = 0; j < from_x; ++j)
-      ops_.copy_cols(a.xc + (L - from_x + j) * ld, L * ld, a.conv_last + (K1 - from_x + j) * di,
-                     K1 * di, B, di);
-  }
   // Elements of the carried scan states (layers, B, d_inner, d_state) and conv inputs (layers,
   // B, d_conv - 1, d_inner).
   size_t carry_scan_elems() const { return nl_() * static_cast<size_t>(B_) * di_() * N_(); }
@@ -541,6 +523,12 @@ class MambaModel {
   // device x and z lie side by side (one GEMM makes both, one takes both gradients), on the CPU
   // apart. The ops take 0 for contiguous rows.
   int xz_ld() const { return (kOnDevice ? 2 : 1) * c_.d_inner(); }
+  // What the scan takes as A: on a device layer l's A_log itself (the scan makes A = −exp(A_log)
+  // as it reads it: no launch a step for A), on the CPU the A the forward made.
+  template <class Layer>
+  const T* scan_A(const T* w, const Layer& Lw, const Act& a) const {
+    return kOnDevice ? w + Lw.A_log : a.A;
+  }
   int zero_unless_apart(int ld) const { return ld == c_.d_inner() ? 0 : ld; }
 
   void check_precision(const uint16_t* wb) const {

@@ -109,12 +109,14 @@ class CpuOps {
 
   // u = SiLU(conv(x) + b); `pre` receives conv(x) + b for the backward.
   // u_bf (may be null): u rounded to bf16 too. x_ld (0: C): x's rows that far apart (and, in the
-  // backward, dx's and dx_bf's).
+  // backward, dx's and dx_bf's). last (may be null): the window's last K - 1 inputs, the next
+  // window's prefix (kernels/causal_conv1d.h).
   void conv_silu_forward(const T* x, const T* prefix, const T* w, const T* b, T* pre, T* u, int B,
-                         int L, int C, int K, uint16_t* u_bf = nullptr, int x_ld = 0) const {
+                         int L, int C, int K, uint16_t* u_bf = nullptr, int x_ld = 0,
+                         T* last = nullptr) const {
     std::vector<T> xc;
     x = rows_of(x, B * L, C, x_ld, xc);
-    kernels::causal_conv1d_forward(x, prefix, w, b, pre, B, L, C, K);
+    kernels::causal_conv1d_forward(x, prefix, w, b, pre, B, L, C, K, last);
     kernels::silu_forward(pre, u, static_cast<size_t>(B) * L * C);
     if (u_bf) to_bf16(u, u_bf, static_cast<size_t>(B) * L * C);
   }
@@ -169,11 +171,16 @@ class CpuOps {
   size_t scan_chunk_states_elems(int, int, int, int) const {
     return 0;
   }
+  // With a_log, A holds A_log and A = −exp(A_log) is made here (a vector a call: the model makes
+  // A itself on the CPU, whose steady state allocates nothing); in the backward dA is then
+  // A_log's gradient (the sum times A).
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
                               T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
-                              int N, uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0) const {
-    std::vector<T> bc, zc;
+                              int N, uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0,
+                              bool a_log = false) const {
+    std::vector<T> bc, zc, a;
+    if (a_log) A = a_of_log(A, Dc, N, a);
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
     if (z) z = rows_of(z, B * L, Dc, z_ld, zc);
@@ -186,27 +193,27 @@ class CpuOps {
                                const T* /*chunk_states*/, const T* dout, T* du, T* ddelta, T* dA,
                                T* dBm, T* dCm, T* dD, T* dz, T* ddelta_bias, void* scratch, int B,
                                int L, int Dc, int N, uint16_t* ddelta_bf = nullptr,
-                               uint16_t* dz_bf = nullptr, int ldbc = 0, const T* dA_scale = nullptr,
+                               uint16_t* dz_bf = nullptr, int ldbc = 0, bool a_log = false,
                                int z_ld = 0) const {
-    std::vector<T> bc, dbc, dA_sum, zc, dzc;
+    std::vector<T> bc, dbc, dA_sum, zc, dzc, a;
+    if (a_log) A = a_of_log(A, Dc, N, a);
     const bool z_apart = z && z_ld != 0 && z_ld != Dc;
     if (z) z = rows_of(z, B * L, Dc, z_ld, zc);
     if (z_apart && dz) dzc.resize(static_cast<size_t>(B) * L * Dc);
     T* const dz_out = dz;
     if (z_apart && dz) dz = dzc.data();
-    // dA_scale: the sum first, then scaled on (a vector a call: the model scales dA itself on the
-    // CPU, whose steady state allocates nothing).
-    if (dA_scale) dA_sum.assign(static_cast<size_t>(Dc) * N, T(0));
+    // a_log: the sum first, then times A (the chain rule of A = −exp(A_log)).
+    if (a_log && dA) dA_sum.assign(static_cast<size_t>(Dc) * N, T(0));
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
     const bool apart = ldbc != 0 && ldbc != N;
     const size_t bln = static_cast<size_t>(B) * L * N;
     if (apart) dbc.resize(2 * bln);
     kernels::selective_scan_backward(u, delta, A, Bc, Cc, D, z, delta_bias, true, initial_state,
-                                     dout, du, ddelta, dA_scale ? dA_sum.data() : dA,
+                                     dout, du, ddelta, dA_sum.empty() ? dA : dA_sum.data(),
                                      apart ? dbc.data() : dBm, apart ? dbc.data() + bln : dCm, dD,
                                      dz, ddelta_bias, static_cast<T*>(scratch), B, L, Dc, N);
-    for (size_t i = 0; i < dA_sum.size(); ++i) dA[i] += dA_sum[i] * dA_scale[i];
+    for (size_t i = 0; i < dA_sum.size(); ++i) dA[i] += dA_sum[i] * A[i];
     for (size_t r = 0; apart && r < static_cast<size_t>(B) * L; ++r) {  // into the wider rows
       std::copy_n(dbc.data() + r * N, N, dBm + r * ldbc);
       std::copy_n(dbc.data() + bln + r * N, N, dCm + r * ldbc);
@@ -240,6 +247,13 @@ class CpuOps {
   void to_bf16_rows(const T* src, int rows, int N, uint16_t* dst, int ld) const {
     for (size_t r = 0; r < static_cast<size_t>(rows); ++r)
       to_bf16(src + r * N, dst + r * static_cast<size_t>(ld), static_cast<size_t>(N));
+  }
+  // A = −exp(A_log) (D, N) into buf.
+  static const T* a_of_log(const T* a_log, int D, int N, std::vector<T>& buf) {
+    const size_t n = static_cast<size_t>(D) * N;
+    buf.resize(n);
+    kernels::neg_exp(a_log, n, buf.data(), 1, n);
+    return buf.data();
   }
   static const T* rows_of(const T* p, int rows, int N, int ld, std::vector<T>& buf) {
     if (ld == 0 || ld == N) return p;

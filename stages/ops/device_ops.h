@@ -113,12 +113,13 @@ class DeviceOps {
 
   // u_bf (may be null): u rounded to bf16 too, by the convolution's own kernel. x_ld (0: C): rows
   // of x that far apart (x columns of a wider tensor), in the backward dx's and dx_bf's too.
+  // last (may be null): the window's last K - 1 inputs, written by the same kernel.
   void conv_silu_forward(const float* x, const float* prefix, const float* w, const float* b,
                          float* pre, float* u, int B, int L, int C, int K, uint16_t* u_bf = nullptr,
-                         int x_ld = 0) const {
+                         int x_ld = 0, float* last = nullptr) const {
     (void)pre;
     Kernels::template causal_conv1d_forward<float>(x, prefix, w, b, u, bf(u_bf), B, L, C, K, true,
-                                                   stream_, x_ld);
+                                                   stream_, x_ld, last);
   }
   // dx_bf (may be null): dx rounded to bf16 too, by the convolution's own kernel.
   void conv_silu_backward(const float* x, const float* prefix, const float* w, const float* b,
@@ -159,10 +160,11 @@ class DeviceOps {
                               const float* Cm, const float* D, const float* z,
                               const float* delta_bias, const float* initial_state, float* out,
                               float* last_state, float* chunk_states, int B, int L, int Dc, int N,
-                              uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0) const {
-    Kernels::template selective_scan_forward<float>(u, delta, A, Bm, Cm, D, z, delta_bias, true,
-                                                    initial_state, out, bf(out_bf), last_state,
-                                                    chunk_states, B, L, Dc, N, stream_, ldbc, z_ld);
+                              uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0,
+                              bool a_log = false) const {
+    Kernels::template selective_scan_forward<float>(
+        u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out, bf(out_bf), last_state,
+        chunk_states, B, L, Dc, N, stream_, ldbc, z_ld, a_log);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,
@@ -171,11 +173,11 @@ class DeviceOps {
                                float* ddelta, float* dA, float* dBm, float* dCm, float* dD,
                                float* dz, float* ddelta_bias, void* scratch, int B, int L, int Dc,
                                int N, uint16_t* ddelta_bf = nullptr, uint16_t* dz_bf = nullptr,
-                               int ldbc = 0, const float* dA_scale = nullptr, int z_ld = 0) const {
+                               int ldbc = 0, bool a_log = false, int z_ld = 0) const {
     Kernels::template selective_scan_backward<float>(
         u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, chunk_states, dout, du, ddelta,
         dA, dBm, dCm, dD, dz, ddelta_bias, bf(ddelta_bf), bf(dz_bf), scratch, B, L, Dc, N, stream_,
-        ldbc, dA_scale, z_ld);
+        ldbc, a_log, z_ld);
   }
 
  private:

@@ -74,6 +74,41 @@ CPU_TEST(CausalConv1d, PrefixContinuesTheSequence) {
   EXPECT_GT(test::rel_diff(rows(whole, L1, L), cold), 1e-3);  // the prefix mattered
 }
 
+// The forward keeps its window's last K - 1 inputs as the next window's prefix: windows of 5, 1,
+// 2 and 5 steps (two shorter than K - 1, whose prefix is partly the one before), each continuing
+// from the `last` of the one before, are the whole sequence; the first window's prefix is zeros.
+CPU_TEST(CausalConv1d, LastInputsContinueTheSequence) {
+  std::mt19937_64 rng(6);
+  const int B = 2, C = 19, K = 4;
+  const int lengths[] = {5, 1, 2, 5};
+  int L = 0;
+  for (int n : lengths) L += n;
+  auto x = rand_vec(size_t(B) * L * C, rng), w = rand_vec(C * K, rng), b = rand_vec(C, rng);
+  const auto whole = ref_conv(x, w, b, B, L, C, K);
+  std::vector<double> prefix, last(size_t(B) * (K - 1) * C, -7.0);
+  int t0 = 0;
+  for (int n : lengths) {
+    std::vector<double> xw, yw(size_t(B) * n * C), want;
+    for (int bb = 0; bb < B; ++bb) {
+      xw.insert(xw.end(), x.begin() + (size_t(bb) * L + t0) * C,
+                x.begin() + (size_t(bb) * L + t0 + n) * C);
+      want.insert(want.end(), whole.begin() + (size_t(bb) * L + t0) * C,
+                  whole.begin() + (size_t(bb) * L + t0 + n) * C);
+    }
+    causal_conv1d_forward(xw.data(), prefix.empty() ? nullptr : prefix.data(), w.data(), b.data(),
+                          yw.data(), B, n, C, K, last.data());
+    EXPECT_LT(test::rel_diff(want, yw), 1e-15) << "window at " << t0;
+    prefix = last;
+    t0 += n;
+  }
+  // The last window's last inputs are the sequence's, bit for bit.
+  for (int bb = 0; bb < B; ++bb)
+    for (int j = 0; j < K - 1; ++j)
+      for (int c = 0; c < C; ++c)
+        ASSERT_EQ(last[(size_t(bb) * (K - 1) + j) * C + c],
+                  x[(size_t(bb) * L + L - (K - 1) + j) * C + c]);
+}
+
 // The weight gradient takes the prefix's terms; no gradient flows into the prefix.
 CPU_TEST(CausalConv1d, GradCheckWithPrefix) {
   std::mt19937_64 rng(5);
@@ -233,20 +268,25 @@ void check_conv_forward(const ConvShape& s, uint64_t seed, int x_ld = 0) {
   SCOPED_TRACE(describe(s) + (x_ld ? " x_ld " + std::to_string(x_ld) : ""));
   const ConvData<T> d(s, seed);
   const size_t n = size_t(s.B) * s.L * s.C;
-  std::vector<double> ref(n);
+  const size_t nl = size_t(s.B) * (s.K - 1) * s.C;
+  std::vector<double> ref(n), ref_last(nl);
   causal_conv1d_forward<double>(d.x.data(), d.pre(), d.w.data(), d.b(), ref.data(), s.B, s.L, s.C,
-                                s.K);
+                                s.K, ref_last.data());
   if (s.silu) silu_forward(ref.data(), ref.data(), n);
   Mem mem;
   T* y = mem.template alloc<T>(n);
   bfloat16* ybf = mem.template alloc<bfloat16>(n);
+  T* last = mem.template alloc<T>(nl);
   Kernels::template causal_conv1d_forward<T>(
       d.x_on(mem, s, x_ld), d.pre_on(mem), mem.upload(elems<float>(d.w)),
       d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias)), y, ybf, s.B, s.L, s.C, s.K,
-      s.silu, mem.stream(), x_ld);
+      s.silu, mem.stream(), x_ld, last);
   mem.sync();
   const std::vector<T> y_dev = mem.download(y, n);
   EXPECT_CLOSE(values(y_dev), ref, tolerance<T>(), "y");
+  // The window's last inputs (the next window's prefix) are copies: the reference's bits.
+  const std::vector<double> last_dev = values(mem.download(last, nl));
+  for (size_t i = 0; i < nl; ++i) ASSERT_EQ(last_dev[i], ref_last[i]) << "last[" << i << "]";
   // The bf16 copy is y rounded as the cast rounds it, bit for bit.
   const std::vector<bfloat16> y_bf = mem.download(ybf, n);
   for (size_t i = 0; i < n; ++i)

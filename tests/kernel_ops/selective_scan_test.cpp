@@ -418,8 +418,8 @@ template <class Kernels, class Mem, class T>
 DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
                                      const std::vector<double>& dA0, const std::vector<double>& dD0,
                                      const std::vector<double>& db0, bool forward_states,
-                                     int ldbc = 0, const std::vector<double>& dA_scale = {},
-                                     int z_ld = 0, std::vector<double>* forward_out = nullptr) {
+                                     int ldbc = 0, bool a_log = false, int z_ld = 0,
+                                     std::vector<double>* forward_out = nullptr) {
   const size_t bld = size_t(s.B) * s.L * s.D, bln = size_t(s.B) * s.L * s.N;
   const size_t dn = size_t(s.D) * s.N;
   Mem mem;
@@ -453,7 +453,7 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
     T* out = mem.template alloc<T>(bld);
     Kernels::template selective_scan_forward<T>(u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0,
                                                 out, nullptr, nullptr, states, s.B, s.L, s.D, s.N,
-                                                mem.stream(), ldbc, z_ld);
+                                                mem.stream(), ldbc, z_ld, a_log);
     if (forward_out) *forward_out = values(mem.download(out, bld));
   }
   bfloat16* g_ddbf = mem.template alloc<bfloat16>(bld);
@@ -461,7 +461,7 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
   Kernels::template selective_scan_backward<T>(
       u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout), g_du,
       g_ddelta, g_dA, g_dB, g_dC, s.dskip ? g_dD : nullptr, g_dz, s.bias ? g_db : nullptr, g_ddbf,
-      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, up<Mem, float>(mem, dA_scale), z_ld);
+      g_dzbf, w, s.B, s.L, s.D, s.N, mem.stream(), ldbc, a_log, z_ld);
   mem.sync();
   // The bf16 copies are ddelta and dz rounded as the cast rounds them, bit for bit.
   const std::vector<T> ddelta_dev = mem.download(g_ddelta, bld);
@@ -693,31 +693,49 @@ KERNEL_TEST(Scan, ReadsZAndWritesDzInWiderRows) {
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
     std::vector<double> out, out_wide;
     const auto own =
-        device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, {}, 0, &out);
-    const auto wide = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, {},
-                                                                2 * s.D, &out_wide);
+        device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, false, 0, &out);
+    const auto wide = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0,
+                                                                false, 2 * s.D, &out_wide);
     EXPECT_EQ(out, out_wide) << "forward";
     expect_same_gradients(own, wide, " (z rows apart)");
   }
 }
-// dA_scale applies the chain rule on the way out: dA += (the sum) · scale, as the model's
-// dA_log += dA · A did with a zeroed dA and a separate product.
-KERNEL_TEST(Scan, DAScaleAppliesTheChainRule) {
+// Given A_log (a_log), the kernels make A = −exp(A_log) as the elementwise neg_exp makes it, and
+// dA receives A_log's gradient: the forward and every other gradient are the bits of a scan given
+// neg_exp's A, and dA_log = dA0 + (the sum) · A, as the model's dA_log += dA · A did with a zeroed
+// dA and a separate product.
+KERNEL_TEST(Scan, ALogMakesAAndAppliesTheChainRule) {
   const ScanShape s{2, 21, 45, 16};
-  const ScanData<float> d(s, 99);
+  ScanData<float> d(s, 99);
   std::mt19937_64 rng(100);
   const size_t dn = size_t(s.D) * s.N;
   const std::vector<double> zeros(dn), dD0(size_t(s.D)), db0(size_t(s.D));
   const auto dA0 = round_trip<float>(rand_vec(dn, rng));
-  const auto scale = round_trip<float>(rand_vec(dn, rng, -2.0, 2.0));
-  const auto sum = device_scan_backward<Kernels, Mem, float>(s, d, zeros, dD0, db0, false);
-  const auto scaled =
-      device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, scale);
-  for (size_t i = 0; i < dn; ++i) {
-    const float want = float(dA0[i]) + float(sum.dA[i]) * float(scale[i]);
-    EXPECT_NEAR(scaled.dA[i], want, 1e-6 * (1.0 + std::abs(want))) << "dA[" << i << "]";
+  const auto a_log = round_trip<float>(rand_vec(dn, rng, -1.0, 0.7));
+  std::vector<double> a;  // neg_exp's A, as the model made it before
+  {
+    Mem mem;
+    float* y = mem.template alloc<float>(dn);
+    Kernels::neg_exp(mem.upload(elems<float>(a_log)), dn, y, 1, dn, mem.stream());
+    a = values(mem.download(y, dn));
   }
-  EXPECT_EQ(sum.du, scaled.du) << "the other gradients do not change";
+  d.A = a;
+  std::vector<double> out_a, out_log;
+  const auto sum =
+      device_scan_backward<Kernels, Mem, float>(s, d, zeros, dD0, db0, false, 0, false, 0, &out_a);
+  d.A = a_log;
+  const auto chained =
+      device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false, 0, true, 0, &out_log);
+  EXPECT_EQ(out_a, out_log) << "the forward";
+  for (size_t i = 0; i < dn; ++i) {
+    const float want = float(dA0[i]) + float(sum.dA[i]) * float(a[i]);
+    EXPECT_NEAR(chained.dA[i], want, 1e-6 * (1.0 + std::abs(want))) << "dA[" << i << "]";
+  }
+  auto others = [](DeviceScanGrads g) {
+    g.dA.clear();
+    return g;
+  };
+  expect_same_gradients(others(sum), others(chained), " (the other gradients, given A_log)");
 }
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
   uint64_t seed = 41;

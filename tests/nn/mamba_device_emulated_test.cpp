@@ -1,7 +1,12 @@
 // The Mamba model's device path (DeviceOps over the CUDA kernel sources) on the CPU emulator,
 // against the CPU model in float64: every build runs the code a GPU run executes, except
 // cuBLASLt (the emulated GEMM is the CPU's) and the stream's concurrency.
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "kernels/cuda_kernels.h"
+#include "kernels/step_recorder.h"
 #include "tests/nn/mamba_device_checks.h"
 
 namespace slipstream::nn::test {
@@ -24,6 +29,47 @@ TEST(MambaEmulatedDevice, MatchesCpuModelWithForwardScanStates) {
   for (const auto& k : mamba_device_cases())
     check_mamba_on_device<EmulatedKernels>(k, Device::cpu(), nullptr, {}, seed++);
   EmulatedKernels::set_scan_forward_keeps_states(was);
+}
+
+// A training step of the model with a carried state as the step recorder sees it (the operations
+// a CUDA graph captures): every launch named by its kernel, which a failed launch's error and
+// the step's operation list show; the convolution keeps the carried inputs itself (no copies).
+TEST(MambaEmulatedDevice, ARecordedStepNamesEveryKernelAndCopiesNoCarriedInputs) {
+  MambaConfig c;
+  c.din = 12, c.d_model = 16, c.d_state = 8, c.layers = 2;
+  const int B = 3, L = 2;  // a window shorter than d_conv - 1 keeps some of the carried inputs
+  using Ops = ops::DeviceOps<EmulatedKernels>;
+  MambaModel<float, Ops> m(c, Ops(Device::cpu(), nullptr, {}));
+  m.set_carry(true);
+  m.resize(B, L, true);
+  const size_t nw = MambaModel<double>(c).layout().params.total();
+  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  std::vector<float> w(nw), g(nw, 0.0f), x(nx, 0.5f), dy(ny, 0.25f), y(ny), dx(nx);
+  std::vector<uint16_t> wb(nw);
+  const std::vector<float> cont(size_t(B), 1.0f);
+  std::vector<std::string> names;
+  {
+    capture::StepRecorder rec(nullptr);
+    m.carry(cont.data());
+    m.forward(x.data(), w.data(), wb.data(), y.data());
+    m.backward(x.data(), dy.data(), w.data(), wb.data(), g.data(), dx.data());
+    ASSERT_TRUE(rec.recording()) << rec.stop_reason();
+    const auto ops = rec.finish();
+    for (const auto& op : ops) names.emplace_back(op.what);
+    capture::issue_ops(ops);
+    rec.run_deferred();
+  }
+  auto count = [&](const std::string& name) {
+    return std::count(names.begin(), names.end(), name);
+  };
+  EXPECT_GT(names.size(), 20u);
+  for (const auto& n : names) {
+    EXPECT_FALSE(n.empty());
+    EXPECT_NE(n, "kernel") << "a launch named by the variable holding its kernel";
+  }
+  EXPECT_EQ(count("conv_forward_kernel"), c.layers);
+  EXPECT_EQ(count("scan_backward_chan_kernel"), c.layers);
+  EXPECT_EQ(count("copy_cols_kernel"), 0) << "the carried convolution inputs copied after it";
 }
 
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {

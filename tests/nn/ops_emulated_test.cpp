@@ -69,15 +69,16 @@ TEST(GeneratedOps, ForwardToTheSameKernelOnEitherBackend) {
 }
 
 // The scan's forward and backward with Bm and Cm inside wider rows (as x_proj's output holds dt,
-// Bm, Cm) and dA_log's chain rule applied by the backward (dA += sum · A): the CPU's gathering,
-// scattering and scaling agree with the device kernels'; outside the Bm, Cm columns nothing moves.
-TEST(GeneratedOps, ScanWithWideRowsAndAScaleAgrees) {
+// Bm, Cm), given A_log (A = −exp(A_log) made by the scan, dA_log's chain rule applied by the
+// backward: dA_log += sum · A): the CPU's gathering, scattering and scaling agree with the device
+// kernels'; outside the Bm, Cm columns nothing moves.
+TEST(GeneratedOps, ScanWithWideRowsAndALogAgrees) {
   const int B = 2, L = 9, D = 20, N = 8, R = 3, P = R + 2 * N;
   const size_t bld = size_t(B) * L * D, rows = size_t(B) * L;
   const auto u = random_values(bld, 11), z = random_values(bld, 12), dout = random_values(bld, 13);
   auto delta = random_values(bld, 14), A = random_values(size_t(D) * N, 15);
   for (auto& v : delta) v = 0.1f + 0.2f * std::fabs(v);
-  for (auto& v : A) v = -0.3f - std::fabs(v);
+  for (auto& v : A) v = std::log(0.3f + std::fabs(v));  // A_log
   const auto Dskip = random_values(size_t(D), 16), bias = random_values(size_t(D), 17);
   const auto dbc = random_values(rows * P, 18);  // each row: dt (R), Bm (N), Cm (N)
   ScratchNeeds need;
@@ -85,10 +86,10 @@ TEST(GeneratedOps, ScanWithWideRowsAndAScaleAgrees) {
   auto forward = [&](auto ops, auto& y) {
     ops.selective_scan_forward(u.data(), delta.data(), A.data(), dbc.data() + R, dbc.data() + R + N,
                                Dskip.data(), z.data(), bias.data(), nullptr, y.data(), nullptr,
-                               nullptr, B, L, D, N, nullptr, P);
+                               nullptr, B, L, D, N, nullptr, P, 0, true);
   };
   expect_same("selective_scan_forward (wide rows)", std::vector<float>(bld, 0.0f), forward);
-  // out: dA (D, N; starting from values, += sum · A) then x_proj's output gradient (rows of P:
+  // out: dA_log (D, N; starting from values, += sum · A) then x_proj's output gradient (rows of P:
   // dBm and dCm written into their columns, the first R left as they were).
   auto out0 = random_values(size_t(D) * N + rows * P, 19);
   auto backward = [&](auto ops, auto& out) {
@@ -100,9 +101,9 @@ TEST(GeneratedOps, ScanWithWideRowsAndAScaleAgrees) {
                                 dbc.data() + R + N, Dskip.data(), z.data(), bias.data(), nullptr,
                                 nullptr, dout.data(), du.data(), ddelta.data(), out.data(),
                                 ddbc + R, ddbc + R + N, dD.data(), dz.data(), db.data(),
-                                scratch.data(), B, L, D, N, nullptr, nullptr, P, A.data());
+                                scratch.data(), B, L, D, N, nullptr, nullptr, P, true);
   };
-  expect_same("selective_scan_backward (wide rows, dA scale)", out0, backward);
+  expect_same("selective_scan_backward (wide rows, A_log)", out0, backward);
   auto on_cpu = out0;
   backward(CpuOps<float>(), on_cpu);
   for (size_t r = 0; r < rows; ++r)
@@ -163,9 +164,30 @@ TEST(GeneratedOps, ConvAndScanOnSideBySideRowsAgree) {
                                 Dskip.data(), z, bias.data(), nullptr, nullptr, dout.data(),
                                 du_s.data(), ddelta.data(), dA.data(), dB.data(), dC.data(),
                                 dD.data(), out.data() + C, db.data(), scratch.data(), B, L, C, N,
-                                nullptr, nullptr, 0, nullptr, 2 * C);
+                                nullptr, nullptr, 0, false, 2 * C);
   };
   expect_same("selective_scan_backward (dz rows apart)", out0, scan_backward);
+  // Given A_log (the model's parameter, on a device), both make A = −exp(A_log) and give A_log's
+  // gradient (+=) for dA.
+  std::vector<float> A_log(A.size());
+  for (size_t i = 0; i < A.size(); ++i) A_log[i] = std::log(-A[i]);
+  expect_same(
+      "selective_scan_forward (A_log)", std::vector<float>(n, 0.0f), [&](auto ops, auto& y) {
+        ops.selective_scan_forward(u.data(), delta.data(), A_log.data(), Bm.data(), Cm.data(),
+                                   Dskip.data(), z, bias.data(), nullptr, y.data(), nullptr,
+                                   nullptr, B, L, C, N, nullptr, 0, 2 * C, true);
+      });
+  expect_same("selective_scan_backward (A_log's gradient)", std::vector<float>(size_t(C) * N, 0.5f),
+              [&](auto ops, auto& dA_log) {
+                std::vector<float> du_s(n), ddelta(n), dB(rows * N), dC(rows * N), dz(wide);
+                std::vector<float> dD(static_cast<size_t>(C)), db(static_cast<size_t>(C));
+                std::vector<char> scratch(ops.scratch_bytes(need));
+                ops.selective_scan_backward(
+                    u.data(), delta.data(), A_log.data(), Bm.data(), Cm.data(), Dskip.data(), z,
+                    bias.data(), nullptr, nullptr, dout.data(), du_s.data(), ddelta.data(),
+                    dA_log.data(), dB.data(), dC.data(), dD.data(), dz.data(), db.data(),
+                    scratch.data(), B, L, C, N, nullptr, nullptr, 0, true, 2 * C);
+              });
   auto conv_cpu = out0, scan_cpu = out0;
   conv_backward(CpuOps<float>(), conv_cpu);
   scan_backward(CpuOps<float>(), scan_cpu);
