@@ -116,6 +116,21 @@ __device__ __forceinline__ float lane_select(bool p, float a, float b) {
 #endif
 }
 
+// 2^x as the SFU's ex2.approx.ftz gives it: exp2f's own bits wherever 2^x is a normal float
+// (exp2f wraps the same MUFU.EX2 in a compare and two predicated multiplies, sm_90 SASS, to make
+// denormal results), 0 below 2^-126 instead of a denormal. The scan's decays exp(dt A) take it:
+// three instructions of every state-step's exp, a decay under 1e-38 being no decay at all.
+__device__ __forceinline__ float exp2_ftz(float x) {
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+  const float r = exp2f(x);
+  return r < 1.17549435e-38f ? 0.0f : r;  // FLT_MIN: the flush
+#else
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
 // Numerics shared with the CPU reference (kernels/activations.h): PyTorch's softplus
 // threshold 20, silu = x sigmoid(x).
 __device__ __forceinline__ float sigmoidf_(float x) {

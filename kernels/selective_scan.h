@@ -116,22 +116,28 @@ static bool scan_forward_keeps_states();
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
-// channel; at d_state 16 127-128 registers on sm_90, 4 blocks of 128 threads an SM, which
-// GpuScan.BackwardKeepsFourBlocksAnSm holds; at 32, 142 in fp32, 3 blocks, and 128 in bf16,
-// where ptxas spills 24 bytes for 4). registers: a thread holds 16 (241 registers, 2 blocks an
+// channel; held by its launch bounds to 128 registers, 4 blocks of 128 threads an SM, which
+// GpuScan.BackwardKeepsFourBlocksAnSm checks: ptxas 13 fits it without a spill at d_state 16 and
+// 32, fp32 and bf16, sm_90). registers: a thread holds 16 (241 registers, 2 blocks an
 // SM): half the threads, one shuffle less for each sum over the channel's states and half the
 // partial sums of dBm and dCm, but 1.5x slower at gpu_standard and 1.2-1.3x at production's
 // shape on an H200. whole_chunks: split's shape with no test
 // between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
-// the next step's arithmetic; held to 168 registers (3 blocks an SM; at d_state 16 ptxas
-// spills 36-40 bytes to stay there, where it would take 176): not yet timed on a GPU.
-// split_branches: split as it was compiled before 2026-11-27, its sums over a warp's channels
-// choosing what to send with `?:`, which nvcc turned into two branches around shuffles that
-// then ran in their slow collective form (selective_scan_cuda.cu, channel_sum_round): the
-// benchmarks' baseline for that change, the same values.
+// the next step's arithmetic; held to 168 registers (3 blocks an SM; ptxas 13 fits it without a
+// spill since the scan makes A in shared memory, 36-40 bytes before): not yet timed on a GPU.
+// split_branches: split with its sums over a warp's channels choosing what to send with `?:`, as
+// before 2026-11-27, which nvcc turned into two branches around shuffles that then ran in their
+// slow collective form (selective_scan_cuda.cu, channel_sum_round): the benchmarks' baseline for
+// that change, the same values. exact_exp: split with exp2f for the decays exp(dt A), as before
+// 2026-11-27's fourth session, where the default (and the forward) take exp2_ftz
+// (kernels/cuda_common.cuh): exp2f's own bits wherever the decay is a normal float, 0 below
+// 2^-126, three instructions fewer an exp (16 exps a thread a step; the default's sm_90 code is
+// 5,112 instructions against 5,680): the baseline for that change; a backward reading a forward's
+// chunk states gives the default's bits only in the default form. Each differs from the default
+// in that one thing.
 // Set it before sizing a workspace (and keep it from a forward that keeps chunk states to its
 // backward): the workspace's size depends on it. Not thread-safe.
-enum class ScanBackwardVariant { registers, split, whole_chunks, split_branches };
+enum class ScanBackwardVariant { registers, split, whole_chunks, split_branches, exact_exp };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
 // Blocks of the backward kernel for d_state N and element type T that fit an SM of the current

@@ -187,8 +187,18 @@ __device__ __forceinline__ ChanIn load_chan(const ScanArgs<DT>& a, bool dok, siz
 // h_t = exp(dt A) h_{t-1} + dt u B_t (dtA2 = dt A log2 e, dub = dt u B_t) as one explicit fma: the
 // forward, the backward's first pass and its recomputation then round alike whatever the compiler
 // would contract, so the chunk states the forward keeps are the ones the backward would find.
+// kFtz: exp2_ftz (the default); false: exp2f with its denormal fix-up, the backward's exact_exp
+// variant (the baseline that change is timed against; bits differ only below 2^-126).
+template <bool kFtz>
+__device__ __forceinline__ float decay(float dtA2) {
+  if constexpr (kFtz)
+    return exp2_ftz(dtA2);
+  else
+    return exp2f(dtA2);
+}
+template <bool kFtz = true>
 __device__ __forceinline__ float next_state(float dtA2, float h, float dub) {
-  return fmaf(exp2f(dtA2), h, dub);
+  return fmaf(decay<kFtz>(dtA2), h, dub);
 }
 
 // One halving round of channel_sum: lanes with bit kOff keep the upper kHalf values, the others
@@ -321,10 +331,13 @@ struct ScanGrads {
 // recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
 // dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
 // memory (fixed order), and over blocks by sum_partials.
-// whole_chunks is held to 3 blocks an SM (168 registers); the others keep ptxas's own choice (a
-// minimum of 0 blocks is none: an explicit 1 let the default shape grow from 127 to 162).
-template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true>
-__global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : 0)
+// whole_chunks is held to 3 blocks an SM (168 registers), the split shapes (8 states a thread,
+// 2 or 4 threads a channel) to 4 (128): left to itself ptxas 13 gave production's (d_state 32)
+// 139-152 after small changes elsewhere in the kernel (3 blocks), and now fits 128 without a
+// spill. The others keep ptxas's own choice (a minimum of 0 blocks is none: an explicit 1 let
+// the default shape grow from 127 to 162).
+template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true>
+__global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1 ? 4 : 0))
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
@@ -365,7 +378,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : 0)
           const float dtu = in[j].dt * in[j].u;
 #pragma unroll
           for (int k = 0; k < kNS; ++k)
-            h[k] = next_state(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][q.s * kNS + k]);
+            h[k] = next_state<kFtz>(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][q.s * kNS + k]);
         }
       }
     }
@@ -420,7 +433,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : 0)
           const float dtu = in[j].dt * in[j].u;
 #pragma unroll
           for (int k = 0; k < kNS; ++k) {
-            const float e = exp2f(in[j].dt * q.A2[k]);  // next_state's
+            const float e = decay<kFtz>(in[j].dt * q.A2[k]);  // next_state's
             if constexpr (kKeepExp) step_exp[j][k] = e;
             hs[j + 1][k] = fmaf(e, hs[j][k], dtu * sB[jc + j][q.s * kNS + k]);
           }
@@ -449,7 +462,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : 0)
             if constexpr (kKeepExp)
               ea = step_exp[j][k];
             else
-              ea = exp2f(x.dt * q.A2[k]);
+              ea = decay<kFtz>(x.dt * q.A2[k]);
             const float gn = g[k] + dy * Cn;
             cC[k] = dy * hs[j + 1][k];
             cB[k] = gn * x.dt * x.u;
@@ -609,8 +622,8 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's or split_branches's form for the split shapes
-// when that is the variant.
+// The backward kernel of a shape, whole_chunks's, split_branches's or exact_exp's form for the
+// split shapes when that is the variant (each differs from the default in one thing).
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
   if constexpr (kNS == 8 && kG > 1) {
@@ -618,6 +631,8 @@ auto backward_kernel() {
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
     if (g_backward_variant == ScanBackwardVariant::split_branches)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, false>;
+    if (g_backward_variant == ScanBackwardVariant::exact_exp)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, false>;
   }
   return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }

@@ -435,7 +435,8 @@ int main(int argc, char** argv) {
         for (auto [variant, vname] :
              {std::pair{sk::CudaKernels::ScanBackwardVariant::registers, "registers"},
               std::pair{sk::CudaKernels::ScanBackwardVariant::whole_chunks, "whole_chunks"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::split_branches, "split_branches"}})
+              std::pair{sk::CudaKernels::ScanBackwardVariant::split_branches, "split_branches"},
+              std::pair{sk::CudaKernels::ScanBackwardVariant::exact_exp, "exact_exp"}})
           for (bool bf16 : {false, true})
             add(std::string("scan_backward_") + vname + (bf16 ? "/bf16/" : "/fp32/") + p,
                 [=](benchmark::State& st) {

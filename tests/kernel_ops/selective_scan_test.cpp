@@ -632,6 +632,9 @@ KERNEL_TEST(Scan, BackwardWholeChunksVariantMatchesCpu) {
 KERNEL_TEST(Scan, BackwardSplitBranchesVariantMatchesCpu) {
   check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::split_branches, 191);
 }
+KERNEL_TEST(Scan, BackwardExactExpVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::exact_exp, 211);
+}
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
 KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {
