@@ -159,9 +159,10 @@ def main(out):
                   "the steps/s without it (bf16)")
     # Kernel forms against each other (each figure its own launch, same call): the scan
     # backward's forward + backward pair with the forward keeping the chunk states against
-    # without; its other forms (registers, whole_chunks; builds where registers was the default
-    # name it split) against the default; the embedding's table gradients, dense partials (the
-    # default) against sorted.
+    # without; its other forms (registers, whole_chunks, split_branches and exact_exp, the
+    # baselines of the selects and of exp2_ftz; builds where registers was the default name it
+    # split) against the default, at both shapes; the embedding's table gradients, dense partials
+    # (the default) against sorted.
     def compare(label, base_name, base, cand_name, cand):
         a, b = bench.get(base), bench.get(cand)
         if a and b:
@@ -172,10 +173,10 @@ def main(out):
         for shape in ("gpu_standard", "production"):
             compare(f"scan fwd+bwd, {shape} {dt}", "pair", f"scan_fwd_bwd/{dt}/{shape}",
                     "kept states", f"scan_fwd_bwd_kept_states/{dt}/{shape}")
-        for other in ("registers", "whole_chunks", "split"):
-            compare(f"scan backward, gpu_standard {dt}", "default",
-                    f"scan_backward/{dt}/gpu_standard", other,
-                    f"scan_backward_{other}/{dt}/gpu_standard")
+        for shape in ("gpu_standard", "production"):
+            for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp"):
+                compare(f"scan backward, {shape} {dt}", "default", f"scan_backward/{dt}/{shape}",
+                        other, f"scan_backward_{other}/{dt}/{shape}")
     for shape in ("gpu_standard", "production"):
         compare(f"embedding table gradients, {shape}", "partials",
                 f"embed_backward_partials/{shape}", "sorted", f"embed_backward_sorted/{shape}")
