@@ -91,7 +91,7 @@ gpu-bundle: deps
 	if [ -d ../shared/replays ]; then tar -C ../shared -cf - replays | xz -9 >.gpu-carry/replays.tar.xz; fi
 
 # mamba-ssm's and causal-conv1d's fused kernels for the PyTorch peer, built here for sm_90
-# (.gpu-carry/mamba_peer.tar.xz, ~27 min on 2 cores; GPU_CHECK_MAMBA_SSM names it there).
+# (.gpu-carry/mamba_peer.tar.xz, 8-27 min on 2 cores; GPU_CHECK_MAMBA_SSM names it there).
 gpu-peer-bundle:
 	bash bench/peers/build_mamba_ssm.sh
 

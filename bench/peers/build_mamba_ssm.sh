@@ -46,9 +46,12 @@
 # $PEERBUILD_DIR (default /work/peerbuild, outside the repo) are reused; delete that folder (or
 # its wheels/ subfolder) to force a rebuild.
 #
-# Time on the build machine (2 cores, no GPU): 1,582 s with the venv in place (causal_conv1d
-# 9 min, selective_scan 16 min), about 1.5 min more from an empty $PEERBUILD_DIR; a rerun with
-# everything in place takes ~1 min (re-packs and re-checks the bundle).
+# Time on the build machine (2 cores, no GPU): 1,582 s with the venv in place on 2026-11-26
+# (causal_conv1d 9 min, selective_scan 16 min), 503 s from an empty $PEERBUILD_DIR on 2026-11-27
+# (causal_conv1d 3.3 min, selective_scan 4 min: the same sessions' machines differ); a rerun with
+# everything in place takes ~1 min (re-packs and re-checks the bundle). The bundle (15 MB) does
+# not fit one call's 64 MiB carry beside prebuilt.tar.xz, replays.tar.xz and the working tree
+# (66 MiB with them): gpu-check's peer group gets a call of its own.
 #
 # Seen on an H100 (2026-11-26): causal-conv1d 1.7.0's backward with SiLU is wrong by ~1 % in dx
 # when the length is 1-3 past a multiple of 512 (fp32; 1-7 past 1024 in fp16/bf16): its
