@@ -23,8 +23,19 @@ def read_json(out, name):
         try:
             return json.load(f)
         except json.JSONDecodeError as e:
-            print(f"  {name}: not read ({e}): its step stopped while writing it?")
+            print(f"  {name}: not read ({e}): its step stopped while writing it?",
+                  file=sys.stderr)
             return None
+
+
+def side_by_side_results(out):
+    """Each side_by_side_<mode>[_<shape>].json of $OUT that was written whole, parsed, in name
+    order (gpu_standard's files have no shape in their name)."""
+    for fname in sorted(f for f in os.listdir(out)
+                        if f.startswith("side_by_side_") and f.endswith(".json")):
+        r = read_json(out, fname)
+        if r is not None:
+            yield r
 
 
 def print_profile(out, top=15):
@@ -214,12 +225,7 @@ def main(out):
         else:
             print("    GPU busy: not measured (NVML did not list the device)")
     print_loader(out)
-    # side_by_side_<mode>.json at gpu_standard, side_by_side_<mode>_<shape>.json at the others.
-    for fname in sorted(f for f in os.listdir(out)
-                        if f.startswith("side_by_side_") and f.endswith(".json")):
-        r = read_json(out, fname)
-        if r is None:
-            continue
+    for r in side_by_side_results(out):
         ms = r.get("median_step_ms", {})
         done = r.get("repeats_done", r.get("repeats"))
         for name, ratio in r.get("speedup", {}).items():

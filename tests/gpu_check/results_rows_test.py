@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""tools/gpu_check/results_rows.py on a made-up gpu-check output folder: the rows a lease's
+files give, their baselines and the direction of each ratio. Exits 1 on the first mismatch."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def write(d, name, content):
+    with open(os.path.join(d, name), "w") as f:
+        f.write(content if isinstance(content, str) else json.dumps(content))
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def main(tool):
+    with tempfile.TemporaryDirectory() as d:
+        write(d, "mode.txt", "full (prebuilt abc1234)\n")
+        write(d, "bench_kernels_cuda.json", {"benchmarks": [
+            {"name": "scan_backward/bf16/production/manual_time", "real_time": 2000.0,
+             "time_unit": "us", "GB/s": 1500.0},
+            {"name": "scan_backward_exact_exp/bf16/production/manual_time", "real_time": 2200.0,
+             "time_unit": "us"},
+            {"name": "scan_forward/fp32/gpu_standard/manual_time", "real_time": 100.0,
+             "time_unit": "us"},
+            {"name": "scan_backward/fp32/gpu_standard/manual_time", "real_time": 500.0,
+             "time_unit": "us"},
+            {"name": "embed_backward_sorted/gpu_standard/manual_time", "error_occurred": True,
+             "error_message": "no"}]})
+        write(d, "bench_e2e_gpu_standard.json", {"runs": [
+            {"precision": "fp32", "steps_per_s": 250.0, "device": "NVIDIA H100 80GB HBM3"},
+            {"precision": "bf16", "steps_per_s": 400.0,
+             "cuda_graph": {"summary": "99 of 100 replayed", "operations": 69}},
+            {"precision": "bf16/nograph", "steps_per_s": 320.0}]})
+        write(d, "overlap_gpu_quick.json", {"loading_steps_per_s": 990.0,
+                                             "resident_steps_per_s": 1000.0,
+                                             "overlap_ratio": 0.99,
+                                             "loading": [{"gpu_busy_pct": 90.0},
+                                                         {"gpu_busy_pct": 92.0}]})
+        write(d, "bench_infer_policy.json", {"benchmarks": [
+            {"name": "BM_PolicyStepBatch/games:256/threads:1/real_time", "p50_us": 900.0,
+             "p99_us": 1000.0, "frames_per_s": 250000.0},
+            {"name": "BM_PolicyStepBatch/games:256/threads:2/real_time", "frames_per_s": 1.0},
+            {"name": "BM_PolicyStepBatchOnDevice/games:256/real_time", "p50_us": 100.0,
+             "p99_us": 150.0, "frames_per_s": 2500000.0}]})
+        write(d, "side_by_side_eager.json", {"shape": "gpu_standard", "precision": "bf16",
+                                             "median_step_ms": {"slipstream": 2.0,
+                                                                "torch eager": 20.0},
+                                             "speedup": {"torch eager": 10.0}, "repeats": 3})
+        write(d, "torch_scan.json", {"fused": {
+            "gpu_standard": {"checked": True, "selective_scan_fn/fp32/fwd_bwd_ms": 1.2},
+            "production": {"checked": False, "selective_scan_fn/fp32/fwd_bwd_ms": 0.1}}})
+        out = subprocess.run([sys.executable, tool, d, "--date", "2026-12-01"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            fail(out.stderr)
+        rows = {}
+        for line in out.stdout.splitlines():
+            r = json.loads(line)
+            for key in ("date", "commit", "machine", "name", "value", "unit", "baseline",
+                        "ratio", "command"):
+                if key not in r:
+                    fail(f"{r.get('name')}: no {key}")
+            rows[r["name"]] = r
+
+        def expect(name, value, baseline=None, ratio=None):
+            r = rows.get(name)
+            if r is None:
+                fail(f"no row {name}; rows: {sorted(rows)}")
+            if abs(r["value"] - value) > 1e-6 * max(1.0, abs(value)):
+                fail(f"{name}: value {r['value']}, want {value}")
+            got = r["baseline"]["name"] if r["baseline"] else None
+            if got != baseline:
+                fail(f"{name}: baseline {got}, want {baseline}")
+            if ratio is not None and abs(r["ratio"] - ratio) > 1e-3:
+                fail(f"{name}: ratio {r['ratio']}, want {ratio}")
+
+        r = rows["kernel/scan_backward/bf16/production"]
+        if r["commit"] != "abc1234" or r["machine"] != "NVIDIA H100 80GB HBM3":
+            fail(f"commit/machine {r['commit']} / {r['machine']}")
+        if r["date"] != "2026-12-01":
+            fail(f"date {r['date']}")
+        expect("kernel/scan_backward/bf16/production", 2000.0)
+        # A variant against the default, in the same call: 2000 / 2200.
+        expect("kernel/scan_backward_exact_exp/bf16/production", 2200.0,
+               "scan_backward/bf16/production", 0.909)
+        if "kernel/embed_backward_sorted/gpu_standard" in rows:
+            fail("a benchmark that failed became a row")
+        expect("step/gpu_standard/fp32", 4.0)
+        expect("step/gpu_standard/bf16", 2.5, "step/gpu_standard/fp32", 1.6)
+        expect("step/gpu_standard/bf16/nograph", 3.125, "step/gpu_standard/bf16", 0.8)
+        expect("step/gpu_standard/bf16/operations", 69)
+        expect("overlap/gpu_quick/steps_per_s_loading", 990.0,
+               "overlap/gpu_quick/steps_per_s_resident", 0.99)
+        expect("gpu_busy/gpu_quick", 91.0)
+        expect("infer/cpu/games:256/p50", 900.0)
+        expect("infer/device/games:256/p99", 150.0)
+        # More frames is better: 2.5 M against one CPU thread's 250 k.
+        expect("infer/device/games:256/frames_per_s", 2500000.0,
+               "infer/cpu/games:256/frames_per_s", 10.0)
+        if any("threads:2" in n for n in rows) or rows["infer/cpu/games:256/frames_per_s"][
+                "value"] != 250000.0:
+            fail("the two-thread CPU run was taken for the one-thread baseline")
+        # The peer's step against ours: ours is 10x faster.
+        expect("peer/torch eager/gpu_standard/bf16", 20.0,
+               "step/gpu_standard/bf16 (ours, same run)", 10.0)
+        expect("peer_kernel/selective_scan_fn/gpu_standard/fp32", 1200.0,
+               "kernel/scan_forward+backward/fp32/gpu_standard (ours, same call)", 2.0)
+        if any("production" in n and n.startswith("peer_kernel") for n in rows):
+            fail("a peer kernel that failed its check became a row")
+        # --append writes the same rows to a file.
+        target = os.path.join(d, "results.jsonl")
+        subprocess.run([sys.executable, tool, d, "--machine", "H200 (lent)", "--append", target],
+                       check=True, capture_output=True)
+        appended = [json.loads(l) for l in open(target)]
+        if len(appended) != len(rows) or appended[0]["machine"] != "H200 (lent)":
+            fail(f"--append wrote {len(appended)} rows ({appended[0]['machine']})")
+    print(f"ok: {len(rows)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
