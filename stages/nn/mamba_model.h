@@ -523,13 +523,12 @@ class MambaModel {
   // device x and z lie side by side (one GEMM makes both, one takes both gradients), on the CPU
   // apart. The ops take 0 for contiguous rows.
   int xz_ld() const { return (kOnDevice ? 2 : 1) * c_.d_inner(); }
-  // What the scan takes as A: on a device layer l's A_log itself (the scan makes A = −exp(A_log)
+  int zero_unless_apart(int ld) const { return ld == c_.d_inner() ? 0 : ld; }
+  // What the scan takes as A: on a device the layer's A_log itself (the scan makes A = −exp(A_log)
   // as it reads it: no launch a step for A), on the CPU the A the forward made.
-  template <class Layer>
-  const T* scan_A(const T* w, const Layer& Lw, const Act& a) const {
+  const T* scan_A(const T* w, const MambaLayout::Layer& Lw, const Act& a) const {
     return kOnDevice ? w + Lw.A_log : a.A;
   }
-  int zero_unless_apart(int ld) const { return ld == c_.d_inner() ? 0 : ld; }
 
   void check_precision(const uint16_t* wb) const {
     if (B_ <= 0) throw std::logic_error("mamba: resize() before forward/backward");
