@@ -56,9 +56,12 @@ void mul_accumulate(T* y, const T* a, const T* b, size_t n);
 
 // y (G, M, N) = x (G, M, N) with row r of each group times s[r] (a carried state kept where a
 // batch row continues its sequence, s = 1, and cleared where it starts a new one, s = 0; the
-// groups are a model's layers, whose states lie one after another). y may alias x.
+// groups are a model's layers, whose states lie one after another); and y2 (G, M, N2) = x2 the
+// same way where x2 is not null (a model's second kind of carried state, rows N2 long: one pass,
+// one launch on a device, for both). y may alias x, y2 x2.
 template <class T>
-void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N);
+void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N, const T* x2, T* y2,
+                size_t N2);
 
 }  // namespace slipstream::kernels
 
@@ -78,7 +81,7 @@ static void neg_exp(const float* x, size_t x_ld, float* y, size_t rows, size_t c
                     cudaStream_t stream);
 static void mul_accumulate(float* y, const float* a, const float* b, size_t n, cudaStream_t stream);
 static void scale_rows(const float* x, const float* s, float* y, size_t G, size_t M, size_t N,
-                       cudaStream_t stream);
+                       const float* x2, float* y2, size_t N2, cudaStream_t stream);
 static size_t column_sum_accumulate_workspace_bytes(size_t M, size_t N);
 // db += the column sums of dy (M, N).
 static void column_sum_accumulate(const float* dy, float* db, size_t M, size_t N, void* workspace,
@@ -114,8 +117,9 @@ SLIPSTREAM_OP(neg_exp, (const Scalar* x, size_t x_ld, Scalar* y, size_t rows, si
 SLIPSTREAM_OP(mul_accumulate, (Scalar * y, const Scalar* a, const Scalar* b, size_t n),
               (y, a, b, n))
 SLIPSTREAM_OP(scale_rows,
-              (const Scalar* x, const Scalar* s, Scalar* y, size_t G, size_t M, size_t N),
-              (x, s, y, G, M, N))
+              (const Scalar* x, const Scalar* s, Scalar* y, size_t G, size_t M, size_t N,
+               const Scalar* x2, Scalar* y2, size_t N2),
+              (x, s, y, G, M, N, x2, y2, N2))
 SLIPSTREAM_OP(silu_forward, (const Scalar* x, Scalar* y, size_t n), (x, y, n))
 // dx = dy * silu'(x); dx may alias dy.
 SLIPSTREAM_OP(silu_backward, (const Scalar* x, const Scalar* dy, Scalar* dx, size_t n),

@@ -81,10 +81,15 @@ void mul_accumulate(T* y, const T* a, const T* b, size_t n) {
 }
 
 template <class T>
-void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N) {
+void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N, const T* x2, T* y2,
+                size_t N2) {
   blocked(G * M * N, [&](size_t i0, size_t i1) {
     for (size_t i = i0; i < i1; ++i) y[i] = x[i] * s[i / N % M];
   });
+  if (x2)
+    blocked(G * M * N2, [&](size_t i0, size_t i1) {
+      for (size_t i = i0; i < i1; ++i) y2[i] = x2[i] * s[i / N2 % M];
+    });
 }
 
 #define INSTANTIATE(T)                                                         \
@@ -96,7 +101,7 @@ void scale_rows(const T* x, const T* s, T* y, size_t G, size_t M, size_t N) {
   template void add_bias_rows<T>(T*, const T*, size_t, size_t);                \
   template void neg_exp<T>(const T*, size_t, T*, size_t, size_t);              \
   template void mul_accumulate<T>(T*, const T*, const T*, size_t);             \
-  template void scale_rows<T>(const T*, const T*, T*, size_t, size_t, size_t);
+  template void scale_rows<T>(const T*, const T*, T*, size_t, size_t, size_t, const T*, T*, size_t);
 INSTANTIATE(float)
 INSTANTIATE(double)
 #undef INSTANTIATE

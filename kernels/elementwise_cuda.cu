@@ -45,9 +45,17 @@ __global__ void mul_accumulate_kernel(float* y, const float* a, const float* b, 
   for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] += a[i] * b[i];
 }
 
+// Elements [0, n) of x into y, then [n, n + n2) of x2 into y2 (rows N2 long).
 __global__ void scale_rows_kernel(const float* x, const float* s, float* y, size_t M, size_t N,
-                                  size_t n) {
-  for (size_t i = grid_start(); i < n; i += grid_stride()) y[i] = x[i] * s[i / N % M];
+                                  size_t n, const float* x2, float* y2, size_t N2, size_t n2) {
+  for (size_t i = grid_start(); i < n + n2; i += grid_stride()) {
+    if (i < n) {
+      y[i] = x[i] * s[i / N % M];
+    } else {
+      const size_t j = i - n;
+      y2[j] = x2[j] * s[j / N2 % M];
+    }
+  }
 }
 
 __global__ void silu_forward_kernel(const float* x, float* y, size_t n) {
@@ -148,10 +156,11 @@ void Kernels::mul_accumulate(float* y, const float* a, const float* b, size_t n,
 }
 
 void Kernels::scale_rows(const float* x, const float* s, float* y, size_t G, size_t M, size_t N,
-                         cudaStream_t stream) {
-  const size_t n = G * M * N;
-  if (n == 0) return;
-  SLIPSTREAM_LAUNCH(scale_rows_kernel, grid_for(n), dim3(kThreads), stream, x, s, y, M, N, n);
+                         const float* x2, float* y2, size_t N2, cudaStream_t stream) {
+  const size_t n = G * M * N, n2 = x2 ? G * M * N2 : 0;
+  if (n + n2 == 0) return;
+  SLIPSTREAM_LAUNCH(scale_rows_kernel, grid_for(n + n2), dim3(kThreads), stream, x, s, y, M, N, n,
+                    x2, y2, N2, n2);
   check_launch("scale_rows");
 }
 

@@ -143,9 +143,11 @@ class EmbedOnDevice final : public EmbedPath {
   void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
                uint8_t* mirrored, float* out, float* prev) override {
     // The batch's key reaches the kernels through device memory, in stream order: the step's
-    // launches are then the same from batch to batch, as a CUDA graph of the step needs.
+    // launches are then the same from batch to batch, as a CUDA graph of the step needs. Without
+    // draws (no mirroring, no noise: validation, inference) no kernel reads it, and a frame has
+    // no upload for it.
     const auto* k = reinterpret_cast<const uint64_t*>(key_.raw());
-    exec_.upload_later(key_.raw(), &key, sizeof key);
+    if (mirror || noise_sd > 0) exec_.upload_later(key_.raw(), &key, sizeof key);
     const typename K::MirrorDraw draw{mirrored, k, in.continues, mirror ? 1 : 0};
     K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
                      in.prev, draw, tables + off_.action, tables + off_.character,

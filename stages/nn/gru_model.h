@@ -118,7 +118,8 @@ class GruModel {
   void carry(const T* continues) {
     if (!carry_ || B_ <= 0) throw std::logic_error("gru: carry() needs set_carry and resize");
     const size_t B = static_cast<size_t>(B_), H = static_cast<size_t>(c_.hidden);
-    ops_.scale_rows(h_last_, continues, h_first_, static_cast<size_t>(c_.layers), B, H);
+    ops_.scale_rows(h_last_, continues, h_first_, static_cast<size_t>(c_.layers), B, H, nullptr,
+                    nullptr, 0);
   }
 
   // Sizes every activation and scratch buffer for (B, L): the only allocating call. `bf16`

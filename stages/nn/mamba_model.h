@@ -268,7 +268,6 @@ class MambaModel {
     xin_bf_ = bbuf(bf16 && c_.has_input_proj() ? M * din : 0, "mamba bf16 input");
     xn_bf_ = bbuf(bf16 ? nl * M * dm : 0, "mamba bf16 activations");
     u_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
-    dbc_bf_ = bbuf(bf16 ? nl * M * P : 0, "mamba bf16 activations");
     ys_bf_ = bbuf(bf16 ? nl * M * di : 0, "mamba bf16 activations");
     dy_bf_ = bbuf(
         bf16 ? M * (kOnDevice ? std::max(dm, 2 * di + std::max(di, P)) : std::max({2 * di, dm, P}))
@@ -278,13 +277,13 @@ class MambaModel {
 
   // With a carried state, before each forward: the state it starts from, row by row, the one
   // the previous forward left where `continues` (B) is 1, zeros where it is 0. Every layer's scan
-  // states at once, then every layer's convolution inputs (each kind lies layer after layer).
+  // states and every layer's convolution inputs (each kind lies layer after layer) in one pass.
   void carry(const T* continues) {
     if (!carry_ || B_ <= 0) throw std::logic_error("mamba: carry() needs set_carry and resize");
     const size_t B = static_cast<size_t>(B_), scan = carry_scan_elems() / nl_() / B;
     const size_t conv = carry_conv_elems() / nl_() / B;
-    ops_.scale_rows(scan_last_, continues, scan_first_, nl_(), B, scan);
-    if (conv) ops_.scale_rows(conv_last_, continues, conv_first_, nl_(), B, conv);
+    ops_.scale_rows(scan_last_, continues, scan_first_, nl_(), B, scan, conv ? conv_last_ : nullptr,
+                    conv_first_, conv);
   }
 
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by
@@ -338,8 +337,11 @@ class MambaModel {
       ops_.conv_silu_forward(a.xc, a.conv_first, w + Lw.conv_w, w + Lw.conv_b, a.conv, a.u, B_, L_,
                              di, c_.d_conv, ub, zero_unless_apart(ld), a.conv_last);
       mm(false, true, M, P, di, a.u, ub, di, w + Lw.x_proj, bf(wb, Lw.x_proj), di, T(0), a.dbc, P);
-      const uint16_t* dbcb = round(a.dbc, a.dbc_bf, Ms * P_(), wb);
-      mm(false, true, M, di, R, a.dbc, dbcb, P, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), a.delta, di);
+      // dt_proj runs in fp32 in both precisions: it reads dt (x_proj's fp32 output) and the fp32
+      // master weight, so x_proj's output needs no bf16 copy (a cast launch a layer, in every
+      // step and frame), and Δ, which decays the state through exp(Δ A), is made without bf16's
+      // rounding of dt. Its inner dimension is dt_rank (d_model / 16): a small product either way.
+      mm(false, true, M, di, R, a.dbc, nullptr, P, w + Lw.dt_w, nullptr, R, T(0), a.delta, di);
       if constexpr (!kOnDevice) {
         ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
@@ -402,9 +404,11 @@ class MambaModel {
                                    dB, dC, g + Lw.D, dz, g + Lw.dt_b, scratch_, B_, L_, di, N, ddb,
                                    dzb, bc_ld(), kOnDevice, zero_unless_apart(ld));
       if constexpr (!kOnDevice) ops_.mul_accumulate(g + Lw.A_log, dA_, a.A, di_() * N_());
-      // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc.
+      // dt_proj: delta = dt W_dtᵀ with dt the first R columns of dbc. dt's gradient takes the
+      // bf16 GEMM like the other input gradients (dΔ's copy comes from the scan); the weight's is
+      // fp32, as the forward (dt has no bf16 copy).
       mm(false, false, M, R, di, ddelta_, ddb, di, w + Lw.dt_w, bf(wb, Lw.dt_w), R, T(0), ddbc_, P);
-      mm(true, false, di, R, M, ddelta_, ddb, di, a.dbc, a.dbc_bf, P, T(1), g + Lw.dt_w, R);
+      mm(true, false, di, R, M, ddelta_, nullptr, di, a.dbc, nullptr, P, T(1), g + Lw.dt_w, R);
       if constexpr (!kOnDevice) {
         ops_.copy_cols(dBm_, N_(), ddbc_ + R, P_(), Ms, N_());
         ops_.copy_cols(dCm_, N_(), ddbc_ + R + N, P_(), Ms, N_());
@@ -453,7 +457,7 @@ class MambaModel {
   // One layer's saved activations.
   struct Act {
     T *h, *rstd, *xn, *xc, *z, *conv, *u, *dbc, *delta, *Bm, *Cm, *ys, *A;
-    uint16_t *xn_bf, *u_bf, *dbc_bf, *ys_bf;
+    uint16_t *xn_bf, *u_bf, *ys_bf;
     T *scan_first, *scan_last, *conv_first, *conv_last;  // carried state; null without
     T* scan_states;  // the scan's chunk starts from the forward for the backward; null: none
   };
@@ -476,7 +480,6 @@ class MambaModel {
             at(A_, di_() * N_()),
             atb(xn_bf_, M * dm_()),
             atb(u_bf_, M * di_()),
-            atb(dbc_bf_, M * P_()),
             atb(ys_bf_, M * di_()),
             at(scan_first_, carry_scan_elems() / nl_()),
             at(scan_last_, carry_scan_elems() / nl_()),
@@ -569,7 +572,7 @@ class MambaModel {
   T *scan_first_ = nullptr, *scan_last_ = nullptr, *conv_first_ = nullptr, *conv_last_ = nullptr;
   T* scan_states_ = nullptr;
   size_t scan_states_elems_ = 0;  // a layer's
-  uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr, *dbc_bf_ = nullptr;
+  uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr;
   uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
 };
 

@@ -97,9 +97,10 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
   // Rows kept (1), cleared (0) and scaled, in place.
   std::vector<double> keep(M);
   for (size_t r = 0; r < M; ++r) keep[r] = r % 3 == 0 ? 0.0 : r % 3 == 1 ? 1.0 : 0.5;
-  scale_rows<double>(ref.data(), keep.data(), ref.data(), 1, M, N);
+  scale_rows<double>(ref.data(), keep.data(), ref.data(), 1, M, N, nullptr, nullptr, 0);
   for (size_t c = 0; c < N && M > 0; ++c) EXPECT_EQ(ref[c], 0.0);
-  Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, 1, M, N, mem.stream());
+  Kernels::scale_rows(y, mem.upload(elems<float>(keep)), y, 1, M, N, nullptr, nullptr, 0,
+                      mem.stream());
   EXPECT_CLOSE(values(mem.download(y, n)), ref, 1e-6, "scale_rows");
   // Groups of rows sharing the scales (a model's layers): (3, M / 3, N) with M / 3 scales, each
   // group's row r against its own scaling.
@@ -109,13 +110,30 @@ void check_elementwise(size_t M, size_t N, uint64_t seed) {
     for (size_t g = 0; g < G; ++g)
       for (size_t r = 0; r < R; ++r)
         for (size_t c = 0; c < N; ++c) want[(g * R + r) * N + c] *= keep[r];
-    std::vector<double> cpu(gn);
-    scale_rows<double>(grouped.data(), keep.data(), cpu.data(), G, R, N);
+    // A second piece with rows of its own length (a model's conv inputs beside its scan states),
+    // in the same pass.
+    const size_t N2 = N + 3, gn2 = G * R * N2;
+    std::vector<double> second(gn2), want2(gn2);
+    for (size_t i = 0; i < gn2; ++i) second[i] = 1.0 + static_cast<double>(i % 7);
+    for (size_t g = 0; g < G; ++g)
+      for (size_t r = 0; r < R; ++r)
+        for (size_t c = 0; c < N2; ++c) {
+          const size_t i = (g * R + r) * N2 + c;
+          want2[i] = second[i] * keep[r];
+        }
+    std::vector<double> cpu(gn), cpu2(gn2);
+    scale_rows<double>(grouped.data(), keep.data(), cpu.data(), G, R, N, nullptr, nullptr, 0);
     EXPECT_EQ(cpu, want) << "scale_rows over groups (CPU)";
+    scale_rows<double>(grouped.data(), keep.data(), cpu.data(), G, R, N, second.data(), cpu2.data(),
+                       N2);
+    EXPECT_EQ(cpu, want) << "scale_rows over groups with a second piece (CPU)";
+    EXPECT_EQ(cpu2, want2) << "scale_rows' second piece (CPU)";
     float* yg = mem.template alloc<float>(gn);
+    float* yg2 = mem.template alloc<float>(gn2);
     Kernels::scale_rows(mem.upload(elems<float>(grouped)), mem.upload(elems<float>(keep)), yg, G, R,
-                        N, mem.stream());
+                        N, mem.upload(elems<float>(second)), yg2, N2, mem.stream());
     EXPECT_CLOSE(values(mem.download(yg, gn)), want, 1e-6, "scale_rows over groups");
+    EXPECT_CLOSE(values(mem.download(yg2, gn2)), want2, 1e-6, "scale_rows' second piece");
   }
   std::vector<double> e(n);
   neg_exp<double>(a.data(), N, e.data(), M, N);

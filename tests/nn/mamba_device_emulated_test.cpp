@@ -70,6 +70,10 @@ TEST(MambaEmulatedDevice, ARecordedStepNamesEveryKernelAndCopiesNoCarriedInputs)
   EXPECT_EQ(count("conv_forward_kernel"), c.layers);
   EXPECT_EQ(count("scan_backward_chan_kernel"), c.layers);
   EXPECT_EQ(count("copy_cols_kernel"), 0) << "the carried convolution inputs copied after it";
+  EXPECT_EQ(count("scale_rows_kernel"), 1) << "the carried scan states and conv inputs in one pass";
+  // bf16 copies are written by their producers; the casts left are the model's input's (made by
+  // another stage) and each layer's x_proj output gradient's. dt_proj reads x_proj's fp32 output.
+  EXPECT_EQ(count("fp32_to_bf16_kernel"), 1 + c.layers);
 }
 
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {
