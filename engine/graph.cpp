@@ -25,6 +25,10 @@ const StageSchema& run_schema() {
                "auto | cpu | cuda | cuda:N | emulated (the CUDA code path on the CPU emulator)")
         .param("precision", std::string("fp32"), "fp32, or bf16 (FP32 master weights, bf16 GEMMs)")
         .choices({"fp32", "bf16"})
+        .param("bf16_copies", true,
+               "under bf16: a stage writes the bf16 copy of an output that the next stage's GEMMs "
+               "read, beside it (no cast launch there); false: each stage rounds its inputs itself "
+               "(the same bits)")
         .param("seed", int64_t{1}, "seed of every random choice (same seed, same run)")
         .range(0, std::nullopt)
         .param("epochs", int64_t{1}, "passes over the training data")
@@ -611,6 +615,21 @@ class GraphPlanner {
     }
   }
 
+  // A slot for the bf16 copy of each output that an input reading one is bound to.
+  void lay_out_bf16_copies() {
+    for (auto& ps : plan.stages) {
+      const auto& ins = ps.schema->inputs();
+      for (size_t i = 0; i < ps.inputs.size(); ++i) {
+        const int s = ps.inputs[i].slot;
+        if (s < 0 || !ins[i].reads_bf16_copy || plan.slots[static_cast<size_t>(s)].bf16_copy >= 0)
+          continue;
+        const int copy = static_cast<int>(plan.slots.size());
+        plan.slots.emplace_back("bf16:" + plan.slots[static_cast<size_t>(s)].name);
+        plan.slots[static_cast<size_t>(s)].bf16_copy = copy;
+      }
+    }
+  }
+
   // Where the source, rebatchers, trainable section and update stages may be.
   void check_roles() {
     // Roles: one source first; rebatchers right after it; the trainable section from the first
@@ -732,6 +751,7 @@ GraphPlan plan_graph(Config config) {
   p.order_stages();
   p.lay_out_slots();
   p.bind_ports();
+  p.lay_out_bf16_copies();
   p.check_roles();
   p.check_accumulation();
   if (!p.issues.empty()) throw ConfigError(p.issues);

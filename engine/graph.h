@@ -29,6 +29,9 @@ struct SlotInfo {
   Shape shape;       // declared in setup (-1 for dimensions known only per batch)
   DType dtype = DType::f32;
   bool declared = false;
+  // The slot of this output's bf16 copy ("bf16:embed.y"), where a stage it feeds reads one
+  // (StageSchema::reads_bf16_copy); -1: none.
+  int bf16_copy = -1;
 };
 
 struct PlannedStage {

@@ -79,6 +79,7 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
   DeviceChoice dc = choose_device(rp.string("device"), launch.local_rank);
   I.run.device = dc.device;
   I.run.precision = rp.string("precision") == "bf16" ? Precision::bf16 : Precision::fp32;
+  I.run.bf16_copies = rp.boolean("bf16_copies");
   I.run.seed = static_cast<uint64_t>(rp.integer("seed"));
   I.run.epochs = rp.integer("epochs");
   I.run.max_in_flight = static_cast<uint64_t>(rp.integer("max_in_flight"));

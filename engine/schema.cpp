@@ -145,6 +145,14 @@ StageSchema& StageSchema::output(std::string name, std::optional<DType> dtype, i
   outputs_.push_back({std::move(name), dtype, rank, std::move(doc), false});
   return *this;
 }
+StageSchema& StageSchema::reads_bf16_copy() {
+  if (inputs_.empty()) throw std::logic_error("StageSchema::reads_bf16_copy before any input");
+  if (inputs_.back().dtype && *inputs_.back().dtype != DType::f32)
+    throw std::logic_error("StageSchema::reads_bf16_copy: input '" + inputs_.back().name +
+                           "' is not f32");
+  inputs_.back().reads_bf16_copy = true;
+  return *this;
+}
 
 namespace {
 ParamType type_of(const ParamValue& v) {
@@ -258,8 +266,8 @@ namespace {
 std::string port_line(const PortSpec& p) {
   std::string t = p.dtype ? std::string(dtype_name(*p.dtype)) : "any";
   std::string r = p.rank < 0 ? "any rank" : "rank " + std::to_string(p.rank);
-  return "  " + p.name + "  (" + t + ", " + r + (p.optional ? ", optional" : "") + ")  " + p.doc +
-         "\n";
+  return "  " + p.name + "  (" + t + ", " + r + (p.optional ? ", optional" : "") +
+         (p.reads_bf16_copy ? ", reads its bf16 copy" : "") + ")  " + p.doc + "\n";
 }
 }  // namespace
 

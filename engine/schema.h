@@ -51,6 +51,9 @@ struct PortSpec {
   int rank = -1;               // -1: any
   std::string doc;
   bool optional = false;
+  // An input whose stage reads the tensor's bf16 copy when its producer writes one
+  // (StageSchema::reads_bf16_copy).
+  bool reads_bf16_copy = false;
 };
 
 // How the runner drives a stage:
@@ -96,6 +99,12 @@ class StageSchema {
   StageSchema& optional_input(std::string name, std::optional<DType> dtype, int rank,
                               std::string doc);
   StageSchema& output(std::string name, std::optional<DType> dtype, int rank, std::string doc);
+  // The input declared last is read through its bf16 copy where the producer writes one
+  // (StageContext::input_bf16_copy; under run.precision bf16): the stage's bf16 GEMMs then read
+  // it without a cast launch of their own. Its producer learns of it from
+  // StageContext::output_bf16_copy_wanted; a producer that writes none leaves the stage to round
+  // the tensor itself.
+  StageSchema& reads_bf16_copy();
   // The type follows the default's C++ type (int → integer, double → number, ...).
   StageSchema& param(std::string name, ParamValue default_value, std::string doc);
   StageSchema& required_param(std::string name, ParamType type, std::string doc);

@@ -81,6 +81,9 @@ struct RunState {
   // own buffers (a stage run alone).
   std::shared_ptr<ParamArena> param_arena;
   Precision precision = Precision::fp32;
+  // run.bf16_copies: under bf16, stages write the bf16 copies the next stages read
+  // (StageContext::output_bf16_copy_wanted).
+  bool bf16_copies = true;
   uint64_t seed = 1;
   bool training = true;  // false during validation passes
   // Runner::stream: batches are consecutive pieces of one sequence; recurrent stages continue
@@ -258,6 +261,10 @@ class StageContext {
   DType input_dtype(std::string_view port) const;
   void declare_output(std::string_view port, const Shape& shape, DType dtype);
   const Shape& output_shape(std::string_view port) const;
+  // Whether a stage this output feeds reads its bf16 copy (StageSchema::reads_bf16_copy) and the
+  // run is in bf16 with run.bf16_copies: the producer may then write one beside it
+  // (set_output_bf16_copy).
+  bool output_bf16_copy_wanted(std::string_view port) const;
   // Parameter of another stage in the graph (e.g. the batch size of the batcher upstream).
   const Params* stage_params(std::string_view stage_name) const;
 
@@ -266,6 +273,13 @@ class StageContext {
   bool has_input(const Batch& b, std::string_view port) const;
   void set_output(Batch& b, std::string_view port, Tensor t) const;
   const Tensor& output(const Batch& b, std::string_view port) const;
+  // The bf16 copy of output `port` (u16 storage, its shape): every element rounded as
+  // kernels::fp32_to_bf16 rounds it (nearest-even, NaN kept and quietened, denormals to zero), so
+  // that a reader gets the bits of its own cast. Only where output_bf16_copy_wanted(port).
+  void set_output_bf16_copy(Batch& b, std::string_view port, Tensor t) const;
+  // The bf16 copy of the tensor bound to input `port` (declared reads_bf16_copy), where its
+  // producer wrote one for this batch; null otherwise (the stage rounds the tensor itself).
+  const Tensor* input_bf16_copy(const Batch& b, std::string_view port) const;
   // Passthrough stages: every tensor slot they act on (the outputs of the stages before).
   std::vector<Tensor*> passthrough_tensors(Batch& b) const;
   // Gradient of the loss with respect to this stage's output (undefined when nothing

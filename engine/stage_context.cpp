@@ -92,6 +92,27 @@ void StageContext::set_output(Batch& b, std::string_view port, Tensor t) const {
 const Tensor& StageContext::output(const Batch& b, std::string_view port) const {
   return b.slots[slot_of_output(port)];
 }
+bool StageContext::output_bf16_copy_wanted(std::string_view port) const {
+  return run_->precision == Precision::bf16 && run_->bf16_copies &&
+         plan_->slots[static_cast<size_t>(slot_of_output(port))].bf16_copy >= 0;
+}
+void StageContext::set_output_bf16_copy(Batch& b, std::string_view port, Tensor t) const {
+  const int copy = plan_->slots[static_cast<size_t>(slot_of_output(port))].bf16_copy;
+  if (copy < 0 || run_->precision != Precision::bf16 || !run_->bf16_copies)
+    throw std::logic_error("stage '" + name_ + "': output '" + std::string(port) +
+                           "' has no reader of a bf16 copy (output_bf16_copy_wanted)");
+  if (t.dtype() != DType::bf16)
+    throw std::logic_error("stage '" + name_ + "': the bf16 copy of '" + std::string(port) +
+                           "' is " + std::string(dtype_name(t.dtype())));
+  b.slots[static_cast<size_t>(copy)] = std::move(t);
+}
+const Tensor* StageContext::input_bf16_copy(const Batch& b, std::string_view port) const {
+  const int s = slot_of_input(port);
+  if (s < 0) return nullptr;
+  const int copy = plan_->slots[static_cast<size_t>(s)].bf16_copy;
+  if (copy < 0 || !b.slots[static_cast<size_t>(copy)].defined()) return nullptr;
+  return &b.slots[static_cast<size_t>(copy)];
+}
 const Tensor& StageContext::output_grad(const Batch& b, std::string_view port) const {
   return b.slots[grad_slot_of_output(port)];
 }

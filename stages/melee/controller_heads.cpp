@@ -69,9 +69,12 @@ class HeadsRunner {
   virtual ~HeadsRunner() = default;
   virtual void reserve(int64_t M) = 0;
   // x (M, H) and prev (M, P; null when P is 0) -> out[h] (M, head_width(h)); `ar` is read
-  // only by the autoregressive form.
-  virtual void forward(const float* x, const float* prev, const ArInputs& ar, int M,
-                       const nn::ParamStore& st, float* const out[kHeads]) = 0;
+  // only by the autoregressive form. x_bf, prev_bf: their bf16 copies where the stages before
+  // wrote them (null: the bf16 form rounds them itself), read by this forward's GEMMs and its
+  // backward's.
+  virtual void forward(const float* x, const float* prev, const uint16_t* x_bf,
+                       const uint16_t* prev_bf, const ArInputs& ar, int M, const nn::ParamStore& st,
+                       float* const out[kHeads]) = 0;
   // After a teacher-forced forward. dout[h] may be null (no gradient for that head).
   // dx (M, H) =, weight gradients +=.
   virtual void backward(const float* x, const float* prev, int M, const nn::ParamStore& st,
@@ -141,20 +144,26 @@ class HeadsRunnerOn final : public HeadsRunner {
     scratch_ = o_.template alloc<uint8_t>(std::max<size_t>(1, bytes), "controller_heads scratch");
   }
 
-  void forward(const float* x, const float* prev, const ArInputs& ar, int M,
-               const nn::ParamStore& st, float* const out[kHeads]) override {
+  void forward(const float* x, const float* prev, const uint16_t* x_bf, const uint16_t* prev_bf,
+               const ArInputs& ar, int M, const nn::ParamStore& st,
+               float* const out[kHeads]) override {
     const float* W = st.values();
     const uint16_t* Wb = st.shadow();
     const size_t m = static_cast<size_t>(M);
-    const uint16_t* xb = nullptr;
-    if (bf16_) {  // x's copy, and the direct path's prev's with it (one launch on a device)
-      if (L_.P > 0)
-        o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H), prev, b16(prev16_),
-                   m * static_cast<size_t>(L_.P));
-      else
-        o_.to_bf16(x, x16(), m * static_cast<size_t>(L_.H));
-      xb = x16();
+    xb_ = pb_ = nullptr;
+    if (bf16_) {  // the copies not given: x's and the direct path's prev's, in one launch
+      const size_t nx = m * static_cast<size_t>(L_.H), np = m * static_cast<size_t>(L_.P);
+      xb_ = x_bf ? x_bf : x16();
+      pb_ = L_.P == 0 ? nullptr : prev_bf ? prev_bf : b16(prev16_);
+      const bool round_x = !x_bf, round_prev = L_.P > 0 && !prev_bf;
+      if (round_x && round_prev)
+        o_.to_bf16(x, x16(), nx, prev, b16(prev16_), np);
+      else if (round_x)
+        o_.to_bf16(x, x16(), nx);
+      else if (round_prev)
+        o_.to_bf16(prev, b16(prev16_), np);
     }
+    const uint16_t* xb = xb_;
     const float* in = x;
     const uint16_t* inb = xb;
     if (L_.hidden > 0) {
@@ -172,8 +181,7 @@ class HeadsRunnerOn final : public HeadsRunner {
     o_.gemm(false, true, M, kHeadsWidth, L_.In, in, inb, L_.In, W + L_.wo, bf(Wb, L_.wo), L_.In,
             0.0f, f(logits_), kHeadsWidth, scratch());
     if (L_.P > 0) {  // the direct path: logits += prev Wpᵀ
-      const uint16_t* pb = bf16_ ? b16(prev16_) : nullptr;
-      o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
+      o_.gemm(false, true, M, kHeadsWidth, L_.P, prev, pb_, L_.P, W + L_.wp, bf(Wb, L_.wp), L_.P,
               1.0f, f(logits_), kHeadsWidth, scratch());
     }
     // The output bias last, on a device added by the split itself (before the decoding of
@@ -222,12 +230,12 @@ class HeadsRunnerOn final : public HeadsRunner {
       o_.column_sum_accumulate(dl, G + L_.bo, m, kHeadsWidth, scratch());
     }
     const float* in = L_.hidden > 0 ? f(act_) : x;
-    const uint16_t* inb = !bf16_ ? nullptr : L_.hidden > 0 ? b16(act16_) : x16();
+    const uint16_t* inb = !bf16_ ? nullptr : L_.hidden > 0 ? b16(act16_) : xb_;
     o_.gemm(true, false, kHeadsWidth, L_.In, M, dl, dlb, kHeadsWidth, in, inb, L_.In, 1.0f,
             G + L_.wo, L_.In, scratch());
     if (L_.P > 0)  // dWp += dlᵀ prev, with the forward's bf16 copy of prev
-      o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev,
-              bf16_ ? b16(prev16_) : nullptr, L_.P, 1.0f, G + L_.wp, L_.P, scratch());
+      o_.gemm(true, false, kHeadsWidth, L_.P, M, dl, dlb, kHeadsWidth, prev, pb_, L_.P, 1.0f,
+              G + L_.wp, L_.P, scratch());
     if (L_.ar) {  // dWa += dlᵀ teacher, then Wa's structural zeros get none
       if (teacher_rows_ != M)
         throw std::logic_error(
@@ -252,8 +260,8 @@ class HeadsRunnerOn final : public HeadsRunner {
         o_.to_bf16(da, b16(dact16_), n);
         dab = b16(dact16_);
       }
-      o_.gemm(true, false, L_.hidden, L_.H, M, da, dab, L_.hidden, x, bf16_ ? x16() : nullptr, L_.H,
-              1.0f, G + L_.wh, L_.H, scratch());
+      o_.gemm(true, false, L_.hidden, L_.H, M, da, dab, L_.hidden, x, xb_, L_.H, 1.0f, G + L_.wh,
+              L_.H, scratch());
       o_.column_sum_accumulate(da, G + L_.bh, m, static_cast<size_t>(L_.hidden), scratch());
       o_.gemm(false, false, M, L_.H, L_.hidden, da, dab, L_.hidden, W + L_.wh, bf(Wb, L_.wh), L_.H,
               0.0f, dx, L_.H, scratch());
@@ -295,6 +303,8 @@ class HeadsRunnerOn final : public HeadsRunner {
   static uint16_t* b16(const Tensor& t) { return t.data<uint16_t>(); }
   static const uint16_t* bf(const uint16_t* wb, size_t off) { return wb ? wb + off : nullptr; }
   uint16_t* x16() const { return b16(x16_); }
+  // The bf16 copies of x and prev the last forward's GEMMs read (given, or x16_ and prev16_).
+  const uint16_t *xb_ = nullptr, *pb_ = nullptr;
   void* scratch() const { return scratch_.raw(); }
 
   const HeadsLayout& L_;
@@ -319,9 +329,11 @@ class ControllerHeadsStage : public Stage {
             "shoulder (5).")
         .trainable()
         .input("x", DType::f32, 3, "(B, W, H) per-frame features")
+        .reads_bf16_copy()
         .optional_input("prev_input", DType::f32, 3,
                         "(B, W, P) the previous input (melee_embedding's prev_input): when "
                         "connected, a direct linear path from it to every head's logits")
+        .reads_bf16_copy()
         .optional_input("target_buttons", DType::f32, 3,
                         "(B, W, 8) the recorded buttons (the loader's): what `autoregressive` "
                         "conditions on in training")
@@ -423,7 +435,10 @@ class ControllerHeadsStage : public Stage {
     }
     float* out[kHeads];
     for (int h = 0; h < kHeads; ++h) out[h] = out_[h].data<float>();
-    runner_->forward(x.data<float>(), prev_of(b, ctx, M), ar_of(b, ctx, B, W), M, store_, out);
+    runner_->forward(
+        x.data<float>(), prev_of(b, ctx, M), copy_of(b, ctx, "x", x),
+        layout_->P > 0 ? copy_of(b, ctx, "prev_input", ctx.input(b, "prev_input")) : nullptr,
+        ar_of(b, ctx, B, W), M, store_, out);
     for (int h = 0; h < kHeads; ++h)
       ctx.set_output(b, kHeadNames[h],
                      out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
@@ -501,6 +516,17 @@ class ControllerHeadsStage : public Stage {
     }
     a.window = static_cast<size_t>(W);
     return a;
+  }
+
+  // The bf16 copy of input `port` (tensor t) where the stage before wrote one, else null.
+  static const uint16_t* copy_of(const Batch& b, const StageContext& ctx, const char* port,
+                                 const Tensor& t) {
+    const Tensor* c = ctx.input_bf16_copy(b, port);
+    if (!c) return nullptr;
+    if (c->numel() != t.numel() || c->device() != t.device())
+      throw std::logic_error("controller_heads '" + ctx.name() + "': " + port + "'s bf16 copy " +
+                             c->describe() + " does not match " + t.describe());
+    return c->data<uint16_t>();
   }
 
   // prev_input's rows for the batch, null when the port is not connected.

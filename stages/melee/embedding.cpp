@@ -13,6 +13,7 @@
 #include <random>
 
 #include "engine/registry.h"
+#include "kernels/bf16.h"
 #include "stages/melee/melee_kernels.h"
 #include "stages/melee/model_math.h"
 #include "stages/nn/param_store.h"
@@ -63,9 +64,11 @@ class EmbedPath {
  public:
   virtual ~EmbedPath() = default;
   // x (rows, E) into `out`, its previous-input columns into `prev` (rows, P) and the windows'
-  // mirror flags into `mirrored`; `key` is the batch's draw key (mirror flags, noise).
+  // mirror flags into `mirrored`; `key` is the batch's draw key (mirror flags, noise). out_bf and
+  // prev_bf (may be null) receive the bf16 copies of out and prev (fp32_to_bf16's rounding).
   virtual void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd,
-                       const float* tables, uint8_t* mirrored, float* out, float* prev) = 0;
+                       const float* tables, uint8_t* mirrored, float* out, float* prev,
+                       uint16_t* out_bf, uint16_t* prev_bf) = 0;
   // Table gradients (+=) from dout (rows, E).
   virtual void backward(const EmbedBatch& in, const float* dout, float* dtables) = 0;
 };
@@ -76,7 +79,8 @@ class EmbedOnCpu final : public EmbedPath {
       : layout_(L), off_(off), who_(std::move(who)) {}
 
   void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
-               uint8_t* mirrored, float* out, float* prev) override {
+               uint8_t* mirrored, float* out, float* prev, uint16_t* out_bf,
+               uint16_t* prev_bf) override {
     const size_t slots = in.rows * kSlots;
     check_ids(in.action, slots, kActionStates, "action");
     check_ids(in.character, slots, kCharacters, "character");
@@ -93,6 +97,8 @@ class EmbedOnCpu final : public EmbedPath {
                  P = static_cast<size_t>(layout_.prev_input_width());
     for (size_t r = 0; r < in.rows; ++r)
       std::copy_n(out + r * E + layout_.controller_offset(), P, prev + r * P);
+    if (out_bf) kernels::fp32_to_bf16(out, out_bf, in.rows * E);
+    if (prev_bf) kernels::fp32_to_bf16(prev, prev_bf, in.rows * P);
   }
 
   void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
@@ -141,7 +147,8 @@ class EmbedOnDevice final : public EmbedPath {
   }
 
   void forward(const EmbedBatch& in, bool mirror, uint64_t key, float noise_sd, const float* tables,
-               uint8_t* mirrored, float* out, float* prev) override {
+               uint8_t* mirrored, float* out, float* prev, uint16_t* out_bf,
+               uint16_t* prev_bf) override {
     // The batch's key reaches the kernels through device memory, in stream order: the step's
     // launches are then the same from batch to batch, as a CUDA graph of the step needs. Without
     // draws (no mirroring, no noise: validation, inference) no kernel reads it, and a frame has
@@ -151,8 +158,9 @@ class EmbedOnDevice final : public EmbedPath {
     const typename K::MirrorDraw draw{mirrored, k, in.continues, mirror ? 1 : 0};
     K::embed_forward(dims_, in.rows, in.window, in.numeric, in.action, in.character, in.stage,
                      in.prev, draw, tables + off_.action, tables + off_.character,
-                     tables + off_.stage, out, prev, o_.stream());
-    if (noise_sd > 0) K::embed_add_noise(dims_, in.rows, in.numeric, k, noise_sd, out, o_.stream());
+                     tables + off_.stage, out, prev, bf(out_bf), bf(prev_bf), o_.stream());
+    if (noise_sd > 0)
+      K::embed_add_noise(dims_, in.rows, in.numeric, k, noise_sd, out, bf(out_bf), o_.stream());
   }
 
   void backward(const EmbedBatch& in, const float* dout, float* dtables) override {
@@ -165,6 +173,8 @@ class EmbedOnDevice final : public EmbedPath {
   }
 
  private:
+  static kernels::bfloat16* bf(uint16_t* p) { return reinterpret_cast<kernels::bfloat16*>(p); }
+
   typename K::EmbedDims dims_;
   EmbedLayout layout_;
   TableOffsets off_;
@@ -226,6 +236,10 @@ class MeleeEmbeddingStage : public Stage {
     layout_.prev_classes = p.boolean("prev_classes");
     mirror_ = p.boolean("mirror");
     noise_ = p.number("noise");
+    // The bf16 copies the stages after this one read (the core's input projection, the heads'
+    // direct path) under precision bf16: written by the embedding itself, no cast launch there.
+    copy_x_ = ctx.output_bf16_copy_wanted("x");
+    copy_prev_ = ctx.output_bf16_copy_wanted("prev_input");
 
     const Shape& ns = ctx.input_shape("numeric");
     expect(ctx, "numeric", {-2, -2, kSlots, kNumericFeatures});
@@ -292,7 +306,9 @@ class MeleeEmbeddingStage : public Stage {
     const uint64_t key = mix64(ctx.seed() ^ mix64(b.index * 0x100000001B3ull + b.epoch));
     path_->forward(batch_of(ctx, b), training && mirror_, key,
                    training ? static_cast<float>(noise_) : 0.0f, store_.values(),
-                   mirrored_.data<uint8_t>(), x_.data<float>(), prev_.data<float>());
+                   mirrored_.data<uint8_t>(), x_.data<float>(), prev_.data<float>(),
+                   copy_x_ ? x_bf_.data<uint16_t>() : nullptr,
+                   copy_prev_ ? prev_bf_.data<uint16_t>() : nullptr);
     publish(b, ctx, B, W);
   }
 
@@ -336,6 +352,13 @@ class MeleeEmbeddingStage : public Stage {
     ctx.set_output(b, "prev_input",
                    prev_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.prev_input_width()}));
     ctx.set_output(b, "mirrored", mirrored_.slice_rows(0, B));
+    if (copy_x_)
+      ctx.set_output_bf16_copy(b, "x",
+                               x_bf_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.width()}));
+    if (copy_prev_)
+      ctx.set_output_bf16_copy(
+          b, "prev_input",
+          prev_bf_.slice_rows(0, B * W).reshape(Shape{B, W, layout_.prev_input_width()}));
   }
 
   // want: -2 = any size (batch and window), -1 in the declared shape = known per batch only.
@@ -364,6 +387,12 @@ class MeleeEmbeddingStage : public Stage {
                          "melee_embedding x");
       prev_ = Tensor::empty(Shape{rows_cap_, layout_.prev_input_width()}, DType::f32, device_,
                             "melee_embedding prev_input");
+      if (copy_x_)
+        x_bf_ = Tensor::empty(Shape{rows_cap_, layout_.width()}, DType::bf16, device_,
+                              "melee_embedding x (bf16 copy)");
+      if (copy_prev_)
+        prev_bf_ = Tensor::empty(Shape{rows_cap_, layout_.prev_input_width()}, DType::bf16, device_,
+                                 "melee_embedding prev_input (bf16 copy)");
     }
     if (B > windows_cap_) {
       windows_cap_ = B;
@@ -373,13 +402,13 @@ class MeleeEmbeddingStage : public Stage {
   }
 
   EmbedLayout layout_;
-  bool mirror_ = false;
+  bool mirror_ = false, copy_x_ = false, copy_prev_ = false;
   double noise_ = 0;
   nn::ParamStore store_;  // the three tables
   TableOffsets off_;
   Device device_;
-  std::unique_ptr<EmbedPath> path_;  // the CPU or the device form
-  Tensor x_, prev_, mirrored_;
+  std::unique_ptr<EmbedPath> path_;              // the CPU or the device form
+  Tensor x_, prev_, mirrored_, x_bf_, prev_bf_;  // the copies: where a stage after reads them
   int64_t rows_cap_ = 0, windows_cap_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(MeleeEmbeddingStage);

@@ -87,7 +87,8 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
                                      const int32_t* action, const int32_t* character,
                                      const int32_t* stage, const float* prev, MirrorDraw md,
                                      const float* action_table, const float* character_table,
-                                     const float* stage_table, float* out, float* prev_out) {
+                                     const float* stage_table, float* out, float* prev_out,
+                                     __nv_bfloat16* out_bf, __nv_bfloat16* prev_bf) {
   const Cols L(d);
   const size_t n = rows * size_t(L.width);
   for (size_t e = size_t(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
@@ -131,15 +132,20 @@ __global__ void embed_forward_kernel(EmbedDims d, size_t rows, size_t window, co
                                                                                        : 0.0f;
     }
     out[e] = v;
-    if (prev_out && col >= L.controller_offset && col < L.raw_width) {
-      const int P = L.raw_width - L.controller_offset;
-      prev_out[r * size_t(P) + size_t(col - L.controller_offset)] = v;
+    const __nv_bfloat16 vb = k::from_f32<__nv_bfloat16>(v);  // as fp32_to_bf16 of v
+    if (out_bf) out_bf[e] = vb;
+    if (col >= L.controller_offset && col < L.raw_width) {
+      const size_t p =
+          r * size_t(L.raw_width - L.controller_offset) + size_t(col - L.controller_offset);
+      if (prev_out) prev_out[p] = v;
+      if (prev_bf) prev_bf[p] = vb;
     }
   }
 }
 
 __global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeric,
-                                   const uint64_t* batch_key, float sd, float* out) {
+                                   const uint64_t* batch_key, float sd, float* out,
+                                   __nv_bfloat16* out_bf) {
   const uint64_t key = mix64(*batch_key ^ kEmbedNoiseSalt);
   const Cols L(d);
   const size_t n = rows * kSlots * kNumericFeatures;
@@ -150,7 +156,9 @@ __global__ void embed_noise_kernel(EmbedDims d, size_t rows, const float* numeri
     const size_t r = rs / kSlots, s = rs % kSlots, f = e % kNumericFeatures;
     const double u1 = 1.0 - uniform01(key, 2 * e), u2 = uniform01(key, 2 * e + 1);
     const double g = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    out[r * size_t(L.width) + s * size_t(L.slot_width) + f] += sd * static_cast<float>(g);
+    const size_t o = r * size_t(L.width) + s * size_t(L.slot_width) + f;
+    out[o] += sd * static_cast<float>(g);
+    if (out_bf) out_bf[o] = k::from_f32<__nv_bfloat16>(out[o]);
   }
 }
 
@@ -956,23 +964,28 @@ void Kernels::embed_forward(const EmbedDims& d, size_t rows, size_t window, cons
                             const float* prev_controller, const MirrorDraw& mirror,
                             const float* action_table, const float* character_table,
                             const float* stage_table, float* out, float* prev_out,
+                            kernels::bfloat16* out_bf, kernels::bfloat16* prev_bf,
                             cudaStream_t stream) {
   const size_t n = rows * size_t(Cols(d).width);
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
   SLIPSTREAM_LAUNCH(embed_forward_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
                     stream, d, rows, window, numeric, action, character, stage, prev_controller,
-                    mirror, action_table, character_table, stage_table, out, prev_out);
+                    mirror, action_table, character_table, stage_table, out, prev_out,
+                    reinterpret_cast<__nv_bfloat16*>(out_bf),
+                    reinterpret_cast<__nv_bfloat16*>(prev_bf));
   check_launch("embed_forward");
 }
 
 void Kernels::embed_add_noise(const EmbedDims& d, size_t rows, const float* numeric,
-                              const uint64_t* key, float sd, float* out, cudaStream_t stream) {
+                              const uint64_t* key, float sd, float* out, kernels::bfloat16* out_bf,
+                              cudaStream_t stream) {
   const size_t n = rows * kSlots * kNumericFeatures;
   if (n == 0) return;
   const unsigned blocks = ceil_div(n, kThreads);
   SLIPSTREAM_LAUNCH(embed_noise_kernel, dim3(blocks < 65535 ? blocks : 65535), dim3(kThreads),
-                    stream, d, rows, numeric, key, sd, out);
+                    stream, d, rows, numeric, key, sd, out,
+                    reinterpret_cast<__nv_bfloat16*>(out_bf));
   check_launch("embed_add_noise");
 }
 

@@ -34,6 +34,7 @@ class MambaStage final
         .trainable()
         .streaming(Streaming::recurrent)
         .input("x", DType::f32, 3, "(B, W, Din) input sequence")
+        .reads_bf16_copy()
         .optional_input("continues", DType::f32, 1,
                         nn::continues_input_doc("conv inputs and scan state"))
         .output("y", DType::f32, 3, "(B, W, d_model) output sequence")

@@ -286,6 +286,14 @@ class MambaModel {
                     conv_first_, conv);
   }
 
+  // In the bf16 form (a `wb` given), for the forwards and backwards from here on: x_bf, x's bf16
+  // copy made by whoever made x (null: the input projection's GEMMs round x themselves), and
+  // y_bf, where the final norm writes y's (null: nowhere). Both fp32_to_bf16's rounding.
+  void set_bf16_copies(const uint16_t* x_bf, uint16_t* y_bf) {
+    x_bf_given_ = x_bf;
+    y_bf_ = y_bf;
+  }
+
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by
   // the GEMMs together with bf16-rounded activations; null for full precision. With a carried
   // state, each row starts from the state carry() set and leaves its own for the next.
@@ -295,8 +303,11 @@ class MambaModel {
     const int P = R + 2 * N;
     const size_t Ms = static_cast<size_t>(M);
     T* h0 = h_;
+    xin_bf_used_ = nullptr;
     if (c_.has_input_proj()) {
-      const uint16_t* xb = round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
+      const uint16_t* xb =
+          wb && x_bf_given_ ? x_bf_given_ : round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
+      xin_bf_used_ = xb;  // the backward's weight gradient reads the same copy
       mm(false, true, M, dm, c_.din, x, xb, c_.din, w + lay_.input_proj_w,
          bf(wb, lay_.input_proj_w), c_.din, T(0), h0, dm);
       // On a device the first norm adds the bias as it reads h_0 (h_0 is kept without it).
@@ -354,7 +365,7 @@ class MambaModel {
          dm);
     }
     ops_.rmsnorm_forward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f, y,
-                         rstd_f_, Ms, dm_(), c_.eps);
+                         rstd_f_, Ms, dm_(), c_.eps, wb ? y_bf_ : nullptr);
   }
 
   // After forward on the same x: dy (B, L, d_model) -> dx (=, may be null when not wanted);
@@ -446,7 +457,8 @@ class MambaModel {
       if (dx)
         mm(false, false, M, din, dm, dh, dhb, dm, w + lay_.input_proj_w, bf(wb, lay_.input_proj_w),
            din, T(0), dx, din);
-      mm(true, false, dm, din, M, dh, dhb, dm, x, xin_bf_, din, T(1), g + lay_.input_proj_w, din);
+      mm(true, false, dm, din, M, dh, dhb, dm, x, xin_bf_used_, din, T(1), g + lay_.input_proj_w,
+         din);
       ops_.column_sum_accumulate(dh, g + lay_.input_proj_b, Ms, dm_(), scratch_);
     } else if (dx) {
       ops_.copy(dx, dh, Ms * dm_());
@@ -574,6 +586,9 @@ class MambaModel {
   size_t scan_states_elems_ = 0;  // a layer's
   uint16_t *xin_bf_ = nullptr, *xn_bf_ = nullptr, *u_bf_ = nullptr;
   uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
+  const uint16_t* x_bf_given_ = nullptr;  // set_bf16_copies
+  uint16_t* y_bf_ = nullptr;
+  const uint16_t* xin_bf_used_ = nullptr;  // x's copy the last forward's GEMM read
 };
 
 }  // namespace slipstream::nn

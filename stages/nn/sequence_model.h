@@ -46,6 +46,15 @@ class SequenceModel {
   virtual void clear_carry() {}
   // The carried state's buffers (empty without one), for a checkpoint to save and restore.
   virtual std::vector<Tensor> carried() const { return {}; }
+  // bf16 copies beside the stage's tensors (StageSchema::reads_bf16_copy), for the forwards (and
+  // their backwards) from here on in the bf16 form: x_bf, x's, written by the stage before (null:
+  // the model rounds x itself where its GEMMs read it); y_bf, where the forward writes y's (null:
+  // nowhere). A model that takes none ignores them and says so.
+  virtual bool takes_bf16_copies() const { return false; }
+  virtual void set_bf16_copies(const uint16_t* x_bf, uint16_t* y_bf) {
+    (void)x_bf;
+    (void)y_bf;
+  }
 };
 
 template <class Model, class Config, class Layout>
@@ -85,9 +94,16 @@ class SequenceModelOn final : public SequenceModel<Config, Layout> {
     else
       return {};
   }
+  bool takes_bf16_copies() const override { return kCopies; }
+  void set_bf16_copies(const uint16_t* x_bf, uint16_t* y_bf) override {
+    if constexpr (kCopies) m_.set_bf16_copies(x_bf, y_bf);
+  }
 
  private:
   static constexpr bool kCarries = requires(Model & m, const float* c) { m.carry(c); };
+  static constexpr bool kCopies = requires(Model & m, const uint16_t* x, uint16_t* y) {
+    m.set_bf16_copies(x, y);
+  };
   Model m_;
 };
 

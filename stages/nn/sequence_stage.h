@@ -85,8 +85,9 @@ class SequenceStage : public Stage {
     check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
     if (ctx.run().streaming && device_stream_) {
+      take_bf16_copies(b, ctx, x);
       forward_stream_on_device(x);
-      ctx.set_output(b, "y", y_);
+      publish(b, ctx);
       return;
     }
     if (ctx.run().streaming) {
@@ -110,9 +111,10 @@ class SequenceStage : public Stage {
       model_->refresh_shadow(store_);
       shadow_checked_ = true;
     }
+    take_bf16_copies(b, ctx, x);
     model_->forward(x.data<float>(), store_.values(), store_.shadow(), y_.data<float>());
     x_ = x;
-    ctx.set_output(b, "y", y_);
+    publish(b, ctx);
   }
 
   void backward(Batch& b, StageContext& ctx) override {
@@ -179,6 +181,7 @@ class SequenceStage : public Stage {
           ": every window starts from zero state");
     single_process_ = ctx.run().world_size == 1;
     model_->set_carry(carry_);
+    copy_y_ = bf16_ && model_->takes_bf16_copies() && ctx.output_bf16_copy_wanted("y");
     ctx.declare_output("y", {in[0], in[1], output_width(model_->config())}, DType::f32);
     if (in[0] > 0 && in[1] > 0) resize(in[0], in[1]);
   }
@@ -217,12 +220,32 @@ class SequenceStage : public Stage {
     std::fill(stream_continues_.begin(), stream_continues_.end(), 1.0f);
   }
 
+  // In the bf16 form: x's bf16 copy where the stage before wrote one (the model's input
+  // projection reads it instead of a cast of its own) and, where a stage after reads y's, y_bf_
+  // for the final norm to write it into.
+  void take_bf16_copies(const Batch& b, const StageContext& ctx, const Tensor& x) {
+    if (!bf16_ || !model_->takes_bf16_copies()) return;
+    const Tensor* xb = ctx.input_bf16_copy(b, "x");
+    if (xb && (xb->numel() != x.numel() || xb->device() != x.device()))
+      throw std::logic_error(ctx.name() + ": x's bf16 copy " + xb->describe() +
+                             " does not match x " + x.describe());
+    model_->set_bf16_copies(xb ? xb->data<uint16_t>() : nullptr,
+                            copy_y_ ? y_bf_.data<uint16_t>() : nullptr);
+  }
+  void publish(Batch& b, const StageContext& ctx) const {
+    ctx.set_output(b, "y", y_);
+    if (copy_y_) ctx.set_output_bf16_copy(b, "y", y_bf_);
+  }
+
   // The rare path: a batch of a new shape (and setup, when the shape is known).
   void resize(int64_t B, int64_t W) {
     const Config& c = model_->config();
     model_->resize(static_cast<int>(B), static_cast<int>(W), bf16_);
     B_ = B, W_ = W;
     y_ = Tensor::empty({B, W, output_width(c)}, DType::f32, device_, (kind_ + " output").c_str());
+    if (copy_y_)
+      y_bf_ = Tensor::empty({B, W, output_width(c)}, DType::bf16, device_,
+                            (kind_ + " output (bf16 copy)").c_str());
     dx_ = Tensor::empty({B, W, c.din}, DType::f32, device_, (kind_ + " input gradient").c_str());
   }
 
@@ -231,10 +254,11 @@ class SequenceStage : public Stage {
   Device device_;
   ParamStore store_;
   std::vector<std::vector<Parameter*>> layer_params_;  // per layer, for gradients_ready
-  Tensor x_, y_, dx_;
+  Tensor x_, y_, dx_, y_bf_;
   int64_t B_ = 0, W_ = 0;
   bool bf16_ = false, want_dx_ = true, shadow_checked_ = false;
-  bool carry_ = false;  // `continues` connected and rows continue: state carried across batches
+  bool carry_ = false;   // `continues` connected and rows continue: state carried across batches
+  bool copy_y_ = false;  // a stage after reads y's bf16 copy, and the model writes it
   bool single_process_ = true;
   FrameStream<Recurrent, Config> stream_;  // Runner::stream's state on the CPU
   // On a device: the model carries the stream's state; each row's `continues` for the next batch.

@@ -2,11 +2,13 @@
 // validation passes, plugins and the stats record.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
 #include "engine/checkpoint.h"
 #include "engine/launch.h"
+#include "engine/registry.h"
 #include "engine/runner.h"
 #include "engine/stats_record.h"
 #include "engine/step_benchmark.h"
@@ -60,6 +62,57 @@ TEST(Runner, RunsChainInOrder) {
   EXPECT_EQ(r.counters(1).items_out, 20u);
   EXPECT_EQ(r.counters(2).items_out, 20u);
   EXPECT_FALSE(res.interrupted);
+}
+
+// A stage that reads an input's bf16 copy (StageSchema::reads_bf16_copy) gets the one its
+// producer wrote, bit for bit fp32_to_bf16's, under precision bf16 only; a producer that writes
+// none leaves it none, and a copy nobody reads is refused.
+TEST(Runner, Bf16CopiesGoFromTheProducerToTheStageThatReadsThem) {
+  const std::string g = R"(stages:
+  - {name: src, kind: test_counter, params: {count: 3, batch: 5}}
+  - {name: conv, kind: test_to_f32, inputs: [src]}
+  - {name: rec, kind: test_bf16_reader, inputs: [conv]}
+)";
+  TempDir d;
+  {
+    reset_recorded();
+    Runner r(plan_text(d, g, {"run.precision=bf16"}), quiet_options());
+    const auto& slots = r.graph().plan().slots;
+    EXPECT_TRUE(std::any_of(slots.begin(), slots.end(),
+                            [](const SlotInfo& s) { return s.name == "bf16:conv.y"; }));
+    r.run();
+    EXPECT_EQ(recorded().bf16_copies, std::vector<int>(3, 1));
+  }
+  {
+    reset_recorded();
+    Runner r(plan_text(d, g, {"run.precision=fp32"}), quiet_options());
+    r.run();
+    EXPECT_EQ(recorded().bf16_copies, std::vector<int>(3, 0)) << "no copy wanted in fp32";
+  }
+  {
+    reset_recorded();
+    Runner r(plan_text(d, g, {"run.precision=bf16", "conv.write_copy=false"}), quiet_options());
+    r.run();
+    EXPECT_EQ(recorded().bf16_copies, std::vector<int>(3, 0)) << "a producer that writes none";
+  }
+  {  // the copy of an output no stage reads: the producer's mistake, named
+    const std::string unread = R"(stages:
+  - {name: src, kind: test_counter, params: {count: 3, batch: 5}}
+  - {name: conv, kind: test_to_f32, inputs: [src], params: {always_copy: true}}
+  - {name: sink, kind: test_f32_sink, inputs: [conv], params: {level: 1}}
+)";
+    Runner r(plan_text(d, unread, {"run.precision=bf16"}), quiet_options());
+    try {
+      r.run();
+      FAIL() << "expected a StageError";
+    } catch (const StageError& e) {
+      EXPECT_NE(std::string(e.what()).find("output 'y' has no reader of a bf16 copy"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NE(StageRegistry::find("test_bf16_reader")->help().find("reads its bf16 copy"),
+            std::string::npos);
 }
 
 TEST(Runner, ParallelStageKeepsSourceOrder) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "engine/registry.h"
+#include "kernels/bf16.h"
 
 namespace slipstream::testing {
 
@@ -22,6 +23,7 @@ void reset_recorded() {
   recorded().indices.clear();
   recorded().finished = 0;
   recorded().validation_passes = 0;
+  recorded().bf16_copies.clear();
 }
 
 // Emits `count` batches; batch k holds x[i] = k * batch + i (deterministic from the index, so
@@ -276,5 +278,69 @@ class TestLoss : public Stage {
   }
 };
 SLIPSTREAM_REGISTER_STAGE(TestLoss);
+
+}  // namespace slipstream::testing
+
+namespace slipstream::testing {
+
+// For the bf16 copies beside a stage's outputs (StageSchema::reads_bf16_copy): a producer of an
+// f32 tensor that writes its copy where a reader wants one, and the reader.
+class TestToF32 : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_to_f32")
+        .family("test")
+        .doc("y = x * 1.1 + 1/3 in f32, with y's bf16 copy where a stage after reads it.")
+        .input("x", DType::i32, 1, "values")
+        .output("y", DType::f32, 1, "values")
+        .param("write_copy", true, "write y's bf16 copy when wanted")
+        .param("always_copy", false, "set the copy even when no reader wants it (a misuse)");
+  }
+  void setup(StageContext& ctx) override {
+    copy_ = ctx.params().boolean("always_copy") ||
+            (ctx.params().boolean("write_copy") && ctx.output_bf16_copy_wanted("y"));
+    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& x = ctx.input(b, "x");
+    Tensor y = Tensor::empty(x.shape(), DType::f32);
+    Tensor yb = Tensor::empty(x.shape(), DType::bf16);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      y.data<float>()[i] = static_cast<float>(x.data<int32_t>()[i]) * 1.1f + 1.0f / 3.0f;
+      yb.data<uint16_t>()[i] = kernels::fp32_to_bf16(y.data<float>()[i]);
+    }
+    ctx.set_output(b, "y", y);
+    if (copy_) ctx.set_output_bf16_copy(b, "y", yb);
+  }
+
+ private:
+  bool copy_ = false;
+};
+SLIPSTREAM_REGISTER_STAGE(TestToF32);
+
+class TestBf16Reader : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_bf16_reader")
+        .family("test")
+        .doc("Records whether y's bf16 copy came with y, and its bits.")
+        .differentiable()
+        .input("y", DType::f32, 1, "values")
+        .reads_bf16_copy();
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    const Tensor& y = ctx.input(b, "y");
+    const Tensor* c = ctx.input_bf16_copy(b, "y");
+    int got = 0;
+    if (c) {
+      got = c->numel() == y.numel() ? 1 : -1;
+      for (int64_t i = 0; got == 1 && i < y.numel(); ++i)
+        if (c->data<uint16_t>()[i] != kernels::fp32_to_bf16(y.data<float>()[i])) got = -1;
+    }
+    std::lock_guard lock(recorded().mu);
+    recorded().bf16_copies.push_back(got);
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(TestBf16Reader);
 
 }  // namespace slipstream::testing

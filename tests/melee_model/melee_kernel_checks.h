@@ -80,11 +80,14 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
   float* g_out = mem.template alloc<float>(rows * E);
   const size_t P = size_t(L.prev_input_width());
   float* g_prev = mem.template alloc<float>(rows * P);
+  // The bf16 copies of both, for the next stages' GEMMs.
+  auto* g_out_bf = mem.template alloc<kernels::bfloat16>(rows * E);
+  auto* g_prev_bf = mem.template alloc<kernels::bfloat16>(rows * P);
   // The forward draws the windows' mirror flags as it uses them.
   uint8_t* g_m = mem.template alloc<uint8_t>(B);
-  K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
-                   {g_m, mem.upload(std::vector<uint64_t>{key}), nullptr, 1}, g_at, g_ct, g_st,
-                   g_out, g_prev, mem.stream());
+  const uint64_t* g_key = mem.upload(std::vector<uint64_t>{key});
+  K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc, {g_m, g_key, nullptr, 1}, g_at, g_ct,
+                   g_st, g_out, g_prev, g_out_bf, g_prev_bf, mem.stream());
   const auto m = mem.download(g_m, B);
   for (size_t w = 0; w < B; ++w) EXPECT_EQ(m[w], splitmix64(key + w) >> 63) << "window " << w;
   {  // rows that continue their game keep their flag; the others draw with the new key
@@ -94,7 +97,7 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
     float* scratch_out = mem.template alloc<float>(rows * E);
     K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
                      {g_kept, mem.upload(std::vector<uint64_t>{key + 7}), mem.upload(cont), 1},
-                     g_at, g_ct, g_st, scratch_out, nullptr, mem.stream());
+                     g_at, g_ct, g_st, scratch_out, nullptr, nullptr, nullptr, mem.stream());
     const auto kept = mem.download(g_kept, B);
     for (size_t w = 0; w < B; ++w)
       EXPECT_EQ(kept[w], w % 2 ? m[w] : uint8_t(splitmix64(key + 7 + w) >> 63)) << "window " << w;
@@ -110,7 +113,7 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
     uint8_t* g_none = mem.upload(std::vector<uint8_t>(B, 1));
     K::embed_forward(dims, rows, W, g_num, g_a, g_c, g_s, g_pc,
                      {g_none, mem.upload(std::vector<uint64_t>{key}), nullptr, 0}, g_at, g_ct, g_st,
-                     scratch_out, nullptr, mem.stream());
+                     scratch_out, nullptr, nullptr, nullptr, mem.stream());
     const auto none = mem.download(g_none, B);
     for (size_t w = 0; w < B; ++w) EXPECT_EQ(none[w], 0) << "window " << w << " (disabled)";
   }
@@ -127,6 +130,19 @@ void check_embedding(size_t B, size_t W, EmbedLayout L, uint64_t seed) {
     for (size_t c = 0; c < P; ++c)
       ASSERT_EQ(prev_dev[r * P + c], out_dev[r * E + size_t(L.controller_offset()) + c])
           << "prev_input row " << r << " column " << c;
+  // The bf16 copies hold fp32_to_bf16 of every element, bit for bit; noise keeps them in step.
+  auto expect_copy = [&](const kernels::bfloat16* copy, const std::vector<float>& of,
+                         const char* what) {
+    const auto got = mem.download(copy, of.size());
+    for (size_t i = 0; i < of.size(); ++i)
+      ASSERT_EQ(got[i].bits, kernels::fp32_to_bf16(of[i])) << what << " element " << i;
+  };
+  expect_copy(g_out_bf, out_dev, "x's bf16 copy");
+  expect_copy(g_prev_bf, prev_dev, "prev_input's bf16 copy");
+  K::embed_add_noise(dims, rows, g_num, g_key, 0.5f, g_out, g_out_bf, mem.stream());
+  const auto noised = mem.download(g_out, rows * E);
+  EXPECT_NE(noised, out_dev) << "the noise changed nothing";
+  expect_copy(g_out_bf, noised, "x's bf16 copy after the noise");
 
   const auto dout = rand_vec(rows * E, rng);
   std::vector<double> da(at.size(), 0.0), dc(ct.size(), 0.0), ds(st.size(), 0.0);

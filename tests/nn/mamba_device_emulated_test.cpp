@@ -2,9 +2,11 @@
 // against the CPU model in float64: every build runs the code a GPU run executes, except
 // cuBLASLt (the emulated GEMM is the CPU's) and the stream's concurrency.
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/step_recorder.h"
 #include "tests/nn/mamba_device_checks.h"
@@ -74,6 +76,55 @@ TEST(MambaEmulatedDevice, ARecordedStepNamesEveryKernelAndCopiesNoCarriedInputs)
   // bf16 copies are written by their producers; the casts left are the model's input's (made by
   // another stage) and each layer's x_proj output gradient's. dt_proj reads x_proj's fp32 output.
   EXPECT_EQ(count("fp32_to_bf16_kernel"), 1 + c.layers);
+}
+
+// In the bf16 form the model reads x's bf16 copy where the stage before made one, and its final
+// norm writes y's for the stage after (set_bf16_copies): the bits of the model rounding x itself,
+// one cast launch fewer, and y's copy fp32_to_bf16 of y.
+TEST(MambaEmulatedDevice, Bf16CopiesGiveTheBitsOfItsOwnCasts) {
+  MambaConfig c;
+  c.din = 12, c.d_model = 16, c.d_state = 8, c.layers = 2;
+  const int B = 3, L = 5;
+  using Ops = ops::DeviceOps<EmulatedKernels>;
+  const size_t nw = MambaModel<double>(c).layout().params.total();
+  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<float> w(nw), x(nx), dy(ny);
+  for (float& v : w) v = nd(rng);
+  for (float& v : x) v = nd(rng);
+  for (float& v : dy) v = nd(rng);
+  std::vector<uint16_t> wb(nw), xb(nx);
+  kernels::fp32_to_bf16(w.data(), wb.data(), nw);
+  kernels::fp32_to_bf16(x.data(), xb.data(), nx);
+  struct Out {
+    std::vector<float> y, g, dx;
+    std::vector<uint16_t> y_bf;
+    long casts = 0;
+  };
+  auto run = [&](bool copies) {
+    MambaModel<float, Ops> m(c, Ops(Device::cpu(), nullptr, {}));
+    m.resize(B, L, true);
+    Out o;
+    o.y.assign(ny, 0.0f), o.g.assign(nw, 0.0f), o.dx.assign(nx, 0.0f), o.y_bf.assign(ny, 0);
+    if (copies) m.set_bf16_copies(xb.data(), o.y_bf.data());
+    capture::StepRecorder rec(nullptr);
+    m.forward(x.data(), w.data(), wb.data(), o.y.data());
+    m.backward(x.data(), dy.data(), w.data(), wb.data(), o.g.data(), o.dx.data());
+    EXPECT_TRUE(rec.recording()) << rec.stop_reason();
+    const auto ops = rec.finish();
+    for (const auto& op : ops) o.casts += std::string(op.what) == "fp32_to_bf16_kernel";
+    capture::issue_ops(ops);
+    rec.run_deferred();
+    return o;
+  };
+  const Out own = run(false), given = run(true);
+  EXPECT_EQ(own.y, given.y);
+  EXPECT_EQ(own.g, given.g);
+  EXPECT_EQ(own.dx, given.dx);
+  EXPECT_EQ(own.casts, given.casts + 1) << "x's cast, where its copy is given";
+  for (size_t i = 0; i < ny; ++i)
+    ASSERT_EQ(given.y_bf[i], kernels::fp32_to_bf16(given.y[i])) << "y's copy, element " << i;
 }
 
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {

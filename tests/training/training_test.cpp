@@ -150,6 +150,30 @@ TEST(Training, StreamsCarryTheModelsState) {
   streams_carry_the_models_state(true);
 }
 
+// Under bf16 the stages write the bf16 copies that the next stages' GEMMs read (the embedding's
+// x and prev_input, the core's y; run.bf16_copies), where those stages would round them
+// themselves: the same bits either way, on the CPU and on the CUDA code path (the emulator).
+TEST(Training, Bf16CopiesChangeNoBit) {
+  for (const std::string device : {"cpu", "emulated"}) {
+    SCOPED_TRACE(device);
+    std::map<std::string, Tensor> weights[2];
+    for (const bool copies : {true, false}) {
+      TempDir d;
+      std::ostringstream log;
+      auto sets = tiny_graph_overrides(d.path(), false);
+      std::erase(sets, "run.device=cpu");
+      sets.push_back("run.device=" + device);
+      sets.push_back("run.precision=bf16");
+      sets.push_back("run.steps=3");
+      sets.push_back(std::string("run.bf16_copies=") + (copies ? "true" : "false"));
+      Runner r(plan_graph(load_config(bc_graph(false), sets)), quiet_run_options(log));
+      r.run();
+      weights[copies ? 0 : 1] = all_weights(r);
+    }
+    expect_bit_equal(weights[0], weights[1]);
+  }
+}
+
 TEST(Training, ResumeIsBitExactBf16) {
   resume_is_exact("bf16");
 }
