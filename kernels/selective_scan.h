@@ -92,6 +92,12 @@ static constexpr int kScanMaxState = 32;
 // bf16 GEMMs' copy without a cast launch); chunk_states: below. With `a_log`, A holds Mamba's
 // A_log and the kernels take A = −exp(A_log) themselves, as the elementwise neg_exp would make
 // it (the same bits): the model's parameter read in place, no launch a step to make A.
+// With `dt_w` the forward makes Δ itself from its low-rank form, Mamba's dt_proj folded in (a
+// forward no backward follows, which needs no Δ tensor: the policy's frames, validation):
+// Δ[b, t, d] = Σ_r dt[(b, t), r] dt_w[d, r] over r < dt_rank (≤ kScanMaxDtRank), summed in that
+// order by fmaf, with dt's rows `ldbc` apart like Bm's (x_proj's output holds dt, Bm, Cm) and
+// dt_w (D, dt_rank) fp32; `delta` is then not read.
+static constexpr int kScanMaxDtRank = 32;
 template <class T>
 static void selective_scan_forward(const T* u, const T* delta, const float* A, const T* Bm,
                                    const T* Cm, const float* Dskip, const T* z,
@@ -99,7 +105,8 @@ static void selective_scan_forward(const T* u, const T* delta, const float* A, c
                                    const float* initial_state, T* out, bfloat16* out_bf,
                                    float* last_state, float* chunk_states, int B, int L, int D,
                                    int N, cudaStream_t stream, int ldbc = 0, int z_ld = 0,
-                                   bool a_log = false);
+                                   bool a_log = false, const T* dt = nullptr,
+                                   const float* dt_w = nullptr, int dt_rank = 0);
 
 static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N);
 

@@ -28,7 +28,10 @@ struct ScanArgs {
   const DT *Bm, *Cm;
   const float *Dskip, *delta_bias;
   const DT* z;
-  const float* h0;  // (B, D, N) state before the first step, or null: zero
+  const float* h0;    // (B, D, N) state before the first step, or null: zero
+  const DT* dt;       // with dt_w: Δ's low-rank form, rows ldbc apart (the forward makes Δ)
+  const float* dt_w;  // (D, R): dt_proj's weight
+  int R;
   bool softplus;
   bool a_log;
   int B, L, D, N;
@@ -177,6 +180,18 @@ __device__ __forceinline__ ChanIn load_chan(const ScanArgs<DT>& a, bool dok, siz
   }
   return c;
 }
+// The same with Δ given (made from its low-rank form) rather than read.
+template <class DT>
+__device__ __forceinline__ ChanIn chan_with_delta(const ScanArgs<DT>& a, bool dok, size_t i,
+                                                  float delta, float bias) {
+  ChanIn c{0.f, 0.f, 0.f};
+  if (dok) {
+    c.u = to_f32(a.u[i]);
+    c.raw = delta + bias;
+    c.dt = a.softplus ? softplusf_(c.raw) : c.raw;
+  }
+  return c;
+}
 
 // h_t = exp(dt A) h_{t-1} + dt u B_t (dtA2 = dt A log2 e, dub = dt u B_t) as one explicit fma: the
 // forward, the backward's first pass and its recomputation then round alike whatever the compiler
@@ -239,14 +254,26 @@ constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 // With `chunks` (the layout of ScanGrads::chunk_states for the backward's kT = save_every), the
 // forward also keeps h at the start of every chunk, so the backward need not run the recurrence
 // a second time to find them. Held to 4 blocks an SM (128 registers): at d_state 32 ptxas 13
-// would take 158-164 (3 blocks) since the kernel makes A from A_log.
-template <class DT, int kNS, int kG>
+// would take 158-164 (3 blocks) since the kernel makes A from A_log. kProj: Δ made from dt and
+// dt_w (ScanArgs::dt_w) instead of read, the block's rows of dt staged beside Bm's and its
+// channels' dt_w once, in shared memory (a separate instantiation: the other keeps its
+// shared memory and registers).
+template <class DT, int kNS, int kG, bool kProj = false>
 __global__ void __launch_bounds__(kChanThreads, 4)
     scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, __nv_bfloat16* out_bf, float* last_state,
                              float* chunks, int save_every) {
   constexpr int kNP = kNS * kG;
+  constexpr int kRows = kProj ? kStage : 1, kRank = kProj ? Kernels::kScanMaxDtRank : 1;
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
+  __shared__ float sDt[kRows][kRank], sW[kRank][kProj ? kChanPerBlock<kG> : 1];
   const ChanLane<kNS, kG> q(a);
+  if constexpr (kProj) {
+    const int d0 = int(blockIdx.x) * kChanPerBlock<kG>;
+    for (int k = q.tid; k < a.R * kChanPerBlock<kG>; k += kChanThreads) {
+      const int r = k / kChanPerBlock<kG>, c = k - r * kChanPerBlock<kG>;
+      sW[r][c] = d0 + c < a.D ? a.dt_w[size_t(d0 + c) * a.R + r] : 0.f;
+    }  // read after the window loop's first __syncthreads
+  }
   const int nchunk = chunks ? (a.L + save_every - 1) / save_every : 0;
   float h[kNS];
   q.initial(a, h);
@@ -254,6 +281,11 @@ __global__ void __launch_bounds__(kChanThreads, 4)
     const int tn = a.L - t0 < kStage ? a.L - t0 : kStage;
     __syncthreads();
     stage_bc<DT, kNP>(a, q.b, t0, tn, sB, sC);
+    if constexpr (kProj)
+      for (int k = q.tid; k < tn * a.R; k += kChanThreads) {
+        const int j = k / a.R, r = k - j * a.R;
+        sDt[j][r] = to_f32(a.dt[(size_t(q.b) * a.L + t0 + j) * a.ldbc + r]);
+      }
     __syncthreads();
     // Steps in groups of kPrefetch: the group's loads are issued before its recurrence.
     for (int g0 = 0; g0 < tn; g0 += kPrefetch) {
@@ -263,7 +295,14 @@ __global__ void __launch_bounds__(kChanThreads, 4)
       for (int j = 0; j < kPrefetch; ++j) {
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
         const bool ok = q.dok && g0 + j < tn;
-        in[j] = load_chan(a, ok, i, q.bias);
+        if constexpr (kProj) {
+          float delta = 0.f;
+          if (ok)
+            for (int r = 0; r < a.R; ++r) delta = fmaf(sDt[g0 + j][r], sW[r][q.tid / kG], delta);
+          in[j] = chan_with_delta(a, ok, i, delta, q.bias);
+        } else {
+          in[j] = load_chan(a, ok, i, q.bias);
+        }
         const size_t iz = (size_t(q.b) * a.L + t0 + g0 + j) * a.zld + q.d;
         zz[j] = (ok && a.z) ? to_f32(a.z[iz]) : 0.f;
       }
@@ -678,18 +717,29 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
                                      const float* delta_bias, bool delta_softplus,
                                      const float* initial_state, T* out, bfloat16* out_bf,
                                      float* last_state, float* chunk_states, int B, int L, int D,
-                                     int N, cudaStream_t stream, int ldbc, int z_ld, bool a_log) {
+                                     int N, cudaStream_t stream, int ldbc, int z_ld, bool a_log,
+                                     const T* dt, const float* dt_w, int dt_rank) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
+  if (dt_w && (dt_rank < 1 || dt_rank > kScanMaxDtRank || !dt))
+    throw std::invalid_argument(
+        std::string(op) + ": Δ's low-rank form needs dt and a rank in [1, " +
+        std::to_string(kScanMaxDtRank) + "], got " + std::to_string(dt_rank));
   if (B <= 0 || L <= 0 || D <= 0) return;
   auto a =
       make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;
   a.a_log = a_log;
+  if (dt_w) {
+    a.dt = dev(dt);
+    a.dt_w = dt_w;
+    a.R = dt_rank;
+  }
   const int save_every = chan_shape(N, op, true).t;
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
-    const auto kernel =
-        &scan_forward_chan_kernel<dev_t<T>, decltype(ns)::value, decltype(g)::value>;
+    constexpr int kNS = decltype(ns)::value, kG = decltype(g)::value;
+    const auto kernel = dt_w ? &scan_forward_chan_kernel<dev_t<T>, kNS, kG, true>
+                             : &scan_forward_chan_kernel<dev_t<T>, kNS, kG>;
     SLIPSTREAM_LAUNCH_AS("scan_forward_chan_kernel", kernel,
                          dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
                          stream, a, dev(out), dev(out_bf), last_state, chunk_states, save_every);
@@ -835,7 +885,7 @@ void Kernels::selective_scan_step(float* state, const T* u, const T* delta, cons
   template void Kernels::selective_scan_forward<T>(                                               \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, T*, bfloat16*, float*, float*, int, int, int, int, cudaStream_t, int,   \
-      int, bool);                                                                                 \
+      int, bool, const T*, const float*, int);                                                    \
   template void Kernels::selective_scan_backward<T>(                                              \
       const T*, const T*, const float*, const T*, const T*, const float*, const T*, const float*, \
       bool, const float*, const float*, const T*, T*, T*, float*, T*, T*, float*, T*, float*,     \

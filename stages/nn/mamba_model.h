@@ -293,6 +293,10 @@ class MambaModel {
     x_bf_given_ = x_bf;
     y_bf_ = y_bf;
   }
+  // Whether the next forwards are followed by no backward (validation, inference): on a device
+  // the scan then makes Δ itself from dt and dt_proj's weight (dt_rank up to
+  // kScanMaxDtRank), with no dt_proj GEMM and no Δ tensor, one launch a layer fewer.
+  void set_forward_only(bool on) { forward_only_ = on; }
 
   // x (B, L, din) -> y (B, L, d_model). `wb` is the bf16 shadow of `w` (same layout), used by
   // the GEMMs together with bf16-rounded activations; null for full precision. With a carried
@@ -304,6 +308,8 @@ class MambaModel {
     const size_t Ms = static_cast<size_t>(M);
     T* h0 = h_;
     xin_bf_used_ = nullptr;
+    const bool fold_dt = kOnDevice && forward_only_ && R <= max_folded_dt_rank();
+    last_forward_only_ = forward_only_;
     if (c_.has_input_proj()) {
       const uint16_t* xb =
           wb && x_bf_given_ ? x_bf_given_ : round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
@@ -352,15 +358,19 @@ class MambaModel {
       // master weight, so x_proj's output needs no bf16 copy (a cast launch a layer, in every
       // step and frame), and Δ, which decays the state through exp(Δ A), is made without bf16's
       // rounding of dt. Its inner dimension is dt_rank (d_model / 16): a small product either way.
-      mm(false, true, M, di, R, a.dbc, nullptr, P, w + Lw.dt_w, nullptr, R, T(0), a.delta, di);
+      // Where no backward follows, a device's scan makes Δ itself (set_forward_only).
+      if (!fold_dt)
+        mm(false, true, M, di, R, a.dbc, nullptr, P, w + Lw.dt_w, nullptr, R, T(0), a.delta, di);
       if constexpr (!kOnDevice) {
         ops_.copy_cols(a.dbc + R, P_(), a.Bm, N_(), Ms, N_());
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       }
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
-      ops_.selective_scan_forward(a.u, a.delta, scan_A(w, Lw, a), a.Bm, a.Cm, w + Lw.D, a.z,
-                                  w + Lw.dt_b, a.scan_first, a.ys, a.scan_last, a.scan_states, B_,
-                                  L_, di, N, ysb, bc_ld(), zero_unless_apart(ld), kOnDevice);
+      ops_.selective_scan_forward(a.u, fold_dt ? nullptr : a.delta, scan_A(w, Lw, a), a.Bm, a.Cm,
+                                  w + Lw.D, a.z, w + Lw.dt_b, a.scan_first, a.ys, a.scan_last,
+                                  a.scan_states, B_, L_, di, N, ysb, bc_ld(), zero_unless_apart(ld),
+                                  kOnDevice, fold_dt ? a.dbc : nullptr,
+                                  fold_dt ? w + Lw.dt_w : nullptr, fold_dt ? R : 0);
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }
@@ -375,6 +385,8 @@ class MambaModel {
   void backward(const T* x, const T* dy, const T* w, const uint16_t* wb, T* g, T* dx,
                 const std::function<void(int)>* layer_done = nullptr) {
     check_precision(wb);
+    if (last_forward_only_)
+      throw std::logic_error("mamba: a backward after a forward told no backward follows it");
     const int M = B_ * L_, dm = c_.d_model, di = c_.d_inner(), N = c_.d_state, R = c_.rank();
     const int P = R + 2 * N;
     const size_t Ms = static_cast<size_t>(M);
@@ -528,6 +540,13 @@ class MambaModel {
   // chain rule in its own sum of dA, instead of copies in and out, a zeroed dA and a product (six
   // launches a layer fewer). The CPU does those steps itself, allocation-free.
   static constexpr bool kOnDevice = Ops::kBackend != KernelBackend::cpu;
+  // The largest dt_rank whose dt_proj a device's scan folds in (forward-only passes).
+  static constexpr int max_folded_dt_rank() {
+    if constexpr (kOnDevice)
+      return Ops::Table::kScanMaxDtRank;
+    else
+      return 0;
+  }
   int bc_ld() const { return kOnDevice ? static_cast<int>(P_()) : 0; }
   // The bias row layer l's norm adds to its input: the input projection's, on a device, at layer
   // 0 (h_0 is kept without it there; on the CPU it is added to h_0 itself).
@@ -588,7 +607,8 @@ class MambaModel {
   uint16_t *ys_bf_ = nullptr, *dy_bf_ = nullptr;
   const uint16_t* x_bf_given_ = nullptr;  // set_bf16_copies
   uint16_t* y_bf_ = nullptr;
-  const uint16_t* xin_bf_used_ = nullptr;  // x's copy the last forward's GEMM read
+  const uint16_t* xin_bf_used_ = nullptr;                  // x's copy the last forward's GEMM read
+  bool forward_only_ = false, last_forward_only_ = false;  // set_forward_only
 };
 
 }  // namespace slipstream::nn

@@ -55,6 +55,10 @@ class SequenceModel {
     (void)x_bf;
     (void)y_bf;
   }
+  // Whether no backward follows the next forwards (validation, inference): a model may then
+  // keep less for a backward (Mamba on a device folds dt_proj into its scan). A backward after
+  // such a forward is refused.
+  virtual void set_forward_only(bool on) { (void)on; }
 };
 
 template <class Model, class Config, class Layout>
@@ -97,6 +101,9 @@ class SequenceModelOn final : public SequenceModel<Config, Layout> {
   bool takes_bf16_copies() const override { return kCopies; }
   void set_bf16_copies(const uint16_t* x_bf, uint16_t* y_bf) override {
     if constexpr (kCopies) m_.set_bf16_copies(x_bf, y_bf);
+  }
+  void set_forward_only(bool on) override {
+    if constexpr (requires(Model & m) { m.set_forward_only(on); }) m_.set_forward_only(on);
   }
 
  private:

@@ -84,6 +84,7 @@ class SequenceStage : public Stage {
     const Tensor& x = ctx.input(b, "x");
     check_sequence(ctx, x, model_->config().din, device_);
     if (x.dim(0) != B_ || x.dim(1) != W_) resize(x.dim(0), x.dim(1));
+    model_->set_forward_only(!ctx.run().training);  // validation and inference: no backward
     if (ctx.run().streaming && device_stream_) {
       take_bf16_copies(b, ctx, x);
       forward_stream_on_device(x);

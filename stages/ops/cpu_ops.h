@@ -173,14 +173,28 @@ class CpuOps {
   }
   // With a_log, A holds A_log and A = −exp(A_log) is made here (a vector a call: the model makes
   // A itself on the CPU, whose steady state allocates nothing); in the backward dA is then
-  // A_log's gradient (the sum times A).
+  // A_log's gradient (the sum times A). With dt_w, Δ is made here from its low-rank form (dt's
+  // rows ldbc apart, dt_w (Dc, dt_rank)), as the device kernel makes it: the reference of that.
   void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm, const T* Cm,
                               const T* D, const T* z, const T* delta_bias, const T* initial_state,
                               T* out, T* last_state, T* /*chunk_states*/, int B, int L, int Dc,
                               int N, uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0,
-                              bool a_log = false) const {
-    std::vector<T> bc, zc, a;
+                              bool a_log = false, const T* dt = nullptr, const T* dt_w = nullptr,
+                              int dt_rank = 0) const {
+    std::vector<T> bc, zc, a, made;
     if (a_log) A = a_of_log(A, Dc, N, a);
+    if (dt_w) {
+      const size_t M = static_cast<size_t>(B) * L, ld = static_cast<size_t>(ldbc ? ldbc : N);
+      made.assign(M * static_cast<size_t>(Dc), T(0));
+      for (size_t m = 0; m < M; ++m)
+        for (size_t d = 0; d < static_cast<size_t>(Dc); ++d) {
+          T acc = 0;
+          for (int r = 0; r < dt_rank; ++r)
+            acc += dt[m * ld + static_cast<size_t>(r)] * dt_w[d * static_cast<size_t>(dt_rank) + r];
+          made[m * static_cast<size_t>(Dc) + d] = acc;
+        }
+      delta = made.data();
+    }
     const T* Bc = rows_of(Bm, B * L, N, ldbc, bc);
     const T* Cc = rows_of(Cm, B * L, N, ldbc, bc);
     if (z) z = rows_of(z, B * L, Dc, z_ld, zc);

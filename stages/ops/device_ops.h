@@ -161,10 +161,11 @@ class DeviceOps {
                               const float* delta_bias, const float* initial_state, float* out,
                               float* last_state, float* chunk_states, int B, int L, int Dc, int N,
                               uint16_t* out_bf = nullptr, int ldbc = 0, int z_ld = 0,
-                              bool a_log = false) const {
+                              bool a_log = false, const float* dt = nullptr,
+                              const float* dt_w = nullptr, int dt_rank = 0) const {
     Kernels::template selective_scan_forward<float>(
         u, delta, A, Bm, Cm, D, z, delta_bias, true, initial_state, out, bf(out_bf), last_state,
-        chunk_states, B, L, Dc, N, stream_, ldbc, z_ld, a_log);
+        chunk_states, B, L, Dc, N, stream_, ldbc, z_ld, a_log, dt, dt_w, dt_rank);
   }
   void selective_scan_backward(const float* u, const float* delta, const float* A, const float* Bm,
                                const float* Cm, const float* D, const float* z,

@@ -740,6 +740,56 @@ KERNEL_TEST(Scan, ALogMakesAAndAppliesTheChainRule) {
   };
   expect_same_gradients(others(sum), others(chained), " (the other gradients, given A_log)");
 }
+// Given dt and dt_proj's weight (dt_w), the forward makes Δ itself (a forward no backward
+// follows): out and the last state as the float64 reference given Δ = dt dt_wᵀ, with dt, Bm and
+// Cm read from one row each (x_proj's output: dt, Bm, Cm side by side) and Δ's tensor not read;
+// a rank past kScanMaxDtRank is refused.
+KERNEL_TEST(Scan, ForwardMakesDeltaFromItsLowRankForm) {
+  uint64_t seed = 171;
+  for (const ScanShape& s : wide_row_shapes())
+    for (const int R : {1, 8, Kernels::kScanMaxDtRank}) {
+      SCOPED_TRACE(describe(s) + " rank " + std::to_string(R));
+      ScanData<float> d(s, seed++);
+      std::mt19937_64 rng(seed++);
+      const size_t M = size_t(s.B) * s.L, P = size_t(R) + 2 * size_t(s.N);
+      const auto dt = round_trip<float>(rand_vec(M * size_t(R), rng));
+      const auto w = round_trip<float>(rand_vec(size_t(s.D) * size_t(R), rng, -0.5, 0.5));
+      for (size_t m = 0; m < M; ++m)
+        for (size_t c = 0; c < size_t(s.D); ++c) {
+          double acc = 0;
+          for (size_t r = 0; r < size_t(R); ++r)
+            acc += dt[m * size_t(R) + r] * w[c * size_t(R) + r];
+          d.delta[m * size_t(s.D) + c] = acc;
+        }
+      const ScanReference ref(s, d);
+      std::vector<double> rows(M * P);
+      for (size_t m = 0; m < M; ++m)
+        for (size_t k = 0; k < P; ++k)
+          rows[m * P + k] = k < size_t(R) ? dt[m * size_t(R) + k]
+                            : k < size_t(R) + size_t(s.N)
+                                ? d.Bm[m * size_t(s.N) + k - size_t(R)]
+                                : d.Cm[m * size_t(s.N) + k - size_t(R) - size_t(s.N)];
+      Mem mem;
+      const float* g_rows = up<Mem, float>(mem, rows);
+      float* out = mem.template alloc<float>(ref.out.size());
+      float* last = mem.template alloc<float>(ref.last.size());
+      Kernels::template selective_scan_forward<float>(
+          up<Mem, float>(mem, d.u), nullptr, up<Mem, float>(mem, d.A), g_rows + R, g_rows + R + s.N,
+          up<Mem, float>(mem, d.Dskip), up<Mem, float>(mem, d.z), up<Mem, float>(mem, d.bias),
+          s.softplus, nullptr, out, nullptr, last, nullptr, s.B, s.L, s.D, s.N, mem.stream(),
+          int(P), 0, false, g_rows, up<Mem, float>(mem, w), R);
+      mem.sync();
+      EXPECT_CLOSE(values(mem.download(out, ref.out.size())), ref.out, 1e-5, "out");
+      EXPECT_CLOSE(values(mem.download(last, ref.last.size())), ref.last, 1e-5, "last_state");
+    }
+  Mem mem;
+  float* y = mem.template alloc<float>(64);
+  EXPECT_THROW(
+      Kernels::template selective_scan_forward<float>(
+          y, nullptr, y, y, y, nullptr, nullptr, nullptr, true, nullptr, y, nullptr, nullptr,
+          nullptr, 1, 1, 1, 1, mem.stream(), 0, 0, false, y, y, Kernels::kScanMaxDtRank + 1),
+      std::invalid_argument);
+}
 KERNEL_TEST(Scan, StepEqualsParallelForm) {
   uint64_t seed = 41;
   for (const auto& s : scan_shapes()) check_scan_step<Kernels, Mem, float>(s, seed++);

@@ -2,6 +2,7 @@
 // against the CPU model in float64: every build runs the code a GPU run executes, except
 // cuBLASLt (the emulated GEMM is the CPU's) and the stream's concurrency.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,6 +126,46 @@ TEST(MambaEmulatedDevice, Bf16CopiesGiveTheBitsOfItsOwnCasts) {
   EXPECT_EQ(own.casts, given.casts + 1) << "x's cast, where its copy is given";
   for (size_t i = 0; i < ny; ++i)
     ASSERT_EQ(given.y_bf[i], kernels::fp32_to_bf16(given.y[i])) << "y's copy, element " << i;
+}
+
+// A forward no backward follows (set_forward_only: validation, inference) has the scan make Δ
+// from dt and dt_proj's weight: no dt_proj GEMM a layer, the output the full forward's within
+// fp32 rounding (Δ's sums in another order), and a backward after it refused.
+TEST(MambaEmulatedDevice, AForwardOnlyPassFoldsDtProjIntoTheScan) {
+  MambaConfig c;
+  c.din = 12, c.d_model = 48, c.d_state = 16, c.layers = 2;  // dt_rank 3
+  const int B = 3, L = 7;
+  using Ops = ops::DeviceOps<EmulatedKernels>;
+  const size_t nw = MambaModel<double>(c).layout().params.total();
+  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  std::vector<float> w(nw), x(nx), g(nw), dx(nx), dy(ny, 0.1f);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (float& v : w) v = nd(rng);
+  for (float& v : x) v = nd(rng);
+  MambaModel<float, Ops> m(c, Ops(Device::cpu(), nullptr, {}));
+  m.resize(B, L, false);
+  auto forward = [&](bool only, long& gemms) {
+    m.set_forward_only(only);
+    std::vector<float> y(ny);
+    capture::StepRecorder rec(nullptr);
+    m.forward(x.data(), w.data(), nullptr, y.data());
+    EXPECT_TRUE(rec.recording()) << rec.stop_reason();
+    const auto ops = rec.finish();
+    gemms = std::count_if(ops.begin(), ops.end(),
+                          [](const auto& op) { return std::string(op.what).starts_with("gemm"); });
+    capture::issue_ops(ops);
+    rec.run_deferred();
+    return y;
+  };
+  long full_gemms = 0, folded_gemms = 0;
+  const std::vector<float> full = forward(false, full_gemms);
+  const std::vector<float> folded = forward(true, folded_gemms);
+  EXPECT_EQ(folded_gemms, full_gemms - c.layers);
+  for (size_t i = 0; i < ny; ++i)
+    ASSERT_NEAR(folded[i], full[i], 1e-5 * (1.0 + std::abs(full[i]))) << "y[" << i << "]";
+  EXPECT_THROW(m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data()),
+               std::logic_error);
 }
 
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {
