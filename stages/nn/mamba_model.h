@@ -242,12 +242,15 @@ class MambaModel {
     dA_ = buf(kOnDevice ? 0 : di * N, "mamba gradient");
     // The carried state: what the previous forward left (last) and what this one starts from.
     carried_.clear();
+    starting_.clear();
     scan_last_ = buf(carry_ ? carry_scan_elems() : 0, "mamba carried scan state");
     if (scan_last_) carried_.push_back(buffers_.back());
     scan_first_ = buf(carry_ ? carry_scan_elems() : 0, "mamba carried scan state");
+    if (scan_first_) starting_.push_back(buffers_.back());
     conv_last_ = buf(carry_ ? carry_conv_elems() : 0, "mamba carried conv inputs");
     if (conv_last_) carried_.push_back(buffers_.back());
     conv_first_ = buf(carry_ ? carry_conv_elems() : 0, "mamba carried conv inputs");
+    if (conv_first_) starting_.push_back(buffers_.back());
     const size_t din = static_cast<size_t>(c_.din);
     ops::ScratchNeeds need;
     need.B = B, need.L = L, need.channels = static_cast<int>(di), need.state = static_cast<int>(N);
@@ -273,6 +276,17 @@ class MambaModel {
         bf16 ? M * (kOnDevice ? std::max(dm, 2 * di + std::max(di, P)) : std::max({2 * di, dm, P}))
              : 0,
         "mamba bf16 gradients");
+  }
+
+  // carry() with every row continuing (a stream's frame in which no game restarts): the state
+  // the last forward left, where it lies, is the one the next starts from; the two sets of
+  // buffers trade places instead of a copy (the forward writes every row's last state). A CUDA
+  // graph of the frame then alternates between two (the buffers' addresses differ).
+  void carry_all() {
+    if (!carry_ || B_ <= 0) throw std::logic_error("mamba: carry_all() needs set_carry and resize");
+    std::swap(scan_first_, scan_last_);
+    std::swap(conv_first_, conv_last_);
+    std::swap(carried_, starting_);
   }
 
   // With a carried state, before each forward: the state it starts from, row by row, the one
@@ -590,8 +604,9 @@ class MambaModel {
   Ops ops_;
   int B_ = 0, L_ = 0;
   bool bf16_ = false, carry_ = false;
-  std::vector<Tensor> buffers_;  // owns every buffer below
-  std::vector<Tensor> carried_;  // views of scan_last_ and conv_last_ (carried())
+  std::vector<Tensor> buffers_;   // owns every buffer below
+  std::vector<Tensor> carried_;   // views of scan_last_ and conv_last_ (carried())
+  std::vector<Tensor> starting_;  // and of scan_first_ and conv_first_ (carry_all swaps them)
   Tensor scratch_t_;
   void* scratch_ = nullptr;
   T *h_ = nullptr, *rstd_ = nullptr, *xn_ = nullptr, *xz_ = nullptr;

@@ -43,6 +43,9 @@ class SequenceModel {
     if (on) throw std::logic_error("this model carries no state across batches");
   }
   virtual void carry(const float* continues) { (void)continues; }
+  // carry() with every row continuing, without a pass over the state where the model can (false:
+  // it cannot, call carry with ones).
+  virtual bool carry_all() { return false; }
   virtual void clear_carry() {}
   // The carried state's buffers (empty without one), for a checkpoint to save and restore.
   virtual std::vector<Tensor> carried() const { return {}; }
@@ -88,6 +91,14 @@ class SequenceModelOn final : public SequenceModel<Config, Layout> {
   }
   void carry(const float* continues) override {
     if constexpr (kCarries) m_.carry(continues);
+  }
+  bool carry_all() override {
+    if constexpr (requires(Model & m) { m.carry_all(); }) {
+      m_.carry_all();
+      return true;
+    } else {
+      return false;
+    }
   }
   void clear_carry() override {
     if constexpr (kCarries) m_.clear_carry();

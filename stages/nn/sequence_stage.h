@@ -189,9 +189,10 @@ class SequenceStage : public Stage {
 
   // A stream's batch on a device: the window forward from the state the previous batch left,
   // rows restarted by stream_reset_row (and every row at the stream's first batch) from zero.
-  // Frames without a restart carry every row with a constant tensor of ones, so their work has
-  // no copy from the host (a CUDA graph of the frame replays it); a restart uploads the rows'
-  // flags first (that frame runs uncaptured).
+  // Frames without a restart carry every row on: where the model can, with no pass over the state
+  // (carry_all: Mamba's state buffers trade places), else with a constant tensor of ones; either
+  // way their work has no copy from the host (a CUDA graph of the frame replays it). A restart
+  // uploads the rows' flags first (that frame runs uncaptured).
   void forward_stream_on_device(const Tensor& x) {
     const size_t B = static_cast<size_t>(x.dim(0));
     if (stream_continues_.size() != B) {
@@ -210,8 +211,10 @@ class SequenceStage : public Stage {
       std::copy(stream_continues_.begin(), stream_continues_.end(), host.data<float>());
       stream_continues_device_.copy_from(host);
     }
-    model_->carry(stream_restarts_ ? stream_continues_device_.data<float>()
-                                   : stream_ones_.data<float>());
+    if (stream_restarts_)
+      model_->carry(stream_continues_device_.data<float>());
+    else if (!model_->carry_all())  // every row goes on: no pass over the state where it can
+      model_->carry(stream_ones_.data<float>());
     stream_restarts_ = false;
     if (bf16_ && !shadow_checked_) {
       model_->refresh_shadow(store_);

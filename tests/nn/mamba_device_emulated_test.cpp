@@ -3,6 +3,7 @@
 // cuBLASLt (the emulated GEMM is the CPU's) and the stream's concurrency.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -166,6 +167,57 @@ TEST(MambaEmulatedDevice, AForwardOnlyPassFoldsDtProjIntoTheScan) {
     ASSERT_NEAR(folded[i], full[i], 1e-5 * (1.0 + std::abs(full[i]))) << "y[" << i << "]";
   EXPECT_THROW(m.backward(x.data(), dy.data(), w.data(), nullptr, g.data(), dx.data()),
                std::logic_error);
+}
+
+// carry_all (a stream's frame in which every row goes on) gives the bits of carry with ones,
+// window after window, with no launch for it (the state buffers trade places), and carried()
+// follows the state the last forward left.
+TEST(MambaEmulatedDevice, CarryAllIsCarryWithOnesWithoutALaunch) {
+  MambaConfig c;
+  c.din = 12, c.d_model = 16, c.d_state = 8, c.layers = 2;
+  const int B = 3, L = 2;
+  using Ops = ops::DeviceOps<EmulatedKernels>;
+  const size_t nw = MambaModel<double>(c).layout().params.total();
+  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<float> w(nw);
+  for (float& v : w) v = nd(rng);
+  const std::vector<float> ones(size_t(B), 1.0f), zeros(size_t(B), 0.0f);
+  MambaModel<float, Ops> copied(c, Ops(Device::cpu(), nullptr, {}));
+  MambaModel<float, Ops> swapped(c, Ops(Device::cpu(), nullptr, {}));
+  for (auto* m : {&copied, &swapped}) {
+    m->set_carry(true);
+    m->resize(B, L, false);
+  }
+  for (int window = 0; window < 4; ++window) {
+    std::vector<float> x(nx), y_copied(ny), y_swapped(ny);
+    for (float& v : x) v = nd(rng);
+    copied.carry(window == 0 ? zeros.data() : ones.data());
+    copied.forward(x.data(), w.data(), nullptr, y_copied.data());
+    std::vector<std::string> names;
+    {
+      capture::StepRecorder rec(nullptr);
+      if (window == 0)
+        swapped.carry(zeros.data());
+      else
+        swapped.carry_all();
+      swapped.forward(x.data(), w.data(), nullptr, y_swapped.data());
+      ASSERT_TRUE(rec.recording()) << rec.stop_reason();
+      const auto ops = rec.finish();
+      for (const auto& op : ops) names.emplace_back(op.what);
+      capture::issue_ops(ops);
+      rec.run_deferred();
+    }
+    EXPECT_EQ(y_copied, y_swapped) << "window " << window;
+    EXPECT_EQ(std::count(names.begin(), names.end(), "scale_rows_kernel"), window == 0 ? 1 : 0);
+    const auto& a = copied.carried();
+    const auto& b = swapped.carried();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()), 0)
+          << "carried " << i << ", window " << window;
+  }
 }
 
 TEST(MambaEmulatedDevice, RejectsStateTooLargeForTheKernels) {
