@@ -17,6 +17,29 @@ namespace slipstream::nn::test {
 namespace {
 
 using kernels::EmulatedKernels;
+using EmulatedOps = ops::DeviceOps<EmulatedKernels>;
+
+// The tests' small models: din 12 (an input projection), two layers.
+MambaConfig small_config(int d_model, int d_state) {
+  MambaConfig c;
+  c.din = 12, c.d_model = d_model, c.d_state = d_state, c.layers = 2;
+  return c;
+}
+// Elements of the weights, of x and of y for windows (B, L).
+struct Sizes {
+  size_t w, x, y;
+  Sizes(const MambaConfig& c, int B, int L)
+      : w(MambaModel<double>(c).layout().params.total()),
+        x(size_t(B) * size_t(L) * size_t(c.din)),
+        y(size_t(B) * size_t(L) * size_t(c.d_model)) {}
+};
+// n values of normal(0, 0.3).
+std::vector<float> normal_values(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  std::vector<float> v(n);
+  for (float& e : v) e = nd(rng);
+  return v;
+}
 
 TEST(MambaEmulatedDevice, MatchesCpuModel) {
   uint64_t seed = 1;
@@ -84,18 +107,14 @@ TEST(MambaEmulatedDevice, ARecordedStepNamesEveryKernelAndCopiesNoCarriedInputs)
 // norm writes y's for the stage after (set_bf16_copies): the bits of the model rounding x itself,
 // one cast launch fewer, and y's copy fp32_to_bf16 of y.
 TEST(MambaEmulatedDevice, Bf16CopiesGiveTheBitsOfItsOwnCasts) {
-  MambaConfig c;
-  c.din = 12, c.d_model = 16, c.d_state = 8, c.layers = 2;
+  const MambaConfig c = small_config(16, 8);
   const int B = 3, L = 5;
-  using Ops = ops::DeviceOps<EmulatedKernels>;
-  const size_t nw = MambaModel<double>(c).layout().params.total();
-  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  using Ops = EmulatedOps;
+  const Sizes n(c, B, L);
+  const size_t nw = n.w, nx = n.x, ny = n.y;
   std::mt19937_64 rng(7);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  std::vector<float> w(nw), x(nx), dy(ny);
-  for (float& v : w) v = nd(rng);
-  for (float& v : x) v = nd(rng);
-  for (float& v : dy) v = nd(rng);
+  const std::vector<float> w = normal_values(nw, rng), x = normal_values(nx, rng),
+                           dy = normal_values(ny, rng);
   std::vector<uint16_t> wb(nw), xb(nx);
   kernels::fp32_to_bf16(w.data(), wb.data(), nw);
   kernels::fp32_to_bf16(x.data(), xb.data(), nx);
@@ -133,17 +152,14 @@ TEST(MambaEmulatedDevice, Bf16CopiesGiveTheBitsOfItsOwnCasts) {
 // from dt and dt_proj's weight: no dt_proj GEMM a layer, the output the full forward's within
 // fp32 rounding (Δ's sums in another order), and a backward after it refused.
 TEST(MambaEmulatedDevice, AForwardOnlyPassFoldsDtProjIntoTheScan) {
-  MambaConfig c;
-  c.din = 12, c.d_model = 48, c.d_state = 16, c.layers = 2;  // dt_rank 3
+  const MambaConfig c = small_config(48, 16);  // dt_rank 3
   const int B = 3, L = 7;
-  using Ops = ops::DeviceOps<EmulatedKernels>;
-  const size_t nw = MambaModel<double>(c).layout().params.total();
-  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
-  std::vector<float> w(nw), x(nx), g(nw), dx(nx), dy(ny, 0.1f);
+  using Ops = EmulatedOps;
+  const Sizes n(c, B, L);
+  const size_t nx = n.x, ny = n.y;
   std::mt19937_64 rng(11);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  for (float& v : w) v = nd(rng);
-  for (float& v : x) v = nd(rng);
+  const std::vector<float> w = normal_values(n.w, rng), x = normal_values(nx, rng);
+  std::vector<float> g(n.w), dx(nx), dy(ny, 0.1f);
   MambaModel<float, Ops> m(c, Ops(Device::cpu(), nullptr, {}));
   m.resize(B, L, false);
   auto forward = [&](bool only, long& gemms) {
@@ -173,16 +189,13 @@ TEST(MambaEmulatedDevice, AForwardOnlyPassFoldsDtProjIntoTheScan) {
 // window after window, with no launch for it (the state buffers trade places), and carried()
 // follows the state the last forward left.
 TEST(MambaEmulatedDevice, CarryAllIsCarryWithOnesWithoutALaunch) {
-  MambaConfig c;
-  c.din = 12, c.d_model = 16, c.d_state = 8, c.layers = 2;
+  const MambaConfig c = small_config(16, 8);
   const int B = 3, L = 2;
-  using Ops = ops::DeviceOps<EmulatedKernels>;
-  const size_t nw = MambaModel<double>(c).layout().params.total();
-  const size_t nx = size_t(B) * L * c.din, ny = size_t(B) * L * c.d_model;
+  using Ops = EmulatedOps;
+  const Sizes n(c, B, L);
+  const size_t ny = n.y;
   std::mt19937_64 rng(5);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  std::vector<float> w(nw);
-  for (float& v : w) v = nd(rng);
+  const std::vector<float> w = normal_values(n.w, rng);
   const std::vector<float> ones(size_t(B), 1.0f), zeros(size_t(B), 0.0f);
   MambaModel<float, Ops> copied(c, Ops(Device::cpu(), nullptr, {}));
   MambaModel<float, Ops> swapped(c, Ops(Device::cpu(), nullptr, {}));
@@ -191,8 +204,8 @@ TEST(MambaEmulatedDevice, CarryAllIsCarryWithOnesWithoutALaunch) {
     m->resize(B, L, false);
   }
   for (int window = 0; window < 4; ++window) {
-    std::vector<float> x(nx), y_copied(ny), y_swapped(ny);
-    for (float& v : x) v = nd(rng);
+    const std::vector<float> x = normal_values(n.x, rng);
+    std::vector<float> y_copied(ny), y_swapped(ny);
     copied.carry(window == 0 ? zeros.data() : ones.data());
     copied.forward(x.data(), w.data(), nullptr, y_copied.data());
     std::vector<std::string> names;
