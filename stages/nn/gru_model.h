@@ -113,6 +113,14 @@ class GruModel {
     if (!carry_ || B_ <= 0) return;
     ops_.zero(h_last_, state_elems());
   }
+  // carry() with every row continuing (a stream's frame in which no game restarts): the states
+  // the last forward left, where they lie, are the ones the next starts from; the two buffers
+  // trade places instead of a copy (the forward writes every row's last state).
+  void carry_all() {
+    if (!carry_ || B_ <= 0) throw std::logic_error("gru: carry_all() needs set_carry and resize");
+    std::swap(h_first_, h_last_);
+    std::swap(carried_, starting_);
+  }
   // With a carried state, before each forward: the states it starts from, row by row, the one
   // the previous forward left where `continues` (B) is 1, zeros where it is 0.
   void carry(const T* continues) {
@@ -142,11 +150,13 @@ class GruModel {
     ws_ = buffers_.back().raw();
     // The carried states: what the previous forward left (last) and what this one starts from.
     carried_.clear();
+    starting_.clear();
     h_last_ = h_first_ = nullptr;
     if (carry_) {
       h_last_ = buf(state_elems(), "gru carried state");
       carried_.push_back(buffers_.back());
       h_first_ = buf(state_elems(), "gru carried state");  // alloc() zero-fills both
+      starting_.push_back(buffers_.back());
     }
   }
 
@@ -222,7 +232,8 @@ class GruModel {
   int B_ = 0, L_ = 0;
   bool bf16_ = false, carry_ = false;
   std::vector<Tensor> buffers_;
-  std::vector<Tensor> carried_;  // a view of h_last_ (carried())
+  std::vector<Tensor> carried_;   // a view of h_last_ (carried())
+  std::vector<Tensor> starting_;  // and of h_first_ (carry_all swaps them)
   T *h_last_ = nullptr, *h_first_ = nullptr;
   T *ys_ = nullptr, *saved_ = nullptr;
   T* dbuf_[2] = {nullptr, nullptr};

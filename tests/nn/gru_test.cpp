@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -148,9 +149,11 @@ TEST(GruModel, CarriedStateContinuesTheSequence) {
   m.forward(x2.data(), w.data(), nullptr, y2.data());
   EXPECT_LT(kernels::test::rel_diff(cold, y2), 1e-13);
   // One frame at a time, the state carried from frame to frame: the whole sequence.
-  GruModel<double> s(c);
-  s.set_carry(true);
-  s.resize(B, 1);
+  GruModel<double> s(c), swapped(c);
+  for (auto* m1 : {&s, &swapped}) {
+    m1->set_carry(true);
+    m1->resize(B, 1);
+  }
   std::vector<double> y(size_t(B) * c.hidden), xs(size_t(B) * c.din);
   for (int t = 0; t < 2 * L; ++t) {
     for (int b = 0; b < B; ++b)
@@ -164,6 +167,19 @@ TEST(GruModel, CarriedStateContinuesTheSequence) {
         EXPECT_NEAR(y[size_t(b) * c.hidden + j], whole[(size_t(b) * 2 * L + t) * c.hidden + j],
                     1e-13)
             << "row " << b << " step " << t;
+    // carry_all (every row goes on: the state buffers trade places) gives the same bits, and
+    // carried() the same state.
+    if (t == 0) {
+      const std::vector<double> zero(size_t(B), 0.0);
+      swapped.carry(zero.data());
+    } else {
+      swapped.carry_all();
+    }
+    std::vector<double> ys(y.size());
+    swapped.forward(xs.data(), w.data(), nullptr, ys.data());
+    EXPECT_EQ(ys, y) << "carry_all, step " << t;
+    const Tensor &a = s.carried()[0], &b = swapped.carried()[0];
+    EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0) << "carried, step " << t;
   }
 }
 
