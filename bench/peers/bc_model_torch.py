@@ -172,8 +172,10 @@ class RMSNorm(nn.Module):
 
 
 def no_autocast():
-    # Under --precision bf16 only the Linear GEMMs run in bf16 (slipstream's bf16 policy); the
-    # conv, the scan and the loss stay in the parameters' precision.
+    # Under --precision bf16 only the Linear GEMMs run in bf16 (slipstream's bf16 policy, except
+    # that slipstream keeps dt_proj, a rank-d_model/16 product, in fp32; here it runs in bf16 as
+    # under mamba-ssm's autocast); the conv, the scan and the loss stay in the parameters'
+    # precision.
     return torch.autocast(DEVICE.type, enabled=False)
 
 
