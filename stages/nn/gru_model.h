@@ -139,7 +139,7 @@ class GruModel {
     const size_t nl = static_cast<size_t>(c_.layers), H = static_cast<size_t>(c_.hidden);
     const size_t M = static_cast<size_t>(B) * static_cast<size_t>(L);
     buffers_.clear();
-    ys_ = buf(nl * M * H, "gru layer outputs");
+    ys_ = buf((nl - 1) * M * H, "gru layer outputs");  // the last layer's go straight into y
     saved_ = buf(nl * kernels::gru_saved_elems(B, L, c_.hidden), "gru saved gates");
     dbuf_[0] = buf(M * H, "gru layer input gradient");
     dbuf_[1] = buf(M * H, "gru layer input gradient");
@@ -162,14 +162,15 @@ class GruModel {
 
   // x (B, L, Din) -> y (B, L, H), the last layer's states. `wb`: the bf16 shadow of `w` (same
   // layout) for the bf16 form, null for full precision (as resize() was told). With a carried
-  // state, each row starts from the state carry() set and leaves its own for the next.
+  // state, each row starts from the state carry() set and leaves its own for the next. The last
+  // layer writes y itself (no copy): the backward reads it there, so y stays as it is until then.
   void forward(const T* x, const T* w, const uint16_t* wb, T* y) {
     check(wb);
     const T* in = x;
     const size_t H = static_cast<size_t>(c_.hidden), L = static_cast<size_t>(L_);
     for (int k = 0; k < c_.layers; ++k) {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
-      T* out = layer_out(k);
+      T* out = k + 1 == c_.layers ? y : layer_out(k);
       ops_.gru_forward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh), w + Lw.b_ih,
                        w + Lw.b_hh, first(k), out, layer_saved(k), ws_, B_, L_, Lw.in, c_.hidden);
       if (carry_)  // the layer's state after the window's last step: y[:, L-1, :]
@@ -177,7 +178,7 @@ class GruModel {
                        static_cast<size_t>(B_), H);
       in = out;
     }
-    ops_.copy(y, layer_out(c_.layers - 1), elems());
+    y_ = y;
   }
 
   // dy (B, L, H) -> dx (=, may be null); parameter gradients accumulate (+=) into g.
@@ -190,9 +191,10 @@ class GruModel {
       const auto& Lw = lay_.layers[static_cast<size_t>(k)];
       const T* in = k == 0 ? x : layer_out(k - 1);
       T* din = k == 0 ? dx : dbuf_[static_cast<size_t>(k) & 1];
+      const T* out = k + 1 == c_.layers ? y_ : layer_out(k);
       ops_.gru_backward(in, w + Lw.w_ih, w + Lw.w_hh, bf(wb, Lw.w_ih), bf(wb, Lw.w_hh), first(k),
-                        layer_out(k), layer_saved(k), dout, din, g + Lw.w_ih, g + Lw.w_hh,
-                        g + Lw.b_ih, g + Lw.b_hh, ws_, B_, L_, Lw.in, c_.hidden);
+                        out, layer_saved(k), dout, din, g + Lw.w_ih, g + Lw.w_hh, g + Lw.b_ih,
+                        g + Lw.b_hh, ws_, B_, L_, Lw.in, c_.hidden);
       if (layer_done) (*layer_done)(k);
       dout = din;
     }
@@ -235,7 +237,8 @@ class GruModel {
   std::vector<Tensor> carried_;   // a view of h_last_ (carried())
   std::vector<Tensor> starting_;  // and of h_first_ (carry_all swaps them)
   T *h_last_ = nullptr, *h_first_ = nullptr;
-  T *ys_ = nullptr, *saved_ = nullptr;
+  T *ys_ = nullptr, *saved_ = nullptr;  // ys_: the outputs of every layer but the last
+  const T* y_ = nullptr;                // the last forward's y: the last layer's outputs
   T* dbuf_[2] = {nullptr, nullptr};
   void* ws_ = nullptr;
 };
