@@ -278,7 +278,8 @@ class StageContext {
   // that a reader gets the bits of its own cast. Only where output_bf16_copy_wanted(port).
   void set_output_bf16_copy(Batch& b, std::string_view port, Tensor t) const;
   // The bf16 copy of the tensor bound to input `port` (declared reads_bf16_copy), where its
-  // producer wrote one for this batch; null otherwise (the stage rounds the tensor itself).
+  // producer wrote one for this batch, checked to match the tensor; null otherwise (the stage
+  // rounds the tensor itself).
   const Tensor* input_bf16_copy(const Batch& b, std::string_view port) const;
   // Passthrough stages: every tensor slot they act on (the outputs of the stages before).
   std::vector<Tensor*> passthrough_tensors(Batch& b) const;

@@ -111,7 +111,12 @@ const Tensor* StageContext::input_bf16_copy(const Batch& b, std::string_view por
   if (s < 0) return nullptr;
   const int copy = plan_->slots[static_cast<size_t>(s)].bf16_copy;
   if (copy < 0 || !b.slots[static_cast<size_t>(copy)].defined()) return nullptr;
-  return &b.slots[static_cast<size_t>(copy)];
+  const Tensor& c = b.slots[static_cast<size_t>(copy)];
+  const Tensor& t = b.slots[static_cast<size_t>(s)];
+  if (c.numel() != t.numel() || c.device() != t.device())
+    throw std::logic_error("stage '" + name_ + "': input '" + std::string(port) + "''s bf16 copy " +
+                           c.describe() + " does not match " + t.describe());
+  return &c;
 }
 const Tensor& StageContext::output_grad(const Batch& b, std::string_view port) const {
   return b.slots[grad_slot_of_output(port)];

@@ -435,10 +435,9 @@ class ControllerHeadsStage : public Stage {
     }
     float* out[kHeads];
     for (int h = 0; h < kHeads; ++h) out[h] = out_[h].data<float>();
-    runner_->forward(
-        x.data<float>(), prev_of(b, ctx, M), copy_of(b, ctx, "x", x),
-        layout_->P > 0 ? copy_of(b, ctx, "prev_input", ctx.input(b, "prev_input")) : nullptr,
-        ar_of(b, ctx, B, W), M, store_, out);
+    runner_->forward(x.data<float>(), prev_of(b, ctx, M), copy_of(b, ctx, "x"),
+                     layout_->P > 0 ? copy_of(b, ctx, "prev_input") : nullptr, ar_of(b, ctx, B, W),
+                     M, store_, out);
     for (int h = 0; h < kHeads; ++h)
       ctx.set_output(b, kHeadNames[h],
                      out_[h].slice_rows(0, M).reshape(Shape{B, W, head_width(h)}));
@@ -518,15 +517,10 @@ class ControllerHeadsStage : public Stage {
     return a;
   }
 
-  // The bf16 copy of input `port` (tensor t) where the stage before wrote one, else null.
-  static const uint16_t* copy_of(const Batch& b, const StageContext& ctx, const char* port,
-                                 const Tensor& t) {
+  // The bf16 copy of input `port` where the stage before wrote one, else null.
+  static const uint16_t* copy_of(const Batch& b, const StageContext& ctx, const char* port) {
     const Tensor* c = ctx.input_bf16_copy(b, port);
-    if (!c) return nullptr;
-    if (c->numel() != t.numel() || c->device() != t.device())
-      throw std::logic_error("controller_heads '" + ctx.name() + "': " + port + "'s bf16 copy " +
-                             c->describe() + " does not match " + t.describe());
-    return c->data<uint16_t>();
+    return c ? c->data<uint16_t>() : nullptr;
   }
 
   // prev_input's rows for the batch, null when the port is not connected.
