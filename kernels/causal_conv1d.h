@@ -68,7 +68,8 @@ static void causal_conv1d_forward(const T* x, const T* prefix, const float* weig
 static size_t causal_conv1d_backward_workspace_bytes(int B, int L, int C, int K, bool silu);
 
 // dx (=); dweight, dbias (+=, dbias may be null). `dx_bf` (may be null) receives dx rounded to
-// bf16 as well, as fp32_to_bf16 of dx would: the backward GEMMs' copy without a cast launch.
+// bf16 as well, as fp32_to_bf16 of dx would: the backward GEMMs' copy without a cast launch. dx
+// may be null where dx_bf is given (a caller that reads only the copy: no write of dx).
 template <class T>
 static void causal_conv1d_backward(const T* x, const T* prefix, const float* weight,
                                    const float* bias, const T* dy, T* dx, bfloat16* dx_bf,

@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads)
       if (tg < L) acc += w[size_t(c) * K + k] * g(tg);
     }
     const DT dxv = from_f32<DT>(acc);
-    dx[xbase + size_t(t) * xld] = dxv;
+    if (dx) dx[xbase + size_t(t) * xld] = dxv;  // null where only the copy is read
     if (dx_bf) dx_bf[xbase + size_t(t) * xld] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = g(t);
     db += gt;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < KC; ++k) acc += wr[k] * gw[KC - 1 - k];
     const DT dxv = from_f32<DT>(acc);
-    dx[xbase + size_t(t) * xld] = dxv;
+    if (dx) dx[xbase + size_t(t) * xld] = dxv;  // null where only the copy is read
     if (dx_bf) dx_bf[xbase + size_t(t) * xld] = from_f32<__nv_bfloat16>(to_f32(dxv));
     const float gt = gw[0];
     db += gt;
@@ -248,6 +248,7 @@ void Kernels::causal_conv1d_backward(const T* x, const T* prefix, const float* w
                                      int C, int K, bool silu, cudaStream_t stream, int x_ld) {
   const char* op = "causal_conv1d_backward";
   check_width(K, op);
+  if (!dx && !dx_bf) throw std::invalid_argument(std::string(op) + ": no dx (dx and dx_bf null)");
   const size_t n = size_t(B) * L * C;
   if (n == 0) return;
   const int xld = x_ld > 0 ? x_ld : C;

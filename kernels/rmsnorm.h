@@ -44,7 +44,8 @@ void rmsnorm_add_backward(const T* s, const T* weight, const T* rstd, const T* d
 // dsum, ds; weight, rstd and dweight fp32; fp32 arithmetic. One warp per row; the backward is
 // one launch: dweight summed over row blocks into workspace partials, which the launch's last
 // block adds in a fixed order. `y_bf` (may be null) receives y
-// rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16 GEMMs' copy without a cast launch.
+// rounded to bf16 as well, as fp32_to_bf16 of y would: the bf16 GEMMs' copy without a cast launch;
+// y may be null where y_bf is given (a caller that reads only the copy).
 // `bias` (D; may be null): a row added to every row of x + residual first, bit for bit as an
 // add_bias_rows before (a linear layer's bias folded into the norm that reads its output); the
 // backward then takes the same row as `s_bias`, s being the input without it.

@@ -89,7 +89,8 @@ void selective_scan_step(T* state, const T* u, const T* delta, const T* A, const
 static constexpr int kScanMaxState = 32;
 
 // out_bf (may be null) receives out rounded to bf16 as well, as fp32_to_bf16 of out would (the
-// bf16 GEMMs' copy without a cast launch); chunk_states: below. With `a_log`, A holds Mamba's
+// bf16 GEMMs' copy without a cast launch); out may be null where out_bf is given (a caller that
+// reads only the copy). chunk_states: below. With `a_log`, A holds Mamba's
 // A_log and the kernels take A = −exp(A_log) themselves, as the elementwise neg_exp would make
 // it (the same bits): the model's parameter read in place, no launch a step to make A.
 // With `dt_w` the forward makes Δ itself from its low-rank form, Mamba's dt_proj folded in (a
@@ -156,9 +157,9 @@ static int selective_scan_backward_blocks_per_sm(int N);
 // selective_scan_backward_workspace_bytes; `chunk_states` is what the forward on the same inputs
 // wrote there, or null (the backward then finds the states itself). `ddelta_bf`, `dz_bf` (may be
 // null) receive ddelta and dz rounded to bf16 as well, as fp32_to_bf16 of them would: the bf16
-// GEMMs' copies without cast launches. With `a_log` (A holds A_log, as in the forward) dA is
-// A_log's gradient: it receives += (its sum) · A, the chain rule of A = −exp(A_log) applied on
-// the way out, with no dA buffer to zero and no separate product.
+// GEMMs' copies without cast launches; dz may be null where dz_bf is given. With `a_log` (A holds
+// A_log, as in the forward) dA is A_log's gradient: it receives += (its sum) · A, the chain rule of
+// A = −exp(A_log) applied on the way out, with no dA buffer to zero and no separate product.
 template <class T>
 static void selective_scan_backward(const T* u, const T* delta, const float* A, const T* Bm,
                                     const T* Cm, const float* Dskip, const T* z,

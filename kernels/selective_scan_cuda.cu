@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kChanThreads, 4)
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
         if (q.dok && q.s == 0) {
           const DT yv = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
-          out[i] = yv;
+          if (out) out[i] = yv;  // null where only the copy is read
           if (out_bf) out_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as the cast rounds it
         }
       }
@@ -515,10 +515,10 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
             const DT ddv = from_f32<DT>(dd);
             ddelta[i] = ddv;
             if (w.ddelta_bf) w.ddelta_bf[i] = from_f32<__nv_bfloat16>(to_f32(ddv));
-            if (dz) {
+            if (a.z) {  // dz, its copy, or both (dz null where only the copy is read)
               const DT dzd = from_f32<DT>(dzv);
               const size_t iz = (size_t(q.b) * L + t0 + j) * a.zld + q.d;
-              dz[iz] = dzd;
+              if (dz) dz[iz] = dzd;
               if (w.dz_bf) w.dz_bf[iz] = from_f32<__nv_bfloat16>(to_f32(dzd));
             }
           }
@@ -721,6 +721,8 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
                                      const T* dt, const float* dt_w, int dt_rank) {
   const char* op = "selective_scan_forward";
   const ChanShape shape = chan_shape(N, op);
+  if (!out && !out_bf)
+    throw std::invalid_argument(std::string(op) + ": no output (out and out_bf null)");
   if (dt_w && (dt_rank < 1 || dt_rank > kScanMaxDtRank || !dt))
     throw std::invalid_argument(
         std::string(op) + ": Δ's low-rank form needs dt and a rank in [1, " +
@@ -822,7 +824,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   w.dB_part = ws + lay.dB;
   w.dC_part = ws + lay.dC;
   w.ddelta_bf = dev(ddelta_bf);
-  w.dz_bf = dz ? dev(dz_bf) : nullptr;
+  w.dz_bf = z ? dev(dz_bf) : nullptr;
   auto a =
       make_args(u, delta, A, Bm, Cm, Dskip, z, delta_bias, delta_softplus, B, L, D, N, ldbc, z_ld);
   a.h0 = initial_state;

@@ -195,6 +195,12 @@ class MambaModel {
   // The state the last forward left, as the next carry() reads it (the buffers themselves: a
   // checkpoint saves them, a resume writes them back): the scan states, then the conv inputs.
   const std::vector<Tensor>& carried() const { return carried_; }
+  // Bytes of the activation, gradient and state buffers resize() allocated (scratch not counted).
+  size_t buffer_bytes() const {
+    size_t n = 0;
+    for (const Tensor& t : buffers_) n += t.nbytes();
+    return n;
+  }
   // Forgets every row's carried state (the next forward starts each row afresh whatever its
   // `continues`): around a validation pass, whose batches are other sequences.
   void clear_carry() {
@@ -212,9 +218,15 @@ class MambaModel {
     const size_t M = static_cast<size_t>(B) * static_cast<size_t>(L);
     const size_t dm = dm_(), di = di_(), N = N_(), P = P_(), nl = static_cast<size_t>(c_.layers);
     buffers_.clear();
+    // On a device in bf16, activations only the bf16 GEMMs read are kept as their bf16 copies
+    // alone: the normed inputs, the scan's outputs and in_proj's output gradient (dxc and dz) are
+    // written by their kernels in bf16 only (no fp32 write or buffer: at gpu_standard 55 MB a
+    // layer of writes a step fewer, and as much memory). The CPU's bf16 form rounds fp32 values
+    // it keeps.
+    const bool copies_only = kOnDevice && bf16;
     h_ = buf((nl + 1) * M * dm, "mamba residual stream");
     rstd_ = buf(nl * M, "mamba norm statistics");
-    xn_ = buf(nl * M * dm, "mamba normed input");
+    xn_ = buf(copies_only ? 0 : nl * M * dm, "mamba normed input");
     xz_ = buf(nl * M * 2 * di, "mamba conv input and gate");  // in_proj's two halves
     conv_ = buf(Ops::kSavesConvInput ? nl * M * di : 0, "mamba conv output");
     u_ = buf(nl * M * di, "mamba scan input");
@@ -222,7 +234,7 @@ class MambaModel {
     delta_ = buf(nl * M * di, "mamba delta");
     Bm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba B");  // on a device, read inside dbc
     Cm_ = buf(kOnDevice ? 0 : nl * M * N, "mamba C");
-    ys_ = buf(nl * M * di, "mamba scan output");
+    ys_ = buf(copies_only ? 0 : nl * M * di, "mamba scan output");
     A_ = buf(kOnDevice ? 0 : nl * di * N, "mamba A");  // on a device, made by the scan itself
     scan_states_elems_ =
         ops_.scan_chunk_states_elems(B, L, static_cast<int>(di), static_cast<int>(N));
@@ -235,8 +247,8 @@ class MambaModel {
     du_ = buf(M * di, "mamba gradient");
     ddelta_ = buf(M * di, "mamba gradient");
     dconv_ = buf(Ops::kSavesConvInput ? M * di : 0, "mamba gradient");
-    dxz_ = buf(M * 2 * di, "mamba gradient");             // in_proj's output gradient: dxc and dz
-    dBm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");  // on a device, written inside ddbc
+    dxz_ = buf(copies_only ? 0 : M * 2 * di, "mamba gradient");  // in_proj's output gradient
+    dBm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");         // on a device, written inside ddbc
     dCm_ = buf(kOnDevice ? 0 : M * N, "mamba gradient");
     ddbc_ = buf(M * P, "mamba gradient");
     dA_ = buf(kOnDevice ? 0 : di * N, "mamba gradient");
@@ -414,8 +426,8 @@ class MambaModel {
     uint16_t* dyb = dy_bf_;
     uint16_t* const dh_bf = wb ? dyb : nullptr;
     const int ld = xz_ld();
-    T* const dxc = dxz_;
-    T* const dz = dxz_ + (kOnDevice ? di_() : Ms * di_());
+    T* const dxc = dxz_;  // null on a device in bf16: only the copies are written
+    T* const dz = dxz_ ? dxz_ + (kOnDevice ? di_() : Ms * di_()) : nullptr;
     uint16_t* const passing = wb ? dyb + (kOnDevice ? Ms * 2 * di_() : 0) : nullptr;
     ops_.rmsnorm_backward(h_ + static_cast<size_t>(c_.layers) * Ms * dm_(), w + lay_.norm_f,
                           rstd_f_, dy, nullptr, dh, g + lay_.norm_f, Ms, dm_(), scratch_, dh_bf);

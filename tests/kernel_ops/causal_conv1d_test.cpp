@@ -333,6 +333,22 @@ void check_conv_backward(const ConvShape& s, uint64_t seed, int x_ld = 0) {
   }
   EXPECT_CLOSE(values(mem.download(g_dw, ck)), dw, 1e-5, "dweight (+=)");
   EXPECT_CLOSE(values(mem.download(g_db, size_t(s.C))), db, 1e-5, "dbias (+=)");
+  // The copy alone (dx null, as the bf16 model on a device asks): the same bits; neither is
+  // refused.
+  bfloat16* g_dxbf_only = mem.template alloc<bfloat16>(wide);
+  const float* g_w = mem.upload(elems<float>(d.w));
+  const float* g_b = d.bias.empty() ? nullptr : mem.upload(elems<float>(d.bias));
+  const T* g_dy = mem.upload(elems<T>(d.dy));
+  auto again = [&](bfloat16* dx_bf) {
+    Kernels::template causal_conv1d_backward<T>(d.x_on(mem, s, x_ld), d.pre_on(mem), g_w, g_b, g_dy,
+                                                nullptr, dx_bf, g_dw, s.bias ? g_db : nullptr, ws,
+                                                s.B, s.L, s.C, s.K, s.silu, mem.stream(), x_ld);
+  };
+  again(g_dxbf_only);
+  mem.sync();
+  const std::vector<bfloat16> dxbf_only = packed_rows(mem, g_dxbf_only, rows, size_t(s.C), x_ld);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(dxbf_only[i].bits, dxbf[i].bits) << "dx_bf alone, " << i;
+  EXPECT_THROW(again(nullptr), std::invalid_argument);
 }
 
 template <class Kernels, class Mem, class T>

@@ -121,9 +121,10 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   bfloat16* g_ybf = mem.template alloc<bfloat16>(n);
   float* g_rstd = mem.template alloc<float>(s.M);
   const float* g_w = mem.upload(elems<float>(w));
-  Kernels::template rmsnorm_add_forward<T>(
-      mem.upload(elems<T>(x)), s.residual ? mem.upload(elems<T>(res)) : nullptr, g_w, g_y, g_ybf,
-      g_sum, g_rstd, s.M, s.D, 1e-5f, mem.stream());
+  const T* g_x = mem.upload(elems<T>(x));
+  const T* g_res = s.residual ? mem.upload(elems<T>(res)) : nullptr;
+  Kernels::template rmsnorm_add_forward<T>(g_x, g_res, g_w, g_y, g_ybf, g_sum, g_rstd, s.M, s.D,
+                                           1e-5f, mem.stream());
   mem.sync();
   const std::vector<T> y_dev = mem.download(g_y, n);
   EXPECT_CLOSE(values(y_dev), y, tolerance<T>(), "y");
@@ -132,6 +133,17 @@ void check_rmsnorm(const NormShape& s, uint64_t seed) {
   for (size_t i = 0; i < n; ++i) {
     ASSERT_EQ(ybf[i].bits, fp32_to_bf16(float(value(y_dev[i])))) << "y_bf[" << i << "]";
   }
+  // The copy alone (y null, as the bf16 model on a device asks): the same bits; no output at all
+  // is refused.
+  bfloat16* g_ybf_only = mem.template alloc<bfloat16>(n);
+  Kernels::template rmsnorm_add_forward<T>(g_x, g_res, g_w, nullptr, g_ybf_only, g_sum, g_rstd, s.M,
+                                           s.D, 1e-5f, mem.stream());
+  mem.sync();
+  const std::vector<bfloat16> ybf_only = mem.download(g_ybf_only, n);
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(ybf_only[i].bits, ybf[i].bits) << "y_bf alone, " << i;
+  EXPECT_THROW(Kernels::template rmsnorm_add_forward<T>(g_x, g_res, g_w, nullptr, nullptr, g_sum,
+                                                        g_rstd, s.M, s.D, 1e-5f, mem.stream()),
+               std::invalid_argument);
   EXPECT_CLOSE(values(mem.download(g_sum, n)), sum_t, tolerance<T>() / 10, "sum");
   EXPECT_CLOSE(values(mem.download(g_rstd, s.M)), rstd, 1e-5, "rstd");
   // Backward in place on the residual gradient (ds aliases dsum), as the model uses it.

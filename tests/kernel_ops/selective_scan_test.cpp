@@ -378,11 +378,14 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
   T* out = mem.template alloc<T>(bld);
   bfloat16* out_bf = mem.template alloc<bfloat16>(bld);
   float* last = mem.template alloc<float>(bdn);
-  Kernels::template selective_scan_forward<T>(
-      up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
-      up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
-      up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0), out,
-      out_bf, last, nullptr, s.B, s.L, s.D, s.N, mem.stream());
+  auto forward = [&](T* o, bfloat16* o_bf) {
+    Kernels::template selective_scan_forward<T>(
+        up<Mem, T>(mem, d.u), up<Mem, T>(mem, d.delta), up<Mem, float>(mem, d.A),
+        up<Mem, T>(mem, d.Bm), up<Mem, T>(mem, d.Cm), up<Mem, float>(mem, d.Dskip),
+        up<Mem, T>(mem, d.z), up<Mem, float>(mem, d.bias), s.softplus, up<Mem, float>(mem, d.h0), o,
+        o_bf, last, nullptr, s.B, s.L, s.D, s.N, mem.stream());
+  };
+  forward(out, out_bf);
   mem.sync();
   const std::vector<T> out_dev = mem.download(out, bld);
   EXPECT_CLOSE(values(out_dev), ref.out, tolerance<T>(), "out");
@@ -391,6 +394,15 @@ void check_scan_forward(const ScanShape& s, uint64_t seed) {
   for (size_t i = 0; i < bld; ++i)
     ASSERT_EQ(obf[i].bits, fp32_to_bf16(float(value(out_dev[i])))) << "out_bf[" << i << "]";
   EXPECT_CLOSE(values(mem.download(last, bdn)), ref.last, 1e-5, "last_state");
+  // The copy alone (out null, as the bf16 model on a device asks): the same bits; neither is
+  // refused.
+  bfloat16* out_bf_only = mem.template alloc<bfloat16>(bld);
+  forward(nullptr, out_bf_only);
+  mem.sync();
+  const std::vector<bfloat16> obf_only = mem.download(out_bf_only, bld);
+  for (size_t i = 0; i < bld; ++i)
+    ASSERT_EQ(obf_only[i].bits, obf[i].bits) << "out_bf alone, " << i;
+  EXPECT_THROW(forward(nullptr, nullptr), std::invalid_argument);
 }
 
 // The device backward's gradients on d (from the kernel forward's chunk states when
@@ -477,6 +489,23 @@ DeviceScanGrads device_scan_backward(const ScanShape& s, const ScanData<T>& d,
     for (size_t i = 0; i < bld; ++i) {
       EXPECT_EQ(dzbf[i].bits, fp32_to_bf16(float(value(dz_dev[i])))) << "dz_bf[" << i << "]";
       if (dzbf[i].bits != fp32_to_bf16(float(value(dz_dev[i])))) break;
+    }
+    // dz's copy alone (dz null, as the bf16 model on a device asks): the same bits. Its own
+    // accumulators, so the figures below are the first run's.
+    bfloat16* g_dzbf_only = mem.template alloc<bfloat16>(wide_z);
+    Kernels::template selective_scan_backward<T>(
+        u, delta, A, Bm, Cm, Dskip, z, bias, s.softplus, h0, states, up<Mem, T>(mem, d.dout),
+        mem.template alloc<T>(bld), mem.template alloc<T>(bld), mem.upload(elems<float>(dA0)),
+        mem.template alloc<T>(wide_bc), mem.template alloc<T>(wide_bc),
+        s.dskip ? mem.upload(elems<float>(dD0)) : nullptr, nullptr,
+        s.bias ? mem.upload(elems<float>(db0)) : nullptr, nullptr, g_dzbf_only, w, s.B, s.L, s.D,
+        s.N, mem.stream(), ldbc, a_log, z_ld);
+    mem.sync();
+    const std::vector<bfloat16> dzbf_only =
+        packed_rows(mem, g_dzbf_only, rows_bc, size_t(s.D), z_ld);
+    for (size_t i = 0; i < bld; ++i) {
+      EXPECT_EQ(dzbf_only[i].bits, dzbf[i].bits) << "dz_bf alone, " << i;
+      if (dzbf_only[i].bits != dzbf[i].bits) break;
     }
   }
   DeviceScanGrads g;

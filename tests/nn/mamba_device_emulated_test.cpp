@@ -148,6 +148,26 @@ TEST(MambaEmulatedDevice, Bf16CopiesGiveTheBitsOfItsOwnCasts) {
     ASSERT_EQ(given.y_bf[i], kernels::fp32_to_bf16(given.y[i])) << "y's copy, element " << i;
 }
 
+// On a device in bf16 the activations only bf16 GEMMs read (the normed inputs, the scan's
+// outputs, in_proj's output gradient) are written as their bf16 copies alone: no fp32 buffer for
+// them. The bits of every output are unchanged (MatchesCpuModel, Training.Bf16CopiesChangeNoBit).
+TEST(MambaEmulatedDevice, ABf16ModelKeepsOnlyTheCopiesItsGemmsRead) {
+  const MambaConfig c = small_config(16, 8);
+  const int B = 3, L = 5;
+  const size_t M = size_t(B) * L, nl = size_t(c.layers), dm = size_t(c.d_model);
+  const size_t di = size_t(c.d_inner()), P = size_t(c.rank() + 2 * c.d_state);
+  auto bytes = [&](bool bf16) {
+    MambaModel<float, EmulatedOps> m(c, EmulatedOps(Device::cpu(), nullptr, {}));
+    m.resize(B, L, bf16);
+    return m.buffer_bytes();
+  };
+  const size_t fp32_only = (nl * M * dm + nl * M * di + M * 2 * di) * sizeof(float);
+  const size_t copies = (M * size_t(c.din) + nl * M * dm + 2 * nl * M * di +
+                         M * std::max(dm, 2 * di + std::max(di, P))) *
+                        sizeof(uint16_t);
+  EXPECT_EQ(bytes(true), bytes(false) - fp32_only + copies);
+}
+
 // A forward no backward follows (set_forward_only: validation, inference) has the scan make Δ
 // from dt and dt_proj's weight: no dt_proj GEMM a layer, the output the full forward's within
 // fp32 rounding (Δ's sums in another order), and a backward after it refused.
