@@ -116,6 +116,17 @@ __device__ __forceinline__ float lane_select(bool p, float a, float b) {
 #endif
 }
 
+// Four floats to p (16-byte aligned) in one 128-bit shared or global store: a quarter-warp's
+// stores take one pass over the banks where 32-bit ones take four (under the emulator, four
+// scalar stores).
+__device__ __forceinline__ void store_float4(float* p, float a, float b, float c, float d) {
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+  p[0] = a, p[1] = b, p[2] = c, p[3] = d;
+#else
+  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+#endif
+}
+
 // 2^x as the SFU's ex2.approx.ftz gives it: exp2f's own bits wherever 2^x is a normal float
 // (exp2f wraps the same MUFU.EX2 in a compare and two predicated multiplies, sm_90 SASS, to make
 // denormal results), 0 below 2^-126 instead of a denormal. The scan's decays exp(dt A) take it:

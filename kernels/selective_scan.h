@@ -142,10 +142,21 @@ static bool scan_forward_keeps_states();
 // 2^-126, three instructions fewer an exp (16 exps a thread a step; the default's sm_90 code is
 // 5,112 instructions against 5,680): the baseline for that change; a backward reading a forward's
 // chunk states gives the default's bits only in the default form. Each differs from the default
-// in that one thing.
+// in that one thing. shared_sums: split with dBm and dCm summed over the block's channels through
+// shared memory once a chunk (each thread's products stored, then a thread a column adds them in
+// channel order) instead of by shuffles over the warp's channels every step, which with their
+// selects are a quarter of the default's instructions a step and a chain of dependent rounds:
+// other bits (another order of the same sums), still the same every run; not yet timed on a GPU.
 // Set it before sizing a workspace (and keep it from a forward that keeps chunk states to its
 // backward): the workspace's size depends on it. Not thread-safe.
-enum class ScanBackwardVariant { registers, split, whole_chunks, split_branches, exact_exp };
+enum class ScanBackwardVariant {
+  registers,
+  split,
+  whole_chunks,
+  split_branches,
+  exact_exp,
+  shared_sums
+};
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
 // Blocks of the backward kernel for d_state N and element type T that fit an SM of the current

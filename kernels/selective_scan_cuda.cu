@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/selective_scan.h"
@@ -343,6 +344,19 @@ __global__ void __launch_bounds__(kChanThreads, 4)
     }
 }
 
+// shared_sums's swizzle: the 4-float unit c of channel ch's row lies at unit c ^ this. A
+// quarter-warp (8 threads: 8 / kG channels, kG state subsets each) then stores its float4s to 8
+// distinct units modulo 8, i.e. every bank once: with kG = 2 the channels' two low bits go to
+// the unit's bits 0 and 2 (a subset's units are 2s + c, bit 1), with kG = 4 the channel's low bit
+// to bit 0 (units 2s + c, bits 1 and 2).
+template <int kG>
+__device__ __forceinline__ int shared_sums_swizzle(int ch) {
+  if constexpr (kG == 2)
+    return (ch & 1) | ((ch & 2) << 1);
+  else
+    return ch & 1;
+}
+
 struct ScanGrads {
   float* chunk_states;  // (B, nchunk, N, D): h before each chunk's first step, pass 1's
   const float* saved;   // the same from the forward (pass 1 skipped), or null
@@ -370,14 +384,27 @@ struct ScanGrads {
 // 139-152 after small changes elsewhere in the kernel (3 blocks), and now fits 128 without a
 // spill. The others keep ptxas's own choice (a minimum of 0 blocks is none: an explicit 1 let
 // the default shape grow from 127 to 162).
-template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true>
+// kShared (ScanBackwardVariant::shared_sums, the split shapes only): dBm and dCm summed over the
+// block's channels through shared memory a chunk at a time instead of by channel_sum's shuffles
+// each step: each thread stores its 2 kNS products of a step (float4 stores, swizzled so that a
+// quarter-warp's stores hit every bank once), and after the chunk a thread a column sums them
+// over the channels in a fixed order (four running sums, then their sum). No shuffles, selects or
+// dependent rounds a step; two barriers a chunk. The same shared memory as the warps' sums.
+template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true,
+          bool kShared = false>
 __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1 ? 4 : 0))
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
   static_assert(kStage % kT == 0, "a window holds whole chunks");
+  static_assert(!kShared || (kNS == 8 && kG > 1), "shared_sums is a form of the split shapes");
+  static_assert(kChanPerBlock<kG> % 4 == 0, "shared_sums sums four channels at a time");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
-  __shared__ float rB[kChanWarps][kStage][kMaxPad], rC[kChanWarps][kStage][kMaxPad];
+  constexpr int kW = kShared ? 1 : kChanWarps, kS = kShared ? 1 : kStage;
+  __shared__ float rB[kW][kS][kMaxPad], rC[kW][kS][kMaxPad];
+  // kShared: a row of 2 kNP products (dBm's then dCm's) per step of the chunk and channel.
+  constexpr int kCols = 2 * kNP, kChan = kChanPerBlock<kG>;
+  alignas(16) __shared__ float raw[kShared ? kT * kChan * kCols : 4];
   const ChanLane<kNS, kG> q(a);
   const int L = a.L, D = a.D, N = a.N, tile = int(blockIdx.x);
   const int nchunk = (L + kT - 1) / kT;
@@ -522,12 +549,25 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
               if (w.dz_bf) w.dz_bf[iz] = from_f32<__nv_bfloat16>(to_f32(dzd));
             }
           }
-          int idx = 0;
-          const float vb = channel_sum<kNS, kG, kSelp>(cB, q.lane, idx);
-          const float vc = channel_sum<kNS, kG, kSelp>(cC, q.lane, idx);
-          if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
-            rB[q.warp][jc + j][q.s * kNS + idx] = vb;
-            rC[q.warp][jc + j][q.s * kNS + idx] = vc;
+          if constexpr (kShared) {
+            const int ch = q.tid / kG, sw = shared_sums_swizzle<kG>(ch);
+            float* row = raw + (j * kChan + ch) * kCols;
+#pragma unroll
+            for (int c = 0; c < kNS / 4; ++c) {
+              const int cb = q.s * kNS / 4 + c, cc = cb + kNP / 4;  // 4-float units of the row
+              store_float4(row + ((cb ^ sw) << 2), cB[4 * c], cB[4 * c + 1], cB[4 * c + 2],
+                           cB[4 * c + 3]);
+              store_float4(row + ((cc ^ sw) << 2), cC[4 * c], cC[4 * c + 1], cC[4 * c + 2],
+                           cC[4 * c + 3]);
+            }
+          } else {
+            int idx = 0;
+            const float vb = channel_sum<kNS, kG, kSelp>(cB, q.lane, idx);
+            const float vc = channel_sum<kNS, kG, kSelp>(cC, q.lane, idx);
+            if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
+              rB[q.warp][jc + j][q.s * kNS + idx] = vb;
+              rC[q.warp][jc + j][q.s * kNS + idx] = vc;
+            }
           }
         }
       };
@@ -535,20 +575,47 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
         run_chunk(std::true_type{});
       else
         run_chunk(std::false_type{});
-    }
-    __syncthreads();
-    // Sum over the block's warps in a fixed order: this tile's partial of dBm, dCm.
-    for (int k = q.tid; k < wn * N; k += kChanThreads) {
-      const int j = k / N, n = k - j * N;
-      float sb = 0.f, sc = 0.f;
+      if constexpr (kShared) {
+        __syncthreads();
+        // The chunk's dBm and dCm over the block's channels, a thread a column, in channel order
+        // (four running sums): this tile's partials of its steps.
+        for (int k = q.tid; k < tn * kCols; k += kChanThreads) {
+          const int j = k / kCols, col = k - j * kCols, n = col % kNP;
+          // Channel 4m + u's unit lies at (col / 4) ^ swizzle(u): four row pointers, then loads
+          // at constant offsets (the loop unrolled whole).
+          const float* p[4];
 #pragma unroll
-      for (int wi = 0; wi < kChanWarps; ++wi) {
-        sb += rB[wi][j][n];
-        sc += rC[wi][j][n];
+          for (int u = 0; u < 4; ++u)
+            p[u] = raw + (j * kChan + u) * kCols +
+                   (((col >> 2) ^ shared_sums_swizzle<kG>(u)) << 2) + (col & 3);
+          float s4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int m = 0; m < kChan / 4; ++m)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) s4[u] += p[u][m * 4 * kCols];
+          if (n < N) {
+            const size_t o = ((size_t(tile) * a.B + q.b) * L + t0 + j) * N + n;
+            (col < kNP ? w.dB_part : w.dC_part)[o] = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+          }
+        }
+        __syncthreads();  // before the next chunk's products
       }
-      const size_t o = ((size_t(tile) * a.B + q.b) * L + w0 + j) * N + n;
-      w.dB_part[o] = sb;
-      w.dC_part[o] = sc;
+    }
+    if constexpr (!kShared) {  // (shared_sums wrote its partials a chunk at a time)
+      __syncthreads();
+      // Sum over the block's warps in a fixed order: this tile's partial of dBm, dCm.
+      for (int k = q.tid; k < wn * N; k += kChanThreads) {
+        const int j = k / N, n = k - j * N;
+        float sb = 0.f, sc = 0.f;
+#pragma unroll
+        for (int wi = 0; wi < kChanWarps; ++wi) {
+          sb += rB[wi][j][n];
+          sc += rC[wi][j][n];
+        }
+        const size_t o = ((size_t(tile) * a.B + q.b) * L + w0 + j) * N + n;
+        w.dB_part[o] = sb;
+        w.dC_part[o] = sc;
+      }
     }
   }
   if (q.dok) {
@@ -638,7 +705,36 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
   return a;
 }
 
-ScanBackwardVariant g_backward_variant = ScanBackwardVariant::split;
+// The backward's form: set_scan_backward_variant's, else SLIPSTREAM_SCAN_BACKWARD's (a form's
+// name, for a whole-step A/B of one build: tools/gpu_check/ab_step.sh), else split. Read at the
+// first use, so a name that is none is a call's error, not the process's start's.
+constexpr std::pair<ScanBackwardVariant, const char*> kBackwardVariantNames[] = {
+    {ScanBackwardVariant::registers, "registers"},
+    {ScanBackwardVariant::split, "split"},
+    {ScanBackwardVariant::whole_chunks, "whole_chunks"},
+    {ScanBackwardVariant::split_branches, "split_branches"},
+    {ScanBackwardVariant::exact_exp, "exact_exp"},
+    {ScanBackwardVariant::shared_sums, "shared_sums"}};
+bool g_backward_variant_known = false;
+ScanBackwardVariant g_backward_variant_value = ScanBackwardVariant::split;
+ScanBackwardVariant backward_variant() {
+  if (g_backward_variant_known) return g_backward_variant_value;
+  if (const char* e = std::getenv("SLIPSTREAM_SCAN_BACKWARD"); e && *e) {
+    std::string names;
+    for (const auto& [v, name] : kBackwardVariantNames) {
+      if (std::string(e) == name) {
+        g_backward_variant_value = v;
+        g_backward_variant_known = true;
+        return v;
+      }
+      names += names.empty() ? name : std::string(", ") + name;
+    }
+    throw std::invalid_argument(std::string("SLIPSTREAM_SCAN_BACKWARD=") + e +
+                                " names no form of the scan's backward (" + names + ")");
+  }
+  g_backward_variant_known = true;
+  return g_backward_variant_value;
+}
 
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
 // kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
@@ -650,23 +746,25 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   lanes_for(N, op);  // the range check
   if (N <= 4) return {4, 1, 8};
   if (N <= 8) return {8, 1, 8};
-  if (backward && g_backward_variant != ScanBackwardVariant::registers)
+  if (backward && backward_variant() != ScanBackwardVariant::registers)
     return N <= 16 ? ChanShape{8, 2, 4} : ChanShape{8, 4, 4};
   if (N <= 16) return {16, 1, 4};
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's, split_branches's or exact_exp's form for the
-// split shapes when that is the variant (each differs from the default in one thing).
+// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's or shared_sums's
+// form for the split shapes when that is the variant (each differs from the default in one thing).
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
   if constexpr (kNS == 8 && kG > 1) {
-    if (g_backward_variant == ScanBackwardVariant::whole_chunks)
+    if (backward_variant() == ScanBackwardVariant::whole_chunks)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
-    if (g_backward_variant == ScanBackwardVariant::split_branches)
+    if (backward_variant() == ScanBackwardVariant::split_branches)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, false>;
-    if (g_backward_variant == ScanBackwardVariant::exact_exp)
+    if (backward_variant() == ScanBackwardVariant::exact_exp)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, false>;
+    if (backward_variant() == ScanBackwardVariant::shared_sums)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true>;
   }
   return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }
@@ -771,10 +869,11 @@ bool Kernels::scan_forward_keeps_states() {
 }
 
 void Kernels::set_scan_backward_variant(ScanBackwardVariant v) {
-  g_backward_variant = v;
+  g_backward_variant_value = v;
+  g_backward_variant_known = true;
 }
 Kernels::ScanBackwardVariant Kernels::scan_backward_variant() {
-  return g_backward_variant;
+  return backward_variant();
 }
 
 template <class T>

@@ -664,6 +664,9 @@ KERNEL_TEST(Scan, BackwardSplitBranchesVariantMatchesCpu) {
 KERNEL_TEST(Scan, BackwardExactExpVariantMatchesCpu) {
   check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::exact_exp, 211);
 }
+KERNEL_TEST(Scan, BackwardSharedSumsVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::shared_sums, 231);
+}
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
 KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {

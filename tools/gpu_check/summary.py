@@ -171,7 +171,7 @@ def main(out):
     # Kernel forms against each other (each figure its own launch, same call): the scan
     # backward's forward + backward pair with the forward keeping the chunk states against
     # without; its other forms (registers, whole_chunks, split_branches and exact_exp, the
-    # baselines of the selects and of exp2_ftz; builds where registers was the default name it
+    # baselines of the selects and of exp2_ftz, and shared_sums; builds where registers was the default name it
     # split) against the default, at both shapes; the embedding's table gradients, dense partials
     # (the default) against sorted.
     def compare(label, base_name, base, cand_name, cand):
@@ -185,7 +185,8 @@ def main(out):
             compare(f"scan fwd+bwd, {shape} {dt}", "pair", f"scan_fwd_bwd/{dt}/{shape}",
                     "kept states", f"scan_fwd_bwd_kept_states/{dt}/{shape}")
         for shape in ("gpu_standard", "production"):
-            for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp"):
+            for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp",
+                          "shared_sums"):
                 compare(f"scan backward, {shape} {dt}", "default", f"scan_backward/{dt}/{shape}",
                         other, f"scan_backward_{other}/{dt}/{shape}")
     for shape in ("gpu_standard", "production"):
