@@ -77,6 +77,20 @@ void ExecContext::read_back_later(const void* buffer, size_t bytes,
   read_backs_->add(buffer, bytes, std::move(on_host), read_back_owner);
 }
 
+void* ExecContext::device_address_of_host(void* host) const {
+  if (device_.is_cpu()) return host;  // the CPU, and the emulator's "device" memory
+#if SLIPSTREAM_HAS_CUDA
+  return cuda_rt::mapped_device_pointer(host);
+#else
+  return nullptr;
+#endif
+}
+
+void ExecContext::read_back_written(const void* host,
+                                    std::function<void(const void* host)> on_host) const {
+  read_backs_->add_written(host, std::move(on_host), read_back_owner);
+}
+
 void ExecContext::upload_later(void* buffer, const void* host, size_t bytes) const {
   read_backs_->upload(buffer, host, bytes, read_back_owner);
 }

@@ -57,6 +57,17 @@ class ExecContext {
   // order everywhere.
   void read_back_later(const void* buffer, size_t bytes,
                        std::function<void(const void* host)> on_host) const;
+  // Where the device's kernels may write `host` directly: for page-locked host memory (the host
+  // pool's on a CUDA run), the address CUDA maps it at; under the emulator and on the CPU, `host`
+  // itself. Null where kernels cannot reach it (pageable memory). A result written there is read
+  // back with no copy (read_back_written).
+  void* device_address_of_host(void* host) const;
+  // A result the device's work writes into host memory itself (at device_address_of_host):
+  // `on_host` runs on `host` when its group completes, as read_back_later's report would, with
+  // no copy on the stream and none in a CUDA graph of the step. Nothing may write there again
+  // before then: the caller's work completes its read-backs before it is enqueued again (a
+  // stream's frame, Runner::stream_next).
+  void read_back_written(const void* host, std::function<void(const void* host)> on_host) const;
   // Host values the device's work reads in stream order (a batch's random key): copied now
   // into page-locked staging, then to `buffer` on the stream, the staging held until the batch's
   // read-backs complete. Unlike a synchronous copy this can be part of a CUDA graph of the step

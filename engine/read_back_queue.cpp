@@ -35,6 +35,12 @@ void ReadBackQueue::add(const void* buffer, size_t bytes,
   open_.push_back({std::move(staging), std::move(on_host), stage});
 }
 
+void ReadBackQueue::add_written(const void* host, std::function<void(const void* host)> on_host,
+                                int stage) {
+  std::lock_guard lock(mu_);
+  open_.push_back({Tensor(), std::move(on_host), stage, host});
+}
+
 void ReadBackQueue::upload(void* buffer, const void* host, size_t bytes, int stage) {
   Tensor staging = Tensor::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, DType::u8,
                                  Device::cpu(), "upload staging");
@@ -132,7 +138,9 @@ void ReadBackQueue::complete_through(uint64_t group, const Each& each) {
     } recycle{*this, g};
     for (Item& item : g.items) {
       if (!item.on_host) continue;  // an upload's staging, held until its copy was done
-      const std::function<void()> report = [&item] { item.on_host(item.staging.raw()); };
+      const std::function<void()> report = [&item] {
+        item.on_host(item.written ? item.written : item.staging.raw());
+      };
       if (each)
         each(item.stage, report);
       else

@@ -33,6 +33,9 @@ class ReadBackQueue {
 
   void add(const void* buffer, size_t bytes, std::function<void(const void* host)> on_host,
            int stage);
+  // A result the device's work writes into `host` itself (mapped page-locked memory): nothing to
+  // copy; on_host(host) runs when the open group completes.
+  void add_written(const void* host, std::function<void(const void* host)> on_host, int stage);
   // The other way: `bytes` of host memory copied now into page-locked staging, then to `buffer`
   // (the device's) in stream order; the staging is held until the open group completes.
   void upload(void* buffer, const void* host, size_t bytes, int stage);
@@ -56,6 +59,7 @@ class ReadBackQueue {
     Tensor staging;
     std::function<void(const void*)> on_host;  // null for an upload
     int stage = -1;
+    const void* written = nullptr;  // add_written's host memory (no staging)
   };
   struct Group {
     uint64_t id = 0;

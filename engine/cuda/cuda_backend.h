@@ -33,6 +33,10 @@ void* library_symbol(const std::string& soname, const char* symbol);
 // Page-locked host memory; nullptr on failure (the caller reports it).
 void* host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* ptr);
+// The address kernels use for `host` when it lies in page-locked host memory, which CUDA maps
+// into every device's address space (cudaPointerGetAttributes' devicePointer; under unified
+// addressing `host` itself); nullptr for pageable memory.
+void* mapped_device_pointer(const void* host);
 
 std::unique_ptr<MemoryPool> make_device_pool(int index);
 

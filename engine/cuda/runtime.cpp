@@ -174,6 +174,15 @@ void* host_alloc_pinned(size_t bytes) {
   return p;
 }
 
+void* mapped_device_pointer(const void* host) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, host) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return a.type == cudaMemoryTypeHost ? a.devicePointer : nullptr;
+}
+
 void host_free_pinned(void* ptr) {
   if (cudaFreeHost(ptr) != cudaSuccess) cudaGetLastError();  // at exit the runtime may be gone
 }

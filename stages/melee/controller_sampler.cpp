@@ -52,9 +52,13 @@ class HostSampler final : public ControllerSampler {
 
 // One policy_choose launch on the run's stream. The games' keys and frame counters live on the
 // device (the kernel counts each game's frames on); `held_*` mirror what is there, so they go in
-// (through page-locked staging, in stream order) only when the caller's differ. The
-// distributions and the controllers come back in one copy, with the frame's other read-backs
-// (one wait, the caller's).
+// (through page-locked staging, in stream order) only when the caller's differ. The kernel
+// writes the distributions and the controllers straight into page-locked host memory (the host
+// pool's on a CUDA run, which CUDA maps for kernels: ExecContext::read_back_written), read with
+// the frame's other read-backs (one wait, the caller's): no copy in the frame's CUDA graph and
+// none after it. A stream's frame completes its read-backs before the next is enqueued
+// (Runner::stream_next), so one buffer serves every frame. Where the host memory is not mapped
+// (pageable), the answers go through device memory and one copy (read_back_later).
 template <class Ops>
 class DeviceSampler final : public ControllerSampler {
  public:
@@ -67,9 +71,10 @@ class DeviceSampler final : public ControllerSampler {
     const size_t dist_bytes = games * kHeadsWidth * sizeof(float);
     if (held_keys_.size() != games) {  // a stream's number of games is fixed until it restarts
       keys_ = Tensor::empty(Shape{2, static_cast<int64_t>(games)}, DType::i64, exec_.device());
-      out_ =
-          Tensor::empty(Shape{static_cast<int64_t>(dist_bytes + games * sizeof(ChosenController))},
-                        DType::u8, exec_.device());
+      const Shape out_shape{static_cast<int64_t>(dist_bytes + games * sizeof(ChosenController))};
+      out_ = Tensor::empty(out_shape, DType::u8, Device::cpu(), "the policy's answers");
+      out_device_ = exec_.device_address_of_host(out_.raw());
+      if (!out_device_) out_ = Tensor::empty(out_shape, DType::u8, exec_.device());
       held_keys_.assign(games, 0);
       held_frames_.assign(games, ~uint64_t{0});  // nothing there yet: the first draw uploads
     }
@@ -83,16 +88,20 @@ class DeviceSampler final : public ControllerSampler {
     }
     typename Ops::Table::HeadPointers hp{};
     for (int h = 0; h < kHeads; ++h) hp.logits[h] = logits[h];
-    auto* out = static_cast<char*>(out_.raw());
+    auto* out = static_cast<char*>(out_device_ ? out_device_ : out_.raw());
     Ops::Table::policy_choose(hp, ar_weight_of(heads_), temperature, device_keys,
                               device_keys + games, games, reinterpret_cast<float*>(out),
                               reinterpret_cast<int32_t*>(out + dist_bytes), ops_.stream());
     for (uint64_t& f : held_frames_) ++f;  // as the kernel counts them
-    exec_.read_back_later(out, out_.nbytes(), [=](const void* host) {
+    auto report = [=](const void* host) {
       std::memcpy(distribution, host, dist_bytes);
       std::memcpy(static_cast<void*>(chosen), static_cast<const char*>(host) + dist_bytes,
                   games * sizeof(ChosenController));
-    });
+    };
+    if (out_device_)
+      exec_.read_back_written(out_.raw(), report);
+    else
+      exec_.read_back_later(out, out_.nbytes(), report);
   }
 
  private:
@@ -100,6 +109,7 @@ class DeviceSampler final : public ControllerSampler {
   const ExecContext& exec_;
   Stage& heads_;
   Tensor keys_, out_;  // (2, games): the games' keys, then their frame counters; the answers
+  void* out_device_ = nullptr;  // where kernels write out_ (host memory), or null: out_ is device's
   std::vector<uint64_t> held_keys_, held_frames_;
 };
 

@@ -226,3 +226,39 @@ TEST(ReadBacks, AFailedStepsReadBacksAreDroppedNotReportedLater) {
   exec.complete_read_backs();
   EXPECT_EQ(seen.size(), 2u);
 }
+
+// A result the device's work writes into host memory itself (read_back_written): under the
+// emulator kernels reach host memory where it is; its report runs on that memory when its group
+// completes (not when asked), and a recorded step holds no copy for it where read_back_later
+// records one.
+TEST(ReadBacks, AResultWrittenIntoHostMemoryIsReportedWithoutACopy) {
+  ExecContext exec{Device::cpu(), /*emulate_cuda=*/true};
+  float answer = 0.0f;
+  EXPECT_EQ(exec.device_address_of_host(&answer), &answer);
+  std::vector<float> seen;
+  auto report = [&](const void* host) {
+    EXPECT_EQ(host, &answer) << "a copy was reported";
+    seen.push_back(*static_cast<const float*>(host));
+  };
+  auto operations = [&](auto ask) {
+    capture::StepRecorder rec(nullptr);
+    ask();
+    const auto ops = rec.finish();
+    capture::issue_ops(ops);
+    rec.run_deferred();
+    return ops.size();
+  };
+  const float copied = 4.0f;
+  EXPECT_EQ(operations([&] { exec.read_back_later(&copied, sizeof(float), [](const void*) {}); }),
+            1u)
+      << "read_back_later's copy into device staging";
+  exec.complete_read_backs();
+  EXPECT_EQ(operations([&] {
+              answer = 2.5f;  // what the frame's kernel writes
+              exec.read_back_written(&answer, report);
+            }),
+            0u);
+  EXPECT_TRUE(seen.empty()) << "reported before its group completed";
+  exec.complete_read_backs();
+  EXPECT_EQ(seen, std::vector<float>{2.5f});
+}
