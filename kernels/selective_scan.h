@@ -147,8 +147,10 @@ static bool scan_forward_keeps_states();
 // channel order) instead of by shuffles over the warp's channels every step, which with their
 // selects are a quarter of the default's instructions a step and a chain of dependent rounds:
 // other bits (another order of the same sums), still the same every run; not yet timed on a GPU.
-// Set it before sizing a workspace (and keep it from a forward that keeps chunk states to its
-// backward): the workspace's size depends on it. Not thread-safe.
+// SLIPSTREAM_SCAN_BACKWARD=<name> in the environment picks the form for a process (a whole-step
+// A/B of one build, tools/gpu_check/ab_step.sh); a name that is none is the error of the first
+// scan call. Set it before sizing a workspace (and keep it from a forward that keeps chunk states
+// to its backward): the workspace's size depends on it. Not thread-safe.
 enum class ScanBackwardVariant {
   registers,
   split,
