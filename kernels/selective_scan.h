@@ -147,6 +147,8 @@ static bool scan_forward_keeps_states();
 // channel order) instead of by shuffles over the warp's channels every step, which with their
 // selects are a quarter of the default's instructions a step and a chain of dependent rounds:
 // other bits (another order of the same sums), still the same every run; not yet timed on a GPU.
+// shared_whole_chunks: shared_sums with whole_chunks' unbranched whole chunks (without its kept
+// exps), at 128 registers: no spill at d_state 16, 8-24 bytes at 32 (ptxas 13, sm_90).
 // SLIPSTREAM_SCAN_BACKWARD=<name> in the environment picks the form for a process (a whole-step
 // A/B of one build, tools/gpu_check/ab_step.sh); a name that is none is the error of the first
 // scan call. Set it before sizing a workspace (and keep it from a forward that keeps chunk states
@@ -157,7 +159,8 @@ enum class ScanBackwardVariant {
   whole_chunks,
   split_branches,
   exact_exp,
-  shared_sums
+  shared_sums,
+  shared_whole_chunks
 };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();

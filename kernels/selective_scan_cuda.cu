@@ -390,14 +390,18 @@ struct ScanGrads {
 // quarter-warp's stores hit every bank once), and after the chunk a thread a column sums them
 // over the channels in a fixed order (four running sums, then their sum). No shuffles, selects or
 // dependent rounds a step; two barriers a chunk. The same shared memory as the warps' sums.
+// kSharedWhole (ScanBackwardVariant::shared_whole_chunks): kShared with whole_chunks' unbranched
+// whole chunks, without its kept exps, at the split shapes' 128 registers (ptxas 13, sm_90: no
+// spill at d_state 16, 8-24 bytes at 32).
 template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true,
-          bool kShared = false>
+          bool kShared = false, bool kSharedWhole = false>
 __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1 ? 4 : 0))
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
   static_assert(kStage % kT == 0, "a window holds whole chunks");
   static_assert(!kShared || (kNS == 8 && kG > 1), "shared_sums is a form of the split shapes");
+  static_assert(!kSharedWhole || kShared, "shared_whole_chunks is a form of shared_sums");
   static_assert(kChanPerBlock<kG> % 4 == 0, "shared_sums sums four channels at a time");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   constexpr int kW = kShared ? 1 : kChanWarps, kS = kShared ? 1 : kStage;
@@ -571,7 +575,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
           }
         }
       };
-      if (kWhole && tn == kT)
+      if ((kWhole || kSharedWhole) && tn == kT)
         run_chunk(std::true_type{});
       else
         run_chunk(std::false_type{});
@@ -714,7 +718,8 @@ constexpr std::pair<ScanBackwardVariant, const char*> kBackwardVariantNames[] = 
     {ScanBackwardVariant::whole_chunks, "whole_chunks"},
     {ScanBackwardVariant::split_branches, "split_branches"},
     {ScanBackwardVariant::exact_exp, "exact_exp"},
-    {ScanBackwardVariant::shared_sums, "shared_sums"}};
+    {ScanBackwardVariant::shared_sums, "shared_sums"},
+    {ScanBackwardVariant::shared_whole_chunks, "shared_whole_chunks"}};
 bool g_backward_variant_known = false;
 ScanBackwardVariant g_backward_variant_value = ScanBackwardVariant::split;
 ScanBackwardVariant backward_variant() {
@@ -752,8 +757,9 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's or shared_sums's
-// form for the split shapes when that is the variant (each differs from the default in one thing).
+// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's, shared_sums's or
+// shared_whole_chunks's form for the split shapes when that is the variant (each differs from the
+// default in one thing, shared_whole_chunks from shared_sums in one).
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
   if constexpr (kNS == 8 && kG > 1) {
@@ -765,6 +771,8 @@ auto backward_kernel() {
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, false>;
     if (backward_variant() == ScanBackwardVariant::shared_sums)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true>;
+    if (backward_variant() == ScanBackwardVariant::shared_whole_chunks)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true, true>;
   }
   return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }

@@ -667,6 +667,9 @@ KERNEL_TEST(Scan, BackwardExactExpVariantMatchesCpu) {
 KERNEL_TEST(Scan, BackwardSharedSumsVariantMatchesCpu) {
   check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::shared_sums, 231);
 }
+KERNEL_TEST(Scan, BackwardSharedWholeChunksVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::shared_whole_chunks, 251);
+}
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
 KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {

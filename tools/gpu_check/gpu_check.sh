@@ -264,8 +264,8 @@ if [[ "$MODE" == full* ]]; then
   # gpu_standard and production. scan_states: the scan's forward keeping the chunk states its
   # backward reads (kernels/selective_scan.h, SLIPSTREAM_SCAN_FORWARD_STATES=1); embed_sorted:
   # the embedding's table gradients by a counting sort (stages/melee/melee_cuda.inc,
-  # SLIPSTREAM_EMBED_BACKWARD=sorted); scan_shared_sums, scan_whole_chunks: the scan backward's
-  # forms of those names (SLIPSTREAM_SCAN_BACKWARD). GPU_CHECK_AB names which (default the first
+  # SLIPSTREAM_EMBED_BACKWARD=sorted); scan_shared_sums, scan_whole_chunks,
+  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD). GPU_CHECK_AB names which (default the first
   # two).
   if wants ab; then
     for ab in ${GPU_CHECK_AB:-scan_states embed_sorted}; do
@@ -274,6 +274,7 @@ if [[ "$MODE" == full* ]]; then
         embed_sorted) switch=SLIPSTREAM_EMBED_BACKWARD=sorted ;;
         scan_shared_sums) switch=SLIPSTREAM_SCAN_BACKWARD=shared_sums ;;
         scan_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=whole_chunks ;;
+        scan_shared_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=shared_whole_chunks ;;
         *) echo "gpu_check: unknown GPU_CHECK_AB entry '$ab'"; continue ;;
       esac
       cand=$OUT/ab_${ab}_bin

@@ -186,7 +186,7 @@ def main(out):
                     "kept states", f"scan_fwd_bwd_kept_states/{dt}/{shape}")
         for shape in ("gpu_standard", "production"):
             for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp",
-                          "shared_sums"):
+                          "shared_sums", "shared_whole_chunks"):
                 compare(f"scan backward, {shape} {dt}", "default", f"scan_backward/{dt}/{shape}",
                         other, f"scan_backward_{other}/{dt}/{shape}")
     for shape in ("gpu_standard", "production"):
