@@ -110,4 +110,32 @@ TEST(GpuTensor, AddF32OnAStream) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 0.75f * float(i)) << i;
 }
 
+// A kernel writes into page-locked host memory at the address CUDA maps it at
+// (ExecContext::device_address_of_host), and read_back_written reports it with no copy: the
+// policy's answers' path (stages/melee/controller_sampler.cpp). Pageable memory has no address.
+TEST(GpuReadBacks, AKernelWritesIntoMappedHostMemory) {
+  REQUIRE_CUDA_DEVICE();
+  Pools::enable_pinned_host(true);  // as a CUDA run's Runner does
+  const ExecContext exec(Device::cuda(0));
+  std::vector<float> ha(1000), hb(1000);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = float(i), hb[i] = 0.5f * float(i);
+  Tensor a = Tensor::empty({1000}, DType::f32, Device::cuda(0)), b = a.clone();
+  a.copy_from(Tensor::borrow(ha.data(), {1000}, DType::f32));
+  b.copy_from(Tensor::borrow(hb.data(), {1000}, DType::f32));
+  Tensor host = Tensor::empty({1000}, DType::f32, Device::cpu(), "mapped answers");
+  void* mapped = exec.device_address_of_host(host.raw());
+  ASSERT_NE(mapped, nullptr) << "the pinned host pool's memory is not mapped for kernels";
+  add_f32(a, b, Tensor::borrow(mapped, {1000}, DType::f32, Device::cuda(0)), exec.stream());
+  std::vector<float> got;
+  exec.read_back_written(host.raw(), [&](const void* p) {
+    got.assign(static_cast<const float*>(p), static_cast<const float*>(p) + 1000);
+  });
+  EXPECT_TRUE(got.empty()) << "reported before its group completed";
+  exec.complete_read_backs();
+  ASSERT_EQ(got.size(), 1000u);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], 1.5f * float(i)) << i;
+  std::vector<float> pageable(16);
+  EXPECT_EQ(exec.device_address_of_host(pageable.data()), nullptr);
+}
+
 }  // namespace slipstream
