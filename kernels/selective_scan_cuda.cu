@@ -720,25 +720,26 @@ constexpr std::pair<ScanBackwardVariant, const char*> kBackwardVariantNames[] = 
     {ScanBackwardVariant::exact_exp, "exact_exp"},
     {ScanBackwardVariant::shared_sums, "shared_sums"},
     {ScanBackwardVariant::shared_whole_chunks, "shared_whole_chunks"}};
-bool g_backward_variant_known = false;
-ScanBackwardVariant g_backward_variant_value = ScanBackwardVariant::split;
-ScanBackwardVariant backward_variant() {
-  if (g_backward_variant_known) return g_backward_variant_value;
-  if (const char* e = std::getenv("SLIPSTREAM_SCAN_BACKWARD"); e && *e) {
-    std::string names;
-    for (const auto& [v, name] : kBackwardVariantNames) {
-      if (std::string(e) == name) {
-        g_backward_variant_value = v;
-        g_backward_variant_known = true;
-        return v;
-      }
-      names += names.empty() ? name : std::string(", ") + name;
-    }
-    throw std::invalid_argument(std::string("SLIPSTREAM_SCAN_BACKWARD=") + e +
-                                " names no form of the scan's backward (" + names + ")");
+// SLIPSTREAM_SCAN_BACKWARD's form, or split. Throws for a name that is none (a function-local
+// static left unset by a throw is tried again at the next call).
+ScanBackwardVariant variant_from_environment() {
+  const char* e = std::getenv("SLIPSTREAM_SCAN_BACKWARD");
+  if (!e || !*e) return ScanBackwardVariant::split;
+  std::string names;
+  for (const auto& [v, name] : kBackwardVariantNames) {
+    if (std::string(e) == name) return v;
+    names += names.empty() ? name : std::string(", ") + name;
   }
-  g_backward_variant_known = true;
-  return g_backward_variant_value;
+  throw std::invalid_argument(std::string("SLIPSTREAM_SCAN_BACKWARD=") + e +
+                              " names no form of the scan's backward (" + names + ")");
+}
+// Initialised once, thread-safely, at the first use; set_scan_backward_variant writes it.
+ScanBackwardVariant& backward_variant_slot() {
+  static ScanBackwardVariant v = variant_from_environment();
+  return v;
+}
+ScanBackwardVariant backward_variant() {
+  return backward_variant_slot();
 }
 
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
@@ -877,8 +878,7 @@ bool Kernels::scan_forward_keeps_states() {
 }
 
 void Kernels::set_scan_backward_variant(ScanBackwardVariant v) {
-  g_backward_variant_value = v;
-  g_backward_variant_known = true;
+  backward_variant_slot() = v;
 }
 Kernels::ScanBackwardVariant Kernels::scan_backward_variant() {
   return backward_variant();
