@@ -392,11 +392,12 @@ class MambaModel {
         ops_.copy_cols(a.dbc + R + N, P_(), a.Cm, N_(), Ms, N_());
       }
       uint16_t* ysb = wb ? a.ys_bf : nullptr;  // written by the scan itself
-      ops_.selective_scan_forward(a.u, fold_dt ? nullptr : a.delta, scan_A(w, Lw, a), a.Bm, a.Cm,
-                                  w + Lw.D, a.z, w + Lw.dt_b, a.scan_first, a.ys, a.scan_last,
-                                  a.scan_states, B_, L_, di, N, ysb, bc_ld(), zero_unless_apart(ld),
-                                  kOnDevice, fold_dt ? a.dbc : nullptr,
-                                  fold_dt ? w + Lw.dt_w : nullptr, fold_dt ? R : 0);
+      // The chunk states the backward would read, only where a backward follows.
+      ops_.selective_scan_forward(
+          a.u, fold_dt ? nullptr : a.delta, scan_A(w, Lw, a), a.Bm, a.Cm, w + Lw.D, a.z,
+          w + Lw.dt_b, a.scan_first, a.ys, a.scan_last, forward_only_ ? nullptr : a.scan_states, B_,
+          L_, di, N, ysb, bc_ld(), zero_unless_apart(ld), kOnDevice, fold_dt ? a.dbc : nullptr,
+          fold_dt ? w + Lw.dt_w : nullptr, fold_dt ? R : 0);
       mm(false, true, M, dm, di, a.ys, ysb, di, w + Lw.out_proj, bf(wb, Lw.out_proj), di, T(1), hn,
          dm);
     }
