@@ -116,9 +116,10 @@ static size_t selective_scan_backward_workspace_bytes(int B, int L, int D, int N
 // them, a backward given the same buffer reads them instead. The layout follows the backward's
 // shape: keep the variant (below) the same from the forward to the backward.
 static size_t selective_scan_chunk_states_bytes(int B, int L, int D, int N);
-// Whether a training step uses that (the model asks; tests and benchmarks set it): off until a
-// GPU has timed it against the backward's own first pass; SLIPSTREAM_SCAN_FORWARD_STATES=1 in the
-// environment turns it on for a process, for an A/B of the whole step (tools/gpu_check/ab_step.sh).
+// Whether a training step uses that (the model asks; tests and benchmarks set it): on since an
+// H100 timed it against the backward's own first pass (2026-11-28: the whole step 1.05x at
+// gpu_standard, 1.08-1.10x at production, bench/results.jsonl); SLIPSTREAM_SCAN_FORWARD_STATES=0
+// in the environment turns it off for a process (tools/gpu_check/ab_step.sh's A/B).
 static void set_scan_forward_keeps_states(bool on);
 static bool scan_forward_keeps_states();
 

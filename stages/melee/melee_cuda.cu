@@ -991,9 +991,11 @@ void Kernels::embed_add_noise(const EmbedDims& d, size_t rows, const float* nume
 
 namespace {
 Kernels::EmbedBackwardVariant variant_from_environment() {
+  // sorted since an H100 timed it (2026-11-28: the kernels 0.61-0.63x the partials' time, the
+  // whole step 1.03x at gpu_standard); SLIPSTREAM_EMBED_BACKWARD=partials for the other form.
   const char* e = std::getenv("SLIPSTREAM_EMBED_BACKWARD");
   using V = Kernels::EmbedBackwardVariant;
-  return e && std::string(e) == "sorted" ? V::sorted : V::partials;
+  return e && std::string(e) == "partials" ? V::partials : V::sorted;
 }
 Kernels::EmbedBackwardVariant g_embed_backward = variant_from_environment();
 

@@ -259,19 +259,22 @@ if [[ "$MODE" == full* ]]; then
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
-  # Kernel forms prepared without a GPU, each off by default until timed here: the whole step of
-  # one build with the form switched on against without, alternating (ab_step.sh), at
-  # gpu_standard and production. scan_states: the scan's forward keeping the chunk states its
-  # backward reads (kernels/selective_scan.h, SLIPSTREAM_SCAN_FORWARD_STATES=1); embed_sorted:
-  # the embedding's table gradients by a counting sort (stages/melee/melee_cuda.inc,
-  # SLIPSTREAM_EMBED_BACKWARD=sorted); scan_shared_sums, scan_whole_chunks,
-  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD). GPU_CHECK_AB names which (default the first
-  # two).
+  # Kernel forms against the default: the whole step of one build with a form switched by its
+  # environment variable against without, alternating (ab_step.sh), at gpu_standard and
+  # production. scan_no_states: the scan's forward not keeping the chunk states its backward reads
+  # (kernels/selective_scan.h, SLIPSTREAM_SCAN_FORWARD_STATES=0; keeping them is the default since
+  # an H100 timed it, entry scan_states); embed_partials: the embedding's table gradients by dense
+  # partials (stages/melee/melee_cuda.inc, SLIPSTREAM_EMBED_BACKWARD=partials; the counting sort is
+  # the default since then, entry embed_sorted); scan_shared_sums, scan_whole_chunks,
+  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD).
+  # GPU_CHECK_AB names which (default scan_shared_whole_chunks).
   if wants ab; then
-    for ab in ${GPU_CHECK_AB:-scan_states embed_sorted}; do
+    for ab in ${GPU_CHECK_AB:-scan_shared_whole_chunks}; do
       case $ab in
-        scan_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=1 ;;
-        embed_sorted) switch=SLIPSTREAM_EMBED_BACKWARD=sorted ;;
+        scan_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=1 ;;   # the default since 2026-11-28
+        scan_no_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=0 ;;
+        embed_sorted) switch=SLIPSTREAM_EMBED_BACKWARD=sorted ;;  # the default since 2026-11-28
+        embed_partials) switch=SLIPSTREAM_EMBED_BACKWARD=partials ;;
         scan_shared_sums) switch=SLIPSTREAM_SCAN_BACKWARD=shared_sums ;;
         scan_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=whole_chunks ;;
         scan_shared_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=shared_whole_chunks ;;
