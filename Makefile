@@ -13,7 +13,7 @@ DEB_PACKAGES := build-essential cmake ninja-build pkg-config git \
   python3 python3-numpy python3-pip python3-setuptools python3-wheel tmux
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle gpu-peer-bundle
+.PHONY: deps build run test test-sanitize bench format clean gpu-check gpu-deps gpu-bundle gpu-ab-base gpu-peer-bundle
 
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
@@ -89,6 +89,12 @@ gpu-bundle: deps
 	cmake --build build-gpu -j $(JOBS) --target all slipstream_tests slipstream_benchmarks
 	bash tools/gpu_check/bundle.sh build-gpu .gpu-carry/prebuilt.tar.xz
 	if [ -d ../shared/replays ]; then tar -C ../shared -cf - replays | xz -9 >.gpu-carry/replays.tar.xz; fi
+
+# build-gpu's bench_e2e as it is, before the bundle is remade from a change
+# (.gpu-carry/ab_base_bench_e2e.xz): gpu-check's GPU_CHECK_AB=build times the new bundle's whole
+# step against it, alternating, with GPU_CHECK_AB_BASE=.gpu-carry/ab_base_bench_e2e.xz.
+gpu-ab-base:
+	xz -6 -T0 -c build-gpu/bin/bench_e2e >.gpu-carry/ab_base_bench_e2e.xz
 
 # mamba-ssm's and causal-conv1d's fused kernels for the PyTorch peer, built here for sm_90
 # (.gpu-carry/mamba_peer.tar.xz, 8-27 min on 2 cores; GPU_CHECK_MAMBA_SSM names it there).

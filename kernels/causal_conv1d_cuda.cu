@@ -1,7 +1,7 @@
 // Depthwise causal conv1d on CUDA; math and layouts of the CPU reference
 // (kernels/causal_conv1d_cpu.cpp), which with silu_forward/backward is what it is tested against.
-// Every thread owns one (b, t, c) output (forward) or one (b, c, time block) (backward); the
-// channel is the fastest index, so a warp reads 32 consecutive channels.
+// Every thread owns a channel of one or more (b, t) rows (forward) or one (b, c, time block)
+// (backward); the channel is the fastest index, so a warp reads 32 consecutive channels.
 #include "kernels/causal_conv1d.h"
 #include "kernels/cuda_common.cuh"
 
@@ -41,19 +41,26 @@ __global__ void __launch_bounds__(kThreads)
     conv_forward_kernel(const DT* x, const DT* prefix, const float* w, const float* bias, DT* y,
                         __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu, int xld,
                         DT* last) {
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= size_t(B) * L * C) return;
-  const int c = int(i % C), t = int(i / C % L), b = int(i / (size_t(C) * L));
-  const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K, xld);
-  const DT yv = from_f32<DT>(silu ? siluf_(v) : v);
-  y[i] = yv;
-  if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
-  // The last step's window holds the next window's prefix (its inputs but the oldest); a value
-  // and back (to_f32, from_f32) is exact.
-  if (last && t == L - 1)
-    for (int j = 0; j < K - 1; ++j)
-      last[(size_t(b) * (K - 1) + j) * C + c] =
-          from_f32<DT>(input_at(x, prefix, b, L - (K - 1) + j, c, L, C, K, xld));
+  // A thread a channel (blockIdx.x's), rows (b, t) from blockIdx.y on: no 64-bit division per
+  // element (a flat index's i % C, i / C % L took 76 µs a launch at production on an H200, most
+  // of it the divisions' instructions).
+  const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  const int rows = B * L;
+  for (int row = int(blockIdx.y); row < rows; row += int(gridDim.y)) {
+    const int t = row % L, b = row / L;
+    const size_t i = size_t(row) * C + c;
+    const float v = conv_at(x, prefix, w, bias, b, t, c, L, C, K, xld);
+    const DT yv = from_f32<DT>(silu ? siluf_(v) : v);
+    y[i] = yv;
+    if (y_bf) y_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as fp32_to_bf16 of y rounds it
+    // The last step's window holds the next window's prefix (its inputs but the oldest); a
+    // value and back (to_f32, from_f32) is exact.
+    if (last && t == L - 1)
+      for (int j = 0; j < K - 1; ++j)
+        last[(size_t(b) * (K - 1) + j) * C + c] =
+            from_f32<DT>(input_at(x, prefix, b, L - (K - 1) + j, c, L, C, K, xld));
+  }
 }
 
 // d loss / d pre-activation for the generic backward kernel (widths without a window kernel),
@@ -231,9 +238,14 @@ void Kernels::causal_conv1d_forward(const T* x, const T* prefix, const float* we
   if (n == 0) return;
   const int xld = x_ld > 0 ? x_ld : C;
   const auto kernel = &conv_forward_kernel<dev_t<T>>;
-  SLIPSTREAM_LAUNCH_AS("conv_forward_kernel", kernel, dim3(ceil_div(n, kThreads)), dim3(kThreads),
-                       stream, dev(x), dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K,
-                       silu, xld, dev(last));
+  // Whole warps over the channels, at most kThreads a block; a block row each (b, t), up to
+  // the grid's y limit.
+  const unsigned threads = unsigned(C < kThreads ? ceil_div(size_t(C), 32) * 32 : kThreads);
+  const size_t rows = size_t(B) * L;
+  const dim3 grid(ceil_div(size_t(C), threads), unsigned(rows < 65535 ? rows : 65535));
+  SLIPSTREAM_LAUNCH_AS("conv_forward_kernel", kernel, grid, dim3(threads), stream, dev(x),
+                       dev(prefix), weight, bias, dev(y), dev(y_bf), B, L, C, K, silu, xld,
+                       dev(last));
   check_launch("causal_conv1d_forward");
 }
 

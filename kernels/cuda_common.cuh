@@ -127,6 +127,17 @@ __device__ __forceinline__ void store_float4(float* p, float a, float b, float c
 #endif
 }
 
+// Four floats from p (16-byte aligned) in one 128-bit load (under the emulator, four scalar
+// loads).
+__device__ __forceinline__ void load_float4(const float* p, float* v) {
+#if defined(SLIPSTREAM_CUDA_EMULATION)
+  v[0] = p[0], v[1] = p[1], v[2] = p[2], v[3] = p[3];
+#else
+  const float4 x = *reinterpret_cast<const float4*>(p);
+  v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+#endif
+}
+
 // 2^x as the SFU's ex2.approx.ftz gives it: exp2f's own bits wherever 2^x is a normal float
 // (exp2f wraps the same MUFU.EX2 in a compare and two predicated multiplies, sm_90 SASS, to make
 // denormal results), 0 below 2^-126 instead of a denormal. The scan's decays exp(dt A) take it:
@@ -253,15 +264,92 @@ struct PartialSums {
   int accumulate[kMaxPartialSums];
 };
 
+// Sum e's element i done: times its scale where it has one, stored or added at its place.
+template <class Out>
+__device__ __forceinline__ void finish_partial_sum(const PartialSums<Out>& sums, int e, size_t i,
+                                                   float total) {
+  const size_t cols_out = sums.cols[e];
+  const size_t o = cols_out ? i / cols_out * sums.ld[e] + i % cols_out : i;
+  const float* scale = sums.scale[e];
+  if (scale) total *= sums.scale_neg_exp[e] ? neg_expf_(scale[i]) : scale[i];
+  Out* out = sums.out[e];
+  out[o] = from_f32<Out>(sums.accumulate[e] ? to_f32(out[o]) + total : total);
+}
+
+// A sum of at most kPartialMaxLanes partials (the scan's dB and dC over its channel tiles: n
+// is B·L·N, K a few tiles): the same tree, each element's in one thread's registers, four
+// elements a thread (one 128-bit load a partial where n and part allow). With a column of the
+// block's layout per element, a block would read a few hundred bytes for sixteen elements: 160
+// µs for the scan's 63 MB of partials at production on an H200 (12 launches a step), latency
+// more than bandwidth. Same bits as the block's tree: lane l's sum 0 + p_l (+ p_{l+lanes}),
+// then the lanes added in order onto 0.
+constexpr int kDirectPerThread = 4;
+template <int kLanes, class Out>
+__device__ __forceinline__ void sum_partials_direct(const PartialSums<Out>& sums, int e) {
+  // K is in [kLanes, 2 kLanes) and at most kPartialMaxLanes: lane l has partial l, and partial
+  // l + kLanes where K reaches it.
+  constexpr int kItems = 2 * kLanes - 1 < kPartialMaxLanes ? 2 * kLanes - 1 : kPartialMaxLanes;
+  const int K = sums.K[e];
+  const size_t n = sums.n[e];
+  const size_t i0 = (size_t(blockIdx.x) * kPartialThreads + threadIdx.x) * kDirectPerThread;
+  if (i0 >= n) return;
+  const float* part = sums.part[e];
+  const bool vec = i0 + kDirectPerThread <= n && n % kDirectPerThread == 0 &&
+                   (reinterpret_cast<uintptr_t>(part) & 15) == 0;
+  float v[kItems][kDirectPerThread];
+  // Every load first, then the adds.
+#pragma unroll
+  for (int k = 0; k < kItems; ++k) {
+    const float* p = part + size_t(k) * n + i0;
+    if (k < K && vec) {
+      load_float4(p, v[k]);
+    } else {
+#pragma unroll
+      for (int q = 0; q < kDirectPerThread; ++q) v[k][q] = k < K && i0 + q < n ? p[q] : 0.0f;
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < kDirectPerThread; ++q) {
+    if (i0 + q >= n) break;
+    float total = 0.0f;
+#pragma unroll
+    for (int l = 0; l < kLanes; ++l) {
+      float s = 0.0f + v[l][q];
+      // (l + kLanes < kItems is known at compile time once unrolled.)
+      const int second = l + kLanes < kItems ? l + kLanes : 0;
+      if (second != 0 && second < K) s += v[second][q];
+      total += s;
+    }
+    finish_partial_sum(sums, e, i0 + q, total);
+  }
+}
+
+__host__ __device__ inline bool partial_sum_direct(int K) {
+  return K <= kPartialMaxLanes;
+}
+
 template <class Out>
 __global__ void __launch_bounds__(kPartialThreads)
     sum_partials_group_kernel(PartialSums<Out> sums) {
   __shared__ float lane_sums[kPartialThreads];
   const int e = int(blockIdx.y), lanes = sums.lanes[e], cols = kPartialThreads / lanes;
+  if (partial_sum_direct(sums.K[e])) {
+    switch (lanes) {
+      case 1:
+        return sum_partials_direct<1>(sums, e);
+      case 2:
+        return sum_partials_direct<2>(sums, e);
+      case 4:
+        return sum_partials_direct<4>(sums, e);
+      case 8:
+        return sum_partials_direct<8>(sums, e);
+      default:
+        return sum_partials_direct<kPartialMaxLanes>(sums, e);
+    }
+  }
   const int tx = int(threadIdx.x) % cols, ty = int(threadIdx.x) / cols;
   const float* part = sums.part[e];
-  Out* out = sums.out[e];
-  const size_t n = sums.n[e], cols_out = sums.cols[e], ld = sums.ld[e];
+  const size_t n = sums.n[e];
   const int K = sums.K[e];
   if (size_t(blockIdx.x) * cols >= n) return;  // the whole block: this sum is shorter
   const size_t i = size_t(blockIdx.x) * cols + tx;
@@ -273,10 +361,7 @@ __global__ void __launch_bounds__(kPartialThreads)
   if (ty != 0 || i >= n) return;
   float total = 0.0f;
   for (int l = 0; l < lanes; ++l) total += lane_sums[l * cols + tx];
-  const size_t o = cols_out ? i / cols_out * ld + i % cols_out : i;
-  const float* scale = sums.scale[e];
-  if (scale) total *= sums.scale_neg_exp[e] ? neg_expf_(scale[i]) : scale[i];
-  out[o] = from_f32<Out>(sums.accumulate[e] ? to_f32(out[o]) + total : total);
+  finish_partial_sum(sums, e, i, total);
 }
 
 // One sum of a group: n values from K partials into out, element i at out[i]; or, with cols,
@@ -318,7 +403,9 @@ void sum_partials_group(std::initializer_list<PartialSum<Out>> sums, int K, bool
     group.K[count] = s.K > 0 ? s.K : K;
     group.lanes[count] = partial_lanes(group.K[count]);
     group.accumulate[count] = s.accumulate < 0 ? (accumulate ? 1 : 0) : s.accumulate;
-    const size_t b = ceil_div(s.n, size_t(kPartialThreads / group.lanes[count]));
+    const size_t b = partial_sum_direct(group.K[count])
+                         ? ceil_div(s.n, size_t(kPartialThreads * kDirectPerThread))
+                         : ceil_div(s.n, size_t(kPartialThreads / group.lanes[count]));
     blocks = b > blocks ? b : blocks;
     ++count;
   }

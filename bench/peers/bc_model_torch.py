@@ -690,11 +690,17 @@ def run_bench(ref, args):
     except Exception as e:  # noqa: BLE001 - any failure means no compiled figure
         compile_error = e
 
+    # A step is one optimizer update, as ours is: under the adamw stage's `accumulate` (production:
+    # 4) that is that many forward and backward passes (of the one reference batch) first.
+    adamw = ref.stage("adamw", required=False) or {"params": {}}
+    accumulate = int(adamw["params"].get("accumulate", 1))
+
     def eager_step(zero=True):
         if zero:
             opt.zero_grad(set_to_none=True)
-        loss = forward_loss(b)
-        loss.backward()
+        for _ in range(accumulate):
+            loss = forward_loss(b)
+            (loss / accumulate if accumulate > 1 else loss).backward()
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
@@ -765,6 +771,7 @@ def run_bench(ref, args):
         "steps": args.steps,
         "warmup": args.warmup,
         "batch": B,
+        "accumulate": accumulate,
         "window": W,
         "core": {"kind": core["kind"], **core["params"]},
         "heads_hidden": ref.stage("controller_heads")["params"]["hidden"],
@@ -773,15 +780,15 @@ def run_bench(ref, args):
         "step_ms_p90": p90,
         "step_ms_min": float(np.min(times)),
         "steps_per_s": 1e3 / med,
-        "samples_per_s": B * 1e3 / med,
-        "frames_per_s": B * W * 1e3 / med,
+        "samples_per_s": B * accumulate * 1e3 / med,
+        "frames_per_s": B * accumulate * W * 1e3 / med,
         "warmup_s": warmup_s,
         "first_step_s": first_step_s,
         "first_loss": first_loss,
         "reference_loss": ref_loss,
     }
     print(f"bc_model_torch {args.mode} {args.precision} on {DEVICE}, {args.threads} threads, "
-          f"B {B} W {W}, "
+          f"B {B} W {W}" + (f" x{accumulate} batches a step" if accumulate > 1 else "") + ", "
           f"{core['kind']} {core['params']}")
     if ref_loss is not None:
         print(f"first step loss {first_loss:.8f} vs slipstream {ref_loss:.8f} (rel diff "

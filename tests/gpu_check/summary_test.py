@@ -70,7 +70,25 @@ def main(summary):
                          "ratio_to_first": 1.0},
                         {"precision": "bf16", "steps_per_s": 300.0, "samples_per_s": 76800.0,
                          "ratio_to_first": 1.2}]})
+        # Two presets' Nsight Compute profiles (ncu --csv rows, one a launch, after its log).
+        head = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+                '"Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
+                '"Metric Unit","Metric Value"\n')
+        def launch(i, kernel, ns):
+            return (f'"{i}","1","slipstream","h","{kernel}","1","13","(128, 1, 1)","(8, 1, 1)",'
+                    f'"0","9.0","Command line profiler metrics","gpu__time_duration.sum","ns",'
+                    f'"{ns:,}"\n')
+        write(d, "profile_gpu_standard.csv", "==PROF== Connected\n" + head +
+              launch(0, "scan_backward_chan_kernel", 300000) + launch(1, "rms_kernel", 100000))
+        write(d, "profile_production.csv", head + launch(0, "scan_backward_chan_kernel", 3000) +
+              launch(1, "scan_backward_chan_kernel", 1000))
         rc, out = run(summary, d)
+        expect(out, "profile, gpu_standard: 2 kernels, 0.40 ms on the device",
+               "profile, production: 2 kernels, 0.00 ms on the device")
+        if not any("scan_backward_chan_kernel" in l and "75.0%" in l for l in out.splitlines()):
+            print(out)
+            print("FAIL: gpu_standard's scan backward not 75% of its profile")
+            return 1
         expect(out, "=== gpu-check summary: full (prebuilt abc1234) build ===",
                # A compile mode cut short by its timeout: the repeat it finished, and failed.
                "torch compile 12.00 ms -> ours is 3.00x (1 of 2 repeats; goal >= 1.5x)",

@@ -221,7 +221,15 @@ void check_rmsnorm_bias(size_t M, size_t D, uint64_t seed) {
 }
 
 inline std::vector<NormShape> norm_shapes() {
-  return {{37, 40}, {300, 128, false, false}, {5, 257, true, false}, {1, 3, false, true}};
+  // The backward's register form at 4, 8 and 16 values a lane (D 40, 128; 200, 256; 257), over
+  // one and several row blocks; its two-pass form past 512 columns.
+  return {{37, 40},
+          {300, 128, false, false},
+          {5, 257, true, false},
+          {1, 3, false, true},
+          {130, 256},
+          {70, 200, false, true},
+          {9, 600}};
 }
 
 KERNEL_TEST(RmsNorm, ForwardAndBackwardMatchCpu) {
@@ -230,7 +238,10 @@ KERNEL_TEST(RmsNorm, ForwardAndBackwardMatchCpu) {
     check_rmsnorm<Kernels, Mem, float>(s, seed++);
     check_rmsnorm<Kernels, Mem, bfloat16>(s, seed++);
   }
-  if (kOnDevice) check_rmsnorm<Kernels, Mem, float>({256 * 60, 128}, seed++);  // gpu_standard
+  if (kOnDevice) {
+    check_rmsnorm<Kernels, Mem, float>({256 * 60, 128}, seed++);  // gpu_standard
+    check_rmsnorm<Kernels, Mem, float>({256 * 60, 256}, seed++);  // production
+  }
   check_rmsnorm_bias<Kernels, Mem>(300, 128, seed++);
   check_rmsnorm_bias<Kernels, Mem>(37, 70, seed++);
 }

@@ -596,6 +596,10 @@ inline std::vector<ScanShape> scan_shapes() {
       {2, 18, 70, 1, true, false, true, true},  // N = 1
       {2, 9, 150, 16},                          // two blocks of channels
       {1, 7, 70, 32, true, true, true, false},  // two blocks of channels, two threads each
+      // dB and dC summed over 16 and 10 channel blocks' partials (the sums' register form, its
+      // lanes holding one partial, or two: 10 is 8 lanes)
+      {1, 5, 500, 32},
+      {2, 3, 300, 32, true, true, false, true},
   };
 }
 

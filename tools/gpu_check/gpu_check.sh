@@ -153,7 +153,9 @@ echo "$B" >"$OUT/build_dir.txt"  # where the binaries are (tools/gpu_check/phase
 if wants tests; then
   # A skipped gpu test means the device was not usable from the test: that fails the check.
   # GPU_CHECK_CTEST_JOBS: gpu tests at a time (default 1; they share the one GPU).
-  step gpu_tests sh -c "cd $B && ctest -L gpu -j ${GPU_CHECK_CTEST_JOBS:-1} --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
+  # GPU_CHECK_TEST_FILTER: a regex of the gpu tests to run (ctest -R; default all), for a call
+  # that checks a few kernels' changes and leaves its minutes to timing them.
+  step gpu_tests sh -c "cd $B && ctest -L gpu ${GPU_CHECK_TEST_FILTER:+-R '$GPU_CHECK_TEST_FILTER'} -j ${GPU_CHECK_CTEST_JOBS:-1} --output-on-failure --timeout 300 >ctest-gpu.txt 2>&1;
     rc=\$?; cat ctest-gpu.txt; if grep -q '(Skipped)' ctest-gpu.txt; then echo 'gpu tests SKIPPED'; exit 1; fi; exit \$rc"
   # The policy library on the GPU against the CPU (label integration: these pick the GPU when
   # there is one): distributions and sampled controllers, the draws made by policy_choose.
@@ -267,9 +269,25 @@ if [[ "$MODE" == full* ]]; then
   # partials (stages/melee/melee_cuda.inc, SLIPSTREAM_EMBED_BACKWARD=partials; the counting sort is
   # the default since then, entry embed_sorted); scan_shared_sums, scan_whole_chunks,
   # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD).
-  # GPU_CHECK_AB names which (default scan_shared_whole_chunks).
+  # GPU_CHECK_AB names which (default scan_shared_whole_chunks). Entry `build`: this bundle
+  # against an earlier build's bench_e2e (GPU_CHECK_AB_BASE: the file, or an .xz of it; `make
+  # gpu-ab-base` packs build-gpu's before the bundle is remade), for a change with no switch.
   if wants ab; then
     for ab in ${GPU_CHECK_AB:-scan_shared_whole_chunks}; do
+      if [ "$ab" = build ]; then
+        base=$OUT/ab_build_base
+        mkdir -p "$base"
+        case ${GPU_CHECK_AB_BASE:-} in
+          *.xz) xz -dc "$GPU_CHECK_AB_BASE" >"$base/bench_e2e" ;;
+          "") echo "gpu_check: GPU_CHECK_AB entry 'build' needs GPU_CHECK_AB_BASE"; continue ;;
+          *) cp "$GPU_CHECK_AB_BASE" "$base/bench_e2e" ;;
+        esac
+        chmod +x "$base/bench_e2e"
+        step ab_build env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" \
+          AB_PRECISIONS="${GPU_CHECK_AB_PRECISIONS:-fp32 bf16}" \
+          bash tools/gpu_check/ab_step.sh "$base" "$B/bin" "$OUT/ab_build"
+        continue
+      fi
       case $ab in
         scan_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=1 ;;   # the default since 2026-11-28
         scan_no_states) switch=SLIPSTREAM_SCAN_FORWARD_STATES=0 ;;
@@ -284,7 +302,8 @@ if [[ "$MODE" == full* ]]; then
       mkdir -p "$cand"
       printf '#!/bin/sh\n%s exec %s/bench_e2e "$@"\n' "$switch" "$B/bin" >"$cand/bench_e2e"
       chmod +x "$cand/bench_e2e"
-      step ab_$ab env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" AB_PRECISIONS="fp32 bf16" \
+      step ab_$ab env AB_REPEATS="${GPU_CHECK_AB_REPEATS:-2}" \
+        AB_PRECISIONS="${GPU_CHECK_AB_PRECISIONS:-fp32 bf16}" \
         bash tools/gpu_check/ab_step.sh "$B/bin" "$cand" "$OUT/ab_$ab"
     done
   fi
@@ -330,11 +349,33 @@ if [[ "$MODE" == full* ]]; then
   done
 fi
 # Where the device's time goes: every kernel's duration (Nsight Compute, one metric) over about
-# ten steps of gpu_standard past its start, summed per kernel by the summary.
+# ten steps of each preset GPU_CHECK_PROFILE_PRESETS names (default gpu_standard) past its
+# start, summed per kernel by the summary.
 if [[ "$MODE" == full* ]] && wants profile && command -v ncu >/dev/null; then
-  step profile_gpu_standard ncu --csv --log-file "$OUT/profile_gpu_standard.csv" \
-    --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 --launch-count 2000 \
-    $B/bin/slipstream run --preset gpu_standard --set run.steps=200 --set run.log_every=50
-  expect_file profile_gpu_standard "$OUT/profile_gpu_standard.csv"
+  for preset in ${GPU_CHECK_PROFILE_PRESETS:-gpu_standard}; do
+    step profile_$preset ncu --csv --log-file "$OUT/profile_$preset.csv" \
+      --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 \
+      --launch-count 2000 $B/bin/slipstream run --preset $preset --set run.steps=200 \
+      --set run.log_every=50
+    expect_file profile_$preset "$OUT/profile_$preset.csv"
+  done
+  # GPU_CHECK_PROFILE_KERNELS: kernels (name regexes) to profile in full (Nsight Compute's `full`
+  # set: occupancy, stall reasons, throughput) at one launch each in production's step past its
+  # start, into ncu_<name>.csv.
+  for k in ${GPU_CHECK_PROFILE_KERNELS:-}; do
+    step ncu_$k ncu --csv --page details --set full --kernel-name "regex:$k" --launch-skip 20 \
+      --launch-count 1 --log-file "$OUT/ncu_$k.csv" $B/bin/slipstream run --preset production \
+      --set run.steps=12 --set run.log_every=50
+    expect_file ncu_$k "$OUT/ncu_$k.csv"
+  done
+  # GPU_CHECK_PROFILE_INFER=1: the policy's one-game frame on the device, each of its kernels'
+  # durations over 10 frames past 500 launches (bench_infer's games:1 call).
+  if [ "${GPU_CHECK_PROFILE_INFER:-0}" = 1 ]; then
+    step profile_infer env SLIPSTREAM_BENCH_DEVICE=cuda ncu --csv --log-file \
+      "$OUT/profile_infer.csv" --clock-control none --metrics gpu__time_duration.sum \
+      --launch-skip 500 --launch-count 200 $B/bin/bench_infer \
+      --benchmark_filter='PolicyStepBatchOnDevice/games:1/' --benchmark_min_time=0.05
+    expect_file profile_infer "$OUT/profile_infer.csv"
+  fi
 fi
 python3 tools/gpu_check/summary.py "$OUT"

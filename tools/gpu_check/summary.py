@@ -38,10 +38,17 @@ def side_by_side_results(out):
             yield r
 
 
-def print_profile(out, top=15):
-    """The kernels of the profiled gpu_standard steps by total device time (ncu's CSV rows, one
-    per launch), with launches and the share of the profiled time."""
-    path = os.path.join(out, "profile_gpu_standard.csv")
+def print_profiles(out):
+    """Each preset's profile (profile_<preset>.csv) that the profile group wrote."""
+    for fname in sorted(os.listdir(out)):
+        if fname.startswith("profile_") and fname.endswith(".csv"):
+            print_profile(out, fname[len("profile_"):-len(".csv")])
+
+
+def print_profile(out, preset, top=15):
+    """The kernels of a preset's profiled steps by total device time (ncu's CSV rows, one per
+    launch), with launches and the share of the profiled time."""
+    path = os.path.join(out, f"profile_{preset}.csv")
     if not os.path.exists(path):
         return
     scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
@@ -49,7 +56,7 @@ def print_profile(out, top=15):
         lines = f.read().splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
     if start is None:
-        print("\n  profile: no kernel rows in profile_gpu_standard.csv")
+        print(f"\n  profile: no kernel rows in profile_{preset}.csv")
         return
     totals = {}
     for row in csv.DictReader(lines[start:]):
@@ -61,7 +68,7 @@ def print_profile(out, top=15):
         totals[name] = (t + us, n + 1)
     whole = sum(t for t, _ in totals.values())
     launches = sum(n for _, n in totals.values())
-    print(f"\n  profile, gpu_standard: {launches} kernels, {whole / 1000:.2f} ms on the device")
+    print(f"\n  profile, {preset}: {launches} kernels, {whole / 1000:.2f} ms on the device")
     print("  kernel                                                        launches   total ms  share")
     for name, (t, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
         short = name if len(name) <= 60 else name[:57] + "..."
@@ -240,7 +247,7 @@ def main(out):
             if up and name != "torch eager":
                 print(f"    {name}'s first step (its compile, or torch's caches): "
                       + ", ".join(f"{u:.1f} s" for u in up))
-    print_profile(out)
+    print_profiles(out)
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +
           (f": {', '.join(failed)}" if failed else ""))
