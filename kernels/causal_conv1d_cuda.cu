@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(kThreads)
                         __nv_bfloat16* y_bf, int B, int L, int C, int K, bool silu, int xld,
                         DT* last) {
   // A thread a channel (blockIdx.x's), rows (b, t) from blockIdx.y on: no 64-bit division per
-  // element (a flat index's i % C, i / C % L took 76 µs a launch at production on an H200, most
-  // of it the divisions' instructions).
+  // element (with a flat index's i % C, i / C % L a launch took 76 µs at production on an H200,
+  // 62 µs without them).
   const int c = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
   const int rows = B * L;
