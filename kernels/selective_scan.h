@@ -122,6 +122,17 @@ static size_t selective_scan_chunk_states_bytes(int B, int L, int D, int N);
 // in the environment turns it off for a process (tools/gpu_check/ab_step.sh's A/B).
 static void set_scan_forward_keeps_states(bool on);
 static bool scan_forward_keeps_states();
+// The training forward's lean form, for a lease to time (off by default; Nsight Compute counted
+// 23 instructions a state-step in production's forward on an H200, issue slots 48 % busy): the
+// chunk states stored from a running offset at a countdown of save_every steps (no division a
+// step, one multiply-add an address where the default forms a 64-bit product chain a state: the
+// same bits), and y, the sum over a thread's states, as four running sums added pairwise (a
+// dependent chain of kNS / 4 fused multiply-adds instead of kNS: other bits for out, the same
+// every run). The forward that makes Δ itself (inference) keeps its one form.
+// SLIPSTREAM_SCAN_FORWARD=lean in the environment turns it on for a process (gpu-check's `ab`
+// entry scan_forward_lean); another name is the first scan call's error.
+static void set_scan_forward_lean(bool on);
+static bool scan_forward_lean();
 
 // The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a

@@ -259,7 +259,8 @@ constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 // dt_w (ScanArgs::dt_w) instead of read, the block's rows of dt staged beside Bm's and its
 // channels' dt_w once, in shared memory (a separate instantiation: the other keeps its
 // shared memory and registers).
-template <class DT, int kNS, int kG, bool kProj = false>
+// kLean: Kernels::scan_forward_lean's form (chunk states from a running offset, y as four sums).
+template <class DT, int kNS, int kG, bool kProj = false, bool kLean = false>
 __global__ void __launch_bounds__(kChanThreads, 4)
     scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, __nv_bfloat16* out_bf, float* last_state,
                              float* chunks, int save_every) {
@@ -276,6 +277,10 @@ __global__ void __launch_bounds__(kChanThreads, 4)
     }  // read after the window loop's first __syncthreads
   }
   const int nchunk = chunks ? (a.L + save_every - 1) / save_every : 0;
+  // kLean: the next chunk start's place in `chunks` (this thread's first state) and the steps
+  // until it.
+  size_t chunk_at = chunks ? ((size_t(q.b) * nchunk) * a.N + size_t(q.s) * kNS) * a.D + q.d : 0;
+  int until_chunk = 0;
   float h[kNS];
   q.initial(a, h);
   for (int t0 = 0; t0 < a.L; t0 += kStage) {
@@ -311,21 +316,39 @@ __global__ void __launch_bounds__(kChanThreads, 4)
       for (int j = 0; j < kPrefetch; ++j) {
         if (g0 + j >= tn) break;  // block-uniform
         const int t = t0 + g0 + j;
-        if (chunks && t % save_every == 0 && q.dok)
+        if constexpr (kLean) {
+          if (chunks) {
+            if (until_chunk == 0) {
+              if (q.dok)
+#pragma unroll
+                for (int k = 0; k < kNS; ++k)
+                  if (q.s * kNS + k < a.N) chunks[chunk_at + size_t(k) * a.D] = h[k];
+              chunk_at += size_t(a.N) * a.D;
+              until_chunk = save_every;
+            }
+            --until_chunk;
+          }
+        } else if (chunks && t % save_every == 0 && q.dok) {
 #pragma unroll
           for (int k = 0; k < kNS; ++k) {
             const int n = q.s * kNS + k;
             if (n < a.N)
               chunks[((size_t(q.b) * nchunk + t / save_every) * a.N + n) * a.D + q.d] = h[k];
           }
+        }
         const float dtu = in[j].dt * in[j].u;
-        float y = 0.f;
+        constexpr int kSums = kLean && kNS >= 4 ? 4 : 1;
+        float ys[kSums];
+#pragma unroll
+        for (int k = 0; k < kSums; ++k) ys[k] = 0.f;
 #pragma unroll
         for (int k = 0; k < kNS; ++k) {
           const int n = q.s * kNS + k;
           h[k] = next_state(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][n]);
-          y += sC[g0 + j][n] * h[k];
+          ys[k % kSums] += sC[g0 + j][n] * h[k];
         }
+        float y = ys[0];
+        if constexpr (kSums == 4) y = (ys[0] + ys[1]) + (ys[2] + ys[3]);
         y = group_sum<kG>(y) + q.Dd * in[j].u;
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
         if (q.dok && q.s == 0) {
@@ -848,7 +871,9 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
   with_chan(N, op, false, [&](auto ns, auto g, auto) {
     constexpr int kNS = decltype(ns)::value, kG = decltype(g)::value;
     const auto kernel = dt_w ? &scan_forward_chan_kernel<dev_t<T>, kNS, kG, true>
-                             : &scan_forward_chan_kernel<dev_t<T>, kNS, kG>;
+                        : scan_forward_lean()
+                            ? &scan_forward_chan_kernel<dev_t<T>, kNS, kG, false, true>
+                            : &scan_forward_chan_kernel<dev_t<T>, kNS, kG>;
     SLIPSTREAM_LAUNCH_AS("scan_forward_chan_kernel", kernel,
                          dim3(unsigned(chan_tiles(D, shape)), unsigned(B)), dim3(kChanThreads),
                          stream, a, dev(out), dev(out_bf), last_state, chunk_states, save_every);
@@ -870,7 +895,28 @@ bool keeps_states_from_environment() {
   return !(e && std::string(e) == "0");
 }
 bool g_forward_keeps_states = keeps_states_from_environment();
+
+// SLIPSTREAM_SCAN_FORWARD's form: lean, or the default (unset, empty or `default`). Throws for a
+// name that is none (a function-local static left unset by a throw is tried again next call).
+bool lean_from_environment() {
+  const char* e = std::getenv("SLIPSTREAM_SCAN_FORWARD");
+  if (!e || !*e || std::string(e) == "default") return false;
+  if (std::string(e) == "lean") return true;
+  throw std::invalid_argument(std::string("SLIPSTREAM_SCAN_FORWARD=") + e +
+                              " names no form of the scan's forward (default, lean)");
+}
+bool& forward_lean_slot() {
+  static bool lean = lean_from_environment();
+  return lean;
+}
 }  // namespace
+
+void Kernels::set_scan_forward_lean(bool on) {
+  forward_lean_slot() = on;
+}
+bool Kernels::scan_forward_lean() {
+  return forward_lean_slot();
+}
 
 void Kernels::set_scan_forward_keeps_states(bool on) {
   g_forward_keeps_states = on;

@@ -101,8 +101,9 @@ void time_launches(benchmark::State& st, cudaStream_t s, double bytes, F&& launc
 }
 
 // forward, backward alone, or the pair a training step runs: the backward finding its chunk
-// states itself (pair) or reading the ones the forward kept (pair_kept_states).
-enum class ScanTimed { forward, backward, pair, pair_kept_states };
+// states itself (pair) or reading the ones the forward kept (pair_kept_states);
+// forward_kept_states: the forward alone writing them, as a training step's does.
+enum class ScanTimed { forward, backward, pair, pair_kept_states, forward_kept_states };
 template <class T>
 void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   const size_t bld = size_t(sh.B) * sh.L * sh.D, bln = size_t(sh.B) * sh.L * sh.N;
@@ -121,7 +122,7 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   float* db = m.random<float>(sh.D, 0, 0);
   void* ws = m.alloc<char>(
       sk::CudaKernels::selective_scan_backward_workspace_bytes(sh.B, sh.L, sh.D, sh.N));
-  float* states = what == ScanTimed::pair_kept_states
+  float* states = what == ScanTimed::pair_kept_states || what == ScanTimed::forward_kept_states
                       ? m.alloc<float>(sk::CudaKernels::selective_scan_chunk_states_bytes(
                                            sh.B, sh.L, sh.D, sh.N) /
                                        sizeof(float))
@@ -140,7 +141,7 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
         dD, dz, db, nullptr, nullptr, ws, sh.B, sh.L, sh.D, sh.N, s, 0, true);
   };
   const double fwd_bytes = (4 * bld + 2 * bln) * e, bwd_bytes = (7 * bld + 4 * bln) * e;
-  if (what == ScanTimed::forward) {
+  if (what == ScanTimed::forward || what == ScanTimed::forward_kept_states) {
     time_launches(st, s, fwd_bytes, forward);
   } else if (what == ScanTimed::backward) {
     time_launches(st, s, bwd_bytes, backward);
@@ -476,6 +477,22 @@ int main(int argc, char** argv) {
                 scan<float>(st, sh, timed);
             });
       }
+    // A training step's forward (keeping the chunk states) in its default form and its lean
+    // form (kernels/selective_scan.h, set_scan_forward_lean: not the default until these
+    // compare on a GPU).
+    for (bool lean : {false, true})
+      for (bool bf16 : {false, true})
+        add(std::string(lean ? "scan_forward_lean/" : "scan_forward_kept_states/") +
+                (bf16 ? "bf16/" : "fp32/") + p,
+            [=](benchmark::State& st) {
+              const bool was = sk::CudaKernels::scan_forward_lean();
+              sk::CudaKernels::set_scan_forward_lean(lean);
+              if (bf16)
+                scan<sk::bfloat16>(st, sh, ScanTimed::forward_kept_states);
+              else
+                scan<float>(st, sh, ScanTimed::forward_kept_states);
+              sk::CudaKernels::set_scan_forward_lean(was);
+            });
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });
     // The embedding's table gradients: the default form against the sorted one (melee_cuda.inc).
     using EV = melee::cuda::Kernels::EmbedBackwardVariant;

@@ -704,6 +704,34 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
     expect_same_gradients(own, kept, "");
   }
 }
+// The forward's lean form (kernels/selective_scan.h, Kernels::set_scan_forward_lean): out against
+// the CPU at every shape in both precisions and from initial states (other bits than the
+// default's: y as four sums), and the chunk states it keeps those of the default, bit for bit: a
+// backward from them gives the gradients of a backward finding its own.
+KERNEL_TEST(Scan, ForwardLeanVariantMatchesCpu) {
+  struct Lean {  // on for the test, put back however it ends
+    bool was = Kernels::scan_forward_lean();
+    Lean() { Kernels::set_scan_forward_lean(true); }
+    ~Lean() { Kernels::set_scan_forward_lean(was); }
+  } lean;
+  uint64_t seed = 131;
+  for (const auto& s : scan_shapes()) {
+    check_scan_forward<Kernels, Mem, float>(s, seed++);
+    check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
+  }
+  for (const auto& s : initial_state_shapes()) check_scan_forward<Kernels, Mem, float>(s, seed++);
+  std::vector<ScanShape> shapes = {
+      {2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}, {1, 5, 500, 32}};
+  for (const auto& s : initial_state_shapes()) shapes.push_back(s);
+  for (const auto& s : shapes) {
+    SCOPED_TRACE(describe(s));
+    const ScanData<float> d(s, seed++);
+    const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
+    const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
+    const auto kept = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, true);
+    expect_same_gradients(own, kept, " (the lean forward's states)");
+  }
+}
 // The shapes of the wide-row checks: the three backward shapes (d_state 12, 16, 32).
 inline std::vector<ScanShape> wide_row_shapes() {
   return {{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}};

@@ -268,7 +268,8 @@ if [[ "$MODE" == full* ]]; then
   # an H100 timed it, entry scan_states); embed_partials: the embedding's table gradients by dense
   # partials (stages/melee/melee_cuda.inc, SLIPSTREAM_EMBED_BACKWARD=partials; the counting sort is
   # the default since then, entry embed_sorted); scan_shared_sums, scan_whole_chunks,
-  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD).
+  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD);
+  # scan_forward_lean: the training forward's lean form (SLIPSTREAM_SCAN_FORWARD=lean).
   # GPU_CHECK_AB names which (default scan_shared_whole_chunks). Entry `build`: this bundle
   # against an earlier build's bench_e2e (GPU_CHECK_AB_BASE: the file, or an .xz of it; `make
   # gpu-ab-base` packs build-gpu's before the bundle is remade), for a change with no switch.
@@ -296,6 +297,7 @@ if [[ "$MODE" == full* ]]; then
         scan_shared_sums) switch=SLIPSTREAM_SCAN_BACKWARD=shared_sums ;;
         scan_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=whole_chunks ;;
         scan_shared_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=shared_whole_chunks ;;
+        scan_forward_lean) switch=SLIPSTREAM_SCAN_FORWARD=lean ;;
         *) echo "gpu_check: unknown GPU_CHECK_AB entry '$ab'"; continue ;;
       esac
       cand=$OUT/ab_${ab}_bin

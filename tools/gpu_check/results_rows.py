@@ -40,6 +40,7 @@ VARIANTS = [
     (re.compile(r"^scan_backward_(registers|whole_chunks|split|split_branches|exact_exp|shared_sums|shared_whole_chunks)/(.*)$"),
      r"scan_backward/\2"),
     (re.compile(r"^scan_fwd_bwd_kept_states/(.*)$"), r"scan_fwd_bwd/\1"),
+    (re.compile(r"^scan_forward_lean/(.*)$"), r"scan_forward_kept_states/\1"),
     (re.compile(r"^embed_backward_sorted/(.*)$"), r"embed_backward_partials/\1"),
 ]
 

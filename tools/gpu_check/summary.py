@@ -191,6 +191,9 @@ def main(out):
         for shape in ("gpu_standard", "production"):
             compare(f"scan fwd+bwd, {shape} {dt}", "pair", f"scan_fwd_bwd/{dt}/{shape}",
                     "kept states", f"scan_fwd_bwd_kept_states/{dt}/{shape}")
+            compare(f"scan forward keeping its states, {shape} {dt}", "default",
+                    f"scan_forward_kept_states/{dt}/{shape}", "lean",
+                    f"scan_forward_lean/{dt}/{shape}")
         for shape in ("gpu_standard", "production"):
             for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp",
                           "shared_sums", "shared_whole_chunks"):
