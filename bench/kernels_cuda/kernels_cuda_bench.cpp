@@ -154,6 +154,14 @@ void scan(benchmark::State& st, const Shape& sh, ScanTimed what) {
   cudaStreamDestroy(s);
 }
 
+// scan<T> in fp32 or bf16.
+void scan_in(benchmark::State& st, const Shape& sh, ScanTimed what, bool bf16) {
+  if (bf16)
+    scan<sk::bfloat16>(st, sh, what);
+  else
+    scan<float>(st, sh, what);
+}
+
 // One frame of inference for the whole batch: the state is read and written once.
 void scan_step(benchmark::State& st, const Shape& sh) {
   const size_t bd = size_t(sh.B) * sh.D, bn = size_t(sh.B) * sh.N;
@@ -446,10 +454,7 @@ int main(int argc, char** argv) {
                 [=](benchmark::State& st) {
                   const auto was = sk::CudaKernels::scan_backward_variant();
                   sk::CudaKernels::set_scan_backward_variant(variant);
-                  if (bf16)
-                    scan<sk::bfloat16>(st, sh, ScanTimed::backward);
-                  else
-                    scan<float>(st, sh, ScanTimed::backward);
+                  scan_in(st, sh, ScanTimed::backward, bf16);
                   sk::CudaKernels::set_scan_backward_variant(was);
                 });
       add("scan_" + dir + "/bf16/" + p,
@@ -470,12 +475,7 @@ int main(int argc, char** argv) {
         const ScanTimed timed = kept ? ScanTimed::pair_kept_states : ScanTimed::pair;
         add(std::string(kept ? "scan_fwd_bwd_kept_states/" : "scan_fwd_bwd/") +
                 (bf16 ? "bf16/" : "fp32/") + p,
-            [=](benchmark::State& st) {
-              if (bf16)
-                scan<sk::bfloat16>(st, sh, timed);
-              else
-                scan<float>(st, sh, timed);
-            });
+            [=](benchmark::State& st) { scan_in(st, sh, timed, bf16); });
       }
     // A training step's forward (keeping the chunk states) in its default form and its lean
     // form (kernels/selective_scan.h, set_scan_forward_lean: not the default until these
@@ -487,10 +487,7 @@ int main(int argc, char** argv) {
             [=](benchmark::State& st) {
               const bool was = sk::CudaKernels::scan_forward_lean();
               sk::CudaKernels::set_scan_forward_lean(lean);
-              if (bf16)
-                scan<sk::bfloat16>(st, sh, ScanTimed::forward_kept_states);
-              else
-                scan<float>(st, sh, ScanTimed::forward_kept_states);
+              scan_in(st, sh, ScanTimed::forward_kept_states, bf16);
               sk::CudaKernels::set_scan_forward_lean(was);
             });
     add("scan_step/fp32/" + p, [=](benchmark::State& st) { scan_step(st, sh); });

@@ -689,11 +689,14 @@ KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {
   check_scan_backward<Kernels, Mem, float>({2, 21, 45, 12}, seed++, true);
   Kernels::set_scan_backward_variant(was);
 }
-// The forward's states are the ones the backward's own first pass finds, bit for bit (the same
-// recurrence, the same operations): the switch changes the time a step takes, not its results.
-KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
-  uint64_t seed = 91;
-  std::vector<ScanShape> shapes = {{2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}};
+// At the three backward shapes, `more` and the initial-state shapes: the backward from the chunk
+// states the forward kept gives the gradients of a backward finding its own, bit for bit.
+template <class Kernels, class Mem>
+void expect_kept_states_give_the_same_gradients(std::vector<ScanShape> shapes, uint64_t seed,
+                                                const std::string& what) {
+  for (const ScanShape& s :
+       {ScanShape{2, 21, 45, 12}, ScanShape{3, 9, 70, 16}, ScanShape{2, 13, 20, 32}})
+    shapes.push_back(s);
   for (const auto& s : initial_state_shapes()) shapes.push_back(s);
   for (const auto& s : shapes) {
     SCOPED_TRACE(describe(s));
@@ -701,8 +704,13 @@ KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
     const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
     const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
     const auto kept = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, true);
-    expect_same_gradients(own, kept, "");
+    expect_same_gradients(own, kept, what);
   }
+}
+// The forward's states are the ones the backward's own first pass finds, bit for bit (the same
+// recurrence, the same operations): the switch changes the time a step takes, not its results.
+KERNEL_TEST(Scan, ForwardStatesGiveTheSameGradients) {
+  expect_kept_states_give_the_same_gradients<Kernels, Mem>({}, 91, "");
 }
 // The forward's lean form (kernels/selective_scan.h, Kernels::set_scan_forward_lean): out against
 // the CPU at every shape in both precisions and from initial states (other bits than the
@@ -720,17 +728,8 @@ KERNEL_TEST(Scan, ForwardLeanVariantMatchesCpu) {
     check_scan_forward<Kernels, Mem, bfloat16>(s, seed++);
   }
   for (const auto& s : initial_state_shapes()) check_scan_forward<Kernels, Mem, float>(s, seed++);
-  std::vector<ScanShape> shapes = {
-      {2, 21, 45, 12}, {3, 9, 70, 16}, {2, 13, 20, 32}, {1, 5, 500, 32}};
-  for (const auto& s : initial_state_shapes()) shapes.push_back(s);
-  for (const auto& s : shapes) {
-    SCOPED_TRACE(describe(s));
-    const ScanData<float> d(s, seed++);
-    const std::vector<double> dA0(size_t(s.D) * s.N), dD0(size_t(s.D)), db0(size_t(s.D));
-    const auto own = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, false);
-    const auto kept = device_scan_backward<Kernels, Mem, float>(s, d, dA0, dD0, db0, true);
-    expect_same_gradients(own, kept, " (the lean forward's states)");
-  }
+  expect_kept_states_give_the_same_gradients<Kernels, Mem>({{1, 5, 500, 32}}, seed,
+                                                           " (the lean forward's states)");
 }
 // The shapes of the wide-row checks: the three backward shapes (d_state 12, 16, 32).
 inline std::vector<ScanShape> wide_row_shapes() {
