@@ -138,6 +138,14 @@ __device__ __forceinline__ void load_float4(const float* p, float* v) {
 #endif
 }
 
+// a / b in 32-bit arithmetic where both fit (a 64-bit division is a software routine of
+// several dozen instructions on the GPU, a 32-bit one about twenty), else in 64 bits: the same
+// quotient either way.
+__device__ __forceinline__ size_t quotient(size_t a, size_t b) {
+  if ((a | b) >> 32 == 0) return size_t(uint32_t(a) / uint32_t(b));
+  return a / b;
+}
+
 // 2^x as the SFU's ex2.approx.ftz gives it: exp2f's own bits wherever 2^x is a normal float
 // (exp2f wraps the same MUFU.EX2 in a compare and two predicated multiplies, sm_90 SASS, to make
 // denormal results), 0 below 2^-126 instead of a denormal. The scan's decays exp(dt A) take it:
