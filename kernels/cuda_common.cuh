@@ -323,9 +323,8 @@ __device__ __forceinline__ void sum_partials_direct(const PartialSums<Out>& sums
 #pragma unroll
     for (int l = 0; l < kLanes; ++l) {
       float s = 0.0f + v[l][q];
-      // (l + kLanes < kItems is known at compile time once unrolled.)
-      const int second = l + kLanes < kItems ? l + kLanes : 0;
-      if (second != 0 && second < K) s += v[second][q];
+      // Lane l's second partial, where there is one (the index is known once unrolled).
+      if (l + kLanes < kItems && l + kLanes < K) s += v[(l + kLanes) % kItems][q];
       total += s;
     }
     finish_partial_sum(sums, e, i0 + q, total);

@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       const size_t j = size_t(lane) + 32 * c;
       if (j >= D) continue;
       dw[c] += g[c] * x[c] * r;
-      const DT dv = from_f32<DT>(r * wv[c] * g[c] - x[c] * cc + (dsum ? add[c] : 0.f));
+      const DT dv = from_f32<DT>(r * wv[c] * g[c] - x[c] * cc + add[c]);  // add: 0 without dsum
       ds[o + j] = dv;
       if (ds_bf) ds_bf[o + j] = from_f32<__nv_bfloat16>(to_f32(dv));  // as fp32_to_bf16 of ds
     }

@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kChanThreads, 4)
           }
         }
         const float dtu = in[j].dt * in[j].u;
-        constexpr int kSums = kLean && kNS >= 4 ? 4 : 1;
+        constexpr int kSums = kLean ? 4 : 1;
         float ys[kSums];
 #pragma unroll
         for (int k = 0; k < kSums; ++k) ys[k] = 0.f;
