@@ -161,6 +161,15 @@ static bool scan_forward_lean();
 // other bits (another order of the same sums), still the same every run; not yet timed on a GPU.
 // shared_whole_chunks: shared_sums with whole_chunks' unbranched whole chunks (without its kept
 // exps), at 128 registers: no spill at d_state 16, 8-24 bytes at 32 (ptxas 13, sm_90).
+// spread_steps: split with each step's channel work (its loads of u, Δ, dout and z, softplus, the
+// gate and their derivatives, du, dΔ and dz with their stores) done once, by one of the
+// channel's threads (thread s does a chunk's steps s, s + kG, ...), where the default has each of
+// the channel's 2 or 4 threads do every step's; the others take a step's dt, u and dy by
+// shuffles, and dΔ's sum over the steps keeps the default's order. The same values computed the
+// same way: the default's gradients bit for bit (a test holds that). Its chunk loop is 1,376
+// sm_90 instructions against the default's 2,054 at d_state 32 (bf16; fp32 1,367 against 2,014)
+// and 1,637 against 2,077 at 16 (fp32 1,620 against 2,037), at 128 registers, no spill (ptxas 13):
+// not yet timed on a GPU.
 // SLIPSTREAM_SCAN_BACKWARD=<name> in the environment picks the form for a process (a whole-step
 // A/B of one build, tools/gpu_check/ab_step.sh); a name that is none is the error of the first
 // scan call. Set it before sizing a workspace (and keep it from a forward that keeps chunk states
@@ -172,7 +181,8 @@ enum class ScanBackwardVariant {
   split_branches,
   exact_exp,
   shared_sums,
-  shared_whole_chunks
+  shared_whole_chunks,
+  spread_steps
 };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();

@@ -395,6 +395,34 @@ struct ScanGrads {
   __nv_bfloat16* dz_bf;
 };
 
+// One step's channel gradients from its sums over the channel's states (sus = Σ g B, gsa = Σ da
+// A log2 e), its inputs and its dz (dzv): returns dΔ (before the bias's sum); where `store`,
+// writes du, dΔ and dz (and their bf16 copies) at the step's row (b L + t) and channel d. Both
+// of the backward's ways of sharing the channel work (every thread every step, or a thread its
+// steps) call it, so they compute the same values the same way.
+template <class DT>
+__device__ __forceinline__ float finish_step(const ScanArgs<DT>& a, const ScanGrads& w, DT* du,
+                                             DT* ddelta, DT* dz, bool store, size_t row, int d,
+                                             float Dd, float sus, float gsa, const ChanIn& x,
+                                             float dy, float dzv) {
+  const float ddt = gsa * kLn2 + sus * x.u;
+  const float dd = a.softplus ? ddt * softplus_gradf_(x.raw) : ddt;
+  if (store) {
+    const size_t i = row * size_t(a.D) + d;
+    du[i] = from_f32<DT>(sus * x.dt + dy * Dd);
+    const DT ddv = from_f32<DT>(dd);
+    ddelta[i] = ddv;
+    if (w.ddelta_bf) w.ddelta_bf[i] = from_f32<__nv_bfloat16>(to_f32(ddv));
+    if (a.z) {  // dz, its copy, or both (dz null where only the copy is read)
+      const DT dzd = from_f32<DT>(dzv);
+      const size_t iz = row * size_t(a.zld) + d;
+      if (dz) dz[iz] = dzd;
+      if (w.dz_bf) w.dz_bf[iz] = from_f32<__nv_bfloat16>(to_f32(dzd));
+    }
+  }
+  return dd;
+}
+
 // Pass 1 runs the recurrence and keeps h at the start of every kT-step chunk, the first chunk's
 // too (pass 2 then reads every chunk's start the same way, which at d_state 16 keeps the kernel
 // at 127-128 registers, 4 blocks an SM, where a separate initial-state branch took 139 and 3); when
@@ -416,8 +444,13 @@ struct ScanGrads {
 // kSharedWhole (ScanBackwardVariant::shared_whole_chunks): kShared with whole_chunks' unbranched
 // whole chunks, without its kept exps, at the split shapes' 128 registers (ptxas 13, sm_90: no
 // spill at d_state 16, 8-24 bytes at 32).
+// kSpread (ScanBackwardVariant::spread_steps): a chunk's steps shared out among the channel's kG
+// threads for their channel work (loads, softplus, the gate, du, dΔ, dz): thread s loads steps s,
+// s + kG, ..., the others take their dt, u and dy by shuffles, and after the chunk each thread
+// finishes its own steps' gradients (finish_step) from the sums it kept. A warp then issues that
+// work once a chunk (kG = 4) or twice (kG = 2) instead of once a step.
 template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true,
-          bool kShared = false, bool kSharedWhole = false>
+          bool kShared = false, bool kSharedWhole = false, bool kSpread = false>
 __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1 ? 4 : 0))
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
@@ -426,6 +459,8 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
   static_assert(!kShared || (kNS == 8 && kG > 1), "shared_sums is a form of the split shapes");
   static_assert(!kSharedWhole || kShared, "shared_whole_chunks is a form of shared_sums");
   static_assert(kChanPerBlock<kG> % 4 == 0, "shared_sums sums four channels at a time");
+  static_assert(!kSpread || (kNS == 8 && kG > 1 && kT % kG == 0 && !kWhole && !kShared),
+                "spread_steps is a form of the split shapes, a chunk's steps shared out evenly");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   constexpr int kW = kShared ? 1 : kChanWarps, kS = kShared ? 1 : kStage;
   __shared__ float rB[kW][kS][kMaxPad], rC[kW][kS][kMaxPad];
@@ -485,9 +520,11 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
     __syncthreads();
     for (int jc = (wn - 1) / kT * kT; jc >= 0; jc -= kT) {  // the chunk's first step in the window
       const int t0 = w0 + jc, c = t0 / kT, tn = wn - jc < kT ? wn - jc : kT;
-      // Everything the chunk reads from memory, issued at once.
-      ChanIn in[kT];
-      float go[kT], zz[kT];
+      // Everything the chunk reads from memory, issued at once: every step's channel inputs, or
+      // with kSpread this thread's steps' (slot m: step s + kG m), the others' then shuffled in.
+      constexpr int kOwn = kSpread ? kT / kG : kT;
+      ChanIn in[kOwn];
+      float go[kOwn], zz[kOwn];
       float hs[kT + 1][kNS];  // hs[j] = h before step t0 + j
 #pragma unroll
       for (int k = 0; k < kNS; ++k) {
@@ -495,12 +532,32 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
         hs[0][k] = (q.dok && n < N) ? starts[state_at(c, n)] : 0.f;
       }
 #pragma unroll
-      for (int j = 0; j < kT; ++j) {
+      for (int m = 0; m < kOwn; ++m) {
+        const int j = kSpread ? q.s + kG * m : m;
         const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
         const bool ok = q.dok && j < tn;
-        in[j] = load_chan(a, ok, i, q.bias);
-        go[j] = ok ? to_f32(dout[i]) : 0.f;
-        zz[j] = (ok && a.z) ? to_f32(a.z[(size_t(q.b) * L + t0 + j) * a.zld + q.d]) : 0.f;
+        in[m] = load_chan(a, ok, i, q.bias);
+        go[m] = ok ? to_f32(dout[i]) : 0.f;
+        zz[m] = (ok && a.z) ? to_f32(a.z[(size_t(q.b) * L + t0 + j) * a.zld + q.d]) : 0.f;
+      }
+      // kSpread: every step's dt, u and dy from the thread that loaded it (zeros past tn, as the
+      // loads give), and this thread's steps' sums over the states, kept for their gradients.
+      float sdt[kSpread ? kT : 1], su[kSpread ? kT : 1], sdy[kSpread ? kT : 1];
+      float own_dy[kSpread ? kOwn : 1], own_sus[kSpread ? kOwn : 1], own_sa[kSpread ? kOwn : 1],
+          own_y[kSpread ? kOwn : 1];
+      if constexpr (kSpread) {
+        const int first = q.lane & ~(kG - 1);  // the channel's first lane
+#pragma unroll
+        for (int m = 0; m < kOwn; ++m) {
+          own_dy[m] = a.z ? go[m] * siluf_(zz[m]) : go[m];
+          own_sus[m] = own_sa[m] = own_y[m] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kT; ++j) {
+          sdt[j] = __shfl_sync(0xffffffffu, in[j / kG].dt, first | (j % kG));
+          su[j] = __shfl_sync(0xffffffffu, in[j / kG].u, first | (j % kG));
+          sdy[j] = __shfl_sync(0xffffffffu, own_dy[j / kG], first | (j % kG));
+        }
       }
       // With kWhole a whole chunk runs with no test between its steps (kFull), so the compiler
       // can overlap one step's shuffles and loads with the next step's arithmetic (at the cost of
@@ -513,15 +570,22 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
         // variant came, ptxas 13, sm_90: 168 either way), where the default shape would go from
         // 126 to 168 and bf16 at d_state 32 from 168 to 197. The same values, so the same bits.
         constexpr bool kKeepExp = kWhole && kG <= 2;
-        float step_exp[kKeepExp ? kT : 1][kNS];
+        [[maybe_unused]] float step_exp[kKeepExp ? kT : 1][kNS];
 #pragma unroll
         for (int j = 0; j < kT; ++j) {
           if constexpr (!kFull)
             if (j >= tn) break;  // block-uniform
-          const float dtu = in[j].dt * in[j].u;
+          float dt, dtu;
+          if constexpr (kSpread) {
+            dt = sdt[j];
+            dtu = dt * su[j];
+          } else {
+            dt = in[j].dt;
+            dtu = dt * in[j].u;
+          }
 #pragma unroll
           for (int k = 0; k < kNS; ++k) {
-            const float e = decay<kFtz>(in[j].dt * q.A2[k]);  // next_state's
+            const float e = decay<kFtz>(dt * q.A2[k]);  // next_state's
             if constexpr (kKeepExp) step_exp[j][k] = e;
             hs[j + 1][k] = fmaf(e, hs[j][k], dtu * sB[jc + j][q.s * kNS + k]);
           }
@@ -530,51 +594,57 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
         for (int j = kT - 1; j >= 0; --j) {
           if constexpr (!kFull)
             if (j >= tn) continue;  // block-uniform: the shuffles below stay uniform
-          const ChanIn x = in[j];
-          const size_t i = (size_t(q.b) * L + t0 + j) * D + q.d;
-          float ypre = 0.f;
-#pragma unroll
-          for (int k = 0; k < kNS; ++k) ypre += sC[jc + j][q.s * kNS + k] * hs[j + 1][k];
-          ypre = group_sum<kG>(ypre) + q.Dd * x.u;
-          // Selects rather than branches on the (uniform) options keep the steps one block.
-          const float sz = siluf_(zz[j]), gz = silu_gradf_(zz[j]);
-          const float dy = a.z ? go[j] * sz : go[j];
-          const float dzv = a.z ? go[j] * ypre * gz : 0.f;
-          dD_acc += dy * x.u;
           float cB[kNS], cC[kNS], sa = 0.f, sb = 0.f;
+          // y before the gate at step j, and the adjoint through the step's states (its dt, u and
+          // dy), as every form runs them.
+          auto ypre_of = [&](float u) {
+            float ypre = 0.f;
 #pragma unroll
-          for (int k = 0; k < kNS; ++k) {
-            const int n = q.s * kNS + k;
-            const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
-            float ea;
-            if constexpr (kKeepExp)
-              ea = step_exp[j][k];
-            else
-              ea = decay<kFtz>(x.dt * q.A2[k]);
-            const float gn = g[k] + dy * Cn;
-            cC[k] = dy * hs[j + 1][k];
-            cB[k] = gn * x.dt * x.u;
-            const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
-            dA_acc[k] += da * x.dt;
-            sa += da * q.A2[k];
-            sb += gn * Bn;
-            g[k] = ea * gn;
-          }
-          const float sus = group_sum<kG>(sb);
-          const float ddt = group_sum<kG>(sa) * kLn2 + sus * x.u;
-          const float dd = a.softplus ? ddt * softplus_gradf_(x.raw) : ddt;
-          dbias_acc += dd;
-          if (q.s == 0 && q.dok) {
-            du[i] = from_f32<DT>(sus * x.dt + dy * q.Dd);
-            const DT ddv = from_f32<DT>(dd);
-            ddelta[i] = ddv;
-            if (w.ddelta_bf) w.ddelta_bf[i] = from_f32<__nv_bfloat16>(to_f32(ddv));
-            if (a.z) {  // dz, its copy, or both (dz null where only the copy is read)
-              const DT dzd = from_f32<DT>(dzv);
-              const size_t iz = (size_t(q.b) * L + t0 + j) * a.zld + q.d;
-              if (dz) dz[iz] = dzd;
-              if (w.dz_bf) w.dz_bf[iz] = from_f32<__nv_bfloat16>(to_f32(dzd));
+            for (int k = 0; k < kNS; ++k) ypre += sC[jc + j][q.s * kNS + k] * hs[j + 1][k];
+            return group_sum<kG>(ypre) + q.Dd * u;
+          };
+          auto through_states = [&](float dt, float u, float dy) {
+#pragma unroll
+            for (int k = 0; k < kNS; ++k) {
+              const int n = q.s * kNS + k;
+              const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
+              float ea;
+              if constexpr (kKeepExp)
+                ea = step_exp[j][k];
+              else
+                ea = decay<kFtz>(dt * q.A2[k]);
+              const float gn = g[k] + dy * Cn;
+              cC[k] = dy * hs[j + 1][k];
+              cB[k] = gn * dt * u;
+              const float da = gn * hs[j][k] * ea;  // d loss / d (dt A)
+              dA_acc[k] += da * dt;
+              sa += da * q.A2[k];
+              sb += gn * Bn;
+              g[k] = ea * gn;
             }
+          };
+          if constexpr (kSpread) {
+            const float u = su[j], dy = sdy[j], ypre = ypre_of(u);
+            dD_acc += dy * u;
+            through_states(sdt[j], u, dy);
+            const float sus = group_sum<kG>(sb), gsa = group_sum<kG>(sa);
+            const bool mine = q.s == j % kG;  // step j's thread keeps its sums for its gradients
+            own_sus[j / kG] = lane_select(mine, sus, own_sus[j / kG]);
+            own_sa[j / kG] = lane_select(mine, gsa, own_sa[j / kG]);
+            own_y[j / kG] = lane_select(mine, ypre, own_y[j / kG]);
+          } else {
+            const ChanIn x = in[j];
+            const float ypre = ypre_of(x.u);
+            // Selects rather than branches on the (uniform) options keep the steps one block.
+            const float sz = siluf_(zz[j]), gz = silu_gradf_(zz[j]);
+            const float dy = a.z ? go[j] * sz : go[j];
+            const float dzv = a.z ? go[j] * ypre * gz : 0.f;
+            dD_acc += dy * x.u;
+            through_states(x.dt, x.u, dy);
+            const float sus = group_sum<kG>(sb);
+            dbias_acc +=
+                finish_step(a, w, du, ddelta, dz, q.s == 0 && q.dok, size_t(q.b) * L + t0 + j, q.d,
+                            q.Dd, sus, group_sum<kG>(sa), x, dy, dzv);
           }
           if constexpr (kShared) {
             const int ch = q.tid / kG, sw = shared_sums_swizzle<kG>(ch);
@@ -602,6 +672,23 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
         run_chunk(std::true_type{});
       else
         run_chunk(std::false_type{});
+      if constexpr (kSpread) {
+        // Each thread its steps' gradients (once a chunk, where every thread did every step's),
+        // then the bias's sum in the order of the other forms: the chunk's steps last to first.
+        float own_dd[kOwn];
+#pragma unroll
+        for (int m = 0; m < kOwn; ++m) {
+          const int j = q.s + kG * m;
+          own_dd[m] = finish_step(a, w, du, ddelta, dz, q.dok && j < tn, size_t(q.b) * L + t0 + j,
+                                  q.d, q.Dd, own_sus[m], own_sa[m], in[m], own_dy[m],
+                                  a.z ? go[m] * own_y[m] * silu_gradf_(zz[m]) : 0.f);
+        }
+        const int first = q.lane & ~(kG - 1);
+#pragma unroll
+        for (int j = kT - 1; j >= 0; --j)
+          if (j < tn)  // block-uniform
+            dbias_acc += __shfl_sync(0xffffffffu, own_dd[j / kG], first | (j % kG));
+      }
       if constexpr (kShared) {
         __syncthreads();
         // The chunk's dBm and dCm over the block's channels, a thread a column, in channel order
@@ -742,7 +829,8 @@ constexpr std::pair<ScanBackwardVariant, const char*> kBackwardVariantNames[] = 
     {ScanBackwardVariant::split_branches, "split_branches"},
     {ScanBackwardVariant::exact_exp, "exact_exp"},
     {ScanBackwardVariant::shared_sums, "shared_sums"},
-    {ScanBackwardVariant::shared_whole_chunks, "shared_whole_chunks"}};
+    {ScanBackwardVariant::shared_whole_chunks, "shared_whole_chunks"},
+    {ScanBackwardVariant::spread_steps, "spread_steps"}};
 // SLIPSTREAM_SCAN_BACKWARD's form, or split. Throws for a name that is none (a function-local
 // static left unset by a throw is tried again at the next call).
 ScanBackwardVariant variant_from_environment() {
@@ -781,9 +869,9 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's, shared_sums's or
-// shared_whole_chunks's form for the split shapes when that is the variant (each differs from the
-// default in one thing, shared_whole_chunks from shared_sums in one).
+// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's, shared_sums's,
+// shared_whole_chunks's or spread_steps's form for the split shapes when that is the variant (each
+// differs from the default in one thing, shared_whole_chunks from shared_sums in one).
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
   if constexpr (kNS == 8 && kG > 1) {
@@ -797,6 +885,9 @@ auto backward_kernel() {
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true>;
     if (backward_variant() == ScanBackwardVariant::shared_whole_chunks)
       return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true, true>;
+    if (backward_variant() == ScanBackwardVariant::spread_steps)
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, false, false,
+                                        true>;
   }
   return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
 }

@@ -448,7 +448,8 @@ int main(int argc, char** argv) {
               std::pair{sk::CudaKernels::ScanBackwardVariant::exact_exp, "exact_exp"},
               std::pair{sk::CudaKernels::ScanBackwardVariant::shared_sums, "shared_sums"},
               std::pair{sk::CudaKernels::ScanBackwardVariant::shared_whole_chunks,
-                        "shared_whole_chunks"}})
+                        "shared_whole_chunks"},
+              std::pair{sk::CudaKernels::ScanBackwardVariant::spread_steps, "spread_steps"}})
           for (bool bf16 : {false, true})
             add(std::string("scan_backward_") + vname + (bf16 ? "/bf16/" : "/fp32/") + p,
                 [=](benchmark::State& st) {

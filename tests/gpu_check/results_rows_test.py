@@ -28,6 +28,8 @@ def main(tool):
              "time_unit": "us"},
             {"name": "scan_backward_shared_sums/bf16/production/manual_time", "real_time": 1600.0,
              "time_unit": "us"},
+            {"name": "scan_backward_spread_steps/bf16/production/manual_time", "real_time": 1250.0,
+             "time_unit": "us"},
             {"name": "scan_forward/fp32/gpu_standard/manual_time", "real_time": 100.0,
              "time_unit": "us"},
             {"name": "scan_backward/fp32/gpu_standard/manual_time", "real_time": 500.0,
@@ -93,6 +95,8 @@ def main(tool):
                "scan_backward/bf16/production", 0.909)
         expect("kernel/scan_backward_shared_sums/bf16/production", 1600.0,
                "scan_backward/bf16/production", 1.25)
+        expect("kernel/scan_backward_spread_steps/bf16/production", 1250.0,
+               "scan_backward/bf16/production", 1.6)
         if "kernel/embed_backward_sorted/gpu_standard" in rows:
             fail("a benchmark that failed became a row")
         expect("step/gpu_standard/fp32", 4.0)

@@ -63,6 +63,7 @@ def main(summary):
             {"name": "scan_backward/bf16/gpu_standard/manual_time", "real_time": 620.0},
             {"name": "scan_backward/bf16/production/manual_time", "real_time": 2000.0},
             {"name": "scan_backward_exact_exp/bf16/production/manual_time", "real_time": 2200.0},
+            {"name": "scan_backward_spread_steps/bf16/production/manual_time", "real_time": 1600.0},
             {"name": "scan_forward_kept_states/fp32/production/manual_time", "real_time": 300.0},
             {"name": "scan_forward_lean/fp32/production/manual_time", "real_time": 240.0},
             {"name": "embed_backward_partials/gpu_standard/manual_time", "real_time": 150.0},
@@ -104,6 +105,8 @@ def main(summary):
                "registers takes 1.50x the time of default",
                "scan backward, production bf16: default 2000.0 us, exact_exp 2200.0 us: "
                "exact_exp takes 1.10x the time of default",
+               "scan backward, production bf16: default 2000.0 us, spread_steps 1600.0 us: "
+               "spread_steps takes 0.80x the time of default",
                # The training forward's two forms.
                "scan forward keeping its states, production fp32: default 300.0 us, lean 240.0 "
                "us: lean takes 0.80x the time of default",

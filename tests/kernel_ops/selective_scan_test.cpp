@@ -674,6 +674,42 @@ KERNEL_TEST(Scan, BackwardSharedSumsVariantMatchesCpu) {
 KERNEL_TEST(Scan, BackwardSharedWholeChunksVariantMatchesCpu) {
   check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::shared_whole_chunks, 251);
 }
+KERNEL_TEST(Scan, BackwardSpreadStepsVariantMatchesCpu) {
+  check_backward_variant<Kernels, Mem>(Kernels::ScanBackwardVariant::spread_steps, 271);
+}
+// spread_steps does each step's channel work (the loads, softplus and the gate, du, dΔ and dz)
+// once, in one of the channel's threads, where the default does it in each: the same values
+// computed the same way, so the default's gradients bit for bit, at every shape, in both
+// precisions, from initial states and from a forward's chunk states.
+template <class Kernels, class Mem, class T>
+void expect_spread_steps_gives_the_defaults_gradients(uint64_t seed) {
+  using V = typename Kernels::ScanBackwardVariant;
+  struct Put {  // the variant put back however the test ends
+    V was = Kernels::scan_backward_variant();
+    ~Put() { Kernels::set_scan_backward_variant(was); }
+  } put;
+  std::vector<ScanShape> shapes = scan_shapes();
+  for (const auto& s : initial_state_shapes()) shapes.push_back(s);
+  shapes.push_back({2, 21, 45, 12});
+  for (const auto& s : shapes) {
+    if (s.N <= 8) continue;  // one thread a channel: the default's kernel
+    SCOPED_TRACE(describe(s));
+    const ScanData<T> d(s, seed++);
+    const std::vector<double> dA0(size_t(s.D) * s.N, 0.25), dD0(size_t(s.D), -0.5),
+        db0(size_t(s.D), 0.125);
+    for (const bool kept : {false, true}) {
+      Kernels::set_scan_backward_variant(V::split);
+      const auto split = device_scan_backward<Kernels, Mem, T>(s, d, dA0, dD0, db0, kept);
+      Kernels::set_scan_backward_variant(V::spread_steps);
+      const auto spread = device_scan_backward<Kernels, Mem, T>(s, d, dA0, dD0, db0, kept);
+      expect_same_gradients(split, spread, kept ? " (forward's states)" : "");
+    }
+  }
+}
+KERNEL_TEST(Scan, BackwardSpreadStepsGivesTheDefaultsGradients) {
+  expect_spread_steps_gives_the_defaults_gradients<Kernels, Mem, float>(291);
+  expect_spread_steps_gives_the_defaults_gradients<Kernels, Mem, bfloat16>(331);
+}
 // The backward from the chunk states a forward kept (kernels/selective_scan.h), every shape,
 // both precisions, from an initial state, and both backward shapes (the layout follows it).
 KERNEL_TEST(Scan, BackwardFromForwardStatesMatchesCpu) {

@@ -269,7 +269,8 @@ if [[ "$MODE" == full* ]]; then
   # partials (stages/melee/melee_cuda.inc, SLIPSTREAM_EMBED_BACKWARD=partials; the counting sort is
   # the default since then, entry embed_sorted); scan_shared_sums, scan_whole_chunks,
   # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD);
-  # scan_forward_lean: the training forward's lean form (SLIPSTREAM_SCAN_FORWARD=lean).
+  # scan_forward_lean: the training forward's lean form (SLIPSTREAM_SCAN_FORWARD=lean);
+  # scan_spread_steps: the scan backward's spread_steps form (SLIPSTREAM_SCAN_BACKWARD).
   # GPU_CHECK_AB names which (default scan_shared_whole_chunks). Entry `build`: this bundle
   # against an earlier build's bench_e2e (GPU_CHECK_AB_BASE: the file, or an .xz of it; `make
   # gpu-ab-base` packs build-gpu's before the bundle is remade), for a change with no switch.
@@ -298,6 +299,7 @@ if [[ "$MODE" == full* ]]; then
         scan_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=whole_chunks ;;
         scan_shared_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=shared_whole_chunks ;;
         scan_forward_lean) switch=SLIPSTREAM_SCAN_FORWARD=lean ;;
+        scan_spread_steps) switch=SLIPSTREAM_SCAN_BACKWARD=spread_steps ;;
         *) echo "gpu_check: unknown GPU_CHECK_AB entry '$ab'"; continue ;;
       esac
       cand=$OUT/ab_${ab}_bin

@@ -37,7 +37,7 @@ from summary import read_json, side_by_side_results  # noqa: E402  (gpu-check's 
 
 # A kernel benchmark's other forms, and the default form each is timed against.
 VARIANTS = [
-    (re.compile(r"^scan_backward_(registers|whole_chunks|split|split_branches|exact_exp|shared_sums|shared_whole_chunks)/(.*)$"),
+    (re.compile(r"^scan_backward_(registers|whole_chunks|split|split_branches|exact_exp|shared_sums|shared_whole_chunks|spread_steps)/(.*)$"),
      r"scan_backward/\2"),
     (re.compile(r"^scan_fwd_bwd_kept_states/(.*)$"), r"scan_fwd_bwd/\1"),
     (re.compile(r"^scan_forward_lean/(.*)$"), r"scan_forward_kept_states/\1"),

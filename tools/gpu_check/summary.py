@@ -196,7 +196,7 @@ def main(out):
                     f"scan_forward_lean/{dt}/{shape}")
         for shape in ("gpu_standard", "production"):
             for other in ("registers", "whole_chunks", "split", "split_branches", "exact_exp",
-                          "shared_sums", "shared_whole_chunks"):
+                          "shared_sums", "shared_whole_chunks", "spread_steps"):
                 compare(f"scan backward, {shape} {dt}", "default", f"scan_backward/{dt}/{shape}",
                         other, f"scan_backward_{other}/{dt}/{shape}")
     for shape in ("gpu_standard", "production"):
