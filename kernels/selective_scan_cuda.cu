@@ -259,7 +259,17 @@ constexpr int kChannelSumCopies = 16 / kNS >= kG ? 2 * (16 / kNS) - kG : 0;
 // dt_w (ScanArgs::dt_w) instead of read, the block's rows of dt staged beside Bm's and its
 // channels' dt_w once, in shared memory (a separate instantiation: the other keeps its
 // shared memory and registers).
-// kLean: Kernels::scan_forward_lean's form (chunk states from a running offset, y as four sums).
+// A step's out: y gated by SiLU(z) where the scan has z, stored, and its bf16 copy beside it.
+template <class DT>
+__device__ __forceinline__ void store_out(const ScanArgs<DT>& a, DT* out, __nv_bfloat16* out_bf,
+                                          size_t i, float y, float z) {
+  const DT yv = from_f32<DT>(a.z ? y * siluf_(z) : y);
+  if (out) out[i] = yv;                                         // null where only the copy is read
+  if (out_bf) out_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as the cast rounds it
+}
+
+// kLean: Kernels::scan_forward_lean's form (chunk states from a running offset, y as four sums,
+// and with kG threads a channel the channel work shared out among them).
 template <class DT, int kNS, int kG, bool kProj = false, bool kLean = false>
 __global__ void __launch_bounds__(kChanThreads, 4)
     scan_forward_chan_kernel(ScanArgs<DT> a, DT* out, __nv_bfloat16* out_bf, float* last_state,
@@ -276,6 +286,9 @@ __global__ void __launch_bounds__(kChanThreads, 4)
       sW[r][c] = d0 + c < a.D ? a.dt_w[size_t(d0 + c) * a.R + r] : 0.f;
     }  // read after the window loop's first __syncthreads
   }
+  // kSpread: the lean form's channel work shared out among a channel's threads (below).
+  constexpr bool kSpread = kLean && kG > 1 && !kProj;
+  constexpr int kOwn = kSpread ? kPrefetch / kG : kPrefetch;
   const int nchunk = chunks ? (a.L + save_every - 1) / save_every : 0;
   // kLean: the next chunk start's place in `chunks` (this thread's first state) and the steps
   // until it.
@@ -293,24 +306,41 @@ __global__ void __launch_bounds__(kChanThreads, 4)
         sDt[j][r] = to_f32(a.dt[(size_t(q.b) * a.L + t0 + j) * a.ldbc + r]);
       }
     __syncthreads();
-    // Steps in groups of kPrefetch: the group's loads are issued before its recurrence.
+    // Steps in groups of kPrefetch: the group's loads are issued before its recurrence. With
+    // kSpread a group's steps are shared out among the channel's kG threads for their channel
+    // work: thread s loads steps s, s + kG, ... (slot m: step s + kG m) and makes their dt, the
+    // others take each step's dt and u by shuffles, and each thread gates and stores its own
+    // steps' out after the group. A warp then issues that work kPrefetch / kG times a group
+    // instead of kPrefetch; the same values, so the same bits.
     for (int g0 = 0; g0 < tn; g0 += kPrefetch) {
-      ChanIn in[kPrefetch];
-      float zz[kPrefetch];
+      ChanIn in[kOwn];
+      float zz[kOwn];
 #pragma unroll
-      for (int j = 0; j < kPrefetch; ++j) {
+      for (int m = 0; m < kOwn; ++m) {
+        const int j = kSpread ? q.s + kG * m : m;
         const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
         const bool ok = q.dok && g0 + j < tn;
         if constexpr (kProj) {
           float delta = 0.f;
           if (ok)
             for (int r = 0; r < a.R; ++r) delta = fmaf(sDt[g0 + j][r], sW[r][q.tid / kG], delta);
-          in[j] = chan_with_delta(a, ok, i, delta, q.bias);
+          in[m] = chan_with_delta(a, ok, i, delta, q.bias);
         } else {
-          in[j] = load_chan(a, ok, i, q.bias);
+          in[m] = load_chan(a, ok, i, q.bias);
         }
         const size_t iz = (size_t(q.b) * a.L + t0 + g0 + j) * a.zld + q.d;
-        zz[j] = (ok && a.z) ? to_f32(a.z[iz]) : 0.f;
+        zz[m] = (ok && a.z) ? to_f32(a.z[iz]) : 0.f;
+      }
+      float sdt[kSpread ? kPrefetch : 1], su[kSpread ? kPrefetch : 1], own_y[kOwn];
+      if constexpr (kSpread) {
+        const int first = q.lane & ~(kG - 1);  // the channel's first lane
+#pragma unroll
+        for (int j = 0; j < kPrefetch; ++j) {
+          sdt[j] = __shfl_sync(0xffffffffu, in[j / kG].dt, first | (j % kG));
+          su[j] = __shfl_sync(0xffffffffu, in[j / kG].u, first | (j % kG));
+        }
+#pragma unroll
+        for (int m = 0; m < kOwn; ++m) own_y[m] = 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kPrefetch; ++j) {
@@ -336,7 +366,15 @@ __global__ void __launch_bounds__(kChanThreads, 4)
               chunks[((size_t(q.b) * nchunk + t / save_every) * a.N + n) * a.D + q.d] = h[k];
           }
         }
-        const float dtu = in[j].dt * in[j].u;
+        float dt, u;
+        if constexpr (kSpread) {
+          dt = sdt[j];
+          u = su[j];
+        } else {
+          dt = in[j].dt;
+          u = in[j].u;
+        }
+        const float dtu = dt * u;
         constexpr int kSums = kLean ? 4 : 1;
         float ys[kSums];
 #pragma unroll
@@ -344,19 +382,31 @@ __global__ void __launch_bounds__(kChanThreads, 4)
 #pragma unroll
         for (int k = 0; k < kNS; ++k) {
           const int n = q.s * kNS + k;
-          h[k] = next_state(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][n]);
+          h[k] = next_state(dt * q.A2[k], h[k], dtu * sB[g0 + j][n]);
           ys[k % kSums] += sC[g0 + j][n] * h[k];
         }
         float y = ys[0];
         if constexpr (kSums == 4) y = (ys[0] + ys[1]) + (ys[2] + ys[3]);
-        y = group_sum<kG>(y) + q.Dd * in[j].u;
-        const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
-        if (q.dok && q.s == 0) {
-          const DT yv = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
-          if (out) out[i] = yv;  // null where only the copy is read
-          if (out_bf) out_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as the cast rounds it
+        y = group_sum<kG>(y) + q.Dd * u;
+        if constexpr (kSpread) {  // step j's thread keeps y for its gate and store below
+          own_y[j / kG] = lane_select(q.s == j % kG, y, own_y[j / kG]);
+        } else {
+          const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
+          if (q.dok && q.s == 0) {
+            const DT yv = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
+            if (out) out[i] = yv;  // null where only the copy is read
+            if (out_bf) out_bf[i] = from_f32<__nv_bfloat16>(to_f32(yv));  // as the cast rounds it
+          }
         }
       }
+      if constexpr (kSpread)
+#pragma unroll
+        for (int m = 0; m < kOwn; ++m) {
+          const int j = q.s + kG * m;
+          if (q.dok && g0 + j < tn)
+            store_out(a, out, out_bf, (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d, own_y[m],
+                      zz[m]);
+        }
     }
   }
   if (last_state && q.dok)
