@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -351,6 +352,69 @@ void host_to_device(benchmark::State& state, size_t bytes, bool pinned) {
   if (pinned) cudaFreeHost(host);
 }
 
+// The floor under a policy's frame on this device (docs/policy.md: a frame is its inputs' copy
+// in, one CUDA graph of 19 launches at gpu_standard's model, its answers' copy out and one wait):
+// a graph of `nodes` dependent launches of one small kernel (add_inplace on 256 floats), launched
+// and waited for from the host as a frame's graph is, with `copies` a 1 KB page-locked copy in
+// before it and one out after it on the same stream. The time is the host's wall clock from the
+// first call to the wait's return; device_us is the device's, from an event before the copy in
+// (or the graph) to one after the last operation. Measures what the launches alone cost, which
+// says how much of a frame's time fewer, fused kernels could take off.
+void frame_floor(benchmark::State& st, int nodes, bool copies) {
+  constexpr size_t kFloats = 256, kBytes = 1024;
+  float *a = nullptr, *y = nullptr;
+  void *host_in = nullptr, *host_out = nullptr, *dev_in = nullptr;
+  ok(cudaMalloc(&a, kFloats * sizeof(float)), "cudaMalloc");
+  ok(cudaMalloc(&y, kFloats * sizeof(float)), "cudaMalloc");
+  ok(cudaMalloc(&dev_in, kBytes), "cudaMalloc");
+  ok(cudaMallocHost(&host_in, kBytes), "cudaMallocHost");
+  ok(cudaMallocHost(&host_out, kBytes), "cudaMallocHost");
+  ok(cudaMemset(a, 0, kFloats * sizeof(float)), "cudaMemset");
+  ok(cudaMemset(y, 0, kFloats * sizeof(float)), "cudaMemset");
+  cudaStream_t s;
+  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  cudaGraph_t graph = nullptr;
+  ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  for (int i = 0; i < nodes; ++i) sk::CudaKernels::add_inplace(y, a, kFloats, s);
+  ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  cudaEvent_t e0, e1;
+  ok(cudaEventCreate(&e0), "cudaEventCreate");
+  ok(cudaEventCreate(&e1), "cudaEventCreate");
+  std::vector<double> device_us;
+  auto frame = [&] {
+    ok(cudaEventRecord(e0, s), "cudaEventRecord");
+    if (copies) ok(cudaMemcpyAsync(dev_in, host_in, kBytes, cudaMemcpyHostToDevice, s), "copy in");
+    ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    if (copies) ok(cudaMemcpyAsync(host_out, y, kBytes, cudaMemcpyDeviceToHost, s), "copy out");
+    ok(cudaEventRecord(e1, s), "cudaEventRecord");
+    ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
+  };
+  for (int i = 0; i < 20; ++i) frame();  // warm-up
+  for (auto _ : st) {
+    const auto t0 = std::chrono::steady_clock::now();
+    frame();
+    st.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    device_us.push_back(ms * 1e3);
+  }
+  std::sort(device_us.begin(), device_us.end());
+  if (!device_us.empty()) st.counters["device_us"] = device_us[device_us.size() / 2];
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  cudaFreeHost(host_in);
+  cudaFreeHost(host_out);
+  cudaFree(dev_in);
+  cudaFree(a);
+  cudaFree(y);
+}
+
 // The embedding's table gradients (stages/melee/melee_cuda.inc) in one form, at the preset's
 // batch (B × W positions, three slots each) with ids drawn as games have them: a few action
 // states hold most items (u³ over the 399), two characters and one stage a window, the third
@@ -429,6 +493,10 @@ int main(int argc, char** argv) {
   }
   // A small copy and one the size of gpu_standard's loader batch (B256 W60, 352 bytes per
   // position over the eight tensors: 5.4 MB).
+  for (int nodes : {1, 8, 19, 32})
+    for (bool copies : {false, true})
+      add("frame_floor/" + std::to_string(nodes) + (copies ? "_launches_copies" : "_launches"),
+          [=](benchmark::State& st) { frame_floor(st, nodes, copies); });
   for (size_t mb : {1, 6})
     for (bool pinned : {true, false})
       add(std::string("host_to_device/") + (pinned ? "pinned/" : "pageable/") + std::to_string(mb) +
