@@ -30,6 +30,8 @@ def main(tool):
              "time_unit": "us"},
             {"name": "scan_backward_spread_steps/bf16/production/manual_time", "real_time": 1250.0,
              "time_unit": "us"},
+            {"name": "frame_floor/19_launches/manual_time", "real_time": 40.0, "time_unit": "us",
+             "device_us": 31.5},
             {"name": "scan_forward/fp32/gpu_standard/manual_time", "real_time": 100.0,
              "time_unit": "us"},
             {"name": "scan_backward/fp32/gpu_standard/manual_time", "real_time": 500.0,
@@ -97,6 +99,10 @@ def main(tool):
                "scan_backward/bf16/production", 1.25)
         expect("kernel/scan_backward_spread_steps/bf16/production", 1250.0,
                "scan_backward/bf16/production", 1.6)
+        # A policy frame's floor: the host's wall time, the device's in the note.
+        expect("kernel/frame_floor/19_launches", 40.0)
+        if rows["kernel/frame_floor/19_launches"].get("note") != "device 31.5 us":
+            fail(f"frame_floor note {rows['kernel/frame_floor/19_launches'].get('note')}")
         if "kernel/embed_backward_sorted/gpu_standard" in rows:
             fail("a benchmark that failed became a row")
         expect("step/gpu_standard/fp32", 4.0)

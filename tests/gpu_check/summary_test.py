@@ -64,6 +64,7 @@ def main(summary):
             {"name": "scan_backward/bf16/production/manual_time", "real_time": 2000.0},
             {"name": "scan_backward_exact_exp/bf16/production/manual_time", "real_time": 2200.0},
             {"name": "scan_backward_spread_steps/bf16/production/manual_time", "real_time": 1600.0},
+            {"name": "frame_floor/19_launches/manual_time", "real_time": 40.0, "device_us": 31.5},
             {"name": "scan_forward_kept_states/fp32/production/manual_time", "real_time": 300.0},
             {"name": "scan_forward_lean/fp32/production/manual_time", "real_time": 240.0},
             {"name": "embed_backward_partials/gpu_standard/manual_time", "real_time": 150.0},
@@ -107,6 +108,8 @@ def main(summary):
                "exact_exp takes 1.10x the time of default",
                "scan backward, production bf16: default 2000.0 us, spread_steps 1600.0 us: "
                "spread_steps takes 0.80x the time of default",
+               # A policy frame's floor: the device's time beside the host's.
+               "device 31.5 us",
                # The training forward's two forms.
                "scan forward keeping its states, production fp32: default 300.0 us, lean 240.0 "
                "us: lean takes 0.80x the time of default",

@@ -82,10 +82,15 @@ def kernel_rows(out, rows):
         times[b["name"].split("/manual_time")[0]] = b
     for name, b in times.items():
         base = baseline_of(name)
+        notes = []
+        if b.get("GB/s"):
+            notes.append(f"{b['GB/s']:.0f} GB/s")
+        if b.get("device_us"):  # frame_floor/*: the device's time beside the host's wall time
+            notes.append(f"device {b['device_us']:.1f} us")
         rows.add(f"kernel/{name}", b["real_time"], b.get("time_unit", "us"),
                  f"bench_kernels_cuda --benchmark_filter={name} (gpu-check kernels)",
                  (base, times[base]["real_time"]) if base in times else None,
-                 note=f"{b['GB/s']:.0f} GB/s" if b.get("GB/s") else None)
+                 note=", ".join(notes) or None)
 
 
 def step_rows(out, rows):

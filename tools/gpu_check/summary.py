@@ -126,7 +126,9 @@ def main(out):
                 print(f"  {name:<40} skipped: {b.get('error_message', '')}")
                 continue
             gbs = b.get("GB/s", 0.0)
-            print(f"  {name:<40} {b['real_time']:>10.1f} {gbs:>8.0f} {gbs / PEAK_GBS:>8.0%}")
+            # frame_floor/*: the host's wall time, then the device's between its events.
+            device = f"   device {b['device_us']:.1f} us" if b.get("device_us") else ""
+            print(f"  {name:<40} {b['real_time']:>10.1f} {gbs:>8.0f} {gbs / PEAK_GBS:>8.0%}{device}")
     peer = os.path.join(out, "torch_scan.json")
     if os.path.exists(peer) and bench:
         with open(peer) as f:
