@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <stdexcept>
@@ -241,6 +242,19 @@ inline void check_launch(const char* op) {
   if (e != cudaSuccess)
     throw std::runtime_error(std::string(op) + ": kernel launch failed: " + cudaGetErrorString(e) +
                              " [" + cudaGetErrorName(e) + "]");
+}
+
+// A kernel's two forms chosen by an environment variable (for a whole-step A/B of one build):
+// false where `var` is unset, empty or `off`, true where it is `on`; another value throws,
+// naming `what` and both forms. Callers keep the answer in a function-local static, so a throw
+// leaves it unset and the next call asks again.
+inline bool second_form_from_environment(const char* var, const char* off, const char* on,
+                                         const char* what) {
+  const char* e = std::getenv(var);
+  if (!e || !*e || std::string(e) == off) return false;
+  if (std::string(e) == on) return true;
+  throw std::invalid_argument(std::string(var) + "=" + e + " names no form of " + what + " (" +
+                              off + ", " + on + ")");
 }
 
 // out[i] = (accumulate ? out[i] : 0) + sum_{k < K} part[k * n + i], as a fixed-shape tree: a

@@ -77,4 +77,24 @@ static void gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int 
                  float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
                  float* C, int ldc, cudaStream_t stream);
 
+// Products of at most kSmallGemmRows rows (a policy's frame of a few games: nine of its 19
+// launches are GEMMs of one row at gpu_standard's model) by our own kernel
+// (kernels/gemm_small_cuda.cu: a warp a column of C, the lanes striding over K, a butterfly's
+// fixed order), where op(A) = A and op(B) = Bᵀ (every forward linear layer): gemm_small_rows.
+// gemm takes it for such products when small_gemm() is on (takes_small_gemm): off by default
+// until a GPU times it against cuBLASLt (bench_kernels_cuda's gemm_small/*, bench_infer's
+// one-game frame); set_small_gemm, or SLIPSTREAM_SMALL_GEMM=warps in the environment for a
+// process (cublaslt: the default; another name is the first GEMM's error). The emulator's gemm
+// takes it too, so tests check it there. Not thread-safe.
+static constexpr int kSmallGemmRows = 8;
+static void set_small_gemm(bool on);
+static bool small_gemm();
+static bool takes_small_gemm(bool trans_a, bool trans_b, int M, int K);
+static void gemm_small_rows(int M, int N, int K, float alpha, const float* A, int lda,
+                            const float* B, int ldb, float beta, float* C, int ldc,
+                            cudaStream_t stream);
+static void gemm_small_rows(int M, int N, int K, float alpha, const bfloat16* A, int lda,
+                            const bfloat16* B, int ldb, float beta, float* C, int ldc,
+                            cudaStream_t stream);
+
 #endif  // the parts

@@ -179,12 +179,16 @@ void run_gemm(const GemmContext& ctx, cudaDataType_t type, bool ta, bool tb, int
 void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                    float alpha, const float* A, int lda, const float* B, int ldb, float beta,
                    float* C, int ldc, cudaStream_t stream) {
+  if (takes_small_gemm(trans_a, trans_b, M, K))
+    return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   run_gemm(ctx, CUDA_R_32F, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
 }
 
 void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, int N, int K,
                    float alpha, const bfloat16* A, int lda, const bfloat16* B, int ldb, float beta,
                    float* C, int ldc, cudaStream_t stream) {
+  if (takes_small_gemm(trans_a, trans_b, M, K))
+    return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   run_gemm(ctx, CUDA_R_16BF, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
            stream);
 }

@@ -1037,17 +1037,10 @@ bool keeps_states_from_environment() {
 }
 bool g_forward_keeps_states = keeps_states_from_environment();
 
-// SLIPSTREAM_SCAN_FORWARD's form: lean, or the default (unset, empty or `default`). Throws for a
-// name that is none (a function-local static left unset by a throw is tried again next call).
-bool lean_from_environment() {
-  const char* e = std::getenv("SLIPSTREAM_SCAN_FORWARD");
-  if (!e || !*e || std::string(e) == "default") return false;
-  if (std::string(e) == "lean") return true;
-  throw std::invalid_argument(std::string("SLIPSTREAM_SCAN_FORWARD=") + e +
-                              " names no form of the scan's forward (default, lean)");
-}
+// SLIPSTREAM_SCAN_FORWARD's form: lean, or the default (unset, empty or `default`).
 bool& forward_lean_slot() {
-  static bool lean = lean_from_environment();
+  static bool lean = second_form_from_environment("SLIPSTREAM_SCAN_FORWARD", "default", "lean",
+                                                  "the scan's forward");
   return lean;
 }
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,23 @@ class Buffers {
  private:
   std::mt19937_64 rng_{42};
   std::vector<void*> ptrs_;
+};
+
+// A cuBLASLt handle and 32 MB of workspace from `m`, as a run's execution context holds them.
+class LtContext {
+ public:
+  explicit LtContext(Buffers& m) {
+    if (cublasLtCreate(&lt_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
+    gemm = {lt_, m.alloc<char>(kBytes), kBytes};
+  }
+  ~LtContext() { cublasLtDestroy(lt_); }
+  LtContext(const LtContext&) = delete;
+  LtContext& operator=(const LtContext&) = delete;
+  sk::CudaKernels::GemmContext gemm;
+
+ private:
+  static constexpr size_t kBytes = size_t(32) << 20;
+  cublasLtHandle_t lt_ = nullptr;
 };
 
 // Times `launch` (which enqueues on `s`) with events; sets manual time and the GB/s counter.
@@ -256,10 +274,8 @@ void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
   void* ws =
       m.alloc<char>(std::max(sk::CudaKernels::gru_forward_workspace_bytes(B, L, In, H, bf16),
                              sk::CudaKernels::gru_backward_workspace_bytes(B, L, In, H, bf16)));
-  const size_t lt_bytes = size_t(32) << 20;
-  cublasLtHandle_t lt = nullptr;
-  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasLtCreate");
-  const sk::CudaKernels::GemmContext gemm{lt, m.alloc<char>(lt_bytes), lt_bytes};
+  const LtContext lt(m);
+  const sk::CudaKernels::GemmContext& gemm = lt.gemm;
   cudaStream_t s;
   ok(cudaStreamCreate(&s), "stream");
   const auto forward = [&] {
@@ -276,7 +292,6 @@ void gru(benchmark::State& st, const Shape& sh, bool backward, bool bf16) {
     });
   }
   cudaStreamDestroy(s);
-  cublasLtDestroy(lt);
 }
 
 // The same layer in cuDNN's RNN (kernels/gru_cudnn.h): the forward copies the weights into
@@ -415,6 +430,28 @@ void frame_floor(benchmark::State& st, int nodes, bool copies) {
   cudaFree(y);
 }
 
+// A policy frame's GEMMs (one game, or eight, at gpu_standard's model): C (M, N) = A (M, K) Bᵀ
+// by cuBLASLt or by the small-row kernel (kernels/gemm.h, gemm_small_rows), fp32 or bf16
+// operands. GB/s: B (the weight) read once, the rest negligible.
+template <class T>
+void gemm_small(benchmark::State& st, int M, int N, int K, bool warps) {
+  Buffers m;
+  const T* A = m.random<T>(size_t(M) * K, -1, 1);
+  const T* B = m.random<T>(size_t(N) * K, -1, 1);
+  float* C = m.alloc<float>(size_t(M) * N);
+  const LtContext lt(m);
+  const sk::CudaKernels::GemmContext& gemm = lt.gemm;
+  cudaStream_t s;
+  ok(cudaStreamCreate(&s), "stream");
+  const bool was = sk::CudaKernels::small_gemm();
+  sk::CudaKernels::set_small_gemm(warps);
+  time_launches(st, s, double(sizeof(T)) * N * K, [&] {
+    sk::CudaKernels::gemm(gemm, false, true, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N, s);
+  });
+  sk::CudaKernels::set_small_gemm(was);
+  cudaStreamDestroy(s);
+}
+
 // The embedding's table gradients (stages/melee/melee_cuda.inc) in one form, at the preset's
 // batch (B × W positions, three slots each) with ids drawn as games have them: a few action
 // states hold most items (u³ over the 399), two characters and one stage a window, the third
@@ -493,6 +530,21 @@ int main(int argc, char** argv) {
   }
   // A small copy and one the size of gpu_standard's loader batch (B256 W60, 352 bytes per
   // position over the eight tensors: 5.4 MB).
+  // in_proj, x_proj, out_proj and the heads' output at gpu_standard's model, one game; in_proj
+  // for eight.
+  for (const auto& [M, N, K] :
+       {std::array{1, 512, 128}, std::array{1, 40, 256}, std::array{1, 128, 256},
+        std::array{1, 81, 128}, std::array{8, 512, 128}})
+    for (bool warps : {false, true})
+      for (bool bf16 : {false, true}) {
+        const std::string name = std::string("gemm_small/") + (warps ? "warps/" : "cublaslt/") +
+                                 (bf16 ? "bf16/" : "fp32/") + "M" + std::to_string(M) + "_N" +
+                                 std::to_string(N) + "_K" + std::to_string(K);
+        if (bf16)
+          add(name, [=](benchmark::State& st) { gemm_small<sk::bfloat16>(st, M, N, K, warps); });
+        else
+          add(name, [=](benchmark::State& st) { gemm_small<float>(st, M, N, K, warps); });
+      }
   for (int nodes : {1, 8, 19, 32})
     for (bool copies : {false, true})
       add("frame_floor/" + std::to_string(nodes) + (copies ? "_launches_copies" : "_launches"),

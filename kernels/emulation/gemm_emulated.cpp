@@ -2,6 +2,8 @@
 // emulated namespace multiplies with the CPU references (kernels/gemm_cpu.cpp). Same contract
 // as kernels::CudaKernels::gemm; bf16 operands are widened exactly, as cuBLASLt does, and
 // accumulated in fp32 (summation order differs from the device's, within fp32 rounding).
+// Products of few rows take gemm_small_rows (kernels/gemm_small_cuda.cu, emulated) when
+// small_gemm() is on, as on a device.
 #include <stdexcept>
 #include <vector>
 
@@ -23,6 +25,8 @@ void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
                    float* C, int ldc, cudaStream_t stream) {
   (void)ctx;
   if (nothing_to_do(M, N, K)) return;
+  if (takes_small_gemm(trans_a, trans_b, M, K))
+    return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   capture::enqueue(
       "gemm (fp32)", stream,
       [&] {
@@ -38,6 +42,8 @@ void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
                    float* C, int ldc, cudaStream_t stream) {
   (void)ctx;
   if (nothing_to_do(M, N, K)) return;
+  if (takes_small_gemm(trans_a, trans_b, M, K))
+    return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   capture::enqueue(
       "gemm (bf16)", stream,
       [&] {

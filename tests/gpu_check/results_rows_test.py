@@ -32,6 +32,10 @@ def main(tool):
              "time_unit": "us"},
             {"name": "frame_floor/19_launches/manual_time", "real_time": 40.0, "time_unit": "us",
              "device_us": 31.5},
+            {"name": "gemm_small/cublaslt/bf16/M1_N40_K256/manual_time", "real_time": 5.0,
+             "time_unit": "us"},
+            {"name": "gemm_small/warps/bf16/M1_N40_K256/manual_time", "real_time": 4.0,
+             "time_unit": "us"},
             {"name": "scan_forward/fp32/gpu_standard/manual_time", "real_time": 100.0,
              "time_unit": "us"},
             {"name": "scan_backward/fp32/gpu_standard/manual_time", "real_time": 500.0,
@@ -54,6 +58,8 @@ def main(tool):
             {"name": "BM_PolicyStepBatch/games:256/threads:2/real_time", "frames_per_s": 1.0},
             {"name": "BM_PolicyStepBatchOnDevice/games:256/real_time", "p50_us": 100.0,
              "p99_us": 150.0, "frames_per_s": 2500000.0}]})
+        write(d, "bench_infer_small_gemm.json", {"benchmarks": [
+            {"name": "BM_PolicyStepBatchOnDevice/games:256/real_time", "p50_us": 80.0}]})
         write(d, "side_by_side_eager.json", {"shape": "gpu_standard", "precision": "bf16",
                                              "median_step_ms": {"slipstream": 2.0,
                                                                 "torch eager": 20.0},
@@ -99,6 +105,8 @@ def main(tool):
                "scan_backward/bf16/production", 1.25)
         expect("kernel/scan_backward_spread_steps/bf16/production", 1250.0,
                "scan_backward/bf16/production", 1.6)
+        expect("kernel/gemm_small/warps/bf16/M1_N40_K256", 4.0,
+               "gemm_small/cublaslt/bf16/M1_N40_K256", 1.25)
         # A policy frame's floor: the host's wall time, the device's in the note.
         expect("kernel/frame_floor/19_launches", 40.0)
         if rows["kernel/frame_floor/19_launches"].get("note") != "device 31.5 us":
@@ -117,6 +125,8 @@ def main(tool):
         # More frames is better: 2.5 M against one CPU thread's 250 k.
         expect("infer/device/games:256/frames_per_s", 2500000.0,
                "infer/cpu/games:256/frames_per_s", 10.0)
+        # The small-row GEMM kernel's frames against cuBLASLt's: 100 / 80 us.
+        expect("infer/device_small_gemm/games:256/p50", 80.0, "infer/device/games:256/p50", 1.25)
         if any("threads:2" in n for n in rows) or rows["infer/cpu/games:256/frames_per_s"][
                 "value"] != 250000.0:
             fail("the two-thread CPU run was taken for the one-thread baseline")

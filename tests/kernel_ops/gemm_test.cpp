@@ -283,6 +283,35 @@ KERNEL_TEST(Gemm, MatchesCpu) {
     check_gemm<Kernels, Mem, bfloat16>(s, seed++);
   }
 }
+// Products of few rows by gemm_small_rows (Kernels::set_small_gemm on): every row count up to
+// kSmallGemmRows (each of the kernel's four instantiations, rows past M left alone), columns
+// fewer than and not a multiple of a block's 8, K below and across the 32 lanes, beta 0 and 1,
+// padded leading dimensions from unaligned starts; the other transposes and more rows still go
+// to the general GEMM.
+KERNEL_TEST(Gemm, SmallRowsMatchCpu) {
+  struct On {  // the switch put back however the test ends
+    bool was = Kernels::small_gemm();
+    On() { Kernels::set_small_gemm(true); }
+    ~On() { Kernels::set_small_gemm(was); }
+  } on;
+  uint64_t seed = 361;
+  for (const int M : {1, 2, 3, 5, 8})
+    for (const GemmShape& s :
+         {GemmShape{false, true, M, 40, 256, 0.0, 0}, GemmShape{false, true, M, 81, 7, 1.0, 2},
+          GemmShape{false, true, M, 3, 33, 0.5, 1}, GemmShape{false, true, M, 130, 128, 0.0, 3}}) {
+      check_gemm<Kernels, Mem, float>(s, seed++);
+      check_gemm<Kernels, Mem, bfloat16>(s, seed++);
+    }
+  for (const GemmShape& s :
+       {GemmShape{false, false, 2, 40, 64, 1.0, 0}, GemmShape{true, true, 3, 17, 9, 0.0, 1},
+        GemmShape{false, true, 9, 20, 30, 0.0, 0}})
+    check_gemm<Kernels, Mem, float>(s, seed++);
+  Mem mem;
+  float* c = mem.template alloc<float>(9 * 4);
+  const float* x = mem.upload(std::vector<float>(9 * 4, 1.0f));
+  EXPECT_THROW(Kernels::gemm_small_rows(9, 4, 4, 1.0f, x, 4, x, 4, 0.0f, c, 4, mem.stream()),
+               std::invalid_argument);
+}
 DEVICE_TEST(Gemm, GpuStandardShape) {
   uint64_t seed = 341;
   for (const GemmShape& s : {GemmShape{false, true, 256 * 60, 512, 128, 0.0, 0},     // in_proj

@@ -43,7 +43,8 @@ EXTRA=()
 # not in the default list: a lease names it); default all but ab.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
-# scan's figure beside its PyTorch peer's).
+# scan's figure beside its PyTorch peer's). GPU_CHECK_INFER_SMALL_GEMM=1: infer also runs the
+# device's frames with the small-row GEMM kernel (SLIPSTREAM_SMALL_GEMM=warps).
 ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e infer peer profile} "
 wants() { [[ "$ONLY" == *" $1 "* ]]; }
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-420}
@@ -327,6 +328,15 @@ if [[ "$MODE" == full* ]]; then
       --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_policy.json" \
       --benchmark_out_format=json
     expect_file bench_infer_policy "$OUT/bench_infer_policy.json"
+    # GPU_CHECK_INFER_SMALL_GEMM=1: the device's frames again with the small-row GEMM kernel
+    # (kernels/gemm.h, SLIPSTREAM_SMALL_GEMM=warps) in place of cuBLASLt, for the A/B.
+    if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ]; then
+      step bench_infer_small_gemm env SLIPSTREAM_BENCH_DEVICE=cuda SLIPSTREAM_SMALL_GEMM=warps \
+        $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
+        --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_small_gemm.json" \
+        --benchmark_out_format=json
+      expect_file bench_infer_small_gemm "$OUT/bench_infer_small_gemm.json"
+    fi
   fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.

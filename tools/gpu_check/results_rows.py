@@ -42,6 +42,7 @@ VARIANTS = [
     (re.compile(r"^scan_fwd_bwd_kept_states/(.*)$"), r"scan_fwd_bwd/\1"),
     (re.compile(r"^scan_forward_lean/(.*)$"), r"scan_forward_kept_states/\1"),
     (re.compile(r"^embed_backward_sorted/(.*)$"), r"embed_backward_partials/\1"),
+    (re.compile(r"^gemm_small/warps/(.*)$"), r"gemm_small/cublaslt/\1"),
 ]
 
 
@@ -152,6 +153,19 @@ def infer_rows(out, rows):
                 rows.add(f"{name}/frames_per_s", b["frames_per_s"], "frames/s", command,
                          (f"infer/cpu/games:{n}/frames_per_s", base["frames_per_s"])
                          if base and "frames_per_s" in base else None, higher_is_better=True)
+    # The device's frames with the small-row GEMM kernel (GPU_CHECK_INFER_SMALL_GEMM=1) against
+    # cuBLASLt's, the same call.
+    small = read_json(out, "bench_infer_small_gemm.json")
+    for b in (small or {}).get("benchmarks", []):
+        m = re.match(r"BM_PolicyStepBatchOnDevice/games:(\d+)", b.get("name", ""))
+        if not m or b.get("error_occurred") or b.get("run_type") == "aggregate":
+            continue
+        n, base = int(m.group(1)), device.get(int(m.group(1)), {})
+        if "p50_us" in b:
+            rows.add(f"infer/device_small_gemm/games:{n}/p50", b["p50_us"], "us a call",
+                     "SLIPSTREAM_SMALL_GEMM=warps bench_infer --benchmark_filter="
+                     "PolicyStepBatchOnDevice (gpu-check infer)",
+                     (f"infer/device/games:{n}/p50", base["p50_us"]) if "p50_us" in base else None)
 
 
 def peer_rows(out, rows):

@@ -201,6 +201,10 @@ def main(out):
                           "shared_sums", "shared_whole_chunks", "spread_steps"):
                 compare(f"scan backward, {shape} {dt}", "default", f"scan_backward/{dt}/{shape}",
                         other, f"scan_backward_{other}/{dt}/{shape}")
+    # A frame's GEMMs: cuBLASLt against the small-row kernel.
+    for name in sorted(n for n in bench if n.startswith("gemm_small/cublaslt/")):
+        rest = name[len("gemm_small/cublaslt/"):]
+        compare(f"GEMM of few rows, {rest}", "cublaslt", name, "warps", f"gemm_small/warps/{rest}")
     for shape in ("gpu_standard", "production"):
         compare(f"embedding table gradients, {shape}", "partials",
                 f"embed_backward_partials/{shape}", "sorted", f"embed_backward_sorted/{shape}")
