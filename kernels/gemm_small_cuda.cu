@@ -2,7 +2,6 @@
 // cuBLASLt: kernels/gemm.h's gemm_small_rows. The row-major contract of gemm with op(A) = A and
 // op(B) = Bᵀ (a linear layer's forward: B holds the weight's rows), FP32 accumulation; compiled
 // for CUDA and for the emulator alike, so its tests run without a GPU.
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -61,18 +60,12 @@ void small_rows(int M, int N, int K, float alpha, const T* A, int lda, const T* 
   const auto* b = dev(B);
   using DT = dev_t<T>;
   // Rows rounded up to a power of two: four instantiations a type.
-  if (M == 1)
-    SLIPSTREAM_LAUNCH_AS(name, (gemm_small_rows_kernel<DT, 1>), grid, block, stream, M, N, K, alpha,
-                         a, lda, b, ldb, beta, C, ldc);
-  else if (M == 2)
-    SLIPSTREAM_LAUNCH_AS(name, (gemm_small_rows_kernel<DT, 2>), grid, block, stream, M, N, K, alpha,
-                         a, lda, b, ldb, beta, C, ldc);
-  else if (M <= 4)
-    SLIPSTREAM_LAUNCH_AS(name, (gemm_small_rows_kernel<DT, 4>), grid, block, stream, M, N, K, alpha,
-                         a, lda, b, ldb, beta, C, ldc);
-  else
-    SLIPSTREAM_LAUNCH_AS(name, (gemm_small_rows_kernel<DT, 8>), grid, block, stream, M, N, K, alpha,
-                         a, lda, b, ldb, beta, C, ldc);
+  const auto kernel = M == 1   ? &gemm_small_rows_kernel<DT, 1>
+                      : M == 2 ? &gemm_small_rows_kernel<DT, 2>
+                      : M <= 4 ? &gemm_small_rows_kernel<DT, 4>
+                               : &gemm_small_rows_kernel<DT, 8>;
+  SLIPSTREAM_LAUNCH_AS(name, kernel, grid, block, stream, M, N, K, alpha, a, lda, b, ldb, beta, C,
+                       ldc);
   check_launch(name);
 }
 

@@ -390,7 +390,7 @@ __global__ void __launch_bounds__(kChanThreads, 4)
         y = group_sum<kG>(y) + q.Dd * u;
         if constexpr (kSpread) {  // step j's thread keeps y for its gate and store below
           own_y[j / kG] = lane_select(q.s == j % kG, y, own_y[j / kG]);
-        } else {
+        } else {  // inline, not store_out: through it ptxas 13 spilled 4 bytes in kProj's form
           const size_t i = (size_t(q.b) * a.L + t0 + g0 + j) * a.D + q.d;
           if (q.dok && q.s == 0) {
             const DT yv = from_f32<DT>(a.z ? y * siluf_(zz[j]) : y);
