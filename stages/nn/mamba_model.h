@@ -336,6 +336,14 @@ class MambaModel {
     xin_bf_used_ = nullptr;
     const bool fold_dt = kOnDevice && forward_only_ && R <= max_folded_dt_rank();
     last_forward_only_ = forward_only_;
+    // A frame no backward follows (a policy's): on a device, the whole stack in one launch where
+    // the kernel table's switch is on and the model fits the kernel (kernels/mamba_frame.h).
+    if constexpr (kOnDevice)
+      if (forward_only_ && L_ == 1 && ops_.takes_mamba_frame(frame_shape())) {
+        ops_.mamba_frame_forward(frame_shape(), x, w, wb, conv_first_, conv_last_, scan_first_,
+                                 scan_last_, y, wb ? y_bf_ : nullptr);
+        return;
+      }
     if (c_.has_input_proj()) {
       const uint16_t* xb =
           wb && x_bf_given_ ? x_bf_given_ : round(x, xin_bf_, Ms * static_cast<size_t>(c_.din), wb);
@@ -567,6 +575,21 @@ class MambaModel {
   // chain rule in its own sum of dA, instead of copies in and out, a zeroed dA and a product (six
   // launches a layer fewer). The CPU does those steps itself, allocation-free.
   static constexpr bool kOnDevice = Ops::kBackend != KernelBackend::cpu;
+  // The model as the one-launch frame kernel takes it (device only).
+  auto frame_shape() const {
+    typename Ops::Table::MambaFrame f{};
+    f.rows = B_, f.din = c_.din, f.d_model = c_.d_model, f.d_inner = c_.d_inner();
+    f.d_state = c_.d_state, f.dt_rank = c_.rank(), f.d_conv = c_.d_conv, f.layers = c_.layers;
+    f.eps = static_cast<float>(c_.eps);
+    f.input_proj = c_.has_input_proj() ? 1 : 0;
+    f.input_proj_w = lay_.input_proj_w, f.input_proj_b = lay_.input_proj_b;
+    f.norm_f = lay_.norm_f, f.layer_stride = lay_.layer_stride;
+    const auto& L0 = lay_.layers[0];
+    f.norm = L0.norm, f.in_proj = L0.in_proj, f.conv_w = L0.conv_w, f.conv_b = L0.conv_b;
+    f.x_proj = L0.x_proj, f.dt_w = L0.dt_w, f.dt_b = L0.dt_b, f.A_log = L0.A_log, f.D = L0.D;
+    f.out_proj = L0.out_proj;
+    return f;
+  }
   // The largest dt_rank whose dt_proj a device's scan folds in (forward-only passes).
   static constexpr int max_folded_dt_rank() {
     if constexpr (kOnDevice)

@@ -149,6 +149,19 @@ class DeviceOps {
                           dw_ih, dw_hh, db_ih, db_hh, ws, B, L, In, H, stream_);
   }
 
+  // A Mamba stack's frame in one launch (kernels/mamba_frame.h), where the table's switch is on
+  // and the model fits the kernel.
+  using MambaFrame = typename Kernels::MambaFrame;
+  bool takes_mamba_frame(const MambaFrame& m) const {
+    return Kernels::mamba_frame_fused() && Kernels::mamba_frame_fits(m);
+  }
+  void mamba_frame_forward(const MambaFrame& m, const float* x, const float* w, const uint16_t* wb,
+                           const float* conv_in, float* conv_out, const float* scan_in,
+                           float* scan_out, float* y, uint16_t* y_bf) const {
+    Kernels::mamba_frame_forward(m, x, w, bf(wb), conv_in, conv_out, scan_in, scan_out, y, bf(y_bf),
+                                 stream_);
+  }
+
   // Elements of the scan states a training forward keeps for its backward (the start of each of
   // the backward's chunks), or 0 where the backward finds them itself (the kernel table's
   // scan_forward_keeps_states).

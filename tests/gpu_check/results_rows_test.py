@@ -60,6 +60,9 @@ def main(tool):
              "p99_us": 150.0, "frames_per_s": 2500000.0}]})
         write(d, "bench_infer_small_gemm.json", {"benchmarks": [
             {"name": "BM_PolicyStepBatchOnDevice/games:256/real_time", "p50_us": 80.0}]})
+        write(d, "bench_infer_fused_frame.json", {"benchmarks": [
+            {"name": "BM_PolicyStepBatchOnDevice/games:256/real_time", "p50_us": 50.0,
+             "frames_per_s": 5000000.0}]})
         write(d, "side_by_side_eager.json", {"shape": "gpu_standard", "precision": "bf16",
                                              "median_step_ms": {"slipstream": 2.0,
                                                                 "torch eager": 20.0},
@@ -127,6 +130,12 @@ def main(tool):
                "infer/cpu/games:256/frames_per_s", 10.0)
         # The small-row GEMM kernel's frames against cuBLASLt's: 100 / 80 us.
         expect("infer/device_small_gemm/games:256/p50", 80.0, "infer/device/games:256/p50", 1.25)
+        # The fused frame's: 100 / 50 us, and twice the frames.
+        expect("infer/device_fused_frame/games:256/p50", 50.0, "infer/device/games:256/p50", 2.0)
+        expect("infer/device_fused_frame/games:256/frames_per_s", 5000000.0,
+               "infer/device/games:256/frames_per_s", 2.0)
+        if any(n.startswith("infer/device_fused_frame_small_gemm") for n in rows):
+            fail("rows of a form whose file is not there")
         if any("threads:2" in n for n in rows) or rows["infer/cpu/games:256/frames_per_s"][
                 "value"] != 250000.0:
             fail("the two-thread CPU run was taken for the one-thread baseline")

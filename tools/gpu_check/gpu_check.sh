@@ -43,8 +43,10 @@ EXTRA=()
 # not in the default list: a lease names it); default all but ab.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
-# scan's figure beside its PyTorch peer's). GPU_CHECK_INFER_SMALL_GEMM=1: infer also runs the
-# device's frames with the small-row GEMM kernel (SLIPSTREAM_SMALL_GEMM=warps).
+# scan's figure beside its PyTorch peer's). GPU_CHECK_INFER_FORMS: infer also runs the device's
+# frames in each form named (small_gemm: SLIPSTREAM_SMALL_GEMM=warps; fused_frame:
+# SLIPSTREAM_MAMBA_FRAME=fused; fused_frame_small_gemm: both); GPU_CHECK_INFER_SMALL_GEMM=1 adds
+# small_gemm.
 ONLY=" ${GPU_CHECK_ONLY:-tests cpu sanitize kernels train e2e infer peer profile} "
 wants() { [[ "$ONLY" == *" $1 "* ]]; }
 STEP_TIMEOUT=${GPU_CHECK_STEP_TIMEOUT:-420}
@@ -328,15 +330,29 @@ if [[ "$MODE" == full* ]]; then
       --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_policy.json" \
       --benchmark_out_format=json
     expect_file bench_infer_policy "$OUT/bench_infer_policy.json"
-    # GPU_CHECK_INFER_SMALL_GEMM=1: the device's frames again with the small-row GEMM kernel
-    # (kernels/gemm.h, SLIPSTREAM_SMALL_GEMM=warps) in place of cuBLASLt, for the A/B.
-    if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ]; then
-      step bench_infer_small_gemm env SLIPSTREAM_BENCH_DEVICE=cuda SLIPSTREAM_SMALL_GEMM=warps \
-        $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
-        --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_small_gemm.json" \
-        --benchmark_out_format=json
-      expect_file bench_infer_small_gemm "$OUT/bench_infer_small_gemm.json"
+    # GPU_CHECK_INFER_FORMS: the device's frames again in other forms, each against the default's
+    # figures of the same call (results_rows.py: infer/device_FORM/...): small_gemm, the
+    # small-row GEMM kernel in place of cuBLASLt (kernels/gemm.h); fused_frame, the model's frame
+    # in one launch (kernels/mamba_frame.h); fused_frame_small_gemm, both.
+    forms=" ${GPU_CHECK_INFER_FORMS:-} "
+    if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ] && [[ "$forms" != *" small_gemm "* ]]; then
+      forms="$forms small_gemm "
     fi
+    for form in $forms; do
+      case "$form" in
+        small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
+        fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
+        fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
+        *) echo "GPU_CHECK_INFER_FORMS: no form $form (small_gemm, fused_frame," \
+             "fused_frame_small_gemm)" >&2; continue ;;
+      esac
+      # shellcheck disable=SC2086  # vars: words for env
+      step "bench_infer_$form" env SLIPSTREAM_BENCH_DEVICE=cuda $vars \
+        $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
+        --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_$form.json" \
+        --benchmark_out_format=json
+      expect_file "bench_infer_$form" "$OUT/bench_infer_$form.json"
+    done
   fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.

@@ -129,6 +129,14 @@ def overlap_rows(out, rows):
             rows.add(f"gpu_busy/{preset}", sum(busy) / len(busy), "%", command)
 
 
+# gpu_check.sh's GPU_CHECK_INFER_FORMS: each form's file (bench_infer_FORM.json) and switches.
+INFER_FORMS = {
+    "small_gemm": "SLIPSTREAM_SMALL_GEMM=warps",
+    "fused_frame": "SLIPSTREAM_MAMBA_FRAME=fused",
+    "fused_frame_small_gemm": "SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps",
+}
+
+
 def infer_rows(out, rows):
     r = read_json(out, "bench_infer_policy.json")
     if r is None:
@@ -153,19 +161,25 @@ def infer_rows(out, rows):
                 rows.add(f"{name}/frames_per_s", b["frames_per_s"], "frames/s", command,
                          (f"infer/cpu/games:{n}/frames_per_s", base["frames_per_s"])
                          if base and "frames_per_s" in base else None, higher_is_better=True)
-    # The device's frames with the small-row GEMM kernel (GPU_CHECK_INFER_SMALL_GEMM=1) against
-    # cuBLASLt's, the same call.
-    small = read_json(out, "bench_infer_small_gemm.json")
-    for b in (small or {}).get("benchmarks", []):
-        m = re.match(r"BM_PolicyStepBatchOnDevice/games:(\d+)", b.get("name", ""))
-        if not m or b.get("error_occurred") or b.get("run_type") == "aggregate":
-            continue
-        n, base = int(m.group(1)), device.get(int(m.group(1)), {})
-        if "p50_us" in b:
-            rows.add(f"infer/device_small_gemm/games:{n}/p50", b["p50_us"], "us a call",
-                     "SLIPSTREAM_SMALL_GEMM=warps bench_infer --benchmark_filter="
-                     "PolicyStepBatchOnDevice (gpu-check infer)",
-                     (f"infer/device/games:{n}/p50", base["p50_us"]) if "p50_us" in base else None)
+    # The device's frames in the other forms (GPU_CHECK_INFER_FORMS) against the default's, the
+    # same call.
+    for form, switches in INFER_FORMS.items():
+        runs = read_json(out, f"bench_infer_{form}.json")
+        command = f"{switches} bench_infer --benchmark_filter=PolicyStepBatchOnDevice (gpu-check infer)"
+        for b in (runs or {}).get("benchmarks", []):
+            m = re.match(r"BM_PolicyStepBatchOnDevice/games:(\d+)", b.get("name", ""))
+            if not m or b.get("error_occurred") or b.get("run_type") == "aggregate":
+                continue
+            n, base = int(m.group(1)), device.get(int(m.group(1)), {})
+            name = f"infer/device_{form}/games:{n}"
+            if "p50_us" in b:
+                rows.add(f"{name}/p50", b["p50_us"], "us a call", command,
+                         (f"infer/device/games:{n}/p50", base["p50_us"])
+                         if "p50_us" in base else None)
+            if "frames_per_s" in b:
+                rows.add(f"{name}/frames_per_s", b["frames_per_s"], "frames/s", command,
+                         (f"infer/device/games:{n}/frames_per_s", base["frames_per_s"])
+                         if "frames_per_s" in base else None, higher_is_better=True)
 
 
 def peer_rows(out, rows):
