@@ -25,6 +25,9 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/selective_scan.h"
 #include "stages/melee/melee_kernels.h"
+#include "stages/melee/model_math.h"
+#include "stages/nn/mamba_model.h"
+#include "stages/ops/device_ops.h"
 
 namespace sk = slipstream::kernels;
 namespace melee = slipstream::melee;
@@ -452,6 +455,66 @@ void gemm_small(benchmark::State& st, int M, int N, int K, bool warps) {
   cudaStreamDestroy(s);
 }
 
+// A Mamba model's frame (one step of `games` games from their carried state, no backward: a
+// policy's frame; din the melee embedding's width) as the layers run it (1 + 6 a layer + 1
+// launches: cuBLASLt GEMMs, norms, the convolution's and scan's kernels) or as one launch
+// (kernels/mamba_frame.h), captured as a CUDA graph as a policy's frame is; the graph reads the
+// same state each replay (the time of a frame, not its meaning). GB/s: the weights read once;
+// `launches`: the graph's nodes.
+void mamba_frame(benchmark::State& st, const Shape& sh, int layers, int games, bool bf16,
+                 bool fused) {
+  namespace nn = slipstream::nn;
+  using Ops = slipstream::ops::DeviceOps<sk::CudaKernels>;
+  nn::MambaConfig c;
+  c.din = melee::EmbedLayout().width(), c.d_model = sh.d_model, c.d_state = sh.N;
+  c.layers = layers;
+  const nn::MambaLayout lay(c);
+  std::vector<float> hw(lay.params.total());
+  nn::mamba_init(c, lay, hw.data(), 3);
+  std::vector<uint16_t> hwb(hw.size());
+  sk::fp32_to_bf16(hw.data(), hwb.data(), hw.size());
+  Buffers m;
+  float* w = m.alloc<float>(hw.size());
+  uint16_t* wb = m.alloc<uint16_t>(hw.size());
+  ok(cudaMemcpy(w, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice), "upload");
+  ok(cudaMemcpy(wb, hwb.data(), hw.size() * 2, cudaMemcpyHostToDevice), "upload");
+  const float* x = m.random<float>(size_t(games) * c.din, -1, 1);
+  float* y = m.alloc<float>(size_t(games) * c.d_model);
+  const LtContext lt(m);
+  cudaStream_t s;
+  ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  const bool was = sk::CudaKernels::mamba_frame_fused();
+  sk::CudaKernels::set_mamba_frame_fused(fused);
+  {
+    nn::MambaModel<float, Ops> model(c, Ops(slipstream::Device::cuda(0), s, lt.gemm));
+    model.set_carry(true);
+    model.resize(games, 1, bf16);
+    model.set_forward_only(true);
+    model.forward(x, w, bf16 ? wb : nullptr, y);  // cuBLASLt's plans made before the capture
+    ok(cudaStreamSynchronize(s), "first frame");
+    cudaGraph_t graph = nullptr;
+    ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    model.forward(x, w, bf16 ? wb : nullptr, y);
+    ok(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    size_t nodes = 0;
+    ok(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes");
+    // The linear layers' weights at the precision's width, the rest fp32.
+    const size_t di = size_t(c.d_inner()), dm = size_t(c.d_model);
+    const size_t P = size_t(c.rank() + 2 * c.d_state);
+    const size_t lin = dm * size_t(c.din) + size_t(layers) * (2 * di * dm + P * di + dm * di);
+    time_launches(st, s, double(lin) * (bf16 ? 2 : 4) + double(hw.size() - lin) * 4,
+                  [&] { ok(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); });
+    st.counters["launches"] = double(nodes);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    ok(cudaStreamSynchronize(s), "frames");
+  }
+  sk::CudaKernels::set_mamba_frame_fused(was);
+  cudaStreamDestroy(s);
+}
+
 // The embedding's table gradients (stages/melee/melee_cuda.inc) in one form, at the preset's
 // batch (B × W positions, three slots each) with ids drawn as games have them: a few action
 // states hold most items (u³ over the 399), two characters and one stage a window, the third
@@ -545,6 +608,17 @@ int main(int argc, char** argv) {
         else
           add(name, [=](benchmark::State& st) { gemm_small<float>(st, M, N, K, warps); });
       }
+  // A model's frame by its layers or in one launch (kernels/mamba_frame.h), at gpu_standard's
+  // model (2 layers) and production's (3): one game, 64, 1,024.
+  for (const Shape& sh : kShapes)
+    for (int games : {1, 64, 1024})
+      for (bool bf16 : {false, true})
+        for (bool fused : {false, true})
+          add(std::string("mamba_frame/") + (fused ? "fused/" : "layers/") +
+                  (bf16 ? "bf16/" : "fp32/") + sh.name + "/games:" + std::to_string(games),
+              [=](benchmark::State& st) {
+                mamba_frame(st, sh, sh.N > 16 ? 3 : 2, games, bf16, fused);
+              });
   for (int nodes : {1, 8, 19, 32})
     for (bool copies : {false, true})
       add("frame_floor/" + std::to_string(nodes) + (copies ? "_launches_copies" : "_launches"),

@@ -36,6 +36,10 @@ def main(tool):
              "time_unit": "us"},
             {"name": "gemm_small/warps/bf16/M1_N40_K256/manual_time", "real_time": 4.0,
              "time_unit": "us"},
+            {"name": "mamba_frame/layers/bf16/gpu_standard/games:1/manual_time",
+             "real_time": 40.0, "time_unit": "us", "launches": 14.0},
+            {"name": "mamba_frame/fused/bf16/gpu_standard/games:1/manual_time",
+             "real_time": 10.0, "time_unit": "us", "launches": 1.0},
             {"name": "scan_forward/fp32/gpu_standard/manual_time", "real_time": 100.0,
              "time_unit": "us"},
             {"name": "scan_backward/fp32/gpu_standard/manual_time", "real_time": 500.0,
@@ -110,6 +114,11 @@ def main(tool):
                "scan_backward/bf16/production", 1.6)
         expect("kernel/gemm_small/warps/bf16/M1_N40_K256", 4.0,
                "gemm_small/cublaslt/bf16/M1_N40_K256", 1.25)
+        # The model's frame in one launch against its layers: 40 / 10 us, the nodes in the note.
+        expect("kernel/mamba_frame/fused/bf16/gpu_standard/games:1", 10.0,
+               "mamba_frame/layers/bf16/gpu_standard/games:1", 4.0)
+        if rows["kernel/mamba_frame/layers/bf16/gpu_standard/games:1"].get("note") != "14 launches":
+            fail("the frame graph's launches not in the note")
         # A policy frame's floor: the host's wall time, the device's in the note.
         expect("kernel/frame_floor/19_launches", 40.0)
         if rows["kernel/frame_floor/19_launches"].get("note") != "device 31.5 us":

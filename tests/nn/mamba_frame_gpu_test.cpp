@@ -29,10 +29,10 @@ TEST(MambaFrameGpu, MatchesTheLayersAndTheCpu) {
   uint64_t seed = 31;
   for (const auto& k : mamba_frame_cases())
     check_mamba_frame<CudaKernels>(k, dev, stream, gemm, seed++);
-  // gpu_standard's model and production's (the melee embedding's width as din), 1 and 64 games.
+  // gpu_standard's model and production's (din 264: the melee embedding's width), 1 and 64 games.
   for (const bool bf16 : {false, true}) {
-    check_mamba_frame<CudaKernels>({96, 128, 16, 2, 4, 1, bf16}, dev, stream, gemm, seed++);
-    check_mamba_frame<CudaKernels>({96, 256, 32, 3, 4, 64, bf16}, dev, stream, gemm, seed++);
+    check_mamba_frame<CudaKernels>({264, 128, 16, 2, 4, 1, bf16}, dev, stream, gemm, seed++);
+    check_mamba_frame<CudaKernels>({264, 256, 32, 3, 4, 64, bf16}, dev, stream, gemm, seed++);
   }
   cudaStreamSynchronize(stream);
   cublasLtDestroy(lt);

@@ -43,6 +43,7 @@ VARIANTS = [
     (re.compile(r"^scan_forward_lean/(.*)$"), r"scan_forward_kept_states/\1"),
     (re.compile(r"^embed_backward_sorted/(.*)$"), r"embed_backward_partials/\1"),
     (re.compile(r"^gemm_small/warps/(.*)$"), r"gemm_small/cublaslt/\1"),
+    (re.compile(r"^mamba_frame/fused/(.*)$"), r"mamba_frame/layers/\1"),
 ]
 
 
@@ -88,6 +89,8 @@ def kernel_rows(out, rows):
             notes.append(f"{b['GB/s']:.0f} GB/s")
         if b.get("device_us"):  # frame_floor/*: the device's time beside the host's wall time
             notes.append(f"device {b['device_us']:.1f} us")
+        if b.get("launches"):  # mamba_frame/*: the frame graph's nodes
+            notes.append(f"{b['launches']:.0f} launches")
         rows.add(f"kernel/{name}", b["real_time"], b.get("time_unit", "us"),
                  f"bench_kernels_cuda --benchmark_filter={name} (gpu-check kernels)",
                  (base, times[base]["real_time"]) if base in times else None,

@@ -205,6 +205,10 @@ def main(out):
     for name in sorted(n for n in bench if n.startswith("gemm_small/cublaslt/")):
         rest = name[len("gemm_small/cublaslt/"):]
         compare(f"GEMM of few rows, {rest}", "cublaslt", name, "warps", f"gemm_small/warps/{rest}")
+    # A model's frame: its layers against one launch.
+    for name in sorted(n for n in bench if n.startswith("mamba_frame/layers/")):
+        rest = name[len("mamba_frame/layers/"):]
+        compare(f"Mamba frame, {rest}", "layers", name, "fused", f"mamba_frame/fused/{rest}")
     for shape in ("gpu_standard", "production"):
         compare(f"embedding table gradients, {shape}", "partials",
                 f"embed_backward_partials/{shape}", "sorted", f"embed_backward_sorted/{shape}")
