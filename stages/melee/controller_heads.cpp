@@ -164,6 +164,23 @@ class HeadsRunnerOn final : public HeadsRunner {
         o_.to_bf16(prev, b16(prev16_), np);
     }
     const uint16_t* xb = xb_;
+    if constexpr (kOnDevice) {
+      // A few rows (a policy's frame) of heads with neither a hidden layer nor decoding: the two
+      // products and the split in one launch, where the small-row GEMMs are on.
+      if (L_.hidden == 0 && !L_.ar && M <= Ops::Table::kSmallGemmRows && Ops::Table::small_gemm()) {
+        typename Ops::Table::HeadGradPointers split{};
+        for (int h = 0; h < kHeads; ++h) split.dlogits[h] = out[h];
+        const bool direct = L_.P > 0;
+        if (bf16_)
+          Ops::Table::heads_small_rows(
+              m, kbf(xb), L_.H, kbf(bf(Wb, L_.wo)), direct ? kbf(pb_) : nullptr, L_.P,
+              direct ? kbf(bf(Wb, L_.wp)) : nullptr, W + L_.bo, split, o_.stream());
+        else
+          Ops::Table::heads_small_rows(m, x, L_.H, W + L_.wo, direct ? prev : nullptr, L_.P,
+                                       direct ? W + L_.wp : nullptr, W + L_.bo, split, o_.stream());
+        return;
+      }
+    }
     const float* in = x;
     const uint16_t* inb = xb;
     if (L_.hidden > 0) {
@@ -273,6 +290,9 @@ class HeadsRunnerOn final : public HeadsRunner {
 
  private:
   static constexpr bool kOnDevice = requires { typename Ops::Table; };
+  static const kernels::bfloat16* kbf(const uint16_t* p) {
+    return reinterpret_cast<const kernels::bfloat16*>(p);
+  }
 
   // logits += teacher Waᵀ (training), or the logits conditioned item by item on the most likely
   // items (every other pass).

@@ -808,6 +808,42 @@ __global__ void heads_split_kernel(const float* logits, const float* bias, size_
   }
 }
 
+constexpr int kSmallHeadsWarps = 8;  // columns of the 81 a block
+
+// Warp w of block x: column c = 8x + w of the fused logits for each of the M ≤ kRows rows, x's
+// product then prev's (lanes striding over K, coalesced reads of the weights' rows), a butterfly,
+// the bias; lane m stores row m's into its head's output.
+template <class DT, int kRows>
+__global__ void __launch_bounds__(kSmallHeadsWarps * 32)
+    heads_small_rows_kernel(int M, const DT* x, int H, const DT* Wo, const DT* prev, int P,
+                            const DT* Wp, const float* bias, HeadGradPointers out) {
+  const int lane = int(threadIdx.x) & 31;
+  const int c = int(blockIdx.x) * kSmallHeadsWarps + (int(threadIdx.x) >> 5);
+  if (c >= kHeadsWidth) return;  // a whole warp: no shuffle follows for it
+  float acc[kRows];
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) acc[m] = 0.f;
+  auto product = [&](const DT* A, const DT* W, int K) {
+    const DT* w = W + size_t(c) * size_t(K);
+#pragma unroll 4
+    for (int k = lane; k < K; k += 32) {
+      const float wk = k::to_f32(w[k]);
+#pragma unroll
+      for (int m = 0; m < kRows; ++m)
+        if (m < M) acc[m] = fmaf(k::to_f32(A[size_t(m) * size_t(K) + size_t(k)]), wk, acc[m]);
+    }
+  };
+  product(x, Wo, H);
+  if (P > 0) product(prev, Wp, P);
+  const int h = head_of_column(c), w = head_width_of(h);
+  const int col = c - ar_first_column(h == 0 ? 0 : kButtons + h - 1);
+#pragma unroll
+  for (int m = 0; m < kRows; ++m) {
+    const float v = k::group_sum<32>(acc[m]);
+    if (m < M && lane == m) out.dlogits[h][size_t(m) * size_t(w) + size_t(col)] = v + bias[c];
+  }
+}
+
 constexpr int kJoinThreads = 96;  // a thread a column of the 81 (three warps)
 constexpr size_t kJoinRows = 64;  // rows a block: one partial of the bias gradient
 constexpr int kJoinLoads = 16;    // rows whose loads a thread has in flight at once
@@ -1127,6 +1163,36 @@ void Kernels::heads_split(const float* logits, const float* bias, size_t M,
   SLIPSTREAM_LAUNCH_ELEMENTWISE("heads_split", heads_split_kernel, M * kHeadsWidth, stream, logits,
                                 bias, M, out);
 }
+
+template <class T>
+void Kernels::heads_small_rows(size_t M, const T* x, int H, const T* Wo, const T* prev, int P,
+                               const T* Wp, const float* bias, const HeadGradPointers& out,
+                               cudaStream_t stream) {
+  const char* name = "heads_small_rows";
+  if (M < 1 || M > size_t(kSmallGemmRows) || H < 1 || P < 0 || (P > 0 && (!prev || !Wp)))
+    throw std::invalid_argument(std::string(name) +
+                                ": needs 1 <= M <= " + std::to_string(kSmallGemmRows) +
+                                ", H >= 1 and prev with P > 0 (M=" + std::to_string(M) +
+                                " H=" + std::to_string(H) + " P=" + std::to_string(P) + ")");
+  using DT = k::dev_t<T>;
+  const int rows = int(M);
+  const auto kernel = rows == 1   ? &heads_small_rows_kernel<DT, 1>
+                      : rows == 2 ? &heads_small_rows_kernel<DT, 2>
+                      : rows <= 4 ? &heads_small_rows_kernel<DT, 4>
+                                  : &heads_small_rows_kernel<DT, 8>;
+  SLIPSTREAM_LAUNCH_AS(name, kernel, dim3(ceil_div(kHeadsWidth, kSmallHeadsWarps)),
+                       dim3(kSmallHeadsWarps * 32), stream, rows, k::dev(x), H, k::dev(Wo),
+                       k::dev(prev), P, k::dev(Wp), bias, out);
+  check_launch(name);
+}
+template void Kernels::heads_small_rows<float>(size_t, const float*, int, const float*,
+                                               const float*, int, const float*, const float*,
+                                               const HeadGradPointers&, cudaStream_t);
+template void Kernels::heads_small_rows<kernels::bfloat16>(size_t, const kernels::bfloat16*, int,
+                                                           const kernels::bfloat16*,
+                                                           const kernels::bfloat16*, int,
+                                                           const kernels::bfloat16*, const float*,
+                                                           const HeadGradPointers&, cudaStream_t);
 
 void Kernels::heads_join(const HeadPointers& dout, size_t M, float* dlogits,
                          kernels::bfloat16* dlogits_bf, float* dbias, void* workspace,

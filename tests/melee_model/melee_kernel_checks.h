@@ -527,4 +527,57 @@ void check_heads_split_join(size_t M, uint64_t seed) {
   }
 }
 
+// The heads' forward of a few rows in one launch (heads_small_rows): every head's output against
+// x Woᵀ + prev Wpᵀ + bias in double on the same operands (bf16: the rounded ones), element by
+// element to the fp32 sums' rounding; without the direct path (P 0) too.
+template <class K, class Mem>
+void check_heads_small_rows(size_t M, int H, int P, bool bf16, uint64_t seed) {
+  SCOPED_TRACE("heads small rows, M " + std::to_string(M) + " H " + std::to_string(H) + " P " +
+               std::to_string(P) + (bf16 ? " bf16" : " fp32"));
+  std::mt19937_64 rng(seed);
+  Mem mem;
+  auto values = [&](size_t n, double scale) {
+    auto v = cast<float>(rand_vec(n, rng, -scale, scale));
+    if (bf16)
+      for (float& e : v) e = kernels::bf16_to_fp32(kernels::fp32_to_bf16(e));
+    return v;
+  };
+  const auto x = values(M * size_t(H), 1.0), Wo = values(size_t(kHeadsWidth) * H, 0.2);
+  const auto prev = values(M * size_t(P), 1.0), Wp = values(size_t(kHeadsWidth) * P, 0.2);
+  const auto bias = cast<float>(rand_vec(kHeadsWidth, rng, -1.0, 1.0));
+  typename K::HeadGradPointers out{};
+  for (int h = 0; h < kHeads; ++h) out.dlogits[h] = mem.template alloc<float>(M * head_width(h));
+  auto to_bf = [](const std::vector<float>& v) {
+    std::vector<kernels::bfloat16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i].bits = kernels::fp32_to_bf16(v[i]);
+    return b;
+  };
+  if (bf16)
+    K::heads_small_rows(M, mem.upload(to_bf(x)), H, mem.upload(to_bf(Wo)),
+                        P ? mem.upload(to_bf(prev)) : nullptr, P,
+                        P ? mem.upload(to_bf(Wp)) : nullptr, mem.upload(bias), out, mem.stream());
+  else
+    K::heads_small_rows(M, mem.upload(x), H, mem.upload(Wo), P ? mem.upload(prev) : nullptr, P,
+                        P ? mem.upload(Wp) : nullptr, mem.upload(bias), out, mem.stream());
+  for (int h = 0; h < kHeads; ++h) {
+    const size_t w = size_t(head_width(h));
+    const auto got = mem.download(out.dlogits[h], M * w);
+    for (size_t r = 0; r < M; ++r)
+      for (size_t j = 0; j < w; ++j) {
+        const size_t c = size_t(head_offset(h)) + j;
+        double want = bias[c], mag = std::abs(bias[c]);
+        for (int k = 0; k < H; ++k) {
+          const double term = double(x[r * H + k]) * Wo[c * H + k];
+          want += term, mag += std::abs(term);
+        }
+        for (int k = 0; k < P; ++k) {
+          const double term = double(prev[r * P + k]) * Wp[c * P + k];
+          want += term, mag += std::abs(term);
+        }
+        ASSERT_NEAR(got[r * w + j], want, 2e-6 * mag)
+            << "head " << h << " row " << r << " col " << j;
+      }
+  }
+}
+
 }  // namespace slipstream::melee::test

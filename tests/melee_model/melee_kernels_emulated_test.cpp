@@ -31,6 +31,16 @@ TEST(MeleeKernelsEmulated, HeadsSplitAndJoinAreExactCopies) {
   check_heads_split_join<K, Mem>(37, 11);
 }
 
+// P 86: the direct path's width (the previous input's controller and its classes).
+TEST(MeleeKernelsEmulated, HeadsOfFewRowsMatchCpu) {
+  uint64_t seed = 21;
+  for (const size_t M : {1, 2, 3, 5, 8})
+    for (const bool bf16 : {false, true}) {
+      check_heads_small_rows<K, Mem>(M, 128, 86, bf16, seed++);
+      check_heads_small_rows<K, Mem>(M, 37, 0, bf16, seed++);
+    }
+}
+
 TEST(MeleeKernelsEmulated, PolicyDrawsMatchCpu) {
   check_policy_choose<K, Mem>(1, 9, true);
   check_policy_choose<K, Mem>(37, 10, true);  // a partial last block

@@ -37,6 +37,17 @@ TEST(MeleeKernelsGpu, HeadsSplitAndJoinAreExactCopies) {
   check_heads_split_join<K, Mem>(256 * 60, 12);  // gpu_standard's batch
 }
 
+// P 86: the direct path's width (the previous input's controller and its classes).
+TEST(MeleeKernelsGpu, HeadsOfFewRowsMatchCpu) {
+  REQUIRE_DEVICE();
+  uint64_t seed = 21;
+  for (const size_t M : {1, 2, 3, 5, 8})
+    for (const bool bf16 : {false, true}) {
+      check_heads_small_rows<K, Mem>(M, 128, 86, bf16, seed++);
+      check_heads_small_rows<K, Mem>(M, 37, 0, bf16, seed++);
+    }
+}
+
 TEST(MeleeKernelsGpu, PolicyDrawsMatchCpu) {
   REQUIRE_DEVICE();
   check_policy_choose<K, Mem>(1, 9, false);
