@@ -837,10 +837,15 @@ __global__ void __launch_bounds__(kSmallHeadsWarps * 32)
   if (P > 0) product(prev, Wp, P);
   const int h = head_of_column(c), w = head_width_of(h);
   const int col = c - ar_first_column(h == 0 ? 0 : kButtons + h - 1);
+  // Head h's output by selects (out.dlogits[h] with h varying would copy the six pointers into
+  // local memory).
+  float* dst = out.dlogits[0];
+#pragma unroll
+  for (int j = 1; j < kHeads; ++j) dst = h == j ? out.dlogits[j] : dst;
 #pragma unroll
   for (int m = 0; m < kRows; ++m) {
     const float v = k::group_sum<32>(acc[m]);
-    if (m < M && lane == m) out.dlogits[h][size_t(m) * size_t(w) + size_t(col)] = v + bias[c];
+    if (m < M && lane == m) dst[size_t(m) * size_t(w) + size_t(col)] = v + bias[c];
   }
 }
 
