@@ -2,8 +2,8 @@
 // gemm_bf16_onednn.h), run single-threaded inside TBB tasks: one thread pool for the whole
 // process (run.threads bounds it), instead of OpenBLAS's own threads spinning beside TBB's
 // (measured faster on 2 cores, docs/kernels.md). A large product is split by rows of C into
-// fixed blocks, one sgemm each. Bias sums are column-blocked so each TBB task owns its outputs
-// (no atomics, deterministic).
+// fixed blocks, one sgemm each; one of a few rows is a matrix-vector product a row. Bias sums are
+// column-blocked so each TBB task owns its outputs (no atomics, deterministic).
 #include "kernels/gemm.h"
 
 #include <cblas.h>
@@ -58,12 +58,41 @@ void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const TA* A, int lda,
       tbb::simple_partitioner());
 }
 
+// Products of at most kGemvRows rows with op(A) = A (a policy's frame of a game or a few, the
+// recurrent step): a matrix-vector product a row, which reads op(B) as it lies, where sgemm packs
+// all of it first. At the frame's shapes (d_model 128: N x K of 512 x 128, 40 x 256, 128 x 256, 81
+// x 128; 2-core EPYC, OpenBLAS 0.3.21) one row took 0.14-0.21x sgemm's time, two 0.27-0.38x, four
+// 0.58-0.86x, eight 0.84-1.30x. The sums' order then follows from M alone, as the row blocks'
+// does: the same bits for any thread count. C is written, not read, where beta is 0 (BLAS's
+// contract, NaN included: gemv would scale what C held).
+constexpr int kGemvRows = 4;
+template <class T, class Gemv>
+bool rows_by_gemv(bool trans_a, bool trans_b, int M, int N, int K, const T* A, int lda, T beta,
+                  T* C, int ldc, Gemv&& gemv) {
+  if (trans_a || M > kGemvRows || K < 1) return false;
+  tbb_splits_gemms();  // OpenBLAS single-threaded before its first call
+  for (int m = 0; m < M; ++m) {
+    T* c = C + static_cast<size_t>(m) * ldc;
+    if (beta == T(0)) std::fill(c, c + N, T(0));
+    // op(B) = Bᵀ: B (N, K), y = B a; op(B) = B: B (K, N), y = Bᵀ a.
+    gemv(trans_b ? CblasNoTrans : CblasTrans, trans_b ? N : K, trans_b ? K : N,
+         A + static_cast<size_t>(m) * lda, c);
+  }
+  return true;
+}
+
 }  // namespace
 
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (M == 0 || N == 0) return;
+  if (rows_by_gemv<float>(trans_a, trans_b, M, N, K, A, lda, beta, C, ldc,
+                          [&](CBLAS_TRANSPOSE t, int rows, int cols, const float* a, float* c) {
+                            cblas_sgemv(CblasRowMajor, t, rows, cols, alpha, B, ldb, a, 1, beta, c,
+                                        1);
+                          }))
+    return;
   gemm_in_row_blocks<float, float>(trans_a, M, N, K, A, lda, C, ldc,
                                    [&](int m, const float* a, float* c) {
                                      cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
@@ -76,6 +105,12 @@ template <>
 void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha, const double* A,
                   int lda, const double* B, int ldb, double beta, double* C, int ldc) {
   if (M == 0 || N == 0) return;
+  if (rows_by_gemv<double>(trans_a, trans_b, M, N, K, A, lda, beta, C, ldc,
+                           [&](CBLAS_TRANSPOSE t, int rows, int cols, const double* a, double* c) {
+                             cblas_dgemv(CblasRowMajor, t, rows, cols, alpha, B, ldb, a, 1, beta, c,
+                                         1);
+                           }))
+    return;
   gemm_in_row_blocks<double, double>(
       trans_a, M, N, K, A, lda, C, ldc, [&](int m, const double* a, double* c) {
         cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

@@ -68,24 +68,40 @@ CPU_TEST(Gemm, AllTransposesWithLeadingDims) {
                  });
 }
 
-// One row of C (a recurrent step at batch 1): every transpose, padded leading dimensions (a
-// transposed A's row is strided), and beta 0 overwriting NaNs already in C.
-CPU_TEST(Gemm, SingleRowIsAMatrixVectorProduct) {
-  const int M = 1, N = 37, K = 29;
-  each_transpose(
-      M, N, K, 4, 2,
-      [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C, int lda,
-          int ldb, int ldc) {
-        auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
-        gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
-        EXPECT_LT(test::rel_diff(ref, Cf), 1e-5) << ta << tb;
-        std::vector<float> stale(Cf.size(), NAN);
-        gemm<float>(ta, tb, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, stale.data(), ldc);
-        auto zero = C;
-        std::fill(zero.begin(), zero.end(), 0.0);
-        ref_gemm(ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, zero, ldc);
-        for (int j = 0; j < N; ++j) EXPECT_NEAR(stale[j], zero[j], 1e-4) << j;
-      });
+// A few rows of C (a recurrent step of a game or a few: at most 4 rows take a matrix-vector
+// product a row, 5 the general product): every transpose, padded leading dimensions (a
+// transposed A's row is strided), beta 0 overwriting NaNs already in C, and with op(A) = A each
+// row the bits of that row alone (a row's sums do not depend on the others).
+CPU_TEST(Gemm, FewRowsAreMatrixVectorProducts) {
+  const int N = 37, K = 29;
+  for (const int M : {1, 2, 4, 5})
+    each_transpose(
+        M, N, K, 4, 2 + uint64_t(M),
+        [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C, int lda,
+            int ldb, int ldc) {
+          SCOPED_TRACE("M " + std::to_string(M));
+          auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
+          gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f, Cf.data(), ldc);
+          EXPECT_LT(test::rel_diff(ref, Cf), 1e-5) << ta << tb;
+          std::vector<float> stale(Cf.size(), NAN);
+          gemm<float>(ta, tb, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, stale.data(),
+                      ldc);
+          auto zero = C;
+          std::fill(zero.begin(), zero.end(), 0.0);
+          ref_gemm(ta, tb, M, N, K, 1.0, A, lda, B, ldb, 0.0, zero, ldc);
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j)
+              EXPECT_NEAR(stale[size_t(i) * ldc + j], zero[size_t(i) * ldc + j], 1e-4)
+                  << i << " " << j;
+          if (ta || M > 4) return;
+          for (int i = 0; i < M; ++i) {
+            std::vector<float> alone(size_t(N), NAN);
+            gemm<float>(false, tb, 1, N, K, 1.0f, Af.data() + size_t(i) * lda, lda, Bf.data(), ldb,
+                        0.0f, alone.data(), N);
+            for (int j = 0; j < N; ++j)
+              ASSERT_EQ(alone[size_t(j)], stale[size_t(i) * ldc + j]) << "row " << i << " " << j;
+          }
+        });
 }
 
 // Products large enough to be split by rows of C over TBB tasks (odd M, every transpose,
