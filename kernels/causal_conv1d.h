@@ -38,8 +38,8 @@ void causal_conv1d_backward(const T* x, const T* prefix, const T* weight, const 
 
 // One frame for inference: conv_state (B, K - 1, C) holds the previous K - 1 inputs, oldest
 // first (zeros before the first frame), and is shifted to include x (B, C). y (B, C) is the
-// forward's output at this frame, passed through SiLU when `silu`. Frame after frame it equals
-// the forward over the same frames.
+// forward's output at this frame, passed through SiLU when `silu`; it must not overlap x or the
+// state. Frame after frame it equals the forward over the same frames.
 template <class T>
 void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bias, T* y, int B,
                         int C, int K, bool silu);

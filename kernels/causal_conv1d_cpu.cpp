@@ -177,17 +177,27 @@ template <class T>
 void causal_conv1d_step(T* conv_state, const T* x, const T* weight, const T* bias, T* y, int B,
                         int C, int K, bool silu) {
   check_width(K);
+  const size_t Cs = static_cast<size_t>(C);
   for (int b = 0; b < B; ++b) {
-    T* st = conv_state + static_cast<size_t>(b) * (K - 1) * C;
-    for (int c = 0; c < C; ++c) {
-      const T xc = x[static_cast<size_t>(b) * C + c];
-      T acc = (bias ? bias[c] : T(0)) + weight[c * K + K - 1] * xc;
-      for (int k = 0; k < K - 1; ++k) acc += weight[c * K + k] * st[static_cast<size_t>(k) * C + c];
-      for (int k = 0; k + 1 < K - 1; ++k)
-        st[static_cast<size_t>(k) * C + c] = st[static_cast<size_t>(k + 1) * C + c];
-      if (K > 1) st[static_cast<size_t>(K - 2) * C + c] = xc;
-      y[static_cast<size_t>(b) * C + c] = silu ? silu_scalar(acc) : acc;
+    T* st = conv_state + static_cast<size_t>(b) * (K - 1) * Cs;
+    const T* xb = x + static_cast<size_t>(b) * Cs;
+    T* yb = y + static_cast<size_t>(b) * Cs;
+    // Channel loops (vectorised) in the sum's order: the bias, this frame's input, then the
+    // carried ones oldest first.
+    for (size_t c = 0; c < Cs; ++c) yb[c] = (bias ? bias[c] : T(0)) + weight[c * K + K - 1] * xb[c];
+    for (int k = 0; k < K - 1; ++k) {
+      const T* sk = st + static_cast<size_t>(k) * Cs;
+      for (size_t c = 0; c < Cs; ++c) yb[c] += weight[c * K + k] * sk[c];
     }
+    if (K > 1) {  // one older: drop the oldest row, this frame's input last
+      std::copy(st + Cs, st + static_cast<size_t>(K - 1) * Cs, st);
+      std::copy(xb, xb + Cs, st + static_cast<size_t>(K - 2) * Cs);
+    }
+    if (!silu) continue;
+    if constexpr (std::is_same_v<T, float>)
+      vec_silu(yb, yb, Cs);  // the level's vector SiLU, as the window's forward takes it
+    else
+      for (size_t c = 0; c < Cs; ++c) yb[c] = silu_scalar(yb[c]);
   }
 }
 
