@@ -20,15 +20,16 @@ namespace slipstream::kernels::SLIPSTREAM_KERNEL_NS {
 namespace {
 
 // A block's width: a frame of few games is latency-bound (a row's linear layers are dot products
-// whose loads wait on L2), so a block takes up to 1,024 threads, one for each of in_proj's 2 ·
-// d_inner rows, where the games are few enough for blocks that wide to share the GPU; 256 for
-// many games (eight blocks an SM: every game of a large batch in one wave) and for small models.
+// whose loads wait on L2, in passes of four rows a warp), so where the games are few enough for
+// a block an SM (up to 128) a block takes 4 · d_inner threads, up to 1,024: in_proj's 2 · d_inner
+// rows in four passes (more past d_inner 256); 256 for many games (eight blocks an SM: every game
+// of a large batch in one wave) and for small models.
 constexpr int kFrameMinThreads = 256, kFrameMaxThreads = 1024;
 constexpr int kFrameWideRows = 128;  // games up to which a block may be wider than the minimum
 constexpr int kFrameMaxWarps = kFrameMaxThreads / 32;
 int frame_threads(int rows, int d_inner) {
   if (rows > kFrameWideRows) return kFrameMinThreads;
-  const int t = (2 * d_inner + 31) / 32 * 32;
+  const int t = (4 * d_inner + 31) / 32 * 32;
   return t < kFrameMinThreads ? kFrameMinThreads : t > kFrameMaxThreads ? kFrameMaxThreads : t;
 }
 constexpr int kDotRows = 4;  // outputs a warp sums at once: four rows' loads in flight
