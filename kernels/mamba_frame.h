@@ -3,11 +3,12 @@
 // the scan's step gated by SiLU(z), out_proj onto the residual stream) and the final norm, a
 // block a row. A frame's rows are independent games, so a block carries its row through every
 // layer with no other block to wait for: one launch where the layer-by-layer path takes six a
-// layer and three more (stages/nn/mamba_model.h's forward with L = 1).
+// layer and two more (stages/nn/mamba_model.h's forward with L = 1).
 //
 // Its CPU reference is the model's own frame on the CPU, stages/nn/mamba_recurrent.h (the same
-// math as MambaModel's forward over one step); tests/nn/mamba_frame_emulated_test.cpp checks
-// the kernel against it and against the layer-by-layer device forward, in both precisions.
+// math as MambaModel's forward over one step); tests/nn/mamba_frame_checks.h checks the kernel
+// against it and against the layer-by-layer device forward, in both precisions, on the emulator
+// (mamba_frame_emulated_test.cpp) and on a GPU (mamba_device_gpu_test.cpp).
 //
 // Declared in the three parts every op header has; only the CUDA part has content.
 #if !defined(SLIPSTREAM_CUDA_ENTRY_POINTS) && !defined(SLIPSTREAM_OPS_METHODS)
@@ -48,10 +49,10 @@ static void mamba_frame_forward(const MambaFrame& m, const float* x, const float
                                 const float* scan_in, float* scan_out, float* y, bfloat16* y_bf,
                                 cudaStream_t stream);
 // Whether the model's frames take it (MambaModel::forward with L = 1 and no backward): off by
-// default until a GPU times it against the layer-by-layer frame (bench_infer, gpu-check's
-// GPU_CHECK_INFER_FUSED_FRAME); set_mamba_frame_fused, or SLIPSTREAM_MAMBA_FRAME=fused in the
-// environment for a process (layers: the default; another name is the first frame's error).
-// Not thread-safe.
+// default until a GPU times it against the layer-by-layer frame (bench_kernels_cuda's
+// mamba_frame/*, gpu-check's GPU_CHECK_INFER_FORMS=fused_frame); set_mamba_frame_fused, or
+// SLIPSTREAM_MAMBA_FRAME=fused in the environment for a process (layers: the default; another name
+// is the first frame's error). Not thread-safe.
 static void set_mamba_frame_fused(bool on);
 static bool mamba_frame_fused();
 
