@@ -32,6 +32,13 @@ int frame_threads(int rows, int d_inner) {
   const int t = (4 * d_inner + 31) / 32 * 32;
   return t < kFrameMinThreads ? kFrameMinThreads : t > kFrameMaxThreads ? kFrameMaxThreads : t;
 }
+// Threads a channel in the scan's step: the block's threads over its channels, a power of two up
+// to 8 (a lane group of a warp).
+__device__ __forceinline__ int scan_lanes(int threads, int channels) {
+  int g = 1;
+  while (g < 8 && 2 * g * channels <= threads) g *= 2;
+  return g;
+}
 constexpr int kDotRows = 4;  // outputs a warp sums at once: four rows' loads in flight
 constexpr int kMaxProj = Kernels::kScanMaxDtRank + 2 * Kernels::kScanMaxState;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -151,16 +158,18 @@ __global__ void __launch_bounds__(kFrameMaxThreads) mamba_frame_kernel(FrameArgs
     const float* cb = w + m.conv_b + at;
     const size_t conv_row = size_t(l) * m.rows + row;
     for (int c = tid; c < di; c += nt) {
+      const float* in = a.conv_in ? a.conv_in + conv_row * (K - 1) * di + c : nullptr;
       float acc = cb[c];
-      for (int k = 0; k < K - 1; ++k) {
-        const size_t i = (conv_row * (K - 1) + k) * di + c;
-        const float xin = a.conv_in ? a.conv_in[i] : 0.f;
-        acc += cw[size_t(c) * K + k] * xin;
-        if (a.conv_out && k > 0) a.conv_out[i - di] = xin;  // shifted one older
-      }
+#pragma unroll 4  // no store between: the carried inputs' loads in flight together
+      for (int k = 0; k < K - 1; ++k)
+        acc += cw[size_t(c) * K + k] * (in ? in[size_t(k) * di] : 0.f);
       const float xc = xz[c];
       acc += cw[size_t(c) * K + K - 1] * xc;
-      if (a.conv_out && K > 1) a.conv_out[(conv_row * (K - 1) + K - 2) * di + c] = xc;
+      if (a.conv_out && K > 1) {  // one older (slot k - 1 written after slot k is read: in place)
+        float* out = a.conv_out + conv_row * (K - 1) * di + c;
+        for (int k = 1; k < K - 1; ++k) out[size_t(k - 1) * di] = in ? in[size_t(k) * di] : 0.f;
+        out[size_t(K - 2) * di] = xc;
+      }
       const float uc = siluf_(acc);
       u[c] = uc;
       xz[c] = operand<WT>(uc);  // x is read: its place holds x_proj's operand
@@ -169,29 +178,38 @@ __global__ void __launch_bounds__(kFrameMaxThreads) mamba_frame_kernel(FrameArgs
     rows_dot(wl + m.x_proj + at, P, di, xz, [&](int o, float v) { dbc[o] = v; });
     __syncthreads();
 
-    // The scan's step, a thread a channel: Δ from dt and dt_proj's weight, its states from the
-    // carried ones, y through D and the gate.
+    // The scan's step, G threads a channel (as many as the block has for its channels, up to 8):
+    // Δ from dt and dt_proj's weight (each of the G alike), states g, g + G, ... from the carried
+    // ones (a thread's loads all in flight at once: a frame of few games waits on them), y's
+    // partial sums added over the G lanes, then D and the gate.
     const float* dtw = w + m.dt_w + at;
     const float* dtb = w + m.dt_b + at;
     const float* Alog = w + m.A_log + at;
     const float* Dd = w + m.D + at;
     const size_t scan_row = size_t(l) * m.rows + row;
-    for (int c = tid; c < di; c += nt) {
-      float delta = 0.f;
-      for (int r = 0; r < R; ++r) delta = fmaf(dbc[r], dtw[size_t(c) * R + r], delta);
-      const float dt = softplusf_(delta + dtb[c]);
-      const float uc = u[c], dtu = dt * uc;
-      const size_t h0 = (scan_row * di + c) * N;
-      float y = 0.f;
-      for (int n = 0; n < N; ++n) {
-        const float hp = a.scan_in ? a.scan_in[h0 + n] : 0.f;
-        const float A2 = neg_expf_(Alog[size_t(c) * N + n]) * kLog2e;
-        const float h = fmaf(exp2_ftz(dt * A2), hp, dtu * dbc[R + n]);
-        if (a.scan_out) a.scan_out[h0 + n] = h;
-        y += dbc[R + N + n] * h;
+    const int G = scan_lanes(nt, di), g = tid % G;
+    for (int c0 = 0; c0 < di; c0 += nt / G) {  // uniform bounds: every lane reaches the sum
+      const int c = c0 + tid / G;
+      const bool ok = c < di;
+      float y = 0.f, uc = 0.f;
+      if (ok) {
+        float delta = 0.f;
+        for (int r = 0; r < R; ++r) delta = fmaf(dbc[r], dtw[size_t(c) * R + r], delta);
+        const float dt = softplusf_(delta + dtb[c]);
+        uc = u[c];
+        const float dtu = dt * uc;
+        const size_t h0 = (scan_row * di + c) * N;
+#pragma unroll 4
+        for (int n = g; n < N; n += G) {
+          const float hp = a.scan_in ? a.scan_in[h0 + n] : 0.f;
+          const float A2 = neg_expf_(Alog[size_t(c) * N + n]) * kLog2e;
+          const float h = fmaf(exp2_ftz(dt * A2), hp, dtu * dbc[R + n]);
+          if (a.scan_out) a.scan_out[h0 + n] = h;
+          y += dbc[R + N + n] * h;
+        }
       }
-      y += Dd[c] * uc;
-      ys[c] = operand<WT>(y * siluf_(xz[di + c]));
+      for (int off = G / 2; off > 0; off /= 2) y += __shfl_xor_sync(0xffffffffu, y, off);
+      if (ok && g == 0) ys[c] = operand<WT>((y + Dd[c] * uc) * siluf_(xz[di + c]));
     }
     __syncthreads();
     rows_dot(wl + m.out_proj + at, dm, di, ys, [&](int o, float v) { s[o] += v; });
