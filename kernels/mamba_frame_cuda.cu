@@ -7,7 +7,8 @@
 // square plus eps, the convolution's bias-first sum, Δ's fmaf chain over dt_rank, the scan's
 // exp2 decay as one fma, the gate, bf16 rounding of the linear layers' inputs): only the sums'
 // orders differ (a linear layer's dot product is 32 lanes' strided sums and a butterfly, where
-// cuBLASLt has its own tiles), so results agree to rounding, and every run gives the same bits.
+// cuBLASLt has its own tiles; the norm's sum is the block's, y's the channel's lanes'), so
+// results agree to rounding, and every run gives the same bits.
 #include <stdexcept>
 #include <string>
 
