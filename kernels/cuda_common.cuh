@@ -101,6 +101,22 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// acc[m] += sum_k A[m, k] b[k] for the rows m < M <= kRows of A (rows lda apart): a warp's
+// lanes stride over K (coalesced reads of b, a weight's row, and of A's rows), each keeping its
+// partial sums; the caller adds the lanes (group_sum<32>, a fixed order). The small-row products'
+// loop (gemm_small_rows, the Melee heads' few-row forward).
+template <class DT, int kRows>
+__device__ __forceinline__ void lanes_dot_rows(int M, const DT* A, size_t lda, const DT* b, int K,
+                                               float (&acc)[kRows]) {
+#pragma unroll 4  // four strides' loads in flight (K = 128 is four)
+  for (int k = int(threadIdx.x) & 31; k < K; k += 32) {
+    const float bk = to_f32(b[k]);
+#pragma unroll
+    for (int m = 0; m < kRows; ++m)
+      if (m < M) acc[m] = fmaf(to_f32(A[size_t(m) * lda + size_t(k)]), bk, acc[m]);
+  }
+}
+
 // `p ? a : b` as a select instruction. Where a and b are values computed for the choice, the
 // compiler may compute them on two branches instead; with p differing between the lanes of a
 // warp that splits the warp, and a shuffle after it then runs in its slow collective form on

@@ -28,14 +28,7 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.f;
-  const DT* b = B + size_t(n) * size_t(ldb);
-#pragma unroll 4  // four strides' loads in flight (K = 128 is four)
-  for (int k = lane; k < K; k += 32) {
-    const float bk = to_f32(b[k]);
-#pragma unroll
-    for (int m = 0; m < kRows; ++m)
-      if (m < M) acc[m] = fmaf(to_f32(A[size_t(m) * size_t(lda) + size_t(k)]), bk, acc[m]);
-  }
+  lanes_dot_rows(M, A, size_t(lda), B + size_t(n) * size_t(ldb), K, acc);
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = group_sum<32>(acc[m]);
 #pragma unroll

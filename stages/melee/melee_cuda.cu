@@ -823,18 +823,8 @@ __global__ void __launch_bounds__(kSmallHeadsWarps * 32)
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.f;
-  auto product = [&](const DT* A, const DT* W, int K) {
-    const DT* w = W + size_t(c) * size_t(K);
-#pragma unroll 4
-    for (int k = lane; k < K; k += 32) {
-      const float wk = k::to_f32(w[k]);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m)
-        if (m < M) acc[m] = fmaf(k::to_f32(A[size_t(m) * size_t(K) + size_t(k)]), wk, acc[m]);
-    }
-  };
-  product(x, Wo, H);
-  if (P > 0) product(prev, Wp, P);
+  k::lanes_dot_rows(M, x, size_t(H), Wo + size_t(c) * size_t(H), H, acc);
+  if (P > 0) k::lanes_dot_rows(M, prev, size_t(P), Wp + size_t(c) * size_t(P), P, acc);
   const int h = head_of_column(c), w = head_width_of(h);
   const int col = c - ar_first_column(h == 0 ? 0 : kButtons + h - 1);
   // Head h's output by selects (out.dlogits[h] with h varying would copy the six pointers into

@@ -339,10 +339,13 @@ class MambaModel {
     // A frame no backward follows (a policy's): on a device, the whole stack in one launch where
     // the kernel table's switch is on and the model fits the kernel (kernels/mamba_frame.h).
     if constexpr (kOnDevice)
-      if (forward_only_ && L_ == 1 && ops_.takes_mamba_frame(frame_shape())) {
-        ops_.mamba_frame_forward(frame_shape(), x, w, wb, conv_first_, conv_last_, scan_first_,
-                                 scan_last_, y, wb ? y_bf_ : nullptr);
-        return;
+      if (forward_only_ && L_ == 1) {
+        const auto frame = frame_shape();
+        if (ops_.takes_mamba_frame(frame)) {
+          ops_.mamba_frame_forward(frame, x, w, wb, conv_first_, conv_last_, scan_first_,
+                                   scan_last_, y, wb ? y_bf_ : nullptr);
+          return;
+        }
       }
     if (c_.has_input_proj()) {
       const uint16_t* xb =
