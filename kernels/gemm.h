@@ -16,18 +16,19 @@ namespace slipstream::kernels {
 
 // C (M, N) = alpha * op(A) * op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K) with
 // leading dimension lda, or (K, M) when trans_a. op(B) is (K, N): B is (K, N), or (N, K) when
-// trans_b. With beta == 0, C is not read (NaNs in it do not propagate). BLAS (OpenBLAS).
+// trans_b. With beta == 0, C is not read (NaNs in it do not propagate). float: oneDNN's matmul
+// on AVX-512 CPUs (kernels/gemm_onednn.h), OpenBLAS's sgemm elsewhere; double: OpenBLAS.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
           int ldb, T beta, T* C, int ldc);
 
 // gemm with bf16 operands (uint16_t storage, e.g. the optimizer's bf16 weight shadow and bf16
-// activations) and fp32 accumulation and output: sgemm of the rounded operands, up to summation
-// order. On a CPU that multiplies bf16 natively (AVX-512 BF16, AMX) and a build with oneDNN, its
-// bf16 matmul does it (kernels/gemm_bf16_onednn.h; about twice sgemm there); otherwise the
-// operands are widened to fp32 into the caller's workspace (exact: every bf16 is an fp32) and
-// multiplied by sgemm. Workspace: gemm_bf16_workspace_elems floats (op(A) and op(B) stored
-// densely, M*K + K*N).
+// activations) and fp32 accumulation and output: an fp32 product of the rounded operands, up to
+// summation order. On a CPU that multiplies bf16 natively (AVX-512 BF16, AMX) and a build with
+// oneDNN, its bf16 matmul does it (kernels/gemm_onednn.h; about twice the fp32 GEMMs there);
+// otherwise the operands are widened to fp32 into the caller's workspace (exact: every bf16 is
+// an fp32) and multiplied by gemm<float>. Workspace: gemm_bf16_workspace_elems floats (op(A) and
+// op(B) stored densely, M*K + K*N).
 size_t gemm_bf16_workspace_elems(int M, int N, int K);
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,

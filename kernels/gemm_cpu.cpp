@@ -1,9 +1,10 @@
-// GEMMs go to OpenBLAS (bf16 ones to oneDNN where the CPU multiplies bf16 natively,
-// gemm_bf16_onednn.h), run single-threaded inside TBB tasks: one thread pool for the whole
-// process (run.threads bounds it), instead of OpenBLAS's own threads spinning beside TBB's
-// (measured faster on 2 cores, docs/kernels.md). A large product is split by rows of C into
-// fixed blocks, one sgemm each; one of a few rows is a matrix-vector product a row. Bias sums are
-// column-blocked so each TBB task owns its outputs (no atomics, deterministic).
+// GEMMs go to OpenBLAS, or to oneDNN where it multiplies faster (fp32 where it runs an AVX-512
+// kernel, bf16 where the CPU multiplies bf16 natively: gemm_onednn.h), run single-threaded inside
+// TBB tasks: one thread pool for the whole process (run.threads bounds it), instead of the
+// libraries' own threads spinning beside TBB's (measured faster on 2 cores, docs/kernels.md). A
+// large product is split by rows of C into fixed blocks, one sgemm each; one of a few rows is a
+// matrix-vector product a row. Bias sums are column-blocked so each TBB task owns its outputs (no
+// atomics, deterministic).
 #include "kernels/gemm.h"
 
 #include <cblas.h>
@@ -15,7 +16,7 @@
 #include <cstdlib>
 
 #include "kernels/bf16.h"
-#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/gemm_onednn.h"
 #include "kernels/parallel.h"
 
 namespace slipstream::kernels {
@@ -93,12 +94,19 @@ void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
                                         1);
                           }))
     return;
-  gemm_in_row_blocks<float, float>(trans_a, M, N, K, A, lda, C, ldc,
-                                   [&](int m, const float* a, float* c) {
-                                     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                                                 trans_b ? CblasTrans : CblasNoTrans, m, N, K,
-                                                 alpha, a, lda, B, ldb, beta, c, ldc);
-                                   });
+  // oneDNN where it runs an AVX-512 kernel for the product, else sgemm; each block of rows is a
+  // product of its own, asked of its own shape.
+  const bool onednn = tbb_splits_gemms() && onednn_f32_gemm_native();
+  gemm_in_row_blocks<float, float>(
+      trans_a, M, N, K, A, lda, C, ldc, [&](int m, const float* a, float* c) {
+        if (onednn &&
+            onednn_gemm_f32_native_for(trans_a, trans_b, m, N, K, lda, ldb, ldc, alpha, beta))
+          onednn_gemm_f32(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
+        else
+          cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                      trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a, lda, B, ldb, beta, c,
+                      ldc);
+      });
 }
 
 template <>

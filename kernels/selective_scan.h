@@ -42,8 +42,9 @@ void selective_scan_forward(const T* u, const T* delta, const T* A, const T* Bm,
 
 // Elements of T: min(kScanSlots, items) * (2 L kScanChannelBlock N + 4 L kScanChannelBlock)
 // for recomputed states, + B D N + 2 B D for per-batch dA/dD/ddelta_bias partials,
-// + 2 nblk B L N for per-block dB/dC partials, where nblk = ceil(D / kScanChannelBlock) and
-// items = B nblk. (B=256, L=60, D=256, N=16: about 11.2M elements.)
+// + 2 nblk B L N for per-block dB/dC partials, + 64 to start the recomputation's scratch on a
+// 64-byte boundary, where nblk = ceil(D / kScanChannelBlock) and items = B nblk. (B=256, L=60,
+// D=256, N=16: about 11.2M elements.)
 size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N);
 
 // Gradients given dout (B, L, D), for the forward from the same initial_state (may be null); no

@@ -1,14 +1,18 @@
-// Selective scan on the CPU. One work item is (batch b, block of up to 16 channels); its state
-// h (16 x N) lives on the stack. The time loop is sequential; the state dimension n is the
-// vector lane. The float path is compiled once per x86-64 level (generic, AVX2, AVX-512) and
-// chosen at run time; exp(dt A), the softplus of dt and the gates' sigmoids, the dominant cost,
-// are vector calls at that level (kernels/vector_math.h: SLEEF).
+// Selective scan on the CPU. One work item is (batch b, block of up to 16 channels); the time
+// loop is sequential. The float path is compiled once per x86-64 level (generic, AVX2, AVX-512)
+// and chosen at run time. At AVX2 and AVX-512 a vector's lanes are channels (the block in
+// sub-blocks of the vector's width, one vector a state: no sum across lanes but dBm's and dCm's);
+// below AVX2, and for double (the gradient checks' type), the state dimension n is the lane and
+// a block's h (16 x N) lives on the stack. exp(dt A), the softplus of dt and the gates' sigmoids,
+// the dominant cost, are vector calls at the level (kernels/vector_math.h: SLEEF).
 #include "kernels/selective_scan.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/activations.h"
 #include "kernels/parallel.h"
@@ -278,9 +282,311 @@ __attribute__((always_inline)) inline void step_row(T* state, const T* u, const 
   }
 }
 
+// ---- The float path: a vector's lanes are channels ----
+//
+// An item's channels go through in sub-blocks of the level's vector width W (16 at AVX-512, 8 at
+// AVX2, 4 below), lane i being channel d0 + i: the loops over the N states hold one vector a
+// state, so the recurrence, y, dΔ and du sum nothing across lanes (the form above, a state a lane,
+// sums every channel-step's y, dΔ and du across its lanes). The sums across channels are dBm's and
+// dCm's, W states at a time by a fixed tree of shuffles (sum_lanes_each). Float only: double (the
+// gradient checks' type) keeps the form above, so the float tests compare two forms.
+
+template <int W>
+struct LanesOf {
+  typedef float type __attribute__((vector_size(W * sizeof(float)), __may_alias__));
+  typedef int index __attribute__((vector_size(W * sizeof(int))));
+};
+template <int W>
+using Lanes = typename LanesOf<W>::type;
+
+// Vectors go by reference: a vector argument or result of a function compiled without the
+// level's target would change its ABI (-Wpsabi), and these are inlined into each level's.
+template <int W>
+__attribute__((always_inline)) inline void load_lanes(Lanes<W>& v, const float* p, int w) {
+  if (w == W) {
+    __builtin_memcpy(&v, p, sizeof v);
+    return;
+  }
+  v = Lanes<W>{};
+  for (int i = 0; i < w; ++i) v[i] = p[i];
+}
+template <int W>
+__attribute__((always_inline)) inline void store_lanes(float* p, const Lanes<W>& v, int w) {
+  if (w == W) {
+    __builtin_memcpy(p, &v, sizeof v);
+    return;
+  }
+  for (int i = 0; i < w; ++i) p[i] = v[i];
+}
+
+// The tree's shuffles. Round S (W/2, ..., 1) pairs vectors a, b into one whose groups of S
+// lanes hold, in turn, a's and b's groups of 2S lanes with their halves added; after the last
+// round vector n's sum sits in lane bitreverse(n).
+constexpr int tree_lane(int W, int S, bool high, int p) {
+  return (p / S % 2 ? W : 0) + p / S / 2 * 2 * S + p % S + (high ? S : 0);
+}
+constexpr int bit_reverse(int W, int p) {
+  int r = 0;
+  for (int b = 1; b < W; b *= 2, p /= 2) r = r * 2 + p % 2;
+  return r;
+}
+template <int W, class Seq = std::make_integer_sequence<int, W>>
+struct TreeMasks;
+template <int W, int... P>
+struct TreeMasks<W, std::integer_sequence<int, P...>> {
+  using Index = typename LanesOf<W>::index;
+  template <int S, bool High>
+  static constexpr Index round = {tree_lane(W, S, High, P)...};
+  static constexpr Index reversed = {bit_reverse(W, P)...};
+};
+
+// out[n] = the sum of v[n]'s lanes, n < W, each by the same fixed tree; v is overwritten.
+template <int W, int S = W / 2>
+__attribute__((always_inline)) inline void sum_lanes_each(Lanes<W>* v, Lanes<W>& out) {
+  using Masks = TreeMasks<W>;
+  constexpr typename Masks::Index low = Masks::template round<S, false>;
+  constexpr typename Masks::Index high = Masks::template round<S, true>;
+  for (int j = 0; j < S; ++j)
+    v[j] = __builtin_shuffle(v[2 * j], v[2 * j + 1], low) +
+           __builtin_shuffle(v[2 * j], v[2 * j + 1], high);
+  if constexpr (S > 1) {
+    sum_lanes_each<W, S / 2>(v, out);
+  } else {
+    constexpr typename Masks::Index reversed = Masks::reversed;
+    out = __builtin_shuffle(v[0], reversed);
+  }
+}
+
+// A (B, D, N) state's rows d0 .. d0 + w - 1 as N vectors of w lanes (the rest 0), and back.
+template <int W>
+__attribute__((always_inline)) inline void states_to_lanes(Lanes<W>* h, const float* rows, int w,
+                                                           int N) {
+  for (int n = 0; n < N; ++n) {
+    h[n] = Lanes<W>{};
+    for (int i = 0; i < w; ++i) h[n][i] = rows[size_t(i) * N + n];
+  }
+}
+template <int W>
+__attribute__((always_inline)) inline void lanes_to_states(float* rows, const Lanes<W>* h, int w,
+                                                           int N) {
+  for (int i = 0; i < w; ++i)
+    for (int n = 0; n < N; ++n) rows[size_t(i) * N + n] = h[n][i];
+}
+
+// What the backward's recomputation of a sub-block keeps: per step, every state and exp(dt A)
+// (L, N vectors), and dt, the pre-gate y, sigmoid(z) and softplus'(delta + bias) (L vectors).
+template <int W>
+struct LanesRecomputed {
+  Lanes<W>*states, *aexp, *dts, *ypre, *zsig, *dsoft;
+  static size_t floats(int L, int N) { return (2 * size_t(L) * N + 4 * size_t(L)) * W; }
+  LanesRecomputed(float* scratch, int L, int N) {
+    states = reinterpret_cast<Lanes<W>*>(scratch);
+    aexp = states + size_t(L) * N;
+    dts = aexp + size_t(L) * N;
+    ypre = dts + L;
+    zsig = ypre + L;
+    dsoft = zsig + L;
+  }
+};
+
+// The level's math on one vector, in place.
+template <class M, int W>
+__attribute__((always_inline)) inline void softplus_lanes(Lanes<W>& v) {
+  M::softplus(reinterpret_cast<float*>(&v), reinterpret_cast<float*>(&v), W);
+}
+template <class M, int W>
+__attribute__((always_inline)) inline void sigmoid_lanes(const Lanes<W>& x, Lanes<W>& y) {
+  M::sigmoid(reinterpret_cast<const float*>(&x), reinterpret_cast<float*>(&y), W);
+}
+
+// Forward scan of channels d0 .. d0 + w - 1 (w <= W) of row b into `out`, or (rec given) into
+// the backward's scratch.
+template <int W, class M>
+__attribute__((always_inline)) inline void scan_lanes(const ScanArgs<float>& a, int b, int d0,
+                                                      int w, float* out, float* last_state,
+                                                      const LanesRecomputed<W>* rec) {
+  const int L = a.L, D = a.D, N = a.N;
+  Lanes<W> At[kScanMaxState], h[kScanMaxState], ea[kScanMaxState];
+  for (int n = 0; n < N; ++n) {
+    At[n] = Lanes<W>{};
+    for (int i = 0; i < w; ++i) At[n][i] = a.A[size_t(d0 + i) * N + n];
+  }
+  if (a.h0)
+    states_to_lanes<W>(h, a.h0 + (size_t(b) * D + d0) * N, w, N);
+  else
+    for (int n = 0; n < N; ++n) h[n] = Lanes<W>{};
+  Lanes<W> bias{}, dskip{};
+  if (a.delta_bias) load_lanes<W>(bias, a.delta_bias + d0, w);
+  if (a.Dskip) load_lanes<W>(dskip, a.Dskip + d0, w);
+  for (int t = 0; t < L; ++t) {
+    const size_t row = size_t(b) * L + t, at = row * D + d0;
+    Lanes<W> u, dt;
+    load_lanes<W>(u, a.u + at, w);
+    load_lanes<W>(dt, a.delta + at, w);
+    dt += bias;
+    if (a.softplus) {
+      if (rec) {  // softplus'(x) = sigmoid(x), 1 above the threshold
+        Lanes<W>& ds = rec->dsoft[t];
+        sigmoid_lanes<M, W>(dt, ds);
+        for (int i = 0; i < W; ++i)
+          if (dt[i] > float(kSoftplusThreshold)) ds[i] = 1.0f;
+      }
+      softplus_lanes<M, W>(dt);
+    }
+    Lanes<W>* e = rec ? rec->aexp + size_t(t) * N : ea;
+    for (int n = 0; n < N; ++n) e[n] = dt * At[n];
+    M::exp(reinterpret_cast<const float*>(e), reinterpret_cast<float*>(e), size_t(N) * W);
+    const float* Bt = a.Bm + row * N;
+    const float* Ct = a.Cm + row * N;
+    const Lanes<W> dtu = dt * u;
+    // y in two running sums: two dependent chains of N / 2 multiply-adds.
+    Lanes<W> y0 = dskip * u, y1{};
+    int n = 0;
+    for (; n + 2 <= N; n += 2) {
+      h[n] = e[n] * h[n] + dtu * Bt[n];
+      h[n + 1] = e[n + 1] * h[n + 1] + dtu * Bt[n + 1];
+      y0 += h[n] * Ct[n];
+      y1 += h[n + 1] * Ct[n + 1];
+    }
+    if (n < N) {
+      h[n] = e[n] * h[n] + dtu * Bt[n];
+      y0 += h[n] * Ct[n];
+    }
+    const Lanes<W> y = y0 + y1;
+    Lanes<W> z{}, gate{};
+    if (a.z) {
+      load_lanes<W>(z, a.z + at, w);
+      sigmoid_lanes<M, W>(z, gate);
+    }
+    if (rec) {
+      rec->dts[t] = dt;
+      rec->ypre[t] = y;
+      rec->zsig[t] = gate;
+      for (int k = 0; k < N; ++k) rec->states[size_t(t) * N + k] = h[k];
+    }
+    if (out) {
+      const Lanes<W> o = a.z ? y * (z * gate) : y;  // y * silu(z) = y * z * sigmoid(z)
+      store_lanes<W>(out + at, o, w);
+    }
+  }
+  if (last_state) lanes_to_states<W>(last_state + (size_t(b) * D + d0) * N, h, w, N);
+}
+
+// Backward of channels d0 .. d0 + w - 1 (w <= W) of row b, the block `blk`'s sub-block from
+// d0: recompute the states into scratch, then run the adjoint recurrence
+// g_t = dy_t C_t + exp(dt_{t+1} A) g_{t+1} backwards in time. The block's dBm and dCm partial
+// rows are written by its first sub-block and added to by the others.
+template <int W, class M>
+__attribute__((always_inline)) inline void scan_lanes_backward(const ScanArgs<float>& a,
+                                                               const BwdOut& o, float* scratch,
+                                                               int b, int blk, int d0, int w,
+                                                               bool first_in_block) {
+  const int L = a.L, D = a.D, N = a.N, B = a.B;
+  const LanesRecomputed<W> rec(scratch, L, N);
+  scan_lanes<W, M>(a, b, d0, w, nullptr, nullptr, &rec);
+
+  Lanes<W> At[kScanMaxState], g[kScanMaxState], dA[kScanMaxState], h_first[kScanMaxState];
+  for (int n = 0; n < N; ++n) {
+    At[n] = Lanes<W>{};
+    for (int i = 0; i < w; ++i) At[n][i] = a.A[size_t(d0 + i) * N + n];
+    g[n] = dA[n] = Lanes<W>{};
+  }
+  if (a.h0)
+    states_to_lanes<W>(h_first, a.h0 + (size_t(b) * D + d0) * N, w, N);
+  else
+    for (int n = 0; n < N; ++n) h_first[n] = Lanes<W>{};
+  Lanes<W> dskip{}, dD{}, dbias{};
+  if (a.Dskip) load_lanes<W>(dskip, a.Dskip + d0, w);
+  float* du = static_cast<float*>(o.du);
+  float* ddelta = static_cast<float*>(o.ddelta);
+  float* dz = static_cast<float*>(o.dz);
+  float* dBp = static_cast<float*>(o.dB_part) + (size_t(blk) * B + b) * L * N;
+  float* dCp = static_cast<float*>(o.dC_part) + (size_t(blk) * B + b) * L * N;
+  Lanes<W> terms_b[W], terms_c[W];
+  for (int t = L - 1; t >= 0; --t) {
+    const size_t row = size_t(b) * L + t, at = row * D + d0;
+    const float* Bt = a.Bm + row * N;
+    const float* Ct = a.Cm + row * N;
+    Lanes<W> u, dy;
+    load_lanes<W>(u, a.u + at, w);
+    load_lanes<W>(dy, static_cast<const float*>(o.dout) + at, w);
+    if (a.z) {  // silu(z) = z s, silu'(z) = s (1 + z (1 - s)), s = sigmoid(z)
+      Lanes<W> z;
+      load_lanes<W>(z, a.z + at, w);
+      const Lanes<W> sz = rec.zsig[t];
+      if (dz) store_lanes<W>(dz + at, dy * rec.ypre[t] * (sz * (1.0f + z * (1.0f - sz))), w);
+      dy *= z * sz;
+    }
+    dD += dy * u;
+    const Lanes<W> dt = rec.dts[t], dtu = dt * u;
+    const Lanes<W>* hr = rec.states + size_t(t) * N;
+    const Lanes<W>* hp = t > 0 ? rec.states + size_t(t - 1) * N : h_first;
+    const Lanes<W>* er = rec.aexp + size_t(t) * N;
+    float* dBt = dBp + size_t(t) * N;
+    float* dCt = dCp + size_t(t) * N;
+    Lanes<W> ddt_a{}, dus{};  // sums over n of d loss / d (dt A) times A, and of g B
+    for (int n0 = 0; n0 < N; n0 += W) {
+      const int nw = std::min(W, N - n0);
+      for (int j = 0; j < nw; ++j) {
+        const int n = n0 + j;
+        const Lanes<W> gn = g[n] + dy * Ct[n];
+        terms_c[j] = dy * hr[n];
+        const Lanes<W> da = gn * hp[n] * er[n];  // d loss / d (dt A)
+        dA[n] += da * dt;
+        ddt_a += da * At[n];
+        dus += gn * Bt[n];
+        terms_b[j] = gn * dtu;
+        g[n] = er[n] * gn;
+      }
+      for (int j = nw; j < W; ++j) terms_b[j] = terms_c[j] = Lanes<W>{};
+      Lanes<W> sb, sc;
+      sum_lanes_each<W>(terms_b, sb);
+      sum_lanes_each<W>(terms_c, sc);
+      for (int j = 0; j < nw; ++j) {
+        dBt[n0 + j] = first_in_block ? sb[j] : dBt[n0 + j] + sb[j];
+        dCt[n0 + j] = first_in_block ? sc[j] : dCt[n0 + j] + sc[j];
+      }
+    }
+    store_lanes<W>(du + at, (a.Dskip ? dy * dskip : Lanes<W>{}) + dus * dt, w);
+    Lanes<W> dd = ddt_a + dus * u;
+    if (a.softplus) dd *= rec.dsoft[t];
+    store_lanes<W>(ddelta + at, dd, w);
+    dbias += dd;
+  }
+  lanes_to_states<W>(static_cast<float*>(o.dA_part) + (size_t(b) * D + d0) * N, dA, w, N);
+  const size_t bd = size_t(b) * D + d0;
+  store_lanes<W>(static_cast<float*>(o.dD_part) + bd, a.Dskip ? dD : Lanes<W>{}, w);
+  store_lanes<W>(static_cast<float*>(o.dbias_part) + bd, dbias, w);
+}
+
+// Items of the float path: each block of kDB channels in sub-blocks of W.
+template <int W, class M>
+__attribute__((always_inline)) inline void fwd_range_lanes(const ScanArgs<float>& a, float* out,
+                                                           float* last, size_t i0, size_t i1) {
+  const int nblk = (a.D + kDB - 1) / kDB;
+  for (size_t it = i0; it < i1; ++it) {
+    const int b = int(it / nblk), d0 = int(it % nblk) * kDB, w = std::min(kDB, a.D - d0);
+    for (int s = 0; s < w; s += W)
+      scan_lanes<W, M>(a, b, d0 + s, std::min(W, w - s), out, last, nullptr);
+  }
+}
+
+template <int W, class M>
+__attribute__((always_inline)) inline void bwd_range_lanes(const ScanArgs<float>& a,
+                                                           const BwdOut& o, float* scratch,
+                                                           size_t i0, size_t i1) {
+  const int nblk = (a.D + kDB - 1) / kDB;
+  for (size_t it = i0; it < i1; ++it) {
+    const int b = int(it / nblk), blk = int(it % nblk), d0 = blk * kDB;
+    const int w = std::min(kDB, a.D - d0);
+    for (int s = 0; s < w; s += W)
+      scan_lanes_backward<W, M>(a, o, scratch, b, blk, d0 + s, std::min(W, w - s), s == 0);
+  }
+}
+
 // The float scan compiled once per level: the same templates inlined under each level's
-// target, so the state loops vectorise at its width and the exp/softplus/sigmoid calls are
-// SLEEF's at that width (vector_math.h).
+// target, so the loops vectorise at its width and the exp/softplus/sigmoid calls are SLEEF's at
+// that width (vector_math.h).
 struct FloatScan {
   void (*fwd)(const ScanArgs<float>&, float*, float*, size_t, size_t);
   void (*bwd)(const ScanArgs<float>&, const BwdOut&, float*, size_t, size_t);
@@ -288,14 +594,16 @@ struct FloatScan {
                const float*, const float*, const float*, bool, float*, int, int);
 };
 
-#define SLIPSTREAM_FLOAT_SCAN(level, attributes, Math)                                             \
+// `Fwd` and `Bwd` are the item ranges the level runs: vectors of channels at AVX2 and AVX-512;
+// below AVX2 a state a lane (vectors of four channels there took 0.86-0.92x its forward's time).
+#define SLIPSTREAM_FLOAT_SCAN(level, attributes, Math, Fwd, Bwd)                                   \
   attributes void fwd_##level(const ScanArgs<float>& a, float* out, float* last, size_t i0,        \
                               size_t i1) {                                                         \
-    fwd_range<float, Math>(a, out, last, i0, i1);                                                  \
+    Fwd(a, out, last, i0, i1);                                                                     \
   }                                                                                                \
   attributes void bwd_##level(const ScanArgs<float>& a, const BwdOut& o, float* scratch,           \
                               size_t i0, size_t i1) {                                              \
-    bwd_range<float, Math>(a, o, scratch, i0, i1);                                                 \
+    Bwd(a, o, scratch, i0, i1);                                                                    \
   }                                                                                                \
   attributes void step_##level(float* state, const float* u, const float* delta, const float* A,   \
                                const float* Bm, const float* Cm, const float* Dskip,               \
@@ -303,10 +611,13 @@ struct FloatScan {
                                int D, int N) {                                                     \
     step_row<float, Math>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);  \
   }
-SLIPSTREAM_FLOAT_SCAN(generic, , VecMathGeneric)
-SLIPSTREAM_FLOAT_SCAN(avx2, __attribute__((target("avx2,fma"))), VecMathAvx2)
+SLIPSTREAM_FLOAT_SCAN(generic, , VecMathGeneric, (fwd_range<float, VecMathGeneric>),
+                      (bwd_range<float, VecMathGeneric>))
+SLIPSTREAM_FLOAT_SCAN(avx2, __attribute__((target("avx2,fma"))), VecMathAvx2,
+                      (fwd_range_lanes<8, VecMathAvx2>), (bwd_range_lanes<8, VecMathAvx2>))
 SLIPSTREAM_FLOAT_SCAN(avx512, __attribute__((target("avx512f,avx512dq,avx512vl,fma"))),
-                      VecMathAvx512)
+                      VecMathAvx512, (fwd_range_lanes<16, VecMathAvx512>),
+                      (bwd_range_lanes<16, VecMathAvx512>))
 #undef SLIPSTREAM_FLOAT_SCAN
 
 const FloatScan& float_scan() {
@@ -329,6 +640,15 @@ constexpr bool kIsFloat = std::is_same_v<T, float>;
 
 void check_state(int N) {
   if (N < 1 || N > kScanMaxState) throw std::invalid_argument("selective_scan: bad d_state");
+}
+
+// The scratch starts on a 64-byte boundary (the float path's vectors are read from it as such;
+// a slot is a whole number of vectors): the workspace holds kScratchAlign elements more.
+constexpr size_t kScratchAlign = 64;
+template <class T>
+T* aligned_scratch(T* p) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return reinterpret_cast<T*>((at + 63) & ~std::uintptr_t(63));
 }
 
 int slots_for(size_t items) {
@@ -359,7 +679,7 @@ size_t selective_scan_backward_workspace_elems(int B, int L, int D, int N) {
   const size_t nblk = (D + kDB - 1) / kDB;
   const size_t slot = 2 * size_t(L) * kDB * N + 4 * size_t(L) * kDB;
   return slots_for(size_t(B) * nblk) * slot + size_t(B) * D * N + 2 * size_t(B) * D +
-         2 * nblk * B * L * N;
+         2 * nblk * B * L * N + kScratchAlign;
 }
 
 template <class T>
@@ -374,12 +694,12 @@ void selective_scan_backward(const T* u, const T* delta, const T* A, const T* Bm
   const size_t nblk = (D + kDB - 1) / kDB;
   const size_t items = size_t(B) * nblk;
   const int slots = slots_for(items);
-  T* dA_part = workspace;                    // (B, D, N)
-  T* dD_part = dA_part + size_t(B) * D * N;  // (B, D)
-  T* dbias_part = dD_part + size_t(B) * D;   // (B, D)
-  T* dB_part = dbias_part + size_t(B) * D;   // (nblk, B, L, N)
-  T* dC_part = dB_part + nblk * B * L * N;   // (nblk, B, L, N)
-  T* scratch = dC_part + nblk * B * L * N;   // slots x slot
+  T* dA_part = workspace;                                    // (B, D, N)
+  T* dD_part = dA_part + size_t(B) * D * N;                  // (B, D)
+  T* dbias_part = dD_part + size_t(B) * D;                   // (B, D)
+  T* dB_part = dbias_part + size_t(B) * D;                   // (nblk, B, L, N)
+  T* dC_part = dB_part + nblk * B * L * N;                   // (nblk, B, L, N)
+  T* scratch = aligned_scratch(dC_part + nblk * B * L * N);  // slots x slot
   const size_t slot = 2 * size_t(L) * kDB * N + 4 * size_t(L) * kDB;
   const BwdOut o{dout, du, ddelta, dz, dA_part, dD_part, dbias_part, dB_part, dC_part};
 

@@ -2,7 +2,7 @@
 // kernels found at run time: native bf16 GEMMs (oneDNN on AVX-512 BF16 / AMX), or rounded
 // operands multiplied by sgemm, which costs time rather than saving it.
 #include "engine/exec_context.h"
-#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/gemm_onednn.h"
 
 namespace slipstream {
 namespace {

@@ -11,7 +11,8 @@
 
 #include "kernels/bf16.h"
 #include "kernels/gemm.h"
-#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/gemm_onednn.h"
+#include "kernels/vector_math.h"
 #include "tests/kernel_ops/kernel_test.h"
 
 // ---- The CPU reference ----
@@ -122,6 +123,40 @@ CPU_TEST(Gemm, RowBlocksAcrossTasks) {
         }
         EXPECT_EQ(wide, one) << ta << tb;
       });
+}
+
+// fp32 products go to oneDNN where it runs an AVX-512 kernel for them and the level is AVX-512,
+// else to sgemm: both against the reference (every transpose, padded leading dimensions, split
+// into blocks of rows), and no oneDNN call with it off or below AVX-512 (ctest runs this again
+// under SLIPSTREAM_CPU_ISA=avx2 and generic: kernel_ops.isa_*).
+CPU_TEST(Gemm, Fp32ByOnednnWhereItHasAnAvx512KernelElseSgemm) {
+  std::printf("fp32 GEMM: %s (%s)\n", onednn_f32_gemm_native() ? "oneDNN" : "sgemm",
+              onednn_f32_gemm_kernel().c_str());
+  if (cpu_isa() != CpuIsa::avx512) {
+    EXPECT_FALSE(onednn_f32_gemm_native());
+  }
+  const int M = 301, N = 64, K = 48;
+  each_transpose(M, N, K, 5, 4,
+                 [&](int ta, int tb, const auto& ref, const auto& A, const auto& B, const auto& C,
+                     int lda, int ldb, int ldc) {
+                   const auto Af = cast<float>(A), Bf = cast<float>(B);
+                   for (const bool on : {true, false}) {
+                     const bool was = set_onednn_enabled(on);
+                     const bool native = onednn_f32_gemm_native();
+                     const uint64_t before = onednn_gemm_calls();
+                     auto Cf = cast<float>(C);
+                     gemm<float>(ta, tb, M, N, K, 0.7f, Af.data(), lda, Bf.data(), ldb, 0.3f,
+                                 Cf.data(), ldc);
+                     const uint64_t calls = onednn_gemm_calls() - before;
+                     set_onednn_enabled(was);
+                     EXPECT_LT(test::rel_diff(ref, Cf), 1e-5) << ta << tb << " oneDNN " << on;
+                     if (native) {
+                       EXPECT_GT(calls, 0u) << ta << tb;
+                     } else {
+                       EXPECT_EQ(calls, 0u) << ta << tb << " oneDNN " << on;
+                     }
+                   }
+                 });
 }
 
 CPU_TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {

@@ -20,7 +20,7 @@
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "engine/stats_record.h"
-#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/gemm_onednn.h"
 #include "stages/dist/grad_buckets.h"
 #include "tests/support/cli_output.h"
 #include "tests/support/temp_dir.h"

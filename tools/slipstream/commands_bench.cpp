@@ -6,7 +6,7 @@
 
 #include "engine/config.h"
 #include "engine/step_benchmark.h"
-#include "kernels/gemm_bf16_onednn.h"
+#include "kernels/gemm_onednn.h"
 #include "kernels/vector_math.h"
 #include "tools/slipstream/commands.h"
 #include "tools/smi/nvml.h"
@@ -68,13 +68,19 @@ int bench_command(BenchArgs a) {
     std::cout << format_step_benchmark(b);
     // What the CPU kernels ran at: figures from different levels are not comparable.
     const std::string isa = kernels::cpu_isa_name(kernels::cpu_isa());
+    const std::string fp32 = kernels::onednn_f32_gemm_native()
+                                 ? "oneDNN " + kernels::onednn_f32_gemm_kernel()
+                                 : "OpenBLAS sgemm";
     const std::string bf16 = kernels::onednn_bf16_gemm_native()
                                  ? "oneDNN " + kernels::onednn_bf16_gemm_kernel()
-                                 : "fp32 sgemm of rounded operands";
-    if (b.device == "cpu") std::cout << "cpu kernels: " << isa << "; bf16 GEMMs: " << bf16 << "\n";
+                                 : "fp32 GEMMs of rounded operands";
+    if (b.device == "cpu")
+      std::cout << "cpu kernels: " << isa << "; fp32 GEMMs: " << fp32 << "; bf16 GEMMs: " << bf16
+                << "\n";
     if (!a.json.empty()) {
       nlohmann::json j = step_benchmark_json(b);
       j["cpu_isa"] = isa;
+      j["cpu_fp32_gemm"] = fp32;
       j["cpu_bf16_gemm"] = bf16;
       write_json_file(a.json, j);
     }

@@ -1,7 +1,8 @@
-// See gemm_bf16_onednn.h. One matmul primitive per (shape, transposes, leading dimensions,
-// alpha, beta), made on first use and kept: oneDNN picks its kernel at creation, so the steady
-// state only executes. A primitive runs on any thread, with that thread's stream and scratchpad.
-#include "kernels/gemm_bf16_onednn.h"
+// See gemm_onednn.h. One matmul primitive per (element type, shape, transposes, leading
+// dimensions, alpha, beta), made on first use and kept: oneDNN picks its kernel at creation, so the
+// steady state only executes. A primitive runs on any thread, with that thread's stream and
+// scratchpad.
+#include "kernels/gemm_onednn.h"
 
 #if SLIPSTREAM_HAS_ONEDNN
 
@@ -26,17 +27,18 @@ namespace {
 using dnnl::memory;
 
 struct Key {
+  bool bf16;  // the operands' type: bf16, or fp32
   int M, N, K, lda, ldb, ldc;
   bool ta, tb;
   float alpha, beta;
-  auto tie() const { return std::tie(M, N, K, lda, ldb, ldc, ta, tb, alpha, beta); }
+  auto tie() const { return std::tie(bf16, M, N, K, lda, ldb, ldc, ta, tb, alpha, beta); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
 struct Plan {
   dnnl::matmul matmul;
   memory::desc a, b, c, scratch;
-  bool native = false;  // a bf16 kernel, not oneDNN's reference loops
+  bool native = false;  // bf16: a bf16 kernel; fp32: not oneDNN's reference loops
   std::string kernel;
 };
 
@@ -48,9 +50,10 @@ dnnl::engine& cpu_engine() {
 Plan make_plan(const Key& k) {
   using dt = memory::data_type;
   Plan p;
+  const dt in = k.bf16 ? dt::bf16 : dt::f32;
   // op(A) is (M, K): stored (M, K) with row stride lda, or (K, M) (transposed) with lda.
-  p.a = memory::desc({k.M, k.K}, dt::bf16, k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
-  p.b = memory::desc({k.K, k.N}, dt::bf16, k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
+  p.a = memory::desc({k.M, k.K}, in, k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+  p.b = memory::desc({k.K, k.N}, in, k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
   p.c = memory::desc({k.M, k.N}, dt::f32, memory::dims{k.ldc, 1});
   dnnl::primitive_attr attr;
   // The caller's scratchpad: oneDNN's own is shared by all primitives unless the library was
@@ -65,8 +68,12 @@ Plan make_plan(const Key& k) {
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
   p.kernel = pd.impl_info_str();
   p.scratch = pd.scratchpad_desc();
-  p.native =
-      p.kernel.find("bf16") != std::string::npos || p.kernel.find("amx") != std::string::npos;
+  // fp32: any kernel but oneDNN's reference loops; on a CPU with AVX-512 (the only one the fp32
+  // path is asked of) its brgemm ("brg:avx512_core", dense strides) and its jit gemm ("gemm:jit",
+  // any strides) both run AVX-512 code.
+  p.native = k.bf16 ? p.kernel.find("bf16") != std::string::npos ||
+                          p.kernel.find("amx") != std::string::npos
+                    : p.kernel.rfind("ref", 0) != 0;
   p.matmul = dnnl::matmul(pd);
   return p;
 }
@@ -91,51 +98,36 @@ std::atomic<bool> enabled{[] {
   return !(e && std::string(e) == "0");
 }()};
 
-Probe probe() {
-  if (!cpu_has_avx512bf16()) return {false, "the CPU has no AVX-512 BF16"};
+Probe probe(bool bf16) {
+  if (bf16 && !cpu_has_avx512bf16()) return {false, "the CPU has no AVX-512 BF16"};
+  if (cpu_isa_supported() != CpuIsa::avx512) return {false, "the CPU has no AVX-512"};
   if (cpu_isa() != CpuIsa::avx512)
     return {false, std::string("the level is capped at ") + cpu_isa_name(cpu_isa()) +
                        " (SLIPSTREAM_CPU_ISA)"};
   try {
-    const Plan& p = plan_for({64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f});
+    const Plan& p = plan_for({bf16, 64, 64, 64, 64, 64, 64, false, false, 1.0f, 0.0f});
     return {p.native, p.native ? p.kernel : "oneDNN offers only '" + p.kernel + "'"};
   } catch (const dnnl::error& e) {
     return {false, std::string("oneDNN failed: ") + e.what()};
   }
 }
 
-const Probe& probed() {
-  static const Probe p = probe();
-  return p;
+const Probe& probed(bool bf16) {
+  static const Probe b = probe(true), f = probe(false);
+  return bf16 ? b : f;
 }
 
-}  // namespace
-
-bool onednn_bf16_gemm_native() {
-  return enabled.load(std::memory_order_relaxed) && probed().native;
-}
-
-std::string onednn_bf16_gemm_kernel() {
-  if (!enabled.load(std::memory_order_relaxed)) return "oneDNN is turned off (SLIPSTREAM_ONEDNN=0)";
-  return probed().what;
-}
-
-bool set_onednn_bf16_enabled(bool on) {
-  return enabled.exchange(on, std::memory_order_relaxed);
-}
-
-bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
-                                 int ldc, float alpha, float beta) {
+bool native_for(const Key& k) {
   try {
-    return plan_for({M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}).native;
+    return plan_for(k).native;
   } catch (const dnnl::error&) {
-    return false;  // a product oneDNN will not plan: gemm_bf16 widens instead
+    return false;  // a product oneDNN will not plan: the caller's other path runs it
   }
 }
 
-void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                      const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
-                      int ldc) {
+// One product on the calling thread, with this thread's stream, plan and memory objects.
+template <class T>
+void execute(const Key& key, const T* A, const T* B, float* C) {
   // OpenMP's thread count is per calling thread: hold each TBB worker's to one, once.
   thread_local const bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
@@ -149,7 +141,6 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
     std::vector<unsigned char> scratch_bytes;
   };
   thread_local std::map<Key, Bound> bound;
-  const Key key{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta};
   auto it = bound.find(key);
   if (it == bound.end()) {
     Bound m;
@@ -162,20 +153,66 @@ void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alp
     it = bound.emplace(key, std::move(m)).first;
   }
   Bound& m = it->second;
-  m.a.set_data_handle(const_cast<uint16_t*>(A));
-  m.b.set_data_handle(const_cast<uint16_t*>(B));
+  m.a.set_data_handle(const_cast<T*>(A));
+  m.b.set_data_handle(const_cast<T*>(B));
   m.c.set_data_handle(C);
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, m.a.get()},
                                   {DNNL_ARG_WEIGHTS, m.b.get()},
                                   {DNNL_ARG_DST, m.c.get()},
                                   {DNNL_ARG_SCRATCHPAD, m.scratch.get()}};
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(m.plan->matmul.get(), stream.get(), 4, args),
-                          "dnnl_primitive_execute (bf16 GEMM)");
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(m.plan->matmul.get(), stream.get(), 4, args),
+      key.bf16 ? "dnnl_primitive_execute (bf16 GEMM)" : "dnnl_primitive_execute (fp32 GEMM)");
   stream.wait();
   calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-uint64_t onednn_gemm_bf16_calls() {
+}  // namespace
+
+bool onednn_bf16_gemm_native() {
+  return enabled.load(std::memory_order_relaxed) && probed(true).native;
+}
+
+std::string onednn_bf16_gemm_kernel() {
+  if (!enabled.load(std::memory_order_relaxed)) return "oneDNN is turned off (SLIPSTREAM_ONEDNN=0)";
+  return probed(true).what;
+}
+
+bool onednn_f32_gemm_native() {
+  return enabled.load(std::memory_order_relaxed) && probed(false).native;
+}
+
+std::string onednn_f32_gemm_kernel() {
+  if (!enabled.load(std::memory_order_relaxed)) return "oneDNN is turned off (SLIPSTREAM_ONEDNN=0)";
+  return probed(false).what;
+}
+
+bool set_onednn_enabled(bool on) {
+  return enabled.exchange(on, std::memory_order_relaxed);
+}
+
+bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
+                                 int ldc, float alpha, float beta) {
+  return native_for({true, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
+}
+
+bool onednn_gemm_f32_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
+                                int ldc, float alpha, float beta) {
+  return native_for({false, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
+}
+
+void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                      const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
+                      int ldc) {
+  execute<uint16_t>({true, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C);
+}
+
+void onednn_gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                     int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  execute<float>({false, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C);
+}
+
+uint64_t onednn_gemm_calls() {
   return calls.load(std::memory_order_relaxed);
 }
 
@@ -191,15 +228,26 @@ bool onednn_bf16_gemm_native() {
 std::string onednn_bf16_gemm_kernel() {
   return "this build has no oneDNN (libdnnl-dev)";
 }
+bool onednn_f32_gemm_native() {
+  return false;
+}
+std::string onednn_f32_gemm_kernel() {
+  return "this build has no oneDNN (libdnnl-dev)";
+}
 bool onednn_gemm_bf16_native_for(bool, bool, int, int, int, int, int, int, float, float) {
+  return false;
+}
+bool onednn_gemm_f32_native_for(bool, bool, int, int, int, int, int, int, float, float) {
   return false;
 }
 void onednn_gemm_bf16(bool, bool, int, int, int, float, const uint16_t*, int, const uint16_t*, int,
                       float, float*, int) {}
-bool set_onednn_bf16_enabled(bool) {
+void onednn_gemm_f32(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
+                     float*, int) {}
+bool set_onednn_enabled(bool) {
   return false;
 }
-uint64_t onednn_gemm_bf16_calls() {
+uint64_t onednn_gemm_calls() {
   return 0;
 }
 
