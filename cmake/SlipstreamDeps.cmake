@@ -20,15 +20,16 @@ find_path(CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas x86_64-linux-gnu/open
 # SLEEF (libsleef-dev): the CPU kernels' vector exp/log1p at AVX2 and AVX-512 width.
 find_library(SLEEF_LIBRARY sleef REQUIRED)
 find_path(SLEEF_INCLUDE_DIR sleef.h PATH_SUFFIXES x86_64-linux-gnu REQUIRED)
-# oneDNN (libdnnl-dev), optional: native bf16 GEMMs on CPUs with AVX-512 BF16 or AMX. Its CMake
-# package wants OpenCL's headers for a GPU runtime we do not use, so the library is found directly.
+# oneDNN (libdnnl-dev), optional: fp32 GEMMs on AVX-512 CPUs and native bf16 GEMMs on CPUs with
+# AVX-512 BF16 or AMX (kernels/gemm_onednn.h). Its CMake package wants OpenCL's headers for a GPU
+# runtime we do not use, so the library is found directly.
 find_library(DNNL_LIBRARY dnnl)
 find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
 if(DNNL_LIBRARY AND DNNL_INCLUDE_DIR)
   set(SLIPSTREAM_HAS_ONEDNN ON)
 else()
   set(SLIPSTREAM_HAS_ONEDNN OFF)
-  message(STATUS "slipstream: no oneDNN (libdnnl-dev): bf16 GEMMs on the CPU widen to sgemm")
+  message(STATUS "slipstream: no oneDNN (libdnnl-dev): the CPU's GEMMs run on OpenBLAS alone")
 endif()
 if(SLIPSTREAM_KERNELS_ONLY)
 elseif(TARGET zstd::libzstd_shared)

@@ -36,15 +36,19 @@ bool tbb_splits_gemms() {
   return splits;
 }
 
-// Rows of C per task: enough multiply-adds (2^18) to dwarf a task's cost, and a fixed size, so
-// the blocks, and therefore the sums, are the same for every thread count.
+// Rows of C per task: enough multiply-adds to dwarf a task's cost (2^18), or a oneDNN call's
+// (2^20: its execute and wait; blocks 4x larger took cpu_large's fp32 step from 52.3 to 49.4 ms
+// on the 2-core EPYC, 2^22 to 47.9 ms, which would leave fewer blocks than cores for a mid-sized
+// product on a larger machine), and a fixed size, so the blocks, and therefore the sums, are the
+// same for every thread count.
 constexpr size_t kGemmBlockWork = size_t{1} << 18;
+constexpr size_t kOnednnBlockWork = size_t{1} << 20;
 
 template <class TA, class TC, class Blas>
 void gemm_in_row_blocks(bool trans_a, int M, int N, int K, const TA* A, int lda, TC* C, int ldc,
-                        Blas&& blas) {
+                        Blas&& blas, size_t block_work = kGemmBlockWork) {
   const size_t per_row = static_cast<size_t>(N) * static_cast<size_t>(std::max(K, 1));
-  const int rows = static_cast<int>(std::max<size_t>(16, kGemmBlockWork / per_row));
+  const int rows = static_cast<int>(std::max<size_t>(16, block_work / per_row));
   if (!tbb_splits_gemms() || M <= rows) {
     blas(M, A, C);
     return;
@@ -98,15 +102,15 @@ void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
   // product of its own, asked of its own shape.
   const bool onednn = tbb_splits_gemms() && onednn_f32_gemm_native();
   gemm_in_row_blocks<float, float>(
-      trans_a, M, N, K, A, lda, C, ldc, [&](int m, const float* a, float* c) {
-        if (onednn &&
-            onednn_gemm_f32_native_for(trans_a, trans_b, m, N, K, lda, ldb, ldc, alpha, beta))
-          onednn_gemm_f32(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
-        else
+      trans_a, M, N, K, A, lda, C, ldc,
+      [&](int m, const float* a, float* c) {
+        if (!onednn ||
+            !onednn_gemm_f32(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc))
           cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                       trans_b ? CblasTrans : CblasNoTrans, m, N, K, alpha, a, lda, B, ldb, beta, c,
                       ldc);
-      });
+      },
+      onednn ? kOnednnBlockWork : kGemmBlockWork);
 }
 
 template <>
@@ -146,9 +150,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
   if (onednn_bf16_gemm_native() &&
       onednn_gemm_bf16_native_for(trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta)) {
     gemm_in_row_blocks<uint16_t, float>(
-        trans_a, M, N, K, A, lda, C, ldc, [&](int m, const uint16_t* a, float* c) {
+        trans_a, M, N, K, A, lda, C, ldc,
+        [&](int m, const uint16_t* a, float* c) {
           onednn_gemm_bf16(trans_a, trans_b, m, N, K, alpha, a, lda, B, ldb, beta, c, ldc);
-        });
+        },
+        kOnednnBlockWork);
     return;
   }
   float* a32 = workspace;

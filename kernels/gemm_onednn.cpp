@@ -1,7 +1,10 @@
 // See gemm_onednn.h. One matmul primitive per (element type, shape, transposes, leading
 // dimensions, alpha, beta), made on first use and kept: oneDNN picks its kernel at creation, so the
 // steady state only executes. A primitive runs on any thread, with that thread's stream and
-// scratchpad.
+// scratchpad. Products that differ only in their rows (M) and the strides of A and C form a
+// family: its first kPlansPerFamily row counts get primitives of their own, later ones share one
+// whose M and those strides are given at each call (a policy stepping any number of games, an
+// evaluation's last, shorter batch), so the primitives, each a JIT-compiled kernel, stay few.
 #include "kernels/gemm_onednn.h"
 
 #if SLIPSTREAM_HAS_ONEDNN
@@ -14,6 +17,8 @@
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -35,9 +40,36 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
+// Row counts of one family with a primitive of their own. A training step's products have one
+// or two (its blocks of rows); at 960 rows the shared form ran 1.01-1.13x their time (its jit
+// gemm for brgemm).
+constexpr int kPlansPerFamily = 8;
+
+// What a family shares: all of a Key but M, lda and ldc.
+Key family_of(Key k) {
+  k.M = k.lda = k.ldc = -1;
+  return k;
+}
+
+// The tensors' descriptions of a product (dims and strides; DNNL_RUNTIME_DIM_VAL where given at
+// each call).
+struct Descs {
+  memory::desc a, b, c;
+};
+Descs descs_of(const Key& k) {
+  using dt = memory::data_type;
+  const dt in = k.bf16 ? dt::bf16 : dt::f32;
+  const auto dim = [](int v) { return v < 0 ? DNNL_RUNTIME_DIM_VAL : memory::dim(v); };
+  // op(A) is (M, K): stored (M, K) with row stride lda, or (K, M) (transposed) with lda.
+  return {memory::desc({dim(k.M), k.K}, in,
+                       k.ta ? memory::dims{1, dim(k.lda)} : memory::dims{dim(k.lda), 1}),
+          memory::desc({k.K, k.N}, in, k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1}),
+          memory::desc({dim(k.M), k.N}, dt::f32, memory::dims{dim(k.ldc), 1})};
+}
+
 struct Plan {
   dnnl::matmul matmul;
-  memory::desc a, b, c, scratch;
+  memory::desc scratch;
   bool native = false;  // bf16: a bf16 kernel; fp32: not oneDNN's reference loops
   std::string kernel;
 };
@@ -48,13 +80,8 @@ dnnl::engine& cpu_engine() {
 }
 
 Plan make_plan(const Key& k) {
-  using dt = memory::data_type;
   Plan p;
-  const dt in = k.bf16 ? dt::bf16 : dt::f32;
-  // op(A) is (M, K): stored (M, K) with row stride lda, or (K, M) (transposed) with lda.
-  p.a = memory::desc({k.M, k.K}, in, k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
-  p.b = memory::desc({k.K, k.N}, in, k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
-  p.c = memory::desc({k.M, k.N}, dt::f32, memory::dims{k.ldc, 1});
+  const Descs d = descs_of(k);
   dnnl::primitive_attr attr;
   // The caller's scratchpad: oneDNN's own is shared by all primitives unless the library was
   // built for concurrent execution, and blocks of rows run on several threads at once.
@@ -65,7 +92,7 @@ Plan make_plan(const Key& k) {
     ops.append_sum(k.beta);
     attr.set_post_ops(ops);
   }
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.a, p.b, p.c), attr, cpu_engine());
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
   p.kernel = pd.impl_info_str();
   p.scratch = pd.scratchpad_desc();
   // fp32: any kernel but oneDNN's reference loops; on a CPU with AVX-512 (the only one the fp32
@@ -78,12 +105,29 @@ Plan make_plan(const Key& k) {
   return p;
 }
 
+struct Plans {
+  std::mutex mu;
+  std::map<Key, Plan> made;            // by exact key, or by family (the shared form)
+  std::map<Key, const Plan*> taken;    // each key asked for: the plan it runs
+  std::map<Key, int> rows_per_family;  // row counts of a family with a plan of their own
+};
+Plans& plans() {
+  static Plans p;
+  return p;
+}
+
 const Plan& plan_for(const Key& k) {
-  static std::mutex mu;
-  static std::map<Key, Plan> plans;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = plans.find(k);
-  if (it == plans.end()) it = plans.emplace(k, make_plan(k)).first;
+  Plans& all = plans();
+  std::lock_guard<std::mutex> lock(all.mu);
+  if (auto it = all.taken.find(k); it != all.taken.end()) return *it->second;
+  int& own = all.rows_per_family[family_of(k)];
+  const Key key = own < kPlansPerFamily ? k : family_of(k);
+  auto it = all.made.find(key);
+  if (it == all.made.end()) {
+    it = all.made.emplace(key, make_plan(key)).first;
+    if (key.M >= 0) ++own;
+  }
+  all.taken.emplace(k, &it->second);
   return it->second;
 }
 
@@ -125,9 +169,10 @@ bool native_for(const Key& k) {
   }
 }
 
-// One product on the calling thread, with this thread's stream, plan and memory objects.
+// One product on the calling thread, with this thread's stream, plan and memory objects; false,
+// running nothing, where oneDNN will not plan it or (`native_only`) has no native kernel for it.
 template <class T>
-void execute(const Key& key, const T* A, const T* B, float* C) {
+bool execute(const Key& key, const T* A, const T* B, float* C, bool native_only) {
   // OpenMP's thread count is per calling thread: hold each TBB worker's to one, once.
   thread_local const bool one_thread = (omp_set_num_threads(1), true);
   (void)one_thread;
@@ -144,15 +189,25 @@ void execute(const Key& key, const T* A, const T* B, float* C) {
   auto it = bound.find(key);
   if (it == bound.end()) {
     Bound m;
-    m.plan = &plan_for(key);
+    try {
+      m.plan = &plan_for(key);
+    } catch (const dnnl::error&) {
+      m.plan = nullptr;  // a product oneDNN will not plan: the caller's other path runs it
+    }
+    if (!m.plan || (native_only && !m.plan->native)) {
+      bound.emplace(key, std::move(m));
+      return false;
+    }
     m.scratch_bytes.resize(std::max<size_t>(m.plan->scratch.get_size(), 1));
-    m.a = memory(m.plan->a, cpu_engine(), nullptr);
-    m.b = memory(m.plan->b, cpu_engine(), nullptr);
-    m.c = memory(m.plan->c, cpu_engine(), nullptr);
+    const Descs d = descs_of(key);  // the concrete shape, whichever plan runs it
+    m.a = memory(d.a, cpu_engine(), nullptr);
+    m.b = memory(d.b, cpu_engine(), nullptr);
+    m.c = memory(d.c, cpu_engine(), nullptr);
     m.scratch = memory(m.plan->scratch, cpu_engine(), m.scratch_bytes.data());
     it = bound.emplace(key, std::move(m)).first;
   }
   Bound& m = it->second;
+  if (!m.plan || (native_only && !m.plan->native)) return false;
   m.a.set_data_handle(const_cast<T*>(A));
   m.b.set_data_handle(const_cast<T*>(B));
   m.c.set_data_handle(C);
@@ -165,6 +220,7 @@ void execute(const Key& key, const T* A, const T* B, float* C) {
       key.bf16 ? "dnnl_primitive_execute (bf16 GEMM)" : "dnnl_primitive_execute (fp32 GEMM)");
   stream.wait();
   calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace
@@ -196,24 +252,30 @@ bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K
   return native_for({true, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
 }
 
-bool onednn_gemm_f32_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
-                                int ldc, float alpha, float beta) {
-  return native_for({false, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta});
-}
-
 void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
                       int ldc) {
-  execute<uint16_t>({true, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C);
+  // gemm_bf16 asked onednn_gemm_bf16_native_for first: run what oneDNN planned.
+  if (!execute<uint16_t>({true, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C,
+                         false))
+    throw std::runtime_error("oneDNN could not plan a bf16 GEMM of " + std::to_string(M) + " x " +
+                             std::to_string(N) + " x " + std::to_string(K));
 }
 
-void onednn_gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+bool onednn_gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                      int lda, const float* B, int ldb, float beta, float* C, int ldc) {
-  execute<float>({false, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C);
+  return execute<float>({false, M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta}, A, B, C,
+                        true);
 }
 
 uint64_t onednn_gemm_calls() {
   return calls.load(std::memory_order_relaxed);
+}
+
+size_t onednn_gemm_primitives() {
+  Plans& all = plans();
+  std::lock_guard<std::mutex> lock(all.mu);
+  return all.made.size();
 }
 
 }  // namespace slipstream::kernels
@@ -237,17 +299,19 @@ std::string onednn_f32_gemm_kernel() {
 bool onednn_gemm_bf16_native_for(bool, bool, int, int, int, int, int, int, float, float) {
   return false;
 }
-bool onednn_gemm_f32_native_for(bool, bool, int, int, int, int, int, int, float, float) {
-  return false;
-}
 void onednn_gemm_bf16(bool, bool, int, int, int, float, const uint16_t*, int, const uint16_t*, int,
                       float, float*, int) {}
-void onednn_gemm_f32(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
-                     float*, int) {}
+bool onednn_gemm_f32(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
+                     float*, int) {
+  return false;
+}
 bool set_onednn_enabled(bool) {
   return false;
 }
 uint64_t onednn_gemm_calls() {
+  return 0;
+}
+size_t onednn_gemm_primitives() {
   return 0;
 }
 

@@ -9,6 +9,7 @@
 // Built when oneDNN (Debian's libdnnl-dev) is found: SLIPSTREAM_HAS_ONEDNN.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -24,18 +25,19 @@ std::string onednn_bf16_gemm_kernel();
 bool onednn_f32_gemm_native();
 std::string onednn_f32_gemm_kernel();
 
-// Whether oneDNN runs a native bf16 kernel (fp32: any but its reference loops) for this product:
-// some strides get only its reference loops; gemm_bf16 then widens, gemm<float> calls sgemm.
+// Whether oneDNN runs a native bf16 kernel for this product: some strides get only its reference
+// loops; gemm_bf16 then widens.
 bool onednn_gemm_bf16_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
                                  int ldc, float alpha, float beta);
-bool onednn_gemm_f32_native_for(bool trans_a, bool trans_b, int M, int N, int K, int lda, int ldb,
-                                int ldc, float alpha, float beta);
 // gemm_bf16's and gemm<float>'s contracts (gemm.h), run on the calling thread: oneDNN's OpenMP
-// threads are held to one, so TBB alone splits the work (one call per block of rows).
+// threads are held to one, so TBB alone splits the work (one call per block of rows). The fp32
+// one runs nothing and returns false where oneDNN has only its reference loops for the product
+// (gemm<float> then calls sgemm); the answer is kept per thread and shape, so the steady state
+// takes no lock.
 void onednn_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
                       const uint16_t* A, int lda, const uint16_t* B, int ldb, float beta, float* C,
                       int ldc);
-void onednn_gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+bool onednn_gemm_f32(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                      int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
 // Turns both oneDNN paths off (gemm_bf16 then widens, gemm<float> calls sgemm) or back on;
@@ -47,5 +49,9 @@ bool set_onednn_enabled(bool enabled);
 // few small objects per call (its argument map and bookkeeping): the zero-allocation tests
 // bound them with this.
 uint64_t onednn_gemm_calls();
+
+// The matmul primitives made so far (each a JIT-compiled kernel, kept for the process). Products
+// differing only in their rows and A's and C's strides share one after their first 8 row counts.
+size_t onednn_gemm_primitives();
 
 }  // namespace slipstream::kernels

@@ -159,6 +159,30 @@ CPU_TEST(Gemm, Fp32ByOnednnWhereItHasAnAvx512KernelElseSgemm) {
                  });
 }
 
+// Products that differ only in their rows (a policy stepping any number of games) share one
+// oneDNN primitive after their first 8 row counts, the shared one taking M and A's and C's
+// strides at each call: 20 row counts make at most 9 primitives, and every product matches the
+// reference, transposed A included (its stride is M's there).
+CPU_TEST(Gemm, RowCountsShareOnednnPrimitivesPastTheFirstEight) {
+  if (!onednn_f32_gemm_native()) GTEST_SKIP() << "fp32 GEMMs on sgemm here";
+  const int N = 23, K = 19;  // a family of its own: no other test uses these
+  std::mt19937_64 rng(8);
+  for (int ta = 0; ta < 2; ++ta) {
+    const size_t before = onednn_gemm_primitives();
+    for (int M = 5; M < 25; ++M) {
+      const int lda = ta ? M : K;
+      auto A = rand_vec(size_t(ta ? K : M) * lda, rng), B = rand_vec(size_t(K) * N, rng);
+      auto C = rand_vec(size_t(M) * N, rng), ref = C;
+      ref_gemm(ta, false, M, N, K, 0.7, A, lda, B, N, 0.3, ref, N);
+      auto Af = cast<float>(A), Bf = cast<float>(B), Cf = cast<float>(C);
+      gemm<float>(ta, false, M, N, K, 0.7f, Af.data(), lda, Bf.data(), N, 0.3f, Cf.data(), N);
+      EXPECT_LT(test::rel_diff(ref, Cf), 1e-5) << "M " << M << " ta " << ta;
+    }
+    EXPECT_LE(onednn_gemm_primitives() - before, 9u) << "ta " << ta;
+    EXPECT_GE(onednn_gemm_primitives() - before, 2u) << "ta " << ta;
+  }
+}
+
 CPU_TEST(Gemm, Bf16EqualsSgemmOfRoundedOperands) {
   std::mt19937_64 rng(2);
   const int M = 33, N = 17, K = 40, pad = 2;
