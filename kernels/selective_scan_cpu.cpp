@@ -559,6 +559,73 @@ __attribute__((always_inline)) inline void scan_lanes_backward(const ScanArgs<fl
   store_lanes<W>(static_cast<float*>(o.dbias_part) + bd, dbias, w);
 }
 
+// One frame of one batch row, as step_row, for N a multiple of W: the state (B, D, N) keeps a
+// state a lane, so the update reads and writes each channel's N states as N / W vectors, and y's
+// sums over the states (a sum across one vector's lanes a channel in step_row) are made W
+// channels at a time by the tree.
+template <int W, class M>
+__attribute__((always_inline)) inline void step_row_summed_by_tree(
+    float* state, const float* u, const float* delta, const float* A, const float* Bm,
+    const float* Cm, const float* Dskip, const float* z, const float* delta_bias, bool softplus,
+    float* out, int D, int N) {
+  constexpr int kValues = 4096, kMaxBlock = 256;
+  const int block = std::clamp(kValues / N / W * W, W, kMaxBlock);
+  alignas(64) float dt[kMaxBlock], gate[kMaxBlock];
+  alignas(64) float ea[kValues];
+  Lanes<W> sums[W], y;
+  for (int d0 = 0; d0 < D; d0 += block) {
+    const int w = std::min(block, D - d0);
+    for (int i = 0; i < w; ++i) dt[i] = delta[d0 + i] + (delta_bias ? delta_bias[d0 + i] : 0.0f);
+    if (softplus) M::softplus(dt, dt, size_t(w));
+    M::exp_scaled_rows(A + size_t(d0) * N, dt, ea, w, N);
+    for (int g = 0; g < w; g += W) {
+      const int wg = std::min(W, w - g);
+      for (int i = 0; i < wg; ++i) {
+        const int d = d0 + g + i;
+        float* h = state + size_t(d) * N;
+        const float* e = ea + size_t(g + i) * N;
+        const float dtu = dt[g + i] * u[d];
+        Lanes<W> acc{};
+        for (int n = 0; n < N; n += W) {
+          Lanes<W> hv, ev, bv, cv;
+          load_lanes<W>(hv, h + n, W);
+          load_lanes<W>(ev, e + n, W);
+          load_lanes<W>(bv, Bm + n, W);
+          load_lanes<W>(cv, Cm + n, W);
+          hv = ev * hv + dtu * bv;
+          store_lanes<W>(h + n, hv, W);
+          acc += hv * cv;
+        }
+        sums[i] = acc;
+      }
+      for (int i = wg; i < W; ++i) sums[i] = Lanes<W>{};
+      sum_lanes_each<W>(sums, y);
+      for (int i = 0; i < wg; ++i) {
+        const int d = d0 + g + i;
+        out[d] = y[i] + (Dskip ? Dskip[d] * u[d] : 0.0f);
+      }
+    }
+    if (z) {
+      M::sigmoid(z + d0, gate, size_t(w));
+      for (int i = 0; i < w; ++i) out[d0 + i] *= z[d0 + i] * gate[i];
+    }
+  }
+}
+
+template <int W, class M>
+__attribute__((always_inline)) inline void step_row_lanes(float* state, const float* u,
+                                                          const float* delta, const float* A,
+                                                          const float* Bm, const float* Cm,
+                                                          const float* Dskip, const float* z,
+                                                          const float* delta_bias, bool softplus,
+                                                          float* out, int D, int N) {
+  if (N % W == 0)
+    step_row_summed_by_tree<W, M>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out,
+                                  D, N);
+  else
+    step_row<float, M>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);
+}
+
 // Items of the float path: each block of kDB channels in sub-blocks of W.
 template <int W, class M>
 __attribute__((always_inline)) inline void fwd_range_lanes(const ScanArgs<float>& a, float* out,
@@ -595,8 +662,9 @@ struct FloatScan {
 };
 
 // `Fwd` and `Bwd` are the item ranges the level runs: vectors of channels at AVX2 and AVX-512;
-// below AVX2 a state a lane (vectors of four channels there took 0.86-0.92x its forward's time).
-#define SLIPSTREAM_FLOAT_SCAN(level, attributes, Math, Fwd, Bwd)                                   \
+// below AVX2 a state a lane (vectors of four channels there took 1.08-1.16x the forward's time).
+// `Step` the one-frame step: at AVX2 and AVX-512 y's sums over the states by the tree.
+#define SLIPSTREAM_FLOAT_SCAN(level, attributes, Math, Fwd, Bwd, Step)                             \
   attributes void fwd_##level(const ScanArgs<float>& a, float* out, float* last, size_t i0,        \
                               size_t i1) {                                                         \
     Fwd(a, out, last, i0, i1);                                                                     \
@@ -609,15 +677,16 @@ struct FloatScan {
                                const float* Bm, const float* Cm, const float* Dskip,               \
                                const float* z, const float* delta_bias, bool softplus, float* out, \
                                int D, int N) {                                                     \
-    step_row<float, Math>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);  \
+    Step(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);                   \
   }
 SLIPSTREAM_FLOAT_SCAN(generic, , VecMathGeneric, (fwd_range<float, VecMathGeneric>),
-                      (bwd_range<float, VecMathGeneric>))
+                      (bwd_range<float, VecMathGeneric>), (step_row<float, VecMathGeneric>))
 SLIPSTREAM_FLOAT_SCAN(avx2, __attribute__((target("avx2,fma"))), VecMathAvx2,
-                      (fwd_range_lanes<8, VecMathAvx2>), (bwd_range_lanes<8, VecMathAvx2>))
+                      (fwd_range_lanes<8, VecMathAvx2>), (bwd_range_lanes<8, VecMathAvx2>),
+                      (step_row_lanes<8, VecMathAvx2>))
 SLIPSTREAM_FLOAT_SCAN(avx512, __attribute__((target("avx512f,avx512dq,avx512vl,fma"))),
                       VecMathAvx512, (fwd_range_lanes<16, VecMathAvx512>),
-                      (bwd_range_lanes<16, VecMathAvx512>))
+                      (bwd_range_lanes<16, VecMathAvx512>), (step_row_lanes<16, VecMathAvx512>))
 #undef SLIPSTREAM_FLOAT_SCAN
 
 const FloatScan& float_scan() {

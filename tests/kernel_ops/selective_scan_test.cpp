@@ -303,6 +303,49 @@ CPU_TEST(SelectiveScan, StepEqualsParallelForm) {
   for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], last[i], 1e-12);
 }
 
+// The float step (y's sums over the states by a shuffle tree at AVX2 and AVX-512 where N is a
+// multiple of the vector's width, a sum a channel otherwise; ctest runs this at every level)
+// frame by frame against the float64 parallel form: D 37 leaves a partial group of channels.
+CPU_TEST(SelectiveScan, FloatStepEqualsParallelForm) {
+  for (const int N : {16, 32, 8, 5}) {
+    std::mt19937_64 rng(78 + uint64_t(N));
+    const int B = 3, L = 9, D = 37;
+    const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
+    auto u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng);
+    auto z = test::rand_vec(bld, rng), Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
+    auto A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
+    auto bias = test::rand_vec(D, rng);
+    for (double& a : A) a = -a;
+    std::vector<double> out(bld), last(size_t(B) * D * N);
+    selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
+                           z.data(), bias.data(), true, static_cast<const double*>(nullptr),
+                           out.data(), last.data(), B, L, D, N);
+    const auto Af = cast<float>(A), Df = cast<float>(Dskip), biasf = cast<float>(bias);
+    std::vector<float> state(size_t(B) * D * N, 0.0f);
+    std::vector<double> stepped(bld);
+    for (int t = 0; t < L; ++t) {
+      std::vector<float> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
+      for (int b = 0; b < B; ++b) {
+        for (int d = 0; d < D; ++d) {
+          const size_t i = (size_t(b) * L + t) * D + d;
+          ut.push_back(float(u[i])), dt.push_back(float(delta[i])), zt.push_back(float(z[i]));
+        }
+        for (int n = 0; n < N; ++n) {
+          Bt.push_back(float(Bm[(size_t(b) * L + t) * N + n]));
+          Ct.push_back(float(Cm[(size_t(b) * L + t) * N + n]));
+        }
+      }
+      selective_scan_step(state.data(), ut.data(), dt.data(), Af.data(), Bt.data(), Ct.data(),
+                          Df.data(), zt.data(), biasf.data(), true, ot.data(), B, D, N);
+      for (int b = 0; b < B; ++b)
+        for (int d = 0; d < D; ++d) stepped[(size_t(b) * L + t) * D + d] = ot[size_t(b) * D + d];
+    }
+    EXPECT_LT(test::rel_diff(out, stepped), 1e-5) << "N " << N;
+    EXPECT_LT(test::rel_diff(last, std::vector<double>(state.begin(), state.end())), 1e-5)
+        << "N " << N;
+  }
+}
+
 }  // namespace
 }  // namespace slipstream::kernels
 #endif  // SLIPSTREAM_REFERENCE_TESTS
