@@ -179,6 +179,8 @@ TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   Output dev = run_cli("devices");
   EXPECT_EQ(dev.status, 0);
   EXPECT_NE(dev.text.find("cpu:"), std::string::npos) << dev.text;
+  EXPECT_NE(dev.text.find("cpu kernels: "), std::string::npos) << dev.text;
+  EXPECT_NE(dev.text.find("; fp32 GEMMs: "), std::string::npos) << dev.text;
   Output doc = run_cli("doctor --device cpu");
   EXPECT_EQ(doc.status, 0) << doc.text;
 }

@@ -6,9 +6,8 @@
 
 #include "engine/config.h"
 #include "engine/step_benchmark.h"
-#include "kernels/gemm_onednn.h"
-#include "kernels/vector_math.h"
 #include "tools/slipstream/commands.h"
+#include "tools/slipstream/cpu_kernels.h"
 #include "tools/smi/nvml.h"
 
 namespace slipstream::cli {
@@ -67,21 +66,13 @@ int bench_command(BenchArgs a) {
     const StepBenchmark b = run_step_benchmark(a.options);
     std::cout << format_step_benchmark(b);
     // What the CPU kernels ran at: figures from different levels are not comparable.
-    const std::string isa = kernels::cpu_isa_name(kernels::cpu_isa());
-    const std::string fp32 = kernels::onednn_f32_gemm_native()
-                                 ? "oneDNN " + kernels::onednn_f32_gemm_kernel()
-                                 : "OpenBLAS sgemm";
-    const std::string bf16 = kernels::onednn_bf16_gemm_native()
-                                 ? "oneDNN " + kernels::onednn_bf16_gemm_kernel()
-                                 : "fp32 GEMMs of rounded operands";
-    if (b.device == "cpu")
-      std::cout << "cpu kernels: " << isa << "; fp32 GEMMs: " << fp32 << "; bf16 GEMMs: " << bf16
-                << "\n";
+    const CpuKernels k = cpu_kernels();
+    if (b.device == "cpu") std::cout << cpu_kernels_line() << "\n";
     if (!a.json.empty()) {
       nlohmann::json j = step_benchmark_json(b);
-      j["cpu_isa"] = isa;
-      j["cpu_fp32_gemm"] = fp32;
-      j["cpu_bf16_gemm"] = bf16;
+      j["cpu_isa"] = k.isa;
+      j["cpu_fp32_gemm"] = k.fp32;
+      j["cpu_bf16_gemm"] = k.bf16;
       write_json_file(a.json, j);
     }
     return kExitOk;

@@ -11,6 +11,7 @@
 #include "engine/graph.h"
 #include "engine/runner.h"
 #include "tools/slipstream/commands.h"
+#include "tools/slipstream/cpu_kernels.h"
 
 namespace slipstream::cli {
 
@@ -107,7 +108,7 @@ void add_run_commands(CLI::App& app) {
   run->callback([a] { set_exit_code(run_command(*a)); });
 
   app.add_subcommand("devices", "Show the CPU, CUDA devices, driver and library versions")
-      ->callback([] { std::cout << devices_report(); });
+      ->callback([] { std::cout << devices_report() << cpu_kernels_line() << "\n"; });
   auto dev = std::make_shared<std::string>("auto");
   auto* doctor =
       app.add_subcommand("doctor", "Check each link between slipstream and the GPU, with fixes");
