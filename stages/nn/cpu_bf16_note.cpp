@@ -1,6 +1,6 @@
 // Tells the runner what precision bf16 does on this CPU (engine/exec_context.h), from what the
 // kernels found at run time: native bf16 GEMMs (oneDNN on AVX-512 BF16 / AMX), or rounded
-// operands multiplied by sgemm, which costs time rather than saving it.
+// operands multiplied by the fp32 GEMMs, which costs time rather than saving it.
 #include "engine/exec_context.h"
 #include "kernels/gemm_onednn.h"
 
