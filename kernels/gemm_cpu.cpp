@@ -1,5 +1,5 @@
-// GEMMs go to OpenBLAS, or to oneDNN where it multiplies faster (fp32 where it runs an AVX-512
-// kernel, bf16 where the CPU multiplies bf16 natively: gemm_onednn.h), run single-threaded inside
+// GEMMs go to OpenBLAS, or to oneDNN where it multiplies faster (fp32 at the AVX2 and AVX-512
+// levels, bf16 where the CPU multiplies bf16 natively: gemm_onednn.h), run single-threaded inside
 // TBB tasks: one thread pool for the whole process (run.threads bounds it), instead of the
 // libraries' own threads spinning beside TBB's (measured faster on 2 cores, docs/kernels.md). A
 // large product is split by rows of C into fixed blocks, one sgemm each; one of a few rows is a
@@ -98,8 +98,8 @@ void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
                                         1);
                           }))
     return;
-  // oneDNN where it runs an AVX-512 kernel for the product, else sgemm; each block of rows is a
-  // product of its own, asked of its own shape.
+  // oneDNN where it has more than its reference loops for the product, else sgemm; each block of
+  // rows is a product of its own, asked of its own shape.
   const bool onednn = tbb_splits_gemms() && onednn_f32_gemm_native();
   gemm_in_row_blocks<float, float>(
       trans_a, M, N, K, A, lda, C, ldc,

@@ -75,7 +75,13 @@ struct Plan {
 };
 
 dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    // SLIPSTREAM_CPU_ISA's cap holds for oneDNN's kernels too (before its first JIT; where the
+    // user capped oneDNN itself, ONEDNN_MAX_CPU_ISA, the lower cap wins).
+    if (cpu_isa() == CpuIsa::avx2 && cpu_isa_supported() == CpuIsa::avx512)
+      (void)dnnl::set_max_cpu_isa(dnnl::cpu_isa::avx2);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -95,9 +101,8 @@ Plan make_plan(const Key& k) {
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(d.a, d.b, d.c), attr, cpu_engine());
   p.kernel = pd.impl_info_str();
   p.scratch = pd.scratchpad_desc();
-  // fp32: any kernel but oneDNN's reference loops; on a CPU with AVX-512 (the only one the fp32
-  // path is asked of) its brgemm ("brg:avx512_core", dense strides) and its jit gemm ("gemm:jit",
-  // any strides) both run AVX-512 code.
+  // fp32: any kernel but oneDNN's reference loops: its brgemm ("brg:avx512_core", dense strides)
+  // and its jit gemm ("gemm:jit", any strides) run the level's vector code.
   p.native = k.bf16 ? p.kernel.find("bf16") != std::string::npos ||
                           p.kernel.find("amx") != std::string::npos
                     : p.kernel.rfind("ref", 0) != 0;
@@ -142,10 +147,14 @@ std::atomic<bool> enabled{[] {
   return !(e && std::string(e) == "0");
 }()};
 
+// bf16 needs AVX-512 BF16 and the AVX-512 level; fp32 the AVX2 level or above (below it oneDNN's
+// SSE kernels took 1.03x sgemm's time in the whole cpu_quick step).
 Probe probe(bool bf16) {
   if (bf16 && !cpu_has_avx512bf16()) return {false, "the CPU has no AVX-512 BF16"};
-  if (cpu_isa_supported() != CpuIsa::avx512) return {false, "the CPU has no AVX-512"};
-  if (cpu_isa() != CpuIsa::avx512)
+  const CpuIsa need = bf16 ? CpuIsa::avx512 : CpuIsa::avx2;
+  if (cpu_isa_supported() < need)
+    return {false, std::string("the CPU has no ") + (bf16 ? "AVX-512" : "AVX2")};
+  if (cpu_isa() < need)
     return {false, std::string("the level is capped at ") + cpu_isa_name(cpu_isa()) +
                        " (SLIPSTREAM_CPU_ISA)"};
   try {

@@ -1,11 +1,12 @@
 // GEMMs through oneDNN's matmul primitive, where it multiplies faster than OpenBLAS's sgemm:
 // - bf16 operands on CPUs that multiply bf16 natively (AVX-512 BF16, AMX): about twice sgemm's
 //   throughput there; gemm_bf16 (gemm.h) widens to fp32 for sgemm otherwise;
-// - fp32 operands on AVX-512 CPUs, where oneDNN's kernels for the product (its brgemm for dense
-//   strides, its jit gemm for others) took 0.43-0.57x the time of OpenBLAS 0.3.21's sgemm at the
-//   model's shapes on an AVX-512 EPYC, on which OpenBLAS runs its AVX2 kernels; at the AVX2
-//   level the two were within 1.0-1.2x, so below AVX-512 gemm<float> stays on sgemm
-//   (docs/kernels.md).
+// - fp32 operands at the AVX2 and AVX-512 levels: oneDNN's kernels for the product (its brgemm
+//   for dense strides, its jit gemm for others) took 0.43-0.57x the time of OpenBLAS 0.3.21's
+//   sgemm at the model's shapes on an AVX-512 EPYC, on which OpenBLAS runs its AVX2 kernels;
+//   with both held to AVX2 the whole cpu_quick / cpu_large step took 0.91x / 0.78x the time;
+//   below AVX2 gemm<float> stays on sgemm (docs/kernels.md). SLIPSTREAM_CPU_ISA's cap holds for
+//   oneDNN's kernels too.
 // Built when oneDNN (Debian's libdnnl-dev) is found: SLIPSTREAM_HAS_ONEDNN.
 #pragma once
 
@@ -20,7 +21,7 @@ namespace slipstream::kernels {
 bool onednn_bf16_gemm_native();
 // oneDNN's name for the kernel it runs (e.g. "brg:avx512_core_bf16"), or why none is used.
 std::string onednn_bf16_gemm_kernel();
-// The same for fp32 products: enabled, the level AVX-512, and a kernel other than oneDNN's
+// The same for fp32 products: enabled, the level AVX2 or above, and a kernel other than oneDNN's
 // reference loops for a probe product.
 bool onednn_f32_gemm_native();
 std::string onednn_f32_gemm_kernel();

@@ -1354,7 +1354,7 @@ TEST(MeleeModel, NoAllocationInSteadyStateAndLearns) {
     const uint64_t calls = kernels::onednn_gemm_calls();
     g_news = 0;
     for (uint64_t i = 3; i < 20; ++i) step(i);
-    // oneDNN's GEMMs (fp32 on AVX-512, native bf16) allocate a few objects of their own per
+    // oneDNN's GEMMs (fp32 at AVX2 and above, native bf16) allocate a few objects of their own per
     // product; our code alone (oneDNN off) allocates nothing.
     const uint64_t products = kernels::onednn_gemm_calls() - calls;
     EXPECT_LE(g_news.load(), slipstream::testing::kOnednnAllocationsPerGemm * products)

@@ -86,7 +86,7 @@ TEST_P(ZeroAllocTest, SteadyStateStepAllocatesNothing) {
     for (int i = 0; i < 5; ++i) step();
     EXPECT_EQ(nn_test::allocations() - before, 0u) << "heap allocations in 5 steady-state steps";
   }
-  // oneDNN's GEMMs (fp32 on AVX-512, native bf16) where the CPU has them: only oneDNN's own,
+  // oneDNN's GEMMs (fp32 at AVX2 and above, native bf16) where the CPU has them: only oneDNN's own,
   // per product.
   const uint64_t calls = kernels::onednn_gemm_calls();
   const uint64_t before = nn_test::allocations();

@@ -1,4 +1,4 @@
-// The zero-allocation tests and oneDNN: on its GEMM paths (fp32 on AVX-512, native bf16),
+// The zero-allocation tests and oneDNN: on its GEMM paths (fp32 at AVX2 and above, native bf16),
 // oneDNN's execute allocates a few small objects per product (its argument map and bookkeeping;
 // the count varies with the kernel it picked). The tests hold our code to zero by running the
 // counted steps with the paths off (gemm<float> then calls sgemm, gemm_bf16 widens into its
