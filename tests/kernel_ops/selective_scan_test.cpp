@@ -266,41 +266,60 @@ CPU_TEST(SelectiveScan, ParallelEqualsSerial) {
 namespace slipstream::kernels {
 namespace {
 
+// A scan problem for the step form: random inputs (softplus on, z, D and a bias), the float64
+// parallel form's outputs and last state, and the step form run frame by frame in T.
+struct StepProblem {
+  int B, L, D, N;
+  std::vector<double> u, delta, z, Bm, Cm, A, Dskip, bias, out, last;
+  StepProblem(int B_, int L_, int D_, int N_, uint64_t seed) : B(B_), L(L_), D(D_), N(N_) {
+    std::mt19937_64 rng(seed);
+    const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
+    u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng), z = test::rand_vec(bld, rng);
+    Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
+    A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
+    bias = test::rand_vec(D, rng);
+    for (double& a : A) a = -a;
+    out.resize(bld), last.resize(size_t(B) * D * N);
+    selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
+                           z.data(), bias.data(), true, static_cast<const double*>(nullptr),
+                           out.data(), last.data(), B, L, D, N);
+  }
+  // The step form's outputs (B, L, D), and its state after the last frame into `state`.
+  template <class T>
+  std::vector<double> stepped(std::vector<double>& state) const {
+    const auto At = cast<T>(A), Dt = cast<T>(Dskip), biast = cast<T>(bias);
+    std::vector<T> st(size_t(B) * D * N, T(0));
+    std::vector<double> all(out.size());
+    for (int t = 0; t < L; ++t) {
+      std::vector<T> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
+      for (int b = 0; b < B; ++b) {
+        for (int d = 0; d < D; ++d) {
+          const size_t i = (size_t(b) * L + t) * D + d;
+          ut.push_back(T(u[i])), dt.push_back(T(delta[i])), zt.push_back(T(z[i]));
+        }
+        for (int n = 0; n < N; ++n) {
+          Bt.push_back(T(Bm[(size_t(b) * L + t) * N + n]));
+          Ct.push_back(T(Cm[(size_t(b) * L + t) * N + n]));
+        }
+      }
+      selective_scan_step(st.data(), ut.data(), dt.data(), At.data(), Bt.data(), Ct.data(),
+                          Dt.data(), zt.data(), biast.data(), true, ot.data(), B, D, N);
+      for (int b = 0; b < B; ++b)
+        for (int d = 0; d < D; ++d) all[(size_t(b) * L + t) * D + d] = ot[size_t(b) * D + d];
+    }
+    state.assign(st.begin(), st.end());
+    return all;
+  }
+};
+
 // Frame by frame with a carried state, the step form gives the parallel form's outputs and
 // final state.
 CPU_TEST(SelectiveScan, StepEqualsParallelForm) {
-  std::mt19937_64 rng(77);
-  const int B = 2, L = 23, D = 19, N = 5;
-  const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
-  auto u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng), z = test::rand_vec(bld, rng);
-  auto Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
-  auto A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
-  auto bias = test::rand_vec(D, rng);
-  for (double& a : A) a = -a;
-  std::vector<double> out(bld), last(size_t(B) * D * N);
-  selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
-                         z.data(), bias.data(), true, static_cast<const double*>(nullptr),
-                         out.data(), last.data(), B, L, D, N);
-  std::vector<double> state(size_t(B) * D * N, 0.0);
-  for (int t = 0; t < L; ++t) {
-    std::vector<double> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
-    for (int b = 0; b < B; ++b) {
-      for (int d = 0; d < D; ++d) {
-        const size_t i = (size_t(b) * L + t) * D + d;
-        ut.push_back(u[i]), dt.push_back(delta[i]), zt.push_back(z[i]);
-      }
-      for (int n = 0; n < N; ++n) {
-        Bt.push_back(Bm[(size_t(b) * L + t) * N + n]);
-        Ct.push_back(Cm[(size_t(b) * L + t) * N + n]);
-      }
-    }
-    selective_scan_step(state.data(), ut.data(), dt.data(), A.data(), Bt.data(), Ct.data(),
-                        Dskip.data(), zt.data(), bias.data(), true, ot.data(), B, D, N);
-    for (int b = 0; b < B; ++b)
-      for (int d = 0; d < D; ++d)
-        EXPECT_NEAR(ot[size_t(b) * D + d], out[(size_t(b) * L + t) * D + d], 1e-12) << t;
-  }
-  for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], last[i], 1e-12);
+  const StepProblem p(2, 23, 19, 5, 77);
+  std::vector<double> state;
+  const auto stepped = p.stepped<double>(state);
+  for (size_t i = 0; i < stepped.size(); ++i) EXPECT_NEAR(stepped[i], p.out[i], 1e-12) << i;
+  for (size_t i = 0; i < state.size(); ++i) EXPECT_NEAR(state[i], p.last[i], 1e-12);
 }
 
 // The float step (y's sums over the states by a shuffle tree at AVX2 and AVX-512 where N is a
@@ -308,41 +327,10 @@ CPU_TEST(SelectiveScan, StepEqualsParallelForm) {
 // frame by frame against the float64 parallel form: D 37 leaves a partial group of channels.
 CPU_TEST(SelectiveScan, FloatStepEqualsParallelForm) {
   for (const int N : {16, 32, 8, 5}) {
-    std::mt19937_64 rng(78 + uint64_t(N));
-    const int B = 3, L = 9, D = 37;
-    const size_t bld = size_t(B) * L * D, bln = size_t(B) * L * N;
-    auto u = test::rand_vec(bld, rng), delta = test::rand_vec(bld, rng);
-    auto z = test::rand_vec(bld, rng), Bm = test::rand_vec(bln, rng), Cm = test::rand_vec(bln, rng);
-    auto A = test::rand_pos(size_t(D) * N, rng, 0.3, 2.0), Dskip = test::rand_vec(D, rng);
-    auto bias = test::rand_vec(D, rng);
-    for (double& a : A) a = -a;
-    std::vector<double> out(bld), last(size_t(B) * D * N);
-    selective_scan_forward(u.data(), delta.data(), A.data(), Bm.data(), Cm.data(), Dskip.data(),
-                           z.data(), bias.data(), true, static_cast<const double*>(nullptr),
-                           out.data(), last.data(), B, L, D, N);
-    const auto Af = cast<float>(A), Df = cast<float>(Dskip), biasf = cast<float>(bias);
-    std::vector<float> state(size_t(B) * D * N, 0.0f);
-    std::vector<double> stepped(bld);
-    for (int t = 0; t < L; ++t) {
-      std::vector<float> ut, dt, zt, Bt, Ct, ot(size_t(B) * D);
-      for (int b = 0; b < B; ++b) {
-        for (int d = 0; d < D; ++d) {
-          const size_t i = (size_t(b) * L + t) * D + d;
-          ut.push_back(float(u[i])), dt.push_back(float(delta[i])), zt.push_back(float(z[i]));
-        }
-        for (int n = 0; n < N; ++n) {
-          Bt.push_back(float(Bm[(size_t(b) * L + t) * N + n]));
-          Ct.push_back(float(Cm[(size_t(b) * L + t) * N + n]));
-        }
-      }
-      selective_scan_step(state.data(), ut.data(), dt.data(), Af.data(), Bt.data(), Ct.data(),
-                          Df.data(), zt.data(), biasf.data(), true, ot.data(), B, D, N);
-      for (int b = 0; b < B; ++b)
-        for (int d = 0; d < D; ++d) stepped[(size_t(b) * L + t) * D + d] = ot[size_t(b) * D + d];
-    }
-    EXPECT_LT(test::rel_diff(out, stepped), 1e-5) << "N " << N;
-    EXPECT_LT(test::rel_diff(last, std::vector<double>(state.begin(), state.end())), 1e-5)
-        << "N " << N;
+    const StepProblem p(3, 9, 37, N, 78 + uint64_t(N));
+    std::vector<double> state;
+    EXPECT_LT(test::rel_diff(p.out, p.stepped<float>(state)), 1e-5) << "N " << N;
+    EXPECT_LT(test::rel_diff(p.last, state), 1e-5) << "N " << N;
   }
 }
 
