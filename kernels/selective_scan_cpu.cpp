@@ -284,12 +284,13 @@ __attribute__((always_inline)) inline void step_row(T* state, const T* u, const 
 
 // ---- The float path: a vector's lanes are channels ----
 //
-// An item's channels go through in sub-blocks of the level's vector width W (16 at AVX-512, 8 at
-// AVX2, 4 below), lane i being channel d0 + i: the loops over the N states hold one vector a
-// state, so the recurrence, y, dΔ and du sum nothing across lanes (the form above, a state a lane,
-// sums every channel-step's y, dΔ and du across its lanes). The sums across channels are dBm's and
+// At AVX2 and AVX-512 an item's channels go through in sub-blocks of the level's vector width W
+// (8 or 16), lane i being channel d0 + i: the loops over the N states hold one vector a state,
+// so the recurrence, y, dΔ and du sum nothing across lanes (the form above, a state a lane, sums
+// every channel-step's y, dΔ and du across its lanes). The sums across channels are dBm's and
 // dCm's, W states at a time by a fixed tree of shuffles (sum_lanes_each). Float only: double (the
-// gradient checks' type) keeps the form above, so the float tests compare two forms.
+// gradient checks' type) and the generic level keep the form above, so the float tests compare
+// two forms.
 
 template <int W>
 struct LanesOf {
