@@ -203,16 +203,14 @@ bool execute(const Key& key, const T* A, const T* B, float* C, bool native_only)
     } catch (const dnnl::error&) {
       m.plan = nullptr;  // a product oneDNN will not plan: the caller's other path runs it
     }
-    if (!m.plan || (native_only && !m.plan->native)) {
-      bound.emplace(key, std::move(m));
-      return false;
+    if (m.plan) {
+      m.scratch_bytes.resize(std::max<size_t>(m.plan->scratch.get_size(), 1));
+      const Descs d = descs_of(key);  // the concrete shape, whichever plan runs it
+      m.a = memory(d.a, cpu_engine(), nullptr);
+      m.b = memory(d.b, cpu_engine(), nullptr);
+      m.c = memory(d.c, cpu_engine(), nullptr);
+      m.scratch = memory(m.plan->scratch, cpu_engine(), m.scratch_bytes.data());
     }
-    m.scratch_bytes.resize(std::max<size_t>(m.plan->scratch.get_size(), 1));
-    const Descs d = descs_of(key);  // the concrete shape, whichever plan runs it
-    m.a = memory(d.a, cpu_engine(), nullptr);
-    m.b = memory(d.b, cpu_engine(), nullptr);
-    m.c = memory(d.c, cpu_engine(), nullptr);
-    m.scratch = memory(m.plan->scratch, cpu_engine(), m.scratch_bytes.data());
     it = bound.emplace(key, std::move(m)).first;
   }
   Bound& m = it->second;

@@ -253,35 +253,6 @@ __attribute__((always_inline)) inline void bwd_range(const ScanArgs<T>& a, const
   }
 }
 
-// One frame of selective_scan_step for one batch row, a block of channels at a time (as many as
-// keep exp(dt A) within 4096 values, so the vector calls are few and long): dt (+ bias,
-// softplus), exp(dt A), the state update and the C contraction, the D skip, the SiLU gate.
-template <class T, class M>
-__attribute__((always_inline)) inline void step_row(T* state, const T* u, const T* delta,
-                                                    const T* A, const T* Bm, const T* Cm,
-                                                    const T* Dskip, const T* z, const T* delta_bias,
-                                                    bool softplus, T* out, int D, int N) {
-  constexpr int kValues = 4096, kMaxBlock = 256;
-  const int block = std::clamp(kValues / N, 1, kMaxBlock);
-  T dt[kMaxBlock], gate[kMaxBlock];
-  T ea[kValues];
-  for (int d0 = 0; d0 < D; d0 += block) {
-    const int w = std::min(block, D - d0);
-    for (int i = 0; i < w; ++i) dt[i] = delta[d0 + i] + (delta_bias ? delta_bias[d0 + i] : T(0));
-    if (softplus) M::softplus(dt, dt, size_t(w));
-    M::exp_scaled_rows(A + size_t(d0) * N, dt, ea, w, N);
-    for (int i = 0; i < w; ++i) {
-      const int d = d0 + i;
-      out[d] = update_state(state + size_t(d) * N, ea + i * N, dt[i] * u[d], Bm, Cm, N) +
-               (Dskip ? Dskip[d] * u[d] : T(0));
-    }
-    if (z) {
-      M::sigmoid(z + d0, gate, size_t(w));
-      for (int i = 0; i < w; ++i) out[d0 + i] *= z[d0 + i] * gate[i];
-    }
-  }
-}
-
 // ---- The float path: a vector's lanes are channels ----
 //
 // At AVX2 and AVX-512 an item's channels go through in sub-blocks of the level's vector width W
@@ -358,18 +329,19 @@ __attribute__((always_inline)) inline void sum_lanes_each(Lanes<W>* v, Lanes<W>&
   }
 }
 
-// A (B, D, N) state's rows d0 .. d0 + w - 1 as N vectors of w lanes (the rest 0), and back.
+// w rows of N (a (B, D, N) state's, or A's (D, N)) as N vectors of w lanes (the rest 0), and
+// back.
 template <int W>
-__attribute__((always_inline)) inline void states_to_lanes(Lanes<W>* h, const float* rows, int w,
-                                                           int N) {
+__attribute__((always_inline)) inline void rows_to_lanes(Lanes<W>* h, const float* rows, int w,
+                                                         int N) {
   for (int n = 0; n < N; ++n) {
     h[n] = Lanes<W>{};
     for (int i = 0; i < w; ++i) h[n][i] = rows[size_t(i) * N + n];
   }
 }
 template <int W>
-__attribute__((always_inline)) inline void lanes_to_states(float* rows, const Lanes<W>* h, int w,
-                                                           int N) {
+__attribute__((always_inline)) inline void lanes_to_rows(float* rows, const Lanes<W>* h, int w,
+                                                         int N) {
   for (int i = 0; i < w; ++i)
     for (int n = 0; n < N; ++n) rows[size_t(i) * N + n] = h[n][i];
 }
@@ -379,7 +351,6 @@ __attribute__((always_inline)) inline void lanes_to_states(float* rows, const La
 template <int W>
 struct LanesRecomputed {
   Lanes<W>*states, *aexp, *dts, *ypre, *zsig, *dsoft;
-  static size_t floats(int L, int N) { return (2 * size_t(L) * N + 4 * size_t(L)) * W; }
   LanesRecomputed(float* scratch, int L, int N) {
     states = reinterpret_cast<Lanes<W>*>(scratch);
     aexp = states + size_t(L) * N;
@@ -408,12 +379,9 @@ __attribute__((always_inline)) inline void scan_lanes(const ScanArgs<float>& a, 
                                                       const LanesRecomputed<W>* rec) {
   const int L = a.L, D = a.D, N = a.N;
   Lanes<W> At[kScanMaxState], h[kScanMaxState], ea[kScanMaxState];
-  for (int n = 0; n < N; ++n) {
-    At[n] = Lanes<W>{};
-    for (int i = 0; i < w; ++i) At[n][i] = a.A[size_t(d0 + i) * N + n];
-  }
+  rows_to_lanes<W>(At, a.A + size_t(d0) * N, w, N);
   if (a.h0)
-    states_to_lanes<W>(h, a.h0 + (size_t(b) * D + d0) * N, w, N);
+    rows_to_lanes<W>(h, a.h0 + (size_t(b) * D + d0) * N, w, N);
   else
     for (int n = 0; n < N; ++n) h[n] = Lanes<W>{};
   Lanes<W> bias{}, dskip{};
@@ -470,7 +438,7 @@ __attribute__((always_inline)) inline void scan_lanes(const ScanArgs<float>& a, 
       store_lanes<W>(out + at, o, w);
     }
   }
-  if (last_state) lanes_to_states<W>(last_state + (size_t(b) * D + d0) * N, h, w, N);
+  if (last_state) lanes_to_rows<W>(last_state + (size_t(b) * D + d0) * N, h, w, N);
 }
 
 // Backward of channels d0 .. d0 + w - 1 (w <= W) of row b, the block `blk`'s sub-block from
@@ -487,13 +455,10 @@ __attribute__((always_inline)) inline void scan_lanes_backward(const ScanArgs<fl
   scan_lanes<W, M>(a, b, d0, w, nullptr, nullptr, &rec);
 
   Lanes<W> At[kScanMaxState], g[kScanMaxState], dA[kScanMaxState], h_first[kScanMaxState];
-  for (int n = 0; n < N; ++n) {
-    At[n] = Lanes<W>{};
-    for (int i = 0; i < w; ++i) At[n][i] = a.A[size_t(d0 + i) * N + n];
-    g[n] = dA[n] = Lanes<W>{};
-  }
+  rows_to_lanes<W>(At, a.A + size_t(d0) * N, w, N);
+  for (int n = 0; n < N; ++n) g[n] = dA[n] = Lanes<W>{};
   if (a.h0)
-    states_to_lanes<W>(h_first, a.h0 + (size_t(b) * D + d0) * N, w, N);
+    rows_to_lanes<W>(h_first, a.h0 + (size_t(b) * D + d0) * N, w, N);
   else
     for (int n = 0; n < N; ++n) h_first[n] = Lanes<W>{};
   Lanes<W> dskip{}, dD{}, dbias{};
@@ -554,56 +519,66 @@ __attribute__((always_inline)) inline void scan_lanes_backward(const ScanArgs<fl
     store_lanes<W>(ddelta + at, dd, w);
     dbias += dd;
   }
-  lanes_to_states<W>(static_cast<float*>(o.dA_part) + (size_t(b) * D + d0) * N, dA, w, N);
+  lanes_to_rows<W>(static_cast<float*>(o.dA_part) + (size_t(b) * D + d0) * N, dA, w, N);
   const size_t bd = size_t(b) * D + d0;
   store_lanes<W>(static_cast<float*>(o.dD_part) + bd, a.Dskip ? dD : Lanes<W>{}, w);
   store_lanes<W>(static_cast<float*>(o.dbias_part) + bd, dbias, w);
 }
 
-// One frame of one batch row, as step_row, for N a multiple of W: the state (B, D, N) keeps a
-// state a lane, so the update reads and writes each channel's N states as N / W vectors, and y's
-// sums over the states (a sum across one vector's lanes a channel in step_row) are made W
-// channels at a time by the tree.
-template <int W, class M>
-__attribute__((always_inline)) inline void step_row_summed_by_tree(
-    float* state, const float* u, const float* delta, const float* A, const float* Bm,
-    const float* Cm, const float* Dskip, const float* z, const float* delta_bias, bool softplus,
-    float* out, int D, int N) {
+// One frame of selective_scan_step for one batch row, a block of channels at a time (as many as
+// keep exp(dt A) within 4096 values, so the vector calls are few and long): dt (+ bias,
+// softplus), exp(dt A), the state update and the C contraction, the D skip, the SiLU gate. The
+// state (B, D, N) keeps a state a lane. With W (float, N a multiple of W) y's sums over the
+// states are made W channels at a time by the tree, where W = 0 sums each channel's vector.
+template <class T, class M, int W = 0>
+__attribute__((always_inline)) inline void step_row(T* state, const T* u, const T* delta,
+                                                    const T* A, const T* Bm, const T* Cm,
+                                                    const T* Dskip, const T* z, const T* delta_bias,
+                                                    bool softplus, T* out, int D, int N) {
   constexpr int kValues = 4096, kMaxBlock = 256;
-  const int block = std::clamp(kValues / N / W * W, W, kMaxBlock);
-  alignas(64) float dt[kMaxBlock], gate[kMaxBlock];
-  alignas(64) float ea[kValues];
-  Lanes<W> sums[W], y;
+  const int block =
+      W ? std::clamp(kValues / N / W * W, W, kMaxBlock) : std::clamp(kValues / N, 1, kMaxBlock);
+  alignas(64) T dt[kMaxBlock], gate[kMaxBlock];
+  alignas(64) T ea[kValues];
   for (int d0 = 0; d0 < D; d0 += block) {
     const int w = std::min(block, D - d0);
-    for (int i = 0; i < w; ++i) dt[i] = delta[d0 + i] + (delta_bias ? delta_bias[d0 + i] : 0.0f);
+    for (int i = 0; i < w; ++i) dt[i] = delta[d0 + i] + (delta_bias ? delta_bias[d0 + i] : T(0));
     if (softplus) M::softplus(dt, dt, size_t(w));
     M::exp_scaled_rows(A + size_t(d0) * N, dt, ea, w, N);
-    for (int g = 0; g < w; g += W) {
-      const int wg = std::min(W, w - g);
-      for (int i = 0; i < wg; ++i) {
-        const int d = d0 + g + i;
-        float* h = state + size_t(d) * N;
-        const float* e = ea + size_t(g + i) * N;
-        const float dtu = dt[g + i] * u[d];
-        Lanes<W> acc{};
-        for (int n = 0; n < N; n += W) {
-          Lanes<W> hv, ev, bv, cv;
-          load_lanes<W>(hv, h + n, W);
-          load_lanes<W>(ev, e + n, W);
-          load_lanes<W>(bv, Bm + n, W);
-          load_lanes<W>(cv, Cm + n, W);
-          hv = ev * hv + dtu * bv;
-          store_lanes<W>(h + n, hv, W);
-          acc += hv * cv;
-        }
-        sums[i] = acc;
+    if constexpr (W == 0) {
+      for (int i = 0; i < w; ++i) {
+        const int d = d0 + i;
+        out[d] = update_state(state + size_t(d) * N, ea + i * N, dt[i] * u[d], Bm, Cm, N) +
+                 (Dskip ? Dskip[d] * u[d] : T(0));
       }
-      for (int i = wg; i < W; ++i) sums[i] = Lanes<W>{};
-      sum_lanes_each<W>(sums, y);
-      for (int i = 0; i < wg; ++i) {
-        const int d = d0 + g + i;
-        out[d] = y[i] + (Dskip ? Dskip[d] * u[d] : 0.0f);
+    } else {
+      Lanes<W> sums[W], y;
+      for (int g = 0; g < w; g += W) {
+        const int wg = std::min(W, w - g);
+        for (int i = 0; i < wg; ++i) {
+          const int d = d0 + g + i;
+          float* h = state + size_t(d) * N;
+          const float* e = ea + size_t(g + i) * N;
+          const float dtu = dt[g + i] * u[d];
+          Lanes<W> acc{};
+          for (int n = 0; n < N; n += W) {
+            Lanes<W> hv, ev, bv, cv;
+            load_lanes<W>(hv, h + n, W);
+            load_lanes<W>(ev, e + n, W);
+            load_lanes<W>(bv, Bm + n, W);
+            load_lanes<W>(cv, Cm + n, W);
+            hv = ev * hv + dtu * bv;
+            store_lanes<W>(h + n, hv, W);
+            acc += hv * cv;
+          }
+          sums[i] = acc;
+        }
+        for (int i = wg; i < W; ++i) sums[i] = Lanes<W>{};
+        sum_lanes_each<W>(sums, y);
+        for (int i = 0; i < wg; ++i) {
+          const int d = d0 + g + i;
+          out[d] = y[i] + (Dskip ? Dskip[d] * u[d] : 0.0f);
+        }
       }
     }
     if (z) {
@@ -613,6 +588,7 @@ __attribute__((always_inline)) inline void step_row_summed_by_tree(
   }
 }
 
+// The float step at AVX2 and AVX-512: y's sums by the tree where N is a multiple of W.
 template <int W, class M>
 __attribute__((always_inline)) inline void step_row_lanes(float* state, const float* u,
                                                           const float* delta, const float* A,
@@ -621,8 +597,7 @@ __attribute__((always_inline)) inline void step_row_lanes(float* state, const fl
                                                           const float* delta_bias, bool softplus,
                                                           float* out, int D, int N) {
   if (N % W == 0)
-    step_row_summed_by_tree<W, M>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out,
-                                  D, N);
+    step_row<float, M, W>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);
   else
     step_row<float, M>(state, u, delta, A, Bm, Cm, Dskip, z, delta_bias, softplus, out, D, N);
 }
