@@ -31,8 +31,9 @@ inline float bf16_to_fp32(uint16_t h) {
 // True when the CPU executes AVX-512 BF16 (checked once at run time).
 bool cpu_has_avx512bf16();
 
-// Array conversions; dispatch to AVX-512 (BF16) when available, else the scalar loop. Both
-// parallelise over large arrays.
+// Array conversions, both parallel over large arrays: fp32_to_bf16 takes AVX-512 BF16 where the
+// CPU has it, else the scalar loop; bf16_to_fp32 (a shift a value) is
+// always the scalar loop.
 void fp32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void bf16_to_fp32(const uint16_t* src, float* dst, size_t n);
 

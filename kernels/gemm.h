@@ -17,7 +17,7 @@ namespace slipstream::kernels {
 // C (M, N) = alpha * op(A) * op(B) + beta * C, row-major. op(A) is (M, K): A is (M, K) with
 // leading dimension lda, or (K, M) when trans_a. op(B) is (K, N): B is (K, N), or (N, K) when
 // trans_b. With beta == 0, C is not read (NaNs in it do not propagate). float: oneDNN's matmul
-// on AVX-512 CPUs (kernels/gemm_onednn.h), OpenBLAS's sgemm elsewhere; double: OpenBLAS.
+// on AVX2 and AVX-512 CPUs (kernels/gemm_onednn.h), OpenBLAS's sgemm below; double: OpenBLAS.
 template <class T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
           int ldb, T beta, T* C, int ldc);

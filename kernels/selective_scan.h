@@ -150,7 +150,8 @@ static bool scan_forward_lean();
 // shape on an H200. whole_chunks: split's shape with no test
 // between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
 // the next step's arithmetic; held to 168 registers (3 blocks an SM; ptxas 13 fits it without a
-// spill since the scan makes A in shared memory, 36-40 bytes before): not yet timed on a GPU.
+// spill since the scan makes A in shared memory, 36-40 bytes before): 1.14-1.43x slower than
+// the default on an H100 (2026-11-28).
 // split_branches: split with its sums over a warp's channels choosing what to send with `?:`, as
 // before 2026-11-27, which nvcc turned into two branches around shuffles that then ran in their
 // slow collective form (selective_scan_cuda.cu, channel_sum_round): the benchmarks' baseline for
@@ -164,7 +165,8 @@ static bool scan_forward_lean();
 // shared memory once a chunk (each thread's products stored, then a thread a column adds them in
 // channel order) instead of by shuffles over the warp's channels every step, which with their
 // selects are a quarter of the default's instructions a step and a chain of dependent rounds:
-// other bits (another order of the same sums), still the same every run; not yet timed on a GPU.
+// other bits (another order of the same sums), still the same every run; 1.09-1.13x slower than
+// the default on an H100 (2026-11-28).
 // shared_whole_chunks: shared_sums with whole_chunks' unbranched whole chunks (without its kept
 // exps), at 128 registers: no spill at d_state 16, 8-24 bytes at 32 (ptxas 13, sm_90).
 // spread_steps: split with each step's channel work (its loads of u, Δ, dout and z, softplus, the

@@ -1,6 +1,6 @@
 // Per-frame latency of the temporal models one frame at a time, the path a bot takes
 // (stages/nn/mamba_recurrent.h, gru_recurrent.h): one step() per iteration at batch 1 (one game)
-// and 32 (32 games at once), for d_model 128 / 2 layers (cpu_quick's core) and the production
+// and 32 (32 games at once), for d_model 128 / 2 layers (gpu_standard's core) and the production
 // core (d_model 256, 3 layers, d_state 32); the input is the Melee embedding's width (E = 192).
 // Besides Google Benchmark's mean, each run reports the p50 and p99 of the per-step times in
 // microseconds (counters p50_us, p99_us) and frames per second over all rows. policy_bench.cpp

@@ -188,8 +188,9 @@ TEST(VectorMath, ExpScaledRowsIsExpOfTheProducts) {
   }
 }
 
-// SLIPSTREAM_CPU_ISA caps the level (ctest runs this binary's scan and vector tests again at
-// each lower level: kernels.isa_generic, kernels.isa_avx2); without it the CPU's best is used.
+// SLIPSTREAM_CPU_ISA caps the level (ctest runs this binary's vector, activation and loss tests
+// again at each lower level: kernels.isa_generic, kernels.isa_avx2; the scan's are
+// kernel_ops.isa_*); without it the CPU's best is used.
 TEST(VectorMath, TheCapLowersTheLevelAndNeverRaisesIt) {
   const char* cap = std::getenv("SLIPSTREAM_CPU_ISA");
   CpuIsa want = cpu_isa_supported();

@@ -158,7 +158,8 @@ void check_mamba_frame(const MambaFrameCase& k, const Device& memory, cudaStream
     EXPECT_LT(d, k.bf16 ? 2e-3 : 1e-5) << "against the layers";
     if (k.bf16) {
       const std::vector<double> y32(layers32.y[size_t(f)].begin(), layers32.y[size_t(f)].end());
-      EXPECT_LT(4 * d, kernels::test::rel_diff(y32, y)) << "nearer the fp32 frame than the bf16";
+      EXPECT_LT(4 * d, kernels::test::rel_diff(y32, y))
+          << "not 4x nearer the bf16 layers than the fp32 frame";
     }
     EXPECT_EQ(y, again.y[size_t(f)]) << "the same bits run to run";
     if (k.bf16) {
