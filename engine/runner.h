@@ -26,9 +26,9 @@ namespace slipstream {
 
 struct RunOptions {
   std::string resume_dir;         // continue this run directory from its latest checkpoint
-  std::string resume_checkpoint;  // ... or from this checkpoint of it (later ones are removed)
+  std::string resume_checkpoint;  // ... or from this checkpoint of it (later ones set aside)
   bool create_run_dir = true;     // runs/<name>-<time>/ with config.yaml and metrics.jsonl
-  bool handle_sigint = true;      // SIGINT/SIGTERM: finish the step, let stages save, exit 130
+  bool handle_sigint = true;      // stop signals: finish the step, let stages save, exit 130
   bool publish_stats = true;      // the /dev/shm record read by slipstream-smi
   std::ostream* log = nullptr;    // progress lines (default std::cout)
   // The live progress bar and validation line, rewritten in place: by default only when `log`

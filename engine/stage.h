@@ -113,7 +113,7 @@ struct RunState {
   // Only rank 0 writes checkpoints and metrics, and only into a run directory.
   bool writes_outputs() const { return rank == 0 && !run_dir.empty(); }
   std::atomic<bool> stop_requested{false};
-  std::atomic<bool> interrupted{false};  // SIGINT or SIGTERM
+  std::atomic<bool> interrupted{false};  // a stop signal, or request_stop(true)
   // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;
   // a checkpoint stage does not save such a step.
   std::atomic<uint64_t> nonfinite_streak{0};
