@@ -1,15 +1,14 @@
 // The whole policy a bot links (libslipstream_policy): one slipstream_policy_step per iteration
 // on the calling thread (the frame's features through the run's graph: melee_frames, embedding,
 // Mamba's recurrent step, heads; the answer read back and chosen). The checkpoint is a one-step
-// run of configs/train_bc.yaml at the model sizes given (cpu_quick's core, d_model 128 / 2
+// run of configs/train_bc.yaml at the model sizes given (gpu_standard's core, d_model 128 / 2
 // layers, and the production core, 256 / 3 / d_state 32), trained in a temporary directory on
 // synthetic games first. Counters p50_us and p99_us as in infer_bench.cpp. BM_PolicyStepBatch:
-// slipstream_policy_step_batch of n games per call (n = 1, 64, 256, 1024) at cpu_quick's core,
+// slipstream_policy_step_batch of n games per call (n = 1, 64, 256, 1024) at gpu_standard's core,
 // with frames/s over all games (counter frames_per_s) beside the per-call latency, on the
 // caller's thread alone and on 2 (slipstream_policy_set_threads). BM_PolicyStepBatchOnDevice:
 // the same on the device SLIPSTREAM_BENCH_DEVICE names (default cuda; emulated checks it without
-// a GPU, slowly), skipped with a message where there is none; cpu_quick's core is also
-// gpu_standard's (d_model 128, 2 layers).
+// a GPU, slowly), skipped with a message where there is none.
 #include <benchmark/benchmark.h>
 #include <slipstream/policy.h>
 #include <unistd.h>

@@ -186,7 +186,7 @@ StageSchema ReplaysStage::schema() {
       .param("shard", std::string("windows"),
              "with several ranks, windows: every rank loads every game and trains on its rows of "
              "each global batch (the batches of one process at world x batch_size); games: each "
-             "rank decodes only its own share of the games, drawn from the seed (for corpora "
+             "rank decodes only its own share of the games, as shard_order says (for corpora "
              "too big for one process's memory; needs MPI)")
       .choices({"windows", "games"})
       .param("shard_order", std::string("ranges"),
