@@ -32,8 +32,7 @@ inline float bf16_to_fp32(uint16_t h) {
 bool cpu_has_avx512bf16();
 
 // Array conversions, both parallel over large arrays: fp32_to_bf16 takes AVX-512 BF16 where the
-// CPU has it, else the scalar loop; bf16_to_fp32 (a shift a value) is
-// always the scalar loop.
+// CPU has it, else the scalar loop; bf16_to_fp32 (a shift a value) is always the scalar loop.
 void fp32_to_bf16(const float* src, uint16_t* dst, size_t n);
 void bf16_to_fp32(const uint16_t* src, float* dst, size_t n);
 
