@@ -21,6 +21,7 @@
 #include <string>
 
 #include "engine/graph.h"
+#include "engine/operation_times.h"
 
 namespace slipstream {
 
@@ -46,6 +47,11 @@ struct RunOptions {
   // in turn, as they arrived (on a device: already copied), skipping the data stages. The step
   // without loading or copies; 0 (the default) trains on the data.
   uint32_t resident_batches = 0;
+  // Times each operation of the trainable section's CUDA graphs on the device, in the training
+  // batches after this process's first N steps (StepGraphs::time_operations; run.cuda_graph on
+  // a CUDA device or the emulator): RunResult::operation_times. The host then waits for each
+  // batch's graph.
+  std::optional<uint64_t> time_operations_after_steps;
   // One process whatever the launcher started (rank 0 of 1, on this rank's device): a probe
   // inside a multi-rank run (engine/auto_batch.h) that must not meet the other ranks.
   bool single_process = false;
@@ -78,7 +84,8 @@ struct RunResult {
   } graph_steps;
   bool cuda_graph = false;  // graph mode was on at the start
   std::string graph_off_reason;
-  std::string graph_difference;  // StepGraphs::difference()
+  std::string graph_difference;    // StepGraphs::difference()
+  OperationTimes operation_times;  // RunOptions::time_operations_after_steps
   bool interrupted =
       false;            // stopped by a stop signal (engine/stop_signals.h) or request_stop(true)
   int stop_signal = 0;  // the signal that stopped the run (SIGINT, SIGTERM, SIGHUP, ...)

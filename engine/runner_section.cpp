@@ -28,7 +28,10 @@ void Runner::Impl::section(Batch& b) {
 // A training batch's section, as a CUDA graph when run.cuda_graph is on (engine/step_graphs.h):
 // the stages' work recorded, then replayed, captured or issued.
 void Runner::Impl::training_section(Batch& b) {
-  if (!step_graphs || !step_graphs->enabled()) return section(b);
+  if (!step_graphs || !step_graphs->enabled()) {
+    if (step_graphs) step_graphs->ran_without_graph();
+    return section(b);
+  }
   enter_section(b);  // the wait for the batch's copies comes before the step's work, as itself
   capture::StepRecorder rec(run.exec->stream());
   // Isolated: a thread that waits inside a stage takes no other task, whose launches would

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,10 @@ struct StepBenchmarkOptions {
   // The step without the data path (RunOptions::resident_batches): after this many batches the
   // section trains on them again and nothing is loaded or copied; 0 trains on loaded data.
   uint32_t resident_batches = 0;
+  // Each operation of the timed steps' CUDA graphs timed on the device (RunOptions::
+  // time_operations_after_steps): StepBenchmark::operations. The host then waits for each batch's
+  // graph, so the step's wall-time figures are no longer the step's own.
+  bool operation_times = false;
   // Told, on the section's thread, when the timed steps start (true) and when they end (false),
   // with the run's device. The engine does not see the GPU's utilisation: a caller samples it
   // (NVML) over that window and returns, when told the end, the busy share in percent (-1: not
@@ -58,6 +63,10 @@ struct StepBenchmark {
   // run.cuda_graph over the whole run (warm-up included): graph_steps_summary(), "" when off.
   std::string cuda_graph;
   RunResult::GraphSteps graph_steps;
+  // StepBenchmarkOptions::operation_times: the timed steps' operations, and the batches a step
+  // (to give the sums a step).
+  std::optional<OperationTimes> operations;
+  uint64_t batches_per_step = 1;
 };
 
 // The data path's share of the step: `repeats` pairs of benchmarks at the same options,

@@ -15,17 +15,26 @@
 // that happens 3 steps in a row, when a capture fails, or when the work never recurs (graphs
 // captured but hardly replayed). Under the emulator a "graph" is the list of recorded operations
 // replayed with their captured arguments, so CI runs the same decisions on the CPU.
+//
+// time_operations() stamps the time between every two operations of each graph it captures
+// (CUDA events recorded as nodes of the graph; under the emulator, the host's clock around each
+// operation of a replay) and sums each operation's time by kernel and stage: where the device's
+// time goes inside the step as the graph really runs it, caches and clocks as the step leaves
+// them. A timed launch's stamps are read before the next launch, so the host waits for each
+// graph to end: the operations' times are the device's own, the step's wall time is not.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/exec_context.h"
+#include "engine/operation_times.h"
 #include "kernels/step_recorder.h"
 
 namespace slipstream {
@@ -65,6 +74,18 @@ class StepGraphs {
   };
   Counts counts() const;  // from any thread (the stats publisher's)
 
+  // Times the operations of the graphs launched after the first `after_batches` calls of
+  // finish() (above), in graphs captured from now on. Call before the first step.
+  void time_operations(uint64_t after_batches);
+  bool timing_operations() const { return timing_; }
+  // A batch whose section ran without a recorder (graph mode turned off): counted as untimed
+  // when timed batches had begun.
+  void ran_without_graph() { untimed_ += timing_ && ++batches_ > time_after_; }
+  // Reads the last timed launch's stamps (waits for it); then operation_times() holds every
+  // timed launch. From the thread that calls finish(), or after the run.
+  void collect_times();
+  OperationTimes operation_times() const;
+
   // At most this many graphs are held (the least recently used goes): a step's work comes in a
   // few shapes, each of which replays — one per prefetch-ring slot, times two with gradient
   // accumulation (the micro-batch that ends a step also runs the optimizer). A graph costs
@@ -72,16 +93,25 @@ class StepGraphs {
   static constexpr size_t kMaxGraphs = 32;
 
  private:
+  struct OpName {
+    const char* what;
+    int stage;
+  };
   struct Graph {
     uint64_t signature = 0;
     size_t ops = 0;
     void* exec = nullptr;                     // cudaGraphExec_t on a device
     std::vector<capture::RecordedOp> replay;  // the emulator's graph
+    std::vector<void*> events;                // time_operations: a stamp around each operation
+    std::vector<OpName> names;                // ... and whose each operation is
   };
   void turn_off(uint64_t step, const std::string& why);
   void note_difference(const std::vector<capture::RecordedOp>& ops);
   void destroy(Graph& g);
-  void launch(const Graph& g);  // on the stream; under the emulator, its operations
+  // On the stream; under the emulator, its operations. `timed`: its stamps are read (under the
+  // emulator: its operations timed).
+  void launch(Graph& g, bool timed);
+  void add_time(const OpName& op, double ms);
 
   const ExecContext& exec_;
   std::function<std::string(int)> stage_name_;
@@ -99,6 +129,19 @@ class StepGraphs {
   std::atomic<uint64_t> replayed_{0}, captured_{0}, issued_{0}, uncaptured_{0};
   std::atomic<size_t> held_{0}, last_ops_{0};
   int uncaptured_in_a_row_ = 0;
+  // time_operations: whether on, after how many batches (finish() calls; those so far), the
+  // launch whose stamps are not read yet, and the sums by (kernel, stage).
+  bool timing_ = false;
+  uint64_t time_after_ = 0, batches_ = 0;
+  Graph* pending_ = nullptr;
+  std::vector<float> elapsed_;
+  struct Sum {
+    uint64_t launches = 0;
+    double ms = 0;
+  };
+  std::map<std::pair<std::string, int>, Sum> sums_;
+  uint64_t timed_graphs_ = 0, untimed_ = 0;
+  double graph_ms_ = 0;
 };
 
 }  // namespace slipstream

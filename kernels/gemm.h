@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda_api.h"
 
@@ -33,6 +34,11 @@ size_t gemm_bf16_workspace_elems(int M, int N, int K);
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, float* C, int ldc,
                float* workspace);
+
+// "gemm bf16 15360x512x128 NT": a product's operand type, M x N x K, and op(A) and op(B) (N as
+// stored, T transposed). The device's GEMMs name their recorded operations with it, so a step's
+// operation times (slipstream bench --op-times) and errors tell its products apart.
+std::string gemm_operation_name(const char* type, bool trans_a, bool trans_b, int M, int N, int K);
 
 // Linear layer, PyTorch layout: y (M, Out) = x (M, In) * W^T + b, W (Out, In), b (Out) or null.
 template <class T>

@@ -131,6 +131,11 @@ void gemm<double>(bool trans_a, bool trans_b, int M, int N, int K, double alpha,
       });
 }
 
+std::string gemm_operation_name(const char* type, bool trans_a, bool trans_b, int M, int N, int K) {
+  return std::string("gemm ") + type + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
+         std::to_string(K) + " " + (trans_a ? "T" : "N") + (trans_b ? "T" : "N");
+}
+
 size_t gemm_bf16_workspace_elems(int M, int N, int K) {
   return static_cast<size_t>(M) * K + static_cast<size_t>(K) * N;
 }

@@ -56,6 +56,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // column-major operands
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_bytes = 0;
+  std::string name;  // gemm_operation_name: the recorded operation's
 };
 
 class PlanCache {
@@ -79,6 +80,8 @@ class PlanCache {
  private:
   static Plan build(cublasLtHandle_t handle, const PlanKey& k) {
     Plan p;
+    p.name = gemm_operation_name(k.operand_type == CUDA_R_16BF ? "bf16" : "fp32", k.ta, k.tb, k.M,
+                                 k.N, k.K);
     check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
           "cublasLtMatmulDescCreate");
     // Column-major product: first operand is B (op tb), second is A (op ta).
@@ -165,7 +168,7 @@ void run_gemm(const GemmContext& ctx, cudaDataType_t type, bool ta, bool tb, int
   const Plan* p = &plan_cache().get(handle, key);  // plans live as long as the process
   void* workspace = p->workspace_bytes ? ctx.workspace : nullptr;
   capture::enqueue(
-      "cublasLtMatmul", stream,
+      p->name.c_str(), stream,
       [&] { return capture::key_of(handle, p, alpha, A, B, beta, C, workspace, stream); },
       [=] {
         check(cublasLtMatmul(handle, p->desc, &alpha, B, p->a, A, p->b, &beta, C, p->c, C, p->c,

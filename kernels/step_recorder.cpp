@@ -1,5 +1,8 @@
 #include "kernels/step_recorder.h"
 
+#include <mutex>
+#include <unordered_set>
+
 namespace slipstream::capture {
 
 namespace {
@@ -65,14 +68,23 @@ StepRecorder* recording_here() {
   return active && active->recording() ? active : nullptr;
 }
 
-void issue_ops(const std::vector<RecordedOp>& ops) {
-  for (const RecordedOp& op : ops) {
-    try {
-      op.issue();
-    } catch (const std::exception& e) {
-      throw IssueError(op.stage, e.what());
-    }
+void issue_op(const RecordedOp& op) {
+  try {
+    op.issue();
+  } catch (const std::exception& e) {
+    throw IssueError(op.stage, e.what());
   }
+}
+
+void issue_ops(const std::vector<RecordedOp>& ops) {
+  for (const RecordedOp& op : ops) issue_op(op);
+}
+
+const char* stable_name(const std::string& name) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> names;  // nodes: their strings never move
+  std::lock_guard<std::mutex> lock(mu);
+  return names.insert(name).first->c_str();
 }
 
 void sync_point(const char* what) {

@@ -110,6 +110,7 @@ StepRecorder* recording_here();
 
 // Issues operations in order; an operation that throws becomes an IssueError naming it.
 void issue_ops(const std::vector<RecordedOp>& ops);
+void issue_op(const RecordedOp& op);  // one of them
 
 // A hash of values' bytes (trivially copyable: pointers, sizes, scalars, small structs passed to
 // kernels by value). Padding bytes are hashed too: a struct whose padding differs from one step
@@ -133,6 +134,10 @@ uint64_t key_of(const Values&... values) {
   ((h = mix_bytes(h, &values, sizeof(Values))), ...);
   return h;
 }
+// `name` kept for the rest of the process (once per distinct name): a RecordedOp's `what` made
+// at run time, e.g. a GEMM's shape.
+const char* stable_name(const std::string& name);
+
 // A function's address as a key part (a kernel's identity).
 template <class F>
 uintptr_t function_key(F* f) {

@@ -69,9 +69,17 @@ void event_synchronize(int index, void* event);
 void add_f32(int index, void* stream, const float* a, const float* b, float* out, size_t n);
 // A CUDA graph of `ops` (each enqueues on `stream`), captured on this thread and instantiated
 // (engine/step_graphs.h); null with `why` set when the capture fails: the ops are then not
-// issued. launch_graph enqueues it on `stream`.
+// issued. launch_graph enqueues it on `stream`. With `timing_events` (ops.size() + 1 events of
+// create_timing_event), event i is recorded before operation i and the last after them all, as
+// nodes of the graph (cudaEventRecordExternal): each launch stamps them.
 void* capture_graph(int index, void* stream, const std::vector<capture::RecordedOp>& ops,
-                    std::string* why);  // cudaGraphExec_t
+                    std::string* why,
+                    const std::vector<void*>* timing_events = nullptr);  // cudaGraphExec_t
+// An event that records a time stamp (timing_events above).
+void* create_timing_event(int index);
+// Waits for the last of `events` (a graph's timing events, its launch enqueued), then sets
+// ms[i] to the time between events i and i + 1.
+void elapsed_between(int index, const std::vector<void*>& events, std::vector<float>& ms);
 void launch_graph(int index, void* graph, void* stream);
 void destroy_graph(void* graph);
 void* create_blaslt(int index);  // cublasLtHandle_t

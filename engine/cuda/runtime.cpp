@@ -328,8 +328,29 @@ void event_synchronize(int index, void* event) {
         "the work before an event on cuda:" + std::to_string(index));
 }
 
+void* create_timing_event(int index) {
+  DeviceGuard guard(index);
+  cudaEvent_t e = nullptr;
+  check(cudaEventCreateWithFlags(&e, cudaEventDefault), "cudaEventCreateWithFlags",
+        "cuda:" + std::to_string(index) + ", a timing event");
+  return e;
+}
+
+void elapsed_between(int index, const std::vector<void*>& events, std::vector<float>& ms) {
+  ms.assign(events.empty() ? 0 : events.size() - 1, 0.0f);
+  if (events.empty()) return;
+  DeviceGuard guard(index);
+  ++event_syncs;
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(events.back())), "cudaEventSynchronize",
+        "a timed graph on cuda:" + std::to_string(index));
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    check(cudaEventElapsedTime(&ms[i], static_cast<cudaEvent_t>(events[i]),
+                               static_cast<cudaEvent_t>(events[i + 1])),
+          "cudaEventElapsedTime", "operation " + std::to_string(i + 1) + " of a timed graph");
+}
+
 void* capture_graph(int index, void* stream, const std::vector<capture::RecordedOp>& ops,
-                    std::string* why) {
+                    std::string* why, const std::vector<void*>* timing_events) {
   DeviceGuard guard(index);
   const auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
@@ -340,7 +361,23 @@ void* capture_graph(int index, void* stream, const std::vector<capture::Recorded
   }
   std::string failed;
   try {
-    capture::issue_ops(ops);
+    if (timing_events) {
+      if (timing_events->size() != ops.size() + 1)
+        throw std::logic_error("capture_graph: one timing event more than operations");
+      // A time stamp between each two operations: nodes of the graph, stamped at each launch.
+      auto stamp = [&](size_t i) {
+        check(cudaEventRecordWithFlags(static_cast<cudaEvent_t>((*timing_events)[i]), s,
+                                       cudaEventRecordExternal),
+              "cudaEventRecordWithFlags", "a timing event under capture");
+      };
+      for (size_t i = 0; i < ops.size(); ++i) {
+        stamp(i);
+        capture::issue_op(ops[i]);
+      }
+      stamp(ops.size());
+    } else {
+      capture::issue_ops(ops);
+    }
   } catch (const std::exception& e) {
     failed = e.what();
   }

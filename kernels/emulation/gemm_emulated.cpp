@@ -28,7 +28,7 @@ void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   if (takes_small_gemm(trans_a, trans_b, M, K))
     return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   capture::enqueue(
-      "gemm (fp32)", stream,
+      capture::stable_name(kernels::gemm_operation_name("fp32", trans_a, trans_b, M, N, K)), stream,
       [&] {
         return capture::key_of(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       },
@@ -45,7 +45,7 @@ void Kernels::gemm(const GemmContext& ctx, bool trans_a, bool trans_b, int M, in
   if (takes_small_gemm(trans_a, trans_b, M, K))
     return gemm_small_rows(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, stream);
   capture::enqueue(
-      "gemm (bf16)", stream,
+      capture::stable_name(kernels::gemm_operation_name("bf16", trans_a, trans_b, M, N, K)), stream,
       [&] {
         return capture::key_of(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
       },

@@ -5,7 +5,9 @@
 // with a reason.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/exec_context.h"
@@ -163,6 +165,55 @@ TEST_F(StepGraphsTest, ARefusedCaptureIssuesTheWorkAndTurnsGraphsOff) {
   EXPECT_EQ(c.captured, 0u);
   EXPECT_EQ(c.issued, 2u);
   EXPECT_EQ(c.graphs, 0u);
+}
+
+// time_operations: each timed launch's operations are timed one by one and summed by (name,
+// stage); launches of the batches before the timed ones and work that ran without a graph are
+// not, and the latter are counted as untimed.
+TEST_F(StepGraphsTest, TimedOperationsAreSummedByNameAndStage) {
+  StepGraphs timed(exec);
+  timed.time_operations(2);  // the first two batches are not timed
+  EXPECT_TRUE(timed.timing_operations());
+  auto run = [&](uint64_t n, uint64_t slow_key) {
+    capture::StepRecorder rec(nullptr);
+    rec.set_stage(1);
+    capture::enqueue(
+        "quick", nullptr, [] { return uint64_t{1}; }, [] {});
+    rec.set_stage(2);
+    capture::enqueue(
+        "slow", nullptr, [=] { return slow_key; },
+        [] { std::this_thread::sleep_for(std::chrono::milliseconds(3)); });
+    capture::enqueue(
+        "quick", nullptr, [] { return uint64_t{3}; }, [] {});
+    return timed.finish(rec, n);
+  };
+  EXPECT_EQ(run(1, 2), StepGraphs::Outcome::issued);
+  EXPECT_EQ(run(2, 2), StepGraphs::Outcome::captured);  // the second batch: not timed
+  EXPECT_EQ(run(3, 2), StepGraphs::Outcome::replayed);
+  EXPECT_EQ(run(4, 2), StepGraphs::Outcome::replayed);
+  EXPECT_EQ(run(5, 9), StepGraphs::Outcome::issued);  // other work: no graph, not timed
+  timed.ran_without_graph();                          // a batch after graph mode turned off
+  timed.collect_times();
+  const OperationTimes t = timed.operation_times();
+  EXPECT_EQ(t.graphs, 2u);
+  EXPECT_EQ(t.untimed, 2u);
+  ASSERT_EQ(t.ops.size(), 3u) << "quick in stages 1 and 2, slow in 2";
+  EXPECT_EQ(t.ops[0].what, "slow") << "most device time first";
+  EXPECT_EQ(t.ops[0].stage, 2);
+  EXPECT_EQ(t.ops[0].launches, 2u);
+  EXPECT_GE(t.ops[0].device_ms, 6.0);
+  double sum = 0;
+  for (const OperationTime& op : t.ops) {
+    sum += op.device_ms;
+    if (op.what == "quick") {
+      EXPECT_EQ(op.launches, 2u) << "stage " << op.stage;
+      EXPECT_LT(op.device_ms, t.ops[0].device_ms);
+    }
+  }
+  EXPECT_NEAR(t.graph_ms, sum, 1e-9 * sum);
+  // Without time_operations nothing is timed.
+  EXPECT_FALSE(graphs.timing_operations());
+  EXPECT_EQ(graphs.operation_times().graphs, 0u);
 }
 
 TEST_F(StepGraphsTest, AFailingOperationNamesItsStage) {

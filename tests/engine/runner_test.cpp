@@ -533,6 +533,17 @@ TEST(StepBenchmark, TimesTheStepsAfterTheWarmUp) {
   EXPECT_NE(format_step_benchmark(b).find("12 steps timed"), std::string::npos);
   EXPECT_EQ(step_benchmark_json(b).at("stages").size(), 3u);
 
+  // The operations' times are read in a CUDA graph: a CPU run has none, and says so.
+  o.operation_times = true;
+  o.warmup = 1;
+  try {
+    run_step_benchmark(o);
+    ADD_FAILURE() << "operation times on the CPU";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("this run is on the CPU"), std::string::npos) << e.what();
+  }
+  o.operation_times = false;
+
   o.warmup = 30;  // the source has 20 batches
   try {
     run_step_benchmark(o);

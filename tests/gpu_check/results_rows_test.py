@@ -74,6 +74,12 @@ def main(tool):
         write(d, "torch_scan.json", {"fused": {
             "gpu_standard": {"checked": True, "selective_scan_fn/fp32/fwd_bwd_ms": 1.2},
             "production": {"checked": False, "selective_scan_fn/fp32/fwd_bwd_ms": 0.1}}})
+        write(d, "optimes_production.json", {"preset": "production", "precision": "bf16",
+              "operations": {"graphs_timed": 40, "untimed_batches": 0, "batches_per_step": 4,
+                             "device_ms_per_step": 22.5, "ops": [
+                                 {"what": "scan_backward_chan_kernel", "stage": "core",
+                                  "calls_per_step": 12.0, "us_per_step": 9000.0,
+                                  "share_pct": 40.0}]}})
         out = subprocess.run([sys.executable, tool, d, "--date", "2026-12-01"],
                              capture_output=True, text=True)
         if out.returncode != 0:
@@ -129,6 +135,12 @@ def main(tool):
         expect("step/gpu_standard/bf16", 2.5, "step/gpu_standard/fp32", 1.6)
         expect("step/gpu_standard/bf16/nograph", 3.125, "step/gpu_standard/bf16", 0.8)
         expect("step/gpu_standard/bf16/operations", 69)
+        # The step's operations as its graph ran them: the whole, then each (stage, operation).
+        expect("optime/production/bf16", 22500.0)
+        expect("optime/production/bf16/core/scan_backward_chan_kernel", 9000.0)
+        if rows["optime/production/bf16/core/scan_backward_chan_kernel"].get("note") != \
+                "12 calls a step, 40.0 %":
+            fail("an operation's calls and share not in its note")
         expect("overlap/gpu_quick/steps_per_s_loading", 990.0,
                "overlap/gpu_quick/steps_per_s_resident", 0.99)
         expect("gpu_busy/gpu_quick", 91.0)

@@ -91,7 +91,22 @@ def main(summary):
               launch(0, "scan_backward_chan_kernel", 300000) + launch(1, "rms_kernel", 100000))
         write(d, "profile_production.csv", head + launch(0, "scan_backward_chan_kernel", 3000) +
               launch(1, "scan_backward_chan_kernel", 1000))
+        # `slipstream bench --op-times`: the operations as the step's graph ran them.
+        write(d, "optimes_gpu_standard.json", {"preset": "gpu_standard", "precision": "bf16",
+              "operations": {"graphs_timed": 30, "untimed_batches": 0, "batches_per_step": 1,
+                             "device_ms_per_step": 1.5, "ops": [
+                                 {"what": "scan_backward_chan_kernel", "stage": "core",
+                                  "calls_per_step": 2.0, "us_per_step": 450.0, "share_pct": 30.0},
+                                 {"what": "gemm bf16 15360x40x128 NT", "stage": "heads",
+                                  "calls_per_step": 5.0, "us_per_step": 30.0, "share_pct": 2.0}]}})
         rc, out = run(summary, d)
+        expect(out, "operations, gpu_standard bf16: 1.500 ms a step on the device in 30 timed "
+               "graphs (0 batches untimed)")
+        if not any("scan_backward_chan_kernel" in l and "core" in l and "450.0" in l and
+                   "30.0%" in l for l in out.splitlines()):
+            print(out)
+            print("FAIL: the operations' table has no scan backward row")
+            return 1
         expect(out, "profile, gpu_standard: 2 kernels, 0.40 ms on the device",
                "profile, production: 2 kernels, 0.00 ms on the device")
         if not any("scan_backward_chan_kernel" in l and "75.0%" in l for l in out.splitlines()):

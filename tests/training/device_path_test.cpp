@@ -12,10 +12,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <sstream>
 
 #include "engine/device.h"
 #include "engine/memory_pool.h"
+#include "engine/step_benchmark.h"
 #include "stages/melee/melee_kernels.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -404,6 +407,53 @@ TEST(DevicePath, SteadyStateAllocatesNothingAndWaitsOncePerStep) {
     EXPECT_EQ(end.syncs.device, warm.syncs.device) << "a step waited for the whole device";
     EXPECT_LE(end.syncs.stream + end.syncs.event - warm.syncs.stream - warm.syncs.event, 12u);
   }
+}
+
+// `slipstream bench --op-times`: every operation of the timed steps' graphs is timed and named
+// with its stage — on a GPU by CUDA events captured into the graph, under the emulator by the
+// host's clock — and the batches of the timed steps are each either a timed graph or counted as
+// untimed.
+TEST(DevicePath, OperationTimesCoverEveryOperationOfTheTimedSteps) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device: " << probe_cuda().reason;
+  TempDir d;
+  StepBenchmarkOptions o;
+  o.preset_or_file = source_path("configs/train_bc.yaml");
+  o.sets = graph_overrides(d.path(), kDevice, "bf16", false);
+  o.sets.push_back("run.cuda_graph=on");
+  o.warmup = 8;
+  o.steps = 4;
+  o.operation_times = true;
+  const StepBenchmark b = run_step_benchmark(o);
+  ASSERT_TRUE(b.operations.has_value());
+  const OperationTimes& t = *b.operations;
+  EXPECT_EQ(t.graphs + t.untimed, 4u) << "one batch a step, 4 steps timed";
+  ASSERT_GE(t.graphs, 1u) << b.cuda_graph;
+  EXPECT_GT(t.graph_ms, 0);
+  std::set<std::string> stages;
+  for (const auto& s : b.stages) stages.insert(s.name);
+  uint64_t launches = 0;
+  double ms = 0;
+  bool scan_forward = false, scan_backward = false, gemm = false;
+  const std::regex gemm_name("gemm (bf16|fp32) [0-9]+x[0-9]+x[0-9]+ [NT][NT]");
+  for (const OperationTime& op : t.ops) {
+    gemm = gemm || std::regex_match(op.what, gemm_name);
+    EXPECT_TRUE(stages.count(op.stage_name)) << op.what << " in stage '" << op.stage_name << "'";
+    EXPECT_FALSE(op.what.empty());
+    EXPECT_GE(op.device_ms, 0) << op.what;
+    EXPECT_EQ(op.launches % t.graphs, 0u) << op.what << ": the same calls every batch";
+    launches += op.launches;
+    ms += op.device_ms;
+    scan_forward = scan_forward || (op.stage_name == "core" && op.what.starts_with("scan_forward"));
+    scan_backward =
+        scan_backward || (op.stage_name == "core" && op.what.starts_with("scan_backward"));
+  }
+  EXPECT_EQ(launches, t.graphs * b.graph_steps.ops) << "every operation of each timed graph";
+  EXPECT_NEAR(ms, t.graph_ms, 1e-6 * t.graph_ms) << "the stamps' intervals add up to the graphs'";
+  EXPECT_TRUE(scan_forward && scan_backward) << "the Mamba stage's scan kernels are named";
+  EXPECT_TRUE(gemm) << "the products are named by their shapes";
+  const std::string table = format_step_benchmark(b);
+  EXPECT_NE(table.find("device time a step"), std::string::npos) << table;
+  EXPECT_EQ(step_benchmark_json(b).at("operations").at("ops").size(), t.ops.size());
 }
 
 // run.cuda_graph: a training step replayed from a graph is the step issued op by op — the same

@@ -38,7 +38,8 @@ EXTRA=()
 # slipstream-smi against nvidia-smi during one, an
 # auto batch size), e2e (the whole step's benchmarks, the GRU's two backends, the data path, the
 # loader), infer (the policy library's batch step on the GPU beside the CPU's), peer (PyTorch
-# side by side), profile (each kernel's time in the gpu_standard step, by Nsight Compute), ab
+# side by side), profile (each operation's time in the gpu_standard step from time stamps in its
+# CUDA graph, and each kernel's by Nsight Compute where it is installed), ab
 # (the whole step with a switch of kernels/ not yet the default against without, alternating;
 # not in the default list: a lease names it); default all but ab.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
@@ -378,13 +379,29 @@ if [[ "$MODE" == full* ]]; then
     done
   done
 fi
+# Where the device's time goes inside the step as its CUDA graph runs it, with no profiler:
+# `slipstream bench --op-times` stamps the time between every two operations of the graph (each
+# preset GPU_CHECK_PROFILE_PRESETS names), the summary prints the table. Where Nsight Compute
+# cannot read the counters (gVisor machines), this is the per-kernel table.
+if [[ "$MODE" == full* ]] && wants profile; then
+  for preset in ${GPU_CHECK_PROFILE_PRESETS:-gpu_standard}; do
+    step optimes_$preset $B/bin/slipstream bench --preset $preset --steps 30 --warmup 20 \
+      --op-times --json "$OUT/optimes_$preset.json"
+    expect_file optimes_$preset "$OUT/optimes_$preset.json"
+  done
+fi
 # Where the device's time goes: every kernel's duration (Nsight Compute, one metric) over about
 # ten steps of each preset GPU_CHECK_PROFILE_PRESETS names (default gpu_standard) past its
-# start, summed per kernel by the summary.
-if [[ "$MODE" == full* ]] && wants profile && command -v ncu >/dev/null; then
+# start, summed per kernel by the summary. The caches are left as the step leaves them
+# (--cache-control none): flushed before each launch, gpu_standard's kernels summed to 3.83 ms a
+# step against the 1.83 ms measured (H200, 2026-11-28), its tensors being L2-sized.
+# GPU_CHECK_PROFILE_NCU=0 leaves Nsight Compute out (the time stamps above alone).
+if [[ "$MODE" == full* ]] && wants profile && [ "${GPU_CHECK_PROFILE_NCU:-1}" = 1 ] &&
+  command -v ncu >/dev/null; then
   for preset in ${GPU_CHECK_PROFILE_PRESETS:-gpu_standard}; do
     step profile_$preset ncu --csv --log-file "$OUT/profile_$preset.csv" \
-      --clock-control none --metrics gpu__time_duration.sum --launch-skip 3000 \
+      --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      --launch-skip 3000 \
       --launch-count 2000 $B/bin/slipstream run --preset $preset --set run.steps=200 \
       --set run.log_every=50
     expect_file profile_$preset "$OUT/profile_$preset.csv"

@@ -13,6 +13,9 @@ Rows, where OUT holds their files:
   step/<preset>/<precision>          bench_e2e_<preset>.json, ms a step (1000 / steps/s); bf16
                                      against fp32, .../nograph against the graphs
   step/<preset>/<precision>/operations  the CUDA graph's operations a step
+  optime/<preset>/<precision>[/<stage>/<operation>]  optimes_<preset>.json (`slipstream bench
+                                     --op-times`): the device's us a step in the graph, and in
+                                     each operation (calls a step and share in the note)
   gpu_busy/<preset>, overlap/<preset>/steps_per_s_loading  overlap_<preset>.json (the ratio is
                                      the overlap ratio)
   infer/<device>/games:<n>/...       bench_infer_policy.json: p50/p99 us a call and frames/s; the
@@ -115,6 +118,24 @@ def step_rows(out, rows):
             if ops:
                 rows.add(f"step/{preset}/{prec}/operations", ops, "operations", command,
                          note=x["cuda_graph"].get("summary"))
+
+
+def operation_rows(out, rows):
+    for fname in sorted(os.listdir(out)):
+        if not (fname.startswith("optimes_") and fname.endswith(".json")):
+            continue
+        r = read_json(out, fname)
+        ops = (r or {}).get("operations")
+        if not ops or not ops.get("graphs_timed"):
+            continue
+        name = f"optime/{r['preset']}/{r['precision']}"
+        command = (f"slipstream bench --preset {r['preset']} --steps 30 --warmup 20 --op-times "
+                   "(gpu-check profile)")
+        rows.add(name, 1000.0 * ops["device_ms_per_step"], "us", command,
+                 note=f"the step's device time in its graph, {ops['graphs_timed']} graphs timed")
+        for op in ops["ops"]:
+            rows.add(f"{name}/{op['stage']}/{op['what']}", op["us_per_step"], "us", command,
+                     note=f"{op['calls_per_step']:g} calls a step, {op['share_pct']:.1f} %")
 
 
 def overlap_rows(out, rows):
@@ -245,7 +266,7 @@ def machine_of(out):
 
 def rows_of(out, date, commit=None, machine=None):
     rows = Rows(date, commit or commit_of(out), machine or machine_of(out))
-    for f in (kernel_rows, step_rows, overlap_rows, infer_rows, peer_rows, peer_kernel_rows):
+    for f in (kernel_rows, step_rows, operation_rows, overlap_rows, infer_rows, peer_rows, peer_kernel_rows):
         f(out, rows)
     return rows.rows
 

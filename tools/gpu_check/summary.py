@@ -75,6 +75,26 @@ def print_profile(out, preset, top=15):
         print(f"  {short:<60} {n:>9} {t / 1000:>10.2f} {t / whole:>6.1%}")
 
 
+def print_operation_times(out, top=15):
+    """Each preset's operations as its step's CUDA graph ran them (optimes_<preset>.json:
+    `slipstream bench --op-times`), most device time first."""
+    for fname in sorted(os.listdir(out)):
+        if not (fname.startswith("optimes_") and fname.endswith(".json")):
+            continue
+        r = read_json(out, fname)
+        ops = (r or {}).get("operations")
+        if not ops:
+            continue
+        print(f"\n  operations, {r['preset']} {r['precision']}: {ops['device_ms_per_step']:.3f} ms "
+              f"a step on the device in {ops['graphs_timed']} timed graphs "
+              f"({ops['untimed_batches']} batches untimed); the step's median without "
+              f"time stamps is the e2e group's")
+        print("  operation                                    stage         calls/step    us/step  share")
+        for op in ops["ops"][:top]:
+            print(f"  {op['what'][:44]:<44} {op['stage'][:12]:<12} {op['calls_per_step']:>11.1f} "
+                  f"{op['us_per_step']:>10.1f} {op['share_pct']:>5.1f}%")
+
+
 def print_loader(out):
     """bench_loader's windows/s (produce) and setup time against threads, per replay set, beside
     what the gpu_standard step consumes (256 windows a step)."""
@@ -260,6 +280,7 @@ def main(out):
             if up and name != "torch eager":
                 print(f"    {name}'s first step (its compile, or torch's caches): "
                       + ", ".join(f"{u:.1f} s" for u in up))
+    print_operation_times(out)
     print_profiles(out)
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +

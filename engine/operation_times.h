@@ -1,0 +1,28 @@
+// The device's time in each operation of a run's CUDA graphs (StepGraphs::time_operations,
+// `slipstream bench --op-times`): where a training step's device time goes, kernel by kernel
+// and stage by stage, read from time stamps between the operations of the graph as it runs —
+// no profiler needed, caches and clocks as the step leaves them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace slipstream {
+
+struct OperationTime {
+  std::string what;        // the kernel or call (a recorded operation's name)
+  int stage = -1;          // the graph stage that enqueued it
+  std::string stage_name;  // set by the runner ("" when unknown)
+  uint64_t launches = 0;
+  double device_ms = 0;  // summed over its launches
+};
+
+struct OperationTimes {
+  uint64_t graphs = 0;             // graph launches timed
+  uint64_t untimed = 0;            // batches in the timed steps whose work ran without a graph
+  double graph_ms = 0;             // the timed launches from their first stamp to their last
+  std::vector<OperationTime> ops;  // most device time first
+};
+
+}  // namespace slipstream
