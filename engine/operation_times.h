@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,15 @@ struct OperationTimes {
   double graph_ms = 0;             // the timed launches from their first stamp to their last
   std::vector<OperationTime> ops;  // most device time first
 };
+
+// A table for people: the device's time a `unit` ("step", "frame": `batches_per_unit` timed
+// graphs each) and each operation's calls, microseconds and share a unit, most first (the first
+// 30; the rest summed on one line), after a line that says what was timed.
+std::string format_operation_times(const OperationTimes& t, uint64_t batches_per_unit,
+                                   const std::string& unit);
+// The same as JSON: graphs_timed, untimed_batches, batches_per_<unit>, device_ms_per_<unit>,
+// ops [{what, stage, calls_per_<unit>, us_per_<unit>, share_pct}].
+nlohmann::json operation_times_json(const OperationTimes& t, uint64_t batches_per_unit,
+                                    const std::string& unit);
 
 }  // namespace slipstream

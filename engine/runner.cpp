@@ -120,16 +120,15 @@ Runner::Runner(GraphPlan plan, RunOptions options) : impl_(std::make_unique<Impl
         "recurs, then replayed; "
         "run.cuda_graph=off turns it off)";
   }
-  if (I.opt.time_operations_after_steps && !I.step_graphs)
+  if (I.opt.time_operations_after_batches && !I.step_graphs)
     throw std::invalid_argument(
         "timing the step's operations reads time stamps in its CUDA graph: it needs a CUDA "
         "device (or device: emulated) with run.cuda_graph on (auto is on only on a CUDA "
         "device); this run " +
         std::string(I.run.exec->device_ops() ? "has it off" : "is on the CPU"));
+  if (I.opt.time_operations_after_batches)
+    I.step_graphs->time_operations(*I.opt.time_operations_after_batches);
   I.graph = std::make_unique<Graph>(std::move(plan), I.run);
-  if (I.opt.time_operations_after_steps)  // the graph has set the batches a step
-    I.step_graphs->time_operations(*I.opt.time_operations_after_steps *
-                                   I.run.micro_batches_per_step);
   for (size_t k = 0; k < I.graph->size(); ++k)
     I.counters.push_back(std::make_unique<LiveCounters>());
 }
@@ -430,17 +429,7 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
     result.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured, c.ops};
     result.graph_off_reason = step_graphs->off_reason();
     result.graph_difference = step_graphs->difference();
-    if (step_graphs->timing_operations()) {
-      try {
-        step_graphs->collect_times();
-      } catch (const std::exception& e) {  // a failed run's device: its error is on its way
-        log_line(std::string("operation times: the last timed graph unread: ") + e.what());
-      }
-      result.operation_times = step_graphs->operation_times();
-      for (OperationTime& op : result.operation_times.ops)
-        if (op.stage >= 0 && static_cast<size_t>(op.stage) < n())
-          op.stage_name = plan().stages[static_cast<size_t>(op.stage)].name;
-    }
+    result.operation_times = operation_times();
   }
   result.final_step = run.step;
   result.samples = samples.load();
@@ -466,6 +455,21 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
           summary + (run.run_dir.empty() ? std::string() : " -> " + run.run_dir))
       << "\n"
       << std::flush;
+}
+
+// StepGraphs' operation times with their stages' names, the last timed graph read first.
+OperationTimes Runner::Impl::operation_times() {
+  if (!step_graphs || !step_graphs->timing_operations()) return {};
+  try {
+    step_graphs->collect_times();
+  } catch (const std::exception& e) {  // a failed run's device: its error is on its way
+    log_line(std::string("operation times: the last timed graph unread: ") + e.what());
+  }
+  OperationTimes t = step_graphs->operation_times();
+  for (OperationTime& op : t.ops)
+    if (op.stage >= 0 && static_cast<size_t>(op.stage) < n())
+      op.stage_name = plan().stages[static_cast<size_t>(op.stage)].name;
+  return t;
 }
 
 std::string graph_steps_summary(const RunResult& r) {

@@ -48,10 +48,10 @@ struct RunOptions {
   // without loading or copies; 0 (the default) trains on the data.
   uint32_t resident_batches = 0;
   // Times each operation of the trainable section's CUDA graphs on the device, in the training
-  // batches after this process's first N steps (StepGraphs::time_operations; run.cuda_graph on
-  // a CUDA device or the emulator): RunResult::operation_times. The host then waits for each
-  // batch's graph.
-  std::optional<uint64_t> time_operations_after_steps;
+  // batches (or a stream's frames) after this process's first N (StepGraphs::time_operations;
+  // run.cuda_graph on a CUDA device or the emulator): RunResult::operation_times,
+  // EvalResult::operation_times. The host then waits for each batch's graph.
+  std::optional<uint64_t> time_operations_after_batches;
   // One process whatever the launcher started (rank 0 of 1, on this rank's device): a probe
   // inside a multi-rank run (engine/auto_batch.h) that must not meet the other ranks.
   bool single_process = false;
@@ -85,7 +85,7 @@ struct RunResult {
   bool cuda_graph = false;  // graph mode was on at the start
   std::string graph_off_reason;
   std::string graph_difference;    // StepGraphs::difference()
-  OperationTimes operation_times;  // RunOptions::time_operations_after_steps
+  OperationTimes operation_times;  // RunOptions::time_operations_after_batches
   bool interrupted =
       false;            // stopped by a stop signal (engine/stop_signals.h) or request_stop(true)
   int stop_signal = 0;  // the signal that stopped the run (SIGINT, SIGTERM, SIGHUP, ...)
@@ -113,6 +113,7 @@ struct EvalResult {
   // (RunResult::graph_steps), and why graph mode turned itself off.
   RunResult::GraphSteps graph_steps;
   std::string graph_off_reason;
+  OperationTimes operation_times;  // a stream's frames: RunOptions::time_operations_after_batches
 };
 
 // Runner::evaluate's and Runner::stream's view of each batch after its forward: the batch (every

@@ -426,6 +426,7 @@ struct Runner::Impl {
   std::exception_ptr end_steps(std::exception_ptr failure, int stop_signal,
                                std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs);
   void fill_result(RunResult& result, int stop_signal, uint64_t t_start);
+  OperationTimes operation_times();  // RunOptions::time_operations_after_batches
   EvalResult evaluate(const std::string& checkpoint, const StreamCallback* on_batch,
                       bool streaming);
   // Setup, the checkpoint's section state, validation_begin (and stream_begin); training off.

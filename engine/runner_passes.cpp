@@ -86,6 +86,7 @@ uint64_t Runner::Impl::forward_one(std::vector<Stage*>& st, std::vector<StageCon
     finish_recorded(rec, ++stream_frames);
     answer_ns = now_ns() - t0;  // the recorded work is enqueued here, not as the stages ran
   } else {
+    if (run.streaming && step_graphs) step_graphs->ran_without_graph();
     stages();
   }
   complete_read_backs(b);
@@ -211,6 +212,7 @@ EvalResult Runner::Impl::evaluate(const std::string& checkpoint, const StreamCal
     const StepGraphs::Counts c = step_graphs->counts();
     r.graph_steps = {c.replayed, c.captured, c.issued, c.uncaptured, c.ops};
     r.graph_off_reason = step_graphs->off_reason();
+    r.operation_times = operation_times();
   }
   return r;
 }

@@ -43,7 +43,10 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   std::ostringstream log;
   RunOptions opt = RunOptions::embedded(&log);  // nothing written: no run directory, checkpoint
   opt.resident_batches = o.resident_batches;
-  if (o.operation_times) opt.time_operations_after_steps = static_cast<uint64_t>(o.warmup);
+  if (o.operation_times)
+    opt.time_operations_after_batches =
+        static_cast<uint64_t>(o.warmup) *
+        static_cast<uint64_t>(std::max<int64_t>(plan.micro_batches, 1));
   Runner* runner_ptr = nullptr;
   bool timing = false;
   double gpu_busy = -1;
@@ -130,63 +133,6 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   return b;
 }
 
-namespace {
-
-// The operations' sums a step: over the timed graphs, scaled to the step's batches.
-double per_step(const StepBenchmark& b, double total) {
-  const OperationTimes& t = *b.operations;
-  return t.graphs ? total / static_cast<double>(t.graphs) * static_cast<double>(b.batches_per_step)
-                  : 0;
-}
-
-constexpr size_t kOperationRows = 30;  // the table's rows; the rest are summed on one line
-
-std::string format_operation_times(const StepBenchmark& b) {
-  const OperationTimes& t = *b.operations;
-  std::string out;
-  char line[320];
-  std::snprintf(line, sizeof line,
-                "\noperations on the device, time stamps between them in the step's graph: %llu "
-                "batches timed, %llu ran without a graph (not timed); the host waited for each "
-                "graph, so the step times above are not the step's own\n",
-                static_cast<unsigned long long>(t.graphs),
-                static_cast<unsigned long long>(t.untimed));
-  out += line;
-  if (t.graphs == 0) return out;
-  std::snprintf(line, sizeof line, "device time a step: %.3f ms (%llu batch%s a step)\n",
-                per_step(b, t.graph_ms), static_cast<unsigned long long>(b.batches_per_step),
-                b.batches_per_step == 1 ? "" : "es");
-  out += line;
-  std::snprintf(line, sizeof line, "%-44s %-12s %9s %11s %7s\n", "operation", "stage", "calls/step",
-                "us/step", "share");
-  out += line;
-  double rest_ms = 0;
-  uint64_t rest_launches = 0;
-  for (size_t i = 0; i < t.ops.size(); ++i) {
-    const OperationTime& op = t.ops[i];
-    if (i >= kOperationRows) {
-      rest_ms += op.device_ms;
-      rest_launches += op.launches;
-      continue;
-    }
-    std::snprintf(line, sizeof line, "%-44.44s %-12.12s %9.1f %11.1f %6.1f%%\n", op.what.c_str(),
-                  op.stage_name.c_str(), per_step(b, static_cast<double>(op.launches)),
-                  1e3 * per_step(b, op.device_ms),
-                  t.graph_ms > 0 ? 100.0 * op.device_ms / t.graph_ms : 0.0);
-    out += line;
-  }
-  if (rest_launches > 0) {
-    std::snprintf(line, sizeof line, "%-44s %-12s %9.1f %11.1f %6.1f%%\n",
-                  ("(" + std::to_string(t.ops.size() - kOperationRows) + " more)").c_str(), "",
-                  per_step(b, static_cast<double>(rest_launches)), 1e3 * per_step(b, rest_ms),
-                  t.graph_ms > 0 ? 100.0 * rest_ms / t.graph_ms : 0.0);
-    out += line;
-  }
-  return out;
-}
-
-}  // namespace
-
 std::string format_step_benchmark(const StepBenchmark& b) {
   std::string out;
   char line[256];
@@ -222,7 +168,7 @@ std::string format_step_benchmark(const StepBenchmark& b) {
                   s.busy_pct, s.busy_ms_per_step);
     out += line;
   }
-  if (b.operations) out += format_operation_times(b);
+  if (b.operations) out += "\n" + format_operation_times(*b.operations, b.batches_per_step, "step");
   out += "\nmemory: host peak resident " + format_bytes(b.host_peak_rss_bytes);
   for (const auto& p : b.pools)
     out += "; pool " + p.name + " peak " + format_bytes(p.peak_bytes) + " (reserved " +
@@ -255,21 +201,8 @@ nlohmann::json step_benchmark_json(const StepBenchmark& b) {
                        {"operations", b.graph_steps.ops},
                        {"issued", b.graph_steps.issued},
                        {"uncaptured", b.graph_steps.uncaptured}};
-  if (b.operations) {
-    const OperationTimes& t = *b.operations;
-    nlohmann::json ops = nlohmann::json::array();
-    for (const OperationTime& op : t.ops)
-      ops.push_back({{"what", op.what},
-                     {"stage", op.stage_name},
-                     {"calls_per_step", per_step(b, static_cast<double>(op.launches))},
-                     {"us_per_step", 1e3 * per_step(b, op.device_ms)},
-                     {"share_pct", t.graph_ms > 0 ? 100.0 * op.device_ms / t.graph_ms : 0.0}});
-    j["operations"] = {{"graphs_timed", t.graphs},
-                       {"untimed_batches", t.untimed},
-                       {"batches_per_step", b.batches_per_step},
-                       {"device_ms_per_step", per_step(b, t.graph_ms)},
-                       {"ops", ops}};
-  }
+  if (b.operations)
+    j["operations"] = operation_times_json(*b.operations, b.batches_per_step, "step");
   for (const auto& s : b.stages)
     j["stages"].push_back({{"name", s.name},
                            {"kind", s.kind},

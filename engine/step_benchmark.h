@@ -27,7 +27,7 @@ struct StepBenchmarkOptions {
   // section trains on them again and nothing is loaded or copied; 0 trains on loaded data.
   uint32_t resident_batches = 0;
   // Each operation of the timed steps' CUDA graphs timed on the device (RunOptions::
-  // time_operations_after_steps): StepBenchmark::operations. The host then waits for each batch's
+  // time_operations_after_batches): StepBenchmark::operations. The host then waits for each batch's
   // graph, so the step's wall-time figures are no longer the step's own.
   bool operation_times = false;
   // Told, on the section's thread, when the timed steps start (true) and when they end (false),

@@ -41,7 +41,11 @@ struct InferArgs {
   std::vector<std::string> sets;
   float temperature = 1;  // of the sampled policy whose action rate is reported
   uint64_t seed = 0;
+  bool op_times = false;  // each operation of a frame's CUDA graph timed on the device
 };
+
+// --op-times: the frames before these are not timed (graphs captured, caches warm).
+constexpr uint64_t kUntimedFrames = 20;
 
 // How often a policy acts (a button, a stick off centre, the trigger) against the recorded
 // player: a behaviour-cloned policy's most likely input mostly stands still.
@@ -151,7 +155,9 @@ int infer_command(const InferArgs& a) {
   EvalResult r;
   try {
     if (!a.csv.empty()) csv.emplace(a.csv, a.probabilities);
-    Runner runner(std::move(plan), RunOptions::embedded());
+    RunOptions options = RunOptions::embedded();
+    if (a.op_times) options.time_operations_after_batches = kUntimedFrames;
+    Runner runner(std::move(plan), options);
     Graph& g = runner.graph();
     const int src = stage_of_kind(g.plan(), "slippi_replays"),
               heads = stage_of_kind(g.plan(), "controller_heads");
@@ -219,6 +225,7 @@ int infer_command(const InferArgs& a) {
         static_cast<unsigned long long>(g.captured), static_cast<unsigned long long>(g.issued),
         static_cast<unsigned long long>(g.uncaptured), static_cast<unsigned long long>(g.ops),
         r.graph_off_reason.empty() ? "" : ("; off: " + r.graph_off_reason).c_str());
+  if (a.op_times) std::cout << format_operation_times(r.operation_times, 1, "frame");
   return 0;
 }
 
@@ -245,6 +252,10 @@ void setup_infer(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   infer->add_option("--seed", a->seed, "of the sampled policy's draws");
   infer->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
+  infer->add_flag("--op-times", a->op_times,
+                  "also time each operation of a frame's CUDA graph on the device (time stamps "
+                  "between them; a CUDA device, or --device emulated --set run.cuda_graph=on), "
+                  "after the first 20 frames: kernels by stage, microseconds a frame");
   infer->callback([a] {
     if (const int code = infer_command(*a); code != 0) throw CLI::RuntimeError(code);
   });

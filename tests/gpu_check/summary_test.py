@@ -99,7 +99,17 @@ def main(summary):
                                   "calls_per_step": 2.0, "us_per_step": 450.0, "share_pct": 30.0},
                                  {"what": "gemm bf16 15360x40x128 NT", "stage": "heads",
                                   "calls_per_step": 5.0, "us_per_step": 30.0, "share_pct": 2.0}]}})
+        # `slipstream infer --op-times`: a frame's operations, in the step's log.
+        write(d, "infer_optimes_fused_frame.log",
+              "latency per frame (embedding, temporal step, heads): p50 40.0 us, p99 60.0 us\n"
+              "operations on the device, ...\n"
+              "device time a frame: 0.021 ms (1 graph a frame)\n"
+              "operation   stage   calls/frame   us/frame   share\n"
+              "mamba_frame_kernel   core   1.0   12.0   57.1%\n")
         rc, out = run(summary, d)
+        expect(out, "a frame's operations (fused_frame): device time a frame: 0.021 ms (1 graph "
+               "a frame); latency per frame (embedding, temporal step, heads): p50 40.0 us",
+               "mamba_frame_kernel   core")
         expect(out, "operations, gpu_standard bf16: 1.500 ms a step on the device in 30 timed "
                "graphs (0 batches untimed)")
         if not any("scan_backward_chan_kernel" in l and "core" in l and "450.0" in l and

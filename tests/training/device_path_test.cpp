@@ -264,9 +264,13 @@ TEST(DevicePath, StreamMatchesCpu) {
     const auto cpu = head_outputs(run.run_dir, replay, frames, true, {"run.device=cpu"});
     for (const char* graphs : {"off", "on"}) {
       EvalResult e;
+      // With graphs, each frame's operations are also timed after the first 20 frames
+      // (`slipstream infer --op-times`): the time stamps change no answer.
+      const bool on = std::string(graphs) == "on";
       const auto dev = head_outputs(
           run.run_dir, replay, frames, true,
-          {std::string("run.device=") + kDevice, std::string("run.cuda_graph=") + graphs}, &e);
+          {std::string("run.device=") + kDevice, std::string("run.cuda_graph=") + graphs}, &e,
+          on ? std::optional<uint64_t>(20) : std::nullopt);
       double worst = 0;
       for (size_t h = 0; h < cpu.size(); ++h) {
         ASSERT_EQ(cpu[h].size(), dev[h].size()) << h;
@@ -283,9 +287,21 @@ TEST(DevicePath, StreamMatchesCpu) {
           (unsigned long long)g.captured, (unsigned long long)g.issued,
           (unsigned long long)g.uncaptured);
       EXPECT_LT(worst, 1e-4) << graphs;
-      if (std::string(graphs) == "on") {
+      if (on) {
         EXPECT_EQ(e.graph_off_reason, "");
         EXPECT_GT(g.replayed, uint64_t(frames) / 2) << "the frames' work recurs";
+        const OperationTimes& t = e.operation_times;
+        EXPECT_EQ(t.graphs + t.untimed, g.replayed + g.captured + g.issued + g.uncaptured - 20)
+            << "every frame after the first 20, timed or counted";
+        EXPECT_GT(t.graphs, uint64_t(frames) / 2);
+        uint64_t launches = 0;
+        for (const OperationTime& op : t.ops) {
+          EXPECT_FALSE(op.stage_name.empty()) << op.what;
+          launches += op.launches;
+        }
+        EXPECT_EQ(launches, t.graphs * g.ops) << "every operation of each timed frame";
+        EXPECT_NE(format_operation_times(t, 1, "frame").find("device time a frame"),
+                  std::string::npos);
       } else {
         EXPECT_EQ(g.replayed + g.captured + g.issued + g.uncaptured, 0u);
       }

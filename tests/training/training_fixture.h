@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,7 +57,8 @@ inline std::vector<std::vector<float>> head_outputs(const std::string& run_dir,
                                                     const std::string& replay, int frames,
                                                     bool streaming,
                                                     const std::vector<std::string>& sets = {},
-                                                    EvalResult* result = nullptr) {
+                                                    EvalResult* result = nullptr,
+                                                    std::optional<uint64_t> time_after = {}) {
   const int window = streaming ? 1 : frames;
   melee::ReplaySelection sel{{replay}, 1, "test", {}};
   sel.loader = {{"batch_size", YAML::Node(1)},
@@ -67,6 +69,7 @@ inline std::vector<std::vector<float>> head_outputs(const std::string& run_dir,
   RunOptions opt = quiet_run_options(log);
   opt.create_run_dir = false;
   opt.handle_sigint = false;
+  opt.time_operations_after_batches = time_after;  // EvalResult::operation_times
   Runner r(plan_graph(melee::config_for_replays(run_dir + "/config.yaml", sets, sel)), opt);
   const int heads = r.graph().find("heads");
   std::vector<std::vector<float>> out(6);

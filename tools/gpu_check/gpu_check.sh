@@ -354,6 +354,27 @@ if [[ "$MODE" == full* ]]; then
         --benchmark_out_format=json
       expect_file "bench_infer_$form" "$OUT/bench_infer_$form.json"
     done
+    # A frame's operations on the device as its CUDA graph runs them (`slipstream infer
+    # --op-times`, infer_optimes[_FORM].log; the summary prints each): gpu_standard's model, its
+    # checkpoint from two steps on synthetic games, one synthetic game of 600 frames.
+    R=$OUT/infer_optimes
+    if step infer_optimes_setup sh -c "$B/bin/slipstream synth --games 1 --frames 600 \
+        --out $R/game && $B/bin/slipstream run --preset gpu_standard --set run.steps=2 \
+        --set run.validate_every=0 --set run.runs_dir=$R/runs"; then
+      for form in default $forms; do
+        case "$form" in
+          small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
+          fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
+          fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
+          *) vars="" ;;
+        esac
+        name=infer_optimes
+        [ "$form" = default ] || name=infer_optimes_$form
+        # shellcheck disable=SC2086  # vars: words for env
+        step "$name" env $vars sh -c "$B/bin/slipstream infer --checkpoint \$(ls -d $R/runs/*/ |
+          head -n 1) --replay \$(ls $R/game/*.slp | head -n 1) --port 1 --device cuda --op-times"
+      done
+    fi
   fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.

@@ -95,6 +95,24 @@ def print_operation_times(out, top=15):
                   f"{op['us_per_step']:>10.1f} {op['share_pct']:>5.1f}%")
 
 
+def print_frame_operation_times(out, top=8):
+    """A policy frame's operations on the device (infer_optimes[_FORM].log: `slipstream infer
+    --op-times`): its latency line, the device's time a frame and the largest operations."""
+    for fname in sorted(os.listdir(out)):
+        if not (fname.startswith("infer_optimes") and fname.endswith(".log")) or \
+                fname.startswith("infer_optimes_setup"):
+            continue
+        lines = open(os.path.join(out, fname), errors="replace").read().splitlines()
+        at = next((i for i, l in enumerate(lines) if l.startswith("device time a frame")), None)
+        if at is None:
+            continue
+        form = fname[len("infer_optimes"):-len(".log")].lstrip("_") or "default"
+        latency = next((l for l in lines if l.startswith("latency per frame")), "")
+        print(f"\n  a frame's operations ({form}): {lines[at]}; {latency}")
+        for l in lines[at + 1:at + 2 + top]:
+            print("  " + l)
+
+
 def print_loader(out):
     """bench_loader's windows/s (produce) and setup time against threads, per replay set, beside
     what the gpu_standard step consumes (256 windows a step)."""
@@ -281,6 +299,7 @@ def main(out):
                 print(f"    {name}'s first step (its compile, or torch's caches): "
                       + ", ".join(f"{u:.1f} s" for u in up))
     print_operation_times(out)
+    print_frame_operation_times(out)
     print_profiles(out)
     failed = [n for n, rc, _ in steps if rc != 0]
     print(f"\n  {len(steps) - len(failed)} passed, {len(failed)} failed" +

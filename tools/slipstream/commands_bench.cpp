@@ -104,9 +104,9 @@ void add_bench_command(CLI::App& app) {
   auto* op_times = cmd->add_flag(
       "--op-times", a->options.operation_times,
       "also time each operation of the step on the device (time stamps between the operations "
-      "of its CUDA graph; a CUDA device or --device emulated): a table of kernels and calls by "
-      "stage, their calls and microseconds a step. The host then waits for each graph, so the "
-      "step's own times are read without it");
+      "of its CUDA graph: a CUDA device, or --device emulated --set run.cuda_graph=on): a table "
+      "of kernels and calls by stage, their calls and microseconds a step. The host then waits "
+      "for each graph, so the step's own times are read without it");
   op_times->excludes(cmd->get_option("--overlap"));
   cmd->add_option("--repeats", a->repeats, "--overlap: alternating pairs of runs (medians)")
       ->check(CLI::Range(1, 100));
