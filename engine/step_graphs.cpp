@@ -54,7 +54,7 @@ void StepGraphs::collect_times() {
   if (!g) return;
   pending_ = nullptr;
 #if SLIPSTREAM_HAS_CUDA
-  cuda_rt::elapsed_between(exec_.device().index, g->events, elapsed_);
+  cuda_rt::elapsed_between(exec_.device().index, exec_.stream(), g->events, elapsed_);
   for (size_t i = 0; i < elapsed_.size() && i < g->names.size(); ++i) {
     add_time(g->names[i], elapsed_[i]);
     graph_ms_ += elapsed_[i];

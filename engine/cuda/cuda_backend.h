@@ -77,9 +77,10 @@ void* capture_graph(int index, void* stream, const std::vector<capture::Recorded
                     const std::vector<void*>* timing_events = nullptr);  // cudaGraphExec_t
 // An event that records a time stamp (timing_events above).
 void* create_timing_event(int index);
-// Waits for the last of `events` (a graph's timing events, its launch enqueued), then sets
-// ms[i] to the time between events i and i + 1.
-void elapsed_between(int index, const std::vector<void*>& events, std::vector<float>& ms);
+// Waits for `stream` (a graph's launch with its timing events enqueued on it), then sets ms[i]
+// to the time between events i and i + 1.
+void elapsed_between(int index, void* stream, const std::vector<void*>& events,
+                     std::vector<float>& ms);
 void launch_graph(int index, void* graph, void* stream);
 void destroy_graph(void* graph);
 void* create_blaslt(int index);  // cublasLtHandle_t
