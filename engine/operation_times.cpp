@@ -80,4 +80,11 @@ nlohmann::json operation_times_json(const OperationTimes& t, uint64_t batches_pe
           {"ops", ops}};
 }
 
+void add_operation_time_sets(std::vector<std::string>& sets, const std::string& device) {
+  if (device != "emulated") return;
+  for (const std::string& s : sets)
+    if (s.starts_with("run.cuda_graph=")) return;
+  sets.push_back("run.cuda_graph=on");
+}
+
 }  // namespace slipstream

@@ -36,4 +36,8 @@ std::string format_operation_times(const OperationTimes& t, uint64_t batches_per
 nlohmann::json operation_times_json(const OperationTimes& t, uint64_t batches_per_unit,
                                     const std::string& unit);
 
+// --op-times' overrides for a command's --device: under "emulated", where run.cuda_graph's auto
+// is off, graph mode on (the stamps live in the graph) unless `sets` already set it.
+void add_operation_time_sets(std::vector<std::string>& sets, const std::string& device);
+
 }  // namespace slipstream

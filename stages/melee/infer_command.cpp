@@ -140,6 +140,7 @@ int infer_command(const InferArgs& a) {
   const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
   std::vector<std::string> sets = a.sets;
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);
+  if (a.op_times) add_operation_time_sets(sets, a.device);
   GraphPlan plan;
   try {
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
@@ -254,7 +255,7 @@ void setup_infer(CLI::App& parent) {
   infer->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
   infer->add_flag("--op-times", a->op_times,
                   "also time each operation of a frame's CUDA graph on the device (time stamps "
-                  "between them; a CUDA device, or --device emulated --set run.cuda_graph=on), "
+                  "between them; a CUDA device, or --device emulated), "
                   "after the first 20 frames: kernels by stage, microseconds a frame");
   infer->callback([a] {
     if (const int code = infer_command(*a); code != 0) throw CLI::RuntimeError(code);

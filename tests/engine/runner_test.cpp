@@ -510,6 +510,19 @@ TEST(Runner, OnlyRankZeroWritesTheRunDirectory) {
   EXPECT_EQ(res.steps, 20u);
 }
 
+// --op-times under the emulator asks for graph mode (auto is off there) unless told otherwise.
+TEST(OperationTimes, TheEmulatorGetsGraphModeUnlessSetOtherwise) {
+  std::vector<std::string> sets;
+  add_operation_time_sets(sets, "emulated");
+  EXPECT_EQ(sets, std::vector<std::string>{"run.cuda_graph=on"});
+  sets = {"run.cuda_graph=off"};
+  add_operation_time_sets(sets, "emulated");
+  EXPECT_EQ(sets, std::vector<std::string>{"run.cuda_graph=off"});
+  sets.clear();
+  add_operation_time_sets(sets, "cuda:0");  // auto is on there
+  EXPECT_TRUE(sets.empty());
+}
+
 // RunOptions::on_step sees every step; run_step_benchmark times the steps after the warm-up and
 // refuses to report a run that ended before its warm-up was over.
 TEST(StepBenchmark, TimesTheStepsAfterTheWarmUp) {

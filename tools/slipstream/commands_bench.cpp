@@ -52,6 +52,7 @@ class GpuBusy {
 int bench_command(BenchArgs a) {
   if (!a.config.empty()) a.options.preset_or_file = a.config;
   if (!a.device.empty()) a.options.sets.push_back("run.device=" + a.device);
+  if (a.options.operation_times) add_operation_time_sets(a.options.sets, a.device);
   auto busy = std::make_shared<GpuBusy>();
   a.options.gpu_busy = [busy](bool on, const Device& d) { return busy->timing(on, d); };
   return exit_status_of([&] {
@@ -104,7 +105,7 @@ void add_bench_command(CLI::App& app) {
   auto* op_times = cmd->add_flag(
       "--op-times", a->options.operation_times,
       "also time each operation of the step on the device (time stamps between the operations "
-      "of its CUDA graph: a CUDA device, or --device emulated --set run.cuda_graph=on): a table "
+      "of its CUDA graph: a CUDA device, or --device emulated): a table "
       "of kernels and calls by stage, their calls and microseconds a step. The host then waits "
       "for each graph, so the step's own times are read without it");
   op_times->excludes(cmd->get_option("--overlap"));
