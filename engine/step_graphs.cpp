@@ -180,7 +180,7 @@ StepGraphs::Outcome StepGraphs::finish(capture::StepRecorder& rec, uint64_t step
   g.signature = signature;
   g.ops = n;
   std::string why = capture_fault_ ? capture_fault_(step) : std::string();
-  if (timing_) {
+  if (timing_ && on_device) {  // the emulator's replay holds its operations' names itself
     g.names.reserve(n);
     for (const auto& op : ops) g.names.push_back({op.what, op.stage});
   }

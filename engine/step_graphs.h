@@ -103,7 +103,7 @@ class StepGraphs {
     void* exec = nullptr;                     // cudaGraphExec_t on a device
     std::vector<capture::RecordedOp> replay;  // the emulator's graph
     std::vector<void*> events;                // time_operations: a stamp around each operation
-    std::vector<OpName> names;                // ... and whose each operation is
+    std::vector<OpName> names;                // ... and whose each operation is (a device)
   };
   void turn_off(uint64_t step, const std::string& why);
   void note_difference(const std::vector<capture::RecordedOp>& ops);

@@ -339,14 +339,19 @@ if [[ "$MODE" == full* ]]; then
     if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ] && [[ "$forms" != *" small_gemm "* ]]; then
       forms="$forms small_gemm "
     fi
-    for form in $forms; do
-      case "$form" in
+    # form_vars FORM: the switches of an inference form (default: none); 1 for a form unknown.
+    form_vars() {
+      case "$1" in
+        default) vars="" ;;
         small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
         fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
         fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
-        *) echo "GPU_CHECK_INFER_FORMS: no form $form (small_gemm, fused_frame," \
-             "fused_frame_small_gemm)" >&2; continue ;;
+        *) echo "GPU_CHECK_INFER_FORMS: no form $1 (small_gemm, fused_frame," \
+             "fused_frame_small_gemm)" >&2; return 1 ;;
       esac
+    }
+    for form in $forms; do
+      form_vars "$form" || continue
       # shellcheck disable=SC2086  # vars: words for env
       step "bench_infer_$form" env SLIPSTREAM_BENCH_DEVICE=cuda $vars \
         $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
@@ -362,12 +367,7 @@ if [[ "$MODE" == full* ]]; then
         --out $R/game && $B/bin/slipstream run --preset gpu_standard --set run.steps=2 \
         --set run.validate_every=0 --set run.runs_dir=$R/runs"; then
       for form in default $forms; do
-        case "$form" in
-          small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
-          fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
-          fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
-          *) vars="" ;;
-        esac
+        form_vars "$form" 2>/dev/null || continue
         name=infer_optimes
         [ "$form" = default ] || name=infer_optimes_$form
         # shellcheck disable=SC2086  # vars: words for env
