@@ -43,8 +43,8 @@ include(GoogleTest)
 # slipstream_emulated_library(NAME CU_SOURCES a_cuda.cu ... SOURCES x.cpp ... LIBS ...): the CUDA
 # sources compiled as C++ for the CPU emulator (kernels/emulation), each through a generated
 # wrapper that defines SLIPSTREAM_CUDA_EMULATION, so their entry points land in the
-# `cuda_emulated` namespaces. Not in sanitizer builds: the emulator's fibers (ucontext) and
-# ASan's stack checks disagree.
+# `cuda_emulated` namespaces. Sanitizer builds too: the emulator tells ASan of each switch of
+# stack, so ASan and UBSan check the device code's indexing on the CPU.
 function(slipstream_emulated_library name)
   cmake_parse_arguments(E "" "" "CU_SOURCES;SOURCES;LIBS" ${ARGN})
   set(_sources ${E_SOURCES})

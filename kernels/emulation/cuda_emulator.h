@@ -2,12 +2,12 @@
 //
 // A kernel source (`kernels/*_cuda.cu`) compiled as C++ with SLIPSTREAM_CUDA_EMULATION defined
 // includes this header instead of the CUDA runtime. Each block runs as one fiber per thread
-// (ucontext), all on the calling OS thread, blocks one after another; `__syncthreads`,
-// `__syncwarp` and the warp shuffles switch fibers at the barrier, so the indexing, the
-// barriers, the shared-memory traffic and the warp reductions of the real kernel are executed
-// and can be compared with the CPU reference. A barrier that not every live thread reaches is
-// reported as a deadlock. It is no race detector (fibers interleave only at barriers) and no
-// timing model: compute-sanitizer on a real GPU covers those.
+// (a stack of its own, switched by _setjmp/_longjmp), all on the calling OS thread, blocks one
+// after another; `__syncthreads`, `__syncwarp` and the warp shuffles switch fibers at the
+// barrier, so the indexing, the barriers, the shared-memory traffic and the warp reductions of the
+// real kernel are executed and can be compared with the CPU reference. A barrier that not every
+// live thread reaches is reported as a deadlock. It is no race detector (fibers interleave only at
+// barriers) and no timing model: compute-sanitizer on a real GPU covers those.
 //
 // Supported: 3-D grids and blocks, static `__shared__` arrays (one copy per kernel, valid since
 // blocks run one at a time), __syncthreads, __syncwarp, __shfl_xor_sync / __shfl_sync on 32-bit

@@ -39,13 +39,7 @@ auto with_ops(const ExecContext& exec, const std::string& who, F&& f) {
                                " but this build has no CUDA kernels");
 #endif
     case KernelBackend::emulated:
-#if SLIPSTREAM_CUDA_EMULATOR
       return f(DeviceOps<typename Family::Emulated>(Device::cpu(), nullptr, {}));
-#else
-      throw std::runtime_error(who +
-                               ": device emulated needs the CUDA emulator, which sanitizer "
-                               "builds leave out; use a regular build");
-#endif
   }
   throw std::logic_error(who + ": unknown kernel backend");
 }
