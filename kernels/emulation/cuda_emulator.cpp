@@ -23,13 +23,14 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/common_interface_defs.h>
 #define SLIPSTREAM_EMULATOR_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#include <sanitizer/common_interface_defs.h>
 #define SLIPSTREAM_EMULATOR_ASAN 1
 #endif
+#endif
+#ifdef SLIPSTREAM_EMULATOR_ASAN
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 namespace slipstream::cuda_emu {
@@ -67,7 +68,6 @@ struct Block {
   std::vector<uint64_t> warp_gen;
   std::vector<int> warp_arrived, warp_live;
   Fiber* cur = nullptr;
-  size_t cur_index = 0;
   dim3 bidx, bdim, gdim;
   const std::function<void()>* body = nullptr;
 };
@@ -106,12 +106,16 @@ void maybe_release_warp(Block& b, int w) {
 }
 
 // The two switches. AddressSanitizer is told of each change of stack (its fiber interface), so
-// that its view of the running stack stays right.
-[[gnu::noinline]] void to_fiber(Stack& s) {
+// that its view of the running stack stays right. `start` is null but for a new stack's first
+// entry, which begins at fiber_main instead of where the fiber last stopped.
+[[gnu::noinline]] void to_fiber(Stack& s, const ucontext_t* start = nullptr) {
 #ifdef SLIPSTREAM_EMULATOR_ASAN
   __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, s.memory.get(), kStackBytes);
 #endif
-  if (_setjmp(g_scheduler) == 0) _longjmp(s.at, 1);
+  if (_setjmp(g_scheduler) == 0) {
+    if (start) setcontext(start);
+    _longjmp(s.at, 1);
+  }
 #ifdef SLIPSTREAM_EMULATOR_ASAN
   __sanitizer_finish_switch_fiber(g_scheduler_fake_stack, nullptr, nullptr);
 #endif
@@ -156,13 +160,7 @@ void fiber_main() {
   start.uc_link = nullptr;
   makecontext(&start, fiber_main, 0);
   g_starting = i;
-#ifdef SLIPSTREAM_EMULATOR_ASAN
-  __sanitizer_start_switch_fiber(&g_scheduler_fake_stack, s.memory.get(), kStackBytes);
-#endif
-  if (_setjmp(g_scheduler) == 0) setcontext(&start);
-#ifdef SLIPSTREAM_EMULATOR_ASAN
-  __sanitizer_finish_switch_fiber(g_scheduler_fake_stack, nullptr, nullptr);
-#endif
+  to_fiber(s, &start);
 }
 
 void run_block(Block& b) {
@@ -193,7 +191,6 @@ void run_block(Block& b) {
       if (f.wait == Wait::block && f.wait_gen == b.gen) continue;
       if (f.wait == Wait::warp && f.wait_gen == b.warp_gen[f.warp]) continue;
       b.cur = &f;
-      b.cur_index = i;
       to_fiber(*g_stacks[i]);
       progressed = true;
     }
@@ -211,7 +208,7 @@ void run_block(Block& b) {
 void wait_here(Block& b, Fiber& f, Wait kind, uint64_t gen) {
   f.wait = kind;
   f.wait_gen = gen;
-  to_scheduler(*g_stacks[b.cur_index]);
+  to_scheduler(*g_stacks[size_t(&f - b.fibers.data())]);
   f.wait = Wait::none;
 }
 
