@@ -140,35 +140,19 @@ static bool scan_forward_keeps_states();
 static void set_scan_forward_lean(bool on);
 static bool scan_forward_lean();
 
-// The backward kernel's shape for d_state 9..32, for tests and benchmarks to compare (a run keeps
+// The backward kernel's form for d_state 9..32, for tests and benchmarks to compare (a run keeps
 // the default). split, the default: a thread holds 8 states of a channel (two or four threads a
 // channel; held by its launch bounds to 128 registers, 4 blocks of 128 threads an SM, which
 // GpuScan.BackwardKeepsFourBlocksAnSm checks: ptxas 13 fits it without a spill at d_state 16 and
-// 32, fp32 and bf16, sm_90). registers: a thread holds 16 (241 registers, 2 blocks an
-// SM): half the threads, one shuffle less for each sum over the channel's states and half the
-// partial sums of dBm and dCm, but 1.5x slower at gpu_standard and 1.2-1.3x at production's
-// shape on an H200. whole_chunks: split's shape with no test
-// between the steps of a whole chunk, which lets the compiler overlap one step's shuffles with
-// the next step's arithmetic; held to 168 registers (3 blocks an SM; ptxas 13 fits it without a
-// spill since the scan makes A in shared memory, 36-40 bytes before): 1.14-1.43x slower than
-// the default on an H100 (2026-11-28).
-// split_branches: split with its sums over a warp's channels choosing what to send with `?:`, as
-// before 2026-11-27, which nvcc turned into two branches around shuffles that then ran in their
-// slow collective form (selective_scan_cuda.cu, channel_sum_round): the benchmarks' baseline for
-// that change, the same values. exact_exp: split with exp2f for the decays exp(dt A), as before
-// 2026-11-27's fourth session, where the default (and the forward) take exp2_ftz
-// (kernels/cuda_common.cuh): exp2f's own bits wherever the decay is a normal float, 0 below
-// 2^-126, three instructions fewer an exp (16 exps a thread a step; the default's sm_90 code is
-// 5,112 instructions against 5,680): the baseline for that change; a backward reading a forward's
-// chunk states gives the default's bits only in the default form. Each differs from the default
-// in that one thing. shared_sums: split with dBm and dCm summed over the block's channels through
-// shared memory once a chunk (each thread's products stored, then a thread a column adds them in
-// channel order) instead of by shuffles over the warp's channels every step, which with their
-// selects are a quarter of the default's instructions a step and a chain of dependent rounds:
-// other bits (another order of the same sums), still the same every run; 1.09-1.13x slower than
-// the default on an H100 (2026-11-28).
-// shared_whole_chunks: shared_sums with whole_chunks' unbranched whole chunks (without its kept
-// exps), at 128 registers: no spill at d_state 16, 8-24 bytes at 32 (ptxas 13, sm_90).
+// 32, fp32 and bf16, sm_90). shared_sums: split with dBm and dCm summed over the block's channels
+// through shared memory once a chunk (each thread's products stored, then a thread a column adds
+// them in channel order) instead of by shuffles over the warp's channels every step, which with
+// their selects are a quarter of the default's instructions a step and a chain of dependent
+// rounds: other bits (another order of the same sums), still the same every run; on an H100 and
+// an H200 (2026-11-28) 0.96-1.09x the default's time in fp32, 1.05-1.13x in bf16.
+// shared_whole_chunks: shared_sums with no test between the steps of a whole chunk, at 128
+// registers: no spill at d_state 16, 8-24 bytes at 32 (ptxas 13, sm_90); 0.93-0.99x the
+// default's time in fp32, 1.03-1.05x in bf16 (the same cards).
 // spread_steps: split with each step's channel work (its loads of u, Δ, dout and z, softplus, the
 // gate and their derivatives, du, dΔ and dz with their stores) done once, by one of the
 // channel's threads (thread s does a chunk's steps s, s + kG, ...), where the default has each of
@@ -178,20 +162,13 @@ static bool scan_forward_lean();
 // sm_90 instructions against the default's 2,054 at d_state 32 (bf16; fp32 1,367 against 2,014)
 // and 1,637 against 2,077 at 16 (fp32 1,620 against 2,037), at 128 registers, no spill (ptxas 13):
 // not yet timed on a GPU.
+// Forms that lost to the default at both shapes and precisions on both cards were removed
+// (docs/kernels.md, "Forms measured and removed").
 // SLIPSTREAM_SCAN_BACKWARD=<name> in the environment picks the form for a process (a whole-step
 // A/B of one build, tools/gpu_check/ab_step.sh); a name that is none is the error of the first
-// scan call. Set it before sizing a workspace (and keep it from a forward that keeps chunk states
-// to its backward): the workspace's size depends on it. Not thread-safe.
-enum class ScanBackwardVariant {
-  registers,
-  split,
-  whole_chunks,
-  split_branches,
-  exact_exp,
-  shared_sums,
-  shared_whole_chunks,
-  spread_steps
-};
+// backward call. Every form has the default's shape, so the workspace and the chunk states a
+// forward keeps are the same for all. Not thread-safe.
+enum class ScanBackwardVariant { split, shared_sums, shared_whole_chunks, spread_steps };
 static void set_scan_backward_variant(ScanBackwardVariant v);
 static ScanBackwardVariant scan_backward_variant();
 // Blocks of the backward kernel for d_state N and element type T that fit an SM of the current

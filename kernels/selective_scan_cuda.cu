@@ -2,7 +2,7 @@
 // reference (kernels/selective_scan_cpu.cpp), against which it is tested.
 //
 // The forward and backward run threads per (b, d) channel with its states in registers (below,
-// "channel kernels"; one thread up to 16 states, the backward's default one up to 8). The one-frame
+// "channel kernels"; the forward's thread up to 16 states, the backward's up to 8). The one-frame
 // step for inference runs a thread per (b, d, n): the lanes of a warp are kLanes states (kLanes = N
 // rounded up to a power of two) of 32 / kLanes consecutive channels, sums over the state are
 // butterfly shuffles inside the group.
@@ -197,51 +197,41 @@ __device__ __forceinline__ ChanIn chan_with_delta(const ScanArgs<DT>& a, bool do
 // h_t = exp(dt A) h_{t-1} + dt u B_t (dtA2 = dt A log2 e, dub = dt u B_t) as one explicit fma: the
 // forward, the backward's first pass and its recomputation then round alike whatever the compiler
 // would contract, so the chunk states the forward keeps are the ones the backward would find.
-// kFtz: exp2_ftz (the default); false: exp2f with its denormal fix-up, the backward's exact_exp
-// variant (the baseline that change is timed against; bits differ only below 2^-126).
-template <bool kFtz>
+// The decay is exp2_ftz (the SFU's ex2.approx.ftz): exp2f's bits wherever it is a normal float, 0
+// below 2^-126, without exp2f's compare and predicated multiplies for denormal results (measured
+// on an H100 and an H200, 2026-11-28: exp2f's backward took 1.04-1.13x its time).
 __device__ __forceinline__ float decay(float dtA2) {
-  if constexpr (kFtz)
-    return exp2_ftz(dtA2);
-  else
-    return exp2f(dtA2);
+  return exp2_ftz(dtA2);
 }
-template <bool kFtz = true>
 __device__ __forceinline__ float next_state(float dtA2, float h, float dub) {
-  return fmaf(decay<kFtz>(dtA2), h, dub);
+  return fmaf(decay(dtA2), h, dub);
 }
 
 // One halving round of channel_sum: lanes with bit kOff keep the upper kHalf values, the others
 // the lower, each adding its partner's copy of the ones it keeps. The choice is lane_select's:
 // written as `?:`, nvcc 13 computed the first round's values on two branches (lanes 0-15 and
 // 16-31), and every shuffle of that round ran in its collective slow form on each half (sm_90
-// SASS: 48 BRA.DIV / 124 WARPSYNC.COLLECTIVE in the default backward; none with selp). kSelp
-// false keeps that form for ScanBackwardVariant::split_branches, the benchmarks' baseline.
-template <int kHalf, int kOff, bool kSelp, int kNS>
+// SASS: 48 BRA.DIV / 124 WARPSYNC.COLLECTIVE in the default backward; none with selp; that form
+// took 1.7-1.8x the backward's time on an H100 and an H200, 2026-11-28).
+template <int kHalf, int kOff, int kNS>
 __device__ __forceinline__ void channel_sum_round(float (&v)[kNS], int lane, int& idx) {
   const bool upper = (lane & kOff) != 0;
 #pragma unroll
   for (int i = 0; i < kHalf; ++i) {
-    float send, keep;
-    if constexpr (kSelp) {
-      send = lane_select(upper, v[i], v[i + kHalf]);
-      keep = lane_select(upper, v[i + kHalf], v[i]);
-    } else {
-      send = upper ? v[i] : v[i + kHalf];
-      keep = upper ? v[i + kHalf] : v[i];
-    }
+    const float send = lane_select(upper, v[i], v[i + kHalf]);
+    const float keep = lane_select(upper, v[i + kHalf], v[i]);
     v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kOff);
   }
   if (upper) idx += kHalf;
-  if constexpr (kHalf > 1) channel_sum_round<kHalf / 2, kOff / 2, kSelp>(v, lane, idx);
+  if constexpr (kHalf > 1) channel_sum_round<kHalf / 2, kOff / 2>(v, lane, idx);
 }
 // Sum over the warp's channels of kNS values per lane (lanes with the same state subset
 // s = lane % kG): log2(kNS) rounds that halve the values each lane holds, then plain butterfly
 // rounds over the remaining channel bits. Returns the sum of value `idx` of every channel.
-template <int kNS, int kG, bool kSelp = true>
+template <int kNS, int kG>
 __device__ __forceinline__ float channel_sum(float (&v)[kNS], int lane, int& idx) {
   idx = 0;
-  channel_sum_round<kNS / 2, 16, kSelp>(v, lane, idx);
+  channel_sum_round<kNS / 2, 16>(v, lane, idx);
   float sum = v[0];
 #pragma unroll
   for (int off = 16 / kNS; off >= kG; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
@@ -480,28 +470,28 @@ __device__ __forceinline__ float finish_step(const ScanArgs<DT>& a, const ScanGr
 // recomputes a chunk's states into registers and runs the adjoint recurrence through it. dBm,
 // dCm are summed over the warp's channels by channel_sum, over the block's warps in shared
 // memory (fixed order), and over blocks by sum_partials.
-// whole_chunks is held to 3 blocks an SM (168 registers), the split shapes (8 states a thread,
-// 2 or 4 threads a channel) to 4 (128): left to itself ptxas 13 gave production's (d_state 32)
-// 139-152 after small changes elsewhere in the kernel (3 blocks), and now fits 128 without a
-// spill. The others keep ptxas's own choice (a minimum of 0 blocks is none: an explicit 1 let
-// the default shape grow from 127 to 162).
+// The split shapes (8 states a thread, 2 or 4 threads a channel) are held to 4 blocks an SM (128
+// registers): left to itself ptxas 13 gave production's (d_state 32) 139-152 after small changes
+// elsewhere in the kernel (3 blocks), and now fits 128 without a spill. The shapes of d_state up
+// to 8 keep ptxas's own choice (a minimum of 0 blocks is none: an explicit 1 let a shape grow
+// from 127 registers to 162).
 // kShared (ScanBackwardVariant::shared_sums, the split shapes only): dBm and dCm summed over the
 // block's channels through shared memory a chunk at a time instead of by channel_sum's shuffles
 // each step: each thread stores its 2 kNS products of a step (float4 stores, swizzled so that a
 // quarter-warp's stores hit every bank once), and after the chunk a thread a column sums them
 // over the channels in a fixed order (four running sums, then their sum). No shuffles, selects or
 // dependent rounds a step; two barriers a chunk. The same shared memory as the warps' sums.
-// kSharedWhole (ScanBackwardVariant::shared_whole_chunks): kShared with whole_chunks' unbranched
-// whole chunks, without its kept exps, at the split shapes' 128 registers (ptxas 13, sm_90: no
-// spill at d_state 16, 8-24 bytes at 32).
+// kSharedWhole (ScanBackwardVariant::shared_whole_chunks): kShared with no test between the
+// steps of a whole chunk (run_chunk's kFull), at the split shapes' 128 registers (ptxas 13,
+// sm_90: no spill at d_state 16, 8-24 bytes at 32).
 // kSpread (ScanBackwardVariant::spread_steps): a chunk's steps shared out among the channel's kG
 // threads for their channel work (loads, softplus, the gate, du, dΔ, dz): thread s loads steps s,
 // s + kG, ..., the others take their dt, u and dy by shuffles, and after the chunk each thread
 // finishes its own steps' gradients (finish_step) from the sums it kept. A warp then issues that
 // work once a chunk (kG = 4) or twice (kG = 2) instead of once a step.
-template <class DT, int kNS, int kG, int kT, bool kWhole, bool kSelp = true, bool kFtz = true,
-          bool kShared = false, bool kSharedWhole = false, bool kSpread = false>
-__global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1 ? 4 : 0))
+template <class DT, int kNS, int kG, int kT, bool kShared = false, bool kSharedWhole = false,
+          bool kSpread = false>
+__global__ void __launch_bounds__(kChanThreads, kNS == 8 && kG > 1 ? 4 : 0)
     scan_backward_chan_kernel(ScanArgs<DT> a, const DT* dout, DT* du, DT* ddelta, DT* dz,
                               ScanGrads w) {
   constexpr int kNP = kNS * kG;
@@ -509,7 +499,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
   static_assert(!kShared || (kNS == 8 && kG > 1), "shared_sums is a form of the split shapes");
   static_assert(!kSharedWhole || kShared, "shared_whole_chunks is a form of shared_sums");
   static_assert(kChanPerBlock<kG> % 4 == 0, "shared_sums sums four channels at a time");
-  static_assert(!kSpread || (kNS == 8 && kG > 1 && kT % kG == 0 && !kWhole && !kShared),
+  static_assert(!kSpread || (kNS == 8 && kG > 1 && kT % kG == 0 && !kShared),
                 "spread_steps is a form of the split shapes, a chunk's steps shared out evenly");
   __shared__ float sB[kStage][kMaxPad], sC[kStage][kMaxPad];
   constexpr int kW = kShared ? 1 : kChanWarps, kS = kShared ? 1 : kStage;
@@ -551,7 +541,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
           const float dtu = in[j].dt * in[j].u;
 #pragma unroll
           for (int k = 0; k < kNS; ++k)
-            h[k] = next_state<kFtz>(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][q.s * kNS + k]);
+            h[k] = next_state(in[j].dt * q.A2[k], h[k], dtu * sB[g0 + j][q.s * kNS + k]);
         }
       }
     }
@@ -609,18 +599,13 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
           sdy[j] = __shfl_sync(0xffffffffu, own_dy[j / kG], first | (j % kG));
         }
       }
-      // With kWhole a whole chunk runs with no test between its steps (kFull), so the compiler
-      // can overlap one step's shuffles and loads with the next step's arithmetic (at the cost of
-      // registers: held to 168, 3 blocks an SM, by the launch bounds; at d_state 16 ptxas spills
-      // 36-40 bytes for it); only a window's last, shorter chunk checks each step.
+      // With kSharedWhole a whole chunk runs with no test between its steps (kFull), so the
+      // compiler can overlap one step's shuffles and loads with the next step's arithmetic; only a
+      // window's last, shorter chunk checks each step. (The split form's own such variant, held
+      // to 168 registers and 3 blocks an SM, took 1.14-1.43x the default's time on an H100 and
+      // an H200, 2026-11-28.)
       auto run_chunk = [&](auto full) {
         constexpr bool kFull = decltype(full)::value;
-        // kWhole keeps each step's exp2(dt A) from the recompute for the adjoint up to d_state 16:
-        // one exp a state-step instead of two (measured free of registers there when the
-        // variant came, ptxas 13, sm_90: 168 either way), where the default shape would go from
-        // 126 to 168 and bf16 at d_state 32 from 168 to 197. The same values, so the same bits.
-        constexpr bool kKeepExp = kWhole && kG <= 2;
-        [[maybe_unused]] float step_exp[kKeepExp ? kT : 1][kNS];
 #pragma unroll
         for (int j = 0; j < kT; ++j) {
           if constexpr (!kFull)
@@ -635,8 +620,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
           }
 #pragma unroll
           for (int k = 0; k < kNS; ++k) {
-            const float e = decay<kFtz>(dt * q.A2[k]);  // next_state's
-            if constexpr (kKeepExp) step_exp[j][k] = e;
+            const float e = decay(dt * q.A2[k]);  // next_state's
             hs[j + 1][k] = fmaf(e, hs[j][k], dtu * sB[jc + j][q.s * kNS + k]);
           }
         }
@@ -658,11 +642,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
             for (int k = 0; k < kNS; ++k) {
               const int n = q.s * kNS + k;
               const float Bn = sB[jc + j][n], Cn = sC[jc + j][n];
-              float ea;
-              if constexpr (kKeepExp)
-                ea = step_exp[j][k];
-              else
-                ea = decay<kFtz>(dt * q.A2[k]);
+              const float ea = decay(dt * q.A2[k]);
               const float gn = g[k] + dy * Cn;
               cC[k] = dy * hs[j + 1][k];
               cB[k] = gn * dt * u;
@@ -709,8 +689,8 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
             }
           } else {
             int idx = 0;
-            const float vb = channel_sum<kNS, kG, kSelp>(cB, q.lane, idx);
-            const float vc = channel_sum<kNS, kG, kSelp>(cC, q.lane, idx);
+            const float vb = channel_sum<kNS, kG>(cB, q.lane, idx);
+            const float vc = channel_sum<kNS, kG>(cC, q.lane, idx);
             if ((q.lane & kChannelSumCopies<kNS, kG>) == 0) {
               rB[q.warp][jc + j][q.s * kNS + idx] = vb;
               rC[q.warp][jc + j][q.s * kNS + idx] = vc;
@@ -718,7 +698,7 @@ __global__ void __launch_bounds__(kChanThreads, kWhole ? 3 : (kNS == 8 && kG > 1
           }
         }
       };
-      if ((kWhole || kSharedWhole) && tn == kT)
+      if (kSharedWhole && tn == kT)
         run_chunk(std::true_type{});
       else
         run_chunk(std::false_type{});
@@ -873,11 +853,7 @@ ScanArgs<dev_t<T>> make_args(const T* u, const T* delta, const float* A, const T
 // name, for a whole-step A/B of one build: tools/gpu_check/ab_step.sh), else split. Read at the
 // first use, so a name that is none is a call's error, not the process's start's.
 constexpr std::pair<ScanBackwardVariant, const char*> kBackwardVariantNames[] = {
-    {ScanBackwardVariant::registers, "registers"},
     {ScanBackwardVariant::split, "split"},
-    {ScanBackwardVariant::whole_chunks, "whole_chunks"},
-    {ScanBackwardVariant::split_branches, "split_branches"},
-    {ScanBackwardVariant::exact_exp, "exact_exp"},
     {ScanBackwardVariant::shared_sums, "shared_sums"},
     {ScanBackwardVariant::shared_whole_chunks, "shared_whole_chunks"},
     {ScanBackwardVariant::spread_steps, "spread_steps"}};
@@ -905,7 +881,8 @@ ScanBackwardVariant backward_variant() {
 
 // The channel kernels' shapes for d_state N: kNS states per thread, kG threads per channel,
 // kT steps per backward chunk (fewer for more states: the chunk's states live in registers).
-// The backward's split variant, the default, gives a thread 8 states of a channel above 8.
+// Above 8 states the backward gives a thread 8 states of a channel (two or four threads a
+// channel): 1.2-1.5x faster on an H200 than 16 a thread as the forward has (2026-11-26).
 struct ChanShape {
   int ns, g, t;
 };
@@ -913,50 +890,47 @@ ChanShape chan_shape(int N, const char* op, bool backward = false) {
   lanes_for(N, op);  // the range check
   if (N <= 4) return {4, 1, 8};
   if (N <= 8) return {8, 1, 8};
-  if (backward && backward_variant() != ScanBackwardVariant::registers)
-    return N <= 16 ? ChanShape{8, 2, 4} : ChanShape{8, 4, 4};
+  if (backward) return N <= 16 ? ChanShape{8, 2, 4} : ChanShape{8, 4, 4};
   if (N <= 16) return {16, 1, 4};
   return {16, 2, 4};
 }
 
-// The backward kernel of a shape, whole_chunks's, split_branches's, exact_exp's, shared_sums's,
-// shared_whole_chunks's or spread_steps's form for the split shapes when that is the variant (each
-// differs from the default in one thing, shared_whole_chunks from shared_sums in one).
+// The backward kernel of a shape, shared_sums's, shared_whole_chunks's or spread_steps's form for
+// the split shapes when that is the variant (each differs from the default in one thing,
+// shared_whole_chunks from shared_sums in one).
 template <class T, int kNS, int kG, int kT>
 auto backward_kernel() {
   if constexpr (kNS == 8 && kG > 1) {
-    if (backward_variant() == ScanBackwardVariant::whole_chunks)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
-    if (backward_variant() == ScanBackwardVariant::split_branches)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, false>;
-    if (backward_variant() == ScanBackwardVariant::exact_exp)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, false>;
     if (backward_variant() == ScanBackwardVariant::shared_sums)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true>;
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true>;
     if (backward_variant() == ScanBackwardVariant::shared_whole_chunks)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, true, true>;
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, true, true>;
     if (backward_variant() == ScanBackwardVariant::spread_steps)
-      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, true, true, false, false,
-                                        true>;
+      return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false, false, true>;
   }
-  return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT, false>;
+  return &scan_backward_chan_kernel<dev_t<T>, kNS, kG, kT>;
 }
 
-// Calls f(kNS, kG, kT) as integral constants for chan_shape(N, op, backward).
-template <class F>
-void with_chan(int N, const char* op, bool backward, F&& f) {
+// Calls f(kNS, kG, kT) as integral constants for chan_shape(N, op, kBackward). Only the pass's
+// own shapes are instantiated: the forward's 16 states a thread above d_state 8, the backward's 8.
+template <bool kBackward, class F>
+void with_chan(int N, const char* op, F&& f) {
   using std::integral_constant;
   using One = integral_constant<int, 1>;
+  using Two = integral_constant<int, 2>;
   using Four = integral_constant<int, 4>;
   using Eight = integral_constant<int, 8>;
   using Sixteen = integral_constant<int, 16>;
-  const ChanShape c = chan_shape(N, op, backward);
+  const ChanShape c = chan_shape(N, op, kBackward);
   if (c.ns == 4) return f(Four{}, One{}, Eight{});
   if (c.ns == 8 && c.g == 1) return f(Eight{}, One{}, Eight{});
-  if (c.ns == 8 && c.g == 2) return f(Eight{}, integral_constant<int, 2>{}, Four{});
-  if (c.ns == 8) return f(Eight{}, Four{}, Four{});
-  if (c.g == 1) return f(Sixteen{}, One{}, Four{});
-  return f(Sixteen{}, integral_constant<int, 2>{}, Four{});
+  if constexpr (kBackward) {
+    if (c.g == 2) return f(Eight{}, Two{}, Four{});
+    return f(Eight{}, Four{}, Four{});
+  } else {
+    if (c.g == 1) return f(Sixteen{}, One{}, Four{});
+    return f(Sixteen{}, Two{}, Four{});
+  }
 }
 
 int chan_tiles(int D, const ChanShape& c) {
@@ -1009,7 +983,7 @@ void Kernels::selective_scan_forward(const T* u, const T* delta, const float* A,
     a.R = dt_rank;
   }
   const int save_every = chan_shape(N, op, true).t;
-  with_chan(N, op, false, [&](auto ns, auto g, auto) {
+  with_chan<false>(N, op, [&](auto ns, auto g, auto) {
     constexpr int kNS = decltype(ns)::value, kG = decltype(g)::value;
     const auto kernel = dt_w ? &scan_forward_chan_kernel<dev_t<T>, kNS, kG, true>
                         : scan_forward_lean()
@@ -1070,7 +1044,7 @@ template <class T>
 int Kernels::selective_scan_backward_blocks_per_sm(int N) {
   int blocks = 0;
 #if !defined(SLIPSTREAM_CUDA_EMULATION)
-  with_chan(N, "selective_scan_backward", true, [&](auto ns, auto g, auto t) {
+  with_chan<true>(N, "selective_scan_backward", [&](auto ns, auto g, auto t) {
     const auto kernel =
         backward_kernel<T, decltype(ns)::value, decltype(g)::value, decltype(t)::value>();
     const cudaError_t e =
@@ -1119,7 +1093,7 @@ void Kernels::selective_scan_backward(const T* u, const T* delta, const float* A
   a.h0 = initial_state;
   a.a_log = a_log;
   const int tiles = chan_tiles(D, shape);
-  with_chan(N, name, true, [&](auto ns, auto g, auto t) {
+  with_chan<true>(N, name, [&](auto ns, auto g, auto t) {
     const auto kernel =
         backward_kernel<T, decltype(ns)::value, decltype(g)::value, decltype(t)::value>();
     SLIPSTREAM_LAUNCH_AS("scan_backward_chan_kernel", kernel, dim3(unsigned(tiles), unsigned(B)),

@@ -636,11 +636,7 @@ int main(int argc, char** argv) {
       add("scan_" + dir + "/fp32/" + p, [=](benchmark::State& st) { scan<float>(st, sh, timed); });
       if (bwd && sh.N > 8)  // the backward's other forms (kernels/selective_scan.h)
         for (auto [variant, vname] :
-             {std::pair{sk::CudaKernels::ScanBackwardVariant::registers, "registers"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::whole_chunks, "whole_chunks"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::split_branches, "split_branches"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::exact_exp, "exact_exp"},
-              std::pair{sk::CudaKernels::ScanBackwardVariant::shared_sums, "shared_sums"},
+             {std::pair{sk::CudaKernels::ScanBackwardVariant::shared_sums, "shared_sums"},
               std::pair{sk::CudaKernels::ScanBackwardVariant::shared_whole_chunks,
                         "shared_whole_chunks"},
               std::pair{sk::CudaKernels::ScanBackwardVariant::spread_steps, "spread_steps"}})

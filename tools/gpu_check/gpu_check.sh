@@ -271,8 +271,8 @@ if [[ "$MODE" == full* ]]; then
   # (kernels/selective_scan.h, SLIPSTREAM_SCAN_FORWARD_STATES=0; keeping them is the default since
   # an H100 timed it, entry scan_states); embed_partials: the embedding's table gradients by dense
   # partials (stages/melee/melee_cuda.inc, SLIPSTREAM_EMBED_BACKWARD=partials; the counting sort is
-  # the default since then, entry embed_sorted); scan_shared_sums, scan_whole_chunks,
-  # scan_shared_whole_chunks: the scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD);
+  # the default since then, entry embed_sorted); scan_shared_sums, scan_shared_whole_chunks: the
+  # scan backward's forms of those names (SLIPSTREAM_SCAN_BACKWARD);
   # scan_forward_lean: the training forward's lean form (SLIPSTREAM_SCAN_FORWARD=lean);
   # scan_spread_steps: the scan backward's spread_steps form (SLIPSTREAM_SCAN_BACKWARD).
   # GPU_CHECK_AB names which (default scan_shared_whole_chunks). Entry `build`: this bundle
@@ -300,7 +300,6 @@ if [[ "$MODE" == full* ]]; then
         embed_sorted) switch=SLIPSTREAM_EMBED_BACKWARD=sorted ;;  # the default since 2026-11-28
         embed_partials) switch=SLIPSTREAM_EMBED_BACKWARD=partials ;;
         scan_shared_sums) switch=SLIPSTREAM_SCAN_BACKWARD=shared_sums ;;
-        scan_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=whole_chunks ;;
         scan_shared_whole_chunks) switch=SLIPSTREAM_SCAN_BACKWARD=shared_whole_chunks ;;
         scan_forward_lean) switch=SLIPSTREAM_SCAN_FORWARD=lean ;;
         scan_spread_steps) switch=SLIPSTREAM_SCAN_BACKWARD=spread_steps ;;

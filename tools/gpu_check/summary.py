@@ -217,10 +217,10 @@ def main(out):
                   "the steps/s without it (bf16)")
     # Kernel forms against each other (each figure its own launch, same call): the scan
     # backward's forward + backward pair with the forward keeping the chunk states against
-    # without; its other forms (registers, whole_chunks, split_branches and exact_exp, the
-    # baselines of the selects and of exp2_ftz, and shared_sums; builds where registers was the default name it
-    # split) against the default, at both shapes; the embedding's table gradients, dense partials
-    # (the default) against sorted.
+    # without; its other forms against the default, at both shapes (the names include forms
+    # since removed, registers, whole_chunks, split_branches and exact_exp, so that older builds'
+    # output still reads; builds where registers was the default name it split); the embedding's
+    # table gradients, dense partials against sorted (each a form; sorted is the default).
     def compare(label, base_name, base, cand_name, cand):
         a, b = bench.get(base), bench.get(cand)
         if a and b:
