@@ -157,7 +157,7 @@ Extracted extract_one(const slp::GameView& g, const std::string& name,
   Extracted x;
   const auto& start = g.info.start;
   if (start.players.size() < 2) {
-    x.skip = name + " (" + std::to_string(start.players.size()) + " players)";
+    x.skip = name + (start.players.size() == 1 ? " (1 player)" : " (no players)");
     return x;
   }
   GameFeatures feat = extract_features(g, o.rollback, o.fields);

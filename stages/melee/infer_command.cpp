@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +28,7 @@
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_scoring.h"
 #include "stages/melee/replays.h"
+#include "stages/melee/slp/parser.h"
 
 namespace slipstream::melee {
 namespace {
@@ -132,6 +134,25 @@ class FrameWriter {
   bool probabilities_;
 };
 
+// Why a replay gave no frame of `port` when the port has no player: ": port N has no player
+// (players on ports 2 and 4)". Empty otherwise (the loader said why it left the game out).
+std::string ports_played(const std::string& replay, int port) {
+  slp::ParseOptions o;
+  o.items = false;
+  try {
+    const slp::Game g = slp::parse_slp_file(replay, o);
+    std::string ports;
+    for (const auto& p : g.info.start.players) {
+      if (p.port + 1 == port) return "";
+      ports += (ports.empty() ? "" : ", ") + std::to_string(p.port + 1);
+    }
+    return ": port " + std::to_string(port) + " has no player (" +
+           (ports.empty() ? std::string("no players") : "players on ports " + ports) + ")";
+  } catch (const slp::ParseError&) {
+    return "";  // the loader's lines above name the damage
+  }
+}
+
 int infer_command(const InferArgs& a) {
   const auto found = command_checkpoint(a.checkpoint, std::cerr, std::cerr);
   if (!found) return 1;
@@ -197,12 +218,16 @@ int infer_command(const InferArgs& a) {
     return 1;
   }
   if (latency.empty()) {
-    std::cerr << "error: " << a.replay << ": no frame of port " << a.port << " to play\n";
+    std::cerr << "error: " << a.replay << ": no frame of port " << a.port << " to play"
+              << ports_played(a.replay, a.port) << "\n";
     return 1;
   }
   std::printf("infer: %s, port %d: %zu frames, checkpoint step %llu\n", a.replay.c_str(), a.port,
               latency.size(), static_cast<unsigned long long>(r.step));
-  std::cout << head_table(r.metrics);
+  // The frames acting as this policy's own draws below, not the table's expectation of them.
+  auto table = r.metrics;
+  std::erase_if(table, [](const auto& kv) { return kv.first.starts_with("acts/"); });
+  std::cout << head_table(table);
   std::printf(
       "frames acting (a button, a stick off centre, the trigger): recorded %.1f %%, policy "
       "sampled at temperature %g (seed %llu) %.1f %%, most likely input %.1f %%\n",

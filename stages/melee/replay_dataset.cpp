@@ -73,7 +73,7 @@ bool check_start(const slp::GameStart& start, const Filters& f, Outcome& o) {
   const size_t np = start.players.size();
   if (f.one_vs_one ? np != 2 : np < 2) {
     o.reason = kSkipPlayers;
-    o.detail += " (" + std::to_string(np) + " players)";
+    o.detail += " (" + std::to_string(np) + (np == 1 ? " player)" : " players)");
     return false;
   }
   if (f.humans_only)

@@ -242,6 +242,8 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
       R"(policy sampled at temperature 1 \(seed 0\) ([0-9.]+) %, most likely input ([0-9.]+) %)");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(o.text, m, rates)) << o.text;
+  // One line of action rates, the policy's own draws (not also the scoring table's expectation).
+  EXPECT_EQ(o.text.find("positions acting"), std::string::npos) << o.text;
   EXPECT_NEAR(std::stod(m[1]), 100.0 * double(rec_acts) / double(rows), 0.051) << o.text;
   EXPECT_NEAR(std::stod(m[3]), 100.0 * double(pred_acts) / double(rows), 0.051) << o.text;
   // At temperature 0 the sampled policy is the most likely input.
@@ -258,6 +260,8 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
               "/synth_00000.slp --port 4");
   EXPECT_NE(o.status, 0) << o.text;
   EXPECT_EQ(o.text.find("terminate"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("port 4 has no player (players on ports 1, 2)"), std::string::npos)
+      << o.text;
 }
 
 // The learning curve, CI-sized: a cpu_quick run (600 steps, about 10 s on 2 cores) on the shared
