@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "engine/config.h"
+#include "engine/exec_context.h"
 #include "engine/graph.h"
 #include "engine/memory_pool.h"
 #include "engine/quantile.h"
@@ -93,7 +94,9 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   b.batches_per_step = std::max<uint64_t>(runner.state().micro_batches_per_step, 1);
   if (o.operation_times) b.operations = r.operation_times;
   b.preset = o.preset_or_file;
-  b.device = runner.state().device.str();
+  const auto& exec = runner.state().exec;
+  b.device =
+      exec && exec->backend() == KernelBackend::emulated ? "emulated" : runner.state().device.str();
   b.precision = runner.state().precision == Precision::bf16 ? "bf16" : "fp32";
   const Clock::time_point warm_end = warm > 0 ? ends[warm - 1] : t0;
   b.steps = ends.size() - warm;

@@ -38,10 +38,10 @@ struct StepBenchmarkOptions {
 };
 
 struct StepBenchmark {
-  std::string preset, device, precision;
-  uint64_t steps = 0;    // timed steps
-  double startup_s = 0;  // start to the end of the last warm-up step
-  double seconds = 0;    // the timed steps, end of warm-up to end of the last step
+  std::string preset, device, precision;  // device: cpu, cuda:N or emulated
+  uint64_t steps = 0;                     // timed steps
+  double startup_s = 0;                   // start to the end of the last warm-up step
+  double seconds = 0;                     // the timed steps, end of warm-up to end of the last step
   double step_median_ms = 0, step_p90_ms = 0, step_min_ms = 0;
   double steps_per_s = 0, samples_per_s = 0;
   double frames_per_s = 0;   // samples x the source's `window` param; 0 when it has none

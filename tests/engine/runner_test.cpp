@@ -534,6 +534,7 @@ TEST(StepBenchmark, TimesTheStepsAfterTheWarmUp) {
   o.steps = 12;
   const StepBenchmark b = run_step_benchmark(o);
   EXPECT_EQ(b.steps, 12u);
+  EXPECT_EQ(b.device, "cpu");
   EXPECT_EQ(recorded().values.size(), 15u);
   EXPECT_GT(b.step_median_ms, 0);
   EXPECT_LE(b.step_min_ms, b.step_median_ms);

@@ -469,6 +469,8 @@ TEST(DevicePath, OperationTimesCoverEveryOperationOfTheTimedSteps) {
   EXPECT_TRUE(gemm) << "the products are named by their shapes";
   const std::string table = format_step_benchmark(b);
   EXPECT_NE(table.find("device time a step"), std::string::npos) << table;
+  // The device as --device names it: the emulator's host memory is not a CPU run.
+  EXPECT_EQ(b.device, std::string(kDevice) == "emulated" ? "emulated" : "cuda:0");
   EXPECT_EQ(step_benchmark_json(b).at("operations").at("ops").size(), t.ops.size());
 }
 

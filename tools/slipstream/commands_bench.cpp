@@ -66,9 +66,10 @@ int bench_command(BenchArgs a) {
     }
     const StepBenchmark b = run_step_benchmark(a.options);
     std::cout << format_step_benchmark(b);
-    // What the CPU kernels ran at: figures from different levels are not comparable.
+    // What the CPU kernels ran at: figures from different levels are not comparable (the
+    // emulator's GEMMs are the CPU's too).
     const CpuKernels k = cpu_kernels();
-    if (b.device == "cpu") std::cout << cpu_kernels_line() << "\n";
+    if (b.device == "cpu" || b.device == "emulated") std::cout << cpu_kernels_line() << "\n";
     if (!a.json.empty()) {
       nlohmann::json j = step_benchmark_json(b);
       j["cpu_isa"] = k.isa;
