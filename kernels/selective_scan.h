@@ -162,8 +162,8 @@ static bool scan_forward_lean();
 // sm_90 instructions against the default's 2,054 at d_state 32 (bf16; fp32 1,367 against 2,014)
 // and 1,637 against 2,077 at 16 (fp32 1,620 against 2,037), at 128 registers, no spill (ptxas 13):
 // not yet timed on a GPU.
-// Forms that lost to the default at both shapes and precisions on both cards were removed
-// (docs/kernels.md, "Forms measured and removed").
+// Forms that lost to the default at both shapes and precisions on the cards that timed them were
+// removed (docs/kernels.md, "Forms measured and removed").
 // SLIPSTREAM_SCAN_BACKWARD=<name> in the environment picks the form for a process (a whole-step
 // A/B of one build, tools/gpu_check/ab_step.sh); a name that is none is the error of the first
 // backward call. Every form has the default's shape, so the workspace and the chunk states a
