@@ -134,8 +134,8 @@ class FrameWriter {
   bool probabilities_;
 };
 
-// Why a replay gave no frame of `port` when the port has no player: ": port N has no player
-// (players on ports 2 and 4)". Empty otherwise (the loader said why it left the game out).
+// Why a replay gave no frame of `port` when the port has no player: ": port 1 has no player
+// (players on ports 2, 4)". Empty otherwise (the loader said why it left the game out).
 std::string ports_played(const std::string& replay, int port) {
   slp::ParseOptions o;
   o.items = false;
