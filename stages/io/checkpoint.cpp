@@ -9,6 +9,8 @@
 #include "engine/graph.h"
 #include "engine/registry.h"
 #include "engine/run_directory.h"
+#include "engine/safetensors.h"
+#include "engine/state_io.h"
 
 namespace fs = std::filesystem;
 
@@ -73,9 +75,13 @@ class CheckpointStage : public Stage {
                           (step > at ? " (past step " + std::to_string(at) + ")" : " (no DONE)"));
         continue;
       }
-      if (name.starts_with("step-")) periodic.emplace_back(step, name);
-      // A best checkpoint the saved state does not list was not written by this run's history
-      // up to `at` (a copy, or a keep_best of another value): it stays, outside the count.
+      if (name.starts_with("step-")) {
+        periodic.emplace_back(step, name);
+      } else if (step == at && !listed(name)) {
+        adopt_own_best(ctx, dir, name);
+      }
+      // Any other best checkpoint the saved state does not list was not written by this run's
+      // history up to `at` (a copy, or a keep_best of another value): it stays, outside the count.
     }
     std::erase_if(best_, [&](const auto& b) { return !fs::exists(dir / b.second / "DONE", ec); });
     std::sort(periodic.begin(), periodic.end());
@@ -129,8 +135,14 @@ class CheckpointStage : public Stage {
     if (!std::isfinite(loss) || ctx.run().nonfinite_streak > 0) return;
     if (best_.size() >= keep_best_ && loss >= best_.back().first) return;
     std::string name = "best-step-" + std::to_string(ctx.run().step);
-    if (!save(ctx, name)) return;
+    // Listed before the save, so the checkpoint's own state names it with its loss: a resume
+    // from a periodic checkpoint of the same step, written before this validation (the one at
+    // a run's end), finds it there (adopt_own_best).
     best_.emplace_back(loss, name);
+    if (!save(ctx, name)) {
+      best_.pop_back();
+      return;
+    }
     prune(ctx);
   }
 
@@ -153,6 +165,32 @@ class CheckpointStage : public Stage {
  private:
   static constexpr const char* kLast = "last";
   static fs::path root(StageContext& ctx) { return fs::path(ctx.run().run_dir) / "checkpoints"; }
+
+  bool listed(const std::string& name) const {
+    return std::any_of(best_.begin(), best_.end(), [&](const auto& b) { return b.second == name; });
+  }
+
+  // A best checkpoint of the resume's own step that the resumed state does not list: the
+  // validation at a run's end comes after that step's periodic checkpoint. Its own state names it
+  // with its loss (validation_end), so it counts again; one that does not (written before this
+  // rule, or unreadable) stays outside the count, as any other.
+  void adopt_own_best(StageContext& ctx, const fs::path& dir, const std::string& name) {
+    try {
+      const std::string path = (dir / name / "state.safetensors").string();
+      const SafetensorsFile f = read_safetensors(path, SafetensorsRead::metadata);
+      const StateReader r(f.tensors, f.metadata, ctx.name(), path);
+      if (!r.has("best_count")) return;
+      for (int64_t i = 0; i < r.integer("best_count"); ++i) {
+        const std::string key = "best." + std::to_string(i);
+        if (r.text(key + ".name") != name) continue;
+        const double loss = r.number(key + ".loss");
+        if (std::isfinite(loss)) best_.emplace_back(loss, name);
+        return;
+      }
+    } catch (const std::exception& e) {
+      ctx.log(name + " not counted as a best checkpoint: " + e.what());
+    }
+  }
 
   // False when the run's state cannot be complete at this step: an optimizer sharded over the
   // ranks (sync.shard_optimizer) whose state was not gathered to this rank for it (the ranks

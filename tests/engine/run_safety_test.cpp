@@ -228,6 +228,41 @@ TEST(RunSafety, LoweringKeepBestOnAResumeSaysWhatItRemoves) {
       << err;
 }
 
+// The validation at a run's end comes after that step's periodic checkpoint, so the checkpoint's
+// state does not list the best it makes. A resume from it still counts that best against
+// keep_best (its own state names it with its loss): a resumed run keeps keep_best of them, not
+// one more on every resume.
+TEST(RunSafety, ABestCheckpointOfTheRunsLastStepCountsOnResume) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 10, keep_best: 2");
+  const std::vector<std::string> validate = {"run.validate_every=3", "run.validate_batches=1"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), validate.begin(), validate.end());
+    return sets;
+  };
+  // Validations at step 3 (every 3) and at step 4, the end, after step-4 was written.
+  Runner first(plan_text(d, g, with({"run.steps=4"})), writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  ASSERT_TRUE(fs::exists(root / "best-step-3"));
+  ASSERT_TRUE(fs::exists(root / "best-step-4"));
+  // The equal losses of later validations are no better: the two bests stay the two.
+  Runner second(plan_text(d, g, with({"run.steps=8"})), resume_options(dir));
+  EXPECT_EQ(second.run().final_step, 8u);
+  EXPECT_EQ(names_in(root), (std::vector<std::string>{"best-step-3", "best-step-4", "step-2",
+                                                      "step-4", "step-6", "step-8"}));
+  // And keep_best lowered removes it like any best of the run.
+  RunOptions o = resume_options(dir);
+  std::ostringstream said;
+  o.log = &said;
+  Runner third(plan_text(d, g, with({"run.steps=10", "ckpt.keep_best=1"})), o);
+  third.run();
+  EXPECT_NE(said.str().find("removed best-step-4"), std::string::npos) << said.str();
+  EXPECT_FALSE(fs::exists(root / "best-step-4"));
+  EXPECT_TRUE(fs::exists(root / "best-step-3"));
+}
+
 // Two writers of one run directory: the second is refused, naming the holder, and writes nothing.
 TEST(RunSafety, ASecondWriterOfARunDirectoryIsRefusedWithTheHoldersPid) {
   reset_recorded();
