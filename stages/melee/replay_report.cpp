@@ -1,6 +1,7 @@
 // The replay loader's setup report: see replay_report.h.
 #include "stages/melee/replay_report.h"
 
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -76,6 +77,27 @@ std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& tr
   else
     for (uint32_t g : validation) splits["validation"].push_back(ds.games[g].source);
   return splits.dump(1) + "\n";
+}
+
+std::string merged_splits_json(const std::string& current, const std::string& previous,
+                               std::vector<std::string>& trained_then_validating) {
+  nlohmann::json now = nlohmann::json::parse(current);
+  std::vector<std::string> before;
+  try {
+    const nlohmann::json then = nlohmann::json::parse(previous);
+    for (const auto& g : then.at("train")) before.push_back(g.get<std::string>());
+  } catch (const std::exception&) {
+    return current;  // nothing readable to keep
+  }
+  std::set<std::string> listed;
+  for (const auto& g : now["train"]) listed.insert(g.get<std::string>());
+  std::set<std::string> validating;
+  for (const auto& g : now["validation"]) validating.insert(g.get<std::string>());
+  for (const std::string& g : before) {
+    if (validating.count(g)) trained_then_validating.push_back(g);
+    if (listed.insert(g).second) now["train"].push_back(g);
+  }
+  return now.dump(1) + "\n";
 }
 
 }  // namespace slipstream::melee

@@ -35,4 +35,13 @@ std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& tr
                         const std::vector<uint32_t>& validation, const ReplayDataset* pinned,
                         int shard_world);
 
+// A resumed run's splits file: `current` (splits_json of this start) with the games the file
+// already listed as trained (`previous`, its text) kept in "train" after this start's own, so
+// the file names every game the run has trained on across its resumes (eval's and infer's
+// held-out warning reads it). `trained_then_validating` gets this start's validation games that
+// an earlier start trained on (a changed seed, validation_fraction or validation_paths).
+// A `previous` that does not parse is replaced.
+std::string merged_splits_json(const std::string& current, const std::string& previous,
+                               std::vector<std::string>& trained_then_validating);
+
 }  // namespace slipstream::melee

@@ -8,11 +8,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
+#include <utility>
 #include <variant>
 
 #include <oneapi/tbb/blocked_range.h>
@@ -561,9 +564,8 @@ void ReplaysStage::setup(StageContext& ctx) {
   if (!validation_) {
     if (windows_.empty()) throw std::runtime_error(no_windows_error(ds, who, ngames[1], frac));
     if (ctx.run().writes_outputs())  // which games trained and which validated, for audits
-      write_file_atomically((fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json")).string(),
-                            splits_json(ds, split_games_, split.games[1], pinned.get(),
-                                        by_games ? ctx.run().world_size : 1));
+      splits_ = splits_json(ds, split_games_, split.games[1], pinned.get(),
+                            by_games ? ctx.run().world_size : 1);
     if (batches_per_epoch_ == 0 && by_games)
       throw std::runtime_error(who + ": a rank's share of the games holds fewer than " +
                                "batch_size=" + std::to_string(B) + " training windows (this " +
@@ -776,8 +778,30 @@ void ReplaysStage::load(StateReader& r) {
         " now); batches after the resume point will not match the original run";
 }
 
+// The splits file is written here, once the run has started (a resume that fails to load its
+// checkpoint writes nothing). A resumed run's file keeps the games it trained on before.
 void ReplaysStage::start(StageContext& ctx) {
   if (!load_warning_.empty()) ctx.log(load_warning_);
+  if (splits_.empty()) return;
+  const fs::path file = fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json");
+  std::string text = std::exchange(splits_, {});
+  std::ifstream in(file);
+  if (in) {
+    const std::string previous((std::istreambuf_iterator<char>(in)), {});
+    std::vector<std::string> trained_then_validating;
+    text = merged_splits_json(text, previous, trained_then_validating);
+    if (!trained_then_validating.empty()) {
+      std::string names;
+      for (size_t i = 0; i < trained_then_validating.size() && i < 3; ++i)
+        names += (i ? ", " : "") + trained_then_validating[i];
+      if (trained_then_validating.size() > 3) names += ", ...";
+      ctx.log("warning: " + std::to_string(trained_then_validating.size()) +
+              " validation game(s) were training games before this resume (" + names +
+              "): the validation figures are not held out. The split moved with a changed " +
+              "seed, validation_fraction or validation_paths");
+    }
+  }
+  write_file_atomically(file.string(), text);
 }
 
 }  // namespace slipstream::melee

@@ -121,6 +121,7 @@ class ReplaysStage : public Stage {
   std::unique_ptr<tbb::task_arena> arena_;
   std::string report_, synthetic_dir_used_, fingerprint_;
   std::string load_warning_;  // said at start(): load() has no context to say it with
+  std::string splits_;        // RUN/NAME.splits.json as this start sees it, written at start()
 };
 
 }  // namespace slipstream::melee

@@ -201,6 +201,8 @@ TEST(Loader, ValidationPathsPinGames) {
   EXPECT_NE(train.stage().report().find("validation: 3 games from validation_paths"),
             std::string::npos)
       << train.stage().report();
+  EXPECT_FALSE(fs::exists(run.path() / "replays.splits.json"));  // written once the run starts
+  train.stage().start(train.ctx());
   std::ifstream splits(run.path() / "replays.splits.json");
   ASSERT_TRUE(splits);
   const auto j = nlohmann::json::parse(splits);
@@ -216,6 +218,53 @@ TEST(Loader, ValidationPathsPinGames) {
   EXPECT_EQ(both.stage().sources().size(), 7u);
   EXPECT_NE(both.stage().report().find("1 of them also in paths: not trained"), std::string::npos)
       << both.stage().report();
+}
+
+// A resumed run with other replays keeps, in its splits file, the games it trained on before
+// (eval's held-out warning reads them), and says so when a game it trained on now validates.
+TEST(Loader, AResumeKeepsTheGamesTrainedBeforeInTheSplitsFile) {
+  TempDir other("other"), run("run");
+  slp::write_synthetic_games(other.path(), 4, 9, 1500);
+  auto started = [&](std::vector<std::string> o, std::string* said = nullptr) {
+    Loader l(std::move(o), 1, 1, false, 0, 1, 0, run.str());
+    if (said)
+      l.run().log_sink = [said](const std::string&, const std::string& line, bool) {
+        *said += line + "\n";
+      };
+    l.stage().start(l.ctx());
+    std::ifstream in(run.path() / "replays.splits.json");
+    return std::pair{nlohmann::json::parse(in), l.stage().sources()};
+  };
+  auto names = [](const nlohmann::json& list) {
+    std::set<std::string> out;
+    for (const auto& g : list) out.insert(g.get<std::string>());
+    return out;
+  };
+  const std::vector<std::string> mine = {paths_of(synth_dir()), "batch_size=16",
+                                         "validation_fraction=0.3"};
+  const std::vector<std::string> others = {paths_of(other.path()), "batch_size=8",
+                                           "validation_fraction=0.3"};
+  const auto [first, first_train] = started(mine);
+  const auto [second, second_train] = started(others);
+  std::set<std::string> both(first_train.begin(), first_train.end());
+  both.insert(second_train.begin(), second_train.end());
+  EXPECT_EQ(names(second["train"]), both);
+  // This start's own games come first, in its order; its validation games are its own.
+  for (size_t i = 0; i < second_train.size(); ++i) EXPECT_EQ(second["train"][i], second_train[i]);
+  for (const auto& g : names(second["validation"])) EXPECT_FALSE(both.count(g)) << g;
+
+  // The first games pinned to validation: those that trained before are named in a warning.
+  std::string said;
+  const auto [third, third_train] = started(
+      {paths_of(other.path()), "validation_paths=[" + synth_dir().string() + "]", "batch_size=8"},
+      &said);
+  both.insert(third_train.begin(), third_train.end());
+  EXPECT_EQ(names(third["train"]), both);
+  EXPECT_EQ(third["validation"].size(), 8u);
+  EXPECT_NE(said.find("warning: " + std::to_string(first_train.size()) +
+                      " validation game(s) were training games before this resume"),
+            std::string::npos)
+      << said;
 }
 
 // validation_fraction 1 puts every game in validation (no game is moved back to training).
