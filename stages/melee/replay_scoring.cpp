@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 
+#include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
 #include "stages/melee/model_math.h"
@@ -87,18 +88,31 @@ void note_training_overlap(const CheckpointPath& where, const std::vector<std::s
   };
   std::set<std::string> trained;
   std::vector<std::string> split_files;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(where.run_dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!name.ends_with(".splits.json")) continue;
-    try {
-      std::ifstream in(e.path());
-      const nlohmann::json j = nlohmann::json::parse(in);
-      for (const auto& g : j.at("train")) trained.insert(same_file(g.get<std::string>()));
-      split_files.push_back(e.path().string());
-    } catch (const std::exception&) {
-      // A damaged splits file says nothing either way; the scoring goes on.
+  // The run's own splits, then those of the run its weights started from (run.init_from in its
+  // config.yaml, which holds it absolute), and so on: a fine-tuned model saw those games too.
+  std::set<std::string> runs;
+  for (std::string dir = where.run_dir; !dir.empty() && runs.insert(same_file(dir)).second;) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!name.ends_with(".splits.json")) continue;
+      try {
+        std::ifstream in(e.path());
+        const nlohmann::json j = nlohmann::json::parse(in);
+        for (const auto& g : j.at("train")) trained.insert(same_file(g.get<std::string>()));
+        split_files.push_back(e.path().string());
+      } catch (const std::exception&) {
+        // A damaged splits file says nothing either way; the scoring goes on.
+      }
     }
+    std::string from;
+    try {
+      const YAML::Node run = YAML::LoadFile((fs::path(dir) / "config.yaml").string())["run"];
+      if (run && run["init_from"]) from = run["init_from"].as<std::string>();
+    } catch (const std::exception&) {
+      // No readable config: the chain ends here.
+    }
+    dir = from.empty() ? std::string() : resolve_checkpoint_path(from).run_dir;
   }
   if (trained.empty()) return;
   const Inputs given = resolve_inputs(replays);
@@ -107,8 +121,10 @@ void note_training_overlap(const CheckpointPath& where, const std::vector<std::s
     if (trained.count(same_file(f.string()))) overlap.push_back(f.string());
   if (overlap.empty()) return;
   out << "warning: " << overlap.size() << " of the " << given.files.size()
-      << " replays given were in this run's training split (" << split_files.front()
-      << (split_files.size() > 1 ? ", ..." : "") << "): their figures are not held out:";
+      << " replays given were in this run's training split"
+      << (runs.size() > 1 ? " or that of a run its weights started from (run.init_from)" : "")
+      << " (" << split_files.front() << (split_files.size() > 1 ? ", ..." : "")
+      << "): their figures are not held out:";
   for (size_t i = 0; i < overlap.size() && i < 5; ++i) out << (i ? ", " : " ") << overlap[i];
   if (overlap.size() > 5) out << ", ... (" << overlap.size() - 5 << " more)";
   out << "\n";

@@ -55,8 +55,9 @@ std::optional<CheckpointPath> command_checkpoint(const std::string& path, std::o
 void note_config_changes(const CheckpointPath& where, std::ostream& out);
 
 // A warning naming the given replays that the checkpoint's run trained on (its loaders'
-// RUN/<stage>.splits.json "train" lists): their figures are not held out. Nothing when none is,
-// or when the checkpoint has no run directory with splits beside it.
+// RUN/<stage>.splits.json "train" lists, and those of the runs its weights started from, through
+// each config.yaml's run.init_from): their figures are not held out. Nothing when none is, or
+// when the checkpoint has no run directory with splits beside it.
 void note_training_overlap(const CheckpointPath& where, const std::vector<std::string>& replays,
                            std::ostream& out);
 

@@ -125,6 +125,36 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
 // --whole-games: each validation game's windows in order, the model's state carried from one to
 // the next (the run's graph connects `continues`): the same windows (the tiny runs' stride is
 // their window) scored with other figures, and said so in the text and the JSON.
+// A run whose weights started from another run's (run.init_from) saw that run's games too:
+// eval names them as not held out, following the chain of config.yaml files.
+TEST(Eval, GamesOfTheRunAFineTuneStartedFromAreNotHeldOut) {
+  TempDir d, e;
+  const std::string val = d.path() + "/val";
+  const RunResult base = train_with_pinned_validation(d.path(), val, 4);
+  auto sets = tiny_overrides(e.path());  // other synthetic games
+  sets.push_back("replays.validation_paths=[" + val + "]");
+  sets.push_back("run.steps=2");
+  sets.push_back("run.init_from=" + base.run_dir);
+  std::ostringstream log;
+  Runner r(plan_graph(load_config(source_path("configs/train_bc.yaml"), sets)),
+           quiet_run_options(log));
+  const RunResult tuned = r.run();
+  ASSERT_EQ(tuned.final_step, 2u);
+
+  const std::string base_games = d.path() + "/synth";
+  const CliOutput t = run_cli("eval --checkpoint " + tuned.run_dir + " --replays " + base_games);
+  ASSERT_EQ(t.status, 0) << t.text;
+  EXPECT_NE(t.text.find("replays given were in this run's training split or that of a run its "
+                        "weights started from (run.init_from)"),
+            std::string::npos)
+      << t.text;
+  EXPECT_NE(t.text.find(base_games), std::string::npos) << t.text;
+  // Its validation games trained in neither run.
+  const CliOutput v = run_cli("eval --checkpoint " + tuned.run_dir + " --replays " + val);
+  ASSERT_EQ(v.status, 0) << v.text;
+  EXPECT_EQ(v.text.find("training split"), std::string::npos) << v.text;
+}
+
 TEST(Eval, WholeGamesCarryTheStateThroughEachGame) {
   TempDir d;
   const std::string val = d.path() + "/val";
