@@ -136,13 +136,23 @@ class AdamWStage : public Stage {
     optim::LrSchedule before = schedule_;
     before.total = saved_total_;
     const auto step = static_cast<int64_t>(ctx.run().step.load());
+    // In the warm-up both schedules give the same LR at this step: say where they part instead.
+    char at[160];
+    if (before.at(step) == schedule_.at(step))
+      std::snprintf(at, sizeof at,
+                    "the LR at step %lld is %.3g either way (warm-up), then decays "
+                    "to step %lld instead of %lld",
+                    static_cast<long long>(step), schedule_.at(step),
+                    static_cast<long long>(schedule_.total), static_cast<long long>(saved_total_));
+    else
+      std::snprintf(at, sizeof at, "the LR at step %lld goes from %.3g to %.3g",
+                    static_cast<long long>(step), before.at(step), schedule_.at(step));
     char line[512];
     std::snprintf(line, sizeof line,
                   "the cosine schedule now decays over %lld steps (the checkpoint's run: %lld): "
-                  "the LR at step %lld goes from %.3g to %.3g. To keep the checkpoint's schedule "
-                  "(min_lr from step %lld on): --set %s.total_steps=%lld",
-                  static_cast<long long>(schedule_.total), static_cast<long long>(saved_total_),
-                  static_cast<long long>(step), before.at(step), schedule_.at(step),
+                  "%s. To keep the checkpoint's schedule (min_lr from step %lld on): --set "
+                  "%s.total_steps=%lld",
+                  static_cast<long long>(schedule_.total), static_cast<long long>(saved_total_), at,
                   static_cast<long long>(saved_total_), ctx.name().c_str(),
                   static_cast<long long>(saved_total_));
     ctx.log(line);
