@@ -44,9 +44,16 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
       {"slipstream.config", resolved_config_yaml(graph)}};
   add_tensor_checksums(weights, model_meta);
   add_tensor_checksums(state, meta);
-  write_safetensors((tmp / "model.safetensors").string(), weights, model_meta);
-  write_safetensors((tmp / "state.safetensors").string(), state, meta);
-  write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
+  try {
+    write_safetensors((tmp / "model.safetensors").string(), weights, model_meta);
+    write_safetensors((tmp / "state.safetensors").string(), state, meta);
+    write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
+  } catch (...) {
+    // A full disk: the part written goes at once, so the space is there for whatever comes next.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
   fs::remove_all(dir);
   fs::rename(tmp, dir);
 }

@@ -205,7 +205,18 @@ class CheckpointStage : public Stage {
               std::to_string(run.step) + "; the last checkpoint written stays the newest");
       return false;
     }
-    save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
+    try {
+      save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
+    } catch (const std::exception& e) {
+      // What the run still has, and how to go on from it (a full disk, most often).
+      const std::string newest = periodic_.empty() ? std::string() : periodic_.back();
+      throw std::runtime_error(
+          std::string(e.what()) + "; " + name + " was not written (nothing of it is left). " +
+          (newest.empty() ? std::string("No checkpoint of this run was written yet")
+                          : "The newest checkpoint is " + newest + ": --resume " +
+                                ctx.run().run_dir + " goes on from it") +
+          (newest.empty() ? "" : " once the cause is mended (free space, or a lower keep)"));
+    }
     return true;
   }
 

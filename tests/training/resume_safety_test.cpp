@@ -3,10 +3,12 @@
 // goes away.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "engine/checkpoint.h"
 #include "tests/support/cli_output.h"
@@ -122,4 +124,31 @@ TEST(ResumeSafety, ExtendingACosineRunSaysWhatItDoesToTheLr) {
   EXPECT_NE(o.text.find("--set step.total_steps=4"), std::string::npos) << o.text;
   Output plain = run_cli("run --resume " + dir + " --set run.steps=10 --set step.total_steps=8");
   EXPECT_EQ(plain.text.find("cosine schedule now"), std::string::npos) << plain.text;
+}
+
+// A checkpoint that cannot be written (a full disk; here the shell caps a file's size below a
+// checkpoint's and past every other file's) stops the run naming the newest checkpoint to go on
+// from, and leaves nothing of the failed one. The resume it names then works.
+TEST(ResumeSafety, ACheckpointThatCannotBeWrittenNamesTheNewestAndLeavesNoPart) {
+  TempDir d;
+  const std::string dir = first_run(d, 2);
+  // ulimit -f counts 512-byte blocks in dash, 1024 in bash: 30 or 60 KB, below the 77 KB of the
+  // tiny model's weights file; SIGXFSZ ignored, a write past it fails with EFBIG.
+  Output o = slipstream::testing::run_command("trap '' XFSZ; ulimit -f 60; " +
+                                              std::string(SLIPSTREAM_CLI) + " run --resume " + dir +
+                                              " --set run.steps=4");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("step-3 was not written (nothing of it is left). The newest checkpoint is "
+                        "step-2: --resume " +
+                        dir + " goes on from it"),
+            std::string::npos)
+      << o.text;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "checkpoints"))
+    left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"last", "step-1", "step-2"}));
+  Output again = run_cli("run --resume " + dir + " --set run.steps=4");
+  EXPECT_EQ(again.status, 0) << again.text;
+  EXPECT_EQ(fs::path(*latest_checkpoint(dir)).filename(), "step-4");
 }
