@@ -130,7 +130,8 @@ bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_
   return r.ec == std::errc() && r.ptr == e;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+std::optional<std::string> latest_checkpoint(const std::string& run_dir,
+                                             std::optional<uint64_t> before) {
   fs::path root = fs::path(run_dir) / "checkpoints";
   std::optional<std::string> best;
   uint64_t best_step = 0;
@@ -139,6 +140,7 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
     std::string name = e.path().filename().string();
     uint64_t step = 0;
     if (!checkpoint_step(name, "step-", step) || !fs::exists(e.path() / "DONE", ec)) continue;
+    if (before && step >= *before) continue;
     if (!best || step >= best_step) best = e.path().string(), best_step = step;
   }
   return best;

@@ -38,8 +38,10 @@ uint64_t load_weights(GraphPlan& graph, const std::string& dir);
 // "step-120" -> 120, "best-step-120" -> 120 (with `prefix` "best-step-"): the names checkpoints
 // are written under. Anything else, such as "step-120.bak" or "step-120-good", is none.
 bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_t& step);
-// The newest complete checkpoint under `run_dir/checkpoints/`, if any.
-std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+// The newest complete checkpoint under `run_dir/checkpoints/`, if any; with `before`, the newest
+// of those of a lower step.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir,
+                                             std::optional<uint64_t> before = {});
 
 // A path a user gave for a checkpoint: a run directory (its newest checkpoint), one of its
 // checkpoints (RUN/checkpoints/step-N), or a checkpoint directory on its own (copied out of its

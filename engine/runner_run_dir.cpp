@@ -121,7 +121,25 @@ bool Runner::Impl::start_steps(RunResult& result) {
 // batch); false when the run already reached run.steps (nothing to do).
 bool Runner::Impl::resume_from(const std::string& ckpt) {
   const size_t head_end = static_cast<size_t>(plan().head_end);
-  CheckpointInfo info = load_checkpoint(graph->plan(), ckpt);
+  CheckpointInfo info;
+  try {
+    info = load_checkpoint(graph->plan(), ckpt);
+  } catch (const std::exception& e) {
+    // A damaged or diverged file (not a graph that does not fit, which every checkpoint of the
+    // run would share): name the checkpoint before it, which a resume can go on from.
+    const std::string what = e.what();
+    const std::string name = fs::path(ckpt).filename().string();
+    uint64_t step = 0;
+    const bool named =
+        checkpoint_step(name, "step-", step) || checkpoint_step(name, "best-step-", step);
+    const bool file_level =
+        what.starts_with("safetensors ") || what.find("non-finite value(s)") != std::string::npos;
+    const auto earlier = named && file_level ? latest_checkpoint(run.run_dir, step) : std::nullopt;
+    if (!earlier) throw;
+    throw std::runtime_error(what + "; the newest checkpoint before it is " + *earlier +
+                             ": --resume " + *earlier +
+                             " goes on from there (the later ones are moved aside, not deleted)");
+  }
   // Each rank's windows and the global batch follow from the number of ranks: another number
   // would continue the run on other data than it was trained on.
   if (info.world_size != run.world_size) {

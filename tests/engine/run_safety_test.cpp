@@ -138,6 +138,31 @@ TEST(RunSafety, AResumeThatDoesNotFitItsCheckpointWritesNothing) {
   EXPECT_EQ(again.run().final_step, 6u);
 }
 
+// The newest checkpoint damaged (a flipped bit): the resume's error names the one before it and
+// the --resume that goes on from there, which then works. Nothing is written.
+TEST(RunSafety, ADamagedNewestCheckpointNamesTheOneBeforeIt) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  const std::string dir = first_run(d, g, 4);
+  const fs::path model = fs::path(dir) / "checkpoints" / "step-4" / "model.safetensors";
+  std::string bytes = read(model);
+  bytes[bytes.size() - 1] ^= 0x10;  // the last byte of the last tensor's data
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes;
+  const auto before = snapshot(dir);
+  Runner second(plan_text(d, g, {"run.steps=8"}), resume_options(dir));
+  const std::string what = error_of([&] { second.run(); });
+  const std::string earlier = (fs::path(dir) / "checkpoints" / "step-2").string();
+  EXPECT_NE(what.find("does not match its checksum"), std::string::npos) << what;
+  EXPECT_NE(what.find("the newest checkpoint before it is " + earlier + ": --resume " + earlier +
+                      " goes on from there"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(snapshot(dir), before);
+  Runner third(plan_text(d, g, {"run.steps=8"}), resume_options(dir, earlier));
+  EXPECT_EQ(third.run().final_step, 8u);
+}
+
 // `--resume RUN/checkpoints/step-2` with step-4, step-6 and their rows after it: they move into
 // RUN/set-aside/after-step-2-<time>/, whole, and the run goes on from step 2.
 TEST(RunSafety, ARewindMovesLaterCheckpointsAndRowsAsideAndDeletesNothing) {
