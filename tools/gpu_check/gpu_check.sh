@@ -44,7 +44,8 @@ EXTRA=()
 # not in the default list: a lease names it); default all but ab.
 # A lease's 10-minute calls can split them. GPU_CHECK_STEP_TIMEOUT: seconds a step may take.
 # GPU_CHECK_BENCH_FILTER: a regex of the kernel benchmarks to run (default all; `^scan` for the
-# scan's figure beside its PyTorch peer's). GPU_CHECK_INFER_FORMS: infer also runs the device's
+# scan's figure beside its PyTorch peer's); GPU_CHECK_TORCH_SCAN=0 leaves that peer out.
+# GPU_CHECK_INFER_FORMS: infer also runs the device's
 # frames in each form named (small_gemm: SLIPSTREAM_SMALL_GEMM=warps; fused_frame:
 # SLIPSTREAM_MAMBA_FRAME=fused; fused_frame_small_gemm: both); GPU_CHECK_INFER_SMALL_GEMM=1 adds
 # small_gemm.
@@ -214,9 +215,12 @@ if wants kernels; then
   compile=--no-compile
   [[ " ${GPU_CHECK_PEER:-eager} " == *" compile"* ]] && compile=
   case ${GPU_CHECK_SCAN_COMPILE:-} in 0) compile=--no-compile ;; 1) compile= ;; esac
-  step torch_scan python3 bench/peers/selective_scan_torch.py $compile $fused \
-    --json "$OUT/torch_scan.json"
-  expect_file torch_scan "$OUT/torch_scan.json"
+  # GPU_CHECK_TORCH_SCAN=0: not the peer's scan (a lease that times only our kernels' forms).
+  if [ "${GPU_CHECK_TORCH_SCAN:-1}" != 0 ]; then
+    step torch_scan python3 bench/peers/selective_scan_torch.py $compile $fused \
+      --json "$OUT/torch_scan.json"
+    expect_file torch_scan "$OUT/torch_scan.json"
+  fi
 fi
 if [[ "$MODE" == full* ]]; then
   # On real replays where there are some: ../shared/replays, which no lease carries, or
@@ -265,6 +269,61 @@ if [[ "$MODE" == full* ]]; then
       --repeats 2 --json "$OUT/overlap_$p.json"
     expect_file overlap_$p "$OUT/overlap_$p.json"
   done
+  # The policy library stepping n games per call (n = 1, 64, 256, 1024) on the GPU and on one CPU
+  # thread, in one process (before the ab group, whose whole steps take minutes: a lease cut short
+  # still has these): latency p50/p99 per call and frames/s (cpu_quick's core, which is
+  # gpu_standard's).
+  if wants infer; then
+    step bench_infer_policy env SLIPSTREAM_BENCH_DEVICE=cuda $B/bin/bench_infer \
+      --benchmark_filter='PolicyStepBatch(OnDevice)?/games:[0-9]+/(threads:1/)?real_time' \
+      --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_policy.json" \
+      --benchmark_out_format=json
+    expect_file bench_infer_policy "$OUT/bench_infer_policy.json"
+    # GPU_CHECK_INFER_FORMS: the device's frames again in other forms, each against the default's
+    # figures of the same call (results_rows.py: infer/device_FORM/...): small_gemm, the
+    # small-row GEMM kernel in place of cuBLASLt (kernels/gemm.h); fused_frame, the model's frame
+    # in one launch (kernels/mamba_frame.h); fused_frame_small_gemm, both.
+    forms=" ${GPU_CHECK_INFER_FORMS:-} "
+    if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ] && [[ "$forms" != *" small_gemm "* ]]; then
+      forms="$forms small_gemm "
+    fi
+    # form_vars FORM: the switches of an inference form (default: none); 1 for a form unknown.
+    form_vars() {
+      case "$1" in
+        default) vars="" ;;
+        small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
+        fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
+        fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
+        *) echo "GPU_CHECK_INFER_FORMS: no form $1 (small_gemm, fused_frame," \
+             "fused_frame_small_gemm)" >&2; return 1 ;;
+      esac
+    }
+    for form in $forms; do
+      form_vars "$form" || continue
+      # shellcheck disable=SC2086  # vars: words for env
+      step "bench_infer_$form" env SLIPSTREAM_BENCH_DEVICE=cuda $vars \
+        $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
+        --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_$form.json" \
+        --benchmark_out_format=json
+      expect_file "bench_infer_$form" "$OUT/bench_infer_$form.json"
+    done
+    # A frame's operations on the device as its CUDA graph runs them (`slipstream infer
+    # --op-times`, infer_optimes[_FORM].log; the summary prints each): gpu_standard's model, its
+    # checkpoint from two steps on synthetic games, one synthetic game of 600 frames.
+    R=$OUT/infer_optimes
+    if step infer_optimes_setup sh -c "$B/bin/slipstream synth --games 1 --frames 600 \
+        --out $R/game && $B/bin/slipstream run --preset gpu_standard --set run.steps=2 \
+        --set run.validate_every=0 --set run.runs_dir=$R/runs"; then
+      for form in default $forms; do
+        form_vars "$form" 2>/dev/null || continue
+        name=infer_optimes
+        [ "$form" = default ] || name=infer_optimes_$form
+        # shellcheck disable=SC2086  # vars: words for env
+        step "$name" env $vars sh -c "$B/bin/slipstream infer --checkpoint \$(ls -d $R/runs/*/ |
+          head -n 1) --replay \$(ls $R/game/*.slp | head -n 1) --port 1 --device cuda --op-times"
+      done
+    fi
+  fi
   # Kernel forms against the default: the whole step of one build with a form switched by its
   # environment variable against without, alternating (ab_step.sh), at gpu_standard and
   # production. scan_no_states: the scan's forward not keeping the chunk states its backward reads
@@ -320,60 +379,6 @@ if [[ "$MODE" == full* ]]; then
     step bench_loader $B/bin/bench_loader --benchmark_min_time=0.05 \
       --benchmark_out="$OUT/bench_loader.json" --benchmark_out_format=json
     expect_file bench_loader "$OUT/bench_loader.json"
-  fi
-  # The policy library stepping n games per call (n = 1, 64, 256, 1024) on the GPU and on one CPU
-  # thread, in one process: latency p50/p99 per call and frames/s (cpu_quick's core, which is
-  # gpu_standard's).
-  if wants infer; then
-    step bench_infer_policy env SLIPSTREAM_BENCH_DEVICE=cuda $B/bin/bench_infer \
-      --benchmark_filter='PolicyStepBatch(OnDevice)?/games:[0-9]+/(threads:1/)?real_time' \
-      --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_policy.json" \
-      --benchmark_out_format=json
-    expect_file bench_infer_policy "$OUT/bench_infer_policy.json"
-    # GPU_CHECK_INFER_FORMS: the device's frames again in other forms, each against the default's
-    # figures of the same call (results_rows.py: infer/device_FORM/...): small_gemm, the
-    # small-row GEMM kernel in place of cuBLASLt (kernels/gemm.h); fused_frame, the model's frame
-    # in one launch (kernels/mamba_frame.h); fused_frame_small_gemm, both.
-    forms=" ${GPU_CHECK_INFER_FORMS:-} "
-    if [ "${GPU_CHECK_INFER_SMALL_GEMM:-0}" = 1 ] && [[ "$forms" != *" small_gemm "* ]]; then
-      forms="$forms small_gemm "
-    fi
-    # form_vars FORM: the switches of an inference form (default: none); 1 for a form unknown.
-    form_vars() {
-      case "$1" in
-        default) vars="" ;;
-        small_gemm) vars="SLIPSTREAM_SMALL_GEMM=warps" ;;
-        fused_frame) vars="SLIPSTREAM_MAMBA_FRAME=fused" ;;
-        fused_frame_small_gemm) vars="SLIPSTREAM_MAMBA_FRAME=fused SLIPSTREAM_SMALL_GEMM=warps" ;;
-        *) echo "GPU_CHECK_INFER_FORMS: no form $1 (small_gemm, fused_frame," \
-             "fused_frame_small_gemm)" >&2; return 1 ;;
-      esac
-    }
-    for form in $forms; do
-      form_vars "$form" || continue
-      # shellcheck disable=SC2086  # vars: words for env
-      step "bench_infer_$form" env SLIPSTREAM_BENCH_DEVICE=cuda $vars \
-        $B/bin/bench_infer --benchmark_filter='PolicyStepBatchOnDevice/games:[0-9]+/real_time' \
-        --benchmark_min_time=0.5 --benchmark_out="$OUT/bench_infer_$form.json" \
-        --benchmark_out_format=json
-      expect_file "bench_infer_$form" "$OUT/bench_infer_$form.json"
-    done
-    # A frame's operations on the device as its CUDA graph runs them (`slipstream infer
-    # --op-times`, infer_optimes[_FORM].log; the summary prints each): gpu_standard's model, its
-    # checkpoint from two steps on synthetic games, one synthetic game of 600 frames.
-    R=$OUT/infer_optimes
-    if step infer_optimes_setup sh -c "$B/bin/slipstream synth --games 1 --frames 600 \
-        --out $R/game && $B/bin/slipstream run --preset gpu_standard --set run.steps=2 \
-        --set run.validate_every=0 --set run.runs_dir=$R/runs"; then
-      for form in default $forms; do
-        form_vars "$form" 2>/dev/null || continue
-        name=infer_optimes
-        [ "$form" = default ] || name=infer_optimes_$form
-        # shellcheck disable=SC2086  # vars: words for env
-        step "$name" env $vars sh -c "$B/bin/slipstream infer --checkpoint \$(ls -d $R/runs/*/ |
-          head -n 1) --replay \$(ls $R/game/*.slp | head -n 1) --port 1 --device cuda --op-times"
-      done
-    fi
   fi
   # Our step against the PyTorch peer on the GPU at gpu_standard (the peer checked against our
   # reference step first), one step per mode so a slow torch.compile cannot hide eager's figure.
