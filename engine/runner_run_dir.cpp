@@ -125,8 +125,9 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
   try {
     info = load_checkpoint(graph->plan(), ckpt);
   } catch (const std::exception& e) {
-    // A damaged or diverged file (not a graph that does not fit, which every checkpoint of the
-    // run would share): name the checkpoint before it, which a resume can go on from.
+    // A damaged or diverged file (read_safetensors' errors begin "safetensors PATH:"; not a
+    // graph that does not fit, which every checkpoint of the run would share): name the
+    // checkpoint before it, which a resume can go on from.
     const std::string what = e.what();
     const std::string name = fs::path(ckpt).filename().string();
     uint64_t step = 0;
