@@ -8,6 +8,9 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace slipstream {
 
@@ -16,6 +19,12 @@ struct RegistryData {
   std::mutex mu;
   std::map<std::string, StageSchema, std::less<>> kinds;
   std::set<std::string> plugins;
+  // While load_plugin's dlopen runs (one plugin at a time: `loading`), the kinds it registers
+  // that another registered before.
+  std::recursive_mutex loading;
+  bool plugin_loading = false;
+  std::vector<std::string> duplicates;
+  std::map<std::string, std::string> refused;  // plugin path -> the error its load gave
 };
 RegistryData& data() {
   static RegistryData d;  // function-local: safe from static-initialisation order
@@ -27,8 +36,13 @@ bool StageRegistry::add(StageSchema schema) {
   auto& d = data();
   std::lock_guard lock(d.mu);
   std::string kind = schema.kind();
-  if (d.kinds.count(kind))
+  if (d.kinds.count(kind)) {
+    if (d.plugin_loading) {
+      d.duplicates.push_back(kind);
+      return false;
+    }
     throw std::runtime_error("stage kind '" + kind + "' is registered twice");
+  }
   d.kinds.emplace(kind, std::move(schema));
   return true;
 }
@@ -65,15 +79,38 @@ void StageRegistry::load_plugin(const std::string& path) {
     auto& d = data();
     std::lock_guard lock(d.mu);
     if (d.plugins.count(canonical)) return;
+    if (auto it = d.refused.find(canonical); it != d.refused.end())
+      throw std::runtime_error(it->second);  // its kinds stay as the first load left them
   }
   // The plugin's static initialisers call add(), which takes the lock: do not hold it here.
+  auto& d = data();
+  std::lock_guard one_at_a_time(d.loading);  // recursive: a plugin's initialiser may load one
+  bool outer_loading = false;
+  std::vector<std::string> outer_duplicates;  // a plugin loading this one: its own, kept
+  {
+    std::lock_guard lock(d.mu);
+    outer_loading = std::exchange(d.plugin_loading, true);
+    outer_duplicates = std::exchange(d.duplicates, {});
+  }
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::lock_guard lock(d.mu);
+  d.plugin_loading = outer_loading;
+  const std::vector<std::string> duplicates = std::exchange(d.duplicates, outer_duplicates);
   if (!handle) {
     const char* err = dlerror();
     throw std::runtime_error("cannot load plugin '" + path + "': " + (err ? err : "unknown error"));
   }
-  auto& d = data();
-  std::lock_guard lock(d.mu);
+  if (!duplicates.empty()) {
+    // Its other kinds are registered (the library stays loaded); the load is refused, now and
+    // whenever it is asked for again.
+    std::string kinds;
+    for (const auto& k : duplicates) kinds += (kinds.empty() ? "'" : ", '") + k + "'";
+    const std::string error = "plugin '" + path + "' registers stage kind(s) " + kinds +
+                              ", registered before it (by the program or a plugin loaded "
+                              "earlier): rename the plugin's kind, or load only one of them";
+    d.refused.emplace(canonical, error);
+    throw std::runtime_error(error);
+  }
   d.plugins.insert(canonical);
 }
 

@@ -14,13 +14,16 @@ namespace slipstream {
 
 class StageRegistry {
  public:
-  // Registers a kind; a second registration of the same kind throws (e.g. two plugins).
+  // Registers a kind. A second registration of the same kind throws, except while a plugin
+  // loads: there (a static initialiser, where an exception would end the process) it is noted,
+  // and load_plugin throws it, naming the plugin and the kind; the kind registered first stays.
   static bool add(StageSchema schema);
   static const StageSchema* find(std::string_view kind);
   static std::vector<const StageSchema*> all();  // sorted by family, then kind
   static std::unique_ptr<Stage> create(std::string_view kind);
   // Loads a plugin .so (RTLD_NOW | RTLD_LOCAL); its static initialisers register its kinds.
-  // Loading the same path twice is a no-op. Throws std::runtime_error with dlerror() text.
+  // Loading the same path twice is a no-op. Throws std::runtime_error with dlerror() text, or
+  // naming the kinds the plugin registers that were registered before it.
   static void load_plugin(const std::string& path);
 };
 

@@ -141,7 +141,7 @@ void setup_corpus(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   build
       ->add_option("paths", args->paths,
-                   "Replay files, directories or globs (with --features, game corpora too)")
+                   "Replay files or directories (with --features also globs, and game corpora)")
       ->required();
   build->callback([args] {
     if (args->features) {

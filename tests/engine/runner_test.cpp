@@ -402,6 +402,27 @@ stages:
   EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
   // Loading the same plugin again is a no-op, not a duplicate registration.
   EXPECT_NO_THROW(plan_text(d, g));
+  // Another library registering the same kind is refused with the plugin and the kind named
+  // (its static initialiser must not end the process), every time it is asked for; the kind
+  // registered first still runs.
+  const std::string again = std::string("plugins: [") + SLIPSTREAM_TEST_PLUGIN_AGAIN + "]\n" +
+                            g.substr(g.find("stages:"));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      plan_text(d, again);
+      FAIL() << "a second plugin of kind plugin_scale loaded";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("plugin '") + SLIPSTREAM_TEST_PLUGIN_AGAIN +
+                                           "' registers stage kind(s) 'plugin_scale', registered "
+                                           "before it"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  reset_recorded();
+  Runner still(plan_text(d, g), quiet_options());
+  still.run();
+  EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
   TempDir d2;
   std::string bad = "plugins: [/nonexistent/libnope.so]\n" + std::string(kChain);
   try {

@@ -382,9 +382,9 @@ void add_authoring_commands(CLI::App& app) {
   auto kind = std::make_shared<std::string>();
   auto family = std::make_shared<std::string>("custom");
   auto root = std::make_shared<std::string>(".");
-  auto* ns = app.add_subcommand("new-stage", "Write a compiling skeleton stage and its test");
+  auto* ns = app.add_subcommand("new-stage", "Write a compiling skeleton stage and its test (with --out: a plugin project)");
   ns->add_option("name", *kind, "snake_case kind name")->required();
-  ns->add_option("--family", *family, "stage family folder under stages/");
+  ns->add_option("--family", *family, "stage family: its folder under stages/ (with --out: the schema's family only)");
   ns->add_option("--root", *root, "source tree root");
   auto out = std::make_shared<std::string>();
   ns->add_option("--out", *out,
@@ -398,11 +398,12 @@ void add_authoring_commands(CLI::App& app) {
   auto* stage = app.add_subcommand("stage", "Work with one stage alone");
   stage->require_subcommand(1);
   auto* run = stage->add_subcommand(
-      "run", "Run one stage on stored tensors (forward; backward with --grad)");
+      "run", "Run one stage on stored tensors (forward; backward with --grad, and always for a loss "
+      "stage)");
   run->add_option("kind", a->kind, "stage kind")->required();
   run->add_option("--inputs", a->inputs, "safetensors file: one tensor per input port")->required();
   run->add_option("--weights", a->weights,
-                  "safetensors file of parameters (else initialised from the seed)");
+                  "safetensors file of parameters (else the stage's own initialisation, seed 1)");
   run->add_option("--grad", a->grads, "safetensors file: gradient per output port (runs backward)");
   run->add_option("--out", a->out,
                   "where to write outputs, gradients (grad.*) and weights (weight.*)")

@@ -113,7 +113,8 @@ void add_reference_command(CLI::App& app) {
   cmd->add_option("--config,-c", a->config, "a graph file instead of a preset")->excludes(preset);
   cmd->add_option("--checkpoint", a->checkpoint,
                   "start from these weights (RUN/checkpoints/step-N)");
-  cmd->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
+  cmd->add_option("--set,-s", a->sets,
+                  "override stage.param=value or run.key=value (run.device stays cpu)");
   cmd->add_option("--out", a->out, "directory to write into")->required();
   cmd->callback([a] { set_exit_code(reference_command(*a)); });
 }

@@ -148,13 +148,13 @@ void add_stage_check_command(CLI::App& stage) {
   auto* cmd = stage.add_subcommand(
       "check",
       "Check a stage's backward against finite differences of its forward, on random inputs "
-      "(inputs, then a sample of every parameter's elements)");
+      "(up to --samples elements of each input and of each parameter)");
   cmd->add_option("kind", a->kind, "stage kind")->required();
   cmd->add_option("--input,-i", a->inputs, "NAME=D0,D1,... a random f32 input (repeatable)");
   cmd->add_option("--set", a->sets, "param=value (repeatable)");
   cmd->add_option("--samples", a->samples, "elements checked per tensor")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--tolerance", a->tolerance, "largest error allowed (relative)")
+  cmd->add_option("--tolerance", a->tolerance, "largest error allowed: |numeric - analytic| / max(1, |numeric|)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "seed of the inputs and the elements picked");
   cmd->callback([a] { set_exit_code(check_stage(*a)); });

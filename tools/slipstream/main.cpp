@@ -12,6 +12,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"slipstream: data-flow pipelines for batched sequence-model training"};
   app.require_subcommand(1);
+  // Every option's default in its --help line (CLI11 prints none unless it captured it).
+  app.option_defaults()->always_capture_default();
   app.set_version_flag("--version", std::string("slipstream ") + SLIPSTREAM_VERSION);
   // Before the command: `slipstream --plugin libmine.so stages my_kind` (graphs name theirs in
   // `plugins:`).
