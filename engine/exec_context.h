@@ -91,7 +91,8 @@ class ExecContext {
   void abandon_read_backs() const noexcept;
 
   // For its scope, read-backs asked on this thread belong to graph stage `stage` (the runner
-  // sets it around every stage call).
+  // sets it around a stage's batch hooks: forward, backward, step_end, validation_end, its
+  // reports; elsewhere a read-back's owner is -1).
   class ReadBackOwner {
    public:
     explicit ReadBackOwner(int stage);

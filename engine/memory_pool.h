@@ -55,7 +55,8 @@ class MemoryPool {
 
 // Size class for caching: requests round up so that freed blocks are reusable by similar sizes.
 // Up to 1 MiB: multiples of 512 B; above: multiples of 2 MiB, or of 1/8 of the request's power of
-// two when that is larger (at most 12.5% waste). See docs/memory.md.
+// two when that is larger (at most 12.5% waste from 16 MiB up; below that up to one 2 MiB step).
+// See docs/memory.md.
 size_t pool_size_class(size_t bytes);
 
 // "512 B", "1.5 GiB": for messages and reports.

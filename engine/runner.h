@@ -4,10 +4,11 @@
 //     -> function_node per data transform (concurrency N, + sequencer_node when N != 1)
 //     -> sequencer -> function_node(trainable section, serial) -> end -> limiter decrement
 //
-// The limiter is the backpressure: at most max_in_flight batches exist between the source and
-// the end, so a slow consumer makes the source wait instead of memory growing. Sequencers
-// restore source order after parallel stages, so the same seed gives the same batches in the
-// same order. The trainable section runs forward (stage order), backward (reverse order, up
+// The limiter is the backpressure: it admits at most max_in_flight batches between the source
+// and the end (two more may be alive: one produced and waiting for admission, one held while the
+// host runs a step ahead), so a slow consumer makes the source wait instead of memory growing.
+// Sequencers restore source order after parallel stages, so the same seed gives the same batches in
+// the same order. The trainable section runs forward (stage order), backward (reverse order, up
 // from the loss), then the update stages, for one batch at a time: the forward pass of batch
 // k+1 starts only after the update of batch k was issued.
 #pragma once
@@ -39,7 +40,8 @@ struct RunOptions {
   // Lines the run prints under its device line: what was decided for it before it was built
   // (resolve_auto_batch's choice).
   std::vector<std::string> notes;
-  // Called on the trainable section's thread after every optimizer step, with the step number
+  // Called on the trainable section's thread (the last step's on the thread that called run())
+  // after every optimizer step, with the step number
   // and the nanoseconds the section waited for the step's batches (slipstream bench).
   std::function<void(uint64_t step, uint64_t data_wait_ns)> on_step;
   // Benchmarks of the data path (slipstream bench --overlap): once the first N batches have
@@ -141,7 +143,8 @@ class Runner {
   ~Runner();
   // Sets up every stage, runs until the source ends, run.steps is reached, early stopping or
   // SIGINT/SIGTERM, then calls finish() on every stage. Throws StageError on the first stage
-  // failure; throws std::runtime_error when the loss stays non-finite for
+  // failure on a batch or in start/finish (std::runtime_error for a setup that failed, or a
+  // device failure); throws std::runtime_error when the loss stays non-finite for
   // run.max_nonfinite_steps steps (finish() is skipped: no checkpoint of a diverged model) or
   // when metrics.jsonl cannot be written (after finish(): the checkpoint keeps the steps).
   RunResult run();
@@ -154,8 +157,9 @@ class Runner {
   EvalResult evaluate(const std::string& checkpoint, const StreamCallback& on_batch = {});
   // evaluate() as a stream: RunState::streaming is set and every stage gets stream_begin, so
   // recurrent stages carry their state from one batch to the next (a data split of windows of
-  // one position, in order, is a game played frame by frame). Refuses a graph with a stage
-  // whose schema does not declare Streaming. `on_batch` sees each batch after its forward.
+  // one position, in order, is a game played frame by frame). Refuses a graph with a data
+  // transform or section stage up to the loss whose schema does not declare Streaming. `on_batch`
+  // sees each batch after its forward.
   EvalResult stream(const std::string& checkpoint, const StreamCallback& on_batch);
   // stream() driven by the caller, one batch per call (a policy inside a program, its source
   // fed by that program): stream_open() sets up and loads the checkpoint as stream() does and

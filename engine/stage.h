@@ -44,7 +44,9 @@ class BatchFence {
 // One unit flowing through the graph. Tensors live in slots that the graph assigns to each
 // (stage, output port) and to the gradient of each; stages reach them through StageContext.
 struct Batch {
-  uint64_t index = 0;  // position in the source's stream, consecutive from 0 (resume point)
+  // Position in the head's output (the last rebatch stage's, else the source's), consecutive
+  // from 0: the resume point.
+  uint64_t index = 0;
   uint64_t epoch = 0;
   uint64_t samples = 0;  // examples in the batch, for throughput
   std::vector<Tensor> slots;
@@ -74,7 +76,8 @@ enum class RankReduce { sum, min, max };
 // Run-wide state every stage can read; owned by the runner.
 struct RunState {
   Device device;
-  // Where ops are issued (stream, cuBLASLt) on `device`; set by the runner. Null means the CPU.
+  // Where ops are issued (stream, cuBLASLt) on `device`; set by the runner (a CPU context on
+  // the CPU). Null only for a stage run alone (a harness without one).
   std::shared_ptr<ExecContext> exec;
   // The run's model weights in one block (engine/param_arena.h): model stages' stores register
   // in setup; Graph::setup packs it after the last trainable stage. Null: each store keeps its
@@ -128,9 +131,9 @@ struct RunState {
   // Hear StageContext::gradients_ready() announcements during a training batch's backward pass,
   // keyed by the listening stage's position (StageContext::on_gradients_ready).
   std::map<int, std::function<void(std::span<Parameter* const>)>> gradient_listeners;
-  // Reduces values over every rank of the run in place: installed by the runner before any
+  // Reduces values over every rank of the run in place: installed by Runner::run before any
   // stage's setup when several ranks run and the build can (engine/rank_reduce.h: MPI); empty
-  // otherwise. `what` names the reduction in a timeout.
+  // otherwise, and in evaluate, stream and gradient_step. `what` names the reduction in a timeout.
   std::function<void(std::span<double>, RankReduce, const std::string& what)> reduce_over_ranks;
   // StageContext::declare_gradients_averaged: a stage averages the gradients over the ranks.
   bool gradients_averaged_over_ranks = false;
@@ -156,7 +159,9 @@ class Stage {
 
   // role source: fill `out` with the next batch; false when the stream has ended.
   virtual bool produce(Batch& out, StageContext& ctx);
-  // role source: continue from batch `next_index` (resume); the default refuses.
+  // Head stages (source, rebatch): position at output batch `next_index` — on a resume, and at
+  // 0 before each validation, eval or stream pass (and per batch in a multi-rank validation).
+  // The default accepts 0, and anything for a rebatch stage; a source refuses other values.
   virtual void seek(uint64_t next_index, StageContext& ctx);
   // role rebatch: fill `out`, pulling as many upstream batches as needed with `pull_upstream`.
   virtual bool rebatch(Batch& out, const std::function<bool(Batch&)>& pull_upstream,
@@ -189,8 +194,9 @@ class Stage {
   virtual void save(StateWriter& w) const { (void)w; }
   virtual void load(StateReader& r) { (void)r; }
 
-  // Once, after setup and (when resuming) after every stage's state was loaded, before the
-  // first batch; `ctx.run().step` is the step the run starts from.
+  // In Runner::run only: once, after setup and (when resuming) after every stage's state was
+  // loaded, before the first batch; `ctx.run().step` is the step the run starts from. Not
+  // called by evaluate, stream or gradient_step, nor on the validation copies of data stages.
   virtual void start(StageContext& ctx) { (void)ctx; }
   // Stages of the trainable section (and the update stages after it), after each training step,
   // once that step's metrics row and validation pass (if any) were written: `ctx.run().step`
@@ -210,12 +216,17 @@ class Stage {
     return false;
   }
 
-  // Once, after the last batch (or after a stop request, once in-flight batches finished).
+  // In Runner::run only: once, after the last batch, or after a stop request once the step in
+  // progress ended (batches queued behind it are dropped untrained). Not called when the run
+  // failed; a finish() that throws skips the later stages'. Not on validation copies.
   virtual void finish(StageContext& ctx) { (void)ctx; }
 
-  // Around each validation pass (e.g. an optimizer swaps in its EMA weights, a checkpoint stage
-  // keeps the best): validation_begin before its first batch, validation_end (below) after its
-  // last, with the pass's averages ("loss", ...) in `metrics`.
+  // Around each validation pass of a training run (e.g. an optimizer swaps in its EMA weights, a
+  // checkpoint stage keeps the best): validation_begin before its first batch, validation_end
+  // (below) after its last, with the pass's averages ("loss", ...) in `metrics`; both on the
+  // training graph's stages, while the batches come from the data stages' validation copies.
+  // evaluate and stream (eval, infer, the policy) call validation_begin once and no
+  // validation_end: the process scores the weights as a validation would and ends.
   virtual void validation_begin(StageContext& ctx) { (void)ctx; }
   // Parameters were replaced from outside after setup (run.init_from): copies derived from them
   // (an optimizer's EMA, bf16 shadows) start again from the new values.

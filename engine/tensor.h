@@ -123,7 +123,8 @@ class Tensor {
 
 // out = a + b, element by element: f32 tensors of one shape on one device (out may be a or b).
 // On a CUDA device enqueued on `stream` (a cudaStream_t; asynchronous: order the readers of
-// `out` after it); on the host done at once.
+// `out` after it); on the host done at once, except inside a step being recorded for a graph
+// under the emulator (then in the step's order).
 void add_f32(const Tensor& a, const Tensor& b, const Tensor& out, void* stream = nullptr);
 
 }  // namespace slipstream
