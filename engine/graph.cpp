@@ -31,7 +31,8 @@ const StageSchema& run_schema() {
                "(the same bits)")
         .param("seed", int64_t{1}, "seed of every random choice (same seed, same run)")
         .range(0, std::nullopt)
-        .param("epochs", int64_t{1}, "passes over the training data")
+        .param("epochs", int64_t{1},
+               "passes over the training data (with run.steps set, epochs repeat until it)")
         .range(1, std::nullopt)
         .param("steps", int64_t{0}, "stop after this many steps (0: when the data ends)")
         .range(0, std::nullopt)
@@ -76,7 +77,8 @@ const StageSchema& run_schema() {
                "for CUDA devices), on (also under device: emulated), off")
         .choices({"auto", "on", "off"})
         .param("device_memory", 0.0,
-               "GiB of device memory the run may use: a batch_size of auto fits in 90% of it "
+               "GiB of device memory a batch_size of auto is sized for (within 90% of it; not a "
+               "limit on what the run allocates) "
                "(0: what the device has free when the run starts; device emulated needs a "
                "number)")
         .range(0, std::nullopt);

@@ -43,7 +43,7 @@ class AllreduceStage : public Stage {
         .range(0.001, 4096)
         .param("first_bucket_mb", 1.0,
                "size of the first bucket (the last layers' gradients), MiB: small, so "
-               "communication starts early in the backward pass")
+               "communication starts early in the backward pass (at most bucket_mb)")
         .range(0.001, 4096)
         .param("overlap", true,
                "start each bucket as soon as the backward pass has made it final (false: "

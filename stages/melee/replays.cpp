@@ -133,7 +133,8 @@ StageSchema ReplaysStage::schema() {
       // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
       // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
-             "windows per batch (an epoch's last partial batch is dropped); auto: the largest "
+             "windows per batch (training drops an epoch's last partial batch, validation pads it, "
+             "mask 0); auto: the largest "
              "that fits the device's memory (run.device_memory)")
       .range(1, 1 << 20)
       .batch_size()
@@ -199,8 +200,8 @@ StageSchema ReplaysStage::schema() {
       .choices({"ranges", "hashed"})
       .in_older_runs(std::string("hashed"))
       .param("perspectives", std::string("both"),
-             "both: every player's view; first/second: the lower/higher port's; port1..port4: "
-             "that port's")
+             "both: every player's view; first/second: the first/second player's (the lower/"
+             "higher port's in 1v1); port1..port4: that port's")
       .choices({"both", "first", "second", "port1", "port2", "port3", "port4"})
       .param("rollback", std::string("last"), "last: the last copy of each frame; all: as recorded")
       .choices({"last", "all"})
@@ -210,8 +211,8 @@ StageSchema ReplaysStage::schema() {
              "hurtbox state), for a policy played through libmelee (python/)")
       .choices({"slippi", "libmelee"})
       .param("memory", std::string("auto"),
-             "the memory the loaded features may take, checked before decoding: auto (what the "
-             "host or the job's cgroup leaves) or a number of GiB")
+             "the memory the loaded features may take, checked before decoding (resident_games "
+             "auto or all): auto (what the host or the job's cgroup leaves) or a number of GiB")
       .check([](const ParamValue& v) -> std::string {
         const auto* text = std::get_if<std::string>(&v);
         if (!text || *text == "auto") return "";
@@ -228,8 +229,8 @@ StageSchema ReplaysStage::schema() {
              "all (every game, read once at "
              "setup); N (at least 3: games read when their pool comes up, pools of N/3 games "
              "shuffled each epoch, the next pool read ahead; with rows: streams, at least 2 x "
-             "batch_size); auto: all when they fit the memory budget (memory), else the N that "
-             "fits 40 % of it")
+             "batch_size); auto: all when they fit 80 % of the memory budget (memory), else the N "
+             "that fits 40 % of it (a format-version-1 zstd corpus: all)")
       .check([](const ParamValue& v) -> std::string {
         const auto* text = std::get_if<std::string>(&v);
         if (!text || *text == "auto" || *text == "all") return "";

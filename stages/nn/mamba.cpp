@@ -41,7 +41,7 @@ class MambaStage final
         .param("d_model", int64_t{128},
                "model width (an input_proj maps Din to it when they differ)")
         .range(1, 65536)
-        .param("d_state", int64_t{16}, "SSM state size per channel")
+        .param("d_state", int64_t{16}, "SSM state size per channel (at most 32 on a CUDA device)")
         .range(1, kernels::kScanMaxState)
         .param("d_conv", int64_t{4}, "causal depthwise convolution width")
         .range(1, kernels::kConvMaxWidth)

@@ -21,19 +21,21 @@ class AdamWStage : public Stage {
         .role(StageRole::update)
         .param("lr", 1e-4, "peak learning rate")
         .range(0, std::nullopt)
-        .param("beta1", 0.9, "first-moment decay")
+        .param("beta1", 0.9, "first-moment decay (below 1)")
         .range(0, 1)
-        .param("beta2", 0.999, "second-moment decay")
+        .param("beta2", 0.999, "second-moment decay (below 1)")
         .range(0, 1)
         .param("eps", 1e-8, "added to the denominator")
         .range(0, std::nullopt)
-        .param("weight_decay", 0.01, "decoupled decay; never on norms, biases, A_log, D")
+        .param("weight_decay", 0.01,
+               "decoupled decay; never on norms, biases, A_log, D or embedding tables")
         .range(0, std::nullopt)
         .param("clip", 1.0, "max global gradient norm (0: no clipping)")
         .range(0, std::nullopt)
         .param("schedule", std::string("constant"), "learning-rate schedule")
         .choices({"constant", "linear_warmup", "cosine", "cosine_restarts"})
-        .param("warmup", int64_t{0}, "linear warmup steps (optimizer steps)")
+        .param("warmup", int64_t{0},
+               "linear warmup steps (optimizer steps); schedule constant has none")
         .range(0, std::nullopt)
         .param("min_lr", 0.0, "floor of the cosine schedules")
         .range(0, std::nullopt)
@@ -49,7 +51,8 @@ class AdamWStage : public Stage {
                "validate_every and checkpoints count updates")
         .range(1, 1 << 20)
         .micro_batches()
-        .param("ema", 0.0, "EMA decay of the weights, e.g. 0.999 (0: off); validation uses it")
+        .param("ema", 0.0,
+               "EMA decay of the weights, below 1, e.g. 0.999 (0: off); validation uses it")
         .range(0, 1);
   }
 
@@ -76,6 +79,11 @@ class AdamWStage : public Stage {
       throw std::runtime_error("schedule 'cosine' needs the number of steps: set " + ctx.name() +
                                ".total_steps or run.steps (" + p.mark("schedule").str() + ")");
     if (c.ema >= 1) throw std::runtime_error("ema must be below 1 (" + p.mark("ema").str() + ")");
+    // The bias corrections divide by 1 - beta^step: 0 at beta 1.
+    for (const char* beta : {"beta1", "beta2"})
+      if (p.number(beta) >= 1)
+        throw std::runtime_error(std::string(beta) + " must be below 1 (" + p.mark(beta).str() +
+                                 ")");
     auto params = ctx.upstream_parameters();
     if (params.empty())
       throw std::runtime_error(

@@ -314,6 +314,24 @@ TEST(TrainGraph, CosineWithoutStepsIsAnError) {
   }
 }
 
+// A moment decay of 1 divides the bias correction by zero: refused at setup, naming the setting
+// (ema likewise).
+TEST(TrainGraph, DecaysOfOneAreErrors) {
+  for (const char* setting : {", beta1: 1", ", beta2: 1.0", ", ema: 1"}) {
+    TempDir d;
+    RunState run;
+    Graph g(plan_graph(
+                load_config(d.write("g.yaml", train_graph("gru, params: {hidden: 16}", setting)))),
+            run);
+    try {
+      g.setup();
+      FAIL() << setting << ": expected an error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("must be below 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // nccl reduces device gradients: a CPU run is refused, naming what to use (a build without CUDA
 // says it needs one).
 TEST(Allreduce, NcclRefusesHostGradients) {
