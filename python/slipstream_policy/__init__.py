@@ -83,7 +83,8 @@ class Policy:
     def __init__(self, checkpoint, device="cpu", *, library=None):
         """Opens `checkpoint`: a run directory (its newest checkpoint), RUN/checkpoints/step-N,
         or a checkpoint directory copied out of its run. `library`: the .so to use (default:
-        $SLIPSTREAM_POLICY_LIBRARY, else the installed one)."""
+        $SLIPSTREAM_POLICY_LIBRARY, else the installed one; one named that does not load is an
+        error)."""
         self._lib = load_library(library)
         self._handle = ctypes.c_void_p()
         status = self._lib.slipstream_policy_open(
@@ -138,7 +139,8 @@ class Policy:
 
     def distributions(self):
         """Every game's distribution behind its last answer, as one numpy structured array of the
-        Distribution layout (fields buttons (8), main_x, main_y, c_x, c_y (17), shoulder (5))."""
+        Distribution layout (fields buttons (8), main_x, main_y, c_x, c_y (17), shoulder (5)).
+        Raises PolicyError when a game was reset and has not stepped since."""
         import numpy as np
         out = np.zeros(self._games, dtype=np.dtype(Distribution))
         for game in range(self._games):
@@ -170,7 +172,8 @@ class Policy:
 
     def set_threads(self, threads):
         """How many threads the steps use (1, the default: the calling thread alone); more
-        spread a step_batch of many games over a pool of the handle's own, same answers."""
+        spread a step_batch of many games over TBB's workers in an arena of the handle's own,
+        same answers."""
         self._check(self._lib.slipstream_policy_set_threads(self._handle, int(threads)))
 
     def describe(self):

@@ -119,10 +119,14 @@ class FrameTensors(ctypes.Structure):
 
 
 def _candidates(explicit):
+    # A library the caller names (the argument, else the variable) is the only one tried: a
+    # silent fallback would play another build's policy.
     if explicit:
         yield explicit
+        return
     if os.environ.get("SLIPSTREAM_POLICY_LIBRARY"):
         yield os.environ["SLIPSTREAM_POLICY_LIBRARY"]
+        return
     if shutil.which("pkg-config"):
         try:
             libdir = subprocess.run(
@@ -140,7 +144,8 @@ def _candidates(explicit):
 
 def load_library(explicit=None):
     """The library: `explicit`, else $SLIPSTREAM_POLICY_LIBRARY, else the installed one
-    (pkg-config slipstream_policy, then the loader's search path)."""
+    (pkg-config slipstream_policy, then the loader's search path). A library named by the
+    argument or the variable that does not load is an error, not a step to the next."""
     tried = []
     for path in _candidates(explicit):
         try:

@@ -200,6 +200,11 @@ class Playing(unittest.TestCase):
             self.assertEqual(e.exception.status, "argument")
             self.assertIn("stage", str(e.exception))
             policy.step(frame_at(0))  # the handle still plays
+        # A library the caller names is the one used: one that does not load is an error naming
+        # it, not a quiet step to another build's.
+        with self.assertRaises(OSError) as e:
+            Policy(RUN, library="/nonexistent/libslipstream_policy.so")
+        self.assertIn("/nonexistent/libslipstream_policy.so", str(e.exception))
 
 
 class FrameTensorsOf(unittest.TestCase):

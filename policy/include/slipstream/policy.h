@@ -5,14 +5,15 @@
  * costs one frame's work, and the answers equal the training graph's window forward over the
  * same frames.
  *
- * The policy is the run's own graph (RUN/config.yaml; for a checkpoint copied out of its run, the
- * one its weights carry) with its replay loader replaced by a feed
+ * The policy is the graph the checkpoint's weights carry (the run's config.yaml as it was at that
+ * step; for checkpoints older than that, RUN/config.yaml) with its replay loader replaced by a feed
  * of these frames, the checkpoint's weights loaded (the EMA weights when the run kept them):
  * the features are the ones the model trained on (docs/melee_features.md).
  *
  * Threads: thread-compatible. Distinct handles may be used from distinct threads at once; one
  * handle from one thread at a time: a call that finds its handle in use by another thread
- * returns SLIPSTREAM_E_BUSY and changes nothing. A step runs on the calling thread alone.
+ * returns SLIPSTREAM_E_BUSY and changes nothing. A step runs on the calling thread alone unless
+ * slipstream_policy_set_threads gave the handle more.
  * Errors: no C++ exception crosses this interface. Every call returns a status; the message of
  * the last failed call on a handle is slipstream_policy_error(handle), and of a failed call
  * without one (slipstream_policy_open, a NULL handle) on this thread slipstream_policy_error(NULL).
@@ -34,7 +35,11 @@ extern "C" {
 
 typedef enum slipstream_status {
   SLIPSTREAM_OK = 0,
-  SLIPSTREAM_E_ARGUMENT = 1,   /* a NULL pointer, or a frame field out of range or not finite */
+  SLIPSTREAM_E_ARGUMENT = 1,   /* a NULL pointer or empty path; a frame's id, flag or button
+                                  field out of range, or a field not finite (sticks and triggers
+                                  are clamped); a game index or count the stream does not have; a
+                                  distribution before the game's first step; a temperature or
+                                  thread count out of range */
   SLIPSTREAM_E_CHECKPOINT = 2, /* no checkpoint there, or one that does not load (damaged, or
                                   made by another graph or other sizes) */
   SLIPSTREAM_E_CONFIG = 3,     /* the run's config cannot be rebuilt into a policy */
@@ -145,7 +150,8 @@ slipstream_status slipstream_policy_step(slipstream_policy* policy,
                                          slipstream_controller* out);
 
 /* The distribution behind the last successful step's answer (at temperature 1); game 0's in a
- * stream of several games. */
+ * stream of several games. With autoregressive heads each item's probabilities are given the
+ * most likely earlier items, while a draw conditions on the items actually drawn. */
 slipstream_status slipstream_policy_distribution(const slipstream_policy* policy,
                                                  slipstream_distribution* out);
 
@@ -154,8 +160,8 @@ slipstream_status slipstream_policy_distribution(const slipstream_policy* policy
  * over the n rows at once). Each game carries its own temporal state and its own draws,
  * seeded from (seed, i) — game 0's from the seed itself, so slipstream_policy_step is the
  * n = 1 form. The first step after open or reset fixes n; another n is refused
- * (SLIPSTREAM_E_ARGUMENT) until slipstream_policy_reset. A frame that fails validation (the
- * message names its game) steps no game. */
+ * (SLIPSTREAM_E_ARGUMENT) until slipstream_policy_reset. A frame that fails validation (with
+ * n > 1 the message names its game) steps no game. */
 slipstream_status slipstream_policy_step_batch(slipstream_policy* policy, int32_t n,
                                                const slipstream_game_frame* frames,
                                                slipstream_controller* out);
@@ -164,7 +170,8 @@ slipstream_status slipstream_policy_step_batch(slipstream_policy* policy, int32_
  * cleared and its draws started again; the other games carry on. */
 slipstream_status slipstream_policy_reset_game(slipstream_policy* policy, int32_t game);
 
-/* The distribution behind game `game`'s last answer (at temperature 1). */
+/* The distribution behind game `game`'s last answer (at temperature 1; autoregressive heads as
+ * slipstream_policy_distribution says). */
 slipstream_status slipstream_policy_distribution_of(const slipstream_policy* policy, int32_t game,
                                                     slipstream_distribution* out);
 
@@ -173,15 +180,16 @@ slipstream_status slipstream_policy_distribution_of(const slipstream_policy* pol
  * default; the same seed and frames give the same answers; give each game or agent its own to
  * vary them). temperature 0: the most likely input, each button pressed when its probability
  * exceeds 1/2 and each stick at its most likely class; a behaviour-cloned policy then mostly
- * stands still, since "no change" is the likeliest input on almost every frame. */
+ * stands still, since "no change" is the likeliest input on almost every frame. Every game's
+ * draws start again from their first frame's, as after reset_game (the model state is kept). */
 slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, float temperature,
                                                  uint64_t seed);
 
 /* How many threads the handle's steps use (1, the default: the calling thread alone). With
  * threads > 1 the model's loops over a batch of games (step_batch) are spread over the calling
- * thread and threads - 1 workers of a pool of the handle's own; the answers are the same as with
- * one thread. Worth it for many games per call; a single game's step is too small to share.
- * threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
+ * thread and threads - 1 of TBB's workers (the process's pool), in an arena of the handle's own;
+ * the answers are the same as with one thread. Worth it for many games per call; a single game's
+ * step is too small to share. threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
 slipstream_status slipstream_policy_set_threads(slipstream_policy* policy, int32_t threads);
 
 /* One frame as the step exported by `slipstream export --format onnx` reads it (docs/policy.md):
