@@ -40,6 +40,17 @@ function(slipstream_add_test name)
 endfunction()
 include(GoogleTest)
 
+# slipstream_add_test_plugin(name source): a stage plugin for tests, built as a module in lib/
+# that resolves the engine's symbols from whoever loads it (an executable exporting them, or
+# libslipstream_policy).
+function(slipstream_add_test_plugin name source)
+  add_library(${name} MODULE ${source})
+  slipstream_warnings(${name})
+  target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE TBB::tbb yaml-cpp nlohmann_json::nlohmann_json)
+  set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib)
+endfunction()
+
 # slipstream_emulated_library(NAME CU_SOURCES a_cuda.cu ... SOURCES x.cpp ... LIBS ...): the CUDA
 # sources compiled as C++ for the CPU emulator (kernels/emulation), each through a generated
 # wrapper that defines SLIPSTREAM_CUDA_EMULATION, so their entry points land in the

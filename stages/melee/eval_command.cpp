@@ -146,7 +146,8 @@ void setup_eval(CLI::App& parent) {
   add_checkpoint_option(*eval, a->checkpoint);
   eval->add_option("--replays", a->replays, "replay files, folders, globs or corpus directories")
       ->required();
-  eval->add_option("--port", a->port, "only this port's player (1-4; default: the players the run's "
+  eval->add_option("--port", a->port,
+                   "only this port's player (1-4; default: the players the run's "
                    "replays.perspectives keeps, every player for both)")
       ->check(CLI::Range(1, 4));
   eval->add_option("--json", a->json, "also write the figures as JSON to FILE (- for stdout)");

@@ -382,9 +382,11 @@ void add_authoring_commands(CLI::App& app) {
   auto kind = std::make_shared<std::string>();
   auto family = std::make_shared<std::string>("custom");
   auto root = std::make_shared<std::string>(".");
-  auto* ns = app.add_subcommand("new-stage", "Write a compiling skeleton stage and its test (with --out: a plugin project)");
+  auto* ns = app.add_subcommand(
+      "new-stage", "Write a compiling skeleton stage and its test (with --out: a plugin project)");
   ns->add_option("name", *kind, "snake_case kind name")->required();
-  ns->add_option("--family", *family, "stage family: its folder under stages/ (with --out: the schema's family only)");
+  ns->add_option("--family", *family,
+                 "stage family: its folder under stages/ (with --out: the schema's family only)");
   ns->add_option("--root", *root, "source tree root");
   auto out = std::make_shared<std::string>();
   ns->add_option("--out", *out,
@@ -398,7 +400,8 @@ void add_authoring_commands(CLI::App& app) {
   auto* stage = app.add_subcommand("stage", "Work with one stage alone");
   stage->require_subcommand(1);
   auto* run = stage->add_subcommand(
-      "run", "Run one stage on stored tensors (forward; backward with --grad, and always for a loss "
+      "run",
+      "Run one stage on stored tensors (forward; backward with --grad, and always for a loss "
       "stage)");
   run->add_option("kind", a->kind, "stage kind")->required();
   run->add_option("--inputs", a->inputs, "safetensors file: one tensor per input port")->required();

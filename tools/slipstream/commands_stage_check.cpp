@@ -154,7 +154,8 @@ void add_stage_check_command(CLI::App& stage) {
   cmd->add_option("--set", a->sets, "param=value (repeatable)");
   cmd->add_option("--samples", a->samples, "elements checked per tensor")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--tolerance", a->tolerance, "largest error allowed: |numeric - analytic| / max(1, |numeric|)")
+  cmd->add_option("--tolerance", a->tolerance,
+                  "largest error allowed: |numeric - analytic| / max(1, |numeric|)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", a->seed, "seed of the inputs and the elements picked");
   cmd->callback([a] { set_exit_code(check_stage(*a)); });
