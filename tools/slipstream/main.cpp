@@ -3,6 +3,7 @@
 // engine/command_registry.h.
 #include <CLI/CLI.hpp>
 
+#include <functional>
 #include <iostream>
 
 #include "engine/command_registry.h"
@@ -32,6 +33,13 @@ int main(int argc, char** argv) {
       ->trigger_on_parse();
   slipstream::cli::add_core_commands(app);
   for (const auto& cmd : slipstream::registered_commands()) cmd.setup(app);
+  // No default shown where it says nothing: a required option's, or an empty list's "[]".
+  std::function<void(CLI::App&)> quiet_defaults = [&](CLI::App& a) {
+    for (CLI::Option* o : a.get_options())
+      if (o->get_required() || o->get_default_str() == "[]") o->default_str("");
+    for (CLI::App* sub : a.get_subcommands([](CLI::App*) { return true; })) quiet_defaults(*sub);
+  };
+  quiet_defaults(app);
   slipstream::cli::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);
