@@ -4,6 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/checkpoint.h"
 #include "engine/graph.h"
@@ -153,16 +156,20 @@ class CheckpointStage : public Stage {
       w.text("best." + std::to_string(i) + ".name", best_[i].second);
     }
   }
-  void load(StateReader& r) override {
-    best_.clear();
-    if (!r.has("best_count")) return;
-    int64_t n = r.integer("best_count");
-    for (int64_t i = 0; i < n; ++i)
-      best_.emplace_back(r.number("best." + std::to_string(i) + ".loss"),
-                         r.text("best." + std::to_string(i) + ".name"));
-  }
+  void load(StateReader& r) override { best_ = listed_bests(r); }
 
  private:
+  // The (loss, name) list save() writes.
+  static std::vector<std::pair<double, std::string>> listed_bests(const StateReader& r) {
+    std::vector<std::pair<double, std::string>> out;
+    if (!r.has("best_count")) return out;
+    const int64_t n = r.integer("best_count");
+    for (int64_t i = 0; i < n; ++i)
+      out.emplace_back(r.number("best." + std::to_string(i) + ".loss"),
+                       r.text("best." + std::to_string(i) + ".name"));
+    return out;
+  }
+
   static constexpr const char* kLast = "last";
   static fs::path root(StageContext& ctx) { return fs::path(ctx.run().run_dir) / "checkpoints"; }
 
@@ -178,15 +185,12 @@ class CheckpointStage : public Stage {
     try {
       const std::string path = (dir / name / "state.safetensors").string();
       const SafetensorsFile f = read_safetensors(path, SafetensorsRead::metadata);
-      const StateReader r(f.tensors, f.metadata, ctx.name(), path);
-      if (!r.has("best_count")) return;
-      for (int64_t i = 0; i < r.integer("best_count"); ++i) {
-        const std::string key = "best." + std::to_string(i);
-        if (r.text(key + ".name") != name) continue;
-        const double loss = r.number(key + ".loss");
-        if (std::isfinite(loss)) best_.emplace_back(loss, name);
-        return;
-      }
+      for (const auto& [loss, listed] :
+           listed_bests(StateReader(f.tensors, f.metadata, ctx.name(), path)))
+        if (listed == name) {
+          if (std::isfinite(loss)) best_.emplace_back(loss, name);
+          return;
+        }
     } catch (const std::exception& e) {
       ctx.log(name + " not counted as a best checkpoint: " + e.what());
     }
@@ -209,13 +213,14 @@ class CheckpointStage : public Stage {
       save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
     } catch (const std::exception& e) {
       // What the run still has, and how to go on from it (a full disk, most often).
-      const std::string newest = periodic_.empty() ? std::string() : periodic_.back();
-      throw std::runtime_error(
-          std::string(e.what()) + "; " + name + " was not written (nothing of it is left). " +
-          (newest.empty() ? std::string("No checkpoint of this run was written yet")
-                          : "The newest checkpoint is " + newest + ": --resume " +
-                                ctx.run().run_dir + " goes on from it") +
-          (newest.empty() ? "" : " once the cause is mended (free space, or a lower keep)"));
+      std::string what =
+          std::string(e.what()) + "; " + name + " was not written (nothing of it is left). ";
+      if (periodic_.empty())
+        what += "No checkpoint of this run was written yet";
+      else
+        what += "The newest checkpoint is " + periodic_.back() + ": --resume " + ctx.run().run_dir +
+                " goes on from it once the cause is mended (free space, or a " + "lower keep)";
+      throw std::runtime_error(what);
     }
     return true;
   }
