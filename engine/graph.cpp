@@ -604,15 +604,29 @@ class GraphPlanner {
       }
       for (size_t i = 0; i < ins.size(); ++i) {
         if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
+        // Inputs bind by name; an output of another name is bound by writing it. Name the one
+        // whose type fits, when one does (a new stage's `y` before a model's `x`).
         std::string avail;
-        for (const auto& cd : cands)
-          avail += (avail.empty() ? "" : ", ") + plan.stages[cd.stage].name + "." +
-                   plan.stages[cd.stage].schema->outputs()[cd.port].name;
-        issues.push_back(
-            {c.inputs_mark, who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) +
-                                ") has no producer" +
-                                (avail.empty() ? std::string(": the stage has no inputs")
-                                               : " among its inputs (available: " + avail + ")")});
+        std::vector<std::string> fitting;
+        for (const auto& cd : cands) {
+          const PortSpec& out = plan.stages[cd.stage].schema->outputs()[cd.port];
+          const std::string ref = plan.stages[cd.stage].name + "." + out.name;
+          avail += (avail.empty() ? "" : ", ") + ref;
+          const bool dtype_fits = !ins[i].dtype || !out.dtype || *ins[i].dtype == *out.dtype;
+          const bool rank_fits = ins[i].rank < 0 || out.rank < 0 || ins[i].rank == out.rank;
+          if (dtype_fits && rank_fits) fitting.push_back(ref);
+        }
+        std::string msg =
+            who(c) + "input '" + ins[i].name + "' (" + port_desc(ins[i]) + ") has no producer";
+        if (avail.empty()) {
+          msg += ": the stage has no inputs";
+        } else {
+          msg += " among its inputs (available: " + avail + "); inputs bind by name: ";
+          msg += fitting.size() == 1
+                     ? "write inputs: {" + ins[i].name + ": " + fitting[0] + ", ...}"
+                     : "write inputs: {" + ins[i].name + ": stage.port, ...}";
+        }
+        issues.push_back({c.inputs_mark, msg});
       }
     }
   }

@@ -122,6 +122,23 @@ TEST(Config, PortDtypeMismatch) {
             "i32, rank 1");
 }
 
+// An input of another name than the output meant for it: the error names the one output whose
+// type fits, written as the binding that fixes it.
+TEST(Config, AnUnboundInputNamesTheOutputThatFits) {
+  TempDir d;
+  const std::string e = plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: f, kind: test_to_f32, inputs: [src]}
+  - {name: tr, kind: test_trainable, inputs: [src]}
+  - {name: g, kind: test_to_f32, inputs: [tr, f]}
+)");
+  EXPECT_NE(e.find("g.yaml:5:42: stage 'g' (test_to_f32): input 'x' (i32, rank 1) has no "
+                   "producer among its inputs (available: tr.z, f.y); inputs bind by name: write "
+                   "inputs: {x: tr.z, ...}"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Config, MissingRequiredParameterAndProducer) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
@@ -129,8 +146,8 @@ TEST(Config, MissingRequiredParameterAndProducer) {
   - {name: sink, kind: test_f32_sink, inputs: [src, src], params: {level: 1}}
 )"),
             "g.yaml:3:47: stage 'sink' (test_f32_sink): input 'y' (f32, rank 1) has no producer "
-            "among its "
-            "inputs (available: src.x, src.x)");
+            "among its inputs (available: src.x, src.x); inputs bind by name: write inputs: {y: "
+            "stage.port, ...}");
   std::string e = plan_error(d, R"(stages:
   - {name: src, kind: test_counter}
   - {name: sink, kind: test_f32_sink, inputs: {y: src.x}}

@@ -262,9 +262,19 @@ constexpr const char* kPluginReadme = R"tpl(# @KIND@ — a slipstream stage plug
 
 Use it in a graph:
 
-    plugins: [build/lib@KIND@.so]
+    plugins: [build/lib@KIND@.so]   # a path from the graph file's folder, or absolute
     stages:
-      my_step: {kind: @KIND@, inputs: [...]}
+      ...
+      - name: my_step
+        kind: @KIND@
+        inputs: {x: embed.x}
+      - name: core
+        kind: mamba
+        inputs: {x: my_step.y, continues: h2d.continues}
+      ...
+
+Inputs bind by name: a stage reads an output of another name when the graph names it
+(`{x: my_step.y}`), as above.
 
 `slipstream --plugin build/lib@KIND@.so stages @KIND@` prints its schema;
 `slipstream --plugin build/lib@KIND@.so stage check @KIND@ --input x=4,8` checks its gradients.
