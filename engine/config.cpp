@@ -258,12 +258,14 @@ bool has_yaml_suffix(const std::string& s) {
 }
 
 // Finds a file named relative to `base_dir`, its parent, or the working directory.
+// Absolute: a run's config.yaml names its graph and plugins so that eval, infer, the policy
+// library and a resume find them from any folder.
 std::optional<std::string> find_relative(const std::string& name, const fs::path& base_dir) {
   fs::path p(name);
   if (p.is_absolute()) return path_exists(p) ? std::optional(p.string()) : std::nullopt;
   for (const fs::path& dir : {base_dir, base_dir.parent_path(), fs::current_path()}) {
     fs::path c = dir / p;
-    if (path_exists(c)) return c.lexically_normal().string();
+    if (path_exists(c)) return fs::absolute(c).lexically_normal().string();
   }
   return std::nullopt;
 }

@@ -76,12 +76,18 @@ DeviceChoice choose_device(std::string_view request, int local_rank) {
     }
     return {Device::cpu(), "using cpu: " + p.reason};
   }
-  Device d = parse_device(request);  // throws std::invalid_argument on a typo
+  Device d;
+  try {
+    d = parse_device(request);
+  } catch (const std::invalid_argument&) {  // a typo: every request this function takes
+    throw std::invalid_argument("unknown device '" + std::string(request) +
+                                "': expected auto, cpu, cuda, cuda:N (N = 0, 1, ...) or emulated");
+  }
   CudaProbe p = probe_cuda();
   if (!p.available)
     throw std::runtime_error("device " + std::string(request) +
                              " requested but CUDA is unavailable: " + p.reason +
-                             "; run with --device cpu (or auto) to use the CPU");
+                             "; device cpu (or auto) runs on the CPU");
   if (request == "cuda")
     d.index = local_device_index(local_rank, static_cast<int>(p.devices.size()));
   if (d.index >= static_cast<int>(p.devices.size()))

@@ -279,8 +279,9 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   if (!checkpoint || !*checkpoint)
     return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_open: no checkpoint path");
   const std::string dev = device && *device ? device : "cpu";
+  bool emulated = false;  // the CUDA path on host memory: the runner's device says "cpu"
   try {
-    (void)choose_device(dev);  // an unknown or absent device is refused here, by name
+    emulated = choose_device(dev).emulate_cuda;  // an unknown or absent device is refused here
   } catch (const std::exception& e) {
     return fail(nullptr, SLIPSTREAM_E_DEVICE, "device '" + dev + "': " + e.what());
   }
@@ -320,7 +321,8 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
       p->sampler = make_controller_sampler(p->runner->graph().context(p->heads).exec(),
                                            p->runner->graph().stage(p->heads));
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
-                       "), " + chain + ", device " + p->runner->state().device.str();
+                       "), " + chain + ", device " +
+                       (emulated ? std::string("emulated") : p->runner->state().device.str());
     } catch (const StageError& e) {
       s = SLIPSTREAM_E_CONFIG;  // a stage refused to start the stream
       err = e.what();
@@ -384,20 +386,22 @@ slipstream_status slipstream_policy_reset_game(slipstream_policy* p, int32_t gam
   });
 }
 
-slipstream_status slipstream_policy_step_batch(slipstream_policy* p, int32_t n,
-                                               const slipstream_game_frame* frames,
-                                               slipstream_controller* out) {
-  if (!p)
-    return fail(nullptr, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: policy is NULL");
+namespace {
+// slipstream_policy_step_batch, and slipstream_policy_step (`batch` false: its errors name it).
+slipstream_status step_games(bool batch, slipstream_policy* p, int32_t n,
+                             const slipstream_game_frame* frames, slipstream_controller* out) {
+  const char* fn = batch ? "slipstream_policy_step_batch" : "slipstream_policy_step";
+  const std::string at = std::string(fn) + ": ";
+  if (!p) return fail(nullptr, SLIPSTREAM_E_ARGUMENT, at + "policy is NULL");
   const HandleUse use(p);
-  if (!use.owned()) return use.refused("slipstream_policy_step_batch");
+  if (!use.owned()) return use.refused(fn);
   if (!frames || !out)
-    return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: frames or out is NULL");
-  if (n < 1) return fail(p, SLIPSTREAM_E_ARGUMENT, "slipstream_policy_step_batch: n must be >= 1");
+    return fail(p, SLIPSTREAM_E_ARGUMENT, at + (batch ? "frames" : "frame") + " or out is NULL");
+  if (n < 1) return fail(p, SLIPSTREAM_E_ARGUMENT, at + "n must be >= 1");
   if (p->games != 0 && n != p->games)
     return fail(p, SLIPSTREAM_E_ARGUMENT,
-                "slipstream_policy_step_batch: this stream plays " + std::to_string(p->games) +
-                    " game(s), not " + std::to_string(n) +
+                at + "this stream plays " + std::to_string(p->games) + " game(s), not " +
+                    std::to_string(n) +
                     " (slipstream_policy_reset starts a stream of another number)");
   p->frames.assign(static_cast<size_t>(n), FedFrame{});
   for (int32_t i = 0; i < n; ++i)
@@ -412,6 +416,13 @@ slipstream_status slipstream_policy_step_batch(slipstream_policy* p, int32_t n,
     }
     return SLIPSTREAM_OK;
   });
+}
+}  // namespace
+
+slipstream_status slipstream_policy_step_batch(slipstream_policy* p, int32_t n,
+                                               const slipstream_game_frame* frames,
+                                               slipstream_controller* out) {
+  return step_games(true, p, n, frames, out);
 }
 
 slipstream_status slipstream_policy_set_threads(slipstream_policy* p, int32_t threads) {
@@ -434,7 +445,7 @@ slipstream_status slipstream_policy_set_threads(slipstream_policy* p, int32_t th
 
 slipstream_status slipstream_policy_step(slipstream_policy* p, const slipstream_game_frame* frame,
                                          slipstream_controller* out) {
-  return slipstream_policy_step_batch(p, 1, frame, out);
+  return step_games(false, p, 1, frame, out);
 }
 
 slipstream_status slipstream_policy_distribution_of(const slipstream_policy* p, int32_t game,

@@ -3,14 +3,18 @@
 // in; the logits, each head's probabilities and the next state out). With --replay it also
 // records, for one port's frames of that replay, the tensors the step reads and the logits our
 // own step gives (`infer`'s computation: the run's graph frame by frame, state carried), as
-// safetensors: what a serving stack checks its run of the exported model against.
+// safetensors: what a serving stack feeds the exported model (the ids as its int64 inputs) and
+// checks its answers against. Both files are written after everything is read and built, so a
+// mistake (a replay or port with no frames) leaves no file behind.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,9 +38,15 @@ struct ExportArgs {
   std::vector<std::string> sets;
 };
 
+struct Samples {
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+  int64_t frames = 0;
+};
+
 // The first `frames` frames of one port of a replay, one at a time through the run's graph on
 // the CPU: the loader's tensors of each frame and the heads' logits.
-void record_samples(const ExportArgs& a, const CheckpointPath& where) {
+Samples record_samples(const ExportArgs& a, const CheckpointPath& where) {
   std::vector<std::string> sets = a.sets;
   sets.push_back("run.device=cpu");
   GraphPlan plan = plan_graph(
@@ -48,7 +58,7 @@ void record_samples(const ExportArgs& a, const CheckpointPath& where) {
   const char* const f32_names[] = {"numeric", "prev_controller"};
   const char* const id_names[] = {"action", "character", "stage"};
   std::map<std::string, std::vector<float>> f32;
-  std::map<std::string, std::vector<int32_t>> ids;
+  std::map<std::string, std::vector<int64_t>> ids;  // the exported step's id inputs are int64
   std::vector<float> logits;
   int64_t n = 0;
   const EvalResult r = runner.stream(where.checkpoint, [&](const Batch& b, double) {
@@ -78,19 +88,19 @@ void record_samples(const ExportArgs& a, const CheckpointPath& where) {
     std::memcpy(out.raw(), data, out.nbytes());
     return out;
   };
-  std::map<std::string, Tensor> out;
+  Samples s;
+  std::map<std::string, Tensor>& out = s.tensors;
   out["numeric"] = tensor({kSlots, kNumericFeatures}, DType::f32, f32["numeric"].data());
   out["prev_controller"] = tensor({kControllerFeatures}, DType::f32, f32["prev_controller"].data());
-  out["action"] = tensor({kSlots}, DType::i32, ids["action"].data());
-  out["character"] = tensor({kSlots}, DType::i32, ids["character"].data());
-  out["stage"] = tensor({}, DType::i32, ids["stage"].data());
+  out["action"] = tensor({kSlots}, DType::i64, ids["action"].data());
+  out["character"] = tensor({kSlots}, DType::i64, ids["character"].data());
+  out["stage"] = tensor({}, DType::i64, ids["stage"].data());
   out["logits"] = tensor({kHeadsWidth}, DType::f32, logits.data());
-  write_safetensors(a.samples, out,
-                    {{"replay", a.replay},
-                     {"port", std::to_string(a.port)},
-                     {"checkpoint_step", std::to_string(r.step)}});
-  std::printf("export: %s: %lld frames of %s, port %d (inputs and our step's logits)\n",
-              a.samples.c_str(), static_cast<long long>(n), a.replay.c_str(), a.port);
+  s.metadata = {{"replay", a.replay},
+                {"port", std::to_string(a.port)},
+                {"checkpoint_step", std::to_string(r.step)}};
+  s.frames = n;
+  return s;
 }
 
 // The weights the policy plays with: the checkpoint's, with an optimizer's EMA copy in their
@@ -127,6 +137,8 @@ int export_command(const ExportArgs& a) {
     std::string ema;
     const auto weights = policy_weights(where, plan, ema);
     const PolicyOnnx m = build_policy_onnx(plan, weights);
+    std::optional<Samples> samples;
+    if (!a.replay.empty()) samples = record_samples(a, where);
     m.graph->write(a.out);
     std::string states;
     for (const std::string& s : m.state_inputs) states += " " + s;
@@ -138,7 +150,12 @@ int export_command(const ExportArgs& a) {
         "value (NAME.next)\n",
         a.out.c_str(), where.checkpoint.c_str(), ema.c_str(), m.core_kind.c_str(), m.graph->nodes(),
         m.graph->initializers(), states.c_str());
-    if (!a.replay.empty()) record_samples(a, where);
+    if (samples) {
+      write_safetensors(a.samples, samples->tensors, samples->metadata);
+      std::printf("export: %s: %lld frames of %s, port %d (inputs and our step's logits)\n",
+                  a.samples.c_str(), static_cast<long long>(samples->frames), a.replay.c_str(),
+                  a.port);
+    }
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -159,12 +176,18 @@ void setup_export(CLI::App& parent) {
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--format", a->format, "onnx")->check(CLI::IsMember({"onnx"}));
   cmd->add_option("--out,-o", a->out, "the model file to write (e.g. policy.onnx)")->required();
-  cmd->add_option("--replay", a->replay,
-                  "also record a replay's frames: the step's inputs and our own step's logits");
-  cmd->add_option("--port", a->port, "with --replay: the player (1-4)")->check(CLI::Range(1, 4));
+  CLI::Option* replay = cmd->add_option(
+      "--replay", a->replay,
+      "also record a replay's frames: the step's inputs (ids as int64, as the model takes them) "
+      "and our own step's logits");
+  cmd->add_option("--port", a->port, "with --replay: the player (1-4)")
+      ->check(CLI::Range(1, 4))
+      ->needs(replay);
   cmd->add_option("--frames", a->frames, "with --replay: at most this many frames")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--samples", a->samples, "with --replay: the safetensors file to write");
+      ->check(CLI::PositiveNumber)
+      ->needs(replay);
+  cmd->add_option("--samples", a->samples, "with --replay: the safetensors file to write")
+      ->needs(replay);
   cmd->add_option("--set,-s", a->sets, "override stage.param=value");
   cmd->callback([a] {
     if (!a->replay.empty() && a->samples.empty())

@@ -1,8 +1,8 @@
 // `slipstream infer`: drives a checkpoint's policy over one replay frame by frame, as a bot in
 // the game would: the run's graph reads the replay as windows of one frame, in order, for one
 // port's player, and Runner::stream carries the temporal model's state from each frame to the
-// next (Streaming::recurrent). Writes each frame's predicted controller beside the recorded one
-// (--csv, the most likely input; with --probabilities also the distribution it came from),
+// next (Streaming::recurrent). Writes each frame's most likely controller, the recorded one and
+// the sampled policy's (--csv; with --probabilities also the distribution they came from),
 // prints per-head accuracy against the recorded inputs, how
 // often the policy acts (sampled, as the policy library answers by default, and its most likely
 // input) against how often the player did, and the policy's per-frame latency (the section's
@@ -10,7 +10,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -57,35 +59,39 @@ struct ActionRates {
   // (81; `ar` the autoregressive weight or null), drawn at `temperature` and most likely. The
   // draws of frame f are the policy library's for a game keyed `seed` at its frame f (game 0 of
   // a handle with that seed).
-  void add(const float* rec_buttons, const int32_t* rec_sticks, const float* logits,
-           const float* ar, float temperature, uint64_t seed) {
-    ChosenController rec;
+  struct Frame {
+    ChosenController recorded, sampled, most_likely;
+  };
+  Frame add(const float* rec_buttons, const int32_t* rec_sticks, const float* logits,
+            const float* ar, float temperature, uint64_t seed) {
+    Frame f;
     for (int k = 0; k < kButtons; ++k)
-      if (rec_buttons[k] > 0.5f) rec.buttons |= 1u << k;
-    std::copy_n(rec_sticks, kStickHeads, rec.classes);
+      if (rec_buttons[k] > 0.5f) f.recorded.buttons |= 1u << k;
+    std::copy_n(rec_sticks, kStickHeads, f.recorded.classes);
     const uint64_t key = frame_draws_key(seed, frames++);
-    recorded += rec.acts();
-    sampled += choose_controller(logits, ar, temperature, key).acts();
-    most_likely += choose_controller(logits, ar, 0, key).acts();
+    f.sampled = choose_controller(logits, ar, temperature, key);
+    f.most_likely = choose_controller(logits, ar, 0, key);
+    recorded += f.recorded.acts();
+    sampled += f.sampled.acts();
+    most_likely += f.most_likely.acts();
+    return f;
   }
   static double pct(size_t n, size_t of) { return of ? 100.0 * double(n) / double(of) : 0.0; }
 };
 
-int argmax(const float* v, int n) {
-  return static_cast<int>(std::max_element(v, v + n) - v);
-}
-
-// One CSV row: the frame the policy saw, its predicted controller, the recorded one, and (with
-// probabilities) the distribution: p_<button> and p_<head>_<class>, as the policy library's.
+// One CSV row: the frame the policy saw, its most likely controller (pred_*: the policy at
+// temperature 0), the recorded one (rec_*), the sampled policy's (sampled_*: at --temperature,
+// the policy library's draws for a game of --seed), and (with probabilities) the distribution:
+// p_<button> and p_<head>_<class>, as the policy library's.
 class FrameWriter {
  public:
   FrameWriter(const std::string& path, bool probabilities)
       : out_(path), probabilities_(probabilities) {
-    if (!out_) throw std::runtime_error("cannot write " + path);
+    if (!out_) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
     static constexpr const char* kButtonNames[kButtons] = {"A", "B", "X", "Y",
                                                            "Z", "L", "R", "DUp"};
     out_ << "frame";
-    for (const char* who : {"pred", "rec"}) {
+    for (const char* who : {"pred", "rec", "sampled"}) {
       for (const char* b : kButtonNames) out_ << ',' << who << '_' << b;
       for (const char* s : {"main_x", "main_y", "c_x", "c_y", "shoulder"})
         out_ << ',' << who << '_' << s;
@@ -98,16 +104,12 @@ class FrameWriter {
     out_ << ",latency_us\n";
   }
   // `all`: the heads' 81 logits of the frame, in their column order.
-  void row(int32_t frame, const float* all, const float* rec_buttons, const int32_t* rec_sticks,
-           double seconds) {
-    const float* logits[kHeads];
-    for (int h = 0; h < kHeads; ++h) logits[h] = all + head_offset(h);
+  void row(int32_t frame, const float* all, const ActionRates::Frame& f, double seconds) {
     out_ << frame;
-    for (int b = 0; b < kButtons; ++b) out_ << ',' << (logits[0][b] > 0 ? 1 : 0);
-    for (int h = 0; h < kStickHeads; ++h)
-      out_ << ',' << value(h, argmax(logits[h + 1], head_classes(h)));
-    for (int b = 0; b < kButtons; ++b) out_ << ',' << (rec_buttons[b] > 0.5f ? 1 : 0);
-    for (int h = 0; h < kStickHeads; ++h) out_ << ',' << value(h, rec_sticks[h]);
+    for (const ChosenController* c : {&f.most_likely, &f.recorded, &f.sampled}) {
+      for (int b = 0; b < kButtons; ++b) out_ << ',' << ((c->buttons >> b) & 1u);
+      for (int h = 0; h < kStickHeads; ++h) out_ << ',' << value(h, c->classes[h]);
+    }
     if (probabilities_) {  // the policy library's distribution, column by column
       float d[kHeadsWidth];
       heads_distribution(all, d);
@@ -157,13 +159,13 @@ int infer_command(const InferArgs& a) {
   const auto found = command_checkpoint(a.checkpoint, std::cerr, std::cerr);
   if (!found) return 1;
   const CheckpointPath& where = *found;
-  note_training_overlap(where, {a.replay}, std::cerr);
-  const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
   std::vector<std::string> sets = a.sets;
   if (!a.device.empty()) sets.push_back("run.device=" + a.device);
   if (a.op_times) add_operation_time_sets(sets, a.device);
   GraphPlan plan;
   try {
+    const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
+    note_training_overlap(where, {a.replay}, std::cerr);
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
@@ -200,11 +202,12 @@ int infer_command(const InferArgs& a) {
       const StageContext& sc = g.context(static_cast<size_t>(src));
       const Tensor tb = sc.output(b, "target_buttons").to(Device::cpu());
       const Tensor ts = sc.output(b, "target_sticks").to(Device::cpu());
-      acts.add(tb.data<float>(), ts.data<int32_t>(), all, ar.empty() ? nullptr : ar.data(),
-               a.temperature, a.seed);
+      const ActionRates::Frame f =
+          acts.add(tb.data<float>(), ts.data<int32_t>(), all, ar.empty() ? nullptr : ar.data(),
+                   a.temperature, a.seed);
       if (!csv) return;
-      csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), all,
-               tb.data<float>(), ts.data<int32_t>(), seconds);
+      csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), all, f,
+               seconds);
     });
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
@@ -218,8 +221,9 @@ int infer_command(const InferArgs& a) {
     return 1;
   }
   if (latency.empty()) {
+    const std::string why = ports_played(a.replay, a.port);
     std::cerr << "error: " << a.replay << ": no frame of port " << a.port << " to play"
-              << ports_played(a.replay, a.port) << "\n";
+              << (why.empty() ? " (the loader's lines above say why)" : why) << "\n";
     return 1;
   }
   std::printf("infer: %s, port %d: %zu frames, checkpoint step %llu\n", a.replay.c_str(), a.port,
@@ -255,6 +259,16 @@ int infer_command(const InferArgs& a) {
   return 0;
 }
 
+// CLI11's NonNegativeNumber names its range's top (DBL_MAX, 300 digits), and an unsigned option
+// takes -1 as 2^64 - 1: a value with a minus sign is refused in a word.
+CLI::Validator not_negative(const std::string& what) {
+  return CLI::Validator(
+      [](std::string& v) {
+        return !v.empty() && v[0] != '-' ? std::string() : "must be 0 or more, not " + v;
+      },
+      what);
+}
+
 void setup_infer(CLI::App& parent) {
   auto a = std::make_shared<InferArgs>();
   CLI::App* infer = parent.add_subcommand(
@@ -266,17 +280,23 @@ void setup_infer(CLI::App& parent) {
   infer->add_option("--port", a->port, "the player whose inputs are predicted (1-4)")
       ->required()
       ->check(CLI::Range(1, 4));
-  infer->add_option("--csv", a->csv, "write each frame's predicted and recorded controller");
-  infer->add_flag("--probabilities", a->probabilities,
-                  "with --csv: also each frame's distribution (p_A .. p_DUp, p_main_x_0 .. "
-                  "p_shoulder_4), as the policy library gives it");
+  infer->add_option("--csv", a->csv,
+                    "write each frame's controllers: the most likely (pred_*), the recorded "
+                    "(rec_*) and the sampled policy's at --temperature and --seed (sampled_*)");
+  CLI::Option* csv = infer->get_option("--csv");
+  infer
+      ->add_flag("--probabilities", a->probabilities,
+                 "with --csv: also each frame's distribution (p_A .. p_DUp, p_main_x_0 .. "
+                 "p_shoulder_4), as the policy library gives it")
+      ->needs(csv);
   infer->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
   infer
       ->add_option("--temperature", a->temperature,
                    "of the sampled policy whose action rate is reported (the policy library's "
                    "default: 1; 0 is the most likely input)")
-      ->check(CLI::NonNegativeNumber);
-  infer->add_option("--seed", a->seed, "of the sampled policy's draws");
+      ->check(not_negative("NUMBER >= 0"));
+  infer->add_option("--seed", a->seed, "of the sampled policy's draws (0 to 2^64 - 1)")
+      ->check(not_negative("UINT"));
   infer->add_option("--set,-s", a->sets, "override stage.param=value or run.key=value");
   infer->add_flag("--op-times", a->op_times,
                   "also time each operation of a frame's CUDA graph on the device (time stamps "

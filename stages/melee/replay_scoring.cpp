@@ -41,6 +41,11 @@ int stage_of_kind(const GraphPlan& plan, const std::string& kind) {
 }
 
 ReplaySelection frame_by_frame(const std::string& replay, int port, std::string origin) {
+  if (std::error_code ec; !std::filesystem::is_regular_file(replay, ec))
+    throw ConfigError(
+        {{SourceMark{"<" + origin + ">", 0, 0},
+          "--replay " + replay + ": " +
+              (std::filesystem::exists(replay, ec) ? "not a file" : "no such file")}});
   ReplaySelection sel{{replay}, port, std::move(origin), {}};
   sel.loader = {{"batch_size", YAML::Node(1)},
                 {"window", YAML::Node(1)},

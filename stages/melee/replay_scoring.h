@@ -36,7 +36,8 @@ int stage_of_kind(const GraphPlan& plan, const std::string& kind);
 
 // One replay's frames of one port, every frame in game order, one at a time (batch 1, window 1):
 // what `infer` plays and `export --replay` records. The replay is the user's choice, so the run's
-// game filters (characters, stages, minimum length) do not apply.
+// game filters (characters, stages, minimum length) do not apply. A replay that is not a file is
+// a ConfigError.
 ReplaySelection frame_by_frame(const std::string& replay, int port, std::string origin);
 
 // The checkpoint's graph (CheckpointPath::graph_file: its weights' `slipstream.config`, or

@@ -72,10 +72,17 @@ TEST(Device, FallbackWithoutDriver) {
       FAIL() << req << " should throw";
     } catch (const std::runtime_error& e) {
       EXPECT_TRUE(contains(e.what(), p.reason)) << e.what();
-      EXPECT_TRUE(contains(e.what(), "--device cpu")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "device cpu (or auto) runs on the CPU")) << e.what();
     }
   }
   EXPECT_THROW(choose_device("tpu"), std::invalid_argument);
+  try {  // a typo lists every request the choice takes, not only parse_device's
+    choose_device("gpu");
+    FAIL() << "gpu should throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), "expected auto, cpu, cuda, cuda:N (N = 0, 1, ...) or emulated"))
+        << e.what();
+  }
   EXPECT_THROW(Pools::device(0), std::runtime_error);
 }
 

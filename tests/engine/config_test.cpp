@@ -139,6 +139,26 @@ TEST(Config, AnUnboundInputNamesTheOutputThatFits) {
       << e;
 }
 
+// A plugin named relative to a graph given by a relative path is kept by its absolute path: the
+// run's config.yaml names it so, and eval, infer and the policy library load it from any folder.
+TEST(Config, APluginPathIsKeptAbsolute) {
+  TempDir d;
+  d.write("sub/libmine.so", "");
+  d.write("sub/g.yaml", "plugins: [libmine.so]\n" + std::string(kGood));
+  const fs::path before = fs::current_path();
+  fs::current_path(d.path());
+  Config c;
+  try {
+    c = load_config("sub/g.yaml");
+  } catch (...) {
+    fs::current_path(before);
+    throw;
+  }
+  fs::current_path(before);
+  ASSERT_EQ(c.plugins.size(), 1u);
+  EXPECT_EQ(c.plugins[0].first, d.path() + "/sub/libmine.so");
+}
+
 TEST(Config, MissingRequiredParameterAndProducer) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:

@@ -283,6 +283,11 @@ TEST(Policy, AutoregressiveHeadsAnswerTheDecodedController) {
         write_safetensors(path, f.tensors, f.metadata);
       }
       Handle cpu(strong), dev(strong, device.c_str());
+      // The description names the device asked for (the emulator's memory is the host's).
+      EXPECT_NE(std::string(slipstream_policy_describe(dev.p))
+                    .find(device == "emulated" ? "device emulated" : "device cuda:"),
+                std::string::npos)
+          << slipstream_policy_describe(dev.p);
       // Hot draws, so earlier items often differ from the most likely ones and condition later
       // items otherwise than the decode did.
       ASSERT_EQ(slipstream_policy_set_sampling(cpu.p, 1.5f, 5), SLIPSTREAM_OK);

@@ -118,6 +118,8 @@ class OnnxExport(unittest.TestCase):
                          "--samples", samples])
         self.assertEqual(code, 0, out)
         rec = read_safetensors(samples)
+        for ids in ("action", "character", "stage"):  # fed to the model as they are
+            self.assertEqual(rec[ids].dtype, np.int64, ids)
         sess = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
         outputs = [o.name for o in sess.get_outputs()]
         state = {i.name: np.zeros([1] + list(i.shape[1:]), np.float32)
@@ -129,9 +131,9 @@ class OnnxExport(unittest.TestCase):
         for t in range(n):
             feed = {"numeric": rec["numeric"][t:t + 1],
                     "prev_controller": rec["prev_controller"][t:t + 1],
-                    "action": rec["action"][t:t + 1].astype(np.int64),
-                    "character": rec["character"][t:t + 1].astype(np.int64),
-                    "stage": rec["stage"][t:t + 1].astype(np.int64)}
+                    "action": rec["action"][t:t + 1],
+                    "character": rec["character"][t:t + 1],
+                    "stage": rec["stage"][t:t + 1]}
             feed.update(state)
             got = dict(zip(outputs, sess.run(outputs, feed)))
             for k in state:

@@ -4,6 +4,7 @@
 // window forward's outputs for Mamba and GRU; `slipstream infer` plays a replay.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -245,13 +246,13 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
   std::string header, line;
   std::getline(f, header);
   EXPECT_EQ(header.rfind("frame,pred_A,", 0), 0u) << header;
-  long rows = 0, pred_acts = 0, rec_acts = 0;
+  long rows = 0, pred_acts = 0, rec_acts = 0, sampled_acts = 0, sampled_differs = 0;
   int32_t prev_frame = -1000;
   while (std::getline(f, line)) {
     std::vector<double> v;
     std::stringstream cells(line);
     for (std::string c; std::getline(cells, c, ',');) v.push_back(std::stod(c));
-    ASSERT_EQ(v.size(), 28u) << line;  // frame, 13 predicted, 13 recorded, latency
+    ASSERT_EQ(v.size(), 41u) << line;  // frame, 13 most likely, 13 recorded, 13 sampled, latency
     EXPECT_GT(v[0], prev_frame) << "frames in game order";
     prev_frame = static_cast<int32_t>(v[0]);
     // Acting: a button, a stick off centre or the trigger (13 values: 8 buttons, 5 axes).
@@ -262,11 +263,13 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
     };
     pred_acts += acts(1);
     rec_acts += acts(14);
+    sampled_acts += acts(27);
+    sampled_differs += !std::equal(v.begin() + 1, v.begin() + 14, v.begin() + 27);
     ++rows;
   }
   EXPECT_EQ(rows, frames);
-  // The action rates: the recorded player's and the most likely input's as the CSV has them
-  // (pred_* is the most likely input), the sampled policy's at temperature 1 by default.
+  // The action rates: the recorded player's, the most likely input's and the sampled policy's
+  // (temperature 1 by default) as the CSV has them (rec_*, pred_*, sampled_*).
   const std::regex rates(
       R"(frames acting \(a button, a stick off centre, the trigger\): recorded ([0-9.]+) %, )"
       R"(policy sampled at temperature 1 \(seed 0\) ([0-9.]+) %, most likely input ([0-9.]+) %)");
@@ -275,7 +278,9 @@ TEST(Infer, PlaysAReplayFrameByFrame) {
   // One line of action rates, the policy's own draws (not also the scoring table's expectation).
   EXPECT_EQ(o.text.find("positions acting"), std::string::npos) << o.text;
   EXPECT_NEAR(std::stod(m[1]), 100.0 * double(rec_acts) / double(rows), 0.051) << o.text;
+  EXPECT_NEAR(std::stod(m[2]), 100.0 * double(sampled_acts) / double(rows), 0.051) << o.text;
   EXPECT_NEAR(std::stod(m[3]), 100.0 * double(pred_acts) / double(rows), 0.051) << o.text;
+  EXPECT_GT(sampled_differs, rows / 10) << "the sampled columns are draws, not the most likely";
   // At temperature 0 the sampled policy is the most likely input.
   o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +
               "/synth_00000.slp --port 2 --temperature 0");
