@@ -24,6 +24,9 @@ bool Runner::Impl::pull(std::vector<Stage*>& stages, std::vector<StageContext*>&
   uint64_t t0 = now_ns(), nested = 0;
   try {
     if (plan().stages[k].schema->stage_role() == StageRole::source) {
+      // A rebatcher's time holds its pulls from upstream until it ends: only a source's body
+      // is counted while it runs.
+      const OpenBody open(count ? counters[k].get() : nullptr, t0);
       ok = stages[k]->produce(out, *ctxs[k]);
     } else {
       std::function<bool(Batch&)> up = [&](Batch& in) {

@@ -113,9 +113,44 @@ struct LiveCounters {
   std::atomic<uint64_t> items_in{0}, items_out{0}, busy_ns{0}, blocked_ns{0};
   std::atomic<uint64_t> enqueued{0}, started{0};
   std::atomic<uint32_t> max_queue{0};
-  // Publisher's previous sample, for the *_recent rates.
-  uint64_t prev_items = 0, prev_busy = 0, prev_blocked = 0;
+  // Bodies running now and the sum of their start times: busy_ns counts an item when it ends, so
+  // a stage whose item takes longer than the publish interval would read idle, then busy.
+  // Entered sum first, left count first: a reader that loads the count, then the sum, never
+  // sees a count whose start is missing from the sum.
+  std::atomic<uint64_t> open_items{0}, open_since_sum{0};
+  void enter(uint64_t t0) {
+    open_since_sum += t0;
+    open_items++;
+  }
+  void leave(uint64_t t0) {
+    open_items--;
+    open_since_sum -= t0;
+  }
+  // Time the running bodies have spent so far, at `now`; at most `limit` each (a body left
+  // between the two loads can make the sum hold a start the count no longer does).
+  uint64_t open_ns(uint64_t now, uint64_t limit) const {
+    const uint64_t n = open_items.load(), sum = open_since_sum.load();
+    if (n == 0 || n * now <= sum) return 0;
+    return std::min(n * now - sum, n * limit);
+  }
+  // Publisher's previous sample, for the *_recent rates (prev_busy with the running bodies'
+  // time, prev_done without).
+  uint64_t prev_items = 0, prev_busy = 0, prev_done = 0, prev_blocked = 0;
   bool prev_rate_set = false;  // items_per_s_recent holds a smoothed rate
+};
+
+// A stage body running from t0 until the scope ends (null: not counted).
+struct OpenBody {
+  LiveCounters* c;
+  uint64_t t0;
+  OpenBody(LiveCounters* counters, uint64_t start) : c(counters), t0(start) {
+    if (c) c->enter(t0);
+  }
+  ~OpenBody() {
+    if (c) c->leave(t0);
+  }
+  OpenBody(const OpenBody&) = delete;
+  OpenBody& operator=(const OpenBody&) = delete;
 };
 
 struct Msg {
@@ -248,8 +283,11 @@ struct Runner::Impl {
   }
   template <class Fn>
   void timed(size_t k, uint64_t batch_index, Fn&& fn) {
-    uint64_t t0 = runner_detail::now_ns();
-    as_stage(k, batch_index, fn);
+    const uint64_t t0 = runner_detail::now_ns();
+    {
+      const runner_detail::OpenBody open(counters[k].get(), t0);
+      as_stage(k, batch_index, fn);
+    }
     counters[k]->busy_ns += runner_detail::now_ns() - t0;
   }
 

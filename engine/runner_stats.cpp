@@ -54,7 +54,10 @@ void Runner::Impl::publish(stats::RunState state) {
       auto& s = r.stages[k];
       const auto& ps = plan().stages[k];
       int slots = ps.concurrency == 0 ? hw : ps.concurrency;
-      uint64_t busy = c.busy_ns.load(), blocked = c.blocked_ns.load(), items = c.items_out.load();
+      const uint64_t done = c.busy_ns.load(), blocked = c.blocked_ns.load(),
+                     items = c.items_out.load();
+      // With the bodies running now: a stage inside a long item is busy, not waiting.
+      const uint64_t busy = done + c.open_ns(t, static_cast<uint64_t>(std::max(0.0, elapsed)));
       s.items_in = c.items_in.load();
       s.items_out = items;
       s.busy_ns = busy;
@@ -72,7 +75,8 @@ void Runner::Impl::publish(stats::RunState state) {
                 (run.device.is_cuda() && ps.in_section ? stats::kStageDevice : 0);
       if (dt > 0) {
         double window = dt * 1e9 * slots;
-        double db = static_cast<double>(busy - c.prev_busy),
+        // (A running body's time is an estimate that can step back a little; never below 0.)
+        double db = static_cast<double>(busy - std::min(busy, c.prev_busy)),
                dbl = static_cast<double>(blocked - c.prev_blocked);
         uint64_t di = items - c.prev_items;
         // Smoothed like the run's rates: over one publish interval a stage's count is a whole
@@ -84,10 +88,12 @@ void Runner::Impl::publish(stats::RunState state) {
         s.blocked_output_frac_recent = std::min(1.0, dbl / window);
         s.wait_input_frac_recent =
             std::max(0.0, 1.0 - s.busy_frac_recent - s.blocked_output_frac_recent);
-        s.mean_latency_ms_recent =
-            di ? db * 1e-6 / static_cast<double>(di) : s.mean_latency_ms_recent;
+        s.mean_latency_ms_recent =  // of the items that ended in the window
+            di ? static_cast<double>(done - c.prev_done) * 1e-6 / static_cast<double>(di)
+               : s.mean_latency_ms_recent;
       }
       c.prev_busy = busy;
+      c.prev_done = done;
       c.prev_blocked = blocked;
       c.prev_items = items;
     }

@@ -6,6 +6,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -436,6 +437,40 @@ stages:
               std::string::npos)
         << e.what();
   }
+}
+
+// A stage inside an item longer than the publish interval reads busy while it runs, not idle
+// until the item ends (what slipstream-smi's Busy % and bottleneck are made of).
+TEST(Runner, AStageInsideALongItemIsPublishedBusy) {
+  reset_recorded();
+  TempDir d;
+  setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
+  std::string g = kChain;
+  g.replace(g.find("{count: 20, batch: 4}"), 21, "{count: 2, batch: 4}");
+  g.replace(g.find("kind: test_recorder, inputs: [work]}"), 36,
+            "kind: test_recorder, inputs: [work], params: {sleep_us: 1200000}}");
+  RunOptions o = quiet_options();
+  o.publish_stats = true;
+  Runner r(plan_text(d, g, {"run.stats_interval_ms=50", "run.name=longitem"}), o);
+  double busiest_before_an_item_ended = 0;
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (auto& f : stats::find_records(d.path()))
+        if (f.result.record && f.result.record->num_stages == 3) {
+          const auto& rec = f.result.record->stages[2];
+          if (rec.items_out == 0)
+            busiest_before_an_item_ended =
+                std::max(busiest_before_an_item_ended, rec.busy_frac_recent);
+        }
+    }
+  });
+  r.run();
+  done = true;
+  watcher.join();
+  unsetenv("SLIPSTREAM_STATS_DIR");
+  EXPECT_GT(busiest_before_an_item_ended, 0.8);
 }
 
 TEST(Runner, PublishesStatsRecordWhileRunning) {
