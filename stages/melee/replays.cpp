@@ -680,12 +680,29 @@ bool ReplaysStage::produce(Batch& out, StageContext& ctx) {
     ++real;
   }
 
-  // Bounded memory: each row's game, resident or read now, held until the batch is filled.
+  // Bounded memory: each row's game, resident or read now, held until the batch is filled. A
+  // game that cannot be read now (its source damaged or changed since setup) leaves its rows
+  // out, as padding, in this batch and every later one: a run goes on (and resumes) past it.
   std::vector<std::shared_ptr<const GameFeatures>> held(B);
   if (resident_) {
     want_games(k);
-    for (uint64_t r = 0; r < B; ++r)
-      if (rows[r]) held[r] = resident_->get(perspectives_[rows[r]->perspective].game);
+    for (uint64_t r = 0; r < B; ++r) {
+      if (!rows[r]) continue;
+      const uint32_t g = perspectives_[rows[r]->perspective].game;
+      std::string failure;
+      held[r] = resident_->get(g, &failure);
+      if (held[r]) continue;
+      if (!failure.empty())
+        ctx.log("warning: " + data_->games[g].source + " could not be read at batch " +
+                    std::to_string(k) + " (" + failure + "): its windows are left out of " +
+                    (validation_ ? "validation" : "training") + " from now on (" +
+                    std::to_string(resident_->stats().unreadable) +
+                    " game(s) so far); mend or rebuild the source to use them again",
+                /*every_rank=*/true);
+      rows[r].reset();
+      continues[r] = 0;
+      --real;
+    }
   }
   const WindowBatch t = WindowBatch::allocate(static_cast<int64_t>(B), window_, "slippi_replays");
   fill(rows, held, t.view);

@@ -53,12 +53,23 @@ void ResidentGames::want(const std::vector<uint32_t>& now, const std::vector<uin
   cv_.notify_all();
 }
 
-std::shared_ptr<const GameFeatures> ResidentGames::get(uint32_t g) {
+std::shared_ptr<const GameFeatures> ResidentGames::get(uint32_t g, std::string* failure) {
   {
     std::lock_guard lock(mu_);
     if (auto it = games_.find(g); it != games_.end()) return it->second;
+    if (unreadable_.count(g)) return nullptr;
   }
-  auto f = std::make_shared<const GameFeatures>(data_->read_game(g));
+  std::shared_ptr<const GameFeatures> f;
+  try {
+    f = std::make_shared<const GameFeatures>(data_->read_game(g));
+  } catch (const std::exception& e) {
+    std::lock_guard lock(mu_);
+    if (unreadable_.insert(g).second) {
+      ++stats_.unreadable;
+      if (failure) *failure = e.what();
+    }
+    return nullptr;
+  }
   std::lock_guard lock(mu_);
   ++stats_.reads;
   ++stats_.waits;
@@ -73,7 +84,7 @@ void ResidentGames::read_ahead() {
     if (stop_) return;
     const uint32_t g = queue_.front();
     queue_.pop_front();
-    if (games_.count(g) || !wanted_.count(g)) continue;
+    if (games_.count(g) || !wanted_.count(g) || unreadable_.count(g)) continue;
     lock.unlock();
     std::shared_ptr<const GameFeatures> f;
     try {

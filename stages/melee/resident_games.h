@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -31,14 +32,17 @@ class ResidentGames {
   // batch that needs a game before then reads it itself (get). Any other game is dropped; a
   // batch being filled keeps its own references until it is done.
   void want(const std::vector<uint32_t>& now, const std::vector<uint32_t>& ahead);
-  // Game g's features: resident, or read now (a wait, counted).
-  std::shared_ptr<const GameFeatures> get(uint32_t g);
+  // Game g's features: resident, or read now (a wait, counted). A game that cannot be read (its
+  // source damaged or changed since setup) is null, from then on without reading it again; the
+  // call that found it sets `failure` to why, the later ones leave it empty.
+  std::shared_ptr<const GameFeatures> get(uint32_t g, std::string* failure);
 
   struct Stats {
     uint64_t reads = 0;                       // games read, ahead or not
     uint64_t waits = 0;                       // games a batch had to read itself
     uint64_t games = 0, bytes = 0;            // resident now
     uint64_t peak_games = 0, peak_bytes = 0;  // at most, since the start
+    uint64_t unreadable = 0;                  // games that could not be read
   };
   Stats stats() const;
 
@@ -51,6 +55,7 @@ class ResidentGames {
   std::condition_variable cv_;
   std::unordered_map<uint32_t, std::shared_ptr<const GameFeatures>> games_;
   std::unordered_set<uint32_t> wanted_;
+  std::unordered_set<uint32_t> unreadable_;
   std::deque<uint32_t> queue_;
   Stats stats_;
   bool stop_ = false;

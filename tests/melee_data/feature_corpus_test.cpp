@@ -234,18 +234,85 @@ TEST(BoundedMemory, AnEpochReadsEveryWindowOnceWithFewGamesResident) {
   }
 }
 
-// A replay replaced after setup is named when its game is read again, not trained on.
-TEST(BoundedMemory, AReplayChangedDuringTheRunIsNamed) {
+// Every row of batch k whose mask is all zeros (padding, or a game left out).
+size_t masked_rows(const Tensors& t) {
+  const Tensor& mask = t.at("mask");
+  const int64_t B = mask.dim(0), W = mask.dim(1);
+  size_t n = 0;
+  for (int64_t r = 0; r < B; ++r) {
+    const float* m = mask.data<float>() + r * W;
+    n += std::all_of(m, m + W, [](float v) { return v == 0; });
+  }
+  return n;
+}
+
+// A replay replaced after setup is named when its game is read again, and not trained on: its
+// rows are left out (masked) and the run goes on, saying so once a game.
+TEST(BoundedMemory, AReplayChangedDuringTheRunIsNamedAndLeftOut) {
   TempDir dir("bounded_changed");
   slp::write_synthetic_games(dir.path() / "games", 4, 11, 600);
   Loader L({paths_of(dir.path() / "games"), "batch_size=8", "resident_games=3"}, 2);
+  std::vector<std::string> lines;
+  L.run().log_sink = [&](const std::string&, const std::string& line, bool) {
+    lines.push_back(line);
+  };
   TempDir other("bounded_other");
   slp::write_synthetic_games(other.path(), 4, 12, 700);  // other games under the same names
   for (const auto& f : fs::directory_iterator(other.path()))
     fs::copy_file(f.path(), dir.path() / "games" / f.path().filename(),
                   fs::copy_options::overwrite_existing);
-  const std::string m = error_of([&] { L.batch(0); });
-  EXPECT_NE(m.find("no longer the game the run's setup read"), std::string::npos) << m;
+  Batch meta;
+  const Tensors t = L.batch(0, &meta);
+  EXPECT_EQ(masked_rows(t), 8u);  // every game changed: every row left out
+  EXPECT_EQ(meta.samples, 0u);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find("no longer the game the run's setup read"), std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("its windows are left out of training from now on"), std::string::npos)
+      << lines[0];
+  const size_t warned = lines.size();
+  L.batch(1);
+  EXPECT_EQ(lines.size(), warned) << "one warning a game, not one a batch";
+}
+
+// A feature corpus damaged inside one game, read on demand: that game's rows are left out
+// (named with its source, the corpus file and the byte offset), the other games train, and the
+// batches are the same however often they are asked for (a resume sees what the run saw).
+TEST(BoundedMemory, ADamagedGameReadOnDemandIsLeftOutNotFatal) {
+  TempDir dir("bounded_damaged");
+  fs::copy(feature_dir(), dir.path() / "features");
+  const fs::path bin = dir.path() / "features" / "features.bin";
+  std::vector<char> bytes;
+  {
+    std::ifstream f(bin, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  bytes[bytes.size() / 2] ^= 0x5a;
+  { std::ofstream(bin, std::ios::binary).write(bytes.data(), bytes.size()); }
+  const std::vector<std::string> o = {paths_of(dir.path() / "features"), "batch_size=8",
+                                      "stride=20", "validation_fraction=0", "resident_games=3"};
+  Loader L(o, 5), again(o, 5);
+  std::vector<std::string> lines;
+  L.run().log_sink = [&](const std::string&, const std::string& line, bool) {
+    lines.push_back(line);
+  };
+  size_t left_out = 0, kept = 0;
+  for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
+    Batch meta;
+    const Tensors t = L.batch(k, &meta);
+    const size_t masked = masked_rows(t);
+    left_out += masked;
+    kept += meta.samples;
+    EXPECT_EQ(meta.samples + masked, 8u) << k;
+    EXPECT_TRUE(same_batch(t, again.batch(k))) << k;
+  }
+  EXPECT_GT(left_out, 0u);
+  EXPECT_GT(kept, left_out);
+  ASSERT_EQ(lines.size(), 1u);  // one game, named once
+  EXPECT_NE(lines[0].find("features.bin (game "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("byte offset"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(".slp could not be read at batch"), std::string::npos) << lines[0];
+  EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
 }
 
 // One build a folder at a time: a second is refused naming the holder.
