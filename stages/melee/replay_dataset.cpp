@@ -154,7 +154,17 @@ Outcome process_entry(const FeatureCorpus& c, size_t index, const Filters& f, bo
   if (o.damaged) o.damage = o.detail + " (" + e.damage + ")";
   if (!check_start(e.start, f, o)) return o;
   check_features(e.start, c.header(index), f, o);
-  if (o.game && resident) o.game = c.load(index);
+  if (o.game && resident) {
+    try {
+      o.game = c.load(index);
+    } catch (const std::bad_alloc&) {
+      throw;
+    } catch (const std::exception& e) {  // a byte flipped on disk: this game alone, named
+      o.game.reset();
+      o.reason = kSkipUnreadable;
+      o.detail += " (" + std::string(e.what()) + ")";
+    }
+  }
   o.bytes = e.feature_bytes;
   return o;
 }
@@ -210,6 +220,7 @@ struct ReplayDataset::Sources {
 
 GameFeatures ReplayDataset::read_game(size_t g) const {
   Outcome o = process_item(sources->items.at(g), *sources, /*resident=*/true);
+  if (!o.game && o.reason == kSkipUnreadable) throw std::runtime_error(o.detail);
   // A file replaced since setup read it would train on other rows under the same windows.
   const bool same = o.game && o.game->identity == games.at(g).identity &&
                     o.game->rows == games[g].rows &&

@@ -313,6 +313,15 @@ TEST(BoundedMemory, ADamagedGameReadOnDemandIsLeftOutNotFatal) {
   EXPECT_NE(lines[0].find("byte offset"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find(".slp could not be read at batch"), std::string::npos) << lines[0];
   EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
+  // Resident, the same damage is found at setup: that game is skipped as unreadable, counted
+  // and named like a damaged .slp, and the run trains on the rest.
+  auto resident = o;
+  resident.back() = "resident_games=all";
+  Loader R(resident, 5);
+  const auto skipped = R.stage().skipped();
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].second, 1u);
+  EXPECT_LT(R.stage().windows(), L.stage().windows());
 }
 
 // One build a folder at a time: a second is refused naming the holder.
