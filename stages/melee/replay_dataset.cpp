@@ -282,22 +282,36 @@ std::array<std::string, kSkipReasons> reason_texts(const Filters& f) {
 }
 
 // The work list: each file, then each game of each corpus and feature corpus (opened into `s`:
-// a memory map each, or an index). What cannot be opened is counted as unreadable; a feature
-// corpus extracted under other settings is refused.
+// a memory map each, or an index). What cannot be opened is counted as unreadable; a corpus
+// built or extracted under other settings is refused.
 std::vector<GameItem> open_inputs(ReplayDataset::Sources& s, ReplayDataset& ds) {
   const Inputs& in = s.in;
   const Filters& f = s.filters;
   std::vector<GameItem> items;
   for (size_t i = 0; i < in.files.size(); ++i) items.push_back({GameItem::kFile, -1, i});
   for (const auto& dir : in.corpora) {
+    std::optional<slp::Corpus> c;
     try {
-      s.corpora.push_back(slp::Corpus::open(dir));
-      for (size_t g = 0; g < s.corpora.back().size(); ++g)
-        items.push_back({GameItem::kCorpus, static_cast<int>(s.corpora.size() - 1), g});
-      ds.corpus_games += s.corpora.back().size();
+      c.emplace(slp::Corpus::open(dir));
     } catch (const std::exception& e) {
       note_skip(ds, kSkipUnreadable, dir.string() + " (" + e.what() + ")");
+      continue;
     }
+    // Games built keeping other rollback frames are other rows: never mixed in silently.
+    const bool keeps_all = c->rollbacks() == slp::Rollbacks::kKeepAll;
+    if (keeps_all != (f.rollback == RollbackMode::all))
+      throw std::runtime_error(
+          dir.string() + ": a game corpus built " +
+          (keeps_all ? "keeping every rolled-back frame (--keep-rollbacks)"
+                     : "keeping the last copy of rolled-back frames") +
+          "; this run reads rollback: " + (f.rollback == RollbackMode::all ? "all" : "last") +
+          ". Set replays.rollback to " + (keeps_all ? "all" : "last") +
+          ", or build another corpus with `slipstream corpus build" +
+          (keeps_all ? "`" : " --keep-rollbacks`"));
+    s.corpora.push_back(std::move(*c));
+    for (size_t g = 0; g < s.corpora.back().size(); ++g)
+      items.push_back({GameItem::kCorpus, static_cast<int>(s.corpora.size() - 1), g});
+    ds.corpus_games += s.corpora.back().size();
   }
   for (const auto& dir : in.feature_corpora) {
     std::optional<FeatureCorpus> c;

@@ -119,15 +119,6 @@ TEST(FeatureCorpus, GivesTheBatchesParsingGives) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(FeatureCorpus, OtherExtractionSettingsAreRefused) {
   const std::string m = error_of([] { Loader L({paths_of(feature_dir()), "fields=libmelee"}); });
   EXPECT_NE(m.find("extracted with rollback: last, fields: slippi"), std::string::npos) << m;

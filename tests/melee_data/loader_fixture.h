@@ -71,6 +71,16 @@ inline const char* kPorts[] = {"numeric",         "action",         "character",
                                "prev_controller", "target_buttons", "target_sticks", "mask",
                                "continues"};
 
+// What `f` throws, or "" when it returns.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 class Loader {
  public:
   using RankReduceFn = std::function<void(std::span<double>, RankReduce, const std::string&)>;

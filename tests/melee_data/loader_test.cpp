@@ -800,6 +800,22 @@ TEST(Loader, ReplaysBesideACorpusManifestAreNamedNotSilentlyIgnored) {
       << L.stage().report();
 }
 
+// A game corpus holds its games' rows as built (rolled-back frames kept or not): a run reading
+// the other way is refused with both settings and the fix, not given other rows silently.
+TEST(Loader, AGameCorpusBuiltWithOtherRollbacksIsRefused) {
+  TempDir corpus("corpus_rollbacks");
+  const fs::path inputs[] = {synth_dir()};
+  slp::build_corpus(inputs, corpus.path());
+  const std::string m = error_of([&] { Loader L({paths_of(corpus.path()), "rollback=all"}); });
+  EXPECT_NE(m.find("a game corpus built keeping the last copy of rolled-back frames; this run "
+                   "reads rollback: all. Set replays.rollback to last, or build another corpus "
+                   "with `slipstream corpus build --keep-rollbacks`"),
+            std::string::npos)
+      << m;
+  Loader L({paths_of(corpus.path()), "rollback=last", "batch_size=8"});  // as built: read
+  EXPECT_GT(L.stage().windows(), 0u);
+}
+
 TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
   LOADER_REQUIRE_REPLAYS();
   TempDir corpus("realcorpus");

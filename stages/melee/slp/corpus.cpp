@@ -554,6 +554,7 @@ struct Corpus::State {
   };
   std::vector<GameEntry> games;
   size_t frame_rows = 0;
+  Rollbacks rollbacks = Rollbacks::kLastCopy;
 
   ~State() {
     if (map) munmap(map, map_size);
@@ -692,6 +693,9 @@ size_t Corpus::total_frames() const {
 const std::filesystem::path& Corpus::dir() const {
   return state_->dir;
 }
+Rollbacks Corpus::rollbacks() const {
+  return state_->rollbacks;
+}
 
 Corpus Corpus::open(const std::filesystem::path& dir) {
   auto st = std::make_unique<State>();
@@ -720,6 +724,9 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
                         " has a different column set: rebuild it with `slipstream corpus build`");
     const size_t rows_of[3] = {m.at("frame_rows"), m.at("track_rows"), m.at("item_rows")};
     st->frame_rows = rows_of[0];
+    st->rollbacks = m.value("rollbacks", std::string("last_copy")) == "keep_all"
+                        ? Rollbacks::kKeepAll
+                        : Rollbacks::kLastCopy;
 
     st->map_columns();
     for (size_t i = 0; i < specs.size(); ++i) st->bind_column(i, columns[i], rows_of);

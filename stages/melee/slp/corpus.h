@@ -118,6 +118,8 @@ class Corpus {
   CorpusGame game(size_t index) const;
   size_t total_frames() const;
   const std::filesystem::path& dir() const;
+  // How its games kept rolled-back frames (`corpus build --keep-rollbacks`: kKeepAll).
+  Rollbacks rollbacks() const;
 
  private:
   struct State;
