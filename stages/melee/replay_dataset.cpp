@@ -281,9 +281,17 @@ std::array<std::string, kSkipReasons> reason_texts(const Filters& f) {
   };
 }
 
+// A corpus that cannot be opened (cut short, or not this build's format) stops the setup: its
+// games are many, and a run that skipped them all would train on a smaller dataset than asked,
+// where one unreadable .slp is one game.
+std::string unopenable(const fs::path& dir, const std::exception& e) {
+  return dir.string() + ": the corpus cannot be opened (" + e.what() +
+         "); to train without it, leave it out of replays.paths";
+}
+
 // The work list: each file, then each game of each corpus and feature corpus (opened into `s`:
-// a memory map each, or an index). What cannot be opened is counted as unreadable; a corpus
-// built or extracted under other settings is refused.
+// a memory map each, or an index). A corpus that cannot be opened, or was built or extracted
+// under other settings, is refused.
 std::vector<GameItem> open_inputs(ReplayDataset::Sources& s, ReplayDataset& ds) {
   const Inputs& in = s.in;
   const Filters& f = s.filters;
@@ -294,8 +302,7 @@ std::vector<GameItem> open_inputs(ReplayDataset::Sources& s, ReplayDataset& ds) 
     try {
       c.emplace(slp::Corpus::open(dir));
     } catch (const std::exception& e) {
-      note_skip(ds, kSkipUnreadable, dir.string() + " (" + e.what() + ")");
-      continue;
+      throw std::runtime_error(unopenable(dir, e));
     }
     // Games built keeping other rollback frames are other rows: never mixed in silently.
     const bool keeps_all = c->rollbacks() == slp::Rollbacks::kKeepAll;
@@ -318,8 +325,7 @@ std::vector<GameItem> open_inputs(ReplayDataset::Sources& s, ReplayDataset& ds) 
     try {
       c.emplace(FeatureCorpus::open(dir));
     } catch (const std::exception& e) {
-      note_skip(ds, kSkipUnreadable, dir.string() + " (" + e.what() + ")");
-      continue;
+      throw std::runtime_error(unopenable(dir, e));
     }
     // Features extracted under other settings are other features: never mixed in silently.
     auto name = [](RollbackMode m, FieldReading r) {

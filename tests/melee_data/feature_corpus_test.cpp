@@ -167,9 +167,13 @@ TEST(FeatureCorpus, DamageIsNamed) {
   fs::resize_file(out / "features.index", 100);
   m = error_of([&] { FeatureCorpus::open(out); });
   EXPECT_NE(m.find("features.index"), std::string::npos) << m;
-  // The loader counts an unopenable feature corpus as unreadable, naming it.
+  // The loader refuses a corpus it cannot open, naming it and what to do: skipping its games
+  // would train on less than was asked for.
   m = error_of([&] { Loader L({paths_of(out)}); });
-  EXPECT_NE(m.find("no training windows"), std::string::npos) << m;
+  EXPECT_NE(m.find(out.string() + ": the corpus cannot be opened ("), std::string::npos) << m;
+  EXPECT_NE(m.find("features.index"), std::string::npos) << m;
+  EXPECT_NE(m.find("rebuild"), std::string::npos) << m;
+  EXPECT_NE(m.find("to train without it, leave it out of replays.paths"), std::string::npos) << m;
 }
 
 // ---- bounded memory ----

@@ -604,7 +604,12 @@ void Corpus::State::bind_column(size_t i, const nlohmann::json& c, const size_t 
   if (rows != rows_of[static_cast<int>(spec.group)] || size != rows * spec.elem_size ||
       offset % kAlign != 0 || offset > map_size || stored > map_size - offset)
     throw CorpusError("corpus " + dir.string() + " column '" + spec.name +
-                      "' is inconsistent with columns.bin");
+                      "' is inconsistent with columns.bin" +
+                      (offset + stored > map_size
+                           ? " (its bytes end at " + std::to_string(offset + stored) +
+                                 ", columns.bin has " + std::to_string(map_size) + ": cut short)"
+                           : std::string()) +
+                      ": rebuild it with `slipstream corpus build`");
   // The stored bytes' hash: a flipped bit, or a columns.bin of another build beside this
   // manifest, is an error naming the column, never other training data.
   if (c.contains("hash") && bytes) {
