@@ -23,6 +23,27 @@ bool is_corpus(const fs::path& dir) {
   return fs::is_regular_file(dir / "manifest.json", ec);
 }
 
+namespace {
+
+// Corpora inside a folder given as a path are not read (a folder gives its .slp files): each is
+// named, with how to read it, rather than left out unsaid.
+void note_nested_corpora(const fs::path& folder, std::vector<std::string>& ignored) {
+  std::error_code ec;
+  fs::recursive_directory_iterator it(folder, fs::directory_options::skip_permission_denied, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_directory(ec) || it->is_symlink(ec)) continue;
+    const bool features = is_feature_corpus(it->path());
+    if (!features && !is_corpus(it->path())) continue;
+    ignored.push_back(it->path().string() + ": a " + (features ? "feature " : "") +
+                      "corpus inside " + folder.string() +
+                      ", which gives its .slp files only, is not read; name it in "
+                      "replays.paths to read it");
+    it.disable_recursion_pending();
+  }
+}
+
+}  // namespace
+
 Inputs resolve_inputs(const std::vector<std::string>& paths) {
   Inputs in;
   for (const std::string& p : paths) {
@@ -56,6 +77,7 @@ Inputs resolve_inputs(const std::vector<std::string>& paths) {
         } else {
           const fs::path dirs[] = {e};
           slp::ReplayScan scan = slp::scan_replays(dirs);
+          note_nested_corpora(e, in.ignored);
           in.files.insert(in.files.end(), scan.files.begin(), scan.files.end());
           for (const slp::SkippedPath& s : scan.skipped)
             in.unreadable.push_back(s.path.string() + " (" + s.reason + ")");

@@ -816,6 +816,22 @@ TEST(Loader, AGameCorpusBuiltWithOtherRollbacksIsRefused) {
   EXPECT_GT(L.stage().windows(), 0u);
 }
 
+// A corpus inside a folder given as a path is not read (the folder gives its .slp files): the
+// report names it and how to read it.
+TEST(Loader, ACorpusInsideAFolderIsNamedNotSilentlyIgnored) {
+  TempDir folder("corpus_inside");
+  fs::copy(synth_dir(), folder.path() / "games");
+  const fs::path inputs[] = {synth_dir()};
+  slp::build_corpus(inputs, folder.path() / "cache" / "corpus");
+  Loader L({paths_of(folder.path()), "batch_size=8", "validation_fraction=0"});
+  EXPECT_NE(L.stage().report().find((folder.path() / "cache" / "corpus").string() +
+                                    ": a corpus inside " + folder.path().string() +
+                                    ", which gives its .slp files only, is not read; name it in "
+                                    "replays.paths to read it"),
+            std::string::npos)
+      << L.stage().report();
+}
+
 TEST(Loader, RealCorpusGivesTheSameBatchesAsParsing) {
   LOADER_REQUIRE_REPLAYS();
   TempDir corpus("realcorpus");
