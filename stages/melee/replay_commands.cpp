@@ -129,16 +129,20 @@ void setup_corpus(CLI::App& parent) {
                   "Compress each game's slice of each column with zstd (read one game at a time)");
   build->add_flag("--keep-rollbacks", args->keep_rollbacks,
                   "Keep every recorded copy of rolled-back frames");
-  build->add_flag("--features", args->features,
-                  "Store the loader's extracted features instead of the parsed columns (a feature "
-                  "corpus: runs open its index and read each game's features on demand)");
+  CLI::Option* features =
+      build->add_flag("--features", args->features,
+                      "Store the loader's extracted features instead of the parsed columns (a "
+                      "feature corpus: runs open its index and read each game's features on "
+                      "demand)");
   build
       ->add_option("--fields", args->fields,
                    "With --features: how the numeric features read the replay (the loader's "
                    "fields parameter)")
-      ->check(CLI::IsMember({"slippi", "libmelee"}));
+      ->check(CLI::IsMember({"slippi", "libmelee"}))
+      ->needs(features);
   build->add_option("--threads", args->threads, "With --features: threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 4096))
+      ->needs(features);
   build
       ->add_option("paths", args->paths,
                    "Replay files or directories (with --features also globs, and game corpora)")
