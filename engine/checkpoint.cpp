@@ -48,14 +48,16 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     write_safetensors((tmp / "model.safetensors").string(), weights, model_meta);
     write_safetensors((tmp / "state.safetensors").string(), state, meta);
     write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
-  } catch (...) {
+    fs::remove_all(dir);
+    fs::rename(tmp, dir);
+  } catch (const std::exception& e) {
     // A full disk: the part written goes at once, so the space is there for whatever comes next.
     std::error_code ec;
+    const bool removed = !fs::exists(tmp, ec) && !ec;
     fs::remove_all(tmp, ec);
+    if (removed) throw CheckpointRemoved(e.what());
     throw;
   }
-  fs::remove_all(dir);
-  fs::rename(tmp, dir);
 }
 
 namespace {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,12 @@ struct CheckpointInfo {
 };
 
 // Writes a checkpoint of every stage of `graph` into `dir` (created; replaced if present).
-// `next_batch` is the index of the first batch not yet trained on.
+// `next_batch` is the index of the first batch not yet trained on. A write whose folder was
+// removed from under it (the run directory deleted meanwhile) throws CheckpointRemoved; any
+// other failure (a full disk) its own error; either way nothing of `dir`.tmp is left.
+struct CheckpointRemoved : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
                      const std::string& dir);
 // Loads parameters and stage state from `dir`; returns the position to resume from. Stages

@@ -1,6 +1,7 @@
 #include "engine/metrics_log.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +32,20 @@ void MetricsLog::open(const std::string& path) {
 
 bool MetricsLog::append(const std::string& line) {
   if (fd_ < 0) return false;
+  struct stat open_file {
+  }, at_path{};
+  if (::fstat(fd_, &open_file) == 0 &&
+      (::stat(path_.c_str(), &at_path) != 0 || at_path.st_ino != open_file.st_ino ||
+       at_path.st_dev != open_file.st_dev)) {
+    std::error_code ec;
+    fs::create_directories(fs::path(path_).parent_path(), ec);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) {  // else the rows go on into the open file, as before
+      ::close(fd_);
+      fd_ = fd;
+      reopened_ = true;
+    }
+  }
   std::string row = line + "\n";
   const char* p = row.data();
   size_t left = row.size();

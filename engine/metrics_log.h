@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace slipstream {
@@ -22,8 +23,12 @@ class MetricsLog {
   const std::string& path() const { return path_; }
   // Appends `line` and a newline. On failure returns false and keeps the reason in error();
   // the file then holds no part of the row.
+  // A file deleted or replaced at `path` since it was opened (the run directory removed while
+  // the run ran) is opened again first, its folder made again, so the rows from then on are
+  // kept; took_over_gone() then says so once.
   bool append(const std::string& line);
   const std::string& error() const { return error_; }
+  bool took_over_gone() { return std::exchange(reopened_, false); }
 
   // A resumed run continues from a checkpoint at `step`: the rows up to it stay (`kept`, the
   // file's new text), rows past it (written before a kill, or by the later part of a rewound
@@ -38,6 +43,7 @@ class MetricsLog {
  private:
   int fd_ = -1;
   std::string path_, error_;
+  bool reopened_ = false;
 };
 
 }  // namespace slipstream

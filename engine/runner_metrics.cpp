@@ -78,6 +78,10 @@ void Runner::Impl::write_metrics_row(const char* split, const std::map<std::stri
     record_failure(metrics_file.error());
     return;
   }
+  if (metrics_file.took_over_gone())
+    log_line("warning: " + metrics_file.path() +
+             " was gone (deleted or moved while the run ran): a new one takes the rows from step " +
+             std::to_string(run.step.load()) + "; the rows before are not in it");
   // After the events file failed, metrics.jsonl still takes the rows (the end row says why).
   if (!events_file.is_open() || !metrics_failure.empty()) return;
   auto scalars = row_scalars(split, row, values);

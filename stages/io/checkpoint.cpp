@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/atomic_file.h"
 #include "engine/checkpoint.h"
 #include "engine/graph.h"
 #include "engine/registry.h"
@@ -210,7 +211,19 @@ class CheckpointStage : public Stage {
       return false;
     }
     try {
-      save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
+      // The run directory removed while the checkpoint was written (its step-N.tmp went from
+      // under the write): again, into the directory made again, a few times while a removal
+      // may still be going on.
+      for (int attempt = 1;; ++attempt) {
+        try {
+          save_checkpoint(ctx.graph_plan(), run, next_batch_, (root(ctx) / name).string());
+          break;
+        } catch (const CheckpointRemoved& e) {
+          if (attempt == 3) throw;
+          ctx.log("warning: " + name + " was removed while it was written (" + e.what() +
+                  "): writing it again");
+        }
+      }
     } catch (const std::exception& e) {
       // What the run still has, and how to go on from it (a full disk, most often).
       std::string what =
@@ -222,17 +235,48 @@ class CheckpointStage : public Stage {
                 " goes on from it once the cause is mended (free space, or a " + "lower keep)";
       throw std::runtime_error(what);
     }
+    keep_config_yaml(ctx);
     return true;
+  }
+
+  // A run directory removed while the run ran is made again by the checkpoint's write; its
+  // config.yaml, which a resume and eval read, comes back with it (the graph the run is).
+  static void keep_config_yaml(StageContext& ctx) {
+    const fs::path cfg = fs::path(ctx.run().run_dir) / "config.yaml";
+    std::error_code ec;
+    if (fs::exists(cfg, ec) || ec) return;
+    try {
+      write_file_atomically(cfg.string(), resolved_config_yaml(ctx.graph_plan()));
+      ctx.log("warning: " + cfg.string() +
+              " was gone (the run directory deleted or moved while the run ran?): written again "
+              "from the run's graph, so --resume " +
+              ctx.run().run_dir + " goes on from here");
+    } catch (const std::exception& e) {
+      ctx.log("warning: " + cfg.string() + " is gone and cannot be written again (" + e.what() +
+              ")");
+    }
   }
 
   void write(StageContext& ctx, uint64_t step, const std::string& name) {
     // The last good step stays the newest checkpoint while the loss is not finite.
     if (ctx.run().nonfinite_streak > 0) return;
-    if (!save(ctx, name)) return;
-    last_written_ = step;
-    periodic_.push_back(name);
-    prune(ctx);
-    point_last(ctx);
+    for (int attempt = 1;; ++attempt) {
+      if (!save(ctx, name)) return;
+      last_written_ = step;
+      if (periodic_.empty() || periodic_.back() != name) periodic_.push_back(name);
+      try {
+        prune(ctx);
+        point_last(ctx);
+        return;
+      } catch (const std::exception& e) {
+        // The run directory removed or moved between the write and the link: the checkpoint
+        // went with it. Written again into the directory made again.
+        std::error_code ec;
+        if (attempt == 3 || fs::exists(root(ctx) / name, ec) || ec) throw;
+        ctx.log("warning: " + name + " was gone right after its write (" + e.what() +
+                "): writing it again");
+      }
+    }
   }
 
   // checkpoints/last: a relative symlink to the newest periodic checkpoint (none: no link),

@@ -2,12 +2,18 @@
 // another preset, a resume whose --set changes the model's shapes, a reader of the output that
 // goes away.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -151,4 +157,68 @@ TEST(ResumeSafety, ACheckpointThatCannotBeWrittenNamesTheNewestAndLeavesNoPart) 
   Output again = run_cli("run --resume " + dir + " --set run.steps=4");
   EXPECT_EQ(again.status, 0) << again.text;
   EXPECT_EQ(fs::path(*latest_checkpoint(dir)).filename(), "step-4");
+}
+
+// The run directory removed or moved away while the run trains (an `rm -rf` or `mv` of the
+// wrong folder): the next checkpoint makes it again with its config.yaml and metrics.jsonl takes
+// the rows again, each said in a warning, so the run ends in a directory that resumes.
+TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
+  TempDir d;
+  std::string args = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
+  args +=
+      " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=5 --set "
+      "run.log_every=5";
+  const std::string log = d.path() + "/log.txt";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c",
+          ("exec " + std::string(SLIPSTREAM_CLI) + " " + args + " > " + log + " 2>&1").c_str(),
+          nullptr);
+    _exit(127);
+  }
+  auto stop = [&] {
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+  };
+  auto wait_for = [](const std::function<bool()>& ready) {
+    for (int i = 0; i < 1200; ++i) {
+      if (ready()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  };
+  fs::path run;
+  const bool checkpointed = wait_for([&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d.path() + "/runs", ec))
+      if (latest_checkpoint(e.path().string())) run = e.path();
+    return !run.empty();
+  });
+  if (!checkpointed) stop();
+  ASSERT_TRUE(checkpointed) << "the run wrote no checkpoint";
+  // Moved away whole, at once (an `rm -rf` racing the run's writes may leave some files; a
+  // rename takes everything, the case to mend).
+  fs::rename(run, run.string() + ".moved");
+  const bool back = wait_for([&] {
+    return fs::exists(run / "config.yaml") && fs::exists(run / "metrics.jsonl") &&
+           latest_checkpoint(run.string()).has_value();
+  });
+  const int status = stop();
+  ASSERT_TRUE(back) << "the run directory did not come back:\n" << read(log);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 130);
+  const std::string text = read(log);
+  EXPECT_NE(text.find("config.yaml was gone"), std::string::npos) << text;
+  EXPECT_NE(text.find("metrics.jsonl was gone"), std::string::npos) << text;
+  const std::string name = fs::path(*latest_checkpoint(run.string())).filename().string();
+  const uint64_t step = std::stoull(name.substr(5));
+  Output more =
+      run_cli("run --resume " + run.string() + " --set run.steps=" + std::to_string(step + 2));
+  EXPECT_EQ(more.status, 0) << more.text;
+  EXPECT_NE(more.text.find("done: " + std::to_string(step + 2) + " steps"), std::string::npos)
+      << more.text;
 }
