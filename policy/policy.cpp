@@ -78,11 +78,16 @@ slipstream_status fail(const slipstream_policy* p, slipstream_status s, std::str
 
 // The graph as a policy: its replay loader becomes the frame feed. Refuses a graph whose data
 // does not come from one slippi_replays source (the feed produces that stage's tensors).
-void feed_frames(Config& cfg) {
+// Returns how the run read its replays' fields (the loader's `fields`: slippi or libmelee), which
+// the frames given to the policy must follow.
+std::string feed_frames(Config& cfg) {
   int loaders = 0;
+  std::string fields = "slippi";
   for (StageConfig& s : cfg.stages) {
     if (s.kind != "slippi_replays") continue;
     ++loaders;
+    if (auto it = s.params.find("fields"); it != s.params.end() && it->second.node.IsScalar())
+      fields = it->second.node.as<std::string>();
     s.kind = "melee_frames";
     s.params.clear();
   }
@@ -94,6 +99,7 @@ void feed_frames(Config& cfg) {
         "policy feeds frames in that stage's place";
     throw ConfigError({issue});
   }
+  return fields;
 }
 
 // A graph that names plugins: they resolve the engine's symbols (Stage, the registry, ...) from
@@ -289,12 +295,13 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   if (!where.error.empty()) return fail(nullptr, SLIPSTREAM_E_CHECKPOINT, where.error);
   auto p = std::make_unique<slipstream_policy>();
   GraphPlan plan;
+  std::string fields;
   try {
     Config cfg = load_config(where.graph_file, {"run.device=" + dev});
     if (!cfg.plugins.empty())
       if (std::string e = share_symbols_with_plugins(); !e.empty())
         return fail(nullptr, SLIPSTREAM_E_CONFIG, e);
-    feed_frames(cfg);
+    fields = feed_frames(cfg);
     plan = plan_graph(std::move(cfg));
   } catch (const std::exception& e) {
     return fail(nullptr, SLIPSTREAM_E_CONFIG, e.what());
@@ -321,7 +328,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
       p->sampler = make_controller_sampler(p->runner->graph().context(p->heads).exec(),
                                            p->runner->graph().stage(p->heads));
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
-                       "), " + chain + ", device " +
+                       "), " + chain + ", fields " + fields + ", device " +
                        (emulated ? std::string("emulated") : p->runner->state().device.str());
     } catch (const StageError& e) {
       s = SLIPSTREAM_E_CONFIG;  // a stage refused to start the stream

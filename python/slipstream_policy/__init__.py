@@ -63,7 +63,15 @@ def frame_tensors(frames, *, library=None):
     state inputs are the caller's (zeros at a game's first frame, then the last `.next`)."""
     import numpy as np
     lib = load_library(library)
-    frames = [frames] if isinstance(frames, Frame) else list(frames)
+    if isinstance(frames, np.ndarray):  # frame_array()'s rows, read in place
+        if frames.dtype != np.dtype(Frame) or frames.ndim != 1:
+            raise TypeError(f"frames is a numpy array of shape {frames.shape}, not a 1-D array of "
+                            "frame_array()'s dtype")
+        frames = np.ascontiguousarray(frames)
+        first = frames.ctypes.data_as(ctypes.POINTER(Frame))
+        frames = [first[i] for i in range(len(frames))]
+    else:
+        frames = [frames] if isinstance(frames, Frame) else list(frames)
     rows = []
     for f in frames:
         t = FrameTensors()
@@ -72,10 +80,11 @@ def frame_tensors(frames, *, library=None):
             raise PolicyError(status, lib.slipstream_policy_error(None).decode())
         rows.append(t)
     out = {}
-    for name, dtype in (("numeric", np.float32), ("action", np.int64), ("character", np.int64),
-                        ("stage", np.int64), ("prev_controller", np.float32)):
+    for name, dtype, shape in (("numeric", np.float32, (3, 18)), ("action", np.int64, (3,)),
+                               ("character", np.int64, (3,)), ("stage", np.int64, ()),
+                               ("prev_controller", np.float32, (13,))):
         out[name] = np.array([np.ctypeslib.as_array(getattr(t, name)) if name != "stage"
-                              else t.stage for t in rows], dtype=dtype)
+                              else t.stage for t in rows], dtype=dtype).reshape((len(rows),) + shape)
     return out
 
 
@@ -142,6 +151,8 @@ class Policy:
         Distribution layout (fields buttons (8), main_x, main_y, c_x, c_y (17), shoulder (5)).
         Raises PolicyError when a game was reset and has not stepped since."""
         import numpy as np
+        if self._games == 0:
+            self.distribution(0)  # raises: no game has stepped since the open or the reset
         out = np.zeros(self._games, dtype=np.dtype(Distribution))
         for game in range(self._games):
             self._check(self._lib.slipstream_policy_distribution_of(
@@ -167,6 +178,10 @@ class Policy:
         self._check(self._lib.slipstream_policy_reset_game(self._handle, int(game)))
 
     def set_sampling(self, temperature=1.0, seed=0):
+        """Temperature (0: the most likely input) and the seed of the draws (an int in
+        [0, 2**64)); restarts every game's draws from it."""
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be an int in [0, 2**64), not {seed!r}")
         self._check(self._lib.slipstream_policy_set_sampling(self._handle, float(temperature),
                                                              int(seed)))
 
@@ -177,8 +192,14 @@ class Policy:
         self._check(self._lib.slipstream_policy_set_threads(self._handle, int(threads)))
 
     def describe(self):
-        """The checkpoint's step, model and device, one line."""
+        """The checkpoint's step, model, fields and device, one line."""
         return self._lib.slipstream_policy_describe(self._handle).decode()
+
+    @property
+    def fields(self):
+        """How the run read its replays (its replays.fields): "slippi" or "libmelee". Frames
+        built by slipstream_policy.libmelee's frame_of follow "libmelee"."""
+        return self.describe().split(", fields ", 1)[1].split(",", 1)[0]
 
     def close(self):
         if self._handle:

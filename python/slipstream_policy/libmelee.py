@@ -117,11 +117,12 @@ def frame_of(gamestate, port, controller=None):
     player's, the stage, and `controller`: the input the bot last sent (a Controller), or None to
     take the port's input from the gamestate (a replay's, or the game's read of the bot's)."""
     players = gamestate.players
+    ports = sorted(int(p) for p in players)  # plain ints in messages (numpy 2 prints its types)
     if port not in players:
-        raise ValueError(f"port {port} has no player in this gamestate (ports {sorted(players)})")
+        raise ValueError(f"port {port} has no player in this gamestate (ports {ports})")
     others = sorted(p for p in players if p != port)
     if len(others) != 1:
-        raise ValueError(f"the policy plays one-on-one: ports {sorted(players)} are in the game")
+        raise ValueError(f"the policy plays one-on-one: ports {ports} are in the game")
     if gamestate.stage not in EXTERNAL_STAGE_ID:
         raise ValueError(f"stage {gamestate.stage} is not one libmelee identifies; the policy "
                          f"knows the Game Start stage ids of {sorted(s.name for s in EXTERNAL_STAGE_ID)}")

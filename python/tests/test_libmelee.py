@@ -108,6 +108,21 @@ class LibmeleeAdapter(unittest.TestCase):
         worst, _ = self.play(wrong)
         self.assertGreater(worst, 1e-3)
 
+    def test_the_example_bot_plays_a_replay(self):
+        # python/examples/libmelee_bot.py's dry run: the policy through libmelee's reading of a
+        # real replay, acting on some frames (sampling at temperature 1).
+        bot = pathlib.Path(__file__).resolve().parents[1] / "examples" / "libmelee_bot.py"
+        env = dict(os.environ, PYTHONPATH=str(bot.parents[1]))
+        out = subprocess.run([sys.executable, str(bot), RUN, "--replay", REPLAY, "--port",
+                              str(PORT), "--frames", "600"], env=env, capture_output=True,
+                             text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("fields libmelee", out.stdout)
+        self.assertNotIn("warning", out.stderr)
+        self.assertRegex(out.stdout, r"600 frames, the policy acting on [0-9.]+ %")
+        acting = float(out.stdout.split("acting on ")[1].split(" %")[0])
+        self.assertGreater(acting, 0.0)
+
     def test_press_sets_the_pad(self):
         from slipstream_policy import Controller
         from slipstream_policy.libmelee import controller_of, press

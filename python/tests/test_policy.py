@@ -187,6 +187,10 @@ class Playing(unittest.TestCase):
                     self.assertEqual(bytes(memoryview(d[g])), bytes(objects.distribution(g)))
             with self.assertRaises(TypeError):
                 arrays.step_batch(np.zeros(5, dtype=np.float32))
+            # After a reset no game has an answer: an error, as distribution(g) gives.
+            arrays.reset()
+            with self.assertRaises(PolicyError):
+                arrays.distributions()
 
     def test_errors_name_the_problem(self):
         with self.assertRaises(PolicyError) as e:
@@ -200,6 +204,11 @@ class Playing(unittest.TestCase):
             self.assertEqual(e.exception.status, "argument")
             self.assertIn("stage", str(e.exception))
             policy.step(frame_at(0))  # the handle still plays
+            # A seed is an unsigned 64-bit int: others are refused, not wrapped.
+            for seed in (-1, 2**64, 1.5, True):
+                with self.assertRaises(ValueError):
+                    policy.set_sampling(1.0, seed)
+            policy.set_sampling(1.0, 2**64 - 1)
         # A library the caller names is the one used: one that does not load is an error naming
         # it, not a quiet step to another build's.
         with self.assertRaises(OSError) as e:
@@ -240,6 +249,18 @@ class FrameTensorsOf(unittest.TestCase):
         both = frame_tensors([frame_at(1), frame_at(2)])
         self.assertEqual(both["prev_controller"].shape, (2, 13))
         self.assertEqual(both["stage"].shape, (2,))
+        # frame_array()'s rows give what the Frame objects give; no frames give empty columns.
+        import numpy as np
+        from slipstream_policy import frame_array
+        rows = frame_array(2)
+        for g, fr in enumerate((frame_at(1), frame_at(2))):
+            rows[g] = np.frombuffer(bytes(fr), dtype=rows.dtype)[0]
+        from_rows = frame_tensors(rows)
+        for name in both:
+            np.testing.assert_array_equal(from_rows[name], both[name], name)
+        empty = frame_tensors([])
+        self.assertEqual(empty["numeric"].shape, (0, 3, 18))
+        self.assertEqual(empty["stage"].shape, (0,))
         bad = frame_at(0)
         bad.player.character = 99
         with self.assertRaises(PolicyError) as e:

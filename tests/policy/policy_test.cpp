@@ -225,6 +225,10 @@ TEST(Policy, FrameByFrameEqualsTheTrainingGraphsStream) {
     ASSERT_NE(h.p, nullptr);
     EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find("step 3"), std::string::npos)
         << slipstream_policy_describe(h.p);
+    // The replay reading its frames must follow (the tiny run reads the replay's own).
+    EXPECT_NE(std::string(slipstream_policy_describe(h.p)).find(", fields slippi, "),
+              std::string::npos)
+        << slipstream_policy_describe(h.p);
   }
   size_t pressed_differs = 0;
   const double worst = play_most_likely(t.run_dir, frames, [&](size_t i, const auto& c) {

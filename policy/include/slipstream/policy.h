@@ -212,7 +212,9 @@ typedef struct slipstream_frame_tensors {
 slipstream_status slipstream_policy_frame_tensors(const slipstream_game_frame* frame,
                                                   slipstream_frame_tensors* out);
 
-/* The checkpoint's step, model and device, one line (valid until the handle closes). */
+/* The checkpoint's step, model, the replay reading its frames must follow ("fields slippi" or
+ * "fields libmelee": the run's replays.fields) and device, one line (valid until the handle
+ * closes). */
 const char* slipstream_policy_describe(const slipstream_policy* policy);
 
 /* The last failed call's message: of `policy`, or with NULL of this thread's last failed call
