@@ -83,8 +83,9 @@ def frame_tensors(frames, *, library=None):
     for name, dtype, shape in (("numeric", np.float32, (3, 18)), ("action", np.int64, (3,)),
                                ("character", np.int64, (3,)), ("stage", np.int64, ()),
                                ("prev_controller", np.float32, (13,))):
-        out[name] = np.array([np.ctypeslib.as_array(getattr(t, name)) if name != "stage"
-                              else t.stage for t in rows], dtype=dtype).reshape((len(rows),) + shape)
+        column = [np.ctypeslib.as_array(getattr(t, name)) if name != "stage" else t.stage
+                  for t in rows]
+        out[name] = np.array(column, dtype=dtype).reshape((len(rows),) + shape)
     return out
 
 
