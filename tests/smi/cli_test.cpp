@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -223,6 +224,21 @@ TEST_F(SmiCli, NoRunsFound) {
       << r.out;
 }
 
+// A stats folder that is not there or not a folder is an error with the reason, not "no runs".
+TEST_F(SmiCli, AStatsFolderThatCannotBeReadIsAnError) {
+  for (const std::string& dir : {dir_.path() + "/missing", dir_.path() + "/file"}) {
+    if (dir.ends_with("file")) std::ofstream(dir) << "x";
+    Result r = run_smi({"--stats-dir", dir}, env_);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.err.find("cannot read the stats records' folder " + dir + ": "), std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out.find("No running"), std::string::npos) << r.out;
+  }
+  Result r = run_smi({"-f", dir_.path() + "/missing/out.txt"}, env_);
+  EXPECT_NE(r.err.find("out.txt for writing: No such file or directory"), std::string::npos)
+      << r.err;
+}
+
 TEST_F(SmiCli, QueryRunCsv) {
   const std::string q =
       "--query-run=pid,name,preset,device,state,step,total_steps,steps_per_s,samples_per_s,loss,"
@@ -349,6 +365,21 @@ TEST_F(SmiCli, PlantedNamesAndValuesAreSafeInEveryOutput) {
   r = run_smi({"--query-run=pid,name,eta", "--format=csv,noheader"}, env_);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, pid() + ", bad\\xff\\xfename\\x1b[2J\\nrow, [N/A]\n");
+}
+
+// A run name in another script keeps the table's borders in line: padded by columns, not bytes.
+TEST_F(SmiCli, ANonAsciiRunNameKeepsTheTableAligned) {
+  writer_->update([](stats::RunRecord& r) { set_text(r.run_name, "\xC3\xBCn\xC3\xAF-run"); });
+  Result r = run_smi({}, env_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\xC3\xBCn\xC3\xAF-run"), std::string::npos) << r.out;
+  for (const auto& l : lines_of(r.out)) {
+    if (l.empty() || (l[0] != '|' && l[0] != '+')) continue;
+    // Characters, not bytes: every byte but a UTF-8 continuation byte starts one.
+    const auto columns = std::count_if(
+        l.begin(), l.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+    EXPECT_EQ(columns, 110) << l;
+  }
 }
 
 TEST_F(SmiCli, MalformedRecordsAreErrorLinesNotCrashes) {

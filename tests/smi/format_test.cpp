@@ -356,8 +356,18 @@ TEST(SmiFormat, PrintableEscapesControlsAndInvalidBytes) {
   EXPECT_EQ(printable("\xC0\xAF\xED\xA0\x80"), "\\xc0\\xaf\\xed\\xa0\\x80");  // overlong, surrogate
   EXPECT_EQ(valid_utf8("ab\xE2\x82"), "ab\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(valid_utf8("caf\xC3\xA9"), "caf\xC3\xA9");
-  // fit never cuts inside a character.
-  EXPECT_EQ(fit("\xE2\x82\xAC\xE2\x82\xAC\xE2\x82\xAC", 8), "\xE2\x82\xAC...");
+  // fit counts columns, not bytes, and never cuts inside a character.
+  const std::string euro = "\xE2\x82\xAC";
+  EXPECT_EQ(fit(euro + euro + euro, 8), euro + euro + euro);
+  EXPECT_EQ(fit(euro + euro + euro, 2), euro + euro);
+  EXPECT_EQ(fit(euro + euro + euro + euro + euro, 4), euro + "...");
+  EXPECT_EQ(pad_right("\xC3\xBCn\xC3\xAF", 5), "\xC3\xBCn\xC3\xAF  ");  // "ünï": 3 columns
+  EXPECT_EQ(pad_left("\xC3\xBC", 3), "  \xC3\xBC");
+  // East Asian wide characters take two columns each.
+  const std::string name = "\xE5\x90\x8D";  // 名
+  EXPECT_EQ(display_width(name + name), 4u);
+  EXPECT_EQ(fit(name + name + name + name, 5), name + "...");
+  EXPECT_EQ(display_width(pad_right(name, 5)), 5u);
 }
 
 TEST(SmiFormat, AbsurdReadingsAreNotAvailable) {

@@ -215,26 +215,56 @@ std::string pstate_name(int pstate) {
   return cat("P", std::to_string(pstate));
 }
 
+namespace {
+
+// Terminal columns of code point `cp`: 2 for the East Asian wide and emoji blocks, else 1 (the
+// text reaching here is printable(): no control characters).
+size_t columns_of(uint32_t cp) {
+  const bool wide = (cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0xA4CF) ||
+                    (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) ||
+                    (cp >= 0xFE30 && cp <= 0xFE4F) || (cp >= 0xFF00 && cp <= 0xFF60) ||
+                    (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x1F300 && cp <= 0x1F64F) ||
+                    (cp >= 0x1F900 && cp <= 0x1F9FF) || (cp >= 0x20000 && cp <= 0x3FFFD);
+  return wide ? 2 : 1;
+}
+
+// The bytes of `s`'s first characters that fill at most `width` columns, and their columns.
+std::pair<size_t, size_t> prefix_within(std::string_view s, size_t width) {
+  size_t bytes = 0, cols = 0;
+  while (bytes < s.size()) {
+    uint32_t cp = 0;
+    size_t n = utf8_sequence(s, bytes, cp);
+    const size_t w = n ? columns_of(cp) : 1;
+    if (n == 0) n = 1;  // a stray byte: one column, as a terminal's replacement shows it
+    if (cols + w > width) break;
+    bytes += n;
+    cols += w;
+  }
+  return {bytes, cols};
+}
+
+}  // namespace
+
+size_t display_width(std::string_view s) {
+  return prefix_within(s, SIZE_MAX).second;
+}
+
+// In columns, not bytes: a name in another script lines up as an ASCII one does.
 std::string fit(std::string_view s, size_t width) {
-  if (s.size() <= width) return std::string(s);
-  // Cut before a UTF-8 continuation byte, never inside a character.
-  auto cut = [&](size_t n) {
-    while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
-    return std::string(s.substr(0, n));
-  };
-  if (width <= 3) return cut(width);
-  return cut(width - 3) + "...";
+  if (display_width(s) <= width) return std::string(s);
+  if (width <= 3) return std::string(s.substr(0, prefix_within(s, width).first));
+  return std::string(s.substr(0, prefix_within(s, width - 3).first)) + "...";
 }
 
 std::string pad_right(std::string_view s, size_t width) {
   std::string out = fit(s, width);
-  out.append(width - out.size(), ' ');
+  out.append(width - display_width(out), ' ');
   return out;
 }
 
 std::string pad_left(std::string_view s, size_t width) {
   std::string out = fit(s, width);
-  return std::string(width - out.size(), ' ') + out;
+  return std::string(width - display_width(out), ' ') + out;
 }
 
 std::vector<std::string> wrap(std::string_view text, size_t width) {

@@ -71,7 +71,10 @@ std::string cat(const Parts&... parts) {
 // "P0".."P15".
 std::string pstate_name(int pstate);
 
-// Cut to width, marking the cut with "..."; pad to width, text on the left or right.
+// Terminal columns `s` takes (UTF-8; East Asian wide characters and emoji 2 columns each).
+size_t display_width(std::string_view s);
+// Cut to `width` columns between characters, marking the cut with "..."; pad to width, text on
+// the left or right.
 std::string fit(std::string_view s, size_t width);
 std::string pad_right(std::string_view s, size_t width);
 std::string pad_left(std::string_view s, size_t width);

@@ -2,8 +2,12 @@
 // Exit status: 0 ok; 1 runtime failure (e.g. -f FILE cannot be opened); 2 usage error (bad
 // flag, unknown query field, GPU index not present); 3 output written but at least one stats
 // record could not be read (malformed, truncated, other layout version; see stderr/table).
+#include <dirent.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -153,6 +157,14 @@ int run(int argc, char** argv) {
 
   try {
     const std::string stats_dir = o.stats_dir.empty() ? stats::default_dir() : o.stats_dir;
+    // A folder that cannot be read would show "no pipelines" where there may be some.
+    if (DIR* d = ::opendir(stats_dir.c_str())) {
+      ::closedir(d);
+    } else {
+      std::fprintf(stderr, "slipstream-smi: cannot read the stats records' folder %s: %s\n",
+                   stats_dir.c_str(), std::strerror(errno));
+      return kExitFailure;
+    }
     const std::vector<unsigned> ids = parse_ids(o.ids);
     const bool is_dmon = dmon->parsed();
 
@@ -192,7 +204,8 @@ int run(int argc, char** argv) {
     if (!o.output_file.empty()) {
       file.open(o.output_file, std::ios::out | std::ios::trunc);
       if (!file) {
-        std::fprintf(stderr, "slipstream-smi: cannot open %s for writing\n", o.output_file.c_str());
+        std::fprintf(stderr, "slipstream-smi: cannot open %s for writing: %s\n",
+                     o.output_file.c_str(), std::strerror(errno));
         return kExitFailure;
       }
     }
