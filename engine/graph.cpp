@@ -69,8 +69,10 @@ const StageSchema& run_schema() {
                "start from these weights (a run directory: its newest checkpoint, or "
                "RUN/checkpoints/step-N), with fresh optimizer state and step 0: fine-tuning")
         .path(/*must_exist=*/true)
-        .param("stats_interval_ms", int64_t{250}, "how often the stats record is refreshed")
-        .range(10, 60000)
+        .param("stats_interval_ms", int64_t{250},
+               "how often the stats record is refreshed (slipstream-smi calls a record silent for "
+               "15 s stale)")
+        .range(10, 10000)
         .param("cuda_graph", std::string("auto"),
                "run each training step (and each frame of a stream: infer, the policy library) "
                "as a CUDA graph once its work recurs (one launch instead of hundreds): auto (on "

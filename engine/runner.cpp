@@ -239,6 +239,7 @@ RunResult Runner::Impl::execute_steps() {
   if (stop_signal != 0) run.interrupted = true;
   if (tty) *log << "\n";
 
+  finishing = true;
   failure = end_steps(failure, stop_signal, stages, ctxs);
   stop_publisher(failure ? stats::RunState::failed : stats::RunState::done);
   record.reset();  // the run is over: its record goes away (slipstream-smi shows live runs)

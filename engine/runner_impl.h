@@ -246,6 +246,9 @@ struct Runner::Impl {
   std::mutex pub_mu;
   std::condition_variable pub_cv;
   bool pub_stop = false;
+  // The steps are over and the run's end (its last validation and checkpoint) is under way: the
+  // record says `finishing` until done or failed.
+  std::atomic<bool> finishing{false};
   uint64_t start_ns = 0, start_unix = 0;
   std::atomic<uint64_t> samples{0};
   std::atomic<double> last_loss{NAN};

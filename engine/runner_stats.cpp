@@ -158,7 +158,7 @@ void Runner::Impl::start_publisher() {
             std::chrono::steady_clock::now() - *signalled > std::chrono::seconds(stop_timeout_s))
           exit_stuck_after_signal(stop_timeout_s);
       }
-      publish(stats::RunState::running);
+      publish(finishing ? stats::RunState::finishing : stats::RunState::running);
     }
   });
 }
