@@ -459,6 +459,12 @@ TEST_F(SmiCli, SilentRunsAreStaleAndReusedPidsAreRemoved) {
   EXPECT_FALSE(file_exists(path));
   Result table = run_smi({}, env_);
   EXPECT_NE(table.out.find("stale 8"), std::string::npos) << table.out;
+  // dmon has no state column: a stale run's rates, ETA and busy are dashes, not its old figures.
+  Result dmon = run_smi({"dmon", "-s", "rs", "-c", "1"}, env_);
+  EXPECT_EQ(dmon.status, 0) << dmon.err;
+  const std::string line = line_with(dmon.out, pid());
+  EXPECT_EQ(line.find("12.5"), std::string::npos) << dmon.out;  // its steps/s before it stopped
+  expect_in_order(line, {pid(), "1200", "-", "-", "0.4321", "-"});
 }
 
 // What a run's health needs at a glance: the data wait, host and device memory, and the

@@ -56,12 +56,16 @@ double heartbeat_age_s(const stats::RunRecord& run, double now_unix_s) {
   return std::max(0.0, now_unix_s - static_cast<double>(run.update_unix_ns) * 1e-9);
 }
 
-std::string run_state_text(const stats::RunRecord& run, double now_unix_s) {
+bool is_stale(const stats::RunRecord& run, double now_unix_s) {
   const bool live = run.state == stats::RunState::starting ||
                     run.state == stats::RunState::running ||
                     run.state == stats::RunState::finishing;
+  return live && run.update_unix_ns != 0 && heartbeat_age_s(run, now_unix_s) >= kStaleAfterS;
+}
+
+std::string run_state_text(const stats::RunRecord& run, double now_unix_s) {
+  if (!is_stale(run, now_unix_s)) return state_name(run.state);
   const double age = heartbeat_age_s(run, now_unix_s);
-  if (!live || run.update_unix_ns == 0 || age < kStaleAfterS) return state_name(run.state);
   char buf[32];
   if (age < 3600)
     std::snprintf(buf, sizeof buf, "stale %.0fs", age);

@@ -42,7 +42,10 @@ double heartbeat_age_s(const stats::RunRecord& run, double now_unix_s);
 // A run that says it is starting, running or finishing but has not published for this long is
 // stale: stopped (SIGSTOP, a debugger), hung, or its machine suspended.
 inline constexpr double kStaleAfterS = 15;
-// state_name, or "stale 83s" for a stale run: its rates and ETA are then from before it stopped.
+// Whether `run` is stale at `now_unix_s` (above); its rates and ETA are then from before it
+// stopped.
+bool is_stale(const stats::RunRecord& run, double now_unix_s);
+// state_name, or "stale 83s" for a stale run.
 std::string run_state_text(const stats::RunRecord& run, double now_unix_s);
 
 }  // namespace slipstream::smi

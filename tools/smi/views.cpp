@@ -482,11 +482,14 @@ std::string dmon_lines(const DmonGroups& groups, const Snapshot& snap) {
     }
   }
   if (groups.any_run()) {
+    const double now = std::chrono::duration<double>(snap.taken.time_since_epoch()).count();
     for (const auto& r : snap.runs) {
       const int b = bottleneck_stage(r);
+      // A stale run's rates and ETA are from before it stopped: not shown as if it ran.
+      const bool stale = is_stale(r, now);
       std::vector<std::string> v;
       for (const auto& c : cols) {
-        auto na = [&](const std::string& s) { return s == kNotAvailable ? dash : s; };
+        auto na = [&](const std::string& s) { return stale || s == kNotAvailable ? dash : s; };
         if (c.name == "pid")
           v.push_back(std::to_string(r.pid));
         else if (c.name == "step")
@@ -498,11 +501,11 @@ std::string dmon_lines(const DmonGroups& groups, const Snapshot& snap) {
         else if (c.name == "loss")
           v.push_back(std::isfinite(r.loss) ? loss_text(r.loss) : dash);
         else if (c.name == "eta")
-          v.push_back(plausible(r.eta_s, kMaxSeconds) ? fixed_or_na(r.eta_s, 0) : dash);
+          v.push_back(!stale && plausible(r.eta_s, kMaxSeconds) ? fixed_or_na(r.eta_s, 0) : dash);
         else if (c.name == "bneck")
           v.push_back(b >= 0 ? printable(r.stages[b].name) : dash);
         else if (c.name == "busy")
-          v.push_back(b >= 0 && plausible(r.stages[b].busy_frac_recent, kMaxFraction)
+          v.push_back(b >= 0 && !stale && plausible(r.stages[b].busy_frac_recent, kMaxFraction)
                           ? fixed_or_na(r.stages[b].busy_frac_recent * 100, 1)
                           : dash);
         else if (c.name == "it/s")
