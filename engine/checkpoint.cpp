@@ -1,5 +1,6 @@
 #include "engine/checkpoint.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -191,12 +192,16 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
   fs::path p = fs::path(path).lexically_normal();
   if (!p.has_filename()) p = p.parent_path();
   std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
-  if (p.filename() == "model.safetensors" && fs::is_regular_file(p, ec)) p = p.parent_path();
+  if ((p.filename() == "model.safetensors" || p.filename() == "config.yaml") &&
+      fs::is_regular_file(p, ec))
+    p = p.parent_path();  // a checkpoint's weights, a run's config: their folder
   const bool in_run = p.parent_path().filename() == "checkpoints" &&
                       fs::exists(p.parent_path().parent_path() / "config.yaml", ec);
   if (fs::is_directory(p, ec) && (in_run || fs::exists(p / "model.safetensors", ec))) {
     if (!fs::exists(p / "DONE", ec)) {
-      r.error = path + ": an incomplete checkpoint (no DONE file: its write did not finish)";
+      r.error = path +
+                ": an incomplete checkpoint (no DONE file: its write did not finish, or the folder "
+                "was copied without it; copy the whole step-N folder)";
       return r;
     }
     r.checkpoint = p.string();
@@ -208,9 +213,29 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
     return r;
   }
   r.run_dir = p.string();
-  if (!fs::exists(fs::path(r.run_dir) / "config.yaml", ec))
+  if (fs::exists(fs::path(r.run_dir) / "config.yaml", ec)) return r;
+  // What is there instead, and what to give: the checkpoints a run holds, by name.
+  auto names_in = [&](const fs::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+      if (fs::exists(e.path() / "DONE", ec)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    return list;
+  };
+  if (!fs::exists(p, ec)) {
+    r.error = path + ": no such file or directory";
+    if (p.parent_path().filename() == "checkpoints")
+      if (const std::string list = names_in(p.parent_path()); !list.empty())
+        r.error += " (the checkpoints there: " + list + ")";
+  } else if (const std::string list = names_in(p / "checkpoints"); !list.empty()) {
+    r.error = path + ": a run directory without its config.yaml; give one of its checkpoints (" +
+              list + ", in " + (p / "checkpoints").string() + "): their weights carry the graph";
+  } else {
     r.error = path + ": not a run directory (no config.yaml) nor a checkpoint (no " +
               "model.safetensors)";
+  }
   return r;
 }
 

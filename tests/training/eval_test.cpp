@@ -191,6 +191,26 @@ TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {
   EXPECT_NE(o.text.find("in the checkpoint but"), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("were the sizes changed?"), std::string::npos) << o.text;
 
+  // A run's config.yaml stands for the run; a checkpoint that is not there names the ones that
+  // are; a run directory that lost its config.yaml names its checkpoints to give instead.
+  o = run_cli("eval --checkpoint " + run.run_dir + "/config.yaml --replays " + val);
+  EXPECT_EQ(o.status, 0) << o.text;
+  o = run_cli("eval --checkpoint " + run.run_dir + "/checkpoints/step-999 --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("step-999: no such file or directory (the checkpoints there: "),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("step-2"), std::string::npos) << o.text;
+  fs::rename(run.run_dir + "/config.yaml", run.run_dir + "/config.kept");
+  o = run_cli("eval --checkpoint " + run.run_dir + " --replays " + val);
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("a run directory without its config.yaml; give one of its checkpoints ("),
+            std::string::npos)
+      << o.text;
+  o = run_cli("eval --checkpoint " + ckpt + " --replays " + val);  // as it suggests: it scores
+  EXPECT_EQ(o.status, 0) << o.text;
+  fs::rename(run.run_dir + "/config.kept", run.run_dir + "/config.yaml");
+
   // A truncated weights file names itself.
   const std::string model = ckpt + "/model.safetensors";
   fs::resize_file(model, 100);
