@@ -8,6 +8,7 @@
 #include "slipstream/policy.h"
 
 #include <dlfcn.h>
+#include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
@@ -442,9 +443,12 @@ slipstream_status slipstream_policy_set_threads(slipstream_policy* p, int32_t th
                 "slipstream_policy_set_threads: threads must be in [1, 1024], got " +
                     std::to_string(threads));
   return guarded(p, SLIPSTREAM_E_RUNTIME, [&] {
-    if (threads != p->threads) {
-      p->arena = std::make_unique<tbb::task_arena>(threads, 1);
-      p->threads = threads;
+    // At most the cores TBB may use: past them TBB prints a warning on stderr (a library
+    // prints nothing) and the answers are the same.
+    const int use = std::min(threads, tbb::info::default_concurrency());
+    if (use != p->threads) {
+      p->arena = std::make_unique<tbb::task_arena>(use, 1);
+      p->threads = use;
     }
     return SLIPSTREAM_OK;
   });

@@ -189,7 +189,7 @@ class Policy:
     def set_threads(self, threads):
         """How many threads the steps use (1, the default: the calling thread alone); more
         spread a step_batch of many games over TBB's workers in an arena of the handle's own,
-        same answers."""
+        same answers; at most the cores TBB may use."""
         self._check(self._lib.slipstream_policy_set_threads(self._handle, int(threads)))
 
     def describe(self):

@@ -189,7 +189,8 @@ slipstream_status slipstream_policy_set_sampling(slipstream_policy* policy, floa
  * threads > 1 the model's loops over a batch of games (step_batch) are spread over the calling
  * thread and threads - 1 of TBB's workers (the process's pool), in an arena of the handle's own;
  * the answers are the same as with one thread. Worth it for many games per call; a single game's
- * step is too small to share. threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
+ * step is too small to share. More threads than the cores TBB may use take those cores.
+ * threads outside [1, 1024]: SLIPSTREAM_E_ARGUMENT. */
 slipstream_status slipstream_policy_set_threads(slipstream_policy* policy, int32_t threads);
 
 /* One frame as the step exported by `slipstream export --format onnx` reads it (docs/policy.md):
