@@ -146,13 +146,19 @@ def load_library(explicit=None):
     """The library: `explicit`, else $SLIPSTREAM_POLICY_LIBRARY, else the installed one
     (pkg-config slipstream_policy, then the loader's search path). A library named by the
     argument or the variable that does not load is an error, not a step to the next."""
+    named = explicit or os.environ.get("SLIPSTREAM_POLICY_LIBRARY")
     tried = []
     for path in _candidates(explicit):
         try:
             lib = ctypes.CDLL(path)
         except OSError as e:
+            if named:  # the one library asked for: why it did not load, not "not found"
+                raise OSError(f"{path} does not load: {e}") from None
             tried.append(f"{path} ({e})")
             continue
+        if not hasattr(lib, "slipstream_policy_version"):
+            raise OSError(f"{path} is not libslipstream_policy (it has no "
+                          "slipstream_policy_version)")
         _declare(lib)
         version = lib.slipstream_policy_version()
         if version < INTERFACE_VERSION:  # a newer library serves older programs

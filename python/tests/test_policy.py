@@ -213,7 +213,11 @@ class Playing(unittest.TestCase):
         # it, not a quiet step to another build's.
         with self.assertRaises(OSError) as e:
             Policy(RUN, library="/nonexistent/libslipstream_policy.so")
-        self.assertIn("/nonexistent/libslipstream_policy.so", str(e.exception))
+        self.assertIn("/nonexistent/libslipstream_policy.so does not load", str(e.exception))
+        # One that loads but is another library is named as such.
+        with self.assertRaises(OSError) as e:
+            Policy(RUN, library="libm.so.6")
+        self.assertIn("libm.so.6 is not libslipstream_policy", str(e.exception))
 
 
 class FrameTensorsOf(unittest.TestCase):
