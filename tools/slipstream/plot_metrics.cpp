@@ -1,6 +1,8 @@
 #include "tools/slipstream/plot_metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -49,9 +51,13 @@ MetricsLog parse_metrics(std::istream& in) {
 MetricsLog load_metrics(const std::filesystem::path& file) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec))
-    throw PlotError(file.string() + ": no such file (expected the run's metrics.jsonl)");
+    throw PlotError(file.string() + ": " +
+                    (ec ? ec.message()  // a folder that cannot be entered: permission denied
+                     : std::filesystem::exists(file, ec) ? std::string("not a file")
+                                                         : std::string("no such file")) +
+                    " (expected the run's metrics.jsonl)");
   std::ifstream in(file);
-  if (!in) throw PlotError("cannot open " + file.string());
+  if (!in) throw PlotError("cannot open " + file.string() + ": " + std::strerror(errno));
   MetricsLog log = parse_metrics(in);
   if (in.bad()) throw PlotError("cannot read " + file.string());
   if (log.rows.empty() && log.skipped == 0)

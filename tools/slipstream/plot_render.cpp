@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numbers>
 
@@ -525,8 +527,18 @@ using SurfacePtr = std::unique_ptr<cairo_surface_t, SurfaceDeleter>;
 using ContextPtr = std::unique_ptr<cairo_t, ContextDeleter>;
 
 void check(cairo_status_t st, const std::filesystem::path& out) {
-  if (st != CAIRO_STATUS_SUCCESS)
-    throw PlotError("cannot write " + out.string() + ": " + cairo_status_to_string(st));
+  if (st == CAIRO_STATUS_SUCCESS) return;
+  // cairo's "error while writing to output stream" hides the cause: opening the file again
+  // for appending asks the system for it (no such folder, permission denied, a full disk).
+  std::string why = cairo_status_to_string(st);
+  if (st == CAIRO_STATUS_WRITE_ERROR) {
+    errno = 0;
+    if (FILE* f = std::fopen(out.c_str(), "ab"))
+      std::fclose(f);
+    else if (errno != 0)
+      why = std::strerror(errno);
+  }
+  throw PlotError("cannot write " + out.string() + ": " + why);
 }
 
 }  // namespace
