@@ -111,10 +111,12 @@ int run(int argc, char** argv) {
                "slipstream-smi"};
   app.set_version_flag("--version", "slipstream-smi " SLIPSTREAM_VERSION);
   // Bounded ranges: CLI11's PositiveNumber would print the whole maximum double in its error.
-  app.add_option("-l,--loop", o.loop_s, "Reprint every SEC seconds (5 when SEC is left out)")
-      ->check(CLI::Range(1, 86400));
+  CLI::Option* loop =
+      app.add_option("-l,--loop", o.loop_s, "Reprint every SEC seconds (5 when SEC is left out)")
+          ->check(CLI::Range(1, 86400));
   app.add_option("--loop-ms", o.loop_ms, "Reprint every MS milliseconds (also spelled -lms)")
-      ->check(CLI::Range(1, 86400000));
+      ->check(CLI::Range(1, 86400000))
+      ->excludes(loop);
   app.add_option("-i,--id", o.ids, "Show only these GPUs: index or comma-separated indices");
   app.add_option("--query-gpu", o.query_gpu, "GPU fields to print as csv (see --help-query)");
   app.add_option("--query-run", o.query_run, "Run fields to print as csv (see --help-query)");
