@@ -307,7 +307,8 @@ FeatureEstimate estimate_features(const Inputs& in, int ranks) {
   if (!in.feature_corpora.empty())
     e.what += ", " + std::to_string(in.feature_corpora.size()) + " feature corpora";
   e.what += " (" + format_bytes(e.slp) + " of replays" +
-            (e.stored ? ", " + format_bytes(e.stored) + " of stored features" : std::string()) +
+            (e.stored ? ", " + format_bytes(e.stored) + " of features in feature corpora"
+                      : std::string()) +
             (e.decompressed ? ", " + format_bytes(e.decompressed) + " of zstd columns to unpack"
                             : std::string()) +
             ")";
