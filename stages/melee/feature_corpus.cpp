@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <oneapi/tbb/blocked_range.h>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/atomic_file.h"
+#include "engine/crc32c.h"
 #include "engine/run_directory.h"
 #include "stages/melee/replay_inputs.h"
 #include "stages/melee/slp/corpus.h"
@@ -363,6 +365,9 @@ FeatureBuildReport build_feature_corpus(const std::vector<std::string>& inputs,
   m["stored_bytes"] = report.stored_bytes;
   m["source_bytes"] = report.source_bytes;
   m["skipped"] = skipped;
+  // The index's records and names (sources, identities, sizes) have no checksum of their own
+  // as each game's zstd frame has: a byte flipped there is found at open by this one.
+  m["index_crc32c"] = crc32c(index.data(), index.size());
   // The arrays and the index first; the manifest, which makes the folder a corpus, last.
   arrays.commit();
   AtomicFile index_file((out_dir / kIndexName).string());
@@ -467,7 +472,9 @@ FeatureCorpus FeatureCorpus::open(const fs::path& dir) {
   s->dir = dir;
   const nlohmann::json m = read_manifest(dir);
   uint64_t build_id = 0, games = 0, stored_bytes = 0;
+  std::optional<uint32_t> index_crc;  // corpora built before it was kept have none
   try {
+    if (m.contains("index_crc32c")) index_crc = m.at("index_crc32c").get<uint32_t>();
     s->rollback =
         m.at("rollback").get<std::string>() == "all" ? RollbackMode::all : RollbackMode::last;
     s->fields = m.at("fields").get<std::string>() == "libmelee" ? FieldReading::libmelee
@@ -488,6 +495,9 @@ FeatureCorpus FeatureCorpus::open(const fs::path& dir) {
       throw FeatureCorpusError(index_path.string() + ": cannot open (" + errno_text(errno) + ")");
     index.assign(std::istreambuf_iterator<char>(f), {});
   }
+  if (index_crc && crc32c(index.data(), index.size()) != *index_crc)
+    throw FeatureCorpusError(index_path.string() + ": damaged (its CRC-32C is not the one " +
+                             kFeatureManifestName + " keeps); rebuild the corpus");
   Reader r(index, index_path.string());
   if (r.text(8) != std::string(kIndexMagic, 8))
     throw FeatureCorpusError(index_path.string() + ": not a feature index");

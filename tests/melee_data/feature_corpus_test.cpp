@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/run_directory.h"
 #include "stages/melee/feature_corpus.h"
 #include "stages/melee/replay_split.h"
@@ -174,6 +176,33 @@ TEST(FeatureCorpus, DamageIsNamed) {
   EXPECT_NE(m.find("features.index"), std::string::npos) << m;
   EXPECT_NE(m.find("rebuild"), std::string::npos) << m;
   EXPECT_NE(m.find("to train without it, leave it out of replays.paths"), std::string::npos) << m;
+}
+
+// The index's records and names carry no per-game checksum: the manifest's CRC-32C of the whole
+// index finds a byte flipped there (a source name garbled, a game's size) at open. A corpus built
+// before the CRC was kept opens without the check.
+TEST(FeatureCorpus, AFlippedIndexByteIsFoundAtOpen) {
+  TempDir dir("features_index");
+  fs::copy(feature_dir(), dir.path());
+  const fs::path index = dir.path() / "features.index";
+  std::vector<char> bytes;
+  {
+    std::ifstream f(index, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  bytes[bytes.size() - 3] ^= 0x20;  // in the source names
+  { std::ofstream(index, std::ios::binary).write(bytes.data(), bytes.size()); }
+  const std::string m = error_of([&] { FeatureCorpus::open(dir.path()); });
+  EXPECT_NE(m.find("features.index: damaged (its CRC-32C is not the one features.json keeps)"),
+            std::string::npos)
+      << m;
+  bytes[bytes.size() - 3] ^= 0x20;
+  { std::ofstream(index, std::ios::binary).write(bytes.data(), bytes.size()); }
+  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(dir.path() / "features.json"));
+  ASSERT_TRUE(manifest.contains("index_crc32c"));
+  manifest.erase("index_crc32c");
+  std::ofstream(dir.path() / "features.json") << manifest.dump();
+  EXPECT_EQ(FeatureCorpus::open(dir.path()).size(), 8u);
 }
 
 // ---- bounded memory ----
