@@ -166,6 +166,10 @@ std::optional<ParamValue> convert(const YAML::Node& n, ParamType t, std::string&
                      : t == ParamType::integer_list ? ParamType::integer
                                                     : ParamType::number;
       std::vector<YAML::Node> elems;
+      if (n.IsMap()) {  // never an empty list in its place: `{a: 1}` is a mistake, not "none"
+        why = "expects a list of " + std::string(param_type_name(et)) + ", got a mapping";
+        return std::nullopt;
+      }
       if (n.IsSequence())
         for (const auto& e : n) elems.push_back(e);
       else if (n.IsScalar() && !scalar_text(n).empty())

@@ -800,6 +800,15 @@ TEST(Loader, ReplaysBesideACorpusManifestAreNamedNotSilentlyIgnored) {
       << L.stage().report();
 }
 
+// A mapping where a list belongs is an error naming the parameter, never an empty list in its
+// place (paths: {} would train on synthetic games, characters: {} on every character).
+TEST(Loader, AMappingForAListParameterIsRefused) {
+  for (const char* set : {"paths={a: 1}", "characters={fox: 1}"}) {
+    const std::string m = error_of([&] { Loader L({set}); });
+    EXPECT_NE(m.find("expects a list of string, got a mapping"), std::string::npos) << set << m;
+  }
+}
+
 // A game corpus holds its games' rows as built (rolled-back frames kept or not): a run reading
 // the other way is refused with both settings and the fix, not given other rows silently.
 TEST(Loader, AGameCorpusBuiltWithOtherRollbacksIsRefused) {
