@@ -240,6 +240,22 @@ std::string scalar(const YAML::Node& n, const std::string& file, const std::stri
   return n.as<std::string>();
 }
 
+// Where the value of `key` in `map` is: its own mark, or for an empty value (`kind:`), which
+// yaml-cpp places at the next token (lines below, past comments), the key's.
+SourceMark value_mark(const YAML::Node& map, const std::string& key, const std::string& file) {
+  for (auto it = map.begin(); it != map.end(); ++it)
+    if (it->first.IsScalar() && it->first.Scalar() == key)
+      return it->second.IsNull() ? mark_of(it->first, file) : mark_of(it->second, file);
+  return mark_of(map, file);
+}
+
+// The string value of `key` in `map`; an empty or non-string value is an error at the key.
+std::string scalar_in(const YAML::Node& map, const std::string& key, const std::string& file) {
+  const YAML::Node n = map[key];
+  if (!n.IsScalar()) fail(value_mark(map, key, file), key + " must be a string");
+  return n.as<std::string>();
+}
+
 // fs::exists that answers false, not an exception, for names the system refuses (too long).
 bool path_exists(const fs::path& p) {
   std::error_code ec;
@@ -333,7 +349,8 @@ void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
   for (const char* section : {"run", "set"}) {
     YAML::Node n = root[section];
     if (!n) continue;
-    if (!n.IsMap()) fail(mark_of(n, path), std::string(section) + " must be a mapping");
+    if (!n.IsMap())
+      fail(value_mark(root, section, path), std::string(section) + " must be a mapping");
     auto& dst = std::string(section) == "run" ? out.run : out.set;
     for (auto it = n.begin(); it != n.end(); ++it)
       dst.emplace_back(it->first.as<std::string>(),
@@ -341,7 +358,9 @@ void load_preset_chain(const std::string& path, std::vector<std::string>& chain,
   }
 }
 
-std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file) {
+// `at`: where the inputs are (the key's place when the value is empty).
+std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file,
+                                   const SourceMark& at) {
   std::vector<InputRef> refs;
   auto split = [&](const std::string& text, InputRef& r) {
     auto dot = text.find('.');
@@ -358,9 +377,10 @@ std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file)
   } else if (n.IsMap()) {
     for (auto it = n.begin(); it != n.end(); ++it) {
       InputRef r;
-      r.mark = mark_of(it->second, file);
+      r.mark = mark_of(it->second.IsNull() ? it->first : it->second, file);
       r.as_port = it->first.as<std::string>();
-      split(scalar(it->second, file, "an input"), r);
+      if (!it->second.IsScalar()) fail(r.mark, "an input must be a string");
+      split(it->second.as<std::string>(), r);
       refs.push_back(r);
     }
   } else if (n.IsScalar()) {
@@ -369,7 +389,7 @@ std::vector<InputRef> parse_inputs(const YAML::Node& n, const std::string& file)
     split(n.as<std::string>(), r);
     refs.push_back(r);
   } else {
-    fail(mark_of(n, file), "inputs must be a list of stage names or a map port: stage.port");
+    fail(at, "inputs must be a list of stage names or a map port: stage.port");
   }
   return refs;
 }
@@ -403,9 +423,9 @@ void load_graph_file(const std::string& path, Config& c) {
     sc.mark = mark_of(s, path);
     if (!s["name"]) fail(sc.mark, "stage without a 'name'");
     if (!s["kind"]) fail(sc.mark, "stage without a 'kind'");
-    sc.name = scalar(s["name"], path, "name");
-    sc.kind = scalar(s["kind"], path, "kind");
-    sc.kind_mark = mark_of(s["kind"], path);
+    sc.name = scalar_in(s, "name", path);
+    sc.kind = scalar_in(s, "kind", path);
+    sc.kind_mark = value_mark(s, "kind", path);
     if (sc.name.empty() || sc.name.find_first_of(". =") != std::string::npos)
       issues.push_back(
           {mark_of(s["name"], path),
@@ -413,13 +433,13 @@ void load_graph_file(const std::string& path, Config& c) {
     if (!seen.insert(sc.name).second)
       issues.push_back({mark_of(s["name"], path), "duplicate stage name '" + sc.name + "'"});
     if (auto in = s["inputs"]) {
-      sc.inputs = parse_inputs(in, path);
-      sc.inputs_mark = mark_of(in, path);
+      sc.inputs_mark = value_mark(s, "inputs", path);
+      sc.inputs = parse_inputs(in, path, sc.inputs_mark);
     } else {
       sc.inputs_mark = sc.mark;
     }
     if (auto p = s["params"]) {
-      if (!p.IsMap()) fail(mark_of(p, path), "params must be a mapping");
+      if (!p.IsMap()) fail(value_mark(s, "params", path), "params must be a mapping");
       for (auto it = p.begin(); it != p.end(); ++it)
         sc.params[it->first.as<std::string>()] = {it->second, mark_of(it->first, path)};
     }
@@ -428,7 +448,7 @@ void load_graph_file(const std::string& path, Config& c) {
   }
   if (!issues.empty()) throw ConfigError(issues);
   if (auto r = root["run"]) {
-    if (!r.IsMap()) fail(mark_of(r, path), "run must be a mapping");
+    if (!r.IsMap()) fail(value_mark(root, "run", path), "run must be a mapping");
     for (auto it = r.begin(); it != r.end(); ++it)
       c.run[it->first.as<std::string>()] = {it->second, mark_of(it->first, path)};
   }

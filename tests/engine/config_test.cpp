@@ -159,6 +159,40 @@ TEST(Config, APluginPathIsKeptAbsolute) {
   EXPECT_EQ(c.plugins[0].first, d.path() + "/sub/libmine.so");
 }
 
+// An empty value (`kind:`) is named at its key: yaml-cpp places an empty value at the next token,
+// lines below past any comment.
+TEST(Config, AnEmptyValueIsNamedAtItsKey) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - name: src
+    kind:
+    # the counter
+    params: {count: 2}
+)"),
+            "g.yaml:3:5: kind must be a string");
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - name: src
+    kind: test_counter
+    params:
+
+  - {name: rec, kind: test_recorder, inputs: [src]}
+)"),
+            "g.yaml:4:5: params must be a mapping");
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - name: rec
+    kind: test_recorder
+    inputs:
+run: {seed: 1}
+)"),
+            "g.yaml:5:5: inputs must be a list of stage names or a map port: stage.port");
+  EXPECT_EQ(plan_error(d, R"(run:
+stages:
+  - {name: src, kind: test_counter}
+)"),
+            "g.yaml:1:1: run must be a mapping");
+}
+
 TEST(Config, MissingRequiredParameterAndProducer) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
