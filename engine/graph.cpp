@@ -529,6 +529,7 @@ class GraphPlanner {
         SourceMark mark;
       };
       std::vector<Candidate> cands;
+      const size_t issues_before = issues.size();  // a named input already found wrong
       auto bind = [&](size_t port_idx, int st, int op, const SourceMark& mark) {
         const PortSpec& want = ins[port_idx];
         const PortSpec& have = plan.stages[st].schema->outputs()[op];
@@ -609,6 +610,9 @@ class GraphPlanner {
           bind(i, cands[0].stage, cands[0].port, cands[0].mark);
       }
       for (size_t i = 0; i < ins.size(); ++i) {
+        // After a wrong reference (no such output or port), its input's lack of a producer is
+        // that same mistake again: one line for it.
+        if (issues.size() > issues_before) break;
         if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
         // Inputs bind by name; an output of another name is bound by writing it. Name the one
         // whose type fits, when one does (a new stage's `y` before a model's `x`).

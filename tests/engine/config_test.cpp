@@ -193,6 +193,18 @@ stages:
             "g.yaml:1:1: run must be a mapping");
 }
 
+// A reference to an output that is not there is one line (with the closest output), not also
+// its input's lack of a producer.
+TEST(Config, AWrongOutputIsOneLine) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - {name: sink, kind: test_f32_sink, inputs: {y: src.xx}, params: {level: 1}}
+)"),
+            "g.yaml:3:51: stage 'sink' (test_f32_sink): stage 'src' has no output 'xx'; did you "
+            "mean 'x'?");
+}
+
 TEST(Config, MissingRequiredParameterAndProducer) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
