@@ -112,6 +112,21 @@ TEST(Cli, HugeWindowSizesAreRejected) {
 }
 
 // Usage errors exit 2, as configuration errors do; --help exits 0.
+// An error a command does not catch itself is one line and exit 1, not std::terminate (134).
+TEST(Cli, ACommandsStrayErrorIsOneLineNotAnAbort) {
+  TempDir d;
+  const std::string file = d.write("a.json", "{}");
+  Output o = run_cli("new-stage foo --out " + file);  // a file where its folder would go
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_EQ(o.text.find("terminate"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("error: "), std::string::npos) << o.text;
+  o = slipstream::testing::run_command("SLIPSTREAM_CPU_ISA=bogus " + std::string(SLIPSTREAM_CLI) +
+                                       " devices");
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_EQ(o.text.find("terminate"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("bogus"), std::string::npos) << o.text;
+}
+
 TEST(Cli, UsageErrorsExit2) {
   Output both = run_cli("run --preset cpu_quick --config x.yaml");
   EXPECT_EQ(both.status, 2) << both.text;

@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // Usage errors exit 2 like configuration errors; --help and --version exit 0.
     return app.exit(e) == 0 ? 0 : slipstream::cli::kExitConfig;
+  } catch (const std::exception& e) {
+    // An error a command did not catch itself (a folder it cannot make, a bad environment
+    // variable): one line and exit 1, never std::terminate.
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
   }
   return slipstream::cli::exit_code();
 }
