@@ -28,13 +28,30 @@ std::string temp_name(const std::string& path) {
          std::to_string(rd());
 }
 
+// The file a write replaces: a symlink's target (the link stays a link, its target is replaced),
+// refused when that is not a regular file — a rename over a device (/dev/null) or FIFO would
+// replace it with a file.
+std::string replaced_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p(path);
+  if (fs::is_symlink(p, ec)) p = fs::weakly_canonical(p, ec);
+  if (ec) p = path;
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    throw std::runtime_error(path + ": not a regular file (" +
+                             (fs::is_directory(st) ? "a folder" : "a device, FIFO or socket") +
+                             "): it is written by replacing it whole; give a file's path");
+  return p.string();
+}
+
 }  // namespace
 
 std::string errno_text(int err) {
   return std::strerror(err);
 }
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(temp_name(path_)) {
+AtomicFile::AtomicFile(std::string path) : path_(replaced_file(path)), tmp_(temp_name(path_)) {
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) fail_errno(path_, "cannot create the temporary file " + tmp_);
 }

@@ -1,7 +1,8 @@
 // Files that are replaced whole or not at all: the bytes go to a temporary file beside the target
 // (every write checked, errno in the message), which is fsync'd and renamed over the target, and
 // the directory entry fsync'd. A reader, or a kill at any point, sees the old file or the new one;
-// a full disk leaves the old one untouched and says so.
+// a full disk leaves the old one untouched and says so. A symlink's target is what is replaced
+// (the link stays); a path that is a device, FIFO or folder is refused, never renamed over.
 #pragma once
 
 #include <string>

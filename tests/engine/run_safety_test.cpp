@@ -123,6 +123,31 @@ fs::path only_subdirectory(const fs::path& dir) {
 // The newcomer's `--resume RUN --set core.d_model=...`: the checkpoint does not fit the graph.
 // The run directory is as it was, byte for byte (console.log keeps the error), and a plain
 // resume still works.
+
+// A write through a symlink replaces the link's target, the link staying a link; a device or FIFO
+// in the path's place is refused before anything is written (a rename over /dev/null, as root,
+// would make it a file).
+TEST(RunSafety, AnAtomicWriteGoesThroughSymlinksAndRefusesDevices) {
+  TempDir d;
+  const std::string target = d.write("target.txt", "old");
+  fs::create_symlink(target, d.path() + "/link.txt");
+  write_file_atomically(d.path() + "/link.txt", "new");
+  EXPECT_TRUE(fs::is_symlink(d.path() + "/link.txt"));
+  std::ifstream in(target);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new");
+  const std::string fifo = d.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  try {
+    write_file_atomically(fifo, "x");
+    FAIL() << "a FIFO was replaced";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file (a device, FIFO or socket)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+}
+
 TEST(RunSafety, AResumeThatDoesNotFitItsCheckpointWritesNothing) {
   reset_recorded();
   TempDir d;
