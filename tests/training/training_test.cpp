@@ -423,6 +423,26 @@ TEST(Training, StageRunMatchesItselfAndWritesGradients) {
                        d.path() + "/x.safetensors");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.text.find("has no input 'y'"), std::string::npos) << bad.text;
+  // A gradient under a name that is no output would leave the output's at zero: refused.
+  write_safetensors(d.path() + "/dY.safetensors", {{"Y", dy}});
+  bad = run_cli("stage run mamba --set d_model=16 --set layers=1 --inputs " + d.path() +
+                "/in.safetensors --grad " + d.path() + "/dY.safetensors --out " + d.path() +
+                "/x.safetensors");
+  EXPECT_EQ(bad.status, 1) << bad.text;
+  EXPECT_NE(bad.text.find("'Y' is not an output of mamba (its outputs: y); did you mean 'y'?"),
+            std::string::npos)
+      << bad.text;
+  // The weights it wrote read back as written (weight.NAME), as well as bare.
+  std::map<std::string, Tensor> prefixed;
+  for (auto& [k, v] : out)
+    if (k.starts_with("weight.")) prefixed[k] = v;
+  write_safetensors(d.path() + "/wp.safetensors", prefixed);
+  Output o3 = run_cli("stage run mamba --set d_model=16 --set layers=1 --inputs " + d.path() +
+                      "/in.safetensors --weights " + d.path() + "/wp.safetensors --out " +
+                      d.path() + "/out3.safetensors");
+  ASSERT_EQ(o3.status, 0) << o3.text;
+  auto out3 = read_safetensors(d.path() + "/out3.safetensors").tensors;
+  EXPECT_EQ(std::memcmp(out.at("y").raw(), out3.at("y").raw(), out.at("y").nbytes()), 0);
 }
 
 TEST(Training, CpuQuickBeatsBaselineOnRealReplays) {

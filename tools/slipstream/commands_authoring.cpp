@@ -2,6 +2,7 @@
 // `slipstream stage run KIND` (one stage alone on stored tensors).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include "engine/registry.h"
 #include "engine/safetensors.h"
 #include "engine/stage_harness.h"
+#include "engine/text_match.h"
 #include "tools/slipstream/commands.h"
 
 namespace fs = std::filesystem;
@@ -359,12 +361,28 @@ int stage_run(const StageRunArgs& a) {
                    a.precision == "bf16" ? Precision::bf16 : Precision::fp32);
     auto inputs = read_safetensors(a.inputs).tensors;
     h.setup(inputs);
-    if (!a.weights.empty()) h.load_weights(read_safetensors(a.weights).tensors);
+    if (!a.weights.empty()) {
+      // As --out writes them (weight.NAME) or bare.
+      std::map<std::string, Tensor> w;
+      for (auto& [k, v] : read_safetensors(a.weights).tensors)
+        w[k.starts_with("weight.") ? k.substr(7) : k] = v;
+      h.load_weights(w);
+    }
     std::map<std::string, Tensor> out = h.forward(inputs);
     bool is_loss = h.context().schema().stage_role() == StageRole::loss;
     if (!a.grads.empty() || is_loss) {
       std::map<std::string, Tensor> dout;
       if (!a.grads.empty()) dout = read_safetensors(a.grads).tensors;
+      // A gradient under another name than an output's would leave that output's at zero.
+      std::vector<std::string> outputs;
+      for (const PortSpec& p : h.context().schema().outputs()) outputs.push_back(p.name);
+      for (const auto& [name, t] : dout)
+        if (std::find(outputs.begin(), outputs.end(), name) == outputs.end()) {
+          std::string list;
+          for (const auto& o : outputs) list += (list.empty() ? "" : ", ") + o;
+          throw std::runtime_error(a.grads + ": '" + name + "' is not an output of " + a.kind +
+                                   " (its outputs: " + list + ")" + did_you_mean(name, outputs));
+        }
       for (auto& [k, v] : h.backward(dout)) out[k] = v;
     }
     for (auto& [k, v] : h.weights()) out["weight." + k] = v;
@@ -416,7 +434,8 @@ void add_authoring_commands(CLI::App& app) {
   run->add_option("kind", a->kind, "stage kind")->required();
   run->add_option("--inputs", a->inputs, "safetensors file: one tensor per input port")->required();
   run->add_option("--weights", a->weights,
-                  "safetensors file of parameters (else the stage's own initialisation, seed 1)");
+                  "safetensors file of parameters, named bare or as --out writes them "
+                  "(weight.NAME); else the stage's own initialisation, seed 1");
   run->add_option("--grad", a->grads, "safetensors file: gradient per output port (runs backward)");
   run->add_option("--out", a->out,
                   "where to write outputs, gradients (grad.*) and weights (weight.*)")
