@@ -26,8 +26,9 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
-  if (o.warmup < 0 || o.steps < 1)
-    throw std::invalid_argument("bench: --steps must be at least 1 and --warmup at least 0");
+  // The first step ends the start-up (setup, first allocations, graph capture): never timed.
+  if (o.warmup < 1 || o.steps < 1)
+    throw std::invalid_argument("bench: --steps and --warmup must be at least 1");
   std::vector<std::string> sets = o.sets;
   sets.push_back("run.steps=" + std::to_string(o.warmup + o.steps));
   sets.push_back("run.validate_every=0");
@@ -71,7 +72,6 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   resolve_auto_batch(plan, opt);
   Runner runner(std::move(plan), opt);
   runner_ptr = &runner;
-  if (o.warmup == 0) set_timing(true);
   RunResult r;
   try {
     r = runner.run();
@@ -98,14 +98,14 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   b.device =
       exec && exec->backend() == KernelBackend::emulated ? "emulated" : runner.state().device.str();
   b.precision = runner.state().precision == Precision::bf16 ? "bf16" : "fp32";
-  const Clock::time_point warm_end = warm > 0 ? ends[warm - 1] : t0;
+  const Clock::time_point warm_end = ends[warm - 1];
   b.steps = ends.size() - warm;
   b.startup_s = std::chrono::duration<double>(warm_end - t0).count();
   b.seconds = std::chrono::duration<double>(ends.back() - warm_end).count();
   std::vector<double> ms;
   uint64_t wait = 0;
   for (size_t i = warm; i < ends.size(); ++i) {
-    const Clock::time_point prev = i > 0 ? ends[i - 1] : t0;
+    const Clock::time_point prev = ends[i - 1];
     ms.push_back(std::chrono::duration<double, std::milli>(ends[i] - prev).count());
     wait += waits[i];
   }
@@ -120,8 +120,7 @@ StepBenchmark run_step_benchmark(const StepBenchmarkOptions& o) {
   b.data_wait_pct = b.seconds > 0 ? 100.0 * static_cast<double>(wait) * 1e-9 / b.seconds : 0;
   const GraphPlan& p = runner.graph().plan();
   for (size_t k = 0; k < runner.graph().size(); ++k) {
-    const double busy =
-        static_cast<double>(runner.counters(k).busy_ns - (warm ? busy_at_warm[k] : 0)) * 1e-9;
+    const double busy = static_cast<double>(runner.counters(k).busy_ns - busy_at_warm[k]) * 1e-9;
     b.stages.push_back({p.stages[k].name, p.stages[k].schema->kind(),
                         b.seconds > 0 ? 100.0 * busy / b.seconds : 0,
                         1e3 * busy / static_cast<double>(b.steps)});

@@ -21,8 +21,8 @@ namespace slipstream {
 struct StepBenchmarkOptions {
   std::string preset_or_file = "cpu_quick";
   std::vector<std::string> sets;  // --set overrides, applied before the benchmark's own
-  int64_t warmup = 5;             // steps run first and not timed (caches, pools, first touches)
-  int64_t steps = 40;             // steps timed
+  int64_t warmup = 5;  // steps run first and not timed (start-up, caches, pools); at least 1
+  int64_t steps = 40;  // steps timed
   // The step without the data path (RunOptions::resident_batches): after this many batches the
   // section trains on them again and nothing is loaded or copied; 0 trains on loaded data.
   uint32_t resident_batches = 0;

@@ -94,8 +94,10 @@ void add_bench_command(CLI::App& app) {
                                  "preset name or path (default cpu_quick)");
   cmd->add_option("--config,-c", a->config, "a graph file instead of a preset")->excludes(preset);
   cmd->add_option("--steps", a->options.steps, "steps to time")->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--warmup", a->options.warmup, "steps run first and not timed")
-      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--warmup", a->options.warmup,
+                  "steps run first and not timed (at least 1: the first step holds the run's "
+                  "start-up, which is reported apart)")
+      ->check(CLI::Range(1, 1 << 30));
   cmd->add_option("--device", a->device, "auto | cpu | cuda | cuda:N | emulated");
   cmd->add_option("--set,-s", a->options.sets, "override stage.param=value or run.key=value");
   cmd->add_option("--json", a->json, "also write the figures as JSON here");
