@@ -162,7 +162,7 @@ void setup_corpus(CLI::App& parent) {
         std::cout << "feature corpus " << args->out << ": " << r.games << " games, " << r.frames
                   << " frames, " << r.skipped << " skipped, " << r.source_bytes
                   << " bytes of replays in, " << r.feature_bytes << " bytes of features stored in "
-                  << r.stored_bytes << "\n";
+                  << r.stored_bytes << " bytes\n";
         for (const std::string& e : r.skipped_examples) std::cout << "  skipped " << e << "\n";
       } catch (const std::exception& e) {
         fail(e.what());
@@ -175,9 +175,12 @@ void setup_corpus(CLI::App& parent) {
       options.zstd = args->zstd;
       options.rollbacks = args->keep_rollbacks ? Rollbacks::kKeepAll : Rollbacks::kLastCopy;
       const CorpusBuildReport r = build_corpus(inputs, args->out, options);
-      std::cout << "corpus " << args->out << ": " << r.games << " games, " << r.frames
-                << " frames, " << r.skipped << " skipped, " << r.input_bytes << " bytes in, "
-                << r.output_bytes << " bytes of columns\n";
+      std::cout << "corpus " << args->out << ": " << r.games << " games (" << r.damaged
+                << " damaged), " << r.frames << " frames, " << r.skipped << " skipped, "
+                << r.input_bytes << " bytes in, " << r.output_bytes << " bytes of columns\n";
+      for (const std::string& e : r.examples) std::cout << "  " << e << "\n";
+      if (r.skipped + r.damaged > r.examples.size())
+        std::cout << "  ... (manifest.json lists every skipped input)\n";
     } catch (const std::exception& e) {
       fail(e.what());
     }

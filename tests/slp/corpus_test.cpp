@@ -76,6 +76,10 @@ TEST(SlpCorpus, ReadEqualsParseForAllRealReplays) {
     const CorpusBuildReport r = build_corpus(inputs, dir, options);
     EXPECT_EQ(r.games, files.size());  // corrupt.slp is partial, still readable
     EXPECT_EQ(r.skipped, 0u);
+    EXPECT_EQ(r.damaged, 1u);  // ... and said to be, with its byte offset
+    ASSERT_EQ(r.examples.size(), 1u);
+    EXPECT_NE(r.examples[0].find("corrupt.slp (byte offset 28383"), std::string::npos)
+        << r.examples[0];
     if (mode == "zstd_v1") testing::rewrite_as_whole_column_zstd(dir);
     expect_corpus_equals_parse(dir, files, options);
     std::filesystem::remove_all(dir);
@@ -96,6 +100,9 @@ TEST(SlpCorpus, KeepAllRollbacksAndSkippedFiles) {
   const CorpusBuildReport r = build_corpus(inputs, dir, options);
   EXPECT_EQ(r.games, 2u);
   EXPECT_EQ(r.skipped, 1u);
+  ASSERT_EQ(r.examples.size(), 1u);
+  EXPECT_NE(r.examples[0].find("skipped " + (src / "c.slp").string()), std::string::npos)
+      << r.examples[0];
   expect_corpus_equals_parse(dir, {src / "a.slp", src / "b.slp"}, options);
   EXPECT_EQ(Corpus::open(dir).game(0).view().frames.size(), 9530u);
 

@@ -148,11 +148,19 @@ TEST(SlpHostile, NonRegularFilesAreRefusedBeforeReading) {
         << info["error"];
     EXPECT_THROW(parse_slp_file(p), ParseError) << p;
   }
-  // A corpus given such a file directly skips it (a folder given is searched, as any).
+  // A corpus given such a file directly skips it (a folder given is searched, as any), naming
+  // it; with no readable replay among its inputs no corpus is written.
   const fs::path inputs[] = {fifo, "/dev/zero", dir};
-  const CorpusBuildReport r = build_corpus(inputs, fs::path(t.path()) / "corpus");
-  EXPECT_EQ(r.games, 0u);
-  EXPECT_EQ(r.skipped, 2u);
+  try {
+    build_corpus(inputs, fs::path(t.path()) / "corpus");
+    FAIL() << "a corpus of no game was written";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no input is a readable replay (skipped "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(fs::path(t.path()) / "corpus" / "manifest.json"));
 }
 
 // A sparse file: 3 GB of zeros behind the given first bytes, costing no disk or memory.

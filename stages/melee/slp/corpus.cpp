@@ -431,9 +431,19 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   parse_options.items = options.items;
 
   const ReplayScan scan = scan_replays(inputs);
+  if (scan.files.empty() && scan.skipped.empty()) {
+    std::string given;
+    for (const fs::path& p : inputs) given += (given.empty() ? "" : ", ") + p.string();
+    throw std::runtime_error("no .slp files in " + given + ": nothing to build a corpus of");
+  }
+  constexpr size_t kExamples = 5;
+  auto example = [&](const std::string& what) {
+    if (report.examples.size() < kExamples) report.examples.push_back(what);
+  };
   for (const SkippedPath& s : scan.skipped) {
     skipped.push_back({{"path", s.path.string()}, {"reason", s.reason}});
     ++report.skipped;
+    example("skipped " + s.path.string() + " (" + s.reason + ")");
   }
   for (const fs::path& path : scan.files) {
     Game game;
@@ -445,7 +455,13 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     } catch (const std::exception& e) {
       skipped.push_back({{"path", path.string()}, {"reason", e.what()}});
       ++report.skipped;
+      example(std::string("skipped ") + e.what());
       continue;
+    }
+    if (game.info.partial) {
+      ++report.damaged;
+      example("damaged, its rows before the damage kept: " + path.string() + " (" +
+              game.info.error + ")");
     }
     std::error_code ec;
     const auto mtime = fs::last_write_time(path, ec);
@@ -497,6 +513,11 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     item_rows += f.items.size();
     ++report.games;
     report.frames += n;
+  }
+  if (report.games == 0) {
+    fs::remove_all(tmp_dir);
+    throw std::runtime_error("no input is a readable replay (" + report.examples.front() +
+                             "): no corpus written");
   }
   const fs::path columns_path = out_dir / kColumnsName;
   const fs::path columns_tmp = out_dir / (std::string(kColumnsName) + ".tmp");

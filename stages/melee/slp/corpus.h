@@ -41,10 +41,12 @@ struct CorpusOptions {
 
 struct CorpusBuildReport {
   size_t games = 0;
-  size_t skipped = 0;
+  size_t skipped = 0;  // unreadable inputs, not in the corpus (manifest.json lists each)
+  size_t damaged = 0;  // games kept with the rows before their damage (GameInfo::partial)
   size_t frames = 0;
   uint64_t input_bytes = 0;
-  uint64_t output_bytes = 0;  // columns.bin
+  uint64_t output_bytes = 0;          // columns.bin
+  std::vector<std::string> examples;  // the first skipped and damaged inputs, with why
 };
 
 // A path a folder scan passed over, and why (unreadable folder, symlink loop, a .slp name on
