@@ -149,6 +149,24 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir,
   return best;
 }
 
+std::string best_checkpoints_note(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::vector<std::pair<uint64_t, std::string>> bests;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    uint64_t step = 0;
+    if (checkpoint_step(name, "best-step-", step) && fs::exists(e.path() / "DONE", ec))
+      bests.emplace_back(step, name);
+  }
+  if (bests.empty()) return "";
+  std::sort(bests.begin(), bests.end());
+  std::string list;
+  for (const auto& [step, name] : bests) list += (list.empty() ? "" : ", ") + name;
+  return "; its best checkpoint" + std::string(bests.size() > 1 ? "s: " : ": ") + list + " (give " +
+         (root / bests.back().second).string() + " for the newest)";
+}
+
 namespace {
 
 // The graph that rebuilds a checkpoint: the one its weights carry (the run's config.yaml as it
@@ -244,7 +262,8 @@ CheckpointPath find_checkpoint(const std::string& path) {
   if (c.error.empty() && c.checkpoint.empty()) {
     c.checkpoint = latest_checkpoint(c.run_dir).value_or("");
     if (c.checkpoint.empty())
-      c.error = path + ": the run has no complete checkpoint";
+      c.error =
+          path + ": the run has no complete periodic checkpoint" + best_checkpoints_note(c.run_dir);
     else
       pick_graph_file(c);
   }

@@ -48,6 +48,10 @@ bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_
 // of those of a lower step.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
                                              std::optional<uint64_t> before = {});
+// For a run without a periodic checkpoint: its complete best ones and how to go on from one
+// ("; its best checkpoint: best-step-100 (give RUN/checkpoints/best-step-100 for the newest)"),
+// or "".
+std::string best_checkpoints_note(const std::string& run_dir);
 
 // A path a user gave for a checkpoint: a run directory (its newest checkpoint), one of its
 // checkpoints (RUN/checkpoints/step-N), or a checkpoint directory on its own (copied out of its

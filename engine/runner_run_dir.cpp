@@ -61,7 +61,9 @@ bool Runner::Impl::start_steps(RunResult& result) {
   if (!opt.resume_dir.empty()) {
     ckpt = opt.resume_checkpoint.empty() ? latest_checkpoint(opt.resume_dir)
                                          : std::optional(opt.resume_checkpoint);
-    if (!ckpt) throw std::runtime_error(opt.resume_dir + ": no complete checkpoint to resume from");
+    if (!ckpt)
+      throw std::runtime_error(opt.resume_dir + ": no complete periodic checkpoint to resume from" +
+                               best_checkpoints_note(opt.resume_dir));
   }
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();

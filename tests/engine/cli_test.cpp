@@ -148,7 +148,16 @@ TEST(Cli, ResumeOfSomethingElseSaysWhat) {
   std::filesystem::create_directories(d.path() + "/checkpoints/step-5");
   o = run_cli("run --resume " + d.path());
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_NE(o.text.find("no complete checkpoint to resume from"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("no complete periodic checkpoint to resume from"), std::string::npos)
+      << o.text;
+  // Its best checkpoint, written at a validation before any periodic one, is named to go on from.
+  d.write("checkpoints/best-step-3/DONE", "3\n");
+  o = run_cli("run --resume " + d.path());
+  EXPECT_EQ(o.status, 1) << o.text;
+  EXPECT_NE(o.text.find("; its best checkpoint: best-step-3 (give " + d.path() +
+                        "/checkpoints/best-step-3 for the newest)"),
+            std::string::npos)
+      << o.text;
 }
 
 // A file that made yaml-cpp's LoadAll loop forever is a syntax error with exit 2.

@@ -230,7 +230,9 @@ TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {
   // With no complete checkpoint left the run has nothing to score.
   o = run_cli("eval --checkpoint " + run.run_dir + " --replays " + val);
   EXPECT_EQ(o.status, 1) << o.text;
-  EXPECT_NE(o.text.find("no complete checkpoint"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("no complete periodic checkpoint; its best checkpoint: best-step-2"),
+            std::string::npos)
+      << o.text;
 }
 
 TEST(Stream, FrameByFrameEqualsTheWindowForwardMamba) {
