@@ -362,10 +362,13 @@ class GraphPlanner {
       } catch (const std::exception&) {
       }
       if (!ok)
-        issues.push_back(
-            {plan.run.mark("device"), "run: device '" + dev +
-                                          "' is not one of auto, cpu, cuda, cuda:N, emulated" +
-                                          did_you_mean(dev, {"auto", "cpu", "cuda", "emulated"})});
+        issues.push_back({plan.run.mark("device"),
+                          "run: device '" + dev +
+                              "' is not one of auto, cpu, cuda, cuda:N, emulated" +
+                              // A GPU by its common name, which spells like cpu.
+                              (dev == "gpu" || dev.starts_with("gpu:")
+                                   ? "; did you mean 'cuda'?"
+                                   : did_you_mean(dev, {"auto", "cpu", "cuda", "emulated"}))});
     }
   }
 

@@ -184,7 +184,7 @@ void setup_export(CLI::App& parent) {
       ->check(CLI::Range(1, 4))
       ->needs(replay);
   cmd->add_option("--frames", a->frames, "with --replay: at most this many frames")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->needs(replay);
   cmd->add_option("--samples", a->samples, "with --replay: the safetensors file to write")
       ->needs(replay);

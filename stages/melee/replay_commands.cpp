@@ -95,15 +95,17 @@ void setup_synth(CLI::App& parent) {
   CLI::App* synth = parent.add_subcommand("synth", "Write synthetic two-player .slp games");
   synth->add_option("--games", args->games, "Number of games")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 10'000'000));
   synth->add_option("--out", args->out, "Output directory")->required();
   synth->add_option("--seed", args->seed, "Seed (games are deterministic from it)");
-  synth->add_option("--frames", args->frames, "Frames per game at most")
-      ->check(CLI::PositiveNumber);
+  // An hour of play a game at most: a file's frames are built in memory before it is written.
+  synth->add_option("--frames", args->frames, "Frames per game at most (an hour: 216000)")
+      ->check(CLI::Range(1, 216000));
   synth->callback([args] {
     try {
       const auto paths = write_synthetic_games(args->out, args->games, args->seed, args->frames);
-      std::cout << "wrote " << paths.size() << " games to " << args->out << "\n";
+      std::cout << "wrote " << paths.size() << (paths.size() == 1 ? " game" : " games") << " to "
+                << args->out << "\n";
     } catch (const std::exception& e) {
       fail(e.what());
     }

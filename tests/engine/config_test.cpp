@@ -509,6 +509,8 @@ TEST(Config, RunDeviceIsCheckedAtValidation) {
             "emulated; did you mean 'cpu'?");
   EXPECT_NE(plan_error(d, kGood, {"run.device=cud"}).find("did you mean 'cuda'?"),
             std::string::npos);
+  EXPECT_NE(plan_error(d, kGood, {"run.device=gpu"}).find("did you mean 'cuda'?"),
+            std::string::npos);
   for (const char* ok : {"auto", "cpu", "cuda", "cuda:1", "emulated"})
     EXPECT_EQ(plan_error(d, kGood, {std::string("run.device=") + ok}), "") << ok;
 }

@@ -55,7 +55,7 @@ static void add_validate(CLI::App& app) {
   auto target = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   cmd->add_option("preset_or_file", *target, "preset name or YAML file")->required();
-  cmd->add_option("--set", *sets, "override stage.param=value or run.key=value (repeatable)");
+  cmd->add_option("--set,-s", *sets, "override stage.param=value or run.key=value (repeatable)");
   auto print = std::make_shared<bool>(false);
   cmd->add_flag("--print", *print,
                 "print the resolved configuration (every parameter, paths absolute): what a run "

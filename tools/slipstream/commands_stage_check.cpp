@@ -156,7 +156,7 @@ void add_stage_check_command(CLI::App& stage) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--tolerance", a->tolerance,
                   "largest error allowed: |numeric - analytic| / max(1, |numeric|)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1e-12, 1e6));
   cmd->add_option("--seed", a->seed, "seed of the inputs and the elements picked");
   cmd->callback([a] { set_exit_code(check_stage(*a)); });
 }
