@@ -47,6 +47,12 @@ void setup_replay(CLI::App& parent) {
     const ReplayScan scan = scan_replays(inputs);
     for (const SkippedPath& s : scan.skipped)
       std::cerr << s.path.string() << ": skipped (" << s.reason << ")\n";
+    if (scan.files.empty() && scan.skipped.empty())
+      fail("no .slp files in " + [&] {
+        std::string given;
+        for (const auto& f : info_args->files) given += (given.empty() ? "" : ", ") + f;
+        return given;
+      }());
     for (const std::filesystem::path& file : scan.files) {
       nlohmann::json j = replay_info_json(file);
       any_error |= replay_info_has_error(j);
@@ -70,7 +76,8 @@ void setup_replay(CLI::App& parent) {
   dump->add_option("file", dump_args->file, "Replay file")->required();
   dump->add_option("--frame-index", dump_args->frame_index,
                    "Row as recorded (0 = first, rollbacks included)")
-      ->required();
+      ->required()
+      ->check(CLI::Range(size_t{0}, size_t{1} << 32));
   dump->add_option("--port", dump_args->port, "Only this port (1-4)")->check(CLI::Range(1, 4));
   dump->add_flag("--json", dump_args->json, "Print JSON");
   dump->callback([dump_args] {
