@@ -444,13 +444,16 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
   result.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
   result.last_train_metrics = last_train;
   result.last_validation_metrics = last_validation;
-  char summary[160];
-  std::snprintf(summary, sizeof summary, ": %llu steps, %llu samples in %.3g s",
+  char summary[192];
+  std::snprintf(summary, sizeof summary, ": %llu steps, %llu samples%s in %.3g s",
                 static_cast<unsigned long long>(result.final_step),
-                static_cast<unsigned long long>(result.samples), result.seconds);
+                static_cast<unsigned long long>(result.samples),
+                run.world_size > 1 ? " on this rank" : "", result.seconds);
   if (result.cuda_graph) log_line(graph_steps_summary(result));
   // Every rank says how it ended (the progress lines are rank 0's alone).
   std::ostream& out = log == &quiet ? std::cout : *log;
+  // Several ranks: each line says whose it is.
+  if (run.world_size > 1) out << "rank " << run.rank << ": ";
   out << ((result.interrupted ? "interrupted" + (stop_signal && stop_signal != SIGINT
                                                      ? " (" + signal_name(stop_signal) + ")"
                                                      : std::string())
