@@ -89,7 +89,8 @@ void add_bench_command(CLI::App& app) {
       "bench",
       "Measure a preset's training step in steady state: step time (median, p90), samples/s, "
       "frames/s, data wait, each stage's busy %, peak memory; start-up reported apart. Writes "
-      "nothing but --json");
+      "no run directory, only --json (a preset without replays trains on synthetic ones, "
+      "generated once into replays.synthetic_dir as a run's are)");
   auto* preset = cmd->add_option("--preset,-p", a->options.preset_or_file,
                                  "preset name or path (default cpu_quick)");
   cmd->add_option("--config,-c", a->config, "a graph file instead of a preset")->excludes(preset);
