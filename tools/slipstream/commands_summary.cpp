@@ -58,8 +58,8 @@ void add_summary_command(CLI::App& app) {
       "summary",
       "Parameters per stage, the total, and the floating-point operations of a training step "
       "(per stage and per sample), for a preset, a graph file, a run or a checkpoint. Runs no "
-      "batch (its loader's setup does: a preset without replays generates its synthetic ones "
-      "once, into replays.synthetic_dir)");
+      "batch; a preset without replays still has its synthetic ones generated, once, into "
+      "replays.synthetic_dir");
   cmd->add_option("preset_or_run", a->target,
                   "preset name, graph file, run or checkpoint directory")
       ->required();
