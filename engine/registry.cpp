@@ -87,10 +87,12 @@ void StageRegistry::load_plugin(const std::string& path) {
   std::lock_guard one_at_a_time(d.loading);  // recursive: a plugin's initialiser may load one
   bool outer_loading = false;
   std::vector<std::string> outer_duplicates;  // a plugin loading this one: its own, kept
+  size_t kinds_before = 0;
   {
     std::lock_guard lock(d.mu);
     outer_loading = std::exchange(d.plugin_loading, true);
     outer_duplicates = std::exchange(d.duplicates, {});
+    kinds_before = d.kinds.size();
   }
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::lock_guard lock(d.mu);
@@ -108,6 +110,15 @@ void StageRegistry::load_plugin(const std::string& path) {
     const std::string error = "plugin '" + path + "' registers stage kind(s) " + kinds +
                               ", registered before it (by the program or a plugin loaded "
                               "earlier): rename the plugin's kind, or load only one of them";
+    d.refused.emplace(canonical, error);
+    throw std::runtime_error(error);
+  }
+  if (d.kinds.size() == kinds_before) {
+    // Another library (a typo in the path, a dependency named instead of the plugin): a graph
+    // naming its kinds would fail later with "unknown kind", far from the cause.
+    const std::string error = "plugin '" + path +
+                              "' registers no stage kind (SLIPSTREAM_REGISTER_STAGE): not a "
+                              "slipstream stage plugin, or one already linked into the program";
     d.refused.emplace(canonical, error);
     throw std::runtime_error(error);
   }

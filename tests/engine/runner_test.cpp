@@ -427,6 +427,14 @@ stages:
   Runner still(plan_text(d, g), quiet_options());
   still.run();
   EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
+  // A library that registers no stage kind (not a plugin) is refused naming it.
+  try {
+    StageRegistry::load_plugin("libm.so.6");
+    FAIL() << "a library of no stage kind loaded as a plugin";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("registers no stage kind"), std::string::npos)
+        << e.what();
+  }
   TempDir d2;
   std::string bad = "plugins: [/nonexistent/libnope.so]\n" + std::string(kChain);
   try {
