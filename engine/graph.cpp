@@ -383,9 +383,16 @@ class GraphPlanner {
     for (size_t i = 0; i < cs.size(); ++i) {
       schemas[i] = StageRegistry::find(cs[i].kind);
       if (!schemas[i]) {
-        issues.push_back({cs[i].kind_mark, "stage '" + cs[i].name + "': unknown kind '" +
-                                               cs[i].kind + "'" + did_you_mean(cs[i].kind, kinds) +
-                                               " (see `slipstream stages`)"});
+        // Kinds are single words: one with spaces is a quote left open, which took the lines
+        // after it (folded into spaces) as its value.
+        const std::string& k = cs[i].kind;
+        const size_t cut = k.find_first_of(" \t\n");
+        issues.push_back({cs[i].kind_mark,
+                          cut == std::string::npos
+                              ? "stage '" + cs[i].name + "': unknown kind '" + k + "'" +
+                                    did_you_mean(k, kinds) + " (see `slipstream stages`)"
+                              : "stage '" + cs[i].name + "': its kind '" + k.substr(0, cut) +
+                                    " ...' runs over several words or lines: a quote left open?"});
         continue;
       }
       params[i] = resolve_params(*schemas[i], cs[i].params, who(cs[i]), cs[i].mark, issues,

@@ -205,6 +205,19 @@ TEST(Config, AWrongOutputIsOneLine) {
             "mean 'x'?");
 }
 
+// A quote left open takes the rest of the file as the value: said as that, not quoted whole.
+TEST(Config, AKindWithAQuoteLeftOpenIsSaidSo) {
+  TempDir d;
+  EXPECT_EQ(plan_error(d, R"(stages:
+  - {name: src, kind: test_counter}
+  - name: rec
+    kind: "test_recorder
+    inputs: [src]
+)"),
+            "g.yaml:4:11: stage 'rec': its kind 'test_recorder ...' runs over several words or "
+            "lines: a quote left open?");
+}
+
 TEST(Config, MissingRequiredParameterAndProducer) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
