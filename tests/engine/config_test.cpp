@@ -193,9 +193,10 @@ stages:
             "g.yaml:1:1: run must be a mapping");
 }
 
-// A reference to an output that is not there is one line (with the closest output), not also
-// its input's lack of a producer.
-TEST(Config, AWrongOutputIsOneLine) {
+// One mistake, one line: a reference to an output that is not there names the closest output,
+// not also its input's lack of a producer; a quote left open, which takes the lines after it as
+// the value, is said to be that, not quoted whole.
+TEST(Config, AMistakeIsOneLineThatNamesIt) {
   TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
   - {name: src, kind: test_counter}
@@ -203,11 +204,6 @@ TEST(Config, AWrongOutputIsOneLine) {
 )"),
             "g.yaml:3:51: stage 'sink' (test_f32_sink): stage 'src' has no output 'xx'; did you "
             "mean 'x'?");
-}
-
-// A quote left open takes the rest of the file as the value: said as that, not quoted whole.
-TEST(Config, AKindWithAQuoteLeftOpenIsSaidSo) {
-  TempDir d;
   EXPECT_EQ(plan_error(d, R"(stages:
   - {name: src, kind: test_counter}
   - name: rec

@@ -432,8 +432,7 @@ stages:
     StageRegistry::load_plugin("libm.so.6");
     FAIL() << "a library of no stage kind loaded as a plugin";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("registers no stage kind"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("registers no stage kind"), std::string::npos) << e.what();
   }
   TempDir d2;
   std::string bad = "plugins: [/nonexistent/libnope.so]\n" + std::string(kChain);
