@@ -35,8 +35,12 @@ std::string replaced_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::path p(path);
-  if (fs::is_symlink(p, ec)) p = fs::weakly_canonical(p, ec);
-  if (ec) p = path;
+  // Link by link (a target that does not exist yet is created where the last link points).
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path to = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = to.is_absolute() ? to : p.parent_path() / to;
+  }
   const fs::file_status st = fs::status(p, ec);
   if (fs::exists(st) && !fs::is_regular_file(st))
     throw std::runtime_error(path + ": not a regular file (" +

@@ -212,7 +212,8 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
   std::error_code ec;  // error-code forms: a name the system refuses is "not found", not a throw
   if ((p.filename() == "model.safetensors" || p.filename() == "config.yaml") &&
       fs::is_regular_file(p, ec))
-    p = p.parent_path();  // a checkpoint's weights, a run's config: their folder
+    p = p.parent_path().empty() ? fs::path(".")
+                                : p.parent_path();  // a checkpoint's weights, a run's config
   const bool in_run = p.parent_path().filename() == "checkpoints" &&
                       fs::exists(p.parent_path().parent_path() / "config.yaml", ec);
   if (fs::is_directory(p, ec) && (in_run || fs::exists(p / "model.safetensors", ec))) {
@@ -236,8 +237,11 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
   auto names_in = [&](const fs::path& dir) {
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (fs::exists(e.path() / "DONE", ec)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
+      if (!e.is_symlink(ec) && fs::exists(e.path() / "DONE", ec))  // not `last`, a link
+        names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;  // step-5 before step-10
+    });
     std::string list;
     for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
     return list;

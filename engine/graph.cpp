@@ -539,7 +539,7 @@ class GraphPlanner {
         SourceMark mark;
       };
       std::vector<Candidate> cands;
-      const size_t issues_before = issues.size();  // a named input already found wrong
+      bool wrong_reference = false;  // an input names an output or port that is not there
       auto bind = [&](size_t port_idx, int st, int op, const SourceMark& mark) {
         const PortSpec& want = ins[port_idx];
         const PortSpec& have = plan.stages[st].schema->outputs()[op];
@@ -562,6 +562,7 @@ class GraphPlanner {
         if (!r.port.empty()) {
           auto* op = plan.stages[st].schema->find_output(r.port);
           if (!op) {
+            wrong_reference = true;
             issues.push_back({r.mark, who(c) + "stage '" + r.stage + "' has no output '" + r.port +
                                           "'" + did_you_mean(r.port, out_names)});
             continue;
@@ -572,6 +573,7 @@ class GraphPlanner {
             if (!ip) {
               std::vector<std::string> in_names;
               for (const auto& x : ins) in_names.push_back(x.name);
+              wrong_reference = true;
               issues.push_back({r.mark, who(c) + "has no input port '" + r.as_port + "'" +
                                             did_you_mean(r.as_port, in_names)});
               continue;
@@ -620,9 +622,10 @@ class GraphPlanner {
           bind(i, cands[0].stage, cands[0].port, cands[0].mark);
       }
       for (size_t i = 0; i < ins.size(); ++i) {
-        // After a wrong reference (no such output or port), its input's lack of a producer is
-        // that same mistake again: one line for it.
-        if (issues.size() > issues_before) break;
+        // After a wrong reference (no such output or port) its input's lack of a producer is
+        // that same mistake again: one line for it; the stage's inputs are checked again once
+        // the reference is mended.
+        if (wrong_reference) break;
         if (ps.inputs[i].producer >= 0 || ins[i].optional) continue;
         // Inputs bind by name; an output of another name is bound by writing it. Name the one
         // whose type fits, when one does (a new stage's `y` before a model's `x`).

@@ -40,11 +40,14 @@ bool MetricsLog::append(const std::string& line) {
     std::error_code ec;
     fs::create_directories(fs::path(path_).parent_path(), ec);
     const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (fd >= 0) {  // else the rows go on into the open file, as before
-      ::close(fd_);
-      fd_ = fd;
-      reopened_ = true;
+    if (fd < 0) {  // rows into a file no one can read are rows lost: the run's write error
+      error_ = path_ + ": gone (the run directory removed?) and cannot be made again: " +
+               std::strerror(errno);
+      return false;
     }
+    ::close(fd_);
+    fd_ = fd;
+    reopened_ = true;
   }
   std::string row = line + "\n";
   const char* p = row.data();

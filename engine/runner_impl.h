@@ -115,8 +115,9 @@ struct LiveCounters {
   std::atomic<uint32_t> max_queue{0};
   // Bodies running now and the sum of their start times: busy_ns counts an item when it ends, so
   // a stage whose item takes longer than the publish interval would read idle, then busy.
-  // Entered sum first, left count first: a reader that loads the count, then the sum, never
-  // sees a count whose start is missing from the sum.
+  // The two are updated apart: a reader between them may count a body whose start has left the
+  // sum (its figure then exceeds every body's time so far) or the other way round (too low);
+  // open_ns takes the first for no figure, the second as it is, for that one reading.
   std::atomic<uint64_t> open_items{0}, open_since_sum{0};
   void enter(uint64_t t0) {
     open_since_sum += t0;
@@ -126,12 +127,13 @@ struct LiveCounters {
     open_items--;
     open_since_sum -= t0;
   }
-  // Time the running bodies have spent so far, at `now`; at most `limit` each (a body left
-  // between the two loads can make the sum hold a start the count no longer does).
+  // Time the running bodies have spent so far, at `now`; 0 when the reading is inconsistent
+  // (more than `limit`, the run's time so far, for each body).
   uint64_t open_ns(uint64_t now, uint64_t limit) const {
     const uint64_t n = open_items.load(), sum = open_since_sum.load();
     if (n == 0 || n * now <= sum) return 0;
-    return std::min(n * now - sum, n * limit);
+    const uint64_t open = n * now - sum;
+    return open <= n * limit ? open : 0;
   }
   // Publisher's previous sample, for the *_recent rates (prev_busy with the running bodies'
   // time, prev_done without).

@@ -11,6 +11,7 @@ stands still). The bindings are ctypes over libslipstream_policy's C interface
 """
 
 import ctypes
+import re
 
 from ._native import (
     BUTTON_BITS,
@@ -200,7 +201,8 @@ class Policy:
     def fields(self):
         """How the run read its replays (its replays.fields): "slippi" or "libmelee". Frames
         built by slipstream_policy.libmelee's frame_of follow "libmelee"."""
-        return self.describe().split(", fields ", 1)[1].split(",", 1)[0]
+        found = re.search(r", fields (\w+), device ", self.describe())
+        return found.group(1) if found else None  # a library from before it said so
 
     def close(self):
         if self._handle:

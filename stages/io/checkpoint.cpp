@@ -273,6 +273,7 @@ class CheckpointStage : public Stage {
         // went with it. Written again into the directory made again.
         std::error_code ec;
         if (attempt == 3 || fs::exists(root(ctx) / name, ec) || ec) throw;
+        periodic_.pop_back();  // not there: the write below adds it again, or names the one before
         ctx.log("warning: " + name + " was gone right after its write (" + e.what() +
                 "): writing it again");
       }

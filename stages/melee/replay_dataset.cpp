@@ -189,7 +189,7 @@ Outcome process_file(const fs::path& path, const Filters& f) {
   } catch (const std::bad_alloc&) {
     // Out of memory is this machine's state, not the file's: training on what happened to fit
     // would be a silently smaller dataset.
-    throw std::runtime_error(
+    throw LoadOutOfMemory(
         "out of memory while loading " + path.string() +
         ": the games' features must fit in RAM (a memory limit, ulimit -v or the container's, "
         "is lower than the dataset needs); give the run more memory, or fewer replays in "

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,12 @@ constexpr size_t kSkipExamples = 3;  // file names shown per reason
 inline constexpr const char* kSkipNames[kSkipReasons] = {
     "not found", "unreadable", "players",   "stage",   "no frames",
     "too short", "characters", "not human", "version", "duplicate"};
+
+// Out of memory while a game loads: this machine's state, not the game's (never a reason to
+// leave the game out).
+struct LoadOutOfMemory : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct Filters {
   RollbackMode rollback = RollbackMode::last;

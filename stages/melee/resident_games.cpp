@@ -62,6 +62,10 @@ std::shared_ptr<const GameFeatures> ResidentGames::get(uint32_t g, std::string* 
   std::shared_ptr<const GameFeatures> f;
   try {
     f = std::make_shared<const GameFeatures>(data_->read_game(g));
+  } catch (const std::bad_alloc&) {
+    throw;  // the machine's memory, not the game: the run's error, not a game left out
+  } catch (const LoadOutOfMemory&) {
+    throw;
   } catch (const std::exception& e) {
     std::lock_guard lock(mu_);
     if (unreadable_.insert(g).second) {

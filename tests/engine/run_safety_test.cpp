@@ -135,6 +135,11 @@ TEST(RunSafety, AnAtomicWriteGoesThroughSymlinksAndRefusesDevices) {
   EXPECT_TRUE(fs::is_symlink(d.path() + "/link.txt"));
   std::ifstream in(target);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "new");
+  // A link whose target is not there yet: the target is made, the link stays.
+  fs::create_symlink("made.txt", d.path() + "/dangling.txt");
+  write_file_atomically(d.path() + "/dangling.txt", "made");
+  EXPECT_TRUE(fs::is_symlink(d.path() + "/dangling.txt"));
+  EXPECT_TRUE(fs::is_regular_file(d.path() + "/made.txt"));
   const std::string fifo = d.path() + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   try {
