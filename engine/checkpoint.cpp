@@ -149,22 +149,40 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir,
   return best;
 }
 
-std::string best_checkpoints_note(const std::string& run_dir) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  std::vector<std::pair<uint64_t, std::string>> bests;
+namespace {
+
+// The complete checkpoints in `dir` named `prefix`N (any: step-N and best-step-N; not `last`, a
+// link, nor a write's step-N.tmp), in step order, and the same names as one list for messages.
+std::vector<std::string> complete_checkpoints(const fs::path& dir, const std::string& prefix = "") {
+  std::vector<std::string> names;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     uint64_t step = 0;
-    if (checkpoint_step(name, "best-step-", step) && fs::exists(e.path() / "DONE", ec))
-      bests.emplace_back(step, name);
+    const bool named = prefix.empty() ? checkpoint_step(name, "step-", step) ||
+                                            checkpoint_step(name, "best-step-", step)
+                                      : checkpoint_step(name, prefix, step);
+    if (named && !e.is_symlink(ec) && fs::exists(e.path() / "DONE", ec)) names.push_back(name);
   }
-  if (bests.empty()) return "";
-  std::sort(bests.begin(), bests.end());
+  std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+    return a.size() != b.size() ? a.size() < b.size() : a < b;  // step-5 before step-10
+  });
+  return names;
+}
+std::string listed(const std::vector<std::string>& names) {
   std::string list;
-  for (const auto& [step, name] : bests) list += (list.empty() ? "" : ", ") + name;
-  return "; its best checkpoint" + std::string(bests.size() > 1 ? "s: " : ": ") + list + " (give " +
-         (root / bests.back().second).string() + " for the newest)";
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  return list;
+}
+
+}  // namespace
+
+std::string best_checkpoints_note(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const std::vector<std::string> bests = complete_checkpoints(root, "best-step-");
+  if (bests.empty()) return "";
+  return "; its best checkpoint" + std::string(bests.size() > 1 ? "s: " : ": ") + listed(bests) +
+         " (give " + (root / bests.back()).string() + " for the newest)";
 }
 
 namespace {
@@ -234,18 +252,7 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
   r.run_dir = p.string();
   if (fs::exists(fs::path(r.run_dir) / "config.yaml", ec)) return r;
   // What is there instead, and what to give: the checkpoints a run holds, by name.
-  auto names_in = [&](const fs::path& dir) {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir, ec))
-      if (!e.is_symlink(ec) && fs::exists(e.path() / "DONE", ec))  // not `last`, a link
-        names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-      return a.size() != b.size() ? a.size() < b.size() : a < b;  // step-5 before step-10
-    });
-    std::string list;
-    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-    return list;
-  };
+  auto names_in = [](const fs::path& dir) { return listed(complete_checkpoints(dir)); };
   if (!fs::exists(p, ec)) {
     r.error = path + ": no such file or directory";
     if (p.parent_path().filename() == "checkpoints")
