@@ -242,10 +242,16 @@ Outcome process_item(const GameItem& it, const ReplayDataset::Sources& s, bool r
     o = process_file(s.in.files[it.index], s.filters);
   } else if (it.kind == GameItem::kCorpus) {
     const slp::Corpus& c = s.corpora[static_cast<size_t>(it.corpus)];
-    // A --zstd corpus decodes this game alone here, freed once its features are out.
-    const slp::CorpusGame game = c.game(it.index);
-    const slp::GameView& v = game.view();
-    o = process_view(v, s.filters, (c.dir() / fs::path(v.info.source).filename()).string());
+    try {
+      // A --zstd corpus decodes this game alone here, freed once its features are out.
+      const slp::CorpusGame game = c.game(it.index);
+      const slp::GameView& v = game.view();
+      o = process_view(v, s.filters, (c.dir() / fs::path(v.info.source).filename()).string());
+    } catch (const slp::CorpusError& e) {  // its bytes damaged on disk: this game alone, named
+      o.reason = kSkipUnreadable;
+      o.detail = e.what();
+      return o;
+    }
   } else {
     return process_entry(s.feature_corpora[static_cast<size_t>(it.corpus)], it.index, s.filters,
                          resident);

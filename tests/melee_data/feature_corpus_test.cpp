@@ -20,6 +20,7 @@
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/parser.h"
 #include "tests/melee_data/loader_fixture.h"
+#include "tests/slp/corpus_damage.h"
 
 namespace slipstream::melee::testing {
 namespace {
@@ -346,6 +347,50 @@ TEST(BoundedMemory, ADamagedGameReadOnDemandIsLeftOutNotFatal) {
   ASSERT_EQ(skipped.size(), 1u);
   EXPECT_EQ(skipped[0].second, 1u);
   EXPECT_LT(R.stage().windows(), L.stage().windows());
+}
+
+// A game corpus damaged inside one game: each game has its hash, so that game alone is left
+// out (at setup when resident, from the batches when it is damaged after setup and read on
+// demand), named with the corpus and its source; the corpus was refused whole before.
+TEST(BoundedMemory, ADamagedGameOfAGameCorpusIsLeftOutNotFatal) {
+  for (const bool zstd : {false, true}) {
+    SCOPED_TRACE(zstd ? "zstd" : "raw");
+    TempDir dir(zstd ? "game_corpus_damaged_zstd" : "game_corpus_damaged");
+    slp::CorpusOptions options;
+    options.zstd = zstd;
+    options.items = false;
+    const fs::path inputs[] = {synth_dir()};
+    slp::build_corpus(inputs, dir.path(), options);
+    const std::vector<std::string> o = {paths_of(dir.path()), "batch_size=8", "stride=20",
+                                        "validation_fraction=0", "resident_games=3"};
+    Loader L(o, 5);
+    std::vector<std::string> lines;
+    L.run().log_sink = [&](const std::string&, const std::string& line, bool) {
+      lines.push_back(line);
+    };
+    slp::testing::damage_game(dir.path(), 1);  // after setup: found when the game is read
+    size_t left_out = 0, kept = 0;
+    for (uint64_t k = 0; k < L.stage().batches_per_epoch(); ++k) {
+      Batch meta;
+      const Tensors t = L.batch(k, &meta);
+      left_out += masked_rows(t);
+      kept += meta.samples;
+    }
+    EXPECT_GT(left_out, 0u);
+    EXPECT_GT(kept, left_out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find(": game 1 ("), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find("does not match its hash"), std::string::npos) << lines[0];
+    EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
+    auto resident = o;
+    resident.back() = "resident_games=all";
+    Loader R(resident, 5);
+    const auto skipped = R.stage().skipped();
+    ASSERT_EQ(skipped.size(), 1u);
+    EXPECT_EQ(skipped[0], (std::pair<std::string, size_t>{"unreadable", 1}));
+    EXPECT_NE(R.stage().report().find("game 1 ("), std::string::npos) << R.stage().report();
+    EXPECT_LT(R.stage().windows(), L.stage().windows());
+  }
 }
 
 // One build a folder at a time: a second is refused naming the holder.

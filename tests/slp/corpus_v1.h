@@ -43,6 +43,7 @@ inline void rewrite_as_whole_column_zstd(const std::filesystem::path& dir) {
     c["hash"] = std::string("mix64:") + hash;
     c["compression"] = size ? "zstd" : "none";
   }
+  for (auto& g : m.at("games")) g.erase("game_hash");  // kept since, not by version 1
   m["format_version"] = 1;
   m["compression"] = "zstd";
   std::ofstream(dir / "columns.bin", std::ios::binary)

@@ -8,11 +8,17 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <random>
+#include <span>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +32,9 @@ constexpr const char* kFormatName = "slipstream-slp-corpus";
 constexpr const char* kManifestName = "manifest.json";
 constexpr const char* kColumnsName = "columns.bin";
 constexpr size_t kAlign = 64;
+// columns.bin ends with these 8 bytes and the build's id (manifest.json's `build_id`).
+constexpr char kTrailerMagic[9] = "SSCOLEND";
+constexpr size_t kTrailerBytes = 16;
 
 enum class Group { kFrame, kTrack, kItem };
 const char* group_name(Group g) {
@@ -175,6 +184,17 @@ std::string hex64(uint64_t v) {
   return buf;
 }
 
+// "mix64:" and 16 hex digits, as hex64 writes them; nothing for anything else.
+std::optional<uint64_t> parse_mix64(const std::string& s) {
+  constexpr std::string_view kPrefix = "mix64:";
+  uint64_t v = 0;
+  const char* end = s.data() + s.size();
+  if (s.size() != kPrefix.size() + 16 || !s.starts_with(kPrefix) ||
+      std::from_chars(s.data() + kPrefix.size(), end, v, 16).ptr != end)
+    return std::nullopt;
+  return v;
+}
+
 }  // namespace
 
 CorpusFootprint corpus_footprint(const std::filesystem::path& dir) {
@@ -227,6 +247,17 @@ uint64_t content_hash(std::span<const uint8_t> bytes) {
 }
 
 namespace {
+
+// A game's hash (the manifest's `game_hash`): content_hash of its stored bytes in each column,
+// in catalog order, folded together. It is checked each time the game is read, so a byte
+// damaged on disk leaves that game out, not the corpus, and opening reads no column whole.
+struct GameHash {
+  uint64_t value = 0x2545F4914F6CDD1Dull;
+  void add(std::span<const uint8_t> bytes) {
+    value = (value ^ content_hash(bytes)) * 0xBF58476D1CE4E5B9ull;
+    value ^= value >> 31;
+  }
+};
 
 // One folder tree, without recursion or exceptions: a folder that cannot be listed is skipped,
 // not fatal, and only real folders (never symlinks to them) are entered, so a link back up
@@ -304,11 +335,12 @@ std::vector<std::filesystem::path> find_replays(std::span<const std::filesystem:
 
 namespace {
 
-// The build's columns, a temporary file each: values appended game by game, raw or (--zstd)
-// each game's slice of a column held until end_game() compresses it into a zstd frame of its
-// own, so a reader decodes one game without the rest. assemble() writes columns.bin, each
-// column at a 64-byte boundary (a zstd column: a table of games + 1 little-endian u64 offsets,
-// from the table's end, then the frames) and returns the manifest's column entries.
+// The build's columns, a temporary file each: each game's slice of a column held until
+// end_game() writes it, raw or (--zstd) as a zstd frame of its own so a reader decodes one game
+// without the rest, and returns the game's hash over the bytes it stored (game_hash()).
+// assemble() writes columns.bin, each column at a 64-byte boundary (a zstd column: a table of
+// games + 1 little-endian u64 offsets, from the table's end, then the frames) and returns the
+// manifest's column entries.
 class ColumnFiles {
  public:
   ColumnFiles(const std::filesystem::path& dir, const CorpusOptions& options)
@@ -318,39 +350,43 @@ class ColumnFiles {
       paths_.push_back(dir / (std::to_string(i) + ".col"));
       files_.push_back(open_file(paths_.back(), "wb"));
     }
-    if (options.zstd) game_bytes_.resize(n), chunks_.resize(n);
+    game_bytes_.resize(n);
+    if (options.zstd) chunks_.resize(n);
   }
 
   void write(size_t k, const void* data, size_t n) {
-    if (options_.zstd) {
-      const auto* b = static_cast<const uint8_t*>(data);
-      game_bytes_[k].insert(game_bytes_[k].end(), b, b + n);
-    } else {
-      write_all(files_[k].get(), data, n, paths_[k]);
-    }
+    const auto* b = static_cast<const uint8_t*>(data);
+    game_bytes_[k].insert(game_bytes_[k].end(), b, b + n);
   }
 
-  void end_game() {
+  uint64_t end_game() {
+    GameHash hash;
     for (size_t k = 0; k < game_bytes_.size(); ++k) {
       const std::vector<uint8_t>& raw = game_bytes_[k];
-      size_t stored = 0;
-      if (!raw.empty()) {
-        packed_.resize(ZSTD_compressBound(raw.size()));
-        stored = ZSTD_compressCCtx(cctx_.get(), packed_.data(), packed_.size(), raw.data(),
-                                   raw.size(), options_.zstd_level);
-        if (ZSTD_isError(stored))
-          throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(stored));
-        write_all(files_[k].get(), packed_.data(), stored, paths_[k]);
+      std::span<const uint8_t> stored(raw);
+      if (options_.zstd) {
+        size_t packed = 0;
+        if (!raw.empty()) {
+          packed_.resize(ZSTD_compressBound(raw.size()));
+          packed = ZSTD_compressCCtx(cctx_.get(), packed_.data(), packed_.size(), raw.data(),
+                                     raw.size(), options_.zstd_level);
+          if (ZSTD_isError(packed))
+            throw CorpusError(std::string("zstd: ") + ZSTD_getErrorName(packed));
+        }
+        stored = std::span<const uint8_t>(packed_.data(), packed);
+        chunks_[k].push_back(packed);
       }
-      chunks_[k].push_back(stored);
+      write_all(files_[k].get(), stored.data(), stored.size(), paths_[k]);
+      hash.add(stored);
       game_bytes_[k].clear();
     }
+    return hash.value;
   }
 
   // Every column into `out`; rows_of: the frame, track and item groups' row counts. `bytes`
   // gets columns.bin's size.
   nlohmann::json assemble(const std::filesystem::path& out_path, const size_t rows_of[3],
-                          size_t& bytes) {
+                          uint64_t build_id, size_t& bytes) {
     for (size_t i = 0; i < files_.size(); ++i) {
       if (std::fflush(files_[i].get()) != 0)
         throw CorpusError("cannot write " + paths_[i].string() + ": " + std::strerror(errno));
@@ -393,9 +429,15 @@ class ColumnFiles {
                          {"compression", options_.zstd ? "zstd_games" : "none"}});
       offset = aligned + data.size();
     }
+    // The build's id after the last column: a columns.bin of another build, or one cut short,
+    // is told at open without reading any column whole (readers before it ignore it).
+    uint8_t trailer[kTrailerBytes];
+    std::memcpy(trailer, kTrailerMagic, 8);
+    std::memcpy(trailer + 8, &build_id, 8);
+    write_all(out.get(), trailer, sizeof trailer, out_path);
     if (std::fflush(out.get()) != 0)
       throw CorpusError("cannot write " + out_path.string() + ": " + std::strerror(errno));
-    bytes = offset;
+    bytes = offset + kTrailerBytes;
     return columns;
   }
 
@@ -403,7 +445,7 @@ class ColumnFiles {
   const CorpusOptions& options_;
   std::vector<File> files_;
   std::vector<std::filesystem::path> paths_;
-  std::vector<std::vector<uint8_t>> game_bytes_;  // --zstd: this game's slice of each column
+  std::vector<std::vector<uint8_t>> game_bytes_;  // this game's slice of each column
   std::vector<std::vector<uint64_t>> chunks_;     // --zstd: each column's frame sizes
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx_;
   std::vector<uint8_t> packed_;
@@ -500,9 +542,10 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
     }
     k = track_begin + kTrackColumns;
     visit_item_group(f.items, append(f.items.size()));
-    if (options.zstd) columns_out.end_game();
+    const uint64_t game_hash = columns_out.end_game();
 
     games.push_back({{"source", sources.size() - 1},
+                     {"game_hash", "mix64:" + hex64(game_hash)},
                      {"frames", n},
                      {"frame_offset", frame_rows},
                      {"items", f.items.size()},
@@ -522,7 +565,12 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
   const fs::path columns_path = out_dir / kColumnsName;
   const fs::path columns_tmp = out_dir / (std::string(kColumnsName) + ".tmp");
   const size_t rows_of[3] = {frame_rows, track_rows, item_rows};
-  const nlohmann::json columns = columns_out.assemble(columns_tmp, rows_of, report.output_bytes);
+  std::random_device entropy;
+  const uint64_t build_id =
+      (uint64_t{entropy()} << 32 | entropy()) ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const nlohmann::json columns =
+      columns_out.assemble(columns_tmp, rows_of, build_id, report.output_bytes);
 
   const nlohmann::json manifest = {
       {"format", kFormatName},
@@ -533,6 +581,7 @@ CorpusBuildReport build_corpus(std::span<const std::filesystem::path> inputs,
       {"frame_rows", frame_rows},
       {"track_rows", track_rows},
       {"item_rows", item_rows},
+      {"build_id", "mix64:" + hex64(build_id)},
       {"sources", sources},
       {"skipped", skipped},
       {"games", games},
@@ -572,6 +621,7 @@ struct Corpus::State {
     GameInfo info;
     size_t frames, frame_offset, items, item_offset;
     std::vector<Track> tracks;
+    std::optional<uint64_t> hash;  // game_hash; corpora built before it have none
   };
   std::vector<GameEntry> games;
   size_t frame_rows = 0;
@@ -582,9 +632,16 @@ struct Corpus::State {
   }
 
   void map_columns();
-  // Column i of the manifest (`c`) against the mapping: checked (layout, bounds, hash) and bound
-  // (a view into the mapping, a version-1 zstd column unpacked, a per-game zstd column's table).
-  void bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3]);
+  // columns.bin's size and trailer against the manifest's columns and `build_id`.
+  void check_trailer(const std::string& build_id, const nlohmann::json& columns) const;
+  // Game `index`'s stored bytes in column k: its rows of the mapping or its zstd frame.
+  std::span<const uint8_t> stored_bytes(size_t k, size_t index) const;
+  // Throws CorpusError when game `index` has a hash and its stored bytes do not give it.
+  void check_game(size_t index) const;
+  // Column i of the manifest (`c`) against the mapping: checked (layout, bounds and, when the
+  // games have no hashes of their own, the column's hash) and bound (a view into the mapping, a
+  // version-1 zstd column unpacked, a per-game zstd column's table).
+  void bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3], bool hash_column);
   // The per-game zstd columns' tables, once the games are counted: sizes and order.
   void check_game_tables(const nlohmann::json& columns, size_t n_games);
   void read_games(const nlohmann::json& games, const size_t rows_of[3]);
@@ -612,7 +669,8 @@ void Corpus::State::map_columns() {
   ::close(fd);
 }
 
-void Corpus::State::bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3]) {
+void Corpus::State::bind_column(size_t i, const nlohmann::json& c, const size_t rows_of[3],
+                                bool hash_column) {
   const ColumnSpec& spec = catalog()[i];
   const auto* bytes = static_cast<const uint8_t*>(map);
   if (c.at("name") != spec.name || c.at("dtype") != spec.dtype ||
@@ -632,8 +690,9 @@ void Corpus::State::bind_column(size_t i, const nlohmann::json& c, const size_t 
                            : std::string()) +
                       ": rebuild it with `slipstream corpus build`");
   // The stored bytes' hash: a flipped bit, or a columns.bin of another build beside this
-  // manifest, is an error naming the column, never other training data.
-  if (c.contains("hash") && bytes) {
+  // manifest, is an error naming the column, never other training data. Corpora whose games
+  // have hashes check each game when it is read instead (check_game).
+  if (hash_column && c.contains("hash") && bytes) {
     const std::string got =
         "mix64:" + hex64(content_hash(std::span<const uint8_t>(bytes + offset, stored)));
     if (got != c.at("hash").get<std::string>())
@@ -689,6 +748,12 @@ void Corpus::State::read_games(const nlohmann::json& entries, const size_t rows_
     e.frame_offset = g.at("frame_offset");
     e.items = g.at("items");
     e.item_offset = g.at("item_offset");
+    if (g.contains("game_hash")) {
+      e.hash = parse_mix64(g.at("game_hash").get<std::string>());
+      if (!e.hash)
+        throw CorpusError("corpus " + dir.string() + " has a malformed game_hash in its " +
+                          kManifestName + ": rebuild it with `slipstream corpus build`");
+    }
     if (e.frame_offset > rows_of[0] || e.frames > rows_of[0] - e.frame_offset ||
         e.item_offset > rows_of[2] || e.items > rows_of[2] - e.item_offset)
       throw CorpusError("corpus " + dir.string() + " has a game outside its columns");
@@ -755,7 +820,15 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
                         : Rollbacks::kLastCopy;
 
     st->map_columns();
-    for (size_t i = 0; i < specs.size(); ++i) st->bind_column(i, columns[i], rows_of);
+    const auto& games = m.at("games");
+    const bool game_hashes = std::all_of(games.begin(), games.end(), [](const nlohmann::json& g) {
+      return g.contains("game_hash");
+    });
+    // With a hash for every game and the build's id, no column is read whole here: each game
+    // is checked when it is read, and columns.bin's trailer tells another build's.
+    const bool per_game = game_hashes && m.contains("build_id");
+    if (per_game) st->check_trailer(m.at("build_id").get<std::string>(), columns);
+    for (size_t i = 0; i < specs.size(); ++i) st->bind_column(i, columns[i], rows_of, !per_game);
     st->check_game_tables(columns, m.at("games").size());
     st->read_games(m.at("games"), rows_of);
   } catch (const nlohmann::json::exception& e) {
@@ -764,9 +837,57 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
   return Corpus(std::move(st));
 }
 
+void Corpus::State::check_trailer(const std::string& build_id,
+                                  const nlohmann::json& columns) const {
+  size_t end = 0;
+  for (const auto& c : columns)
+    end = std::max<size_t>(end, c.at("offset").get<size_t>() + c.at("stored_bytes").get<size_t>());
+  const std::optional<uint64_t> id = parse_mix64(build_id);
+  bool ok = id && map_size == end + kTrailerBytes;
+  if (ok) {
+    const auto* t = static_cast<const uint8_t*>(map) + end;
+    ok = std::memcmp(t, kTrailerMagic, 8) == 0 && std::memcmp(t + 8, &*id, 8) == 0;
+  }
+  if (!ok)
+    throw CorpusError("corpus " + dir.string() + ": " + kColumnsName + " is not the one its " +
+                      kManifestName + " was written with (" +
+                      (map_size < end + kTrailerBytes ? "cut short" : "another build's") +
+                      "): rebuild it with `slipstream corpus build`");
+}
+
+std::span<const uint8_t> Corpus::State::stored_bytes(size_t k, size_t index) const {
+  const GameEntry& g = games[index];
+  if (chunk_table[k]) {
+    const uint64_t* t = chunk_table[k];
+    return {chunk_data[k] + t[index], static_cast<size_t>(t[index + 1] - t[index])};
+  }
+  if (!base[k]) return {};
+  const ColumnSpec& spec = catalog()[k];
+  size_t first = g.item_offset, rows = g.items;
+  if (spec.group == Group::kFrame) {
+    first = g.frame_offset, rows = g.frames;
+  } else if (spec.group == Group::kTrack) {
+    first = g.tracks.empty() ? 0 : g.tracks.front().offset, rows = g.tracks.size() * g.frames;
+  }
+  return {base[k] + first * spec.elem_size, rows * spec.elem_size};
+}
+
+void Corpus::State::check_game(size_t index) const {
+  const GameEntry& g = games[index];
+  if (!g.hash) return;
+  GameHash h;
+  for (size_t k = 0; k < base.size(); ++k) h.add(stored_bytes(k, index));
+  if (h.value != *g.hash)
+    throw CorpusError("corpus " + dir.string() + ": game " + std::to_string(index) + " (" +
+                      g.info.source + ") does not match its hash in " + kManifestName +
+                      ": its bytes in " + kColumnsName +
+                      " are damaged; the game is left out (rebuild the corpus to read it again)");
+}
+
 CorpusGame Corpus::game(size_t index) const {
   const State& st = *state_;
   const State::GameEntry& g = st.games.at(index);
+  st.check_game(index);
   CorpusGame out;
   GameView& v = out.view_;
   v.info = g.info;
