@@ -227,7 +227,7 @@ std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
       }
     }
   }
-  if (spec.check) return spec.check(v);
+  if (spec.check && !spec.is_path) return spec.check(v);  // a path's: once resolved
   return {};
 }
 
@@ -304,6 +304,9 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
           issues.push_back({cv.mark, prefix + "parameter '" + key + "': " + p + " not found"});
       }
     }
+    if (spec->is_path && spec->check)
+      if (std::string why = spec->check(out.value(key)); !why.empty())
+        issues.push_back({cv.mark, prefix + why});
   }
   for (const auto& spec : schema.params()) {
     if (out.has(spec.name)) continue;

@@ -134,7 +134,8 @@ class StageSchema {
   StageSchema& keyword(std::string word, int64_t value);
   // A check of the most recently declared parameter's value that ranges and choices cannot
   // express (e.g. names resolved against a table): returns the problem ("parameter 'x': ...")
-  // or "". Runs at validation, so `slipstream validate` reports it with the value's mark.
+  // or "". Runs at validation, so `slipstream validate` reports it with the value's mark; a
+  // path parameter's check sees the resolved (absolute) paths, after must_exist's.
   StageSchema& check(std::function<std::string(const ParamValue&)> fn);
   // How the console's train and validation lines show this stage's metrics (metrics.jsonl holds
   // every one whatever they say). By default a line shows "loss", then the metrics whose names

@@ -23,6 +23,10 @@ template <class T>
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B,
           int ldb, T beta, T* C, int ldc);
 
+// Whether gemm<float> asks oneDNN for its products: where oneDNN has native kernels, unless
+// OPENBLAS_NUM_THREADS is set (then OpenBLAS's sgemm and its threads split them, as asked).
+bool gemm_f32_uses_onednn();
+
 // gemm with bf16 operands (uint16_t storage, e.g. the optimizer's bf16 weight shadow and bf16
 // activations) and fp32 accumulation and output: an fp32 product of the rounded operands, up to
 // summation order. On a CPU that multiplies bf16 natively (AVX-512 BF16, AMX) and a build with

@@ -88,6 +88,10 @@ bool rows_by_gemv(bool trans_a, bool trans_b, int M, int N, int K, const T* A, i
 
 }  // namespace
 
+bool gemm_f32_uses_onednn() {
+  return tbb_splits_gemms() && onednn_f32_gemm_native();
+}
+
 template <>
 void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
@@ -100,7 +104,7 @@ void gemm<float>(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
     return;
   // oneDNN where it has more than its reference loops for the product, else sgemm; each block of
   // rows is a product of its own, asked of its own shape.
-  const bool onednn = tbb_splits_gemms() && onednn_f32_gemm_native();
+  const bool onednn = gemm_f32_uses_onednn();
   gemm_in_row_blocks<float, float>(
       trans_a, M, N, K, A, lda, C, ldc,
       [&](int m, const float* a, float* c) {

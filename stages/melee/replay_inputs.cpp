@@ -115,6 +115,20 @@ std::string describe_empty_paths(const std::vector<std::string>& paths) {
   return out;
 }
 
+std::string check_paths_hold_replays(const std::string& param,
+                                     const std::vector<std::string>& paths) {
+  std::vector<std::string> empty;
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    const bool glob = p.find_first_of("*?[") != std::string::npos;
+    if (p.empty() || (!glob && !fs::exists(p, ec))) continue;  // must_exist's to name
+    if (holds_nothing(resolve_inputs({p}))) empty.push_back(p);
+  }
+  if (empty.empty()) return {};
+  return "parameter '" + param + "': no replays in " + describe_empty_paths(empty) +
+         "; point it at .slp files, folders, globs or a corpus";
+}
+
 namespace {
 
 size_t count_slp(const fs::path& dir) {

@@ -126,10 +126,16 @@ StageSchema ReplaysStage::schema() {
   return declare_window_outputs(s)
       .param("paths", S{}, "replay files, folders (recursive), globs or corpus directories")
       .path(/*must_exist=*/true)
+      .check([](const ParamValue& v) {
+        return check_paths_hold_replays("paths", std::get<std::vector<std::string>>(v));
+      })
       .param("validation_paths", S{},
              "games for validation (same forms as paths): all of them validate, none of them "
              "trains, and validation_fraction is not applied")
       .path(/*must_exist=*/true)
+      .check([](const ParamValue& v) {
+        return check_paths_hold_replays("validation_paths", std::get<std::vector<std::string>>(v));
+      })
       // Upper bounds: 2^20 frames is ~4.8 hours of play, far past any game, and keeps the window
       // arithmetic in 32-bit ints (window_index.h) and the batch's byte counts in range.
       .param("batch_size", int64_t{256},
@@ -352,13 +358,24 @@ uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in,
       return static_cast<uint64_t>(n);
     }
   }
-  if (need > avail)
+  if (need > avail) {
+    // With auto, on demand was not possible here: say why instead of suggesting it.
+    std::string on_demand = "Read games on demand (resident_games: auto, or N games at once)";
+    if (setting == "auto")
+      on_demand =
+          e.decompressed > 0
+              ? "A version-1 --zstd game corpus unpacks whole at open, so reading its games on "
+                "demand saves nothing: rebuild it with `slipstream corpus build --zstd`"
+              : "Games read on demand need at least 3 in memory and 40 % of this budget holds " +
+                    std::to_string(e.per_game > 0 ? static_cast<uint64_t>(0.4 * avail / e.per_game)
+                                                  : 0) +
+                    " (resident_games: N sets it)";
     throw ConfigError(
-        {{p.mark("paths"),
-          "stage '" + ctx.name() + "': " + figures +
-              ". Read games on demand (resident_games: auto, or N games at once), train on fewer "
-              "replays (paths), shard: games over more ranks (each holds its share), or give the "
-              "job more memory; replays.memory: N (GiB) sets the budget this check uses"}});
+        {{p.mark("paths"), "stage '" + ctx.name() + "': " + figures + ". " + on_demand +
+                               ", train on fewer replays (paths), shard: games over more ranks "
+                               "(each holds its share), or give the job more memory; "
+                               "replays.memory: N (GiB) sets the budget this check uses"}});
+  }
   if (need > 0.8 * avail) ctx.log("note: " + figures + ": memory is tight");
   return 0;
 }

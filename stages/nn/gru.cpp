@@ -154,9 +154,9 @@ class GruStage final
     std::unique_ptr<Model> model;
     if (ctx.params().string("backend") == "cudnn") {
       if (ctx.exec().backend() != KernelBackend::cuda)
-        throw std::runtime_error("backend cudnn runs on a CUDA device and this run's is " +
-                                 ctx.exec().device().str() + ": use backend kernels (" +
-                                 ctx.params().mark("backend").str() + ")");
+        throw std::runtime_error(
+            "backend cudnn runs on a CUDA device and this run's is " + ctx.exec().device().str() +
+            ": use backend kernels (cudnn was set at " + ctx.params().mark("backend").str() + ")");
 #if SLIPSTREAM_KERNELS_CUDA
       bool bf16 = ctx.run().precision == Precision::bf16;
       if (bf16) {

@@ -177,6 +177,19 @@ TEST(Cli, ValidateCatchesMalformedListsAndMissingPaths) {
   EXPECT_EQ(missing.status, 2) << missing.text;
   EXPECT_NE(missing.text.find("parameter 'paths': /no/such/replays not found"), std::string::npos)
       << missing.text;
+  // Paths that hold no replays are found at validation too, each one named with what it is.
+  TempDir empty;
+  std::filesystem::create_directories(empty.path() + "/folder");
+  Output none = run_cli("validate cpu_quick --set 'replays.paths=[/no/such/replays, " +
+                        empty.path() + "/folder, " + empty.path() + "/*.slp]'");
+  EXPECT_EQ(none.status, 2) << none.text;
+  EXPECT_NE(none.text.find("parameter 'paths': /no/such/replays not found"), std::string::npos)
+      << none.text;
+  EXPECT_NE(none.text.find("parameter 'paths': no replays in " + empty.path() +
+                           "/folder (a folder with no .slp files), " + empty.path() +
+                           "/*.slp (matches no .slp file)"),
+            std::string::npos)
+      << none.text;
   // Filter names are resolved at validation, not when the run starts.
   Output name = run_cli("validate cpu_quick --set 'replays.characters=[fox, foxx]'");
   EXPECT_EQ(name.status, 2) << name.text;
@@ -205,6 +218,10 @@ TEST(Cli, DevicesAndDoctorAnswerOnThisMachine) {
   EXPECT_NE(dev.text.find("cpu:"), std::string::npos) << dev.text;
   EXPECT_NE(dev.text.find("cpu kernels: "), std::string::npos) << dev.text;
   EXPECT_NE(dev.text.find("; fp32 GEMMs: "), std::string::npos) << dev.text;
+  // Under OPENBLAS_NUM_THREADS the fp32 products are OpenBLAS's whatever oneDNN could do.
+  Output blas =
+      slipstream::testing::run_command("OPENBLAS_NUM_THREADS=1 " SLIPSTREAM_CLI " devices");
+  EXPECT_NE(blas.text.find("; fp32 GEMMs: OpenBLAS sgemm"), std::string::npos) << blas.text;
   Output doc = run_cli("doctor --device cpu");
   EXPECT_EQ(doc.status, 0) << doc.text;
 }

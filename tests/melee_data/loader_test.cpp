@@ -615,6 +615,22 @@ TEST(Loader, FeaturesOverTheMemoryBudgetAreRefusedBeforeLoading) {
     EXPECT_NE(m.find("of features"), std::string::npos) << m;
     EXPECT_NE(m.find("usable (replays.memory: 0.0001 GiB)"), std::string::npos) << m;
     EXPECT_NE(m.find("shard: games"), std::string::npos) << m;
+    // resident_games: auto is the default: it could not read on demand here, and says why
+    // rather than suggesting the setting in force.
+    EXPECT_EQ(m.find("resident_games: auto"), std::string::npos) << m;
+    EXPECT_NE(m.find("Games read on demand need at least 3 in memory and 40 % of this budget "
+                     "holds 0"),
+              std::string::npos)
+        << m;
+  }
+  try {
+    Loader L({paths_of(synth_dir()), "memory=0.0001", "resident_games=all"});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("Read games on demand (resident_games: auto, or N games "
+                                         "at once)"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(Loader({paths_of(synth_dir()), "memory=lots"}), std::exception);
   Loader ok({paths_of(synth_dir()), "memory=1"});  // 1 GiB is plenty for 8 small games

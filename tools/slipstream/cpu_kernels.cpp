@@ -1,5 +1,6 @@
 #include "tools/slipstream/cpu_kernels.h"
 
+#include "kernels/gemm.h"
 #include "kernels/gemm_onednn.h"
 #include "kernels/vector_math.h"
 
@@ -8,8 +9,9 @@ namespace slipstream::cli {
 CpuKernels cpu_kernels() {
   CpuKernels k;
   k.isa = kernels::cpu_isa_name(kernels::cpu_isa());
-  k.fp32 = kernels::onednn_f32_gemm_native() ? "oneDNN " + kernels::onednn_f32_gemm_kernel()
-                                             : "OpenBLAS sgemm";
+  k.fp32 = kernels::gemm_f32_uses_onednn()     ? "oneDNN " + kernels::onednn_f32_gemm_kernel()
+           : kernels::onednn_f32_gemm_native() ? "OpenBLAS sgemm (OPENBLAS_NUM_THREADS is set)"
+                                               : "OpenBLAS sgemm";
   k.bf16 = kernels::onednn_bf16_gemm_native() ? "oneDNN " + kernels::onednn_bf16_gemm_kernel()
                                               : "fp32 GEMMs of rounded operands";
   return k;

@@ -805,7 +805,8 @@ Corpus Corpus::open(const std::filesystem::path& dir) {
   const int version = m.value("format_version", -1);
   if (version != 1 && version != kCorpusFormatVersion)
     throw CorpusError("corpus " + dir.string() + " has format version " + std::to_string(version) +
-                      " but this build reads version " + std::to_string(kCorpusFormatVersion) +
+                      " but this build reads versions 1 to " +
+                      std::to_string(kCorpusFormatVersion) +
                       ": rebuild it with `slipstream corpus build`");
   try {
     const auto& specs = catalog();
