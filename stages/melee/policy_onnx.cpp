@@ -1,5 +1,6 @@
 #include "stages/melee/policy_onnx.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "stages/melee/batch_layout.h"
@@ -38,6 +39,33 @@ const PlannedStage& only_stage(const GraphPlan& plan, const std::vector<std::str
   throw std::runtime_error("the export needs the graph's " + names +
                            " stage (replays -> melee_embedding -> mamba | gru -> "
                            "controller_heads); this graph has none");
+}
+
+// The model the export writes is melee_embedding -> mamba | gru -> controller_heads, wired so:
+// any other stage before the loss (a plugin's, a second core) would be left out of the ONNX
+// graph, which would then answer other than the run's model, so it is refused by name.
+void check_exportable(const GraphPlan& plan, const PlannedStage& es, const PlannedStage& cs,
+                      const PlannedStage& hs) {
+  for (size_t k = static_cast<size_t>(plan.section_begin); k < plan.stages.size(); ++k) {
+    const PlannedStage& s = plan.stages[k];
+    if (s.after_loss || s.schema->stage_role() == StageRole::loss) break;
+    if (&s == &es || &s == &cs || &s == &hs || s.schema->is_passthrough()) continue;
+    throw std::runtime_error(
+        "the ONNX export writes melee_embedding -> mamba | gru -> "
+        "controller_heads; this graph's model also has stage '" +
+        s.name + "' (" + s.schema->kind() +
+        "), which the export cannot express, and leaving it out would give "
+        "other answers than the run's model");
+  }
+  auto index = [&](const PlannedStage& s) { return static_cast<int>(&s - plan.stages.data()); };
+  auto reads = [&](const PlannedStage& s, const PlannedStage& from) {
+    return std::find(s.upstream.begin(), s.upstream.end(), index(from)) != s.upstream.end();
+  };
+  if (!reads(cs, es) || !reads(hs, cs))
+    throw std::runtime_error(
+        "the ONNX export writes melee_embedding -> mamba | gru -> "
+        "controller_heads, each reading the one before; stages '" +
+        es.name + "', '" + cs.name + "' and '" + hs.name + "' are wired otherwise");
 }
 
 struct Embedded {
@@ -148,6 +176,7 @@ PolicyOnnx build_policy_onnx(const GraphPlan& plan, const std::map<std::string, 
   const PlannedStage& es = only_stage(plan, {"melee_embedding"});
   const PlannedStage& cs = only_stage(plan, {"mamba", "gru"});
   const PlannedStage& hs = only_stage(plan, {"controller_heads"});
+  check_exportable(plan, es, cs, hs);
   PolicyOnnx out;
   out.core_kind = cs.schema->kind();
   out.graph = std::make_unique<OnnxGraph>("slipstream_policy_step");

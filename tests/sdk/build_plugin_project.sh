@@ -37,10 +37,19 @@ stages:
   - {name: heads, kind: controller_heads, inputs: [core.y]}
   - {name: loss, kind: bc_loss, inputs: [heads, replays, embed]}
   - {name: step, kind: adamw, inputs: [loss]}
+  - {name: ckpt, kind: checkpoint, inputs: [step]}
 run: {steps: 2, device: cpu, runs_dir: $work/runs, validate_every: 0}
 YAML
 "$slip" run --config "$work/graph.yaml" >"$work/run.log" 2>&1 || { cat "$work/run.log"; exit 1; }
 grep -q "gain" "$work"/runs/*/config.yaml || { echo "the run's config lacks the plugin stage"; exit 1; }
+# The installed policy library plays that run: the skeleton's kernel calls (function templates
+# of namespace slipstream) resolve against it, as the engine's do.
+cmake --install "$build" --prefix "$prefix" --component policy >/dev/null
+export PKG_CONFIG_PATH="$(ls -d "$prefix"/lib*/pkgconfig | head -n 1)"
+cc -std=c11 -o "$work/policy_example" "$prefix/share/slipstream/examples/policy_example.c" \
+  $(pkg-config --cflags --libs slipstream_policy) -lm
+"$work/policy_example" "$(ls -d "$work"/runs/*)" 30 >"$work/play.log" 2>&1 ||
+  { cat "$work/play.log"; echo "the policy library cannot play the plugin's run"; exit 1; }
 # A wrong backward must fail the check the project's tests run.
 # (Here: the bias gradient left out.)
 sed -i 's/o_.column_sum_accumulate(dy, db,/if (false) o_.column_sum_accumulate(dy, db,/' \
