@@ -76,10 +76,20 @@ const Params* StageContext::stage_params(std::string_view stage_name) const {
 }
 
 const Tensor& StageContext::input(const Batch& b, std::string_view port) const {
-  int s = slot_of_input(port);
-  if (s < 0 || !b.slots[s].defined())
+  const int i = port_index(schema_->inputs(), port, name_, "input");
+  const int s = input_slots_[static_cast<size_t>(i)];
+  if (s < 0 || !b.slots[s].defined()) {
+    // The producer that left it unset is the stage to look at, not this one.
+    const PortBinding& from = plan_->stages[index_].inputs[static_cast<size_t>(i)];
+    std::string why;
+    if (s >= 0 && from.producer >= 0) {
+      const PlannedStage& p = plan_->stages[static_cast<size_t>(from.producer)];
+      why = ": stage '" + p.name + "' (" + p.schema->kind() + ") did not set its output '" +
+            p.schema->outputs()[static_cast<size_t>(from.producer_port)].name + "'";
+    }
     throw std::runtime_error("stage '" + name_ + "': input '" + std::string(port) +
-                             "' is empty in batch " + std::to_string(b.index));
+                             "' is empty in batch " + std::to_string(b.index) + why);
+  }
   return b.slots[s];
 }
 bool StageContext::has_input(const Batch& b, std::string_view port) const {
@@ -87,7 +97,34 @@ bool StageContext::has_input(const Batch& b, std::string_view port) const {
   return s >= 0 && b.slots[s].defined();
 }
 void StageContext::set_output(Batch& b, std::string_view port, Tensor t) const {
-  b.slots[slot_of_output(port)] = std::move(t);
+  const int i = port_index(schema_->outputs(), port, name_, "output");
+  const int s = output_slots_[static_cast<size_t>(i)];
+  // What its consumers were promised (the port, and the shape and dtype declared at setup): a
+  // tensor of another dtype or shape is this stage's error, not theirs when they read it.
+  if (t.defined()) {
+    const PortSpec& spec = schema_->outputs()[static_cast<size_t>(i)];
+    const SlotInfo& slot = plan_->slots[static_cast<size_t>(s)];
+    std::string promised;
+    if (slot.declared) {
+      // The leading (batch, window) sizes may differ from setup's (a policy's games a call, a
+      // stage run on another shape); the width of a row of features may not.
+      const int r = slot.shape.rank();
+      const bool same = t.dtype() == slot.dtype && t.shape().rank() == r &&
+                        (r < 2 || slot.shape[r - 1] < 0 || slot.shape[r - 1] == t.shape()[r - 1]);
+      if (!same)
+        promised = std::string(dtype_name(slot.dtype)) + slot.shape.str() + " declared at setup";
+    } else if ((spec.dtype && t.dtype() != *spec.dtype) ||
+               (spec.rank >= 0 && t.shape().rank() != spec.rank)) {
+      promised = std::string(spec.dtype ? dtype_name(*spec.dtype) : "any dtype") + ", " +
+                 (spec.rank < 0 ? "any rank" : "rank " + std::to_string(spec.rank)) +
+                 " by its schema";
+    }
+    if (!promised.empty())
+      throw std::runtime_error("stage '" + name_ + "': output '" + std::string(port) + "' is " +
+                               t.describe() + " in batch " + std::to_string(b.index) + ", not " +
+                               promised + " (" + schema_->kind() + ")");
+  }
+  b.slots[s] = std::move(t);
 }
 const Tensor& StageContext::output(const Batch& b, std::string_view port) const {
   return b.slots[slot_of_output(port)];
@@ -124,6 +161,13 @@ const Tensor& StageContext::output_grad(const Batch& b, std::string_view port) c
 void StageContext::add_input_grad(Batch& b, std::string_view port, const Tensor& grad) const {
   int s = grad_slot_of_input(port);
   if (s < 0) return;
+  // A gradient has its input's shape: a wrong one is this stage's error, not the producer's
+  // that receives it.
+  if (const int in = slot_of_input(port);
+      in >= 0 && b.slots[in].defined() && grad.defined() && !(b.slots[in].shape() == grad.shape()))
+    throw std::runtime_error("stage '" + name_ + "': the gradient of input '" + std::string(port) +
+                             "' is " + grad.describe() + ", not the input's shape " +
+                             b.slots[in].shape().str() + " (" + schema_->kind() + ")");
   Tensor& dst = b.slots[s];
   if (!dst.defined()) {
     dst = grad;

@@ -14,6 +14,7 @@
 #include "engine/launch.h"
 #include "engine/registry.h"
 #include "engine/runner.h"
+#include "engine/stage_harness.h"
 #include "engine/stats_record.h"
 #include "engine/step_benchmark.h"
 #include "tests/engine/test_stages.h"
@@ -117,6 +118,50 @@ TEST(Runner, Bf16CopiesGoFromTheProducerToTheStageThatReadsThem) {
   }
   EXPECT_NE(StageRegistry::find("test_bf16_reader")->help().find("reads its bf16 copy"),
             std::string::npos);
+}
+
+// A stage whose tensors break what its port and setup promised is named as the culprit: an
+// output of another dtype or rank when it sets it, an output left unset by the consumer that
+// finds it empty, a gradient of the wrong shape when it gives it (each was reported by the
+// stage after it, or not at all: a wrong dtype trained on).
+TEST(Runner, AStageBreakingItsPortsPromiseIsNamed) {
+  TempDir d;
+  const std::string g = R"(stages:
+  - {name: src, kind: test_counter, params: {count: 3, batch: 5}}
+  - {name: conv, kind: test_to_f32, inputs: [src]}
+  - {name: rec, kind: test_bf16_reader, inputs: [conv]}
+)";
+  const std::pair<const char*, const char*> cases[] = {
+      {"dtype",
+       "stage 'conv': output 'y' is i32[5] on cpu in batch 0, not f32[5] declared at "
+       "setup (test_to_f32)"},
+      {"rank",
+       "stage 'conv': output 'y' is f32[5, 1] on cpu in batch 0, not f32[5] declared at "
+       "setup (test_to_f32)"},
+      {"unset",
+       "stage 'rec': input 'y' is empty in batch 0: stage 'conv' (test_to_f32) did not "
+       "set its output 'y'"}};
+  for (const auto& [misuse, message] : cases) {
+    Runner r(plan_text(d, g, {std::string("conv.misuse=") + misuse}), quiet_options());
+    try {
+      r.run();
+      ADD_FAILURE() << misuse << ": the run went on";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  StageHarness h("test_wrong_gradient", {}, "wrong");
+  h.setup({{"x", Tensor::zeros({2, 3}, DType::f32)}});
+  h.forward({{"x", Tensor::zeros({2, 3}, DType::f32)}});
+  try {
+    h.backward({{"y", Tensor::zeros({2, 3}, DType::f32)}});
+    ADD_FAILURE() << "a gradient of the wrong shape was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 'wrong': the gradient of input 'x' is f32[1] on "
+                                         "cpu, not the input's shape [2, 3] (test_wrong_gradient)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Runner, ParallelStageKeepsSourceOrder) {

@@ -294,15 +294,26 @@ class TestToF32 : public Stage {
         .input("x", DType::i32, 1, "values")
         .output("y", DType::f32, 1, "values")
         .param("write_copy", true, "write y's bf16 copy when wanted")
-        .param("always_copy", false, "set the copy even when no reader wants it (a misuse)");
+        .param("always_copy", false, "set the copy even when no reader wants it (a misuse)")
+        .param("misuse", std::string("none"),
+               "y as an i32 tensor (dtype), of rank 2 (rank), or not set at all (unset)")
+        .choices({"none", "dtype", "rank", "unset"});
   }
   void setup(StageContext& ctx) override {
     copy_ = ctx.params().boolean("always_copy") ||
             (ctx.params().boolean("write_copy") && ctx.output_bf16_copy_wanted("y"));
+    misuse_ = ctx.params().string("misuse");
     ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
   }
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
+    if (misuse_ == "unset") return;
+    if (misuse_ != "none") {
+      ctx.set_output(b, "y",
+                     misuse_ == "dtype" ? Tensor::zeros(x.shape(), DType::i32)
+                                        : Tensor::zeros({x.dim(0), 1}, DType::f32));
+      return;
+    }
     Tensor y = Tensor::empty(x.shape(), DType::f32);
     Tensor yb = Tensor::empty(x.shape(), DType::bf16);
     for (int64_t i = 0; i < x.numel(); ++i) {
@@ -315,6 +326,7 @@ class TestToF32 : public Stage {
 
  private:
   bool copy_ = false;
+  std::string misuse_;
 };
 SLIPSTREAM_REGISTER_STAGE(TestToF32);
 
@@ -342,5 +354,32 @@ class TestBf16Reader : public Stage {
   }
 };
 SLIPSTREAM_REGISTER_STAGE(TestBf16Reader);
+
+}  // namespace slipstream::testing
+
+namespace slipstream::testing {
+
+// y = x, whose backward gives x a gradient of one element whatever x's shape (a misuse).
+class TestWrongGradient : public Stage {
+ public:
+  static StageSchema schema() {
+    return StageSchema("test_wrong_gradient")
+        .family("test")
+        .doc("y = x; its gradient of x has the wrong shape.")
+        .differentiable()
+        .input("x", DType::f32, -1, "values")
+        .output("y", DType::f32, -1, "x");
+  }
+  void setup(StageContext& ctx) override {
+    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+  }
+  void forward(Batch& b, StageContext& ctx) override {
+    ctx.set_output(b, "y", ctx.input(b, "x").clone());
+  }
+  void backward(Batch& b, StageContext& ctx) override {
+    ctx.add_input_grad(b, "x", Tensor::zeros({1}, DType::f32));
+  }
+};
+SLIPSTREAM_REGISTER_STAGE(TestWrongGradient);
 
 }  // namespace slipstream::testing
