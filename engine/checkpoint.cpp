@@ -1,5 +1,7 @@
 #include "engine/checkpoint.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -27,10 +29,26 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   std::map<std::string, std::string> meta;
   for (size_t k = 0; k < graph.stages.size(); ++k) {
     const std::string& name = graph.stages[k].name;
-    for (Parameter* p : graph.instances[k]->parameters())
-      weights[name + "." + p->name] = p->value.to(Device::cpu(), "checkpoint weight");
-    StateWriter w(state, meta, name);
-    graph.instances[k]->save(w);
+    try {
+      for (Parameter* p : graph.instances[k]->parameters())
+        weights[name + "." + p->name] = p->value.to(Device::cpu(), "checkpoint weight");
+      StateWriter w(state, meta, name);
+      graph.instances[k]->save(w);
+    } catch (const std::exception& e) {
+      // The stage whose state could not be taken is the one to look at (the checkpoint stage
+      // that asked reports it); nothing was written yet, and the empty folder goes too.
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      throw std::runtime_error("stage '" + name + "' (" + graph.stages[k].schema->kind() +
+                               "): saving its state: " + e.what());
+    } catch (const abi::__forced_unwind&) {
+      throw;
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      throw std::runtime_error("stage '" + name + "' (" + graph.stages[k].schema->kind() +
+                               "): saving its state: it " + kNotAStdException);
+    }
   }
   meta["run.step"] = std::to_string(run.step);
   meta["run.next_batch"] = std::to_string(next_batch);

@@ -1,5 +1,7 @@
 #include "engine/graph.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -845,6 +847,12 @@ void Graph::setup() {
     } catch (const std::exception& e) {
       throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" +
                                plan_.stages[k].schema->kind() + "): setup failed: " + e.what());
+    } catch (const abi::__forced_unwind&) {
+      throw;
+    } catch (...) {
+      throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" +
+                               plan_.stages[k].schema->kind() + "): setup failed: it " +
+                               kNotAStdException);
     }
     for (size_t o = 0; o < plan_.stages[k].output_slots.size(); ++o) {
       const auto& slot = plan_.slots[plan_.stages[k].output_slots[o]];

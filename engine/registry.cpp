@@ -24,6 +24,9 @@ struct RegistryData {
   std::recursive_mutex loading;
   bool plugin_loading = false;
   std::vector<std::string> duplicates;
+  std::set<std::string> loaded_now;            // the kinds the loading plugin registered so far
+  std::vector<std::string> twice;              // kinds the loading plugin itself registers twice
+  std::vector<std::string> thrown;             // what its schema() calls threw
   std::map<std::string, std::string> refused;  // plugin path -> the error its load gave
 };
 RegistryData& data() {
@@ -38,13 +41,34 @@ bool StageRegistry::add(StageSchema schema) {
   std::string kind = schema.kind();
   if (d.kinds.count(kind)) {
     if (d.plugin_loading) {
-      d.duplicates.push_back(kind);
+      (d.loaded_now.count(kind) ? d.twice : d.duplicates).push_back(kind);
       return false;
     }
     throw std::runtime_error("stage kind '" + kind + "' is registered twice");
   }
+  if (d.plugin_loading) d.loaded_now.insert(kind);
   d.kinds.emplace(kind, std::move(schema));
   return true;
+}
+
+bool StageRegistry::add_kind(StageSchema (*make)(), Stage* (*factory)()) {
+  try {
+    StageSchema s = make();
+    s.factory = factory;
+    return add(std::move(s));
+  } catch (const std::exception& e) {
+    auto& d = data();
+    std::lock_guard lock(d.mu);
+    if (!d.plugin_loading) throw;
+    d.thrown.push_back(e.what());
+    return false;
+  } catch (...) {
+    auto& d = data();
+    std::lock_guard lock(d.mu);
+    if (!d.plugin_loading) throw;
+    d.thrown.push_back(std::string("it ") + kNotAStdException);
+    return false;
+  }
 }
 
 const StageSchema* StageRegistry::find(std::string_view kind) {
@@ -86,33 +110,52 @@ void StageRegistry::load_plugin(const std::string& path) {
   auto& d = data();
   std::lock_guard one_at_a_time(d.loading);  // recursive: a plugin's initialiser may load one
   bool outer_loading = false;
-  std::vector<std::string> outer_duplicates;  // a plugin loading this one: its own, kept
+  // A plugin loading this one: what its own load noted so far, kept.
+  std::vector<std::string> outer_duplicates, outer_twice, outer_thrown;
+  std::set<std::string> outer_loaded;
   size_t kinds_before = 0;
   {
     std::lock_guard lock(d.mu);
     outer_loading = std::exchange(d.plugin_loading, true);
     outer_duplicates = std::exchange(d.duplicates, {});
+    outer_twice = std::exchange(d.twice, {});
+    outer_thrown = std::exchange(d.thrown, {});
+    outer_loaded = std::exchange(d.loaded_now, {});
     kinds_before = d.kinds.size();
   }
   void* handle = dlopen(canonical.c_str(), RTLD_NOW | RTLD_LOCAL);
   std::lock_guard lock(d.mu);
   d.plugin_loading = outer_loading;
   const std::vector<std::string> duplicates = std::exchange(d.duplicates, outer_duplicates);
+  const std::vector<std::string> twice = std::exchange(d.twice, outer_twice);
+  const std::vector<std::string> thrown = std::exchange(d.thrown, outer_thrown);
+  d.loaded_now = std::move(outer_loaded);
   if (!handle) {
     const char* err = dlerror();
     throw std::runtime_error("cannot load plugin '" + path + "': " + (err ? err : "unknown error"));
   }
-  if (!duplicates.empty()) {
-    // Its other kinds are registered (the library stays loaded); the load is refused, now and
-    // whenever it is asked for again.
-    std::string kinds;
-    for (const auto& k : duplicates) kinds += (kinds.empty() ? "'" : ", '") + k + "'";
-    const std::string error = "plugin '" + path + "' registers stage kind(s) " + kinds +
-                              ", registered before it (by the program or a plugin loaded "
-                              "earlier): rename the plugin's kind, or load only one of them";
+  // Its other kinds are registered (the library stays loaded); the load is refused, now and
+  // whenever it is asked for again.
+  auto refuse = [&](const std::string& error) {
     d.refused.emplace(canonical, error);
     throw std::runtime_error(error);
-  }
+  };
+  auto listed = [](const std::vector<std::string>& kinds) {
+    std::string out;
+    for (const auto& k : kinds) out += (out.empty() ? "'" : ", '") + k + "'";
+    return out;
+  };
+  if (!thrown.empty())
+    refuse("plugin '" + path +
+           "': a stage's schema() threw while the plugin loaded: " + thrown.front() +
+           (thrown.size() > 1 ? " (and " + std::to_string(thrown.size() - 1) + " more)" : ""));
+  if (!twice.empty())
+    refuse("plugin '" + path + "' registers stage kind(s) " + listed(twice) +
+           " twice (two of its classes name the same kind): rename one");
+  if (!duplicates.empty())
+    refuse("plugin '" + path + "' registers stage kind(s) " + listed(duplicates) +
+           ", registered before it (by the program or a plugin loaded earlier): rename the "
+           "plugin's kind, or load only one of them");
   if (d.kinds.size() == kinds_before) {
     // Another library (a typo in the path, a dependency named instead of the plugin): a graph
     // naming its kinds would fail later with "unknown kind", far from the cause.

@@ -18,6 +18,10 @@ class StageRegistry {
   // loads: there (a static initialiser, where an exception would end the process) it is noted,
   // and load_plugin throws it, naming the plugin and the kind; the kind registered first stays.
   static bool add(StageSchema schema);
+  // What SLIPSTREAM_REGISTER_STAGE calls: add(make()) with the factory set. A make() that
+  // throws while a plugin loads is noted like a duplicate (load_plugin names the plugin and the
+  // error); elsewhere it throws.
+  static bool add_kind(StageSchema (*make)(), Stage* (*factory)());
   static const StageSchema* find(std::string_view kind);
   static std::vector<const StageSchema*> all();  // sorted by family, then kind
   static std::unique_ptr<Stage> create(std::string_view kind);
@@ -31,8 +35,5 @@ class StageRegistry {
 
 #define SLIPSTREAM_REGISTER_STAGE(Class)                                   \
   [[maybe_unused]] static const bool slipstream_stage_registered_##Class = \
-      ::slipstream::StageRegistry::add([] {                                \
-        ::slipstream::StageSchema s = Class::schema();                     \
-        s.factory = []() -> ::slipstream::Stage* { return new Class(); };  \
-        return s;                                                          \
-      }())
+      ::slipstream::StageRegistry::add_kind(&Class::schema,                \
+                                            []() -> ::slipstream::Stage* { return new Class(); })

@@ -42,6 +42,11 @@ bool Runner::Impl::pull(std::vector<Stage*>& stages, std::vector<StageContext*>&
   } catch (const std::exception& e) {
     const auto& ps = plan().stages[k];
     throw StageError(ps.name, ps.schema->kind(), out.index, e.what());
+  } catch (const abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+    const auto& ps = plan().stages[k];
+    throw StageError(ps.name, ps.schema->kind(), out.index, kNotAStdException);
   }
   if (ok) next[k]++;
   if (count) {

@@ -29,6 +29,12 @@
 
 namespace slipstream {
 
+// The error of a stage body that threw something other than a std::exception (an int, a
+// string): caught and reported with the stage's name like any error, never std::terminate.
+inline constexpr const char* kNotAStdException =
+    "threw an exception that is not a std::exception (throw std::runtime_error or another "
+    "std::exception, whose message says what went wrong)";
+
 // What the trainable section must wait for before it reads a batch's tensors: copies a stage
 // enqueued on a stream of its own (the prefetch stage's copy stream). The runner calls wait()
 // on the section's thread before the section's first stage runs on the batch, in training,

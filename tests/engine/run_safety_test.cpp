@@ -127,6 +127,25 @@ fs::path only_subdirectory(const fs::path& dir) {
 // A write through a symlink replaces the link's target, the link staying a link; a device or FIFO
 // in the path's place is refused before anything is written (a rename over /dev/null, as root,
 // would make it a file).
+// A stage whose save() throws while a checkpoint is written: the error names that stage (not
+// the checkpoint stage that asked), and nothing of the checkpoint is left, as it says.
+TEST(ResumeSafety, AStageThatCannotSaveIsNamedAndNothingOfTheCheckpointIsLeft) {
+  TempDir d;
+  Runner r(plan_text(d, graph(d, "every: 4"), {"run.steps=12", "acc.fail_save_at=6"}),
+           writing_options());
+  const std::string m = error_of([&] { r.run(); });
+  EXPECT_NE(m.find("stage 'acc' (test_accumulator): saving its state: the accumulator's state "
+                   "is not ready; step-8 was not written (nothing of it is left)"),
+            std::string::npos)
+      << m;
+  const fs::path checkpoints =
+      fs::path(names_in(d.path() + "/runs").empty()
+                   ? ""
+                   : d.path() + "/runs/" + names_in(d.path() + "/runs")[0]) /
+      "checkpoints";
+  EXPECT_EQ(names_in(checkpoints), (std::vector<std::string>{"step-4"}));
+}
+
 TEST(RunSafety, AnAtomicWriteGoesThroughSymlinksAndRefusesDevices) {
   TempDir d;
   const std::string target = d.write("target.txt", "old");

@@ -140,7 +140,10 @@ TEST(Runner, AStageBreakingItsPortsPromiseIsNamed) {
        "setup (test_to_f32)"},
       {"unset",
        "stage 'rec': input 'y' is empty in batch 0: stage 'conv' (test_to_f32) did not "
-       "set its output 'y'"}};
+       "set its output 'y'"},
+      {"throw_int",
+       "stage 'conv' (test_to_f32), batch 0: threw an exception that is not a "
+       "std::exception"}};
   for (const auto& [misuse, message] : cases) {
     Runner r(plan_text(d, g, {std::string("conv.misuse=") + misuse}), quiet_options());
     try {
@@ -472,6 +475,25 @@ stages:
   Runner still(plan_text(d, g), quiet_options());
   still.run();
   EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
+  // A plugin whose schema() throws, or whose two classes register one kind: refused naming
+  // the plugin and what is wrong (the throw escaped its static initialiser and ended the
+  // process; the second kind was said to be "registered before it").
+  const std::pair<const char*, std::string> faulty[] = {
+      {SLIPSTREAM_TEST_PLUGIN_THROWING_SCHEMA,
+       "': a stage's schema() threw while the plugin loaded: a schema that cannot be built"},
+      {SLIPSTREAM_TEST_PLUGIN_TWICE,
+       "' registers stage kind(s) 'plugin_faulty' twice (two of its classes name the same "
+       "kind): rename one"}};
+  for (const auto& [path, message] : faulty) {
+    try {
+      StageRegistry::load_plugin(path);
+      ADD_FAILURE() << path << " loaded";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("plugin '") + path + message),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // A library that registers no stage kind (not a plugin) is refused naming it.
   try {
     StageRegistry::load_plugin("libm.so.6");

@@ -201,9 +201,11 @@ class TestAccumulator : public Stage {
         .family("test")
         .doc("Weight w += mean(x) * 0.001 + w * 1e-3 each step.")
         .differentiable()  // trains itself in forward: a graph with a trainable stage needs a loss
-        .input("y", DType::i32, 1, "values");
+        .input("y", DType::i32, 1, "values")
+        .param("fail_save_at", int64_t{0}, "save() throws at this step (0: never)");
   }
-  void setup(StageContext&) override {
+  void setup(StageContext& ctx) override {
+    fail_save_at_ = ctx.params().integer("fail_save_at");
     w_.name = "w";
     w_.value = Tensor::zeros({3}, DType::f32);
     w_.grad = Tensor::zeros({3}, DType::f32);
@@ -219,13 +221,17 @@ class TestAccumulator : public Stage {
     steps_++;
   }
   std::vector<Parameter*> parameters() override { return {&w_}; }
-  void save(StateWriter& wr) const override { wr.integer("steps", steps_); }
+  void save(StateWriter& wr) const override {
+    if (fail_save_at_ > 0 && steps_ >= fail_save_at_)
+      throw std::runtime_error("the accumulator's state is not ready");
+    wr.integer("steps", steps_);
+  }
   void load(StateReader& r) override { steps_ = r.integer("steps"); }
   int64_t steps() const { return steps_; }
 
  private:
   Parameter w_;
-  int64_t steps_ = 0;
+  int64_t steps_ = 0, fail_save_at_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(TestAccumulator);
 
@@ -296,8 +302,9 @@ class TestToF32 : public Stage {
         .param("write_copy", true, "write y's bf16 copy when wanted")
         .param("always_copy", false, "set the copy even when no reader wants it (a misuse)")
         .param("misuse", std::string("none"),
-               "y as an i32 tensor (dtype), of rank 2 (rank), or not set at all (unset)")
-        .choices({"none", "dtype", "rank", "unset"});
+               "y as an i32 tensor (dtype), of rank 2 (rank), not set at all (unset), or an int "
+               "thrown (throw_int)")
+        .choices({"none", "dtype", "rank", "unset", "throw_int"});
   }
   void setup(StageContext& ctx) override {
     copy_ = ctx.params().boolean("always_copy") ||
@@ -308,6 +315,7 @@ class TestToF32 : public Stage {
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     if (misuse_ == "unset") return;
+    if (misuse_ == "throw_int") throw 42;
     if (misuse_ != "none") {
       ctx.set_output(b, "y",
                      misuse_ == "dtype" ? Tensor::zeros(x.shape(), DType::i32)
