@@ -138,11 +138,9 @@ TEST(ResumeSafety, AStageThatCannotSaveIsNamedAndNothingOfTheCheckpointIsLeft) {
                    "is not ready; step-8 was not written (nothing of it is left)"),
             std::string::npos)
       << m;
-  const fs::path checkpoints =
-      fs::path(names_in(d.path() + "/runs").empty()
-                   ? ""
-                   : d.path() + "/runs/" + names_in(d.path() + "/runs")[0]) /
-      "checkpoints";
+  const std::vector<std::string> runs = names_in(d.path() + "/runs");
+  ASSERT_EQ(runs.size(), 1u);
+  const fs::path checkpoints = fs::path(d.path()) / "runs" / runs[0] / "checkpoints";
   EXPECT_EQ(names_in(checkpoints), (std::vector<std::string>{"step-4"}));
 }
 
