@@ -15,6 +15,7 @@
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/parser.h>
 
+#include "engine/registry.h"
 #include "engine/safetensors.h"
 #include "engine/text_match.h"
 
@@ -567,9 +568,17 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
   os << ", graph " << c.graph_file << ".\n# Repeat this run: slipstream run --config THIS_FILE\n";
   if (!c.description.empty()) os << "description: " << param_value_str(c.description) << "\n";
   if (!c.sized_for.empty()) os << "sized_for: " << c.sized_for << "\n";
-  if (!c.plugins.empty()) {
+  // The graph's plugins, and those its kinds came from by another way (`slipstream --plugin`):
+  // a resume, eval or the policy library reading this file needs them all.
+  std::vector<std::string> plugins;
+  for (const auto& [p, m] : c.plugins) plugins.push_back(p);
+  for (const auto& s : c.stages)
+    if (std::string p = StageRegistry::plugin_of(s.kind);
+        !p.empty() && std::find(plugins.begin(), plugins.end(), p) == plugins.end())
+      plugins.push_back(p);
+  if (!plugins.empty()) {
     os << "plugins:\n";
-    for (const auto& [p, m] : c.plugins) os << "  - " << param_value_str(p) << "\n";
+    for (const auto& p : plugins) os << "  - " << param_value_str(p) << "\n";
   }
   os << "run:\n";
   // Paths are written absolute (as they resolved for this run), with the text given as a comment.

@@ -28,6 +28,7 @@ struct RegistryData {
   std::vector<std::string> twice;              // kinds the loading plugin itself registers twice
   std::vector<std::string> thrown;             // what its schema() calls threw
   std::map<std::string, std::string> refused;  // plugin path -> the error its load gave
+  std::map<std::string, std::string, std::less<>> plugin_of;  // kind -> the plugin it came from
 };
 RegistryData& data() {
   static RegistryData d;  // function-local: safe from static-initialisation order
@@ -88,6 +89,13 @@ std::vector<const StageSchema*> StageRegistry::all() {
   return out;
 }
 
+std::string StageRegistry::plugin_of(std::string_view kind) {
+  auto& d = data();
+  std::lock_guard lock(d.mu);
+  const auto it = d.plugin_of.find(kind);
+  return it == d.plugin_of.end() ? std::string() : it->second;
+}
+
 std::unique_ptr<Stage> StageRegistry::create(std::string_view kind) {
   const StageSchema* s = find(kind);
   if (!s || !s->factory) throw std::runtime_error("unknown stage kind '" + std::string(kind) + "'");
@@ -129,6 +137,7 @@ void StageRegistry::load_plugin(const std::string& path) {
   const std::vector<std::string> duplicates = std::exchange(d.duplicates, outer_duplicates);
   const std::vector<std::string> twice = std::exchange(d.twice, outer_twice);
   const std::vector<std::string> thrown = std::exchange(d.thrown, outer_thrown);
+  for (const std::string& kind : d.loaded_now) d.plugin_of.emplace(kind, canonical);
   d.loaded_now = std::move(outer_loaded);
   if (!handle) {
     const char* err = dlerror();

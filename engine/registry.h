@@ -29,6 +29,8 @@ class StageRegistry {
   // Loading the same path twice is a no-op. Throws std::runtime_error with dlerror() text, or
   // naming the kinds the plugin registers that were registered before it.
   static void load_plugin(const std::string& path);
+  // The plugin (its absolute path, as loaded) that registered `kind`; "" for the program's own.
+  static std::string plugin_of(std::string_view kind);
 };
 
 }  // namespace slipstream

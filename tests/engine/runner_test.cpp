@@ -475,6 +475,15 @@ stages:
   Runner still(plan_text(d, g), quiet_options());
   still.run();
   EXPECT_EQ(recorded().values, (std::vector<int32_t>{0, 6, 12}));
+  // A kind from a plugin loaded otherwise (`slipstream --plugin`, not the graph's plugins:): the
+  // resolved graph (config.yaml, a checkpoint's) names that plugin, so a resume, eval or the
+  // policy library reading it finds the kind.
+  const std::string without = g.substr(g.find("stages:"));
+  const std::string resolved = resolved_config_yaml(plan_text(d, without));
+  EXPECT_NE(resolved.find("plugins:\n  - " +
+                          std::filesystem::weakly_canonical(SLIPSTREAM_TEST_PLUGIN).string()),
+            std::string::npos)
+      << resolved;
   // A plugin whose schema() throws, or whose two classes register one kind: refused naming
   // the plugin and what is wrong (the throw escaped its static initialiser and ended the
   // process; the second kind was said to be "registered before it").
