@@ -8,6 +8,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -44,12 +46,14 @@ nlohmann::json number(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
-nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, const EvalArgs& a) {
+nlohmann::json report_json(const EvalResult& r, const std::string& checkpoint, const EvalArgs& a,
+                           const std::string& perspectives, const TrainingOverlap& overlap) {
   nlohmann::json j;
   j["checkpoint"] = fs::absolute(checkpoint).lexically_normal().string();
   j["step"] = r.step;
   j["replays"] = a.replays;
-  j["perspectives"] = a.port ? "port" + std::to_string(*a.port) : std::string("all");
+  j["perspectives"] = perspectives;
+  j["training_overlap"] = training_overlap_json(overlap);
   j["windows"] = r.samples;
   j["whole_games"] = a.whole_games;
   j["batches"] = r.batches;
@@ -88,22 +92,36 @@ int eval_command(const EvalArgs& a) {
   if (!found) return 1;
   const CheckpointPath& where = *found;
   const std::string& checkpoint = where.checkpoint;
-  note_training_overlap(where, a.replays, std::cerr);
+  // Where the report goes, checked before the scoring rather than after it.
+  if (!a.json.empty() && a.json != "-") {
+    const fs::path parent = fs::absolute(a.json).parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(parent, ec) || ::access(parent.c_str(), W_OK) != 0) {
+      std::cerr << "error: cannot write " << a.json << ": " << parent.string()
+                << (fs::is_directory(parent, ec) ? " is not writable" : " is not a folder") << "\n";
+      return 1;
+    }
+  }
   GraphPlan plan;
+  std::string perspectives = "all";
   try {
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
     ReplaySelection sel{a.replays, a.port, "eval", {}};
     if (a.whole_games) sel.loader = {{"rows", YAML::Node("streams")}, {"stride", YAML::Node(0)}};
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
+    for (const PlannedStage& s : plan.stages)
+      if (s.schema->kind() == "slippi_replays") perspectives = s.params.string("perspectives");
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
   }
   EvalResult r;
+  TrainingOverlap overlap;
   try {
     Runner runner(std::move(plan), RunOptions::embedded(&log));
     r = runner.evaluate(checkpoint);
+    overlap = training_overlap(where, runner.graph());
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -115,12 +133,13 @@ int eval_command(const EvalArgs& a) {
     std::cerr << "error: no window to score in the given replays\n";
     return 1;
   }
+  note_training_overlap(overlap, where, std::cerr);
   log << "eval of " << checkpoint << " (step " << r.step << "): " << r.samples << " windows in "
       << r.batches << " batches, " << fixed(r.seconds, 1) << " s"
       << (a.whole_games ? "; whole games, the state carried from window to window" : "") << "\n"
       << head_table(r.metrics);
   if (!a.json.empty()) {
-    const std::string text = report_json(r, checkpoint, a).dump(1) + "\n";
+    const std::string text = report_json(r, checkpoint, a, perspectives, overlap).dump(1) + "\n";
     if (a.json == "-") {
       std::cout << text;
     } else {

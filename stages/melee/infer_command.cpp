@@ -165,7 +165,6 @@ int infer_command(const InferArgs& a) {
   GraphPlan plan;
   try {
     const ReplaySelection sel = frame_by_frame(a.replay, a.port, "infer");
-    note_training_overlap(where, {a.replay}, std::cerr);
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
@@ -177,6 +176,7 @@ int infer_command(const InferArgs& a) {
   std::vector<float> ar;  // the autoregressive heads' weight (empty: independent heads)
   bool ar_read = false;
   EvalResult r;
+  TrainingOverlap overlap;
   try {
     if (!a.csv.empty()) csv.emplace(a.csv, a.probabilities);
     RunOptions options = RunOptions::embedded();
@@ -209,6 +209,7 @@ int infer_command(const InferArgs& a) {
       csv->row(loader ? loader->window(b.index, 0).frame : static_cast<int32_t>(b.index), all, f,
                seconds);
     });
+    overlap = training_overlap(where, g);
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -226,6 +227,7 @@ int infer_command(const InferArgs& a) {
               << (why.empty() ? " (the loader's lines above say why)" : why) << "\n";
     return 1;
   }
+  note_training_overlap(overlap, where, std::cerr);
   std::printf("infer: %s, port %d: %zu frames, checkpoint step %llu\n", a.replay.c_str(), a.port,
               latency.size(), static_cast<unsigned long long>(r.step));
   // The frames acting as this policy's own draws below, not the table's expectation of them.

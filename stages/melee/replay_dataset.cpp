@@ -114,6 +114,7 @@ void check_features(const slp::GameStart& start, GameFeatures feat, const Filter
     return;
   }
   o.same_game = same_game_key(start, feat.rows);
+  feat.same_game = o.same_game;
   for (size_t i = 0; i < np; ++i) {
     if (f.perspectives == "first" && i != 0) continue;
     if (f.perspectives == "second" && i != 1) continue;

@@ -1,6 +1,7 @@
 // The replay loader's setup report: see replay_report.h.
 #include "stages/melee/replay_report.h"
 
+#include <cstdio>
 #include <set>
 #include <sstream>
 
@@ -63,6 +64,12 @@ std::string no_windows_error(const ReplayDataset& ds, const std::string& who,
   return e.str();
 }
 
+std::string same_game_text(uint64_t key) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(key));
+  return text;
+}
+
 std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& train,
                         const std::vector<uint32_t>& validation, const ReplayDataset* pinned,
                         int shard_world) {
@@ -70,8 +77,12 @@ std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& tr
   if (shard_world > 1)  // the games of rank 0's share (each rank draws its own)
     splits["shard"] = {{"by", "games"}, {"rank", 0}, {"world", shard_world}};
   splits["train"] = nlohmann::json::array();
+  splits["train_games"] = nlohmann::json::array();
   splits["validation"] = nlohmann::json::array();
-  for (uint32_t g : train) splits["train"].push_back(ds.games[g].source);
+  for (uint32_t g : train) {
+    splits["train"].push_back(ds.games[g].source);
+    splits["train_games"].push_back(same_game_text(ds.games[g].same_game));
+  }
   if (pinned)
     for (const GameFeatures& g : pinned->games) splits["validation"].push_back(g.source);
   else
@@ -82,13 +93,19 @@ std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& tr
 std::string merged_splits_json(const std::string& current, const std::string& previous,
                                std::vector<std::string>& trained_then_validating) {
   nlohmann::json now = nlohmann::json::parse(current);
-  std::vector<std::string> before;
+  std::vector<std::string> before, before_games;
   try {
     const nlohmann::json then = nlohmann::json::parse(previous);
     for (const auto& g : then.at("train")) before.push_back(g.get<std::string>());
+    if (then.contains("train_games"))
+      for (const auto& g : then.at("train_games")) before_games.push_back(g.get<std::string>());
   } catch (const std::exception&) {
     return current;  // nothing readable to keep
   }
+  std::set<std::string> keys;
+  for (const auto& g : now["train_games"]) keys.insert(g.get<std::string>());
+  for (const std::string& g : before_games)
+    if (keys.insert(g).second) now["train_games"].push_back(g);
   std::set<std::string> listed;
   for (const auto& g : now["train"]) listed.insert(g.get<std::string>());
   std::set<std::string> validating;

@@ -29,8 +29,13 @@ std::string no_windows_error(const ReplayDataset& ds, const std::string& who,
                              size_t validation_games, double validation_fraction);
 
 // RUN/NAME.splits.json: the sources of the games that trained and of those that validated
-// (pinned: validation_paths' games), so a run can be audited and repeated. shard_world > 1:
-// shard: games, the games of this rank's share.
+// (pinned: validation_paths' games), so a run can be audited and repeated, and the trained
+// games' same-game keys ("train_games", GameFeatures::same_game as 16 hex digits), by which
+// eval and infer know a training game under another name. shard_world > 1: shard: games, the
+// games of this rank's share.
+// A same-game key (GameFeatures::same_game) as splits.json holds it: 16 hex digits.
+std::string same_game_text(uint64_t key);
+
 std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& train,
                         const std::vector<uint32_t>& validation, const ReplayDataset* pinned,
                         int shard_world);

@@ -13,6 +13,8 @@
 
 #include "stages/melee/model_math.h"
 #include "stages/melee/replay_inputs.h"
+#include "stages/melee/replay_report.h"
+#include "stages/melee/replays.h"
 
 namespace slipstream::melee {
 
@@ -82,17 +84,19 @@ Config config_for_replays(const std::string& graph_file, const std::vector<std::
   return cfg;
 }
 
-void note_training_overlap(const CheckpointPath& where, const std::vector<std::string>& replays,
-                           std::ostream& out) {
+TrainingOverlap training_overlap(const CheckpointPath& where,
+                                 const std::vector<std::string>& sources,
+                                 const std::vector<uint64_t>& same_games) {
   namespace fs = std::filesystem;
-  if (where.run_dir.empty()) return;
+  TrainingOverlap o;
+  o.of = sources.size();
+  if (where.run_dir.empty()) return o;
   auto same_file = [](const std::string& p) {
     std::error_code ec;
     const fs::path c = fs::weakly_canonical(p, ec);
     return ec ? p : c.string();
   };
-  std::set<std::string> trained;
-  std::vector<std::string> split_files;
+  std::set<std::string> trained, trained_games;
   // The run's own splits, then those of the run its weights started from (run.init_from in its
   // config.yaml, which holds it absolute), and so on: a fine-tuned model saw those games too.
   std::set<std::string> runs;
@@ -105,7 +109,10 @@ void note_training_overlap(const CheckpointPath& where, const std::vector<std::s
         std::ifstream in(e.path());
         const nlohmann::json j = nlohmann::json::parse(in);
         for (const auto& g : j.at("train")) trained.insert(same_file(g.get<std::string>()));
-        split_files.push_back(e.path().string());
+        if (j.contains("train_games"))
+          for (const auto& g : j.at("train_games")) trained_games.insert(g.get<std::string>());
+        if (o.splits_file.empty()) o.splits_file = e.path().string();
+        o.known = true;
       } catch (const std::exception&) {
         // A damaged splits file says nothing either way; the scoring goes on.
       }
@@ -119,20 +126,45 @@ void note_training_overlap(const CheckpointPath& where, const std::vector<std::s
     }
     dir = from.empty() ? std::string() : resolve_checkpoint_path(from).run_dir;
   }
-  if (trained.empty()) return;
-  const Inputs given = resolve_inputs(replays);
-  std::vector<std::string> overlap;
-  for (const fs::path& f : given.files)
-    if (trained.count(same_file(f.string()))) overlap.push_back(f.string());
-  if (overlap.empty()) return;
-  out << "warning: " << overlap.size() << " of the " << given.files.size()
-      << " replays given were in this run's training split"
-      << (runs.size() > 1 ? " or that of a run its weights started from (run.init_from)" : "")
-      << " (" << split_files.front() << (split_files.size() > 1 ? ", ..." : "")
-      << "): their figures are not held out:";
-  for (size_t i = 0; i < overlap.size() && i < 5; ++i) out << (i ? ", " : " ") << overlap[i];
-  if (overlap.size() > 5) out << ", ... (" << overlap.size() - 5 << " more)";
+  o.via_init_from = runs.size() > 1;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const bool by_game = i < same_games.size() && same_games[i] != 0 &&
+                         trained_games.count(same_game_text(same_games[i]));
+    if (!by_game && !trained.count(same_file(sources[i]))) continue;
+    if (o.games++ < 5) o.examples.push_back(sources[i]);
+  }
+  return o;
+}
+
+TrainingOverlap training_overlap(const CheckpointPath& where, Graph& graph) {
+  for (size_t k = 0; k < graph.size(); ++k)
+    if (const auto* r = dynamic_cast<const ReplaysStage*>(&graph.stage(k)))
+      return training_overlap(where, r->sources(), r->same_games());
+  return {};
+}
+
+void note_training_overlap(const TrainingOverlap& o, const CheckpointPath& where,
+                           std::ostream& out) {
+  if (!o.known) {
+    out << "note: " << where.checkpoint
+        << " has no run directory with its replays' splits beside it (copied out of its run?): "
+           "whether these replays trained it cannot be told\n";
+    return;
+  }
+  if (o.games == 0) return;
+  out << "warning: " << o.games << " of the " << o.of
+      << " games scored were in this run's training split"
+      << (o.via_init_from ? " or that of a run its weights started from (run.init_from)" : "")
+      << " (" << o.splits_file << "; matched by the game, whatever its file's name): their "
+      << "figures are not held out:";
+  for (size_t i = 0; i < o.examples.size(); ++i) out << (i ? ", " : " ") << o.examples[i];
+  if (o.games > o.examples.size()) out << ", ... (" << o.games - o.examples.size() << " more)";
   out << "\n";
+}
+
+nlohmann::json training_overlap_json(const TrainingOverlap& o) {
+  if (!o.known) return nullptr;
+  return {{"games", o.games}, {"of", o.of}, {"examples", o.examples}};
 }
 
 void note_config_changes(const CheckpointPath& where, std::ostream& out) {

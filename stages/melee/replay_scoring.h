@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/checkpoint.h"
 #include "engine/config.h"
 #include "engine/graph.h"
@@ -55,12 +57,30 @@ std::optional<CheckpointPath> command_checkpoint(const std::string& path, std::o
 // --set) and that the checkpoint's own graph is used; nothing when it did not change.
 void note_config_changes(const CheckpointPath& where, std::ostream& out);
 
-// A warning naming the given replays that the checkpoint's run trained on (its loaders'
-// RUN/<stage>.splits.json "train" lists, and those of the runs its weights started from, through
-// each config.yaml's run.init_from): their figures are not held out. Nothing when none is, or
-// when the checkpoint has no run directory with splits beside it.
-void note_training_overlap(const CheckpointPath& where, const std::vector<std::string>& replays,
+// Which of the games scored the checkpoint's run trained on: its loaders'
+// RUN/<stage>.splits.json "train" lists, and those of the runs its weights started from (through
+// each config.yaml's run.init_from), matched by the game (its same-game key, "train_games":
+// a copy under another name, a corpus of the files) and by its source. `known` is false when
+// the checkpoint has no run directory with splits beside it (copied out of its run).
+struct TrainingOverlap {
+  bool known = false;
+  size_t games = 0, of = 0;           // trained games among `of` scored
+  std::vector<std::string> examples;  // the first few, by source
+  std::string splits_file;            // the first splits file read
+  bool via_init_from = false;         // a run its weights started from was read too
+};
+// The games scored: their sources and same-game keys (ReplaysStage::sources, same_games).
+TrainingOverlap training_overlap(const CheckpointPath& where,
+                                 const std::vector<std::string>& sources,
+                                 const std::vector<uint64_t>& same_games);
+// The overlap of the run's replays stage in `graph` (after its setup).
+TrainingOverlap training_overlap(const CheckpointPath& where, Graph& graph);
+// A warning when some games trained the model (their figures are not held out), a note when
+// it cannot be told; nothing when none did.
+void note_training_overlap(const TrainingOverlap& o, const CheckpointPath& where,
                            std::ostream& out);
+// The overlap for a --json report: null when it cannot be told.
+nlohmann::json training_overlap_json(const TrainingOverlap& o);
 
 // A metric of a pass, NaN when absent.
 double metric(const std::map<std::string, double>& metrics, const std::string& name);

@@ -781,6 +781,12 @@ std::vector<std::string> ReplaysStage::sources() const {
   return out;
 }
 
+std::vector<uint64_t> ReplaysStage::same_games() const {
+  std::vector<uint64_t> out;
+  for (uint32_t g : split_games_) out.push_back(data_->games[g].same_game);
+  return out;
+}
+
 std::vector<std::pair<std::string, size_t>> ReplaysStage::skipped() const {
   std::vector<std::pair<std::string, size_t>> out;
   for (size_t r = 0; r < kSkipReasons; ++r)

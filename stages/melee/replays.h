@@ -61,6 +61,8 @@ class ReplaysStage : public Stage {
   uint64_t total_batches() const { return total_batches_; }
   // Games of this stage's split, as their sources, in index order.
   std::vector<std::string> sources() const;
+  // The same games' GameFeatures::same_game keys, in the same order.
+  std::vector<uint64_t> same_games() const;
   // Files skipped (or games left out) per reason, e.g. {"unreadable", 1}.
   std::vector<std::pair<std::string, size_t>> skipped() const;
   // Damaged files whose rows before the damage were used.

@@ -124,6 +124,7 @@ GameFeatures without_arrays(const GameFeatures& g) {
   GameFeatures h;
   h.source = g.source;
   h.identity = g.identity;
+  h.same_game = g.same_game;
   h.stage = g.stage;
   h.rows = g.rows;
   for (const PlayerFeatures& p : g.players)

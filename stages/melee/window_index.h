@@ -56,11 +56,14 @@ struct PlayerFeatures {
 };
 
 struct GameFeatures {
-  std::string source;          // file path (or the source recorded in the corpus)
-  uint64_t identity = 0;       // stable across parse/corpus and path spellings, see game_identity
-  int32_t stage = 0;           // clamped to [0, kStages)
-  uint32_t rows = 0;           // kept rows (frames after rollback handling)
-  std::vector<int32_t> frame;  // frame number of each kept row
+  std::string source;     // file path (or the source recorded in the corpus)
+  uint64_t identity = 0;  // stable across parse/corpus and path spellings, see game_identity
+  // Equal for two recordings of one game whatever their file names (a copy, a renamed copy, two
+  // consoles' recorders): its Game Start's seed, stage, players and length. 0: not known.
+  uint64_t same_game = 0;
+  int32_t stage = 0;                    // clamped to [0, kStages)
+  uint32_t rows = 0;                    // kept rows (frames after rollback handling)
+  std::vector<int32_t> frame;           // frame number of each kept row
   std::vector<uint32_t> recorded_row;   // index of each kept row in the decoded game's rows
   std::vector<PlayerFeatures> players;  // Game Start players with frames, sorted by port
   size_t bytes() const;

@@ -79,15 +79,31 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   EXPECT_DOUBLE_EQ(j["heads"]["main_x"]["nll"].get<double>(), v.at("nll/main_x"));
   EXPECT_DOUBLE_EQ(j["total"]["baseline_nll"].get<double>(), v.at("baseline/loss"));
 
-  // Held-out games draw no warning; a game the run trained on is named as such.
+  // Held-out games draw no warning; a game the run trained on is named as such, by its file,
+  // under another name, or from a corpus built of the files.
   EXPECT_EQ(o.text.find("training split"), std::string::npos) << o.text;
+  EXPECT_EQ(j["perspectives"], "both");
+  EXPECT_EQ(j["training_overlap"]["games"].get<size_t>(), 0u);
   const std::string trained = d.path() + "/synth";
-  const CliOutput t = run_cli("eval --checkpoint " + run.run_dir + " --replays " + trained);
-  ASSERT_EQ(t.status, 0) << t.text;
-  EXPECT_NE(t.text.find("replays given were in this run's training split (" + run.run_dir +
-                        "/replays.splits.json): their figures are not held out: " + trained),
-            std::string::npos)
-      << t.text;
+  const std::string renamed = d.path() + "/renamed";
+  fs::create_directories(renamed);
+  for (const auto& f : fs::recursive_directory_iterator(trained))
+    if (f.path().extension() == ".slp" && !fs::exists(renamed + "/held_out_honest.slp"))
+      fs::copy_file(f.path(), renamed + "/held_out_honest.slp");
+  const std::string corpus = d.path() + "/corpus";
+  ASSERT_EQ(run_cli("corpus build --out " + corpus + " " + trained).status, 0);
+  for (const std::string& given : {trained, renamed, corpus}) {
+    const CliOutput t =
+        run_cli("eval --checkpoint " + run.run_dir + " --replays " + given + " --json -");
+    ASSERT_EQ(t.status, 0) << t.text;
+    EXPECT_NE(t.text.find(" games scored were in this run's training split (" + run.run_dir +
+                          "/replays.splits.json; matched by the game, whatever its file's "
+                          "name): their figures are not held out: "),
+              std::string::npos)
+        << given << ": " << t.text;
+    const nlohmann::json tj = nlohmann::json::parse(t.text.substr(t.text.find("{\n")));
+    EXPECT_GT(tj["training_overlap"]["games"].get<size_t>(), 0u) << given;
+  }
 
   // The step directory names the same checkpoint; one port's player is half the windows.
   const std::string step_dir = run.run_dir + "/checkpoints/step-6";
@@ -112,6 +128,10 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   const CliOutput a = run_cli("eval --checkpoint " + alone + " --replays " + val + " --json -");
   ASSERT_EQ(a.status, 0) << a.text;
   const nlohmann::json aj = nlohmann::json::parse(a.text.substr(a.text.find("{\n")));
+  // Away from its run, whether the replays trained it cannot be told: said, and null in JSON.
+  EXPECT_NE(a.text.find("whether these replays trained it cannot be told"), std::string::npos)
+      << a.text;
+  EXPECT_TRUE(aj["training_overlap"].is_null());
   EXPECT_EQ(aj["metrics"], j["metrics"]);
   EXPECT_EQ(aj["step"].get<uint64_t>(), 6u);
   const CliOutput s = run_cli("summary " + alone);
@@ -145,7 +165,7 @@ TEST(Eval, GamesOfTheRunAFineTuneStartedFromAreNotHeldOut) {
   const std::string base_games = d.path() + "/synth";
   const CliOutput t = run_cli("eval --checkpoint " + tuned.run_dir + " --replays " + base_games);
   ASSERT_EQ(t.status, 0) << t.text;
-  EXPECT_NE(t.text.find("replays given were in this run's training split or that of a run its "
+  EXPECT_NE(t.text.find("games scored were in this run's training split or that of a run its "
                         "weights started from (run.init_from)"),
             std::string::npos)
       << t.text;
