@@ -112,6 +112,26 @@ int eval_command(const EvalArgs& a) {
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
     for (const PlannedStage& s : plan.stages)
       if (s.schema->kind() == "slippi_replays") perspectives = s.params.string("perspectives");
+    if (a.whole_games) {
+      // Whole games carry the state from window to window through `continues`: a graph whose
+      // model does not read it would score every window from zero state under that name.
+      for (const PlannedStage& s : plan.stages) {
+        const auto& ports = s.schema->inputs();
+        for (size_t i = 0; i < ports.size(); ++i)
+          if (ports[i].name == "continues" && s.inputs[i].slot < 0) {
+            std::cerr << "error: --whole-games carries the model's state from window to window "
+                         "through `continues`, and stage '"
+                      << s.name << "' (" << s.schema->kind()
+                      << ") of this run's graph does not read it (every window would start "
+                         "from zero state): score without --whole-games\n";
+            return 2;
+          }
+      }
+      for (const std::string& s : a.sets)
+        if (s.starts_with("replays.rows=") || s.starts_with("replays.stride="))
+          std::cerr << "note: --whole-games reads rows: streams with stride = window; --set " << s
+                    << " is not used\n";
+    }
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <queue>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -179,13 +181,44 @@ void WindowOrder::set_streams(std::vector<uint64_t> first) {
     throw std::logic_error("WindowOrder::set_streams: the offsets must end at the windows' count");
   first_ = std::move(first);
   stream_epoch_ = -1;
+  row_perspectives_.clear();
+  row_starts_.clear();
+  row_batches_ = 0;
+  if (!validation_) return;
+  // Whole perspectives to rows, longest-row-last: each to the row with the fewest windows so
+  // far (the lowest such row), in the order the stretches read them before.
+  const uint64_t n = first_.size() - 1;
+  const KeyedPermutation perm(n, seed_ ^ 0x5732EA45u, kValidationOrder);
+  row_perspectives_.assign(batch_, {});
+  row_starts_.assign(batch_, {0});
+  using Load = std::pair<uint64_t, uint64_t>;  // (windows so far, row)
+  std::priority_queue<Load, std::vector<Load>, std::greater<>> rows;
+  for (uint64_t r = 0; r < batch_; ++r) rows.push({0, r});
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t p = shuffle_ ? perm(i) : i, length = first_[p + 1] - first_[p];
+    if (length == 0) continue;
+    const auto [load, r] = rows.top();
+    rows.pop();
+    row_perspectives_[r].push_back(p);
+    row_starts_[r].push_back(load + length);
+    rows.push({load + length, r});
+    row_batches_ = std::max(row_batches_, load + length);
+  }
 }
 
 size_t WindowOrder::stream_window_at(uint64_t k, uint64_t r, bool* continues) const {
-  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
-  const uint64_t stretch = validation_ ? (windows_ + batch_ - 1) / batch_ : batches_per_epoch_;
-  const uint64_t pos = (rank_ * batch_ + r) * stretch + j;
   if (continues) *continues = false;
+  if (validation_) {
+    if (r >= row_starts_.size() || k >= row_starts_[r].back()) return kPadding;
+    const std::vector<uint64_t>& starts = row_starts_[r];
+    const size_t i =
+        static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), k) - starts.begin() - 1);
+    const uint64_t within = k - starts[i];
+    if (continues) *continues = within > 0;
+    return static_cast<size_t>(first_[row_perspectives_[r][i]] + within);
+  }
+  const uint64_t j = k % batches_per_epoch_;
+  const uint64_t pos = (rank_ * batch_ + r) * batches_per_epoch_ + j;
   if (pos >= windows_) return kPadding;
   const uint64_t epoch = epoch_of(k);
   if (stream_epoch_ != static_cast<int64_t>(epoch)) {

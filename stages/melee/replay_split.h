@@ -52,7 +52,10 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 // fixed order; none without shuffle), each one's windows in time order, and cuts that sequence
 // into world·B equal stretches: global row g (rank·B + r) reads position g·P + j of it at the
 // epoch's batch j, P = batches_per_epoch. The windows past world·B·P are left out of the epoch
-// (another tail each epoch); validation's stretches are ceil(windows / B) long, padded.
+// (another tail each epoch). Validation gives each row whole perspectives instead (each, in the
+// fixed order, to the row with the fewest windows so far), padded at the end: every
+// perspective starts at its first window from zero state and its state is carried to its last
+// (eval --whole-games), whatever B; validation_stream_batches() long.
 class WindowOrder {
  public:
   static constexpr size_t kPadding = static_cast<size_t>(-1);
@@ -63,6 +66,8 @@ class WindowOrder {
   // of windows (the windows grouped by perspective, each group in time order).
   void set_streams(std::vector<uint64_t> first);
   bool streams() const { return !first_.empty(); }
+  // Validation streams: the batches that hold every row's perspectives (the longest row).
+  uint64_t validation_stream_batches() const { return row_batches_; }
   // Pools, after reset: `game_first[g]` is game g's first window, game_first.back() the count.
   void set_pools(std::vector<uint64_t> game_first, uint64_t pool);
   bool pooled() const { return !game_first_.empty(); }
@@ -96,6 +101,10 @@ class WindowOrder {
   std::vector<uint64_t> first_;
   mutable std::vector<uint64_t> stream_order_, stream_start_;
   mutable int64_t stream_epoch_ = -1;
+  // Validation streams: each row's perspectives and where each starts in the row (one more:
+  // the row's length); the longest row.
+  std::vector<std::vector<uint64_t>> row_perspectives_, row_starts_;
+  uint64_t row_batches_ = 0;
   // Pools: each game's first window; the epoch's game order and where each game starts in the
   // epoch's sequence (recomputed for another epoch); the last pool's own permutation.
   size_t pooled_window_at(uint64_t k, uint64_t r) const;

@@ -613,6 +613,9 @@ void ReplaysStage::setup(StageContext& ctx) {
   WindowBatch::declare(ctx, static_cast<int64_t>(B), window_);
   if (streams_) ctx.run().rows_continue = true;
   set_order();
+  // Validation's rows hold whole perspectives: as many batches as its longest row.
+  if (validation_ && streams_)
+    batches_per_epoch_ = total_batches_ = order_.validation_stream_batches();
   if (!ds.resident) read_on_demand(ctx, by_games);
 }
 

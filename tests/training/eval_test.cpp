@@ -195,6 +195,37 @@ TEST(Eval, WholeGamesCarryTheStateThroughEachGame) {
   EXPECT_EQ(wj["windows"], oj["windows"]);
   const double a = wj["metrics"]["nll"].get<double>(), b = oj["metrics"]["nll"].get<double>();
   EXPECT_GT(std::abs(a - b), 1e-6 * std::abs(b)) << "the carried state changed no figure";
+  // Each game from its first window to its last whatever the batch: one game a batch gives the
+  // figures of many (up to the order the sums are taken in).
+  const CliOutput one = run_cli("eval --checkpoint " + run.run_dir + " --replays " + val +
+                                " --whole-games --json - --set replays.batch_size=1");
+  ASSERT_EQ(one.status, 0) << one.text;
+  const nlohmann::json j1 = nlohmann::json::parse(one.text.substr(one.text.find("{\n")));
+  EXPECT_EQ(j1["windows"], wj["windows"]);
+  EXPECT_NEAR(j1["metrics"]["nll"].get<double>(), a, 1e-9 * std::abs(a));
+  // A graph that cannot carry the state (its model does not read `continues`) is refused, not
+  // scored from zero state under the name of whole games.
+  std::string graph;
+  {
+    std::ifstream f(source_path("configs/train_bc.yaml"));
+    graph.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const std::string wired = "inputs: [embed, h2d]";
+  ASSERT_NE(graph.find(wired), std::string::npos);
+  graph.replace(graph.find(wired), wired.size(), "inputs: [embed]");
+  const std::string file = d.path() + "/no_carry.yaml";
+  std::ofstream(file) << graph;
+  auto sets = tiny_overrides(d.path() + "/no_carry");
+  sets.push_back("run.steps=2");
+  std::ostringstream log;
+  Runner r(plan_graph(load_config(file, sets)), quiet_run_options(log));
+  const RunResult no_carry = r.run();
+  const CliOutput refused =
+      run_cli("eval --checkpoint " + no_carry.run_dir + " --replays " + val + " --whole-games");
+  EXPECT_EQ(refused.status, 2) << refused.text;
+  EXPECT_NE(refused.text.find("stage 'core' (mamba) of this run's graph does not read it"),
+            std::string::npos)
+      << refused.text;
 }
 
 TEST(Eval, MismatchedCorruptOrIncompleteCheckpointIsOneClearError) {
