@@ -6,6 +6,11 @@ namespace slipstream {
 
 std::string SourceMark::str() const {
   if (line <= 0) return file;
+  // A checkpoint's weights carry its graph as text in their metadata: the line is that text's
+  // (`slipstream.config`, what the run's config.yaml held), not the binary file's.
+  if (file.ends_with(".safetensors"))
+    return file + " (the graph it carries, line " + std::to_string(line) + " col " +
+           std::to_string(col) + ")";
   return file + ":" + std::to_string(line) + ":" + std::to_string(col);
 }
 

@@ -12,10 +12,12 @@
 namespace slipstream {
 
 struct SourceMark {
-  std::string file;         // config file path, or "<--set #N>" / "<default>"
-  int line = 0;             // 1-based; 0 when unknown
-  int col = 0;              // 1-based
-  std::string str() const;  // "file:line:col" (or just "file")
+  std::string file;  // config file path, or "<--set #N>" / "<default>"
+  int line = 0;      // 1-based; 0 when unknown
+  int col = 0;       // 1-based
+  // "file:line:col" (or just "file"); in a checkpoint's weights, "file (the graph it carries,
+  // line L col C)"
+  std::string str() const;
 };
 
 class Params {

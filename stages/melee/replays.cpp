@@ -499,9 +499,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   streams_ = p.string("rows") == "streams";
   if (streams_ && stride_ != window_)
     throw ConfigError(
-        {{p.mark("stride"), "stage '" + ctx.name() + "': rows: streams needs " +
-                                "windows that abut, stride = window (" + std::to_string(window_) +
-                                ") or 0, got stride " + std::to_string(stride_)}});
+        {{p.mark("stride"), "stage '" + ctx.name() + "': rows: streams (" + p.mark("rows").str() +
+                                ") needs windows that abut, stride = window (" +
+                                std::to_string(window_) + ") or 0, got stride " +
+                                std::to_string(stride_) + " (set stride: 0)"}});
   keyed_order_ = p.string("shuffle_order") == "keyed";
   epochs_ = std::max<int64_t>(1, ctx.run().epochs);
   seed_ = ctx.seed();

@@ -567,3 +567,11 @@ TEST(Config, HugeOrNonRegularGraphFilesAreRefused) {
     EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
   }
 }
+
+// A mark in the graph a checkpoint's weights carry names that graph's line, not the binary
+// file's (an eval --set error pointed at "model.safetensors:50:7").
+TEST(Config, AMarkInACheckpointsGraphSaysItIsThatGraphsLine) {
+  EXPECT_EQ((SourceMark{"run/checkpoints/step-6/model.safetensors", 50, 7}.str()),
+            "run/checkpoints/step-6/model.safetensors (the graph it carries, line 50 col 7)");
+  EXPECT_EQ((SourceMark{"run/config.yaml", 50, 7}.str()), "run/config.yaml:50:7");
+}
