@@ -196,7 +196,9 @@ void Runner::Impl::warm_start() {
     try {
       from_step = load_weights(graph->plan(), dir);
     } catch (const std::exception& e) {
-      throw std::runtime_error("run.init_from: " + std::string(e.what()));
+      throw std::runtime_error("run.init_from: " + std::string(e.what()) +
+                               " (init_from copies weights into a graph of the same stage kinds "
+                               "and sizes as the run that wrote them)");
     }
     for (size_t k = 0; k < n(); ++k)
       as_stage(k, 0, [&] { graph->stage(k).parameters_replaced(graph->context(k)); });

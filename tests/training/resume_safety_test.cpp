@@ -65,6 +65,15 @@ TEST(ResumeSafety, AResumeGivenAnotherPresetIsRefusedWithTheDifferences) {
       << o.text;
   EXPECT_NE(o.text.find("core.d_model: 16 -> "), std::string::npos) << o.text;
   EXPECT_NE(o.text.find("replays.synthetic: 6 -> "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("--set run.init_from=" + dir), std::string::npos) << o.text;
+  // A graph of another core: its weights cannot start it, so init_from is not offered.
+  Output gru = run_cli("run --resume " + dir + " --preset cpu_quick_gru --set run.steps=4");
+  EXPECT_EQ(gru.status, 2) << gru.text;
+  EXPECT_NE(gru.text.find("core.kind: mamba -> gru"), std::string::npos) << gru.text;
+  EXPECT_NE(gru.text.find("start a new run of cpu_quick_gru (its stages are of other kinds"),
+            std::string::npos)
+      << gru.text;
+  EXPECT_EQ(gru.text.find("run.init_from"), std::string::npos) << gru.text;
   EXPECT_EQ(read(fs::path(dir) / "config.yaml"), config);
   EXPECT_FALSE(fs::exists(fs::path(dir) / "config.previous.yaml"));
   Output same =

@@ -1,5 +1,6 @@
 // `slipstream run`, `slipstream devices`, `slipstream doctor`.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 
 #include <filesystem>
 #include <iostream>
@@ -64,10 +65,19 @@ int run_command(const RunArgs& a) {
                   << ": refused, it is not the graph the run trains (" << recorded << " -> "
                   << target << "):\n";
         for (const auto& d : diffs) std::cerr << "  " << d << "\n";
+        // Weights go into a graph of the same stage kinds only (another core has other tensors).
+        const bool other_kinds = std::any_of(diffs.begin(), diffs.end(), [](const std::string& d) {
+          return d.find(".kind: ") != std::string::npos;
+        });
         std::cerr << "A resume continues the run as configured: drop "
                   << (a.config.empty() ? "--preset" : "--config")
-                  << " (the run's config.yaml is used) and change single settings with --set, or "
-                  << "train a new run from these weights: --set run.init_from=" << a.resume << "\n";
+                  << " (the run's config.yaml is used) and change single settings with --set, or ";
+        if (other_kinds)
+          std::cerr << "start a new run of " << target
+                    << " (its stages are of other kinds, so these weights cannot start it)\n";
+        else
+          std::cerr << "train a new run from these weights: --set run.init_from=" << a.resume
+                    << "\n";
         return kExitConfig;
       }
     }
