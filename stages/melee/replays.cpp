@@ -811,17 +811,28 @@ void ReplaysStage::save(StateWriter& w) const {
   // The position is the runner's batch index; the fingerprint detects a changed data set.
   w.text("fingerprint", fingerprint_);
   w.integer("windows", static_cast<int64_t>(windows_.size()));
+  w.integer("batch_size", batch_);
 }
 
 void ReplaysStage::load(StateReader& r) {
   load_warning_.clear();
-  if (r.has("fingerprint") && r.text("fingerprint") != fingerprint_)
-    load_warning_ =
-        "warning: the replays, split or window settings differ from the checkpoint's "
-        "(windows: " +
-        (r.has("windows") ? std::to_string(r.integer("windows")) : "?") + " then, " +
-        std::to_string(windows_.size()) +
-        " now); batches after the resume point will not match the original run";
+  if (!r.has("fingerprint") || r.text("fingerprint") == fingerprint_) return;
+  // What changed, where the checkpoint says: the windows (the games, their split, the window
+  // settings) and the batch size; else the games themselves (same count, others).
+  std::string what;
+  auto differs = [&](const char* key, int64_t now) {
+    if (!r.has(key) || r.integer(key) == now) return;
+    what += (what.empty() ? "" : ", ") + std::string(key) + ": " + std::to_string(r.integer(key)) +
+            " then, " + std::to_string(now) + " now";
+  };
+  differs("windows", static_cast<int64_t>(windows_.size()));
+  differs("batch_size", batch_);
+  if (what.empty()) what = "the same number of windows, from other games or another order";
+  load_warning_ =
+      "warning: the replays, split, window or batch settings differ from the "
+      "checkpoint's (" +
+      what + "); batches after the resume point will not match the original run" +
+      (streams_ ? ", and the rows' carried state starts again from zero" : "");
 }
 
 // The splits file is written here, once the run has started (a resume that fails to load its

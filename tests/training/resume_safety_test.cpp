@@ -82,6 +82,18 @@ TEST(ResumeSafety, AResumeGivenAnotherPresetIsRefusedWithTheDifferences) {
   EXPECT_NE(same.text.find("done: 3 steps"), std::string::npos) << same.text;
 }
 
+// A resume with another batch size goes on, warning with what changed (it named the windows'
+// count alone, unchanged, so the warning read as if nothing had).
+TEST(ResumeSafety, AResumeWithAnotherBatchSizeSaysWhatChanged) {
+  TempDir d;
+  const std::string dir = first_run(d, 2);
+  Output o = run_cli("run --resume " + dir + " --set replays.batch_size=2 --set run.steps=3");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("settings differ from the checkpoint's (batch_size: "), std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find(" then, 2 now)"), std::string::npos) << o.text;
+}
+
 // `--resume RUN --set core.d_model=32`: the checkpoint's shapes do not fit; the error says so,
 // and config.yaml, metrics.jsonl and the checkpoints are as they were: a plain resume and eval
 // still work.
