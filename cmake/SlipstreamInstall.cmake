@@ -26,6 +26,7 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/stages/nn/ DESTINATION ${SLIPSTREAM_SDK_IN
         COMPONENT sdk FILES_MATCHING PATTERN "*.h")
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/stages/ops/ DESTINATION ${SLIPSTREAM_SDK_INCLUDE}/stages/ops
         COMPONENT sdk FILES_MATCHING PATTERN "*.h")
+install(FILES ${CMAKE_BINARY_DIR}/generated/sdk/engine/sdk_abi.h DESTINATION ${SLIPSTREAM_SDK_INCLUDE}/engine COMPONENT sdk)
 
 # What the headers were compiled with; a plugin must see the same (slipstreamConfig.cmake.in).
 if(SLIPSTREAM_HAS_CUDA)

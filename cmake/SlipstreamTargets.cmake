@@ -46,9 +46,10 @@ include(GoogleTest)
 function(slipstream_add_test_plugin name source)
   add_library(${name} MODULE ${source})
   slipstream_warnings(${name})
-  target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR})
+  target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR} ${CMAKE_BINARY_DIR}/generated/sdk)
   target_link_libraries(${name} PRIVATE TBB::tbb yaml-cpp nlohmann_json::nlohmann_json)
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/lib)
+  add_dependencies(${name} slipstream_sdk_abi)
 endfunction()
 
 # slipstream_emulated_library(NAME CU_SOURCES a_cuda.cu ... SOURCES x.cpp ... LIBS ...): the CUDA

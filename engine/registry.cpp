@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -24,9 +25,10 @@ struct RegistryData {
   std::recursive_mutex loading;
   bool plugin_loading = false;
   std::vector<std::string> duplicates;
-  std::set<std::string> loaded_now;            // the kinds the loading plugin registered so far
-  std::vector<std::string> twice;              // kinds the loading plugin itself registers twice
-  std::vector<std::string> thrown;             // what its schema() calls threw
+  std::set<std::string> loaded_now;  // the kinds the loading plugin registered so far
+  std::vector<std::string> twice;    // kinds the loading plugin itself registers twice
+  std::vector<std::string> thrown;   // what its schema() calls threw
+  std::string other_sdk;  // the SLIPSTREAM_SDK_ABI it was built with, when not this one's
   std::map<std::string, std::string> refused;  // plugin path -> the error its load gave
   std::map<std::string, std::string, std::less<>> plugin_of;  // kind -> the plugin it came from
 };
@@ -52,7 +54,16 @@ bool StageRegistry::add(StageSchema schema) {
   return true;
 }
 
-bool StageRegistry::add_kind(StageSchema (*make)(), Stage* (*factory)()) {
+bool StageRegistry::add_kind(StageSchema (*make)(), Stage* (*factory)(), const char* sdk_abi) {
+  if (std::strcmp(sdk_abi, SLIPSTREAM_SDK_ABI) != 0) {
+    auto& d = data();
+    std::lock_guard lock(d.mu);
+    if (!d.plugin_loading)
+      throw std::runtime_error(std::string("a stage built against other slipstream headers (") +
+                               sdk_abi + ", this one's " + SLIPSTREAM_SDK_ABI + ")");
+    d.other_sdk = sdk_abi;
+    return false;
+  }
   try {
     StageSchema s = make();
     s.factory = factory;
@@ -120,6 +131,7 @@ void StageRegistry::load_plugin(const std::string& path) {
   bool outer_loading = false;
   // A plugin loading this one: what its own load noted so far, kept.
   std::vector<std::string> outer_duplicates, outer_twice, outer_thrown;
+  std::string outer_sdk;
   std::set<std::string> outer_loaded;
   size_t kinds_before = 0;
   {
@@ -128,6 +140,7 @@ void StageRegistry::load_plugin(const std::string& path) {
     outer_duplicates = std::exchange(d.duplicates, {});
     outer_twice = std::exchange(d.twice, {});
     outer_thrown = std::exchange(d.thrown, {});
+    outer_sdk = std::exchange(d.other_sdk, {});
     outer_loaded = std::exchange(d.loaded_now, {});
     kinds_before = d.kinds.size();
   }
@@ -137,6 +150,7 @@ void StageRegistry::load_plugin(const std::string& path) {
   const std::vector<std::string> duplicates = std::exchange(d.duplicates, outer_duplicates);
   const std::vector<std::string> twice = std::exchange(d.twice, outer_twice);
   const std::vector<std::string> thrown = std::exchange(d.thrown, outer_thrown);
+  const std::string other_sdk = std::exchange(d.other_sdk, outer_sdk);
   for (const std::string& kind : d.loaded_now) d.plugin_of.emplace(kind, canonical);
   d.loaded_now = std::move(outer_loaded);
   if (!handle) {
@@ -154,6 +168,11 @@ void StageRegistry::load_plugin(const std::string& path) {
     for (const auto& k : kinds) out += (out.empty() ? "'" : ", '") + k + "'";
     return out;
   };
+  if (!other_sdk.empty())
+    refuse("plugin '" + path + "' was built against other slipstream headers (SDK " + other_sdk +
+           "; this slipstream's: " + SLIPSTREAM_SDK_ABI +
+           "): rebuild it against the headers of the slipstream that loads it (`cmake --install "
+           "BUILD --component sdk`, or the build tree's own)");
   if (!thrown.empty())
     refuse("plugin '" + path +
            "': a stage's schema() threw while the plugin loaded: " + thrown.front() +

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/schema.h"
+#include "engine/sdk_abi.h"
 #include "engine/stage.h"
 #include "engine/state_io.h"
 
@@ -18,10 +19,12 @@ class StageRegistry {
   // loads: there (a static initialiser, where an exception would end the process) it is noted,
   // and load_plugin throws it, naming the plugin and the kind; the kind registered first stays.
   static bool add(StageSchema schema);
-  // What SLIPSTREAM_REGISTER_STAGE calls: add(make()) with the factory set. A make() that
-  // throws while a plugin loads is noted like a duplicate (load_plugin names the plugin and the
-  // error); elsewhere it throws.
-  static bool add_kind(StageSchema (*make)(), Stage* (*factory)());
+  // What SLIPSTREAM_REGISTER_STAGE calls: add(make()) with the factory set, `sdk_abi` being the
+  // SLIPSTREAM_SDK_ABI the caller was compiled with (engine/sdk_abi.h). A plugin built against
+  // other headers is refused before make() runs (its classes' layouts may differ from this
+  // slipstream's); a make() that throws while a plugin loads is noted like a duplicate
+  // (load_plugin names the plugin and the error); elsewhere both throw.
+  static bool add_kind(StageSchema (*make)(), Stage* (*factory)(), const char* sdk_abi);
   static const StageSchema* find(std::string_view kind);
   static std::vector<const StageSchema*> all();  // sorted by family, then kind
   static std::unique_ptr<Stage> create(std::string_view kind);
@@ -35,7 +38,8 @@ class StageRegistry {
 
 }  // namespace slipstream
 
-#define SLIPSTREAM_REGISTER_STAGE(Class)                                   \
-  [[maybe_unused]] static const bool slipstream_stage_registered_##Class = \
-      ::slipstream::StageRegistry::add_kind(&Class::schema,                \
-                                            []() -> ::slipstream::Stage* { return new Class(); })
+#define SLIPSTREAM_REGISTER_STAGE(Class)                                        \
+  [[maybe_unused]] static const bool slipstream_stage_registered_##Class =      \
+      ::slipstream::StageRegistry::add_kind(                                    \
+          &Class::schema, []() -> ::slipstream::Stage* { return new Class(); }, \
+          SLIPSTREAM_SDK_ABI)

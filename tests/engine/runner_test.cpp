@@ -490,6 +490,10 @@ stages:
   const std::pair<const char*, std::string> faulty[] = {
       {SLIPSTREAM_TEST_PLUGIN_THROWING_SCHEMA,
        "': a stage's schema() threw while the plugin loaded: a schema that cannot be built"},
+      {SLIPSTREAM_TEST_PLUGIN_OTHER_SDK,
+       std::string("' was built against other slipstream headers (SDK 0.0.0+other; this "
+                   "slipstream's: ") +
+           SLIPSTREAM_SDK_ABI + "): rebuild it"},
       {SLIPSTREAM_TEST_PLUGIN_TWICE,
        "' registers stage kind(s) 'plugin_faulty' twice (two of its classes name the same "
        "kind): rename one"}};
