@@ -408,7 +408,17 @@ void load_graph_file(const std::string& path, Config& c) {
     for (const auto& p : pl) {
       std::string name = scalar(p, path, "a plugin");
       auto found = find_relative(name, dir);
-      if (!found) fail(mark_of(p, path), "plugin '" + name + "' not found");
+      if (!found) {
+        // Where it was looked for: beside the graph file, the folder above, the working one.
+        const fs::path a = fs::absolute(dir);
+        fail(mark_of(p, path),
+             "plugin '" + name + "' not found" +
+                 (fs::path(name).is_absolute()
+                      ? std::string()
+                      : " (a relative path is looked for from " + a.string() + ", " +
+                            a.parent_path().string() + " and the working folder " +
+                            fs::current_path().string() + ")"));
+      }
       c.plugins.emplace_back(*found, mark_of(p, path));
     }
   }

@@ -524,6 +524,17 @@ stages:
               std::string::npos)
         << e.what();
   }
+  // A relative one: where it was looked for.
+  try {
+    plan_text(d2, "plugins: [build/libnope.so]\n" + std::string(kChain));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("plugin 'build/libnope.so' not found (a relative path is "
+                                         "looked for from " +
+                                         std::filesystem::absolute(d2.path()).string()),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A stage inside an item longer than the publish interval reads busy while it runs, not idle
