@@ -91,6 +91,15 @@ void StageHarness::setup(const std::map<std::string, Tensor>& inputs) {
       throw std::runtime_error("stage kind '" + ctx_->schema().kind() + "' has no input '" + port +
                                "'" + did_you_mean(port, names));
     }
+    // What the port takes, as a graph's validation holds a producer to it: an i32 tensor read
+    // as f32 would be its bits as floats.
+    if ((spec->dtype && t.dtype() != *spec->dtype) ||
+        (spec->rank >= 0 && t.shape().rank() != spec->rank))
+      throw std::runtime_error(
+          "stage kind '" + ctx_->schema().kind() + "': input '" + port + "' is " + t.describe() +
+          ", and the port takes " +
+          (spec->dtype ? std::string(dtype_name(*spec->dtype)) : std::string("any dtype")) + ", " +
+          (spec->rank < 0 ? "any rank" : "rank " + std::to_string(spec->rank)));
     auto& slot = plan_.slots[plan_.stages[0].inputs[static_cast<size_t>(spec - ins.data())].slot];
     slot.shape = t.shape();
     slot.dtype = t.dtype();

@@ -153,6 +153,18 @@ TEST(Runner, AStageBreakingItsPortsPromiseIsNamed) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   }
+  // stage run / stage check feed a stage through the harness: a tensor its port does not take
+  // is refused, as a graph's validation refuses its producer.
+  try {
+    StageHarness bad("test_wrong_gradient", {}, "wrong");
+    bad.setup({{"x", Tensor::zeros({2, 3}, DType::i32)}});
+    ADD_FAILURE() << "an i32 tensor went into an f32 port";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x' is i32[2, 3] on cpu, and the port takes f32, "
+                                         "any rank"),
+              std::string::npos)
+        << e.what();
+  }
   StageHarness h("test_wrong_gradient", {}, "wrong");
   h.setup({{"x", Tensor::zeros({2, 3}, DType::f32)}});
   h.forward({{"x", Tensor::zeros({2, 3}, DType::f32)}});
