@@ -72,8 +72,9 @@ TEST(Cli, NewStageWritesCompilingSkeleton) {
   ASSERT_TRUE(std::filesystem::exists(src));
   ASSERT_TRUE(std::filesystem::exists(test));
   // The skeleton compiles against the engine headers.
-  std::string cxx =
-      "c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I" + std::string(SLIPSTREAM_SOURCE_DIR);
+  std::string cxx = "c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I" +
+                    std::string(SLIPSTREAM_SOURCE_DIR) + " -I" +
+                    std::string(SLIPSTREAM_BINARY_DIR) + "/generated/sdk";
   EXPECT_EQ(std::system((cxx + " " + src).c_str()), 0);
   EXPECT_EQ(std::system((cxx + " " + test).c_str()), 0);
   // Refuses to overwrite, and rejects bad names.
