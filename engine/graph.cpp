@@ -194,7 +194,9 @@ std::optional<ParamValue> convert(const YAML::Node& n, ParamType t, std::string&
 }
 
 // Range and choice checks; returns the problem or "".
-std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
+}  // namespace
+
+std::string param_value_problem(const ParamSpec& spec, const ParamValue& v) {
   std::vector<double> nums;
   if (auto* i = std::get_if<int64_t>(&v)) nums.push_back(static_cast<double>(*i));
   if (auto* d = std::get_if<double>(&v)) nums.push_back(*d);
@@ -233,7 +235,7 @@ std::string check_constraints(const ParamSpec& spec, const ParamValue& v) {
   return {};
 }
 
-}  // namespace
+namespace {}  // namespace
 
 // Validates and resolves a set of raw values against a schema's params.
 namespace {
@@ -288,7 +290,7 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
       issues.push_back({cv.mark, prefix + "parameter '" + key + "' " + why});
       continue;
     }
-    std::string bad = word ? std::string() : check_constraints(*spec, *v);
+    std::string bad = word ? std::string() : param_value_problem(*spec, *v);
     if (!bad.empty()) {
       issues.push_back({cv.mark, prefix + bad});
       continue;

@@ -130,18 +130,34 @@ StageSchema& StageSchema::concurrency(int n) {
   concurrency_ = n;
   return *this;
 }
+// A schema that contradicts itself is its author's mistake, said when it registers (a plugin's
+// load is refused naming it): a second port or parameter of one name would shadow the first.
+namespace {
+template <class List>
+void check_new_name(const List& list, const std::string& name, const std::string& kind,
+                    const char* what) {
+  for (const auto& e : list)
+    if (e.name == name)
+      throw std::logic_error("stage kind '" + kind + "' declares " + what + " '" + name +
+                             "' twice");
+}
+}  // namespace
+
 StageSchema& StageSchema::input(std::string name, std::optional<DType> dtype, int rank,
                                 std::string doc) {
+  check_new_name(inputs_, name, kind_, "input");
   inputs_.push_back({std::move(name), dtype, rank, std::move(doc), false});
   return *this;
 }
 StageSchema& StageSchema::optional_input(std::string name, std::optional<DType> dtype, int rank,
                                          std::string doc) {
+  check_new_name(inputs_, name, kind_, "input");
   inputs_.push_back({std::move(name), dtype, rank, std::move(doc), true});
   return *this;
 }
 StageSchema& StageSchema::output(std::string name, std::optional<DType> dtype, int rank,
                                  std::string doc) {
+  check_new_name(outputs_, name, kind_, "output");
   outputs_.push_back({std::move(name), dtype, rank, std::move(doc), false});
   return *this;
 }
@@ -176,6 +192,7 @@ ParamType type_of(const ParamValue& v) {
 }  // namespace
 
 StageSchema& StageSchema::param(std::string name, ParamValue default_value, std::string doc) {
+  check_new_name(params_, name, kind_, "parameter");
   ParamSpec p;
   p.name = std::move(name);
   p.type = type_of(default_value);
@@ -185,6 +202,7 @@ StageSchema& StageSchema::param(std::string name, ParamValue default_value, std:
   return *this;
 }
 StageSchema& StageSchema::required_param(std::string name, ParamType type, std::string doc) {
+  check_new_name(params_, name, kind_, "parameter");
   ParamSpec p;
   p.name = std::move(name);
   p.type = type;
@@ -195,8 +213,16 @@ StageSchema& StageSchema::required_param(std::string name, ParamType type, std::
 }
 StageSchema& StageSchema::range(std::optional<double> min, std::optional<double> max) {
   if (params_.empty()) throw std::logic_error("StageSchema::range before any param");
-  params_.back().min = min;
-  params_.back().max = max;
+  ParamSpec& p = params_.back();
+  if (p.type == ParamType::string || p.type == ParamType::string_list ||
+      p.type == ParamType::boolean)
+    throw std::logic_error("stage kind '" + kind_ + "': range on parameter '" + p.name +
+                           "', which is not a number");
+  p.min = min;
+  p.max = max;
+  if (!p.required)
+    if (std::string bad = param_value_problem(p, p.default_value); !bad.empty())
+      throw std::logic_error("stage kind '" + kind_ + "': the default of " + bad);
   return *this;
 }
 StageSchema& StageSchema::in_older_runs(ParamValue value) {
@@ -206,7 +232,14 @@ StageSchema& StageSchema::in_older_runs(ParamValue value) {
 }
 StageSchema& StageSchema::choices(std::vector<std::string> allowed) {
   if (params_.empty()) throw std::logic_error("StageSchema::choices before any param");
-  params_.back().choices = std::move(allowed);
+  ParamSpec& p = params_.back();
+  if (p.type != ParamType::string && p.type != ParamType::string_list)
+    throw std::logic_error("stage kind '" + kind_ + "': choices on parameter '" + p.name +
+                           "', which is not a string");
+  p.choices = std::move(allowed);
+  if (!p.required)
+    if (std::string bad = param_value_problem(p, p.default_value); !bad.empty())
+      throw std::logic_error("stage kind '" + kind_ + "': the default of " + bad);
   return *this;
 }
 

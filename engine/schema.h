@@ -20,6 +20,10 @@ std::string_view param_type_name(ParamType t);
 using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<std::string>,
                                 std::vector<int64_t>, std::vector<double>>;
 std::string param_value_str(const ParamValue& v);  // YAML flow form: 3, 0.5, "a", [a, b]
+struct ParamSpec;
+// What is wrong with `v` for parameter `spec` (its range, choices and check), or "": what
+// validation reports, and what a schema's own default is held to when it declares them.
+std::string param_value_problem(const ParamSpec& spec, const ParamValue& v);
 
 // What `auto` stands for in a StageSchema::batch_size() parameter until the runner resolves it.
 inline constexpr int64_t kAutoBatchSize = -1;

@@ -577,3 +577,43 @@ TEST(Config, AMarkInACheckpointsGraphSaysItIsThatGraphsLine) {
             "run/checkpoints/step-6/model.safetensors (the graph it carries, line 50 col 7)");
   EXPECT_EQ((SourceMark{"run/config.yaml", 50, 7}.str()), "run/config.yaml:50:7");
 }
+
+// A schema that contradicts itself is refused when it is declared (a plugin's load names it):
+// a range on a string, choices on a number, a default outside its own range or choices, a
+// parameter or port declared twice. Each was accepted, and printed as if it meant something.
+TEST(Config, ASchemaThatContradictsItselfIsRefused) {
+  auto error_of = [](auto&& declare) {
+    try {
+      declare();
+    } catch (const std::logic_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  using S = StageSchema;
+  EXPECT_NE(error_of([] {
+              S("k").param("mode", std::string("a"), "").range(0, 1);
+            }).find("range on parameter 'mode', which is not a number"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              S("k").param("scale", 1.0, "").choices({"x", "y"});
+            }).find("choices on parameter 'scale', which is not a string"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              S("k").param("scale", std::vector<double>{5.0}, "").range(0, 1);
+            }).find("the default of parameter 'scale' = [5.0] is out of range [0.0, 1.0]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              S("k").param("mode", std::string("z"), "").choices({"x", "y"});
+            }).find("the default of parameter 'mode' = 'z' is not one of {x, y}"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              S("k").param("a", 1.0, "").param("a", 2.0, "");
+            }).find("stage kind 'k' declares parameter 'a' twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              S("k").input("x", DType::f32, -1, "").input("x", DType::f32, -1, "");
+            }).find("declares input 'x' twice"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { S("k").param("n", int64_t{3}, "").range(1, 8); }), "(accepted)");
+}
