@@ -1,5 +1,7 @@
 #include "engine/registry.h"
 
+#include "engine/sdk_abi.h"
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -55,7 +57,7 @@ bool StageRegistry::add(StageSchema schema) {
 }
 
 bool StageRegistry::add_kind(StageSchema (*make)(), Stage* (*factory)(), const char* sdk_abi) {
-  if (std::strcmp(sdk_abi, SLIPSTREAM_SDK_ABI) != 0) {
+  if (sdk_abi && std::strcmp(sdk_abi, SLIPSTREAM_SDK_ABI) != 0) {
     auto& d = data();
     std::lock_guard lock(d.mu);
     if (!d.plugin_loading)

@@ -7,7 +7,14 @@
 #include <vector>
 
 #include "engine/schema.h"
+// A plugin's registrations carry the fingerprint of the headers it was compiled with; code
+// built into the program (SLIPSTREAM_IN_TREE) has none to compare.
+#ifdef SLIPSTREAM_IN_TREE
+#define SLIPSTREAM_REGISTRATION_ABI nullptr
+#else
 #include "engine/sdk_abi.h"
+#define SLIPSTREAM_REGISTRATION_ABI SLIPSTREAM_SDK_ABI
+#endif
 #include "engine/stage.h"
 #include "engine/state_io.h"
 
@@ -20,10 +27,10 @@ class StageRegistry {
   // and load_plugin throws it, naming the plugin and the kind; the kind registered first stays.
   static bool add(StageSchema schema);
   // What SLIPSTREAM_REGISTER_STAGE calls: add(make()) with the factory set, `sdk_abi` being the
-  // SLIPSTREAM_SDK_ABI the caller was compiled with (engine/sdk_abi.h). A plugin built against
-  // other headers is refused before make() runs (its classes' layouts may differ from this
-  // slipstream's); a make() that throws while a plugin loads is noted like a duplicate
-  // (load_plugin names the plugin and the error); elsewhere both throw.
+  // SLIPSTREAM_SDK_ABI a plugin was compiled with (engine/sdk_abi.h; null: built into the
+  // program). A plugin built against other headers is refused before make() runs (its classes'
+  // layouts may differ from this slipstream's); a make() that throws while a plugin loads is
+  // noted like a duplicate (load_plugin names the plugin and the error); elsewhere it throws.
   static bool add_kind(StageSchema (*make)(), Stage* (*factory)(), const char* sdk_abi);
   static const StageSchema* find(std::string_view kind);
   static std::vector<const StageSchema*> all();  // sorted by family, then kind
@@ -42,4 +49,4 @@ class StageRegistry {
   [[maybe_unused]] static const bool slipstream_stage_registered_##Class =      \
       ::slipstream::StageRegistry::add_kind(                                    \
           &Class::schema, []() -> ::slipstream::Stage* { return new Class(); }, \
-          SLIPSTREAM_SDK_ABI)
+          SLIPSTREAM_REGISTRATION_ABI)

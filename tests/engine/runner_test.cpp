@@ -14,6 +14,7 @@
 #include "engine/launch.h"
 #include "engine/registry.h"
 #include "engine/runner.h"
+#include "engine/sdk_abi.h"
 #include "engine/stage_harness.h"
 #include "engine/stats_record.h"
 #include "engine/step_benchmark.h"
