@@ -158,6 +158,7 @@ Outcome process_entry(const FeatureCorpus& c, size_t index, const Filters& f, bo
   if (o.game && resident) {
     try {
       o.game = c.load(index);
+      o.game->same_game = o.same_game;  // the record's facts, as check_features set them
     } catch (const std::bad_alloc&) {
       throw;
     } catch (const std::exception& e) {  // a byte flipped on disk: this game alone, named

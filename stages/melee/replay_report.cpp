@@ -81,7 +81,8 @@ std::string splits_json(const ReplayDataset& ds, const std::vector<uint32_t>& tr
   splits["validation"] = nlohmann::json::array();
   for (uint32_t g : train) {
     splits["train"].push_back(ds.games[g].source);
-    splits["train_games"].push_back(same_game_text(ds.games[g].same_game));
+    if (ds.games[g].same_game)  // 0: not known
+      splits["train_games"].push_back(same_game_text(ds.games[g].same_game));
   }
   if (pinned)
     for (const GameFeatures& g : pinned->games) splits["validation"].push_back(g.source);

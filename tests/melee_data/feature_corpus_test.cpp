@@ -115,6 +115,10 @@ TEST(FeatureCorpus, GivesTheBatchesParsingGives) {
     Loader direct(with(synth_dir()), 9, 2), stored(with(feature_dir()), 9, 2);
     ASSERT_EQ(direct.stage().windows(), stored.stage().windows()) << common[1];
     ASSERT_EQ(direct.stage().skipped(), stored.stage().skipped()) << common[1];
+    // The same games by their same-game keys too (eval's held-out check reads them from the
+    // splits file: a run on the corpus, scored on the .slp files, must find its games).
+    EXPECT_EQ(direct.stage().same_games(), stored.stage().same_games()) << common[1];
+    for (const uint64_t key : stored.stage().same_games()) EXPECT_NE(key, 0u);
     for (uint64_t k : std::vector<uint64_t>{0, 1, direct.stage().batches_per_epoch() + 1})
       EXPECT_TRUE(same_batch(direct.batch(k), stored.batch(k))) << "batch " << k;
     Loader vd(with(synth_dir()), 9, 1, true), vs(with(feature_dir()), 9, 1, true);
