@@ -108,7 +108,10 @@ int eval_command(const EvalArgs& a) {
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
     ReplaySelection sel{a.replays, a.port, "eval", {}};
-    if (a.whole_games) sel.loader = {{"rows", YAML::Node("streams")}, {"stride", YAML::Node(0)}};
+    if (a.whole_games)
+      sel.loader = {{"rows", YAML::Node("streams")},
+                    {"stride", YAML::Node(0)},
+                    {"validation_rows", YAML::Node("whole_games")}};
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
     for (const PlannedStage& s : plan.stages)
       if (s.schema->kind() == "slippi_replays") perspectives = s.params.string("perspectives");

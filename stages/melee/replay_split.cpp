@@ -176,7 +176,7 @@ std::vector<uint32_t> WindowOrder::pool_games(Pool p) const {
   return out;
 }
 
-void WindowOrder::set_streams(std::vector<uint64_t> first) {
+void WindowOrder::set_streams(std::vector<uint64_t> first, bool whole_games) {
   if (first.empty() || first.back() != windows_)
     throw std::logic_error("WindowOrder::set_streams: the offsets must end at the windows' count");
   first_ = std::move(first);
@@ -184,7 +184,7 @@ void WindowOrder::set_streams(std::vector<uint64_t> first) {
   row_perspectives_.clear();
   row_starts_.clear();
   row_batches_ = 0;
-  if (!validation_) return;
+  if (!validation_ || !whole_games) return;
   // Whole perspectives to rows, longest-row-last: each to the row with the fewest windows so
   // far (the lowest such row), in the order the stretches read them before.
   const uint64_t n = first_.size() - 1;
@@ -208,7 +208,7 @@ void WindowOrder::set_streams(std::vector<uint64_t> first) {
 
 size_t WindowOrder::stream_window_at(uint64_t k, uint64_t r, bool* continues) const {
   if (continues) *continues = false;
-  if (validation_) {
+  if (!row_starts_.empty()) {
     if (r >= row_starts_.size() || k >= row_starts_[r].back()) return kPadding;
     const std::vector<uint64_t>& starts = row_starts_[r];
     const size_t i =
@@ -217,8 +217,9 @@ size_t WindowOrder::stream_window_at(uint64_t k, uint64_t r, bool* continues) co
     if (continues) *continues = within > 0;
     return static_cast<size_t>(first_[row_perspectives_[r][i]] + within);
   }
-  const uint64_t j = k % batches_per_epoch_;
-  const uint64_t pos = (rank_ * batch_ + r) * batches_per_epoch_ + j;
+  const uint64_t j = validation_ ? k : k % batches_per_epoch_;
+  const uint64_t stretch = validation_ ? (windows_ + batch_ - 1) / batch_ : batches_per_epoch_;
+  const uint64_t pos = (rank_ * batch_ + r) * stretch + j;
   if (pos >= windows_) return kPadding;
   const uint64_t epoch = epoch_of(k);
   if (stream_epoch_ != static_cast<int64_t>(epoch)) {

@@ -52,10 +52,11 @@ GameSplit split_games(const ReplayDataset& ds, const ReplayDataset* pinned, bool
 // fixed order; none without shuffle), each one's windows in time order, and cuts that sequence
 // into world·B equal stretches: global row g (rank·B + r) reads position g·P + j of it at the
 // epoch's batch j, P = batches_per_epoch. The windows past world·B·P are left out of the epoch
-// (another tail each epoch). Validation gives each row whole perspectives instead (each, in the
-// fixed order, to the row with the fewest windows so far), padded at the end: every
-// perspective starts at its first window from zero state and its state is carried to its last
-// (eval --whole-games), whatever B; validation_stream_batches() long.
+// (another tail each epoch); validation's stretches are ceil(windows / B) long, padded. With
+// whole_games (eval --whole-games), validation gives each row whole perspectives instead (each,
+// in the fixed order, to the row with the fewest windows so far), padded at the end: every
+// perspective starts at its first window from zero state and its state is carried to its last,
+// whatever B; validation_stream_batches() long.
 class WindowOrder {
  public:
   static constexpr size_t kPadding = static_cast<size_t>(-1);
@@ -64,9 +65,10 @@ class WindowOrder {
              bool shuffle, bool keyed, uint64_t seed, uint64_t rank, uint64_t world);
   // Streams, after reset: `first[p]` is perspective p's first window and first.back() the number
   // of windows (the windows grouped by perspective, each group in time order).
-  void set_streams(std::vector<uint64_t> first);
+  void set_streams(std::vector<uint64_t> first, bool whole_games = false);
   bool streams() const { return !first_.empty(); }
-  // Validation streams: the batches that hold every row's perspectives (the longest row).
+  // Validation streams of whole games: the batches that hold every row's perspectives (the
+  // longest row).
   uint64_t validation_stream_batches() const { return row_batches_; }
   // Pools, after reset: `game_first[g]` is game g's first window, game_first.back() the count.
   void set_pools(std::vector<uint64_t> game_first, uint64_t pool);

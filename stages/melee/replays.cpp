@@ -187,6 +187,13 @@ StageSchema ReplaysStage::schema() {
              "says which rows go on (a model with it connected carries its state across "
              "batches); needs stride = window")
       .choices({"shuffled", "streams"})
+      .param("validation_rows", std::string("stretches"),
+             "validation under rows: streams: stretches, the games' windows end to end cut into "
+             "batch_size equal stretches (a stretch may start inside a game, from zero state); "
+             "whole_games, each row whole games from their first window to their last (what "
+             "eval --whole-games reads: every game scored with its state carried; batch_size at "
+             "most the number of games' perspectives)")
+      .choices({"stretches", "whole_games"})
       .param("shuffle_order", std::string("keyed"),
              "keyed: each position's window computed from (seed, epoch) — no table, any number of "
              "windows, nothing built at an epoch's start; table: the epoch's permutation as a "
@@ -485,7 +492,7 @@ void ReplaysStage::set_order() {
     first.push_back(windows_.size());
     order_.set_pools(std::move(first), pool_games());
   }
-  if (streams_) order_.set_streams(by_perspective);
+  if (streams_) order_.set_streams(by_perspective, whole_games_);
 }
 
 void ReplaysStage::setup(StageContext& ctx) {
@@ -555,6 +562,14 @@ void ReplaysStage::setup(StageContext& ctx) {
   split_games_ = std::move(split.games[mine]);
   windows_ = WindowIndex(ds.games, perspectives_, static_cast<int>(window_), stride,
                          static_cast<int>(delay_));
+  whole_games_ = validation_ && streams_ && p.string("validation_rows") == "whole_games";
+  if (whole_games_) {
+    // A row a perspective at most: rows past them would be padding for the whole pass.
+    const std::vector<uint64_t>& first = windows_.first();
+    int64_t with_windows = 0;
+    for (size_t i = 0; i + 1 < first.size(); ++i) with_windows += first[i + 1] > first[i];
+    batch_ = std::max<int64_t>(1, std::min(batch_, with_windows));
+  }
 
   const uint64_t B = static_cast<uint64_t>(batch_);
   count_batches(ctx, by_games, who);
@@ -615,8 +630,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   if (streams_) ctx.run().rows_continue = true;
   set_order();
   // Validation's rows hold whole perspectives: as many batches as its longest row.
-  if (validation_ && streams_)
-    batches_per_epoch_ = total_batches_ = order_.validation_stream_batches();
+  if (whole_games_) batches_per_epoch_ = total_batches_ = order_.validation_stream_batches();
   if (!ds.resident) read_on_demand(ctx, by_games);
 }
 

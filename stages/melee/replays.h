@@ -104,8 +104,9 @@ class ReplaysStage : public Stage {
   std::optional<StageContext::Split> forced_split_;
   bool validation_ = false;
   bool shuffle_ = true;
-  bool streams_ = false;     // rows: streams (WindowOrder::set_streams)
-  bool keyed_order_ = true;  // shuffle_order: keyed (KeyedPermutation) or table
+  bool streams_ = false;      // rows: streams (WindowOrder::set_streams)
+  bool whole_games_ = false;  // validation_rows: whole_games, on a validation copy of streams
+  bool keyed_order_ = true;   // shuffle_order: keyed (KeyedPermutation) or table
   int64_t batch_ = 256, window_ = 60, delay_ = 0, stride_ = 5;
   int64_t epochs_ = 1;
   uint64_t seed_ = 0;

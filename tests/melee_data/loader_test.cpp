@@ -466,23 +466,50 @@ TEST(Loader, StreamsNeedAbuttingWindows) {
   }
 }
 
-// Validation under streams: one pass, every window once, rows padded at the end; each row
-// holds whole perspectives, each from its first window (continues 0) to its last, so a model
-// carries its state through every game whatever the batch size (eval --whole-games: before,
-// the sequence was cut into B equal stretches, starting from zero state inside games).
+// Validation under streams: one pass, every window once, rows padded at the end.
 TEST(Loader, StreamsValidationCoversEveryWindowOnce) {
-  for (const int B : {1, 3, 7}) {
+  const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=7",
+                                      "window=20",           "stride=20",
+                                      "rows=streams",        "validation_fraction=0.3"};
+  Loader V(o, 1, 1, true);
+  const uint64_t n = V.stage().windows(), batches = V.stage().total_batches();
+  EXPECT_EQ(batches, (n + 6) / 7);
+  std::set<std::tuple<std::string, int, uint32_t>> seen;
+  size_t real = 0;
+  for (uint64_t k = 0; k < batches; ++k)
+    for (int r = 0; r < 7; ++r) {
+      const auto w = V.stage().window(k, r);
+      if (w.padding) continue;
+      ++real;
+      seen.emplace(w.source, w.player_port, w.start);
+    }
+  EXPECT_EQ(real, n);
+  EXPECT_EQ(seen.size(), n);
+}
+
+// validation_rows: whole_games (eval --whole-games): every window once, each row holding whole
+// perspectives, each from its first window (continues 0) to its last, so a model carries its
+// state through every game whatever the batch size (the stretches above start some rows inside
+// a game, from zero state); at most a row a perspective (a larger batch_size is lowered).
+TEST(Loader, WholeGamesValidationGivesEachRowWholeGames) {
+  for (const int B : {1, 3, 64}) {
     SCOPED_TRACE(B);
-    const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=" + std::to_string(B),
-                                        "window=20",           "stride=20",
-                                        "rows=streams",        "validation_fraction=0.3"};
+    const std::vector<std::string> o = {paths_of(synth_dir()),
+                                        "batch_size=" + std::to_string(B),
+                                        "window=20",
+                                        "stride=20",
+                                        "rows=streams",
+                                        "validation_rows=whole_games",
+                                        "validation_fraction=0.3"};
     Loader V(o, 1, 1, true);
     const uint64_t n = V.stage().windows(), batches = V.stage().total_batches();
     EXPECT_GE(batches, (n + B - 1) / B);
+    const int rows = static_cast<int>(V.batch(0).at("mask").dim(0));
+    EXPECT_LE(rows, B);
     std::set<std::tuple<std::string, int, uint32_t>> seen;
     std::set<std::pair<std::string, int>> started;
     size_t real = 0;
-    for (int r = 0; r < B; ++r) {
+    for (int r = 0; r < rows; ++r) {
       std::optional<std::tuple<std::string, int, uint32_t>> before;
       for (uint64_t k = 0; k < batches; ++k) {
         const auto w = V.stage().window(k, r);
