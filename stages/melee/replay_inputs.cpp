@@ -115,17 +115,44 @@ std::string describe_empty_paths(const std::vector<std::string>& paths) {
   return out;
 }
 
+namespace {
+
+// Whether a folder holds a .slp file somewhere below it (symlinked folders not followed, as
+// the loader's scan); stops at the first, so a large tree costs little here.
+bool folder_holds_slp(const fs::path& dir) {
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec),
+       end;
+       !ec && it != end; it.increment(ec))
+    if (it->path().extension() == ".slp" && !it->is_directory(ec)) return true;
+  return false;
+}
+
+// Whether path `p` gives the loader anything: a corpus, a file named, a folder with a .slp
+// file below it, or a glob that matches one of those.
+bool holds_replays(const std::string& p) {
+  std::error_code ec;
+  if (p.find_first_of("*?[") != std::string::npos) return !holds_nothing(resolve_inputs({p}));
+  if (!fs::is_directory(p, ec)) return fs::exists(p, ec);
+  return is_corpus(p) || is_feature_corpus(p) || folder_holds_slp(p);
+}
+
+}  // namespace
+
 std::string check_paths_hold_replays(const std::string& param,
                                      const std::vector<std::string>& paths) {
-  std::vector<std::string> empty;
+  // Only when none of them holds a replay: one empty folder among others (an inbox not filled
+  // yet) is not a mistake to stop a run for.
+  std::vector<std::string> given;
   for (const std::string& p : paths) {
     std::error_code ec;
     const bool glob = p.find_first_of("*?[") != std::string::npos;
     if (p.empty() || (!glob && !fs::exists(p, ec))) continue;  // must_exist's to name
-    if (holds_nothing(resolve_inputs({p}))) empty.push_back(p);
+    if (holds_replays(p)) return {};
+    given.push_back(p);
   }
-  if (empty.empty()) return {};
-  return "parameter '" + param + "': no replays in " + describe_empty_paths(empty) +
+  if (given.empty()) return {};
+  return "parameter '" + param + "': no replays in " + describe_empty_paths(given) +
          "; point it at .slp files, folders, globs or a corpus";
 }
 

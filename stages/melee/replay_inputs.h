@@ -29,9 +29,10 @@ inline bool holds_nothing(const Inputs& in) {
 Inputs resolve_inputs(const std::vector<std::string>& paths);
 // What each of `paths` (which together hold no replays) is, for the error that says so.
 std::string describe_empty_paths(const std::vector<std::string>& paths);
-// The validation check of a `paths` parameter: "" when each path that exists holds replays
-// (what is missing, must_exist names), else the parameter's error naming every path that holds
-// none and what it is — at `slipstream validate`, not when a run's setup finds the set empty.
+// The validation check of a `paths` parameter: "" when any path that exists holds replays (what
+// is missing, must_exist names), else the parameter's error naming every path and what it is —
+// at `slipstream validate`, not when a run's setup finds the set empty. A folder is walked
+// only to its first .slp file.
 std::string check_paths_hold_replays(const std::string& param,
                                      const std::vector<std::string>& paths);
 // The folder holding `games` synthetic games for `seed` under `root`, written when absent

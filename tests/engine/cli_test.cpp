@@ -1,6 +1,8 @@
 // The `slipstream` command: exit codes and messages of validate/stages/new-stage/devices.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
+#include <fstream>
 
 #include <array>
 #include <cstdio>
@@ -191,6 +193,12 @@ TEST(Cli, ValidateCatchesMalformedListsAndMissingPaths) {
                            "/*.slp (matches no .slp file)"),
             std::string::npos)
       << none.text;
+  // One empty folder beside one that holds a replay is not an error.
+  std::filesystem::create_directories(empty.path() + "/full/deep");
+  { std::ofstream(empty.path() + "/full/deep/a.slp") << "x"; }
+  Output some = run_cli("validate cpu_quick --set 'replays.paths=[" + empty.path() + "/folder, " +
+                        empty.path() + "/full]'");
+  EXPECT_EQ(some.status, 0) << some.text;
   // Filter names are resolved at validation, not when the run starts.
   Output name = run_cli("validate cpu_quick --set 'replays.characters=[fox, foxx]'");
   EXPECT_EQ(name.status, 2) << name.text;
