@@ -13,6 +13,7 @@
 #include "engine/atomic_file.h"
 #include "engine/config_diff.h"
 #include "engine/graph.h"
+#include "engine/memory_pool.h"
 #include "engine/safetensors.h"
 #include "engine/state_io.h"
 
@@ -27,27 +28,35 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   fs::create_directories(tmp);
   std::map<std::string, Tensor> weights, state;
   std::map<std::string, std::string> meta;
+  // A stage whose state cannot be taken is the one to look at (the checkpoint stage that asked
+  // reports it); nothing was written yet, and the empty folder goes too. Out of memory keeps
+  // its type (callers tell memory apart).
+  const auto discard = [&tmp] {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  };
   for (size_t k = 0; k < graph.stages.size(); ++k) {
     const std::string& name = graph.stages[k].name;
+    const std::string who = "stage '" + name + "' (" + graph.stages[k].schema->kind() + ")";
     try {
       for (Parameter* p : graph.instances[k]->parameters())
         weights[name + "." + p->name] = p->value.to(Device::cpu(), "checkpoint weight");
       StateWriter w(state, meta, name);
       graph.instances[k]->save(w);
+    } catch (const OutOfMemoryError&) {
+      discard();
+      throw;
+    } catch (const std::bad_alloc&) {
+      discard();
+      throw;
     } catch (const std::exception& e) {
-      // The stage whose state could not be taken is the one to look at (the checkpoint stage
-      // that asked reports it); nothing was written yet, and the empty folder goes too.
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      throw std::runtime_error("stage '" + name + "' (" + graph.stages[k].schema->kind() +
-                               "): saving its state: " + e.what());
+      discard();
+      throw std::runtime_error(who + ": saving its state: " + e.what());
     } catch (const abi::__forced_unwind&) {
       throw;
     } catch (...) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      throw std::runtime_error("stage '" + name + "' (" + graph.stages[k].schema->kind() +
-                               "): saving its state: it " + kNotAStdException);
+      discard();
+      throw std::runtime_error(who + ": saving its state: it " + kNotAStdException);
     }
   }
   meta["run.step"] = std::to_string(run.step);

@@ -107,10 +107,11 @@ void StageContext::set_output(Batch& b, std::string_view port, Tensor t) const {
     std::string promised;
     if (slot.declared) {
       // The leading (batch, window) sizes may differ from setup's (a policy's games a call, a
-      // stage run on another shape); the width of a row of features may not.
+      // stage run on another shape); the width of a row of features (the last dimension of a
+      // tensor of rank 3 or more: (B, W) tensors have no such width) may not.
       const int r = slot.shape.rank();
       const bool same = t.dtype() == slot.dtype && t.shape().rank() == r &&
-                        (r < 2 || slot.shape[r - 1] < 0 || slot.shape[r - 1] == t.shape()[r - 1]);
+                        (r < 3 || slot.shape[r - 1] < 0 || slot.shape[r - 1] == t.shape()[r - 1]);
       if (!same)
         promised = std::string(dtype_name(slot.dtype)) + slot.shape.str() + " declared at setup";
     } else if ((spec.dtype && t.dtype() != *spec.dtype) ||

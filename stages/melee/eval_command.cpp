@@ -113,12 +113,16 @@ int eval_command(const EvalArgs& a) {
                     {"stride", YAML::Node(0)},
                     {"validation_rows", YAML::Node("whole_games")}};
     plan = plan_graph(config_for_replays(where.graph_file, sets, sel));
+    // "all" for every player (the loader's "both"), as the report has always said.
     for (const PlannedStage& s : plan.stages)
       if (s.schema->kind() == "slippi_replays") perspectives = s.params.string("perspectives");
+    if (perspectives == "both") perspectives = "all";
     if (a.whole_games) {
       // Whole games carry the state from window to window through `continues`: a graph whose
-      // model does not read it would score every window from zero state under that name.
+      // model (a stage carrying a state, Streaming::recurrent) does not read it would score
+      // every window from zero state under that name.
       for (const PlannedStage& s : plan.stages) {
+        if (s.schema->streaming_kind() != Streaming::recurrent) continue;
         const auto& ports = s.schema->inputs();
         for (size_t i = 0; i < ports.size(); ++i)
           if (ports[i].name == "continues" && s.inputs[i].slot < 0) {

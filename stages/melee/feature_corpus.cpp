@@ -224,6 +224,7 @@ Extracted extract_item(const BuildItem& it, const Inputs& in,
       x.source_bytes = bytes.size();
     } else {
       const slp::Corpus& c = corpora[static_cast<size_t>(it.corpus)];
+      name = (c.dir() / ("game " + std::to_string(it.index))).string();  // until it is read
       const slp::CorpusGame game = c.game(it.index);
       name = (c.dir() / fs::path(game.view().info.source).filename()).string();
       x = extract_one(game.view(), name, o, cctx.get());

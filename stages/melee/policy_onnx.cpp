@@ -42,22 +42,30 @@ const PlannedStage& only_stage(const GraphPlan& plan, const std::vector<std::str
 }
 
 // The model the export writes is melee_embedding -> mamba | gru -> controller_heads, wired so:
-// any other stage before the loss (a plugin's, a second core) would be left out of the ONNX
-// graph, which would then answer other than the run's model, so it is refused by name.
+// any other stage the heads' answers come from (a plugin's between the loader and the heads, a
+// second core) would be left out of the ONNX graph, which would then answer other than the
+// run's model, so it is refused by name. Stages the heads do not read from (an auxiliary loss's)
+// change nothing the export writes.
 void check_exportable(const GraphPlan& plan, const PlannedStage& es, const PlannedStage& cs,
                       const PlannedStage& hs) {
-  for (size_t k = static_cast<size_t>(plan.section_begin); k < plan.stages.size(); ++k) {
-    const PlannedStage& s = plan.stages[k];
-    if (s.after_loss || s.schema->stage_role() == StageRole::loss) break;
-    if (&s == &es || &s == &cs || &s == &hs || s.schema->is_passthrough()) continue;
-    throw std::runtime_error(
-        "the ONNX export writes melee_embedding -> mamba | gru -> "
-        "controller_heads; this graph's model also has stage '" +
-        s.name + "' (" + s.schema->kind() +
-        "), which the export cannot express, and leaving it out would give "
-        "other answers than the run's model");
-  }
   auto index = [&](const PlannedStage& s) { return static_cast<int>(&s - plan.stages.data()); };
+  std::vector<int> todo = {index(hs)};
+  std::vector<bool> seen(plan.stages.size(), false);
+  while (!todo.empty()) {
+    const int k = todo.back();
+    todo.pop_back();
+    if (k < plan.head_end || seen[static_cast<size_t>(k)]) continue;  // the loader's own
+    seen[static_cast<size_t>(k)] = true;
+    const PlannedStage& s = plan.stages[static_cast<size_t>(k)];
+    if (&s != &es && &s != &cs && &s != &hs && !s.schema->is_passthrough())
+      throw std::runtime_error(
+          "the ONNX export writes melee_embedding -> mamba | gru -> "
+          "controller_heads; this graph's model also has stage '" +
+          s.name + "' (" + s.schema->kind() +
+          "), which the export cannot express, and leaving it out would "
+          "give other answers than the run's model");
+    todo.insert(todo.end(), s.upstream.begin(), s.upstream.end());
+  }
   auto reads = [&](const PlannedStage& s, const PlannedStage& from) {
     return std::find(s.upstream.begin(), s.upstream.end(), index(from)) != s.upstream.end();
   };

@@ -120,13 +120,6 @@ fs::path only_subdirectory(const fs::path& dir) {
 
 }  // namespace
 
-// The newcomer's `--resume RUN --set core.d_model=...`: the checkpoint does not fit the graph.
-// The run directory is as it was, byte for byte (console.log keeps the error), and a plain
-// resume still works.
-
-// A write through a symlink replaces the link's target, the link staying a link; a device or FIFO
-// in the path's place is refused before anything is written (a rename over /dev/null, as root,
-// would make it a file).
 // A stage whose save() throws while a checkpoint is written: the error names that stage (not
 // the checkpoint stage that asked), and nothing of the checkpoint is left, as it says.
 TEST(ResumeSafety, AStageThatCannotSaveIsNamedAndNothingOfTheCheckpointIsLeft) {
@@ -144,6 +137,9 @@ TEST(ResumeSafety, AStageThatCannotSaveIsNamedAndNothingOfTheCheckpointIsLeft) {
   EXPECT_EQ(names_in(checkpoints), (std::vector<std::string>{"step-4"}));
 }
 
+// A write through a symlink replaces the link's target, the link staying a link; a device or FIFO
+// in the path's place is refused before anything is written (a rename over /dev/null, as root,
+// would make it a file).
 TEST(RunSafety, AnAtomicWriteGoesThroughSymlinksAndRefusesDevices) {
   TempDir d;
   const std::string target = d.write("target.txt", "old");

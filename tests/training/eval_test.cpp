@@ -82,7 +82,7 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
   // Held-out games draw no warning; a game the run trained on is named as such, by its file,
   // under another name, or from a corpus built of the files.
   EXPECT_EQ(o.text.find("training split"), std::string::npos) << o.text;
-  EXPECT_EQ(j["perspectives"], "both");
+  EXPECT_EQ(j["perspectives"], "all");
   EXPECT_EQ(j["training_overlap"]["games"].get<size_t>(), 0u);
   const std::string trained = d.path() + "/synth";
   const std::string renamed = d.path() + "/renamed";
