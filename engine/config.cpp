@@ -410,14 +410,17 @@ void load_graph_file(const std::string& path, Config& c) {
       auto found = find_relative(name, dir);
       if (!found) {
         // Where it was looked for: beside the graph file, the folder above, the working one.
+        // plan_graph says it, unless the kinds come from a plugin loaded otherwise (--plugin).
         const fs::path a = fs::absolute(dir);
-        fail(mark_of(p, path),
-             "plugin '" + name + "' not found" +
-                 (fs::path(name).is_absolute()
-                      ? std::string()
-                      : " (a relative path is looked for from " + a.string() + ", " +
-                            a.parent_path().string() + " and the working folder " +
-                            fs::current_path().string() + ")"));
+        c.missing_plugins.emplace_back(
+            "plugin '" + name + "' not found" +
+                (fs::path(name).is_absolute()
+                     ? std::string()
+                     : " (a relative path is looked for from " + a.string() + ", " +
+                           a.parent_path().string() + " and the working folder " +
+                           fs::current_path().string() + ")"),
+            mark_of(p, path));
+        continue;
       }
       c.plugins.emplace_back(*found, mark_of(p, path));
     }
@@ -580,12 +583,17 @@ std::string resolved_config_yaml(const Config& c, const std::map<std::string, Pa
   if (!c.sized_for.empty()) os << "sized_for: " << c.sized_for << "\n";
   // The graph's plugins, and those its kinds came from by another way (`slipstream --plugin`):
   // a resume, eval or the policy library reading this file needs them all.
-  std::vector<std::string> plugins;
-  for (const auto& [p, m] : c.plugins) plugins.push_back(p);
+  std::vector<std::string> plugins, canonical;
+  auto add = [&](const std::string& p) {
+    std::error_code ec;
+    const std::string c = fs::weakly_canonical(p, ec).string();
+    if (std::find(canonical.begin(), canonical.end(), c) != canonical.end()) return;
+    canonical.push_back(c);
+    plugins.push_back(p);
+  };
+  for (const auto& [p, m] : c.plugins) add(p);
   for (const auto& s : c.stages)
-    if (std::string p = StageRegistry::plugin_of(s.kind);
-        !p.empty() && std::find(plugins.begin(), plugins.end(), p) == plugins.end())
-      plugins.push_back(p);
+    if (std::string p = StageRegistry::plugin_of(s.kind); !p.empty()) add(p);
   if (!plugins.empty()) {
     os << "plugins:\n";
     for (const auto& p : plugins) os << "  - " << param_value_str(p) << "\n";

@@ -73,6 +73,8 @@ struct Config {
   // on a CPU says so at start, and what its steps cost.
   std::string sized_for;
   std::vector<std::pair<std::string, SourceMark>> plugins;  // resolved paths
+  // Plugins the graph names that are not there, with why (plan_graph decides: see load_plugins).
+  std::vector<std::pair<std::string, SourceMark>> missing_plugins;
   std::vector<StageConfig> stages;
   std::map<std::string, ConfigValue> run;  // run-section values, validated against run_schema()
   // Written by resolved_config_yaml (a run's config.yaml, a checkpoint's graph): a stage

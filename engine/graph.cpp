@@ -345,15 +345,29 @@ class GraphPlanner {
  public:
   explicit GraphPlanner(const Config& config) : config(config), cs(config.stages) {}
 
-  // Plugins first: their stage kinds are the graph's too.
+  // Plugins first: their stage kinds are the graph's too. A plugin the graph names that is not
+  // there is an error, unless every kind of the graph is registered and some came from a plugin
+  // loaded otherwise (`slipstream --plugin NEW.so eval RUN`: the run's plugin moved).
   void load_plugins() {
+    std::set<std::string> loaded;
     for (const auto& [path, mark] : config.plugins) {
       try {
         StageRegistry::load_plugin(path);
+        std::error_code ec;
+        loaded.insert(std::filesystem::weakly_canonical(path, ec).string());
       } catch (const std::exception& e) {
         issues.push_back({mark, e.what()});
       }
     }
+    if (config.missing_plugins.empty()) return;
+    bool all_known = true, from_elsewhere = false;
+    for (const auto& s : cs) {
+      all_known = all_known && StageRegistry::find(s.kind);
+      const std::string from = StageRegistry::plugin_of(s.kind);
+      from_elsewhere = from_elsewhere || (!from.empty() && !loaded.count(from));
+    }
+    if (all_known && from_elsewhere) return;
+    for (const auto& [why, mark] : config.missing_plugins) issues.push_back({mark, why});
   }
 
   // The run: section, and a device name checked here rather than when the run starts.

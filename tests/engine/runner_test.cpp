@@ -497,6 +497,15 @@ stages:
                           std::filesystem::weakly_canonical(SLIPSTREAM_TEST_PLUGIN).string()),
             std::string::npos)
       << resolved;
+  // The run's plugin moved and the kind comes from the one loaded by --plugin: the graph plans,
+  // and its resolved form names the plugin that served, not the one that is gone.
+  const std::string moved = "plugins: [/nonexistent/moved/libscale.so]\n" + without;
+  std::string moved_resolved;
+  EXPECT_NO_THROW(moved_resolved = resolved_config_yaml(plan_text(d, moved)));
+  EXPECT_EQ(moved_resolved.find("/nonexistent/moved"), std::string::npos) << moved_resolved;
+  EXPECT_NE(moved_resolved.find(std::filesystem::weakly_canonical(SLIPSTREAM_TEST_PLUGIN).string()),
+            std::string::npos)
+      << moved_resolved;
   // A plugin whose schema() throws, or whose two classes register one kind: refused naming
   // the plugin and what is wrong (the throw escaped its static initialiser and ended the
   // process; the second kind was said to be "registered before it").
