@@ -304,6 +304,27 @@ TEST(BoundedMemory, AReplayChangedDuringTheRunIsNamedAndLeftOut) {
   EXPECT_EQ(lines.size(), warned) << "one warning a game, not one a batch";
 }
 
+// One game damaged, read on demand (`L`, options `o`, the last of them resident_games=N): its
+// rows were left out (`left_out` of them, `kept` trained) with one warning holding each of
+// `named`; resident, the same damage is found at setup, that game skipped as unreadable and the
+// run on the rest. The resident loader's report.
+std::string expect_one_game_left_out(Loader& L, std::vector<std::string> o, size_t left_out,
+                                     size_t kept, const std::vector<std::string>& lines,
+                                     const std::vector<std::string>& named) {
+  EXPECT_GT(left_out, 0u);
+  EXPECT_GT(kept, left_out);
+  EXPECT_EQ(lines.size(), 1u);  // one game, named once
+  for (const std::string& n : named)
+    EXPECT_NE(lines.empty() ? std::string::npos : lines[0].find(n), std::string::npos)
+        << (lines.empty() ? "" : lines[0]) << " lacks " << n;
+  EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
+  o.back() = "resident_games=all";
+  Loader R(o, 5);
+  EXPECT_EQ(R.stage().skipped(), (std::vector<std::pair<std::string, size_t>>{{"unreadable", 1}}));
+  EXPECT_LT(R.stage().windows(), L.stage().windows());
+  return R.stage().report();
+}
+
 // A feature corpus damaged inside one game, read on demand: that game's rows are left out
 // (named with its source, the corpus file and the byte offset), the other games train, and the
 // batches are the same however often they are asked for (a resume sees what the run saw).
@@ -335,22 +356,9 @@ TEST(BoundedMemory, ADamagedGameReadOnDemandIsLeftOutNotFatal) {
     EXPECT_EQ(meta.samples + masked, 8u) << k;
     EXPECT_TRUE(same_batch(t, again.batch(k))) << k;
   }
-  EXPECT_GT(left_out, 0u);
-  EXPECT_GT(kept, left_out);
-  ASSERT_EQ(lines.size(), 1u);  // one game, named once
-  EXPECT_NE(lines[0].find("features.bin (game "), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find("byte offset"), std::string::npos) << lines[0];
-  EXPECT_NE(lines[0].find(".slp could not be read at batch"), std::string::npos) << lines[0];
-  EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
-  // Resident, the same damage is found at setup: that game is skipped as unreadable, counted
-  // and named like a damaged .slp, and the run trains on the rest.
-  auto resident = o;
-  resident.back() = "resident_games=all";
-  Loader R(resident, 5);
-  const auto skipped = R.stage().skipped();
-  ASSERT_EQ(skipped.size(), 1u);
-  EXPECT_EQ(skipped[0].second, 1u);
-  EXPECT_LT(R.stage().windows(), L.stage().windows());
+  expect_one_game_left_out(
+      L, o, left_out, kept, lines,
+      {"features.bin (game ", "byte offset", ".slp could not be read at batch"});
 }
 
 // A game corpus damaged inside one game: each game has its hash, so that game alone is left
@@ -380,20 +388,9 @@ TEST(BoundedMemory, ADamagedGameOfAGameCorpusIsLeftOutNotFatal) {
       left_out += masked_rows(t);
       kept += meta.samples;
     }
-    EXPECT_GT(left_out, 0u);
-    EXPECT_GT(kept, left_out);
-    ASSERT_EQ(lines.size(), 1u);
-    EXPECT_NE(lines[0].find(": game 1 ("), std::string::npos) << lines[0];
-    EXPECT_NE(lines[0].find("does not match its hash"), std::string::npos) << lines[0];
-    EXPECT_EQ(L.stage().resident_stats()->unreadable, 1u);
-    auto resident = o;
-    resident.back() = "resident_games=all";
-    Loader R(resident, 5);
-    const auto skipped = R.stage().skipped();
-    ASSERT_EQ(skipped.size(), 1u);
-    EXPECT_EQ(skipped[0], (std::pair<std::string, size_t>{"unreadable", 1}));
-    EXPECT_NE(R.stage().report().find("game 1 ("), std::string::npos) << R.stage().report();
-    EXPECT_LT(R.stage().windows(), L.stage().windows());
+    const std::string report = expect_one_game_left_out(L, o, left_out, kept, lines,
+                                                        {": game 1 (", "does not match its hash"});
+    EXPECT_NE(report.find("game 1 ("), std::string::npos) << report;
   }
 }
 
