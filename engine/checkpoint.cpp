@@ -1,7 +1,5 @@
 #include "engine/checkpoint.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -49,14 +47,9 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     } catch (const std::bad_alloc&) {
       discard();
       throw;
-    } catch (const std::exception& e) {
-      discard();
-      throw std::runtime_error(who + ": saving its state: " + e.what());
-    } catch (const abi::__forced_unwind&) {
-      throw;
     } catch (...) {
       discard();
-      throw std::runtime_error(who + ": saving its state: it " + kNotAStdException);
+      throw std::runtime_error(who + ": saving its state: " + what_of_current_exception());
     }
   }
   meta["run.step"] = std::to_string(run.step);

@@ -1,7 +1,5 @@
 #include "engine/graph.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -193,9 +191,9 @@ std::optional<ParamValue> convert(const YAML::Node& n, ParamType t, std::string&
   }
 }
 
-// Range and choice checks; returns the problem or "".
 }  // namespace
 
+// Range and choice checks (schema.h); returns the problem or "".
 std::string param_value_problem(const ParamSpec& spec, const ParamValue& v) {
   std::vector<double> nums;
   if (auto* i = std::get_if<int64_t>(&v)) nums.push_back(static_cast<double>(*i));
@@ -234,8 +232,6 @@ std::string param_value_problem(const ParamSpec& spec, const ParamValue& v) {
   if (spec.check && !spec.is_path) return spec.check(v);  // a path's: once resolved
   return {};
 }
-
-namespace {}  // namespace
 
 // Validates and resolves a set of raw values against a schema's params.
 namespace {
@@ -860,15 +856,10 @@ void Graph::setup() {
       stages_[k]->setup(*contexts_[k]);
     } catch (const ConfigError&) {
       throw;
-    } catch (const std::exception& e) {
-      throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" +
-                               plan_.stages[k].schema->kind() + "): setup failed: " + e.what());
-    } catch (const abi::__forced_unwind&) {
-      throw;
     } catch (...) {
       throw std::runtime_error("stage '" + plan_.stages[k].name + "' (" +
-                               plan_.stages[k].schema->kind() + "): setup failed: it " +
-                               kNotAStdException);
+                               plan_.stages[k].schema->kind() +
+                               "): setup failed: " + what_of_current_exception());
     }
     for (size_t o = 0; o < plan_.stages[k].output_slots.size(); ++o) {
       const auto& slot = plan_.slots[plan_.stages[k].output_slots[o]];

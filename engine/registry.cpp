@@ -70,17 +70,11 @@ bool StageRegistry::add_kind(StageSchema (*make)(), Stage* (*factory)(), const c
     StageSchema s = make();
     s.factory = factory;
     return add(std::move(s));
-  } catch (const std::exception& e) {
-    auto& d = data();
-    std::lock_guard lock(d.mu);
-    if (!d.plugin_loading) throw;
-    d.thrown.push_back(e.what());
-    return false;
   } catch (...) {
     auto& d = data();
     std::lock_guard lock(d.mu);
     if (!d.plugin_loading) throw;
-    d.thrown.push_back(std::string("it ") + kNotAStdException);
+    d.thrown.push_back(what_of_current_exception());
     return false;
   }
 }

@@ -39,14 +39,9 @@ bool Runner::Impl::pull(std::vector<Stage*>& stages, std::vector<StageContext*>&
     }
   } catch (const StageError&) {
     throw;
-  } catch (const std::exception& e) {
-    const auto& ps = plan().stages[k];
-    throw StageError(ps.name, ps.schema->kind(), out.index, e.what());
-  } catch (const abi::__forced_unwind&) {
-    throw;
   } catch (...) {
     const auto& ps = plan().stages[k];
-    throw StageError(ps.name, ps.schema->kind(), out.index, kNotAStdException);
+    throw StageError(ps.name, ps.schema->kind(), out.index, what_of_current_exception());
   }
   if (ok) next[k]++;
   if (count) {

@@ -8,8 +8,6 @@
 // Private to the engine: nothing outside engine/runner*.cpp includes it.
 #pragma once
 
-#include <cxxabi.h>
-
 #include <tbb/flow_graph.h>
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
@@ -274,14 +272,9 @@ struct Runner::Impl {
       fn();
     } catch (const StageError&) {
       throw;
-    } catch (const std::exception& e) {
-      const auto& ps = plan().stages[k];
-      throw StageError(ps.name, ps.schema->kind(), batch_index, e.what());
-    } catch (const abi::__forced_unwind&) {  // a cancelled thread unwinds through: let it
-      throw;
     } catch (...) {
       const auto& ps = plan().stages[k];
-      throw StageError(ps.name, ps.schema->kind(), batch_index, kNotAStdException);
+      throw StageError(ps.name, ps.schema->kind(), batch_index, what_of_current_exception());
     }
   }
   // Stage k starts a batch: its queue's depth (batches handed to it, not yet started) counts

@@ -9,6 +9,8 @@
 //   SLIPSTREAM_REGISTER_STAGE(MyStage);
 #pragma once
 
+#include <cxxabi.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -34,6 +36,19 @@ namespace slipstream {
 inline constexpr const char* kNotAStdException =
     "threw an exception that is not a std::exception (throw std::runtime_error or another "
     "std::exception, whose message says what went wrong)";
+// Inside a catch (...): what the exception being handled says (kNotAStdException when it is no
+// std::exception); a cancelled thread's unwinding (abi::__forced_unwind) goes on through.
+inline std::string what_of_current_exception() {
+  try {
+    throw;
+  } catch (const abi::__forced_unwind&) {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return kNotAStdException;
+  }
+}
 
 // What the trainable section must wait for before it reads a batch's tensors: copies a stage
 // enqueued on a stream of its own (the prefetch stage's copy stream). The runner calls wait()
