@@ -13,12 +13,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/checkpoint.h"
@@ -46,6 +48,7 @@ struct slipstream_policy {
   FrameFeedStage* feed = nullptr;
   size_t heads = 0;
   std::string description;
+  int32_t frame_delay = 0;    // the run's replays.delay
   mutable std::string error;  // the last failed call's message
   // The games of the stream: 0 until the first step after open or reset fixes how many; then
   // per game (a batch row) its last distribution, its draws' key (game_seed), the frames it has
@@ -79,16 +82,23 @@ slipstream_status fail(const slipstream_policy* p, slipstream_status s, std::str
 
 // The graph as a policy: its replay loader becomes the frame feed. Refuses a graph whose data
 // does not come from one slippi_replays source (the feed produces that stage's tensors).
-// Returns how the run read its replays' fields (the loader's `fields`: slippi or libmelee), which
-// the frames given to the policy must follow.
-std::string feed_frames(Config& cfg) {
-  int loaders = 0;
+// Returns what the frames given to the policy must follow: how the run read its replays' fields
+// (the loader's `fields`: slippi or libmelee) and its frame delay (`delay`).
+struct FrameReading {
   std::string fields = "slippi";
+  int32_t delay = 0;
+};
+
+FrameReading feed_frames(Config& cfg) {
+  int loaders = 0;
+  FrameReading reading;
   for (StageConfig& s : cfg.stages) {
     if (s.kind != "slippi_replays") continue;
     ++loaders;
     if (auto it = s.params.find("fields"); it != s.params.end() && it->second.node.IsScalar())
-      fields = it->second.node.as<std::string>();
+      reading.fields = it->second.node.as<std::string>();
+    if (auto it = s.params.find("delay"); it != s.params.end() && it->second.node.IsScalar())
+      reading.delay = it->second.node.as<int32_t>();
     s.kind = "melee_frames";
     s.params.clear();
   }
@@ -100,7 +110,7 @@ std::string feed_frames(Config& cfg) {
         "policy feeds frames in that stage's place";
     throw ConfigError({issue});
   }
-  return fields;
+  return reading;
 }
 
 // A graph that names plugins: they resolve the engine's symbols (Stage, the registry, ...) from
@@ -296,13 +306,13 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   if (!where.error.empty()) return fail(nullptr, SLIPSTREAM_E_CHECKPOINT, where.error);
   auto p = std::make_unique<slipstream_policy>();
   GraphPlan plan;
-  std::string fields;
+  FrameReading reading;
   try {
     Config cfg = load_config(where.graph_file, {"run.device=" + dev});
     if (!cfg.plugins.empty())
       if (std::string e = share_symbols_with_plugins(); !e.empty())
         return fail(nullptr, SLIPSTREAM_E_CONFIG, e);
-    fields = feed_frames(cfg);
+    reading = feed_frames(cfg);
     plan = plan_graph(std::move(cfg));
   } catch (const std::exception& e) {
     return fail(nullptr, SLIPSTREAM_E_CONFIG, e.what());
@@ -329,7 +339,8 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
       p->sampler = make_controller_sampler(p->runner->graph().context(p->heads).exec(),
                                            p->runner->graph().stage(p->heads));
       p->description = "slipstream policy: " + where.checkpoint + " (step " + std::to_string(step) +
-                       "), " + chain + ", fields " + fields + ", device " +
+                       "), " + chain + ", fields " + reading.fields + ", frame delay " +
+                       std::to_string(reading.delay) + ", device " +
                        (emulated ? std::string("emulated") : p->runner->state().device.str());
     } catch (const StageError& e) {
       s = SLIPSTREAM_E_CONFIG;  // a stage refused to start the stream
@@ -345,6 +356,7 @@ slipstream_status open_policy(const char* checkpoint, const char* device, slipst
   if (s != SLIPSTREAM_OK) return fail(nullptr, s, err);
   if (!p->feed)
     return fail(nullptr, SLIPSTREAM_E_CONFIG, "the graph's source is not the frame feed");
+  p->frame_delay = reading.delay;
   *out = p.release();
   g_open_error.clear();
   return SLIPSTREAM_OK;
@@ -525,12 +537,20 @@ const char* slipstream_policy_describe(const slipstream_policy* p) {
   return p ? p->description.c_str() : "";
 }
 
+int32_t slipstream_policy_frame_delay(const slipstream_policy* p) {
+  return p ? p->frame_delay : -1;
+}
+
 const char* slipstream_policy_error(const slipstream_policy* p) {
   return p ? p->error.c_str() : g_open_error.c_str();
 }
 
 void slipstream_policy_close(slipstream_policy* p) {
   if (!p) return;
+  // A call in progress on another thread (a worker's step while the program shuts down) ends
+  // first: freeing the model under it crashed the process. Calls after close are the caller's
+  // mistake, as with any freed pointer.
+  while (p->busy.exchange(true)) std::this_thread::sleep_for(std::chrono::microseconds(100));
   try {
     p->arena->execute([&] { p->runner.reset(); });
   } catch (...) {

@@ -12,6 +12,7 @@ stands still). The bindings are ctypes over libslipstream_policy's C interface
 
 import ctypes
 import re
+import threading
 
 from ._native import (
     BUTTON_BITS,
@@ -98,12 +99,30 @@ class Policy:
         error)."""
         self._lib = load_library(library)
         self._handle = ctypes.c_void_p()
+        # Calls in progress, so close() from another thread waits for them (the handle stays
+        # valid under a call until it returns).
+        self._guard = threading.Condition()
+        self._calls = 0
         status = self._lib.slipstream_policy_open(
             str(checkpoint).encode(), (device or "").encode(), ctypes.byref(self._handle))
         if status != 0:
             raise PolicyError(status, self._lib.slipstream_policy_error(None).decode())
         self._controller = Controller()
         self._games = 0  # games in the stream (the last step's n)
+
+    def _call(self, fn, *args):
+        """fn(handle, *args) on the open handle; PolicyError once it is closed."""
+        with self._guard:
+            if not self._handle:
+                raise PolicyError(1, "the policy is closed")
+            handle = self._handle
+            self._calls += 1
+        try:
+            return fn(handle, *args)
+        finally:
+            with self._guard:
+                self._calls -= 1
+                self._guard.notify_all()
 
     def _check(self, status):
         if status != 0:
@@ -114,8 +133,8 @@ class Policy:
         """The controller to press next, for `frame` (a Frame). A frame that fails validation
         raises PolicyError and changes no state."""
         out = Controller()
-        self._check(self._lib.slipstream_policy_step(self._handle, ctypes.byref(frame),
-                                                     ctypes.byref(out)))
+        self._check(self._call(self._lib.slipstream_policy_step, ctypes.byref(frame),
+                               ctypes.byref(out)))
         self._games = 1
         return out
 
@@ -131,7 +150,7 @@ class Policy:
         if not isinstance(frames, ctypes.Array):
             frames = (Frame * n)(*frames)
         out = (Controller * n)()
-        self._check(self._lib.slipstream_policy_step_batch(self._handle, n, frames, out))
+        self._check(self._call(self._lib.slipstream_policy_step_batch, n, frames, out))
         self._games = n
         return list(out)
 
@@ -142,9 +161,9 @@ class Policy:
                             "step_batch takes a 1-D array of frame_array()'s dtype")
         frames = np.ascontiguousarray(frames)
         out = np.zeros(len(frames), dtype=np.dtype(Controller))
-        self._check(self._lib.slipstream_policy_step_batch(
-            self._handle, len(frames), frames.ctypes.data_as(ctypes.POINTER(Frame)),
-            out.ctypes.data_as(ctypes.POINTER(Controller))))
+        self._check(self._call(self._lib.slipstream_policy_step_batch, len(frames),
+                               frames.ctypes.data_as(ctypes.POINTER(Frame)),
+                               out.ctypes.data_as(ctypes.POINTER(Controller))))
         self._games = len(frames)
         return out
 
@@ -157,57 +176,72 @@ class Policy:
             self.distribution(0)  # raises: no game has stepped since the open or the reset
         out = np.zeros(self._games, dtype=np.dtype(Distribution))
         for game in range(self._games):
-            self._check(self._lib.slipstream_policy_distribution_of(
-                self._handle, game, out[game:game + 1].ctypes.data_as(
-                    ctypes.POINTER(Distribution))))
+            self._check(self._call(
+                self._lib.slipstream_policy_distribution_of, game,
+                out[game:game + 1].ctypes.data_as(ctypes.POINTER(Distribution))))
         return out
 
     def distribution(self, game=0):
         """The distribution behind game `game`'s last answer (at temperature 1)."""
         out = Distribution()
-        self._check(self._lib.slipstream_policy_distribution_of(self._handle, int(game),
-                                                                ctypes.byref(out)))
+        self._check(self._call(self._lib.slipstream_policy_distribution_of, int(game),
+                               ctypes.byref(out)))
         return out
 
     def reset(self):
         """A new game (every game of a batch): clears the model's state and restarts the
         sampling from its seed; the next step fixes the number of games again."""
-        self._check(self._lib.slipstream_policy_reset(self._handle))
+        self._check(self._call(self._lib.slipstream_policy_reset))
         self._games = 0
 
     def reset_game(self, game):
         """Game `game` of the batch starts again; the others carry on."""
-        self._check(self._lib.slipstream_policy_reset_game(self._handle, int(game)))
+        self._check(self._call(self._lib.slipstream_policy_reset_game, int(game)))
 
     def set_sampling(self, temperature=1.0, seed=0):
         """Temperature (0: the most likely input) and the seed of the draws (an int in
         [0, 2**64)); restarts every game's draws from it."""
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an int in [0, 2**64), not {seed!r}")
-        self._check(self._lib.slipstream_policy_set_sampling(self._handle, float(temperature),
-                                                             int(seed)))
+        self._check(self._call(self._lib.slipstream_policy_set_sampling, float(temperature),
+                               int(seed)))
 
     def set_threads(self, threads):
         """How many threads the steps use (1, the default: the calling thread alone); more
         spread a step_batch of many games over TBB's workers in an arena of the handle's own,
         same answers; at most the cores TBB may use."""
-        self._check(self._lib.slipstream_policy_set_threads(self._handle, int(threads)))
+        self._check(self._call(self._lib.slipstream_policy_set_threads, int(threads)))
 
     def describe(self):
-        """The checkpoint's step, model, fields and device, one line."""
-        return self._lib.slipstream_policy_describe(self._handle).decode()
+        """The checkpoint's step, model, fields, frame delay and device, one line."""
+        return self._call(self._lib.slipstream_policy_describe).decode()
 
     @property
     def fields(self):
         """How the run read its replays (its replays.fields): "slippi" or "libmelee". Frames
         built by slipstream_policy.libmelee's frame_of follow "libmelee"."""
-        found = re.search(r", fields (\w+), device ", self.describe())
-        return found.group(1) if found else None  # a library from before it said so
+        found = re.search(r", fields (\w+),", self.describe())
+        return found.group(1) if found else None
+
+    @property
+    def frame_delay(self):
+        """The run's frame delay D (its replays.delay): each frame holds the game state of D
+        frames ago with the input sent last (slipstream_policy.libmelee.DelayedFrames keeps
+        them). 0: the frame just read."""
+        return int(self._call(self._lib.slipstream_policy_frame_delay))
 
     def close(self):
-        if self._handle:
-            self._lib.slipstream_policy_close(self._handle)
-            self._handle = ctypes.c_void_p()
+        """Frees the handle; a call in progress on another thread returns first, and later
+        calls raise PolicyError."""
+        guard = getattr(self, "_guard", None)
+        if guard is None:  # the open failed
+            return
+        with guard:
+            handle, self._handle = self._handle, ctypes.c_void_p()
+            while self._calls:
+                guard.wait()
+        if handle:
+            self._lib.slipstream_policy_close(handle)
 
     def __enter__(self):
         return self

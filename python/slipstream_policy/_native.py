@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 
-INTERFACE_VERSION = 4  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
+INTERFACE_VERSION = 5  # SLIPSTREAM_POLICY_VERSION of the header these bindings follow
 
 OK, E_ARGUMENT, E_CHECKPOINT, E_CONFIG, E_DEVICE, E_RUNTIME, E_BUSY = range(7)
 STATUS_NAMES = {
@@ -195,6 +195,7 @@ def _declare(lib):
         "slipstream_policy_frame_tensors": (
             status, [ctypes.POINTER(Frame), ctypes.POINTER(FrameTensors)]),
         "slipstream_policy_describe": (ctypes.c_char_p, [handle]),
+        "slipstream_policy_frame_delay": (ctypes.c_int32, [handle]),
         "slipstream_policy_error": (ctypes.c_char_p, [handle]),
         "slipstream_policy_close": (None, [handle]),
     }

@@ -3,16 +3,23 @@ the policy's Controller pressed on a melee.Controller.
 
     import melee
     from slipstream_policy import Policy
-    from slipstream_policy.libmelee import frame_of, press
+    from slipstream_policy.libmelee import DelayedFrames, press
 
     with Policy(RUN) as policy:
-        answer = None
+        frames = DelayedFrames(policy.frame_delay)  # frame_of itself for a run of delay 0
+        sent = None
         while True:
             gamestate = console.step()
             if gamestate.menu_state not in (melee.Menu.IN_GAME, melee.Menu.SUDDEN_DEATH):
+                if sent is not None:  # the game is over: a new one starts from scratch
+                    pad.release_all()
+                    policy.reset()
+                    frames.reset()
+                    sent = None
                 continue
-            answer = policy.step(frame_of(gamestate, port, answer))
-            press(pad, answer)
+            frame = frames.frame(gamestate, port, sent)
+            if frame is not None:
+                sent = press(pad, policy.step(frame))  # the input as the game reads it
 
 libmelee shows a bot some Post-Frame fields in its own reading: the frame counters (action frame,
 hitlag, hitstun) truncated to whole frames, hitstun as the Misc AS value whatever the state,
@@ -23,6 +30,7 @@ from a replay give the probabilities `slipstream infer` gives on that replay (th
 tests check it). libmelee knows six stages (its Stage enum); any other is refused.
 """
 
+import collections
 import csv
 import functools
 import os
@@ -136,18 +144,65 @@ def frame_of(gamestate, port, controller=None):
     return f
 
 
+class DelayedFrames:
+    """Frames for a run trained at frame delay D (Policy.frame_delay): the model sees the game D
+    frames late, beside the input sent last, as the loader paired them in training (the state of
+    frame t with the input of t + D). Keeps the last D + 1 gamestates; D = 0 is frame_of."""
+
+    def __init__(self, delay):
+        if delay < 0:
+            raise ValueError(f"a frame delay is 0 or more, got {delay}")
+        self.delay = delay
+        self._states = collections.deque(maxlen=delay + 1)
+
+    def reset(self):
+        """A new game: the states of the last one are dropped."""
+        self._states.clear()
+
+    def frame(self, gamestate, port, controller=None):
+        """frame_of the gamestate D frames before `gamestate`, with `controller` (the input the
+        bot sent last; None: the port's input in `gamestate`, a replay's). None for a game's
+        first D frames, before there is a state D frames old: the bot presses nothing yet."""
+        self._states.append(gamestate)
+        if len(self._states) <= self.delay:
+            return None
+        if controller is None:
+            if port not in gamestate.players:
+                ports = sorted(int(p) for p in gamestate.players)
+                raise ValueError(f"port {port} has no player in this gamestate (ports {ports})")
+            controller = controller_of(gamestate.players[port].controller_state)
+        return frame_of(self._states[0], port, controller)
+
+
+# Melee reads a stick within 22 of its 80 steps of centre as centred (replays record no smaller
+# tilt than 22/80), so the classes nearest the centre (+-1/8, +-1/4) would not register as sent:
+# they go out to the smallest tilt the game reads.
+STICK_DEAD_ZONE = 23 / 80
+
+
+def _registered(value):
+    if value == 0 or abs(value) >= STICK_DEAD_ZONE:
+        return value
+    return STICK_DEAD_ZONE if value > 0 else -STICK_DEAD_ZONE
+
+
 def press(pad, controller):
     """Sets a melee.Controller to the policy's answer: the 8 buttons, both sticks, the analog
-    trigger (on L). libmelee sends it on the console's next step (or pad.flush())."""
+    trigger (on L). libmelee sends it on the console's next step (or pad.flush()). Returns the
+    Controller as sent (a stick tilt inside the game's dead zone moved out to its edge,
+    STICK_DEAD_ZONE): the input to give the policy's next frame."""
+    sent = Controller.from_buffer_copy(controller)
+    for name in ("main_x", "main_y", "c_x", "c_y"):
+        setattr(sent, name, _registered(getattr(controller, name)))
     for bit, button in enumerate(_MELEE_BUTTONS):
-        if controller.buttons & (1 << bit):
+        if sent.buttons & (1 << bit):
             pad.press_button(button)
         else:
             pad.release_button(button)
-    pad.tilt_analog(melee.Button.BUTTON_MAIN, (controller.main_x + 1) / 2,
-                    (controller.main_y + 1) / 2)
-    pad.tilt_analog(melee.Button.BUTTON_C, (controller.c_x + 1) / 2, (controller.c_y + 1) / 2)
-    pad.press_shoulder(melee.Button.BUTTON_L, controller.shoulder)
+    pad.tilt_analog(melee.Button.BUTTON_MAIN, (sent.main_x + 1) / 2, (sent.main_y + 1) / 2)
+    pad.tilt_analog(melee.Button.BUTTON_C, (sent.c_x + 1) / 2, (sent.c_y + 1) / 2)
+    pad.press_shoulder(melee.Button.BUTTON_L, sent.shoulder)
+    return sent
 
 
 assert len(_MELEE_BUTTONS) == len(BUTTONS)

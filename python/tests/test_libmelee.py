@@ -4,6 +4,7 @@ in-game GameState goes through frame_of and the policy, and each frame's distrib
 the one `slipstream infer --probabilities` writes for that frame of the same replay and port.
     SLIPSTREAM_POLICY_LIBRARY  the built libslipstream_policy.so
     SLIPSTREAM_POLICY_TEST_RUN a run trained with replays.fields=libmelee
+    SLIPSTREAM_POLICY_TEST_DELAY_RUN the same at replays.delay=3
     SLIPSTREAM_CLI             the slipstream program
     SLIPSTREAM_LIBMELEE_REPLAY a real replay (.slp) libmelee reads
 Without libmelee installed the tests skip, except under CI=true, where that fails them."""
@@ -27,6 +28,7 @@ except ImportError as e:  # noqa: F841
     MISSING = str(e)
 
 RUN = os.environ.get("SLIPSTREAM_POLICY_TEST_RUN", "")
+DELAY_RUN = os.environ.get("SLIPSTREAM_POLICY_TEST_DELAY_RUN", "")
 CLI = os.environ.get("SLIPSTREAM_CLI", "")
 REPLAY = os.environ.get("SLIPSTREAM_LIBMELEE_REPLAY", "")
 PORT = 1
@@ -76,19 +78,44 @@ class LibmeleeAdapter(unittest.TestCase):
                 raise unittest.SkipTest(f"{what} is not set to an existing path")
         cls.reference = infer_probabilities(RUN, REPLAY, PORT)
 
-    def play(self, frame_of):
-        """max |policy - infer| over the replay's frames, frame_of(gamestate) building each."""
+    def play(self, frame_of, run=RUN, reference=None, delay=0):
+        """max |policy - infer| over the replay's frames, frame_of(gamestate) building each (None:
+        no step yet); with a delay, the step at frame T saw the state of T - delay."""
+        reference = self.reference if reference is None else reference
         worst, frames = 0.0, 0
-        with Policy(RUN) as policy:
+        with Policy(run) as policy:
             for gamestate in replay_frames(REPLAY):
-                policy.step(frame_of(gamestate))
-                want = self.reference.get(int(gamestate.frame))
-                if want is None:  # the last frame: no next input to predict, infer leaves it out
+                frame = frame_of(gamestate)
+                if frame is None:
+                    continue
+                policy.step(frame)
+                want = reference.get(int(gamestate.frame) - delay)
+                if want is None:  # the last frames: no next input to predict, infer leaves them
                     continue
                 got = flat(policy.distribution())
                 worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
                 frames += 1
         return worst, frames
+
+    def test_a_delayed_run_plays_as_infer_scores_it(self):
+        # A run trained at frame delay D saw each state beside the input of D frames later:
+        # DelayedFrames gives the policy the same pairs, and the distributions are infer's. The
+        # plain frame_of (the state of now) is not.
+        from slipstream_policy.libmelee import DelayedFrames, frame_of
+        if not DELAY_RUN or not os.path.exists(DELAY_RUN):
+            self.skipTest("SLIPSTREAM_POLICY_TEST_DELAY_RUN is not set to an existing path")
+        with Policy(DELAY_RUN) as policy:
+            delay = policy.frame_delay
+            self.assertIn(f"frame delay {delay}", policy.describe())
+        self.assertEqual(delay, 3)
+        reference = infer_probabilities(DELAY_RUN, REPLAY, PORT)
+        frames = DelayedFrames(delay)
+        worst, stepped = self.play(lambda g: frames.frame(g, PORT), DELAY_RUN, reference, delay)
+        print(f"delay {delay}: max |p - infer's p| over {stepped} frames: {worst:.3g}")
+        self.assertEqual(stepped, len(reference))
+        self.assertLessEqual(worst, 1e-5)
+        undelayed, _ = self.play(lambda g: frame_of(g, PORT), DELAY_RUN, reference, 0)
+        self.assertGreater(undelayed, 1e-3)
 
     def test_probabilities_equal_infers(self):
         from slipstream_policy.libmelee import frame_of
@@ -146,15 +173,23 @@ class LibmeleeAdapter(unittest.TestCase):
             def press_shoulder(self, b, amount):
                 self.state.l_shoulder = amount
 
+        from slipstream_policy.libmelee import STICK_DEAD_ZONE
         c = Controller(buttons=0b1000_0101, main_x=-1.0, main_y=0.5, c_x=0.25, c_y=0.0,
                        shoulder=0.75)
         pad = Pad()
-        press(pad, c)
+        sent = press(pad, c)
         pad.state.processed_button = pad.state.button
         back = controller_of(pad.state)
         self.assertEqual(back.pressed(), ["A", "X", "D_UP"])
+        # c_x 0.25 (20 of the stick's 80 steps) is inside the game's dead zone: sent at its edge.
+        self.assertAlmostEqual(sent.c_x, STICK_DEAD_ZONE, places=6)
+        self.assertAlmostEqual(c.c_x, 0.25, places=6)  # the answer itself is left as it was
         for name in ("main_x", "main_y", "c_x", "c_y", "shoulder"):
-            self.assertAlmostEqual(getattr(back, name), getattr(c, name), places=6)
+            self.assertAlmostEqual(getattr(back, name), getattr(sent, name), places=6)
+        for name in ("main_x", "main_y", "c_y", "shoulder"):
+            self.assertAlmostEqual(getattr(sent, name), getattr(c, name), places=6)
+        self.assertAlmostEqual(press(pad, Controller(main_x=-0.125)).main_x, -STICK_DEAD_ZONE,
+                               places=6)
 
 
 if __name__ == "__main__":

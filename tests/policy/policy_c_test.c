@@ -103,6 +103,10 @@ int main(int argc, char** argv) {
   CHECK(strstr(slipstream_policy_error(p), "frame.player.x") != NULL);
   CHECK(slipstream_policy_step(p, NULL, &c) == SLIPSTREAM_E_ARGUMENT);
   CHECK(slipstream_policy_reset(NULL) == SLIPSTREAM_E_ARGUMENT);
+  /* The run's frame delay (replays.delay; 0 here), -1 for no handle. */
+  CHECK(slipstream_policy_frame_delay(p) == 0);
+  CHECK(strstr(slipstream_policy_describe(p), "frame delay 0") != NULL);
+  CHECK(slipstream_policy_frame_delay(NULL) == -1);
   slipstream_policy_close(p);
   slipstream_policy_close(NULL);
   if (failures) {

@@ -28,10 +28,11 @@ extern "C" {
 #endif
 
 #define SLIPSTREAM_POLICY_VERSION                              \
-  4 /* this header's interface; see slipstream_policy_version. \
+  5 /* this header's interface; see slipstream_policy_version. \
      2: many games per call (step_batch, reset_game,           \
-     distribution_of); 3: set_threads; 4: frame_tensors; a     \
-     program of an earlier version runs unchanged */
+     distribution_of); 3: set_threads; 4: frame_tensors;       \
+     5: frame_delay; a program of an earlier version runs      \
+     unchanged */
 
 typedef enum slipstream_status {
   SLIPSTREAM_OK = 0,
@@ -214,16 +215,23 @@ slipstream_status slipstream_policy_frame_tensors(const slipstream_game_frame* f
                                                   slipstream_frame_tensors* out);
 
 /* The checkpoint's step, model, the replay reading its frames must follow ("fields slippi" or
- * "fields libmelee": the run's replays.fields) and device, one line (valid until the handle
- * closes). */
+ * "fields libmelee": the run's replays.fields), its frame delay and device, one line (valid
+ * until the handle closes). */
 const char* slipstream_policy_describe(const slipstream_policy* policy);
+
+/* The run's frame delay D (replays.delay; -1 for NULL): the model was trained to see the game
+ * D frames late. Each step's frame then holds the game state of D frames ago with the input the
+ * program sent last: a program keeps the last D + 1 states and gives the oldest (the package's
+ * slipstream_policy.libmelee.DelayedFrames does). With D = 0, the frame just read. */
+int32_t slipstream_policy_frame_delay(const slipstream_policy* policy);
 
 /* The last failed call's message: of `policy`, or with NULL of this thread's last failed call
  * without a handle (slipstream_policy_open, a NULL handle). Valid until the next call on the
  * same handle or thread. */
 const char* slipstream_policy_error(const slipstream_policy* policy);
 
-/* Frees the policy. NULL is allowed. */
+/* Frees the policy. NULL is allowed. A call in progress on the handle from another thread
+ * returns first (close waits for it); a call made after close uses freed memory. */
 void slipstream_policy_close(slipstream_policy* policy);
 
 #ifdef __cplusplus
