@@ -86,13 +86,17 @@ void AtomicFile::commit() {
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail_errno(path_, "cannot replace it");
   committed_ = true;
   // The rename is durable only once the directory entry is on disk.
-  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+  sync_parent_directory(path_);
+}
+
+void sync_parent_directory(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (dir.empty()) dir = ".";
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) fail_errno(path_, "cannot open its directory to fsync it");
+  if (dfd < 0) fail_errno(path, "cannot open its directory to fsync it");
   const int rc = ::fsync(dfd);
   ::close(dfd);
-  if (rc != 0) fail_errno(path_, "cannot fsync its directory");
+  if (rc != 0) fail_errno(path, "cannot fsync its directory");
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {

@@ -35,6 +35,10 @@ class AtomicFile {
 // `text` as the whole content of `path` through an AtomicFile.
 void write_file_atomically(const std::string& path, std::string_view text);
 
+// The directory holding `path` fsync'd: a rename or removal there survives a power loss. Throws
+// naming the path and errno.
+void sync_parent_directory(const std::string& path);
+
 // What errno says, for messages: "No space left on device".
 std::string errno_text(int err);
 

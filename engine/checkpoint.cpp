@@ -71,6 +71,7 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
     fs::remove_all(dir);
     fs::rename(tmp, dir);
+    sync_parent_directory(dir);  // step-N on disk before anything older is pruned
   } catch (const std::exception& e) {
     // A full disk: the part written goes at once, so the space is there for whatever comes next.
     std::error_code ec;
@@ -252,6 +253,11 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
       fs::is_regular_file(p, ec))
     p = p.parent_path().empty() ? fs::path(".")
                                 : p.parent_path();  // a checkpoint's weights, a run's config
+  // checkpoints/last: the checkpoint it names (what a resume records and reports)
+  if (p.filename() == "last" && fs::is_symlink(p, ec)) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (!ec && target.is_relative() && target.has_filename()) p = p.parent_path() / target;
+  }
   const bool in_run = p.parent_path().filename() == "checkpoints" &&
                       fs::exists(p.parent_path().parent_path() / "config.yaml", ec);
   if (fs::is_directory(p, ec) && (in_run || fs::exists(p / "model.safetensors", ec))) {
@@ -286,6 +292,44 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
               "model.safetensors)";
   }
   return r;
+}
+
+std::string restore_run_config(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  std::error_code ec;
+  // The run directory meant, and the checkpoint whose graph it was trained with at the end.
+  fs::path run_dir, checkpoint;
+  if (p.parent_path().filename() == "checkpoints" && fs::exists(p / "DONE", ec)) {
+    run_dir = p.parent_path().parent_path();
+    checkpoint = p;
+  } else if (fs::is_directory(p / "checkpoints", ec)) {
+    run_dir = p;
+    if (auto newest = latest_checkpoint(p.string())) checkpoint = *newest;
+  }
+  // A rewind's set-aside folder holds checkpoints too, and is no run to write into.
+  if (checkpoint.empty() || run_dir.parent_path().filename() == "set-aside") return "";
+  const fs::path config = run_dir / "config.yaml";
+  const bool there = fs::exists(config, ec);
+  if (there) {
+    std::ifstream in(config);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (text.find_first_not_of(" \t\r\n") != std::string::npos) return "";  // there, as it is
+  }
+  std::string graph;
+  try {
+    const SafetensorsFile f =
+        read_safetensors((checkpoint / "model.safetensors").string(), SafetensorsRead::metadata);
+    auto it = f.metadata.find("slipstream.config");
+    if (it == f.metadata.end()) return "";
+    graph = it->second;
+  } catch (const std::exception&) {
+    return "";  // the resume names what is wrong with the checkpoint
+  }
+  write_file_atomically(config.string(), graph);
+  return config.string() + " was " + (there ? "empty" : "missing") +
+         ": written again from the graph " + checkpoint.filename().string() +
+         " carries (the run's configuration at that step)";
 }
 
 CheckpointPath find_checkpoint(const std::string& path) {

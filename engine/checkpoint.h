@@ -71,6 +71,11 @@ struct CheckpointPath {
   std::string error;
 };
 CheckpointPath resolve_checkpoint_path(const std::string& path);
+// For `--resume PATH` of a run directory whose config.yaml is missing or empty (deleted, or left
+// empty by a full disk) while its checkpoints are there: config.yaml written again from the graph
+// the checkpoint to resume carries (PATH's own step-N, or the run's newest), so the run goes on
+// with its optimizer state. Returns the line saying so, or "" when nothing was done.
+std::string restore_run_config(const std::string& path);
 // The same, with a run directory's newest complete checkpoint filled in (an error when it has
 // none): the checkpoint a user means by `path` (eval, infer, run.init_from).
 CheckpointPath find_checkpoint(const std::string& path);

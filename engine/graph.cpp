@@ -20,7 +20,17 @@ const StageSchema& run_schema() {
   static const StageSchema schema = [] {
     StageSchema s("run");
     s.doc("Run-wide settings: the `run:` section of a preset or graph file, or --set run.KEY=V.")
-        .param("name", std::string(), "run name; default: the preset name")
+        .param("name", std::string(),
+               "run name (the run directory is runs_dir/NAME-<time>); default: the preset name")
+        .check([](const ParamValue& v) -> std::string {
+          // A name is one folder name under runs_dir: a path would put the run elsewhere.
+          const auto* name = std::get_if<std::string>(&v);
+          if (!name || (name->find('/') == std::string::npos && *name != "." && *name != ".."))
+            return "";
+          return "parameter 'name' = '" + *name +
+                 "' is not a folder name (no '/'): the run directory goes in runs_dir; set "
+                 "run.runs_dir to put it elsewhere";
+        })
         .param("device", std::string("auto"),
                "auto | cpu | cuda | cuda:N | emulated (the CUDA code path on the CPU emulator)")
         .param("precision", std::string("fp32"), "fp32, or bf16 (FP32 master weights, bf16 GEMMs)")
@@ -265,6 +275,7 @@ void set_param(Params& out, const ParamSpec& spec, ParamValue v, SourceMark mark
 Params resolve_params(const StageSchema& schema, const std::map<std::string, ConfigValue>& raw,
                       const std::string& prefix, const SourceMark& owner_mark,
                       std::vector<ConfigIssue>& issues, bool resolved_config = false) {
+  const size_t issues_before = issues.size();
   Params out;
   std::vector<std::string> names;
   for (const auto& p : schema.params()) names.push_back(p.name);
@@ -321,6 +332,16 @@ Params resolve_params(const StageSchema& schema, const std::map<std::string, Con
     else
       set_param(out, spec, spec.default_value, {"<default>"});
   }
+  // The rules between values, once each value passed its own checks.
+  if (issues.size() == issues_before)
+    for (const auto& rule : schema.rules())
+      if (std::optional<StageSchema::RuleProblem> bad = rule(out)) {
+        // At the value to change where the graph or a --set gave it; else the stage's own line.
+        const SourceMark& at = out.mark(bad->param);
+        const bool given =
+            !at.file.empty() && at.file != "<default>" && at.file != "<an older run's value>";
+        issues.push_back({given ? at : owner_mark, prefix + bad->why});
+      }
   return out;
 }
 

@@ -36,8 +36,10 @@ std::string run_time_stamp() {
   return time_text("%Y%m%d-%H%M%S", /*utc=*/false);
 }
 
-DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
-  const std::string path = (fs::path(dir) / ".lock").string();
+DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what,
+                             const std::string& writer)
+    : path_((fs::path(dir) / ".lock").string()) {
+  const std::string& path = path_;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd_ < 0) {
     const int err = errno;
@@ -52,9 +54,11 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
     if (err != EWOULDBLOCK) throw std::runtime_error(path + ": cannot lock: " + errno_text(err));
     throw std::runtime_error(
         dir + ": in use by " + (holder.empty() ? std::string("another process") : holder) +
-        ", which is writing there; two writers would interleave its rows and checkpoints. Wait "
-        "for it to end (or stop it with SIGINT, which checkpoints), then " +
-        what + " again");
+        ", which is writing there; two writers would interleave " + writer +
+        ". Wait for it to end" +
+        (writer == "its rows and checkpoints" ? " (or stop it with SIGINT, which checkpoints)"
+                                              : std::string()) +
+        ", then " + what + " again");
   }
   // Who holds it, for the message above: "process <pid> on <host>".
   const std::string me = "process " + std::to_string(::getpid()) + " on " + host_name() + "\n";
@@ -65,6 +69,13 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
 
 DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+bool DirectoryLock::held_at_path() const {
+  struct stat held {
+  }, at_path{};
+  return fd_ >= 0 && ::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &at_path) == 0 &&
+         held.st_ino == at_path.st_ino && held.st_dev == at_path.st_dev;
 }
 
 std::string create_fresh_directory(const std::string& base) {

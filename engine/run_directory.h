@@ -1,6 +1,7 @@
 // A run directory's safety rules (the layout is in README/docs/architecture.md):
 // - one writer at a time: a run or resume holds an advisory lock on RUN/.lock for its life, and
-//   a second process is refused with the holder's PID;
+//   a second process is refused with the holder's PID; a run whose directory is moved or removed
+//   while it trains locks the one made again at its place;
 // - a fresh directory is made with mkdir, which fails when the name exists, so two runs started in
 //   the same second get two directories;
 // - config.yaml is replaced whole (engine/atomic_file.h), the previous one kept;
@@ -17,13 +18,20 @@ namespace slipstream {
 class DirectoryLock {
  public:
   // Takes the lock on `dir`/.lock (created if missing) without waiting. Throws when another
-  // process holds it: "<dir>: in use by process <pid> on <host> (<what>) ...".
-  DirectoryLock(const std::string& dir, const std::string& what);
+  // process holds it: "<dir>: in use by process <pid> on <host> ..., then <what> again"; `writer`
+  // says what the holder writes there (a run's rows and checkpoints by default).
+  DirectoryLock(const std::string& dir, const std::string& what,
+                const std::string& writer = "its rows and checkpoints");
   DirectoryLock(const DirectoryLock&) = delete;
   DirectoryLock& operator=(const DirectoryLock&) = delete;
   ~DirectoryLock();
 
+  // Whether `dir`/.lock is still the file this lock holds: false once the directory was moved or
+  // removed (a directory made again at its place holds no lock until one is taken there).
+  bool held_at_path() const;
+
  private:
+  std::string path_;
   int fd_ = -1;
 };
 

@@ -367,6 +367,17 @@ std::exception_ptr Runner::Impl::run_flow_graph(std::vector<Stage*>& stages,
 std::exception_ptr Runner::Impl::end_steps(std::exception_ptr failure, int stop_signal,
                                            std::vector<Stage*>& stages,
                                            std::vector<StageContext*>& ctxs) {
+  // The steps since the last train row get theirs (a signal or the data's end between two
+  // log_every rows lost them). With several ranks only at the data's end: the row's sums are
+  // collective, and ranks that were interrupted may not all be here.
+  if (!failure && metrics_failure.empty() && interval_steps > 0 &&
+      (run.world_size == 1 || !run.interrupted)) {
+    try {
+      write_train_row();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
   // A run that ends between validations (the step limit, the data) still reports where it
   // ended, before finish() writes the last checkpoint. Not after SIGINT/SIGTERM: that is a
   // request to stop now.

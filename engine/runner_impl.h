@@ -460,6 +460,11 @@ struct Runner::Impl {
   // A fresh run that failed before its first step leaves no directory behind.
   void remove_unstarted_run_dir();
 
+  // The run directory moved or removed while the run trains is made again at its place (by the
+  // next metrics row or checkpoint): the lock is taken there too, so a resume of it is refused
+  // while this run writes. Checked after every step (a stat and an fstat).
+  void keep_run_dir_locked();
+
   RunResult execute();
   RunResult execute_steps();
   bool start_steps(RunResult& result);

@@ -35,10 +35,12 @@ void Runner::Impl::make_run_dir() {
 // run wrote past the checkpoint moves aside.
 void Runner::Impl::resume_run_dir(const std::string& checkpoint) {
   if (!run.writes_outputs()) return;
-  if (update_config_yaml(run.run_dir, resolved_config_yaml(plan())))
-    log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
+  // What lies past the checkpoint goes first: a kill between the two leaves the run at the
+  // checkpoint with its former settings, never the new settings beside later checkpoints.
   const SetAside aside = set_aside_past(run.run_dir, run.step);
   if (!aside.dir.empty()) log_line(aside.summary());
+  if (update_config_yaml(run.run_dir, resolved_config_yaml(plan())))
+    log_line("config.yaml: updated with this resume's settings (was: config.previous.yaml)");
   append_run_info(run.run_dir, {opt.command_line, run.device.str(), checkpoint});
 }
 
@@ -52,6 +54,23 @@ void Runner::Impl::remove_unstarted_run_dir() {
   if (!ec) *log << "removed " << run.run_dir << ": the run failed before its first step\n";
 }
 
+void Runner::Impl::keep_run_dir_locked() {
+  if (!dir_lock) return;
+  std::error_code ec;
+  if (dir_lock->held_at_path() || !fs::is_directory(run.run_dir, ec)) return;
+  try {
+    dir_lock.emplace(run.run_dir, "resume it");
+    log_line("warning: " + run.run_dir +
+             " was made again (deleted or moved while the run ran): locked again, this run "
+             "its one writer");
+  } catch (const std::exception& e) {
+    // Another process took the directory made again: two writers would interleave its rows
+    // and checkpoints.
+    dir_lock.reset();
+    record_failure(e.what());
+  }
+}
+
 // Everything before the first batch: setup (which may load a whole dataset), the resume
 // point or warm start, the outputs, each stage's start(). False when a resumed run has
 // nothing left to do (`result` says so).
@@ -61,9 +80,15 @@ bool Runner::Impl::start_steps(RunResult& result) {
   if (!opt.resume_dir.empty()) {
     ckpt = opt.resume_checkpoint.empty() ? latest_checkpoint(opt.resume_dir)
                                          : std::optional(opt.resume_checkpoint);
-    if (!ckpt)
-      throw std::runtime_error(opt.resume_dir + ": no complete periodic checkpoint to resume from" +
-                               best_checkpoints_note(opt.resume_dir));
+    if (!ckpt) {
+      const std::string best = best_checkpoints_note(opt.resume_dir);
+      throw std::runtime_error(
+          opt.resume_dir + ": no complete periodic checkpoint to resume from" +
+          (best.empty() ? " (the run stopped before its first one); to train it from the start "
+                          "in a new run directory: slipstream run --config " +
+                              (fs::path(opt.resume_dir) / "config.yaml").string()
+                        : best));
+    }
   }
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
@@ -138,6 +163,11 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
     const bool file_level =
         what.starts_with("safetensors ") || what.find("non-finite value(s)") != std::string::npos;
     const auto earlier = named && file_level ? latest_checkpoint(run.run_dir, step) : std::nullopt;
+    if (!earlier && what.find(" in the checkpoint but ") != std::string::npos)
+      throw std::runtime_error(
+          what + "; a resume goes on training the run's own model: drop the --set that changes " +
+          "its size (the run's config.yaml has the sizes it was trained with), or train the new " +
+          "size as a new run");
     if (!earlier) throw;
     throw std::runtime_error(what + "; the newest checkpoint before it is " + *earlier +
                              ": --resume " + *earlier +
@@ -158,12 +188,22 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
   run.step = info.step;
   // Batches of a step already trained (a stop between an accumulated step's batches).
   const uint64_t k = run.micro_batches_per_step;
-  if (info.next_batch < info.step * k || info.next_batch - info.step * k >= k)
+  if (info.next_batch < info.step * k || info.next_batch - info.step * k >= k) {
+    // A checkpoint of a whole step sits at batch step x (the batches a step had then).
+    const bool whole = info.step > 0 && info.next_batch % info.step == 0;
+    std::string setting = "accumulate";  // the parameter that says it, on its stage
+    for (const PlannedStage& s : plan().stages)
+      for (const ParamSpec& spec : s.schema->params())
+        if (spec.micro_batches) setting = s.name + "." + spec.name;
     throw std::runtime_error(
         ckpt + ": step " + std::to_string(info.step) + " at batch " +
         std::to_string(info.next_batch) + " does not fit " + std::to_string(k) +
         " batch(es) per optimizer step: the run was trained with another gradient "
-        "accumulation; resume it with the value it had");
+        "accumulation; resume it with the value it had" +
+        (whole ? " (" + std::to_string(info.next_batch / info.step) + " batches a step: --set " +
+                     setting + "=" + std::to_string(info.next_batch / info.step) + ")"
+               : std::string()));
+  }
   micro_in_step = info.next_batch - info.step * k;
   uint64_t idx = info.next_batch;
   for (size_t k = head_end; k-- > 0;) {

@@ -174,6 +174,15 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
                       "); no checkpoint was written since step " +
                       std::to_string(streak_first_step - 1) +
                       ". Lower the learning rate, or set run.max_nonfinite_steps=0 to go on";
+    if (run.writes_outputs())
+      if (const auto newest = latest_checkpoint(run.run_dir)) {
+        std::string lr = "STAGE.lr";  // the optimizer's, by the name its graph gives it
+        for (const PlannedStage& s : plan().stages)
+          if (s.schema->stage_role() == StageRole::update && s.schema->find_param("lr"))
+            lr = s.name + ".lr";
+        why += "; the newest checkpoint, " + *newest + ", resumes from before it (--resume " +
+               run.run_dir + " --set " + lr + "=...)";
+      }
     write_train_row();
     end_reason = "diverged";
     throw std::runtime_error(why);
@@ -195,6 +204,7 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
     }
   for (size_t k = plan().section_begin; k < n(); ++k)
     timed(k, b.index, [&] { graph->stage(k).step_end(b, graph->context(k)); });
+  keep_run_dir_locked();  // a checkpoint or row may have made the directory again
   if (last) {
     run.stop_requested = true;
     if (end_reason.empty()) end_reason = "steps";

@@ -279,6 +279,11 @@ StageSchema& StageSchema::check(std::function<std::string(const ParamValue&)> fn
   return *this;
 }
 
+StageSchema& StageSchema::rule(Rule fn) {
+  rules_.push_back(std::move(fn));
+  return *this;
+}
+
 const ParamSpec* StageSchema::find_param(std::string_view name) const {
   for (const auto& p : params_)
     if (p.name == name) return &p;

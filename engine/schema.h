@@ -21,6 +21,7 @@ using ParamValue = std::variant<bool, int64_t, double, std::string, std::vector<
                                 std::vector<int64_t>, std::vector<double>>;
 std::string param_value_str(const ParamValue& v);  // YAML flow form: 3, 0.5, "a", [a, b]
 struct ParamSpec;
+class Params;  // engine/params.h: a stage's resolved parameter values
 // What is wrong with `v` for parameter `spec` (its range, choices and check), or "": what
 // validation reports, and what a schema's own default is held to when it declares them.
 std::string param_value_problem(const ParamSpec& spec, const ParamValue& v);
@@ -141,6 +142,17 @@ class StageSchema {
   // or "". Runs at validation, so `slipstream validate` reports it with the value's mark; a
   // path parameter's check sees the resolved (absolute) paths, after must_exist's.
   StageSchema& check(std::function<std::string(const ParamValue&)> fn);
+  // A rule between several of the stage's parameters that no one value's check can express
+  // (rows: streams needs stride = window): returns the problem and the parameter whose mark it
+  // shows, or nullopt. Runs at validation on the resolved values, once every value passed its
+  // own checks, so `slipstream validate` refuses what setup would.
+  struct RuleProblem {
+    std::string param;  // the value to change
+    std::string why;
+  };
+  using Rule = std::function<std::optional<RuleProblem>(const Params&)>;
+  StageSchema& rule(Rule fn);
+  const std::vector<Rule>& rules() const { return rules_; }
   // How the console's train and validation lines show this stage's metrics (metrics.jsonl holds
   // every one whatever they say). By default a line shows "loss", then the metrics whose names
   // hold no '/' (not one equal to the loss). `console_metric` adds one with a '/' under a short
@@ -187,6 +199,7 @@ class StageSchema {
   Streaming streaming_ = Streaming::none;
   std::vector<PortSpec> inputs_, outputs_;
   std::vector<ParamSpec> params_;
+  std::vector<Rule> rules_;
   std::vector<ConsoleMetric> console_;
 };
 

@@ -88,6 +88,14 @@ class CheckpointStage : public Stage {
       // history up to `at` (a copy, or a keep_best of another value): it stays, outside the count.
     }
     std::erase_if(best_, [&](const auto& b) { return !fs::exists(dir / b.second / "DONE", ec); });
+    // A keep_best lowered on a resume removes none of the best checkpoints the run has (a
+    // model worth keeping is not lost to a setting): past the count they stay, no longer counted.
+    std::sort(best_.begin(), best_.end());
+    std::vector<std::string> bests_left;
+    while (best_.size() > keep_best_) {
+      bests_left.push_back(best_.back().second);
+      best_.pop_back();
+    }
     std::sort(periodic.begin(), periodic.end());
     periodic_.clear();
     for (auto& p : periodic) periodic_.push_back(p.second);
@@ -102,6 +110,11 @@ class CheckpointStage : public Stage {
     if (!removed.empty())
       ctx.log("keep " + std::to_string(keep_) + " and keep_best " + std::to_string(keep_best_) +
               " (this run's settings) removed " + joined(removed));
+    if (!bests_left.empty())
+      ctx.log("keep_best " + std::to_string(keep_best_) +
+              " (this run's setting) keeps fewer best " +
+              "checkpoints than the run has: " + joined(bests_left) +
+              " stay, no longer counted (remove them by hand if they are not wanted)");
     if (!foreign.empty())
       ctx.log("left alone in " + dir.string() +
               ", not counted as this run's checkpoints: " + joined(foreign));
@@ -265,8 +278,9 @@ class CheckpointStage : public Stage {
       last_written_ = step;
       if (periodic_.empty() || periodic_.back() != name) periodic_.push_back(name);
       try {
-        prune(ctx);
+        // `last` moves to the new checkpoint before the old ones go: it never names a removed one.
         point_last(ctx);
+        prune(ctx);
         return;
       } catch (const std::exception& e) {
         // The run directory removed or moved between the write and the link: the checkpoint

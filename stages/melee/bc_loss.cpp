@@ -204,6 +204,13 @@ class BcLossStage : public Stage {
         .param("head_weights", std::vector<double>{1, 1, 1, 1, 1, 1},
                "weights of buttons, main_x, main_y, c_x, c_y, shoulder")
         .range(0, std::nullopt)
+        .check([](const ParamValue& v) -> std::string {
+          const auto* w = std::get_if<std::vector<double>>(&v);
+          const size_t n = w ? w->size() : std::get<std::vector<int64_t>>(v).size();
+          if (n == kHeads) return "";
+          return "parameter 'head_weights' has " + std::to_string(n) +
+                 " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder";
+        })
         .param("baseline_prior", 0.9,
                "baseline P(input repeats) used before any training position was seen")
         .range(0, 1);
@@ -214,12 +221,7 @@ class BcLossStage : public Stage {
     device_ = ctx.exec().device();
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
-    auto hw = ctx.params().numbers("head_weights");
-    if (hw.size() != kHeads)
-      throw std::runtime_error("bc_loss '" + ctx.name() + "': head_weights (" +
-                               ctx.params().mark("head_weights").str() + ") has " +
-                               std::to_string(hw.size()) +
-                               " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder");
+    auto hw = ctx.params().numbers("head_weights");  // six: the schema's check
     for (int h = 0; h < kHeads; ++h)
       head_weights_[h] = static_cast<float>(hw[static_cast<size_t>(h)]);
     const std::string who = "bc_loss '" + ctx.name() + "'";

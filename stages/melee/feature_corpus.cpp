@@ -283,7 +283,8 @@ FeatureBuildReport build_feature_corpus(const std::vector<std::string>& inputs,
                                         const fs::path& out_dir,
                                         const FeatureCorpusOptions& options) {
   fs::create_directories(out_dir);
-  const DirectoryLock lock(out_dir.string(), "corpus build --features");
+  const DirectoryLock lock(out_dir.string(), "run corpus build --features",
+                           "the corpus's games and index");
   const Inputs in = resolve_inputs(inputs);
   FeatureBuildReport report;
   std::vector<std::string> skipped;
@@ -455,6 +456,16 @@ FeatureEntry read_record(Reader& r, Reader& names, uint64_t& offset, uint64_t& s
 
 }  // namespace
 
+namespace {
+
+// A manifest that lacks a field or holds the wrong type: what, and the way out.
+std::string malformed_manifest(const fs::path& dir, const std::exception& e) {
+  return (dir / kFeatureManifestName).string() + ": malformed (" + e.what() +
+         "); rebuild the corpus with `slipstream corpus build --features`";
+}
+
+}  // namespace
+
 FeatureFootprint feature_footprint(const fs::path& dir) {
   const nlohmann::json m = read_manifest(dir);
   FeatureFootprint f;
@@ -463,7 +474,7 @@ FeatureFootprint feature_footprint(const fs::path& dir) {
     f.feature_bytes = m.at("feature_bytes").get<uint64_t>();
     f.source_bytes = m.at("source_bytes").get<uint64_t>();
   } catch (const std::exception& e) {
-    throw FeatureCorpusError((dir / kFeatureManifestName).string() + ": " + e.what());
+    throw FeatureCorpusError(malformed_manifest(dir, e));
   }
   return f;
 }
@@ -486,7 +497,7 @@ FeatureCorpus FeatureCorpus::open(const fs::path& dir) {
     s->feature_bytes = m.at("feature_bytes").get<uint64_t>();
     s->source_bytes = m.at("source_bytes").get<uint64_t>();
   } catch (const std::exception& e) {
-    throw FeatureCorpusError((dir / kFeatureManifestName).string() + ": " + e.what());
+    throw FeatureCorpusError(malformed_manifest(dir, e));
   }
   const fs::path index_path = dir / kIndexName;
   std::vector<uint8_t> index;

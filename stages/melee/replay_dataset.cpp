@@ -264,10 +264,12 @@ Outcome process_item(const GameItem& it, const ReplayDataset::Sources& s, bool r
   return o;
 }
 
-// A skip counted under `reason`, with the first few examples kept for the report.
+// A skip counted under `reason`, named (the report shows the first few, RUN/NAME.skipped.txt
+// every one).
 void note_skip(ReplayDataset& ds, int reason, std::string example) {
   auto& s = ds.skips[static_cast<size_t>(reason)];
-  if (s.count++ < kSkipExamples) s.examples.push_back(std::move(example));
+  ++s.count;
+  s.examples.push_back(std::move(example));
 }
 
 std::array<std::string, kSkipReasons> reason_texts(const Filters& f) {
@@ -409,7 +411,10 @@ std::vector<size_t> kept_in_identity_order(std::vector<Outcome>& out, const Filt
   std::vector<size_t> kept;
   for (size_t i = 0; i < out.size(); ++i) {
     Outcome& o = out[i];
-    if (o.damaged && ds.damaged++ < kSkipExamples) ds.damaged_examples.push_back(o.damage);
+    if (o.damaged) {
+      ++ds.damaged;
+      ds.damaged_examples.push_back(o.damage);
+    }
     if (o.reason >= 0)
       note_skip(ds, o.reason, o.detail);
     else
@@ -469,30 +474,35 @@ std::shared_ptr<ReplayDataset> load_dataset(const Inputs& in, const Filters& f,
 
 }  // namespace
 
-// Training and validation copies load the same inputs: the second reuses the first's games.
+namespace {
+
+std::mutex g_cache_mu;
+// Loaded datasets while they live, by their inputs' stamps and filters, and by the paths and
+// filters a stage was given (live_dataset).
+std::map<std::string, std::weak_ptr<const ReplayDataset>> g_by_stamps, g_by_given;
+
+}  // namespace
+
+std::shared_ptr<const ReplayDataset> live_dataset(const std::string& given) {
+  std::lock_guard lock(g_cache_mu);
+  auto it = g_by_given.find(given);
+  return it == g_by_given.end() ? nullptr : it->second.lock();
+}
+
 std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
                                                     tbb::task_arena& arena, bool& fresh,
-                                                    uint64_t on_demand, bool any_residency) {
-  static std::mutex mu;
-  static std::map<std::string, std::weak_ptr<const ReplayDataset>> cache;
-  const std::string base = dataset_key(in, f) + "|resident ";
-  const std::string key = base + std::to_string(on_demand);
-  std::lock_guard lock(mu);
-  if (any_residency)
-    for (auto it = cache.lower_bound(base); it != cache.end() && it->first.starts_with(base); ++it)
-      if (auto ds = it->second.lock()) {
-        fresh = false;
-        return ds;
-      }
-  if (auto it = cache.find(key); it != cache.end())
-    if (auto ds = it->second.lock()) {
-      fresh = false;
-      return ds;
-    }
-  std::shared_ptr<const ReplayDataset> ds = load_dataset(in, f, arena, on_demand == 0);
-  std::const_pointer_cast<ReplayDataset>(ds)->resident_games = on_demand;
-  cache[key] = ds;
-  fresh = true;
+                                                    uint64_t on_demand, const std::string& given) {
+  const std::string key = dataset_key(in, f) + "|resident " + std::to_string(on_demand);
+  std::lock_guard lock(g_cache_mu);
+  std::shared_ptr<const ReplayDataset> ds;
+  if (auto it = g_by_stamps.find(key); it != g_by_stamps.end()) ds = it->second.lock();
+  fresh = !ds;
+  if (!ds) {
+    ds = load_dataset(in, f, arena, on_demand == 0);
+    std::const_pointer_cast<ReplayDataset>(ds)->resident_games = on_demand;
+    g_by_stamps[key] = ds;
+  }
+  if (!given.empty()) g_by_given[given] = ds;
   return ds;
 }
 

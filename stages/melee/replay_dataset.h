@@ -101,15 +101,15 @@ struct ReplayDataset {
   std::vector<std::vector<uint8_t>> players;  // per game: players whose perspective is used
   struct Skip {
     size_t count = 0;
-    std::vector<std::string> examples;
+    std::vector<std::string> examples;  // every one (the report shows kSkipExamples)
   };
   std::array<Skip, kSkipReasons> skips;
   std::array<std::string, kSkipReasons> reason_text;
   size_t files = 0, corpus_games = 0, damaged = 0;
   size_t shard_of = 0;  // with shard: games, the files and corpus games of every rank together
-  std::vector<std::string> damaged_examples;
-  size_t bytes = 0, frames = 0;      // the games' arrays (resident or not) and rows
-  std::vector<uint64_t> game_bytes;  // each game's arrays
+  std::vector<std::string> damaged_examples;  // every one, as the skips' examples
+  size_t bytes = 0, frames = 0;               // the games' arrays (resident or not) and rows
+  std::vector<uint64_t> game_bytes;           // each game's arrays
   double seconds = 0;
   int threads = 1;
   bool resident = true;
@@ -124,11 +124,15 @@ struct ReplayDataset {
 
 // The dataset of `in` under `f`, loaded on `arena`'s threads or found in the cache (`fresh`:
 // loaded by this call). `on_demand` 0: every game's arrays kept; N: only the facts, the stage
-// reading at most N games at once (read_game). `any_residency`: a cached dataset of the same
-// inputs is taken whatever its residency (the validation copy takes the training copy's).
+// reading at most N games at once (read_game). `given`: the paths and filters the stage was
+// given, under which live_dataset finds it.
 std::shared_ptr<const ReplayDataset> cached_dataset(const Inputs& in, const Filters& f,
                                                     tbb::task_arena& arena, bool& fresh,
                                                     uint64_t on_demand = 0,
-                                                    bool any_residency = false);
+                                                    const std::string& given = {});
+// The dataset loaded for `given` that is still in use (or null): the validation copy takes the
+// training copy's, resident or not, even when files changed on disk since (a folder a recorder
+// still writes to) — it validates on the games the run split, within the training's memory.
+std::shared_ptr<const ReplayDataset> live_dataset(const std::string& given);
 
 }  // namespace slipstream::melee

@@ -61,7 +61,20 @@ Inputs resolve_inputs(const std::vector<std::string>& paths) {
     for (const fs::path& e : expanded) {
       std::error_code ec;
       if (fs::is_directory(e, ec)) {
-        if (is_feature_corpus(e)) {
+        // Both kinds built into one folder: the newer is read, and the report says so (the
+        // feature corpus was read whatever the game corpus built after it held).
+        bool features = is_feature_corpus(e);
+        if (features && is_corpus(e)) {
+          const auto game_time = fs::last_write_time(e / "manifest.json", ec);
+          const auto feature_time = fs::last_write_time(e / kFeatureManifestName, ec);
+          features = !ec && feature_time >= game_time;
+          in.ignored.push_back(e.string() + " holds a feature corpus (" + kFeatureManifestName +
+                               ") and a game corpus (manifest.json): the newer, the " +
+                               (features ? "feature" : "game") +
+                               " corpus, is read; remove the other's files or build into "
+                               "separate folders");
+        }
+        if (features) {
           in.feature_corpora.push_back(e);
         } else if (is_corpus(e)) {
           in.corpora.push_back(e);

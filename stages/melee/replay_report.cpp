@@ -1,6 +1,7 @@
 // The replay loader's setup report: see replay_report.h.
 #include "stages/melee/replay_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -8,6 +9,16 @@
 #include <nlohmann/json.hpp>
 
 namespace slipstream::melee {
+
+std::string skipped_list(const ReplayDataset& ds) {
+  std::string out;
+  for (size_t r = 0; r < kSkipReasons; ++r)
+    for (const std::string& name : ds.skips[r].examples)
+      out += ds.reason_text[r] + "\t" + name + "\n";
+  for (const std::string& name : ds.damaged_examples)
+    out += "damaged (rows before it used)\t" + name + "\n";
+  return out;
+}
 
 std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
   std::ostringstream out;
@@ -22,18 +33,23 @@ std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
       << " MiB of features" << (ds.resident ? "" : " (read on demand)") << " in "
       << static_cast<int>(ds.seconds * 1000) << " ms on " << ds.threads << " threads; " << skipped
       << " skipped\n";
+  // The first few of each kind; the rest in the run's list of them.
+  const auto first_few = [&](const std::vector<std::string>& names) {
+    for (size_t i = 0; i < std::min(names.size(), kSkipExamples); ++i)
+      out << (i ? ", " : "") << names[i];
+    if (names.size() > kSkipExamples)
+      out << ", ..." << (f.skipped_file.empty() ? "" : " (every one: " + f.skipped_file + ")");
+    out << "\n";
+  };
   for (size_t r = 0; r < kSkipReasons; ++r) {
     const auto& s = ds.skips[r];
     if (!s.count) continue;
     out << "  skipped " << s.count << ' ' << ds.reason_text[r] << ": ";
-    for (size_t i = 0; i < s.examples.size(); ++i) out << (i ? ", " : "") << s.examples[i];
-    out << (s.count > s.examples.size() ? ", ..." : "") << "\n";
+    first_few(s.examples);
   }
   if (ds.damaged) {
     out << "  note: " << ds.damaged << " damaged (rows before the damage used): ";
-    for (size_t i = 0; i < ds.damaged_examples.size(); ++i)
-      out << (i ? ", " : "") << ds.damaged_examples[i];
-    out << (ds.damaged > ds.damaged_examples.size() ? ", ..." : "") << "\n";
+    first_few(ds.damaged_examples);
   }
   if (f.pinned && f.validation_copy) {
     out << "  validation (validation_paths): " << f.games[1] << " games, " << f.windows[1]

@@ -19,7 +19,11 @@ struct ReportFacts {
   uint64_t batch = 1;
   std::array<size_t, 2> games{}, windows{};  // [0] train, [1] validation
   size_t overlap = 0;                        // games in both paths and validation_paths
+  std::string skipped_file;                  // where every skipped file is listed, if anywhere
 };
+
+// Every skipped and damaged file of `ds`, a line each: "REASON<tab>FILE" (RUN/NAME.skipped.txt).
+std::string skipped_list(const ReplayDataset& ds);
 
 // The lines of the report, each ending in a newline.
 std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f);

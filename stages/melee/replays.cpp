@@ -115,6 +115,20 @@ std::string paths_str(const std::vector<std::string>& v) {
 ReplaysStage::ReplaysStage() = default;
 ReplaysStage::~ReplaysStage() = default;
 
+namespace {
+
+// rows: streams walks each game window after window: the windows must abut.
+std::optional<StageSchema::RuleProblem> streams_problem(const Params& p) {
+  const int64_t window = p.integer("window"), stride = p.integer("stride");
+  if (p.string("rows") != "streams" || stride == 0 || stride == window) return std::nullopt;
+  return StageSchema::RuleProblem{"stride", "rows: streams (" + p.mark("rows").str() +
+                                                ") needs windows that abut, stride = window (" +
+                                                std::to_string(window) + ") or 0, got stride " +
+                                                std::to_string(stride) + " (set stride: 0)"};
+}
+
+}  // namespace
+
 StageSchema ReplaysStage::schema() {
   using S = std::vector<std::string>;
   StageSchema s("slippi_replays");
@@ -264,8 +278,25 @@ StageSchema ReplaysStage::schema() {
       .range(0, 1000000)
       .param("synthetic_dir", std::string("data/synth"),
              "where synthetic games are cached (<dir>/<seed>-<n>)")
-      .path();
+      .path()
+      .rule(streams_problem)
+      .rule([](const Params& p) -> std::optional<StageSchema::RuleProblem> {
+        if (p.string("validation_rows") != "whole_games" || p.string("rows") == "streams")
+          return std::nullopt;
+        return StageSchema::RuleProblem{
+            "validation_rows",
+            "validation_rows: whole_games reads the games' windows in order "
+            "and needs rows: streams (rows is " +
+                p.string("rows") +
+                (p.mark("rows").file == "<default>" ? ", the default"
+                                                    : ", at " + p.mark("rows").str()) +
+                ")"};
+      });
 }
+
+// The share of the memory budget every game's features may take (resident_games: all); auto
+// takes all of them up to 80 %.
+constexpr double kAllGamesShare = 0.9;
 
 // Features take about 0.7 bytes per byte of .slp (measured: 0.62 on the shared replays' 63
 // MiB, 0.68 of RSS per byte on synthetic sets of 500 to 20,000 games, window index included).
@@ -365,7 +396,9 @@ uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in,
       return static_cast<uint64_t>(n);
     }
   }
-  if (need > avail) {
+  // The features leave room for the rest of the process (the model, batches in flight, the
+  // threads' stacks): at 99 % of the budget, setup ran out of memory with no word of the cause.
+  if (need > kAllGamesShare * avail) {
     // With auto, on demand was not possible here: say why instead of suggesting it.
     std::string on_demand = "Read games on demand (resident_games: auto, or N games at once)";
     if (setting == "auto")
@@ -378,7 +411,11 @@ uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in,
                                                   : 0) +
                     " (resident_games: N sets it)";
     throw ConfigError(
-        {{p.mark("paths"), "stage '" + ctx.name() + "': " + figures + ". " + on_demand +
+        {{p.mark("paths"), "stage '" + ctx.name() + "': " + figures +
+                               (need <= avail ? " (features past 90 % of it leave too little "
+                                                "for the rest of the run)"
+                                              : std::string()) +
+                               ". " + on_demand +
                                ", train on fewer replays (paths), shard: games over more ranks "
                                "(each holds its share), or give the job more memory; "
                                "replays.memory: N (GiB) sets the budget this check uses"}});
@@ -504,12 +541,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   shuffle_ = p.boolean("shuffle");
   stride_ = p.integer("stride") == 0 ? window_ : p.integer("stride");
   streams_ = p.string("rows") == "streams";
-  if (streams_ && stride_ != window_)
-    throw ConfigError(
-        {{p.mark("stride"), "stage '" + ctx.name() + "': rows: streams (" + p.mark("rows").str() +
-                                ") needs windows that abut, stride = window (" +
-                                std::to_string(window_) + ") or 0, got stride " +
-                                std::to_string(stride_) + " (set stride: 0)"}});
+  // rows: streams has stride = window (the schema's rule)
   keyed_order_ = p.string("shuffle_order") == "keyed";
   epochs_ = std::max<int64_t>(1, ctx.run().epochs);
   seed_ = ctx.seed();
@@ -523,9 +555,14 @@ void ReplaysStage::setup(StageContext& ctx) {
   const Filters f = filters(ctx, by_games);
   std::ostringstream rep;
   const Inputs in = inputs_or_synthetic(ctx, who, rep);
-  // The validation copy reads the training copy's dataset, resident or not, from the cache.
+  // The validation copy reads the training copy's dataset, resident or not; alone (eval), it
+  // loads its own within the memory settings as training would.
+  std::string given = f.key() + "|synthetic " + std::to_string(p.integer("synthetic")) + " " +
+                      p.string("synthetic_dir");
+  for (const auto& path : p.strings("paths")) given += "|" + path;
+  std::shared_ptr<const ReplayDataset> shared = validation_ ? live_dataset(given) : nullptr;
   const uint64_t on_demand =
-      validation_ ? 0 : resident_games(ctx, in, by_games ? ctx.run().world_size : 1);
+      shared ? 0 : resident_games(ctx, in, by_games ? ctx.run().world_size : 1);
 
   // Pinned validation games: their own dataset. The validation copy reads only it; the training
   // copy leaves out any game it also holds.
@@ -545,7 +582,8 @@ void ReplaysStage::setup(StageContext& ctx) {
 
   bool fresh = fresh_pinned;
   data_ = validation_ && pinned ? pinned
-                                : cached_dataset(in, f, *arena_, fresh, on_demand, validation_);
+          : shared              ? shared
+                                : cached_dataset(in, f, *arena_, fresh, on_demand, given);
   const ReplayDataset& ds = *data_;
 
   // Split: whole games (replay_split.h); both sides' windows are counted for the report, the
@@ -584,6 +622,14 @@ void ReplaysStage::setup(StageContext& ctx) {
   facts.games = ngames;
   facts.windows = nwin;
   facts.overlap = overlap;
+  // Every skipped file, listed in the run directory by the training copy (the report names a
+  // few of each kind): tens of thousands of replays skip more than a console shows.
+  size_t skips = ds.damaged;
+  for (const auto& s : ds.skips) skips += s.count;
+  if (!validation_ && skips > 0 && ctx.run().writes_outputs() && !ctx.run().run_dir.empty()) {
+    facts.skipped_file = (fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt")).string();
+    skipped_ = skipped_list(ds);
+  }
   rep << dataset_report(ds, facts);
   for (const auto& line : in.ignored) rep << "  warning: " << line << "\n";
   report_ = rep.str();
@@ -853,6 +899,9 @@ void ReplaysStage::load(StateReader& r) {
 // checkpoint writes nothing). A resumed run's file keeps the games it trained on before.
 void ReplaysStage::start(StageContext& ctx) {
   if (!load_warning_.empty()) ctx.log(load_warning_);
+  if (!skipped_.empty())
+    write_file_atomically((fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt")).string(),
+                          std::exchange(skipped_, {}));
   if (splits_.empty()) return;
   const fs::path file = fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json");
   std::string text = std::exchange(splits_, {});

@@ -98,6 +98,7 @@ class ReplaysStage : public Stage {
             const BatchView& view) const;
 
   std::shared_ptr<const ReplayDataset> data_;
+  std::string skipped_;  // RUN/NAME.skipped.txt's lines, written at start
   std::vector<Perspective> perspectives_;
   WindowIndex windows_;
   std::vector<uint32_t> split_games_;  // indexes into the dataset's games

@@ -10,6 +10,16 @@
 namespace slipstream {
 namespace {
 
+// beta1, beta2 and ema stop short of 1: the bias corrections divide by 1 - beta^step, and an
+// EMA of decay 1 never moves from the starting weights.
+std::function<std::string(const ParamValue&)> below_one(std::string name) {
+  return [name](const ParamValue& v) -> std::string {
+    const auto* x = std::get_if<double>(&v);
+    return !x || *x < 1 ? ""
+                        : "parameter '" + name + "' = " + param_value_str(v) + " must be below 1";
+  };
+}
+
 class AdamWStage : public Stage {
  public:
   static StageSchema schema() {
@@ -23,8 +33,10 @@ class AdamWStage : public Stage {
         .range(0, std::nullopt)
         .param("beta1", 0.9, "first-moment decay (below 1)")
         .range(0, 1)
+        .check(below_one("beta1"))
         .param("beta2", 0.999, "second-moment decay (below 1)")
         .range(0, 1)
+        .check(below_one("beta2"))
         .param("eps", 1e-8, "added to the denominator")
         .range(0, std::nullopt)
         .param("weight_decay", 0.01,
@@ -53,7 +65,8 @@ class AdamWStage : public Stage {
         .micro_batches()
         .param("ema", 0.0,
                "EMA decay of the weights, below 1, e.g. 0.999 (0: off); validation uses it")
-        .range(0, 1);
+        .range(0, 1)
+        .check(below_one("ema"));
   }
 
   void setup(StageContext& ctx) override {
@@ -78,12 +91,6 @@ class AdamWStage : public Stage {
     if (c.schedule.kind == optim::LrSchedule::Kind::cosine && c.schedule.total <= 0)
       throw std::runtime_error("schedule 'cosine' needs the number of steps: set " + ctx.name() +
                                ".total_steps or run.steps (" + p.mark("schedule").str() + ")");
-    if (c.ema >= 1) throw std::runtime_error("ema must be below 1 (" + p.mark("ema").str() + ")");
-    // The bias corrections divide by 1 - beta^step: 0 at beta 1.
-    for (const char* beta : {"beta1", "beta2"})
-      if (p.number(beta) >= 1)
-        throw std::runtime_error(std::string(beta) + " must be below 1 (" + p.mark(beta).str() +
-                                 ")");
     auto params = ctx.upstream_parameters();
     if (params.empty())
       throw std::runtime_error(

@@ -261,6 +261,13 @@ TEST(Config, RunSectionValidated) {
       plan_error(d, std::string(kGood) + "run: {precision: fp16}\n"),
       "g.yaml:11:7: run: parameter 'precision' = 'fp16' is not one of {fp32, bf16}; did you mean "
       "'fp32'?");
+  // A run's name is a folder name: a path would put its directory outside runs_dir.
+  for (const char* name : {"../escape", "/tmp/elsewhere", ".."})
+    EXPECT_NE(plan_error(d, kGood, {std::string("run.name=") + name})
+                  .find("parameter 'name' = '" + std::string(name) + "' is not a folder name"),
+              std::string::npos)
+        << name;
+  EXPECT_EQ(plan_error(d, kGood, {"run.name=my-run_2"}), "");
 }
 
 TEST(Config, CommandLineOverrides) {

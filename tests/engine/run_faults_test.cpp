@@ -75,6 +75,9 @@ TEST(RunFaults, NonFiniteLossForKStepsStopsWithAnErrorAndNoCheckpointOfIt) {
     EXPECT_NE(what.find("training diverged"), std::string::npos) << what;
     EXPECT_NE(what.find("4 consecutive steps (4 to 7)"), std::string::npos) << what;
     EXPECT_NE(what.find("run.max_nonfinite_steps"), std::string::npos) << what;
+    EXPECT_NE(what.find("the newest checkpoint, " + run_dir_of(d) + "/checkpoints/step-2,"),
+              std::string::npos)
+        << what;
   }
   EXPECT_EQ(recorded().finished.load(), 0);  // no finish(): no final checkpoint of the NaN state
   std::string dir = run_dir_of(d);
@@ -223,9 +226,11 @@ TEST(RunFaults, ResumeAppliesKeepToCheckpointsOnDiskAndClearsLeftovers) {
   o.resume_dir = dir;
   Runner second(plan_text(d, g, with({"run.steps=8", "ckpt.keep=2", "ckpt.keep_best=1"})), o);
   second.run();
-  // keep 2 and keep_best 1 counted what was on disk; the write leftovers are gone.
+  // keep 2 counted what was on disk (a lower keep_best removes no best checkpoint); the write
+  // leftovers are gone.
   auto names = checkpoint_dirs(dir);
-  EXPECT_EQ(names, (std::vector<std::string>{"best-step-2", "step-5", "step-6", "step-8"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"best-step-2", "best-step-4", "best-step-6", "step-5",
+                                             "step-6", "step-8"}));
   bool aside = false;
   for (const auto& e : fs::directory_iterator(fs::path(dir) / "set-aside"))
     aside = aside || fs::exists(e.path() / "checkpoints" / "best-step-7" / "DONE");
@@ -400,6 +405,8 @@ TEST(RunFaults, LastIsTheNewestCheckpointAndTheWeightsCarryTheirGraph) {
   const CheckpointPath where = find_checkpoint(last.string());
   EXPECT_TRUE(where.error.empty()) << where.error;
   EXPECT_EQ(fs::path(where.run_dir), fs::path(dir));
+  // The checkpoint it names, not "last": what a resume records in run.json and reports.
+  EXPECT_EQ(fs::path(where.checkpoint).filename(), "step-6");
 
   const auto weights = read_safetensors((last / "model.safetensors").string());
   const std::string text = weights.metadata.at("slipstream.config");

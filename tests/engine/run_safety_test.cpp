@@ -271,8 +271,10 @@ TEST(RunSafety, APlainResumeLeavesWhatItDidNotWrite) {
   EXPECT_EQ(read(root / "README.txt"), "notes\n");
 }
 
-// keep_best lowered on a resume removes the extra best checkpoints, and says which.
-TEST(RunSafety, LoweringKeepBestOnAResumeSaysWhatItRemoves) {
+// keep_best lowered on a resume removes none of the best checkpoints the run has (it removed
+// the extra ones at start, the run's best models lost to a setting): they stay, uncounted, and
+// the run says so.
+TEST(RunSafety, LoweringKeepBestOnAResumeRemovesNoBestCheckpoint) {
   reset_recorded();
   TempDir d;
   const std::string g = graph(d, "every: 2, keep: 10, keep_best: 3");
@@ -288,12 +290,13 @@ TEST(RunSafety, LoweringKeepBestOnAResumeSaysWhatItRemoves) {
   Runner second(plan_text(d, g, {"run.steps=6", "ckpt.keep_best=0"}), o);
   second.run();
   const std::string err = said.str();
-  EXPECT_FALSE(fs::exists(root / "best-step-2"));
-  EXPECT_FALSE(fs::exists(root / "best-step-4"));
-  EXPECT_NE(err.find("ckpt: keep 10 and keep_best 0 (this run's settings) removed best-step-4, "
-                     "best-step-2"),
+  EXPECT_TRUE(fs::exists(root / "best-step-2" / "DONE"));
+  EXPECT_TRUE(fs::exists(root / "best-step-4" / "DONE"));
+  EXPECT_NE(err.find("ckpt: keep_best 0 (this run's setting) keeps fewer best checkpoints than "
+                     "the run has: best-step-4, best-step-2 stay, no longer counted"),
             std::string::npos)
       << err;
+  EXPECT_EQ(err.find("removed"), std::string::npos) << err;
 }
 
 // The validation at a run's end comes after that step's periodic checkpoint, so the checkpoint's
@@ -320,14 +323,15 @@ TEST(RunSafety, ABestCheckpointOfTheRunsLastStepCountsOnResume) {
   EXPECT_EQ(second.run().final_step, 8u);
   EXPECT_EQ(names_in(root), (std::vector<std::string>{"best-step-3", "best-step-4", "step-2",
                                                       "step-4", "step-6", "step-8"}));
-  // And keep_best lowered removes it like any best of the run.
+  // And keep_best lowered names it past the count like any best of the run (removing none).
   RunOptions o = resume_options(dir);
   std::ostringstream said;
   o.log = &said;
   Runner third(plan_text(d, g, with({"run.steps=10", "ckpt.keep_best=1"})), o);
   third.run();
-  EXPECT_NE(said.str().find("removed best-step-4"), std::string::npos) << said.str();
-  EXPECT_FALSE(fs::exists(root / "best-step-4"));
+  EXPECT_NE(said.str().find("best-step-4 stay, no longer counted"), std::string::npos)
+      << said.str();
+  EXPECT_TRUE(fs::exists(root / "best-step-4"));
   EXPECT_TRUE(fs::exists(root / "best-step-3"));
 }
 

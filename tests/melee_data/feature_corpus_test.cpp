@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -16,6 +17,7 @@
 
 #include "engine/run_directory.h"
 #include "stages/melee/feature_corpus.h"
+#include "stages/melee/replay_inputs.h"
 #include "stages/melee/replay_split.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/parser.h"
@@ -394,12 +396,30 @@ TEST(BoundedMemory, ADamagedGameOfAGameCorpusIsLeftOutNotFatal) {
   }
 }
 
+// A manifest missing a field says it is malformed and how to mend it (a bare JSON exception
+// before).
+TEST(FeatureCorpus, AMalformedManifestSaysRebuild) {
+  TempDir dir("features_malformed");
+  std::ofstream(dir.path() / kFeatureManifestName)
+      << "{\"version\": " << kFeatureCorpusVersion << "}";  // no games, no sizes
+  const std::string m = error_of([&] { feature_footprint(dir.path()); });
+  EXPECT_NE(m.find("features.json: malformed ("), std::string::npos) << m;
+  EXPECT_NE(m.find("rebuild the corpus with `slipstream corpus build --features`"),
+            std::string::npos)
+      << m;
+}
+
 // One build a folder at a time: a second is refused naming the holder.
 TEST(FeatureCorpus, OneBuildAFolderAtATime) {
   TempDir dir("features_locked");
   const DirectoryLock held(dir.str(), "another build");
   const std::string m = error_of([&] { build_feature_corpus({synth_dir().string()}, dir.path()); });
   EXPECT_NE(m.find("in use by process"), std::string::npos) << m;
+  // In a corpus's words, not a run's (rows, checkpoints, SIGINT).
+  EXPECT_NE(m.find("two writers would interleave the corpus's games and index. Wait for it to "
+                   "end, then run corpus build --features again"),
+            std::string::npos)
+      << m;
   EXPECT_FALSE(fs::exists(dir.path() / "features.json"));
 }
 
@@ -475,6 +495,33 @@ TEST(WindowOrder, PoolsCoverEveryWindowOnce) {
       EXPECT_EQ(seen.size(), (n / B) * B);
     }
   }
+}
+
+// A game corpus built into a folder that holds a feature corpus (or the other way round): the
+// newer of the two is read and the report says so (the feature corpus was read silently, the
+// game corpus built after it never).
+TEST(FeatureCorpus, AFolderHoldingBothKindsReadsTheNewerAndSaysSo) {
+  TempDir dir("both");
+  build_feature_corpus({synth_dir().string()}, dir.path());
+  const fs::path inputs[] = {synth_dir()};
+  slp::build_corpus(inputs, dir.path());
+  // The game corpus is the newer, whatever the clock's resolution.
+  fs::last_write_time(
+      dir.path() / "manifest.json",
+      fs::last_write_time(dir.path() / kFeatureManifestName) + std::chrono::seconds(5));
+  Inputs in = resolve_inputs({dir.str()});
+  EXPECT_EQ(in.corpora.size(), 1u);
+  EXPECT_TRUE(in.feature_corpora.empty());
+  ASSERT_EQ(in.ignored.size(), 1u);
+  EXPECT_NE(in.ignored[0].find("holds a feature corpus (features.json) and a game corpus "
+                               "(manifest.json): the newer, the game corpus, is read"),
+            std::string::npos)
+      << in.ignored[0];
+  fs::last_write_time(dir.path() / kFeatureManifestName,
+                      fs::last_write_time(dir.path() / "manifest.json") + std::chrono::seconds(5));
+  in = resolve_inputs({dir.str()});
+  EXPECT_EQ(in.feature_corpora.size(), 1u);
+  EXPECT_TRUE(in.corpora.empty());
 }
 
 }  // namespace

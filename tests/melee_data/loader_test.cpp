@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -13,9 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/config.h"
+#include "engine/graph.h"
 #include "stages/melee/slp/corpus.h"
 #include "stages/melee/slp/names.h"
 #include "stages/melee/slp/parser.h"
+#include "stages/melee/slp/synth.h"
 #include "stages/melee/slp/writer.h"
 #include "tests/melee_data/loader_fixture.h"
 #include "tests/slp/corpus_v1.h"
@@ -466,6 +469,98 @@ TEST(Loader, StreamsNeedAbuttingWindows) {
   }
 }
 
+// The validation copy takes the training copy's games even when a file changed on disk since
+// (a folder a recorder still writes to): it loaded every game a second time, all resident
+// whatever resident_games said, and validated on a split of other games.
+TEST(Loader, TheValidationCopyTakesTheTrainingCopysGamesWhenAFileChanged) {
+  TempDir d("changing");
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(synth_dir())) {
+    fs::copy(e.path(), d.path() / e.path().filename());
+    files.push_back(d.path() / e.path().filename());
+  }
+  const std::vector<std::string> o = {paths_of(d.path()), "resident_games=3",
+                                      "validation_fraction=0.3"};
+  Loader train(o);
+  ASSERT_TRUE(train.stage().resident_stats().has_value());  // read on demand
+  fs::last_write_time(files[0], fs::last_write_time(files[0]) + std::chrono::seconds(10));
+  slp::write_synthetic_games(d.path() / "more", 2, 7, 1500);
+  Loader validation(o, 1, 1, true);
+  EXPECT_TRUE(validation.stage().resident_stats().has_value());
+  std::set<std::string> seen;
+  for (Loader* l : {&train, &validation})
+    for (const auto& s : l->stage().sources()) {
+      EXPECT_EQ(s.find("more"), std::string::npos) << s;
+      EXPECT_TRUE(seen.insert(s).second) << s << " in both splits";
+    }
+  EXPECT_EQ(seen.size(), files.size());
+}
+
+// Every skipped file is listed in the run directory (RUN/NAME.skipped.txt, a line each: reason,
+// tab, file); the report names the first few of each kind and where the rest are. With tens of
+// thousands of replays no list of the bad ones existed anywhere.
+TEST(Loader, EverySkippedFileIsListedInTheRunDirectory) {
+  TempDir d("skips"), run("skips-run");
+  for (const auto& e : fs::directory_iterator(synth_dir()))
+    fs::copy(e.path(), d.path() / e.path().filename());
+  for (int i = 0; i < 5; ++i)
+    std::ofstream(d.path() / ("junk" + std::to_string(i) + ".slp")) << "not a replay " << i;
+  Loader L({paths_of(d.path())}, 1, 1, false, 0, 1, 0, run.str());
+  const std::string list_file = (run.path() / "replays.skipped.txt").string();
+  EXPECT_NE(L.stage().report().find(", ... (every one: " + list_file + ")"), std::string::npos)
+      << L.stage().report();
+  L.stage().start(L.ctx());
+  std::ifstream in(list_file);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    const std::string name = (d.path() / ("junk" + std::to_string(i) + ".slp")).string();
+    EXPECT_EQ(std::count_if(lines.begin(), lines.end(),
+                            [&](const std::string& l) {
+                              return l.starts_with("unreadable\t") &&
+                                     l.find(name) != std::string::npos;
+                            }),
+              1)
+        << name;
+  }
+}
+
+// `slipstream validate` refuses what setup would: the loader's rules between parameters are the
+// schema's, named at the value to change (validate said OK and the run failed at setup).
+TEST(Loader, ValidationRefusesWhatSetupWould) {
+  auto error_of = [](std::vector<std::string> sets) {
+    sets.push_back("replays.synthetic=4");
+    try {
+      plan_graph(load_config(SLIPSTREAM_SOURCE_DIR "/configs/train_bc.yaml", sets));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(valid)");
+  };
+  const std::string streams = error_of({"replays.rows=streams", "replays.stride=5"});
+  EXPECT_NE(streams.find("--set replays.stride=5: stage 'replays' (slippi_replays): rows: streams"),
+            std::string::npos)
+      << streams;
+  EXPECT_NE(streams.find("needs windows that abut"), std::string::npos) << streams;
+  EXPECT_EQ(error_of({"replays.rows=streams", "replays.stride=0"}), "(valid)");
+  const std::string whole = error_of({"replays.validation_rows=whole_games"});
+  EXPECT_NE(
+      whole.find("--set replays.validation_rows=whole_games: stage 'replays' (slippi_replays): "
+                 "validation_rows: "
+                 "whole_games reads the games' windows in order and needs rows: streams (rows is "
+                 "shuffled, the default)"),
+      std::string::npos)
+      << whole;
+  for (const char* below : {"step.beta1=1", "step.beta2=1.0", "step.ema=1"}) {
+    const std::string e = error_of({below});
+    EXPECT_NE(e.find("must be below 1"), std::string::npos) << below << ": " << e;
+  }
+  const std::string weights = error_of({"loss.head_weights=[1, 2]"});
+  EXPECT_NE(weights.find("parameter 'head_weights' has 2 values; it needs 6"), std::string::npos)
+      << weights;
+}
+
 // Validation under streams: one pass, every window once, rows padded at the end.
 TEST(Loader, StreamsValidationCoversEveryWindowOnce) {
   const std::vector<std::string> o = {paths_of(synth_dir()), "batch_size=7",
@@ -682,6 +777,18 @@ TEST(Loader, FeaturesOverTheMemoryBudgetAreRefusedBeforeLoading) {
               std::string::npos)
         << e.what();
   }
+  // Every game's features at 95 % of the budget: too little room for the rest of the run (it
+  // ran out of memory in setup, saying nothing of why).
+  uint64_t slp_bytes = 0;
+  for (const auto& e : fs::directory_iterator(synth_dir())) slp_bytes += fs::file_size(e.path());
+  char budget[64];
+  std::snprintf(budget, sizeof budget, "memory=%.9f", 0.7 * slp_bytes / 0.95 / 1073741824.0);
+  const std::string tight = error_of([&] {
+    Loader({paths_of(synth_dir()), budget, "resident_games=all"});
+  });
+  EXPECT_NE(tight.find("features past 90 % of it leave too little for the rest of the run"),
+            std::string::npos)
+      << tight;
   EXPECT_THROW(Loader({paths_of(synth_dir()), "memory=lots"}), std::exception);
   Loader ok({paths_of(synth_dir()), "memory=1"});  // 1 GiB is plenty for 8 small games
   EXPECT_GT(ok.stage().windows(), 0u);

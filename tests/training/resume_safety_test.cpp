@@ -105,6 +105,7 @@ TEST(ResumeSafety, AResumeWhoseShapesDoNotFitLeavesTheRunUsable) {
   Output o = run_cli("run --resume " + dir + " --set core.d_model=32 --set run.steps=4");
   EXPECT_EQ(o.status, 1) << o.text;
   EXPECT_NE(o.text.find("core."), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("drop the --set that changes its size"), std::string::npos) << o.text;
   EXPECT_EQ(o.text.find("config.yaml: updated"), std::string::npos) << o.text;
   EXPECT_EQ(read(fs::path(dir) / "config.yaml"), config);
   EXPECT_EQ(read(fs::path(dir) / "metrics.jsonl"), metrics);
@@ -228,8 +229,15 @@ TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
     return fs::exists(run / "config.yaml") && fs::exists(run / "metrics.jsonl") &&
            latest_checkpoint(run.string()).has_value();
   });
+  // ... and locked: a resume of it while the run trains is refused, as of any running run.
+  const bool relocked =
+      back && wait_for([&] { return read(log).find("locked again") != std::string::npos; });
+  Output second = relocked ? run_cli("run --resume " + run.string()) : Output{};
   const int status = stop();
   ASSERT_TRUE(back) << "the run directory did not come back:\n" << read(log);
+  ASSERT_TRUE(relocked) << read(log);
+  EXPECT_NE(second.status, 0) << second.text;
+  EXPECT_NE(second.text.find("in use by process"), std::string::npos) << second.text;
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const std::string text = read(log);
@@ -242,4 +250,50 @@ TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
   EXPECT_EQ(more.status, 0) << more.text;
   EXPECT_NE(more.text.find("done: " + std::to_string(step + 2) + " steps"), std::string::npos)
       << more.text;
+}
+
+// A run directory whose config.yaml was deleted or left empty (a full disk's editor) still has
+// its checkpoints, whose weights carry the graph: --resume writes config.yaml again from the
+// checkpoint it resumes, and goes on with the optimizer's state (it sent the user from "give a
+// checkpoint" to "a checkpoint outside a run directory" and back). A rewind's set-aside folder
+// is no run and gets none. `--resume ""` (an unset variable) is refused, never a new run.
+TEST(ResumeSafety, ARunDirectoryWithoutItsConfigResumesFromItsCheckpointsGraph) {
+  TempDir d;
+  const std::string dir = first_run(d, 3);
+  const fs::path config = fs::path(dir) / "config.yaml";
+  fs::remove(config);
+  Output o = run_cli("run --resume " + dir + " --set run.steps=4");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("config.yaml was missing: written again from the graph step-3 carries"),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("resumed from"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("done: 4 steps"), std::string::npos) << o.text;
+  std::ofstream(config, std::ios::trunc).close();  // empty
+  o = run_cli("run --resume " + dir + "/checkpoints/step-4 --set run.steps=5");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("config.yaml was empty: written again from the graph step-4 carries"),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("done: 5 steps"), std::string::npos) << o.text;
+  EXPECT_NE(read(config).find("stages:"), std::string::npos);
+  EXPECT_EQ(restore_run_config(dir), "");  // there: left as it is
+
+  // A rewind sets step-5 aside; its folder does not become a run.
+  o = run_cli("run --resume " + dir + "/checkpoints/step-4 --set run.steps=5");
+  EXPECT_EQ(o.status, 0) << o.text;
+  fs::path aside;
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "set-aside")) aside = e.path();
+  ASSERT_FALSE(aside.empty());
+  EXPECT_EQ(restore_run_config(aside.string()), "");
+  EXPECT_FALSE(fs::exists(aside / "config.yaml"));
+
+  const auto runs = [&] {
+    return std::distance(fs::directory_iterator(d.path() + "/runs"), fs::directory_iterator());
+  };
+  const auto before = runs();
+  o = run_cli("run --resume \"\" --config " + dir + "/config.yaml");
+  EXPECT_NE(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("--resume \"\": no run directory given"), std::string::npos) << o.text;
+  EXPECT_EQ(runs(), before);
 }

@@ -331,6 +331,7 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   std::string args = "run --config " + source_path("configs/train_bc.yaml");
   for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
   args += " --set run.steps=1000000 --set run.epochs=100000 --set ckpt.every=0";
+  args += " --set run.log_every=100000";  // the interrupt falls inside a row's window
   // The child publishes its stats record here: the test interrupts once it is training.
   setenv("SLIPSTREAM_STATS_DIR", d.path().c_str(), 1);
   pid_t pid = fork();
@@ -369,6 +370,21 @@ TEST(Training, SigintFinishesStepWritesCheckpointExits130) {
   for (const auto& e : std::filesystem::directory_iterator(d.path() + "/runs"))
     if (!ckpt) ckpt = latest_checkpoint(e.path().string());
   ASSERT_TRUE(ckpt.has_value()) << "no checkpoint after SIGINT";
+  // The steps since the last row get a train row of their own before the end row (they were
+  // in no row at all).
+  {
+    std::ifstream rows(std::filesystem::path(*ckpt).parent_path().parent_path() / "metrics.jsonl");
+    std::vector<nlohmann::json> train, end;
+    for (std::string line; std::getline(rows, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (j["split"] == "train") train.push_back(j);
+      if (j["split"] == "end") end.push_back(j);
+    }
+    ASSERT_EQ(train.size(), 1u);
+    ASSERT_FALSE(end.empty());
+    EXPECT_EQ(train[0]["step"], end.back()["step"]);
+    EXPECT_EQ(train[0]["steps_averaged"], end.back()["step"]);
+  }
 
   // --resume takes the checkpoint directory itself; a resume past run.steps does nothing.
   const std::string name = std::filesystem::path(*ckpt).filename().string();

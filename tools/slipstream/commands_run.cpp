@@ -1,9 +1,9 @@
 // `slipstream run`, `slipstream devices`, `slipstream doctor`.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "engine/auto_batch.h"
 #include "engine/checkpoint.h"
@@ -21,7 +21,7 @@ namespace {
 struct RunArgs {
   std::string preset;
   std::string config;
-  std::string resume;
+  std::optional<std::string> resume;  // given: "" is a mistake, not a fresh run
   std::string device;
   std::vector<std::string> sets;
 };
@@ -31,17 +31,26 @@ int run_command(const RunArgs& a) {
   std::string target = !a.config.empty() ? a.config : a.preset;
   std::vector<std::string> sets = a.sets;
   std::string run_dir, checkpoint;
-  if (!a.resume.empty()) {
+  if (a.resume) {
+    if (a.resume->empty()) {  // an unset variable in a script: never a fresh run instead
+      std::cerr << "--resume \"\": no run directory given (give RUN_DIR or "
+                   "RUN_DIR/checkpoints/step-N; without --resume a new run starts)\n";
+      return kExitConfig;
+    }
+    const std::string& resume = *a.resume;
+    // A run directory whose config.yaml went missing: its checkpoints carry the graph.
+    if (const std::string restored = restore_run_config(resume); !restored.empty())
+      std::cerr << "note: " << restored << "\n";
     // --resume RUN_DIR, or --resume RUN_DIR/checkpoints/step-N to continue from that one.
-    const CheckpointPath where = resolve_checkpoint_path(a.resume);
+    const CheckpointPath where = resolve_checkpoint_path(resume);
     if (!where.error.empty()) {
       std::cerr << where.error << "\n";
       return kExitFailure;
     }
     if (where.run_dir.empty()) {
-      std::cerr << a.resume << ": a checkpoint outside a run directory; --resume continues a "
+      std::cerr << resume << ": a checkpoint outside a run directory; --resume continues a "
                 << "run (RUN_DIR or RUN_DIR/checkpoints/step-N). To train on from these weights "
-                << "in a new run: --set run.init_from=" << a.resume << "\n";
+                << "in a new run: --set run.init_from=" << resume << "\n";
       return kExitFailure;
     }
     run_dir = where.run_dir;
@@ -60,7 +69,7 @@ int run_command(const RunArgs& a) {
       });
       if (status != kExitOk) return status;
       if (!diffs.empty()) {
-        std::cerr << "--resume " << a.resume << " with "
+        std::cerr << "--resume " << resume << " with "
                   << (a.config.empty() ? "--preset " : "--config ") << target
                   << ": refused, it is not the graph the run trains (" << recorded << " -> "
                   << target << "):\n";
@@ -76,8 +85,7 @@ int run_command(const RunArgs& a) {
           std::cerr << "start a new run of " << target
                     << " (its stages are of other kinds, so these weights cannot start it)\n";
         else
-          std::cerr << "train a new run from these weights: --set run.init_from=" << a.resume
-                    << "\n";
+          std::cerr << "train a new run from these weights: --set run.init_from=" << resume << "\n";
         return kExitConfig;
       }
     }
