@@ -201,6 +201,12 @@ RunResult Runner::Impl::execute_steps() {
   if (opt.handle_sigint) pipe_ignored.emplace();
   make_run_dir();
   result.run_dir = run.run_dir;
+  // A stop signal while a fresh run sets up takes its directory with it (engine/stop_signals.h).
+  std::optional<StartupSignals> startup_signals;
+  if (opt.handle_sigint && made_run_dir)
+    startup_signals.emplace(
+        run.run_dir, std::vector<std::string>{".lock", "config.yaml", "console.log", "run.json",
+                                              "metrics.jsonl"});
   if (run.writes_outputs() && !console)
     console.emplace((fs::path(run.run_dir) / "console.log").string());
   *log << "device: " << device_reason << "\n";
@@ -221,6 +227,7 @@ RunResult Runner::Impl::execute_steps() {
 
   // SIGTERM and the others too (engine/stop_signals.h): schedulers send them before killing a
   // job, and the step deserves its checkpoint.
+  startup_signals.reset();
   std::optional<StopSignals> stop_signals;
   if (opt.handle_sigint) stop_signals.emplace();
   start_ns = now_ns();

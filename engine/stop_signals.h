@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace slipstream {
 
@@ -24,6 +25,19 @@ class StopSignals {
   static int received();
   // received(), then cleared.
   static int take();
+};
+
+// While a fresh run sets up, before its first step (StopSignals' time): a stop signal removes
+// the files the run directory was started with and the directory, then ends the process as the
+// signal would have. A run stopped before its first step leaves no directory behind, and setup
+// (decoding a dataset: minutes) cannot stop in between to do it. Only async-signal-safe calls
+// (unlink, rmdir, signal, raise); a file setup added keeps the directory, as it is.
+class StartupSignals {
+ public:
+  StartupSignals(const std::string& dir, const std::vector<std::string>& files);
+  StartupSignals(const StartupSignals&) = delete;
+  StartupSignals& operator=(const StartupSignals&) = delete;
+  ~StartupSignals();
 };
 
 // SIGPIPE ignored while it lives (the previous disposition restored after).

@@ -297,3 +297,48 @@ TEST(ResumeSafety, ARunDirectoryWithoutItsConfigResumesFromItsCheckpointsGraph) 
   EXPECT_NE(o.text.find("--resume \"\": no run directory given"), std::string::npos) << o.text;
   EXPECT_EQ(runs(), before);
 }
+
+// A stop signal while a fresh run sets up (decoding its replays, minutes on a large set) ends
+// the process and takes the run's directory with it: it left a directory no resume could use
+// (no checkpoint) and died by the signal with its console lost.
+TEST(ResumeSafety, AStopSignalDuringSetupLeavesNoRunDirectory) {
+  const std::string replays = slipstream::testing::shared_replays();
+  if (replays.empty() && std::getenv("CI")) FAIL() << "CI without ../shared/replays";
+  if (replays.empty()) GTEST_SKIP() << "../shared/replays is not beside the checkout";
+  TempDir d;
+  std::string args = "run --config " + source_path("configs/train_bc.yaml");
+  for (const auto& s : tiny_overrides(d.path())) args += " --set " + s;
+  args += " --set replays.paths=[" + replays + "] --set run.steps=5";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl("/bin/sh", "sh", "-c",
+          ("exec " + std::string(SLIPSTREAM_CLI) + " " + args + " > " + d.path() + "/log.txt 2>&1")
+              .c_str(),
+          nullptr);
+    _exit(127);
+  }
+  // console.log is made once the start-up handlers are in place; setup (74 replays) follows.
+  bool started = false;
+  for (int i = 0; i < 20000 && !started; ++i) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(d.path() + "/runs", ec))
+      started = started || fs::exists(e.path() / "console.log");
+    if (!started) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(started) << read(d.path() + "/log.txt");
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d.path() + "/runs")) left.push_back(e.path());
+  if (WIFEXITED(status)) {
+    // The setup was over before the signal (a fast machine): then it stopped as a run does.
+    EXPECT_EQ(WEXITSTATUS(status), 130) << read(d.path() + "/log.txt");
+    EXPECT_EQ(left.size(), 1u);
+  } else {
+    ASSERT_TRUE(WIFSIGNALED(status));
+    EXPECT_EQ(WTERMSIG(status), SIGINT);
+    EXPECT_TRUE(left.empty()) << left.front();
+  }
+}
