@@ -12,6 +12,7 @@
 #include "engine/config_diff.h"
 #include "engine/graph.h"
 #include "engine/memory_pool.h"
+#include "engine/run_directory.h"
 #include "engine/safetensors.h"
 #include "engine/state_io.h"
 
@@ -71,7 +72,6 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     write_file_atomically((tmp / "DONE").string(), std::to_string(run.step) + "\n");
     fs::remove_all(dir);
     fs::rename(tmp, dir);
-    sync_parent_directory(dir);  // step-N on disk before anything older is pruned
   } catch (const std::exception& e) {
     // A full disk: the part written goes at once, so the space is there for whatever comes next.
     std::error_code ec;
@@ -80,6 +80,9 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     if (removed) throw CheckpointRemoved(e.what());
     throw;
   }
+  // step-N on disk before anything older is pruned; a failure here leaves a complete step-N in
+  // place (not "removed": a retry would delete it), said as the error it is.
+  sync_parent_directory(dir);
 }
 
 namespace {
@@ -307,8 +310,12 @@ std::string restore_run_config(const std::string& path) {
     run_dir = p;
     if (auto newest = latest_checkpoint(p.string())) checkpoint = *newest;
   }
-  // A rewind's set-aside folder holds checkpoints too, and is no run to write into.
-  if (checkpoint.empty() || run_dir.parent_path().filename() == "set-aside") return "";
+  // A rewind's set-aside folder holds checkpoints too, and is no run to write into; a run
+  // writing there now (its config.yaml deleted under it) is its own business, and refuses the
+  // resume.
+  if (checkpoint.empty() || run_dir.parent_path().filename() == "set-aside" ||
+      directory_in_use(run_dir.string()))
+    return "";
   const fs::path config = run_dir / "config.yaml";
   const bool there = fs::exists(config, ec);
   if (there) {

@@ -1,10 +1,11 @@
-// See host_memory.h. cgroup v2 only (the unified hierarchy of current systemd, Docker and Slurm
-// setups); a v1 or absent cgroup leaves MemAvailable as the figure.
+// See host_memory.h. cgroup v2 (the unified hierarchy of current systemd, Docker and Slurm
+// setups) and v1 (its memory controller: older hosts, Slurm's cgroup/v1 plugin).
 #include "engine/host_memory.h"
 
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -45,13 +46,19 @@ std::optional<uint64_t> cgroup_stat(const std::string& file, const std::string& 
   return std::nullopt;
 }
 
-// The process's cgroup v2 folder ("0::/path" in /proc/self/cgroup).
-std::optional<std::string> own_cgroup() {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.starts_with("0::")) return "/sys/fs/cgroup" + line.substr(3);
-  return std::nullopt;
+// What a cgroup leaves under its limit: the limit less its use besides page cache (cached file
+// pages count in its use but are given back under pressure). Nothing without a limit.
+std::optional<HostMemory> left_under(const std::string& limit_file, const std::string& usage_file,
+                                     const std::string& stat_file, const std::string& cache_key,
+                                     const std::string& what) {
+  const auto limit = cgroup_value(limit_file);
+  auto used = cgroup_value(usage_file);
+  // v1 writes "no limit" as the largest page-aligned number.
+  if (!limit || !used || *limit >= (uint64_t{1} << 60)) return std::nullopt;
+  used = *used - std::min(*used, cgroup_stat(stat_file, cache_key).value_or(0));
+  return HostMemory{*limit > *used ? *limit - *used : 0, what + " (limit " + format_bytes(*limit) +
+                                                             ", in use without page cache " +
+                                                             format_bytes(*used) + ")"};
 }
 
 // The process's address space in use (VmSize in /proc/self/status).
@@ -65,23 +72,44 @@ std::optional<uint64_t> address_space_in_use() {
 
 }  // namespace
 
+std::optional<HostMemory> cgroup_memory_left(const std::string& self_cgroup,
+                                             const std::string& root) {
+  std::ifstream in(self_cgroup);
+  std::optional<HostMemory> out;
+  auto lower = [&](std::optional<HostMemory> m) {
+    if (m && (!out || m->bytes < out->bytes)) out = std::move(m);
+  };
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("0::")) {  // v2: "0::/path"
+      const std::string dir = root + line.substr(3);
+      lower(left_under(dir + "/memory.max", dir + "/memory.current", dir + "/memory.stat", "file",
+                       "cgroup memory.max"));
+      continue;
+    }
+    // v1: "N:CONTROLLERS:/path", the memory controller's hierarchy at ROOT/memory; in a
+    // container the path is the host's and the container sees its own cgroup at the top.
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    std::istringstream controllers(line.substr(a + 1, b - a - 1));
+    bool memory = false;
+    for (std::string c; std::getline(controllers, c, ',');) memory = memory || c == "memory";
+    if (!memory) continue;
+    for (const std::string& dir : {root + "/memory" + line.substr(b + 1), root + "/memory"}) {
+      std::error_code ec;
+      if (!std::filesystem::exists(dir + "/memory.limit_in_bytes", ec)) continue;
+      lower(left_under(dir + "/memory.limit_in_bytes", dir + "/memory.usage_in_bytes",
+                       dir + "/memory.stat", "total_cache", "cgroup v1 memory.limit_in_bytes"));
+      break;
+    }
+  }
+  return out;
+}
+
 std::optional<HostMemory> usable_host_memory() {
   std::optional<HostMemory> out;
   if (const auto avail = mem_available()) out = HostMemory{*avail, "MemAvailable"};
-  if (const auto dir = own_cgroup()) {
-    const auto limit = cgroup_value(*dir + "/memory.max");
-    auto used = cgroup_value(*dir + "/memory.current");
-    // In use less the page cache: cached file pages count in memory.current but are given back
-    // under pressure.
-    if (used)
-      used = *used - std::min(*used, cgroup_stat(*dir + "/memory.stat", "file").value_or(0));
-    if (limit && used) {
-      const uint64_t left = *limit > *used ? *limit - *used : 0;
-      if (!out || left < out->bytes)
-        out = HostMemory{left, "cgroup memory.max (limit " + format_bytes(*limit) +
-                                   ", in use without page cache " + format_bytes(*used) + ")"};
-    }
-  }
+  if (auto cgroup = cgroup_memory_left("/proc/self/cgroup", "/sys/fs/cgroup"))
+    if (!out || cgroup->bytes < out->bytes) out = std::move(cgroup);
   // ulimit -v: an allocation past it fails (bad_alloc) whatever the machine has free.
   rlimit as{};
   if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)

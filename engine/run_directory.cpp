@@ -71,6 +71,15 @@ DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
+bool directory_in_use(const std::string& dir) {
+  // A shared lock is refused while a writer holds its exclusive one; several readers may test.
+  const int fd = ::open((fs::path(dir) / ".lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return false;  // no lock file: no writer
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 bool DirectoryLock::held_at_path() const {
   struct stat held {
   }, at_path{};

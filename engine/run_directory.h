@@ -35,6 +35,9 @@ class DirectoryLock {
   int fd_ = -1;
 };
 
+// Whether a process holds `dir`'s lock now (a run or resume writing there), without taking it.
+bool directory_in_use(const std::string& dir);
+
 // The local time as "20261121-103000": run directories and set-aside folders are named with it.
 std::string run_time_stamp();
 

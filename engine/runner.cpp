@@ -176,6 +176,7 @@ RunResult Runner::Impl::execute() {
   try {
     RunResult r = execute_steps();
     console.reset();
+    relocks.clear();
     dir_lock.reset();
     return r;
   } catch (const std::exception& e) {
@@ -183,6 +184,7 @@ RunResult Runner::Impl::execute() {
     if (console) console->note(std::string("error: ") + e.what());
     remove_unstarted_run_dir();
     console.reset();
+    relocks.clear();
     dir_lock.reset();
     throw;
   }

@@ -197,8 +197,11 @@ struct Runner::Impl {
   uint64_t stream_frames = 0;  // a stream's batches recorded so far (step_graphs' step numbers)
   std::optional<ConsoleTee> console;      // the run directory's console.log, during run()
   std::optional<DirectoryLock> dir_lock;  // the run directory's one writer, during run()
-  bool made_run_dir = false;              // this run created run.run_dir (a fresh run)
-  bool steps_began = false;               // setup passed and the steps' graph started
+  // The run directory made again at its place after it moved away mid-run, locked too: the
+  // moved one keeps its lock (the run's console.log and events file still write there).
+  std::vector<std::unique_ptr<DirectoryLock>> relocks;
+  bool made_run_dir = false;  // this run created run.run_dir (a fresh run)
+  bool steps_began = false;   // setup passed and the steps' graph started
 
   // Flow control.
   std::atomic<int64_t> in_flight{0};

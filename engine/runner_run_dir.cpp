@@ -48,6 +48,7 @@ void Runner::Impl::resume_run_dir(const std::string& checkpoint) {
 void Runner::Impl::remove_unstarted_run_dir() {
   if (!made_run_dir || steps_began || run.run_dir.empty()) return;
   console.reset();
+  relocks.clear();
   dir_lock.reset();
   std::error_code ec;
   fs::remove_all(run.run_dir, ec);
@@ -55,19 +56,23 @@ void Runner::Impl::remove_unstarted_run_dir() {
 }
 
 void Runner::Impl::keep_run_dir_locked() {
-  if (!dir_lock) return;
+  if (!dir_lock || !run.writes_outputs()) return;
+  const DirectoryLock& current = relocks.empty() ? *dir_lock : *relocks.back();
   std::error_code ec;
-  if (dir_lock->held_at_path() || !fs::is_directory(run.run_dir, ec)) return;
+  if (current.held_at_path() || !fs::is_directory(run.run_dir, ec)) return;
   try {
-    dir_lock.emplace(run.run_dir, "resume it");
+    relocks.push_back(std::make_unique<DirectoryLock>(run.run_dir, "resume it"));
     log_line("warning: " + run.run_dir +
              " was made again (deleted or moved while the run ran): locked again, this run "
              "its one writer");
   } catch (const std::exception& e) {
     // Another process took the directory made again: two writers would interleave its rows
-    // and checkpoints.
-    dir_lock.reset();
-    record_failure(e.what());
+    // and checkpoints. This run writes nothing more there and stops.
+    run.run_dir_lost = true;
+    metrics_file_failed = true;
+    record_failure(std::string(e.what()) +
+                   "; this run writes nothing more there (its last "
+                   "checkpoint is the newest it wrote)");
   }
 }
 

@@ -134,8 +134,11 @@ struct RunState {
   std::string run_dir;  // empty for runs that write nothing (tests, `stage run`)
   int rank = 0;         // this process among world_size (mpirun/srun); see engine/launch.h
   int world_size = 1;
-  // Only rank 0 writes checkpoints and metrics, and only into a run directory.
-  bool writes_outputs() const { return rank == 0 && !run_dir.empty(); }
+  // Only rank 0 writes checkpoints and metrics, and only into a run directory it still holds.
+  bool writes_outputs() const { return rank == 0 && !run_dir.empty() && !run_dir_lost; }
+  // The run directory, made again after it was moved away mid-run, was taken by another
+  // process first: this run writes nothing more there.
+  std::atomic<bool> run_dir_lost{false};
   std::atomic<bool> stop_requested{false};
   std::atomic<bool> interrupted{false};  // a stop signal, or request_stop(true)
   // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;

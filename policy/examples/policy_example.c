@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   printf("%s\n", slipstream_policy_describe(policy));
+  /* A run trained at frame delay D sees the game D frames late: the state of frame t - D beside
+   * the input sent last, nothing pressed for a game's first D frames. */
+  const int delay = slipstream_policy_frame_delay(policy);
 
   double* latency = malloc(sizeof(double) * (size_t)frames * 2);
   if (!latency) return 1;
@@ -85,16 +88,23 @@ int main(int argc, char** argv) {
   for (int game = 0; game < 2; ++game) {
     slipstream_controller pressed = {0, 0, 0, 0, 0, 0};
     if (slipstream_policy_reset(policy) != SLIPSTREAM_OK) goto fail;
-    for (int t = 0; t < frames; ++t) {
-      const slipstream_game_frame f = scene(t, &pressed);
+    for (int t = delay; t < frames; ++t) {
+      const slipstream_game_frame f = scene(t - delay, &pressed);
       const double t0 = now_us();
       if (slipstream_policy_step(policy, &f, &pressed) != SLIPSTREAM_OK) goto fail;
       latency[steps++] = now_us() - t0;
-      if (game == 0 && t < 5)
+      if (game == 0 && t < delay + 5)
         printf("frame %d: buttons 0x%02x main (%+.2f, %+.2f) c (%+.2f, %+.2f) shoulder %.2f\n", t,
                (unsigned)pressed.buttons, pressed.main_x, pressed.main_y, pressed.c_x, pressed.c_y,
                pressed.shoulder);
     }
+  }
+  if (steps == 0) {
+    fprintf(stderr, "FRAMES_PER_GAME %d is within the run's frame delay %d: nothing stepped\n",
+            frames, delay);
+    free(latency);
+    slipstream_policy_close(policy);
+    return 2;
   }
   qsort(latency, (size_t)steps, sizeof(double), by_value);
   printf("%d steps: latency p50 %.1f us, p99 %.1f us\n", steps, latency[steps / 2],

@@ -14,7 +14,7 @@ import sys
 import melee
 
 from slipstream_policy import Policy
-from slipstream_policy.libmelee import DelayedFrames, press
+from slipstream_policy.libmelee import EXTERNAL_STAGE_ID, DelayedFrames, press
 
 
 def acts(c):
@@ -41,7 +41,7 @@ def play(policy, args):
     stage = melee.Stage[args.stage.upper()]
     frames = DelayedFrames(policy.frame_delay)
     sent = None  # the input the bot sent last, as the game reads it
-    playing = False
+    playing = said = False  # said: the frame the policy cannot see was reported this game
     while True:
         gamestate = console.step()
         if gamestate is None:
@@ -53,14 +53,17 @@ def play(policy, args):
             menus.menu_helper_simple(gamestate, pad, character, stage, cpu_level=0,
                                      autostart=args.autostart)
             continue
-        if not playing:  # a new game
+        if not playing:  # a new game: nothing the menus left pressed, a fresh state
+            pad.release_all()
             policy.reset()
             frames.reset()
-            playing = True
+            playing, said = True, False
         try:
             frame = frames.frame(gamestate, args.port, sent)
         except ValueError as e:  # a stage or a player the policy cannot see: stand still
-            print(f"frame {gamestate.frame}: {e}; standing still", file=sys.stderr)
+            if not said:  # once a game, not sixty lines a second
+                print(f"frame {gamestate.frame}: {e}; standing still", file=sys.stderr)
+                said = True
             pad.release_all()
             sent = None
             continue
@@ -126,10 +129,15 @@ def main():
     args = parser.parse_args()
     if not args.replay and not (args.dolphin and args.iso):
         parser.error("give --replay FILE, or --dolphin and --iso to play")
-    for name, enum in (("character", melee.Character), ("stage", melee.Stage)):
-        if getattr(args, name).upper() not in enum.__members__:
-            parser.error(f"--{name} {getattr(args, name)}: not one of libmelee's "
-                         f"{', '.join(m.lower() for m in enum.__members__)}")
+    # The stages the policy can see (libmelee names six) and the characters one can pick.
+    choices = {"stage": sorted(s.name.lower() for s in EXTERNAL_STAGE_ID),
+               "character": sorted(c.name.lower() for c in melee.Character
+                                   if c.name not in ("UNKNOWN_CHARACTER", "WIREFRAME_MALE",
+                                                     "WIREFRAME_FEMALE", "GIGA_BOWSER", "SANDBAG",
+                                                     "NANA"))}
+    for name, allowed in choices.items():
+        if getattr(args, name).lower() not in allowed:
+            parser.error(f"--{name} {getattr(args, name)}: not one of {', '.join(allowed)}")
     with Policy(args.checkpoint, args.device) as policy:
         policy.set_sampling(args.temperature, args.seed)
         print(policy.describe())

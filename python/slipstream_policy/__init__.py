@@ -99,10 +99,12 @@ class Policy:
         error)."""
         self._lib = load_library(library)
         self._handle = ctypes.c_void_p()
-        # Calls in progress, so close() from another thread waits for them (the handle stays
-        # valid under a call until it returns).
-        self._guard = threading.Condition()
+        # Calls in progress: close() while one is (another thread's, or a signal handler's on
+        # this one) leaves the freeing to the last of them, so the handle stays valid under a
+        # call until it returns and close() never waits.
+        self._guard = threading.Lock()
         self._calls = 0
+        self._closing = False
         status = self._lib.slipstream_policy_open(
             str(checkpoint).encode(), (device or "").encode(), ctypes.byref(self._handle))
         if status != 0:
@@ -110,31 +112,38 @@ class Policy:
         self._controller = Controller()
         self._games = 0  # games in the stream (the last step's n)
 
-    def _call(self, fn, *args):
-        """fn(handle, *args) on the open handle; PolicyError once it is closed."""
+    def _call(self, fn, *args, checked=False):
+        """fn(handle, *args) on the open handle, counted as in progress (close() frees the handle
+        only once no call is); `checked`: a status, raised as PolicyError with the library's
+        message while the handle is still the call's. PolicyError once the policy is closed."""
         with self._guard:
             if not self._handle:
                 raise PolicyError(1, "the policy is closed")
             handle = self._handle
             self._calls += 1
         try:
-            return fn(handle, *args)
+            result = fn(handle, *args)
+            if checked and result != 0:
+                where = handle if result != 6 else None  # busy: this thread's message
+                raise PolicyError(result, self._lib.slipstream_policy_error(where).decode())
+            return result
         finally:
             with self._guard:
                 self._calls -= 1
-                self._guard.notify_all()
+                free = self._calls == 0 and self._closing
+                self._closing = self._closing and not free
+            if free:  # close() came while calls were in progress: the last one frees it
+                self._lib.slipstream_policy_close(handle)
 
-    def _check(self, status):
-        if status != 0:
-            handle = self._handle if status != 6 else None  # busy: this thread's message
-            raise PolicyError(status, self._lib.slipstream_policy_error(handle).decode())
+    def _checked(self, fn, *args):
+        return self._call(fn, *args, checked=True)
 
     def step(self, frame):
         """The controller to press next, for `frame` (a Frame). A frame that fails validation
         raises PolicyError and changes no state."""
         out = Controller()
-        self._check(self._call(self._lib.slipstream_policy_step, ctypes.byref(frame),
-                               ctypes.byref(out)))
+        self._checked(self._lib.slipstream_policy_step, ctypes.byref(frame),
+                      ctypes.byref(out))
         self._games = 1
         return out
 
@@ -150,7 +159,7 @@ class Policy:
         if not isinstance(frames, ctypes.Array):
             frames = (Frame * n)(*frames)
         out = (Controller * n)()
-        self._check(self._call(self._lib.slipstream_policy_step_batch, n, frames, out))
+        self._checked(self._lib.slipstream_policy_step_batch, n, frames, out)
         self._games = n
         return list(out)
 
@@ -161,9 +170,9 @@ class Policy:
                             "step_batch takes a 1-D array of frame_array()'s dtype")
         frames = np.ascontiguousarray(frames)
         out = np.zeros(len(frames), dtype=np.dtype(Controller))
-        self._check(self._call(self._lib.slipstream_policy_step_batch, len(frames),
-                               frames.ctypes.data_as(ctypes.POINTER(Frame)),
-                               out.ctypes.data_as(ctypes.POINTER(Controller))))
+        self._checked(self._lib.slipstream_policy_step_batch, len(frames),
+                      frames.ctypes.data_as(ctypes.POINTER(Frame)),
+                      out.ctypes.data_as(ctypes.POINTER(Controller)))
         self._games = len(frames)
         return out
 
@@ -176,41 +185,41 @@ class Policy:
             self.distribution(0)  # raises: no game has stepped since the open or the reset
         out = np.zeros(self._games, dtype=np.dtype(Distribution))
         for game in range(self._games):
-            self._check(self._call(
+            self._checked(
                 self._lib.slipstream_policy_distribution_of, game,
-                out[game:game + 1].ctypes.data_as(ctypes.POINTER(Distribution))))
+                out[game:game + 1].ctypes.data_as(ctypes.POINTER(Distribution)))
         return out
 
     def distribution(self, game=0):
         """The distribution behind game `game`'s last answer (at temperature 1)."""
         out = Distribution()
-        self._check(self._call(self._lib.slipstream_policy_distribution_of, int(game),
-                               ctypes.byref(out)))
+        self._checked(self._lib.slipstream_policy_distribution_of, int(game),
+                      ctypes.byref(out))
         return out
 
     def reset(self):
         """A new game (every game of a batch): clears the model's state and restarts the
         sampling from its seed; the next step fixes the number of games again."""
-        self._check(self._call(self._lib.slipstream_policy_reset))
+        self._checked(self._lib.slipstream_policy_reset)
         self._games = 0
 
     def reset_game(self, game):
         """Game `game` of the batch starts again; the others carry on."""
-        self._check(self._call(self._lib.slipstream_policy_reset_game, int(game)))
+        self._checked(self._lib.slipstream_policy_reset_game, int(game))
 
     def set_sampling(self, temperature=1.0, seed=0):
         """Temperature (0: the most likely input) and the seed of the draws (an int in
         [0, 2**64)); restarts every game's draws from it."""
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
             raise ValueError(f"seed must be an int in [0, 2**64), not {seed!r}")
-        self._check(self._call(self._lib.slipstream_policy_set_sampling, float(temperature),
-                               int(seed)))
+        self._checked(self._lib.slipstream_policy_set_sampling, float(temperature),
+                      int(seed))
 
     def set_threads(self, threads):
         """How many threads the steps use (1, the default: the calling thread alone); more
         spread a step_batch of many games over TBB's workers in an arena of the handle's own,
         same answers; at most the cores TBB may use."""
-        self._check(self._call(self._lib.slipstream_policy_set_threads, int(threads)))
+        self._checked(self._lib.slipstream_policy_set_threads, int(threads))
 
     def describe(self):
         """The checkpoint's step, model, fields, frame delay and device, one line."""
@@ -231,17 +240,19 @@ class Policy:
         return int(self._call(self._lib.slipstream_policy_frame_delay))
 
     def close(self):
-        """Frees the handle; a call in progress on another thread returns first, and later
-        calls raise PolicyError."""
+        """Frees the handle, or with a call in progress (another thread's) leaves that to the
+        call as it returns; either way later calls raise PolicyError. Never waits."""
         guard = getattr(self, "_guard", None)
         if guard is None:  # the open failed
             return
         with guard:
             handle, self._handle = self._handle, ctypes.c_void_p()
-            while self._calls:
-                guard.wait()
-        if handle:
-            self._lib.slipstream_policy_close(handle)
+            if not handle:
+                return
+            if self._calls:
+                self._closing = True
+                return
+        self._lib.slipstream_policy_close(handle)
 
     def __enter__(self):
         return self

@@ -111,8 +111,8 @@ class Playing(unittest.TestCase):
 
     def test_close_waits_for_a_step_in_another_thread(self):
         # A bot shutting down (Ctrl-C leaving `with Policy(...)`) while a worker thread steps:
-        # close waits for the step and later calls are refused; it freed the model under the
-        # step and crashed the process.
+        # the step in progress ends normally (it frees the handle as it returns) and later calls
+        # are refused; close freed the model under the step and crashed the process.
         policy = Policy(RUN)
         self.assertEqual(policy.frame_delay, 0)
         self.assertIn("frame delay 0", policy.describe())

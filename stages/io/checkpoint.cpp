@@ -88,19 +88,16 @@ class CheckpointStage : public Stage {
       // history up to `at` (a copy, or a keep_best of another value): it stays, outside the count.
     }
     std::erase_if(best_, [&](const auto& b) { return !fs::exists(dir / b.second / "DONE", ec); });
-    // A keep_best lowered on a resume removes none of the best checkpoints the run has (a
-    // model worth keeping is not lost to a setting): past the count they stay, no longer counted.
-    std::sort(best_.begin(), best_.end());
-    std::vector<std::string> bests_left;
-    while (best_.size() > keep_best_) {
-      bests_left.push_back(best_.back().second);
-      best_.pop_back();
-    }
     std::sort(periodic.begin(), periodic.end());
     periodic_.clear();
     for (auto& p : periodic) periodic_.push_back(p.second);
     if (!periodic.empty() && periodic.back().first == at) last_written_ = at;
-    const std::vector<std::string> removed = prune(ctx);
+    // A keep_best lowered on a resume removes no best checkpoint at the start (a model worth
+    // keeping is not lost to a setting): they go as better ones are written, the worst first.
+    std::sort(best_.begin(), best_.end());
+    std::vector<std::string> bests_over;
+    for (size_t i = keep_best_; i < best_.size(); ++i) bests_over.push_back(best_[i].second);
+    const std::vector<std::string> removed = prune(ctx, /*bests=*/false);
     point_last(ctx);
     auto joined = [](const std::vector<std::string>& v) {
       std::string list;
@@ -110,11 +107,12 @@ class CheckpointStage : public Stage {
     if (!removed.empty())
       ctx.log("keep " + std::to_string(keep_) + " and keep_best " + std::to_string(keep_best_) +
               " (this run's settings) removed " + joined(removed));
-    if (!bests_left.empty())
+    if (!bests_over.empty())
       ctx.log("keep_best " + std::to_string(keep_best_) +
               " (this run's setting) keeps fewer best " +
-              "checkpoints than the run has: " + joined(bests_left) +
-              " stay, no longer counted (remove them by hand if they are not wanted)");
+              "checkpoints than the run has: " + joined(bests_over) +
+              (keep_best_ == 0 ? " stay (keep_best 0 writes no more)"
+                               : " stay until better ones are written"));
     if (!foreign.empty())
       ctx.log("left alone in " + dir.string() +
               ", not counted as this run's checkpoints: " + joined(foreign));
@@ -150,7 +148,9 @@ class CheckpointStage : public Stage {
     double loss = it->second;
     // A diverged model is never "best", and neither is a step whose training loss was not finite.
     if (!std::isfinite(loss) || ctx.run().nonfinite_streak > 0) return;
-    if (best_.size() >= keep_best_ && loss >= best_.back().first) return;
+    // Better than the keep_best-th best (the books may hold more, left from a higher keep_best).
+    std::sort(best_.begin(), best_.end());
+    if (best_.size() >= keep_best_ && loss >= best_[keep_best_ - 1].first) return;
     std::string name = "best-step-" + std::to_string(ctx.run().step);
     // Listed before the save, so the checkpoint's own state names it with its loss: a resume
     // from a periodic checkpoint of the same step, written before this validation (the one at
@@ -280,7 +280,7 @@ class CheckpointStage : public Stage {
       try {
         // `last` moves to the new checkpoint before the old ones go: it never names a removed one.
         point_last(ctx);
-        prune(ctx);
+        prune(ctx, /*bests=*/false);  // bests change only when a better one is written
         return;
       } catch (const std::exception& e) {
         // The run directory removed or moved between the write and the link: the checkpoint
@@ -318,9 +318,9 @@ class CheckpointStage : public Stage {
     fs::remove_all(ec ? dir : doomed);
   }
 
-  // Removes the periodic checkpoints past `keep` (oldest first) and the best past `keep_best`
-  // (worst first); returns their names.
-  std::vector<std::string> prune(StageContext& ctx) {
+  // Removes the periodic checkpoints past `keep` (oldest first) and, with `bests`, the best past
+  // `keep_best` (worst first); returns their names.
+  std::vector<std::string> prune(StageContext& ctx, bool bests = true) {
     std::vector<std::string> removed;
     while (periodic_.size() > keep_) {
       remove_checkpoint(ctx, periodic_.front());
@@ -328,7 +328,7 @@ class CheckpointStage : public Stage {
       periodic_.erase(periodic_.begin());
     }
     std::sort(best_.begin(), best_.end());
-    while (best_.size() > keep_best_) {
+    while (bests && best_.size() > keep_best_) {
       remove_checkpoint(ctx, best_.back().second);
       removed.push_back(best_.back().second);
       best_.pop_back();

@@ -264,12 +264,13 @@ Outcome process_item(const GameItem& it, const ReplayDataset::Sources& s, bool r
   return o;
 }
 
-// A skip counted under `reason`, named (the report shows the first few, RUN/NAME.skipped.txt
-// every one).
+// A skip counted under `reason`, named as kSkipListed says (the report shows the first few,
+// RUN/NAME.skipped.txt the named ones).
 void note_skip(ReplayDataset& ds, int reason, std::string example) {
   auto& s = ds.skips[static_cast<size_t>(reason)];
   ++s.count;
-  s.examples.push_back(std::move(example));
+  if (s.examples.size() < (skip_is_problem(reason) ? kSkipListed : kSkipExamples))
+    s.examples.push_back(std::move(example));
 }
 
 std::array<std::string, kSkipReasons> reason_texts(const Filters& f) {
@@ -411,10 +412,7 @@ std::vector<size_t> kept_in_identity_order(std::vector<Outcome>& out, const Filt
   std::vector<size_t> kept;
   for (size_t i = 0; i < out.size(); ++i) {
     Outcome& o = out[i];
-    if (o.damaged) {
-      ++ds.damaged;
-      ds.damaged_examples.push_back(o.damage);
-    }
+    if (o.damaged && ds.damaged++ < kSkipListed) ds.damaged_examples.push_back(o.damage);
     if (o.reason >= 0)
       note_skip(ds, o.reason, o.detail);
     else

@@ -36,6 +36,14 @@ enum Reason {
   kSkipReasons
 };
 constexpr size_t kSkipExamples = 3;  // file names shown per reason
+// Problems (not found, unreadable, no frames, a duplicate, damage) are named in the run's list of
+// them up to this many each; a filter's skips (players, stage, length, characters, humans,
+// version) are counted, their first few named: a filter leaves out most of a big dump by design.
+constexpr size_t kSkipListed = 100000;
+inline bool skip_is_problem(int reason) {
+  return reason == kSkipNotFound || reason == kSkipUnreadable || reason == kSkipNoFrames ||
+         reason == kSkipDuplicate;
+}
 // Their short names, as ReplaysStage::skipped() gives them.
 inline constexpr const char* kSkipNames[kSkipReasons] = {
     "not found", "unreadable", "players",   "stage",   "no frames",
@@ -101,13 +109,13 @@ struct ReplayDataset {
   std::vector<std::vector<uint8_t>> players;  // per game: players whose perspective is used
   struct Skip {
     size_t count = 0;
-    std::vector<std::string> examples;  // every one (the report shows kSkipExamples)
+    std::vector<std::string> examples;  // named (kSkipListed or kSkipExamples of them)
   };
   std::array<Skip, kSkipReasons> skips;
   std::array<std::string, kSkipReasons> reason_text;
   size_t files = 0, corpus_games = 0, damaged = 0;
   size_t shard_of = 0;  // with shard: games, the files and corpus games of every rank together
-  std::vector<std::string> damaged_examples;  // every one, as the skips' examples
+  std::vector<std::string> damaged_examples;  // named as a problem's skips are
   size_t bytes = 0, frames = 0;               // the games' arrays (resident or not) and rows
   std::vector<uint64_t> game_bytes;           // each game's arrays
   double seconds = 0;

@@ -12,11 +12,19 @@ namespace slipstream::melee {
 
 std::string skipped_list(const ReplayDataset& ds) {
   std::string out;
-  for (size_t r = 0; r < kSkipReasons; ++r)
+  // What is not named: a filter's skips past their first few, a problem's past kSkipListed.
+  const auto unnamed = [&](const std::string& reason, size_t count, size_t named) {
+    if (count > named)
+      out += "# " + reason + ": " + std::to_string(count - named) + " more, not named\n";
+  };
+  for (size_t r = 0; r < kSkipReasons; ++r) {
     for (const std::string& name : ds.skips[r].examples)
       out += ds.reason_text[r] + "\t" + name + "\n";
-  for (const std::string& name : ds.damaged_examples)
-    out += "damaged (rows before it used)\t" + name + "\n";
+    unnamed(ds.reason_text[r], ds.skips[r].count, ds.skips[r].examples.size());
+  }
+  const std::string damaged = "damaged (rows before it used)";
+  for (const std::string& name : ds.damaged_examples) out += damaged + "\t" + name + "\n";
+  unnamed(damaged, ds.damaged, ds.damaged_examples.size());
   return out;
 }
 
@@ -38,7 +46,7 @@ std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
     for (size_t i = 0; i < std::min(names.size(), kSkipExamples); ++i)
       out << (i ? ", " : "") << names[i];
     if (names.size() > kSkipExamples)
-      out << ", ..." << (f.skipped_file.empty() ? "" : " (every one: " + f.skipped_file + ")");
+      out << ", ..." << (f.skipped_file.empty() ? "" : " (the list: " + f.skipped_file + ")");
     out << "\n";
   };
   for (size_t r = 0; r < kSkipReasons; ++r) {

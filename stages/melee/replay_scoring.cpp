@@ -54,6 +54,7 @@ ReplaySelection frame_by_frame(const std::string& replay, int port, std::string 
                 {"stride", YAML::Node(1)},
                 {"shuffle", YAML::Node(false)},
                 {"rows", YAML::Node("shuffled")},
+                {"validation_rows", YAML::Node("stretches")},  // whole games need streams
                 {"min_frames", YAML::Node(0)},
                 {"characters", YAML::Node(YAML::NodeType::Sequence)},
                 {"stages", YAML::Node(YAML::NodeType::Sequence)}};

@@ -307,15 +307,16 @@ constexpr double kFeatureBytesPerSlpByte = 0.7;
 // cgroup leaves; or a budget in GiB). A corpus counts the .slp bytes it was built from, and a
 // format-version-1 zstd corpus also its columns, which opening it decompresses into memory (all
 // ranks alike); today's zstd corpora decode one game at a time; a feature corpus says exactly.
-// resident_games: all — over the budget, setup stops with both figures and the knobs instead of
-// the kernel's OOM kill an hour into decoding, past 80 % a note; N — games on demand, at most N
-// in memory; auto — all when they fit 80 % of the budget, else the N that fits 40 % of it.
+// resident_games: all — past 90 % of the budget, setup stops with both figures and the knobs
+// instead of the kernel's OOM kill an hour into decoding, past 80 % a note; N — games on demand, at
+// most N in memory; auto — all when they fit 80 % of the budget, else the N that fits 40 % of it.
 // Returns N, or 0 for all.
 namespace {
 
 // What the inputs' features will take, from file sizes and manifests alone.
 struct FeatureEstimate {
   uint64_t slp = 0, decompressed = 0, stored = 0;  // .slp bytes, zstd v1 columns, feature corpora
+  uint64_t mapped = 0;  // game corpora's columns.bin, mapped whole: address space, not memory
   size_t games = 0;
   double arrays = 0, need = 0, per_game = 0;  // this rank's arrays, with the columns; a game's
   std::string what;                           // "8 .slp files (1 MiB of replays)"
@@ -333,6 +334,7 @@ FeatureEstimate estimate_features(const Inputs& in, int ranks) {
     const slp::CorpusFootprint c = slp::corpus_footprint(dir);
     e.slp += c.source_bytes;
     e.decompressed += c.decompressed_bytes;
+    e.mapped += c.mapped_bytes;
     e.games += c.games;
   }
   for (const auto& dir : in.feature_corpora) {
@@ -380,6 +382,12 @@ uint64_t ReplaysStage::resident_games(const StageContext& ctx, const Inputs& in,
     have = HostMemory{static_cast<uint64_t>(std::stod(budget) * 1073741824.0),
                       "replays.memory: " + budget + " GiB"};
   if (!have || need <= 0) return 0;
+  // Under an address space limit (ulimit -v) the mapped columns count too: the mapping takes
+  // that space whole, resident or not (it failed in setup with a bare bad_alloc).
+  if (have->source.starts_with("ulimit -v") && e.mapped > 0) {
+    have->bytes -= std::min(have->bytes, e.mapped);
+    have->source += ", less " + format_bytes(e.mapped) + " of game corpus columns mapped";
+  }
   const double avail = static_cast<double>(have->bytes);
   const std::string& what = e.what;
   const std::string figures = what + " need about " + format_bytes(static_cast<uint64_t>(need)) +
@@ -626,9 +634,10 @@ void ReplaysStage::setup(StageContext& ctx) {
   // few of each kind): tens of thousands of replays skip more than a console shows.
   size_t skips = ds.damaged;
   for (const auto& s : ds.skips) skips += s.count;
-  if (!validation_ && skips > 0 && ctx.run().writes_outputs() && !ctx.run().run_dir.empty()) {
-    facts.skipped_file = (fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt")).string();
-    skipped_ = skipped_list(ds);
+  if (!validation_ && ctx.run().writes_outputs()) {  // none: an earlier start's list goes
+    if (skips > 0)
+      facts.skipped_file = (fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt")).string();
+    skipped_ = skips > 0 ? skipped_list(ds) : std::string();
   }
   rep << dataset_report(ds, facts);
   for (const auto& line : in.ignored) rep << "  warning: " << line << "\n";
@@ -899,9 +908,15 @@ void ReplaysStage::load(StateReader& r) {
 // checkpoint writes nothing). A resumed run's file keeps the games it trained on before.
 void ReplaysStage::start(StageContext& ctx) {
   if (!load_warning_.empty()) ctx.log(load_warning_);
-  if (!skipped_.empty())
-    write_file_atomically((fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt")).string(),
-                          std::exchange(skipped_, {}));
+  if (skipped_) {
+    const fs::path list = fs::path(ctx.run().run_dir) / (ctx.name() + ".skipped.txt");
+    std::error_code ec;
+    if (skipped_->empty())
+      fs::remove(list, ec);
+    else
+      write_file_atomically(list.string(), *skipped_);
+    skipped_.reset();
+  }
   if (splits_.empty()) return;
   const fs::path file = fs::path(ctx.run().run_dir) / (ctx.name() + ".splits.json");
   std::string text = std::exchange(splits_, {});

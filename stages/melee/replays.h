@@ -98,7 +98,9 @@ class ReplaysStage : public Stage {
             const BatchView& view) const;
 
   std::shared_ptr<const ReplayDataset> data_;
-  std::string skipped_;  // RUN/NAME.skipped.txt's lines, written at start
+  // RUN/NAME.skipped.txt's lines, written at start by the training copy of rank 0 ("": no
+  // skips, an earlier start's list goes); nothing for the other copies.
+  std::optional<std::string> skipped_;
   std::vector<Perspective> perspectives_;
   WindowIndex windows_;
   std::vector<uint32_t> split_games_;  // indexes into the dataset's games

@@ -21,6 +21,7 @@ using namespace slipstream;
 using slipstream::testing::recorded;
 using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
+using slipstream::testing::with_set;
 using slipstream::testing::writing_options;
 namespace fs = std::filesystem;
 
@@ -392,11 +393,7 @@ TEST(RunFaults, LastIsTheNewestCheckpointAndTheWeightsCarryTheirGraph) {
   TempDir d;
   std::string g = graph(d, "every: 2, keep: 10, keep_best: 1");
   const std::vector<std::string> sets = {"run.validate_every=2", "run.validate_batches=1"};
-  auto with = [&](const std::string& extra) {
-    auto all = sets;
-    all.push_back(extra);
-    return all;
-  };
+  auto with = [&](const std::string& extra) { return with_set(sets, extra); };
   Runner first(plan_text(d, g, with("run.steps=6")), writing_options());
   const std::string dir = first.run().run_dir;
   const fs::path last = fs::path(dir) / "checkpoints" / "last";

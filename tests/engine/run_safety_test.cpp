@@ -34,6 +34,7 @@ using namespace slipstream;
 using slipstream::testing::recorded;
 using slipstream::testing::reset_recorded;
 using slipstream::testing::TempDir;
+using slipstream::testing::with_set;
 using slipstream::testing::writing_options;
 namespace fs = std::filesystem;
 
@@ -213,11 +214,7 @@ TEST(RunSafety, ARewindMovesLaterCheckpointsAndRowsAsideAndDeletesNothing) {
   TempDir d;
   const std::string g = graph(d, "every: 2, keep: 10, keep_best: 5");
   const std::vector<std::string> val = {"run.validate_every=2", "run.validate_batches=1"};
-  auto with = [&](std::string s) {
-    auto v = val;
-    v.push_back(s);
-    return v;
-  };
+  auto with = [&](std::string s) { return with_set(val, std::move(s)); };
   Runner first(plan_text(d, g, with("run.steps=6")), writing_options());
   const std::string dir = first.run().run_dir;
   const fs::path root = fs::path(dir) / "checkpoints";
@@ -271,9 +268,9 @@ TEST(RunSafety, APlainResumeLeavesWhatItDidNotWrite) {
   EXPECT_EQ(read(root / "README.txt"), "notes\n");
 }
 
-// keep_best lowered on a resume removes none of the best checkpoints the run has (it removed
-// the extra ones at start, the run's best models lost to a setting): they stay, uncounted, and
-// the run says so.
+// keep_best lowered on a resume removes none of the best checkpoints the run has at the start
+// (it removed the extra ones there, the run's best models lost to a setting): they go only as
+// better ones are written, and the run says so.
 TEST(RunSafety, LoweringKeepBestOnAResumeRemovesNoBestCheckpoint) {
   reset_recorded();
   TempDir d;
@@ -293,10 +290,41 @@ TEST(RunSafety, LoweringKeepBestOnAResumeRemovesNoBestCheckpoint) {
   EXPECT_TRUE(fs::exists(root / "best-step-2" / "DONE"));
   EXPECT_TRUE(fs::exists(root / "best-step-4" / "DONE"));
   EXPECT_NE(err.find("ckpt: keep_best 0 (this run's setting) keeps fewer best checkpoints than "
-                     "the run has: best-step-4, best-step-2 stay, no longer counted"),
+                     "the run has: "),
             std::string::npos)
       << err;
+  EXPECT_NE(err.find(" stay (keep_best 0 writes no more)"), std::string::npos) << err;
+  for (const char* best : {"best-step-2", "best-step-4"})
+    EXPECT_NE(err.find(best), std::string::npos) << err;
   EXPECT_EQ(err.find("removed"), std::string::npos) << err;
+}
+
+// After a keep_best lowered on a resume, better checkpoints replace the ones past it, the
+// worst first, and a new best is kept (not pruned as soon as written).
+TEST(RunSafety, BestCheckpointsPastALoweredKeepBestGoAsBetterOnesCome) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2, keep: 10, keep_best: 3");
+  const std::vector<std::string> sets = {"run.validate_every=2", "run.validate_batches=1",
+                                         "rec.validation_improves=true"};
+  auto with = [&](const std::string& extra) { return with_set(sets, extra); };
+  Runner first(plan_text(d, g, with("run.steps=6")), writing_options());
+  const std::string dir = first.run().run_dir;
+  const fs::path root = fs::path(dir) / "checkpoints";
+  for (const char* b : {"best-step-2", "best-step-4", "best-step-6"})
+    ASSERT_TRUE(fs::exists(root / b / "DONE")) << b;
+  RunOptions o = resume_options(dir);
+  std::ostringstream said;
+  o.log = &said;
+  // One more validation, better than every one before.
+  Runner lowered(plan_text(d, g, with_set(with("run.steps=8"), "ckpt.keep_best=1")), o);
+  lowered.run();
+  EXPECT_NE(said.str().find("stay until better ones are written"), std::string::npos) << said.str();
+  std::vector<std::string> bests;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().starts_with("best-step-"))
+      bests.push_back(e.path().filename().string());
+  EXPECT_EQ(bests, std::vector<std::string>{"best-step-8"});
 }
 
 // The validation at a run's end comes after that step's periodic checkpoint, so the checkpoint's
@@ -329,7 +357,10 @@ TEST(RunSafety, ABestCheckpointOfTheRunsLastStepCountsOnResume) {
   o.log = &said;
   Runner third(plan_text(d, g, with({"run.steps=10", "ckpt.keep_best=1"})), o);
   third.run();
-  EXPECT_NE(said.str().find("best-step-4 stay, no longer counted"), std::string::npos)
+  EXPECT_NE(said.str().find("keeps fewer best checkpoints than the run has: best-step-"),
+            std::string::npos)
+      << said.str();
+  EXPECT_NE(said.str().find(" stay until better ones are written"), std::string::npos)
       << said.str();
   EXPECT_TRUE(fs::exists(root / "best-step-4"));
   EXPECT_TRUE(fs::exists(root / "best-step-3"));
@@ -649,6 +680,46 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
 
 // The memory a loader may plan on counts an address space limit: what it leaves past the
 // process's VmSize, named, when that is less than the host has free.
+// The memory a cgroup leaves: v2's memory.max and v1's memory.limit_in_bytes (older hosts,
+// Slurm's cgroup/v1), each less the use besides page cache; v1's "no limit" (the largest
+// page-aligned number) and a v2 "max" are none. v1 was not read: a job on such a host sized
+// its data to the machine's free memory and was killed at its limit.
+TEST(RunSafety, CgroupMemoryLimitsAreReadOnV2AndV1) {
+  TempDir d;
+  auto put = [&](const std::string& rel, const std::string& text) {
+    fs::create_directories(fs::path(d.path()) / fs::path(rel).parent_path());
+    std::ofstream(fs::path(d.path()) / rel) << text;
+  };
+  const std::string root = d.path() + "/sys";
+  put("v1.cgroup", "9:name=systemd:/\n4:memory:/job/7\n1:cpu:/\n0::/\n");
+  put("sys/memory/job/7/memory.limit_in_bytes", "1073741824\n");
+  put("sys/memory/job/7/memory.usage_in_bytes", "402653184\n");
+  put("sys/memory/job/7/memory.stat", "cache 1\ntotal_cache 134217728\n");
+  std::optional<HostMemory> v1 = cgroup_memory_left(d.path() + "/v1.cgroup", root);
+  ASSERT_TRUE(v1.has_value());
+  EXPECT_EQ(v1->bytes, uint64_t{1073741824 - (402653184 - 134217728)});
+  EXPECT_NE(v1->source.find("cgroup v1 memory.limit_in_bytes"), std::string::npos) << v1->source;
+  // In a container the listed path is the host's: the container's own cgroup is at the top.
+  put("v1c.cgroup", "4:cpuacct,memory:/docker/abc\n");
+  put("sys/memory/memory.limit_in_bytes", "2147483648\n");
+  put("sys/memory/memory.usage_in_bytes", "0\n");
+  const std::optional<HostMemory> top = cgroup_memory_left(d.path() + "/v1c.cgroup", root);
+  ASSERT_TRUE(top.has_value());
+  EXPECT_EQ(top->bytes, uint64_t{2147483648});
+  put("sys/memory/memory.limit_in_bytes", "9223372036854771712\n");  // no limit
+  EXPECT_FALSE(cgroup_memory_left(d.path() + "/v1c.cgroup", root).has_value());
+  put("v2.cgroup", "0::/slurm/job9\n");
+  put("sys/slurm/job9/memory.max", "536870912\n");
+  put("sys/slurm/job9/memory.current", "268435456\n");
+  put("sys/slurm/job9/memory.stat", "anon 1\nfile 67108864\n");
+  const std::optional<HostMemory> v2 = cgroup_memory_left(d.path() + "/v2.cgroup", root);
+  ASSERT_TRUE(v2.has_value());
+  EXPECT_EQ(v2->bytes, uint64_t{536870912 - (268435456 - 67108864)});
+  EXPECT_NE(v2->source.find("cgroup memory.max"), std::string::npos) << v2->source;
+  put("sys/slurm/job9/memory.max", "max\n");
+  EXPECT_FALSE(cgroup_memory_left(d.path() + "/v2.cgroup", root).has_value());
+}
+
 TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
   rlimit saved{};
   getrlimit(RLIMIT_AS, &saved);

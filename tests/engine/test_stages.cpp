@@ -121,6 +121,8 @@ class TestRecorder : public Stage {
         .param("nan_from", int64_t{-1}, "report a NaN loss from this batch index on")
         .param("nan_count", int64_t{1000000}, "... for this many batches")
         .param("validation_nan", false, "validation batches report a NaN loss")
+        .param("validation_improves", false,
+               "validation reports 1 / (1 + step), better at each step (else 1)")
         .param("report_later", false,
                "report the loss and the injected failure through ExecContext::read_back_later, "
                "as device stages do");
@@ -137,12 +139,15 @@ class TestRecorder : public Stage {
     nan_from_ = ctx.params().integer("nan_from");
     nan_count_ = ctx.params().integer("nan_count");
     validation_nan_ = ctx.params().boolean("validation_nan");
+    validation_improves_ = ctx.params().boolean("validation_improves");
     report_later_ = ctx.params().boolean("report_later");
   }
   void forward(Batch& b, StageContext& ctx) override {
     if (!ctx.run().training) {
       // Constant: the second validation does not improve.
-      ctx.metric("loss", validation_nan_ ? std::nan("") : 1.0);
+      ctx.metric("loss", validation_nan_        ? std::nan("")
+                         : validation_improves_ ? 1.0 / (1.0 + static_cast<double>(ctx.run().step))
+                                                : 1.0);
       return;
     }
     if (report_later_) {
@@ -183,7 +188,7 @@ class TestRecorder : public Stage {
   int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
   int term_signal_ = SIGTERM, then_signal_ = 0;
   int64_t then_sleep_ = 0;
-  bool validation_nan_ = false, report_later_ = false;
+  bool validation_nan_ = false, validation_improves_ = false, report_later_ = false;
   double value_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(TestRecorder);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "engine/runner.h"
 
@@ -15,6 +17,12 @@ inline RunOptions writing_options() {
   o.publish_stats = false;
   o.log = &sink;
   return o;
+}
+
+// `sets` with one more override (a run's settings, and this run's own).
+inline std::vector<std::string> with_set(std::vector<std::string> sets, std::string extra) {
+  sets.push_back(std::move(extra));
+  return sets;
 }
 
 }  // namespace slipstream::testing

@@ -496,9 +496,10 @@ TEST(Loader, TheValidationCopyTakesTheTrainingCopysGamesWhenAFileChanged) {
   EXPECT_EQ(seen.size(), files.size());
 }
 
-// Every skipped file is listed in the run directory (RUN/NAME.skipped.txt, a line each: reason,
-// tab, file); the report names the first few of each kind and where the rest are. With tens of
-// thousands of replays no list of the bad ones existed anywhere.
+// Every file skipped as a problem is listed in the run directory (RUN/NAME.skipped.txt, a line
+// each: reason, tab, file); the report names the first few of each kind and the list. With tens
+// of thousands of replays no list of the bad ones existed anywhere. A later start without skips
+// takes the old list away.
 TEST(Loader, EverySkippedFileIsListedInTheRunDirectory) {
   TempDir d("skips"), run("skips-run");
   for (const auto& e : fs::directory_iterator(synth_dir()))
@@ -507,7 +508,7 @@ TEST(Loader, EverySkippedFileIsListedInTheRunDirectory) {
     std::ofstream(d.path() / ("junk" + std::to_string(i) + ".slp")) << "not a replay " << i;
   Loader L({paths_of(d.path())}, 1, 1, false, 0, 1, 0, run.str());
   const std::string list_file = (run.path() / "replays.skipped.txt").string();
-  EXPECT_NE(L.stage().report().find(", ... (every one: " + list_file + ")"), std::string::npos)
+  EXPECT_NE(L.stage().report().find(", ... (the list: " + list_file + ")"), std::string::npos)
       << L.stage().report();
   L.stage().start(L.ctx());
   std::ifstream in(list_file);
@@ -524,6 +525,9 @@ TEST(Loader, EverySkippedFileIsListedInTheRunDirectory) {
               1)
         << name;
   }
+  Loader clean({paths_of(synth_dir())}, 1, 1, false, 0, 1, 0, run.str());
+  clean.stage().start(clean.ctx());
+  EXPECT_FALSE(fs::exists(list_file));
 }
 
 // `slipstream validate` refuses what setup would: the loader's rules between parameters are the
@@ -818,6 +822,10 @@ TEST(Loader, CorpusFootprintIsCheckedBeforeOpening) {
   EXPECT_GT(b.decompressed_bytes, slp_bytes / 4);  // every column, unpacked
   EXPECT_EQ(c.source_bytes, slp_bytes);
   EXPECT_EQ(c.decompressed_bytes, 0u);
+  // The columns each maps whole at open, which an address space limit (ulimit -v) counts.
+  EXPECT_EQ(a.mapped_bytes, fs::file_size(plain.path() / "columns.bin"));
+  EXPECT_EQ(c.mapped_bytes, fs::file_size(packed.path() / "columns.bin"));
+  EXPECT_LT(c.mapped_bytes, a.mapped_bytes);
   // The budget between the two: the plain and today's zstd corpus load, the version-1 zstd one
   // is refused, naming both figures.
   const double gib =

@@ -301,6 +301,25 @@ TEST(Stream, FrameByFrameEqualsTheWindowForwardGru) {
   stream_equals_window(run, val + "/synth_00000.slp");
 }
 
+// A run trained on streams and validated on whole games: infer and eval play it too (infer's
+// frame-by-frame loader takes shuffled rows and must not keep the run's whole-game validation,
+// which needs streams).
+TEST(Infer, PlaysARunValidatedOnWholeGames) {
+  TempDir d;
+  const std::string val = d.path() + "/val";
+  const RunResult run = train_with_pinned_validation(
+      d.path(), val, 4, "train_bc.yaml",
+      {"core.d_model=16", "core.layers=1", "core.d_state=8", "replays.rows=streams",
+       "replays.stride=0", "replays.validation_rows=whole_games"});
+  ASSERT_EQ(run.final_step, 4u);
+  const CliOutput o = run_cli("infer --checkpoint " + run.run_dir + " --replay " + val +
+                              "/synth_00000.slp --port 2");
+  EXPECT_EQ(o.status, 0) << o.text;
+  EXPECT_NE(o.text.find("latency per frame"), std::string::npos) << o.text;
+  const CliOutput e = run_cli("eval --checkpoint " + run.run_dir + " --replays " + val);
+  EXPECT_EQ(e.status, 0) << e.text;
+}
+
 TEST(Infer, PlaysAReplayFrameByFrame) {
   TempDir d;
   const std::string val = d.path() + "/val";

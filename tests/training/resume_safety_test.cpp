@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/run_directory.h"
 #include "tests/support/cli_output.h"
 #include "tests/support/temp_dir.h"
 #include "tests/training/training_fixture.h"
@@ -233,11 +234,15 @@ TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
   const bool relocked =
       back && wait_for([&] { return read(log).find("locked again") != std::string::npos; });
   Output second = relocked ? run_cli("run --resume " + run.string()) : Output{};
+  // The moved directory stays locked too: the run still writes its console.log there.
+  Output moved = relocked ? run_cli("run --resume " + run.string() + ".moved") : Output{};
   const int status = stop();
   ASSERT_TRUE(back) << "the run directory did not come back:\n" << read(log);
   ASSERT_TRUE(relocked) << read(log);
   EXPECT_NE(second.status, 0) << second.text;
   EXPECT_NE(second.text.find("in use by process"), std::string::npos) << second.text;
+  EXPECT_NE(moved.status, 0) << moved.text;
+  EXPECT_NE(moved.text.find("in use by process"), std::string::npos) << moved.text;
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const std::string text = read(log);
@@ -262,6 +267,13 @@ TEST(ResumeSafety, ARunDirectoryWithoutItsConfigResumesFromItsCheckpointsGraph) 
   const std::string dir = first_run(d, 3);
   const fs::path config = fs::path(dir) / "config.yaml";
   fs::remove(config);
+  {  // a run writing there holds its lock: nothing is written under it (the resume is refused)
+    const DirectoryLock live(dir, "test");
+    EXPECT_TRUE(directory_in_use(dir));
+    EXPECT_EQ(restore_run_config(dir), "");
+    EXPECT_FALSE(fs::exists(config));
+  }
+  EXPECT_FALSE(directory_in_use(dir));
   Output o = run_cli("run --resume " + dir + " --set run.steps=4");
   EXPECT_EQ(o.status, 0) << o.text;
   EXPECT_NE(o.text.find("config.yaml was missing: written again from the graph step-3 carries"),

@@ -39,8 +39,14 @@ int run_command(const RunArgs& a) {
     }
     const std::string& resume = *a.resume;
     // A run directory whose config.yaml went missing: its checkpoints carry the graph.
-    if (const std::string restored = restore_run_config(resume); !restored.empty())
-      std::cerr << "note: " << restored << "\n";
+    try {
+      if (const std::string restored = restore_run_config(resume); !restored.empty())
+        std::cerr << "note: " << restored << "\n";
+    } catch (const std::exception& e) {
+      std::cerr << "--resume " << resume << ": its config.yaml is missing and cannot be written "
+                << "again from its checkpoint: " << e.what() << "\n";
+      return kExitFailure;
+    }
     // --resume RUN_DIR, or --resume RUN_DIR/checkpoints/step-N to continue from that one.
     const CheckpointPath where = resolve_checkpoint_path(resume);
     if (!where.error.empty()) {

@@ -227,6 +227,9 @@ CorpusFootprint corpus_footprint(const std::filesystem::path& dir) {
     throw CorpusError("corpus manifest " + path.string() + " lacks what it should hold (" +
                       e.what() + "): rebuild it with `slipstream corpus build`");
   }
+  std::error_code ec;
+  const auto mapped = std::filesystem::file_size(dir / kColumnsName, ec);
+  if (!ec) f.mapped_bytes = mapped;
   return f;
 }
 

@@ -85,6 +85,7 @@ struct CorpusFootprint {
   size_t games = 0;
   uint64_t source_bytes = 0;        // the .slp files it was built from
   uint64_t decompressed_bytes = 0;  // a version-1 zstd corpus's columns, unpacked at open; else 0
+  uint64_t mapped_bytes = 0;        // columns.bin, mapped whole at open (address space, not RSS)
 };
 CorpusFootprint corpus_footprint(const std::filesystem::path& dir);
 
