@@ -114,10 +114,31 @@ void load_parameters(GraphPlan& graph, const std::string& dir, size_t first_stag
 
 }  // namespace
 
+namespace {
+
+// A checkpoint read while a running run prunes it (its ckpt.keep): said as that, not as a file
+// that cannot be opened. `read` does the reading; the exception is rethrown otherwise.
+template <class Read>
+auto read_checkpoint_files(const std::string& dir, Read&& read) {
+  try {
+    return read();
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    if (fs::exists(dir, ec) || ec) throw;
+    throw std::runtime_error(dir + " was removed while it was read (" + e.what() +
+                             "): a running run prunes its older checkpoints (ckpt.keep); give "
+                             "the run directory again for its newest");
+  }
+}
+
+}  // namespace
+
 CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t first_stage) {
-  load_parameters(graph, dir, first_stage);
   std::string state_path = (fs::path(dir) / "state.safetensors").string();
-  SafetensorsFile state = read_safetensors(state_path);
+  SafetensorsFile state = read_checkpoint_files(dir, [&] {
+    load_parameters(graph, dir, first_stage);
+    return read_safetensors(state_path);
+  });
   for (size_t k = first_stage; k < graph.stages.size(); ++k) {
     StateReader r(state.tensors, state.metadata, graph.stages[k].name, state_path);
     graph.instances[k]->load(r);
@@ -142,9 +163,11 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
 }
 
 uint64_t load_weights(GraphPlan& graph, const std::string& dir) {
-  load_parameters(graph, dir, 0);
   const std::string state_path = (fs::path(dir) / "state.safetensors").string();
-  SafetensorsFile state = read_safetensors(state_path);
+  SafetensorsFile state = read_checkpoint_files(dir, [&] {
+    load_parameters(graph, dir, 0);
+    return read_safetensors(state_path);
+  });
   return static_cast<uint64_t>(
       StateReader(state.tensors, state.metadata, "run", state_path).integer("step"));
 }

@@ -211,6 +211,9 @@ std::string param_value_problem(const ParamSpec& spec, const ParamValue& v) {
   if (auto* il = std::get_if<std::vector<int64_t>>(&v)) nums.assign(il->begin(), il->end());
   if (auto* dl = std::get_if<std::vector<double>>(&v)) nums = *dl;
   for (double x : nums) {
+    // No parameter means infinity: lr: inf passed validation and diverged in ten steps.
+    if (std::isinf(x))
+      return "parameter '" + spec.name + "' = " + param_value_str(v) + " is not a finite number";
     if (std::isnan(x) || (spec.min && x < *spec.min) || (spec.max && x > *spec.max)) {
       // Integer parameters show integer bounds ([1, 1048576], not [1.0, 1.04858e+06]).
       const bool integral =

@@ -205,10 +205,7 @@ RunResult Runner::Impl::execute_steps() {
   result.run_dir = run.run_dir;
   // A stop signal while a fresh run sets up takes its directory with it (engine/stop_signals.h).
   std::optional<StartupSignals> startup_signals;
-  if (opt.handle_sigint && made_run_dir)
-    startup_signals.emplace(
-        run.run_dir, std::vector<std::string>{".lock", "config.yaml", "console.log", "run.json",
-                                              "metrics.jsonl"});
+  if (opt.handle_sigint && made_run_dir) startup_signals.emplace(run.run_dir);
   if (run.writes_outputs() && !console)
     console.emplace((fs::path(run.run_dir) / "console.log").string());
   *log << "device: " << device_reason << "\n";
@@ -224,18 +221,33 @@ RunResult Runner::Impl::execute_steps() {
     log_line("note: precision bf16 on the CPU: " +
              (what.empty() ? std::string("the GEMMs' operands are rounded to bf16") : what));
   }
-  if (!start_steps(result)) return result;
-  steps_began = true;
+  // slipstream-smi sees the run from here: `starting` through setup (a dataset's decoding may
+  // take minutes), then its steps.
+  start_unix = unix_ns();
+  start_publisher();
+  bool started = false;
+  try {
+    started = start_steps(result);
+  } catch (...) {
+    stop_publisher(stats::RunState::failed);
+    record.reset();
+    throw;
+  }
+  if (!started) {
+    stop_publisher(stats::RunState::done);
+    record.reset();
+    return result;
+  }
 
   // SIGTERM and the others too (engine/stop_signals.h): schedulers send them before killing a
-  // job, and the step deserves its checkpoint.
-  startup_signals.reset();
+  // job, and the step deserves its checkpoint. They take over from the start-up handlers with
+  // no moment between.
   std::optional<StopSignals> stop_signals;
   if (opt.handle_sigint) stop_signals.emplace();
+  startup_signals.reset();
+  steps_began = true;
   start_ns = now_ns();
-  start_unix = unix_ns();
   interval_start_ns = start_ns;
-  start_publisher();
 
   std::vector<Stage*> stages;
   std::vector<StageContext*> ctxs;
@@ -254,6 +266,11 @@ RunResult Runner::Impl::execute_steps() {
   record.reset();  // the run is over: its record goes away (slipstream-smi shows live runs)
   stop_signals.reset();
   if (failure) std::rethrow_exception(failure);
+  if (data_ended_before) {
+    result.final_step = run.step;
+    result.already_complete = true;
+    return result;
+  }
 
   fill_result(result, stop_signal, t_start);
   return result;
@@ -430,6 +447,14 @@ std::exception_ptr Runner::Impl::end_steps(std::exception_ptr failure, int stop_
       end_reason = "early stop";
     else
       end_reason = "data end";
+  }
+  // A resume of a run whose data had already ended: nothing happened, and no second end row
+  // says otherwise.
+  if (!failure && end_reason == "data end" && steps_this_process == 0 && !opt.resume_dir.empty()) {
+    data_ended_before = true;
+    log_line("nothing to do: the run's data ended at step " + std::to_string(run.step) +
+             " (run.epochs = " + std::to_string(run.epochs) + "); raise run.epochs to train on");
+    return failure;
   }
   if (failure) {
     try {

@@ -92,8 +92,9 @@ struct RunResult {
       false;            // stopped by a stop signal (engine/stop_signals.h) or request_stop(true)
   int stop_signal = 0;  // the signal that stopped the run (SIGINT, SIGTERM, SIGHUP, ...)
   bool early_stopped = false;
-  bool already_complete = false;  // a resumed run that had already reached run.steps
-  std::string end_reason;         // "steps", "data end", "early stop", "interrupted (SIGINT)", ...
+  bool already_complete =
+      false;               // a resumed run that had already reached run.steps or its data's end
+  std::string end_reason;  // "steps", "data end", "early stop", "interrupted (SIGINT)", ...
   double seconds = 0;
   std::string run_dir;
   std::map<std::string, double> last_train_metrics;

@@ -200,8 +200,9 @@ struct Runner::Impl {
   // The run directory made again at its place after it moved away mid-run, locked too: the
   // moved one keeps its lock (the run's console.log and events file still write there).
   std::vector<std::unique_ptr<DirectoryLock>> relocks;
-  bool made_run_dir = false;  // this run created run.run_dir (a fresh run)
-  bool steps_began = false;   // setup passed and the steps' graph started
+  bool made_run_dir = false;             // this run created run.run_dir (a fresh run)
+  std::atomic<bool> steps_began{false};  // setup passed and the steps' graph started
+  bool data_ended_before = false;        // a resumed run whose data had ended: nothing done
 
   // Flow control.
   std::atomic<int64_t> in_flight{0};

@@ -158,8 +158,17 @@ void Runner::Impl::validation_pass(uint64_t batch_index) {
   auto v = validate();
   last_validation = v;
   last_validated_step = run.step;
-  write_metrics_row("validation", v, -1, -1);
-  log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+  if (v.empty()) {
+    // Nothing scored (every window masked: its games left out as unreadable since the split):
+    // said as that, with a row that says it, not a bare line and a row without figures.
+    write_metrics_row("validation", v, -1, -1, {{"note", "no validation window was scored"}});
+    log_line("validation @ step " + std::to_string(run.step) +
+             ": no validation window was scored (its games could not be read: see the warnings "
+             "above)");
+  } else {
+    write_metrics_row("validation", v, -1, -1);
+    log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
+  }
   gather_spread_state();
   for (size_t k = 0; k < n(); ++k)
     timed(k, batch_index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });

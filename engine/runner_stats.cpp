@@ -11,6 +11,17 @@ using namespace runner_detail;
 // ---- stats record ----
 void Runner::Impl::publish(stats::RunState state) {
   if (!record) return;
+  if (state == stats::RunState::starting) {
+    // Setup: alive, and what it holds so far; no step, rate or stage figures yet (the stages
+    // are being set up on the run's thread).
+    const uint64_t rss = resident_bytes();
+    record->update([&](stats::RunRecord& r) {
+      r.state = state;
+      r.update_unix_ns = unix_ns();
+      r.host_rss_bytes = rss;
+    });
+    return;
+  }
   uint64_t t = now_ns();
   double dt = prev_pub_ns ? static_cast<double>(t - prev_pub_ns) * 1e-9 : 0;
   if (dt > 0) {
@@ -158,7 +169,9 @@ void Runner::Impl::start_publisher() {
             std::chrono::steady_clock::now() - *signalled > std::chrono::seconds(stop_timeout_s))
           exit_stuck_after_signal(stop_timeout_s);
       }
-      publish(finishing ? stats::RunState::finishing : stats::RunState::running);
+      publish(finishing     ? stats::RunState::finishing
+              : steps_began ? stats::RunState::running
+                            : stats::RunState::starting);
     }
   });
 }

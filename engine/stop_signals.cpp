@@ -3,8 +3,11 @@
 #include <array>
 #include <atomic>
 #include <csignal>
+#include <cstddef>
 #include <cstring>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace slipstream {
@@ -21,24 +24,57 @@ extern "C" void on_stop_signal(int sig) {
   g_received.compare_exchange_strong(none, sig);
 }
 
-// StartupSignals' paths, copied out where the handler reads them without allocating: the files,
-// then the directory last.
-constexpr size_t kStartupPaths = 8, kPathBytes = 4096;
-std::array<std::array<char, kPathBytes>, kStartupPaths> g_startup_paths{};
-std::atomic<size_t> g_startup_count{0};
-// What the handler says on stderr: the directory removed, or kept (setup wrote more there).
+// StartupSignals' directory, copied out where the handler reads it without allocating, and
+// what the handler says on stderr: the directory removed, or kept (setup made a folder there).
+constexpr size_t kPathBytes = 4096;
+std::array<char, kPathBytes> g_startup_dir{};
+std::atomic<bool> g_startup_armed{false};
 std::array<std::array<char, kPathBytes + 128>, 2> g_startup_note{};
 std::array<size_t, 2> g_startup_note_bytes{};
 std::array<void (*)(int), kStopSignals.size()> g_startup_previous{};
+bool g_startup_handed_over = false;  // StopSignals took the handlers over
+
+// The entries of the directory `fd` (getdents64: no allocation), each unlinked; the directory
+// is fresh, made by this run, so everything in it is the run's own. A subfolder stays.
+void unlink_entries(int fd) {
+  struct Entry {  // linux_dirent64
+    uint64_t ino;
+    int64_t off;
+    unsigned short reclen;
+    unsigned char type;
+    char name[1];
+  };
+  alignas(8) char buf[4096];
+  for (int pass = 0; pass < 3; ++pass) {  // entries removed while listed may shift the rest
+    ::lseek(fd, 0, SEEK_SET);
+    bool removed = false;
+    for (;;) {
+      const long n = ::syscall(SYS_getdents64, fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long at = 0; at < n;) {
+        const auto* e = reinterpret_cast<const Entry*>(buf + at);
+        const char* name = buf + at + offsetof(Entry, name);
+        at += e->reclen;
+        if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) continue;
+        removed = ::unlinkat(fd, name, 0) == 0 || removed;
+      }
+    }
+    if (!removed) break;
+  }
+}
 
 extern "C" void on_startup_signal(int sig) {
-  const size_t n = g_startup_count.load();
-  for (size_t i = 0; i + 1 < n; ++i) ::unlink(g_startup_paths[i].data());
-  const bool removed = n > 0 && ::rmdir(g_startup_paths[n - 1].data()) == 0;
-  const size_t k = removed ? 0 : 1;
-  if (g_startup_note_bytes[k] > 0 &&
-      ::write(STDERR_FILENO, g_startup_note[k].data(), g_startup_note_bytes[k]) < 0) {
-    // nothing more to do: the process ends either way
+  if (g_startup_armed.load()) {
+    const int fd = ::open(g_startup_dir.data(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      unlink_entries(fd);
+      ::close(fd);
+    }
+    const size_t k = ::rmdir(g_startup_dir.data()) == 0 ? 0 : 1;
+    if (g_startup_note_bytes[k] > 0 &&
+        ::write(STDERR_FILENO, g_startup_note[k].data(), g_startup_note_bytes[k]) < 0) {
+      // nothing more to do: the process ends either way
+    }
   }
   std::signal(sig, SIG_DFL);
   std::raise(sig);
@@ -46,40 +82,42 @@ extern "C" void on_startup_signal(int sig) {
 
 }  // namespace
 
-StartupSignals::StartupSignals(const std::string& dir, const std::vector<std::string>& files) {
-  size_t n = 0;
-  auto keep = [&](const std::string& path) {
-    if (n < kStartupPaths && path.size() < kPathBytes) {
-      std::memcpy(g_startup_paths[n].data(), path.c_str(), path.size() + 1);
-      ++n;
+StartupSignals::StartupSignals(const std::string& dir) {
+  g_startup_armed = false;
+  if (dir.size() < kPathBytes) {
+    std::memcpy(g_startup_dir.data(), dir.c_str(), dir.size() + 1);
+    const std::string said[2] = {
+        "stopped by a signal while the run set up: nothing was trained, " + dir + " removed\n",
+        "stopped by a signal while the run set up: nothing was trained; " + dir +
+            " kept (setup made a folder there)\n"};
+    for (size_t k = 0; k < 2; ++k) {
+      g_startup_note_bytes[k] = said[k].size() < g_startup_note[k].size() ? said[k].size() : 0;
+      std::memcpy(g_startup_note[k].data(), said[k].data(), g_startup_note_bytes[k]);
     }
-  };
-  for (const auto& f : files)
-    if (n + 1 < kStartupPaths) keep(dir + "/" + f);
-  keep(dir);
-  g_startup_count = dir.size() < kPathBytes ? n : 0;  // no directory to remove: files alone stay
-  const std::string said[2] = {
-      "stopped by a signal while the run set up: nothing was trained, " + dir + " removed\n",
-      "stopped by a signal while the run set up: nothing was trained; " + dir +
-          " kept (setup wrote more there)\n"};
-  for (size_t k = 0; k < 2; ++k) {
-    g_startup_note_bytes[k] = said[k].size() < g_startup_note[k].size() ? said[k].size() : 0;
-    std::memcpy(g_startup_note[k].data(), said[k].data(), g_startup_note_bytes[k]);
+    g_startup_armed = true;
   }
+  g_startup_handed_over = false;
   for (size_t i = 0; i < kStopSignals.size(); ++i)
     g_startup_previous[i] = std::signal(kStopSignals[i], on_startup_signal);
 }
 
 StartupSignals::~StartupSignals() {
-  for (size_t i = 0; i < kStopSignals.size(); ++i)
-    std::signal(kStopSignals[i], g_startup_previous[i]);
-  g_startup_count = 0;
+  g_startup_armed = false;
+  if (!g_startup_handed_over)
+    for (size_t i = 0; i < kStopSignals.size(); ++i)
+      std::signal(kStopSignals[i], g_startup_previous[i]);
 }
 
 StopSignals::StopSignals() {
   g_received = 0;
-  for (size_t i = 0; i < kStopSignals.size(); ++i)
-    g_previous[i] = std::signal(kStopSignals[i], on_stop_signal);
+  // Over StartupSignals' handlers: the start-up's end, with no moment between; the dispositions
+  // restored at the end are the ones from before the start-up.
+  g_startup_armed = false;
+  for (size_t i = 0; i < kStopSignals.size(); ++i) {
+    void (*previous)(int) = std::signal(kStopSignals[i], on_stop_signal);
+    g_previous[i] = previous == on_startup_signal ? g_startup_previous[i] : previous;
+    if (previous == on_startup_signal) g_startup_handed_over = true;
+  }
 }
 
 StopSignals::~StopSignals() {

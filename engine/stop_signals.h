@@ -7,7 +7,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 namespace slipstream {
 
@@ -28,13 +27,14 @@ class StopSignals {
 };
 
 // While a fresh run sets up, before its first step (StopSignals' time): a stop signal removes
-// the files the run directory was started with and the directory, then ends the process as the
-// signal would have. A run stopped before its first step leaves no directory behind, and setup
-// (decoding a dataset: minutes) cannot stop in between to do it. Only async-signal-safe calls
-// (unlink, rmdir, signal, raise); a file setup added keeps the directory, as it is.
+// the run directory — fresh, made by this run, so all in it is the run's — and ends the process
+// as the signal would have. A run stopped before its first step leaves no directory behind, and
+// setup (decoding a dataset: minutes) cannot stop in between to do it. Only async-signal-safe
+// calls (open, getdents64, unlinkat, rmdir, write, signal, raise); a folder setup made keeps the
+// directory. StopSignals constructed while it lives takes its handlers over.
 class StartupSignals {
  public:
-  StartupSignals(const std::string& dir, const std::vector<std::string>& files);
+  explicit StartupSignals(const std::string& dir);
   StartupSignals(const StartupSignals&) = delete;
   StartupSignals& operator=(const StartupSignals&) = delete;
   ~StartupSignals();

@@ -80,7 +80,10 @@ def dry_run(policy, args):
     frames = DelayedFrames(policy.frame_delay)
     stepped = acting = 0
     while args.frames == 0 or stepped < args.frames:
-        gamestate = console.step()
+        try:
+            gamestate = console.step()
+        except Exception as e:  # libmelee's reading of an old or odd replay
+            sys.exit(f"{args.replay}: libmelee cannot read it ({type(e).__name__}: {e})")
         if gamestate is None:
             break
         if not in_game(gamestate):
@@ -88,7 +91,10 @@ def dry_run(policy, args):
         if args.port not in gamestate.players:
             sys.exit(f"{args.replay}: port {args.port} has no player (ports "
                      f"{sorted(int(p) for p in gamestate.players)})")
-        frame = frames.frame(gamestate, args.port)
+        try:
+            frame = frames.frame(gamestate, args.port)
+        except ValueError as e:  # a game the policy cannot see (not one-on-one, another stage)
+            sys.exit(f"{args.replay}: {e}")
         if frame is None:
             continue
         acting += acts(policy.step(frame))

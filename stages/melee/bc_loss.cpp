@@ -207,9 +207,16 @@ class BcLossStage : public Stage {
         .check([](const ParamValue& v) -> std::string {
           const auto* w = std::get_if<std::vector<double>>(&v);
           const size_t n = w ? w->size() : std::get<std::vector<int64_t>>(v).size();
-          if (n == kHeads) return "";
-          return "parameter 'head_weights' has " + std::to_string(n) +
-                 " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder";
+          if (n != kHeads)
+            return "parameter 'head_weights' has " + std::to_string(n) +
+                   " values; it needs 6: buttons, main_x, main_y, c_x, c_y, shoulder";
+          // All zero: a loss of 0 that trains nothing, and a run that says it finished.
+          bool any = false;
+          if (w)
+            for (double x : *w) any = any || x > 0;
+          else
+            for (int64_t x : std::get<std::vector<int64_t>>(v)) any = any || x > 0;
+          return any ? "" : "parameter 'head_weights' are all 0: no head would be trained";
         })
         .param("baseline_prior", 0.9,
                "baseline P(input repeats) used before any training position was seen")

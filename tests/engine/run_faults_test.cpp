@@ -109,6 +109,29 @@ TEST(RunFaults, ABriefNonFiniteStretchOrALimitOfZeroDoesNotStopTheRun) {
   EXPECT_EQ(never.run().final_step, 20u);
 }
 
+// A validation pass that scored nothing (its games left out as unreadable since the split) says
+// so on the console and in its row, not a bare "validation @ step N:" and a row of no figures.
+TEST(RunFaults, AValidationThatScoredNothingSaysSo) {
+  reset_recorded();
+  TempDir d;
+  std::ostringstream said;
+  RunOptions o = writing_options();
+  o.log = &said;
+  Runner r(plan_text(d, graph(d, "every: 0"),
+                     {"run.steps=2", "run.validate_every=2", "run.validate_batches=1",
+                      "rec.validation_scores=false"}),
+           o);
+  const std::string dir = r.run().run_dir;
+  EXPECT_NE(said.str().find("validation @ step 2: no validation window was scored"),
+            std::string::npos)
+      << said.str();
+  bool noted = false;
+  for (const auto& row : rows(dir))
+    noted = noted || (row["split"] == "validation" &&
+                      row.value("note", "") == "no validation window was scored");
+  EXPECT_TRUE(noted);
+}
+
 TEST(RunFaults, NonFiniteValidationLossIsNeverBest) {
   reset_recorded();
   TempDir d;
@@ -241,6 +264,31 @@ TEST(RunFaults, ResumeAppliesKeepToCheckpointsOnDiskAndClearsLeftovers) {
   EXPECT_EQ(fs::path(*ckpt).filename(), "step-8");
 }
 
+// A checkpoint removed while it is read (eval of a live run whose ckpt.keep prunes it) is said
+// as that, with what to give instead, not as a bare "open: No such file or directory".
+TEST(RunFaults, ACheckpointRemovedWhileReadIsSaidSo) {
+  reset_recorded();
+  TempDir d;
+  const std::string g = graph(d, "every: 2");
+  Runner first(plan_text(d, g, {"run.steps=4"}), writing_options());
+  const std::string dir = first.run().run_dir;
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  o.resume_checkpoint = dir + "/checkpoints/step-2";
+  fs::remove_all(o.resume_checkpoint);  // pruned between finding it and reading it
+  Runner second(plan_text(d, g, {"run.steps=6"}), o);
+  try {
+    second.run();
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("step-2 was removed while it was read"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("give the run directory again for its newest"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(RunFaults, ResumingAFinishedRunDoesNothing) {
   reset_recorded();
   TempDir d;
@@ -267,9 +315,14 @@ TEST(RunFaults, ResumingAFinishedRunDoesNothing) {
   dir = whole.run().run_dir;
   auto written = fs::last_write_time(fs::path(dir) / "checkpoints" / "step-20" / "DONE");
   o.resume_dir = dir;
+  const size_t rows_before = rows(dir).size();
   Runner more(plan_text(d2, g), o);
-  EXPECT_EQ(more.run().steps, 0u);
+  const RunResult after = more.run();
+  EXPECT_EQ(after.steps, 0u);
+  EXPECT_TRUE(after.already_complete);  // "nothing to do", as at run.steps
+  EXPECT_EQ(after.final_step, 20u);
   EXPECT_EQ(fs::last_write_time(fs::path(dir) / "checkpoints" / "step-20" / "DONE"), written);
+  EXPECT_EQ(rows(dir).size(), rows_before);  // no second end row
 }
 
 TEST(RunFaults, ResumeFromAChosenCheckpointRewindsTheRun) {

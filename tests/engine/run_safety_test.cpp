@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "engine/atomic_file.h"
@@ -680,6 +682,52 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
 
 // The memory a loader may plan on counts an address space limit: what it leaves past the
 // process's VmSize, named, when that is less than the host has free.
+// A stop signal while a fresh run sets up removes its directory whatever setup wrote there
+// (splits, a skipped list, the events file: it removed five named files and kept the rest), ends
+// the process by the signal and says so; a folder made there keeps the directory, emptied of
+// files. StopSignals takes the handlers over: the start-up's removal is off after it.
+TEST(RunSafety, AStopSignalDuringStartUpRemovesTheFreshDirectory) {
+  TempDir d;
+  auto child = [&](const std::string& dir, bool with_folder, bool hand_over) {
+    fs::create_directories(dir);
+    for (const char* f : {".lock", "config.yaml", "replays.splits.json", "events.out.x",
+                          "replays.splits.json.tmp.1.2.3"})
+      std::ofstream(fs::path(dir) / f) << "x";
+    if (with_folder) fs::create_directories(fs::path(dir) / "checkpoints");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      std::optional<StartupSignals> startup(std::in_place, dir);
+      std::optional<StopSignals> stop;
+      if (hand_over) {
+        stop.emplace();
+        startup.reset();
+        std::raise(SIGTERM);  // now only recorded: the run would stop at its step's end
+        _exit(StopSignals::received() == SIGTERM ? 7 : 8);
+      }
+      std::raise(SIGTERM);
+      _exit(9);  // not reached: the signal ends the process
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+  };
+  const std::string gone = d.path() + "/fresh";
+  int status = child(gone, false, false);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+  EXPECT_FALSE(fs::exists(gone));
+  const std::string kept = d.path() + "/with-folder";
+  status = child(kept, true, false);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+  ASSERT_TRUE(fs::exists(kept));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(kept)) left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"checkpoints"});
+  const std::string handed = d.path() + "/handed-over";
+  status = child(handed, false, true);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
+  EXPECT_TRUE(fs::exists(fs::path(handed) / "config.yaml"));
+}
+
 // The memory a cgroup leaves: v2's memory.max and v1's memory.limit_in_bytes (older hosts,
 // Slurm's cgroup/v1), each less the use besides page cache; v1's "no limit" (the largest
 // page-aligned number) and a v2 "max" are none. v1 was not read: a job on such a host sized

@@ -123,6 +123,8 @@ class TestRecorder : public Stage {
         .param("validation_nan", false, "validation batches report a NaN loss")
         .param("validation_improves", false,
                "validation reports 1 / (1 + step), better at each step (else 1)")
+        .param("validation_scores", true,
+               "false: validation batches report nothing (every window masked)")
         .param("report_later", false,
                "report the loss and the injected failure through ExecContext::read_back_later, "
                "as device stages do");
@@ -140,9 +142,11 @@ class TestRecorder : public Stage {
     nan_count_ = ctx.params().integer("nan_count");
     validation_nan_ = ctx.params().boolean("validation_nan");
     validation_improves_ = ctx.params().boolean("validation_improves");
+    validation_scores_ = ctx.params().boolean("validation_scores");
     report_later_ = ctx.params().boolean("report_later");
   }
   void forward(Batch& b, StageContext& ctx) override {
+    if (!ctx.run().training && !validation_scores_) return;
     if (!ctx.run().training) {
       // Constant: the second validation does not improve.
       ctx.metric("loss", validation_nan_        ? std::nan("")
@@ -188,7 +192,8 @@ class TestRecorder : public Stage {
   int64_t sleep_ = 0, fail_at_ = -1, stop_at_ = -1, term_at_ = -1, nan_from_ = -1, nan_count_ = 0;
   int term_signal_ = SIGTERM, then_signal_ = 0;
   int64_t then_sleep_ = 0;
-  bool validation_nan_ = false, validation_improves_ = false, report_later_ = false;
+  bool validation_nan_ = false, validation_improves_ = false, validation_scores_ = true,
+       report_later_ = false;
   double value_ = 0;
 };
 SLIPSTREAM_REGISTER_STAGE(TestRecorder);

@@ -560,6 +560,12 @@ TEST(Loader, ValidationRefusesWhatSetupWould) {
     const std::string e = error_of({below});
     EXPECT_NE(e.find("must be below 1"), std::string::npos) << below << ": " << e;
   }
+  EXPECT_NE(error_of({"loss.head_weights=[0, 0, 0, 0, 0, 0]"})
+                .find("parameter 'head_weights' are all 0: no head would be trained"),
+            std::string::npos);
+  EXPECT_NE(error_of({"step.lr=inf"}).find("parameter 'lr' = inf is not a finite number"),
+            std::string::npos)
+      << error_of({"step.lr=inf"});
   const std::string weights = error_of({"loss.head_weights=[1, 2]"});
   EXPECT_NE(weights.find("parameter 'head_weights' has 2 values; it needs 6"), std::string::npos)
       << weights;

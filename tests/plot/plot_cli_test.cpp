@@ -171,6 +171,16 @@ TEST_F(PlotCli, SeveralRunsInOneFigure) {
   EXPECT_GT(count_near(png, kOrange), 300u);
 }
 
+// Two runs of one name, one given as a bare name from its parent folder: the legend tells them
+// apart by their parents (a bare name's parent is "", which made the command fail).
+TEST_F(PlotCli, RunsOfOneNameGivenAsABareName) {
+  write_metrics(metrics(50), dir_ / "x" / "r");
+  write_metrics(metrics(50, 0.5), dir_ / "y" / "r");
+  Result r = plot("r ../y/r --format png", dir_ / "x");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 runs"), std::string::npos) << r.out;
+}
+
 TEST_F(PlotCli, MissingFileIsNamed) {
   fs::path missing = dir_ / "no-such-run";
   Result r = plot(missing.string());

@@ -44,7 +44,8 @@ RunPaths locate(const std::string& arg) {
 
 // The run directory's own name ("." names the current directory).
 std::string dir_name(const fs::path& dir) {
-  fs::path abs = fs::absolute(dir).lexically_normal();
+  // A bare name's parent is "": the current directory (absolute("") throws).
+  fs::path abs = fs::absolute(dir.empty() ? fs::path(".") : dir).lexically_normal();
   if (abs.filename().empty()) abs = abs.parent_path();
   return abs.filename().empty() ? abs.string() : abs.filename().string();
 }
