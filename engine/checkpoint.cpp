@@ -80,9 +80,16 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
     if (removed) throw CheckpointRemoved(e.what());
     throw;
   }
-  // step-N on disk before anything older is pruned; a failure here leaves a complete step-N in
-  // place (not "removed": a retry would delete it), said as the error it is.
-  sync_parent_directory(dir);
+  // step-N on disk before anything older is pruned. A failure here leaves a complete step-N in
+  // place, said as the error it is (a retry would delete it), unless the folder itself went (the
+  // run directory moved away between the rename and this): written again, as above.
+  try {
+    sync_parent_directory(dir);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    if (!fs::exists(fs::path(dir).parent_path(), ec) && !ec) throw CheckpointRemoved(e.what());
+    throw;
+  }
 }
 
 namespace {

@@ -69,6 +69,18 @@ bool MetricsLog::append(const std::string& line) {
   return true;
 }
 
+std::string MetricsLog::last_end_reason(const std::string& path) {
+  std::ifstream in(path);
+  std::string reason;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("split", std::string()) == "end" && j.contains("reason") &&
+        j["reason"].is_string())
+      reason = j["reason"].get<std::string>();
+  }
+  return reason;
+}
+
 MetricsLog::Split MetricsLog::split_at_step(const std::string& path, uint64_t step) {
   Split out;
   std::error_code ec;

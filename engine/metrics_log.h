@@ -39,6 +39,8 @@ class MetricsLog {
     std::vector<std::string> past;
   };
   static Split split_at_step(const std::string& path, uint64_t step);
+  // The `reason` of the file's last `end` row ("" when it has none, or no such file).
+  static std::string last_end_reason(const std::string& path);
 
  private:
   int fd_ = -1;

@@ -175,11 +175,18 @@ RunResult Runner::run() {
 RunResult Runner::Impl::execute() {
   try {
     RunResult r = execute_steps();
+    // Stopped by a signal before its first step (just after its setup): nothing to resume.
+    if (r.interrupted && steps_this_process == 0 && made_run_dir) {
+      steps_began = false;  // (the publisher is stopped)
+      remove_unstarted_run_dir("was stopped");
+      r.run_dir.clear();
+    }
     console.reset();
     relocks.clear();
     dir_lock.reset();
     return r;
   } catch (const std::exception& e) {
+    startup_signals.reset();  // a failed setup: the signals as before the run
     // The caller reports the error on the terminal; the run's console.log keeps it too.
     if (console) console->note(std::string("error: ") + e.what());
     remove_unstarted_run_dir();
@@ -201,11 +208,11 @@ RunResult Runner::Impl::execute_steps() {
   // Before the first line: a reader that goes away (`| head -1`) must not end the run.
   std::optional<PipeSignalIgnored> pipe_ignored;
   if (opt.handle_sigint) pipe_ignored.emplace();
+  // A stop signal while a fresh run sets up takes its directory with it (engine/stop_signals.h):
+  // installed before the directory is made, armed by make_run_dir as soon as it is.
+  if (opt.handle_sigint) startup_signals.emplace();
   make_run_dir();
   result.run_dir = run.run_dir;
-  // A stop signal while a fresh run sets up takes its directory with it (engine/stop_signals.h).
-  std::optional<StartupSignals> startup_signals;
-  if (opt.handle_sigint && made_run_dir) startup_signals.emplace(run.run_dir);
   if (run.writes_outputs() && !console)
     console.emplace((fs::path(run.run_dir) / "console.log").string());
   *log << "device: " << device_reason << "\n";
@@ -234,6 +241,7 @@ RunResult Runner::Impl::execute_steps() {
     throw;
   }
   if (!started) {
+    startup_signals.reset();
     stop_publisher(stats::RunState::done);
     record.reset();
     return result;
@@ -245,9 +253,9 @@ RunResult Runner::Impl::execute_steps() {
   std::optional<StopSignals> stop_signals;
   if (opt.handle_sigint) stop_signals.emplace();
   startup_signals.reset();
-  steps_began = true;
   start_ns = now_ns();
   interval_start_ns = start_ns;
+  steps_began = true;  // after start_ns: the publisher reads it once this says so
 
   std::vector<Stage*> stages;
   std::vector<StageContext*> ctxs;
@@ -448,9 +456,12 @@ std::exception_ptr Runner::Impl::end_steps(std::exception_ptr failure, int stop_
     else
       end_reason = "data end";
   }
-  // A resume of a run whose data had already ended: nothing happened, and no second end row
-  // says otherwise.
-  if (!failure && end_reason == "data end" && steps_this_process == 0 && !opt.resume_dir.empty()) {
+  // A resume of a run whose data had already ended (its last end row says so): nothing
+  // happened, and no second end row says otherwise. A run that ended otherwise (a signal in its
+  // last step, run.steps) gets its data end row now.
+  if (!failure && end_reason == "data end" && steps_this_process == 0 && !opt.resume_dir.empty() &&
+      MetricsLog::last_end_reason((fs::path(opt.resume_dir) / "metrics.jsonl").string()) ==
+          "data end") {
     data_ended_before = true;
     log_line("nothing to do: the run's data ended at step " + std::to_string(run.step) +
              " (run.epochs = " + std::to_string(run.epochs) + "); raise run.epochs to train on");

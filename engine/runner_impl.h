@@ -200,6 +200,8 @@ struct Runner::Impl {
   // The run directory made again at its place after it moved away mid-run, locked too: the
   // moved one keeps its lock (the run's console.log and events file still write there).
   std::vector<std::unique_ptr<DirectoryLock>> relocks;
+  // The stop signals' handlers while the run sets up (a fresh run's directory goes with them).
+  std::optional<StartupSignals> startup_signals;
   bool made_run_dir = false;             // this run created run.run_dir (a fresh run)
   std::atomic<bool> steps_began{false};  // setup passed and the steps' graph started
   bool data_ended_before = false;        // a resumed run whose data had ended: nothing done
@@ -462,7 +464,7 @@ struct Runner::Impl {
   void resume_run_dir(const std::string& checkpoint);
 
   // A fresh run that failed before its first step leaves no directory behind.
-  void remove_unstarted_run_dir();
+  void remove_unstarted_run_dir(const std::string& why = "failed");
 
   // The run directory moved or removed while the run trains is made again at its place (by the
   // next metrics row or checkpoint): the lock is taken there too, so a resume of it is refused

@@ -24,6 +24,7 @@ void Runner::Impl::make_run_dir() {
     const fs::path base = fs::path(plan().run.string("runs_dir")) / (name + "-" + run_time_stamp());
     run.run_dir = create_fresh_directory(base.string());
     made_run_dir = true;
+    if (startup_signals) startup_signals->arm(run.run_dir);  // before the lock and config.yaml
     dir_lock.emplace(run.run_dir, "start it");
     write_file_atomically((fs::path(run.run_dir) / "config.yaml").string(),
                           resolved_config_yaml(plan()));
@@ -45,14 +46,14 @@ void Runner::Impl::resume_run_dir(const std::string& checkpoint) {
 }
 
 // A fresh run that failed before its first step leaves no directory behind.
-void Runner::Impl::remove_unstarted_run_dir() {
+void Runner::Impl::remove_unstarted_run_dir(const std::string& why) {
   if (!made_run_dir || steps_began || run.run_dir.empty()) return;
   console.reset();
   relocks.clear();
   dir_lock.reset();
   std::error_code ec;
   fs::remove_all(run.run_dir, ec);
-  if (!ec) *log << "removed " << run.run_dir << ": the run failed before its first step\n";
+  if (!ec) *log << "removed " << run.run_dir << ": the run " << why << " before its first step\n";
 }
 
 void Runner::Impl::keep_run_dir_locked() {

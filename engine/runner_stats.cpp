@@ -11,9 +11,9 @@ using namespace runner_detail;
 // ---- stats record ----
 void Runner::Impl::publish(stats::RunState state) {
   if (!record) return;
-  if (state == stats::RunState::starting) {
-    // Setup: alive, and what it holds so far; no step, rate or stage figures yet (the stages
-    // are being set up on the run's thread).
+  if (!steps_began) {
+    // Setup (`starting`, or how it ended): alive, and what it holds so far; no step, rate or
+    // stage figures yet (the stages are being set up on the run's thread).
     const uint64_t rss = resident_bytes();
     record->update([&](stats::RunRecord& r) {
       r.state = state;

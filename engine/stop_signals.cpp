@@ -33,6 +33,7 @@ std::array<std::array<char, kPathBytes + 128>, 2> g_startup_note{};
 std::array<size_t, 2> g_startup_note_bytes{};
 std::array<void (*)(int), kStopSignals.size()> g_startup_previous{};
 bool g_startup_handed_over = false;  // StopSignals took the handlers over
+std::atomic<bool> g_startup_handing_over{false};
 
 // The entries of the directory `fd` (getdents64: no allocation), each unlinked; the directory
 // is fresh, made by this run, so everything in it is the run's own. A subfolder stays.
@@ -64,6 +65,11 @@ void unlink_entries(int fd) {
 }
 
 extern "C" void on_startup_signal(int sig) {
+  // StopSignals is taking the handlers over: a stop to record at the step's end, as its own.
+  if (g_startup_handing_over.load()) {
+    on_stop_signal(sig);
+    return;
+  }
   if (g_startup_armed.load()) {
     const int fd = ::open(g_startup_dir.data(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd >= 0) {
@@ -82,23 +88,30 @@ extern "C" void on_startup_signal(int sig) {
 
 }  // namespace
 
-StartupSignals::StartupSignals(const std::string& dir) {
+StartupSignals::StartupSignals() {
   g_startup_armed = false;
-  if (dir.size() < kPathBytes) {
-    std::memcpy(g_startup_dir.data(), dir.c_str(), dir.size() + 1);
-    const std::string said[2] = {
-        "stopped by a signal while the run set up: nothing was trained, " + dir + " removed\n",
-        "stopped by a signal while the run set up: nothing was trained; " + dir +
-            " kept (setup made a folder there)\n"};
-    for (size_t k = 0; k < 2; ++k) {
-      g_startup_note_bytes[k] = said[k].size() < g_startup_note[k].size() ? said[k].size() : 0;
-      std::memcpy(g_startup_note[k].data(), said[k].data(), g_startup_note_bytes[k]);
-    }
-    g_startup_armed = true;
-  }
   g_startup_handed_over = false;
-  for (size_t i = 0; i < kStopSignals.size(); ++i)
+  g_startup_handing_over = false;
+  for (size_t i = 0; i < kStopSignals.size(); ++i) {
     g_startup_previous[i] = std::signal(kStopSignals[i], on_startup_signal);
+    // SIGHUP ignored (nohup) stays ignored: a closed terminal ends nothing. Others are taken
+    // even when ignored: a shell's background job ignores SIGINT, and `kill -INT` means stop.
+    if (kStopSignals[i] == SIGHUP && g_startup_previous[i] == SIG_IGN) std::signal(SIGHUP, SIG_IGN);
+  }
+}
+
+void StartupSignals::arm(const std::string& dir) {
+  if (dir.size() >= kPathBytes) return;  // no such path: mkdir refuses it
+  std::memcpy(g_startup_dir.data(), dir.c_str(), dir.size() + 1);
+  const std::string said[2] = {
+      "stopped by a signal while the run set up: nothing was trained, " + dir + " removed\n",
+      "stopped by a signal while the run set up: nothing was trained; " + dir +
+          " kept, emptied of files (setup made a folder there)\n"};
+  for (size_t k = 0; k < 2; ++k) {
+    g_startup_note_bytes[k] = said[k].size() < g_startup_note[k].size() ? said[k].size() : 0;
+    std::memcpy(g_startup_note[k].data(), said[k].data(), g_startup_note_bytes[k]);
+  }
+  g_startup_armed = true;
 }
 
 StartupSignals::~StartupSignals() {
@@ -110,14 +123,21 @@ StartupSignals::~StartupSignals() {
 
 StopSignals::StopSignals() {
   g_received = 0;
-  // Over StartupSignals' handlers: the start-up's end, with no moment between; the dispositions
-  // restored at the end are the ones from before the start-up.
-  g_startup_armed = false;
+  // Over StartupSignals' handlers: a signal while they are swapped one by one is recorded as
+  // this class's (on_startup_signal passes it on), so none is lost between the two; the
+  // dispositions restored at the end are the ones from before the start-up.
+  g_startup_handing_over = true;
   for (size_t i = 0; i < kStopSignals.size(); ++i) {
     void (*previous)(int) = std::signal(kStopSignals[i], on_stop_signal);
-    g_previous[i] = previous == on_startup_signal ? g_startup_previous[i] : previous;
-    if (previous == on_startup_signal) g_startup_handed_over = true;
+    if (previous == on_startup_signal) {
+      g_startup_handed_over = true;
+      previous = g_startup_previous[i];
+    }
+    g_previous[i] = previous;
+    // SIGHUP ignored (nohup) stays ignored, as above.
+    if (kStopSignals[i] == SIGHUP && previous == SIG_IGN) std::signal(SIGHUP, SIG_IGN);
   }
+  g_startup_armed = false;
 }
 
 StopSignals::~StopSignals() {

@@ -102,9 +102,9 @@ class Policy:
         # Calls in progress: close() while one is (another thread's, or a signal handler's on
         # this one) leaves the freeing to the last of them, so the handle stays valid under a
         # call until it returns and close() never waits.
-        self._guard = threading.Lock()
+        self._guard = threading.RLock()  # a signal handler's close() on a thread inside it
         self._calls = 0
-        self._closing = False
+        self._closing = None  # the handle close() left to the last call in progress
         status = self._lib.slipstream_policy_open(
             str(checkpoint).encode(), (device or "").encode(), ctypes.byref(self._handle))
         if status != 0:
@@ -117,10 +117,11 @@ class Policy:
         only once no call is); `checked`: a status, raised as PolicyError with the library's
         message while the handle is still the call's. PolicyError once the policy is closed."""
         with self._guard:
-            if not self._handle:
-                raise PolicyError(1, "the policy is closed")
+            self._calls += 1  # counted first: a close() from here on leaves the handle to us
             handle = self._handle
-            self._calls += 1
+            if not handle:
+                self._leave()
+                raise PolicyError(1, "the policy is closed")
         try:
             result = fn(handle, *args)
             if checked and result != 0:
@@ -129,11 +130,14 @@ class Policy:
             return result
         finally:
             with self._guard:
-                self._calls -= 1
-                free = self._calls == 0 and self._closing
-                self._closing = self._closing and not free
-            if free:  # close() came while calls were in progress: the last one frees it
-                self._lib.slipstream_policy_close(handle)
+                self._leave()
+
+    def _leave(self):
+        """A call ends (under the guard): the last one frees the handle close() left to it."""
+        self._calls -= 1
+        if self._calls == 0 and self._closing is not None:
+            closing, self._closing = self._closing, None
+            self._lib.slipstream_policy_close(closing)
 
     def _checked(self, fn, *args):
         return self._call(fn, *args, checked=True)
@@ -250,7 +254,7 @@ class Policy:
             if not handle:
                 return
             if self._calls:
-                self._closing = True
+                self._closing = handle
                 return
         self._lib.slipstream_policy_close(handle)
 

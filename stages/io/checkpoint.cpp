@@ -239,8 +239,11 @@ class CheckpointStage : public Stage {
       }
     } catch (const std::exception& e) {
       // What the run still has, and how to go on from it (a full disk, most often).
-      std::string what =
-          std::string(e.what()) + "; " + name + " was not written (nothing of it is left). ";
+      std::error_code ec;
+      const bool complete = fs::exists(root(ctx) / name / "DONE", ec);
+      std::string what = std::string(e.what()) + "; " + name +
+                         (complete ? " is complete on disk but not known to be durable. "
+                                   : " was not written (nothing of it is left). ");
       if (periodic_.empty())
         what += "No checkpoint of this run was written yet";
       else

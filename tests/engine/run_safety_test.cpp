@@ -680,8 +680,6 @@ TEST(RunSafety, AVirtualMemoryLimitTooLowIsRefusedAtStart) {
   EXPECT_TRUE(none.refusal.empty() && none.note.empty());
 }
 
-// The memory a loader may plan on counts an address space limit: what it leaves past the
-// process's VmSize, named, when that is less than the host has free.
 // A stop signal while a fresh run sets up removes its directory whatever setup wrote there
 // (splits, a skipped list, the events file: it removed five named files and kept the rest), ends
 // the process by the signal and says so; a folder made there keeps the directory, emptied of
@@ -694,19 +692,21 @@ TEST(RunSafety, AStopSignalDuringStartUpRemovesTheFreshDirectory) {
                           "replays.splits.json.tmp.1.2.3"})
       std::ofstream(fs::path(dir) / f) << "x";
     if (with_folder) fs::create_directories(fs::path(dir) / "checkpoints");
+    // Armed before the fork (it allocates; a forked child of a threaded process must not): the
+    // child inherits the handlers and only raises.
+    std::optional<StartupSignals> startup(std::in_place);
+    startup->arm(dir);
     const pid_t pid = fork();
     if (pid == 0) {
-      std::optional<StartupSignals> startup(std::in_place, dir);
-      std::optional<StopSignals> stop;
       if (hand_over) {
-        stop.emplace();
-        startup.reset();
+        StopSignals stop;     // takes the handlers over (no allocation)
         std::raise(SIGTERM);  // now only recorded: the run would stop at its step's end
         _exit(StopSignals::received() == SIGTERM ? 7 : 8);
       }
       std::raise(SIGTERM);
       _exit(9);  // not reached: the signal ends the process
     }
+    startup.reset();  // this process's handlers as before
     int status = 0;
     waitpid(pid, &status, 0);
     return status;
@@ -726,6 +726,25 @@ TEST(RunSafety, AStopSignalDuringStartUpRemovesTheFreshDirectory) {
   status = child(handed, false, true);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 7) << status;
   EXPECT_TRUE(fs::exists(fs::path(handed) / "config.yaml"));
+  // Under nohup SIGHUP is ignored, and stays so (a closed terminal stops nothing); SIGINT, which
+  // a shell's background job ignores, is taken: `kill -INT` means stop.
+  auto disposition = [](int sig) {
+    struct sigaction now {};
+    sigaction(sig, nullptr, &now);
+    return now.sa_handler;
+  };
+  const auto hup = std::signal(SIGHUP, SIG_IGN), intr = std::signal(SIGINT, SIG_IGN);
+  {
+    StartupSignals startup;
+    EXPECT_EQ(disposition(SIGHUP), SIG_IGN);
+    EXPECT_NE(disposition(SIGINT), SIG_IGN);
+    StopSignals stop;
+    EXPECT_EQ(disposition(SIGHUP), SIG_IGN);
+    EXPECT_NE(disposition(SIGINT), SIG_IGN);
+  }
+  EXPECT_EQ(disposition(SIGINT), SIG_IGN);  // restored as it was
+  std::signal(SIGHUP, hup);
+  std::signal(SIGINT, intr);
 }
 
 // The memory a cgroup leaves: v2's memory.max and v1's memory.limit_in_bytes (older hosts,
@@ -768,6 +787,8 @@ TEST(RunSafety, CgroupMemoryLimitsAreReadOnV2AndV1) {
   EXPECT_FALSE(cgroup_memory_left(d.path() + "/v2.cgroup", root).has_value());
 }
 
+// The memory a loader may plan on counts an address space limit: what it leaves past the
+// process's VmSize, named, when that is less than the host has free.
 TEST(RunSafety, UsableMemoryCountsTheAddressSpaceLimit) {
   rlimit saved{};
   getrlimit(RLIMIT_AS, &saved);
