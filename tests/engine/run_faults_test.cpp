@@ -115,8 +115,7 @@ TEST(RunFaults, AValidationThatScoredNothingSaysSo) {
   reset_recorded();
   TempDir d;
   std::ostringstream said;
-  RunOptions o = writing_options();
-  o.log = &said;
+  const RunOptions o = writing_options(said);
   Runner r(plan_text(d, graph(d, "every: 0"),
                      {"run.steps=2", "run.validate_every=2", "run.validate_batches=1",
                       "rec.validation_scores=false"}),

@@ -19,6 +19,13 @@ inline RunOptions writing_options() {
   return o;
 }
 
+// The same, its progress lines into `log` (what a test reads back).
+inline RunOptions writing_options(std::ostream& log) {
+  RunOptions o = writing_options();
+  o.log = &log;
+  return o;
+}
+
 // `sets` with one more override (a run's settings, and this run's own).
 inline std::vector<std::string> with_set(std::vector<std::string> sets, std::string extra) {
   sets.push_back(std::move(extra));
