@@ -58,6 +58,12 @@ void save_checkpoint(GraphPlan& graph, const RunState& run, uint64_t next_batch,
   meta["run.seed"] = std::to_string(run.seed);
   meta["run.world_size"] = std::to_string(run.world_size);
   meta["run.precision"] = run.precision == Precision::bf16 ? "bf16" : "fp32";
+  {
+    StateWriter books(state, meta, "run");
+    if (std::isfinite(run.best_validation_loss))
+      books.number("best_validation_loss", run.best_validation_loss);
+    books.integer("validations_without_improvement", run.validations_without_improvement);
+  }
   // The graph that made the weights rides along: the file alone says how to rebuild the model.
   // Each tensor's checksum too: a damaged file is an error at load, never another model.
   std::map<std::string, std::string> model_meta = {
@@ -166,6 +172,17 @@ CheckpointInfo load_checkpoint(GraphPlan& graph, const std::string& dir, size_t 
   info.step = static_cast<uint64_t>(counted("step", 0));
   info.next_batch = static_cast<uint64_t>(counted("next_batch", 0));
   info.world_size = run.has("world_size") ? static_cast<int>(counted("world_size", 1)) : 1;
+  // Early stopping's books (absent in checkpoints written before they were saved, and before the
+  // first validation: the loss).
+  if (run.has("best_validation_loss")) {
+    info.best_validation_loss = run.number("best_validation_loss");
+    if (!std::isfinite(*info.best_validation_loss))
+      throw std::runtime_error(state_path +
+                               ": run.best_validation_loss is not a finite number, which no run "
+                               "writes: the file was edited or is damaged; use another checkpoint");
+  }
+  if (run.has("validations_without_improvement"))
+    info.validations_without_improvement = counted("validations_without_improvement", 0);
   return info;
 }
 
@@ -317,6 +334,19 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
     if (p.parent_path().filename() == "checkpoints")
       if (const std::string list = names_in(p.parent_path()); !list.empty())
         r.error += " (the checkpoints there: " + list + ")";
+  } else if (directory_in_use(p.string())) {
+    // A live run whose config.yaml was deleted under it (it writes it again at its next
+    // checkpoint): that it is in use, and by whom, is what to say.
+    try {
+      DirectoryLock probe(p.string(), "resume it");
+    } catch (const std::exception& e) {
+      r.error = std::string(e.what()) +
+                " (its config.yaml is gone: the run writes it again at its next checkpoint)";
+    }
+    if (r.error.empty())
+      r.error = path +
+                ": the run that held it just ended, and its config.yaml is gone; give the "
+                "same command again";
   } else if (const std::string list = names_in(p / "checkpoints"); !list.empty()) {
     r.error = path + ": a run directory without its config.yaml; give one of its checkpoints (" +
               list + ", in " + (p / "checkpoints").string() + "): their weights carry the graph";

@@ -24,6 +24,10 @@ struct CheckpointInfo {
   uint64_t step = 0;
   uint64_t next_batch = 0;
   int world_size = 1;  // ranks that trained it (1 for checkpoints written before it was saved)
+  // Early stopping's books at the checkpoint (RunState): the lowest validation loss (none before
+  // the first validation) and the validations since it improved.
+  std::optional<double> best_validation_loss;
+  int64_t validations_without_improvement = 0;
 };
 
 // Writes a checkpoint of every stage of `graph` into `dir` (created; replaced if present).

@@ -147,6 +147,32 @@ bool written_resolved(const std::string& path) {
   return first.starts_with(kResolvedHeader);
 }
 
+std::string graph_of_checkpoint(const std::string& path);
+
+// The preset a resolved file's run was started from, as its first line names it ("preset 'NAME'
+// (FILE)"): a resume or a repeat of the run is still that preset's run (slipstream-smi's
+// `preset`, the note on a GPU-sized preset on the CPU, a resolved file written again).
+std::pair<std::string, std::string> resolved_preset(const std::string& path) {
+  std::string first;
+  if (is_checkpoint_weights(path)) {
+    std::istringstream in(graph_of_checkpoint(path));
+    std::getline(in, first);
+  } else {
+    std::ifstream in(path);
+    std::getline(in, first);
+  }
+  const std::string lead = std::string(kResolvedHeader) + "preset '";
+  if (!first.starts_with(lead)) return {};
+  const size_t end = first.find('\'', lead.size());
+  if (end == std::string::npos || end == lead.size()) return {};
+  std::string name = first.substr(lead.size(), end - lead.size()), file;
+  if (first.compare(end, 3, "' (") == 0) {
+    const size_t close = first.find("), graph ", end + 3);
+    if (close != std::string::npos) file = first.substr(end + 3, close - end - 3);
+  }
+  return {name, file};
+}
+
 // The graph file a checkpoint's weights carry (metadata `slipstream.config`); marks in it name
 // the weights file, with lines counted in that text.
 std::string graph_of_checkpoint(const std::string& path) {
@@ -550,6 +576,13 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
     c.preset = fs::path(path).stem().string();
     load_graph_file(path, c);
     c.resolved = written_resolved(path);
+    if (c.resolved) {
+      auto [name, file] = resolved_preset(path);
+      if (!name.empty()) {
+        c.preset = name;
+        c.preset_file = file;
+      }
+    }
   } else {
     PresetLayers layers;
     std::vector<std::string> chain;

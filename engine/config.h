@@ -65,7 +65,9 @@ struct StageConfig {
 };
 
 struct Config {
-  std::string preset;       // preset name, or the file name when run from a graph file
+  // The preset's name, or the file name when run from a graph file; a resolved file (a run's
+  // config.yaml, a checkpoint) keeps the preset its first line names, and its file.
+  std::string preset;
   std::string preset_file;  // empty when run from a graph file
   std::string graph_file;
   std::string description;

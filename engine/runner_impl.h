@@ -237,13 +237,11 @@ struct Runner::Impl {
   // Validation copies of the data stages (same kinds and params, split = validation).
   std::vector<std::unique_ptr<Stage>> eval_stages;
   std::vector<std::unique_ptr<StageContext>> eval_contexts;
-  double best_validation = INFINITY;
   // For the stats record (the publisher's thread reads them).
   std::atomic<uint64_t> section_wait_total_ns{0};
   std::atomic<double> last_validation_loss{NAN}, best_validation_loss{NAN};
   uint64_t prev_pub_wait_ns = 0;
   double wait_frac = NAN;
-  int64_t validations_without_improvement = 0;
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
   uint64_t last_validated_step = 0;

@@ -176,11 +176,11 @@ void Runner::Impl::validation_pass(uint64_t batch_index) {
   auto it = v.find("loss");
   if (it == v.end()) return;
   last_validation_loss = it->second;
-  if (it->second < best_validation) {
-    best_validation = it->second;
+  if (it->second < run.best_validation_loss) {
+    run.best_validation_loss = it->second;
     best_validation_loss = it->second;
-    validations_without_improvement = 0;
-  } else if (patience > 0 && ++validations_without_improvement >= patience) {
+    run.validations_without_improvement = 0;
+  } else if (++run.validations_without_improvement >= patience && patience > 0) {
     log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
              " validations");
     early_stopped = true;

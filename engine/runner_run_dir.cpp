@@ -211,6 +211,11 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
                : std::string()));
   }
   micro_in_step = info.next_batch - info.step * k;
+  // Early stopping counts on from the run's books (a checkpoint written before they were saved:
+  // afresh).
+  run.best_validation_loss = info.best_validation_loss.value_or(INFINITY);
+  run.validations_without_improvement = info.validations_without_improvement;
+  if (info.best_validation_loss) best_validation_loss = *info.best_validation_loss;
   uint64_t idx = info.next_batch;
   for (size_t k = head_end; k-- > 0;) {
     head_next[k] = idx;

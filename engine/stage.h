@@ -12,6 +12,7 @@
 #include <cxxabi.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -144,6 +145,11 @@ struct RunState {
   // Consecutive training steps whose loss (or gradient) was not finite, up to the last step;
   // a checkpoint stage does not save such a step.
   std::atomic<uint64_t> nonfinite_streak{0};
+  // Early stopping's books (run.early_stop_patience), kept by the runner's validation passes and
+  // saved in every checkpoint, so a resume counts on where the run was: the lowest validation
+  // loss so far (infinite before the first) and the validations since it last improved.
+  double best_validation_loss = INFINITY;
+  int64_t validations_without_improvement = 0;
   // The fields below are the runner's; stages reach them through StageContext (metric(), log(),
   // gradients_ready(), and the declare_* calls of their role).
   // Receives StageContext::metric() calls: name, value, kind, weight (set by the runner;

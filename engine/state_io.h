@@ -1,6 +1,6 @@
 // Save/load of stage state for checkpoints. A stage writes named tensors and scalars under its
 // own prefix; the checkpoint stage gathers them into a safetensors file (scalars go into its
-// metadata, doubles in hex-float form so they round-trip bit-exactly).
+// metadata; doubles as 17 significant digits, which round-trip bit-exactly).
 #pragma once
 
 #include <cstdint>

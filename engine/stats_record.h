@@ -93,7 +93,7 @@ struct RunRecord {
   uint64_t host_rss_bytes;         // the process's resident memory
   uint64_t device_reserved_bytes;  // device memory the run's pools hold (0 without a GPU)
   double validation_loss;          // the latest validation loss; NaN before the first
-  double best_validation_loss;     // the lowest so far in this process; NaN before the first
+  double best_validation_loss;     // the run's lowest so far (a resume's too); NaN before the first
   StageCounters stages[kMaxStages];
   PoolCounters pools[kMaxPools];
 };

@@ -341,6 +341,29 @@ TEST(Config, ResolvedConfigRoundTrips) {
   EXPECT_EQ(again.run.integer("seed"), p.run.integer("seed"));
 }
 
+// A run's resolved file (config.yaml, a checkpoint's graph) is still its preset's run: a resume
+// shows the preset's name (slipstream-smi, the GPU-sized note) and writes it again.
+TEST(Config, ResolvedConfigKeepsThePresetItsRunStartedFrom) {
+  TempDir d;
+  d.write("configs/g.yaml", kGood);
+  const std::string preset = d.write("presets/quick.yaml", "graph: ../configs/g.yaml\n");
+  GraphPlan p = plan_graph(load_config(preset));
+  ASSERT_EQ(p.config.preset, "quick");
+  const std::string text = resolved_config_yaml(p);
+  GraphPlan again = plan_graph(load_config(d.write("run/config.yaml", text)));
+  EXPECT_EQ(again.config.preset, "quick");
+  EXPECT_EQ(again.config.preset_file, preset);
+  // Written again, it names the same preset (and the file it now comes from as its graph).
+  EXPECT_TRUE(resolved_config_yaml(again).starts_with(text.substr(0, text.find(", graph "))))
+      << resolved_config_yaml(again);
+  write_safetensors(d.path() + "/model.safetensors", {}, {{"slipstream.config", text}});
+  EXPECT_EQ(load_config(d.path() + "/model.safetensors").preset, "quick");
+  // A graph file, resolved: its own name, as before; a file people write: the file's name.
+  GraphPlan graph_run = plan_graph(load_config(d.path() + "/configs/g.yaml"));
+  EXPECT_EQ(load_config(d.write("g2/config.yaml", resolved_config_yaml(graph_run))).preset, "g");
+  EXPECT_EQ(load_config(d.write("mine.yaml", text.substr(text.find('\n') + 1))).preset, "mine");
+}
+
 // A parameter newer than a run: the run's resolved configuration (config.yaml, a checkpoint's
 // graph) lacks it and gets what older runs had; a graph a person writes gets the default.
 TEST(Config, ResolvedConfigsLackingANewerParameterGetTheOlderRunsValue) {

@@ -340,6 +340,37 @@ TEST(RunFaults, ResumeFromAChosenCheckpointRewindsTheRun) {
   for (const auto& r : rows(dir)) EXPECT_LE(r["step"].get<int>(), 4) << r.dump();
 }
 
+// Early stopping counts on across a resume: the run stops where it would have without one (its
+// best validation loss and the validations since it improved ride in the checkpoint).
+TEST(RunFaults, AResumeCountsEarlyStoppingOnWhereTheRunWas) {
+  const std::vector<std::string> sets = {"run.validate_every=3", "run.validate_batches=1",
+                                         "run.early_stop_patience=2"};
+  reset_recorded();
+  TempDir d;
+  Runner straight(plan_text(d, graph(d, "every: 3"), sets), writing_options());
+  const RunResult want = straight.run();
+  ASSERT_TRUE(want.early_stopped);
+  ASSERT_EQ(want.final_step, 9u);  // validations at 3 (the best), 6 and 9: two without a gain
+
+  reset_recorded();
+  TempDir d2;
+  std::vector<std::string> first_sets = sets;
+  first_sets.push_back("run.steps=6");
+  Runner first(plan_text(d2, graph(d2, "every: 3"), first_sets), writing_options());
+  const std::string dir = first.run().run_dir;
+  RunOptions o = writing_options();
+  o.resume_dir = dir;
+  Runner second(plan_text(d2, graph(d2, "every: 3"), sets), o);
+  const RunResult got = second.run();
+  EXPECT_TRUE(got.early_stopped);
+  EXPECT_EQ(got.final_step, want.final_step);
+  // The checkpoint says so itself: a step-6 resume has one validation without a gain behind it.
+  const SafetensorsFile state =
+      read_safetensors(dir + "/checkpoints/step-6/state.safetensors", SafetensorsRead::metadata);
+  EXPECT_EQ(state.metadata.at("run.validations_without_improvement"), "1");
+  EXPECT_EQ(state.metadata.at("run.best_validation_loss"), "1");
+}
+
 TEST(RunFaults, SigtermStopsLikeSigintWithACheckpoint) {
   reset_recorded();
   TempDir d;

@@ -382,6 +382,18 @@ TEST(RunSafety, ASecondWriterOfARunDirectoryIsRefusedWithTheHoldersPid) {
     EXPECT_NE(what.find("in use by process " + std::to_string(::getpid())), std::string::npos)
         << what;
     EXPECT_EQ(snapshot(dir), before);
+    // Its config.yaml deleted under the live run: still "in use", not "no config.yaml", and
+    // nothing written there (the live run writes it again at its next checkpoint).
+    const std::string config = (fs::path(dir) / "config.yaml").string();
+    const std::string text = read(config);
+    fs::remove(config);
+    EXPECT_EQ(restore_run_config(dir), "");
+    const std::string refused = resolve_checkpoint_path(dir).error;
+    EXPECT_NE(refused.find("in use by process " + std::to_string(::getpid())), std::string::npos)
+        << refused;
+    EXPECT_NE(refused.find("its config.yaml is gone"), std::string::npos) << refused;
+    EXPECT_FALSE(fs::exists(config));
+    std::ofstream(config) << text;
   }
   // Released with its holder.
   Runner third(plan_text(d, g, {"run.steps=4"}), resume_options(dir));

@@ -130,7 +130,8 @@ std::vector<FieldDef> run_fields() {
          return FieldValue{
              c.run->total_steps ? Opt(std::to_string(c.run->total_steps)) : std::nullopt, {}};
        }},
-      {"samples", "", "Training samples consumed.",
+      {"samples", "",
+       "Training samples this process consumed (a resumed run counts from its resume).",
        [](const RowContext& c) { return text(std::to_string(c.run->samples)); }},
       {"steps_per_s", "steps/s", "Recent training steps per second.",
        [](const RowContext& c) {
@@ -170,7 +171,8 @@ std::vector<FieldDef> run_fields() {
        }},
       {"validation_loss", "", "Latest validation loss; [N/A] before the first validation.",
        [](const RowContext& c) { return loss_value(c.run->validation_loss); }},
-      {"best_validation_loss", "", "Lowest validation loss so far; [N/A] before the first.",
+      {"best_validation_loss", "",
+       "Lowest validation loss of the run so far (a resume carries it on); [N/A] before the first.",
        [](const RowContext& c) { return loss_value(c.run->best_validation_loss); }},
       {"uptime", "s", "Seconds since the run started.",
        [](const RowContext& c) {
