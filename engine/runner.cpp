@@ -500,9 +500,14 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
   result.seconds = static_cast<double>(now_ns() - t_start) * 1e-9;
   result.last_train_metrics = last_train;
   result.last_validation_metrics = last_validation;
-  char summary[192];
-  std::snprintf(summary, sizeof summary, ": %llu steps, %llu samples%s in %.3g s",
-                static_cast<unsigned long long>(result.final_step),
+  char summary[224];
+  // A resume: the run's steps, then what this process did (its samples and time are its own).
+  char resumed[64] = "";
+  if (!opt.resume_dir.empty())
+    std::snprintf(resumed, sizeof resumed, "; this resume %llu steps,",
+                  static_cast<unsigned long long>(result.steps));
+  std::snprintf(summary, sizeof summary, ": %llu steps%s %llu samples%s in %.3g s",
+                static_cast<unsigned long long>(result.final_step), resumed[0] ? resumed : ",",
                 static_cast<unsigned long long>(result.samples),
                 run.world_size > 1 ? " on this rank" : "", result.seconds);
   if (result.cuda_graph) log_line(graph_steps_summary(result));
