@@ -245,6 +245,7 @@ struct Runner::Impl {
   bool early_stopped = false;
   std::string end_reason;  // why the run ended, for the last metrics row
   uint64_t last_validated_step = 0;
+  uint64_t stages_gathered_step = UINT64_MAX;  // gather_spread_state's, once a step
 
   // Stats publishing.
   std::unique_ptr<stats::RecordWriter> record;

@@ -47,7 +47,7 @@ void Runner::Impl::resume_run_dir(const std::string& checkpoint) {
 
 // A fresh run that failed before its first step leaves no directory behind.
 void Runner::Impl::remove_unstarted_run_dir(const std::string& why) {
-  if (!made_run_dir || steps_began || run.run_dir.empty()) return;
+  if (!made_run_dir || steps_this_process > 0 || run.run_dir.empty()) return;
   console.reset();
   relocks.clear();
   dir_lock.reset();
@@ -227,6 +227,16 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
   if (steps_limit > 0 && run.step >= steps_limit) {
     log_line("nothing to do: the run already reached run.steps = " + std::to_string(steps_limit) +
              " (raise it with --set run.steps=N to go on)");
+    return false;
+  }
+  // A run that stopped early stays stopped (its books say so), unless the patience is raised.
+  const int64_t patience = plan().run.integer("early_stop_patience");
+  if (patience > 0 && run.validations_without_improvement >= patience) {
+    log_line("nothing to do: the run stopped early, " +
+             std::to_string(run.validations_without_improvement) +
+             " validations without a better loss (run.early_stop_patience = " +
+             std::to_string(patience) +
+             "; --set run.early_stop_patience=N with a larger N, or 0, goes on)");
     return false;
   }
   // Events files are not rewritten: the resumed run starts a new one (below) whose session

@@ -211,11 +211,17 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
   }
 }
 
-// ZeRO-1 (engine/optimizer_shard.h): the optimizer's state, spread over the ranks, comes
-// whole to rank 0 where a checkpoint may follow. Every rank calls this at the same points:
-// before the step ends of a step some stage reads the device at (the checkpoint steps), in
-// each validation pass, and at the end of a run that was not interrupted.
+// State spread over the ranks comes whole to rank 0 where a checkpoint may follow: the stages'
+// (Stage::gather_state) and ZeRO-1's optimizer state (engine/optimizer_shard.h). Every rank
+// calls this at the same points: before the step ends of a step some stage reads the device at
+// (the checkpoint steps), in each validation pass, and at the end of a run that was not
+// interrupted.
 void Runner::Impl::gather_spread_state() {
+  if (run.world_size > 1 && run.reduce_over_ranks && stages_gathered_step != run.step) {
+    for (size_t k = plan().section_begin; k < n(); ++k)
+      graph->stage(k).gather_state(graph->context(k));
+    stages_gathered_step = run.step;
+  }
   OptimizerShard* shard = run.optimizer_shard.get();
   if (!shard || !shard->gather_state || shard->gathered_step == run.step) return;
   shard->gather_state();

@@ -223,6 +223,12 @@ class Stage {
   // Stateful stages: everything needed for a bit-exact resume.
   virtual void save(StateWriter& w) const { (void)w; }
   virtual void load(StateReader& r) { (void)r; }
+  // Several ranks, stages of the trainable section: called on every rank at the same points,
+  // where rank 0 may save next — before the step ends of a checkpoint step, in each validation
+  // pass, at the end of a run that was not interrupted; once a step. A stage whose state is a sum
+  // over the ranks (each counting its own share of the data) brings it together here
+  // (ctx.run().reduce_over_ranks), so rank 0 saves the run's, not its own.
+  virtual void gather_state(StageContext& ctx) { (void)ctx; }
 
   // In Runner::run only: once, after setup and (when resuming) after every stage's state was
   // loaded, before the first batch; `ctx.run().step` is the step the run starts from. Not

@@ -226,6 +226,7 @@ class BcLossStage : public Stage {
 
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
+    rank_ = ctx.run().rank;
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");  // six: the schema's check
@@ -354,14 +355,39 @@ class BcLossStage : public Stage {
     for (int k = 0; k < kRepeatItems; ++k) seen_.same[k] = v[1 + k];
   }
 
+  // Several ranks: every rank's counts, summed where a checkpoint may follow, so rank 0 saves
+  // the run's; a resume gives them back to rank 0 alone (the others count on from zero), and
+  // the sums over the ranks go on as if the run had not stopped. Counts are whole numbers, so
+  // the sums are exact in any order.
+  void gather_state(StageContext& ctx) override {
+    double v[1 + kRepeatItems];
+    v[0] = counts_.total;
+    for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
+    ctx.run().reduce_over_ranks(v, RankReduce::sum,
+                                "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
+    gathered_.total = v[0];
+    for (int k = 0; k < kRepeatItems; ++k) gathered_.same[k] = v[1 + k];
+    own_at_gather_ = counts_;
+    gathered_once_ = true;
+  }
+
   void save(StateWriter& w) const override {
-    w.number("repeat.total", counts_.total);
+    // Since the last gathering (a run interrupted between checkpoint steps): rank 0's own
+    // positions, the other ranks' unknown here.
+    RepeatCounts c = counts_;
+    if (gathered_once_) {
+      c.total = gathered_.total + counts_.total - own_at_gather_.total;
+      for (int k = 0; k < kRepeatItems; ++k)
+        c.same[k] = gathered_.same[k] + counts_.same[k] - own_at_gather_.same[k];
+    }
+    w.number("repeat.total", c.total);
     for (int k = 0; k < kRepeatItems; ++k)
-      w.number("repeat.same." + std::to_string(k), counts_.same[k]);
+      w.number("repeat.same." + std::to_string(k), c.same[k]);
   }
   void load(StateReader& r) override {
     counts_ = RepeatCounts{};
-    if (!r.has("repeat.total")) return;
+    gathered_once_ = false;
+    if (!r.has("repeat.total") || rank_ != 0) return;
     counts_.total = r.number("repeat.total");
     for (int k = 0; k < kRepeatItems; ++k)
       counts_.same[k] = r.number("repeat.same." + std::to_string(k));
@@ -439,6 +465,10 @@ class BcLossStage : public Stage {
         base_changed_nll[kHeads];
   } names_;
   RepeatCounts counts_, seen_;  // this rank's training positions; all ranks' at validation
+  // gather_state's: every rank's counts, and this rank's part of them, at the last gathering.
+  RepeatCounts gathered_, own_at_gather_;
+  bool gathered_once_ = false;
+  int rank_ = 0;
   Device device_;
   std::unique_ptr<BcLossPath> path_;  // the CPU or the device form
   double weight_sum_ = 0;

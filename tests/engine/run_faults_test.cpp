@@ -351,6 +351,19 @@ TEST(RunFaults, AResumeCountsEarlyStoppingOnWhereTheRunWas) {
   const RunResult want = straight.run();
   ASSERT_TRUE(want.early_stopped);
   ASSERT_EQ(want.final_step, 9u);  // validations at 3 (the best), 6 and 9: two without a gain
+  // Resumed, a run that stopped early stays stopped; a larger patience goes on.
+  std::ostringstream said;
+  RunOptions stopped = writing_options(said);
+  stopped.resume_dir = want.run_dir;
+  Runner again(plan_text(d, graph(d, "every: 3"), sets), stopped);
+  EXPECT_EQ(again.run().steps, 0u);
+  EXPECT_NE(said.str().find("nothing to do: the run stopped early"), std::string::npos)
+      << said.str();
+  Runner more(plan_text(d, graph(d, "every: 3"), with_set(sets, "run.early_stop_patience=3")),
+              stopped);
+  const RunResult went_on = more.run();
+  EXPECT_EQ(went_on.final_step, 12u);  // one more validation without a gain: three
+  EXPECT_TRUE(went_on.early_stopped);
 
   reset_recorded();
   TempDir d2;

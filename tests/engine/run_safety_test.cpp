@@ -471,6 +471,15 @@ TEST(RunSafety, AFreshRunThatFailsBeforeItsFirstStepLeavesNoDirectory) {
   Runner failing(plan_text(d, graph(d, "every: 2"), {"rec.fail_setup=true"}), writing_options());
   EXPECT_THROW(failing.run(), std::exception);
   EXPECT_TRUE(names_in(d.path() + "/runs").empty());
+  // Its first batch failing (the steps' graph started, no step done): nothing either.
+  Runner first_batch(plan_text(d, graph(d, "every: 2"), {"rec.fail_at=0"}), writing_options());
+  EXPECT_NE(error_of([&] { first_batch.run(); }).find("injected failure"), std::string::npos);
+  EXPECT_TRUE(names_in(d.path() + "/runs").empty());
+  // Its second: the first step's directory stays (its row, and a resume's starting point).
+  Runner second_batch(plan_text(d, graph(d, "every: 1"), {"rec.fail_at=1"}), writing_options());
+  EXPECT_THROW(second_batch.run(), std::exception);
+  EXPECT_EQ(names_in(d.path() + "/runs").size(), 1u);
+  fs::remove_all(d.path() + "/runs");
   {
     GraphPlan plan = plan_text(d, graph(d, "every: 2"));
     FileSizeLimit full(16);

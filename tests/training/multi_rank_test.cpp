@@ -172,6 +172,38 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
   }
 }
 
+// The repeat-last baseline a validation reports counts every rank's training positions: a run
+// resumed from its checkpoint reports the figures the uninterrupted run reported (rank 0 saves
+// every rank's counts, and takes them back alone).
+TEST(MultiRank, AResumedRunReportsTheBaselineTheUninterruptedRunReported) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const auto many =
+      run_command(mpirun(2) + SLIPSTREAM_CLI + " " + run_args(d.path(), "base", 6) + kSixSteps);
+  ASSERT_EQ(many.status, 0) << many.text;
+  const std::string dir = only_run_dir(d.path() + "/runs", "base");
+  const auto want = rows(dir);
+  ASSERT_EQ(want.size(), 4u);
+  const auto resumed = run_command(mpirun(2) + SLIPSTREAM_CLI + " run --resume " + dir +
+                                   "/checkpoints/step-3 --set run.steps=6");
+  ASSERT_EQ(resumed.status, 0) << resumed.text;
+  const auto got = rows(dir);
+  ASSERT_EQ(got.size(), want.size());
+  const nlohmann::json& w = want.back();
+  const nlohmann::json& g = got.back();
+  ASSERT_EQ(w["split"], "validation");
+  int compared = 0;
+  for (const auto& [key, value] : w.items()) {
+    if (!key.starts_with("baseline/") || !value.is_number()) continue;
+    ASSERT_TRUE(g.contains(key)) << key;
+    EXPECT_NEAR(g[key].get<double>(), value.get<double>(),
+                1e-12 * std::max(1.0, std::abs(value.get<double>())))
+        << key;
+    ++compared;
+  }
+  EXPECT_GE(compared, 10);
+}
+
 // A sharded run resumed from its checkpoint step-`from` on `ranks` ranks (each rank taking its
 // pieces of the saved moments) ends at step-`to` with the weights the straight run had there.
 void expect_sharded_resume_ends_alike(const std::string& tmp, const std::string& dir, int ranks,
