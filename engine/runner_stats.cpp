@@ -145,7 +145,10 @@ void Runner::Impl::start_publisher() {
       copy_name(r.run_name, sizeof r.run_name, plan().run.string("name"));
       copy_name(r.preset, sizeof r.preset, plan().config.preset);
       copy_name(r.device, sizeof r.device, run.device.str());
-      copy_name(r.run_dir, sizeof r.run_dir, run.run_dir);
+      // Absolute: smi is read from anywhere (a resume's directory is as given on its command line).
+      std::error_code ec;
+      const fs::path dir = run.run_dir.empty() ? fs::path() : fs::absolute(run.run_dir, ec);
+      copy_name(r.run_dir, sizeof r.run_dir, ec ? run.run_dir : dir.lexically_normal().string());
       r.start_unix_ns = start_unix;
       r.loss = NAN;
       r.eta_s = -1;

@@ -114,6 +114,14 @@ void StageHarness::setup(const std::map<std::string, Tensor>& inputs) {
       ctx_->input_slots_[i] = -1;
     }
   stage_->setup(*ctx_);
+  setup_shapes_.clear();
+  for (const auto& [port, t] : inputs) setup_shapes_[port] = t.shape();
+  const auto& outs = ctx_->schema().outputs();
+  for (size_t o = 0; o < outs.size(); ++o)
+    if (!plan_.slots[plan_.stages[0].output_slots[o]].declared)
+      throw std::runtime_error("stage kind '" + ctx_->schema().kind() +
+                               "' did not declare output '" + outs[o].name +
+                               "' in setup() (ctx.declare_output): a graph refuses it");
 }
 
 void StageHarness::load_weights(const std::map<std::string, Tensor>& weights) {
@@ -150,6 +158,29 @@ std::map<std::string, Tensor> StageHarness::forward(const std::map<std::string, 
   std::map<std::string, Tensor> out;
   for (const auto& o : ctx_->schema().outputs())
     if (ctx_->output(batch_, o.name).defined()) out[o.name] = ctx_->output(batch_, o.name);
+  // On setup's shapes, what setup declared is what the forward must give (set_output checks the
+  // dtype, rank and a feature row's width; here every known size).
+  bool as_setup = training && inputs.size() == setup_shapes_.size();
+  for (const auto& [port, t] : inputs)
+    as_setup = as_setup && setup_shapes_.count(port) && setup_shapes_.at(port) == t.shape();
+  const auto& outs = ctx_->schema().outputs();
+  for (size_t o = 0; as_setup && o < outs.size(); ++o) {
+    const SlotInfo& slot = plan_.slots[plan_.stages[0].output_slots[o]];
+    auto it = out.find(outs[o].name);
+    const std::string who = "stage kind '" + ctx_->schema().kind() + "': output '" + outs[o].name;
+    if (it == out.end())
+      throw std::runtime_error(who +
+                               "' was not set by the forward (ctx.set_output): a graph's "
+                               "run stops at the first stage that reads it");
+    bool same = it->second.shape().rank() == slot.shape.rank();
+    for (int d = 0; same && d < slot.shape.rank(); ++d)
+      same = slot.shape[d] < 0 || slot.shape[d] == it->second.shape()[d];
+    if (!same)
+      throw std::runtime_error(who + "' is " + it->second.describe() + ", not " +
+                               std::string(dtype_name(slot.dtype)) + slot.shape.str() +
+                               " declared at setup for these inputs: a graph's consumers were "
+                               "promised that");
+  }
   return out;
 }
 

@@ -21,7 +21,8 @@ class StageHarness {
                uint64_t seed = 1);
   ~StageHarness();
 
-  // Declares the input shapes and runs setup(). Inputs not given stay unconnected.
+  // Declares the input shapes and runs setup(). Inputs not given stay unconnected. An output
+  // setup leaves undeclared is an error, as in a graph.
   void setup(const std::map<std::string, Tensor>& inputs);
   Stage& stage();
   StageContext& context();
@@ -31,7 +32,9 @@ class StageHarness {
   void load_weights(const std::map<std::string, Tensor>& weights);
   std::map<std::string, Tensor> weights();  // "<param>" -> value
 
-  // Forward on the inputs; returns outputs by port name.
+  // Forward on the inputs; returns outputs by port name. A training forward on inputs of
+  // setup's shapes must set every output, each of the shape setup declared (what a graph's
+  // consumers were promised): otherwise an error naming the output.
   std::map<std::string, Tensor> forward(const std::map<std::string, Tensor>& inputs,
                                         bool training = true);
   // Backward after forward: output gradients by port name (none for a loss stage). Returns the
@@ -48,6 +51,7 @@ class StageHarness {
   std::unique_ptr<StageContext> ctx_;
   Batch batch_;
   std::map<std::string, double> metrics_;
+  std::map<std::string, Shape> setup_shapes_;  // the inputs setup saw
 };
 
 }  // namespace slipstream

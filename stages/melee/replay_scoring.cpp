@@ -91,7 +91,19 @@ TrainingOverlap training_overlap(const CheckpointPath& where,
   namespace fs = std::filesystem;
   TrainingOverlap o;
   o.of = sources.size();
-  if (where.run_dir.empty()) return o;
+  std::string run_dir = where.run_dir;
+  // A checkpoint a rewind set aside (RUN/set-aside/after-step-N-T/checkpoints/step-M) was
+  // trained on RUN's splits.
+  if (run_dir.empty() && !where.checkpoint.empty()) {
+    const fs::path p = fs::path(where.checkpoint).lexically_normal();
+    const fs::path aside = p.parent_path().parent_path();
+    if (p.parent_path().filename() == "checkpoints" &&
+        aside.parent_path().filename() == "set-aside") {
+      const fs::path run = aside.parent_path().parent_path();
+      run_dir = run.empty() ? std::string(".") : run.string();
+    }
+  }
+  if (run_dir.empty()) return o;
   auto same_file = [](const std::string& p) {
     std::error_code ec;
     const fs::path c = fs::weakly_canonical(p, ec);
@@ -101,7 +113,7 @@ TrainingOverlap training_overlap(const CheckpointPath& where,
   // The run's own splits, then those of the run its weights started from (run.init_from in its
   // config.yaml, which holds it absolute), and so on: a fine-tuned model saw those games too.
   std::set<std::string> runs;
-  for (std::string dir = where.run_dir; !dir.empty() && runs.insert(same_file(dir)).second;) {
+  for (std::string dir = run_dir; !dir.empty() && runs.insert(same_file(dir)).second;) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();

@@ -82,6 +82,12 @@ TEST(Cli, NewStageWritesCompilingSkeleton) {
   // Refuses to overwrite, and rejects bad names.
   EXPECT_EQ(run_cli("new-stage my_scale --family custom --root " + d.path()).status, 1);
   EXPECT_EQ(run_cli("new-stage My-Scale --root " + d.path()).status, 2);
+  // A plugin project's library is named after the kind: CMake's own target names are refused.
+  const Output reserved = run_cli("new-stage test --out " + d.path() + "/proj-test");
+  EXPECT_EQ(reserved.status, 2) << reserved.text;
+  EXPECT_NE(reserved.text.find("a target name CMake keeps for itself"), std::string::npos)
+      << reserved.text;
+  EXPECT_FALSE(std::filesystem::exists(d.path() + "/proj-test"));
 }
 
 // A directory where a YAML file belongs is a one-line error and exit 2, never an abort.

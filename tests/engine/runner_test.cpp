@@ -178,6 +178,30 @@ TEST(Runner, AStageBreakingItsPortsPromiseIsNamed) {
               std::string::npos)
         << e.what();
   }
+  // The harness (stage run, stage check, a stage's tests) holds a stage to what its setup
+  // declared, on setup's shapes, as a graph's consumers would: an undeclared output, one the
+  // forward does not set, one of another size than declared (a graph's run refuses each).
+  const Tensor x = Tensor::zeros({5}, DType::i32);
+  const std::pair<const char*, const char*> harnessed[] = {
+      {"undeclared", "stage kind 'test_to_f32' did not declare output 'y' in setup()"},
+      {"unset", "stage kind 'test_to_f32': output 'y' was not set by the forward"},
+      {"size",
+       "stage kind 'test_to_f32': output 'y' is f32[6] on cpu, not f32[5] declared at "
+       "setup for these inputs"}};
+  for (const auto& [misuse, message] : harnessed) {
+    try {
+      StageHarness s("test_to_f32", {std::string("misuse=") + misuse});
+      s.setup({{"x", x}});
+      s.forward({{"x", x}});
+      ADD_FAILURE() << misuse << ": the harness took it";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos)
+          << misuse << ": " << e.what();
+    }
+  }
+  StageHarness fine("test_to_f32", {});
+  fine.setup({{"x", x}});
+  EXPECT_EQ(fine.forward({{"x", x}}).at("y").shape(), Shape({5}));
 }
 
 TEST(Runner, ParallelStageKeepsSourceOrder) {

@@ -312,21 +312,26 @@ class TestToF32 : public Stage {
         .param("write_copy", true, "write y's bf16 copy when wanted")
         .param("always_copy", false, "set the copy even when no reader wants it (a misuse)")
         .param("misuse", std::string("none"),
-               "y as an i32 tensor (dtype), of rank 2 (rank), not set at all (unset), or an int "
-               "thrown (throw_int)")
-        .choices({"none", "dtype", "rank", "unset", "throw_int"});
+               "y as an i32 tensor (dtype), of rank 2 (rank), one longer than declared (size), "
+               "not set at all (unset), not declared in setup (undeclared), or an int thrown "
+               "(throw_int)")
+        .choices({"none", "dtype", "rank", "size", "unset", "undeclared", "throw_int"});
   }
   void setup(StageContext& ctx) override {
     copy_ = ctx.params().boolean("always_copy") ||
             (ctx.params().boolean("write_copy") && ctx.output_bf16_copy_wanted("y"));
     misuse_ = ctx.params().string("misuse");
-    ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
+    if (misuse_ != "undeclared") ctx.declare_output("y", ctx.input_shape("x"), DType::f32);
   }
   void forward(Batch& b, StageContext& ctx) override {
     const Tensor& x = ctx.input(b, "x");
     if (misuse_ == "unset") return;
     if (misuse_ == "throw_int") throw 42;
-    if (misuse_ != "none") {
+    if (misuse_ == "size") {
+      ctx.set_output(b, "y", Tensor::zeros({x.dim(0) + 1}, DType::f32));
+      return;
+    }
+    if (misuse_ != "none" && misuse_ != "undeclared") {
       ctx.set_output(b, "y",
                      misuse_ == "dtype" ? Tensor::zeros(x.shape(), DType::i32)
                                         : Tensor::zeros({x.dim(0), 1}, DType::f32));

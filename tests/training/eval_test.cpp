@@ -105,6 +105,16 @@ TEST(Eval, FiguresEqualTheRunsValidationPassOnTheSameGames) {
     EXPECT_GT(tj["training_overlap"]["games"].get<size_t>(), 0u) << given;
   }
 
+  // A checkpoint a rewind set aside was trained on its run's splits too.
+  const std::string aside = run.run_dir + "/set-aside/after-step-3-x/checkpoints/step-6";
+  fs::create_directories(aside);
+  fs::copy(run.run_dir + "/checkpoints/step-6", aside, fs::copy_options::recursive);
+  const CliOutput sa = run_cli("eval --checkpoint " + aside + " --replays " + trained);
+  ASSERT_EQ(sa.status, 0) << sa.text;
+  EXPECT_NE(sa.text.find(" games scored were in this run's training split ("), std::string::npos)
+      << sa.text;
+  fs::remove_all(run.run_dir + "/set-aside");
+
   // The step directory names the same checkpoint; one port's player is half the windows.
   const std::string step_dir = run.run_dir + "/checkpoints/step-6";
   const CliOutput p =

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <regex>
+#include <set>
 
 #include "engine/registry.h"
 #include "engine/safetensors.h"
@@ -209,7 +210,8 @@ constexpr const char* kTestTemplate = R"tpl(#include <gtest/gtest.h>
 using namespace slipstream;
 
 // y = x Wᵀ + b with the stage's own initial weights; the backward's dx = dy W. (`slipstream
-// stage check @KIND@ --input x=4,8` checks every gradient against finite differences.)
+// stage check @KIND@ --input x=2,3,8`, a (batch, window, features) input as a graph gives it,
+// checks every gradient against finite differences.)
 TEST(@CLASS@, ForwardAndBackward) {
   StageHarness h("@KIND@", {"features=2"});
   Tensor x = Tensor::empty({2, 3}, DType::f32);
@@ -254,7 +256,7 @@ add_test(NAME @KIND@_schema
          COMMAND slipstream::slipstream --plugin $<TARGET_FILE:@KIND@> stages @KIND@)
 add_test(NAME @KIND@_gradients
          COMMAND slipstream::slipstream --plugin $<TARGET_FILE:@KIND@> stage check @KIND@
-                 --input x=4,8)
+                 --input x=2,3,8)
 )tpl";
 
 constexpr const char* kPluginReadme = R"tpl(# @KIND@ — a slipstream stage plugin
@@ -279,7 +281,7 @@ Inputs bind by name: a stage reads an output of another name when the graph name
 (`{x: my_step.y}`), as above.
 
 `slipstream --plugin build/lib@KIND@.so stages @KIND@` prints its schema;
-`slipstream --plugin build/lib@KIND@.so stage check @KIND@ --input x=4,8` checks its gradients.
+`slipstream --plugin build/lib@KIND@.so stage check @KIND@ --input x=2,3,8` checks its gradients.
 )tpl";
 
 // Writes `files` (path, text) unless one exists.
@@ -303,6 +305,25 @@ int write_new(const std::vector<std::pair<fs::path, std::string>>& files) {
 }
 
 int new_plugin_project(const std::string& kind, const std::string& family, const fs::path& dir) {
+  // The project's library target is named after the kind: CMake keeps these names for its own.
+  static const std::set<std::string> kCMakeTargets = {"all",
+                                                      "clean",
+                                                      "depend",
+                                                      "edit_cache",
+                                                      "help",
+                                                      "install",
+                                                      "list_install_components",
+                                                      "package",
+                                                      "package_source",
+                                                      "preinstall",
+                                                      "rebuild_cache",
+                                                      "test"};
+  if (kCMakeTargets.count(kind)) {
+    std::cerr << "new-stage: '" << kind
+              << "' is a target name CMake keeps for itself, and the plugin project's library "
+                 "is named after the kind; choose another name\n";
+    return kExitConfig;
+  }
   const std::string cls = camel(kind) + "Stage";
   const int status = write_new({{dir / "CMakeLists.txt", fill(kPluginCMake, kind, cls, family)},
                                 {dir / (kind + ".cpp"), fill(kStageTemplate, kind, cls, family)},
