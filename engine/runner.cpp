@@ -63,7 +63,7 @@ void Runner::Impl::metric(std::string_view name, double value, MetricKind kind, 
     e.second += weight;
   }
   if (in_validation) return;
-  if (name == "loss") last_loss.store(value);
+  if (name == "loss") batch_loss.store(value);
   if ((name == "loss" && !std::isfinite(value)) || name == "nonfinite_grad_steps")
     step_nonfinite = true;
 }

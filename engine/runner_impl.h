@@ -258,7 +258,8 @@ struct Runner::Impl {
   std::atomic<bool> finishing{false};
   uint64_t start_ns = 0, start_unix = 0;
   std::atomic<uint64_t> samples{0};
-  std::atomic<double> last_loss{NAN};
+  std::atomic<double> last_loss{NAN};   // the last completed step's loss (its last batch's)
+  std::atomic<double> batch_loss{NAN};  // the latest training batch's, as reported
   double steps_rate = 0, samples_rate = 0;
   uint64_t prev_pub_ns = 0, prev_pub_step = 0, prev_pub_samples = 0;
   uint64_t steps_this_process = 0;

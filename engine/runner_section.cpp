@@ -155,6 +155,9 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
     return;
   }
   micro_in_step = 0;
+  // The loss slipstream-smi and the progress line show is the step's they count (the loss stage
+  // reports it during the step, before the step is counted).
+  last_loss.store(batch_loss.load());
   run.step++;
   steps_this_process++;
   interval_steps++;

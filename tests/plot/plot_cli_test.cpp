@@ -237,6 +237,22 @@ TEST_F(PlotCli, BadFlags) {
   r = plot(run_.string() + " --format gif");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("--format gif"), std::string::npos) << r.err;
+  // An empty --metrics list takes no option after it for a key, nor the --out after it for a run.
+  r = plot(run_.string() + " --metrics , --out " + (dir_ / "m.png").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--metrics: '--out' is an option, not a metric key"), std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "m.png"));
+}
+
+// A diverged run (every loss null, the lr still logged): its missing loss curve is said.
+TEST_F(PlotCli, ADivergedRunsMissingLossIsSaid) {
+  write_metrics(
+      "{\"step\":1,\"split\":\"train\",\"loss\":null,\"lr\":0.1}\n"
+      "{\"step\":2,\"split\":\"train\",\"loss\":null,\"lr\":0.1}\n");
+  Result r = plot(run_.string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("no row's loss is finite (the run diverged?)"), std::string::npos) << r.err;
 }
 
 }  // namespace

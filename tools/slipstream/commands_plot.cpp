@@ -2,6 +2,7 @@
 // metrics.jsonl, one colour per run, drawn with cairo as SVG (default), PNG or PDF.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -78,8 +79,16 @@ void run_plot(const PlotArgs& a) {
   }
 
   ChartOptions opt;
-  for (const auto& m : a.metrics)
+  for (const auto& m : a.metrics) {
+    // "--metrics ," (an empty list) takes the argument after it: an option there is no key.
+    if (m.starts_with("-"))
+      throw PlotError("--metrics: '" + m +
+                      "' is an option, not a metric key (give the keys right after --metrics, "
+                      "comma-separated)");
     if (!m.empty()) opt.metrics.push_back(m);  // "--metrics loss," leaves an empty entry
+  }
+  if (!a.metrics.empty() && opt.metrics.empty())
+    throw PlotError("--metrics: no metric key given (e.g. --metrics loss,acc/*)");
   opt.log_loss = !a.linear;
   opt.smooth = a.smooth;
 
@@ -99,6 +108,19 @@ void run_plot(const PlotArgs& a) {
   }
   for (const auto& m : unmatched_metrics(runs, opt.metrics))
     std::cerr << "warning: no data for metric '" << m << "'\n";
+  // A run whose every loss is null (it diverged) has no loss curve: said, not left out unsaid.
+  if (opt.metrics.empty())
+    for (const auto& r : runs) {
+      bool keyed = false, finite = false;
+      for (const auto& row : r.log.rows)
+        if (auto it = row.values.find("loss"); it != row.values.end()) {
+          keyed = true;
+          finite = finite || std::isfinite(it->second);
+        }
+      if (keyed && !finite)
+        std::cerr << "warning: " << r.name
+                  << ": no row's loss is finite (the run diverged?): no loss curve of it\n";
+    }
   Figure fig;
   try {
     fig = build_figure(runs, opt);
