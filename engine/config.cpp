@@ -218,6 +218,12 @@ YAML::Node load_yaml(const std::string& path) {
     if (!in) fail({path}, std::string("cannot read file: ") + std::strerror(errno));
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (in.bad()) fail({path}, "cannot read file");
+    // A replay, weights or an image given by mistake: said as that, not as a YAML error quoting
+    // its bytes to the terminal.
+    if (text.find('\0') != std::string::npos)
+      fail({path},
+           "is not a YAML file (it holds binary data); give a preset, a graph file, a run "
+           "directory or a checkpoint");
   }
   try {
     std::istringstream scan(text);

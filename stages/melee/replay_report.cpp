@@ -64,7 +64,9 @@ std::string dataset_report(const ReplayDataset& ds, const ReportFacts& f) {
         << " windows\n";
   } else {
     out << "  train: " << f.games[0] << " games, " << f.windows[0] << " windows ("
-        << f.windows[0] / f.batch << " batches of " << f.batch << " per epoch); validation: ";
+        << f.windows[0] / (f.batch * std::max<uint64_t>(1, f.world)) << " batches of " << f.batch
+        << (f.world > 1 ? " on each of " + std::to_string(f.world) + " ranks" : std::string())
+        << " per epoch); validation: ";
     if (f.pinned)
       out << f.pinned->games.size() << " games from validation_paths"
           << (f.overlap ? " (" + std::to_string(f.overlap) + " of them also in paths: not trained)"

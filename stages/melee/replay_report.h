@@ -17,6 +17,7 @@ struct ReportFacts {
   bool validation_copy = false;           // the stage serving the validation split
   const ReplayDataset* pinned = nullptr;  // validation_paths' games, if any
   uint64_t batch = 1;
+  uint64_t world = 1;  // shard: windows over several ranks: an epoch's step takes world batches
   std::array<size_t, 2> games{}, windows{};  // [0] train, [1] validation
   size_t overlap = 0;                        // games in both paths and validation_paths
   std::string skipped_file;                  // where every skipped file is listed, if anywhere

@@ -627,6 +627,7 @@ void ReplaysStage::setup(StageContext& ctx) {
   facts.validation_copy = validation_;
   facts.pinned = pinned.get();
   facts.batch = B;
+  facts.world = world_;
   facts.games = ngames;
   facts.windows = nwin;
   facts.overlap = overlap;

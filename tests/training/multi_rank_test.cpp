@@ -149,6 +149,11 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
     const auto many = run_command(mpirun(ranks) + SLIPSTREAM_CLI + " " +
                                   run_args(d.path(), name, 12 / ranks) + kSixSteps);
     ASSERT_EQ(many.status, 0) << many.text;
+    // The epoch the loader reports is the ranks' (each step takes a batch from every rank).
+    EXPECT_NE(many.text.find(" batches of " + std::to_string(12 / ranks) + " on each of " +
+                             std::to_string(ranks) + " ranks per epoch)"),
+              std::string::npos)
+        << many.text;
     const std::string dir = only_run_dir(d.path() + "/runs", name);
     EXPECT_LE(
         weights_relative_difference(one_dir + "/checkpoints/step-6", dir + "/checkpoints/step-6"),

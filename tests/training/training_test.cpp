@@ -648,6 +648,18 @@ TEST(Summary, CountsWhatTheCheckpointHoldsAndWhatAStepComputes) {
   o = run_cli("summary " + d.path());  // a directory that is no run
   EXPECT_NE(o.status, 0);
   EXPECT_NE(o.text.find("without config.yaml"), std::string::npos) << o.text;
+  // A checkpoint that is not there: the run's, by name, as eval and infer say it.
+  o = run_cli("summary " + res.run_dir + "/checkpoints/step-999999");
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("no such file or directory (the checkpoints there: step-"),
+            std::string::npos)
+      << o.text;
+  // A binary file (a replay given by mistake) is said as that, its bytes not printed.
+  const std::string binary = d.path() + "/game.slp";
+  std::ofstream(binary, std::ios::binary) << std::string("{U\x03raw[$U#l\0\0\x0f\x01", 14);
+  o = run_cli("summary " + binary);
+  EXPECT_NE(o.status, 0);
+  EXPECT_NE(o.text.find("is not a YAML file (it holds binary data)"), std::string::npos) << o.text;
 }
 
 // `slipstream reference-step` writes the first training step as the run takes it: its loss is

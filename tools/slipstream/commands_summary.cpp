@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/auto_batch.h"
+#include "engine/checkpoint.h"
 #include "engine/graph_summary.h"
 #include "engine/runner.h"
 #include "tools/slipstream/commands.h"
@@ -36,6 +37,10 @@ int summary_command(SummaryArgs a) {
                                  " is a directory without config.yaml or model.safetensors: give "
                                  "a run or checkpoint directory, a preset or a graph file");
     }
+    // A checkpoint that is not there (pruned, mistyped): the run's checkpoints, by name.
+    if (!fs::exists(target, ec) && fs::path(target).parent_path().filename() == "checkpoints")
+      if (const std::string e = resolve_checkpoint_path(target).error; !e.empty())
+        throw std::runtime_error(e);
     std::vector<std::string> sets = a.sets;
     if (!a.device.empty()) sets.push_back("run.device=" + a.device);
     std::ostringstream setup_log;  // the device line; the summary names the device itself
