@@ -369,6 +369,24 @@ class GraphPlanner {
   // there is an error, unless every kind of the graph is registered and some came from a plugin
   // loaded otherwise (`slipstream --plugin NEW.so eval RUN`: the run's plugin moved).
   void load_plugins() {
+    // Every kind of the graph registered already, some by a plugin the user gave for this
+    // command and the graph does not name (`slipstream --plugin NEW.so eval RUN`, the run's old
+    // one still there): that one stands in for the graph's plugins, which would register the
+    // same kinds again and be refused.
+    {
+      std::set<std::string> named;
+      for (const auto& [path, mark] : config.plugins) {
+        std::error_code ec;
+        named.insert(std::filesystem::weakly_canonical(path, ec).string());
+      }
+      bool all_known = !cs.empty(), given_instead = false;
+      for (const auto& s : cs) {
+        all_known = all_known && StageRegistry::find(s.kind);
+        given_instead = given_instead || (StageRegistry::kind_from_given_plugin(s.kind) &&
+                                          !named.count(StageRegistry::plugin_of(s.kind)));
+      }
+      if (all_known && given_instead) return;
+    }
     std::set<std::string> loaded;
     for (const auto& [path, mark] : config.plugins) {
       try {

@@ -33,6 +33,7 @@ struct RegistryData {
   std::string other_sdk;  // the SLIPSTREAM_SDK_ABI it was built with, when not this one's
   std::map<std::string, std::string> refused;  // plugin path -> the error its load gave
   std::map<std::string, std::string, std::less<>> plugin_of;  // kind -> the plugin it came from
+  std::set<std::string> given;  // plugins loaded as `given` (slipstream --plugin)
 };
 RegistryData& data() {
   static RegistryData d;  // function-local: safe from static-initialisation order
@@ -103,13 +104,20 @@ std::string StageRegistry::plugin_of(std::string_view kind) {
   return it == d.plugin_of.end() ? std::string() : it->second;
 }
 
+bool StageRegistry::kind_from_given_plugin(std::string_view kind) {
+  auto& d = data();
+  std::lock_guard lock(d.mu);
+  const auto it = d.plugin_of.find(kind);
+  return it != d.plugin_of.end() && d.given.count(it->second);
+}
+
 std::unique_ptr<Stage> StageRegistry::create(std::string_view kind) {
   const StageSchema* s = find(kind);
   if (!s || !s->factory) throw std::runtime_error("unknown stage kind '" + std::string(kind) + "'");
   return std::unique_ptr<Stage>(s->factory());
 }
 
-void StageRegistry::load_plugin(const std::string& path) {
+void StageRegistry::load_plugin(const std::string& path, bool given) {
   std::string canonical = path;
   std::error_code ec;
   auto abs = std::filesystem::weakly_canonical(path, ec);
@@ -117,7 +125,10 @@ void StageRegistry::load_plugin(const std::string& path) {
   {
     auto& d = data();
     std::lock_guard lock(d.mu);
-    if (d.plugins.count(canonical)) return;
+    if (d.plugins.count(canonical)) {
+      if (given) d.given.insert(canonical);
+      return;
+    }
     if (auto it = d.refused.find(canonical); it != d.refused.end())
       throw std::runtime_error(it->second);  // its kinds stay as the first load left them
   }
@@ -190,6 +201,7 @@ void StageRegistry::load_plugin(const std::string& path) {
     throw std::runtime_error(error);
   }
   d.plugins.insert(canonical);
+  if (given) d.given.insert(canonical);
 }
 
 }  // namespace slipstream

@@ -38,9 +38,13 @@ class StageRegistry {
   // Loads a plugin .so (RTLD_NOW | RTLD_LOCAL); its static initialisers register its kinds.
   // Loading the same path twice is a no-op. Throws std::runtime_error with dlerror() text, or
   // naming the kinds the plugin registers that were registered before it.
-  static void load_plugin(const std::string& path);
+  // `given`: the user named it for this command (`slipstream --plugin`): it stands in for a
+  // graph's own plugins of the same kinds (a run's plugin rebuilt elsewhere).
+  static void load_plugin(const std::string& path, bool given = false);
   // The plugin (its absolute path, as loaded) that registered `kind`; "" for the program's own.
   static std::string plugin_of(std::string_view kind);
+  // Whether `kind` came from a plugin loaded as `given`.
+  static bool kind_from_given_plugin(std::string_view kind);
 };
 
 }  // namespace slipstream

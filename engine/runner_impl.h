@@ -261,6 +261,7 @@ struct Runner::Impl {
   std::atomic<double> last_loss{NAN};   // the last completed step's loss (its last batch's)
   std::atomic<double> batch_loss{NAN};  // the latest training batch's, as reported
   double steps_rate = 0, samples_rate = 0;
+  bool rates_measured = false;  // steps_rate and samples_rate hold a measurement
   uint64_t prev_pub_ns = 0, prev_pub_step = 0, prev_pub_samples = 0;
   uint64_t steps_this_process = 0;
   uint64_t steps_ended_ahead = 0;  // RunResult::steps_ended_ahead

@@ -19,6 +19,7 @@ void Runner::Impl::publish(stats::RunState state) {
       r.state = state;
       r.update_unix_ns = unix_ns();
       r.host_rss_bytes = rss;
+      r.step = run.step;  // a resume's, once its checkpoint has loaded
     });
     return;
   }
@@ -27,8 +28,9 @@ void Runner::Impl::publish(stats::RunState state) {
   if (dt > 0) {
     double sr = static_cast<double>(run.step - prev_pub_step) / dt;
     double xr = static_cast<double>(samples.load() - prev_pub_samples) / dt;
-    steps_rate = steps_rate == 0 ? sr : 0.7 * steps_rate + 0.3 * sr;
-    samples_rate = samples_rate == 0 ? xr : 0.7 * samples_rate + 0.3 * xr;
+    steps_rate = !rates_measured ? sr : 0.7 * steps_rate + 0.3 * sr;
+    samples_rate = !rates_measured ? xr : 0.7 * samples_rate + 0.3 * xr;
+    rates_measured = true;
   }
   prev_pub_step = run.step;
   prev_pub_samples = samples.load();
@@ -48,8 +50,9 @@ void Runner::Impl::publish(stats::RunState state) {
     r.total_steps = run.total_steps;
     r.samples = samples.load();
     r.loss = last_loss.load();
-    r.steps_per_s = steps_rate;
-    r.samples_per_s = samples_rate;
+    // Before two publications there is no rate to show ([N/A]), not a rate of 0.
+    r.steps_per_s = rates_measured ? steps_rate : NAN;
+    r.samples_per_s = rates_measured ? samples_rate : NAN;
     if (step_graphs) {
       const StepGraphs::Counts g = step_graphs->counts();
       r.graph_batches = g.replayed + g.captured + g.issued + g.uncaptured;

@@ -581,6 +581,12 @@ stages:
               std::string::npos)
         << e.what();
   }
+  // The plugin given for the command (`slipstream --plugin NEW.so eval RUN`) stands in for the
+  // graph's own of the same kind, which would be refused: the graph plans with the given one.
+  StageRegistry::load_plugin(SLIPSTREAM_TEST_PLUGIN, /*given=*/true);
+  EXPECT_NO_THROW(plan_text(d, again));
+  EXPECT_EQ(StageRegistry::plugin_of("plugin_scale"),
+            std::filesystem::weakly_canonical(SLIPSTREAM_TEST_PLUGIN).string());
 }
 
 // A stage inside an item longer than the publish interval reads busy while it runs, not idle

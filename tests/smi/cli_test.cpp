@@ -306,6 +306,7 @@ TEST_F(SmiCli, UnknownFieldIsUsageError) {
   EXPECT_EQ(run_smi({"--query-run=pid", "--format=xml"}, env_).status, 2);
   EXPECT_EQ(run_smi({"--no-such-flag"}, env_).status, 2);
   EXPECT_EQ(run_smi({"dmon", "-s", "z", "-c", "1"}, env_).status, 2);
+  EXPECT_EQ(run_smi({"dmon", "-c", "0"}, env_).status, 2);  // no count: leave -c out
   // An interval out of range says the range in plain numbers (not the largest double).
   r = run_smi({"-l", "0"}, env_);
   EXPECT_EQ(r.status, 2);

@@ -181,7 +181,9 @@ class @CLASS@ : public Stage {
   std::vector<Parameter*> parameters() override { return store_.pointers(); }
 
  private:
-  // Buffers grow to the largest batch seen: steady state allocates nothing.
+  // Buffers grow to the largest batch seen: steady state allocates nothing. A trainable stage
+  // runs one batch at a time and may hand out y_; a stage before the trainable section works
+  // while other batches are in flight and makes each batch's outputs fresh (Tensor::empty).
   void reserve(int M) {
     if (M <= rows_cap_) return;
     rows_cap_ = M;

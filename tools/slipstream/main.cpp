@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
          [](const std::vector<std::string>& paths) {
            for (const auto& p : paths) {
              try {
-               slipstream::StageRegistry::load_plugin(p);
+               slipstream::StageRegistry::load_plugin(p, /*given=*/true);
              } catch (const std::exception& e) {
                throw CLI::ValidationError("--plugin", e.what());
              }

@@ -135,7 +135,7 @@ int run(int argc, char** argv) {
                    "Column groups: p power/temp, u utilisation, m memory, c clocks, r run step "
                    "rate, s stage summary (default pucrs)");
   dmon->add_option("-c", o.dmon_count, "Stop after COUNT intervals (default: run until killed)")
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(CLI::Range(1, 1 << 30));
   dmon->add_option("-d", o.dmon_delay_s, "Seconds between intervals (default 1)")
       ->check(CLI::Range(1, 86400));
   dmon->add_option("-i,--id", o.ids, "Show only these GPUs");
