@@ -477,6 +477,7 @@ struct Runner::Impl {
   bool start_steps(RunResult& result);
   bool resume_from(const std::string& checkpoint);
   void warm_start();
+  void check_ranks_run_one_graph();
   std::exception_ptr run_flow_graph(std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs);
   std::exception_ptr end_steps(std::exception_ptr failure, int stop_signal,
                                std::vector<Stage*>& stages, std::vector<StageContext*>& ctxs);

@@ -3,6 +3,8 @@
 // start, and each stage's start().
 #include "engine/runner_impl.h"
 
+#include "engine/crc32c.h"
+
 namespace fs = std::filesystem;
 
 namespace slipstream {
@@ -98,6 +100,7 @@ bool Runner::Impl::start_steps(RunResult& result) {
   }
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
+  if (run.world_size > 1 && run.reduce_over_ranks) check_ranks_run_one_graph();
   graph->setup();
   if (run.world_size > 1 && !run.gradients_averaged_over_ranks) {
     bool trainable = false;
@@ -243,6 +246,26 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
   // start has TensorBoard drop the older files' steps past the checkpoint.
   resume_run_dir(ckpt);
   return true;
+}
+
+// Ranks given different graphs (a preset edited on one node, a --set on one rank's command
+// line) would exchange buffers of other sizes, or train with other seeds: the error an MPI call
+// then gives names nothing of the cause. Every rank's resolved graph, by its checksum, first.
+void Runner::Impl::check_ranks_run_one_graph() {
+  const std::string text = resolved_config_yaml(plan());
+  const uint32_t sum = crc32c(text.data(), text.size());
+  double low[2] = {static_cast<double>(sum), static_cast<double>(text.size())};
+  double high[2] = {low[0], low[1]};
+  run.reduce_over_ranks(low, RankReduce::min, "the ranks' graphs");
+  run.reduce_over_ranks(high, RankReduce::max, "the ranks' graphs");
+  if (low[0] != high[0] || low[1] != high[1])
+    throw std::runtime_error(
+        "the ranks were given different configurations (their resolved graphs differ; this "
+        "rank's: " +
+        std::to_string(text.size()) + " bytes, checksum " + std::to_string(sum) +
+        "): a preset, graph file or --set that is not the same on every rank (run.seed, a "
+        "model size, a path), or different slipstream builds. Every rank runs the same command; "
+        "`slipstream validate --print` shows what a rank's command resolves to");
 }
 
 // run.init_from: a warm start, weights only (a resume has its own weights, and the first

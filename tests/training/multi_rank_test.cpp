@@ -177,6 +177,21 @@ TEST(MultiRank, TrainsWhatOneProcessTrainsWithTheSameGlobalBatch) {
   }
 }
 
+// Ranks started with different configurations (here one rank's seed) are told so before any
+// stage sets up, not left to an MPI error of mismatched buffers or a data check that names
+// the paths; the fresh run directory goes.
+TEST(MultiRank, RanksGivenDifferentConfigurationsAreToldSo) {
+  if (!have_mpirun()) GTEST_SKIP() << "mpirun not found";
+  TempDir d;
+  const std::string args = run_args(d.path(), "mixed", 6) + kSixSteps;
+  const auto mixed = run_command(mpirun(1) + SLIPSTREAM_CLI + " " + args + " : -np 1 " +
+                                 SLIPSTREAM_CLI + " " + args + " --set run.seed=2");
+  EXPECT_NE(mixed.status, 0);
+  EXPECT_NE(mixed.text.find("the ranks were given different configurations"), std::string::npos)
+      << mixed.text;
+  EXPECT_TRUE(only_run_dir(d.path() + "/runs", "mixed").empty());
+}
+
 // The repeat-last baseline a validation reports counts every rank's training positions: a run
 // resumed from its checkpoint reports the figures the uninterrupted run reported (rank 0 saves
 // every rank's counts, and takes them back alone).
