@@ -171,12 +171,14 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
   step_nonfinite = false;
   const auto max_bad = static_cast<uint64_t>(plan().run.integer("max_nonfinite_steps"));
   if (max_bad > 0 && run.nonfinite_streak >= max_bad) {
-    std::string why = "training diverged: the loss (or gradient) was not finite for " +
-                      std::to_string(run.nonfinite_streak.load()) + " consecutive steps (" +
-                      std::to_string(streak_first_step) + " to " + std::to_string(run.step) +
-                      "); no checkpoint was written since step " +
-                      std::to_string(streak_first_step - 1) +
-                      ". Lower the learning rate, or set run.max_nonfinite_steps=0 to go on";
+    std::string why =
+        "training diverged: the loss (or gradient) was not finite for " +
+        std::to_string(run.nonfinite_streak.load()) + " consecutive steps (" +
+        std::to_string(streak_first_step) + " to " + std::to_string(run.step) + "); " +
+        (streak_first_step > 1
+             ? "no checkpoint was written since step " + std::to_string(streak_first_step - 1)
+             : std::string("it was so from the first step")) +
+        ". Lower the learning rate, or set run.max_nonfinite_steps=0 to go on";
     if (run.writes_outputs())
       if (const auto newest = latest_checkpoint(run.run_dir)) {
         std::string lr = "STAGE.lr";  // the optimizer's, by the name its graph gives it

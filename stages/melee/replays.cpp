@@ -658,10 +658,11 @@ void ReplaysStage::setup(StageContext& ctx) {
       splits_ = splits_json(ds, split_games_, split.games[1], pinned.get(),
                             by_games ? ctx.run().world_size : 1);
     if (batches_per_epoch_ == 0 && by_games)
-      throw std::runtime_error(who + ": a rank's share of the games holds fewer than " +
-                               "batch_size=" + std::to_string(B) + " training windows (this " +
-                               "rank's: " + std::to_string(windows_.size()) + "); fewer ranks, " +
-                               "a lower batch_size, more replays, or shard: windows");
+      throw std::runtime_error(
+          who + ": the rank whose share of the games holds the fewest training windows has " +
+          "fewer than batch_size=" + std::to_string(B) + " (every rank takes as many batches " +
+          "as that one; this rank holds " + std::to_string(windows_.size()) +
+          "); fewer ranks, a lower batch_size, more replays, or shard: windows");
     if (batches_per_epoch_ == 0)
       throw std::runtime_error(who + ": only " + std::to_string(windows_.size()) +
                                " training windows, fewer than batch_size=" + std::to_string(B) +
