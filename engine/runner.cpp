@@ -520,7 +520,7 @@ void Runner::Impl::fill_result(RunResult& result, int stop_signal, uint64_t t_st
                                                      : std::string())
            : early_stopped    ? std::string("stopped early")
                               : std::string("done")) +
-          summary + (run.run_dir.empty() ? std::string() : " -> " + run.run_dir))
+          summary + (run.run_dir.empty() || run.rank != 0 ? std::string() : " -> " + run.run_dir))
       << "\n"
       << std::flush;
 }

@@ -262,6 +262,9 @@ struct Runner::Impl {
   std::atomic<double> batch_loss{NAN};  // the latest training batch's, as reported
   double steps_rate = 0, samples_rate = 0;
   bool rates_measured = false;  // steps_rate and samples_rate hold a measurement
+  // The step a resume starts from, by its checkpoint's name, known before setup (smi's step
+  // while the run starts).
+  std::atomic<uint64_t> resume_step{0};
   uint64_t prev_pub_ns = 0, prev_pub_step = 0, prev_pub_samples = 0;
   uint64_t steps_this_process = 0;
   uint64_t steps_ended_ahead = 0;  // RunResult::steps_ended_ahead

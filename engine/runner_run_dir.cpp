@@ -98,6 +98,12 @@ bool Runner::Impl::start_steps(RunResult& result) {
                         : best));
     }
   }
+  if (ckpt) {
+    uint64_t s = 0;
+    const std::string name = fs::path(*ckpt).filename().string();
+    if (checkpoint_step(name, "step-", s) || checkpoint_step(name, "best-step-", s))
+      resume_step = s;
+  }
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
   if (run.world_size > 1 && run.reduce_over_ranks) check_ranks_run_one_graph();

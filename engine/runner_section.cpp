@@ -175,9 +175,10 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
         "training diverged: the loss (or gradient) was not finite for " +
         std::to_string(run.nonfinite_streak.load()) + " consecutive steps (" +
         std::to_string(streak_first_step) + " to " + std::to_string(run.step) + "); " +
-        (streak_first_step > 1
-             ? "no checkpoint was written since step " + std::to_string(streak_first_step - 1)
-             : std::string("it was so from the first step")) +
+        (streak_first_step <= 1 ? std::string("it was so from the first step")
+         : run.writes_outputs() && !latest_checkpoint(run.run_dir)
+             ? std::string("the run wrote no checkpoint before it")
+             : "no checkpoint was written since step " + std::to_string(streak_first_step - 1)) +
         ". Lower the learning rate, or set run.max_nonfinite_steps=0 to go on";
     if (run.writes_outputs())
       if (const auto newest = latest_checkpoint(run.run_dir)) {

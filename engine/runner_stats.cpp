@@ -19,7 +19,9 @@ void Runner::Impl::publish(stats::RunState state) {
       r.state = state;
       r.update_unix_ns = unix_ns();
       r.host_rss_bytes = rss;
-      r.step = run.step;  // a resume's, once its checkpoint has loaded
+      r.step = std::max<uint64_t>(run.step, resume_step);  // a resume's from its start
+      r.steps_per_s = NAN;                                 // no rate before steps ([N/A])
+      r.samples_per_s = NAN;
     });
     return;
   }

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <limits>
 #include <stdexcept>
+#include <thread>
 
 #include "engine/launch.h"
 #include "engine/rank_reduce.h"
@@ -58,6 +59,67 @@ constexpr int kHeartbeatTag = 7301;
 constexpr int kAliveTag = 7302;  // after a timeout: "I am still here" to every other rank
 constexpr auto kPollPause = std::chrono::microseconds(20);
 
+// After a wait that timed out: every rank still running has timed out too, within a step of each
+// other, in this wait or another; each tells every other it is alive, and the ones not heard from
+// in a short window stopped. The buffers live until the process ends (a late message lands
+// there); the requests still open are left to MPI_Abort, which comes next.
+std::vector<int> ranks_not_answering(double timeout_s) {
+  static int64_t alive_out = 1;
+  static std::vector<int64_t> alive_in;
+  static std::vector<MPI_Request> recv, send;
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  alive_in.assign(static_cast<size_t>(world), 0);
+  recv.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
+  send.assign(static_cast<size_t>(world), MPI_REQUEST_NULL);
+  for (int r = 0; r < world; ++r) {
+    if (r == rank) continue;
+    check(MPI_Irecv(&alive_in[static_cast<size_t>(r)], 1, MPI_INT64_T, r, kAliveTag, MPI_COMM_WORLD,
+                    &recv[static_cast<size_t>(r)]),
+          "MPI_Irecv");
+    check(MPI_Isend(&alive_out, 1, MPI_INT64_T, r, kAliveTag, MPI_COMM_WORLD,
+                    &send[static_cast<size_t>(r)]),
+          "MPI_Isend");
+  }
+  const double until = now_s() + std::clamp(timeout_s / 2, 1.0, 10.0);
+  std::vector<int> silent;
+  for (;;) {
+    silent.clear();
+    for (int r = 0; r < world; ++r) {
+      if (r == rank) continue;
+      int flag = 0;
+      MPI_Request& q = recv[static_cast<size_t>(r)];
+      if (q != MPI_REQUEST_NULL) check(MPI_Test(&q, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (q != MPI_REQUEST_NULL) silent.push_back(r);
+    }
+    if (silent.empty() || now_s() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return silent;
+}
+
+// "ranks 1, 2": who stopped, for a message.
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string names;
+  for (int r : ranks) names += (names.empty() ? "" : ", ") + std::to_string(r);
+  return (ranks.size() == 1 ? "rank " : "ranks ") + names;
+}
+
+// A collective of `what` that timed out: the ranks that stopped, named when they can be told.
+[[noreturn]] void give_up(const std::string& what, double timeout_s) {
+  g_broken = true;
+  const std::vector<int> silent = ranks_not_answering(timeout_s);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  throw std::runtime_error(
+      what + ": no answer from the other ranks within " + seconds_text(timeout_s) +
+      " (sync.timeout_s)" +
+      (silent.empty() ? std::string()
+                      : ": " + ranks_text(silent) + " stopped (no answer to the others)") +
+      "; rank " + std::to_string(rank) + " stops");
+}
+
 }  // namespace
 
 bool mpi_is_initialized() {
@@ -108,12 +170,7 @@ void allreduce_in_place(void* data, size_t n, MPI_Datatype type, MPI_Op op, doub
     int flag = 0;
     check(MPI_Test(&req, &flag, MPI_STATUS_IGNORE), "MPI_Test");
     if (flag) return;
-    if (now_s() > deadline) {
-      g_broken = true;
-      throw std::runtime_error(what + ": no answer from the other ranks within " +
-                               seconds_text(timeout_s) + " (sync.timeout_s); rank " +
-                               std::to_string(mpi_rank()) + " stops");
-    }
+    if (now_s() > deadline) give_up(what, timeout_s);
     std::this_thread::sleep_for(kPollPause);
   }
 }
@@ -154,7 +211,6 @@ struct MpiBucketReducer::Mpi {
                              MPI_REQUEST_NULL};
   int64_t beat_out_value[4] = {0, 0, 0, 0};
   size_t beat_next = 0;
-  std::vector<MPI_Request> alive_in, alive_out;  // silent_ranks()
 };
 
 MpiBucketReducer::MpiBucketReducer(GradBuckets buckets, double timeout_s, bool shard)
@@ -304,57 +360,19 @@ void MpiBucketReducer::timed_out(uint64_t step) {
   // The left-hand neighbour reached the step: a rank stopped inside it (after its first bucket
   // went out). The ranks still running have all timed out by now, within a step of each other:
   // each tells every other it is alive, and the ones not heard from in a short window stopped.
-  const std::vector<int> silent = silent_ranks(step);
+  const std::vector<int> silent = ranks_not_answering(timeout_s_);
   if (!silent.empty()) {
-    std::string names;
-    for (int r : silent) names += (names.empty() ? "" : ", ") + std::to_string(r);
-    const bool one = silent.size() == 1;
     // The first live rank after a silent one says it; the others after a pause (the launcher
     // normally ends them first), so one message names it.
     if ((rank_ + world_ - 1) % world_ != silent.front())
       std::this_thread::sleep_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
-    throw std::runtime_error(head + (one ? "rank " : "ranks ") + names + " stopped during step " +
+    throw std::runtime_error(head + ranks_text(silent) + " stopped during step " +
                              std::to_string(step) +
                              " (reached, never finished: no answer to the others)" + tail);
   }
   std::this_thread::sleep_for(std::chrono::duration<double>(std::min(timeout_s_, 30.0)));
   throw std::runtime_error(head + "every rank answers, yet the step's reductions did not finish" +
                            tail);
-}
-
-std::vector<int> MpiBucketReducer::silent_ranks(uint64_t step) {
-  // Members, not locals: a late message still lands in memory that lives until the process ends.
-  alive_out_ = static_cast<int64_t>(step);
-  alive_in_.assign(static_cast<size_t>(world_), 0);
-  std::vector<MPI_Request>& recv = mpi_->alive_in;
-  std::vector<MPI_Request>& send = mpi_->alive_out;
-  recv.assign(static_cast<size_t>(world_), MPI_REQUEST_NULL);
-  send.assign(static_cast<size_t>(world_), MPI_REQUEST_NULL);
-  for (int r = 0; r < world_; ++r) {
-    if (r == rank_) continue;
-    check(MPI_Irecv(&alive_in_[static_cast<size_t>(r)], 1, MPI_INT64_T, r, kAliveTag,
-                    MPI_COMM_WORLD, &recv[static_cast<size_t>(r)]),
-          "MPI_Irecv");
-    check(MPI_Isend(&alive_out_, 1, MPI_INT64_T, r, kAliveTag, MPI_COMM_WORLD,
-                    &send[static_cast<size_t>(r)]),
-          "MPI_Isend");
-  }
-  const double until = now_s() + std::clamp(timeout_s_ / 2, 1.0, 10.0);
-  std::vector<int> silent;
-  for (;;) {
-    silent.clear();
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      int flag = 0;
-      MPI_Request& q = recv[static_cast<size_t>(r)];
-      if (q != MPI_REQUEST_NULL) check(MPI_Test(&q, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-      if (q != MPI_REQUEST_NULL) silent.push_back(r);
-    }
-    if (silent.empty() || now_s() >= until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  // The process ends with an error next: the requests still open are left to MPI_Abort.
-  return silent;
 }
 
 std::vector<GradBuckets::Range> MpiBucketReducer::shard_pieces(int rank) const {
@@ -452,10 +470,7 @@ std::vector<int> as_ints(std::span<const size_t> v, const std::string& what) {
 void wait_or_give_up(MPI_Request& req, double timeout_s, const std::string& what) {
   std::vector<MPI_Request> one(1, req);
   if (wait_all(one, timeout_s)) return;
-  g_broken = true;
-  throw std::runtime_error(what + ": no answer from the other ranks within " +
-                           seconds_text(timeout_s) + " (sync.timeout_s); rank " +
-                           std::to_string(mpi_rank()) + " stops");
+  give_up(what, timeout_s);
 }
 }  // namespace
 

@@ -107,8 +107,6 @@ class MpiBucketReducer {
   void worker();
   void start_step(uint64_t step);
   [[noreturn]] void timed_out(uint64_t step);
-  // After a timeout: the other ranks that do not say they are alive within a short window.
-  std::vector<int> silent_ranks(uint64_t step);
 
   GradBuckets buckets_;
   double timeout_s_;
@@ -135,8 +133,6 @@ class MpiBucketReducer {
   bool stop_ = false;
   double first_post_s_ = 0, last_done_s_ = 0;
   std::atomic<int64_t> left_step_{-1};  // the last step rank - 1 said it reached
-  int64_t alive_out_ = 0;               // silent_ranks(): what this rank sends
-  std::vector<int64_t> alive_in_;       // ... and what it hears
   std::thread thread_;
 };
 

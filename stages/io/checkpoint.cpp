@@ -260,13 +260,15 @@ class CheckpointStage : public Stage {
   static void keep_config_yaml(StageContext& ctx) {
     const fs::path cfg = fs::path(ctx.run().run_dir) / "config.yaml";
     std::error_code ec;
-    if (fs::exists(cfg, ec) || ec) return;
+    const bool there = fs::exists(cfg, ec);
+    if (ec || (there && (fs::file_size(cfg, ec) > 0 || ec))) return;  // an emptied one: again
     try {
       write_file_atomically(cfg.string(), resolved_config_yaml(ctx.graph_plan()));
       ctx.log("warning: " + cfg.string() +
-              " was gone (the run directory deleted or moved while the run ran?): written again "
-              "from the run's graph, so --resume " +
-              ctx.run().run_dir + " goes on from here");
+              (there ? " was emptied"
+                     : " was gone (the run directory deleted or moved while the run ran?)") +
+              ": written again from the run's graph, so --resume " + ctx.run().run_dir +
+              " goes on from here");
     } catch (const std::exception& e) {
       ctx.log("warning: " + cfg.string() + " is gone and cannot be written again (" + e.what() +
               ")");

@@ -403,12 +403,10 @@ TEST(MultiRank, AHungRankStopsEveryRankNamingItAndTheRunResumes) {
   ASSERT_NE(status, -2) << "still running 120 s after rank 1 stopped:\n" << text;
   EXPECT_NE(status, 0) << text;
   EXPECT_LT(took, 60.0);
-  // Stopped before its first bucket of a step went out (its right-hand neighbour names it) or
-  // inside the step (the others find it silent): either way rank 1 is named.
-  EXPECT_TRUE(text.find("(sync.timeout_s): rank 1 stopped before reaching step") !=
-                  std::string::npos ||
-              text.find("(sync.timeout_s): rank 1 stopped during step") != std::string::npos)
-      << text;
+  // Stopped before its first bucket of a step went out (its right-hand neighbour names it),
+  // inside the step, or between steps while the others wait in another collective (the others
+  // find it silent): whichever way, rank 1 is named.
+  EXPECT_NE(text.find("(sync.timeout_s): rank 1 stopped"), std::string::npos) << text;
 
   // No rank left a partial checkpoint; the last complete one resumes with the same ranks, and
   // another number of ranks is refused.

@@ -236,6 +236,14 @@ TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
   Output second = relocked ? run_cli("run --resume " + run.string()) : Output{};
   // The moved directory stays locked too: the run still writes its console.log there.
   Output moved = relocked ? run_cli("run --resume " + run.string() + ".moved") : Output{};
+  // Its config.yaml emptied under the live run (a full disk's editor): a resume is refused as
+  // in use, before it reads the file, and the run writes the file again at its next checkpoint.
+  if (relocked) std::ofstream(run / "config.yaml", std::ios::trunc);
+  Output emptied = relocked ? run_cli("run --resume " + run.string()) : Output{};
+  const bool rewritten = relocked && wait_for([&] {
+                           std::error_code ec;
+                           return fs::file_size(run / "config.yaml", ec) > 0 && !ec;
+                         });
   const int status = stop();
   ASSERT_TRUE(back) << "the run directory did not come back:\n" << read(log);
   ASSERT_TRUE(relocked) << read(log);
@@ -243,6 +251,8 @@ TEST(ResumeSafety, ARunDirectoryRemovedWhileTheRunTrainsComesBackAndResumes) {
   EXPECT_NE(second.text.find("in use by process"), std::string::npos) << second.text;
   EXPECT_NE(moved.status, 0) << moved.text;
   EXPECT_NE(moved.text.find("in use by process"), std::string::npos) << moved.text;
+  EXPECT_NE(emptied.text.find("in use by process"), std::string::npos) << emptied.text;
+  EXPECT_TRUE(rewritten) << read(log);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 130);
   const std::string text = read(log);

@@ -10,6 +10,7 @@
 #include "engine/config_diff.h"
 #include "engine/diagnostics.h"
 #include "engine/graph.h"
+#include "engine/run_directory.h"
 #include "engine/runner.h"
 #include "tools/slipstream/commands.h"
 #include "tools/slipstream/cpu_kernels.h"
@@ -60,6 +61,14 @@ int run_command(const RunArgs& a) {
       return kExitFailure;
     }
     run_dir = where.run_dir;
+    // A run that is live there refuses the resume, naming itself, before anything reads its
+    // files (a config.yaml emptied under it would be refused as no preset instead).
+    if (directory_in_use(run_dir)) try {
+        DirectoryLock probe(run_dir, "resume it");
+      } catch (const std::exception& e) {
+        std::cerr << e.what() << "\n";
+        return kExitFailure;
+      }
     checkpoint = where.checkpoint;
     // A resumed run repeats the configuration it was started with. A preset or graph file given
     // as well must say the same (its run: settings aside): another model or other data would
