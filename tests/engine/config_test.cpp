@@ -483,7 +483,10 @@ TEST(Config, StrayCommaIsASyntaxErrorNotAHang) {
   EXPECT_EQ(plan_error(d, ","), "g.yaml:1:1: YAML syntax error: unexpected ','");
   EXPECT_EQ(plan_error(d, " ,"), "g.yaml:1:2: YAML syntax error: unexpected ','");
   EXPECT_EQ(plan_error(d, "#x\n,"), "g.yaml:2:1: YAML syntax error: unexpected ','");
-  EXPECT_EQ(plan_error(d, std::string("\0,", 2)).find("g.yaml:1:"), 0u);
+  // A NUL byte: binary data, refused before the parser sees it.
+  EXPECT_EQ(plan_error(d, std::string("\0,", 2)),
+            "g.yaml: is not a YAML file (it holds binary data); give a preset, a graph file, a "
+            "run directory or a checkpoint");
   EXPECT_TRUE(plan_error(d, std::string(kGood) + "   ,  x\n")
                   .starts_with("g.yaml:11:4: YAML syntax error: "));
   // The fuzzer's own findings.
@@ -493,7 +496,10 @@ TEST(Config, StrayCommaIsASyntaxErrorNotAHang) {
                      std::ios::binary);
     ASSERT_TRUE(in) << name;
     const std::string text{std::istreambuf_iterator<char>(in), {}};
-    EXPECT_NE(plan_error(d, text).find("YAML syntax error"), std::string::npos) << name;
+    const std::string e = plan_error(d, text);
+    EXPECT_TRUE(e.find("YAML syntax error") != std::string::npos ||
+                (text.find('\0') != std::string::npos && e.find("holds binary data") != std::string::npos))
+        << name << ": " << e;
   }
 }
 

@@ -10,6 +10,7 @@
 #include "engine/config_diff.h"
 #include "engine/diagnostics.h"
 #include "engine/graph.h"
+#include "engine/launch.h"
 #include "engine/run_directory.h"
 #include "engine/runner.h"
 #include "tools/slipstream/commands.h"
@@ -62,8 +63,9 @@ int run_command(const RunArgs& a) {
     }
     run_dir = where.run_dir;
     // A run that is live there refuses the resume, naming itself, before anything reads its
-    // files (a config.yaml emptied under it would be refused as no preset instead).
-    if (directory_in_use(run_dir)) try {
+    // files (a config.yaml emptied under it would be refused as no preset instead). Rank 0's
+    // check: the other ranks of this resume find rank 0's own lock there.
+    if (launch_info().rank == 0 && directory_in_use(run_dir)) try {
         DirectoryLock probe(run_dir, "resume it");
       } catch (const std::exception& e) {
         std::cerr << e.what() << "\n";
