@@ -551,6 +551,12 @@ std::pair<std::string, ConfigValue> parse_override(const std::string& assignment
   if (eq == std::string::npos) fail(mark, "expected --set " + expected);
   YAML::Node value;
   const std::string text = assignment.substr(eq + 1);
+  // `--set replays.paths=$DIR` with DIR unset: no value, never "none" (an empty list would
+  // train on synthetic games instead of the replays meant).
+  if (text.find_first_not_of(" \t") == std::string::npos)
+    fail(mark,
+         "no value after '=' (an unset shell variable?): give one ([] is an empty list, "
+         "\"\" an empty string)");
   try {
     value = YAML::Load(text);
   } catch (const YAML::ParserException& e) {

@@ -469,6 +469,38 @@ class GraphPlanner {
     }
   }
 
+  // "unknown parameter 'batch_size'" with no near name of its own: the parameter of that name
+  // elsewhere in the graph (`--set run.batch_size=`, `--set core.window=`; a preset's `run:
+  // {core.layers: 5}`, which belongs under `set:`).
+  void name_owners_of_unknown_parameters() {
+    const std::string lead = "unknown parameter '";
+    for (auto& issue : issues) {
+      const size_t at = issue.message.find(lead);
+      if (at == std::string::npos || issue.message.find("did you mean") != std::string::npos)
+        continue;
+      const size_t from = at + lead.size();
+      const size_t end = issue.message.find('\'', from);
+      if (end == std::string::npos) continue;
+      const std::string key = issue.message.substr(from, end - from);
+      std::vector<std::string> owners;
+      if (const size_t dot = key.find('.'); dot != std::string::npos) {
+        for (size_t i = 0; i < cs.size(); ++i)
+          if (schemas[i] && cs[i].name == key.substr(0, dot) &&
+              schemas[i]->find_param(key.substr(dot + 1)))
+            owners.push_back(key);
+      } else {
+        if (run_schema().find_param(key)) owners.push_back("run." + key);
+        for (size_t i = 0; i < cs.size(); ++i)
+          if (schemas[i] && schemas[i]->find_param(key)) owners.push_back(cs[i].name + "." + key);
+      }
+      if (owners.empty()) continue;
+      std::string list;
+      for (const auto& o : owners) list += (list.empty() ? "" : " or ") + o;
+      issue.message += "; the graph has " + list + " (--set " + owners.front() +
+                       "=..., in a preset under `set:`)";
+    }
+  }
+
   // Which stages feed which; a name that is no stage is an error at once.
   void find_edges() {
     // Edges: inputs must name existing stages; then a topological order that keeps file order
@@ -845,6 +877,7 @@ GraphPlan plan_graph(Config config) {
   p.load_plugins();
   p.resolve_run();
   p.resolve_stages();
+  p.name_owners_of_unknown_parameters();
   p.find_edges();
   p.order_stages();
   p.lay_out_slots();

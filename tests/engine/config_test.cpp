@@ -283,6 +283,14 @@ TEST(Config, CommandLineOverrides) {
   EXPECT_EQ(plan_error(d, kGood, {"src.cuont=7"}),
             "--set src.cuont=7: stage 'src' (test_counter): unknown parameter 'cuont'; did you "
             "mean 'count'?");
+  // A parameter of another stage (or of run:) is named where it is.
+  EXPECT_EQ(plan_error(d, kGood, {"run.count=5"}),
+            "--set run.count=5: run: unknown parameter 'count'; the graph has src.count (--set "
+            "src.count=..., in a preset under `set:`)");
+  // An empty value (an unset shell variable) is refused, never read as an empty list.
+  EXPECT_EQ(plan_error(d, kGood, {"src.count="}),
+            "--set src.count=: no value after '=' (an unset shell variable?): give one ([] is an "
+            "empty list, \"\" an empty string)");
   EXPECT_EQ(plan_error(d, kGood, {"src.count"}),
             "--set src.count: expected --set stage.param=value");
 }
@@ -497,8 +505,9 @@ TEST(Config, StrayCommaIsASyntaxErrorNotAHang) {
     ASSERT_TRUE(in) << name;
     const std::string text{std::istreambuf_iterator<char>(in), {}};
     const std::string e = plan_error(d, text);
-    EXPECT_TRUE(e.find("YAML syntax error") != std::string::npos ||
-                (text.find('\0') != std::string::npos && e.find("holds binary data") != std::string::npos))
+    EXPECT_TRUE(
+        e.find("YAML syntax error") != std::string::npos ||
+        (text.find('\0') != std::string::npos && e.find("holds binary data") != std::string::npos))
         << name << ": " << e;
   }
 }
