@@ -82,12 +82,12 @@ std::optional<AutoBatch> resolve_auto_batch(GraphPlan& plan, const DeviceChoice&
   if (!spec) return std::nullopt;
   AutoBatch out;
   out.param = plan.stages[stage].name + "." + spec->name;
-  const std::string where = " (" + plan.stages[stage].params.mark(spec->name).str() + ")";
+  const std::string where = " (set by " + plan.stages[stage].params.mark(spec->name).str() + ")";
   if (device.device.is_cpu() && !device.emulate_cuda)
     throw std::runtime_error(out.param +
                              ": auto sizes a batch to a GPU's memory and this run is on the "
-                             "CPU: give a number" +
-                             where);
+                             "CPU" +
+                             where + ": give a number, e.g. --set " + out.param + "=64");
   RankReduceFn over_ranks;
   if (world_size > 1) {
     over_ranks = make_rank_reduce();

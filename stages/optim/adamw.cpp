@@ -91,6 +91,14 @@ class AdamWStage : public Stage {
     if (c.schedule.kind == optim::LrSchedule::Kind::cosine && c.schedule.total <= 0)
       throw std::runtime_error("schedule 'cosine' needs the number of steps: set " + ctx.name() +
                                ".total_steps or run.steps (" + p.mark("schedule").str() + ")");
+    // A warmup as long as the run: the rate never reaches lr (and a cosine never decays).
+    if (c.schedule.kind != optim::LrSchedule::Kind::constant && c.schedule.warmup > 0 &&
+        c.schedule.total > 0 && c.schedule.warmup >= c.schedule.total && ctx.run().training)
+      ctx.log("note: warmup " + std::to_string(c.schedule.warmup) +
+              " steps is as long as the run's " + std::to_string(c.schedule.total) +
+              " or longer: the learning rate never reaches lr " + param_value_str(p.value("lr")) +
+              " (--set " + ctx.name() + ".warmup=N with N well below " +
+              std::to_string(c.schedule.total) + ")");
     auto params = ctx.upstream_parameters();
     if (params.empty())
       throw std::runtime_error(
