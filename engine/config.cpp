@@ -220,7 +220,9 @@ YAML::Node load_yaml(const std::string& path) {
     if (in.bad()) fail({path}, "cannot read file");
     // A replay, weights or an image given by mistake: said as that, not as a YAML error quoting
     // its bytes to the terminal.
-    if (text.find('\0') != std::string::npos)
+    const bool utf16_or_32 = text.starts_with("\xff\xfe") || text.starts_with("\xfe\xff") ||
+                             text.starts_with(std::string("\0\0\xfe\xff", 4));
+    if (!utf16_or_32 && text.find('\0') != std::string::npos)
       fail({path},
            "is not a YAML file (it holds binary data); give a preset, a graph file, a run "
            "directory or a checkpoint");

@@ -368,7 +368,8 @@ class GraphPlanner {
   // Plugins first: their stage kinds are the graph's too. A plugin the graph names that is not
   // there is an error, unless every kind of the graph is registered and some came from a plugin
   // loaded otherwise (`slipstream --plugin NEW.so eval RUN`: the run's plugin moved).
-  void load_plugins() {
+  // True when a given plugin stood in for the graph's own (which the resolved graph then drops).
+  bool load_plugins() {
     // Every kind of the graph registered already, some by a plugin the user gave for this
     // command and the graph does not name (`slipstream --plugin NEW.so eval RUN`, the run's old
     // one still there): that one stands in for the graph's plugins, which would register the
@@ -385,7 +386,7 @@ class GraphPlanner {
         given_instead = given_instead || (StageRegistry::kind_from_given_plugin(s.kind) &&
                                           !named.count(StageRegistry::plugin_of(s.kind)));
       }
-      if (all_known && given_instead) return;
+      if (all_known && given_instead) return true;
     }
     std::set<std::string> loaded;
     for (const auto& [path, mark] : config.plugins) {
@@ -397,15 +398,16 @@ class GraphPlanner {
         issues.push_back({mark, e.what()});
       }
     }
-    if (config.missing_plugins.empty()) return;
+    if (config.missing_plugins.empty()) return false;
     bool all_known = true, from_elsewhere = false;
     for (const auto& s : cs) {
       all_known = all_known && StageRegistry::find(s.kind);
       const std::string from = StageRegistry::plugin_of(s.kind);
       from_elsewhere = from_elsewhere || (!from.empty() && !loaded.count(from));
     }
-    if (all_known && from_elsewhere) return;
+    if (all_known && from_elsewhere) return false;
     for (const auto& [why, mark] : config.missing_plugins) issues.push_back({mark, why});
+    return false;
   }
 
   // The run: section, and a device name checked here rather than when the run starts.
@@ -874,7 +876,7 @@ class GraphPlanner {
 
 GraphPlan plan_graph(Config config) {
   GraphPlanner p(config);
-  p.load_plugins();
+  const bool given_plugins_stood_in = p.load_plugins();
   p.resolve_run();
   p.resolve_stages();
   p.name_owners_of_unknown_parameters();
@@ -887,6 +889,10 @@ GraphPlan plan_graph(Config config) {
   p.check_accumulation();
   if (!p.issues.empty()) throw ConfigError(p.issues);
   GraphPlan plan = std::move(p.plan);
+  // The graph's own plugins were not loaded: its resolved form (a resume's config.yaml, the
+  // checkpoints) names the given ones that served (resolved_config_yaml adds them by kind), so a
+  // later run without --plugin does not load both and refuse the second.
+  if (given_plugins_stood_in) config.plugins.clear();
   plan.config = std::move(config);
   return plan;
 }

@@ -425,7 +425,7 @@ std::exception_ptr Runner::Impl::end_steps(std::exception_ptr failure, int stop_
   }
   if (!failure && !run.interrupted) {
     try {
-      gather_spread_state();
+      gather_spread_state(/*stages=*/false);
     } catch (...) {
       failure = std::current_exception();
     }

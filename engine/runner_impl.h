@@ -440,7 +440,9 @@ struct Runner::Impl {
   // whole to rank 0 where a checkpoint may follow. Every rank calls this at the same points:
   // before the step ends of a step some stage reads the device at (the checkpoint steps), in
   // each validation pass, and at the end of a run that was not interrupted.
-  void gather_spread_state();
+  // `stages`: the stages' gather_state too (not at a run's end, where what each rank has seen
+  // may differ: a failure of one rank's own).
+  void gather_spread_state(bool stages = true);
 
   // A validation pass at run.step: its row, the stages' validation_end (best checkpoints), early
   // stopping.

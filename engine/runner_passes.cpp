@@ -170,17 +170,24 @@ void Runner::Impl::validation_pass(uint64_t batch_index) {
     log_line("validation @ step " + std::to_string(run.step) + ":" + format_metrics(v, 6));
   }
   gather_spread_state();
+  // Early stopping's books first: the best checkpoint validation_end writes carries them as
+  // they stand after this validation (a resume from it counts on as the run did).
+  const int64_t patience = plan().run.integer("early_stop_patience");
+  auto it = v.find("loss");
+  bool stop_early = false;
+  if (it != v.end()) {
+    last_validation_loss = it->second;
+    if (it->second < run.best_validation_loss) {
+      run.best_validation_loss = it->second;
+      best_validation_loss = it->second;
+      run.validations_without_improvement = 0;
+    } else if (patience > 0 && ++run.validations_without_improvement >= patience) {
+      stop_early = true;
+    }
+  }
   for (size_t k = 0; k < n(); ++k)
     timed(k, batch_index, [&] { graph->stage(k).validation_end(v, graph->context(k)); });
-  int64_t patience = plan().run.integer("early_stop_patience");
-  auto it = v.find("loss");
-  if (it == v.end()) return;
-  last_validation_loss = it->second;
-  if (it->second < run.best_validation_loss) {
-    run.best_validation_loss = it->second;
-    best_validation_loss = it->second;
-    run.validations_without_improvement = 0;
-  } else if (++run.validations_without_improvement >= patience && patience > 0) {
+  if (stop_early) {
     log_line("early stop: validation loss has not improved for " + std::to_string(patience) +
              " validations");
     early_stopped = true;

@@ -238,9 +238,12 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
              " (raise it with --set run.steps=N to go on)");
     return false;
   }
-  // A run that stopped early stays stopped (its books say so), unless the patience is raised.
+  // A run that stopped early (its last end row says so) stays stopped while its books reach the
+  // patience; a larger one goes on. A rewind to a checkpoint before the stop trains as before.
   const int64_t patience = plan().run.integer("early_stop_patience");
-  if (patience > 0 && run.validations_without_improvement >= patience) {
+  if (patience > 0 && run.validations_without_improvement >= patience &&
+      MetricsLog::last_end_reason((fs::path(opt.resume_dir) / "metrics.jsonl").string()) ==
+          "early stop") {
     log_line("nothing to do: the run stopped early, " +
              std::to_string(run.validations_without_improvement) +
              " validations without a better loss (run.early_stop_patience = " +
@@ -258,7 +261,22 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
 // line) would exchange buffers of other sizes, or train with other seeds: the error an MPI call
 // then gives names nothing of the cause. Every rank's resolved graph, by its checksum, first.
 void Runner::Impl::check_ranks_run_one_graph() {
-  const std::string text = resolved_config_yaml(plan());
+  // The resolved graph without what may differ between the ranks of one run: each rank's
+  // device (cuda:$LOCAL_RANK), threads, and plugin paths as each node mounts them.
+  std::string text;
+  {
+    std::istringstream all(resolved_config_yaml(plan()));
+    bool in_plugins = false;
+    for (std::string line; std::getline(all, line);) {
+      const size_t first = line.find_first_not_of(' ');
+      const std::string_view body =
+          first == std::string::npos ? "" : std::string_view(line).substr(first);
+      if (line.starts_with("#")) continue;
+      if (first == 0) in_plugins = line.starts_with("plugins:");
+      if (in_plugins || body.starts_with("device:") || body.starts_with("threads:")) continue;
+      text += line + "\n";
+    }
+  }
   const uint32_t sum = crc32c(text.data(), text.size());
   double low[2] = {static_cast<double>(sum), static_cast<double>(text.size())};
   double high[2] = {low[0], low[1]};

@@ -222,8 +222,8 @@ void Runner::Impl::after_step(const Batch& b, uint64_t data_wait_ns) {
 // calls this at the same points: before the step ends of a step some stage reads the device at
 // (the checkpoint steps), in each validation pass, and at the end of a run that was not
 // interrupted.
-void Runner::Impl::gather_spread_state() {
-  if (run.world_size > 1 && run.reduce_over_ranks && stages_gathered_step != run.step) {
+void Runner::Impl::gather_spread_state(bool stages) {
+  if (stages && run.world_size > 1 && run.reduce_over_ranks && stages_gathered_step != run.step) {
     for (size_t k = plan().section_begin; k < n(); ++k)
       graph->stage(k).gather_state(graph->context(k));
     stages_gathered_step = run.step;

@@ -224,8 +224,9 @@ class Stage {
   virtual void save(StateWriter& w) const { (void)w; }
   virtual void load(StateReader& r) { (void)r; }
   // Several ranks, stages of the trainable section: called on every rank at the same points,
-  // where rank 0 may save next — before the step ends of a checkpoint step, in each validation
-  // pass, at the end of a run that was not interrupted; once a step. A stage whose state is a sum
+  // where rank 0 may save next — before the step ends of a checkpoint step and in each
+  // validation pass (the run's last checkpoint, at its end, has what the last of these gathered
+  // and rank 0's own since); once a step. A stage whose state is a sum
   // over the ranks (each counting its own share of the data) brings it together here
   // (ctx.run().reduce_over_ranks), so rank 0 saves the run's, not its own.
   virtual void gather_state(StageContext& ctx) { (void)ctx; }

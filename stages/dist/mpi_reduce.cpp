@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -67,6 +68,10 @@ std::vector<int> ranks_not_answering(double timeout_s) {
   static int64_t alive_out = 1;
   static std::vector<int64_t> alive_in;
   static std::vector<MPI_Request> recv, send;
+  // Once a process: the first exchange's answer (a second would post receives behind the
+  // first's, still open, and hear nothing).
+  static std::optional<std::vector<int>> heard;
+  if (heard) return *heard;
   int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
@@ -96,6 +101,7 @@ std::vector<int> ranks_not_answering(double timeout_s) {
     if (silent.empty() || now_s() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  heard = silent;
   return silent;
 }
 
@@ -116,7 +122,9 @@ std::string ranks_text(const std::vector<int>& ranks) {
       what + ": no answer from the other ranks within " + seconds_text(timeout_s) +
       " (sync.timeout_s)" +
       (silent.empty() ? std::string()
-                      : ": " + ranks_text(silent) + " stopped (no answer to the others)") +
+                      : ": " + ranks_text(silent) + " stopped or is busy past it (no answer to " +
+                            "the others within " +
+                            seconds_text(std::clamp(timeout_s / 2, 1.0, 10.0)) + " more)") +
       "; rank " + std::to_string(rank) + " stops");
 }
 
@@ -429,12 +437,7 @@ void mpi_gather_to_root(std::span<const float> mine, std::vector<float>& all, do
   if (mine.size() > static_cast<size_t>(std::numeric_limits<int>::max()))
     throw std::runtime_error(what + ": more than one MPI message holds");
   const int rank = mpi_rank();
-  auto give_up = [&] {
-    g_broken = true;
-    throw std::runtime_error(what + ": no answer from the other ranks within " +
-                             seconds_text(timeout_s) + " (sync.timeout_s); rank " +
-                             std::to_string(rank) + " stops");
-  };
+  auto give_up = [&] { slipstream::dist::give_up(what, timeout_s); };
   // How much each rank sends, then what it sends.
   int count = static_cast<int>(mine.size());
   std::vector<int> counts(static_cast<size_t>(mpi_world_size()), 0), displs(counts.size(), 0);

@@ -364,6 +364,15 @@ TEST(RunFaults, AResumeCountsEarlyStoppingOnWhereTheRunWas) {
   const RunResult went_on = more.run();
   EXPECT_EQ(went_on.final_step, 12u);  // one more validation without a gain: three
   EXPECT_TRUE(went_on.early_stopped);
+  // Rewound to the best checkpoint (written by the validation at 3, which it carries the books
+  // of): it stops at 9 again, as the straight run did.
+  RunOptions from_best = writing_options();
+  from_best.resume_dir = want.run_dir;
+  from_best.resume_checkpoint = want.run_dir + "/checkpoints/best-step-3";
+  Runner rewound(plan_text(d, graph(d, "every: 3"), sets), from_best);
+  const RunResult again_from_best = rewound.run();
+  EXPECT_EQ(again_from_best.final_step, 9u);
+  EXPECT_TRUE(again_from_best.early_stopped);
 
   reset_recorded();
   TempDir d2;

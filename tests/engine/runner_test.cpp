@@ -584,7 +584,11 @@ stages:
   // The plugin given for the command (`slipstream --plugin NEW.so eval RUN`) stands in for the
   // graph's own of the same kind, which would be refused: the graph plans with the given one.
   StageRegistry::load_plugin(SLIPSTREAM_TEST_PLUGIN, /*given=*/true);
-  EXPECT_NO_THROW(plan_text(d, again));
+  GraphPlan stood_in;
+  EXPECT_NO_THROW(stood_in = plan_text(d, again));
+  // Its resolved form names the plugin that served, not both (which a later run would refuse).
+  const std::string stood_in_yaml = resolved_config_yaml(stood_in);
+  EXPECT_EQ(stood_in_yaml.find(SLIPSTREAM_TEST_PLUGIN_AGAIN), std::string::npos) << stood_in_yaml;
   EXPECT_EQ(StageRegistry::plugin_of("plugin_scale"),
             std::filesystem::weakly_canonical(SLIPSTREAM_TEST_PLUGIN).string());
 }
