@@ -345,14 +345,7 @@ class BcLossStage : public Stage {
   // The baseline's probabilities for this pass: the repeats counted on every rank's training
   // positions (each rank counts its own share of the data).
   void validation_begin(StageContext& ctx) override {
-    if (!ctx.run().reduce_over_ranks) return;
-    double v[1 + kRepeatItems];
-    v[0] = counts_.total;
-    for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
-    ctx.run().reduce_over_ranks(v, RankReduce::sum,
-                                "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
-    seen_.total = v[0];
-    for (int k = 0; k < kRepeatItems; ++k) seen_.same[k] = v[1 + k];
+    if (ctx.run().reduce_over_ranks) seen_ = summed_over_ranks(ctx);
   }
 
   // Several ranks: every rank's counts, summed where a checkpoint may follow, so rank 0 saves
@@ -360,20 +353,14 @@ class BcLossStage : public Stage {
   // the sums over the ranks go on as if the run had not stopped. Counts are whole numbers, so
   // the sums are exact in any order.
   void gather_state(StageContext& ctx) override {
-    double v[1 + kRepeatItems];
-    v[0] = counts_.total;
-    for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
-    ctx.run().reduce_over_ranks(v, RankReduce::sum,
-                                "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
-    gathered_.total = v[0];
-    for (int k = 0; k < kRepeatItems; ++k) gathered_.same[k] = v[1 + k];
+    gathered_ = summed_over_ranks(ctx);
     own_at_gather_ = counts_;
     gathered_once_ = true;
   }
 
   void save(StateWriter& w) const override {
-    // Since the last gathering (a run interrupted between checkpoint steps): rank 0's own
-    // positions, the other ranks' unknown here.
+    // Since the last gathering (the run's end, or a stop between checkpoint steps): rank 0's
+    // own positions, the other ranks' unknown here.
     RepeatCounts c = counts_;
     if (gathered_once_) {
       c.total = gathered_.total + counts_.total - own_at_gather_.total;
@@ -381,8 +368,7 @@ class BcLossStage : public Stage {
         c.same[k] = gathered_.same[k] + counts_.same[k] - own_at_gather_.same[k];
     }
     w.number("repeat.total", c.total);
-    for (int k = 0; k < kRepeatItems; ++k)
-      w.number("repeat.same." + std::to_string(k), c.same[k]);
+    for (int k = 0; k < kRepeatItems; ++k) w.number("repeat.same." + std::to_string(k), c.same[k]);
   }
   void load(StateReader& r) override {
     counts_ = RepeatCounts{};
@@ -394,6 +380,19 @@ class BcLossStage : public Stage {
   }
 
  private:
+  // Every rank's counts added up (a collective: every rank calls it at the same point).
+  RepeatCounts summed_over_ranks(StageContext& ctx) const {
+    double v[1 + kRepeatItems];
+    v[0] = counts_.total;
+    for (int k = 0; k < kRepeatItems; ++k) v[1 + k] = counts_.same[k];
+    ctx.run().reduce_over_ranks(v, RankReduce::sum,
+                                "bc_loss '" + ctx.name() + "': the baseline's repeat counts");
+    RepeatCounts sum;
+    sum.total = v[0];
+    for (int k = 0; k < kRepeatItems; ++k) sum.same[k] = v[1 + k];
+    return sum;
+  }
+
   void check(const StageContext& ctx, const Batch& b, const Tensor& t, int64_t B, int64_t W,
              int64_t C, const char* port) const {
     if (t.rank() != 3 || t.dim(0) != B || t.dim(1) != W || t.dim(2) != C || t.device() != device_)
