@@ -227,6 +227,7 @@ class BcLossStage : public Stage {
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
     rank_ = ctx.run().rank;
+    sums_over_ranks_ = static_cast<bool>(ctx.run().reduce_over_ranks);
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");  // six: the schema's check
@@ -373,7 +374,9 @@ class BcLossStage : public Stage {
   void load(StateReader& r) override {
     counts_ = RepeatCounts{};
     gathered_once_ = false;
-    if (!r.has("repeat.total") || rank_ != 0) return;
+    // Rank 0 alone where the counts are summed over the ranks (a training run's); every process
+    // that scores alone (eval, infer, the policy library, under mpirun or not) takes them.
+    if (!r.has("repeat.total") || (sums_over_ranks_ && rank_ != 0)) return;
     counts_.total = r.number("repeat.total");
     for (int k = 0; k < kRepeatItems; ++k)
       counts_.same[k] = r.number("repeat.same." + std::to_string(k));
@@ -468,6 +471,7 @@ class BcLossStage : public Stage {
   RepeatCounts gathered_, own_at_gather_;
   bool gathered_once_ = false;
   int rank_ = 0;
+  bool sums_over_ranks_ = false;  // setup saw a run that sums over its ranks
   Device device_;
   std::unique_ptr<BcLossPath> path_;  // the CPU or the device form
   double weight_sum_ = 0;
