@@ -122,8 +122,9 @@ std::string ranks_text(const std::vector<int>& ranks) {
       what + ": no answer from the other ranks within " + seconds_text(timeout_s) +
       " (sync.timeout_s)" +
       (silent.empty() ? std::string()
-                      : ": " + ranks_text(silent) + " stopped or is busy past it (no answer to " +
-                            "the others within " +
+                      : ": " + ranks_text(silent) +
+                            (silent.size() == 1 ? " stopped or is" : " stopped or are") +
+                            " busy past it (no answer to " + "the others within " +
                             seconds_text(std::clamp(timeout_s / 2, 1.0, 10.0)) + " more)") +
       "; rank " + std::to_string(rank) + " stops");
 }
