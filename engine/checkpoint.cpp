@@ -204,6 +204,10 @@ bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_
   return r.ec == std::errc() && r.ptr == e;
 }
 
+bool run_checkpoint_step(const std::string& name, uint64_t& step) {
+  return checkpoint_step(name, "step-", step) || checkpoint_step(name, "best-step-", step);
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,
                                              std::optional<uint64_t> before) {
   fs::path root = fs::path(run_dir) / "checkpoints";
@@ -230,9 +234,8 @@ std::vector<std::string> complete_checkpoints(const fs::path& dir, const std::st
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     uint64_t step = 0;
-    const bool named = prefix.empty() ? checkpoint_step(name, "step-", step) ||
-                                            checkpoint_step(name, "best-step-", step)
-                                      : checkpoint_step(name, prefix, step);
+    const bool named =
+        prefix.empty() ? run_checkpoint_step(name, step) : checkpoint_step(name, prefix, step);
     if (named && !e.is_symlink(ec) && fs::exists(e.path() / "DONE", ec)) names.push_back(name);
   }
   std::sort(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
@@ -334,19 +337,10 @@ CheckpointPath resolve_checkpoint_path(const std::string& path) {
     if (p.parent_path().filename() == "checkpoints")
       if (const std::string list = names_in(p.parent_path()); !list.empty())
         r.error += " (the checkpoints there: " + list + ")";
-  } else if (directory_in_use(p.string())) {
+  } else if (const std::string held = in_use_refusal(p.string()); !held.empty()) {
     // A live run whose config.yaml was deleted under it (it writes it again at its next
     // checkpoint): that it is in use, and by whom, is what to say.
-    try {
-      DirectoryLock probe(p.string(), "resume it");
-    } catch (const std::exception& e) {
-      r.error = std::string(e.what()) +
-                " (its config.yaml is gone: the run writes it again at its next checkpoint)";
-    }
-    if (r.error.empty())
-      r.error = path +
-                ": the run that held it just ended, and its config.yaml is gone; give the "
-                "same command again";
+    r.error = held + " (its config.yaml is gone: the run writes it again at its next checkpoint)";
   } else if (const std::string list = names_in(p / "checkpoints"); !list.empty()) {
     r.error = path + ": a run directory without its config.yaml; give one of its checkpoints (" +
               list + ", in " + (p / "checkpoints").string() + "): their weights carry the graph";

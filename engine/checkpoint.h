@@ -48,6 +48,8 @@ uint64_t load_weights(GraphPlan& graph, const std::string& dir);
 // "step-120" -> 120, "best-step-120" -> 120 (with `prefix` "best-step-"): the names checkpoints
 // are written under. Anything else, such as "step-120.bak" or "step-120-good", is none.
 bool checkpoint_step(const std::string& name, const std::string& prefix, uint64_t& step);
+// Either name a run writes: "step-N" (periodic) or "best-step-N".
+bool run_checkpoint_step(const std::string& name, uint64_t& step);
 // The newest complete checkpoint under `run_dir/checkpoints/`, if any; with `before`, the newest
 // of those of a lower step.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir,

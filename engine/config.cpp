@@ -138,29 +138,11 @@ bool is_checkpoint_weights(const std::string& path) {
 // resolved_config_yaml's first line, which tells its files from graphs people write.
 constexpr std::string_view kResolvedHeader = "# Resolved configuration: ";
 
-// A checkpoint's graph is always resolved_config_yaml's; a YAML file when it begins as that does.
-bool written_resolved(const std::string& path) {
-  if (is_checkpoint_weights(path)) return true;
-  std::ifstream in(path);
-  std::string first;
-  std::getline(in, first);
-  return first.starts_with(kResolvedHeader);
-}
-
-std::string graph_of_checkpoint(const std::string& path);
-
-// The preset a resolved file's run was started from, as its first line names it ("preset 'NAME'
-// (FILE)"): a resume or a repeat of the run is still that preset's run (slipstream-smi's
-// `preset`, the note on a GPU-sized preset on the CPU, a resolved file written again).
-std::pair<std::string, std::string> resolved_preset(const std::string& path) {
-  std::string first;
-  if (is_checkpoint_weights(path)) {
-    std::istringstream in(graph_of_checkpoint(path));
-    std::getline(in, first);
-  } else {
-    std::ifstream in(path);
-    std::getline(in, first);
-  }
+// The preset a resolved file's run was started from, as its first line (`first`) names it
+// ("preset 'NAME' (FILE)"): a resume or a repeat of the run is still that preset's run
+// (slipstream-smi's `preset`, the note on a GPU-sized preset on the CPU, a resolved file written
+// again). Empty for any other line.
+std::pair<std::string, std::string> resolved_preset(const std::string& first) {
   const std::string lead = std::string(kResolvedHeader) + "preset '";
   if (!first.starts_with(lead)) return {};
   const size_t end = first.find('\'', lead.size());
@@ -193,7 +175,8 @@ std::string graph_of_checkpoint(const std::string& path) {
 
 constexpr uintmax_t kMaxGraphFileBytes = uintmax_t{4} << 20;
 
-YAML::Node load_yaml(const std::string& path) {
+// `first_line`, when given, gets the text's first line (a resolved file's header).
+YAML::Node load_yaml(const std::string& path, std::string* first_line = nullptr) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     const fs::path run_config = fs::path(path) / "config.yaml";
@@ -227,6 +210,7 @@ YAML::Node load_yaml(const std::string& path) {
            "is not a YAML file (it holds binary data); give a preset, a graph file, a run "
            "directory or a checkpoint");
   }
+  if (first_line) *first_line = text.substr(0, text.find('\n'));
   try {
     std::istringstream scan(text);
     YAML::Parser parser(scan);
@@ -579,7 +563,8 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
   std::error_code ec;
   if (fs::is_directory(path, ec) && fs::exists(fs::path(path) / "model.safetensors", ec))
     path = (fs::path(path) / "model.safetensors").string();
-  YAML::Node root = load_yaml(path);
+  std::string first_line;
+  YAML::Node root = load_yaml(path, &first_line);
   if (root.IsMap() && !root["stages"] && !root["graph"] && !root["extends"]) {
     // Neither a graph file nor a preset: point at the key that was probably meant.
     check_keys(root,
@@ -589,9 +574,11 @@ Config load_config(const std::string& preset_or_file, const std::vector<std::str
   if (root.IsMap() && root["stages"]) {
     c.preset = fs::path(path).stem().string();
     load_graph_file(path, c);
-    c.resolved = written_resolved(path);
+    // A checkpoint's graph is always resolved_config_yaml's; a YAML file when it begins as that
+    // does.
+    c.resolved = is_checkpoint_weights(path) || first_line.starts_with(kResolvedHeader);
     if (c.resolved) {
-      auto [name, file] = resolved_preset(path);
+      auto [name, file] = resolved_preset(first_line);
       if (!name.empty()) {
         c.preset = name;
         c.preset_file = file;

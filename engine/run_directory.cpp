@@ -80,6 +80,16 @@ bool directory_in_use(const std::string& dir) {
   return held;
 }
 
+std::string in_use_refusal(const std::string& dir) {
+  if (!directory_in_use(dir)) return {};
+  try {
+    DirectoryLock probe(dir, "resume it");
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};  // released in between: the holder ended
+}
+
 bool DirectoryLock::held_at_path() const {
   struct stat held {
   }, at_path{};
@@ -139,8 +149,7 @@ SetAside set_aside_past(const std::string& run_dir, uint64_t step) {
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     uint64_t s = 0;
-    if ((checkpoint_step(name, "step-", s) || checkpoint_step(name, "best-step-", s)) && s > step)
-      past.push_back(e.path());
+    if ((run_checkpoint_step(name, s)) && s > step) past.push_back(e.path());
   }
   const std::string metrics = (fs::path(run_dir) / "metrics.jsonl").string();
   const MetricsLog::Split rows = MetricsLog::split_at_step(metrics, step);

@@ -37,6 +37,9 @@ class DirectoryLock {
 
 // Whether a process holds `dir`'s lock now (a run or resume writing there), without taking it.
 bool directory_in_use(const std::string& dir);
+// When a process holds `dir`'s lock now: DirectoryLock's refusal, naming the holder (for a
+// resume, "resume it"); empty otherwise.
+std::string in_use_refusal(const std::string& dir);
 
 // The local time as "20261121-103000": run directories and set-aside folders are named with it.
 std::string run_time_stamp();

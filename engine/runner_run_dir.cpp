@@ -101,8 +101,7 @@ bool Runner::Impl::start_steps(RunResult& result) {
   if (ckpt) {
     uint64_t s = 0;
     const std::string name = fs::path(*ckpt).filename().string();
-    if (checkpoint_step(name, "step-", s) || checkpoint_step(name, "best-step-", s))
-      resume_step = s;
+    if (run_checkpoint_step(name, s)) resume_step = s;
   }
   // Several ranks: how they add up numbers, before the stages' setup (the loader's may need it).
   if (run.world_size > 1) run.reduce_over_ranks = make_rank_reduce();
@@ -173,8 +172,7 @@ bool Runner::Impl::resume_from(const std::string& ckpt) {
     const std::string what = e.what();
     const std::string name = fs::path(ckpt).filename().string();
     uint64_t step = 0;
-    const bool named =
-        checkpoint_step(name, "step-", step) || checkpoint_step(name, "best-step-", step);
+    const bool named = run_checkpoint_step(name, step);
     const bool file_level =
         what.starts_with("safetensors ") || what.find("non-finite value(s)") != std::string::npos;
     const auto earlier = named && file_level ? latest_checkpoint(run.run_dir, step) : std::nullopt;

@@ -61,13 +61,11 @@ class CheckpointStage : public Stage {
       const std::string name = e.path().filename().string();
       if (name == kLast || name == std::string(kLast) + ".tmp") continue;  // pointed again below
       uint64_t step = 0;
-      const bool ours =
-          checkpoint_step(name, "step-", step) || checkpoint_step(name, "best-step-", step);
+      const bool ours = run_checkpoint_step(name, step);
       if (!ours) {
         // This stage's leftovers: a write or a removal a kill cut short.
         const std::string stem = name.ends_with(".tmp") ? name.substr(0, name.size() - 4) : "";
-        if (!stem.empty() &&
-            (checkpoint_step(stem, "step-", step) || checkpoint_step(stem, "best-step-", step))) {
+        if (!stem.empty() && (run_checkpoint_step(stem, step))) {
           fs::remove_all(e.path(), ec);
           continue;
         }

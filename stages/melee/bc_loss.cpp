@@ -226,8 +226,7 @@ class BcLossStage : public Stage {
 
   void setup(StageContext& ctx) override {
     device_ = ctx.exec().device();
-    rank_ = ctx.run().rank;
-    sums_over_ranks_ = static_cast<bool>(ctx.run().reduce_over_ranks);
+    starts_from_zero_ = ctx.run().reduce_over_ranks && ctx.run().rank != 0;
     eps_ = static_cast<float>(ctx.params().number("label_smoothing"));
     prior_ = ctx.params().number("baseline_prior");
     auto hw = ctx.params().numbers("head_weights");  // six: the schema's check
@@ -376,7 +375,7 @@ class BcLossStage : public Stage {
     gathered_once_ = false;
     // Rank 0 alone where the counts are summed over the ranks (a training run's); every process
     // that scores alone (eval, infer, the policy library, under mpirun or not) takes them.
-    if (!r.has("repeat.total") || (sums_over_ranks_ && rank_ != 0)) return;
+    if (!r.has("repeat.total") || starts_from_zero_) return;
     counts_.total = r.number("repeat.total");
     for (int k = 0; k < kRepeatItems; ++k)
       counts_.same[k] = r.number("repeat.same." + std::to_string(k));
@@ -470,8 +469,8 @@ class BcLossStage : public Stage {
   // gather_state's: every rank's counts, and this rank's part of them, at the last gathering.
   RepeatCounts gathered_, own_at_gather_;
   bool gathered_once_ = false;
-  int rank_ = 0;
-  bool sums_over_ranks_ = false;  // setup saw a run that sums over its ranks
+  // A rank other than 0 of a run that sums its counts over the ranks: rank 0 holds the saved ones.
+  bool starts_from_zero_ = false;
   Device device_;
   std::unique_ptr<BcLossPath> path_;  // the CPU or the device form
   double weight_sum_ = 0;

@@ -65,12 +65,11 @@ int run_command(const RunArgs& a) {
     // A run that is live there refuses the resume, naming itself, before anything reads its
     // files (a config.yaml emptied under it would be refused as no preset instead). Rank 0's
     // check: the other ranks of this resume find rank 0's own lock there.
-    if (launch_info().rank == 0 && directory_in_use(run_dir)) try {
-        DirectoryLock probe(run_dir, "resume it");
-      } catch (const std::exception& e) {
-        std::cerr << e.what() << "\n";
-        return kExitFailure;
-      }
+    if (const std::string held = launch_info().rank == 0 ? in_use_refusal(run_dir) : "";
+        !held.empty()) {
+      std::cerr << held << "\n";
+      return kExitFailure;
+    }
     checkpoint = where.checkpoint;
     // A resumed run repeats the configuration it was started with. A preset or graph file given
     // as well must say the same (its run: settings aside): another model or other data would
